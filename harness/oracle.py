@@ -1,0 +1,86 @@
+"""Expected verify inputs, derived from what the tree *means*.
+
+Nothing here follows the kernel's index arithmetic: a request's mask block is
+built as a dense (d x (s_b + d)) picture of "who may attend to whom" from
+ancestor sets, and laid out by concatenation. If the kernel and this module
+agree, they agree for independent reasons.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+from harness.config import Batch, Config, DraftTree
+from harness.layouts import TreeMaskMode
+from harness.outputs import Expected
+from harness.trees import DETACHED, ROOT, parents, trees_of
+
+
+@lru_cache(maxsize=1024)
+def _tree_facts(tree: DraftTree, topk: int, d: int):
+    """Visibility matrix, depths and child links of one tree (cached: trees repeat)."""
+    parent = parents(tree, topk)
+    visible = [[False] * d for _ in range(d)]
+    depth = [0] * d
+    for x in range(d):
+        visible[x][ROOT] = True
+        if x == ROOT:
+            continue
+        node = x
+        while node not in (ROOT, DETACHED):
+            visible[x][node] = True
+            depth[x] += 1
+            node = parent[node]
+    children = {p: sorted(c for c in range(1, d) if parent[c] == p) for p in range(d)}
+    first_child = [children[p][0] if children[p] else -1 for p in range(d)]
+    next_sibling = [-1] * d
+    for kids in children.values():
+        for a, b in zip(kids, kids[1:]):
+            next_sibling[a] = b
+    return (torch.tensor(visible, dtype=torch.bool), torch.tensor(depth, dtype=torch.long),
+            torch.tensor(first_child, dtype=torch.long), torch.tensor(next_sibling, dtype=torch.long))
+
+
+def expected(config: Config, batch: Batch) -> Expected:
+    d, bs = config.d, batch.bs
+    if config.trivial:
+        return _expected_trivial(config, batch)
+    blocks, compared, depths, firsts, siblings = [], [], [], [], []
+    for s, tree in zip(batch.seq_lens, trees_of(config, batch)):
+        visible, depth, first, sibling = _tree_facts(tree, config.topk, d)
+        if config.mode == TreeMaskMode.FULL_MASK:
+            prefix = torch.ones(d, s, dtype=torch.bool)
+            blocks.append(torch.cat([prefix, visible], dim=1).flatten())
+            owned = torch.cat([torch.full((d, s), config.is_read), torch.ones(d, d, dtype=torch.bool)], dim=1)
+            compared.append(owned.flatten())
+        else:
+            blocks.append(visible.flatten())
+            compared.append(torch.ones(d * d, dtype=torch.bool))
+        depths.append(depth + s)
+        firsts.append(first)
+        siblings.append(sibling)
+    return Expected(
+        tree_mask=torch.cat(blocks),
+        compared=torch.cat(compared),
+        positions=torch.cat(depths),
+        retrieve_index=torch.arange(bs * d, dtype=torch.long).view(bs, d),
+        retrieve_next_token=torch.stack(firsts),
+        retrieve_next_sibling=torch.stack(siblings),
+    )
+
+
+def _expected_trivial(config: Config, batch: Batch) -> Expected:
+    """One node per request: every cell visible, position = seq_len, no links."""
+    bs = batch.bs
+    cells = sum(batch.seq_lens) + bs if config.mode == TreeMaskMode.FULL_MASK else bs
+    none = torch.full((bs, 1), -1, dtype=torch.long)
+    return Expected(
+        tree_mask=torch.ones(cells, dtype=torch.bool),
+        compared=torch.ones(cells, dtype=torch.bool),
+        positions=torch.tensor(batch.seq_lens, dtype=torch.long),
+        retrieve_index=torch.arange(bs, dtype=torch.long).view(bs, 1),
+        retrieve_next_token=none,
+        retrieve_next_sibling=none.clone(),
+    )

@@ -1,0 +1,233 @@
+"""The seven properties of DESIGN.md section 2, each a named check.
+
+A check takes a target, a config and the batches of one case and either returns
+an ``Observation`` (which boundary classes the case hit, how close it came to
+overflowing) or raises ``PropertyFailure``. The campaign, the pytest suite and
+``vmfuzz replay`` all call these same functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from harness.config import Batch, Config
+from harness.layouts import logical_size, request_at, worst_case_size
+from harness.oracle import expected
+from harness.outputs import StepOutput
+from harness.shadow import ShadowHeap, describe_all
+from harness.trees import has_detached, trees_of
+
+
+class PropertyFailure(AssertionError):
+    def __init__(self, prop: str, detail: str):
+        super().__init__(f"{prop}: {detail}")
+        self.prop = prop
+        self.detail = detail
+
+
+@dataclass
+class Observation:
+    classes: set[str] = field(default_factory=set)
+    margin: float = float("-inf")  # cells the case needs beyond the buffer it writes (>0: overflow)
+
+    def add_step(self, config: Config, batch: Batch, out: StepOutput | None, capacity: int) -> None:
+        bs, m = batch.bs, config.max_bs
+        self.classes.add("bs " + ("< max_bs" if bs < m else "= max_bs" if bs == m else
+                                  "= max_bs+1" if bs == m + 1 else "> max_bs+1"))
+        self.classes.add(f"layout {config.mode.name}" + ("" if config.is_read else " (unread)"))
+        if out is not None:
+            self.classes.add("path reuse" if out.reused else "path fallback")
+        if 0 in batch.seq_lens:
+            self.classes.add("seq_len 0")
+        if config.max_context_len in batch.seq_lens:
+            self.classes.add("seq_len = max_context_len")
+        if not config.trivial and batch.trees is not None and any(
+                has_detached(t, config.topk) for t in trees_of(config, batch)):
+            self.classes.add("tree with unselected parent")
+        need = logical_size(config.mode, batch.seq_lens, config.d)
+        self.margin = max(self.margin, float(need - capacity))
+
+
+def _fail(prop: str, detail: str):
+    raise PropertyFailure(prop, detail)
+
+
+def _locator(config: Config, batch: Batch):
+    def locate(buffer: str, offset: int):
+        if buffer != "tree_mask":
+            return offset // config.d if offset >= 0 else None
+        return request_at(config.mode, batch.seq_lens, config.d, offset)
+    return locate
+
+
+def _stale(buffer: torch.Tensor) -> None:
+    """Leave cells as a previous step would: a mix of True and False, never the canary."""
+    n = buffer.numel()
+    pattern = (torch.arange(n, device=buffer.device) * 7 % 5) < 2
+    buffer.copy_(pattern.view(buffer.shape))
+
+
+def _step(prop: str, target, mask, config: Config, batch: Batch, heap: ShadowHeap) -> StepOutput:
+    out = target.verify(mask, config, batch, heap)
+    violations = heap.check(_locator(config, batch))
+    if violations:
+        path = "reused buffer" if out.reused else "fallback allocation"
+        _fail(prop, f"out-of-bounds write on the {path} (bs {batch.bs}, max_bs {config.max_bs}): "
+                    + describe_all(violations))
+    return out.as_cpu()
+
+
+def _diff(what: str, a: StepOutput, b, config: Config, batch: Batch, compared: torch.Tensor) -> str | None:
+    """First difference between two step outputs over the batch's logical region."""
+    n = compared.numel()
+    ma = a.tree_mask.reshape(-1)
+    if ma.numel() < n:
+        return (f"{what}: tree_mask holds {ma.numel()} cells, the batch's logical region needs {n} "
+                f"({config.mode.name}, bs {batch.bs}, seq_lens {list(batch.seq_lens)})")
+    raw_a = ma[:n].view(torch.uint8)
+    raw_b = b.tree_mask.reshape(-1)[:n].view(torch.uint8)
+    bad = torch.nonzero((raw_a != raw_b) & compared).flatten()
+    if bad.numel():
+        cell = int(bad[0])
+        req = request_at(config.mode, batch.seq_lens, config.d, cell)
+        return (f"{what}: tree_mask differs at {bad.numel()} cell(s), first at cell {cell} "
+                f"(request {req}): {int(raw_a[cell])} vs {int(raw_b[cell])}")
+    for name in ("positions", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling"):
+        x, y = getattr(a, name).reshape(-1).cpu(), getattr(b, name).reshape(-1).cpu()
+        if x.shape != y.shape or not torch.equal(x, y):
+            idx = int(torch.nonzero(x != y).flatten()[0]) if x.shape == y.shape else -1
+            return f"{what}: {name} differs" + (f" at {idx}: {int(x[idx])} vs {int(y[idx])}" if idx >= 0 else
+                                                f" in shape: {tuple(x.shape)} vs {tuple(y.shape)}")
+    return None
+
+
+def _capacity(mask) -> int:
+    return mask.buffer.numel() if mask is not None else 0
+
+
+# -- the properties ------------------------------------------------------------
+
+def no_oob_write(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
+    obs = Observation()
+    for batch in batches:
+        heap = ShadowHeap(device)
+        mask = target.allocate(config, heap)
+        _stale(mask.buffer)
+        out = _step("no-oob-write", target, mask, config, batch, heap)
+        obs.add_step(config, batch, out, _capacity(mask))
+        _step("no-oob-write", target, None, config, batch, heap)
+    return obs
+
+
+def fallback_equivalence(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
+    obs = Observation()
+    for batch in batches:
+        heap = ShadowHeap(device)
+        mask = target.allocate(config, heap)
+        _stale(mask.buffer)
+        reuse = target.verify(mask, config, batch, heap).as_cpu()
+        fallback = target.verify(None, config, batch, heap).as_cpu()
+        obs.add_step(config, batch, reuse, _capacity(mask))
+        diff = _diff("reuse vs fallback", reuse, fallback, config, batch, expected(config, batch).compared)
+        if diff:
+            _fail("fallback-equivalence", diff + f" [reuse path taken: {reuse.reused}]")
+    return obs
+
+
+def reference_agreement(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
+    obs = Observation()
+    for batch in batches:
+        want = expected(config, batch)
+        heap = ShadowHeap(device)
+        mask = target.allocate(config, heap)
+        _stale(mask.buffer)
+        for label, m in (("reuse path", mask), ("fallback path", None)):
+            out = target.verify(m, config, batch, heap).as_cpu()
+            obs.add_step(config, batch, out, _capacity(mask))
+            diff = _diff(f"{label} vs oracle", out, want, config, batch, want.compared)
+            if diff:
+                _fail("reference-agreement", diff)
+    return obs
+
+
+def capacity_soundness(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
+    obs = Observation()
+    mask = target.allocate(config, None)
+    cap = _capacity(mask)
+    for batch in batches:
+        obs.add_step(config, Batch((config.max_context_len,) * batch.bs), None, cap)
+        if target.fits(mask, batch.bs):
+            worst = worst_case_size(mask.mode, batch.bs, config.d, config.max_context_len)
+            if worst > cap:
+                _fail("capacity-soundness",
+                      f"fits({batch.bs}) is True for a {cap}-cell {mask.mode.name} buffer (max_bs {config.max_bs}), "
+                      f"but {batch.bs} requests at max_context_len {config.max_context_len} need {worst} cells")
+    return obs
+
+
+def capacity_liveness(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
+    obs = Observation()
+    mask = target.allocate(config, None)
+    for batch in batches:
+        obs.add_step(config, batch, None, _capacity(mask))
+        if batch.bs <= config.max_bs and not target.fits(mask, batch.bs):
+            _fail("capacity-liveness", f"fits({batch.bs}) is False although bs <= max_bs {config.max_bs}: "
+                                       "every such step would silently fall back and allocate")
+    return obs
+
+
+def multi_step_reuse(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
+    obs = Observation()
+    heap = ShadowHeap(device)
+    mask = target.allocate(config, heap)
+    for k, batch in enumerate(batches):
+        out = _step("multi-step-reuse", target, mask, config, batch, heap)
+        fresh_heap = ShadowHeap(device)
+        fresh = _step("multi-step-reuse", target, target.allocate(config, fresh_heap), config, batch, fresh_heap)
+        obs.add_step(config, batch, out, _capacity(mask))
+        diff = _diff(f"step {k} of {len(batches)}: reused vs fresh allocation", out, fresh, config, batch,
+                     expected(config, batch).compared)
+        if diff:
+            _fail("multi-step-reuse", diff)
+    return obs
+
+
+def trivial_path(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
+    obs = Observation()
+    for batch in batches:
+        want = expected(config, batch)
+        heap = ShadowHeap(device)
+        mask = target.allocate(config, heap)
+        _stale(mask.buffer)
+        reuse = _step("trivial-path", target, mask, config, batch, heap)
+        fallback = _step("trivial-path", target, None, config, batch, heap)
+        obs.add_step(config, batch, reuse, _capacity(mask))
+        for diff in (_diff("reuse vs fallback", reuse, fallback, config, batch, want.compared),
+                     _diff("reuse vs oracle", reuse, want, config, batch, want.compared)):
+            if diff:
+                _fail("trivial-path", diff)
+    return obs
+
+
+@dataclass(frozen=True)
+class Property:
+    name: str
+    check: Callable[..., Observation]
+    summary: str
+    trivial: bool = False  # runs on d = 1 configs
+    steps: bool = False  # takes a sequence of batches
+
+
+PROPERTIES: dict[str, Property] = {p.name: p for p in (
+    Property("no-oob-write", no_oob_write, "no write leaves its buffer, reused or freshly allocated"),
+    Property("fallback-equivalence", fallback_equivalence, "reuse path == per-batch fallback over the logical region"),
+    Property("reference-agreement", reference_agreement, "outputs == oracle from ancestor sets and depths"),
+    Property("capacity-soundness", capacity_soundness, "fits(bs) => worst-case footprint fits the buffer"),
+    Property("capacity-liveness", capacity_liveness, "bs <= max_bs => fits(bs)"),
+    Property("multi-step-reuse", multi_step_reuse, "a reused buffer gives what a fresh one gives, step after step",
+             steps=True),
+    Property("trivial-path", trivial_path, "d = 1: reuse and fallback agree", trivial=True),
+)}

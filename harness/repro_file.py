@@ -1,0 +1,109 @@
+"""The repro file (DESIGN.md section 3): the contract other tools read and write.
+
+JSON via msgspec. ``batches[i].top_scores_index``/``parent_list`` are optional:
+without them each request gets the simplest valid tree, so a person can write a
+repro by hand from nothing but seq_lens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+import harness
+from harness.config import Batch, Config, ConfigError, DraftTree
+from harness.layouts import TreeMaskMode
+
+
+class ReproError(Exception):
+    """A repro file that cannot be read or does not describe a valid case: exit 2."""
+
+
+class ConfigSpec(msgspec.Struct, forbid_unknown_fields=True):
+    mode: str
+    max_bs: int
+    max_context_len: int
+    num_draft_tokens: int
+    topk: int
+    spec_steps: int
+    is_read: bool = True
+
+
+class BatchSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    seq_lens: list[int]
+    top_scores_index: list[list[int]] | None = None
+    parent_list: list[list[int]] | None = None
+
+
+class Repro(msgspec.Struct, forbid_unknown_fields=True):
+    target: str
+    property: str
+    config: ConfigSpec
+    batches: list[BatchSpec]
+    detail: str = ""
+    seed: int | None = None
+    harness_version: str = ""
+
+
+def to_case(repro: Repro) -> tuple[Config, list[Batch]]:
+    c = repro.config
+    try:
+        mode = TreeMaskMode.parse(c.mode)
+        config = Config(mode, c.max_bs, c.max_context_len, c.num_draft_tokens, c.topk,
+                        c.spec_steps, c.is_read).validate()
+        if not repro.batches:
+            raise ConfigError("batches is empty: a repro needs at least one step")
+        out = []
+        for i, b in enumerate(repro.batches):
+            trees = None
+            if (b.top_scores_index is None) != (b.parent_list is None):
+                raise ConfigError(f"batches[{i}]: give both top_scores_index and parent_list, or neither")
+            if b.top_scores_index is not None:
+                if len(b.top_scores_index) != len(b.seq_lens) or len(b.parent_list) != len(b.seq_lens):
+                    raise ConfigError(f"batches[{i}]: one top_scores_index row and one parent_list row per request")
+                trees = tuple(DraftTree(tuple(s), tuple(p)) for s, p in zip(b.top_scores_index, b.parent_list))
+            try:
+                out.append(Batch(tuple(b.seq_lens), trees).validate(config))
+            except ConfigError as exc:
+                raise ConfigError(f"batches[{i}]: {exc}") from None
+    except (ConfigError, ValueError) as exc:
+        raise ReproError(str(exc)) from None
+    return config, out
+
+
+def from_case(target: str, prop: str, config: Config, batches: list[Batch], *,
+              detail: str = "", seed: int | None = None) -> Repro:
+    specs = []
+    for b in batches:
+        if b.trees is None:
+            specs.append(BatchSpec(list(b.seq_lens)))
+        else:
+            specs.append(BatchSpec(list(b.seq_lens), [list(t.top_scores_index) for t in b.trees],
+                                   [list(t.parent_list) for t in b.trees]))
+    cfg = ConfigSpec(config.mode.name, config.max_bs, config.max_context_len, config.num_draft_tokens,
+                     config.topk, config.spec_steps, config.is_read)
+    return Repro(target, prop, cfg, specs, detail, seed, harness.__version__)
+
+
+def load(path: str | Path) -> Repro:
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ReproError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        return msgspec.json.decode(data, type=Repro)
+    except msgspec.ValidationError as exc:
+        raise ReproError(f"{path}: invalid repro: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise ReproError(f"{path}: not valid JSON: {exc}") from None
+
+
+def dump(repro: Repro, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_bytes(msgspec.json.format(msgspec.json.encode(repro), indent=2) + b"\n")
+    tmp.replace(path)  # a finding on disk is whole or absent, never half-written
+    return path

@@ -1,0 +1,189 @@
+"""Bounds-checked shadow buffers: redzoned allocations with canary bytes.
+
+Every tensor a kernel writes is a view into a larger uint8 allocation whose
+front and back redzones hold ``CANARY``. After the kernel ran, any redzone byte
+that changed is a write outside the buffer. Bytes are compared raw: a canary
+read through a bool view would read True, indistinguishable from a real cell.
+
+A real kernel writes through a pointer, so an out-of-range write lands in
+whatever memory follows the buffer. The redzones make that memory ours and
+observable; ``run_kernel`` sizes them per call from the cells the call is
+expected to write, so an overflow of any plausible reach is caught in the zone
+rather than corrupting the process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import msgspec
+import torch
+
+CANARY = 0xA5
+MIN_REDZONE_BYTES = 64
+
+
+class Violation(msgspec.Struct, frozen=True):
+    """Cells written outside a buffer, as offsets relative to the buffer's first cell."""
+
+    buffer: str
+    side: str  # "front", "back", or "beyond" (past the redzone as well)
+    start: int
+    stop: int
+    cells: int
+    numel: int
+    request: int | None = None
+
+    def describe(self) -> str:
+        who = f", request {self.request}" if self.request is not None else ""
+        return (f"{self.buffer}: {self.cells} cell(s) written at offsets [{self.start}, {self.stop}) "
+                f"outside its {self.numel} cells ({self.side} redzone{who})")
+
+
+@dataclass
+class _Guarded:
+    name: str
+    backing: torch.Tensor  # uint8, front redzone + payload + back redzone
+    view: torch.Tensor
+    front: int  # bytes
+    payload: int  # bytes
+
+    @property
+    def itemsize(self) -> int:
+        return self.view.element_size()
+
+
+class ShadowHeap:
+    """Allocator and checker for the buffers of one verify step.
+
+    With ``guard=False`` it hands out plain tensors: the same code path, minus the
+    redzones, so the guard's overhead can be measured against it.
+    """
+
+    def __init__(self, device: str | torch.device = "cpu", guard: bool = True):
+        self.device = torch.device(device)
+        self.guard = guard
+        self._live: list[_Guarded] = []
+        self.beyond: list[Violation] = []
+
+    # -- allocation ---------------------------------------------------------
+    def alloc(self, name: str, shape: int | tuple[int, ...], dtype: torch.dtype,
+              fill: bool | int | None = None, redzone_cells: int = 0) -> torch.Tensor:
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        numel = 1
+        for n in shape:
+            numel *= n
+        if not self.guard:
+            t = torch.empty(shape, dtype=dtype, device=self.device)
+        else:
+            itemsize = torch.empty((), dtype=dtype).element_size()
+            zone = max(MIN_REDZONE_BYTES, redzone_cells * itemsize)
+            zone += (-zone) % itemsize
+            payload = numel * itemsize
+            backing = torch.full((zone + payload + zone,), CANARY, dtype=torch.uint8, device=self.device)
+            t = backing[zone:zone + payload].view(dtype).view(shape)
+            self._live.append(_Guarded(name, backing, t, zone, payload))
+        if fill is None:
+            t.zero_()
+        else:
+            t.fill_(fill)
+        return t
+
+    def adopt(self, name: str, tensor: torch.Tensor, redzone_cells: int) -> torch.Tensor:
+        """A guarded copy of ``tensor`` (same shape, dtype and content)."""
+        copy = self.alloc(name, tuple(tensor.shape), tensor.dtype, redzone_cells=redzone_cells)
+        copy.copy_(tensor)
+        return copy
+
+    def _find(self, tensor: torch.Tensor) -> _Guarded | None:
+        for g in self._live:
+            if g.view.data_ptr() == tensor.data_ptr() and g.view.numel() == tensor.numel():
+                return g
+        return None
+
+    def backing_of(self, tensor: torch.Tensor) -> tuple[torch.Tensor, int, str] | None:
+        """The raw allocation under a guarded view, the view's first cell in it, its name."""
+        g = self._find(tensor)
+        if g is None:
+            return None
+        return g.backing.view(tensor.dtype), g.front // g.itemsize, g.name
+
+    # -- checking ------------------------------------------------------------
+    def check(self, locate: Callable[[str, int], int | None] | None = None) -> list[Violation]:
+        found = list(self.beyond)
+        for g in self._live:
+            b = g.backing
+            bad = torch.nonzero(b != CANARY).flatten()
+            if bad.numel() == 0:
+                continue
+            inside = (bad >= g.front) & (bad < g.front + g.payload)
+            bad = bad[~inside]
+            if bad.numel() == 0:
+                continue
+            cells = torch.div(bad - g.front, g.itemsize, rounding_mode="floor")
+            for side, sel in (("front", cells < 0), ("back", cells >= 0)):
+                part = torch.unique(cells[sel])
+                if part.numel() == 0:
+                    continue
+                lo, hi = int(part.min()), int(part.max()) + 1
+                request = locate(g.name, lo) if locate else None
+                found.append(Violation(g.name, side, lo, hi, int(part.numel()), g.view.numel(), request))
+        return found
+
+    def release(self) -> None:
+        self._live.clear()
+        self.beyond.clear()
+
+    # -- the kernel entry ---------------------------------------------------
+    def store(self, tensor: torch.Tensor, index: torch.Tensor, values: torch.Tensor | bool | int) -> None:
+        """Write ``values`` at flat cell ``index`` relative to ``tensor``'s first cell.
+
+        This is a pointer write: indices past the view land in its redzones, as
+        they would in the memory after a real buffer. Past the redzones too, the
+        write is dropped and recorded as a ``beyond`` violation.
+        """
+        located = self.backing_of(tensor) if self.guard else None
+        if located is None:
+            tensor.view(-1)[index] = values
+            return
+        raw, first, name = located
+        pos = index + first
+        ok = (pos >= 0) & (pos < raw.numel())
+        if not bool(ok.all()):
+            out = index[~ok]
+            self.beyond.append(Violation(name, "beyond",
+                                         int(out.min()), int(out.max()) + 1, int(out.numel()), tensor.numel()))
+            pos = pos[ok]
+            if isinstance(values, torch.Tensor) and values.dim() > 0:
+                values = values[ok]
+        raw[pos] = values
+
+    def run_kernel(self, kernel: Callable, tensors: dict[str, torch.Tensor],
+                   reach: dict[str, int]) -> dict[str, torch.Tensor]:
+        """Give ``kernel`` guarded stand-ins for ``tensors`` and copy results back.
+
+        ``reach[name]`` is how many cells past the view's end (and before its
+        start) a write may plausibly land; each stand-in gets redzones that wide.
+        A tensor that already is a guarded view with enough redzone is used in
+        place, so a reused buffer keeps its identity.
+        """
+        if not self.guard:
+            kernel(tensors)
+            return tensors
+        standins = {}
+        for name, t in tensors.items():
+            g = self._find(t)
+            if g is not None and g.front >= reach[name] * g.itemsize:
+                standins[name] = t
+            else:
+                standins[name] = self.adopt(name, t, reach[name])
+        kernel(standins)
+        for name, t in tensors.items():
+            if standins[name] is not t:
+                t.copy_(standins[name])
+        return standins
+
+
+def describe_all(violations: Iterable[Violation]) -> str:
+    return "; ".join(v.describe() for v in violations)

@@ -1,0 +1,78 @@
+"""Batches against a config: sizes around the captured max_bs, lengths around the context limit."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+
+from harness.config import Batch, Config
+from strategies._validate import check_int
+from strategies.trees import draft_trees
+
+
+def _check_config(config) -> Config:
+    if not isinstance(config, Config):
+        raise InvalidArgument(f"config={config!r} must be a harness.config.Config")
+    return config
+
+
+def batch_sizes(max_bs: int, *, overshoot: int = 8) -> st.SearchStrategy[int]:
+    """Batch sizes weighted to the boundary classes around ``max_bs``.
+
+    1, max_bs, max_bs + 1, max_bs - 1, well past max_bs, and anything in
+    ``[1, max_bs + overshoot]``. Shrinks toward 1, then toward max_bs, then
+    max_bs + 1: a failure that needs an eager batch ends at the smallest one.
+
+    >>> batch_sizes(8).example()  # doctest: +SKIP
+    9
+    """
+    check_int("max_bs", max_bs, low=1)
+    check_int("overshoot", overshoot, low=1)
+    return st.one_of(
+        st.just(1), st.just(max_bs), st.just(max_bs + 1), st.just(max(1, max_bs - 1)),
+        st.integers(2 * max_bs + 1, 2 * max_bs + overshoot),
+        st.integers(1, max_bs + overshoot),
+    )
+
+
+def seq_lens(config: Config, bs: int) -> st.SearchStrategy[tuple[int, ...]]:
+    """``bs`` sequence lengths, each weighted to 0, 1 and max_context_len."""
+    _check_config(config)
+    check_int("bs", bs, low=1)
+    c = config.max_context_len
+    one = st.one_of(st.just(0), st.just(min(1, c)), st.just(c), st.integers(0, c))
+    return st.lists(one, min_size=bs, max_size=bs).map(tuple)
+
+
+def batches(config: Config, *, bs=None, overshoot: int = 8, trees: bool = True) -> st.SearchStrategy[Batch]:
+    """One scheduler step's batch for ``config``.
+
+    ``bs`` pins the batch size (default: ``batch_sizes(config.max_bs)``);
+    ``trees=False`` always uses the simplest tree.
+    """
+    _check_config(config)
+    if bs is not None:
+        check_int("bs", bs, low=1)
+    sizes = st.just(bs) if bs is not None else batch_sizes(config.max_bs, overshoot=overshoot)
+    drafting = trees and not config.trivial
+
+    @st.composite
+    def build(draw) -> Batch:
+        n = draw(sizes)
+        lens = draw(seq_lens(config, n))
+        chosen = None
+        if drafting and draw(st.booleans()):
+            one = draft_trees(config.topk, config.spec_steps, config.d)
+            chosen = tuple(draw(st.lists(one, min_size=n, max_size=n)))
+        return Batch(lens, chosen)
+
+    return build()
+
+
+def step_sequences(config: Config, *, min_steps: int = 2, max_steps: int = 5,
+                   overshoot: int = 8) -> st.SearchStrategy[list[Batch]]:
+    """Consecutive batches over one allocation: captured ones and eager ones past max_bs, mixed."""
+    _check_config(config)
+    check_int("min_steps", min_steps, low=1)
+    check_int("max_steps", max_steps, low=min_steps)
+    return st.lists(batches(config, overshoot=overshoot), min_size=min_steps, max_size=max_steps)

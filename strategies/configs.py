@@ -1,0 +1,90 @@
+"""Allocation configs: only the combinations a server can actually start with."""
+
+from __future__ import annotations
+
+from hypothesis import assume
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+
+from harness.config import Config, num_candidates
+from harness.layouts import PREALLOCATED_LAYOUTS, TreeMaskMode
+from strategies._validate import check_range
+
+
+def _layouts(layouts) -> tuple[TreeMaskMode, ...]:
+    if layouts is None:
+        return PREALLOCATED_LAYOUTS
+    try:
+        out = tuple(TreeMaskMode.parse(m) if isinstance(m, str) else TreeMaskMode(m) for m in layouts)
+    except (ValueError, TypeError) as exc:
+        raise InvalidArgument(f"layouts={layouts!r}: {exc}") from None
+    bad = [m.name for m in out if m not in PREALLOCATED_LAYOUTS]
+    if bad or not out:
+        raise InvalidArgument(f"layouts={layouts!r}: pick from FULL_MASK, QLEN_ONLY "
+                              f"(bit-packed masks are never preallocated)")
+    return out
+
+
+def configs(*, layouts=None, max_bs=(1, 8), max_context_len=(1, 64), num_draft_tokens=(2, 8),
+            topk=(1, 4), spec_steps=(1, 4), read=None) -> st.SearchStrategy[Config]:
+    """Consistent drafting configs (num_draft_tokens >= 2).
+
+    Each numeric argument is an int or an inclusive ``(lo, hi)`` pair. ``layouts``
+    is a subset of ``("FULL_MASK", "QLEN_ONLY")``; ``read`` pins ``is_read``
+    (an unread mask is always QLEN_ONLY, as SGLang allocates it).
+
+    >>> configs(max_bs=(1, 4), layouts=["FULL_MASK"]).example()  # doctest: +SKIP
+    Config(mode=<TreeMaskMode.FULL_MASK: 0>, max_bs=2, max_context_len=37, ...)
+    """
+    modes = _layouts(layouts)
+    bs_lo, bs_hi = check_range("max_bs", max_bs, low=1)
+    ctx_lo, ctx_hi = check_range("max_context_len", max_context_len, low=1)
+    d_lo, d_hi = check_range("num_draft_tokens", num_draft_tokens, low=2)
+    k_lo, k_hi = check_range("topk", topk, low=1)
+    s_lo, s_hi = check_range("spec_steps", spec_steps, low=1)
+    if read is not None and not isinstance(read, bool):
+        raise InvalidArgument(f"read={read!r} must be None, True or False")
+    if read is False and TreeMaskMode.QLEN_ONLY not in modes:
+        raise InvalidArgument("read=False needs QLEN_ONLY among the layouts (unread masks are QLEN_ONLY)")
+    if d_lo - 1 > num_candidates(k_hi, s_hi):
+        raise InvalidArgument(f"num_draft_tokens={num_draft_tokens!r} needs more candidates than "
+                              f"topk={topk!r} x spec_steps={spec_steps!r} can draft")
+
+    @st.composite
+    def build(draw) -> Config:
+        k = draw(st.integers(k_lo, k_hi))
+        steps = draw(st.integers(s_lo, s_hi))
+        d_top = min(d_hi, 1 + num_candidates(k, steps))
+        assume(d_top >= d_lo)
+        d = draw(st.integers(d_lo, d_top))
+        mode = draw(st.sampled_from(modes))
+        if mode == TreeMaskMode.FULL_MASK:
+            is_read = True
+        elif read is None:
+            is_read = not draw(st.booleans())  # booleans shrink to False: shrink toward a read mask
+        else:
+            is_read = read
+        return Config(mode, draw(st.integers(bs_lo, bs_hi)), draw(st.integers(ctx_lo, ctx_hi)),
+                      d, k, steps, is_read)
+
+    return build()
+
+
+def trivial_configs(*, layouts=None, max_bs=(1, 8), max_context_len=(1, 64), read=None) -> st.SearchStrategy[Config]:
+    """No-draft configs: num_draft_tokens 1, spec_steps 0 (the trivial verify path)."""
+    modes = _layouts(layouts)
+    bs_lo, bs_hi = check_range("max_bs", max_bs, low=1)
+    ctx_lo, ctx_hi = check_range("max_context_len", max_context_len, low=1)
+    if read is not None and not isinstance(read, bool):
+        raise InvalidArgument(f"read={read!r} must be None, True or False")
+
+    @st.composite
+    def build(draw) -> Config:
+        mode = draw(st.sampled_from(modes))
+        if mode == TreeMaskMode.FULL_MASK:
+            is_read = True
+        else:
+            is_read = read if read is not None else not draw(st.booleans())
+        return Config(mode, draw(st.integers(bs_lo, bs_hi)), draw(st.integers(ctx_lo, ctx_hi)), 1, 1, 0, is_read)
+
+    return build()

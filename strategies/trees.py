@@ -1,0 +1,34 @@
+"""Draft trees built the way the EAGLE draft stage builds them."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+
+from harness.config import DraftTree, num_candidates
+from harness.trees import draft
+from strategies._validate import check_int
+
+
+def draft_trees(topk: int, spec_steps: int, num_draft_tokens: int, *,
+                adversarial: bool = True) -> st.SearchStrategy[DraftTree]:
+    """Trees from the draft stage's selection over drawn per-candidate costs.
+
+    Costs are small non-negative integers, so zero-cost children tie with their
+    parent; with ``adversarial=True`` the tie-break order is drawn too, which
+    produces selected nodes whose parent was not selected. Shrinks toward the
+    breadth-first tree a hand-written repro gets.
+
+    >>> draft_trees(topk=2, spec_steps=3, num_draft_tokens=6).example()  # doctest: +SKIP
+    DraftTree(top_scores_index=(0, 1, 2, 3, 5), parent_list=(-1, 0, 1, 2, 3))
+    """
+    check_int("topk", topk, low=1)
+    check_int("spec_steps", spec_steps, low=1)
+    check_int("num_draft_tokens", num_draft_tokens, low=2)
+    n = num_candidates(topk, spec_steps)
+    if num_draft_tokens - 1 > n:
+        raise InvalidArgument(f"num_draft_tokens={num_draft_tokens} needs {num_draft_tokens - 1} candidates; "
+                              f"topk={topk}, spec_steps={spec_steps} drafts {n}")
+    costs = st.lists(st.integers(0, 3), min_size=n, max_size=n)
+    ties = st.lists(st.integers(0, 3), min_size=n, max_size=n) if adversarial else st.just([])
+    return st.builds(lambda c, t: draft(topk, spec_steps, num_draft_tokens, c, t), costs, ties)
