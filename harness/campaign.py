@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from hypothesis import HealthCheck, Phase, event, given, reject, seed as hseed, settings, strategies as st
+from hypothesis import HealthCheck, Phase, event, given, seed as hseed, settings, strategies as st
 from hypothesis.database import ExampleDatabase
-from hypothesis.errors import Unsatisfiable
 from hypothesis import target as hypothesis_target
 
 from harness.config import Batch, Config
@@ -137,6 +136,11 @@ class KeyedDatabase(ExampleDatabase):
         self.inner.move(self.prefix + src, self.prefix + dest, value)
 
 
+class _OutOfTime(BaseException):
+    """Ends a search at its deadline. A BaseException, so Hypothesis stops at
+    once instead of treating it as a failure to shrink."""
+
+
 def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds: Bounds,
                  findings_dir: Path, device: str = "cpu", database=None, deadline: float | None = None,
                  check: Callable | None = None, strategy=None) -> PropertyResult:
@@ -161,7 +165,7 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
         # Past the deadline, skip new examples; never while shrinking a failure,
         # or Hypothesis would see the failing example stop failing.
         if not state["failed"] and deadline is not None and time.monotonic() > deadline:
-            reject()
+            raise _OutOfTime
         state["case"] = case
         config, steps = case
         try:
@@ -192,8 +196,8 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
         search()
     except PropertyFailure as exc:
         result.finding = _record(target, prop.name, exc.detail, state["case"], seed, findings_dir)
-    except Unsatisfiable:
-        pass  # the deadline passed before any example ran: nothing was tested, nothing found
+    except _OutOfTime:
+        pass  # the budget is spent: what ran so far stands
     except Exception as exc:  # the target itself broke on this case: that is a finding too
         what = str(exc) if isinstance(exc, TargetRaised) else f"{type(exc).__name__}: {exc}"
         result.finding = _record(target, prop.name, f"target raised {what}", state["case"], seed, findings_dir)
