@@ -58,6 +58,27 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--isolate", choices=["auto", "on", "off"], default="auto")
     rep.add_argument("--example-timeout", type=float, default=30.0, metavar="S")
 
+    gate = sub.add_parser("gate", help="pr profile, only when the change touches verify-mask code")
+    gate.add_argument("--target", default="reference")
+    which = gate.add_mutually_exclusive_group()
+    which.add_argument("--changed-files", default=None, metavar="FILE", help="one changed path per line")
+    which.add_argument("--base", default=None, metavar="REV", help="changed paths from git diff REV...HEAD")
+    _common_run_args(gate)
+
+    mini = sub.add_parser("minimize", help="shrink a failing repro or deployment file")
+    mini.add_argument("file")
+    mini.add_argument("--target", default=None, help="default: the target recorded in a repro file, else reference")
+    mini.add_argument("-o", "--output", default=None, help="repro file to write (default: FILE.min.json)")
+    mini.add_argument("--property", default=None, help="for a deployment: the property to keep failing")
+    mini.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+
+    st = sub.add_parser("selftest", help="prove the properties catch every catalogued variant")
+    st.add_argument("--target", default="reference")
+    st.add_argument("--seed", type=int, default=0)
+    st.add_argument("--max-examples", type=int, default=300, help="examples per property before a variant survives it")
+    st.add_argument("--variant", action="append", dest="variants", metavar="NAME")
+    st.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+
     sub.add_parser("targets", help="list targets and known-bad variants")
     return p
 
@@ -204,7 +225,44 @@ def cmd_replay(args) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"run": cmd_run, "replay": cmd_replay, "targets": cmd_targets}
+def cmd_gate(args) -> int:
+    from harness.gate import ChangeError, changed_from_file, changed_since, touches_verify_mask
+    try:
+        if args.changed_files:
+            changed = changed_from_file(args.changed_files)
+        elif args.base:
+            changed = changed_since(args.base)
+        else:
+            changed = None
+    except ChangeError as exc:
+        raise UsageError(f"vmfuzz gate: {exc}") from None
+    if changed is not None:
+        hits = touches_verify_mask(changed)
+        if not hits:
+            print(f"vmfuzz gate: skipped: none of the {len(changed)} changed file(s) touches verify-mask code")
+            return EXIT_OK
+        print(f"vmfuzz gate: {len(hits)} changed file(s) touch verify-mask code: {', '.join(hits[:5])}"
+              + (" ..." if len(hits) > 5 else ""))
+    args.properties, args.seed, args.max_examples, args.time_budget, args.deployment = None, None, None, None, None
+    plan, target = plan_run(args, command="gate", profile_name="pr")
+    return execute_and_report(plan, target)
+
+
+def cmd_minimize(args) -> int:
+    from harness.minimize import minimize_file
+    return minimize_file(args)
+
+
+def cmd_selftest(args) -> int:
+    from harness.selftest import selftest
+    if args.max_examples < 1:
+        raise UsageError("vmfuzz: --max-examples must be at least 1")
+    _check_device(args.device)
+    return selftest(args, _resolve_target)
+
+
+COMMANDS = {"run": cmd_run, "replay": cmd_replay, "targets": cmd_targets, "gate": cmd_gate,
+            "minimize": cmd_minimize, "selftest": cmd_selftest}
 
 
 def main(argv: list[str] | None = None) -> int:
