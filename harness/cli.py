@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     st = sub.add_parser("selftest", help="prove the properties catch every catalogued variant")
     st.add_argument("--target", default="reference")
     st.add_argument("--seed", type=int, default=0)
-    st.add_argument("--max-examples", type=int, default=300, help="examples per property before a variant survives it")
+    st.add_argument("--max-examples", type=int, default=100, help="examples per property before a variant survives it")
     st.add_argument("--variant", action="append", dest="variants", metavar="NAME")
     st.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
 
