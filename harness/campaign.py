@@ -136,6 +136,9 @@ class KeyedDatabase(ExampleDatabase):
         self.inner.move(self.prefix + src, self.prefix + dest, value)
 
 
+MIN_SHARE = 1.0  # seconds any property gets under a time budget
+
+
 class _OutOfTime(BaseException):
     """Ends a search at its deadline. A BaseException, so Hypothesis stops at
     once instead of treating it as a failure to shrink."""
@@ -222,7 +225,7 @@ def _record(target, prop: str, detail: str, case, seed: int, findings_dir: Path,
 
 def search_property(target, prop: Property, *, seed: int, max_examples: int, bounds: Bounds,
                     findings_dir: Path, device: str = "cpu", database=None, deadline: float | None = None,
-                    check: Callable | None = None, strategy=None) -> PropertyResult:
+                    check: Callable | None = None, strategy=None, rounds: bool = True) -> PropertyResult:
     """``run_property`` in rounds until ``deadline``: a time-budgeted search.
 
     Without a deadline this is one round of ``max_examples``. With one, each
@@ -241,28 +244,36 @@ def search_property(target, prop: Property, *, seed: int, max_examples: int, bou
                            deadline=deadline, check=check, strategy=strategy)
         total.merge(res)
         rnd += 1
-        if deadline is None or total.finding or time.monotonic() >= deadline or res.examples == 0:
+        if not rounds or deadline is None or total.finding or time.monotonic() >= deadline or res.examples == 0:
             return total
 
 
 def run_campaign(target, *, seed: int, max_examples: int, bounds: Bounds, findings_dir: Path,
                  properties: list[str] | None = None, device: str = "cpu", database=None,
                  time_budget: float | None = None, check: Callable | None = None,
-                 strategies: dict | None = None,
+                 strategies: dict | None = None, rounds: bool = True,
                  on_result: Callable[[PropertyResult], None] = lambda r: None) -> list[PropertyResult]:
-    """Every property in turn, in this process. ``time_budget`` is shared out evenly."""
+    """Every property in turn, in this process.
+
+    With ``rounds``, ``time_budget`` is shared out evenly (each property searches
+    its share); without, it is only a cap on the whole run.
+    """
     names = list(properties or PROPERTIES)
     results = []
     start = time.monotonic()
     for i, name in enumerate(names):
         deadline = None
-        if time_budget is not None:
+        if time_budget is not None and not rounds:
+            deadline = start + time_budget
+        elif time_budget is not None:
             left = start + time_budget - time.monotonic()
-            deadline = time.monotonic() + max(0.0, left) / (len(names) - i)
+            # A shrink can overrun a share; the properties after it still get a
+            # second each rather than a silent skip.
+            deadline = time.monotonic() + max(MIN_SHARE, left / (len(names) - i))
         res = search_property(target, PROPERTIES[name], seed=seed, max_examples=max_examples,
                               bounds=bounds, findings_dir=findings_dir, device=device, database=database,
-                              deadline=deadline, check=check,
-                              strategy=(strategies or {}).get(name))
+                              deadline=deadline, check=check, strategy=(strategies or {}).get(name),
+                              rounds=rounds)
         on_result(res)
         results.append(res)
     return results

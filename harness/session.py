@@ -18,7 +18,7 @@ from pathlib import Path
 
 import multiprocessing as mp
 
-from harness.campaign import Bounds, PropertyResult, search_property
+from harness.campaign import Bounds, PropertyResult, run_campaign, search_property
 from harness.profiles import Profile
 from harness.properties import PROPERTIES
 
@@ -90,7 +90,7 @@ def _search_one(plan: RunPlan, target, name: str, deadline, check, strategies) -
     return search_property(target, PROPERTIES[name], seed=plan.seed, max_examples=plan.max_examples,
                            bounds=Bounds(), findings_dir=plan.findings_dir, device=plan.device,
                            database=_database(plan), deadline=deadline, check=check,
-                           strategy=strategies.get(name))
+                           strategy=strategies.get(name), rounds=plan.profile.rounds)
 
 
 def _pool_search(plan: RunPlan, name: str, share: float | None) -> PropertyResult:
@@ -157,20 +157,19 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
 
         if plan.workers <= 1:
             check, strategies = _searcher(plan, target)
-            start = time.monotonic()
             try:
-                for i, name in enumerate(plan.properties):
-                    deadline = None
-                    if budget is not None:
-                        left = start + budget - time.monotonic()
-                        deadline = time.monotonic() + max(0.0, left) / (len(plan.properties) - i)
-                    done(_search_one(plan, target, name, deadline, check, strategies))
+                run_campaign(target, seed=plan.seed, max_examples=plan.max_examples, bounds=Bounds(),
+                             findings_dir=plan.findings_dir, properties=plan.properties, device=plan.device,
+                             database=_database(plan), time_budget=budget, check=check,
+                             strategies=strategies, rounds=plan.profile.rounds, on_result=done)
             finally:
                 if check is not None:
                     check.close()
         else:
             # Each worker gets budget x workers / properties: the pool ends together.
             share = None if budget is None else budget * plan.workers / len(plan.properties)
+            if budget is not None and not plan.profile.rounds:
+                share = budget
             with ProcessPoolExecutor(plan.workers, mp_context=mp.get_context("spawn")) as pool:
                 futures = {pool.submit(_pool_search, plan, n, share): n for n in plan.properties}
                 for fut in as_completed(futures):
