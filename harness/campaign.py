@@ -146,16 +146,17 @@ class _OutOfTime(BaseException):
 
 def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds: Bounds,
                  findings_dir: Path, device: str = "cpu", database=None, deadline: float | None = None,
-                 check: Callable | None = None, strategy=None) -> PropertyResult:
+                 check: Callable | None = None, strategy=None, faulted: set[str] | None = None) -> PropertyResult:
     """One Hypothesis search for ``prop``.
 
     ``deadline`` (time.monotonic) stops generating new examples once passed;
     ``check`` replaces ``prop.check`` (an isolated worker); ``strategy``
-    replaces the default case strategy (a deployment-scoped search).
+    replaces the default case strategy (a deployment-scoped search);
+    ``faulted`` holds the fault kinds already saved (one finding per kind).
     """
     result = PropertyResult(prop.name, rounds=1)
     state = {"case": None, "failed": False}
-    faulted: set[str] = set()
+    faulted = set() if faulted is None else faulted
     run_check = check or (lambda p, c, b, dev: p.check(target, c, b, dev))
     db = KeyedDatabase(database, prop.name) if database is not None else None
 
@@ -237,11 +238,11 @@ def search_property(target, prop: Property, *, seed: int, max_examples: int, bou
     if deadline is not None and time.monotonic() >= deadline:
         total.skipped = True
         return total
-    rnd = 0
+    rnd, faulted = 0, set()
     while True:
         res = run_property(target, prop, seed=seed + rnd * 1_000_003, max_examples=max_examples,
                            bounds=bounds, findings_dir=findings_dir, device=device, database=database,
-                           deadline=deadline, check=check, strategy=strategy)
+                           deadline=deadline, check=check, strategy=strategy, faulted=faulted)
         total.merge(res)
         rnd += 1
         if not rounds or deadline is None or total.finding or time.monotonic() >= deadline or res.examples == 0:

@@ -190,6 +190,9 @@ def execute_and_report(plan, target) -> int:
         print(f"deployment {d['label']}: {'CAN' if d['can_write_out_of_range'] else 'cannot'} "
               f"write out of range: {d['why']}")
     print(f"reports: {plan.report_dir}/ (summary.json, summary.md, junit.xml, report.html)")
+    if outcome.interrupted:
+        print("vmfuzz: interrupted (findings written so far are kept, reports cover what ran)", file=sys.stderr)
+        return 130
     if outcome.failed:
         print(f"{summary['counts']['findings']} finding(s) written under {plan.findings_dir}; "
               "replay with: vmfuzz replay FILE")

@@ -62,6 +62,7 @@ def build_summary(outcome) -> dict:
     status = Counter(p["status"] for p in props)
     return {
         "command": plan.command, "target": outcome.target_name, "profile": plan.profile.name,
+        "interrupted": outcome.interrupted,
         "seed": plan.seed, "max_examples": plan.max_examples, "time_budget": plan.time_budget,
         "workers": plan.workers, "isolation": plan.isolate, "device": plan.device,
         "versions": outcome.versions, "started": outcome.started,

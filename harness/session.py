@@ -55,6 +55,7 @@ class RunOutcome:
     results: list[PropertyResult] = field(default_factory=list)
     replays: list = field(default_factory=list)
     deployment: dict | None = None
+    interrupted: bool = False  # Ctrl-C: reports still cover what ran
     replay_seconds: float = 0.0
     search_seconds: float = 0.0
     seconds: float = 0.0
@@ -179,6 +180,8 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
         outcome.search_seconds = time.monotonic() - t1
         if plan.deployment is not None:
             outcome.deployment = _deployment_verdict(plan, target, outcome)
+    except KeyboardInterrupt:
+        outcome.interrupted = True
     finally:
         ui.close()
     outcome.seconds = time.monotonic() - t0
