@@ -18,7 +18,7 @@ from pathlib import Path
 
 import multiprocessing as mp
 
-from harness.campaign import Bounds, PropertyResult, run_campaign, search_property
+from harness.campaign import MIN_SHARE, Bounds, PropertyResult, run_campaign, search_property
 from harness.profiles import Profile
 from harness.properties import PROPERTIES
 
@@ -94,14 +94,17 @@ def _search_one(plan: RunPlan, target, name: str, deadline, check, strategies) -
                            strategy=strategies.get(name), rounds=plan.profile.rounds)
 
 
-def _pool_search(plan: RunPlan, name: str, share: float | None) -> PropertyResult:
+def _pool_search(plan: RunPlan, name: str, share: float | None, end: float | None) -> PropertyResult:
     """Runs in a pool worker: resolve the target here, so plug-ins need not pickle."""
     from harness.targets import resolve
     import torch
     torch.set_num_threads(1)  # N workers on N cores: one thread each
     target = resolve(plan.target)
     check, strategies = _searcher(plan, target)
-    deadline = None if share is None else time.monotonic() + share
+    deadline = None
+    if share is not None:
+        # Wall-clock ``end`` is shared by every worker: the slot's share, but never past the run's end.
+        deadline = time.monotonic() + max(MIN_SHARE, min(share, end - time.time()))
     try:
         return _search_one(plan, target, name, deadline, check, strategies)
     finally:
@@ -167,12 +170,14 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
                 if check is not None:
                     check.close()
         else:
-            # Each worker gets budget x workers / properties: the pool ends together.
-            share = None if budget is None else budget * plan.workers / len(plan.properties)
+            # Properties run in ceil(n / workers) waves; each wave gets an equal share.
+            waves = -(-len(plan.properties) // plan.workers)
+            share = None if budget is None else budget / waves
             if budget is not None and not plan.profile.rounds:
                 share = budget
+            end = None if budget is None else time.time() + budget
             with ProcessPoolExecutor(plan.workers, mp_context=mp.get_context("spawn")) as pool:
-                futures = {pool.submit(_pool_search, plan, n, share): n for n in plan.properties}
+                futures = {pool.submit(_pool_search, plan, n, share, end): n for n in plan.properties}
                 for fut in as_completed(futures):
                     done(fut.result())
             order = {n: i for i, n in enumerate(plan.properties)}
