@@ -187,3 +187,35 @@ def test_output_is_line_oriented_under_ci(monkeypatch):
     from harness.progress import LineProgress, progress
     monkeypatch.setenv("CI", "true")
     assert isinstance(progress(3, "x"), LineProgress)
+
+
+@pytest.mark.parametrize("spec,can", [("reference+pr33127", True), ("reference", False)])
+def test_deployment_scoped_run_answers_whether_it_can_write_out_of_range(tmp_path, spec, can):
+    rep = tmp_path / "rep"
+    r = vmfuzz("run", "--deployment", str(ROOT / "examples" / "deployment-pr33127.json"), "--target", spec,
+               "--seed", "1", "--max-examples", "5", "--property", "capacity-soundness",
+               "--property", "capacity-liveness", "--report-dir", str(rep))
+    assert r.returncode == (1 if can else 0), r.stdout + r.stderr
+    d = json.loads((rep / "summary.json").read_text())["deployment"]
+    assert d["can_write_out_of_range"] is can and d["cuda_graph_max_bs"] == 8
+    assert ("CAN write out of range" if can else "cannot write out of range") in r.stdout
+    for f in json.loads((rep / "summary.json").read_text())["findings"]:
+        c = load(f["repro"]).config
+        assert (c.max_bs, c.max_context_len, c.mode) == (8, 4096, "FULL_MASK")
+
+
+def test_plugin_targets_take_variants_and_are_named_by_their_spec():
+    from harness.targets import resolve
+    t = resolve("tests.plugins:RaisingTarget+pr33127")
+    assert t.name == "tests.plugins:RaisingTarget+pr33127"
+    assert type(t).__name__ == "RaisingTarget" and t.fits.__name__ == "pre_fix_fits"
+
+
+def test_a_target_that_raises_is_a_finding_not_a_crash_of_the_harness(tmp_path):
+    rep = tmp_path / "rep"
+    r = vmfuzz("run", "--target", "tests.plugins:RaisingTarget", "--seed", "1", "--max-examples", "40",
+               "--property", "no-oob-write", "--property", "capacity-liveness", "--report-dir", str(rep))
+    assert r.returncode == 1, r.stdout + r.stderr
+    s = json.loads((rep / "summary.json").read_text())
+    [f] = s["findings"]
+    assert "CUDA error" in f["detail"] and s["properties"][1]["status"] == "held"
