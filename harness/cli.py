@@ -7,13 +7,8 @@ import random
 import sys
 from pathlib import Path
 
+from harness.errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE, UsageError  # noqa: F401 - re-exported
 from harness.profiles import DEFAULT_DB_DIR, PROFILES
-
-EXIT_OK, EXIT_FINDING, EXIT_USAGE = 0, 1, 2
-
-
-class UsageError(Exception):
-    """Bad input or an unavailable target: one line on stderr, exit 2."""
 
 
 class _Parser(argparse.ArgumentParser):

@@ -147,7 +147,8 @@ def _checker(prop, target, device: str, fault: str | None, timeout: float):
 
 
 def minimize_file(args) -> int:
-    from harness.cli import EXIT_FINDING, EXIT_OK, UsageError, _check_device, _resolve_target
+    from harness.cli import _check_device, _resolve_target
+    from harness.errors import EXIT_FINDING, EXIT_OK, UsageError
     from harness.deployment import DeploymentError, is_deployment, load as load_deployment
     from harness.repro_file import dump, from_case, load, to_case
 

@@ -45,7 +45,7 @@ def render(matrix: dict[str, dict[str, int | None]]) -> str:
 
 
 def selftest(args, resolve_target) -> int:
-    from harness.cli import EXIT_FINDING, EXIT_OK, UsageError
+    from harness.errors import EXIT_FINDING, EXIT_OK, UsageError
 
     target = resolve_target(args.target)
     variants = args.variants or list(CATALOGUE)

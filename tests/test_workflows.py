@@ -219,3 +219,18 @@ def test_a_target_that_raises_is_a_finding_not_a_crash_of_the_harness(tmp_path):
     s = json.loads((rep / "summary.json").read_text())
     [f] = s["findings"]
     assert "CUDA error" in f["detail"] and s["properties"][1]["status"] == "held"
+
+
+@pytest.mark.parametrize("argv", [
+    ["selftest", "--variant", "nope"],
+    ["minimize", "examples/deployment-pr33127.json", "--target", "nosuch"],
+    ["minimize", "examples/deployment-pr33127.json", "--property", "nope"],
+    ["minimize", "no/such/file.json"],
+    ["run", "--workers", "0"],
+    ["run", "--time-budget", "-1"],
+    ["gate", "--base", "no-such-revision-xyz"],
+])
+def test_bad_input_is_one_line_on_stderr_and_exit_2(argv):
+    r = vmfuzz(*argv)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
