@@ -15,7 +15,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     echo "bootstrap: installing $TORCH (CPU wheel)"
-    "$VENV/bin/pip" install -q "$TORCH" numpy
+    "$VENV/bin/pip" install -q "$TORCH" numpy 2>&1 | grep -v "^WARNING: Location" || true
 fi
 echo "bootstrap: installing vmfuzz (editable) and its dependencies"
 "$VENV/bin/pip" install -q -e . 2>&1 | grep -v "^WARNING: Location" || true
