@@ -85,13 +85,15 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
     def search(case):
         state["case"] = case
         config, steps = case
+        # Counted before the check: "examples to first detection" includes the failing one.
+        if not state["failed"]:
+            result.examples += 1
         try:
             obs = prop.check(target, config, steps, device)
         except Exception:
             state["failed"] = True
             raise
         if not state["failed"]:
-            result.examples += 1
             result.classes.update(obs.classes)
             result.max_margin = max(result.max_margin, obs.margin)
         for cls in sorted(obs.classes):

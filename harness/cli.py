@@ -49,6 +49,13 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
 
     sub.add_parser("targets", help="list targets and known-bad variants")
+
+    # Issue 5: the arithmetic policy check and the small-scope enumeration.
+    for name, helptext in (("verify-policy", "capacity soundness/liveness over a production-scale grid"),
+                           ("exhaustive", "every configuration within small bounds, every property")):
+        cmd = sub.add_parser(name, help=helptext)
+        cmd.add_argument("--target", default="reference")
+        cmd.add_argument("--report-dir", default=None, help="default: reports/<UTC timestamp>/")
     return p
 
 
@@ -136,7 +143,34 @@ def cmd_replay(args) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"run": cmd_run, "replay": cmd_replay, "targets": cmd_targets}
+def _findings_dir(args) -> Path:
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return Path(args.report_dir or Path("reports") / stamp) / "findings"
+
+
+def cmd_verify_policy(args) -> int:
+    from harness.policy import verify_policy
+    target = _resolve_target(args.target)
+    report = verify_policy(target, findings_dir=_findings_dir(args))
+    print(f"vmfuzz verify-policy: target {target.name}: {report.configs} configurations, "
+          f"{report.checks} batch sizes checked in {report.seconds:.1f}s")
+    for v in report.first.values():
+        print(f"  {v.prop}: {report.violations[v.prop]} violation(s); first: {v.detail}")
+        print(f"      repro: {v.path}")
+    if not report.ok:
+        return EXIT_FINDING
+    print("capacity-soundness and capacity-liveness held")
+    return EXIT_OK
+
+
+def cmd_exhaustive(args) -> int:
+    from harness.exhaustive import run_exhaustive
+    target = _resolve_target(args.target)
+    return EXIT_OK if run_exhaustive(target, findings_dir=_findings_dir(args), echo=print).ok else EXIT_FINDING
+
+
+COMMANDS = {"run": cmd_run, "replay": cmd_replay, "targets": cmd_targets,
+            "verify-policy": cmd_verify_policy, "exhaustive": cmd_exhaustive}
 
 
 def main(argv: list[str] | None = None) -> int:
