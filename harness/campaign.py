@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -21,6 +22,10 @@ from harness.config import Batch, Config
 from harness.properties import PROPERTIES, Property, PropertyFailure
 from harness.repro_file import dump, from_case
 from strategies import batches, configs, step_sequences, trivial_configs
+
+
+import os
+PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink] + ([Phase.target] if os.environ.get("VMFUZZ_TARGET_PHASE") else [])
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,8 @@ def cases(prop: Property, bounds: Bounds) -> st.SearchStrategy[tuple[Config, lis
                        num_draft_tokens=(2, bounds.num_draft_tokens), topk=(1, bounds.topk),
                        spec_steps=(1, bounds.spec_steps))
 
+    # One case strategy per config, built once: flatmap calls this for every example.
+    @lru_cache(maxsize=8192)
     def with_batches(config: Config):
         if prop.steps:
             steps = step_sequences(config, overshoot=bounds.overshoot)
@@ -79,7 +86,7 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
 
     @settings(max_examples=max_examples, deadline=None, database=database, print_blob=False,
               report_multiple_bugs=False, suppress_health_check=list(HealthCheck),
-              phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink])
+              phases=PHASES)
     @hseed(seed)
     @given(cases(prop, bounds))
     def search(case):
