@@ -24,10 +24,6 @@ from harness.repro_file import dump, from_case
 from strategies import batches, configs, step_sequences, trivial_configs
 
 
-import os
-PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink] + ([Phase.target] if os.environ.get("VMFUZZ_TARGET_PHASE") else [])
-
-
 @dataclass(frozen=True)
 class Bounds:
     """Size ceiling of generated cases: keeps one example in the millisecond range."""
@@ -86,7 +82,7 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
 
     @settings(max_examples=max_examples, deadline=None, database=database, print_blob=False,
               report_multiple_bugs=False, suppress_health_check=list(HealthCheck),
-              phases=PHASES)
+              phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink])
     @hseed(seed)
     @given(cases(prop, bounds))
     def search(case):

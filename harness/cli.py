@@ -56,6 +56,8 @@ def _parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=helptext)
         cmd.add_argument("--target", default="reference")
         cmd.add_argument("--report-dir", default=None, help="default: reports/<UTC timestamp>/")
+        if name == "exhaustive":
+            cmd.add_argument("--workers", type=int, default=2, help="processes checking configurations")
     return p
 
 
@@ -165,8 +167,11 @@ def cmd_verify_policy(args) -> int:
 
 def cmd_exhaustive(args) -> int:
     from harness.exhaustive import run_exhaustive
+    if args.workers < 1:
+        raise UsageError("vmfuzz: --workers must be at least 1")
     target = _resolve_target(args.target)
-    return EXIT_OK if run_exhaustive(target, findings_dir=_findings_dir(args), echo=print).ok else EXIT_FINDING
+    report = run_exhaustive(target, findings_dir=_findings_dir(args), workers=args.workers, echo=print)
+    return EXIT_OK if report.ok else EXIT_FINDING
 
 
 COMMANDS = {"run": cmd_run, "replay": cmd_replay, "targets": cmd_targets,
@@ -177,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     from harness.repro_file import ReproError
     try:
         args = _parser().parse_args(argv)
+        import torch
+        # Cases are tiny tensors: intra-op threads only add scheduling latency
+        # (a 2-thread reduction took milliseconds); parallelism is per worker.
+        torch.set_num_threads(1)
         return COMMANDS[args.command](args)
     except (UsageError, ReproError) as exc:
         print(str(exc) if str(exc).startswith("vmfuzz") else f"vmfuzz: {exc}", file=sys.stderr)
