@@ -73,6 +73,8 @@ class PropertyResult:
     max_margin: float = float("-inf")
     seconds: float = 0.0
     finding: Finding | None = None
+    #: seconds from the start of the search to the first failing example (before shrinking)
+    seconds_to_failure: float | None = None
 
 
 def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds: Bounds,
@@ -94,6 +96,8 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
         try:
             obs = prop.check(target, config, steps, device)
         except Exception:
+            if not state["failed"]:
+                result.seconds_to_failure = time.perf_counter() - start
             state["failed"] = True
             raise
         if not state["failed"]:

@@ -181,8 +181,9 @@ def _init_worker(spec: str) -> None:
 
 
 def _check_one(job) -> bool:
-    name, config, batches, device = job
-    return _fails(PROPERTIES[name], _worker_target, config, batches, device) is None
+    name, config, device = job
+    # Batches are rebuilt here rather than pickled: cheaper than shipping them.
+    return _fails(PROPERTIES[name], _worker_target, config, batches_of(config), device) is None
 
 
 def run_exhaustive(target, *, findings_dir: Path | None = None, device: str = "cpu",
@@ -227,7 +228,7 @@ def _run(target, report, all_configs, properties, device, findings_dir, pool, st
         jobs = [(name, config, capacity_batches(config) if arithmetic else batches_of(config), device)
                 for config in all_configs if config.trivial == prop.trivial]
         if pool is not None and not arithmetic:
-            verdicts = pool.imap(_check_one, jobs)
+            verdicts = pool.imap(_check_one, [(name, config, device) for _, config, _, _ in jobs], chunksize=4)
         else:
             verdicts = (_fails(prop, target, config, batches, device) is None for _, config, batches, _ in jobs)
         for (_, config, batches, _), held in zip(jobs, verdicts):
