@@ -9,9 +9,9 @@ Bounds (see ``BOUNDS``): layouts FULL_MASK, QLEN_ONLY read and unread;
 max_bs 1..3; max_context_len 0..3; num_draft_tokens 1..4 with every
 (topk 1..2, spec_steps 1..3) that can draft them; bs 1..min(5, max_bs + 2).
 seq_lens: every ordered tuple in [0, max_context_len]^bs for bs <= 2, every
-multiset (sorted tuple) of the boundary lengths {0, 1, max_context_len} for
+multiset (sorted tuple) of the boundary lengths {0, max_context_len} for
 bs >= 3 -- request order changes only where a block starts, which two requests
-already exercise. The seq_lens sweep runs on the first (topk, spec_steps) of
+already exercise, and interior lengths are swept at bs <= 2. The seq_lens sweep runs on the first (topk, spec_steps) of
 each d (addresses depend on d and seq_lens, not on the tree); the other draft
 shapes see all-empty and all-full batches of every bs. Trees: every distinct tree shape
 (node-level parent links, detached parents included) the draft stage produces
@@ -64,7 +64,7 @@ def batch_sizes(config: Config) -> range:
 def seq_lens_of(ctx: int, bs: int) -> list[tuple[int, ...]]:
     if bs <= 2:
         return list(itertools.product(range(ctx + 1), repeat=bs))
-    return list(itertools.combinations_with_replacement(sorted({0, min(1, ctx), ctx}), bs))
+    return list(itertools.combinations_with_replacement(sorted({0, ctx}), bs))
 
 
 def _sweeps_seq_lens(config: Config) -> bool:
