@@ -180,6 +180,15 @@ def _init_worker(spec: str) -> None:
     _worker_target = resolve(spec)
 
 
+def _resolvable(spec: str) -> bool:
+    from harness.targets import TargetUnavailable, resolve
+    try:
+        resolve(spec)
+    except TargetUnavailable:
+        return False
+    return True
+
+
 def _check_one(job) -> bool:
     name, config, device = job
     # Batches are rebuilt here rather than pickled: cheaper than shipping them.
@@ -191,8 +200,9 @@ def run_exhaustive(target, *, findings_dir: Path | None = None, device: str = "c
                    echo: Callable[[str], None] = lambda line: None) -> ExhaustiveReport:
     """Check every property on every configuration within ``BOUNDS``.
 
-    ``workers > 1`` checks configurations in that many processes (the target is
-    re-resolved there by name); results are consumed in enumeration order, so the
+    ``workers > 1`` checks configurations in that many processes, where the
+    target is rebuilt with ``resolve(target.name)``: pass it only for a target
+    that name rebuilds (the CLI's are); results are consumed in enumeration order, so the
     reported failure is the same with any number of workers. ``stop_at_first``
     ends the run at the first finding of any property.
     """
@@ -204,6 +214,8 @@ def run_exhaustive(target, *, findings_dir: Path | None = None, device: str = "c
          f"topk <= {BOUNDS['topk']}, spec_steps <= {BOUNDS['spec_steps']}, "
          f"max_context_len <= {BOUNDS['max_context_len']})")
     pool = None
+    if workers > 1 and not _resolvable(target.name):
+        workers = 1  # a worker re-resolves the target by name; one that cannot checks here
     if workers > 1:
         import multiprocessing
         pool = multiprocessing.get_context("fork").Pool(workers, _init_worker, (target.name,))
