@@ -11,9 +11,11 @@ the first example on which any property fails, so "examples to first detection"
 counts test-function calls up to and including the failing one. Both searches
 run the same checks over the same ranges (``BENCH_BOUNDS``):
 
-* harness: Hypothesis with the harness's strategies (boundary-weighted batch
-  sizes and sequence lengths, drawn draft trees, ``hypothesis.target`` on the
-  overflow margin);
+* harness: the campaign's boundary seed corpus (``campaign.boundary_cases``:
+  both layouts at bs = max_bs and max_bs + 1, requests at the context limit),
+  then Hypothesis with the harness's strategies (boundary-weighted batch sizes
+  and sequence lengths, drawn draft trees, ``hypothesis.target`` on the
+  overflow margin); ``--no-corpus`` measures the strategies alone;
 * naive: ``random.Random(seed)``, every number uniform over the same range, no
   boundary weighting, no targeting, capped at ``--cap`` examples a seed (a miss
   counts at the cap).
@@ -37,10 +39,10 @@ from pathlib import Path
 
 import msgspec
 import torch
-from hypothesis import HealthCheck, Phase, given, seed as hseed, settings, strategies as st
+from hypothesis import HealthCheck, Phase, example, given, seed as hseed, settings, strategies as st
 from hypothesis import target as hypothesis_target
 
-from harness.campaign import Bounds, cases, run_property
+from harness.campaign import Bounds, boundary_cases, cases, run_property
 from harness.config import Batch, Config, num_candidates
 from harness.layouts import TreeMaskMode, logical_size
 from harness.properties import PROPERTIES, PropertyFailure
@@ -77,7 +79,7 @@ def case_size(config: Config, steps: list[Batch]) -> dict:
 
 # -- the two searches -----------------------------------------------------------
 
-def harness_search(target, seed: int, cap: int) -> dict:
+def harness_search(target, seed: int, cap: int, corpus: bool = True) -> dict:
     drafting = cases(PROPERTIES["multi-step-reuse"], BENCH_BOUNDS)
     trivial = cases(PROPERTIES["trivial-path"], BENCH_BOUNDS)
 
@@ -105,6 +107,9 @@ def harness_search(target, seed: int, cap: int) -> dict:
             raise
         hypothesis_target(margin, label="overflow margin (cells)")
 
+    # The campaign's seed corpus, as ``run_property`` runs it: counted as examples.
+    for case in reversed(boundary_cases(PROPERTIES["multi-step-reuse"], BENCH_BOUNDS) if corpus else []):
+        search = example(case)(search)
     start = time.perf_counter()
     try:
         search()
@@ -156,11 +161,11 @@ def naive_search(target, seed: int, cap: int, budget_s: float) -> dict:
 
 
 def _detect_job(job):
-    kind, variant, seed, cap, budget = job
+    kind, variant, seed, cap, budget, corpus = job
     torch.set_num_threads(1)
     target = resolve(f"reference+{variant}")
     if kind == "harness":
-        return kind, variant, seed, harness_search(target, seed, cap)
+        return kind, variant, seed, harness_search(target, seed, cap, corpus)
     return kind, variant, seed, naive_search(target, seed, cap, budget)
 
 
@@ -233,10 +238,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", default="bench/results.json")
     ap.add_argument("--quick", action="store_true", help="skip throughput and overhead")
+    ap.add_argument("--no-corpus", action="store_true", help="harness strategies without the boundary seed corpus")
     args = ap.parse_args()
     torch.set_num_threads(1)
 
-    jobs = [(kind, v, seed, args.cap if kind == "naive" else args.harness_cap, args.naive_budget)
+    jobs = [(kind, v, seed, args.cap if kind == "naive" else args.harness_cap, args.naive_budget, not args.no_corpus)
             for v in CATALOGUE for kind in ("harness", "naive") for seed in range(args.seeds)]
     t0 = time.perf_counter()
     with multiprocessing.get_context("fork").Pool(args.workers) as pool:
@@ -274,7 +280,7 @@ def main() -> None:
             print(f"  {variant:<20} {row['shrink_seconds_median']:6.2f}s  {mid}")
 
     out = {"bounds": dataclasses.asdict(BENCH_BOUNDS), "seeds": args.seeds, "naive_cap": args.cap,
-           "harness_cap": args.harness_cap, "detection": rows, "geomean_ratio": geomean,
+           "harness_cap": args.harness_cap, "corpus": not args.no_corpus, "detection": rows, "geomean_ratio": geomean,
            "detection_wall_seconds": detection_wall}
     if not args.quick:
         rates = throughput(args.rate_examples)

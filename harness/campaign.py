@@ -15,10 +15,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-from hypothesis import HealthCheck, Phase, event, given, seed as hseed, settings, strategies as st
+from hypothesis import HealthCheck, Phase, event, example, given, seed as hseed, settings, strategies as st
 from hypothesis import target as hypothesis_target
 
-from harness.config import Batch, Config
+from harness.config import Batch, Config, num_candidates
+from harness.layouts import TreeMaskMode
 from harness.properties import PROPERTIES, Property, PropertyFailure
 from harness.repro_file import dump, from_case
 from strategies import batches, configs, step_sequences, trivial_configs
@@ -54,6 +55,37 @@ def cases(prop: Property, bounds: Bounds) -> st.SearchStrategy[tuple[Config, lis
         return steps.map(lambda bs: (config, bs))
 
     return cfgs.flatmap(with_batches)
+
+
+def boundary_cases(prop: Property, bounds: Bounds) -> list[tuple[Config, list[Batch]]]:
+    """A seed corpus run before the search: each layout at the capacity boundary.
+
+    Hypothesis starts from minimal examples and then mutates their tails, so its
+    first dozen cases share one config; the boundary classes of DESIGN.md
+    section 2 (bs = max_bs, bs = max_bs + 1, every request at the context limit,
+    both layouts) are too important to wait for. Four cases per property at
+    most, the same for every target.
+    """
+    m, c = min(2, bounds.max_bs), bounds.max_context_len
+    if prop.trivial:
+        shapes = [(1, 1, 0)]
+    else:
+        d = min(4, bounds.num_draft_tokens)
+        topk = min(2, bounds.topk, d - 1)
+        steps = next((s for s in range(1, bounds.spec_steps + 1) if num_candidates(topk, s) >= d - 1), None)
+        if steps is None:
+            return []
+        shapes = [(d, topk, steps)]
+    out = []
+    for mode in (TreeMaskMode.FULL_MASK, TreeMaskMode.QLEN_ONLY):
+        for d, topk, steps in shapes:
+            config = Config(mode, m, c, d, topk, steps)
+            at, past = Batch((c,) * m), Batch((c,) * (m + 1))
+            if prop.steps:
+                out.append((config, [at, past]))  # a full captured step leaves stale cells, then an eager one
+            else:
+                out.extend([(config, [past]), (config, [at])])
+    return out
 
 
 @dataclass
@@ -107,6 +139,8 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
             event(cls)
         hypothesis_target(obs.margin, label="overflow margin (cells)")
 
+    for case in reversed(boundary_cases(prop, bounds)):  # @example runs them in listed order
+        search = example(case)(search)
     start = time.perf_counter()
     try:
         search()
