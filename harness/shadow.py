@@ -67,6 +67,7 @@ class ShadowHeap:
         self.guard = guard
         self._live: list[_Guarded] = []
         self._canaries: torch.Tensor | None = None
+        self._by_address: dict[tuple[int, int], _Guarded] = {}
         self.beyond: list[Violation] = []
 
     # -- allocation ---------------------------------------------------------
@@ -79,14 +80,16 @@ class ShadowHeap:
         if not self.guard:
             t = torch.empty(shape, dtype=dtype, device=self.device)
         else:
-            itemsize = torch.empty((), dtype=dtype).element_size()
+            itemsize = dtype.itemsize
             zone = max(MIN_REDZONE_BYTES, redzone_cells * itemsize)
             zone += (-zone) % itemsize
             payload = numel * itemsize
             backing = torch.full((zone + payload + zone,), CANARY, dtype=torch.uint8, device=self.device)
             t = backing[zone:zone + payload].view(dtype).view(shape)
-            self._live.append(_Guarded(name, backing, t, zone, payload,
-                                       (backing[:zone], backing[zone + payload:])))
+            g = _Guarded(name, backing, t, zone, payload, (backing[:zone], backing[zone + payload:]))
+            self._live.append(g)
+            # Live backings keep their addresses, so (address, cells) names one view.
+            self._by_address[(t.data_ptr(), numel)] = g
         if fill is None:
             t.zero_()
         else:
@@ -100,10 +103,7 @@ class ShadowHeap:
         return copy
 
     def _find(self, tensor: torch.Tensor) -> _Guarded | None:
-        for g in self._live:
-            if g.view.data_ptr() == tensor.data_ptr() and g.view.numel() == tensor.numel():
-                return g
-        return None
+        return self._by_address.get((tensor.data_ptr(), tensor.numel()))
 
     def backing_of(self, tensor: torch.Tensor) -> tuple[torch.Tensor, int, str] | None:
         """The raw allocation under a guarded view, the view's first cell in it, its name."""
@@ -145,6 +145,7 @@ class ShadowHeap:
 
     def release(self) -> None:
         self._live.clear()
+        self._by_address.clear()
         self.beyond.clear()
 
     # -- the kernel entry ---------------------------------------------------
@@ -161,8 +162,10 @@ class ShadowHeap:
             return
         raw, first, name = located
         pos = index + first
-        ok = (pos >= 0) & (pos < raw.numel())
-        if not bool(ok.all()):
+        # One reduction for the common in-range case; the mask only when it is not.
+        lo, hi = (int(v) for v in torch.aminmax(pos)) if pos.numel() else (0, 0)
+        if lo < 0 or hi >= raw.numel():
+            ok = (pos >= 0) & (pos < raw.numel())
             out = index[~ok]
             self.beyond.append(Violation(name, "beyond",
                                          int(out.min()), int(out.max()) + 1, int(out.numel()), tensor.numel()))
