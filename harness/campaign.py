@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Callable
 
 from hypothesis import HealthCheck, Phase, event, example, given, seed as hseed, settings, strategies as st
+from hypothesis.database import ExampleDatabase
 from hypothesis import target as hypothesis_target
 
 from harness.config import Batch, Config, num_candidates
+from harness.isolation import TargetFault, TargetRaised
 from harness.layouts import TreeMaskMode
 from harness.properties import PROPERTIES, Property, PropertyFailure
 from harness.repro_file import dump, from_case
@@ -95,6 +97,7 @@ class Finding:
     path: Path
     config: Config
     batches: list[Batch]
+    kind: str = "property"  # or "target-crash" / "target-hang" (harness.isolation)
 
 
 @dataclass
@@ -107,26 +110,118 @@ class PropertyResult:
     finding: Finding | None = None
     #: seconds from the start of the search to the first failing example (before shrinking)
     seconds_to_failure: float | None = None
+    #: crashes and hangs: the search went on past them, so there can be several
+    faults: list[Finding] = field(default_factory=list)
+    margins: list[float] = field(default_factory=list)
+    bs_ratio: Counter = field(default_factory=Counter)
+    rounds: int = 0
+    skipped: bool = False  # the time budget ran out before this property started
+
+    @property
+    def findings(self) -> list[Finding]:
+        return ([self.finding] if self.finding else []) + self.faults
+
+    def merge(self, other: "PropertyResult") -> None:
+        self.examples += other.examples
+        self.classes.update(other.classes)
+        self.max_margin = max(self.max_margin, other.max_margin)
+        self.seconds += other.seconds
+        self.finding = self.finding or other.finding
+        self.faults += other.faults
+        self.margins += other.margins
+        self.bs_ratio.update(other.bs_ratio)
+        self.rounds += other.rounds
+
+
+def bs_ratio_bucket(bs: int, max_bs: int) -> str:
+    """Where a batch sits against the captured max_bs: the axis the regression lives on."""
+    r = bs / max_bs
+    if bs == max_bs:
+        return "= 1"
+    if r < 0.5:
+        return "< 0.5"
+    if r < 1:
+        return "0.5-1"
+    if r <= 1.5:
+        return "1-1.5"
+    if r <= 2:
+        return "1.5-2"
+    return "> 2"
+
+
+class KeyedDatabase(ExampleDatabase):
+    """One property's slice of a shared example database.
+
+    Every property's search is the same inner function, so Hypothesis would give
+    them one database key; the prefix keeps their examples apart.
+    """
+
+    def __init__(self, inner: ExampleDatabase, prefix: str):
+        super().__init__()
+        self.inner, self.prefix = inner, prefix.encode() + b"/"
+
+    def save(self, key, value):
+        self.inner.save(self.prefix + key, value)
+
+    def fetch(self, key):
+        yield from self.inner.fetch(self.prefix + key)
+
+    def delete(self, key, value):
+        self.inner.delete(self.prefix + key, value)
+
+    def move(self, src, dest, value):
+        self.inner.move(self.prefix + src, self.prefix + dest, value)
+
+
+MIN_SHARE = 1.0  # seconds any property gets under a time budget
+
+
+class _OutOfTime(BaseException):
+    """Ends a search at its deadline. A BaseException, so Hypothesis stops at
+    once instead of treating it as a failure to shrink."""
 
 
 def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds: Bounds,
-                 findings_dir: Path, device: str = "cpu", database=None) -> PropertyResult:
-    result = PropertyResult(prop.name)
-    state = {"case": None, "failed": False}
+                 findings_dir: Path, device: str = "cpu", database=None, deadline: float | None = None,
+                 check: Callable | None = None, strategy=None, faulted: set[str] | None = None) -> PropertyResult:
+    """One Hypothesis search for ``prop``.
 
-    @settings(max_examples=max_examples, deadline=None, database=database, print_blob=False,
+    ``deadline`` (time.monotonic) stops generating new examples once passed;
+    ``check`` replaces ``prop.check`` (an isolated worker); ``strategy``
+    replaces the default case strategy (a deployment-scoped search);
+    ``faulted`` holds the fault kinds already saved (one finding per kind).
+    """
+    result = PropertyResult(prop.name, rounds=1)
+    state = {"case": None, "failed": False}
+    faulted = set() if faulted is None else faulted
+    run_check = check or (lambda p, c, b, dev: p.check(target, c, b, dev))
+    db = KeyedDatabase(database, prop.name) if database is not None else None
+
+    @settings(max_examples=max_examples, deadline=None, database=db, print_blob=False,
               report_multiple_bugs=False, suppress_health_check=list(HealthCheck),
               phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink])
     @hseed(seed)
-    @given(cases(prop, bounds))
+    @given(strategy if strategy is not None else cases(prop, bounds))
     def search(case):
+        # Past the deadline, skip new examples; never while shrinking a failure,
+        # or Hypothesis would see the failing example stop failing.
+        if not state["failed"] and deadline is not None and time.monotonic() > deadline:
+            raise _OutOfTime
         state["case"] = case
         config, steps = case
         # Counted before the check: "examples to first detection" includes the failing one.
         if not state["failed"]:
             result.examples += 1
         try:
-            obs = prop.check(target, config, steps, device)
+            obs = run_check(prop, config, steps, device)
+        except TargetFault as fault:
+            # Shrinking a crash would re-crash (or re-hang for the full timeout)
+            # dozens of times: save it as found and let the search go on.
+            if fault.kind not in faulted:
+                faulted.add(fault.kind)
+                result.faults.append(_record(target, prop.name, fault.detail, case, seed, findings_dir,
+                                             kind=fault.kind))
+            return
         except Exception:
             if not state["failed"]:
                 result.seconds_to_failure = time.perf_counter() - start
@@ -135,43 +230,95 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
         if not state["failed"]:
             result.classes.update(obs.classes)
             result.max_margin = max(result.max_margin, obs.margin)
+            result.margins.append(obs.margin)
+            result.bs_ratio.update(bs_ratio_bucket(b.bs, config.max_bs) for b in steps)
         for cls in sorted(obs.classes):
             event(cls)
         hypothesis_target(obs.margin, label="overflow margin (cells)")
 
-    for case in reversed(boundary_cases(prop, bounds)):  # @example runs them in listed order
+    # A deployment-scoped search keeps to its deployment: no corpus outside it.
+    for case in reversed(boundary_cases(prop, bounds) if strategy is None else []):
         search = example(case)(search)
     start = time.perf_counter()
     try:
         search()
     except PropertyFailure as exc:
         result.finding = _record(target, prop.name, exc.detail, state["case"], seed, findings_dir)
+    except _OutOfTime:
+        pass  # the budget is spent: what ran so far stands
     except Exception as exc:  # the target itself broke on this case: that is a finding too
-        detail = f"target raised {type(exc).__name__}: {exc}"
-        result.finding = _record(target, prop.name, detail, state["case"], seed, findings_dir)
+        what = str(exc) if isinstance(exc, TargetRaised) else f"{type(exc).__name__}: {exc}"
+        result.finding = _record(target, prop.name, f"target raised {what}", state["case"], seed, findings_dir)
     result.seconds = time.perf_counter() - start
     return result
 
 
-def _record(target, prop: str, detail: str, case, seed: int, findings_dir: Path) -> Finding:
+def _record(target, prop: str, detail: str, case, seed: int, findings_dir: Path,
+            kind: str = "property") -> Finding:
     config, steps = case
-    repro = from_case(target.name, prop, config, steps, detail=detail, seed=seed)
-    path = findings_dir / f"{prop}.json"
+    fault = None if kind == "property" else kind
+    repro = from_case(target.name, prop, config, steps, detail=detail, seed=seed, fault=fault)
+    stem = prop if fault is None else f"{prop}-{fault}"
+    path = findings_dir / f"{stem}.json"
     n = 1
     while path.exists():
         n += 1
-        path = findings_dir / f"{prop}-{n}.json"
+        path = findings_dir / f"{stem}-{n}.json"
     dump(repro, path)
-    return Finding(prop, detail, path, config, steps)
+    return Finding(prop, detail, path, config, steps, kind)
+
+
+def search_property(target, prop: Property, *, seed: int, max_examples: int, bounds: Bounds,
+                    findings_dir: Path, device: str = "cpu", database=None, deadline: float | None = None,
+                    check: Callable | None = None, strategy=None, rounds: bool = True) -> PropertyResult:
+    """``run_property`` in rounds until ``deadline``: a time-budgeted search.
+
+    Without a deadline this is one round of ``max_examples``. With one, each
+    further round draws a new seed (derived from ``seed``, so the run stays
+    reproducible) until the deadline, a property failure, or a round that
+    found nothing new to try.
+    """
+    total = PropertyResult(prop.name)
+    if deadline is not None and time.monotonic() >= deadline:
+        total.skipped = True
+        return total
+    rnd, faulted = 0, set()
+    while True:
+        res = run_property(target, prop, seed=seed + rnd * 1_000_003, max_examples=max_examples,
+                           bounds=bounds, findings_dir=findings_dir, device=device, database=database,
+                           deadline=deadline, check=check, strategy=strategy, faulted=faulted)
+        total.merge(res)
+        rnd += 1
+        if not rounds or deadline is None or total.finding or time.monotonic() >= deadline or res.examples == 0:
+            return total
 
 
 def run_campaign(target, *, seed: int, max_examples: int, bounds: Bounds, findings_dir: Path,
-                 properties: list[str] | None = None, device: str = "cpu",
+                 properties: list[str] | None = None, device: str = "cpu", database=None,
+                 time_budget: float | None = None, check: Callable | None = None,
+                 strategies: dict | None = None, rounds: bool = True,
                  on_result: Callable[[PropertyResult], None] = lambda r: None) -> list[PropertyResult]:
+    """Every property in turn, in this process.
+
+    With ``rounds``, ``time_budget`` is shared out evenly (each property searches
+    its share); without, it is only a cap on the whole run.
+    """
+    names = list(properties or PROPERTIES)
     results = []
-    for name in properties or list(PROPERTIES):
-        res = run_property(target, PROPERTIES[name], seed=seed, max_examples=max_examples,
-                           bounds=bounds, findings_dir=findings_dir, device=device)
+    start = time.monotonic()
+    for i, name in enumerate(names):
+        deadline = None
+        if time_budget is not None and not rounds:
+            deadline = start + time_budget
+        elif time_budget is not None:
+            left = start + time_budget - time.monotonic()
+            # A shrink can overrun a share; the properties after it still get a
+            # second each rather than a silent skip.
+            deadline = time.monotonic() + max(MIN_SHARE, left / (len(names) - i))
+        res = search_property(target, PROPERTIES[name], seed=seed, max_examples=max_examples,
+                              bounds=bounds, findings_dir=findings_dir, device=device, database=database,
+                              deadline=deadline, check=check, strategy=(strategies or {}).get(name),
+                              rounds=rounds)
         on_result(res)
         results.append(res)
     return results

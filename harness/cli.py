@@ -8,11 +8,8 @@ import random
 import sys
 from pathlib import Path
 
-EXIT_OK, EXIT_FINDING, EXIT_USAGE = 0, 1, 2
-
-
-class UsageError(Exception):
-    """Bad input or an unavailable target: one line on stderr, exit 2."""
+from harness.errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE, UsageError  # noqa: F401 - re-exported
+from harness.profiles import DEFAULT_DB_DIR, PROFILES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -20,12 +17,18 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
-PROFILES = {
-    # examples per property, size ceiling
-    "dev": {"max_examples": 100},
-    "pr": {"max_examples": 200},
-    "nightly": {"max_examples": 2000},
-}
+def _common_run_args(p) -> None:
+    p.add_argument("--workers", type=int, default=1, help="processes to spread the properties over")
+    p.add_argument("--report-dir", default=None, help="default: reports/<UTC timestamp>/")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--db", default=DEFAULT_DB_DIR, metavar="DIR",
+                   help=f"example database and last run's failures (pr reads it, nightly writes it; "
+                        f"default {DEFAULT_DB_DIR})")
+    p.add_argument("--isolate", choices=["auto", "on", "off"], default="auto",
+                   help="run each example in a watched worker (auto: on for sglang and plug-in targets)")
+    p.add_argument("--example-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds one example may take under isolation before it is a target-hang")
+    p.add_argument("--repro-root", default="repro", help=argparse.SUPPRESS)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,18 +38,41 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="search every property for a counterexample")
     run.add_argument("--target", default="reference")
     run.add_argument("--seed", type=int, default=None, help="makes the run reproducible (default: random, printed)")
-    run.add_argument("--max-examples", type=int, default=None, help="examples per property")
+    run.add_argument("--max-examples", type=int, default=None, help="examples per property (per round)")
     run.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run")
     run.add_argument("--profile", choices=sorted(PROFILES), default="dev")
     run.add_argument("--property", action="append", dest="properties", metavar="NAME",
                      help="run only this property (repeatable)")
-    run.add_argument("--report-dir", default=None, help="default: reports/<UTC timestamp>/")
-    run.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-
+    run.add_argument("--deployment", default=None, metavar="FILE",
+                     help="confine the search to one server configuration (JSON, see WORKFLOWS.md)")
+    _common_run_args(run)
     rep = sub.add_parser("replay", help="re-run a repro file's property")
     rep.add_argument("file")
     rep.add_argument("--target", default=None, help="default: the target recorded in the file")
     rep.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    rep.add_argument("--isolate", choices=["auto", "on", "off"], default="auto")
+    rep.add_argument("--example-timeout", type=float, default=30.0, metavar="S")
+
+    gate = sub.add_parser("gate", help="pr profile, only when the change touches verify-mask code")
+    gate.add_argument("--target", default="reference")
+    which = gate.add_mutually_exclusive_group()
+    which.add_argument("--changed-files", default=None, metavar="FILE", help="one changed path per line")
+    which.add_argument("--base", default=None, metavar="REV", help="changed paths from git diff REV...HEAD")
+    _common_run_args(gate)
+
+    mini = sub.add_parser("minimize", help="shrink a failing repro or deployment file")
+    mini.add_argument("file")
+    mini.add_argument("--target", default=None, help="default: the target recorded in a repro file, else reference")
+    mini.add_argument("-o", "--output", default=None, help="repro file to write (default: FILE.min.json)")
+    mini.add_argument("--property", default=None, help="for a deployment: the property to keep failing")
+    mini.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+
+    st = sub.add_parser("selftest", help="prove the properties catch every catalogued variant")
+    st.add_argument("--target", default="reference")
+    st.add_argument("--seed", type=int, default=0)
+    st.add_argument("--max-examples", type=int, default=100, help="examples per property before a variant survives it")
+    st.add_argument("--variant", action="append", dest="variants", metavar="NAME")
+    st.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
 
     sub.add_parser("targets", help="list targets and known-bad variants")
 
@@ -89,46 +115,103 @@ def cmd_targets(args) -> int:
     return EXIT_OK
 
 
-def cmd_run(args) -> int:
-    from harness.campaign import Bounds, run_campaign
-    from harness.properties import PROPERTIES
+def _show(res, log) -> None:
+    status = "FAILED" if res.findings else ("skipped" if res.skipped else "held")
+    log(f"  {res.prop:<22} {status:<7} {res.examples:>5} examples {res.seconds:6.1f}s")
+    if res.classes and not ci_quiet():
+        log("      classes: " + ", ".join(f"{k} ({v})" for k, v in sorted(res.classes.items())))
+    for f in res.findings:
+        log(f"      finding ({f.kind}): {f.detail}")
+        log(f"      repro:   {f.path}")
 
-    for name in args.properties or []:
+
+def ci_quiet() -> bool:
+    from harness.session import ci
+    return ci()
+
+
+def _isolate(choice: str, spec: str) -> bool:
+    if choice != "auto":
+        return choice == "on"
+    # The embedded model cannot crash the process; real or foreign code can.
+    return not spec.split("+")[0] == "reference"
+
+
+def plan_run(args, *, command: str = "run", profile_name: str | None = None):
+    """Checks the arguments shared by run and gate; returns (plan, target)."""
+    from harness.properties import PROPERTIES
+    from harness.session import RunPlan, default_report_dir
+
+    profile = PROFILES[profile_name or args.profile]
+    properties = getattr(args, "properties", None) or list(PROPERTIES)
+    for name in properties:
         if name not in PROPERTIES:
             raise UsageError(f"vmfuzz: unknown property {name!r} (known: {', '.join(PROPERTIES)})")
-    if args.max_examples is not None and args.max_examples < 1:
+    max_examples = getattr(args, "max_examples", None)
+    if max_examples is not None and max_examples < 1:
         raise UsageError("vmfuzz: --max-examples must be at least 1")
+    budget = getattr(args, "time_budget", None)
+    if budget is not None and budget <= 0:
+        raise UsageError("vmfuzz: --time-budget must be positive")
+    if args.workers < 1:
+        raise UsageError("vmfuzz: --workers must be at least 1")
+    if args.example_timeout <= 0:
+        raise UsageError("vmfuzz: --example-timeout must be positive")
+    deployment = None
+    if getattr(args, "deployment", None):
+        from harness.deployment import DeploymentError, load
+        try:
+            deployment = load(args.deployment)
+        except DeploymentError as exc:
+            raise UsageError(f"vmfuzz: {exc}") from None
     _check_device(args.device)
     target = _resolve_target(args.target)
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
-    max_examples = args.max_examples or PROFILES[args.profile]["max_examples"]
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    report_dir = Path(args.report_dir or Path("reports") / stamp)
-    findings_dir = report_dir / "findings"
-    print(f"vmfuzz run: target {target.name}, seed {seed}, profile {args.profile}, "
-          f"{max_examples} examples per property")
+    seed = getattr(args, "seed", None)
+    if seed is None:
+        seed = profile.fixed_seed if profile.fixed_seed is not None else random.SystemRandom().randrange(2**31)
+    plan = RunPlan(target=args.target, profile=profile, seed=seed,
+                   max_examples=max_examples or profile.max_examples,
+                   time_budget=budget if budget is not None else profile.time_budget,
+                   report_dir=Path(args.report_dir) if args.report_dir else default_report_dir(),
+                   properties=properties, workers=args.workers, device=args.device, db_dir=Path(args.db),
+                   isolate=_isolate(args.isolate, args.target), example_timeout=args.example_timeout,
+                   deployment=deployment, repro_root=Path(args.repro_root), command=command)
+    return plan, target
 
-    def show(res):
-        status = "FAILED" if res.finding else "held"
-        print(f"  {res.prop:<22} {status:<6} {res.examples:>5} examples {res.seconds:6.1f}s")
-        if res.classes:
-            print("      classes: " + ", ".join(f"{k} ({v})" for k, v in sorted(res.classes.items())))
-        if res.finding:
-            print(f"      finding: {res.finding.detail}")
-            print(f"      repro:   {res.finding.path}")
 
-    results = run_campaign(target, seed=seed, max_examples=max_examples, bounds=Bounds(),
-                           findings_dir=findings_dir, properties=args.properties, device=args.device,
-                           on_result=show)
-    found = [r for r in results if r.finding]
-    if found:
-        print(f"{len(found)} finding(s) written under {findings_dir}; replay with: vmfuzz replay FILE")
+def execute_and_report(plan, target) -> int:
+    from harness.report import write_reports
+    from harness.session import execute
+
+    budget = f", budget {plan.time_budget:g}s" if plan.time_budget else ""
+    print(f"vmfuzz {plan.command}: target {target.name}, seed {plan.seed}, profile {plan.profile.name}, "
+          f"{plan.max_examples} examples per property{budget}, {plan.workers} worker(s)"
+          f"{', isolated' if plan.isolate else ''}", flush=True)
+    outcome = execute(plan, target, _show)
+    summary = write_reports(outcome, plan.report_dir)
+    if outcome.deployment:
+        d = outcome.deployment
+        print(f"deployment {d['label']}: {'CAN' if d['can_write_out_of_range'] else 'cannot'} "
+              f"write out of range: {d['why']}")
+    print(f"reports: {plan.report_dir}/ (summary.json, summary.md, junit.xml, report.html)")
+    if outcome.interrupted:
+        print("vmfuzz: interrupted (findings written so far are kept, reports cover what ran)", file=sys.stderr)
+        return 130
+    if outcome.failed:
+        print(f"{summary['counts']['findings']} finding(s) written under {plan.findings_dir}; "
+              "replay with: vmfuzz replay FILE")
         return EXIT_FINDING
-    print(f"all {len(results)} properties held")
+    print(f"all {len(outcome.results)} properties held")
     return EXIT_OK
 
 
+def cmd_run(args) -> int:
+    plan, target = plan_run(args)
+    return execute_and_report(plan, target)
+
+
 def cmd_replay(args) -> int:
+    from harness.isolation import TargetFault
     from harness.properties import PropertyFailure
     from harness.replay import replay
     from harness.repro_file import load
@@ -137,12 +220,52 @@ def cmd_replay(args) -> int:
     _check_device(args.device)
     target = _resolve_target(args.target or repro.target)
     try:
-        replay(repro, target, args.device)
+        replay(repro, target, args.device, isolate=_isolate(args.isolate, target.name),
+               timeout=args.example_timeout)
     except PropertyFailure as exc:
         print(f"FAILED {exc.prop} on {target.name}: {exc.detail}")
         return EXIT_FINDING
+    except TargetFault as exc:
+        print(f"FAILED {repro.property} on {target.name}: {exc}")
+        return EXIT_FINDING
     print(f"held {repro.property} on {target.name}")
     return EXIT_OK
+
+
+def cmd_gate(args) -> int:
+    from harness.gate import ChangeError, changed_from_file, changed_since, touches_verify_mask
+    try:
+        if args.changed_files:
+            changed = changed_from_file(args.changed_files)
+        elif args.base:
+            changed = changed_since(args.base)
+        else:
+            changed = None
+    except ChangeError as exc:
+        raise UsageError(f"vmfuzz gate: {exc}") from None
+    if changed is not None:
+        hits = touches_verify_mask(changed)
+        if not hits:
+            print(f"vmfuzz gate: skipped: none of the {len(changed)} changed file(s) touches verify-mask code")
+            return EXIT_OK
+        print(f"vmfuzz gate: {len(hits)} changed file(s) touch verify-mask code: {', '.join(hits[:5])}"
+              + (" ..." if len(hits) > 5 else ""))
+    args.properties, args.seed, args.max_examples, args.time_budget, args.deployment = None, None, None, None, None
+    plan, target = plan_run(args, command="gate", profile_name="pr")
+    return execute_and_report(plan, target)
+
+
+def cmd_minimize(args) -> int:
+    from harness.minimize import minimize_file
+    return minimize_file(args)
+
+
+def cmd_selftest(args) -> int:
+    from harness.selftest import selftest
+    if args.max_examples < 1:
+        raise UsageError("vmfuzz: --max-examples must be at least 1")
+    _check_device(args.device)
+    return selftest(args, _resolve_target)
 
 
 def _findings_dir(args) -> Path:
@@ -174,7 +297,8 @@ def cmd_exhaustive(args) -> int:
     return EXIT_OK if report.ok else EXIT_FINDING
 
 
-COMMANDS = {"run": cmd_run, "replay": cmd_replay, "targets": cmd_targets,
+COMMANDS = {"run": cmd_run, "replay": cmd_replay, "targets": cmd_targets, "gate": cmd_gate,
+            "minimize": cmd_minimize, "selftest": cmd_selftest,
             "verify-policy": cmd_verify_policy, "exhaustive": cmd_exhaustive}
 
 

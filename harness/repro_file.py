@@ -44,6 +44,9 @@ class Repro(msgspec.Struct, forbid_unknown_fields=True):
     detail: str = ""
     seed: int | None = None
     harness_version: str = ""
+    #: "target-crash" / "target-hang": the target died or stopped answering on
+    #: this case (harness.isolation); absent for a property's own failure.
+    fault: str | None = None
 
 
 def to_case(repro: Repro) -> tuple[Config, list[Batch]]:
@@ -73,7 +76,7 @@ def to_case(repro: Repro) -> tuple[Config, list[Batch]]:
 
 
 def from_case(target: str, prop: str, config: Config, batches: list[Batch], *,
-              detail: str = "", seed: int | None = None) -> Repro:
+              detail: str = "", seed: int | None = None, fault: str | None = None) -> Repro:
     specs = []
     for b in batches:
         if b.trees is None:
@@ -83,7 +86,7 @@ def from_case(target: str, prop: str, config: Config, batches: list[Batch], *,
                                    [list(t.parent_list) for t in b.trees]))
     cfg = ConfigSpec(config.mode.name, config.max_bs, config.max_context_len, config.num_draft_tokens,
                      config.topk, config.spec_steps, config.is_read)
-    return Repro(target, prop, cfg, specs, detail, seed, harness.__version__)
+    return Repro(target, prop, cfg, specs, detail, seed, harness.__version__, fault)
 
 
 def load(path: str | Path) -> Repro:
@@ -104,6 +107,9 @@ def dump(repro: Repro, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(msgspec.json.format(msgspec.json.encode(repro), indent=2) + b"\n")
+    data = msgspec.to_builtins(repro)
+    if data.get("fault") is None:
+        data.pop("fault", None)  # a plain finding's file stays exactly the documented schema
+    tmp.write_bytes(msgspec.json.format(msgspec.json.encode(data), indent=2) + b"\n")
     tmp.replace(path)  # a finding on disk is whole or absent, never half-written
     return path

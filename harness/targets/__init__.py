@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib
 
 from harness.targets.protocol import Target
@@ -42,6 +43,9 @@ def _plugin(spec: str):
     if not isinstance(target, Target):
         raise TargetUnavailable(f"plug-in {spec!r} does not implement the target protocol "
                                 "(numel, fits, fill_prefix, kernel, allocate, verify, versions, name)")
+    # Named by its spec, so a repro file it wrote resolves back to it on replay.
+    target = copy.copy(target)
+    target.name = spec
     return target
 
 

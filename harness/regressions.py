@@ -1,0 +1,80 @@
+"""Saved repros replayed before a search: the repo's canonical ones and last run's.
+
+Semantics (documented in WORKFLOWS.md): a repro under ``repro/`` records the
+known-bad target it fails on (e.g. ``reference+pr33127``). Against the target
+under test -- the fixed code -- it must *hold*; if it fails, the regression is
+back, and that is a finding. It should also still fail on its recorded target
+(it still has teeth); when that target loads here and the repro no longer fails
+on it, the replay says so as a warning, not a failure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.campaign import Finding
+from harness.isolation import TargetFault
+from harness.properties import PropertyFailure
+from harness.repro_file import ReproError, dump, load, to_case
+
+
+@dataclass
+class ReplayOutcome:
+    path: Path
+    source: str  # "repro/" or "last run"
+    property: str = ""
+    recorded_target: str = ""
+    status: str = "held"  # held / failed / error
+    detail: str = ""
+    teeth: bool | None = None  # still fails on its recorded target (None: not checked)
+    finding: Finding | None = None
+
+
+def saved_repros(root: Path) -> list[Path]:
+    """Every ``repro/<name>/*.json``, in a stable order."""
+    return sorted(root.glob("*/*.json")) if root.is_dir() else []
+
+
+def _outcome_of(repro, target, device: str, isolate: bool, timeout: float) -> tuple[str, str]:
+    from harness.replay import replay
+    try:
+        replay(repro, target, device, isolate=isolate, timeout=timeout)
+    except PropertyFailure as exc:
+        return "failed", exc.detail
+    except TargetFault as exc:
+        return "failed", str(exc)
+    return "held", ""
+
+
+def replay_saved(paths: list[Path], target, *, source: str, findings_dir: Path, device: str = "cpu",
+                 isolate: bool = False, timeout: float = 30.0, check_teeth: bool = True) -> list[ReplayOutcome]:
+    from harness.targets import TargetUnavailable, resolve
+
+    out = []
+    for path in paths:
+        o = ReplayOutcome(path, source)
+        try:
+            repro = load(path)
+            o.property, o.recorded_target = repro.property, repro.target
+            o.status, o.detail = _outcome_of(repro, target, device, isolate or bool(repro.fault), timeout)
+        except ReproError as exc:
+            o.status, o.detail = "error", str(exc)
+            out.append(o)
+            continue
+        if o.status == "failed":
+            config, steps = to_case(repro)
+            fpath = findings_dir / f"replay-{path.parent.name}-{path.stem}.json"
+            dump(type(repro)(**{**{f: getattr(repro, f) for f in repro.__struct_fields__},
+                                "target": target.name, "detail": o.detail}), fpath)
+            o.finding = Finding(repro.property, f"saved repro {path} fails again: {o.detail}", fpath,
+                                config, steps, repro.fault or "property")
+        elif check_teeth and repro.target != target.name:
+            try:
+                recorded = resolve(repro.target)
+            except TargetUnavailable:
+                recorded = None
+            if recorded is not None:
+                o.teeth = _outcome_of(repro, recorded, device, isolate or bool(repro.fault), timeout)[0] == "failed"
+        out.append(o)
+    return out

@@ -1,0 +1,150 @@
+"""The four files a run leaves in its report directory.
+
+summary.json is the record (other tools read it); summary.md is for a PR
+comment; junit.xml is for CI test tabs (one testcase per property, same counts
+as summary.json); report.html is for a person (see ``report_html``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+from xml.sax.saxutils import escape, quoteattr
+
+MARGIN_BUCKETS = ("< -1000", "-1000..-101", "-100..-1", "0", "1..100", "> 100")
+
+
+def margin_bucket(m: float) -> str | None:
+    """Cells past the buffer's end a case needed (negative: room to spare)."""
+    if math.isinf(m):
+        return None
+    if m < -1000:
+        return MARGIN_BUCKETS[0]
+    if m <= -101:
+        return MARGIN_BUCKETS[1]
+    if m < 0:
+        return MARGIN_BUCKETS[2]
+    if m == 0:
+        return MARGIN_BUCKETS[3]
+    return MARGIN_BUCKETS[4] if m <= 100 else MARGIN_BUCKETS[5]
+
+
+def _finding(f) -> dict:
+    return {"property": f.prop, "kind": f.kind, "detail": f.detail, "repro": str(f.path)}
+
+
+def _status(res) -> str:
+    if res.findings:
+        return "failed"
+    return "skipped" if res.skipped or res.examples == 0 else "held"
+
+
+def build_summary(outcome) -> dict:
+    plan = outcome.plan
+    props, classes, margins = [], Counter(), Counter()
+    for r in outcome.results:
+        classes.update(r.classes)
+        margins.update(b for b in map(margin_bucket, r.margins) if b)
+        props.append({
+            "name": r.prop, "status": _status(r), "examples": r.examples, "rounds": r.rounds,
+            "seconds": round(r.seconds, 3),
+            "max_margin": None if math.isinf(r.max_margin) else r.max_margin,
+            "classes": dict(sorted(r.classes.items())), "bs_over_max_bs": dict(r.bs_ratio),
+            "findings": [_finding(f) for f in r.findings],
+        })
+    replays = [{"repro": str(o.path), "property": o.property, "recorded_target": o.recorded_target,
+                "source": o.source, "status": o.status, "detail": o.detail, "still_fails_on_recorded": o.teeth,
+                "finding": str(o.finding.path) if o.finding else None} for o in outcome.replays]
+    findings = [_finding(f) for r in outcome.results for f in r.findings]
+    findings += [_finding(o.finding) for o in outcome.replays if o.finding]
+    status = Counter(p["status"] for p in props)
+    return {
+        "command": plan.command, "target": outcome.target_name, "profile": plan.profile.name,
+        "interrupted": outcome.interrupted,
+        "seed": plan.seed, "max_examples": plan.max_examples, "time_budget": plan.time_budget,
+        "workers": plan.workers, "isolation": plan.isolate, "device": plan.device,
+        "versions": outcome.versions, "started": outcome.started,
+        "counts": {"properties": len(props), "held": status["held"], "failed": status["failed"],
+                   "skipped": status["skipped"], "examples": sum(p["examples"] for p in props),
+                   "replays": len(replays), "replays_failed": sum(o["status"] != "held" for o in replays),
+                   "findings": len(findings)},
+        "properties": props,
+        "boundary_classes": dict(sorted(classes.items())),
+        "overflow_margin": {b: margins[b] for b in MARGIN_BUCKETS},
+        "findings": findings,
+        "replays": replays,
+        "deployment": outcome.deployment,
+        "timings": {"replay_seconds": round(outcome.replay_seconds, 3),
+                    "search_seconds": round(outcome.search_seconds, 3),
+                    "total_seconds": round(outcome.seconds, 3)},
+    }
+
+
+def summary_md(s: dict) -> str:
+    c = s["counts"]
+    verdict = "**FAILED**" if c["findings"] else "passed"
+    lines = [f"### vmfuzz {s['command']}: {verdict} on `{s['target']}`", "",
+             f"profile `{s['profile']}`, seed `{s['seed']}`, {c['examples']} examples, "
+             f"{c['held']} held / {c['failed']} failed / {c['skipped']} skipped, "
+             f"{s['timings']['total_seconds']:.0f}s", ""]
+    if s.get("deployment"):
+        d = s["deployment"]
+        lines += [f"Deployment {d['label']}: **{'can' if d['can_write_out_of_range'] else 'cannot'} "
+                  f"write out of range** ({d['why']})", ""]
+    lines += ["| property | status | examples | seconds |", "|---|---|---:|---:|"]
+    lines += [f"| {p['name']} | {p['status']} | {p['examples']} | {p['seconds']:.1f} |" for p in s["properties"]]
+    if s["replays"]:
+        lines += ["", f"Replayed {c['replays']} saved repro(s) first, {c['replays_failed']} did not hold."]
+    if s["findings"]:
+        lines += ["", "#### Findings", ""]
+        lines += [f"- `{f['property']}` ({f['kind']}): {f['detail']}  \n  repro: `{f['repro']}` "
+                  f"(`vmfuzz replay {f['repro']}`)" for f in s["findings"]]
+    versions = ", ".join(f"{k} {v}" for k, v in s["versions"].items())
+    lines += ["", f"<sub>{versions}</sub>", ""]
+    return "\n".join(lines)
+
+
+def junit_xml(s: dict) -> str:
+    c = s["counts"]
+    suite_time = sum(p["seconds"] for p in s["properties"])
+    out = ['<?xml version="1.0" encoding="utf-8"?>',
+           f'<testsuites name="vmfuzz" tests="{c["properties"] + c["replays"]}" '
+           f'failures="{c["failed"] + c["replays_failed"]}">',
+           f'  <testsuite name={quoteattr("vmfuzz." + s["target"])} tests="{c["properties"]}" '
+           f'failures="{c["failed"]}" skipped="{c["skipped"]}" errors="0" time="{suite_time:.3f}">']
+    for p in s["properties"]:
+        out.append(f'    <testcase classname={quoteattr("vmfuzz." + s["target"])} name={quoteattr(p["name"])} '
+                   f'time="{p["seconds"]:.3f}">')
+        if p["status"] == "failed":
+            f = p["findings"][0]
+            text = "\n".join(f"{x['kind']}: {x['detail']}\nrepro: {x['repro']}" for x in p["findings"])
+            out.append(f'      <failure type={quoteattr(f["kind"])} message={quoteattr(f["detail"])}>'
+                       f'{escape(text)}</failure>')
+        elif p["status"] == "skipped":
+            out.append('      <skipped message="time budget spent before this property ran"/>')
+        out.append("    </testcase>")
+    out.append("  </testsuite>")
+    if s["replays"]:
+        out.append(f'  <testsuite name="vmfuzz.replays" tests="{c["replays"]}" failures="{c["replays_failed"]}">')
+        for r in s["replays"]:
+            out.append(f'    <testcase classname="vmfuzz.replays" name={quoteattr(r["repro"])}>')
+            if r["status"] != "held":
+                out.append(f'      <failure message={quoteattr(r["detail"])}/>')
+            out.append("    </testcase>")
+        out.append("  </testsuite>")
+    out.append("</testsuites>")
+    return "\n".join(out) + "\n"
+
+
+def write_reports(outcome, report_dir: Path) -> dict:
+    from harness.report_html import report_html
+
+    report_dir.mkdir(parents=True, exist_ok=True)
+    s = build_summary(outcome)
+    (report_dir / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
+    (report_dir / "summary.md").write_text(summary_md(s))
+    (report_dir / "junit.xml").write_text(junit_xml(s))
+    (report_dir / "report.html").write_text(report_html(s))
+    return s

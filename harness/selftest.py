@@ -1,0 +1,66 @@
+"""``vmfuzz selftest``: every catalogued variant over a target, and which property caught it.
+
+A property set that lets a known bug through proves nothing about unknown ones;
+this is the kill matrix that shows it does not.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from harness.campaign import Bounds, run_property
+from harness.properties import PROPERTIES
+from harness.targets import CATALOGUE
+
+
+def kill_matrix(target, variants: list[str], *, seed: int, max_examples: int, device: str = "cpu",
+                log=print) -> dict[str, dict[str, int | None]]:
+    """variant -> property -> examples needed to catch it (None: survived that property)."""
+    matrix: dict[str, dict[str, int | None]] = {}
+    with tempfile.TemporaryDirectory(prefix="vmfuzz-selftest-") as tmp:
+        for name in variants:
+            layered = CATALOGUE[name].layer(target)
+            row = {}
+            for prop in PROPERTIES.values():
+                res = run_property(layered, prop, seed=seed, max_examples=max_examples, bounds=Bounds(),
+                                   findings_dir=Path(tmp) / name, device=device)
+                # PropertyResult.examples already counts the failing example
+                row[prop.name] = res.examples if res.finding else None
+            matrix[name] = row
+            caught = [p for p, n in row.items() if n is not None]
+            log(f"  {layered.name}: " + (f"caught by {', '.join(caught)}" if caught else "SURVIVED"))
+    return matrix
+
+
+def render(matrix: dict[str, dict[str, int | None]]) -> str:
+    props = list(PROPERTIES)
+    short = [p.replace("capacity-", "cap-").replace("-equivalence", "-eq") for p in props]
+    width = max(len(v) for v in matrix) if matrix else 7
+    lines = [f"{'variant':<{width}}  " + "  ".join(f"{s:>14}" for s in short)]
+    for v, row in matrix.items():
+        cells = ["-" if row[p] is None else f"{row[p]} ex" for p in props]
+        lines.append(f"{v:<{width}}  " + "  ".join(f"{c:>14}" for c in cells))
+    return "\n".join(lines)
+
+
+def selftest(args, resolve_target) -> int:
+    from harness.errors import EXIT_FINDING, EXIT_OK, UsageError
+
+    target = resolve_target(args.target)
+    variants = args.variants or list(CATALOGUE)
+    for v in variants:
+        if v not in CATALOGUE:
+            raise UsageError(f"vmfuzz: unknown variant {v!r} (known: {', '.join(CATALOGUE)})")
+    print(f"vmfuzz selftest: {len(variants)} variant(s) over {target.name}, seed {args.seed}, "
+          f"up to {args.max_examples} examples per property", flush=True)
+    matrix = kill_matrix(target, variants, seed=args.seed, max_examples=args.max_examples,
+                         device=args.device, log=lambda s: print(s, flush=True))
+    print("kill matrix (examples needed to catch; - = survived that property):")
+    print(render(matrix))
+    survivors = [v for v, row in matrix.items() if all(n is None for n in row.values())]
+    if survivors:
+        print(f"{len(survivors)} variant(s) survived every property: {', '.join(survivors)}")
+        return EXIT_FINDING
+    print(f"all {len(matrix)} variants caught")
+    return EXIT_OK

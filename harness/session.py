@@ -1,0 +1,215 @@
+"""One ``vmfuzz run`` (or gate) from plan to reports.
+
+Order matters: saved repros are replayed before any search (a known regression
+is reported within seconds, not after the budget), each finding is on disk
+before it is printed, and the reports are written last, from what is on disk
+and in memory, even when the search was cut short.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import multiprocessing as mp
+
+from harness.campaign import MIN_SHARE, Bounds, PropertyResult, run_campaign, search_property
+from harness.profiles import Profile
+from harness.properties import PROPERTIES
+
+
+@dataclass
+class RunPlan:
+    target: str
+    profile: Profile
+    seed: int
+    max_examples: int
+    time_budget: float | None
+    report_dir: Path
+    properties: list[str] = field(default_factory=lambda: list(PROPERTIES))
+    workers: int = 1
+    device: str = "cpu"
+    db_dir: Path = Path(".vmfuzz-db")
+    isolate: bool = False
+    example_timeout: float = 30.0
+    deployment: object = None  # harness.deployment.Deployment
+    repro_root: Path = Path("repro")
+    command: str = "run"
+
+    @property
+    def findings_dir(self) -> Path:
+        return self.report_dir / "findings"
+
+
+@dataclass
+class RunOutcome:
+    plan: RunPlan
+    target_name: str
+    versions: dict
+    started: str
+    results: list[PropertyResult] = field(default_factory=list)
+    replays: list = field(default_factory=list)
+    deployment: dict | None = None
+    interrupted: bool = False  # Ctrl-C: reports still cover what ran
+    replay_seconds: float = 0.0
+    search_seconds: float = 0.0
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return any(r.findings for r in self.results) or any(o.finding for o in self.replays)
+
+
+def _database(plan: RunPlan):
+    from hypothesis.database import DirectoryBasedExampleDatabase, ReadOnlyDatabase
+    mode = plan.profile.database
+    path = plan.db_dir / "hypothesis"
+    if mode == "none" or (mode == "read" and not path.is_dir()):
+        return None
+    db = DirectoryBasedExampleDatabase(str(path))
+    return ReadOnlyDatabase(db) if mode == "read" else db
+
+
+def _searcher(plan: RunPlan, target):
+    """What one worker (or this process) needs to search any property."""
+    from harness.isolation import IsolatedChecker
+    check = IsolatedChecker(target, plan.example_timeout) if plan.isolate else None
+    strategies = {}
+    if plan.deployment is not None:
+        from harness.deployment import case_strategy
+        strategies = {n: case_strategy(plan.deployment, trivial=p.trivial, steps=p.steps)
+                      for n, p in PROPERTIES.items()}
+    return check, strategies
+
+
+def _search_one(plan: RunPlan, target, name: str, deadline, check, strategies) -> PropertyResult:
+    return search_property(target, PROPERTIES[name], seed=plan.seed, max_examples=plan.max_examples,
+                           bounds=Bounds(), findings_dir=plan.findings_dir, device=plan.device,
+                           database=_database(plan), deadline=deadline, check=check,
+                           strategy=strategies.get(name), rounds=plan.profile.rounds)
+
+
+def _pool_search(plan: RunPlan, name: str, share: float | None, end: float | None) -> PropertyResult:
+    """Runs in a pool worker: resolve the target here, so plug-ins need not pickle."""
+    from harness.targets import resolve
+    import torch
+    torch.set_num_threads(1)  # N workers on N cores: one thread each
+    target = resolve(plan.target)
+    check, strategies = _searcher(plan, target)
+    deadline = None
+    if share is not None:
+        # Wall-clock ``end`` is shared by every worker: the slot's share, but never past the run's end.
+        deadline = time.monotonic() + max(MIN_SHARE, min(share, end - time.time()))
+    try:
+        return _search_one(plan, target, name, deadline, check, strategies)
+    finally:
+        if check is not None:
+            check.close()
+
+
+def _replays(plan: RunPlan, target, ui) -> list:
+    from harness.regressions import replay_saved, saved_repros
+    out = []
+    if plan.profile.replay_repros:
+        out += replay_saved(saved_repros(plan.repro_root), target, source="repro/",
+                            findings_dir=plan.findings_dir, device=plan.device, isolate=plan.isolate,
+                            timeout=plan.example_timeout)
+    if plan.profile.replay_last_failures:
+        last = sorted((plan.db_dir / "last-failures").glob("*.json"))
+        out += replay_saved(last, target, source="last run", findings_dir=plan.findings_dir,
+                            device=plan.device, isolate=plan.isolate, timeout=plan.example_timeout,
+                            check_teeth=False)
+    for o in out:
+        tail = "" if o.teeth is not False else f" (warning: no longer fails on {o.recorded_target})"
+        ui.log(f"  replay {o.source} {o.path}: {o.status}{': ' + o.detail if o.detail else ''}{tail}")
+    return out
+
+
+def _keep_failures(plan: RunPlan, outcome: RunOutcome) -> None:
+    """The next nightly run replays these first; a fixed one drops out."""
+    keep = plan.db_dir / "last-failures"
+    if keep.is_dir():
+        shutil.rmtree(keep)
+    keep.mkdir(parents=True, exist_ok=True)
+    for f in [f for r in outcome.results for f in r.findings] + [o.finding for o in outcome.replays if o.finding]:
+        shutil.copy2(f.path, keep / f.path.name)
+
+
+def execute(plan: RunPlan, target, show) -> RunOutcome:
+    """``show(result)`` prints one property's result; returns everything for the reports."""
+    from harness.progress import progress
+
+    t0 = time.monotonic()
+    outcome = RunOutcome(plan, target.name, dict(target.versions()),
+                         dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    ui = progress(len(plan.properties), f"{target.name} ({plan.profile.name})")
+    try:
+        outcome.replays = _replays(plan, target, ui)
+        outcome.replay_seconds = time.monotonic() - t0
+        budget = None if plan.time_budget is None else max(0.0, plan.time_budget - outcome.replay_seconds)
+        t1 = time.monotonic()
+
+        def done(res):
+            show(res, ui.log)
+            ui.advance()
+            outcome.results.append(res)
+
+        if plan.workers <= 1:
+            check, strategies = _searcher(plan, target)
+            try:
+                run_campaign(target, seed=plan.seed, max_examples=plan.max_examples, bounds=Bounds(),
+                             findings_dir=plan.findings_dir, properties=plan.properties, device=plan.device,
+                             database=_database(plan), time_budget=budget, check=check,
+                             strategies=strategies, rounds=plan.profile.rounds, on_result=done)
+            finally:
+                if check is not None:
+                    check.close()
+        else:
+            # Properties run in ceil(n / workers) waves; each wave gets an equal share.
+            waves = -(-len(plan.properties) // plan.workers)
+            share = None if budget is None else budget / waves
+            if budget is not None and not plan.profile.rounds:
+                share = budget
+            end = None if budget is None else time.time() + budget
+            with ProcessPoolExecutor(plan.workers, mp_context=mp.get_context("spawn")) as pool:
+                futures = {pool.submit(_pool_search, plan, n, share, end): n for n in plan.properties}
+                for fut in as_completed(futures):
+                    done(fut.result())
+            order = {n: i for i, n in enumerate(plan.properties)}
+            outcome.results.sort(key=lambda r: order[r.prop])
+        outcome.search_seconds = time.monotonic() - t1
+        if plan.deployment is not None:
+            outcome.deployment = _deployment_verdict(plan, target, outcome)
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+    finally:
+        ui.close()
+    outcome.seconds = time.monotonic() - t0
+    if plan.profile.replay_last_failures:
+        _keep_failures(plan, outcome)
+    return outcome
+
+
+def _deployment_verdict(plan: RunPlan, target, outcome: RunOutcome) -> dict:
+    from harness.deployment import capacity_verdict
+    dep = plan.deployment
+    can, why = capacity_verdict(target, dep)
+    oob = [f for r in outcome.results for f in r.findings if "out-of-bounds" in f.detail]
+    if oob and not can:
+        can, why = True, oob[0].detail
+    return {"label": dep.label(), "can_write_out_of_range": can, "why": why,
+            "cuda_graph_max_bs": dep.cuda_graph_max_bs, "max_running_requests": dep.max_running_requests,
+            "context_length": dep.context_length}
+
+
+def default_report_dir() -> Path:
+    return Path("reports") / dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")

@@ -1,0 +1,31 @@
+"""Every known-bad variant must be caught, and the fixed design must pass."""
+
+import pytest
+from hypothesis import given
+
+from harness.campaign import Bounds, cases
+from harness.cli import main
+from harness.properties import PROPERTIES
+from harness.targets import CATALOGUE, resolve
+
+REFERENCE = resolve("reference")
+
+
+@pytest.mark.parametrize("name", list(PROPERTIES))
+def test_reference_holds_every_property(name):
+    prop = PROPERTIES[name]
+
+    @given(cases(prop, Bounds(max_bs=4, max_context_len=16, num_draft_tokens=6)))
+    def holds(case):
+        config, batches = case
+        prop.check(REFERENCE, config, batches)
+
+    holds()
+
+
+@pytest.mark.parametrize("variant", list(CATALOGUE))
+def test_every_variant_is_caught_by_a_seeded_run(variant, tmp_path, capsys):
+    code = main(["run", "--target", f"reference+{variant}", "--seed", "1", "--report-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert list((tmp_path / "findings").glob("*.json")), "a finding must be on disk"

@@ -1,0 +1,236 @@
+"""The workflows of issue 4 end to end: nightly reports, fault isolation, gate, minimize."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import msgspec
+import pytest
+
+from harness.config import Batch, Config
+from harness.layouts import TreeMaskMode
+from harness.repro_file import dump, from_case, load
+from tests.helpers import ROOT, vmfuzz
+
+
+def _junit_counts(path):
+    suite = ET.parse(path).getroot().find("testsuite")
+    cases = suite.findall("testcase")
+    return {"tests": int(suite.get("tests")), "failures": int(suite.get("failures")),
+            "skipped": int(suite.get("skipped")), "cases": [c.get("name") for c in cases],
+            "failed_cases": [c.get("name") for c in cases if c.find("failure") is not None]}
+
+
+@pytest.mark.slow
+def test_nightly_with_workers_writes_four_reports_whose_counts_agree(tmp_path):
+    rep = tmp_path / "rep"
+    r = vmfuzz("run", "--profile", "nightly", "--time-budget", "20", "--workers", "2",
+               "--report-dir", str(rep), "--db", str(tmp_path / "db"), "--target", "reference+pr33127")
+    assert r.returncode in (0, 1), r.stderr
+    for name in ("summary.json", "summary.md", "junit.xml", "report.html"):
+        assert (rep / name).is_file(), name
+    s = json.loads((rep / "summary.json").read_text())
+    j = _junit_counts(rep / "junit.xml")
+    assert j["tests"] == s["counts"]["properties"] == len(j["cases"]) == 7
+    assert j["failures"] == s["counts"]["failed"] == len(j["failed_cases"])
+    assert j["skipped"] == s["counts"]["skipped"]
+    assert sorted(j["failed_cases"]) == sorted(p["name"] for p in s["properties"] if p["status"] == "failed")
+    assert s["profile"] == "nightly" and isinstance(s["seed"], int) and s["workers"] == 2
+    assert s["versions"]["torch"]
+    assert (r.returncode == 1) == bool(s["findings"])
+    for f in s["findings"]:
+        assert load(f["repro"]).property == f["property"]
+    # the persistent database and the failures the next night replays first
+    assert (tmp_path / "db" / "hypothesis").is_dir()
+    kept = sorted(p.name for p in (tmp_path / "db" / "last-failures").glob("*.json"))
+    assert len(kept) == len(s["findings"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plugin,kind", [("AbortingTarget", "target-crash"), ("HangingTarget", "target-hang")])
+def test_misbehaving_plugin_becomes_a_finding_and_the_run_uses_its_budget(tmp_path, plugin, kind):
+    budget = 8.0
+    rep = tmp_path / "rep"
+    r = vmfuzz("run", "--target", f"tests.plugins:{plugin}", "--seed", "3", "--time-budget", str(budget),
+               "--example-timeout", "1", "--property", "no-oob-write", "--property", "capacity-liveness",
+               "--report-dir", str(rep))
+    assert r.returncode == 1, r.stdout + r.stderr
+    s = json.loads((rep / "summary.json").read_text())
+    faults = [f for f in s["findings"] if f["kind"] == kind]
+    assert faults, s["findings"]
+    repro = load(faults[0]["repro"])
+    assert repro.fault == kind and repro.target == f"tests.plugins:{plugin}"
+    # the run went on: the property after the faulting one ran, and the budget was used
+    assert [p["name"] for p in s["properties"]] == ["no-oob-write", "capacity-liveness"]
+    assert s["properties"][1]["examples"] > 0
+    assert s["timings"]["total_seconds"] >= 0.8 * budget
+    # and the saved fault replays as the same fault
+    again = vmfuzz("replay", faults[0]["repro"], "--example-timeout", "1")
+    assert again.returncode == 1 and kind in again.stdout
+
+
+def test_gate_on_documentation_only_exits_at_once_and_says_why(tmp_path):
+    changed = tmp_path / "changed.txt"
+    changed.write_text("docs/basic_usage/speculative_decoding.md\nREADME.md\n")
+    r = vmfuzz("gate", "--changed-files", str(changed), "--report-dir", str(tmp_path / "rep"))
+    assert r.returncode == 0
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 1 and "skipped" in lines[0] and "verify-mask" in lines[0]
+    assert not (tmp_path / "rep").exists()
+
+
+def test_gate_recognises_verify_mask_paths():
+    from harness.gate import touches_verify_mask
+    hits = touches_verify_mask(["python/sglang/srt/layers/attention/verify_mask.py",
+                                "python/sglang/srt/speculative/eagle_worker_v2.py",
+                                "python/sglang/srt/managers/scheduler_pp_mixin.py",
+                                "python/sglang/kernels/jit/csrc/speculative/tree.cuh",
+                                "docs/index.md", "python/sglang/srt/layers/quantization/fp8.py"])
+    assert len(hits) == 4 and "docs/index.md" not in hits
+
+
+def test_gate_unreadable_changed_files_is_one_line_exit_2(tmp_path):
+    r = vmfuzz("gate", "--changed-files", str(tmp_path / "missing.txt"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_minimize_full_mask_deployment_ends_at_max_bs_1_and_two_requests(tmp_path):
+    dep = msgspec.json.decode((ROOT / "examples" / "deployment-pr33127.json").read_bytes())
+    assert dep["cuda_graph_max_bs"] == 8 and len(dep["seq_lens"]) == 48 and min(dep["seq_lens"]) > 4000
+    out = tmp_path / "min.json"
+    r = vmfuzz("minimize", str(ROOT / "examples" / "deployment-pr33127.json"), "--target", "reference+pr33127",
+               "-o", str(out))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "before:" in r.stdout and "after:" in r.stdout
+    repro = load(out)
+    assert repro.config.max_bs == 1 and repro.config.mode == "FULL_MASK"
+    assert len(repro.batches) == 1 and len(repro.batches[0].seq_lens) == 2
+    assert vmfuzz("replay", str(out)).returncode == 1
+    assert vmfuzz("replay", str(out), "--target", "reference").returncode == 0
+
+
+def test_minimize_stops_where_no_single_simplification_keeps_failing():
+    from harness.minimize import _valid, candidates, minimize
+    from harness.properties import PROPERTIES, PropertyFailure
+    from harness.targets import resolve
+
+    target, prop = resolve("reference+pr33127"), PROPERTIES["no-oob-write"]
+
+    def fails(case):
+        try:
+            prop.check(target, case[0], case[1])
+        except PropertyFailure as exc:
+            return exc.detail
+        return None
+
+    start = (Config(TreeMaskMode.FULL_MASK, 3, 20, 3, 2, 2), [Batch((20, 19, 5, 20, 0, 18))])
+    (config, steps), _, _ = minimize(start, fails)
+    assert config.max_bs == 1 and steps[0].bs == 2
+    for cand in candidates((config, steps)):
+        cand = _valid(*cand)
+        assert cand is None or fails(cand) is None
+
+
+def test_plain_repro_file_keeps_the_documented_keys_and_fault_round_trips(tmp_path):
+    config = Config(TreeMaskMode.QLEN_ONLY, 2, 8, 2, 1, 1)
+    plain = dump(from_case("reference", "no-oob-write", config, [Batch((1, 2))]), tmp_path / "a.json")
+    assert "fault" not in json.loads(plain.read_text())
+    crash = dump(from_case("x:y", "no-oob-write", config, [Batch((1,))], fault="target-crash"), tmp_path / "b.json")
+    assert load(crash).fault == "target-crash"
+
+
+def test_pr_replays_saved_repros_and_expects_them_to_hold_on_the_fixed_target(tmp_path):
+    from harness.regressions import replay_saved, saved_repros
+    from harness.targets import resolve
+
+    root = tmp_path / "repro"
+    config = Config(TreeMaskMode.FULL_MASK, 1, 0, 2, 1, 1)
+    dump(from_case("reference+pr33127", "no-oob-write", config, [Batch((0, 0))]), root / "pr33127" / "case.json")
+    paths = saved_repros(root)
+    [fixed] = replay_saved(paths, resolve("reference"), source="repro/", findings_dir=tmp_path / "f")
+    assert fixed.status == "held" and fixed.teeth is True and fixed.finding is None
+    [broken] = replay_saved(paths, resolve("reference+fits-off-by-one"), source="repro/",
+                            findings_dir=tmp_path / "f")
+    assert broken.status == "failed" and broken.finding.path.is_file()
+    assert load(broken.finding.path).target == "reference+fits-off-by-one"
+
+
+def test_selftest_prints_the_kill_matrix(tmp_path):
+    r = vmfuzz("selftest", "--variant", "row-offset", "--variant", "full-no-draft-span", "--max-examples", "10")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "kill matrix" in r.stdout and "row-offset" in r.stdout and "all 2 variants caught" in r.stdout
+
+
+def test_deployment_verdict_is_exact_arithmetic():
+    from harness.deployment import Deployment, capacity_verdict
+    from harness.targets import resolve
+
+    dep = Deployment(cuda_graph_max_bs=8, max_running_requests=48, context_length=4096,
+                     num_draft_tokens=4, topk=1, spec_steps=3)
+    assert capacity_verdict(resolve("reference+pr33127"), dep)[0] is True
+    assert capacity_verdict(resolve("reference"), dep)[0] is False
+    small = Deployment(cuda_graph_max_bs=8, max_running_requests=8, context_length=4096,
+                       num_draft_tokens=4, topk=1, spec_steps=3)
+    assert capacity_verdict(resolve("reference+pr33127"), small)[0] is False
+
+
+def test_bad_deployment_file_is_one_line_exit_2(tmp_path):
+    bad = tmp_path / "dep.json"
+    bad.write_text('{"cuda_graph_max_bs": 8}')
+    r = vmfuzz("run", "--deployment", str(bad), "--max-examples", "1")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_output_is_line_oriented_under_ci(monkeypatch):
+    from harness.progress import LineProgress, progress
+    monkeypatch.setenv("CI", "true")
+    assert isinstance(progress(3, "x"), LineProgress)
+
+
+@pytest.mark.parametrize("spec,can", [("reference+pr33127", True), ("reference", False)])
+def test_deployment_scoped_run_answers_whether_it_can_write_out_of_range(tmp_path, spec, can):
+    rep = tmp_path / "rep"
+    r = vmfuzz("run", "--deployment", str(ROOT / "examples" / "deployment-pr33127.json"), "--target", spec,
+               "--seed", "1", "--max-examples", "5", "--property", "capacity-soundness",
+               "--property", "capacity-liveness", "--report-dir", str(rep))
+    assert r.returncode == (1 if can else 0), r.stdout + r.stderr
+    d = json.loads((rep / "summary.json").read_text())["deployment"]
+    assert d["can_write_out_of_range"] is can and d["cuda_graph_max_bs"] == 8
+    assert ("CAN write out of range" if can else "cannot write out of range") in r.stdout
+    for f in json.loads((rep / "summary.json").read_text())["findings"]:
+        c = load(f["repro"]).config
+        assert (c.max_bs, c.max_context_len, c.mode) == (8, 4096, "FULL_MASK")
+
+
+def test_plugin_targets_take_variants_and_are_named_by_their_spec():
+    from harness.targets import resolve
+    t = resolve("tests.plugins:RaisingTarget+pr33127")
+    assert t.name == "tests.plugins:RaisingTarget+pr33127"
+    assert type(t).__name__ == "RaisingTarget" and t.fits.__name__ == "pre_fix_fits"
+
+
+def test_a_target_that_raises_is_a_finding_not_a_crash_of_the_harness(tmp_path):
+    rep = tmp_path / "rep"
+    r = vmfuzz("run", "--target", "tests.plugins:RaisingTarget", "--seed", "1", "--max-examples", "40",
+               "--property", "no-oob-write", "--property", "capacity-liveness", "--report-dir", str(rep))
+    assert r.returncode == 1, r.stdout + r.stderr
+    s = json.loads((rep / "summary.json").read_text())
+    [f] = s["findings"]
+    assert "CUDA error" in f["detail"] and s["properties"][1]["status"] == "held"
+
+
+@pytest.mark.parametrize("argv", [
+    ["selftest", "--variant", "nope"],
+    ["minimize", "examples/deployment-pr33127.json", "--target", "nosuch"],
+    ["minimize", "examples/deployment-pr33127.json", "--property", "nope"],
+    ["minimize", "no/such/file.json"],
+    ["run", "--workers", "0"],
+    ["run", "--time-budget", "-1"],
+    ["gate", "--base", "no-such-revision-xyz"],
+])
+def test_bad_input_is_one_line_on_stderr_and_exit_2(argv):
+    r = vmfuzz(*argv)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
