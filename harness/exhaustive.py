@@ -8,17 +8,20 @@ failure here is the same failure on every machine.
 Bounds (see ``BOUNDS``): layouts FULL_MASK, QLEN_ONLY read and unread;
 max_bs 1..3; max_context_len 0..3; num_draft_tokens 1..4 with every
 (topk 1..2, spec_steps 1..3) that can draft them; bs 1..min(5, max_bs + 2).
+
 seq_lens: every ordered tuple in [0, max_context_len]^bs for bs <= 2, every
-multiset (sorted tuple) of the boundary lengths {0, max_context_len} for
-bs >= 3 -- request order changes only where a block starts, which two requests
-already exercise, and interior lengths are swept at bs <= 2. The seq_lens sweep runs on the first (topk, spec_steps) of
-each d (addresses depend on d and seq_lens, not on the tree); the other draft
-shapes see all-empty and all-full batches of every bs. Trees: every distinct tree shape
-(node-level parent links, detached parents included) the draft stage produces
-over child costs and tie-break ranks in {0, 1} (for more than 6 candidates:
-every cost vector with ties broken by id or against it), each at bs 1 and at
-max_bs + 1, every request at the context limit. Capacity properties see every
-bs, with no allocation.
+multiset of the boundary lengths {0, max_context_len} for bs >= 3 (request
+order changes only where a block starts, which two requests already
+exercise; interior lengths are swept at bs <= 2). This sweep runs on the first
+(topk, spec_steps) of each d -- addresses depend on d and seq_lens, not on the
+tree; the other draft shapes see bs = max_bs and max_bs + 1 with every request
+at the context limit.
+
+Trees: every distinct tree shape (node-level parent links, detached parents
+included) the draft stage produces over child costs and tie-break ranks in
+{0, 1} (for more than 6 candidates: every cost vector with ties broken by id
+or against it), each at bs 1 and at max_bs + 1, every request at the context
+limit. Capacity properties see every bs, with no allocation.
 """
 
 from __future__ import annotations
@@ -96,7 +99,8 @@ def batches_of(config: Config) -> list[Batch]:
     if _sweeps_seq_lens(config):
         out = [Batch(lens) for bs in batch_sizes(config) for lens in seq_lens_of(ctx, bs)]
     else:
-        out = [Batch((s,) * bs) for bs in batch_sizes(config) for s in sorted({0, ctx})]
+        # At the capacity boundary and one request past it; the tree sweep below adds bs 1.
+        out = [Batch((ctx,) * bs) for bs in sorted({config.max_bs, config.max_bs + 1})]
     if not config.trivial:
         base = simplest(config.topk, config.spec_steps, config.d)
         for tree in tree_shapes(config.topk, config.spec_steps, config.d):
