@@ -11,15 +11,17 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-from hypothesis import HealthCheck, Phase, event, given, seed as hseed, settings, strategies as st
+from hypothesis import HealthCheck, Phase, event, example, given, seed as hseed, settings, strategies as st
 from hypothesis.database import ExampleDatabase
 from hypothesis import target as hypothesis_target
 
 from harness.config import Batch, Config
 from harness.isolation import TargetFault, TargetRaised
+from harness.layouts import TreeMaskMode
 from harness.properties import PROPERTIES, Property, PropertyFailure
 from harness.repro_file import dump, from_case
 from strategies import batches, configs, step_sequences, trivial_configs
@@ -45,6 +47,8 @@ def cases(prop: Property, bounds: Bounds) -> st.SearchStrategy[tuple[Config, lis
                        num_draft_tokens=(2, bounds.num_draft_tokens), topk=(1, bounds.topk),
                        spec_steps=(1, bounds.spec_steps))
 
+    # One case strategy per config, built once: flatmap calls this for every example.
+    @lru_cache(maxsize=8192)
     def with_batches(config: Config):
         if prop.steps:
             steps = step_sequences(config, overshoot=bounds.overshoot)
@@ -53,6 +57,29 @@ def cases(prop: Property, bounds: Bounds) -> st.SearchStrategy[tuple[Config, lis
         return steps.map(lambda bs: (config, bs))
 
     return cfgs.flatmap(with_batches)
+
+
+def boundary_cases(prop: Property, bounds: Bounds) -> list[tuple[Config, list[Batch]]]:
+    """A seed corpus run before the search: each layout at the capacity boundary.
+
+    Hypothesis starts from minimal examples and then mutates their tails, so its
+    first dozen cases share one config; the boundary classes of DESIGN.md
+    section 2 (bs = max_bs, bs = max_bs + 1, every request at the context limit,
+    both layouts) are too important to wait for. The cases are as small as the
+    classes allow (max_bs 1, d 2, two prefix columns), because Hypothesis does
+    not shrink an explicit example: a failure here is written as it stands.
+    """
+    c = min(2, bounds.max_context_len)  # two prefix columns: stale cells differ from a fill
+    shape = (1, 1, 0) if prop.trivial else (2, 1, 1)
+    out = []
+    for mode in (TreeMaskMode.FULL_MASK, TreeMaskMode.QLEN_ONLY):
+        config = Config(mode, 1, c, *shape)
+        at, past = Batch((c,)), Batch((c, c))
+        if prop.steps:
+            out.append((config, [at, past]))  # a captured step leaves its cells, then an eager one
+        else:
+            out.extend([(config, [past]), (config, [at])])
+    return out
 
 
 @dataclass
@@ -73,6 +100,8 @@ class PropertyResult:
     max_margin: float = float("-inf")
     seconds: float = 0.0
     finding: Finding | None = None
+    #: seconds from the start of the search to the first failing example (before shrinking)
+    seconds_to_failure: float | None = None
     #: crashes and hangs: the search went on past them, so there can be several
     faults: list[Finding] = field(default_factory=list)
     margins: list[float] = field(default_factory=list)
@@ -172,6 +201,9 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
             raise _OutOfTime
         state["case"] = case
         config, steps = case
+        # Counted before the check: "examples to first detection" includes the failing one.
+        if not state["failed"]:
+            result.examples += 1
         try:
             obs = run_check(prop, config, steps, device)
         except TargetFault as fault:
@@ -183,10 +215,11 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
                                              kind=fault.kind))
             return
         except Exception:
+            if not state["failed"]:
+                result.seconds_to_failure = time.perf_counter() - start
             state["failed"] = True
             raise
         if not state["failed"]:
-            result.examples += 1
             result.classes.update(obs.classes)
             result.max_margin = max(result.max_margin, obs.margin)
             result.margins.append(obs.margin)
@@ -195,6 +228,9 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
             event(cls)
         hypothesis_target(obs.margin, label="overflow margin (cells)")
 
+    # A deployment-scoped search keeps to its deployment: no corpus outside it.
+    for case in reversed(boundary_cases(prop, bounds) if strategy is None else []):
+        search = example(case)(search)
     start = time.perf_counter()
     try:
         search()

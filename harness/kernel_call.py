@@ -58,6 +58,15 @@ class KernelCall:
         return raw[first + cells:first + cells + t.numel()].view(t.shape)
 
 
+def aux_reach(d: int) -> int:
+    """Redzone cells for positions and retrieve_*: two requests' rows plus slack.
+
+    A target that allocates these with at least this much redzone has them used
+    in place by ``guarded_write`` instead of copied into guarded stand-ins.
+    """
+    return 2 * d + 16
+
+
 def reach(call: KernelCall, seq_lens: list[int]) -> dict[str, int]:
     """Redzone width per buffer: the cells a write could overshoot by.
 
@@ -68,7 +77,7 @@ def reach(call: KernelCall, seq_lens: list[int]) -> dict[str, int]:
     d = call.d
     need = logical_size(call.mode, seq_lens, d)
     block = d * ((max(seq_lens, default=0) if call.mode == TreeMaskMode.FULL_MASK else 0) + d)
-    out = {name: 2 * d + 16 for name in MUTABLE}
+    out = {name: aux_reach(d) for name in MUTABLE}
     out["tree_mask"] = max(0, need - call.tree_mask.numel()) + block + 16
     return out
 

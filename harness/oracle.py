@@ -20,7 +20,7 @@ from harness.trees import DETACHED, ROOT, parents, trees_of
 
 @lru_cache(maxsize=1024)
 def _tree_facts(tree: DraftTree, topk: int, d: int):
-    """Visibility matrix, depths and child links of one tree (cached: trees repeat)."""
+    """Visibility rows, depths and child links of one tree (cached: trees repeat)."""
     parent = parents(tree, topk)
     visible = [[False] * d for _ in range(d)]
     depth = [0] * d
@@ -39,35 +39,44 @@ def _tree_facts(tree: DraftTree, topk: int, d: int):
     for kids in children.values():
         for a, b in zip(kids, kids[1:]):
             next_sibling[a] = b
-    return (torch.tensor(visible, dtype=torch.bool), torch.tensor(depth, dtype=torch.long),
-            torch.tensor(first_child, dtype=torch.long), torch.tensor(next_sibling, dtype=torch.long))
+    return visible, depth, first_child, next_sibling
+
+
+@lru_cache(maxsize=8192)
+def _block(tree: DraftTree, topk: int, d: int, s: int, mode: TreeMaskMode, is_read: bool):
+    """One request's block (and which of its cells are defined), as flat tensors.
+
+    Cached per (tree, seq_len, layout): a case repeats the same few blocks, and
+    building them cell by cell for every request was the oracle's whole cost.
+    """
+    visible = _tree_facts(tree, topk, d)[0]
+    if mode == TreeMaskMode.FULL_MASK:
+        rows = [[True] * s + row for row in visible]
+        owned = [[is_read] * s + [True] * d for _ in range(d)]
+        return (torch.tensor(rows, dtype=torch.bool).view(-1), torch.tensor(owned, dtype=torch.bool).view(-1))
+    return torch.tensor(visible, dtype=torch.bool).view(-1), torch.ones(d * d, dtype=torch.bool)
 
 
 def expected(config: Config, batch: Batch) -> Expected:
     d, bs = config.d, batch.bs
     if config.trivial:
         return _expected_trivial(config, batch)
-    blocks, compared, depths, firsts, siblings = [], [], [], [], []
+    blocks, compared, positions, firsts, siblings = [], [], [], [], []
     for s, tree in zip(batch.seq_lens, trees_of(config, batch)):
-        visible, depth, first, sibling = _tree_facts(tree, config.topk, d)
-        if config.mode == TreeMaskMode.FULL_MASK:
-            prefix = torch.ones(d, s, dtype=torch.bool)
-            blocks.append(torch.cat([prefix, visible], dim=1).flatten())
-            owned = torch.cat([torch.full((d, s), config.is_read), torch.ones(d, d, dtype=torch.bool)], dim=1)
-            compared.append(owned.flatten())
-        else:
-            blocks.append(visible.flatten())
-            compared.append(torch.ones(d * d, dtype=torch.bool))
-        depths.append(depth + s)
+        _, depth, first, sibling = _tree_facts(tree, config.topk, d)
+        block, owned = _block(tree, config.topk, d, s, config.mode, config.is_read)
+        blocks.append(block)
+        compared.append(owned)
+        positions.extend(s + k for k in depth)
         firsts.append(first)
         siblings.append(sibling)
     return Expected(
         tree_mask=torch.cat(blocks),
         compared=torch.cat(compared),
-        positions=torch.cat(depths),
+        positions=torch.tensor(positions, dtype=torch.long),
         retrieve_index=torch.arange(bs * d, dtype=torch.long).view(bs, d),
-        retrieve_next_token=torch.stack(firsts),
-        retrieve_next_sibling=torch.stack(siblings),
+        retrieve_next_token=torch.tensor(firsts, dtype=torch.long),
+        retrieve_next_sibling=torch.tensor(siblings, dtype=torch.long),
     )
 
 

@@ -25,8 +25,8 @@ def kill_matrix(target, variants: list[str], *, seed: int, max_examples: int, de
             for prop in PROPERTIES.values():
                 res = run_property(layered, prop, seed=seed, max_examples=max_examples, bounds=Bounds(),
                                    findings_dir=Path(tmp) / name, device=device)
-                # examples that passed, plus the one that failed
-                row[prop.name] = res.examples + 1 if res.finding else None
+                # PropertyResult.examples already counts the failing example
+                row[prop.name] = res.examples if res.finding else None
             matrix[name] = row
             caught = [p for p, n in row.items() if n is not None]
             log(f"  {layered.name}: " + (f"caught by {', '.join(caught)}" if caught else "SURVIVED"))

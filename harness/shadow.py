@@ -48,6 +48,7 @@ class _Guarded:
     view: torch.Tensor
     front: int  # bytes
     payload: int  # bytes
+    zones: tuple[torch.Tensor, torch.Tensor] = ()  # front and back redzone views, cut once
 
     @property
     def itemsize(self) -> int:
@@ -65,6 +66,8 @@ class ShadowHeap:
         self.device = torch.device(device)
         self.guard = guard
         self._live: list[_Guarded] = []
+        self._canaries: torch.Tensor | None = None
+        self._by_address: dict[tuple[int, int], _Guarded] = {}
         self.beyond: list[Violation] = []
 
     # -- allocation ---------------------------------------------------------
@@ -77,13 +80,16 @@ class ShadowHeap:
         if not self.guard:
             t = torch.empty(shape, dtype=dtype, device=self.device)
         else:
-            itemsize = torch.empty((), dtype=dtype).element_size()
+            itemsize = dtype.itemsize
             zone = max(MIN_REDZONE_BYTES, redzone_cells * itemsize)
             zone += (-zone) % itemsize
             payload = numel * itemsize
             backing = torch.full((zone + payload + zone,), CANARY, dtype=torch.uint8, device=self.device)
             t = backing[zone:zone + payload].view(dtype).view(shape)
-            self._live.append(_Guarded(name, backing, t, zone, payload))
+            g = _Guarded(name, backing, t, zone, payload, (backing[:zone], backing[zone + payload:]))
+            self._live.append(g)
+            # Live backings keep their addresses, so (address, cells) names one view.
+            self._by_address[(t.data_ptr(), numel)] = g
         if fill is None:
             t.zero_()
         else:
@@ -97,10 +103,7 @@ class ShadowHeap:
         return copy
 
     def _find(self, tensor: torch.Tensor) -> _Guarded | None:
-        for g in self._live:
-            if g.view.data_ptr() == tensor.data_ptr() and g.view.numel() == tensor.numel():
-                return g
-        return None
+        return self._by_address.get((tensor.data_ptr(), tensor.numel()))
 
     def backing_of(self, tensor: torch.Tensor) -> tuple[torch.Tensor, int, str] | None:
         """The raw allocation under a guarded view, the view's first cell in it, its name."""
@@ -113,6 +116,10 @@ class ShadowHeap:
     def check(self, locate: Callable[[str, int], int | None] | None = None) -> list[Violation]:
         found = list(self.beyond)
         for g in self._live:
+            # Fast path: both redzones still equal the canary (one op each); the
+            # byte-level scan below runs only for a buffer that was overrun.
+            if all(torch.equal(z, self._canary(z.numel())) for z in g.zones):
+                continue
             b = g.backing
             bad = torch.nonzero(b != CANARY).flatten()
             if bad.numel() == 0:
@@ -131,8 +138,14 @@ class ShadowHeap:
                 found.append(Violation(g.name, side, lo, hi, int(part.numel()), g.view.numel(), request))
         return found
 
+    def _canary(self, n: int) -> torch.Tensor:
+        if self._canaries is None or self._canaries.numel() < n:
+            self._canaries = torch.full((max(n, 4096),), CANARY, dtype=torch.uint8, device=self.device)
+        return self._canaries[:n]
+
     def release(self) -> None:
         self._live.clear()
+        self._by_address.clear()
         self.beyond.clear()
 
     # -- the kernel entry ---------------------------------------------------
@@ -149,8 +162,10 @@ class ShadowHeap:
             return
         raw, first, name = located
         pos = index + first
-        ok = (pos >= 0) & (pos < raw.numel())
-        if not bool(ok.all()):
+        # One reduction for the common in-range case; the mask only when it is not.
+        lo, hi = (int(v) for v in torch.aminmax(pos)) if pos.numel() else (0, 0)
+        if lo < 0 or hi >= raw.numel():
+            ok = (pos >= 0) & (pos < raw.numel())
             out = index[~ok]
             self.beyond.append(Violation(name, "beyond",
                                          int(out.min()), int(out.max()) + 1, int(out.numel()), tensor.numel()))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from harness.config import Batch, Config
+from strategies._cached import BOOLEANS
 from strategies._validate import check_int
 from strategies.trees import draft_trees
 
@@ -28,6 +31,11 @@ def batch_sizes(max_bs: int, *, overshoot: int = 8) -> st.SearchStrategy[int]:
     """
     check_int("max_bs", max_bs, low=1)
     check_int("overshoot", overshoot, low=1)
+    return _batch_sizes(max_bs, overshoot)
+
+
+@lru_cache(maxsize=1024)
+def _batch_sizes(max_bs: int, overshoot: int):
     return st.one_of(
         st.just(1), st.just(max_bs), st.just(max_bs + 1), st.just(max(1, max_bs - 1)),
         st.integers(2 * max_bs + 1, 2 * max_bs + overshoot),
@@ -39,9 +47,37 @@ def seq_lens(config: Config, bs: int) -> st.SearchStrategy[tuple[int, ...]]:
     """``bs`` sequence lengths, each weighted to 0, 1 and max_context_len."""
     _check_config(config)
     check_int("bs", bs, low=1)
-    c = config.max_context_len
+    return _seq_lens(config.max_context_len, bs)
+
+
+# Strategies are built once per shape and reused: constructing (and validating)
+# fresh strategy objects for every example was most of the generation time.
+@lru_cache(maxsize=4096)
+def _seq_lens(c: int, bs: int):
     one = st.one_of(st.just(0), st.just(min(1, c)), st.just(c), st.integers(0, c))
     return st.lists(one, min_size=bs, max_size=bs).map(tuple)
+
+
+@lru_cache(maxsize=4096)
+def _trees(topk: int, spec_steps: int, d: int, bs: int):
+    return st.lists(draft_trees(topk, spec_steps, d), min_size=bs, max_size=bs).map(tuple)
+
+
+@lru_cache(maxsize=4096)
+def _batches(config: Config, bs, overshoot: int, trees: bool):
+    sizes = st.just(bs) if bs is not None else batch_sizes(config.max_bs, overshoot=overshoot)
+    drafting = trees and not config.trivial
+
+    @st.composite
+    def build(draw) -> Batch:
+        n = draw(sizes)
+        lens = draw(_seq_lens(config.max_context_len, n))
+        chosen = None
+        if drafting and draw(BOOLEANS):
+            chosen = draw(_trees(config.topk, config.spec_steps, config.d, n))
+        return Batch(lens, chosen)
+
+    return build()
 
 
 def batches(config: Config, *, bs=None, overshoot: int = 8, trees: bool = True) -> st.SearchStrategy[Batch]:
@@ -53,20 +89,7 @@ def batches(config: Config, *, bs=None, overshoot: int = 8, trees: bool = True) 
     _check_config(config)
     if bs is not None:
         check_int("bs", bs, low=1)
-    sizes = st.just(bs) if bs is not None else batch_sizes(config.max_bs, overshoot=overshoot)
-    drafting = trees and not config.trivial
-
-    @st.composite
-    def build(draw) -> Batch:
-        n = draw(sizes)
-        lens = draw(seq_lens(config, n))
-        chosen = None
-        if drafting and draw(st.booleans()):
-            one = draft_trees(config.topk, config.spec_steps, config.d)
-            chosen = tuple(draw(st.lists(one, min_size=n, max_size=n)))
-        return Batch(lens, chosen)
-
-    return build()
+    return _batches(config, bs, overshoot, bool(trees))
 
 
 def step_sequences(config: Config, *, min_steps: int = 2, max_steps: int = 5,
@@ -75,4 +98,9 @@ def step_sequences(config: Config, *, min_steps: int = 2, max_steps: int = 5,
     _check_config(config)
     check_int("min_steps", min_steps, low=1)
     check_int("max_steps", max_steps, low=min_steps)
+    return _step_sequences(config, min_steps, max_steps, overshoot)
+
+
+@lru_cache(maxsize=4096)
+def _step_sequences(config: Config, min_steps: int, max_steps: int, overshoot: int):
     return st.lists(batches(config, overshoot=overshoot), min_size=min_steps, max_size=max_steps)

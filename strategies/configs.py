@@ -8,6 +8,7 @@ from hypothesis.errors import InvalidArgument
 
 from harness.config import Config, num_candidates
 from harness.layouts import PREALLOCATED_LAYOUTS, TreeMaskMode
+from strategies._cached import BOOLEANS, integers, sampled_from
 from strategies._validate import check_range
 
 
@@ -52,19 +53,19 @@ def configs(*, layouts=None, max_bs=(1, 8), max_context_len=(1, 64), num_draft_t
 
     @st.composite
     def build(draw) -> Config:
-        k = draw(st.integers(k_lo, k_hi))
-        steps = draw(st.integers(s_lo, s_hi))
+        k = draw(integers(k_lo, k_hi))
+        steps = draw(integers(s_lo, s_hi))
         d_top = min(d_hi, 1 + num_candidates(k, steps))
         assume(d_top >= d_lo)
-        d = draw(st.integers(d_lo, d_top))
-        mode = draw(st.sampled_from(modes))
+        d = draw(integers(d_lo, d_top))
+        mode = draw(sampled_from(modes))
         if mode == TreeMaskMode.FULL_MASK:
             is_read = True
         elif read is None:
-            is_read = not draw(st.booleans())  # booleans shrink to False: shrink toward a read mask
+            is_read = not draw(BOOLEANS)  # booleans shrink to False: shrink toward a read mask
         else:
             is_read = read
-        return Config(mode, draw(st.integers(bs_lo, bs_hi)), draw(st.integers(ctx_lo, ctx_hi)),
+        return Config(mode, draw(integers(bs_lo, bs_hi)), draw(integers(ctx_lo, ctx_hi)),
                       d, k, steps, is_read)
 
     return build()
@@ -80,11 +81,11 @@ def trivial_configs(*, layouts=None, max_bs=(1, 8), max_context_len=(1, 64), rea
 
     @st.composite
     def build(draw) -> Config:
-        mode = draw(st.sampled_from(modes))
+        mode = draw(sampled_from(modes))
         if mode == TreeMaskMode.FULL_MASK:
             is_read = True
         else:
-            is_read = read if read is not None else not draw(st.booleans())
-        return Config(mode, draw(st.integers(bs_lo, bs_hi)), draw(st.integers(ctx_lo, ctx_hi)), 1, 1, 0, is_read)
+            is_read = read if read is not None else not draw(BOOLEANS)
+        return Config(mode, draw(integers(bs_lo, bs_hi)), draw(integers(ctx_lo, ctx_hi)), 1, 1, 0, is_read)
 
     return build()

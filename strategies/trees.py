@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
@@ -29,6 +31,22 @@ def draft_trees(topk: int, spec_steps: int, num_draft_tokens: int, *,
     if num_draft_tokens - 1 > n:
         raise InvalidArgument(f"num_draft_tokens={num_draft_tokens} needs {num_draft_tokens - 1} candidates; "
                               f"topk={topk}, spec_steps={spec_steps} drafts {n}")
-    costs = st.lists(st.integers(0, 3), min_size=n, max_size=n)
-    ties = st.lists(st.integers(0, 3), min_size=n, max_size=n) if adversarial else st.just([])
-    return st.builds(lambda c, t: draft(topk, spec_steps, num_draft_tokens, c, t), costs, ties)
+    return _draft_trees(topk, spec_steps, num_draft_tokens, adversarial)
+
+
+def _digits(value: int, n: int) -> list[int]:
+    """``value`` read as ``n`` base-4 digits: one cost (or tie-break rank) in 0..3 each."""
+    return [(value >> (2 * i)) & 3 for i in range(n)]
+
+
+@lru_cache(maxsize=512)
+def _draft_trees(topk: int, spec_steps: int, num_draft_tokens: int, adversarial: bool):
+    # All n costs (and n tie-break ranks) come from one wide integer draw each:
+    # a list of n small integers costs ~2n choices per tree, which dominated
+    # generation time. Zero shrinks to all-zero costs, i.e. ids in order: the
+    # breadth-first tree.
+    n = num_candidates(topk, spec_steps)
+    wide = st.integers(0, 4 ** n - 1)
+    ties = wide if adversarial else st.just(0)
+    return st.builds(lambda c, t: draft(topk, spec_steps, num_draft_tokens, _digits(c, n), _digits(t, n)),
+                     wide, ties)

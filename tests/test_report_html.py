@@ -31,7 +31,10 @@ document.body.appendChild(pre);
 def report(tmp_path_factory):
     rep = tmp_path_factory.mktemp("report")
     r = vmfuzz("run", "--target", "reference+pr33127", "--seed", "2", "--max-examples", "15",
-               "--property", "no-oob-write", "--property", "capacity-soundness", "--report-dir", str(rep))
+               "--property", "no-oob-write", "--property", "capacity-soundness",
+               # the boundary corpus finds pr33127 on the first example; a property that
+               # holds on it keeps passing examples in the report for the charts
+               "--property", "capacity-liveness", "--report-dir", str(rep))
     assert r.returncode in (0, 1), r.stderr
     return rep
 

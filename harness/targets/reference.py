@@ -13,7 +13,7 @@ import torch
 
 import harness
 from harness.config import Batch, Config
-from harness.kernel_call import KernelCall, guarded_write
+from harness.kernel_call import KernelCall, aux_reach, guarded_write
 from harness.layouts import TreeMaskMode, logical_size
 from harness.outputs import StepOutput
 from harness.shadow import ShadowHeap
@@ -91,14 +91,17 @@ class ReferenceTarget:
             n = logical_size(mode, batch.seq_lens, d)
             tree_mask = heap.alloc("tree_mask", n, torch.bool, fill=True if fill else None)
         sel, par = tree_tensors(config, batch, heap.device)
+        zone = aux_reach(d)  # wide enough that guarded_write uses these in place
         call = KernelCall(
             parent_list=par, top_scores_index=sel,
             seq_lens=torch.tensor(batch.seq_lens, dtype=torch.long, device=heap.device),
             tree_mask=tree_mask,
-            positions=heap.alloc("positions", bs * d, torch.long),
-            retrieve_index=heap.alloc("retrieve_index", (bs, d), torch.long, fill=-1),
-            retrieve_next_token=heap.alloc("retrieve_next_token", (bs, d), torch.long, fill=-1),
-            retrieve_next_sibling=heap.alloc("retrieve_next_sibling", (bs, d), torch.long, fill=-1),
+            positions=heap.alloc("positions", bs * d, torch.long, redzone_cells=zone),
+            retrieve_index=heap.alloc("retrieve_index", (bs, d), torch.long, fill=-1, redzone_cells=zone),
+            retrieve_next_token=heap.alloc("retrieve_next_token", (bs, d), torch.long, fill=-1,
+                                           redzone_cells=zone),
+            retrieve_next_sibling=heap.alloc("retrieve_next_sibling", (bs, d), torch.long, fill=-1,
+                                             redzone_cells=zone),
             topk=config.topk, spec_steps=config.spec_steps, d=d, mode=mode, heap=heap,
         )
         guarded_write(self.kernel, call, list(batch.seq_lens))
@@ -192,7 +195,7 @@ def _tree_kernel(call: KernelCall) -> None:
     is_first = linked & ~(same & ~later & ~torch.eye(d - 1, dtype=torch.bool, device=dev)).any(dim=2)
     sib_cand = torch.where(same & later, child.unsqueeze(1).expand(bs, d - 1, d - 1),
                            torch.full((bs, d - 1, d - 1), d, device=dev))
-    next_sib = sib_cand.min(dim=2).values
+    next_sib = sib_cand.amin(dim=2)
     base = (torch.arange(bs, device=dev) * d).view(bs, 1)
     call.store(call.retrieve_next_token, (base + p)[is_first], child[is_first])
     has_sib = linked & (next_sib < d)

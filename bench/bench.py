@@ -1,0 +1,300 @@
+"""Benchmark: how fast the harness finds each known-bad variant, against a naive search.
+
+Not a test: it prints a table and writes JSON (default bench/results.json).
+
+    PYTHONPATH=. python bench/bench.py                 # the full run (20 seeds)
+    PYTHONPATH=. python bench/bench.py --seeds 3 --quick
+
+Detection. One example is one generated case (a config and 2..5 batches; one
+in eight is a d = 1 config) on which *every* property is checked; detection is
+the first example on which any property fails, so "examples to first detection"
+counts test-function calls up to and including the failing one. Both searches
+run the same checks over the same ranges (``BENCH_BOUNDS``):
+
+* harness: the campaign's boundary seed corpus (``campaign.boundary_cases``:
+  both layouts at bs = max_bs and max_bs + 1, requests at the context limit),
+  then Hypothesis with the harness's strategies (boundary-weighted batch sizes
+  and sequence lengths, drawn draft trees, ``hypothesis.target`` on the
+  overflow margin); ``--no-corpus`` measures the strategies alone;
+* naive: ``random.Random(seed)``, every number uniform over the same range, no
+  boundary weighting, no targeting, capped at ``--cap`` examples a seed (a miss
+  counts at the cap).
+
+Also measured: examples/s per property on 1 and 2 worker processes, the shadow
+heap's guard overhead (guarded vs ``ShadowHeap(guard=False)`` verify calls), and
+shrink time and final size of the harness's findings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import multiprocessing
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import msgspec
+import torch
+from hypothesis import HealthCheck, Phase, example, given, seed as hseed, settings, strategies as st
+from hypothesis import target as hypothesis_target
+
+from harness.campaign import Bounds, boundary_cases, cases, run_property
+from harness.config import Batch, Config, num_candidates
+from harness.layouts import TreeMaskMode, logical_size
+from harness.properties import PROPERTIES, PropertyFailure
+from harness.shadow import ShadowHeap
+from harness.targets import CATALOGUE, resolve
+from harness.trees import draft
+
+# Captured sizes up to 32 (a 32 x 8 x (64 + 8) = 18K-cell buffer, batches up to
+# 72 requests): big enough that a uniform draw rarely lands on max_bs or max_bs + 1.
+BENCH_BOUNDS = Bounds(max_bs=32, max_context_len=64, num_draft_tokens=8, topk=4, spec_steps=4, overshoot=8)
+TRIVIAL_SHARE = 8  # one case in eight takes the d = 1 path
+# Cheap arithmetic checks first: the order changes time, never the verdict.
+ORDER = ("capacity-soundness", "capacity-liveness", "no-oob-write", "fallback-equivalence",
+         "reference-agreement", "multi-step-reuse")
+
+
+def check_all(target, config: Config, steps: list[Batch]) -> float:
+    """Every applicable property on one case; returns the overflow margin for targeting."""
+    if config.trivial:
+        return PROPERTIES["trivial-path"].check(target, config, steps).margin
+    margin = float("-inf")
+    for name in ORDER:
+        prop = PROPERTIES[name]
+        obs = prop.check(target, config, steps)
+        margin = max(margin, obs.margin)
+    return margin
+
+
+def case_size(config: Config, steps: list[Batch]) -> dict:
+    return {"max_bs": config.max_bs, "d": config.d, "max_context_len": config.max_context_len,
+            "steps": len(steps), "max_batch": max(b.bs for b in steps),
+            "cells": max(logical_size(config.mode, b.seq_lens, config.d) for b in steps)}
+
+
+# -- the two searches -----------------------------------------------------------
+
+def harness_search(target, seed: int, cap: int, corpus: bool = True) -> dict:
+    drafting = cases(PROPERTIES["multi-step-reuse"], BENCH_BOUNDS)
+    trivial = cases(PROPERTIES["trivial-path"], BENCH_BOUNDS)
+
+    @st.composite
+    def any_case(draw):
+        return draw(trivial if draw(st.integers(0, TRIVIAL_SHARE - 1)) == 0 else drafting)
+
+    state = {"n": 0, "found_at": None, "t_found": None, "last": None}
+
+    @settings(max_examples=cap, deadline=None, database=None, print_blob=False, report_multiple_bugs=False,
+              suppress_health_check=list(HealthCheck),
+              phases=[Phase.explicit, Phase.generate, Phase.target, Phase.shrink])
+    @hseed(seed)
+    @given(any_case())
+    def search(case):
+        config, steps = case
+        if state["found_at"] is None:
+            state["n"] += 1
+        try:
+            margin = check_all(target, config, steps)
+        except Exception:
+            if state["found_at"] is None:
+                state["found_at"], state["t_found"] = state["n"], time.perf_counter() - start
+            state["last"] = case
+            raise
+        hypothesis_target(margin, label="overflow margin (cells)")
+
+    # The campaign's seed corpus, as ``run_property`` runs it: counted as examples.
+    for case in reversed(boundary_cases(PROPERTIES["multi-step-reuse"], BENCH_BOUNDS) if corpus else []):
+        search = example(case)(search)
+    start = time.perf_counter()
+    try:
+        search()
+    except Exception:
+        pass
+    total = time.perf_counter() - start
+    if state["found_at"] is None:
+        return {"found": False, "examples": state["n"], "seconds": total}
+    return {"found": True, "examples": state["found_at"], "seconds": state["t_found"],
+            "shrink_seconds": total - state["t_found"], "final": case_size(*state["last"])}
+
+
+def naive_case(rng: random.Random, b: Bounds) -> tuple[Config, list[Batch]]:
+    """Uniform over the harness's ranges, nothing weighted."""
+    mode = rng.choice((TreeMaskMode.FULL_MASK, TreeMaskMode.QLEN_ONLY))
+    is_read = True if mode == TreeMaskMode.FULL_MASK else rng.random() < 0.5
+    max_bs, ctx = rng.randint(1, b.max_bs), rng.randint(1, b.max_context_len)
+    if rng.randrange(TRIVIAL_SHARE) == 0:
+        config = Config(mode, max_bs, ctx, 1, 1, 0, is_read)
+        return config, [Batch(tuple(rng.randint(0, ctx) for _ in range(rng.randint(1, 2 * max_bs + b.overshoot))))]
+    topk, steps = rng.randint(1, b.topk), rng.randint(1, b.spec_steps)
+    d = rng.randint(2, min(b.num_draft_tokens, 1 + num_candidates(topk, steps)))
+    config = Config(mode, max_bs, ctx, d, topk, steps, is_read)
+    n = num_candidates(topk, steps)
+    out = []
+    for _ in range(rng.randint(2, 5)):
+        bs = rng.randint(1, 2 * max_bs + b.overshoot)
+        trees = None
+        if rng.random() < 0.5:
+            trees = tuple(draft(topk, steps, d, [rng.randint(0, 3) for _ in range(n)],
+                                [rng.randint(0, 3) for _ in range(n)]) for _ in range(bs))
+        out.append(Batch(tuple(rng.randint(0, ctx) for _ in range(bs)), trees))
+    return config, out
+
+
+def naive_search(target, seed: int, cap: int, budget_s: float) -> dict:
+    rng = random.Random(seed)
+    start = time.perf_counter()
+    for n in range(1, cap + 1):
+        config, steps = naive_case(rng, BENCH_BOUNDS)
+        try:
+            check_all(target, config, steps)
+        except Exception:
+            return {"found": True, "examples": n, "seconds": time.perf_counter() - start}
+        if time.perf_counter() - start > budget_s:
+            # Stopped early for time: the count is a lower bound, reported as such, never as the cap.
+            return {"found": False, "examples": n, "seconds": time.perf_counter() - start, "censored": True}
+    return {"found": False, "examples": cap, "seconds": time.perf_counter() - start}
+
+
+def _detect_job(job):
+    kind, variant, seed, cap, budget, corpus = job
+    torch.set_num_threads(1)
+    target = resolve(f"reference+{variant}")
+    if kind == "harness":
+        return kind, variant, seed, harness_search(target, seed, cap, corpus)
+    return kind, variant, seed, naive_search(target, seed, cap, budget)
+
+
+def summarize(runs: list[dict], cap: int) -> dict:
+    ex = [r["examples"] if r["found"] else cap for r in runs]
+    secs = [r["seconds"] for r in runs]
+    return {"detected": sum(r["found"] for r in runs), "seeds": len(runs),
+            "censored": sum(bool(r.get("censored")) for r in runs),
+            "median_examples": statistics.median(ex), "max_examples": max(ex),
+            "median_seconds": statistics.median(secs), "max_seconds": max(secs)}
+
+
+# -- throughput and overhead ------------------------------------------------------
+
+def _rate_job(job):
+    prop, seed, n = job
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        r = run_property(resolve("reference"), PROPERTIES[prop], seed=seed, max_examples=n,
+                         bounds=Bounds(), findings_dir=Path(tmp))
+    return r.examples, r.seconds
+
+
+def throughput(n: int) -> dict:
+    out = {}
+    for prop in PROPERTIES:
+        ex, secs = _rate_job((prop, 0, n))
+        t0 = time.perf_counter()
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            both = pool.map(_rate_job, [(prop, 1, n), (prop, 2, n)])
+        wall = time.perf_counter() - t0
+        out[prop] = {"1 worker": ex / secs, "2 workers": sum(e for e, _ in both) / wall}
+    return out
+
+
+def guard_overhead(reps: int) -> dict:
+    target = resolve("reference")
+    fixed = [
+        (Config(TreeMaskMode.FULL_MASK, 8, 64, 8, 4, 4), Batch((64, 3, 0, 20, 64, 1, 5, 9))),
+        (Config(TreeMaskMode.QLEN_ONLY, 8, 64, 8, 4, 4), Batch((64,) * 12)),
+        (Config(TreeMaskMode.FULL_MASK, 32, 64, 8, 4, 4), Batch((64,) * 32)),  # 18K cells
+    ]
+
+    def timed(guard: bool) -> float:
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            for config, batch in fixed:
+                heap = ShadowHeap("cpu", guard=guard)
+                mask = target.allocate(config, heap)
+                target.verify(mask, config, batch, heap)
+                heap.check()
+        return time.perf_counter() - t0
+
+    timed(True), timed(False)  # warm caches
+    g, u = min(timed(True) for _ in range(3)), min(timed(False) for _ in range(3))
+    return {"guarded_ms_per_call": 1e3 * g / (reps * len(fixed)),
+            "unguarded_ms_per_call": 1e3 * u / (reps * len(fixed)), "ratio": g / u}
+
+
+# -- main -------------------------------------------------------------------------
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--cap", type=int, default=10_000, help="naive examples a seed (a miss counts here)")
+    ap.add_argument("--harness-cap", type=int, default=1000)
+    ap.add_argument("--naive-budget", type=float, default=600.0,
+                    help="seconds a naive seed may run before it is stopped (reported as censored)")
+    ap.add_argument("--rate-examples", type=int, default=300)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--json", default="bench/results.json")
+    ap.add_argument("--quick", action="store_true", help="skip throughput and overhead")
+    ap.add_argument("--no-corpus", action="store_true", help="harness strategies without the boundary seed corpus")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+
+    jobs = [(kind, v, seed, args.cap if kind == "naive" else args.harness_cap, args.naive_budget, not args.no_corpus)
+            for v in CATALOGUE for kind in ("harness", "naive") for seed in range(args.seeds)]
+    t0 = time.perf_counter()
+    with multiprocessing.get_context("fork").Pool(args.workers) as pool:
+        results = pool.map(_detect_job, jobs, chunksize=1)
+    detection_wall = time.perf_counter() - t0
+    runs: dict = {}
+    for kind, variant, seed, r in results:
+        runs.setdefault(variant, {}).setdefault(kind, []).append(dict(r, seed=seed))
+
+    rows, ratios = {}, []
+    print(f"detection over {args.seeds} seeds (bounds {BENCH_BOUNDS}); naive capped at {args.cap}")
+    print(f"{'variant':<20} {'harness det':>11} {'med ex':>7} {'max ex':>7} {'med s':>7} "
+          f"{'naive det':>9} {'med ex':>7} {'max ex':>7} {'med s':>7} {'ratio':>7}")
+    for variant, by in runs.items():
+        h, n = summarize(by["harness"], args.harness_cap), summarize(by["naive"], args.cap)
+        ratio = n["median_examples"] / h["median_examples"]
+        ratios.append(ratio)
+        shrink = [r for r in by["harness"] if r["found"]]
+        rows[variant] = {"harness": h, "naive": n, "ratio": ratio,
+                         "shrink_seconds_median": statistics.median(r["shrink_seconds"] for r in shrink)
+                         if shrink else None,
+                         "final_cases": [r["final"] for r in shrink], "runs": by}
+        cens = f" ({n['censored']} censored)" if n["censored"] else ""
+        print(f"{variant:<20} {h['detected']:>5}/{h['seeds']:<5} {h['median_examples']:>7} {h['max_examples']:>7} "
+              f"{h['median_seconds']:>7.2f} {n['detected']:>3}/{n['seeds']:<5} {n['median_examples']:>7} "
+              f"{n['max_examples']:>7} {n['median_seconds']:>7.2f} {ratio:>7.1f}{cens}")
+    geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    print(f"geometric mean of naive/harness median examples: {geomean:.2f}  "
+          f"(detection wall time {detection_wall:.0f}s on {args.workers} workers)")
+    print("shrinking (harness findings): median seconds, median final case")
+    for variant, row in rows.items():
+        finals = row["final_cases"]
+        if finals:
+            mid = sorted(finals, key=lambda f: (f["cells"], f["max_batch"]))[len(finals) // 2]
+            print(f"  {variant:<20} {row['shrink_seconds_median']:6.2f}s  {mid}")
+
+    out = {"bounds": dataclasses.asdict(BENCH_BOUNDS), "seeds": args.seeds, "naive_cap": args.cap,
+           "harness_cap": args.harness_cap, "corpus": not args.no_corpus, "detection": rows, "geomean_ratio": geomean,
+           "detection_wall_seconds": detection_wall}
+    if not args.quick:
+        rates = throughput(args.rate_examples)
+        print(f"examples/s on reference (Bounds() defaults, {args.rate_examples} examples, Hypothesis):")
+        for prop, r in rates.items():
+            print(f"  {prop:<22} 1 worker {r['1 worker']:7.1f}   2 workers {r['2 workers']:7.1f}")
+        over = guard_overhead(20)
+        print(f"guard overhead: guarded {over['guarded_ms_per_call']:.2f} ms vs unguarded "
+              f"{over['unguarded_ms_per_call']:.2f} ms per verify call = {over['ratio']:.2f}x")
+        out.update(throughput=rates, guard_overhead=over)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_bytes(msgspec.json.format(msgspec.json.encode(out), indent=1))
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

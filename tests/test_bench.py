@@ -1,0 +1,41 @@
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.campaign import Bounds, run_property
+from harness.properties import PROPERTIES, PropertyFailure
+from harness.targets import resolve
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import bench  # noqa: E402
+
+
+def test_naive_cases_are_valid_and_uniform_over_the_bounds():
+    rng = random.Random(0)
+    seen_bs = set()
+    for _ in range(200):
+        config, steps = bench.naive_case(rng, bench.BENCH_BOUNDS)
+        config.validate()
+        for batch in steps:
+            batch.validate(config)
+            seen_bs.add(batch.bs - config.max_bs)
+    assert min(seen_bs) < 0 < max(seen_bs)
+
+
+def test_check_all_detects_a_broken_kernel_and_passes_the_reference():
+    config, steps = bench.naive_case(random.Random(3), bench.BENCH_BOUNDS)
+    bench.check_all(resolve("reference"), config, steps)
+    if not config.trivial:
+        with pytest.raises(PropertyFailure):
+            bench.check_all(resolve("reference+row-offset"), config, steps)
+
+
+def test_examples_count_includes_the_failing_one(tmp_path):
+    # row-offset fails on every drafting case: the very first example detects it.
+    r = run_property(resolve("reference+row-offset"), PROPERTIES["reference-agreement"], seed=0,
+                     max_examples=50, bounds=Bounds(), findings_dir=tmp_path)
+    assert r.finding is not None
+    assert r.examples == 1
+    assert r.seconds_to_failure is not None and r.seconds_to_failure <= r.seconds
