@@ -2,14 +2,15 @@
 
 Not a test: it prints a table and writes JSON (default bench/results.json).
 
-    PYTHONPATH=. python bench/bench.py                 # the full run (20 seeds)
+    PYTHONPATH=. python bench/bench.py                 # the full run (20 seeds, production range)
+    PYTHONPATH=. python bench/bench.py --range small --json bench/results-small.json
     PYTHONPATH=. python bench/bench.py --seeds 3 --quick
 
 Detection. One example is one generated case (a config and 2..5 batches; one
 in eight is a d = 1 config) on which *every* property is checked; detection is
 the first example on which any property fails, so "examples to first detection"
 counts test-function calls up to and including the failing one. Both searches
-run the same checks over the same ranges (``BENCH_BOUNDS``):
+run the same checks over the same ranges (``RANGES[--range]``):
 
 * harness: the campaign's boundary seed corpus (``campaign.boundary_cases``:
   both layouts at bs = max_bs and max_bs + 1, requests at the context limit),
@@ -50,9 +51,19 @@ from harness.shadow import ShadowHeap
 from harness.targets import CATALOGUE, resolve
 from harness.trees import draft
 
-# Captured sizes up to 32 (a 32 x 8 x (64 + 8) = 18K-cell buffer, batches up to
-# 72 requests): big enough that a uniform draw rarely lands on max_bs or max_bs + 1.
-BENCH_BOUNDS = Bounds(max_bs=32, max_context_len=64, num_draft_tokens=8, topk=4, spec_steps=4, overshoot=8)
+# The range both searches draw from. ``production``: captured sizes up to 256,
+# as CUDA-graph capture lists reach in real deployments (``--cuda-graph-max-bs``
+# is commonly 8..256), eager batches up to 2 * max_bs + 8 = 520 requests; the
+# per-request shape is kept small (context <= 16, d <= 4, topk <= 2,
+# spec_steps <= 3) so one verify step stays at a few milliseconds (measured:
+# median 2.5 ms, max ~10 ms on the development box). ``small``: the first
+# benchmark's range (max_bs <= 32, context <= 64, d <= 8), where the boundary
+# bugs are dense enough that uniform draws find them within a few cases.
+RANGES = {
+    "production": Bounds(max_bs=256, max_context_len=16, num_draft_tokens=4, topk=2, spec_steps=3, overshoot=8),
+    "small": Bounds(max_bs=32, max_context_len=64, num_draft_tokens=8, topk=4, spec_steps=4, overshoot=8),
+}
+BENCH_BOUNDS = RANGES["production"]  # the default range
 TRIVIAL_SHARE = 8  # one case in eight takes the d = 1 path
 # Cheap arithmetic checks first: the order changes time, never the verdict.
 ORDER = ("capacity-soundness", "capacity-liveness", "no-oob-write", "fallback-equivalence",
@@ -79,9 +90,9 @@ def case_size(config: Config, steps: list[Batch]) -> dict:
 
 # -- the two searches -----------------------------------------------------------
 
-def harness_search(target, seed: int, cap: int, corpus: bool = True) -> dict:
-    drafting = cases(PROPERTIES["multi-step-reuse"], BENCH_BOUNDS)
-    trivial = cases(PROPERTIES["trivial-path"], BENCH_BOUNDS)
+def harness_search(target, seed: int, cap: int, corpus: bool = True, bounds: Bounds = BENCH_BOUNDS) -> dict:
+    drafting = cases(PROPERTIES["multi-step-reuse"], bounds)
+    trivial = cases(PROPERTIES["trivial-path"], bounds)
 
     @st.composite
     def any_case(draw):
@@ -108,7 +119,7 @@ def harness_search(target, seed: int, cap: int, corpus: bool = True) -> dict:
         hypothesis_target(margin, label="overflow margin (cells)")
 
     # The campaign's seed corpus, as ``run_property`` runs it: counted as examples.
-    for case in reversed(boundary_cases(PROPERTIES["multi-step-reuse"], BENCH_BOUNDS) if corpus else []):
+    for case in reversed(boundary_cases(PROPERTIES["multi-step-reuse"], bounds) if corpus else []):
         search = example(case)(search)
     start = time.perf_counter()
     try:
@@ -145,11 +156,11 @@ def naive_case(rng: random.Random, b: Bounds) -> tuple[Config, list[Batch]]:
     return config, out
 
 
-def naive_search(target, seed: int, cap: int, budget_s: float) -> dict:
+def naive_search(target, seed: int, cap: int, budget_s: float, bounds: Bounds = BENCH_BOUNDS) -> dict:
     rng = random.Random(seed)
     start = time.perf_counter()
     for n in range(1, cap + 1):
-        config, steps = naive_case(rng, BENCH_BOUNDS)
+        config, steps = naive_case(rng, bounds)
         try:
             check_all(target, config, steps)
         except Exception:
@@ -161,12 +172,12 @@ def naive_search(target, seed: int, cap: int, budget_s: float) -> dict:
 
 
 def _detect_job(job):
-    kind, variant, seed, cap, budget, corpus = job
+    kind, variant, seed, cap, budget, corpus, range_name = job
     torch.set_num_threads(1)
-    target = resolve(f"reference+{variant}")
+    target, bounds = resolve(f"reference+{variant}"), RANGES[range_name]
     if kind == "harness":
-        return kind, variant, seed, harness_search(target, seed, cap, corpus)
-    return kind, variant, seed, naive_search(target, seed, cap, budget)
+        return kind, variant, seed, harness_search(target, seed, cap, corpus, bounds)
+    return kind, variant, seed, naive_search(target, seed, cap, budget, bounds)
 
 
 def summarize(runs: list[dict], cap: int) -> dict:
@@ -239,21 +250,45 @@ def main() -> None:
     ap.add_argument("--json", default="bench/results.json")
     ap.add_argument("--quick", action="store_true", help="skip throughput and overhead")
     ap.add_argument("--no-corpus", action="store_true", help="harness strategies without the boundary seed corpus")
+    ap.add_argument("--range", choices=sorted(RANGES), default="production",
+                    help="the range both searches draw from (default production: max_bs <= 256)")
+    ap.add_argument("--naive-from", metavar="JSON",
+                    help="reuse the naive runs of an earlier results file (same range, seeds and cap) "
+                         "instead of re-running them, e.g. for a --no-corpus harness run")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    bounds = RANGES[args.range]
 
-    jobs = [(kind, v, seed, args.cap if kind == "naive" else args.harness_cap, args.naive_budget, not args.no_corpus)
-            for v in CATALOGUE for kind in ("harness", "naive") for seed in range(args.seeds)]
+    reused: dict = {}
+    if args.naive_from:
+        prev = msgspec.json.decode(Path(args.naive_from).read_bytes())
+        if (prev["bounds"] != dataclasses.asdict(bounds) or prev["seeds"] != args.seeds
+                or prev["naive_cap"] != args.cap):
+            raise SystemExit(f"{args.naive_from}: different range, seeds or cap; cannot reuse its naive runs")
+        reused = {v: row["runs"]["naive"] for v, row in prev["detection"].items()}
+    kinds = ("harness",) if reused else ("harness", "naive")
+    jobs = [(kind, v, seed, args.cap if kind == "naive" else args.harness_cap, args.naive_budget,
+             not args.no_corpus, args.range)
+            for v in CATALOGUE for kind in kinds for seed in range(args.seeds)]
     t0 = time.perf_counter()
+    results = []
     with multiprocessing.get_context("fork").Pool(args.workers) as pool:
-        results = pool.map(_detect_job, jobs, chunksize=1)
+        for kind, variant, seed, r in pool.imap_unordered(_detect_job, jobs, chunksize=1):
+            results.append((kind, variant, seed, r))
+            print(f"  [{len(results)}/{len(jobs)} {time.perf_counter() - t0:5.0f}s] {kind} {variant} seed {seed}: "
+                  f"{'found' if r['found'] else 'MISS'} at {r['examples']} examples, {r['seconds']:.1f}s"
+                  f"{' (censored)' if r.get('censored') else ''}", flush=True)
     detection_wall = time.perf_counter() - t0
     runs: dict = {}
-    for kind, variant, seed, r in results:
+    for kind, variant, seed, r in sorted(results, key=lambda x: (list(CATALOGUE).index(x[1]), x[0], x[2])):
         runs.setdefault(variant, {}).setdefault(kind, []).append(dict(r, seed=seed))
+    for variant, naive_runs in reused.items():
+        runs.setdefault(variant, {})["naive"] = naive_runs
 
     rows, ratios = {}, []
-    print(f"detection over {args.seeds} seeds (bounds {BENCH_BOUNDS}); naive capped at {args.cap}")
+    print(f"detection over {args.seeds} seeds ({args.range} range: {bounds}); naive capped at {args.cap}"
+          f"{' (naive runs reused from ' + args.naive_from + ')' if reused else ''}"
+          f"{'; harness without the corpus' if args.no_corpus else ''}")
     print(f"{'variant':<20} {'harness det':>11} {'med ex':>7} {'max ex':>7} {'med s':>7} "
           f"{'naive det':>9} {'med ex':>7} {'max ex':>7} {'med s':>7} {'ratio':>7}")
     for variant, by in runs.items():
@@ -271,7 +306,8 @@ def main() -> None:
               f"{n['max_examples']:>7} {n['median_seconds']:>7.2f} {ratio:>7.1f}{cens}")
     geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
     print(f"geometric mean of naive/harness median examples: {geomean:.2f}  "
-          f"(detection wall time {detection_wall:.0f}s on {args.workers} workers)")
+          f"(detection wall time {detection_wall:.0f}s on {args.workers} workers"
+          f"{', naive side reused' if reused else ''})")
     print("shrinking (harness findings): median seconds, median final case")
     for variant, row in rows.items():
         finals = row["final_cases"]
@@ -279,7 +315,8 @@ def main() -> None:
             mid = sorted(finals, key=lambda f: (f["cells"], f["max_batch"]))[len(finals) // 2]
             print(f"  {variant:<20} {row['shrink_seconds_median']:6.2f}s  {mid}")
 
-    out = {"bounds": dataclasses.asdict(BENCH_BOUNDS), "seeds": args.seeds, "naive_cap": args.cap,
+    out = {"range": args.range, "bounds": dataclasses.asdict(bounds), "naive_from": args.naive_from,
+           "seeds": args.seeds, "naive_cap": args.cap, "naive_budget_seconds": args.naive_budget,
            "harness_cap": args.harness_cap, "corpus": not args.no_corpus, "detection": rows, "geomean_ratio": geomean,
            "detection_wall_seconds": detection_wall}
     if not args.quick:

@@ -12,16 +12,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import bench  # noqa: E402
 
 
-def test_naive_cases_are_valid_and_uniform_over_the_bounds():
+@pytest.mark.parametrize("range_name", sorted(bench.RANGES))
+def test_naive_cases_are_valid_and_uniform_over_the_bounds(range_name):
+    bounds = bench.RANGES[range_name]
     rng = random.Random(0)
-    seen_bs = set()
+    seen_bs, seen_max_bs = set(), set()
     for _ in range(200):
-        config, steps = bench.naive_case(rng, bench.BENCH_BOUNDS)
+        config, steps = bench.naive_case(rng, bounds)
         config.validate()
+        assert config.max_bs <= bounds.max_bs and config.max_context_len <= bounds.max_context_len
+        assert config.d <= bounds.num_draft_tokens
+        seen_max_bs.add(config.max_bs)
         for batch in steps:
             batch.validate(config)
+            assert batch.bs <= 2 * config.max_bs + bounds.overshoot
             seen_bs.add(batch.bs - config.max_bs)
     assert min(seen_bs) < 0 < max(seen_bs)
+    assert max(seen_max_bs) > bounds.max_bs // 2  # the whole range is drawn, not only small sizes
+
+
+def test_production_range_is_the_default_and_reaches_real_capture_sizes():
+    assert bench.BENCH_BOUNDS == bench.RANGES["production"]
+    assert bench.BENCH_BOUNDS.max_bs >= 256
 
 
 def test_check_all_detects_a_broken_kernel_and_passes_the_reference():
