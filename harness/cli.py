@@ -92,7 +92,11 @@ def cmd_run(args) -> int:
     _check_device(args.device)
     target = _resolve_target(args.target)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
-    max_examples = args.max_examples or PROFILES[args.profile]["max_examples"]
+    # A slow target (sglang runs its kernel in the Triton interpreter) carries
+    # its own example budget per profile and size ceiling.
+    budget = getattr(target, "budget", {}).get(args.profile)
+    max_examples = args.max_examples or min(PROFILES[args.profile]["max_examples"], budget or 1 << 30)
+    bounds = getattr(target, "bounds", None) or Bounds()
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     report_dir = Path(args.report_dir or Path("reports") / stamp)
     findings_dir = report_dir / "findings"
@@ -108,7 +112,7 @@ def cmd_run(args) -> int:
             print(f"      finding: {res.finding.detail}")
             print(f"      repro:   {res.finding.path}")
 
-    results = run_campaign(target, seed=seed, max_examples=max_examples, bounds=Bounds(),
+    results = run_campaign(target, seed=seed, max_examples=max_examples, bounds=bounds,
                            findings_dir=findings_dir, properties=args.properties, device=args.device,
                            on_result=show)
     found = [r for r in results if r.finding]
