@@ -50,7 +50,7 @@ def _seams(target):
 # -- the target on the installed SGLang ------------------------------------------
 
 def test_properties_hold_on_sglang(sglang_target, tmp_path):
-    results = run_campaign(sglang_target, seed=7, max_examples=6, bounds=sglang_target.bounds,
+    results = run_campaign(sglang_target, seed=7, max_examples=5, bounds=sglang_target.bounds,
                            findings_dir=tmp_path)
     found = [f"{r.prop}: {r.finding.detail}" for r in results if r.finding]
     assert not found, found
@@ -73,11 +73,16 @@ def test_pr33127_reproduces_minimal_full_mask_repro(sglang_target, tmp_path):
     assert main(["replay", str(tmp_path / "findings" / "no-oob-write.json"), "--target", "sglang"]) == 0
 
 
+#: Arithmetic-only checks first: a variant they catch costs no kernel launch.
+CHEAPEST_FIRST = ("capacity-soundness", "capacity-liveness", "trivial-path", "no-oob-write",
+                  "fallback-equivalence", "reference-agreement", "multi-step-reuse")
+
+
 @pytest.mark.parametrize("variant", sorted(CATALOGUE))
 def test_every_variant_is_caught_over_sglang(sglang_target, variant, tmp_path):
     target = resolve(f"sglang+{variant}")
-    for prop in PROPERTIES.values():
-        res = run_property(target, prop, seed=3, max_examples=10, bounds=sglang_target.bounds,
+    for name in CHEAPEST_FIRST:
+        res = run_property(target, PROPERTIES[name], seed=3, max_examples=6, bounds=sglang_target.bounds,
                            findings_dir=tmp_path)
         if res.finding:
             return
@@ -186,6 +191,11 @@ def _altered_copy(tmp_path: Path, name: str | None) -> Path:
     return site
 
 
+#: Each altered copy costs a fresh SGLang import (~30 s); the write guard and the
+#: oracle comparison are what these four alterations must trip, so the copies
+#: run those two properties rather than the whole gate.
+ALTERED_COPY_PROPERTIES = ("--property", "no-oob-write", "--property", "reference-agreement")
+
 GATE = ("import sys, sglang; print('sglang from', sglang.__file__); "
         "from harness.cli import main; sys.exit(main(sys.argv[1:]))")
 
@@ -197,7 +207,8 @@ def test_altered_sglang_copy_is_caught(sglang_target, alteration, tmp_path):
                TRITON_INTERPRET="1")
     env.pop("SGLANG_USE_CPU_ENGINE", None)
     proc = subprocess.run([sys.executable, "-W", "ignore", "-c", GATE, "run", "--target", "sglang",
-                           "--seed", "1", "--max-examples", "8", "--report-dir", str(tmp_path / "report")],
+                           "--seed", "1", "--max-examples", "8", *ALTERED_COPY_PROPERTIES,
+                           "--report-dir", str(tmp_path / "report")],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     out = proc.stdout + proc.stderr
     assert f"sglang from {site}" in out, out
