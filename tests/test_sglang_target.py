@@ -138,21 +138,37 @@ def test_unavailable_sglang_exits_2_with_one_line(tmp_path):
 
 # -- altered copies of the installed SGLang --------------------------------------
 
-#: name -> (file candidates under the package, pattern, replacement). Each edit
-#: is a bug a reviewer could plausibly miss; none is a harness variant.
+#: name -> edits, each (file candidates under the package, pattern, replacement).
+#: Each alteration is a bug a reviewer could plausibly miss; none is a harness variant.
 ALTERATIONS = {
-    "fits-admits-one-more": (["srt/layers/attention/verify_mask.py"],
-                             r"(def fits\(self[^)]*\)[^:]*:(?:.|\n)*?return bs <= self\.max_bs)",
-                             r"\1 + 1"),
-    "fallback-short-by-a-row": (["srt/speculative/eagle_utils.py"],
-                                r"seq_lens_sum \* num_verify_tokens\n",
-                                "seq_lens_sum * (num_verify_tokens - 1)\n"),
-    "kernel-row-stride": (["kernels/ops/speculative/spec_tree.py", "srt/speculative/eagle_utils.py"],
-                          r"\(seq_len \+ draft_token_num\) \* draft_tokenx",
-                          "(seq_len + draft_token_num + 1) * draft_tokenx"),
-    "call-site-fits-one-more": (["srt/speculative/eagle_worker_common.py"],
-                                r"verify_mask\.fits\(bs",
-                                "verify_mask.fits(bs - 1"),
+    "fits-admits-one-more": [(["srt/layers/attention/verify_mask.py"],
+                              r"(def fits\(self[^)]*\)[^:]*:(?:.|\n)*?return bs <= self\.max_bs)", r"\1 + 1")],
+    "fallback-short-by-a-row": [(["srt/speculative/eagle_utils.py"],
+                                 r"seq_lens_sum \* num_verify_tokens\n", "seq_lens_sum * (num_verify_tokens - 1)\n")],
+    "kernel-row-stride": [(["kernels/ops/speculative/spec_tree.py", "srt/speculative/eagle_utils.py"],
+                           r"\(seq_len \+ draft_token_num\) \* draft_tokenx",
+                           "(seq_len + draft_token_num + 1) * draft_tokenx")],
+    "call-site-fits-one-more": [(["srt/speculative/eagle_worker_common.py"],
+                                 r"verify_mask\.fits\(bs", "verify_mask.fits(bs - 1")],
+    # The API shape before PR #33127, with its policy: the struct keeps
+    # max_context_len instead of max_bs and fits(bs, num_draft_tokens) checks
+    # only QLEN_ONLY. The adapter must load this shape, and the properties must
+    # find the regression in it with no variant layered on.
+    "pre-fix-api-shape": [
+        (["srt/layers/attention/verify_mask.py"], r"\n    max_bs: int\n", "\n    max_context_len: int\n"),
+        (["srt/layers/attention/verify_mask.py"], r"\n        max_bs=max_bs,\n",
+         "\n        max_context_len=max_context_len,\n"),
+        (["srt/layers/attention/verify_mask.py"],
+         r"def fits\(self, bs: int\) -> bool:(?:.|\n)*?return bs <= self\.max_bs\n",
+         "def fits(self, bs: int, num_draft_tokens: int) -> bool:\n"
+         "        if self.mode != TreeMaskMode.QLEN_ONLY:\n"
+         "            return True\n"
+         "        need = tree_mask_numel(self.mode, bs, num_draft_tokens, self.max_context_len)\n"
+         "        return need <= self.buffer.numel()\n"),
+        (["srt/speculative/eagle_worker_common.py"], r"verify_mask\.fits\(bs\)",
+         "verify_mask.fits(bs, num_draft_tokens)"),
+        (["srt/speculative/eagle_worker_v2.py"], r"verify_mask\.fits\(bs\)", "verify_mask.fits(bs, 1)"),
+    ],
 }
 
 
@@ -177,24 +193,25 @@ def _mirror(src: Path, dst: Path, package: Path, edited: dict[Path, str]) -> Non
 def _altered_copy(tmp_path: Path, name: str | None) -> Path:
     package = Path(find_spec("sglang").origin).parent
     edited: dict[Path, str] = {}
-    if name is not None:
-        files, pattern, repl = ALTERATIONS[name]
-        for rel in files:
-            path = package / rel
-            if path.exists() and re.search(pattern, path.read_text()):
-                edited[Path(rel)] = re.sub(pattern, repl, path.read_text())
+    for files, pattern, repl in ALTERATIONS[name] if name else []:
+        for rel in map(Path, files):
+            text = edited.get(rel) or ((package / rel).read_text() if (package / rel).exists() else "")
+            if re.search(pattern, text):
+                edited[rel] = re.sub(pattern, repl, text)
                 break
         else:
-            pytest.fail(f"alteration {name!r} no longer applies to the installed SGLang ({package})")
+            pytest.fail(f"alteration {name!r} no longer applies to the installed SGLang ({package}): "
+                        f"{pattern!r} not found in {files}")
     site = tmp_path / "site"
     _mirror(package, site / "sglang", package, edited)
     return site
 
 
-#: Each altered copy costs a fresh SGLang import (~30 s); the write guard and the
-#: oracle comparison are what these four alterations must trip, so the copies
-#: run those two properties rather than the whole gate.
-ALTERED_COPY_PROPERTIES = ("--property", "no-oob-write", "--property", "reference-agreement")
+#: Each altered copy costs a fresh SGLang import (~30 s) and the Triton
+#: interpreter is slow, so the copies run the capacity arithmetic, the write
+#: guard and the oracle comparison rather than the whole gate.
+ALTERED_COPY_PROPERTIES = ("--property", "capacity-soundness", "--property", "no-oob-write",
+                           "--property", "reference-agreement")
 
 GATE = ("import sys, sglang; print('sglang from', sglang.__file__); "
         "from harness.cli import main; sys.exit(main(sys.argv[1:]))")
