@@ -224,7 +224,7 @@ def test_altered_sglang_copy_is_caught(sglang_target, alteration, tmp_path):
                TRITON_INTERPRET="1")
     env.pop("SGLANG_USE_CPU_ENGINE", None)
     proc = subprocess.run([sys.executable, "-W", "ignore", "-c", GATE, "run", "--target", "sglang",
-                           "--seed", "1", "--max-examples", "8", *ALTERED_COPY_PROPERTIES,
+                           "--seed", "1", "--max-examples", "25", *ALTERED_COPY_PROPERTIES,
                            "--report-dir", str(tmp_path / "report")],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     out = proc.stdout + proc.stderr
