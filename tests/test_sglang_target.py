@@ -169,7 +169,17 @@ ALTERATIONS = {
          "verify_mask.fits(bs, num_draft_tokens)"),
         (["srt/speculative/eagle_worker_v2.py"], r"verify_mask\.fits\(bs\)", "verify_mask.fits(bs, 1)"),
     ],
+    # Not a bug: the wrapper's kernel call as SGLang 0.5.17-0.5.22 spell it, a
+    # module global in eagle_utils that only a CUDA host defines. The adapter
+    # must find this entry, and the properties must hold.
+    "older-kernel-entry": [
+        (["srt/speculative/eagle_utils.py"], r"\n    build_tree_kernel_efficient_func,\n", "\n"),
+        (["srt/speculative/eagle_utils.py"], r"\n    build_tree_kernel_efficient_func\(\n",
+         "\n    sgl_build_tree_kernel_efficient(\n"),
+    ],
 }
+#: Alterations that keep SGLang correct: the properties must hold on them.
+SOUND = {"older-kernel-entry"}
 
 
 def _mirror(src: Path, dst: Path, package: Path, edited: dict[Path, str]) -> None:
@@ -229,7 +239,7 @@ def test_altered_sglang_copy_is_caught(sglang_target, alteration, tmp_path):
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     out = proc.stdout + proc.stderr
     assert f"sglang from {site}" in out, out
-    if alteration is None:
+    if alteration is None or alteration in SOUND:
         assert proc.returncode == 0, out
     else:
         assert proc.returncode == 1, out

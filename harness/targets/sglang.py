@@ -28,8 +28,10 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import logging
 import os
 import sys
+import warnings
 from types import SimpleNamespace
 
 import msgspec
@@ -64,6 +66,21 @@ class _Sglang(SimpleNamespace):
     """The SGLang modules and callables the adapter drives, found once at load."""
 
 
+@contextlib.contextmanager
+def _quiet_import():
+    """SGLang's import chain warns about every accelerator it cannot find; a run's
+    output should hold findings, not that."""
+    logger = logging.getLogger("sglang")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
 def _import_sglang(kernel_choice: str) -> _Sglang:
     if os.environ.get("SGLANG_USE_CPU_ENGINE"):
         # With it set, SGLang takes its CPU-engine branch and imports sgl_kernel's
@@ -84,11 +101,12 @@ def _import_sglang(kernel_choice: str) -> _Sglang:
         "forward_info": "sglang.srt.model_executor.forward_batch_info",
     }
     mods = {}
-    for key, name in names.items():
-        try:
-            mods[key] = importlib.import_module(name)
-        except Exception as exc:  # any failure in SGLang's import chain means "not usable here"
-            raise ImportError(f"{name}: {type(exc).__name__}: {exc}") from None
+    with _quiet_import():
+        for key, name in names.items():
+            try:
+                mods[key] = importlib.import_module(name)
+            except Exception as exc:  # any failure in SGLang's import chain means "not usable here"
+                raise ImportError(f"{name}: {type(exc).__name__}: {exc}") from None
     try:
         spec_tree = importlib.import_module("sglang.kernels.ops.speculative.spec_tree")
     except Exception:
