@@ -140,6 +140,7 @@ def _isolate(choice: str, spec: str) -> bool:
 def plan_run(args, *, command: str = "run", profile_name: str | None = None):
     """Checks the arguments shared by run and gate; returns (plan, target)."""
     from harness.properties import PROPERTIES
+    from harness.campaign import Bounds
     from harness.session import RunPlan, default_report_dir
 
     profile = PROFILES[profile_name or args.profile]
@@ -169,13 +170,17 @@ def plan_run(args, *, command: str = "run", profile_name: str | None = None):
     seed = getattr(args, "seed", None)
     if seed is None:
         seed = profile.fixed_seed if profile.fixed_seed is not None else random.SystemRandom().randrange(2**31)
+    # A slow target (sglang runs its kernel in the Triton interpreter) carries
+    # its own example budget per profile and size ceiling.
+    own_budget = getattr(target, "budget", {}).get(profile.name)
     plan = RunPlan(target=args.target, profile=profile, seed=seed,
-                   max_examples=max_examples or profile.max_examples,
+                   max_examples=max_examples or min(profile.max_examples, own_budget or profile.max_examples),
                    time_budget=budget if budget is not None else profile.time_budget,
                    report_dir=Path(args.report_dir) if args.report_dir else default_report_dir(),
                    properties=properties, workers=args.workers, device=args.device, db_dir=Path(args.db),
                    isolate=_isolate(args.isolate, args.target), example_timeout=args.example_timeout,
-                   deployment=deployment, repro_root=Path(args.repro_root), command=command)
+                   deployment=deployment, repro_root=Path(args.repro_root), command=command,
+                   bounds=getattr(target, "bounds", None) or Bounds())
     return plan, target
 
 

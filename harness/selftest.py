@@ -23,7 +23,7 @@ def kill_matrix(target, variants: list[str], *, seed: int, max_examples: int, de
             layered = CATALOGUE[name].layer(target)
             row = {}
             for prop in PROPERTIES.values():
-                res = run_property(layered, prop, seed=seed, max_examples=max_examples, bounds=Bounds(),
+                res = run_property(layered, prop, seed=seed, max_examples=max_examples, bounds=getattr(target, "bounds", None) or Bounds(),
                                    findings_dir=Path(tmp) / name, device=device)
                 # PropertyResult.examples already counts the failing example
                 row[prop.name] = res.examples if res.finding else None

@@ -40,6 +40,7 @@ class RunPlan:
     deployment: object = None  # harness.deployment.Deployment
     repro_root: Path = Path("repro")
     command: str = "run"
+    bounds: Bounds = field(default_factory=Bounds)
 
     @property
     def findings_dir(self) -> Path:
@@ -89,7 +90,7 @@ def _searcher(plan: RunPlan, target):
 
 def _search_one(plan: RunPlan, target, name: str, deadline, check, strategies) -> PropertyResult:
     return search_property(target, PROPERTIES[name], seed=plan.seed, max_examples=plan.max_examples,
-                           bounds=Bounds(), findings_dir=plan.findings_dir, device=plan.device,
+                           bounds=plan.bounds, findings_dir=plan.findings_dir, device=plan.device,
                            database=_database(plan), deadline=deadline, check=check,
                            strategy=strategies.get(name), rounds=plan.profile.rounds)
 
@@ -162,7 +163,7 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
         if plan.workers <= 1:
             check, strategies = _searcher(plan, target)
             try:
-                run_campaign(target, seed=plan.seed, max_examples=plan.max_examples, bounds=Bounds(),
+                run_campaign(target, seed=plan.seed, max_examples=plan.max_examples, bounds=plan.bounds,
                              findings_dir=plan.findings_dir, properties=plan.properties, device=plan.device,
                              database=_database(plan), time_budget=budget, check=check,
                              strategies=strategies, rounds=plan.profile.rounds, on_result=done)

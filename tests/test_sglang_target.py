@@ -1,0 +1,246 @@
+"""The ``sglang`` target: SGLang's real code under the properties.
+
+Skipped, with the reason, where SGLang cannot be imported; with
+``VMFUZZ_REQUIRE_SGLANG=1`` (CI) an unavailable SGLang fails instead.
+
+The altered-copy tests build a copy of the installed ``sglang`` package in
+tmp_path with one function's text edited -- the package tree is mirrored by
+symlinks, and only the directories down to the edited file are real -- and run
+the gate's properties in a subprocess whose PYTHONPATH puts the copy first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+
+from harness.campaign import run_campaign, run_property
+from harness.config import Batch, Config
+from harness.layouts import TreeMaskMode
+from harness.properties import PROPERTIES
+from harness.targets import CATALOGUE, TargetUnavailable, resolve
+
+ROOT = Path(__file__).resolve().parent.parent
+REQUIRE = os.environ.get("VMFUZZ_REQUIRE_SGLANG") == "1"
+
+
+@pytest.fixture(scope="module")
+def sglang_target():
+    try:
+        return resolve("sglang")
+    except TargetUnavailable as exc:
+        if REQUIRE:
+            pytest.fail(f"VMFUZZ_REQUIRE_SGLANG=1 but the sglang target is unavailable: {exc}")
+        pytest.skip(f"sglang target unavailable: {exc}")
+
+
+def _seams(target):
+    sg = target._sg
+    return (sg.VerifyMask.__dict__.get("fits"), sg.wrapper_owner.__dict__.get("build_tree_kernel_efficient"),
+            sg.eagle_utils.__dict__.get(sg.entry, "<absent>"), sg.verify_mask.__dict__.get("tree_mask_numel"))
+
+
+# -- the target on the installed SGLang ------------------------------------------
+
+def test_properties_hold_on_sglang(sglang_target, tmp_path):
+    results = run_campaign(sglang_target, seed=7, max_examples=5, bounds=sglang_target.bounds,
+                           findings_dir=tmp_path)
+    found = [f"{r.prop}: {r.finding.detail}" for r in results if r.finding]
+    assert not found, found
+    reached = set().union(*(r.classes for r in results))
+    assert {"path reuse", "path fallback", "layout FULL_MASK"} <= reached
+
+
+def test_pr33127_reproduces_minimal_full_mask_repro(sglang_target, tmp_path):
+    from harness.cli import main
+
+    rc = main(["run", "--target", "sglang+pr33127", "--seed", "1", "--property", "no-oob-write",
+               "--report-dir", str(tmp_path)])
+    assert rc == 1
+    repro = json.loads((tmp_path / "findings" / "no-oob-write.json").read_text())
+    assert repro["target"] == "sglang+pr33127"
+    assert repro["config"]["mode"] == "FULL_MASK"
+    assert repro["config"]["max_bs"] == 1
+    assert [len(b["seq_lens"]) for b in repro["batches"]] == [2]
+    # Replaying on the fixed SGLang holds: the finding is the variant's, not SGLang's.
+    assert main(["replay", str(tmp_path / "findings" / "no-oob-write.json"), "--target", "sglang"]) == 0
+
+
+#: Arithmetic-only checks first: a variant they catch costs no kernel launch.
+CHEAPEST_FIRST = ("capacity-soundness", "capacity-liveness", "trivial-path", "no-oob-write",
+                  "fallback-equivalence", "reference-agreement", "multi-step-reuse")
+
+
+@pytest.mark.parametrize("variant", sorted(CATALOGUE))
+def test_every_variant_is_caught_over_sglang(sglang_target, variant, tmp_path):
+    target = resolve(f"sglang+{variant}")
+    for name in CHEAPEST_FIRST:
+        res = run_property(target, PROPERTIES[name], seed=3, max_examples=6, bounds=sglang_target.bounds,
+                           findings_dir=tmp_path)
+        if res.finding:
+            return
+    pytest.fail(f"no property caught sglang+{variant}")
+
+
+def test_sglang_modules_are_left_as_found(sglang_target):
+    before = _seams(sglang_target)
+    cfg = Config(TreeMaskMode.FULL_MASK, 2, 8, 4, 2, 2)
+    PROPERTIES["no-oob-write"].check(sglang_target, cfg, [Batch((3, 5, 8))])
+    assert _seams(sglang_target) == before
+
+    broken = resolve("sglang")
+    def kernel_raises(call):
+        raise RuntimeError("kernel died")
+    broken.kernel = kernel_raises
+    with pytest.raises(RuntimeError, match="kernel died"):
+        PROPERTIES["no-oob-write"].check(broken, cfg, [Batch((3, 5))])
+    assert _seams(sglang_target) == before
+
+
+def test_reuse_decision_is_the_call_sites(sglang_target):
+    """``reused`` reports what SGLang's call site chose, not a re-derivation."""
+    from harness.shadow import ShadowHeap
+
+    cfg = Config(TreeMaskMode.FULL_MASK, 2, 8, 4, 2, 2)
+    for seq_lens, want in (((1, 2), True), ((1, 2, 3), False)):
+        heap = ShadowHeap("cpu")
+        mask = sglang_target.allocate(cfg, heap)
+        assert type(mask).__module__.startswith("sglang.")
+        assert sglang_target.verify(mask, cfg, Batch(seq_lens), heap).reused is want
+    trivial = Config(TreeMaskMode.QLEN_ONLY, 1, 4, 1, 1, 0)
+    heap = ShadowHeap("cpu")
+    mask = sglang_target.allocate(trivial, heap)
+    assert sglang_target.verify(mask, trivial, Batch((2,)), heap).reused
+    assert not sglang_target.verify(mask, trivial, Batch((2, 3)), heap).reused
+
+
+# -- unavailable SGLang ----------------------------------------------------------
+
+def test_unavailable_sglang_exits_2_with_one_line(tmp_path):
+    broken = tmp_path / "sglang"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("raise ImportError('this sglang is broken on purpose')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--target", "sglang", "--seed", "1"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "broken on purpose" in lines[0] and "install_sglang.sh" in lines[0]
+
+
+# -- altered copies of the installed SGLang --------------------------------------
+
+#: name -> edits, each (file candidates under the package, pattern, replacement).
+#: Each alteration is a bug a reviewer could plausibly miss; none is a harness variant.
+ALTERATIONS = {
+    "fits-admits-one-more": [(["srt/layers/attention/verify_mask.py"],
+                              r"(def fits\(self[^)]*\)[^:]*:(?:.|\n)*?return bs <= self\.max_bs)", r"\1 + 1")],
+    "fallback-short-by-a-row": [(["srt/speculative/eagle_utils.py"],
+                                 r"seq_lens_sum \* num_verify_tokens\n", "seq_lens_sum * (num_verify_tokens - 1)\n")],
+    "kernel-row-stride": [(["kernels/ops/speculative/spec_tree.py", "srt/speculative/eagle_utils.py"],
+                           r"\(seq_len \+ draft_token_num\) \* draft_tokenx",
+                           "(seq_len + draft_token_num + 1) * draft_tokenx")],
+    "call-site-fits-one-more": [(["srt/speculative/eagle_worker_common.py"],
+                                 r"verify_mask\.fits\(bs", "verify_mask.fits(bs - 1")],
+    # The API shape before PR #33127, with its policy: the struct keeps
+    # max_context_len instead of max_bs and fits(bs, num_draft_tokens) checks
+    # only QLEN_ONLY. The adapter must load this shape, and the properties must
+    # find the regression in it with no variant layered on.
+    "pre-fix-api-shape": [
+        (["srt/layers/attention/verify_mask.py"], r"\n    max_bs: int\n", "\n    max_context_len: int\n"),
+        (["srt/layers/attention/verify_mask.py"], r"\n        max_bs=max_bs,\n",
+         "\n        max_context_len=max_context_len,\n"),
+        (["srt/layers/attention/verify_mask.py"],
+         r"def fits\(self, bs: int\) -> bool:(?:.|\n)*?return bs <= self\.max_bs\n",
+         "def fits(self, bs: int, num_draft_tokens: int) -> bool:\n"
+         "        if self.mode != TreeMaskMode.QLEN_ONLY:\n"
+         "            return True\n"
+         "        need = tree_mask_numel(self.mode, bs, num_draft_tokens, self.max_context_len)\n"
+         "        return need <= self.buffer.numel()\n"),
+        (["srt/speculative/eagle_worker_common.py"], r"verify_mask\.fits\(bs\)",
+         "verify_mask.fits(bs, num_draft_tokens)"),
+        (["srt/speculative/eagle_worker_v2.py"], r"verify_mask\.fits\(bs\)", "verify_mask.fits(bs, 1)"),
+    ],
+    # Not a bug: the wrapper's kernel call as SGLang 0.5.17-0.5.22 spell it, a
+    # module global in eagle_utils that only a CUDA host defines. The adapter
+    # must find this entry, and the properties must hold.
+    "older-kernel-entry": [
+        (["srt/speculative/eagle_utils.py"], r"\n    build_tree_kernel_efficient_func,\n", "\n"),
+        (["srt/speculative/eagle_utils.py"], r"\n    build_tree_kernel_efficient_func\(\n",
+         "\n    sgl_build_tree_kernel_efficient(\n"),
+    ],
+}
+#: Alterations that keep SGLang correct: the properties must hold on them.
+SOUND = {"older-kernel-entry"}
+
+
+def _mirror(src: Path, dst: Path, package: Path, edited: dict[Path, str]) -> None:
+    """``dst`` looks like ``src``: symlinks, except real directories down to each edited file.
+
+    A real directory gets no ``__pycache__``: the installed bytecode of an edited
+    module must not stand in for its edited source.
+    """
+    dst.mkdir(parents=True)
+    on_path = {p for rel in edited for p in rel.parents}
+    for entry in src.iterdir():
+        rel = entry.relative_to(package)
+        if rel in edited:
+            (dst / entry.name).write_text(edited[rel])
+        elif entry.is_dir() and rel in on_path:
+            _mirror(entry, dst / entry.name, package, edited)
+        elif entry.name != "__pycache__":
+            (dst / entry.name).symlink_to(entry)
+
+
+def _altered_copy(tmp_path: Path, name: str | None) -> Path:
+    package = Path(find_spec("sglang").origin).parent
+    edited: dict[Path, str] = {}
+    for files, pattern, repl in ALTERATIONS[name] if name else []:
+        for rel in map(Path, files):
+            text = edited.get(rel) or ((package / rel).read_text() if (package / rel).exists() else "")
+            if re.search(pattern, text):
+                edited[rel] = re.sub(pattern, repl, text)
+                break
+        else:
+            pytest.fail(f"alteration {name!r} no longer applies to the installed SGLang ({package}): "
+                        f"{pattern!r} not found in {files}")
+    site = tmp_path / "site"
+    _mirror(package, site / "sglang", package, edited)
+    return site
+
+
+#: Each altered copy costs a fresh SGLang import (~30 s) and the Triton
+#: interpreter is slow, so the copies run the capacity arithmetic, the write
+#: guard and the oracle comparison rather than the whole gate.
+ALTERED_COPY_PROPERTIES = ("--property", "capacity-soundness", "--property", "no-oob-write",
+                           "--property", "reference-agreement")
+
+GATE = ("import sys, sglang; print('sglang from', sglang.__file__); "
+        "from harness.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
+@pytest.mark.parametrize("alteration", [None, *ALTERATIONS], ids=lambda a: a or "unaltered")
+def test_altered_sglang_copy_is_caught(sglang_target, alteration, tmp_path):
+    site = _altered_copy(tmp_path, alteration)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]), PYTHONDONTWRITEBYTECODE="1",
+               TRITON_INTERPRET="1")
+    env.pop("SGLANG_USE_CPU_ENGINE", None)
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", GATE, "run", "--target", "sglang",
+                           "--seed", "1", "--max-examples", "25", *ALTERED_COPY_PROPERTIES,
+                           "--report-dir", str(tmp_path / "report")],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert f"sglang from {site}" in out, out
+    if alteration is None or alteration in SOUND:
+        assert proc.returncode == 0, out
+    else:
+        assert proc.returncode == 1, out
+        assert "FAILED" in proc.stdout
