@@ -70,6 +70,14 @@ def _stale(buffer: torch.Tensor) -> None:
     buffer.copy_(pattern.view(buffer.shape))
 
 
+def _reused_mask(target, config: Config, device):
+    """A fresh heap and a verify mask on it, holding what an earlier step left behind."""
+    heap = ShadowHeap(device)
+    mask = target.allocate(config, heap)
+    _stale(mask.buffer)
+    return heap, mask
+
+
 def _step(prop: str, target, mask, config: Config, batch: Batch, heap: ShadowHeap) -> StepOutput:
     out = target.verify(mask, config, batch, heap)
     violations = heap.check(_locator(config, batch))
@@ -113,9 +121,7 @@ def _capacity(mask) -> int:
 def no_oob_write(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
     obs = Observation()
     for batch in batches:
-        heap = ShadowHeap(device)
-        mask = target.allocate(config, heap)
-        _stale(mask.buffer)
+        heap, mask = _reused_mask(target, config, device)
         out = _step("no-oob-write", target, mask, config, batch, heap)
         obs.add_step(config, batch, out, _capacity(mask))
         _step("no-oob-write", target, None, config, batch, heap)
@@ -125,9 +131,7 @@ def no_oob_write(target, config: Config, batches: list[Batch], device="cpu") -> 
 def fallback_equivalence(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
     obs = Observation()
     for batch in batches:
-        heap = ShadowHeap(device)
-        mask = target.allocate(config, heap)
-        _stale(mask.buffer)
+        heap, mask = _reused_mask(target, config, device)
         reuse = target.verify(mask, config, batch, heap).as_cpu()
         fallback = target.verify(None, config, batch, heap).as_cpu()
         obs.add_step(config, batch, reuse, _capacity(mask))
@@ -141,9 +145,7 @@ def reference_agreement(target, config: Config, batches: list[Batch], device="cp
     obs = Observation()
     for batch in batches:
         want = expected(config, batch)
-        heap = ShadowHeap(device)
-        mask = target.allocate(config, heap)
-        _stale(mask.buffer)
+        heap, mask = _reused_mask(target, config, device)
         for label, m in (("reuse path", mask), ("fallback path", None)):
             out = target.verify(m, config, batch, heap).as_cpu()
             obs.add_step(config, batch, out, _capacity(mask))
@@ -199,9 +201,7 @@ def trivial_path(target, config: Config, batches: list[Batch], device="cpu") -> 
     obs = Observation()
     for batch in batches:
         want = expected(config, batch)
-        heap = ShadowHeap(device)
-        mask = target.allocate(config, heap)
-        _stale(mask.buffer)
+        heap, mask = _reused_mask(target, config, device)
         reuse = _step("trivial-path", target, mask, config, batch, heap)
         fallback = _step("trivial-path", target, None, config, batch, heap)
         obs.add_step(config, batch, reuse, _capacity(mask))
