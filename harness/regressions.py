@@ -22,7 +22,7 @@ from harness.repro_file import ReproError, dump, load, to_case
 @dataclass
 class ReplayOutcome:
     path: Path
-    source: str  # "repro/" or "last run"
+    source: str  # "saved" (a repro/ folder) or "last run"
     property: str = ""
     recorded_target: str = ""
     status: str = "held"  # held / failed / error

@@ -117,7 +117,7 @@ def _replays(plan: RunPlan, target, ui) -> list:
     from harness.regressions import replay_saved, saved_repros
     out = []
     if plan.profile.replay_repros:
-        out += replay_saved(saved_repros(plan.repro_root), target, source="repro/",
+        out += replay_saved(saved_repros(plan.repro_root), target, source="saved",
                             findings_dir=plan.findings_dir, device=plan.device, isolate=plan.isolate,
                             timeout=plan.example_timeout)
     if plan.profile.replay_last_failures:
