@@ -180,7 +180,7 @@ class SglangTarget:
 
     #: The Triton interpreter costs ~4 ms a launch at bs 1, d 2 and ~150 ms at
     #: bs 8, d 8; every verify step is one launch and a property runs 2-4 steps
-    #: an example, so cases are kept small and few (see SGLANG.md).
+    #: an example, so cases are kept small and few (README: "The `sglang` target").
     bounds = Bounds(max_bs=4, max_context_len=24, num_draft_tokens=6, topk=3, spec_steps=3, overshoot=3)
     budget = {"dev": 12, "pr": 30, "nightly": 400}
 
