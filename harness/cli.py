@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import random
 import sys
 from pathlib import Path
@@ -118,16 +117,12 @@ def cmd_targets(args) -> int:
 def _show(res, log) -> None:
     status = "FAILED" if res.findings else ("skipped" if res.skipped else "held")
     log(f"  {res.prop:<22} {status:<7} {res.examples:>5} examples {res.seconds:6.1f}s")
-    if res.classes and not ci_quiet():
+    from harness.session import ci
+    if res.classes and not ci():
         log("      classes: " + ", ".join(f"{k} ({v})" for k, v in sorted(res.classes.items())))
     for f in res.findings:
         log(f"      finding ({f.kind}): {f.detail}")
         log(f"      repro:   {f.path}")
-
-
-def ci_quiet() -> bool:
-    from harness.session import ci
-    return ci()
 
 
 def _isolate(choice: str, spec: str) -> bool:
@@ -274,8 +269,8 @@ def cmd_selftest(args) -> int:
 
 
 def _findings_dir(args) -> Path:
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return Path(args.report_dir or Path("reports") / stamp) / "findings"
+    from harness.session import default_report_dir
+    return Path(args.report_dir or default_report_dir()) / "findings"
 
 
 def cmd_verify_policy(args) -> int:
