@@ -1,0 +1,131 @@
+"""Finding SGLang's verify-mask code in the installed package, once, at load.
+
+SGLang 0.5.17 ... 0.5.23 differ in where the kernel entry lives and what the
+platform dispatch is called; the pre-#33127 API shape takes
+``fits(bs, num_draft_tokens)`` and keeps ``max_context_len`` in the struct.
+Both are detected from signatures and struct fields, never from version strings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import logging
+import os
+import sys
+import warnings
+from types import SimpleNamespace
+
+import torch
+
+INSTALL_HINT = ("install it with `bash scripts/install_sglang.sh` "
+                "(sglang==0.5.23 --no-deps plus its CPU import chain, into .venv)")
+
+#: The kernel's positional arguments, as every SGLang version passes them.
+KERNEL_ARGS = ("parent_list", "top_scores_index", "seq_lens", "tree_mask", "positions", "retrieve_index",
+               "retrieve_next_token", "retrieve_next_sibling", "topk", "spec_steps", "d", "mode")
+
+#: Where the wrapper hands over to the kernel, newest first: 0.5.23 dispatches
+#: through a function imported from spec_tree; older wheels call a module global
+#: directly in their platform switch (the CUDA/default branch, which a host with
+#: no platform flag set also takes).
+KERNEL_ENTRIES = ("build_tree_kernel_efficient_func", "sgl_build_tree_kernel_efficient")
+
+
+
+class Sglang(SimpleNamespace):
+    """The SGLang modules and callables the adapter drives, found once at load."""
+
+
+@contextlib.contextmanager
+def _quiet_import():
+    """SGLang's import chain warns about every accelerator it cannot find; a run's
+    output should hold findings, not that."""
+    logger = logging.getLogger("sglang")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def import_sglang(kernel_choice: str) -> Sglang:
+    if os.environ.get("SGLANG_USE_CPU_ENGINE"):
+        # With it set, SGLang takes its CPU-engine branch and imports sgl_kernel's
+        # CPU ops, which are not the code this target guards.
+        raise ImportError("SGLANG_USE_CPU_ENGINE is set; unset it so SGLang's Triton/CUDA kernels load")
+    if kernel_choice != "jit" and not torch.cuda.is_available():
+        # triton.jit picks the interpreter at decoration time, i.e. when SGLang's
+        # kernel module is imported: it must be in the environment before that.
+        if "sglang.kernels.ops.speculative.spec_tree" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ImportError("SGLang's kernels were imported before TRITON_INTERPRET=1 was set; "
+                              "no CUDA device here, so they cannot run")
+        os.environ["TRITON_INTERPRET"] = "1"
+    names = {
+        "verify_mask": "sglang.srt.layers.attention.verify_mask",
+        "eagle_utils": "sglang.srt.speculative.eagle_utils",
+        "call_site": "sglang.srt.speculative.eagle_worker_common",
+        "worker_v2": "sglang.srt.speculative.eagle_worker_v2",
+        "forward_info": "sglang.srt.model_executor.forward_batch_info",
+    }
+    mods = {}
+    with _quiet_import():
+        for key, name in names.items():
+            try:
+                mods[key] = importlib.import_module(name)
+            except Exception as exc:  # any failure in SGLang's import chain means "not usable here"
+                raise ImportError(f"{name}: {type(exc).__name__}: {exc}") from None
+    try:
+        spec_tree = importlib.import_module("sglang.kernels.ops.speculative.spec_tree")
+    except Exception:
+        spec_tree = None
+    sg = Sglang(**mods, spec_tree=spec_tree)
+    vm, eu = sg.verify_mask, sg.eagle_utils
+    for owner, attr in ((vm, "VerifyMask"), (vm, "maybe_create_verify_mask"), (vm, "tree_mask_numel"),
+                        (eu, "build_tree_kernel_efficient"), (sg.call_site, "build_eagle_verify_input"),
+                        (sg.worker_v2, "EAGLEWorkerV2"), (sg.forward_info, "ForwardMode")):
+        if not hasattr(owner, attr):
+            raise ImportError(f"{owner.__name__} has no {attr} (not an SGLang with a preallocated verify mask)")
+    sg.VerifyMask = vm.VerifyMask
+    sg.Mode = getattr(vm, "TreeMaskMode", None) or eu.TreeMaskMode
+    sg.fields = set(sg.VerifyMask.__struct_fields__)
+    sg.fits = sg.VerifyMask.fits
+    fits_params = [p for p in inspect.signature(sg.fits).parameters][1:]
+    sg.fits_takes_d = len(fits_params) >= 2
+    sg.numel = vm.tree_mask_numel
+    sg.maybe_create = vm.maybe_create_verify_mask
+    sg.maybe_create_params = set(inspect.signature(sg.maybe_create).parameters)
+    sg.entry = next((n for n in KERNEL_ENTRIES if n == "sgl_build_tree_kernel_efficient" or hasattr(eu, n)), None)
+    # The call site calls the wrapper through its own module global when it
+    # imported it by name, else through eagle_utils.
+    sg.wrapper_owner = sg.call_site if hasattr(sg.call_site, "build_tree_kernel_efficient") else eu
+    sg.triton = (getattr(spec_tree, "sgl_build_tree_kernel_triton", None) if spec_tree else None) \
+        or getattr(eu, "sgl_build_tree_kernel_triton", None)
+    sg.jit = None
+    if torch.cuda.is_available():
+        for mod, attr in (("sglang.kernels.ops.speculative.tree", "build_tree_kernel_efficient"),
+                          ("sgl_kernel", "build_tree_kernel_efficient")):
+            try:
+                sg.jit = getattr(importlib.import_module(mod), attr)
+                break
+            except Exception:
+                continue
+    if kernel_choice == "jit" and sg.jit is None:
+        raise ImportError("VMFUZZ_SGLANG_KERNEL=jit needs a CUDA device and SGLang's JIT tree kernel")
+    if kernel_choice != "jit" and sg.triton is None:
+        raise ImportError("SGLang's Triton tree kernel (sgl_build_tree_kernel_triton) was not found")
+    return sg
+
+
+def sg_version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("sglang")
+    except Exception:
+        return "unknown"
+
+

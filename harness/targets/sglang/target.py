@@ -1,0 +1,140 @@
+"""``SglangTarget``: SGLang's real code behind the target protocol's seams.
+
+While one call runs, SGLang's module attributes that lead to a seam are bound to
+this instance's seam, so a variant layered over the target (which replaces one
+seam on a copy) reaches SGLang's real call site. At the kernel entry every
+buffer the kernel writes -- the reused one, or the one SGLang's wrapper just
+allocated -- is swapped for a redzoned stand-in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+
+import msgspec
+import torch
+
+import harness
+from harness.campaign import Bounds
+from harness.config import Batch, Config
+from harness.kernel_call import KernelCall
+from harness.outputs import StepOutput
+from harness.shadow import ShadowHeap
+from harness.targets.sglang.binding import bound as _bound
+from harness.targets.sglang import call_sites, writers
+from harness.targets.sglang.loader import Sglang, sg_version
+
+
+class SglangTarget:
+    name = "sglang"
+
+    #: The Triton interpreter costs ~4 ms a launch at bs 1, d 2 and ~150 ms at
+    #: bs 8, d 8; every verify step is one launch and a property runs 2-4 steps
+    #: an example, so cases are kept small and few (README: "The `sglang` target").
+    bounds = Bounds(max_bs=4, max_context_len=24, num_draft_tokens=6, topk=3, spec_steps=3, overshoot=3)
+    budget = {"dev": 12, "pr": 30, "nightly": 400}
+
+    def __init__(self, sg: Sglang, kernel_choice: str = "triton"):
+        self._sg = sg
+        self.kernel_choice = kernel_choice
+        self._draft_tokens: dict[int, int] = {}  # id(mask) -> d, for the pre-fix fits(bs, d)
+        self._heap: ShadowHeap | None = None
+        self._callsite_fill: bool | None = None
+
+    # -- seams ---------------------------------------------------------------
+    def numel(self, mode, bs: int, d: int, max_context_len: int) -> int:
+        return int(self._sg.numel(self._sg.Mode(int(mode)), bs, d, max_context_len))
+
+    def fits(self, mask, bs: int) -> bool:
+        if self._sg.fits_takes_d:
+            return bool(self._sg.fits(mask, bs, self._draft_tokens.get(id(mask), 0)))
+        return bool(self._sg.fits(mask, bs))
+
+    def fill_prefix(self, mask, reused: bool) -> bool:
+        # What SGLang's call site asked its wrapper for; a variant overrides it.
+        if self._callsite_fill is not None:
+            return self._callsite_fill
+        return bool(getattr(mask, "is_read", True))
+
+    def kernel(self, call: KernelCall) -> None:
+        args = (call.parent_list, call.top_scores_index, call.seq_lens, call.tree_mask, call.positions,
+                call.retrieve_index, call.retrieve_next_token, call.retrieve_next_sibling,
+                call.topk, call.spec_steps, call.d, self._sg.Mode(int(call.mode)))
+        if self.kernel_choice == "jit":
+            self._sg.jit(*args)
+        else:
+            self._sg.triton(*args)
+
+    # -- composite -----------------------------------------------------------
+    def allocate(self, config: Config, heap: ShadowHeap | None):
+        sg = self._sg
+        mode = sg.Mode(int(config.mode))
+        device = "meta"  # SGLang sizes it; the cells come from the heap below
+        numel_router = lambda m, bs, d, mcl: self.numel(m, bs, d, mcl)  # noqa: E731
+        with _bound((sg.verify_mask, "tree_mask_numel", numel_router)):
+            kwargs = dict(is_draft_runner=False, skip_prefill=False, max_bs=config.max_bs,
+                          max_context_len=config.max_context_len, num_draft_tokens=config.d,
+                          device=device, is_read=config.is_read)
+            vm = sg.maybe_create(**{k: v for k, v in kwargs.items() if k in sg.maybe_create_params})
+            if vm is None or vm.mode != mode:
+                # This host's default read layout differs from the config's: build
+                # the struct the way SGLang's allocator does, in the config's layout.
+                n = numel_router(mode, config.max_bs, config.d, config.max_context_len)
+                fields = dict(buffer=torch.empty(n, dtype=torch.bool, device=device), mode=mode,
+                              max_bs=config.max_bs, max_context_len=config.max_context_len,
+                              is_read=config.is_read)
+                vm = sg.VerifyMask(**{k: v for k, v in fields.items() if k in sg.fields})
+        if heap is not None:
+            guarded = heap.alloc("tree_mask", vm.buffer.numel(), vm.buffer.dtype)
+            vm = msgspec.structs.replace(vm, buffer=guarded)
+        if len(self._draft_tokens) > 4096:
+            self._draft_tokens.clear()
+        self._draft_tokens[id(vm)] = config.d
+        return vm
+
+    def verify(self, mask, config: Config, batch: Batch, heap: ShadowHeap) -> StepOutput:
+        if mask is not None:
+            self._draft_tokens[id(mask)] = config.d
+        with self._routed(heap, mask):
+            vi = call_sites.build_verify_input(self._sg, mask, config, batch, heap.device)
+        reused = mask is not None and vi.custom_mask.data_ptr() == mask.buffer.data_ptr()
+        return StepOutput(vi.custom_mask, vi.positions, vi.retrieve_index, vi.retrieve_next_token,
+                          vi.retrieve_next_sibling, reused=reused)
+
+    @contextlib.contextmanager
+    def _routed(self, heap: ShadowHeap, mask):
+        """Every seam of this instance bound into SGLang for one call."""
+        sg = self._sg
+        target = self
+        wrapper = sg.wrapper_owner.build_tree_kernel_efficient
+
+        def fits_router(vm, bs, *rest, **kw):
+            return target.fits(vm, bs)
+
+        def wrapper_router(*args, **kwargs):
+            params = inspect.signature(wrapper).bind(*args, **kwargs)
+            params.apply_defaults()
+            buf = params.arguments.get("tree_mask_buf")
+            if buf is not None and "fill_prefix_mask" in params.arguments:
+                target._callsite_fill = bool(params.arguments["fill_prefix_mask"])
+                try:
+                    params.arguments["fill_prefix_mask"] = bool(target.fill_prefix(mask, True))
+                finally:
+                    target._callsite_fill = None
+            return wrapper(*params.args, **params.kwargs)
+
+        patches = [(sg.VerifyMask, "fits", fits_router),
+                   (sg.wrapper_owner, "build_tree_kernel_efficient", wrapper_router)]
+        patches += writers.tree_kernel_patches(sg, target.kernel, heap)
+        with _bound(*patches):
+            yield
+
+    def versions(self) -> dict[str, str]:
+        import triton
+        return {"sglang": sg_version(), "triton": triton.__version__, "torch": torch.__version__,
+                "kernel": self.kernel_choice + (" (interpreter)" if os.environ.get("TRITON_INTERPRET") == "1" else ""),
+                "vmfuzz": harness.__version__}
+
+
