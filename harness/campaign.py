@@ -108,6 +108,8 @@ class PropertyResult:
     bs_ratio: Counter = field(default_factory=Counter)
     rounds: int = 0
     skipped: bool = False  # the time budget ran out before this property started
+    #: why the property was not driven at all (the target lacks a seam it needs); never "held"
+    not_driven: str | None = None
 
     @property
     def findings(self) -> list[Finding]:
@@ -271,6 +273,10 @@ def search_property(target, prop: Property, *, seed: int, max_examples: int, bou
     found nothing new to try.
     """
     total = PropertyResult(prop.name)
+    missing = prop.missing(target)
+    if missing:
+        total.not_driven = f"target {target.name} has no {', '.join(missing)}"
+        return total
     if deadline is not None and time.monotonic() >= deadline:
         total.skipped = True
         return total

@@ -115,6 +115,9 @@ def cmd_targets(args) -> int:
 
 
 def _show(res, log) -> None:
+    if res.not_driven and not res.findings:
+        log(f"  {res.prop:<22} not driven: {res.not_driven}")
+        return
     status = "FAILED" if res.findings else ("skipped" if res.skipped else "held")
     log(f"  {res.prop:<22} {status:<7} {res.examples:>5} examples {res.seconds:6.1f}s")
     from harness.session import ci
@@ -201,7 +204,12 @@ def execute_and_report(plan, target) -> int:
         print(f"{summary['counts']['findings']} finding(s) written under {plan.findings_dir}; "
               "replay with: vmfuzz replay FILE")
         return EXIT_FINDING
-    print(f"all {len(outcome.results)} properties held")
+    undriven = [r.prop for r in outcome.results if r.not_driven]
+    if undriven:
+        print(f"{len(outcome.results) - len(undriven)} properties held; not driven on {target.name}: "
+              + ", ".join(undriven))
+    else:
+        print(f"all {len(outcome.results)} properties held")
     return EXIT_OK
 
 

@@ -38,6 +38,8 @@ def _finding(f) -> dict:
 def _status(res) -> str:
     if res.findings:
         return "failed"
+    if res.not_driven:
+        return "not driven"
     return "skipped" if res.skipped or res.examples == 0 else "held"
 
 
@@ -53,6 +55,7 @@ def build_summary(outcome) -> dict:
             "max_margin": None if math.isinf(r.max_margin) else r.max_margin,
             "classes": dict(sorted(r.classes.items())), "bs_over_max_bs": dict(r.bs_ratio),
             "findings": [_finding(f) for f in r.findings],
+            **({"not_driven": r.not_driven} if r.not_driven else {}),
         })
     replays = [{"repro": str(o.path), "property": o.property, "recorded_target": o.recorded_target,
                 "source": o.source, "status": o.status, "detail": o.detail, "still_fails_on_recorded": o.teeth,
@@ -67,7 +70,8 @@ def build_summary(outcome) -> dict:
         "workers": plan.workers, "isolation": plan.isolate, "device": plan.device,
         "versions": outcome.versions, "started": outcome.started,
         "counts": {"properties": len(props), "held": status["held"], "failed": status["failed"],
-                   "skipped": status["skipped"], "examples": sum(p["examples"] for p in props),
+                   "skipped": status["skipped"] + status["not driven"], "not_driven": status["not driven"],
+                   "examples": sum(p["examples"] for p in props),
                    "replays": len(replays), "replays_failed": sum(o["status"] != "held" for o in replays),
                    "findings": len(findings)},
         "properties": props,
@@ -124,6 +128,8 @@ def junit_xml(s: dict) -> str:
                        f'{escape(text)}</failure>')
         elif p["status"] == "skipped":
             out.append('      <skipped message="time budget spent before this property ran"/>')
+        elif p["status"] == "not driven":
+            out.append(f'      <skipped message={quoteattr("not driven: " + p["not_driven"])}/>')
         out.append("    </testcase>")
     out.append("  </testsuite>")
     if s["replays"]:

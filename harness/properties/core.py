@@ -1,4 +1,4 @@
-"""The seven properties of DESIGN.md section 2, each a named check.
+"""The seven core properties of DESIGN.md section 2: allocation, fits and the tree-kernel write.
 
 A check takes a target, a config and the batches of one case and either returns
 an ``Observation`` (which boundary classes the case hit, how close it came to
@@ -9,7 +9,6 @@ overflowing) or raises ``PropertyFailure``. The campaign, the pytest suite and
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -210,24 +209,3 @@ def trivial_path(target, config: Config, batches: list[Batch], device="cpu") -> 
             if diff:
                 _fail("trivial-path", diff)
     return obs
-
-
-@dataclass(frozen=True)
-class Property:
-    name: str
-    check: Callable[..., Observation]
-    summary: str
-    trivial: bool = False  # runs on d = 1 configs
-    steps: bool = False  # takes a sequence of batches
-
-
-PROPERTIES: dict[str, Property] = {p.name: p for p in (
-    Property("no-oob-write", no_oob_write, "no write leaves its buffer, reused or freshly allocated"),
-    Property("fallback-equivalence", fallback_equivalence, "reuse path == per-batch fallback over the logical region"),
-    Property("reference-agreement", reference_agreement, "outputs == oracle from ancestor sets and depths"),
-    Property("capacity-soundness", capacity_soundness, "fits(bs) => worst-case footprint fits the buffer"),
-    Property("capacity-liveness", capacity_liveness, "bs <= max_bs => fits(bs)"),
-    Property("multi-step-reuse", multi_step_reuse, "a reused buffer gives what a fresh one gives, step after step",
-             steps=True),
-    Property("trivial-path", trivial_path, "d = 1: reuse and fallback agree", trivial=True),
-)}

@@ -1,0 +1,49 @@
+"""Every property, by name: each a check that returns an ``Observation`` or raises ``PropertyFailure``.
+
+One module per part of the mask's path:
+
+- ``core``: allocation, ``fits`` and the verify step through the call site
+  (the seven properties of DESIGN.md section 2).
+
+A property names the target seams it ``needs`` beyond the core protocol; a
+target without them (a plug-in written against the core protocol) gets the
+property reported as not driven, never as held.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from harness.properties.core import (Observation, PropertyFailure, capacity_liveness, capacity_soundness,
+                                     fallback_equivalence, multi_step_reuse, no_oob_write,
+                                     reference_agreement, trivial_path)
+
+
+@dataclass(frozen=True)
+class Property:
+    name: str
+    check: Callable[..., Observation]
+    summary: str
+    trivial: bool = False  # runs on d = 1 configs
+    steps: bool = False  # takes a sequence of batches
+    #: target attributes the check calls beyond the core protocol
+    needs: tuple[str, ...] = ()
+
+    def missing(self, target) -> list[str]:
+        """The seams ``target`` lacks for this property (empty: it can be driven)."""
+        return [seam for seam in self.needs if not callable(getattr(target, seam, None))]
+
+
+PROPERTIES: dict[str, Property] = {p.name: p for p in (
+    Property("no-oob-write", no_oob_write, "no write leaves its buffer, reused or freshly allocated"),
+    Property("fallback-equivalence", fallback_equivalence, "reuse path == per-batch fallback over the logical region"),
+    Property("reference-agreement", reference_agreement, "outputs == oracle from ancestor sets and depths"),
+    Property("capacity-soundness", capacity_soundness, "fits(bs) => worst-case footprint fits the buffer"),
+    Property("capacity-liveness", capacity_liveness, "bs <= max_bs => fits(bs)"),
+    Property("multi-step-reuse", multi_step_reuse, "a reused buffer gives what a fresh one gives, step after step",
+             steps=True),
+    Property("trivial-path", trivial_path, "d = 1: reuse and fallback agree", trivial=True),
+)}
+
+__all__ = ["Observation", "PROPERTIES", "Property", "PropertyFailure"]
