@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
-from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from harness.config import Batch, Config
 from harness.layouts import TreeMaskMode
 from harness.properties import PROPERTIES
 from harness.targets import CATALOGUE, TargetUnavailable, resolve
+from tests.sglang_copies import altered_copy
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRE = os.environ.get("VMFUZZ_REQUIRE_SGLANG") == "1"
@@ -182,41 +181,6 @@ ALTERATIONS = {
 SOUND = {"older-kernel-entry"}
 
 
-def _mirror(src: Path, dst: Path, package: Path, edited: dict[Path, str]) -> None:
-    """``dst`` looks like ``src``: symlinks, except real directories down to each edited file.
-
-    A real directory gets no ``__pycache__``: the installed bytecode of an edited
-    module must not stand in for its edited source.
-    """
-    dst.mkdir(parents=True)
-    on_path = {p for rel in edited for p in rel.parents}
-    for entry in src.iterdir():
-        rel = entry.relative_to(package)
-        if rel in edited:
-            (dst / entry.name).write_text(edited[rel])
-        elif entry.is_dir() and rel in on_path:
-            _mirror(entry, dst / entry.name, package, edited)
-        elif entry.name != "__pycache__":
-            (dst / entry.name).symlink_to(entry)
-
-
-def _altered_copy(tmp_path: Path, name: str | None) -> Path:
-    package = Path(find_spec("sglang").origin).parent
-    edited: dict[Path, str] = {}
-    for files, pattern, repl in ALTERATIONS[name] if name else []:
-        for rel in map(Path, files):
-            text = edited.get(rel) or ((package / rel).read_text() if (package / rel).exists() else "")
-            if re.search(pattern, text):
-                edited[rel] = re.sub(pattern, repl, text)
-                break
-        else:
-            pytest.fail(f"alteration {name!r} no longer applies to the installed SGLang ({package}): "
-                        f"{pattern!r} not found in {files}")
-    site = tmp_path / "site"
-    _mirror(package, site / "sglang", package, edited)
-    return site
-
-
 #: Each altered copy costs a fresh SGLang import (~30 s) and the Triton
 #: interpreter is slow, so the copies run the capacity arithmetic, the write
 #: guard and the oracle comparison rather than the whole gate.
@@ -229,7 +193,7 @@ GATE = ("import sys, sglang; print('sglang from', sglang.__file__); "
 
 @pytest.mark.parametrize("alteration", [None, *ALTERATIONS], ids=lambda a: a or "unaltered")
 def test_altered_sglang_copy_is_caught(sglang_target, alteration, tmp_path):
-    site = _altered_copy(tmp_path, alteration)
+    site = altered_copy(tmp_path, ALTERATIONS[alteration] if alteration else [], alteration)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]), PYTHONDONTWRITEBYTECODE="1",
                TRITON_INTERPRET="1")
     env.pop("SGLANG_USE_CPU_ENGINE", None)

@@ -1,0 +1,55 @@
+"""Altered copies of the installed SGLang, the way a maintainer's bad PR would leave it.
+
+The package tree is mirrored by symlinks, and only the directories down to an
+edited file are real, so a copy costs milliseconds and no disk; a subprocess
+with the copy first on PYTHONPATH imports it instead of the installed package.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+
+
+def _mirror(src: Path, dst: Path, package: Path, edited: dict[Path, str]) -> None:
+    """``dst`` looks like ``src``: symlinks, except real directories down to each edited file.
+
+    A real directory gets no ``__pycache__``: the installed bytecode of an edited
+    module must not stand in for its edited source.
+    """
+    dst.mkdir(parents=True)
+    on_path = {p for rel in edited for p in rel.parents}
+    for entry in src.iterdir():
+        rel = entry.relative_to(package)
+        if rel in edited:
+            (dst / entry.name).write_text(edited[rel])
+        elif entry.is_dir() and rel in on_path:
+            _mirror(entry, dst / entry.name, package, edited)
+        elif entry.name != "__pycache__":
+            (dst / entry.name).symlink_to(entry)
+
+
+def altered_copy(tmp_path: Path, edits, name: str | None = None) -> Path:
+    """A site directory whose ``sglang`` is the installed one with ``edits`` applied.
+
+    ``edits``: (file candidates under the package, regex, replacement); the
+    first candidate the regex matches is edited. An edit that no longer applies
+    fails the test: the alteration would silently test nothing.
+    """
+    package = Path(find_spec("sglang").origin).parent
+    edited: dict[Path, str] = {}
+    for files, pattern, repl in edits:
+        for rel in map(Path, files):
+            text = edited.get(rel) or ((package / rel).read_text() if (package / rel).exists() else "")
+            if re.search(pattern, text):
+                edited[rel] = re.sub(pattern, repl, text)
+                break
+        else:
+            pytest.fail(f"alteration {name!r} no longer applies to the installed SGLang ({package}): "
+                        f"{pattern!r} not found in {files}")
+    site = tmp_path / "site"
+    _mirror(package, site / "sglang", package, edited)
+    return site
