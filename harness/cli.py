@@ -57,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     which = gate.add_mutually_exclusive_group()
     which.add_argument("--changed-files", default=None, metavar="FILE", help="one changed path per line")
     which.add_argument("--base", default=None, metavar="REV", help="changed paths from git diff REV...HEAD")
+    gate.add_argument("--repo", default=".", metavar="PATH",
+                      help="the checkout under test: where --base is diffed, or the root --changed-files "
+                           "paths are relative to (default: the current directory)")
     _common_run_args(gate)
 
     mini = sub.add_parser("minimize", help="shrink a failing repro or deployment file")
@@ -74,6 +77,10 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
 
     sub.add_parser("targets", help="list targets and known-bad variants")
+
+    surf = sub.add_parser("surface", help="each part of SGLang's mask path: which property drives it, or why none")
+    surf.add_argument("--target", default="sglang")
+    surf.add_argument("--json", action="store_true", help="print the rows as JSON")
 
     # Issue 5: the arithmetic policy check and the small-scope enumeration.
     for name, helptext in (("verify-policy", "capacity soundness/liveness over a production-scale grid"),
@@ -182,7 +189,8 @@ def plan_run(args, *, command: str = "run", profile_name: str | None = None):
     return plan, target
 
 
-def execute_and_report(plan, target) -> int:
+def execute_and_report(plan, target, gate=None) -> int:
+    """``gate(outcome) -> dict``: the gate's coverage, computed from what ran, for the reports."""
     from harness.report import write_reports
     from harness.session import execute
 
@@ -191,6 +199,10 @@ def execute_and_report(plan, target) -> int:
           f"{plan.max_examples} examples per property{budget}, {plan.workers} worker(s)"
           f"{', isolated' if plan.isolate else ''}", flush=True)
     outcome = execute(plan, target, _show)
+    if gate is not None:
+        from harness.surface import gate_line
+        outcome.gate = gate(outcome)
+        print(gate_line(outcome.gate))
     summary = write_reports(outcome, plan.report_dir)
     if outcome.deployment:
         d = outcome.deployment
@@ -241,26 +253,43 @@ def cmd_replay(args) -> int:
 
 
 def cmd_gate(args) -> int:
-    from harness.gate import ChangeError, changed_from_file, changed_since, touches_verify_mask
+    # Nothing here imports SGLang before the change is known to touch the mask:
+    # a docs-only change is a skip that costs seconds.
+    from harness.gate import ChangeError, changed_from_file, changed_since, checkout_at, touches_verify_mask
     try:
         if args.changed_files:
-            changed = changed_from_file(args.changed_files)
+            changed, checkout = changed_from_file(args.changed_files), checkout_at(args.repo)
         elif args.base:
-            changed = changed_since(args.base)
+            changed, checkout = changed_since(args.base, args.repo)
         else:
-            changed = None
+            changed, checkout = None, None
     except ChangeError as exc:
         raise UsageError(f"vmfuzz gate: {exc}") from None
+    coverage = None
     if changed is not None:
-        hits = touches_verify_mask(changed)
+        hits = touches_verify_mask(changed, checkout)
         if not hits:
             print(f"vmfuzz gate: skipped: none of the {len(changed)} changed file(s) touches verify-mask code")
             return EXIT_OK
         print(f"vmfuzz gate: {len(hits)} changed file(s) touch verify-mask code: {', '.join(hits[:5])}"
               + (" ..." if len(hits) > 5 else ""))
+
+        def coverage(outcome):
+            from harness.surface import gate_coverage
+            return gate_coverage(args.target, target, changed, hits, outcome.results)
     args.properties, args.seed, args.max_examples, args.time_budget, args.deployment = None, None, None, None, None
     plan, target = plan_run(args, command="gate", profile_name="pr")
-    return execute_and_report(plan, target)
+    return execute_and_report(plan, target, coverage)
+
+
+def cmd_surface(args) -> int:
+    import json
+    from harness.surface import render, report
+    target = _resolve_target(args.target)
+    rep = report(args.target, target)
+    rows = rep.pop("_rows")
+    print(json.dumps(rep, indent=2) if args.json else render({**rep, "_rows": rows}))
+    return EXIT_OK
 
 
 def cmd_minimize(args) -> int:
@@ -307,7 +336,7 @@ def cmd_exhaustive(args) -> int:
 
 COMMANDS = {"run": cmd_run, "replay": cmd_replay, "targets": cmd_targets, "gate": cmd_gate,
             "minimize": cmd_minimize, "selftest": cmd_selftest,
-            "verify-policy": cmd_verify_policy, "exhaustive": cmd_exhaustive}
+            "verify-policy": cmd_verify_policy, "exhaustive": cmd_exhaustive, "surface": cmd_surface}
 
 
 def main(argv: list[str] | None = None) -> int:

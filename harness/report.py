@@ -80,6 +80,7 @@ def build_summary(outcome) -> dict:
         "findings": findings,
         "replays": replays,
         "deployment": outcome.deployment,
+        "gate": getattr(outcome, "gate", None),
         "timings": {"replay_seconds": round(outcome.replay_seconds, 3),
                     "search_seconds": round(outcome.search_seconds, 3),
                     "total_seconds": round(outcome.seconds, 3)},
@@ -97,6 +98,11 @@ def summary_md(s: dict) -> str:
         d = s["deployment"]
         lines += [f"Deployment {d['label']}: **{'can' if d['can_write_out_of_range'] else 'cannot'} "
                   f"write out of range** ({d['why']})", ""]
+    if s.get("gate"):
+        g = s["gate"]
+        lines += [f"Gate: {len(g['triggered'])} of {len(g['changed'])} changed file(s) touch verify-mask code; "
+                  f"exercised: {', '.join(f'`{p}`' for p in g['exercised']) or 'none'}; "
+                  f"triggered only (not driven): {', '.join(f'`{p}`' for p in g['not_driven']) or 'none'}", ""]
     lines += ["| property | status | examples | seconds |", "|---|---|---:|---:|"]
     lines += [f"| {p['name']} | {p['status']} | {p['examples']} | {p['seconds']:.1f} |" for p in s["properties"]]
     if s["replays"]:

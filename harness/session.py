@@ -60,6 +60,8 @@ class RunOutcome:
     replay_seconds: float = 0.0
     search_seconds: float = 0.0
     seconds: float = 0.0
+    #: the gate's changed/triggered/exercised/not-driven files (harness.surface.gate_coverage); None for run
+    gate: dict | None = None
 
     @property
     def failed(self) -> bool:

@@ -17,6 +17,14 @@ import torch
 from harness.config import Batch, Config
 from harness.trees import tree_tensors
 
+#: The SGLang code this module drives, for ``vmfuzz surface`` and the gate's
+#: summary: (sglang-relative file, function, properties that run through it).
+SURFACE = (
+    ("srt/speculative/eagle_worker_common.py", "build_eagle_verify_input",
+     ("no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse")),
+    ("srt/speculative/eagle_worker_v2.py", "EAGLEWorkerV2._build_trivial_verify_input", ("trivial-path",)),
+)
+
 
 def stand_ins(sg, mask, config: Config, batch: Batch, dev):
     """(batch, target worker, bonus tokens): only what SGLang's call sites read."""

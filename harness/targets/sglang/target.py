@@ -26,6 +26,15 @@ from harness.targets.sglang.binding import bound as _bound
 from harness.targets.sglang import call_sites, writers
 from harness.targets.sglang.loader import Sglang, sg_version
 
+#: Every property allocates through ``allocate`` (SGLang's allocator and its
+#: sizing helper) and asks ``fits``, directly (capacity-*) or through the call site.
+_ALLOCATING = ("no-oob-write", "fallback-equivalence", "reference-agreement", "capacity-soundness",
+               "capacity-liveness", "multi-step-reuse", "trivial-path")
+
+#: The SGLang code this module drives (see ``harness.surface``).
+SURFACE = tuple(("srt/layers/attention/verify_mask.py", function, _ALLOCATING)
+                for function in ("maybe_create_verify_mask", "tree_mask_numel", "VerifyMask.fits"))
+
 
 class SglangTarget:
     name = "sglang"

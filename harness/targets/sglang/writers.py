@@ -12,6 +12,15 @@ from harness.kernel_call import KernelCall, guarded_write
 from harness.layouts import TreeMaskMode
 from harness.targets.sglang.loader import KERNEL_ARGS
 
+#: The SGLang code this module drives (see ``harness.surface``): the wrapper
+#: that fills a reused buffer or allocates per batch, and the Triton tree kernel
+#: behind its kernel entry. The JIT CUDA kernel runs instead only with
+#: VMFUZZ_SGLANG_KERNEL=jit on a GPU, so it is not declared here.
+SURFACE = tuple(
+    (file, function, ("no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse"))
+    for file, function in (("srt/speculative/eagle_utils.py", "build_tree_kernel_efficient"),
+                           ("kernels/ops/speculative/spec_tree.py", "sgl_build_tree_kernel_triton")))
+
 
 def tree_kernel_patches(sg, kernel, heap) -> list[tuple]:
     """(owner, attr, value) binding SGLang's kernel entry to ``kernel`` behind the guard."""
