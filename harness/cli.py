@@ -265,7 +265,6 @@ def cmd_gate(args) -> int:
             changed, checkout = None, None
     except ChangeError as exc:
         raise UsageError(f"vmfuzz gate: {exc}") from None
-    coverage = None
     if changed is not None:
         hits = touches_verify_mask(changed, checkout)
         if not hits:
@@ -273,13 +272,13 @@ def cmd_gate(args) -> int:
             return EXIT_OK
         print(f"vmfuzz gate: {len(hits)} changed file(s) touch verify-mask code: {', '.join(hits[:5])}"
               + (" ..." if len(hits) > 5 else ""))
-
-        def coverage(outcome):
-            from harness.surface import gate_coverage
-            return gate_coverage(args.target, target, changed, hits, outcome.results)
     args.properties, args.seed, args.max_examples, args.time_budget, args.deployment = None, None, None, None, None
     plan, target = plan_run(args, command="gate", profile_name="pr")
-    return execute_and_report(plan, target, coverage)
+
+    def coverage(outcome):
+        from harness.surface import gate_coverage
+        return gate_coverage(args.target, target, changed, hits, outcome.results)
+    return execute_and_report(plan, target, coverage if changed is not None else None)
 
 
 def cmd_surface(args) -> int:
