@@ -1,0 +1,348 @@
+"""The gate's trigger read from the code under test, ``vmfuzz surface``, and the gate's coverage summary.
+
+Most of these need no SGLang import: the trigger and the surface collector read
+files, and a gate run on the reference target costs seconds. One test runs
+``vmfuzz surface --target sglang`` on an altered copy of the installed package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import pytest
+
+from harness.campaign import PropertyResult
+from harness.gate import Checkout, installed_sglang, triggers, touches_verify_mask
+from harness.surface import Entry, declared, gate_coverage, grep_package, sglang_rows
+from tests.helpers import ROOT, vmfuzz
+from tests.sglang_copies import altered_copy
+
+REQUIRE = os.environ.get("VMFUZZ_REQUIRE_SGLANG") == "1"
+REGEX = ("verify_mask|VerifyMask|tree_mask_numel|build_tree_kernel_efficient|build_chain_tree|TreeMaskMode|"
+         "tree_mask_buf|pack_verify_mask")
+
+
+@pytest.fixture(scope="module")
+def package() -> Path:
+    """The installed SGLang's folder, found without importing it."""
+    pkg = installed_sglang()
+    if pkg is None:
+        if REQUIRE:
+            pytest.fail("VMFUZZ_REQUIRE_SGLANG=1 but no sglang package is installed")
+        pytest.skip("no sglang package installed")
+    return pkg
+
+
+def _grep(pkg: Path) -> list[str]:
+    """The acceptance grep of issue 8, run as a person would run it."""
+    out = subprocess.run(f"grep -rlE '{REGEX}' --include=*.py --include=*.cuh --include=*.cu . | grep -v test",
+                         shell=True, cwd=pkg, capture_output=True, text=True).stdout
+    return sorted(line.removeprefix("./") for line in out.splitlines() if line.strip())
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
+                          env=env).stdout.strip()
+
+
+def _repo(tmp_path: Path, files: dict[str, str]) -> tuple[Path, str]:
+    """A git checkout holding ``files`` at its first commit; returns (root, that commit)."""
+    repo = tmp_path / "checkout"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    for rel, text in files.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "base")
+    return repo, _git(repo, "rev-parse", "HEAD")
+
+
+def _commit(repo: Path, msg: str = "change") -> None:
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", msg)
+
+
+# -- the trigger ------------------------------------------------------------------
+
+def test_every_file_of_the_installed_sglang_naming_mask_code_triggers(package, tmp_path):
+    grep = _grep(package)
+    assert grep_package(package) == grep  # the harness's grep is the acceptance grep
+    try:
+        if version("sglang") == "0.5.23":
+            assert len(grep) == 29
+    except PackageNotFoundError:
+        pass
+    changed = [f"python/sglang/{rel}" for rel in grep]
+    # No checkout holds them (an empty folder): the installed package's text decides.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    hit = touches_verify_mask(changed, Checkout(root=empty))
+    assert hit == changed, sorted(set(changed) - set(hit))
+    # The static list alone misses most of them: the text rule is what covers the surface.
+    by_pattern = touches_verify_mask(changed, Checkout(root=empty), package=None)
+    assert len(by_pattern) < len(changed)
+    assert "python/sglang/srt/layers/attention/hybrid_attn_backend.py" not in by_pattern
+    # A file that names no mask code, and documentation, do not trigger.
+    assert touches_verify_mask(["python/sglang/srt/layers/quantization/fp8.py", "docs/verify_mask.md"],
+                               Checkout(root=empty)) == []
+
+
+def test_a_new_file_naming_verify_mask_triggers_without_editing_the_list(tmp_path):
+    repo, base = _repo(tmp_path, {"python/sglang/srt/layers/attention/old.py": "x = 1\n"})
+    new = "python/sglang/srt/layers/attention/new_router.py"
+    (repo / new).write_text("class Router:\n    def verify_mask(self):\n        return self.child.verify_mask\n")
+    (repo / "python/sglang/srt/layers/attention/plain.py").write_text("y = 2\n")
+    _commit(repo)
+    [t] = triggers([new, "python/sglang/srt/layers/attention/plain.py"], Checkout(root=repo), package=None)
+    assert t.path == new and t.why == "names verify-mask code"
+    # end to end through the CLI, from git, on the cheap target
+    r = vmfuzz("gate", "--base", base, "--repo", str(repo), "--report-dir", str(tmp_path / "rep"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"1 changed file(s) touch verify-mask code: {new}" in r.stdout
+    # the same checkout through --changed-files and --repo
+    listed = tmp_path / "changed.txt"
+    listed.write_text(f"{new}\n")
+    r = vmfuzz("gate", "--changed-files", str(listed), "--repo", str(repo), "--report-dir", str(tmp_path / "r2"))
+    assert r.returncode == 0 and "1 changed file(s) touch verify-mask code" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_file_that_loses_or_is_deleted_with_its_mask_code_triggers(tmp_path):
+    holder, dropper = "python/sglang/srt/foo/holder.py", "python/sglang/srt/foo/dropper.py"
+    plain = "python/sglang/srt/foo/plain.py"
+    repo, base = _repo(tmp_path, {holder: "def f(tree_mask_buf):\n    pass\n",
+                                  dropper: "if verify_mask.fits(bs):\n    pass\n", plain: "z = 3\n"})
+    (repo / holder).unlink()
+    (repo / plain).unlink()
+    # a bad PR that drops the capacity check: the file no longer names the mask
+    (repo / dropper).write_text("if True:\n    pass\n")
+    _commit(repo)
+    from harness.gate import changed_since
+    changed, checkout = changed_since(base, repo)
+    assert sorted(changed) == sorted([holder, dropper, plain])
+    why = {t.path: t.why for t in triggers(changed, checkout, package=None)}
+    assert set(why) == {holder, dropper}
+    assert all(w.startswith("named verify-mask code at") for w in why.values())
+    # A deleted file the pattern list names triggers by the list.
+    (repo / "python/sglang/srt/layers/attention").mkdir(parents=True)
+    (repo / "python/sglang/srt/layers/attention/verify_mask.py").write_text("")
+    _commit(repo, "add")
+    head = _git(repo, "rev-parse", "HEAD")
+    (repo / "python/sglang/srt/layers/attention/verify_mask.py").unlink()
+    _commit(repo, "delete")
+    changed, checkout = changed_since(head, repo)
+    assert [t.why for t in triggers(changed, checkout, package=None)] == ["pattern"]
+
+
+def test_documentation_only_change_skips_without_importing_sglang(tmp_path):
+    listed = tmp_path / "changed.txt"
+    listed.write_text("docs/advanced_features/speculative_decoding.md\nREADME.md\n"
+                      "python/sglang/srt/layers/quantization/fp8.py\n")
+    code = ("import sys; from harness.cli import main; rc = main(['gate', '--changed-files', sys.argv[1]]); "
+            "print('sglang imported' if 'sglang' in sys.modules else 'sglang not imported'); sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code, str(listed)], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "skipped: none of the 3 changed file(s)" in r.stdout and "sglang not imported" in r.stdout
+
+
+@pytest.mark.parametrize("rev", ["--output=/tmp/vmfuzz-pwned", "-h", "HEAD\n--output=x", "no-such-rev"])
+def test_a_hostile_base_is_one_line_exit_2_and_never_an_option(tmp_path, rev):
+    repo, _ = _repo(tmp_path, {"a.py": "x = 1\n"})
+    r = vmfuzz("gate", "--base", rev, "--repo", str(repo))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and not Path("/tmp/vmfuzz-pwned").exists()
+
+
+def test_hostile_paths_are_not_read_outside_the_checkout(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.py").write_text("VerifyMask\n")
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "link.py").symlink_to(outside / "secret.py")
+    os.mkfifo(root / "fifo.py")  # opened for reading, it would block a naive reader forever
+    (root / "big.py").write_bytes(b"\0\xff" * (5 << 20) + b"VerifyMask")  # binary, past a 8 MiB cap
+    paths = ["../outside/secret.py", str(outside / "secret.py"), "link.py", "fifo.py", "big.py",
+             "nul\0.py", "python/sglang/../../outside/secret.py"]
+    assert touches_verify_mask(paths, Checkout(root=root), package=None) == []
+    (root / "small.py").write_bytes(b"\0\xff" * 100 + b"tree_mask_numel")
+    assert touches_verify_mask(["small.py"], Checkout(root=root), package=None) == ["small.py"]
+
+
+# -- the surface collector --------------------------------------------------------
+
+def test_declared_parts_cover_the_existing_drivers_and_name_only_registered_properties():
+    from harness.properties import PROPERTIES
+    entries = declared()
+    where = {(e.file, e.function) for e in entries}
+    assert {("srt/layers/attention/verify_mask.py", "maybe_create_verify_mask"),
+            ("srt/layers/attention/verify_mask.py", "tree_mask_numel"),
+            ("srt/layers/attention/verify_mask.py", "VerifyMask.fits"),
+            ("srt/speculative/eagle_utils.py", "build_tree_kernel_efficient"),
+            ("kernels/ops/speculative/spec_tree.py", "sgl_build_tree_kernel_triton"),
+            ("srt/speculative/eagle_worker_common.py", "build_eagle_verify_input"),
+            ("srt/speculative/eagle_worker_v2.py", "EAGLEWorkerV2._build_trivial_verify_input")} <= where
+    unknown = {(e.module, p) for e in entries for p in e.properties if p not in PROPERTIES}
+    assert not unknown, unknown
+
+
+def test_a_new_module_declaring_surface_is_collected_without_editing_the_collector(tmp_path, monkeypatch):
+    pkg = tmp_path / "fakedrivers"
+    (pkg / "nested").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "quiet.py").write_text("X = 1\n")
+    (pkg / "readers.py").write_text('SURFACE = (("srt/a.py", "read", ("no-oob-write",)),)\n')
+    (pkg / "nested" / "__init__.py").write_text("")
+    (pkg / "nested" / "routers.py").write_text('SURFACE = (("srt/b.py", "Router.route", ()),)\n')
+    (pkg / "broken.py").write_text('SURFACE = (("python/sglang/srt/c.py", "f", ("x",)),)\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match="broken.SURFACE: bad entry"):
+        declared("fakedrivers")
+    (pkg / "broken.py").unlink()
+    got = {(e.module, e.file, e.function) for e in declared("fakedrivers")}
+    assert got == {("fakedrivers.readers", "srt/a.py", "read"),
+                   ("fakedrivers.nested.routers", "srt/b.py", "Router.route")}
+
+
+def test_rows_say_driven_only_when_the_property_runs_and_the_code_is_there(tmp_path, monkeypatch):
+    from harness.properties import PROPERTIES, Property
+    from harness.targets.reference import ReferenceTarget
+    pkg = tmp_path / "sglang"
+    for rel, text in {"srt/a.py": "def read(VerifyMask):\n    pass\n", "srt/undeclared.py": "tree_mask_buf = 1\n",
+                      "kernels/jit/k.cuh": "TreeMaskMode m;\n", "srt/test_a.py": "VerifyMask\n",
+                      "srt/plain.py": "x = 1\n"}.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    needy = Property("reader-agreement-x", PROPERTIES["no-oob-write"].check, "test", needs=("read_mask",))
+    monkeypatch.setitem(PROPERTIES, needy.name, needy)
+    entries = [Entry("srt/a.py", "read", ("no-oob-write", "no-such-property"), "m"),
+               Entry("srt/a.py", "vanished", ("no-oob-write",), "m"),
+               Entry("srt/a.py", "read", ("reader-agreement-x",), "m"),
+               Entry("srt/gone.py", "f", ("no-oob-write",), "m")]
+    rows = sglang_rows(ReferenceTarget(), pkg, entries)
+    got = {(r.file, r.function, r.driven_by, r.why) for r in rows}
+    assert ("srt/a.py", "read", ("no-oob-write",), "") in got
+    assert ("srt/a.py", "vanished", (), "vanished not found in this SGLang's srt/a.py") in got
+    assert ("srt/a.py", "read", (), "reader-agreement-x needs read_mask, which reference lacks") in got
+    assert ("srt/gone.py", "f", (), "not in this SGLang") in got
+    assert ("srt/undeclared.py", "", (), "no driver yet") in got
+    assert ("kernels/jit/k.cuh", "", (), "JIT CUDA kernel: GPU only (scripts/gpu_check.sh)") in got
+    assert not {r.file for r in rows} & {"srt/test_a.py", "srt/plain.py"}
+
+
+# -- the gate's coverage summary ----------------------------------------------------
+
+def test_coverage_counts_a_file_exercised_only_when_a_property_through_it_ran():
+    from harness.targets.sglang.target import SglangTarget  # its seams, without importing SGLang
+    changed = ["python/sglang/srt/speculative/eagle_utils.py", "python/sglang/srt/layers/attention/verify_mask.py",
+               "python/sglang/srt/layers/attention/tbo_backend.py", "harness/x.py", "docs/a.md"]
+    triggered = changed[:4]
+    only_capacity = [PropertyResult("capacity-soundness", examples=9), PropertyResult("no-oob-write", skipped=True)]
+    g = gate_coverage("sglang", SglangTarget, changed, triggered, only_capacity)
+    assert g["exercised"] == ["python/sglang/srt/layers/attention/verify_mask.py"]
+    assert g["not_driven"] == [changed[0], changed[2], changed[3]]
+    assert g["why_not_driven"][changed[0]].startswith("its properties did not run")
+    assert g["why_not_driven"][changed[3]] == "not an SGLang file"
+    ran = [PropertyResult("no-oob-write", examples=5)]
+    assert gate_coverage("sglang+pr33127", SglangTarget, changed, triggered, ran)["exercised"] == changed[:2]
+    # a property reported not driven ran nothing, whatever it counted
+    undriven = [PropertyResult("no-oob-write", examples=5, not_driven="needs x")]
+    assert gate_coverage("sglang", SglangTarget, changed, triggered, undriven)["exercised"] == []
+
+
+def test_gate_summary_lists_exercised_apart_from_triggered(tmp_path):
+    listed = tmp_path / "changed.txt"
+    listed.write_text("python/sglang/srt/layers/attention/verify_mask.py\n"
+                      "python/sglang/srt/layers/attention/hybrid_attn_backend.py\ndocs/x.md\n")
+    rep = tmp_path / "rep"
+    r = vmfuzz("gate", "--changed-files", str(listed), "--report-dir", str(rep))
+    assert r.returncode == 0, r.stdout + r.stderr
+    g = json.loads((rep / "summary.json").read_text())["gate"]
+    assert g["changed"] == listed.read_text().split()
+    assert g["triggered"] == (g["changed"][:2] if installed_sglang() else g["changed"][:1])
+    # the reference target runs its own model: it exercises no SGLang file, and says so
+    assert g["exercised"] == [] and g["not_driven"] == g["triggered"]
+    assert "runs its own model" in g["why_not_driven"][g["triggered"][0]]
+    assert f"gate: {len(g['triggered'])} changed file(s) touch verify-mask code; exercised: none; " \
+           f"triggered only (not driven): {', '.join(g['triggered'])}" in r.stdout
+    assert "triggered only (not driven)" in (rep / "summary.md").read_text()
+    # a run (not a gate) has no gate object
+    run = vmfuzz("run", "--max-examples", "2", "--property", "capacity-liveness", "--report-dir", str(tmp_path / "run"))
+    assert run.returncode == 0 and json.loads((tmp_path / "run" / "summary.json").read_text())["gate"] is None
+
+
+# -- vmfuzz surface ----------------------------------------------------------------
+
+def test_surface_of_the_reference_target_says_it_runs_no_sglang_code():
+    r = vmfuzz("surface", "--target", "reference", "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["runs_sglang"] is False and all(row["driven"] for row in rep["rows"]) and len(rep["rows"]) >= 7
+    text = vmfuzz("surface", "--target", "reference").stdout
+    assert "runs no SGLang code" in text
+
+
+def test_surface_of_an_unavailable_target_is_one_line_exit_2():
+    r = vmfuzz("surface", "--target", "nosuch")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_surface_on_sglang_lists_the_driven_parts_and_a_new_file_as_not_driven(package, tmp_path):
+    site = altered_copy(tmp_path, [(["srt/layers/attention/verify_mask.py"], r"\Z", "\n# altered copy\n")],
+                        "new router")
+    (site / "sglang/srt/layers/attention/new_router.py").write_text(
+        "class NewRouter:\n    @property\n    def verify_mask(self):\n        return self.child.verify_mask\n")
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "surface", "--target", "sglang", "--json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"})
+    if r.returncode == 2 and not REQUIRE:
+        pytest.skip(f"sglang target unavailable: {r.stderr.strip()}")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert Path(rep["package"]) == site / "sglang"  # the copy, not the installed package
+    rows = {(row["file"], row["function"]): row for row in rep["rows"]}
+    for key in (("srt/layers/attention/verify_mask.py", "VerifyMask.fits"),
+                ("srt/layers/attention/verify_mask.py", "maybe_create_verify_mask"),
+                ("srt/speculative/eagle_utils.py", "build_tree_kernel_efficient"),
+                ("srt/speculative/eagle_worker_common.py", "build_eagle_verify_input"),
+                ("srt/speculative/eagle_worker_v2.py", "EAGLEWorkerV2._build_trivial_verify_input")):
+        assert rows[key]["driven"], rows[key]
+    new = rows[("srt/layers/attention/new_router.py", None)]
+    assert not new["driven"] and new["why"] == "no driver yet"
+    assert rep["files"]["names_mask_code"] == len(_grep(package)) + 1
+    listed = {row["file"] for row in rep["rows"]}
+    assert set(_grep(package)) <= listed
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_the_gate_reads_git_paths_with_odd_names_safely(tmp_path):
+    odd = "python/sglang/srt/we ird\n-name.py"
+    repo, base = _repo(tmp_path, {"a.txt": "x\n"})
+    (repo / "python/sglang/srt").mkdir(parents=True)
+    (repo / odd).write_text("TreeMaskMode\n")
+    _commit(repo)
+    from harness.gate import changed_since
+    changed, checkout = changed_since(base, repo)
+    assert changed == [odd] and touches_verify_mask(changed, checkout, package=None) == [odd]
+
+
+def test_sglang_free_helpers_stay_sglang_free():
+    # The gate's skip path must not pay SGLang's import: harness.gate imports neither.
+    code = textwrap.dedent("""
+        import sys
+        import harness.gate, harness.surface
+        print(sorted(m for m in ('sglang', 'torch') if m in sys.modules))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.stdout.strip() == "[]", r.stdout + r.stderr
