@@ -255,7 +255,8 @@ def cmd_replay(args) -> int:
 def cmd_gate(args) -> int:
     # Nothing here imports SGLang before the change is known to touch the mask:
     # a docs-only change is a skip that costs seconds.
-    from harness.gate import ChangeError, changed_from_file, changed_since, checkout_at, touches_verify_mask
+    from harness.gate import (ChangeError, changed_from_file, changed_since, checkout_at, shown,
+                              touches_verify_mask)
     try:
         if args.changed_files:
             changed, checkout = changed_from_file(args.changed_files), checkout_at(args.repo)
@@ -270,7 +271,7 @@ def cmd_gate(args) -> int:
         if not hits:
             print(f"vmfuzz gate: skipped: none of the {len(changed)} changed file(s) touches verify-mask code")
             return EXIT_OK
-        print(f"vmfuzz gate: {len(hits)} changed file(s) touch verify-mask code: {', '.join(hits[:5])}"
+        print(f"vmfuzz gate: {len(hits)} changed file(s) touch verify-mask code: {', '.join(map(shown, hits[:5]))}"
               + (" ..." if len(hits) > 5 else ""))
     args.properties, args.seed, args.max_examples, args.time_budget, args.deployment = None, None, None, None, None
     plan, target = plan_run(args, command="gate", profile_name="pr")

@@ -243,12 +243,27 @@ def touches_verify_mask(paths: list[str], checkout: Checkout | None = None, pack
 
 # -- listing the change ---------------------------------------------------------
 
+#: Bytes of a --changed-files list; a real PR's list is kilobytes.
+LIST_CAP = 16 << 20
+
+
 def changed_from_file(path: str) -> list[str]:
     try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        with open(path, "rb") as f:  # a pipe (/dev/stdin) is fine; the cap keeps /dev/zero finite
+            data = f.read(LIST_CAP + 1)
+    except (OSError, ValueError) as exc:
         raise ChangeError(f"cannot read --changed-files {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if len(data) > LIST_CAP:
+        raise ChangeError(f"--changed-files {path}: longer than {LIST_CAP >> 20} MiB")
+    # Names as the filesystem spells them (undecodable bytes kept), so they can be read back.
+    text = os.fsdecode(data)
     return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def shown(path: str) -> str:
+    """A path fit for one line of output: undecodable bytes and control characters escaped."""
+    text = path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
 
 
 def checkout_at(repo: str | Path) -> Checkout:

@@ -99,10 +99,9 @@ def summary_md(s: dict) -> str:
         lines += [f"Deployment {d['label']}: **{'can' if d['can_write_out_of_range'] else 'cannot'} "
                   f"write out of range** ({d['why']})", ""]
     if s.get("gate"):
-        g = s["gate"]
-        lines += [f"Gate: {len(g['triggered'])} of {len(g['changed'])} changed file(s) touch verify-mask code; "
-                  f"exercised: {', '.join(f'`{p}`' for p in g['exercised']) or 'none'}; "
-                  f"triggered only (not driven): {', '.join(f'`{p}`' for p in g['not_driven']) or 'none'}", ""]
+        from harness.surface import gate_line
+        line = gate_line(s["gate"], quote="`")
+        lines += [f"G{line[1:]} (of {len(s['gate']['changed'])} changed)", ""]
     lines += ["| property | status | examples | seconds |", "|---|---|---:|---:|"]
     lines += [f"| {p['name']} | {p['status']} | {p['examples']} | {p['seconds']:.1f} |" for p in s["properties"]]
     if s["replays"]:

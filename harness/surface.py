@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.gate import READ_CAP, path_names_mask_code, sglang_relative
+from harness.gate import READ_CAP, path_names_mask_code, sglang_relative, shown
 
 #: The package whose modules declare SGLang's driven parts.
 DECLARING_PACKAGE = "harness.targets.sglang"
@@ -282,8 +282,9 @@ def gate_coverage(spec: str, target, changed: list[str], triggered: list[str], r
             "not_driven": not_driven, "why_not_driven": why}
 
 
-def gate_line(gate: dict) -> str:
-    n = len(gate["triggered"])
-    return (f"gate: {n} changed file(s) touch verify-mask code; "
-            f"exercised: {', '.join(gate['exercised']) or 'none'}; "
-            f"triggered only (not driven): {', '.join(gate['not_driven']) or 'none'}")
+def gate_line(gate: dict, quote: str = "") -> str:
+    """One line (summary.md passes a backtick ``quote``); paths escaped by ``harness.gate.shown``."""
+    def names(paths):
+        return ", ".join(f"{quote}{shown(p)}{quote}" for p in paths) or "none"
+    return (f"gate: {len(gate['triggered'])} changed file(s) touch verify-mask code; "
+            f"exercised: {names(gate['exercised'])}; triggered only (not driven): {names(gate['not_driven'])}")

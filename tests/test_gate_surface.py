@@ -334,6 +334,23 @@ def test_the_gate_reads_git_paths_with_odd_names_safely(tmp_path):
     from harness.gate import changed_since
     changed, checkout = changed_since(base, repo)
     assert changed == [odd] and touches_verify_mask(changed, checkout, package=None) == [odd]
+    r = vmfuzz("gate", "--base", base, "--repo", str(repo), "--report-dir", str(tmp_path / "rep"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = "vmfuzz gate: 1 changed file(s) touch verify-mask code: python/sglang/srt/we ird\\n-name.py"
+    assert line in r.stdout.splitlines()
+    g = json.loads((tmp_path / "rep" / "summary.json").read_text())["gate"]
+    assert g["triggered"] == [odd]  # the record keeps the name as git spells it
+
+
+def test_a_changed_files_list_is_capped_and_keeps_undecodable_names(tmp_path):
+    from harness.gate import ChangeError, LIST_CAP, changed_from_file, shown
+    listed = tmp_path / "changed.txt"
+    listed.write_bytes(b"# comment\npython/sglang/srt/caf\xe9.py\n\n")
+    [name] = changed_from_file(str(listed))
+    assert os.fsencode(name) == b"python/sglang/srt/caf\xe9.py" and shown(name) == "python/sglang/srt/caf\ufffd.py"
+    listed.write_bytes(b"a.py\n" * (LIST_CAP // 5 + 1))
+    with pytest.raises(ChangeError, match="longer than"):
+        changed_from_file(str(listed))
 
 
 def test_sglang_free_helpers_stay_sglang_free():
