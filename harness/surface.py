@@ -246,22 +246,23 @@ def render(rep: dict) -> str:
 
 # -- what a gate run exercised --------------------------------------------------
 
-def exercised_files(spec: str, target, results) -> dict[str, tuple[str, ...]]:
-    """sglang-relative file -> the properties that ran through it in ``results``."""
+def exercised_files(spec: str, target, results, package: Path | None = None) -> dict[str, tuple[str, ...]]:
+    """sglang-relative file -> the properties that ran through it in ``results``, per the
+    surface rows of ``package`` (default: the SGLang the target loaded)."""
     if not runs_sglang(spec):
         return {}
     ran = {r.prop for r in results if not r.not_driven and (r.examples > 0 or r.findings)}
     out: dict[str, set[str]] = {}
-    for e in declared():
-        ok, _ = driving(target, e.properties)
-        if hits := [p for p in ok if p in ran]:
-            out.setdefault(e.file, set()).update(hits)
+    for row in sglang_rows(target, package or loaded_package()):
+        if hits := ran.intersection(row.driven_by):
+            out.setdefault(row.file, set()).update(hits)
     return {f: tuple(sorted(p)) for f, p in out.items()}
 
 
-def gate_coverage(spec: str, target, changed: list[str], triggered: list[str], results) -> dict:
+def gate_coverage(spec: str, target, changed: list[str], triggered: list[str], results,
+                  package: Path | None = None) -> dict:
     """The gate object of summary.json: which triggered files a property actually ran through."""
-    runs = exercised_files(spec, target, results)
+    runs = exercised_files(spec, target, results, package)
     declared_files = {e.file for e in declared()} if runs_sglang(spec) else set()
     exercised, not_driven, why = [], [], {}
     for path in triggered:
@@ -275,7 +276,7 @@ def gate_coverage(spec: str, target, changed: list[str], triggered: list[str], r
         elif rel is None:
             why[path] = "not an SGLang file"
         elif rel in declared_files:
-            why[path] = "its properties did not run (budget spent or not driven on this target)"
+            why[path] = "its properties did not run (budget spent, not driven on this target, or code not found)"
         else:
             why[path] = known_reason(rel)
     return {"changed": list(changed), "triggered": list(triggered), "exercised": exercised,

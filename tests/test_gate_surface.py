@@ -242,22 +242,26 @@ def test_rows_say_driven_only_when_the_property_runs_and_the_code_is_there(tmp_p
 
 # -- the gate's coverage summary ----------------------------------------------------
 
-def test_coverage_counts_a_file_exercised_only_when_a_property_through_it_ran():
+def test_coverage_counts_a_file_exercised_only_when_a_property_through_it_ran(package, tmp_path):
     from harness.targets.sglang.target import SglangTarget  # its seams, without importing SGLang
     changed = ["python/sglang/srt/speculative/eagle_utils.py", "python/sglang/srt/layers/attention/verify_mask.py",
                "python/sglang/srt/layers/attention/tbo_backend.py", "harness/x.py", "docs/a.md"]
     triggered = changed[:4]
     only_capacity = [PropertyResult("capacity-soundness", examples=9), PropertyResult("no-oob-write", skipped=True)]
-    g = gate_coverage("sglang", SglangTarget, changed, triggered, only_capacity)
+    g = gate_coverage("sglang", SglangTarget, changed, triggered, only_capacity, package)
     assert g["exercised"] == ["python/sglang/srt/layers/attention/verify_mask.py"]
     assert g["not_driven"] == [changed[0], changed[2], changed[3]]
     assert g["why_not_driven"][changed[0]].startswith("its properties did not run")
     assert g["why_not_driven"][changed[3]] == "not an SGLang file"
     ran = [PropertyResult("no-oob-write", examples=5)]
-    assert gate_coverage("sglang+pr33127", SglangTarget, changed, triggered, ran)["exercised"] == changed[:2]
+    assert gate_coverage("sglang+pr33127", SglangTarget, changed, triggered, ran, package)["exercised"] == changed[:2]
+    # a copy whose wrapper is gone: the declaration alone does not make eagle_utils.py exercised
+    site = altered_copy(tmp_path, [(["srt/speculative/eagle_utils.py"], r"build_tree_kernel_efficient\b",
+                                    "build_tree_kernel_renamed")], "renamed wrapper")
+    assert gate_coverage("sglang", SglangTarget, changed, triggered, ran, site / "sglang")["exercised"] == [changed[1]]
     # a property reported not driven ran nothing, whatever it counted
     undriven = [PropertyResult("no-oob-write", examples=5, not_driven="needs x")]
-    assert gate_coverage("sglang", SglangTarget, changed, triggered, undriven)["exercised"] == []
+    assert gate_coverage("sglang", SglangTarget, changed, triggered, undriven, package)["exercised"] == []
 
 
 def test_gate_summary_lists_exercised_apart_from_triggered(tmp_path):
