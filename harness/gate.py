@@ -151,7 +151,7 @@ def _git(root: Path | str, *args: str) -> str:
         raise ChangeError(f"git {args[0]} failed: {exc}") from None
     except subprocess.CalledProcessError as exc:
         msg = exc.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise ChangeError(f"git {args[0]} failed: {msg[0] if msg else exc}") from None
+        raise ChangeError(f"git {args[0]} failed: {shown(msg[0]) if msg else exc}") from None
     return os.fsdecode(out.stdout)
 
 
@@ -252,9 +252,10 @@ def changed_from_file(path: str) -> list[str]:
         with open(path, "rb") as f:  # a pipe (/dev/stdin) is fine; the cap keeps /dev/zero finite
             data = f.read(LIST_CAP + 1)
     except (OSError, ValueError) as exc:
-        raise ChangeError(f"cannot read --changed-files {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        raise ChangeError(f"cannot read --changed-files {shown(str(path))}: "
+                          f"{getattr(exc, 'strerror', None) or exc}") from None
     if len(data) > LIST_CAP:
-        raise ChangeError(f"--changed-files {path}: longer than {LIST_CAP >> 20} MiB")
+        raise ChangeError(f"--changed-files {shown(str(path))}: longer than {LIST_CAP >> 20} MiB")
     # Names as the filesystem spells them (undecodable bytes kept), so they can be read back.
     text = os.fsdecode(data)
     return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
@@ -270,7 +271,7 @@ def checkout_at(repo: str | Path) -> Checkout:
     """The checkout for ``--changed-files``: the folder the paths are relative to."""
     root = Path(repo)
     if not root.is_dir():
-        raise ChangeError(f"--repo {repo}: not a directory")
+        raise ChangeError(f"--repo {shown(str(repo))}: not a directory")
     return Checkout(root=root)
 
 
@@ -279,9 +280,9 @@ def changed_since(rev: str, repo: str | Path = ".") -> tuple[list[str], Checkout
     try:
         commit = _git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}").strip()
     except ChangeError as exc:
-        raise ChangeError(f"--base {rev!r} is not a commit in {repo} ({exc})") from None
+        raise ChangeError(f"--base {rev!r} is not a commit in {shown(str(repo))} ({exc})") from None
     if not re.fullmatch(r"[0-9a-f]{40,64}", commit):
-        raise ChangeError(f"--base {rev!r} is not a commit in {repo}")
+        raise ChangeError(f"--base {rev!r} is not a commit in {shown(str(repo))}")
     top = Path(_git(repo, "rev-parse", "--show-toplevel").strip())
     base = _git(top, "merge-base", commit, "HEAD").strip()
     # --no-renames: a move lists the old path too, which is judged by its old text.

@@ -163,6 +163,15 @@ def test_a_hostile_base_is_one_line_exit_2_and_never_an_option(tmp_path, rev):
     assert "Traceback" not in r.stderr and not Path("/tmp/vmfuzz-pwned").exists()
 
 
+def test_a_hostile_repo_or_list_name_is_one_line_exit_2(tmp_path):
+    for argv in (["--base", "HEAD", "--repo", str(tmp_path / "no\nsuch")],
+                 ["--changed-files", str(tmp_path / "x"), "--repo", str(tmp_path / "no\nsuch")],
+                 ["--changed-files", str(tmp_path / "mis\nsing.txt")]):
+        (tmp_path / "x").write_text("a.py\n")
+        r = vmfuzz("gate", *argv)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, argv
+
+
 def test_hostile_paths_are_not_read_outside_the_checkout(tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
