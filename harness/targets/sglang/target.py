@@ -18,6 +18,7 @@ import torch
 
 import harness
 from harness.campaign import Bounds
+from harness.chain_call import ChainCall, ChainInputs, ChainOutput
 from harness.config import Batch, Config
 from harness.kernel_call import KernelCall
 from harness.outputs import StepOutput
@@ -25,6 +26,18 @@ from harness.shadow import ShadowHeap
 from harness.targets.sglang.binding import bound as _bound
 from harness.targets.sglang import call_sites, writers
 from harness.targets.sglang.loader import Sglang, sg_version
+
+#: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
+SURFACE = (
+    ("srt/layers/attention/verify_mask.py", "maybe_create_verify_mask",
+     ("no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse", "trivial-path",
+      "capacity-soundness", "capacity-liveness", "chain-writer")),
+    ("srt/layers/attention/verify_mask.py", "tree_mask_numel",
+     ("capacity-soundness", "no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse")),
+    ("srt/layers/attention/verify_mask.py", "VerifyMask.fits",
+     ("capacity-soundness", "capacity-liveness", "no-oob-write", "fallback-equivalence",
+      "reference-agreement", "multi-step-reuse", "trivial-path", "chain-writer")),
+)
 
 
 class SglangTarget:
@@ -42,6 +55,7 @@ class SglangTarget:
         self._draft_tokens: dict[int, int] = {}  # id(mask) -> d, for the pre-fix fits(bs, d)
         self._heap: ShadowHeap | None = None
         self._callsite_fill: bool | None = None
+        self._site = "eagle"  # the call site of the verify step under way, for site_fits
 
     # -- seams ---------------------------------------------------------------
     def numel(self, mode, bs: int, d: int, max_context_len: int) -> int:
@@ -66,6 +80,16 @@ class SglangTarget:
             self._sg.jit(*args)
         else:
             self._sg.triton(*args)
+
+    def site_fits(self, site: str, mask, bs: int) -> bool:
+        # What a call site's verify_mask.fits(bs) answers; a variant makes one site ask wrongly.
+        return self.fits(mask, bs)
+
+    def chain_kernel(self, call: ChainCall) -> None:
+        if call.launch is None:
+            raise RuntimeError("the sglang target relaunches SGLang's chain kernel as build_chain_tree "
+                               "launched it; this ChainCall did not come from that launch")
+        writers.relaunch_chain(self._sg, call)
 
     # -- composite -----------------------------------------------------------
     def allocate(self, config: Config, heap: ShadowHeap | None):
@@ -97,11 +121,25 @@ class SglangTarget:
     def verify(self, mask, config: Config, batch: Batch, heap: ShadowHeap) -> StepOutput:
         if mask is not None:
             self._draft_tokens[id(mask)] = config.d
-        with self._routed(heap, mask):
-            vi = call_sites.build_verify_input(self._sg, mask, config, batch, heap.device)
+        self._site = config.call_site
+        try:
+            with self._routed(heap, mask):
+                vi = call_sites.build_verify_input(self._sg, mask, config, batch, heap.device)
+        finally:
+            self._site = "eagle"
         reused = mask is not None and vi.custom_mask.data_ptr() == mask.buffer.data_ptr()
         return StepOutput(vi.custom_mask, vi.positions, vi.retrieve_index, vi.retrieve_next_token,
                           vi.retrieve_next_sibling, reused=reused)
+
+    def chain_write(self, inputs: ChainInputs, buffer, heap: ShadowHeap, *, with_mrope: bool = True):
+        """SGLang's ``build_chain_tree`` called directly, its launch guarded."""
+        if self._sg.build_chain_tree is None:
+            raise RuntimeError("this SGLang has no build_chain_tree")
+        with _bound(*writers.chain_kernel_patches(self._sg, self.chain_kernel, heap)):
+            outputs = self._sg.build_chain_tree(inputs.bonus_tokens, inputs.draft_tokens, inputs.seq_lens,
+                                                buffer, req_pool_indices=inputs.req_pool_indices,
+                                                req_to_token=inputs.req_to_token, with_mrope=with_mrope)
+        return ChainOutput.of(outputs, buffer)
 
     @contextlib.contextmanager
     def _routed(self, heap: ShadowHeap, mask):
@@ -111,7 +149,7 @@ class SglangTarget:
         wrapper = sg.wrapper_owner.build_tree_kernel_efficient
 
         def fits_router(vm, bs, *rest, **kw):
-            return target.fits(vm, bs)
+            return target.site_fits(target._site, vm, bs)
 
         def wrapper_router(*args, **kwargs):
             params = inspect.signature(wrapper).bind(*args, **kwargs)
@@ -127,7 +165,11 @@ class SglangTarget:
 
         patches = [(sg.VerifyMask, "fits", fits_router),
                    (sg.wrapper_owner, "build_tree_kernel_efficient", wrapper_router)]
+        if sg.wrapper_owner is not sg.eagle_utils:
+            # The pp rebuild imports the wrapper from eagle_utils at call time.
+            patches.append((sg.eagle_utils, "build_tree_kernel_efficient", wrapper_router))
         patches += writers.tree_kernel_patches(sg, target.kernel, heap)
+        patches += writers.chain_kernel_patches(sg, target.chain_kernel, heap)
         with _bound(*patches):
             yield
 
