@@ -17,13 +17,17 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis.errors import InvalidArgument
 
-from harness.config import Batch, Config, ConfigError
+from harness.campaign import Bounds, boundary_cases
+from harness.config import CALL_SITES, Batch, Config, ConfigError
 from harness.layouts import TreeMaskMode
 from harness.properties import PROPERTIES
 from harness.repro_file import ReproError, dump, from_case, load, to_case
 from harness.shadow import ShadowHeap
 from harness.targets import CATALOGUE, TargetUnavailable, resolve
+from strategies import chain_configs, configs, trivial_configs
 from tests.sglang_copies import altered_copy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,6 +94,39 @@ def test_chain_site_refuses_a_tree_the_chain_branch_would_misread(tmp_path):
     (tmp_path / "r.json").write_text(json.dumps(data))
     with pytest.raises(ReproError, match="chain topology"):
         to_case(load(tmp_path / "r.json"))
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: configs(call_sites=["scheduler"]), "pick from"),
+    (lambda: configs(call_sites="pp"), "sequence of names"),
+    (lambda: trivial_configs(call_sites=["chain"]), "one-node tree"),
+    (lambda: chain_configs(spec_steps=0), "spec_steps"),
+])
+def test_call_site_strategies_reject_bad_arguments(call, words):
+    with pytest.raises(InvalidArgument, match=words):
+        call()
+
+
+@settings(max_examples=200)
+@given(configs(max_bs=(1, 4), topk=(1, 2), spec_steps=(1, 3), num_draft_tokens=(2, 4)))
+def test_drawn_call_sites_are_valid(config):
+    config.validate()
+    assert config.call_site in CALL_SITES
+    assert config.call_site != "chain" or config.chain
+
+
+@given(chain_configs(max_bs=(1, 4), spec_steps=(1, 3)))
+def test_chain_configs_have_the_chain_writers_shape(config):
+    assert config.validate().chain
+
+
+def test_boundary_corpus_meets_every_call_site():
+    core = PROPERTIES["no-oob-write"]
+    sites = {(c.mode, c.call_site) for c, _ in boundary_cases(core, Bounds())}
+    assert sites == {(TreeMaskMode.FULL_MASK, "eagle"), (TreeMaskMode.FULL_MASK, "pp"),
+                     (TreeMaskMode.QLEN_ONLY, "eagle"), (TreeMaskMode.QLEN_ONLY, "pp"),
+                     (TreeMaskMode.QLEN_ONLY, "chain")}
+    assert all(c.chain for c, _ in boundary_cases(PROPERTIES["chain-writer"], Bounds()))
 
 
 # -- the installed SGLang ---------------------------------------------------------
