@@ -21,11 +21,11 @@ from harness.layouts import TreeMaskMode
 from harness.targets.sglang.loader import KERNEL_ARGS
 
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
+_TREE = ("no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse",
+         "trivial-path", "chain-writer")  # trivial-path: the pp rebuild's one-node tree
 SURFACE = (
-    ("srt/speculative/eagle_utils.py", "build_tree_kernel_efficient",
-     ("no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse", "chain-writer")),
-    ("kernels/ops/speculative/spec_tree.py", "sgl_build_tree_kernel_triton",
-     ("no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse", "chain-writer")),
+    ("srt/speculative/eagle_utils.py", "build_tree_kernel_efficient", _TREE),
+    ("kernels/ops/speculative/spec_tree.py", "sgl_build_tree_kernel_triton", _TREE),
     ("kernels/ops/speculative/eagle.py", "build_chain_tree",
      ("chain-writer", "no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse")),
 )
