@@ -9,6 +9,7 @@ a subprocess: each edit must be caught, the pristine copy must pass.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -130,6 +131,26 @@ def test_boundary_corpus_meets_every_call_site():
 
 
 # -- the installed SGLang ---------------------------------------------------------
+
+def test_a_call_site_sglang_lacks_is_never_drawn(sglang_target):
+    from types import SimpleNamespace
+
+    from harness.campaign import cases
+    from harness.targets.sglang.call_sites import available
+    assert sglang_target.call_sites == ("eagle", "chain", "pp")
+    no_chain = SimpleNamespace(build_chain_tree=None, call_site=SimpleNamespace())
+    assert available(no_chain) == ("eagle", "pp")
+    bounds = dataclasses.replace(sglang_target.bounds, call_sites=("eagle",))
+    drawn = set()
+
+    @settings(max_examples=40)
+    @given(cases(PROPERTIES["no-oob-write"], bounds))
+    def only_eagle(case):
+        drawn.add(case[0].call_site)
+    only_eagle()
+    assert drawn == {"eagle"}
+    assert {c.call_site for c, _ in boundary_cases(PROPERTIES["no-oob-write"], bounds)} == {"eagle"}
+
 
 def test_pp_rebuild_is_sglangs_and_decides_reuse(sglang_target):
     sg = sglang_target._sg

@@ -22,6 +22,8 @@ site takes the chain branch unasked, it has all it needs.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -55,6 +57,26 @@ class _SeenAsCuda(torch.Tensor):
     @property
     def is_cuda(self) -> bool:  # noqa: D401
         return True
+
+
+def available(sg) -> tuple[str, ...]:
+    """The call sites this SGLang has, found from its code, not its version.
+
+    The pp rebuild is looked for in the mixin's source text, so a run that never
+    draws it does not pay for importing the scheduler stack.
+    """
+    sites = ["eagle"]
+    if sg.build_chain_tree is not None and getattr(sg.call_site, "build_chain_tree", None) is not None:
+        sites.append("chain")
+    spec = importlib.util.find_spec("sglang.srt.managers.scheduler_pp_mixin")
+    try:
+        text = Path(spec.origin).read_text() if spec and spec.origin else ""
+    except OSError:
+        text = ""
+    if "def _pp_spec_rebuild_verify_input" in text and importlib.util.find_spec(
+            "sglang.srt.speculative.pp_spec_relay") is not None:
+        sites.append("pp")
+    return tuple(sites)
 
 
 def stand_ins(sg, mask, config: Config, batch: Batch, dev):

@@ -10,6 +10,7 @@ allocated -- is swapped for a redzoned stand-in.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import os
 
@@ -55,6 +56,9 @@ class SglangTarget:
         self._heap: ShadowHeap | None = None
         self._callsite_fill: bool | None = None
         self._site = "eagle"  # the call site of the verify step under way, for site_fits
+        # An SGLang without the chain branch or the pp rebuild gets cases through the others only.
+        self.call_sites = call_sites.available(sg)
+        self.bounds = dataclasses.replace(type(self).bounds, call_sites=self.call_sites)
 
     # -- seams ---------------------------------------------------------------
     def numel(self, mode, bs: int, d: int, max_context_len: int) -> int:
@@ -176,6 +180,7 @@ class SglangTarget:
         import triton
         return {"sglang": sg_version(), "triton": triton.__version__, "torch": torch.__version__,
                 "kernel": self.kernel_choice + (" (interpreter)" if os.environ.get("TRITON_INTERPRET") == "1" else ""),
+                "call sites": ", ".join(self.call_sites),
                 "vmfuzz": harness.__version__}
 
 
