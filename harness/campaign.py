@@ -19,12 +19,12 @@ from hypothesis import HealthCheck, Phase, event, example, given, seed as hseed,
 from hypothesis.database import ExampleDatabase
 from hypothesis import target as hypothesis_target
 
-from harness.config import Batch, Config
+from harness.config import CALL_SITES, Batch, Config
 from harness.isolation import TargetFault, TargetRaised
 from harness.layouts import TreeMaskMode
 from harness.properties import PROPERTIES, Property, PropertyFailure
 from harness.repro_file import dump, from_case
-from strategies import batches, configs, step_sequences, trivial_configs
+from strategies import batches, chain_configs, configs, step_sequences, trivial_configs
 
 
 @dataclass(frozen=True)
@@ -37,15 +37,22 @@ class Bounds:
     topk: int = 4
     spec_steps: int = 4
     overshoot: int = 8
+    #: the call sites cases are drawn through (a target without one of SGLang's narrows it)
+    call_sites: tuple[str, ...] = CALL_SITES
 
 
 def cases(prop: Property, bounds: Bounds) -> st.SearchStrategy[tuple[Config, list[Batch]]]:
     if prop.trivial:
-        cfgs = trivial_configs(max_bs=(1, bounds.max_bs), max_context_len=(1, bounds.max_context_len))
+        cfgs = trivial_configs(max_bs=(1, bounds.max_bs), max_context_len=(1, bounds.max_context_len),
+                               call_sites=[c for c in bounds.call_sites if c != "chain"] or ["eagle"])
+    elif prop.chain:
+        cfgs = chain_configs(max_bs=(1, bounds.max_bs), max_context_len=(1, bounds.max_context_len),
+                             spec_steps=(1, max(1, min(bounds.spec_steps, bounds.num_draft_tokens - 1))),
+                             call_sites=bounds.call_sites)
     else:
         cfgs = configs(max_bs=(1, bounds.max_bs), max_context_len=(1, bounds.max_context_len),
                        num_draft_tokens=(2, bounds.num_draft_tokens), topk=(1, bounds.topk),
-                       spec_steps=(1, bounds.spec_steps))
+                       spec_steps=(1, bounds.spec_steps), call_sites=bounds.call_sites)
 
     # One case strategy per config, built once: flatmap calls this for every example.
     @lru_cache(maxsize=8192)
@@ -73,12 +80,20 @@ def boundary_cases(prop: Property, bounds: Bounds) -> list[tuple[Config, list[Ba
     shape = (1, 1, 0) if prop.trivial else (2, 1, 1)
     out = []
     for mode in (TreeMaskMode.FULL_MASK, TreeMaskMode.QLEN_ONLY):
-        config = Config(mode, 1, c, *shape)
-        at, past = Batch((c,)), Batch((c, c))
-        if prop.steps:
-            out.append((config, [at, past]))  # a captured step leaves its cells, then an eager one
-        else:
-            out.extend([(config, [past]), (config, [at])])
+        if prop.chain and mode != TreeMaskMode.QLEN_ONLY:
+            continue
+        # Every call site meets the boundary: (2, 1, 1) in QLEN_ONLY is a chain,
+        # so the chain branch does too. The default call site keeps its place first.
+        for site in ("eagle", "pp", "chain"):
+            config = Config(mode, 1, c, *shape, True, site)
+            if (site == "chain" and not config.chain or site != "eagle" and prop.chain
+                    or site not in bounds.call_sites):
+                continue
+            at, past = Batch((c,)), Batch((c, c))
+            if prop.steps:
+                out.append((config, [at, past]))  # a captured step leaves its cells, then an eager one
+            else:
+                out.extend([(config, [past]), (config, [at])])
     return out
 
 

@@ -23,6 +23,21 @@ def num_candidates(topk: int, spec_steps: int) -> int:
     return topk + (spec_steps - 1) * topk * topk
 
 
+#: Where a verify step decides reuse or fallback (DESIGN.md section 1b):
+#: "eagle" -- ``build_eagle_verify_input`` when drafting, ``EAGLEWorkerV2._build_trivial_verify_input``
+#: when d = 1; "chain" -- ``build_eagle_verify_input`` on its ``build_chain_tree`` branch (what a
+#: CUDA host takes for topk-1 chains in QLEN_ONLY; presented as such on CPU); "pp" --
+#: ``Scheduler._pp_spec_rebuild_verify_input``, the pipeline-parallel rebuild. The first is the
+#: default, so a repro written before the others existed still names its call site.
+CALL_SITES = ("eagle", "chain", "pp")
+
+
+def is_chain_shape(mode, topk: int, spec_steps: int, num_draft_tokens: int) -> bool:
+    """The shape SGLang hands to ``build_chain_tree``: topk 1, every step kept, QLEN_ONLY."""
+    return (mode == TreeMaskMode.QLEN_ONLY and topk == 1 and spec_steps >= 1
+            and num_draft_tokens == spec_steps + 1)
+
+
 def parent_list_width(topk: int, spec_steps: int) -> int:
     """Columns of ``parent_list``: the root marker, then the kept nodes of each step but the last."""
     if spec_steps <= 1:
@@ -38,6 +53,7 @@ class Config(msgspec.Struct, frozen=True):
     topk: int
     spec_steps: int
     is_read: bool = True
+    call_site: str = "eagle"
 
     @property
     def d(self) -> int:
@@ -47,6 +63,11 @@ class Config(msgspec.Struct, frozen=True):
     def trivial(self) -> bool:
         """d = 1: no drafting, the verify input is the bonus token alone."""
         return self.num_draft_tokens == 1
+
+    @property
+    def chain(self) -> bool:
+        """A topk-1 chain in QLEN_ONLY: the chain writer's shape."""
+        return is_chain_shape(self.mode, self.topk, self.spec_steps, self.num_draft_tokens)
 
     def validate(self) -> "Config":
         def need(ok: bool, msg: str) -> None:
@@ -62,6 +83,12 @@ class Config(msgspec.Struct, frozen=True):
         need(self.spec_steps >= 0, f"spec_steps must be >= 0, got {self.spec_steps}")
         need(self.is_read or self.mode == TreeMaskMode.QLEN_ONLY,
              "an unread mask is always QLEN_ONLY (SGLang allocates unread masks in that layout)")
+        need(self.call_site in CALL_SITES,
+             f"call_site {self.call_site!r} is not one of {', '.join(CALL_SITES)}")
+        need(self.call_site != "chain" or self.chain,
+             "call_site 'chain' is the build_chain_tree branch: it needs QLEN_ONLY, topk 1 and "
+             f"num_draft_tokens = spec_steps + 1 (got {self.mode.name}, topk {self.topk}, "
+             f"spec_steps {self.spec_steps}, num_draft_tokens {self.num_draft_tokens})")
         if self.trivial:
             need(self.spec_steps == 0, f"num_draft_tokens 1 is the no-draft path: spec_steps must be 0, got {self.spec_steps}")
         else:
@@ -123,3 +150,8 @@ def validate_tree(config: Config, tree: DraftTree, b: int) -> None:
     for i, p in enumerate(parents):
         if not -1 <= p < ncand:
             raise ConfigError(f"{where}: parent_list[{i}] = {p} is not -1 or a candidate id below {ncand}")
+    if config.call_site == "chain" and tuple(parents) != tuple(range(-1, width - 1)):
+        # The chain branch never reads parent_list: it assumes the draft stage
+        # made a chain, which topk 1 with every step kept always does.
+        raise ConfigError(f"{where}: call_site 'chain' needs the chain topology parent_list "
+                          f"{list(range(-1, width - 1))}, got {list(parents)}")

@@ -22,12 +22,21 @@ included) the draft stage produces over child costs and tie-break ranks in
 {0, 1} (for more than 6 candidates: every cost vector with ties broken by id
 or against it), each at bs 1 and at max_bs + 1, every request at the context
 limit. Capacity properties see every bs, with no allocation.
+
+Call sites: every config runs through the default call site (``eagle``) as
+above; every chain-shaped config also through the ``chain`` branch, with the
+same sweep (it is another writer); every config also through the ``pp``
+rebuild at bs 1, max_bs and max_bs + 1 with every request at the limit (it
+shares the EAGLE tail's writer, so only its reuse decision is new). The
+chain-writer property runs on each chain-shaped config once.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
+
+import msgspec
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -54,10 +63,24 @@ def configs() -> list[Config]:
                                                           range(1, BOUNDS["spec_steps"] + 1))
         for topk, steps in shapes:
             try:
-                out.append(Config(mode, max_bs, ctx, d, topk, steps, is_read).validate())
+                config = Config(mode, max_bs, ctx, d, topk, steps, is_read).validate()
             except ConfigError:
                 continue  # this (topk, spec_steps) cannot draft d tokens
+            out.append(config)
+            out.extend(msgspec.structs.replace(config, call_site=site) for site in ("chain", "pp")
+                       if site != "chain" or config.chain)
     return out
+
+
+def _runs(prop: Property, config: Config) -> bool:
+    """Does ``prop`` check ``config``? Arithmetic and the direct chain writer ignore the call site."""
+    if config.trivial != prop.trivial:
+        return False
+    if prop.chain:
+        return config.chain and config.call_site == "eagle"
+    if prop.name.startswith("capacity-"):
+        return config.call_site == "eagle"
+    return True
 
 
 def batch_sizes(config: Config) -> range:
@@ -96,6 +119,8 @@ def tree_shapes(topk: int, spec_steps: int, d: int) -> tuple[DraftTree, ...]:
 
 def batches_of(config: Config) -> list[Batch]:
     ctx = config.max_context_len
+    if config.call_site == "pp":
+        return [Batch((ctx,) * bs) for bs in sorted({1, config.max_bs, config.max_bs + 1})]
     if _sweeps_seq_lens(config):
         out = [Batch(lens) for bs in batch_sizes(config) for lens in seq_lens_of(ctx, bs)]
     else:
@@ -242,7 +267,7 @@ def _run(target, report, all_configs, properties, device, findings_dir, pool, st
         t0 = time.perf_counter()
         arithmetic = name.startswith("capacity-")
         jobs = [(name, config, capacity_batches(config) if arithmetic else batches_of(config), device)
-                for config in all_configs if config.trivial == prop.trivial]
+                for config in all_configs if _runs(prop, config)]
         if pool is not None and not arithmetic:
             verdicts = pool.imap(_check_one, [(name, config, device) for _, config, _, _ in jobs], chunksize=4)
         else:

@@ -39,6 +39,7 @@ VERIFY_MASK_PATTERNS = (
     "*spec_tree*.py",
     "*/csrc/speculative/tree.cuh",  # the JIT CUDA tree kernel
     "*/speculative/tree*.cu*",
+    "*/ops/speculative/eagle.py",  # build_chain_tree: the chain writer
     "*/speculative/eagle_utils.py",  # build_tree_kernel_efficient: reuse or per-batch fallback
     "*/speculative/eagle_worker*.py",  # call sites: build_eagle_verify_input, trivial verify input
     "*/speculative/eagle_info*.py",

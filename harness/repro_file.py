@@ -28,6 +28,8 @@ class ConfigSpec(msgspec.Struct, forbid_unknown_fields=True):
     topk: int
     spec_steps: int
     is_read: bool = True
+    #: absent in files written before the other call sites were driven: "eagle"
+    call_site: str = "eagle"
 
 
 class BatchSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -54,7 +56,7 @@ def to_case(repro: Repro) -> tuple[Config, list[Batch]]:
     try:
         mode = TreeMaskMode.parse(c.mode)
         config = Config(mode, c.max_bs, c.max_context_len, c.num_draft_tokens, c.topk,
-                        c.spec_steps, c.is_read).validate()
+                        c.spec_steps, c.is_read, c.call_site).validate()
         if not repro.batches:
             raise ConfigError("batches is empty: a repro needs at least one step")
         out = []
@@ -85,7 +87,7 @@ def from_case(target: str, prop: str, config: Config, batches: list[Batch], *,
             specs.append(BatchSpec(list(b.seq_lens), [list(t.top_scores_index) for t in b.trees],
                                    [list(t.parent_list) for t in b.trees]))
     cfg = ConfigSpec(config.mode.name, config.max_bs, config.max_context_len, config.num_draft_tokens,
-                     config.topk, config.spec_steps, config.is_read)
+                     config.topk, config.spec_steps, config.is_read, config.call_site)
     return Repro(target, prop, cfg, specs, detail, seed, harness.__version__, fault)
 
 
@@ -110,6 +112,8 @@ def dump(repro: Repro, path: str | Path) -> Path:
     data = msgspec.to_builtins(repro)
     if data.get("fault") is None:
         data.pop("fault", None)  # a plain finding's file stays exactly the documented schema
+    if data["config"].get("call_site") == "eagle":
+        data["config"].pop("call_site")  # the default call site: the file reads as before
     tmp.write_bytes(msgspec.json.format(msgspec.json.encode(data), indent=2) + b"\n")
     tmp.replace(path)  # a finding on disk is whole or absent, never half-written
     return path

@@ -3,7 +3,9 @@
 One module per part of the mask's path:
 
 - ``core``: allocation, ``fits`` and the verify step through the call site
-  (the seven properties of DESIGN.md section 2).
+  (the seven properties of DESIGN.md section 2); ``Config.call_site`` picks
+  which of SGLang's three call sites a case runs through.
+- ``writers``: the chain writer ``build_chain_tree``, called directly.
 
 A property names the target seams it ``needs`` beyond the core protocol; a
 target without them (a plug-in written against the core protocol) gets the
@@ -18,6 +20,7 @@ from typing import Callable
 from harness.properties.core import (Observation, PropertyFailure, capacity_liveness, capacity_soundness,
                                      fallback_equivalence, multi_step_reuse, no_oob_write,
                                      reference_agreement, trivial_path)
+from harness.properties.writers import chain_writer
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,7 @@ class Property:
     steps: bool = False  # takes a sequence of batches
     #: target attributes the check calls beyond the core protocol
     needs: tuple[str, ...] = ()
+    chain: bool = False  # runs on the chain writer's configs (QLEN_ONLY, topk 1, d = spec_steps + 1)
 
     def missing(self, target) -> list[str]:
         """The seams ``target`` lacks for this property (empty: it can be driven)."""
@@ -44,6 +48,8 @@ PROPERTIES: dict[str, Property] = {p.name: p for p in (
     Property("multi-step-reuse", multi_step_reuse, "a reused buffer gives what a fresh one gives, step after step",
              steps=True),
     Property("trivial-path", trivial_path, "d = 1: reuse and fallback agree", trivial=True),
+    Property("chain-writer", chain_writer, "build_chain_tree: no write leaves its buffers; == oracle, "
+             "== the tree kernel on the same chain", chain=True, needs=("chain_write", "chain_kernel")),
 )}
 
 __all__ = ["Observation", "PROPERTIES", "Property", "PropertyFailure"]

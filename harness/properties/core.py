@@ -37,6 +37,7 @@ class Observation:
         self.classes.add("bs " + ("< max_bs" if bs < m else "= max_bs" if bs == m else
                                   "= max_bs+1" if bs == m + 1 else "> max_bs+1"))
         self.classes.add(f"layout {config.mode.name}" + ("" if config.is_read else " (unread)"))
+        self.classes.add(f"call site {config.call_site}")
         if out is not None:
             self.classes.add("path reuse" if out.reused else "path fallback")
         if 0 in batch.seq_lens:

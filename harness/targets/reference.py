@@ -12,6 +12,7 @@ import msgspec
 import torch
 
 import harness
+from harness.chain_call import ChainCall, ChainInputs, ChainOutput, guarded_chain_write
 from harness.config import Batch, Config
 from harness.kernel_call import KernelCall, aux_reach, guarded_write
 from harness.layouts import TreeMaskMode, logical_size
@@ -33,12 +34,14 @@ class VerifyMask(msgspec.Struct, frozen=True):
     is_read: bool = True
 
 
-def reusable_buffer(target, mask, bs: int):
+def reusable_buffer(target, mask, bs: int, site: str = "eagle"):
     """The call-site decision: the preallocated buffer if this batch fits, else None.
 
-    This is the only place the embedded model decides between reuse and fallback.
+    This is the only place the embedded model decides between reuse and fallback,
+    for every call site; ``site_fits`` is how the call site ``site`` asks ``fits``.
     """
-    if mask is not None and target.fits(mask, bs):
+    site_fits = getattr(target, "site_fits", None)
+    if mask is not None and (site_fits(site, mask, bs) if site_fits else target.fits(mask, bs)):
         return mask.buffer
     return None
 
@@ -65,6 +68,13 @@ class ReferenceTarget:
     def kernel(self, call: KernelCall) -> None:
         _tree_kernel(call)
 
+    def site_fits(self, site: str, mask: VerifyMask, bs: int) -> bool:
+        # Every call site asks the mask the same question; a variant makes one ask another.
+        return self.fits(mask, bs)
+
+    def chain_kernel(self, call: ChainCall) -> None:
+        _chain_kernel(call)
+
     # -- composite -----------------------------------------------------------
     def allocate(self, config: Config, heap: ShadowHeap | None) -> VerifyMask:
         n = self.numel(config.mode, config.max_bs, config.d, config.max_context_len)
@@ -75,9 +85,15 @@ class ReferenceTarget:
         return VerifyMask(buffer, config.mode, config.max_bs, config.is_read)
 
     def verify(self, mask, config: Config, batch: Batch, heap: ShadowHeap) -> StepOutput:
-        buf = reusable_buffer(self, mask, batch.bs)
-        if config.trivial:
+        site = config.call_site
+        buf = reusable_buffer(self, mask, batch.bs, site)
+        if site == "chain":
+            return self._chain_site(buf, config, batch, heap)
+        if config.trivial and site == "eagle":
             return self._trivial(buf, batch, heap)
+        # The pp rebuild mirrors the EAGLE tail: the same wrapper, the same fill
+        # rules; with no mask it takes the device's default layout, which a
+        # config names as its mode.
         d, bs = config.d, batch.bs
         mode = mask.mode if mask is not None else config.mode
         fill = self.fill_prefix(mask, buf is not None) if mask is not None else True
@@ -108,6 +124,34 @@ class ReferenceTarget:
         return StepOutput(call.tree_mask, call.positions, call.retrieve_index,
                           call.retrieve_next_token, call.retrieve_next_sibling, reused=buf is not None)
 
+    def _chain_site(self, buf, config: Config, batch: Batch, heap: ShadowHeap) -> StepOutput:
+        inputs = _chain_inputs_for(config, batch, heap.device)
+        out = self.chain_write(inputs, buf, heap)
+        return StepOutput(out.tree_mask, out.positions, out.retrieve_index, out.retrieve_next_token,
+                          out.retrieve_next_sibling, reused=buf is not None)
+
+    def chain_write(self, inputs: ChainInputs, buffer, heap: ShadowHeap, *, with_mrope: bool = True):
+        """The chain writer's entry (SGLang: ``build_chain_tree``): reuse ``buffer`` or allocate bs*w*w."""
+        bs, w = inputs.draft_tokens.shape[0], inputs.draft_tokens.shape[1] + 1
+        if buffer is not None and buffer.numel() < bs * w * w:
+            raise AssertionError(f"chain writer: {buffer.numel()}-cell buffer for {bs * w * w} cells")
+        mask = buffer if buffer is not None else heap.alloc("tree_mask", bs * w * w, torch.bool)
+        zone = aux_reach(w)
+        call = ChainCall(
+            inputs.bonus_tokens, inputs.draft_tokens, inputs.seq_lens, mask,
+            heap.alloc("positions", bs * w, torch.long, redzone_cells=zone),
+            heap.alloc("retrieve", (3, bs, w), torch.long, redzone_cells=3 * bs * w + 16),
+            heap.alloc("tokens", bs * w, torch.long, redzone_cells=zone),
+            inputs.req_pool_indices, inputs.req_to_token,
+            heap.alloc("out_cache_loc", bs * w, torch.long, redzone_cells=zone),
+            heap.alloc("mrope", (3, bs * w), torch.long, redzone_cells=3 * bs * w + 16) if with_mrope else None,
+            w, heap)
+        if bs:
+            guarded_chain_write(self.chain_kernel, call)
+        r = call.retrieve
+        return ChainOutput(call.tree_mask, call.positions, r[0], r[1], r[2], call.tokens, call.out_cache_loc,
+                           call.mrope, reused=buffer is not None)
+
     def _trivial(self, buf, batch: Batch, heap: ShadowHeap) -> StepOutput:
         bs = batch.bs
         if buf is not None:
@@ -130,6 +174,39 @@ class ReferenceTarget:
         return {"reference": harness.__version__, "torch": torch.__version__}
 
 
+def _chain_inputs_for(config: Config, batch: Batch, device) -> ChainInputs:
+    from harness.chain_call import chain_inputs
+    return chain_inputs(batch.seq_lens, config.d, config.max_context_len, device)
+
+
+def _chain_kernel(call: ChainCall) -> None:
+    """The chain writer in torch: node x of a chain sees the root and nodes 1..x.
+
+    Cell addresses follow the QLEN_ONLY layout (block b at b*w*w, rows w apart);
+    the retrieve planes are bs*w cells apart, as SGLang stacks them.
+    """
+    bs, w, dev = call.bs, call.width, call.seq_lens.device
+    b = torch.arange(bs, device=dev).view(bs, 1)
+    x = torch.arange(w, device=dev).view(1, w)
+    node = (b * w + x).flatten()  # flat (request, node) index
+    pos = (call.seq_lens.view(bs, 1) + x).flatten()  # a chain node's depth is its index
+    call.store(call.tokens, node, torch.cat([call.bonus_tokens.view(bs, 1), call.draft_tokens], 1).flatten())
+    call.store(call.positions, node, pos)
+    plane = bs * w
+    call.store(call.retrieve, node, node)
+    call.store(call.retrieve, plane + node, torch.where(x + 1 < w, x + 1, -1).expand(bs, w).flatten())
+    call.store(call.retrieve, 2 * plane + node, -1)
+    if call.out_cache_loc is not None:
+        rows = call.req_pool_indices.view(bs, 1).expand(bs, w).flatten()
+        call.store(call.out_cache_loc, node, call.req_to_token[rows, pos].long())
+    if call.mrope is not None:
+        for axis in range(3):
+            call.store(call.mrope, axis * plane + node, pos)
+    row, col = torch.meshgrid(torch.arange(w, device=dev), torch.arange(w, device=dev), indexing="ij")
+    cells = (b.view(bs, 1, 1) * w * w + row * w + col).flatten()
+    call.store(call.tree_mask, cells, (col <= row).expand(bs, w, w).flatten())
+
+
 def _tree_kernel(call: KernelCall) -> None:
     """The tree kernel in torch, vectorized over (request, node).
 
@@ -147,7 +224,8 @@ def _tree_kernel(call: KernelCall) -> None:
     else:
         parent_cid = torch.full_like(sel, -2)
     match = sel.unsqueeze(1) == parent_cid.unsqueeze(2)  # [b, child, candidate]
-    found_at = match.to(torch.int8).argmax(dim=2) + 1
+    # d = 1 (the pp rebuild's one-node tree) has no candidates to search.
+    found_at = match.to(torch.int8).argmax(dim=2) + 1 if sel.shape[1] else torch.zeros_like(sel)
     parent = torch.where(slot == 0, torch.zeros_like(sel),
                          torch.where(match.any(dim=2), found_at, torch.full_like(sel, -1)))
     parent = torch.cat([torch.full((bs, 1), -1, dtype=torch.long, device=dev), parent], dim=1)
@@ -195,7 +273,7 @@ def _tree_kernel(call: KernelCall) -> None:
     is_first = linked & ~(same & ~later & ~torch.eye(d - 1, dtype=torch.bool, device=dev)).any(dim=2)
     sib_cand = torch.where(same & later, child.unsqueeze(1).expand(bs, d - 1, d - 1),
                            torch.full((bs, d - 1, d - 1), d, device=dev))
-    next_sib = sib_cand.amin(dim=2)
+    next_sib = sib_cand.amin(dim=2) if d > 1 else torch.full((bs, 0), d, device=dev)
     base = (torch.arange(bs, device=dev) * d).view(bs, 1)
     call.store(call.retrieve_next_token, (base + p)[is_first], child[is_first])
     has_sib = linked & (next_sib < d)

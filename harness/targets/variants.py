@@ -68,6 +68,21 @@ def _row_offset(kernel):
     return kernel_one_row_late
 
 
+def _pp_reuse_unchecked(site_fits):
+    def pp_passes_buffer_always(site, mask, bs):
+        # The pp rebuild hands the buffer over without asking fits, as if every
+        # stage's batch were a captured one.
+        return True if site == "pp" else site_fits(site, mask, bs)
+    return pp_passes_buffer_always
+
+
+def _chain_row_offset(chain_kernel):
+    def chain_one_row_late(call):
+        # The chain writer's mask rows land one row (w cells) after their start.
+        chain_kernel(call.replace(tree_mask=call.shifted("tree_mask", call.width)))
+    return chain_one_row_late
+
+
 CATALOGUE: dict[str, Variant] = {v.name: v for v in (
     Variant("pr33127", "capacity check skips FULL_MASK: an eager batch past max_bs reuses the buffer "
             "(the regression fixed by SGLang PR #33127)", "fits", _pr33127),
@@ -79,4 +94,8 @@ CATALOGUE: dict[str, Variant] = {v.name: v for v in (
             "the previous step's cells leak into this one", "fill_prefix", _unfilled_prefix),
     Variant("row-offset", "tree kernel row offset error: every row is written d cells past its start",
             "kernel", _row_offset),
+    Variant("pp-reuse-unchecked", "the pipeline-parallel rebuild passes the preallocated buffer without "
+            "asking fits: an eager batch past max_bs writes past it", "site_fits", _pp_reuse_unchecked),
+    Variant("chain-row-offset", "chain writer row offset error: every mask row is written w cells past "
+            "its start", "chain_kernel", _chain_row_offset),
 )}

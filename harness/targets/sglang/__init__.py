@@ -1,11 +1,13 @@
 """The ``sglang`` target: the installed SGLang package's real code, cut at the seams.
 
 What runs is SGLang's own: ``maybe_create_verify_mask`` and ``tree_mask_numel``
-size the allocation, ``VerifyMask.fits`` decides capacity, the call sites
-(``eagle_worker_common.build_eagle_verify_input`` when drafting,
-``EAGLEWorkerV2._build_trivial_verify_input`` when d = 1) decide reuse or
-fallback, ``eagle_utils.build_tree_kernel_efficient`` fills and allocates, and
-its kernel writes. The batch, worker and attention backend are SimpleNamespace
+size the allocation, ``VerifyMask.fits`` decides capacity, the call site the
+case names decides reuse or fallback (``eagle_worker_common.build_eagle_verify_input``
+when drafting, ``EAGLEWorkerV2._build_trivial_verify_input`` when d = 1, the
+same on its ``build_chain_tree`` branch, or the pipeline-parallel
+``Scheduler._pp_spec_rebuild_verify_input``), ``eagle_utils.build_tree_kernel_efficient``
+fills and allocates, and its kernel writes -- or, for a topk-1 chain on the
+chain branch, ``build_chain_tree`` allocates and writes. The batch, worker and attention backend are SimpleNamespace
 stand-ins carrying only what those functions read, the way SGLang's own unit
 tests drive them.
 

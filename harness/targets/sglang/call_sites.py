@@ -1,41 +1,96 @@
 """SGLang's call sites: where a verify step decides reuse or fallback with ``fits``.
 
 The call site, not this harness, decides: the harness builds the stand-ins a
-call site reads (batch, worker, model runner, attention backend holding the
-verify mask) and calls SGLang's own function. Which call site runs depends on
-the config, as in a server: ``build_eagle_verify_input`` when drafting,
-``EAGLEWorkerV2._build_trivial_verify_input`` when d = 1.
+call site reads (batch, worker, scheduler, model runner, attention backend
+holding the verify mask) and calls SGLang's own function. ``Config.call_site``
+picks which one runs, so a repro replays through the call site that failed:
+
+- ``eagle``: ``eagle_worker_common.build_eagle_verify_input`` when drafting,
+  ``EAGLEWorkerV2._build_trivial_verify_input`` when d = 1;
+- ``chain``: ``build_eagle_verify_input`` on its ``build_chain_tree`` branch.
+  A CUDA host takes that branch on its own for a topk-1 chain in QLEN_ONLY; on
+  CPU the batch's ``seq_lens`` is presented as a CUDA tensor for the one check
+  that reads it (the branch condition), so the same branch runs;
+- ``pp``: ``Scheduler._pp_spec_rebuild_verify_input``, the pipeline-parallel
+  rebuild every stage runs from the relayed draft tree.
+
+The stand-ins always carry what the chain branch reads (``req_pool_indices``,
+``req_to_token_pool``, ``model_is_mrope``), so on CUDA, where the ``eagle``
+site takes the chain branch unasked, it has all it needs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
+from harness.chain_call import chain_inputs
 from harness.config import Batch, Config
+from harness.targets.sglang.binding import bound
 from harness.trees import tree_tensors
 
-#: The SGLang code this module drives, for ``vmfuzz surface`` and the gate's
-#: summary: (sglang-relative file, function, properties that run through it).
+#: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
+_THROUGH_A_CALL_SITE = ("no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse")
 SURFACE = (
-    ("srt/speculative/eagle_worker_common.py", "build_eagle_verify_input",
-     ("no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse")),
+    ("srt/speculative/eagle_worker_common.py", "build_eagle_verify_input", _THROUGH_A_CALL_SITE),
     ("srt/speculative/eagle_worker_v2.py", "EAGLEWorkerV2._build_trivial_verify_input", ("trivial-path",)),
+    ("srt/managers/scheduler_pp_mixin.py", "Scheduler._pp_spec_rebuild_verify_input",
+     _THROUGH_A_CALL_SITE + ("trivial-path", "chain-writer")),
+    ("srt/speculative/pp_spec_relay.py", "PPSpecRelayInput.topology",
+     _THROUGH_A_CALL_SITE + ("trivial-path", "chain-writer")),
 )
 
 
+class _SeenAsCuda(torch.Tensor):
+    """A CPU tensor whose ``is_cuda`` answers True: the chain branch's condition, bound for one call.
+
+    Torch functions on it return plain tensors, so nothing past that one check
+    (the kernel launch included) sees anything but the CPU tensor it is.
+    """
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @property
+    def is_cuda(self) -> bool:  # noqa: D401
+        return True
+
+
+def available(sg) -> tuple[str, ...]:
+    """The call sites this SGLang has, found from its code, not its version.
+
+    The pp rebuild is looked for in the mixin's source text, so a run that never
+    draws it does not pay for importing the scheduler stack.
+    """
+    sites = ["eagle"]
+    if sg.build_chain_tree is not None and getattr(sg.call_site, "build_chain_tree", None) is not None:
+        sites.append("chain")
+    spec = importlib.util.find_spec("sglang.srt.managers.scheduler_pp_mixin")
+    try:
+        text = Path(spec.origin).read_text() if spec and spec.origin else ""
+    except OSError:
+        text = ""
+    if "def _pp_spec_rebuild_verify_input" in text and importlib.util.find_spec(
+            "sglang.srt.speculative.pp_spec_relay") is not None:
+        sites.append("pp")
+    return tuple(sites)
+
+
 def stand_ins(sg, mask, config: Config, batch: Batch, dev):
-    """(batch, target worker, bonus tokens): only what SGLang's call sites read."""
+    """(batch, target worker, chain inputs): only what SGLang's call sites read."""
     bs = batch.bs
-    seq_lens = torch.tensor(batch.seq_lens, dtype=torch.long, device=dev)
+    chain = chain_inputs(batch.seq_lens, config.d, config.max_context_len, dev)
+    seq_lens = chain.seq_lens
     backend = SimpleNamespace(verify_mask=mask, max_context_len=config.max_context_len)
     model_runner = SimpleNamespace(attn_backend=backend,
                                    model_config=SimpleNamespace(context_len=config.max_context_len,
-                                                                model_is_mrope=False))
+                                                                # the chain branch then writes M-RoPE
+                                                                # positions too, under the guard
+                                                                model_is_mrope=not config.trivial))
     target_worker = SimpleNamespace(model_runner=model_runner)
-    bonus = torch.arange(bs, dtype=torch.long, device=dev)
     forward_batch = SimpleNamespace(
         forward_mode=sg.forward_info.ForwardMode.DECODE,
         seq_lens=seq_lens,
@@ -43,21 +98,28 @@ def stand_ins(sg, mask, config: Config, batch: Batch, dev):
         # short fallback allocation overflows instead of hiding in slack.
         seq_lens_sum=int(sum(batch.seq_lens)),
         seq_lens_cpu=seq_lens.cpu(),
-        spec_info=SimpleNamespace(bonus_tokens=bonus),
+        spec_info=SimpleNamespace(bonus_tokens=chain.bonus_tokens),
         multimodal_inputs=[None] * bs,
+        req_pool_indices=chain.req_pool_indices,
+        req_to_token_pool=SimpleNamespace(req_to_token=chain.req_to_token),
+        reqs=[SimpleNamespace(rid=f"req{b}") for b in range(bs)],
+        batch_size=lambda: bs,
     )
-    return forward_batch, target_worker, bonus
+    return forward_batch, target_worker, chain
 
 
 def build_verify_input(sg, mask, config: Config, batch: Batch, dev):
-    """One verify step through the call site a server would take for ``config``."""
-    forward_batch, target_worker, bonus = stand_ins(sg, mask, config, batch, dev)
+    """One verify step through the call site ``config.call_site`` names."""
+    forward_batch, target_worker, chain = stand_ins(sg, mask, config, batch, dev)
+    if config.call_site == "pp":
+        return pp_rebuild(sg, forward_batch, target_worker, chain, config, batch, dev)
     if config.trivial:
         return trivial(sg, forward_batch, target_worker, config, dev)
+    if config.call_site == "chain" and not forward_batch.seq_lens.is_cuda:
+        forward_batch.seq_lens = forward_batch.seq_lens.as_subclass(_SeenAsCuda)
     sel, par = tree_tensors(config, batch, dev)
-    draft = torch.zeros((batch.bs, config.d - 1), dtype=torch.long, device=dev)
     return sg.call_site.build_eagle_verify_input(
-        forward_batch, SimpleNamespace(bonus_tokens=bonus), par, sel, draft, None,
+        forward_batch, SimpleNamespace(bonus_tokens=chain.bonus_tokens), par, sel, chain.draft_tokens, None,
         target_worker=target_worker, topk=config.topk, num_steps=config.spec_steps,
         num_draft_tokens=config.d, tree_mask_mode=sg.Mode(int(config.mode)), device=str(dev))
 
@@ -71,3 +133,29 @@ def trivial(sg, forward_batch, target_worker, config: Config, dev):
         with contextlib.suppress(AttributeError):
             setattr(worker, attr, value)
     return worker._build_trivial_verify_input(forward_batch)
+
+
+def pp_rebuild(sg, forward_batch, target_worker, chain, config: Config, batch: Batch, dev):
+    """``Scheduler._pp_spec_rebuild_verify_input``: the verify input rebuilt from the relay.
+
+    The relay carries the last stage's draft tree (tokens and topology) per
+    request, as ``PPSpecRelayInput``; the scheduler stand-in has what the rebuild
+    reads (its device and the target worker). The spec config the rebuild reads
+    through ``get_spec`` and the device's default layout (taken when the backend
+    owns no mask) are bound to the config's for the one call.
+    """
+    pp = sg.pp()
+    sel, par = tree_tensors(config, batch, dev)
+    tokens = torch.cat([chain.bonus_tokens.view(-1, 1), chain.draft_tokens], 1)
+    rids = [r.rid for r in forward_batch.reqs]
+    forward_batch.spec_info = pp.relay(rids=rids, tokens=tokens, parents=par, top_scores=sel)
+    scheduler = pp.mixin.__new__(pp.mixin)
+    scheduler.device = str(dev)
+    scheduler.tp_worker = target_worker
+    spec = SimpleNamespace(speculative_num_steps=config.spec_steps, speculative_num_draft_tokens=config.d,
+                           speculative_eagle_topk=config.topk)
+    layout = sg.Mode(int(config.mode))
+    with bound((pp.module, "get_spec", lambda: spec),
+               (sg.eagle_utils, "default_tree_mask_mode", lambda: layout)):
+        scheduler._pp_spec_rebuild_verify_input(forward_batch)
+    return forward_batch.spec_info

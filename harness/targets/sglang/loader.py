@@ -19,6 +19,9 @@ from types import SimpleNamespace
 
 import torch
 
+#: Finding modules drives no verify-mask code by itself (see call_sites, writers, target).
+SURFACE: tuple = ()
+
 INSTALL_HINT = ("install it with `bash scripts/install_sglang.sh` "
                 "(sglang==0.5.23 --no-deps plus its CPU import chain, into .venv)")
 
@@ -36,6 +39,23 @@ KERNEL_ENTRIES = ("build_tree_kernel_efficient_func", "sgl_build_tree_kernel_eff
 
 class Sglang(SimpleNamespace):
     """The SGLang modules and callables the adapter drives, found once at load."""
+
+    def pp(self) -> SimpleNamespace:
+        """The pipeline-parallel call site's modules, imported on first use.
+
+        The scheduler mixin pulls in the disaggregation and distributed stacks
+        (~4 s); a run that never draws the pp call site does not pay for it.
+        """
+        if getattr(self, "_pp", None) is None:
+            with _quiet_import():
+                try:
+                    module = importlib.import_module("sglang.srt.managers.scheduler_pp_mixin")
+                    relay = importlib.import_module("sglang.srt.speculative.pp_spec_relay")
+                except Exception as exc:
+                    raise RuntimeError(f"the pp call site cannot be imported here: {type(exc).__name__}: {exc}")
+            self._pp = SimpleNamespace(module=module, mixin=module.SchedulerPPMixin,
+                                       relay=relay.PPSpecRelayInput)
+        return self._pp
 
 
 @contextlib.contextmanager
@@ -83,7 +103,15 @@ def import_sglang(kernel_choice: str) -> Sglang:
         spec_tree = importlib.import_module("sglang.kernels.ops.speculative.spec_tree")
     except Exception:
         spec_tree = None
-    sg = Sglang(**mods, spec_tree=spec_tree)
+    try:
+        # The chain writer (build_chain_tree) and its Triton kernel; absent
+        # before SGLang grew the chain branch.
+        chain_mod = importlib.import_module("sglang.kernels.ops.speculative.eagle")
+    except Exception:
+        chain_mod = None
+    sg = Sglang(**mods, spec_tree=spec_tree, chain_module=chain_mod)
+    sg.chain_launch = getattr(chain_mod, "_build_chain_tree_kernel", None)
+    sg.build_chain_tree = getattr(chain_mod, "build_chain_tree", None)
     vm, eu = sg.verify_mask, sg.eagle_utils
     for owner, attr in ((vm, "VerifyMask"), (vm, "maybe_create_verify_mask"), (vm, "tree_mask_numel"),
                         (eu, "build_tree_kernel_efficient"), (sg.call_site, "build_eagle_verify_input"),

@@ -10,6 +10,7 @@ allocated -- is swapped for a redzoned stand-in.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import os
 
@@ -18,6 +19,7 @@ import torch
 
 import harness
 from harness.campaign import Bounds
+from harness.chain_call import ChainCall, ChainInputs, ChainOutput
 from harness.config import Batch, Config
 from harness.kernel_call import KernelCall
 from harness.outputs import StepOutput
@@ -26,14 +28,16 @@ from harness.targets.sglang.binding import bound as _bound
 from harness.targets.sglang import call_sites, writers
 from harness.targets.sglang.loader import Sglang, sg_version
 
-#: Every property allocates through ``allocate`` (SGLang's allocator and its
-#: sizing helper) and asks ``fits``, directly (capacity-*) or through the call site.
-_ALLOCATING = ("no-oob-write", "fallback-equivalence", "reference-agreement", "capacity-soundness",
-               "capacity-liveness", "multi-step-reuse", "trivial-path")
-
-#: The SGLang code this module drives (see ``harness.surface``).
-SURFACE = tuple(("srt/layers/attention/verify_mask.py", function, _ALLOCATING)
-                for function in ("maybe_create_verify_mask", "tree_mask_numel", "VerifyMask.fits"))
+#: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
+_ALL = ("no-oob-write", "fallback-equivalence", "reference-agreement", "capacity-soundness",
+        "capacity-liveness", "multi-step-reuse", "trivial-path", "chain-writer")
+SURFACE = (
+    # every property allocates its mask through SGLang's allocator and sizing
+    ("srt/layers/attention/verify_mask.py", "maybe_create_verify_mask", _ALL),
+    ("srt/layers/attention/verify_mask.py", "tree_mask_numel", _ALL),
+    # the direct chain writer sizes its buffer by arithmetic, not fits
+    ("srt/layers/attention/verify_mask.py", "VerifyMask.fits", _ALL[:-1]),
+)
 
 
 class SglangTarget:
@@ -51,6 +55,10 @@ class SglangTarget:
         self._draft_tokens: dict[int, int] = {}  # id(mask) -> d, for the pre-fix fits(bs, d)
         self._heap: ShadowHeap | None = None
         self._callsite_fill: bool | None = None
+        self._site = "eagle"  # the call site of the verify step under way, for site_fits
+        # An SGLang without the chain branch or the pp rebuild gets cases through the others only.
+        self.call_sites = call_sites.available(sg)
+        self.bounds = dataclasses.replace(type(self).bounds, call_sites=self.call_sites)
 
     # -- seams ---------------------------------------------------------------
     def numel(self, mode, bs: int, d: int, max_context_len: int) -> int:
@@ -75,6 +83,16 @@ class SglangTarget:
             self._sg.jit(*args)
         else:
             self._sg.triton(*args)
+
+    def site_fits(self, site: str, mask, bs: int) -> bool:
+        # What a call site's verify_mask.fits(bs) answers; a variant makes one site ask wrongly.
+        return self.fits(mask, bs)
+
+    def chain_kernel(self, call: ChainCall) -> None:
+        if call.launch is None:
+            raise RuntimeError("the sglang target relaunches SGLang's chain kernel as build_chain_tree "
+                               "launched it; this ChainCall did not come from that launch")
+        writers.relaunch_chain(self._sg, call)
 
     # -- composite -----------------------------------------------------------
     def allocate(self, config: Config, heap: ShadowHeap | None):
@@ -106,11 +124,25 @@ class SglangTarget:
     def verify(self, mask, config: Config, batch: Batch, heap: ShadowHeap) -> StepOutput:
         if mask is not None:
             self._draft_tokens[id(mask)] = config.d
-        with self._routed(heap, mask):
-            vi = call_sites.build_verify_input(self._sg, mask, config, batch, heap.device)
+        self._site = config.call_site
+        try:
+            with self._routed(heap, mask):
+                vi = call_sites.build_verify_input(self._sg, mask, config, batch, heap.device)
+        finally:
+            self._site = "eagle"
         reused = mask is not None and vi.custom_mask.data_ptr() == mask.buffer.data_ptr()
         return StepOutput(vi.custom_mask, vi.positions, vi.retrieve_index, vi.retrieve_next_token,
                           vi.retrieve_next_sibling, reused=reused)
+
+    def chain_write(self, inputs: ChainInputs, buffer, heap: ShadowHeap, *, with_mrope: bool = True):
+        """SGLang's ``build_chain_tree`` called directly, its launch guarded."""
+        if self._sg.build_chain_tree is None:
+            raise RuntimeError("this SGLang has no build_chain_tree")
+        with _bound(*writers.chain_kernel_patches(self._sg, self.chain_kernel, heap)):
+            outputs = self._sg.build_chain_tree(inputs.bonus_tokens, inputs.draft_tokens, inputs.seq_lens,
+                                                buffer, req_pool_indices=inputs.req_pool_indices,
+                                                req_to_token=inputs.req_to_token, with_mrope=with_mrope)
+        return ChainOutput.of(outputs, buffer)
 
     @contextlib.contextmanager
     def _routed(self, heap: ShadowHeap, mask):
@@ -120,7 +152,7 @@ class SglangTarget:
         wrapper = sg.wrapper_owner.build_tree_kernel_efficient
 
         def fits_router(vm, bs, *rest, **kw):
-            return target.fits(vm, bs)
+            return target.site_fits(target._site, vm, bs)
 
         def wrapper_router(*args, **kwargs):
             params = inspect.signature(wrapper).bind(*args, **kwargs)
@@ -136,7 +168,11 @@ class SglangTarget:
 
         patches = [(sg.VerifyMask, "fits", fits_router),
                    (sg.wrapper_owner, "build_tree_kernel_efficient", wrapper_router)]
+        if sg.wrapper_owner is not sg.eagle_utils:
+            # The pp rebuild imports the wrapper from eagle_utils at call time.
+            patches.append((sg.eagle_utils, "build_tree_kernel_efficient", wrapper_router))
         patches += writers.tree_kernel_patches(sg, target.kernel, heap)
+        patches += writers.chain_kernel_patches(sg, target.chain_kernel, heap)
         with _bound(*patches):
             yield
 
@@ -144,6 +180,7 @@ class SglangTarget:
         import triton
         return {"sglang": sg_version(), "triton": triton.__version__, "torch": torch.__version__,
                 "kernel": self.kernel_choice + (" (interpreter)" if os.environ.get("TRITON_INTERPRET") == "1" else ""),
+                "call sites": ", ".join(self.call_sites),
                 "vmfuzz": harness.__version__}
 
 

@@ -4,22 +4,38 @@ The tree kernel is reached where SGLang's wrapper hands over to it (the kernel
 entry, which moved between versions: see ``loader.KERNEL_ENTRIES``); there the
 buffers it writes -- the reused one or the wrapper's own allocation -- are
 swapped for redzoned stand-ins by ``guarded_write``.
+
+The chain writer, ``build_chain_tree``, runs as SGLang wrote it (its
+allocation, its assert on the buffer's size); its Triton launch is bound to a
+launcher that swaps every buffer the kernel writes -- mask, positions, the
+stacked retrieve arrays, tokens, KV-cache slots, M-RoPE positions -- for
+redzoned stand-ins (``guarded_chain_write``) and then runs the target's
+``chain_kernel`` seam, which relaunches SGLang's kernel on them.
 """
 
 from __future__ import annotations
 
+from harness.chain_call import ChainCall, guarded_chain_write
 from harness.kernel_call import KernelCall, guarded_write
 from harness.layouts import TreeMaskMode
 from harness.targets.sglang.loader import KERNEL_ARGS
 
-#: The SGLang code this module drives (see ``harness.surface``): the wrapper
-#: that fills a reused buffer or allocates per batch, and the Triton tree kernel
-#: behind its kernel entry. The JIT CUDA kernel runs instead only with
-#: VMFUZZ_SGLANG_KERNEL=jit on a GPU, so it is not declared here.
-SURFACE = tuple(
-    (file, function, ("no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse"))
-    for file, function in (("srt/speculative/eagle_utils.py", "build_tree_kernel_efficient"),
-                           ("kernels/ops/speculative/spec_tree.py", "sgl_build_tree_kernel_triton")))
+#: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
+_TREE = ("no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse",
+         "trivial-path", "chain-writer")  # trivial-path: the pp rebuild's one-node tree
+SURFACE = (
+    ("srt/speculative/eagle_utils.py", "build_tree_kernel_efficient", _TREE),
+    ("kernels/ops/speculative/spec_tree.py", "sgl_build_tree_kernel_triton", _TREE),
+    ("kernels/ops/speculative/eagle.py", "build_chain_tree",
+     ("chain-writer", "no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse")),
+)
+
+#: ``_build_chain_tree_kernel``'s positional parameters, as ``build_chain_tree`` passes them.
+CHAIN_ARGS = ("bonus", "draft", "seq", "mask", "positions", "retrieve", "tokens", "BS", "WIDTH",
+              "BONUS_STRIDE", "DRAFT_ROW", "DRAFT_COL", "SEQ_STRIDE")
+#: ChainCall field -> the kernel's parameter name, for every buffer it writes.
+CHAIN_BUFFERS = {"tree_mask": "mask", "positions": "positions", "retrieve": "retrieve", "tokens": "tokens",
+                 "out_cache_loc": "out_cache_loc", "mrope": "mrope"}
 
 
 def tree_kernel_patches(sg, kernel, heap) -> list[tuple]:
@@ -39,3 +55,41 @@ def tree_kernel_patches(sg, kernel, heap) -> list[tuple]:
         guarded_write(kernel, call, [int(s) for s in seq.tolist()])
 
     return [] if sg.entry is None else [(sg.eagle_utils, sg.entry, kernel_entry)]
+
+
+class _GuardedChainLaunch:
+    """Stands where ``build_chain_tree`` finds its kernel: ``launch[grid](*args, **kwargs)``."""
+
+    def __init__(self, chain_kernel, heap):
+        self._chain_kernel, self._heap = chain_kernel, heap
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            named = dict(zip(CHAIN_ARGS, args))
+            named.update(kwargs)
+            call = ChainCall(
+                bonus_tokens=named["bonus"], draft_tokens=named["draft"], seq_lens=named["seq"],
+                tree_mask=named["mask"], positions=named["positions"], retrieve=named["retrieve"],
+                tokens=named["tokens"], req_pool_indices=named.get("req_indices"),
+                req_to_token=named.get("req_to_token"), out_cache_loc=named.get("out_cache_loc"),
+                mrope=named.get("mrope"), width=int(named["WIDTH"]), heap=self._heap, launch=(grid, named))
+            guarded_chain_write(self._chain_kernel, call)
+        return launch
+
+
+def chain_kernel_patches(sg, chain_kernel, heap) -> list[tuple]:
+    """(owner, attr, value) binding ``build_chain_tree``'s launch to ``chain_kernel`` behind the guard."""
+    if sg.chain_launch is None:
+        return []
+    return [(sg.chain_module, "_build_chain_tree_kernel", _GuardedChainLaunch(chain_kernel, heap))]
+
+
+def relaunch_chain(sg, call: ChainCall) -> None:
+    """Run SGLang's chain kernel as ``build_chain_tree`` launched it, on ``call``'s buffers."""
+    grid, named = call.launch
+    named = dict(named)
+    for field, param in CHAIN_BUFFERS.items():
+        named[param] = getattr(call, field)
+    # Strides and the batch size stay as build_chain_tree computed them: the
+    # stand-ins have the shapes of the buffers they replace.
+    sg.chain_launch[grid](*[named.pop(p) for p in CHAIN_ARGS], **named)

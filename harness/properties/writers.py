@@ -1,0 +1,86 @@
+"""The second writer: ``build_chain_tree``, reached directly (not through a call site).
+
+Through a call site the chain writer already answers to the core properties
+(``call_site`` "chain"); here it is called as a writer, with the preallocated
+buffer and with its own allocation, and checked three ways:
+
+- no write leaves any buffer it writes (mask, positions, retrieve arrays,
+  tokens, KV-cache slots, M-RoPE positions);
+- its verify input equals the oracle's (ancestor sets and depths: a chain node
+  sees the root and every node before it), and its other outputs equal what
+  they mean: the bonus token then the drafts, request b's page-table entry at
+  position s_b + x, three copies of the positions;
+- it equals the tree kernel's verify input on the same chain (the pp rebuild,
+  which never takes the chain branch, on the fallback path).
+"""
+
+from __future__ import annotations
+
+import msgspec
+import torch
+
+from harness.chain_call import chain_inputs
+from harness.config import Batch, Config
+from harness.oracle import expected
+from harness.properties.core import Observation, _capacity, _diff, _fail, _locator, _reused_mask, _step
+from harness.shadow import describe_all
+
+
+def _own_outputs(out, inputs, width: int) -> str | None:
+    """The outputs the oracle does not cover, against what they mean."""
+    bs = inputs.seq_lens.numel()
+    x = torch.arange(width).view(1, width)
+    pos = (inputs.seq_lens.cpu().view(bs, 1) + x)
+    want_tokens = torch.cat([inputs.bonus_tokens.cpu().view(bs, 1), inputs.draft_tokens.cpu()], 1)
+    checks = [("tokens", out.tokens, want_tokens)]
+    if out.out_cache_loc is not None:
+        table = inputs.req_to_token.cpu().long()
+        checks.append(("out_cache_loc", out.out_cache_loc, table[inputs.req_pool_indices.cpu().view(bs, 1), pos]))
+    if out.mrope is not None:
+        checks.append(("mrope", out.mrope, pos.reshape(1, -1).expand(3, -1)))
+    for name, got, want in checks:
+        got, want = got.reshape(-1).long(), want.reshape(-1).long()
+        if got.shape != want.shape or not torch.equal(got, want):
+            idx = int(torch.nonzero(got != want).flatten()[0]) if got.shape == want.shape else -1
+            return (f"{name} differs from its meaning" + (f" at {idx}: {int(got[idx])} vs {int(want[idx])}"
+                                                          if idx >= 0 else f" in shape {tuple(got.shape)}"))
+    return None
+
+
+def chain_writer(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
+    obs = Observation()
+    if not config.chain:
+        # SGLang hands the chain writer nothing else; a config of another
+        # shape (a deployment-scoped search, a repro) has nothing to check here.
+        obs.classes.add("not a chain shape")
+        return obs
+    tree_site = msgspec.structs.replace(config, call_site="pp")  # the pp rebuild never takes the chain branch
+    w = config.d
+    for batch in batches:
+        want = expected(config, batch)
+        inputs = chain_inputs(batch.seq_lens, w, config.max_context_len, device)
+        heap, mask = _reused_mask(target, config, device)
+        buffers = [("its own allocation", None)]
+        if batch.bs * w * w <= mask.buffer.numel():
+            buffers.insert(0, ("the preallocated buffer", mask.buffer))
+        outs = []
+        for label, buf in buffers:
+            out = target.chain_write(inputs, buf, heap)
+            violations = heap.check(_locator(config, batch))
+            if violations:
+                _fail("chain-writer", f"out-of-bounds write by the chain writer into {label} "
+                                      f"(bs {batch.bs}, w {w}): " + describe_all(violations))
+            if buf is not None and not out.reused:
+                _fail("chain-writer", "the chain writer was given the preallocated buffer and returned another")
+            obs.add_step(config, batch, out, _capacity(mask))
+            for diff in (_diff(f"chain writer on {label} vs oracle", out, want, config, batch, want.compared),
+                         _own_outputs(out, inputs, w)):
+                if diff:
+                    _fail("chain-writer", diff)
+            outs.append(out)
+        tree = _step("chain-writer", target, None, tree_site, batch, heap)
+        diff = _diff("chain writer vs the tree kernel on the same chain", outs[-1], tree, config, batch,
+                     want.compared)
+        if diff:
+            _fail("chain-writer", diff)
+    return obs
