@@ -4,6 +4,8 @@ One module per part of the mask's path:
 
 - ``core``: allocation, ``fits`` and the verify step through the call site
   (the seven properties of DESIGN.md section 2).
+- ``routers``: ``routing``, the mask a router hands to the call site.
+- ``allocation``: ``allocation-soundness``, the bounds each backend allocates with.
 
 A property names the target seams it ``needs`` beyond the core protocol; a
 target without them (a plug-in written against the core protocol) gets the
@@ -45,5 +47,15 @@ PROPERTIES: dict[str, Property] = {p.name: p for p in (
              steps=True),
     Property("trivial-path", trivial_path, "d = 1: reuse and fallback agree", trivial=True),
 )}
+
+from harness.properties.allocation import allocation_soundness  # noqa: E402 - after Property
+from harness.properties.routers import routing  # noqa: E402
+
+PROPERTIES.update({p.name: p for p in (
+    Property("routing", routing, "each router hands out its TARGET_VERIFY child's mask and reports a "
+             "context covering it", needs=("route", "verify_routed")),
+    Property("allocation-soundness", allocation_soundness, "each allocating backend sizes the mask for "
+             "the server's max_bs, context length and draft width", needs=("allocating_backends", "allocation_call")),
+)})
 
 __all__ = ["Observation", "PROPERTIES", "Property", "PropertyFailure"]

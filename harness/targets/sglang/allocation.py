@@ -1,0 +1,125 @@
+"""SGLang's allocation sites: each backend's cuda-graph set-up, driven to its verify-mask call.
+
+A backend is made with ``cls.__new__`` and given the attributes its
+``init_cuda_graph_state`` reads, set to what its ``__init__`` derives from a
+server started with the given numbers (context length, draft width, topk) on
+the meta device, so the set-up allocates nothing real. Then its own
+``init_cuda_graph_state(max_bs, ...)`` runs. ``maybe_create_verify_mask`` is
+bound in the backend's module for that call: it records the arguments, runs
+SGLang's real allocator (meta device) and stops the set-up there, so the
+CUDA-only work after the mask is never reached.
+
+Not driven: ``__init__`` itself (it needs a model runner, a KV pool and the
+server's published runtime context), and the backends whose modules do not
+import without CUDA extensions (``ALLOCATION_SITES`` says which and why at
+load).
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import SimpleNamespace
+
+import torch
+
+from harness.allocation import ALLOCATING_BACKENDS, AllocationCall, ServerNumbers
+from harness.targets.sglang.binding import bound
+
+_ATTN = "srt/layers/attention/"
+
+#: harness name -> (module under sglang.srt.layers.attention, class)
+SITES: dict[str, tuple[str, str]] = {
+    "triton": ("triton_backend", "TritonAttnBackend"),
+    "flashattention": ("flashattention_backend", "FlashAttentionBackend"),
+    "flashmla": ("flashmla_backend", "FlashMLABackend"),
+    "trtllm_mla": ("trtllm_mla_backend", "TRTLLMMLABackend"),
+    "deepseek_v4": ("deepseek_v4_backend", "DeepseekV4AttnBackend"),
+    "qwen_sparse": ("qwen_sparse_attn_backend", "QwenSparseAttnBackend"),
+}
+
+#: Sites with a driver here. flashattention and flashmla import CUDA-only
+#: extensions (sgl_kernel, flash_mla) at module load, so no CPU host can prove a
+#: driver for their set-up; they are reported not driven, with the reason.
+DRIVERS = ("triton", "trtllm_mla", "deepseek_v4", "qwen_sparse")
+
+#: (sglang-relative path, what is driven, properties that drive it); only the
+#: sites a CPU host can import -- ``not_driven`` says why the others are not.
+SURFACE: tuple[tuple[str, str, tuple[str, ...]], ...] = tuple(
+    (_ATTN + module + ".py", f"{cls}.init_cuda_graph_state -> maybe_create_verify_mask", ("allocation-soundness",))
+    for name, (module, cls) in SITES.items() if name in DRIVERS
+) + ((_ATTN + "verify_mask.py", "maybe_create_verify_mask (with each site's arguments)", ("allocation-soundness",)),)
+
+
+class _Allocated(Exception):
+    """Ends a backend's set-up right after its verify-mask call."""
+
+
+def _attributes(name: str, n: ServerNumbers) -> dict:
+    """What each backend's ``__init__`` would have set, for a target runner of a server with ``n``."""
+    common = dict(device="meta", is_draft_runner=False, skip_prefill=False, max_context_len=n.context_len)
+    if name == "triton":
+        return dict(common, num_draft_tokens=n.num_draft_tokens, num_head=1, max_kv_splits=1, v_head_dim=1,
+                    swa_v_head_dim=None, lean_total_programs=1, lean_block_m=1, sliding_window_size=None)
+    if name == "trtllm_mla":
+        return dict(common, num_draft_tokens=n.num_draft_tokens, page_size=64, data_type=torch.bfloat16,
+                    num_q_heads=1, kv_cache_dim=1)
+    if name == "deepseek_v4":
+        return dict(common, speculative_num_draft_tokens=n.num_draft_tokens)
+    if name == "qwen_sparse":
+        return dict(common, runner=SimpleNamespace(is_draft_worker=False))
+    raise ValueError(f"unknown allocating backend {name!r} (known: {', '.join(ALLOCATING_BACKENDS)})")
+
+
+def load_sites() -> dict[str, object]:
+    """harness name -> the imported module, or a string saying why it does not import here."""
+    sites: dict[str, object] = {}
+    for name, (module, cls) in SITES.items():
+        try:
+            mod = importlib.import_module("sglang.srt.layers.attention." + module)
+        except Exception as exc:  # any failure in its import chain means "not drivable here"
+            sites[name] = f"{module}.py does not import here ({type(exc).__name__}: {exc})"
+            continue
+        if not hasattr(mod, cls) or not hasattr(mod, "maybe_create_verify_mask"):
+            sites[name] = f"{module}.py has no {cls} calling maybe_create_verify_mask"
+            continue
+        sites[name] = mod if name in DRIVERS else (f"{module}.py imports, but no driver for its set-up "
+                                                    "was proven on a CPU host")
+    return sites
+
+
+def allocation_call(target, name: str, numbers: ServerNumbers) -> AllocationCall:
+    """Run backend ``name``'s cuda-graph set-up for ``numbers`` and record its verify-mask call."""
+    sites = target._allocation_sites()
+    mod = sites.get(name)
+    if mod is None or isinstance(mod, str):
+        raise ValueError(f"allocation site {name!r} is not driven here: {mod or 'unknown backend'}")
+    cls = getattr(mod, SITES[name][1])
+    backend = cls.__new__(cls)
+    for attr, value in _attributes(name, numbers).items():
+        object.__setattr__(backend, attr, value)
+    real = mod.maybe_create_verify_mask
+    calls: list[AllocationCall] = []
+
+    def recording(**kwargs):
+        # The allocator only sizes; the meta device keeps a production-size mask free.
+        mask = real(**dict(kwargs, device="meta"))
+        calls.append(AllocationCall(
+            name, kwargs.get("max_bs"), kwargs.get("max_context_len"), kwargs.get("num_draft_tokens"),
+            bool(kwargs.get("is_read")), bool(kwargs.get("is_draft_runner")), bool(kwargs.get("skip_prefill")),
+            kwargs.get("dtype", torch.bool), mask))
+        raise _Allocated
+
+    patches = [(mod, "maybe_create_verify_mask", recording)]
+    if name == "qwen_sparse":
+        # it reads the draft width from the server's published spec config at set-up
+        spec = SimpleNamespace(speculative_num_draft_tokens=numbers.num_draft_tokens)
+        patches.append((mod, "get_spec", lambda: spec))
+    with bound(*patches):
+        try:
+            backend.init_cuda_graph_state(numbers.max_bs, numbers.max_bs * numbers.num_draft_tokens)
+        except _Allocated:
+            pass
+    if not calls:
+        raise RuntimeError(f"{SITES[name][1]}.init_cuda_graph_state({numbers.max_bs}, ...) never called "
+                           "maybe_create_verify_mask")
+    return calls[0]
