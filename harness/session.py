@@ -203,9 +203,14 @@ def _deployment_verdict(plan: RunPlan, target, outcome: RunOutcome) -> dict:
     oob = [f for r in outcome.results for f in r.findings if "out-of-bounds" in f.detail]
     if oob and not can:
         can, why = True, oob[0].detail
+    from harness.deployment import allocation_verdict, routing_verdict
+    verdicts = {}
+    for part, verdict in (("routing", routing_verdict), ("allocation", allocation_verdict)):
+        ok, detail = verdict(target, dep)
+        verdicts[part] = {"ok": ok, "why": detail}
     return {"label": dep.label(), "can_write_out_of_range": can, "why": why,
             "cuda_graph_max_bs": dep.cuda_graph_max_bs, "max_running_requests": dep.max_running_requests,
-            "context_length": dep.context_length}
+            "context_length": dep.context_length, **verdicts}
 
 
 def default_report_dir() -> Path:
