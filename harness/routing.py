@@ -3,10 +3,13 @@
 A server whose attention is split across backends builds a router over them
 (DESIGN.md section 1b): ``HybridAttnBackend`` over a prefill and a decode
 child, ``TboAttnBackend`` over a primary and two overlap children,
-``HybridLinearAttnBackend`` over a full-attention and a linear-attention child.
+``HybridLinearAttnBackend`` over a full-attention and a linear-attention child,
+and Dots' ``DotsSWAMLAAttnBackend`` around one FlashAttention backend.
 The call site asks the router for ``verify_mask`` and, when it must size a
 FULL_MASK fallback without the batch's exact length sum, for
-``max_context_len``. Two things must hold: the mask handed out is the one of the
+``max_context_len``. The scheduler drops that sum only for a backend that says
+it does not need CPU sequence lengths (``needs_cpu_seq_lens`` False), so a
+router that keeps them needs to report no context. Two things must hold: the mask handed out is the one of the
 child that runs TARGET_VERIFY (the one that reads it), and the context the
 router reports covers every request the server admits (#32690 added the
 missing report).
@@ -25,6 +28,7 @@ ROUTERS: dict[str, tuple[str, ...]] = {
     "hybrid": ("prefill", "decode"),
     "tbo": ("primary", "tbo-child-0", "tbo-child-1"),
     "hybrid-linear": ("full", "linear"),
+    "dots-swa": ("wrapped",),
 }
 
 #: ``--speculative-attention-mode``: which of a hybrid's children runs verification.
@@ -41,6 +45,8 @@ def verify_child(router: str, spec_mode: str) -> str:
         return "decode" if spec_mode == "decode" else "prefill"
     if router == "tbo":
         return "primary"  # the overlap children only split eager prefill
+    if router == "dots-swa":
+        return "wrapped"
     return "full"  # linear-attention layers read no tree mask
 
 
@@ -69,6 +75,9 @@ class Routing:
     max_context_len: Any
     #: role of the child the router dispatched a TARGET_VERIFY forward to; None: not observed
     serves_verify: str | None
+    #: True: the scheduler always hands the call site the batch's exact length
+    #: sum, so ``max_context_len`` is never read
+    needs_cpu_seq_lens: bool = False
 
 
 class RouterModel:
@@ -76,9 +85,13 @@ class RouterModel:
 
     def __init__(self, router: str, spec_mode: str, children: dict[str, Child], context_len: int):
         self.router, self.spec_mode, self.children = router, spec_mode, children
+        # children here never need CPU sequence lengths; the Dots wrapper always does
+        self.needs_cpu_seq_lens = router == "dots-swa"
         if router == "hybrid":
             # the hybrid reports the model's context length itself
             self.max_context_len = context_len
+        elif router == "dots-swa":
+            self.max_context_len = None  # it has no such attribute
         else:
             self.max_context_len = children[ROUTERS[router][0]].max_context_len
 
@@ -101,7 +114,7 @@ class RouterModel:
 def model_route(router: str, spec_mode: str, children: dict[str, Child], context_len: int) -> Routing:
     model = RouterModel(router, spec_mode, children, context_len)
     return Routing(router, spec_mode, model, model.verify_mask, model.max_context_len,
-                   model.serving("target_verify"))
+                   model.serving("target_verify"), model.needs_cpu_seq_lens)
 
 
 def check_args(router: str, spec_mode: str, children: dict[str, Child]) -> None:

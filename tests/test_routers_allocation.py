@@ -74,7 +74,8 @@ def test_property_holds(target, prop, tmp_path):
 def test_sglang_routers_are_the_real_classes(sglang_target):
     cfg = Config(TreeMaskMode.FULL_MASK, 2, 8, 3, 2, 2)
     heap = ShadowHeap("cpu")
-    want = {"hybrid": "HybridAttnBackend", "tbo": "TboAttnBackend", "hybrid-linear": "HybridLinearAttnBackend"}
+    want = {"hybrid": "HybridAttnBackend", "tbo": "TboAttnBackend", "hybrid-linear": "HybridLinearAttnBackend",
+            "dots-swa": "DotsSWAMLAAttnBackend"}
     for router, roles in ROUTERS.items():
         children = {r: Child(r, sglang_target.allocate(cfg, heap), 8) for r in roles}
         for mode in SPEC_MODES:
@@ -234,6 +235,12 @@ ALTERATIONS = {
     "linear-mask-from-linear-child": [([_ATTN + "hybrid_linear_attn_backend.py"],
                                        r"return self\.full_attn_backend\.verify_mask",
                                        "return self.linear_attn_backend.verify_mask")],
+    # a refactor that lets the Dots wrapper inherit its child's "no CPU lengths":
+    # the scheduler then drops the length sum, and the wrapper reports no context
+    "dots-forgets-cpu-seq-lens": [([_ATTN + "dots_hybrid_backend.py"],
+                                   r"(self\.kv_index_translator = backend\.kv_index_translator\n"
+                                   r"        self\.needs_cpu_seq_lens = )True",
+                                   r"\1backend.needs_cpu_seq_lens")],
     "triton-allocates-max-bs-minus-one": [([_ATTN + "triton_backend.py"],
                                            r"(maybe_create_verify_mask\(\n(?:.*\n)*?\s*)max_bs=max_bs,",
                                            r"\1max_bs=max_bs - 1,")],

@@ -8,9 +8,11 @@ Per router and mode:
 - the mask handed out is the mask of the child that runs TARGET_VERIFY
   (DESIGN.md 1b), and, where the target can observe it, the router dispatches
   the TARGET_VERIFY forward to that same child;
-- the context the router reports is a number covering every request the
-  server admits and what that child's mask was sized for (the call site sizes
-  a FULL_MASK fallback from it when the batch's length sum is unknown);
+- unless the router keeps CPU sequence lengths (then the scheduler always
+  passes the batch's exact length sum), the context it reports is a number
+  covering every request the server admits and what that child's mask was
+  sized for: the call site sizes a FULL_MASK fallback from it when the sum is
+  unknown;
 - one verify step through the call site, with the router as the attention
   backend, writes inside its buffers, into that child's buffer when the batch
   fits it (and into no other child's), and gives the oracle's outputs.
@@ -81,7 +83,9 @@ def routing(target, config: Config, batches: list[Batch], device="cpu") -> Obser
                     _fail(NAME, f"{where}: dispatches the TARGET_VERIFY forward to the {r.serves_verify} child, "
                                 f"but hands out the {role} child's mask")
                 need = max(config.max_context_len, want.max_context_len or 0)
-                if not isinstance(r.max_context_len, int) or isinstance(r.max_context_len, bool) \
+                if r.needs_cpu_seq_lens:
+                    obs.classes.add(f"{router}: length sum always known")
+                elif not isinstance(r.max_context_len, int) or isinstance(r.max_context_len, bool) \
                         or r.max_context_len < need:
                     _fail(NAME, f"{where}: reports max_context_len {r.max_context_len!r}, but requests reach "
                                 f"{config.max_context_len} tokens and the {role} child's mask was sized for "

@@ -1,6 +1,7 @@
 """SGLang's routers, built for real over stand-in children.
 
-``HybridAttnBackend``, ``TboAttnBackend`` and ``HybridLinearAttnBackend`` are
+``HybridAttnBackend``, ``TboAttnBackend``, ``HybridLinearAttnBackend`` and
+Dots' ``DotsSWAMLAAttnBackend`` are
 constructed with their own ``__init__`` over children that each hold a
 different verify mask (and the context they were sized for). What is read back
 is what the call site reads: the ``verify_mask`` property and
@@ -43,6 +44,9 @@ SURFACE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (_ATTN + "hybrid_linear_attn_backend.py", "HybridLinearAttnBackend.__init__", ("routing",)),
     (_ATTN + "hybrid_linear_attn_backend.py", "HybridLinearAttnBackend.verify_mask", ("routing",)),
     (_ATTN + "hybrid_linear_attn_backend.py", "HybridLinearAttnBackend.forward_extend", ("routing",)),
+    (_ATTN + "dots_hybrid_backend.py", "DotsSWAMLAAttnBackend.__init__", ("routing",)),
+    (_ATTN + "dots_hybrid_backend.py", "DotsSWAMLAAttnBackend.verify_mask", ("routing",)),
+    (_ATTN + "dots_hybrid_backend.py", "DotsSWAMLAAttnBackend.forward_extend", ("routing",)),
     ("srt/speculative/eagle_worker_common.py", "build_eagle_verify_input (router as attn_backend, "
      "seq_lens_sum unknown)", ("routing",)),
 )
@@ -51,6 +55,7 @@ _MODULES = {
     "hybrid": ("sglang.srt.layers.attention.hybrid_attn_backend", "HybridAttnBackend"),
     "tbo": ("sglang.srt.layers.attention.tbo_backend", "TboAttnBackend"),
     "hybrid-linear": ("sglang.srt.layers.attention.hybrid_linear_attn_backend", "HybridLinearAttnBackend"),
+    "dots-swa": ("sglang.srt.layers.attention.dots_hybrid_backend", "DotsSWAMLAAttnBackend"),
 }
 
 #: the one full-attention layer the stand-in hybrid-linear model has
@@ -107,6 +112,8 @@ def build(sg, router: str, spec_mode: str, children: dict[str, Child], context_l
             backend = cls(runner, kids["prefill"], kids["decode"])
     elif router == "tbo":
         backend = cls(kids["primary"], [kids["tbo-child-0"], kids["tbo-child-1"]])
+    elif router == "dots-swa":
+        backend = cls(kids["wrapped"])
     else:
         with bound((mod, "check_cuda_graph_backend", lambda *a, **k: False)):
             backend = cls(kids["full"], kids["linear"], [_FULL_LAYER])
@@ -114,15 +121,15 @@ def build(sg, router: str, spec_mode: str, children: dict[str, Child], context_l
     backend.forward_extend(q=None, k=None, v=None, layer=SimpleNamespace(layer_id=_FULL_LAYER),
                            forward_batch=forward_batch)
     return Routing(router, spec_mode, backend, backend.verify_mask, getattr(backend, "max_context_len", None),
-                   served[0] if served else None)
+                   served[0] if served else None, bool(getattr(backend, "needs_cpu_seq_lens", True)))
 
 
 def verify_routed(target, routing: Routing, config: Config, batch: Batch, heap) -> StepOutput:
     """SGLang's call site for one step, with ``routing.backend`` as the attention backend.
 
     ``seq_lens_sum`` is None, as when the scheduler skips that device-to-host
-    sum: the call site then sizes a FULL_MASK fallback from the backend's
-    ``max_context_len``.
+    sum (it does for a backend with ``needs_cpu_seq_lens`` False): the call
+    site then sizes a FULL_MASK fallback from the backend's ``max_context_len``.
     """
     from harness.targets.sglang import call_sites
 
@@ -132,7 +139,8 @@ def verify_routed(target, routing: Routing, config: Config, batch: Batch, heap) 
         target._draft_tokens[id(mask)] = config.d
     forward_batch, target_worker, bonus = call_sites.stand_ins(sg, mask, config, batch, dev)
     target_worker.model_runner.attn_backend = routing.backend
-    forward_batch.seq_lens_sum = None
+    if not getattr(routing, "needs_cpu_seq_lens", False):
+        forward_batch.seq_lens_sum = None
     sel, par = tree_tensors(config, batch, dev)
     draft = torch.zeros((batch.bs, config.d - 1), dtype=torch.long, device=dev)
     with target._routed(heap, mask):
