@@ -31,6 +31,8 @@ ALLOCATING_BACKENDS: dict[str, tuple[str, ...]] = {
     "trtllm_mla": ("trtllm_mla",),
     "deepseek_v4": ("dsv4", "compressed"),
     "qwen_sparse": ("qsa",),
+    # DeepSeek-V4 on ROCm: ``dsv4`` there builds this one instead
+    "deepseek_v4_hip_radix": (),
 }
 
 #: Every ``--attention-backend`` SGLang 0.5.23 accepts; the rest own no verify

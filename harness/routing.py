@@ -85,8 +85,9 @@ class RouterModel:
 
     def __init__(self, router: str, spec_mode: str, children: dict[str, Child], context_len: int):
         self.router, self.spec_mode, self.children = router, spec_mode, children
-        # children here never need CPU sequence lengths; the Dots wrapper always does
-        self.needs_cpu_seq_lens = router == "dots-swa"
+        # The children here never need CPU sequence lengths; the Dots wrapper
+        # always does, and two-batch overlap splits batches on the CPU lengths.
+        self.needs_cpu_seq_lens = router in ("dots-swa", "tbo")
         if router == "hybrid":
             # the hybrid reports the model's context length itself
             self.max_context_len = context_len

@@ -35,12 +35,13 @@ SITES: dict[str, tuple[str, str]] = {
     "trtllm_mla": ("trtllm_mla_backend", "TRTLLMMLABackend"),
     "deepseek_v4": ("deepseek_v4_backend", "DeepseekV4AttnBackend"),
     "qwen_sparse": ("qwen_sparse_attn_backend", "QwenSparseAttnBackend"),
+    "deepseek_v4_hip_radix": ("deepseek_v4_backend_hip_radix", "DeepseekV4HipRadixBackend"),
 }
 
 #: Sites with a driver here. flashattention and flashmla import CUDA-only
 #: extensions (sgl_kernel, flash_mla) at module load, so no CPU host can prove a
 #: driver for their set-up; they are reported not driven, with the reason.
-DRIVERS = ("triton", "trtllm_mla", "deepseek_v4", "qwen_sparse")
+DRIVERS = ("triton", "trtllm_mla", "deepseek_v4", "qwen_sparse", "deepseek_v4_hip_radix")
 
 #: (sglang-relative path, what is driven, properties that drive it); only the
 #: sites a CPU host can import -- ``not_driven`` says why the others are not.
@@ -67,6 +68,8 @@ def _attributes(name: str, n: ServerNumbers) -> dict:
         return dict(common, speculative_num_draft_tokens=n.num_draft_tokens)
     if name == "qwen_sparse":
         return dict(common, runner=SimpleNamespace(is_draft_worker=False))
+    if name == "deepseek_v4_hip_radix":
+        return dict(common, is_draft_worker=False, speculative_num_draft_tokens=n.num_draft_tokens)
     raise ValueError(f"unknown allocating backend {name!r} (known: {', '.join(ALLOCATING_BACKENDS)})")
 
 
