@@ -19,9 +19,9 @@ Per router and mode:
 
 Steps that would repeat one already run (the same handed mask, reported
 context and length-sum policy) are skipped: their inputs are identical. The
-routers' i-th children share one mask, so a case costs three or four verify
-steps (the hybrid's two children, the hybrid-linear's full child, and the
-routers that keep the length sum known: TBO and the Dots wrapper).
+routers' i-th children share one mask, so a case costs three verify steps:
+the hybrid's two children (the hybrid-linear's full child repeats the first),
+and the first child with the length sum known (TBO and the Dots wrapper).
 """
 
 from __future__ import annotations
@@ -103,7 +103,9 @@ def routing(target, config: Config, batches: list[Batch], device="cpu") -> Obser
                                 f"{config.max_context_len} tokens and the {role} child's mask was sized for "
                                 f"{want.max_context_len}: a FULL_MASK fallback sized from it is too short")
                 obs.classes.add(f"{router} ({spec_mode}) -> {role}")
-                key = (id(r.verify_mask), r.max_context_len, r.needs_cpu_seq_lens)
+                # with the length sum known, the reported context is never read
+                key = (id(r.verify_mask), None if r.needs_cpu_seq_lens else r.max_context_len,
+                       r.needs_cpu_seq_lens)
                 if key in stepped:
                     continue
                 stepped.add(key)
