@@ -244,6 +244,10 @@ ALTERATIONS = {
     "triton-allocates-max-bs-minus-one": [([_ATTN + "triton_backend.py"],
                                            r"(maybe_create_verify_mask\(\n(?:.*\n)*?\s*)max_bs=max_bs,",
                                            r"\1max_bs=max_bs - 1,")],
+    # the draft width confused with the step count, where __init__ derives it
+    "triton-init-draft-width-from-steps": [([_ATTN + "triton_backend.py"],
+                                            r"self\.num_draft_tokens = get_spec\(\)\.speculative_num_draft_tokens",
+                                            "self.num_draft_tokens = get_spec().speculative_num_steps")],
     "qwen-sparse-short-draft-width": [([_ATTN + "qwen_sparse_attn_backend.py"],
                                        r"num_draft_tokens=get_spec\(\)\.speculative_num_draft_tokens,",
                                        "num_draft_tokens=get_spec().speculative_num_draft_tokens - 1,")],

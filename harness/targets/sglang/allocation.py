@@ -1,7 +1,9 @@
 """SGLang's allocation sites: each backend's cuda-graph set-up, driven to its verify-mask call.
 
-A backend is made with ``cls.__new__`` and given the attributes its
-``init_cuda_graph_state`` reads, set to what its ``__init__`` derives from a
+The triton backend is built by its own ``__init__`` over a stand-in model
+runner (meta device) with the server-wide config it reads bound for the call;
+the others are made with ``cls.__new__`` and given the attributes their
+``init_cuda_graph_state`` reads, set to what their ``__init__`` derives from a
 server started with the given numbers (context length, draft width, topk) on
 the meta device, so the set-up allocates nothing real. Then its own
 ``init_cuda_graph_state(max_bs, ...)`` runs. ``maybe_create_verify_mask`` is
@@ -9,10 +11,10 @@ bound in the backend's module for that call: it records the arguments, runs
 SGLang's real allocator (meta device) and stops the set-up there, so the
 CUDA-only work after the mask is never reached.
 
-Not driven: ``__init__`` itself (it needs a model runner, a KV pool and the
-server's published runtime context), and the backends whose modules do not
-import without CUDA extensions (``ALLOCATION_SITES`` says which and why at
-load).
+Not driven: ``__init__`` of the backends other than triton (they need much
+more of a model runner, KV pool and runtime context), and the backends whose
+modules do not import without CUDA extensions (``load_sites`` says which and
+why).
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ DRIVERS = ("triton", "trtllm_mla", "deepseek_v4", "qwen_sparse", "deepseek_v4_hi
 SURFACE: tuple[tuple[str, str, tuple[str, ...]], ...] = tuple(
     (_ATTN + module + ".py", f"{cls}.init_cuda_graph_state -> maybe_create_verify_mask", ("allocation-soundness",))
     for name, (module, cls) in SITES.items() if name in DRIVERS
-) + ((_ATTN + "verify_mask.py", "maybe_create_verify_mask (with each site's arguments)", ("allocation-soundness",)),)
+) + ((_ATTN + "triton_backend.py", "TritonAttnBackend.__init__ (max_context_len, num_draft_tokens, "
+      "is_draft_runner, skip_prefill)", ("allocation-soundness",)),) + ((_ATTN + "verify_mask.py", "maybe_create_verify_mask (with each site's arguments)", ("allocation-soundness",)),)
 
 
 class _Allocated(Exception):
@@ -71,6 +74,50 @@ def _attributes(name: str, n: ServerNumbers) -> dict:
     if name == "deepseek_v4_hip_radix":
         return dict(common, is_draft_worker=False, speculative_num_draft_tokens=n.num_draft_tokens)
     raise ValueError(f"unknown allocating backend {name!r} (known: {', '.join(ALLOCATING_BACKENDS)})")
+
+
+def _server_context(n: ServerNumbers):
+    """The server-wide config a backend's ``__init__`` reads, for a server with ``n``."""
+    spec = SimpleNamespace(speculative_num_draft_tokens=n.num_draft_tokens, speculative_num_steps=n.spec_steps,
+                           speculative_eagle_topk=n.topk, speculative_algorithm="EAGLE")
+    exec_ = SimpleNamespace(
+        kernel=SimpleNamespace(enable_lean_attention=None, triton_attention_num_kv_splits=8,
+                               triton_attention_split_tile_size=None),
+        dllm=SimpleNamespace(dllm_algorithm=None),
+        deterministic=SimpleNamespace(enable_deterministic_inference=False))
+    parallel = SimpleNamespace(attn_dcp_size=1, attn_dcp_rank=0, attn_tp_size=1)
+    schedule = SimpleNamespace(chunked_prefill_size=8192)
+    return spec, exec_, parallel, schedule
+
+
+def _model_runner(n: ServerNumbers):
+    """A target model runner of a small dense model, on the meta device."""
+    model_config = SimpleNamespace(
+        context_len=n.context_len, attention_arch=None, get_max_num_attention_heads=lambda: 8,
+        get_num_kv_heads=lambda *a: 8, v_head_dim=64, swa_v_head_dim=64, head_dim=64, is_encoder_decoder=False)
+    pool = SimpleNamespace(size=n.max_bs, req_to_token=torch.zeros(n.max_bs, 1, dtype=torch.int32))
+    kv_pool = SimpleNamespace(start_layer=0, get_value_buffer=lambda layer: torch.empty(1, 8, 64, device="meta"))
+    return SimpleNamespace(
+        req_to_token_pool=pool, sliding_window_size=None, token_to_kv_pool=kv_pool,
+        token_to_kv_pool_allocator=None, page_size=1, kv_index_translator=None,
+        decode_num_tokens_per_req=lambda: n.num_draft_tokens, is_draft_worker=False, spec_algorithm=None,
+        model_config=model_config, device="meta", gpu_id=0, kv_cache_dtype=torch.bfloat16)
+
+
+def _constructed(name: str, mod, cls, n: ServerNumbers):
+    """The backend built by its own ``__init__`` where stand-ins carry it (triton), else None.
+
+    Then the attributes the allocation reads (context length, draft width,
+    draft-runner flag, device) are the ones ``__init__`` derived, so a wrong
+    derivation there is caught too.
+    """
+    if name != "triton":
+        return None
+    spec, exec_, parallel, schedule = _server_context(n)
+    with bound((mod, "get_spec", lambda: spec), (mod, "get_exec", lambda: exec_),
+               (mod, "get_parallel", lambda: parallel), (mod, "get_schedule", lambda: schedule),
+               (mod, "mambaish_config", lambda config: None)):
+        return cls(_model_runner(n))
 
 
 def load_sites() -> dict[str, object]:
@@ -97,9 +144,11 @@ def allocation_call(target, name: str, numbers: ServerNumbers) -> AllocationCall
     if mod is None or isinstance(mod, str):
         raise ValueError(f"allocation site {name!r} is not driven here: {mod or 'unknown backend'}")
     cls = getattr(mod, SITES[name][1])
-    backend = cls.__new__(cls)
-    for attr, value in _attributes(name, numbers).items():
-        object.__setattr__(backend, attr, value)
+    backend = _constructed(name, mod, cls, numbers)
+    if backend is None:
+        backend = cls.__new__(cls)
+        for attr, value in _attributes(name, numbers).items():
+            object.__setattr__(backend, attr, value)
     real = mod.maybe_create_verify_mask
     calls: list[AllocationCall] = []
 
