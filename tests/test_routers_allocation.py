@@ -279,3 +279,27 @@ def test_altered_router_or_allocation_site_is_caught(sglang_target, alteration, 
     assert failed and all(want in line for line in failed), out
     # a finding names what went wrong, not a crash of the harness
     assert "target raised" not in out, out
+
+
+def test_sglang_modules_are_left_as_found(sglang_target):
+    """What a router's construction or a site's set-up binds is put back, even when the set-up raises."""
+    import importlib
+
+    names = {"sglang.srt.layers.attention.hybrid_attn_backend": ("get_spec",),
+             "sglang.srt.layers.attention.hybrid_linear_attn_backend": ("check_cuda_graph_backend",),
+             "sglang.srt.layers.attention.triton_backend": ("maybe_create_verify_mask", "get_spec", "get_exec",
+                                                            "get_parallel", "get_schedule", "mambaish_config"),
+             "sglang.srt.layers.attention.qwen_sparse_attn_backend": ("maybe_create_verify_mask", "get_spec")}
+    mods = {m: importlib.import_module(m) for m in names}
+
+    def seams():
+        return {(m, a): mods[m].__dict__.get(a) for m, attrs in names.items() for a in attrs}
+
+    before = seams()
+    cfg = Config(TreeMaskMode.FULL_MASK, 2, 8, 3, 2, 2)
+    PROPERTIES["routing"].check(sglang_target, cfg, [Batch((3, 8, 1))])
+    PROPERTIES["allocation-soundness"].check(sglang_target, cfg, [Batch((1,))])
+    assert seams() == before
+    with pytest.raises(TypeError):  # no context length: triton's set-up cannot size its buffers
+        sglang_target.allocation_call("triton", ServerNumbers(2, None, 3, 2, 2))
+    assert seams() == before
