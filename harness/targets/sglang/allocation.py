@@ -48,10 +48,14 @@ DRIVERS = ("triton", "trtllm_mla", "deepseek_v4", "qwen_sparse", "deepseek_v4_hi
 #: (sglang-relative path, what is driven, properties that drive it); only the
 #: sites a CPU host can import -- ``not_driven`` says why the others are not.
 SURFACE: tuple[tuple[str, str, tuple[str, ...]], ...] = tuple(
-    (_ATTN + module + ".py", f"{cls}.init_cuda_graph_state -> maybe_create_verify_mask", ("allocation-soundness",))
+    (_ATTN + module + ".py", f"{cls}.init_cuda_graph_state", ("allocation-soundness",))
     for name, (module, cls) in SITES.items() if name in DRIVERS
-) + ((_ATTN + "triton_backend.py", "TritonAttnBackend.__init__ (max_context_len, num_draft_tokens, "
-      "is_draft_runner, skip_prefill)", ("allocation-soundness",)),) + ((_ATTN + "verify_mask.py", "maybe_create_verify_mask (with each site's arguments)", ("allocation-soundness",)),)
+) + (
+    # where triton derives max_context_len and the draft width it allocates with
+    (_ATTN + "triton_backend.py", "TritonAttnBackend.__init__", ("allocation-soundness",)),
+    # the allocator itself, called with each site's own arguments
+    (_ATTN + "verify_mask.py", "maybe_create_verify_mask", ("allocation-soundness",)),
+)
 
 
 class _Allocated(Exception):
@@ -175,3 +179,18 @@ def allocation_call(target, name: str, numbers: ServerNumbers) -> AllocationCall
         raise RuntimeError(f"{SITES[name][1]}.init_cuda_graph_state({numbers.max_bs}, ...) never called "
                            "maybe_create_verify_mask")
     return calls[0]
+
+
+#: (sglang-relative path, what, why not driven): the other allocation sites.
+NOT_DRIVEN: tuple[tuple[str, str, str], ...] = (
+    (_ATTN + "flashattention_backend.py", "FlashAttentionBackend.init_cuda_graph_state",
+     "the module imports sgl_kernel (a CUDA extension) at load: no CPU host imports it"),
+    (_ATTN + "flashmla_backend.py", "FlashMLABackend.init_cuda_graph_state",
+     "the module imports flash_mla (a CUDA extension) at load: no CPU host imports it"),
+    (_ATTN + "trtllm_mla_backend.py", "TRTLLMMLABackend.__init__",
+     "only init_cuda_graph_state is driven; its attributes are set as __init__ would"),
+    (_ATTN + "deepseek_v4_backend.py", "DeepseekV4AttnBackend.__init__",
+     "only init_cuda_graph_state is driven; its attributes are set as __init__ would"),
+    (_ATTN + "qwen_sparse_attn_backend.py", "QwenSparseAttnBackend.__init__",
+     "only init_cuda_graph_state is driven; its attributes are set as __init__ would"),
+)

@@ -47,8 +47,8 @@ SURFACE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (_ATTN + "dots_hybrid_backend.py", "DotsSWAMLAAttnBackend.__init__", ("routing",)),
     (_ATTN + "dots_hybrid_backend.py", "DotsSWAMLAAttnBackend.verify_mask", ("routing",)),
     (_ATTN + "dots_hybrid_backend.py", "DotsSWAMLAAttnBackend.forward_extend", ("routing",)),
-    ("srt/speculative/eagle_worker_common.py", "build_eagle_verify_input (router as attn_backend, "
-     "seq_lens_sum unknown)", ("routing",)),
+    # the call site, with the router as model_runner.attn_backend and the length sum unknown
+    ("srt/speculative/eagle_worker_common.py", "build_eagle_verify_input", ("routing",)),
 )
 
 _MODULES = {
@@ -151,3 +151,16 @@ def verify_routed(target, routing: Routing, config: Config, batch: Batch, heap) 
     reused = mask is not None and vi.custom_mask.data_ptr() == mask.buffer.data_ptr()
     return StepOutput(vi.custom_mask, vi.positions, vi.retrieve_index, vi.retrieve_next_token,
                       vi.retrieve_next_sibling, reused=reused)
+
+
+#: (sglang-relative path, what, why not driven): router paths no property reaches.
+NOT_DRIVEN: tuple[tuple[str, str, str], ...] = (
+    (_ATTN + "hybrid_attn_backend.py", "HybridAttnBackend.update_verify_buffers_to_fill_after_draft",
+     "the cuda-graph replay fix-up of a child's verify buffers is not run"),
+    (_ATTN + "hybrid_attn_backend.py", "HybridAttnBackend.init_cuda_graph_state",
+     "which children capture graphs (and so allocate a mask) is not run"),
+    (_ATTN + "tbo_backend.py", "TboAttnBackend.init_forward_metadata_out_graph",
+     "the overlap children's per-child metadata is not run"),
+    (_ATTN + "hybrid_linear_attn_backend.py", "HybridLinearAttnBackend.update_verify_buffers_to_fill_after_draft",
+     "the cuda-graph replay fix-up is not run"),
+)
