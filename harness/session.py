@@ -206,7 +206,10 @@ def _deployment_verdict(plan: RunPlan, target, outcome: RunOutcome) -> dict:
     from harness.deployment import allocation_verdict, routing_verdict
     verdicts = {}
     for part, verdict in (("routing", routing_verdict), ("allocation", allocation_verdict)):
-        ok, detail = verdict(target, dep)
+        try:
+            ok, detail = verdict(target, dep)
+        except Exception as exc:  # the target broke answering for this server: that fails it
+            ok, detail = False, f"target raised {type(exc).__name__}: {exc}"
         verdicts[part] = {"ok": ok, "why": detail}
     return {"label": dep.label(), "can_write_out_of_range": can, "why": why,
             "cuda_graph_max_bs": dep.cuda_graph_max_bs, "max_running_requests": dep.max_running_requests,
