@@ -181,8 +181,12 @@ def routing_verdict(target, dep: Deployment) -> tuple[bool | None, str]:
         return False, (f"HybridAttnBackend(prefill={prefill}, decode={decode}) reports max_context_len "
                        f"{r.max_context_len!r} below the context length {dep.context_length}")
     held = "its preallocated mask" if r.verify_mask is not None else "no mask (every step falls back)"
+    pp = ""
+    if dep.pp_size > 1:
+        pp = (f"; with {dep.pp_size} pipeline stages each rebuilds the verify input "
+              "(scheduler_pp_mixin) from the same router's mask")
     return True, (f"HybridAttnBackend(prefill={prefill}, decode={decode}), speculative_attention_mode {mode}: "
-                  f"TARGET_VERIFY on {name}, the call sites get {held}, max_context_len {r.max_context_len}")
+                  f"TARGET_VERIFY on {name}, the call sites get {held}, max_context_len {r.max_context_len}{pp}")
 
 
 def _site_mask(target, server_name: str, numbers):

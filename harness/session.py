@@ -213,7 +213,7 @@ def _deployment_verdict(plan: RunPlan, target, outcome: RunOutcome) -> dict:
         verdicts[part] = {"ok": ok, "why": detail}
     return {"label": dep.label(), "can_write_out_of_range": can, "why": why,
             "cuda_graph_max_bs": dep.cuda_graph_max_bs, "max_running_requests": dep.max_running_requests,
-            "context_length": dep.context_length, **verdicts}
+            "context_length": dep.context_length, "pp_size": dep.pp_size, **verdicts}
 
 
 def default_report_dir() -> Path:
