@@ -121,6 +121,10 @@ def routing(target, config: Config, batches: list[Batch], device="cpu") -> Obser
                 if reuses and wrote != want.verify_mask.buffer.data_ptr():
                     _fail(NAME, f"{where}: bs {batch.bs} fits the {role} child's mask, but the call site "
                                 f"wrote {_whose(children, _Written(out.tree_mask))} instead")
+                if not reuses and any(wrote == c.verify_mask.buffer.data_ptr() for c in children.values()):
+                    _fail(NAME, f"{where}: bs {batch.bs} does not fit the {role} child's mask (max_bs "
+                                f"{config.max_bs}), but the call site wrote "
+                                f"{_whose(children, _Written(out.tree_mask))}")
                 for k, raw in before.items():
                     if not torch.equal(raw, _raw(children[k].verify_mask)):
                         _fail(NAME, f"{where}: the verify step changed the {k} child's mask, which no "
