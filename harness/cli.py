@@ -208,6 +208,11 @@ def execute_and_report(plan, target, gate=None) -> int:
         d = outcome.deployment
         print(f"deployment {d['label']}: {'CAN' if d['can_write_out_of_range'] else 'cannot'} "
               f"write out of range: {d['why']}")
+        for part in ("routing", "allocation"):
+            v = d.get(part)
+            if v:
+                state = {True: "held", False: "FAILED", None: "not checked"}[v["ok"]]
+                print(f"  {part}: {state}: {v['why']}")
     print(f"reports: {plan.report_dir}/ (summary.json, summary.md, junit.xml, report.html)")
     if outcome.interrupted:
         print("vmfuzz: interrupted (findings written so far are kept, reports cover what ran)", file=sys.stderr)
@@ -215,6 +220,10 @@ def execute_and_report(plan, target, gate=None) -> int:
     if outcome.failed:
         print(f"{summary['counts']['findings']} finding(s) written under {plan.findings_dir}; "
               "replay with: vmfuzz replay FILE")
+        return EXIT_FINDING
+    if outcome.deployment and any((outcome.deployment.get(p) or {}).get("ok") is False
+                                  for p in ("routing", "allocation")):
+        print(f"the deployment's routing or allocation fails (recorded in {plan.report_dir}/summary.json)")
         return EXIT_FINDING
     undriven = [r.prop for r in outcome.results if r.not_driven]
     if undriven:

@@ -32,6 +32,28 @@ class Deployment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     is_read: bool = True
     seq_lens: list[int] = []
     name: str = ""
+    #: ``--attention-backend``; the per-phase ones override it ("" = not stated)
+    attention_backend: str = ""
+    prefill_attention_backend: str = ""
+    decode_attention_backend: str = ""
+    #: ``--speculative-attention-mode``: which phase's backend runs TARGET_VERIFY
+    speculative_attention_mode: str = "prefill"
+    #: pipeline-parallel stages (> 1: every stage rebuilds the verify input)
+    pp_size: int = 1
+
+    def backends(self) -> tuple[str, str]:
+        """(prefill, decode) backend names as SGLang resolves them ("" when not stated)."""
+        return (self.prefill_attention_backend or self.attention_backend,
+                self.decode_attention_backend or self.attention_backend)
+
+    def verify_backend(self) -> str:
+        prefill, decode = self.backends()
+        return decode if self.speculative_attention_mode == "decode" else prefill
+
+    def numbers(self):
+        from harness.allocation import ServerNumbers
+        return ServerNumbers(self.cuda_graph_max_bs, self.context_length, self.num_draft_tokens, self.topk,
+                             self.spec_steps)
 
     def config(self) -> Config:
         try:
@@ -68,6 +90,7 @@ def load(path: str | Path) -> Deployment:
         raise DeploymentError(f"{path}: invalid deployment: {exc}") from None
     if dep.max_running_requests < 1:
         raise DeploymentError(f"{path}: max_running_requests must be >= 1")
+    _check_serving_fields(dep, path)
     dep.config()
     return dep
 
@@ -111,3 +134,92 @@ def capacity_verdict(target, dep: Deployment) -> tuple[bool, str]:
                               f"{worst} cells ({worst - cap} past its end)")
     return False, (f"every batch of 1..{dep.max_running_requests} requests that reuses the "
                    f"{cap}-cell buffer fits it at full context")
+
+
+def _check_serving_fields(dep: Deployment, path: Path) -> None:
+    from harness.allocation import SERVER_BACKENDS
+    from harness.routing import SPEC_MODES
+
+    for field in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
+        value = getattr(dep, field)
+        if value and value not in SERVER_BACKENDS:
+            raise DeploymentError(f"{path}: {field} {value!r} is not an SGLang attention backend "
+                                  f"(known: {', '.join(SERVER_BACKENDS)})")
+    if dep.speculative_attention_mode not in SPEC_MODES:
+        raise DeploymentError(f"{path}: speculative_attention_mode must be one of {', '.join(SPEC_MODES)}, "
+                              f"got {dep.speculative_attention_mode!r}")
+    if dep.pp_size < 1:
+        raise DeploymentError(f"{path}: pp_size must be >= 1, got {dep.pp_size}")
+
+
+def routing_verdict(target, dep: Deployment) -> tuple[bool | None, str]:
+    """Which backend's mask this server's call sites get, checked through the target's router.
+
+    (None, why) when the deployment names no split, or the target has no router seam.
+    """
+    from harness.routing import Child, verify_child
+
+    prefill, decode = dep.backends()
+    if not (prefill and decode) or prefill == decode:
+        return None, ("one attention backend, no router" if prefill or decode
+                      else "no attention backend stated")
+    if not callable(getattr(target, "route", None)):
+        return None, f"target {target.name} drives no router"
+    numbers = dep.numbers()
+    masks = {}
+    for role, name in (("prefill", prefill), ("decode", decode)):
+        masks[role] = _site_mask(target, name, numbers)
+    children = {role: Child(role, masks[role], dep.context_length) for role in ("prefill", "decode")}
+    mode = dep.speculative_attention_mode
+    role = verify_child("hybrid", mode)
+    r = target.route("hybrid", mode, children, dep.context_length)
+    name = decode if role == "decode" else prefill
+    if r.verify_mask is not children[role].verify_mask:
+        return False, (f"HybridAttnBackend(prefill={prefill}, decode={decode}) with speculative_attention_mode "
+                       f"{mode} runs TARGET_VERIFY on {name} but hands the call sites another child's mask")
+    if not isinstance(r.max_context_len, int) or r.max_context_len < dep.context_length:
+        return False, (f"HybridAttnBackend(prefill={prefill}, decode={decode}) reports max_context_len "
+                       f"{r.max_context_len!r} below the context length {dep.context_length}")
+    held = "its preallocated mask" if r.verify_mask is not None else "no mask (every step falls back)"
+    pp = ""
+    if dep.pp_size > 1:
+        pp = (f"; with {dep.pp_size} pipeline stages each rebuilds the verify input "
+              "(scheduler_pp_mixin) from the same router's mask")
+    return True, (f"HybridAttnBackend(prefill={prefill}, decode={decode}), speculative_attention_mode {mode}: "
+                  f"TARGET_VERIFY on {name}, the call sites get {held}, max_context_len {r.max_context_len}{pp}")
+
+
+def _site_mask(target, server_name: str, numbers):
+    from harness.allocation import allocating_backend
+    site = allocating_backend(server_name)
+    if site is None or not callable(getattr(target, "allocating_backends", None)):
+        return None
+    if target.allocating_backends().get(site, "unknown") is not None:
+        return None
+    return target.allocation_call(site, numbers).mask
+
+
+def allocation_verdict(target, dep: Deployment) -> tuple[bool | None, str]:
+    """allocation-soundness for the backend that runs TARGET_VERIFY, with this server's numbers."""
+    from harness.allocation import allocating_backend
+    from harness.properties import PropertyFailure
+    from harness.properties.allocation import check_site
+
+    name = dep.verify_backend()
+    if not name:
+        return None, "no attention backend stated"
+    site = allocating_backend(name)
+    if site is None:
+        return None, f"{name} preallocates no verify mask: every verify step allocates per batch"
+    if not callable(getattr(target, "allocating_backends", None)):
+        return None, f"target {target.name} drives no allocation site"
+    why = target.allocating_backends().get(site, "unknown site")
+    if why is not None:
+        return None, f"{name} ({site}) not driven on {target.name}: {why}"
+    try:
+        margin = check_site(target, site, dep.numbers())
+    except PropertyFailure as exc:
+        return False, exc.detail
+    return True, (f"{name} ({site}) allocates for max_bs {dep.cuda_graph_max_bs}, context {dep.context_length}, "
+                  f"num_draft_tokens {dep.num_draft_tokens}: a full batch at the context limit has "
+                  f"{-int(margin)} cell(s) to spare")

@@ -89,7 +89,8 @@ def build_summary(outcome) -> dict:
 
 def summary_md(s: dict) -> str:
     c = s["counts"]
-    verdict = "**FAILED**" if c["findings"] else "passed"
+    dep_failed = any(((s.get("deployment") or {}).get(p) or {}).get("ok") is False for p in ("routing", "allocation"))
+    verdict = "**FAILED**" if c["findings"] or dep_failed else "passed"
     lines = [f"### vmfuzz {s['command']}: {verdict} on `{s['target']}`", "",
              f"profile `{s['profile']}`, seed `{s['seed']}`, {c['examples']} examples, "
              f"{c['held']} held / {c['failed']} failed / {c['skipped']} skipped, "
@@ -98,6 +99,11 @@ def summary_md(s: dict) -> str:
         d = s["deployment"]
         lines += [f"Deployment {d['label']}: **{'can' if d['can_write_out_of_range'] else 'cannot'} "
                   f"write out of range** ({d['why']})", ""]
+        for part in ("routing", "allocation"):
+            if d.get(part):
+                state = {True: "held", False: "**FAILED**", None: "not checked"}[d[part]["ok"]]
+                lines += [f"- {part}: {state}: {d[part]['why']}"]
+        lines += [""] if any(d.get(p) for p in ("routing", "allocation")) else []
     if s.get("gate"):
         from harness.surface import gate_line
         line = gate_line(s["gate"], quote="`")

@@ -205,9 +205,17 @@ def _deployment_verdict(plan: RunPlan, target, outcome: RunOutcome) -> dict:
     oob = [f for r in outcome.results for f in r.findings if "out-of-bounds" in f.detail]
     if oob and not can:
         can, why = True, oob[0].detail
+    from harness.deployment import allocation_verdict, routing_verdict
+    verdicts = {}
+    for part, verdict in (("routing", routing_verdict), ("allocation", allocation_verdict)):
+        try:
+            ok, detail = verdict(target, dep)
+        except Exception as exc:  # the target broke answering for this server: that fails it
+            ok, detail = False, f"target raised {type(exc).__name__}: {exc}"
+        verdicts[part] = {"ok": ok, "why": detail}
     return {"label": dep.label(), "can_write_out_of_range": can, "why": why,
             "cuda_graph_max_bs": dep.cuda_graph_max_bs, "max_running_requests": dep.max_running_requests,
-            "context_length": dep.context_length}
+            "context_length": dep.context_length, "pp_size": dep.pp_size, **verdicts}
 
 
 def default_report_dir() -> Path:

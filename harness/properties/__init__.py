@@ -6,6 +6,8 @@ One module per part of the mask's path:
   (the seven properties of DESIGN.md section 2); ``Config.call_site`` picks
   which of SGLang's three call sites a case runs through.
 - ``writers``: the chain writer ``build_chain_tree``, called directly.
+- ``routers``: ``routing``, the mask a router hands to the call site.
+- ``allocation``: ``allocation-soundness``, the bounds each backend allocates with.
 
 A property names the target seams it ``needs`` beyond the core protocol; a
 target without them (a plug-in written against the core protocol) gets the
@@ -51,5 +53,15 @@ PROPERTIES: dict[str, Property] = {p.name: p for p in (
     Property("chain-writer", chain_writer, "build_chain_tree: no write leaves its buffers; == oracle, "
              "== the tree kernel on the same chain", chain=True, needs=("chain_write", "chain_kernel")),
 )}
+
+from harness.properties.allocation import allocation_soundness  # noqa: E402 - after Property
+from harness.properties.routers import routing  # noqa: E402
+
+PROPERTIES.update({p.name: p for p in (
+    Property("routing", routing, "each router hands out its TARGET_VERIFY child's mask and reports a "
+             "context covering it", needs=("route", "verify_routed")),
+    Property("allocation-soundness", allocation_soundness, "each allocating backend sizes the mask for "
+             "the server's max_bs, context length and draft width", needs=("allocating_backends", "allocation_call")),
+)})
 
 __all__ = ["Observation", "PROPERTIES", "Property", "PropertyFailure"]

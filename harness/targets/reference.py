@@ -173,6 +173,26 @@ class ReferenceTarget:
     def versions(self) -> dict[str, str]:
         return {"reference": harness.__version__, "torch": torch.__version__}
 
+    # -- routers and allocation sites (harness/routing.py, harness/allocation.py) --
+    def route(self, router: str, spec_mode: str, children: dict, context_len: int):
+        """The router a server would build over ``children``: what it hands out and reports."""
+        from harness import routing
+        routing.check_args(router, spec_mode, children)
+        return routing.model_route(router, spec_mode, children, context_len)
+
+    def verify_routed(self, routing, config: Config, batch: Batch, heap: ShadowHeap) -> StepOutput:
+        """One verify step through the call site with ``routing.backend`` as the attention backend."""
+        return self.verify(routing.backend.verify_mask, config, batch, heap)
+
+    def allocating_backends(self) -> dict[str, str | None]:
+        """Allocation sites this target drives (None) or why it cannot (a reason)."""
+        from harness.allocation import ALLOCATING_BACKENDS
+        return {name: None for name in ALLOCATING_BACKENDS}
+
+    def allocation_call(self, backend: str, numbers):
+        from harness.allocation import model_allocation
+        return model_allocation(self, backend, numbers)
+
 
 def _chain_inputs_for(config: Config, batch: Batch, device) -> ChainInputs:
     from harness.chain_call import chain_inputs

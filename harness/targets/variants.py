@@ -99,3 +99,75 @@ CATALOGUE: dict[str, Variant] = {v.name: v for v in (
     Variant("chain-row-offset", "chain writer row offset error: every mask row is written w cells past "
             "its start", "chain_kernel", _chain_row_offset),
 )}
+
+
+# -- routers (seam ``route``) and allocation sites (seam ``allocation_call``) --------
+
+def _handing_out(routing, mask, max_context_len=None):
+    """The router's answer with another mask or context: the call site gets a backend that says so."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    ctx = routing.max_context_len if max_context_len is None else max_context_len
+    backend = SimpleNamespace(verify_mask=mask, max_context_len=ctx)
+    return dataclasses.replace(routing, backend=backend, verify_mask=mask, max_context_len=ctx)
+
+
+def _router_handing(router_kind: str, role: str):
+    def wrap(route):
+        def misrouted(router, spec_mode, children, context_len):
+            routing = route(router, spec_mode, children, context_len)
+            if router != router_kind:
+                return routing
+            return _handing_out(routing, children[role].verify_mask)
+        return misrouted
+    return wrap
+
+
+def _router_short_context(route):
+    def short(router, spec_mode, children, context_len):
+        routing = route(router, spec_mode, children, context_len)
+        return _handing_out(routing, routing.verify_mask, max_context_len=context_len // 2)
+    return short
+
+
+def _allocating(**change):
+    """An allocation site passing other bounds; the mask is then the size those bounds give."""
+    def wrap(allocation_call):
+        def altered(backend, numbers):
+            import dataclasses
+
+            import msgspec
+            import torch
+
+            from harness.layouts import worst_case_size
+
+            call = allocation_call(backend, numbers)
+            call = dataclasses.replace(call, **{k: f(call) for k, f in change.items()})
+            if call.mask is not None:
+                n = worst_case_size(call.mask.mode, call.max_bs, call.num_draft_tokens, call.max_context_len)
+                call.mask = msgspec.structs.replace(
+                    call.mask, max_bs=call.max_bs,
+                    buffer=torch.empty(n, dtype=call.mask.buffer.dtype, device="meta"))
+            return call
+        return altered
+    return wrap
+
+
+CATALOGUE.update({v.name: v for v in (
+    Variant("hybrid-decode-mask", "HybridAttnBackend hands out the decode child's mask even when "
+            "speculative_attention_mode is prefill and the prefill child runs TARGET_VERIFY (#32920's routing)",
+            "route", _router_handing("hybrid", "decode")),
+    Variant("tbo-child-mask", "TboAttnBackend hands out its first overlap child's mask instead of the primary's",
+            "route", _router_handing("tbo", "tbo-child-0")),
+    Variant("linear-child-mask", "HybridLinearAttnBackend hands out the linear-attention child's mask "
+            "instead of the full-attention child's", "route", _router_handing("hybrid-linear", "linear")),
+    Variant("router-short-context", "a router reports half the model's context length as max_context_len "
+            "(the class #32690 fixed): a FULL_MASK fallback sized from it is too short",
+            "route", _router_short_context),
+    Variant("alloc-max-bs-short", "an allocating backend sizes the mask for max_bs - 1 instead of the "
+            "captured max_bs", "allocation_call", _allocating(max_bs=lambda c: c.max_bs - 1)),
+    Variant("alloc-wrong-d", "an allocating backend sizes the mask for num_draft_tokens - 1 draft rows "
+            "(the step count instead of the draft width)", "allocation_call",
+            _allocating(num_draft_tokens=lambda c: c.num_draft_tokens - 1)),
+)})

@@ -1,4 +1,4 @@
-"""The seven properties as plain pytest + Hypothesis tests.
+"""Every registered property as a plain pytest + Hypothesis test.
 
 Nothing here is special to vmfuzz's own runner, so any engine that drives
 Hypothesis tests drives these unchanged: ``pytest -n 4`` (pytest-xdist, also

@@ -183,4 +183,29 @@ class SglangTarget:
                 "call sites": ", ".join(self.call_sites),
                 "vmfuzz": harness.__version__}
 
+    # -- routers and allocation sites (routers.py, allocation.py) --------------
+    def route(self, router: str, spec_mode: str, children: dict, context_len: int):
+        """SGLang's router class of that kind, built over stand-ins of ``children``."""
+        from harness.targets.sglang import routers
+        return routers.build(self._sg, router, spec_mode, children, context_len)
+
+    def verify_routed(self, routing, config: Config, batch: Batch, heap: ShadowHeap) -> StepOutput:
+        from harness.targets.sglang import routers
+        return routers.verify_routed(self, routing, config, batch, heap)
+
+    def _allocation_sites(self) -> dict:
+        if getattr(self, "_sites", None) is None:
+            from harness.targets.sglang.allocation import load_sites
+            self._sites = load_sites()
+        return self._sites
+
+    def allocating_backends(self) -> dict[str, str | None]:
+        """Allocation sites driven here (None) or why not (a reason)."""
+        return {name: None if not isinstance(site, str) else site
+                for name, site in self._allocation_sites().items()}
+
+    def allocation_call(self, backend: str, numbers):
+        from harness.targets.sglang.allocation import allocation_call
+        return allocation_call(self, backend, numbers)
+
 

@@ -1,0 +1,146 @@
+"""``routing``: a router hands the call site the mask of the child that reads it.
+
+For every case, every router kind (``harness.routing.ROUTERS``) and both
+speculative attention modes are checked, over children that each hold a
+different verify mask, so a case stays (Config, [Batch]) and replays as such.
+Per router and mode:
+
+- the mask handed out is the mask of the child that runs TARGET_VERIFY
+  (DESIGN.md 1b), and, where the target can observe it, the router dispatches
+  the TARGET_VERIFY forward to that same child;
+- unless the router keeps CPU sequence lengths (then the scheduler always
+  passes the batch's exact length sum), the context it reports is a number
+  covering every request the server admits and what that child's mask was
+  sized for: the call site sizes a FULL_MASK fallback from it when the sum is
+  unknown;
+- one verify step through the call site, with the router as the attention
+  backend, writes inside its buffers, into that child's buffer when the batch
+  fits it (and into no other child's), and gives the oracle's outputs.
+
+Steps that would repeat one already run (the same handed mask, reported
+context and length-sum policy) are skipped: their inputs are identical. The
+routers' i-th children share one mask, so a case costs three verify steps:
+the hybrid's two children (the hybrid-linear's full child repeats the first),
+and the first child with the length sum known (TBO and the Dots wrapper).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.config import Batch, Config
+from harness.oracle import expected
+from harness.properties.core import Observation, _diff, _fail, _locator
+from harness.routing import ROUTERS, SPEC_MODES, Child, verify_child
+from harness.shadow import ShadowHeap, describe_all
+
+NAME = "routing"
+
+
+def _stale(buffer: torch.Tensor, salt: int) -> None:
+    """A previous step's leftovers, different in every child so a mix-up shows."""
+    n = buffer.numel()
+    pattern = ((torch.arange(n, device=buffer.device) + 3 * salt) * 7 % 5) < 2
+    buffer.copy_(pattern.view(buffer.shape))
+
+
+def _raw(mask) -> torch.Tensor:
+    return mask.buffer.detach().reshape(-1).view(torch.uint8).cpu().clone()
+
+
+def _masks(target, config: Config, heap: ShadowHeap) -> list:
+    """One verify mask per child slot, each with different leftovers."""
+    masks = []
+    for i in range(max(len(roles) for roles in ROUTERS.values())):
+        mask = target.allocate(config, heap)
+        _stale(mask.buffer, i)
+        masks.append(mask)
+    return masks
+
+
+def _children(config: Config, router: str, masks: list) -> dict[str, Child]:
+    # Slot i's mask serves every router's i-th child: within a router the masks
+    # differ, and routers that hand out the same slot share one verify step.
+    # SGLang's linear-attention backends carry no context length at all.
+    return {role: Child(role, masks[i], None if role == "linear" else config.max_context_len)
+            for i, role in enumerate(ROUTERS[router])}
+
+
+def _whose(children: dict[str, Child], mask) -> str:
+    if mask is None:
+        return "no mask (None)"
+    for role, child in children.items():
+        if child.verify_mask is mask or (mask.buffer.data_ptr() == child.verify_mask.buffer.data_ptr()):
+            return f"the {role} child's mask"
+    return "a mask of no child"
+
+
+def routing(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
+    obs = Observation()
+    for batch in batches:
+        heap = ShadowHeap(device)
+        masks = _masks(target, config, heap)
+        stepped = set()
+        for router in ROUTERS:
+            children = _children(config, router, masks)
+            for spec_mode in SPEC_MODES:
+                role = verify_child(router, spec_mode)
+                want = children[role]
+                where = f"{router} router, speculative_attention_mode {spec_mode}"
+                r = target.route(router, spec_mode, children, config.max_context_len)
+                if r.verify_mask is not want.verify_mask:
+                    _fail(NAME, f"{where}: hands out {_whose(children, r.verify_mask)}, but TARGET_VERIFY "
+                                f"runs on the {role} child, which reads its own mask")
+                if r.serves_verify is not None and r.serves_verify != role:
+                    _fail(NAME, f"{where}: dispatches the TARGET_VERIFY forward to the {r.serves_verify} child, "
+                                f"but hands out the {role} child's mask")
+                need = max(config.max_context_len, want.max_context_len or 0)
+                if r.needs_cpu_seq_lens:
+                    obs.classes.add(f"{router}: length sum always known")
+                elif not isinstance(r.max_context_len, int) or isinstance(r.max_context_len, bool) \
+                        or r.max_context_len < need:
+                    _fail(NAME, f"{where}: reports max_context_len {r.max_context_len!r}, but requests reach "
+                                f"{config.max_context_len} tokens and the {role} child's mask was sized for "
+                                f"{want.max_context_len}: a FULL_MASK fallback sized from it is too short")
+                obs.classes.add(f"{router} ({spec_mode}) -> {role}")
+                # with the length sum known, the reported context is never read
+                key = (id(r.verify_mask), None if r.needs_cpu_seq_lens else r.max_context_len,
+                       r.needs_cpu_seq_lens)
+                if key in stepped:
+                    continue
+                stepped.add(key)
+                before = {k: _raw(c.verify_mask) for k, c in children.items()
+                          if c.verify_mask is not want.verify_mask}
+                out = target.verify_routed(r, config, batch, heap)
+                bad = heap.check(_locator(config, batch))
+                if bad:
+                    _fail(NAME, f"{where}: out-of-bounds write (bs {batch.bs}, max_bs {config.max_bs}): "
+                                + describe_all(bad))
+                reuses = target.fits(want.verify_mask, batch.bs)
+                wrote = out.tree_mask.data_ptr()
+                if reuses and wrote != want.verify_mask.buffer.data_ptr():
+                    _fail(NAME, f"{where}: bs {batch.bs} fits the {role} child's mask, but the call site "
+                                f"wrote {_whose(children, _Written(out.tree_mask))} instead")
+                if not reuses and any(wrote == c.verify_mask.buffer.data_ptr() for c in children.values()):
+                    _fail(NAME, f"{where}: bs {batch.bs} does not fit the {role} child's mask (max_bs "
+                                f"{config.max_bs}), but the call site wrote "
+                                f"{_whose(children, _Written(out.tree_mask))}")
+                for k, raw in before.items():
+                    if not torch.equal(raw, _raw(children[k].verify_mask)):
+                        _fail(NAME, f"{where}: the verify step changed the {k} child's mask, which no "
+                                    "TARGET_VERIFY forward reads")
+                out = out.as_cpu()
+                obs.add_step(config, batch, out, want.verify_mask.buffer.numel())
+                want_out = expected(config, batch)
+                diff = _diff(f"{where}: step through the router vs oracle", out, want_out, config, batch,
+                             want_out.compared)
+                if diff:
+                    _fail(NAME, diff)
+    return obs
+
+
+class _Written:
+    """A written tensor in the shape ``_whose`` compares (it reads ``.buffer``)."""
+
+    def __init__(self, buffer: torch.Tensor):
+        self.buffer = buffer

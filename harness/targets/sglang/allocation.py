@@ -1,0 +1,196 @@
+"""SGLang's allocation sites: each backend's cuda-graph set-up, driven to its verify-mask call.
+
+The triton backend is built by its own ``__init__`` over a stand-in model
+runner (meta device) with the server-wide config it reads bound for the call;
+the others are made with ``cls.__new__`` and given the attributes their
+``init_cuda_graph_state`` reads, set to what their ``__init__`` derives from a
+server started with the given numbers (context length, draft width, topk) on
+the meta device, so the set-up allocates nothing real. Then its own
+``init_cuda_graph_state(max_bs, ...)`` runs. ``maybe_create_verify_mask`` is
+bound in the backend's module for that call: it records the arguments, runs
+SGLang's real allocator (meta device) and stops the set-up there, so the
+CUDA-only work after the mask is never reached.
+
+Not driven: ``__init__`` of the backends other than triton (they need much
+more of a model runner, KV pool and runtime context), and the backends whose
+modules do not import without CUDA extensions (``load_sites`` says which and
+why).
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import SimpleNamespace
+
+import torch
+
+from harness.allocation import ALLOCATING_BACKENDS, AllocationCall, ServerNumbers
+from harness.targets.sglang.binding import bound
+
+_ATTN = "srt/layers/attention/"
+
+#: harness name -> (module under sglang.srt.layers.attention, class)
+SITES: dict[str, tuple[str, str]] = {
+    "triton": ("triton_backend", "TritonAttnBackend"),
+    "flashattention": ("flashattention_backend", "FlashAttentionBackend"),
+    "flashmla": ("flashmla_backend", "FlashMLABackend"),
+    "trtllm_mla": ("trtllm_mla_backend", "TRTLLMMLABackend"),
+    "deepseek_v4": ("deepseek_v4_backend", "DeepseekV4AttnBackend"),
+    "qwen_sparse": ("qwen_sparse_attn_backend", "QwenSparseAttnBackend"),
+    "deepseek_v4_hip_radix": ("deepseek_v4_backend_hip_radix", "DeepseekV4HipRadixBackend"),
+}
+
+#: Sites with a driver here. flashattention and flashmla import CUDA-only
+#: extensions (sgl_kernel, flash_mla) at module load, so no CPU host can prove a
+#: driver for their set-up; they are reported not driven, with the reason.
+DRIVERS = ("triton", "trtllm_mla", "deepseek_v4", "qwen_sparse", "deepseek_v4_hip_radix")
+
+#: (sglang-relative path, what is driven, properties that drive it); only the
+#: sites a CPU host can import -- ``not_driven`` says why the others are not.
+SURFACE: tuple[tuple[str, str, tuple[str, ...]], ...] = tuple(
+    (_ATTN + module + ".py", f"{cls}.init_cuda_graph_state", ("allocation-soundness",))
+    for name, (module, cls) in SITES.items() if name in DRIVERS
+) + (
+    # where triton derives max_context_len and the draft width it allocates with
+    (_ATTN + "triton_backend.py", "TritonAttnBackend.__init__", ("allocation-soundness",)),
+    # the allocator itself, called with each site's own arguments
+    (_ATTN + "verify_mask.py", "maybe_create_verify_mask", ("allocation-soundness",)),
+)
+
+
+class _Allocated(Exception):
+    """Ends a backend's set-up right after its verify-mask call."""
+
+
+def _attributes(name: str, n: ServerNumbers) -> dict:
+    """What each backend's ``__init__`` would have set, for a target runner of a server with ``n``."""
+    common = dict(device="meta", is_draft_runner=False, skip_prefill=False, max_context_len=n.context_len)
+    if name == "triton":
+        return dict(common, num_draft_tokens=n.num_draft_tokens, num_head=1, max_kv_splits=1, v_head_dim=1,
+                    swa_v_head_dim=None, lean_total_programs=1, lean_block_m=1, sliding_window_size=None)
+    if name == "trtllm_mla":
+        return dict(common, num_draft_tokens=n.num_draft_tokens, page_size=64, data_type=torch.bfloat16,
+                    num_q_heads=1, kv_cache_dim=1)
+    if name == "deepseek_v4":
+        return dict(common, speculative_num_draft_tokens=n.num_draft_tokens)
+    if name == "qwen_sparse":
+        return dict(common, runner=SimpleNamespace(is_draft_worker=False))
+    if name == "deepseek_v4_hip_radix":
+        return dict(common, is_draft_worker=False, speculative_num_draft_tokens=n.num_draft_tokens)
+    raise ValueError(f"unknown allocating backend {name!r} (known: {', '.join(ALLOCATING_BACKENDS)})")
+
+
+def _server_context(n: ServerNumbers):
+    """The server-wide config a backend's ``__init__`` reads, for a server with ``n``."""
+    spec = SimpleNamespace(speculative_num_draft_tokens=n.num_draft_tokens, speculative_num_steps=n.spec_steps,
+                           speculative_eagle_topk=n.topk, speculative_algorithm="EAGLE")
+    exec_ = SimpleNamespace(
+        kernel=SimpleNamespace(enable_lean_attention=None, triton_attention_num_kv_splits=8,
+                               triton_attention_split_tile_size=None),
+        dllm=SimpleNamespace(dllm_algorithm=None),
+        deterministic=SimpleNamespace(enable_deterministic_inference=False))
+    parallel = SimpleNamespace(attn_dcp_size=1, attn_dcp_rank=0, attn_tp_size=1)
+    schedule = SimpleNamespace(chunked_prefill_size=8192)
+    return spec, exec_, parallel, schedule
+
+
+def _model_runner(n: ServerNumbers):
+    """A target model runner of a small dense model, on the meta device."""
+    model_config = SimpleNamespace(
+        context_len=n.context_len, attention_arch=None, get_max_num_attention_heads=lambda: 8,
+        get_num_kv_heads=lambda *a: 8, v_head_dim=64, swa_v_head_dim=64, head_dim=64, is_encoder_decoder=False)
+    pool = SimpleNamespace(size=n.max_bs, req_to_token=torch.zeros(n.max_bs, 1, dtype=torch.int32))
+    kv_pool = SimpleNamespace(start_layer=0, get_value_buffer=lambda layer: torch.empty(1, 8, 64, device="meta"))
+    return SimpleNamespace(
+        req_to_token_pool=pool, sliding_window_size=None, token_to_kv_pool=kv_pool,
+        token_to_kv_pool_allocator=None, page_size=1, kv_index_translator=None,
+        decode_num_tokens_per_req=lambda: n.num_draft_tokens, is_draft_worker=False, spec_algorithm=None,
+        model_config=model_config, device="meta", gpu_id=0, kv_cache_dtype=torch.bfloat16)
+
+
+def _constructed(name: str, mod, cls, n: ServerNumbers):
+    """The backend built by its own ``__init__`` where stand-ins carry it (triton), else None.
+
+    Then the attributes the allocation reads (context length, draft width,
+    draft-runner flag, device) are the ones ``__init__`` derived, so a wrong
+    derivation there is caught too.
+    """
+    if name != "triton":
+        return None
+    spec, exec_, parallel, schedule = _server_context(n)
+    with bound((mod, "get_spec", lambda: spec), (mod, "get_exec", lambda: exec_),
+               (mod, "get_parallel", lambda: parallel), (mod, "get_schedule", lambda: schedule),
+               (mod, "mambaish_config", lambda config: None)):
+        return cls(_model_runner(n))
+
+
+def load_sites() -> dict[str, object]:
+    """harness name -> the imported module, or a string saying why it does not import here."""
+    sites: dict[str, object] = {}
+    for name, (module, cls) in SITES.items():
+        try:
+            mod = importlib.import_module("sglang.srt.layers.attention." + module)
+        except Exception as exc:  # any failure in its import chain means "not drivable here"
+            sites[name] = f"{module}.py does not import here ({type(exc).__name__}: {exc})"
+            continue
+        if not hasattr(mod, cls) or not hasattr(mod, "maybe_create_verify_mask"):
+            sites[name] = f"{module}.py has no {cls} calling maybe_create_verify_mask"
+            continue
+        sites[name] = mod if name in DRIVERS else (f"{module}.py imports, but no driver for its set-up "
+                                                    "was proven on a CPU host")
+    return sites
+
+
+def allocation_call(target, name: str, numbers: ServerNumbers) -> AllocationCall:
+    """Run backend ``name``'s cuda-graph set-up for ``numbers`` and record its verify-mask call."""
+    sites = target._allocation_sites()
+    mod = sites.get(name)
+    if mod is None or isinstance(mod, str):
+        raise ValueError(f"allocation site {name!r} is not driven here: {mod or 'unknown backend'}")
+    cls = getattr(mod, SITES[name][1])
+    backend = _constructed(name, mod, cls, numbers)
+    if backend is None:
+        backend = cls.__new__(cls)
+        for attr, value in _attributes(name, numbers).items():
+            object.__setattr__(backend, attr, value)
+    real = mod.maybe_create_verify_mask
+    calls: list[AllocationCall] = []
+
+    def recording(**kwargs):
+        # The allocator only sizes; the meta device keeps a production-size mask free.
+        mask = real(**dict(kwargs, device="meta"))
+        calls.append(AllocationCall(
+            name, kwargs.get("max_bs"), kwargs.get("max_context_len"), kwargs.get("num_draft_tokens"),
+            bool(kwargs.get("is_read")), bool(kwargs.get("is_draft_runner")), bool(kwargs.get("skip_prefill")),
+            kwargs.get("dtype", torch.bool), mask))
+        raise _Allocated
+
+    patches = [(mod, "maybe_create_verify_mask", recording)]
+    if name == "qwen_sparse":
+        # it reads the draft width from the server's published spec config at set-up
+        spec = SimpleNamespace(speculative_num_draft_tokens=numbers.num_draft_tokens)
+        patches.append((mod, "get_spec", lambda: spec))
+    with bound(*patches):
+        try:
+            backend.init_cuda_graph_state(numbers.max_bs, numbers.max_bs * numbers.num_draft_tokens)
+        except _Allocated:
+            pass
+    if not calls:
+        raise RuntimeError(f"{SITES[name][1]}.init_cuda_graph_state({numbers.max_bs}, ...) never called "
+                           "maybe_create_verify_mask")
+    return calls[0]
+
+
+#: (sglang-relative path, what, why not driven): the other allocation sites.
+NOT_DRIVEN: tuple[tuple[str, str, str], ...] = (
+    (_ATTN + "flashattention_backend.py", "FlashAttentionBackend.init_cuda_graph_state",
+     "the module imports sgl_kernel (a CUDA extension) at load: no CPU host imports it"),
+    (_ATTN + "flashmla_backend.py", "FlashMLABackend.init_cuda_graph_state",
+     "the module imports flash_mla (a CUDA extension) at load: no CPU host imports it"),
+    (_ATTN + "trtllm_mla_backend.py", "TRTLLMMLABackend.__init__",
+     "only init_cuda_graph_state is driven; its attributes are set as __init__ would"),
+    (_ATTN + "deepseek_v4_backend.py", "DeepseekV4AttnBackend.__init__",
+     "only init_cuda_graph_state is driven; its attributes are set as __init__ would"),
+    (_ATTN + "qwen_sparse_attn_backend.py", "QwenSparseAttnBackend.__init__",
+     "only init_cuda_graph_state is driven; its attributes are set as __init__ would"),
+)

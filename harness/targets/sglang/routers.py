@@ -1,0 +1,165 @@
+"""SGLang's routers, built for real over stand-in children.
+
+``HybridAttnBackend``, ``TboAttnBackend``, ``HybridLinearAttnBackend`` and
+Dots' ``DotsSWAMLAAttnBackend`` are
+constructed with their own ``__init__`` over children that each hold a
+different verify mask (and the context they were sized for). What is read back
+is what the call site reads: the ``verify_mask`` property and
+``max_context_len``; and which child a TARGET_VERIFY forward is dispatched to
+(``forward_extend``, the path target verify takes). A verify step then runs
+SGLang's call site with the router itself as the model runner's attention
+backend and the batch's length sum unknown, as under overlap scheduling, so a
+FULL_MASK fallback is sized from the context the router reports.
+
+The server-wide lookups the constructors make (``get_spec`` for the
+speculative attention mode, ``check_cuda_graph_backend`` for breakable prefill
+graphs) are bound for the construction only.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import SimpleNamespace
+
+import torch
+
+from harness.config import Batch, Config
+from harness.outputs import StepOutput
+from harness.routing import ROUTERS, Child, Routing, check_args
+from harness.targets.sglang.binding import bound
+from harness.trees import tree_tensors
+
+_ATTN = "srt/layers/attention/"
+
+#: (sglang-relative path, what is driven, properties that drive it)
+SURFACE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    (_ATTN + "hybrid_attn_backend.py", "HybridAttnBackend.__init__", ("routing",)),
+    (_ATTN + "hybrid_attn_backend.py", "HybridAttnBackend.verify_mask", ("routing",)),
+    (_ATTN + "hybrid_attn_backend.py", "HybridAttnBackend._select_backend", ("routing",)),
+    (_ATTN + "hybrid_attn_backend.py", "HybridAttnBackend.forward_extend", ("routing",)),
+    (_ATTN + "tbo_backend.py", "TboAttnBackend.__init__", ("routing",)),
+    (_ATTN + "tbo_backend.py", "TboAttnBackend.verify_mask", ("routing",)),
+    (_ATTN + "tbo_backend.py", "TboAttnBackend.__getattr__", ("routing",)),
+    (_ATTN + "tbo_backend.py", "TboAttnBackend.forward_extend", ("routing",)),
+    (_ATTN + "hybrid_linear_attn_backend.py", "HybridLinearAttnBackend.__init__", ("routing",)),
+    (_ATTN + "hybrid_linear_attn_backend.py", "HybridLinearAttnBackend.verify_mask", ("routing",)),
+    (_ATTN + "hybrid_linear_attn_backend.py", "HybridLinearAttnBackend.forward_extend", ("routing",)),
+    (_ATTN + "dots_hybrid_backend.py", "DotsSWAMLAAttnBackend.__init__", ("routing",)),
+    (_ATTN + "dots_hybrid_backend.py", "DotsSWAMLAAttnBackend.verify_mask", ("routing",)),
+    (_ATTN + "dots_hybrid_backend.py", "DotsSWAMLAAttnBackend.forward_extend", ("routing",)),
+    # the call site, with the router as model_runner.attn_backend and the length sum unknown
+    ("srt/speculative/eagle_worker_common.py", "build_eagle_verify_input", ("routing",)),
+)
+
+_MODULES = {
+    "hybrid": ("sglang.srt.layers.attention.hybrid_attn_backend", "HybridAttnBackend"),
+    "tbo": ("sglang.srt.layers.attention.tbo_backend", "TboAttnBackend"),
+    "hybrid-linear": ("sglang.srt.layers.attention.hybrid_linear_attn_backend", "HybridLinearAttnBackend"),
+    "dots-swa": ("sglang.srt.layers.attention.dots_hybrid_backend", "DotsSWAMLAAttnBackend"),
+}
+
+#: the one full-attention layer the stand-in hybrid-linear model has
+_FULL_LAYER = 0
+
+
+class ChildBackend:
+    """A stand-in attention backend: only what the routers read of a child.
+
+    ``forward_extend`` records that this child was asked to run a forward, which
+    is how the router's TARGET_VERIFY dispatch is observed.
+    """
+
+    needs_cpu_seq_lens = False
+    use_captured_forward_metadata_for_breakable_cuda_graph = False
+    extend_dummy_seqs_capped_by_req_pool = False
+    supports_ragged_verify_graph = False
+    token_to_kv_pool = None
+    req_to_token_pool = None
+    kv_index_translator = None
+
+    def __init__(self, child: Child, served: list[str]):
+        self.role = child.role
+        self.verify_mask = child.verify_mask
+        if child.max_context_len is not None:
+            self.max_context_len = child.max_context_len
+        self._served = served
+
+    def forward_extend(self, *args, **kwargs):
+        self._served.append(self.role)
+
+    def supports_prefill_graph_extend(self) -> bool:
+        return False
+
+
+def _class(router: str):
+    module, name = _MODULES[router]
+    mod = importlib.import_module(module)
+    return mod, getattr(mod, name)
+
+
+def build(sg, router: str, spec_mode: str, children: dict[str, Child], context_len: int) -> Routing:
+    """SGLang's router of kind ``router`` over stand-ins of ``children``, and what it answers."""
+    check_args(router, spec_mode, children)
+    served: list[str] = []
+    kids = {role: ChildBackend(children[role], served) for role in ROUTERS[router]}
+    mod, cls = _class(router)
+    if router == "hybrid":
+        runner = SimpleNamespace(kv_cache_dtype=torch.bfloat16, token_to_kv_pool=None, req_to_token_pool=None,
+                                 kv_index_translator=None,
+                                 model_config=SimpleNamespace(context_len=context_len))
+        spec = SimpleNamespace(speculative_attention_mode=spec_mode, speculative_algorithm="EAGLE")
+        with bound((mod, "get_spec", lambda: spec)):
+            backend = cls(runner, kids["prefill"], kids["decode"])
+    elif router == "tbo":
+        backend = cls(kids["primary"], [kids["tbo-child-0"], kids["tbo-child-1"]])
+    elif router == "dots-swa":
+        backend = cls(kids["wrapped"])
+    else:
+        with bound((mod, "check_cuda_graph_backend", lambda *a, **k: False)):
+            backend = cls(kids["full"], kids["linear"], [_FULL_LAYER])
+    forward_batch = SimpleNamespace(forward_mode=sg.forward_info.ForwardMode.TARGET_VERIFY)
+    backend.forward_extend(q=None, k=None, v=None, layer=SimpleNamespace(layer_id=_FULL_LAYER),
+                           forward_batch=forward_batch)
+    return Routing(router, spec_mode, backend, backend.verify_mask, getattr(backend, "max_context_len", None),
+                   served[0] if served else None, bool(getattr(backend, "needs_cpu_seq_lens", True)))
+
+
+def verify_routed(target, routing: Routing, config: Config, batch: Batch, heap) -> StepOutput:
+    """SGLang's call site for one step, with ``routing.backend`` as the attention backend.
+
+    ``seq_lens_sum`` is None, as when the scheduler skips that device-to-host
+    sum (it does for a backend with ``needs_cpu_seq_lens`` False): the call
+    site then sizes a FULL_MASK fallback from the backend's ``max_context_len``.
+    """
+    from harness.targets.sglang import call_sites
+
+    sg, dev = target._sg, heap.device
+    mask = routing.backend.verify_mask
+    if mask is not None:
+        target._draft_tokens[id(mask)] = config.d
+    forward_batch, target_worker, chain = call_sites.stand_ins(sg, mask, config, batch, dev)
+    target_worker.model_runner.attn_backend = routing.backend
+    if not getattr(routing, "needs_cpu_seq_lens", False):
+        forward_batch.seq_lens_sum = None
+    sel, par = tree_tensors(config, batch, dev)
+    with target._routed(heap, mask):
+        vi = sg.call_site.build_eagle_verify_input(
+            forward_batch, SimpleNamespace(bonus_tokens=chain.bonus_tokens), par, sel, chain.draft_tokens, None,
+            target_worker=target_worker, topk=config.topk, num_steps=config.spec_steps,
+            num_draft_tokens=config.d, tree_mask_mode=sg.Mode(int(config.mode)), device=str(dev))
+    reused = mask is not None and vi.custom_mask.data_ptr() == mask.buffer.data_ptr()
+    return StepOutput(vi.custom_mask, vi.positions, vi.retrieve_index, vi.retrieve_next_token,
+                      vi.retrieve_next_sibling, reused=reused)
+
+
+#: (sglang-relative path, what, why not driven): router paths no property reaches.
+NOT_DRIVEN: tuple[tuple[str, str, str], ...] = (
+    (_ATTN + "hybrid_attn_backend.py", "HybridAttnBackend.update_verify_buffers_to_fill_after_draft",
+     "the cuda-graph replay fix-up of a child's verify buffers is not run"),
+    (_ATTN + "hybrid_attn_backend.py", "HybridAttnBackend.init_cuda_graph_state",
+     "which children capture graphs (and so allocate a mask) is not run"),
+    (_ATTN + "tbo_backend.py", "TboAttnBackend.init_forward_metadata_out_graph",
+     "the overlap children's per-child metadata is not run"),
+    (_ATTN + "hybrid_linear_attn_backend.py", "HybridLinearAttnBackend.update_verify_buffers_to_fill_after_draft",
+     "the cuda-graph replay fix-up is not run"),
+)
