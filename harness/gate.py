@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import fnmatch
 import subprocess
-from pathlib import Path
 
 VERIFY_MASK_PATTERNS = (
     "*/layers/attention/verify_mask.py",  # allocation, tree_mask_numel, fits
@@ -48,20 +47,51 @@ class ChangeError(Exception):
 
 
 def changed_from_file(path: str) -> list[str]:
+    from harness.validate import LimitError, read_input
     try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ChangeError(f"cannot read --changed-files {path}: {exc.strerror or exc}") from None
+        data = read_input(path, "--changed-files")
+    except LimitError as exc:
+        raise ChangeError(str(exc)) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ChangeError(f"--changed-files {path} is not UTF-8 text (byte {exc.start}): "
+                          "expected one path per line") from None
+    if "\0" in text:
+        raise ChangeError(f"--changed-files {path} holds NUL bytes: expected one path per line")
     return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
 
 
-def changed_since(rev: str) -> list[str]:
+def _git(*args: str) -> str:
     try:
-        out = subprocess.run(["git", "diff", "--name-only", f"{rev}...HEAD"], capture_output=True,
-                             text=True, check=True)
+        out = subprocess.run(["git", *args], capture_output=True, text=True, check=True,
+                             stdin=subprocess.DEVNULL, timeout=120)
     except FileNotFoundError:
         raise ChangeError("--base needs git on PATH") from None
+    except subprocess.TimeoutExpired:
+        raise ChangeError(f"git {args[0]} did not answer within 120 s") from None
     except subprocess.CalledProcessError as exc:
         msg = (exc.stderr or "").strip().splitlines()
-        raise ChangeError(f"git diff against {rev!r} failed: {msg[0] if msg else exc}") from None
-    return [line for line in out.stdout.splitlines() if line.strip()]
+        raise ChangeError(f"git {args[0]} failed: {msg[0] if msg else exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ChangeError(f"git {args[0]} failed: {exc}") from None
+    return out.stdout
+
+
+def changed_since(rev: str) -> list[str]:
+    """Paths changed between ``rev`` and HEAD; ``rev`` reaches git only as a resolved commit.
+
+    ``--base=--output=FILE`` must never become an option of ``git diff`` (git
+    would write FILE): the revision is resolved with ``rev-parse --verify
+    --end-of-options`` first and only its sha is passed on.
+    """
+    if not rev or rev.startswith("-") or any(c in rev for c in "\0\n\r"):
+        raise ChangeError(f"--base {rev!r} is not a revision")
+    try:
+        sha = _git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}").strip()
+    except ChangeError:
+        raise ChangeError(f"--base {rev!r} is not a commit in this repository") from None
+    if len(sha) not in (40, 64) or any(c not in "0123456789abcdef" for c in sha):
+        raise ChangeError(f"--base {rev!r}: git rev-parse gave {sha!r}, not a commit id")
+    out = _git("diff", "--name-only", "--no-ext-diff", "--no-textconv", f"{sha}...HEAD", "--")
+    return [line for line in out.splitlines() if line.strip()]
