@@ -24,6 +24,7 @@ from harness.isolation import TargetFault, TargetRaised
 from harness.layouts import TreeMaskMode
 from harness.properties import PROPERTIES, Property, PropertyFailure
 from harness.repro_file import dump, from_case
+from harness.signals import check as interrupt_check
 from strategies import batches, configs, step_sequences, trivial_configs
 
 
@@ -205,6 +206,7 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
         # or Hypothesis would see the failing example stop failing.
         if not state["failed"] and deadline is not None and time.monotonic() > deadline:
             raise _OutOfTime
+        interrupt_check()  # a Ctrl-C that Hypothesis or a gc callback swallowed ends the search here
         state["case"] = case
         config, steps = case
         # Counted before the check: "examples to first detection" includes the failing one.

@@ -199,7 +199,8 @@ def execute_and_report(plan, target) -> int:
         print("vmfuzz: interrupted (findings written so far are kept, reports cover what ran)", file=sys.stderr)
         return exit_code()
     if outcome.failed:
-        print(f"{summary['counts']['findings']} finding(s) written under {plan.findings_dir}; "
+        where = plan.findings_dir if written == plan.report_dir else "the repro paths above"
+        print(f"{summary['counts']['findings']} finding(s) written under {where}; "
               "replay with: vmfuzz replay FILE")
         return EXIT_FINDING
     if written != plan.report_dir:

@@ -63,10 +63,12 @@ def _outcome_of(repro, target, device: str, isolate: bool, timeout: float) -> tu
 
 
 def replay_saved(paths: list[Path], target, *, source: str, findings_dir: Path, device: str = "cpu",
-                 isolate: bool = False, timeout: float = 30.0, check_teeth: bool = True) -> list[ReplayOutcome]:
+                 isolate: bool = False, timeout: float = 30.0, check_teeth: bool = True,
+                 out: list | None = None) -> list[ReplayOutcome]:
+    """``out`` (default a new list) gets each outcome as it is known: an interrupt keeps those."""
     from harness.targets import TargetUnavailable, resolve
 
-    out = []
+    out = [] if out is None else out
     for path in paths:
         o = ReplayOutcome(path, source)
         try:

@@ -113,22 +113,25 @@ def _pool_search(plan: RunPlan, name: str, share: float | None, end: float | Non
             check.close()
 
 
-def _replays(plan: RunPlan, target, ui) -> list:
+def _replays(plan: RunPlan, target, ui, out: list) -> list:
+    """Fills ``out`` (the outcome's list) as replays finish: an interrupt keeps what ran."""
     from harness.regressions import replay_saved, saved_repros
-    out = []
     if plan.profile.replay_repros:
-        out += replay_saved(saved_repros(plan.repro_root), target, source="saved",
-                            findings_dir=plan.findings_dir, device=plan.device, isolate=plan.isolate,
-                            timeout=plan.example_timeout)
+        replay_saved(saved_repros(plan.repro_root), target, source="saved",
+                     findings_dir=plan.findings_dir, device=plan.device, isolate=plan.isolate,
+                     timeout=plan.example_timeout, out=out)
     if plan.profile.replay_last_failures:
         last = sorted((plan.db_dir / "last-failures").glob("*.json"))
         # Always in a watched worker: last night's case may be the one that hung.
-        last_out = replay_saved(last, target, source="last run", findings_dir=plan.findings_dir,
-                                device=plan.device, isolate=True, timeout=plan.example_timeout,
-                                check_teeth=False)
+        last_out: list = []
+        try:
+            replay_saved(last, target, source="last run", findings_dir=plan.findings_dir,
+                         device=plan.device, isolate=True, timeout=plan.example_timeout,
+                         check_teeth=False, out=last_out)
+        finally:
+            out += last_out
         from harness.nightly import set_aside
         set_aside(plan.db_dir, last_out, ui.log)
-        out += last_out
     for o in out:
         tail = "" if o.teeth is not False else f" (warning: no longer fails on {o.recorded_target})"
         ui.log(f"  replay {o.source} {o.path}: {o.status}{': ' + o.detail if o.detail else ''}{tail}")
@@ -150,7 +153,7 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
                          dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     ui = progress(len(plan.properties), f"{target.name} ({plan.profile.name})")
     try:
-        outcome.replays = _replays(plan, target, ui)
+        _replays(plan, target, ui, outcome.replays)
         outcome.replay_seconds = time.monotonic() - t0
         budget = None if plan.time_budget is None else max(0.0, plan.time_budget - outcome.replay_seconds)
         t1 = time.monotonic()

@@ -32,12 +32,29 @@ def install():
     """In the command's process only (the main thread); returns what ``restore`` puts back."""
     global _received
     _received = None
-    return signal.signal(signal.SIGINT, _on_signal), signal.signal(signal.SIGTERM, _on_signal)
+    hook = sys.unraisablehook
+    sys.unraisablehook = _unraisable
+    return signal.signal(signal.SIGINT, _on_signal), signal.signal(signal.SIGTERM, _on_signal), hook
 
 
 def restore(previous) -> None:
     signal.signal(signal.SIGINT, previous[0])
     signal.signal(signal.SIGTERM, previous[1])
+    sys.unraisablehook = previous[2]
+
+
+def _unraisable(info) -> None:
+    """An interrupt that landed where Python cannot raise (a gc callback, a __del__)
+    is not lost: ``check()`` raises it at the next example. Nothing is printed."""
+    if isinstance(info.exc_value, KeyboardInterrupt) and _received is not None:
+        return
+    sys.__unraisablehook__(info)
+
+
+def check() -> None:
+    """Raise the pending interrupt again, for one a library swallowed."""
+    if _received is not None:
+        raise Terminated() if _received == signal.SIGTERM else KeyboardInterrupt()
 
 
 def received() -> int | None:
