@@ -271,6 +271,8 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
 def _record(target, prop: str, detail: str, case, seed: int, findings_dir: Path,
             kind: str = "property") -> Finding:
     config, steps = case
+    # A target's message may carry anything: keep what JSON, XML and a terminal can hold.
+    detail = detail.encode("utf-8", "backslashreplace").decode("utf-8")
     fault = None if kind == "property" else kind
     repro = from_case(target.name, prop, config, steps, detail=detail, seed=seed, fault=fault)
     stem = prop if fault is None else f"{prop}-{fault}"

@@ -83,8 +83,10 @@ def loads(data: bytes, path: str | Path = "<deployment>") -> Deployment:
                 ("len(seq_lens)", len(dep.seq_lens), limits.MAX_REQUESTS_PER_STEP, "MAX_REQUESTS_PER_STEP")):
             if value > cap:
                 raise LimitError(f"{field} = {value} is over {name} ({cap}, harness/limits.py)")
-        check_config(dep.config(), DEPLOYMENT_FIELDS)
-    except LimitError as exc:
+        check_config(Config(TreeMaskMode.parse(dep.layout), dep.cuda_graph_max_bs, dep.context_length,
+                            dep.num_draft_tokens, dep.topk, dep.spec_steps, dep.is_read), DEPLOYMENT_FIELDS)
+        dep.config()
+    except (LimitError, ValueError) as exc:
         raise DeploymentError(f"{path}: {exc}") from None
     return dep
 

@@ -55,9 +55,9 @@ def to_case(repro: Repro) -> tuple[Config, list[Batch]]:
     c = repro.config
     try:
         mode = TreeMaskMode.parse(c.mode)
-        config = Config(mode, c.max_bs, c.max_context_len, c.num_draft_tokens, c.topk,
-                        c.spec_steps, c.is_read).validate()
-        check_config(config)  # before any tree is built for it
+        # The limits first: a consistency message about 10**6 draft tokens would hide the size.
+        config = check_config(Config(mode, c.max_bs, c.max_context_len, c.num_draft_tokens, c.topk,
+                                     c.spec_steps, c.is_read)).validate()
         if not repro.batches:
             raise ConfigError("batches is empty: a repro needs at least one step")
         if len(repro.batches) > MAX_STEPS:
@@ -122,6 +122,8 @@ def dump(repro: Repro, path: str | Path) -> Path:
     """
     path = Path(path)
     data = msgspec.to_builtins(repro)
+    # A target's message may hold lone surrogates, which no UTF-8 file can.
+    data["detail"] = data.get("detail", "").encode("utf-8", "backslashreplace").decode("utf-8")
     if data.get("fault") is None:
         data.pop("fault", None)  # a plain finding's file stays exactly the documented schema
     body = msgspec.json.format(msgspec.json.encode(data), indent=2) + b"\n"

@@ -123,5 +123,11 @@ class _QuietStream:
 
 
 def quiet_stdout() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            # A target's message may hold lone surrogates or bytes the locale cannot encode.
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):
+            pass
     if not isinstance(sys.stdout, _QuietStream) and sys.stdout is not None:
         sys.stdout = _QuietStream(sys.stdout)
