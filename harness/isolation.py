@@ -78,7 +78,9 @@ class IsolatedChecker:
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(target=_serve, args=(self.target, child), daemon=True)
-        self._proc.start()
+        from harness.signals import held
+        with held():
+            self._proc.start()
         child.close()
         self._conn = parent
 

@@ -196,7 +196,9 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
             from harness.signals import ignore_in_child
             pool = ProcessPoolExecutor(plan.workers, mp_context=mp.get_context("spawn"), initializer=ignore_in_child)
             try:
-                futures = {pool.submit(_pool_search, plan, n, share, end): n for n in names}
+                from harness.signals import held
+                with held():
+                    futures = {pool.submit(_pool_search, plan, n, share, end): n for n in names}
                 for fut in as_completed(futures):
                     done(fut.result())
             except BaseException:

@@ -9,6 +9,7 @@ parent stops them and writes the reports.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -77,6 +78,25 @@ def ignore_in_child() -> None:
     """For a worker or an isolated child: the parent handles interrupts and stops it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Started under ``held()``: a Ctrl-C that arrived meanwhile is now dropped,
+    # and the parent's SIGTERM (how it stops a worker) takes effect.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+@contextlib.contextmanager
+def held():
+    """Hold Ctrl-C and SIGTERM while starting child processes.
+
+    A child inherits the mask, so an interrupt that lands while it is still
+    starting up stays pending until ``ignore_in_child`` drops it, instead of
+    printing a KeyboardInterrupt traceback from a half-started worker. In this
+    process the held signal is delivered on leaving.
+    """
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class _QuietStream:

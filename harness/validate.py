@@ -125,8 +125,22 @@ def usable_dir(path: str | Path, what: str) -> Path:
     return path
 
 
+_FALLBACK: Path | None = None
+
+
 def fallback_dir() -> Path:
-    """Where a finding goes when its own directory broke mid-run: ~/.cache/vmfuzz, else a tempdir."""
+    """Where a finding goes when its own directory broke mid-run: ~/.cache/vmfuzz, else a tempdir.
+
+    One per process, so a run's repros and reports end up side by side.
+    """
+    global _FALLBACK
+    if _FALLBACK is not None and _FALLBACK.is_dir():
+        return _FALLBACK
+    _FALLBACK = _new_fallback_dir()
+    return _FALLBACK
+
+
+def _new_fallback_dir() -> Path:
     import datetime as dt
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{os.getpid()}"
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vmfuzz" / "fallback" / stamp
