@@ -134,7 +134,7 @@ def test_deployment_with_many_running_requests_holds_on_reference(tmp_path, runn
 
 def test_cyclic_tree_is_refused_not_blamed_on_the_target(tmp_path):
     cyc = repro(mode="QLEN_ONLY", is_read=True, topk=2, spec_steps=3, num_draft_tokens=4,
-                batches=[{"seq_lens": [4], "top_scores_index": [[2, 3, 4]], "parent_list": [[-1, 4, 1, 2, 3]]}])
+                batches=[{"seq_lens": [4], "top_scores_index": [[2, 3, 4]], "parent_list": [[-1, 4, 2, 2, 3]]}])
     path = write(tmp_path, "cyc.json", cyc)
     refused(vmfuzz(tmp_path, "replay", path, "--isolate", "on", timeout=60), "parent_list[1]")
     refused(vmfuzz(tmp_path, "minimize", path, timeout=60), "parent_list[1]")
@@ -471,3 +471,41 @@ def test_mutated_repro_and_deployment_files_keep_the_contract(tmp_path_factory, 
         assert loaded.max_running_requests <= limits.MAX_REQUESTS
         assert buffer_cells(config) <= limits.MAX_ARITHMETIC_CELLS
         assert config.topk <= limits.MAX_TOPK and config.spec_steps <= limits.MAX_SPEC_STEPS
+
+
+# -- in-process seams ------------------------------------------------------------------------------------------
+
+def test_an_interrupt_a_library_swallowed_still_ends_the_search(tmp_path, monkeypatch):
+    from harness import signals
+    from harness.campaign import Bounds, run_property
+    from harness.properties import PROPERTIES
+    from harness.targets import resolve
+    monkeypatch.setattr(signals, "_received", signal.SIGINT)  # the signal came; its exception was lost
+    with pytest.raises(KeyboardInterrupt):
+        run_property(resolve("reference"), PROPERTIES["no-oob-write"], seed=0, max_examples=5, bounds=Bounds(),
+                     findings_dir=tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_error_while_generating_is_the_harness_s_never_a_finding(tmp_path):
+    from hypothesis.errors import InvalidArgument
+
+    from harness.campaign import Bounds, HarnessError, run_property
+    from harness.properties import PROPERTIES
+    from harness.targets import resolve
+
+    def refuse(_):
+        raise InvalidArgument("a strategy that can never generate a value")
+
+    with pytest.raises(HarnessError, match="search itself failed"):
+        run_property(resolve("reference"), PROPERTIES["capacity-liveness"], seed=0, max_examples=5,
+                     bounds=Bounds(), findings_dir=tmp_path, strategy=st.integers(0, 3).map(refuse))
+    assert not (tmp_path / "capacity-liveness.json").exists()
+
+
+def test_the_oracle_walk_ends_even_on_a_cyclic_tree_that_slipped_past_validation():
+    from harness.config import DraftTree
+    from harness.oracle import _tree_facts
+    cyclic = DraftTree((2, 3, 4), (-1, 4, 2, 2, 3))  # node 1 -> node 3 -> node 1 -> ...
+    visible, depth, _, _ = _tree_facts(cyclic, 2, 4)
+    assert max(depth) <= 3
