@@ -242,6 +242,9 @@ def cmd_replay(args) -> int:
     except ReproError:
         raise
     except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001 - the target's own error
+        from harness.signals import from_user
+        if isinstance(exc, KeyboardInterrupt) and from_user(exc):
+            raise  # a real Ctrl-C: exit 130, not a finding
         print(f"FAILED {repro.property} on {target.name}: {target_raised(exc)}")
         return EXIT_FINDING
     print(f"held {repro.property} on {target.name}")

@@ -309,7 +309,9 @@ def _interrupt(tmp_path, sig, args, wait_for: str, env=None):
                             start_new_session=True, preexec_fn=_cap)
     seen = ""
     deadline = time.monotonic() + 90
-    while wait_for not in seen and time.monotonic() < deadline:
+    if wait_for is None:
+        time.sleep(8)  # the command prints nothing before it ends: give it time to start
+    while wait_for is not None and wait_for not in seen and time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
             break
@@ -345,6 +347,15 @@ def test_ctrl_c_during_the_nightly_replay_keeps_last_failures(tmp_path):
     assert r.returncode == 130
     assert (last / "hang.json").is_file()
     assert (tmp_path / "r" / "summary.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupted_replay_is_its_signal_never_a_finding(tmp_path, sig, code):
+    hang = write(tmp_path, "hang.json", repro(target="tests.plugins:HangingTarget"))
+    r = _interrupt(tmp_path, sig, ["replay", hang, "--isolate", "off"], None)
+    no_traceback(r)
+    assert r.returncode == code and "FAILED" not in r.stdout, (r.stdout, r.stderr)
 
 
 # -- numbers --------------------------------------------------------------------------------------
