@@ -41,6 +41,9 @@ MAX_ARITHMETIC_CELLS = 1 << 62
 #: one step's per-batch fallback. 2^24 bool cells keep a replay under ~1 GB with
 #: the oracle's copy, the shadow redzones and both paths' outputs.
 MAX_BUFFER_CELLS = 1 << 24
+#: cells over all steps of one case, for a property that allocates: bounds a
+#: replay's time (about a second per 2^24 cells on one core) as the above bounds its memory
+MAX_CASE_CELLS = 1 << 27
 #: requests in one step of a repro file (bs = len(seq_lens))
 MAX_REQUESTS_PER_STEP = 1 << 16
 #: steps (batches) in one repro file
@@ -79,6 +82,7 @@ def table() -> list[tuple[str, object, str]]:
         ("MAX_CANDIDATES", MAX_CANDIDATES, "topk + (spec_steps-1)*topk^2"),
         ("MAX_ARITHMETIC_CELLS", MAX_ARITHMETIC_CELLS, "buffer cells at max_bs (arithmetic)"),
         ("MAX_BUFFER_CELLS", MAX_BUFFER_CELLS, "cells of one allocated buffer"),
+        ("MAX_CASE_CELLS", MAX_CASE_CELLS, "cells over all steps of one allocating case"),
         ("MAX_REQUESTS_PER_STEP", MAX_REQUESTS_PER_STEP, "requests in one repro step"),
         ("MAX_STEPS", MAX_STEPS, "steps in one repro"),
         ("MAX_SEARCH_REQUESTS", MAX_SEARCH_REQUESTS, "batch size a deployment search allocates for"),

@@ -93,11 +93,16 @@ def check_case(config: Config, batches: Sequence[Batch], prop: str) -> None:
         raise LimitError(f"property {prop} allocates the verify mask for config.max_bs: {cells} cells, over "
                          f"MAX_BUFFER_CELLS ({limits.MAX_BUFFER_CELLS}, harness/limits.py); only "
                          f"{', '.join(sorted(limits.ARITHMETIC_PROPERTIES))} replay at that size")
+    total = 0
     for i, b in enumerate(batches):
         need = logical_size(config.mode, b.seq_lens, config.d)
         if need > limits.MAX_BUFFER_CELLS:
             raise LimitError(f"batches[{i}] needs a {need}-cell fallback buffer, over MAX_BUFFER_CELLS "
                              f"({limits.MAX_BUFFER_CELLS}, harness/limits.py)")
+        total += max(need, cells)
+    if total > limits.MAX_CASE_CELLS:
+        raise LimitError(f"the {len(batches)} steps of batches touch {total} cells in all, over MAX_CASE_CELLS "
+                         f"({limits.MAX_CASE_CELLS}, harness/limits.py)")
 
 
 def number(option: str, value, *, low: float, high: float, integer: bool = False, low_open: bool = False):

@@ -222,6 +222,8 @@ def test_a_plugin_that_exits_outside_a_property_check_is_exit_2_never_0(tmp_path
     (dict(spec_steps=2**63 - 1), "MAX_SPEC_STEPS"),
     (dict(max_context_len=10**9, batches=[{"seq_lens": [10**9]}]), "MAX_BUFFER_CELLS"),
     (dict(batches=[{"seq_lens": [1]}] * (limits.MAX_STEPS + 1)), "MAX_STEPS"),
+    (dict(property="multi-step-reuse", max_bs=16, max_context_len=16000, num_draft_tokens=64, topk=8,
+          spec_steps=8, batches=[{"seq_lens": [16000] * 16}] * 16), "MAX_CASE_CELLS"),
     (dict(max_bs=2**64), "max_bs"),
 ])
 def test_resource_bombs_in_a_repro_exit_2_naming_the_limit(tmp_path, changes, words):
