@@ -24,6 +24,7 @@ from harness.isolation import TargetFault, TargetRaised
 from harness.layouts import TreeMaskMode
 from harness.properties import PROPERTIES, Property, PropertyFailure
 from harness.repro_file import dump, from_case
+from harness.signals import check as interrupt_check
 from strategies import batches, chain_configs, configs, step_sequences, trivial_configs
 
 
@@ -182,6 +183,10 @@ class KeyedDatabase(ExampleDatabase):
         self.inner.move(self.prefix + src, self.prefix + dest, value)
 
 
+class HarnessError(RuntimeError):
+    """The harness failed, not the target: reported as such (exit 2), never as a finding."""
+
+
 MIN_SHARE = 1.0  # seconds any property gets under a time budget
 
 
@@ -216,6 +221,7 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
         # or Hypothesis would see the failing example stop failing.
         if not state["failed"] and deadline is not None and time.monotonic() > deadline:
             raise _OutOfTime
+        interrupt_check()  # a Ctrl-C that Hypothesis or a gc callback swallowed ends the search here
         state["case"] = case
         config, steps = case
         # Counted before the check: "examples to first detection" includes the failing one.
@@ -236,6 +242,17 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
                 result.seconds_to_failure = time.perf_counter() - start
             state["failed"] = True
             raise
+        except (SystemExit, KeyboardInterrupt) as exc:
+            # A target that calls exit() (or raises KeyboardInterrupt itself) is a
+            # target that raised: as a plain exception Hypothesis shrinks it like
+            # any failure, instead of the run ending with the target's exit code.
+            from harness.signals import from_user
+            if isinstance(exc, KeyboardInterrupt) and from_user(exc):
+                raise
+            if not state["failed"]:
+                result.seconds_to_failure = time.perf_counter() - start
+            state["failed"] = True
+            raise TargetRaised(f"{type(exc).__name__}({exc})") from None
         if not state["failed"]:
             result.classes.update(obs.classes)
             result.max_margin = max(result.max_margin, obs.margin)
@@ -256,6 +273,10 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
     except _OutOfTime:
         pass  # the budget is spent: what ran so far stands
     except Exception as exc:  # the target itself broke on this case: that is a finding too
+        if not state["failed"] or state["case"] is None:
+            # Raised while generating, not by the target: the harness's own error, never a finding.
+            raise HarnessError(f"property {prop.name}: the search itself failed: {type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
         what = str(exc) if isinstance(exc, TargetRaised) else f"{type(exc).__name__}: {exc}"
         result.finding = _record(target, prop.name, f"target raised {what}", state["case"], seed, findings_dir)
     result.seconds = time.perf_counter() - start
@@ -265,6 +286,8 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
 def _record(target, prop: str, detail: str, case, seed: int, findings_dir: Path,
             kind: str = "property") -> Finding:
     config, steps = case
+    # A target's message may carry anything: keep what JSON, XML and a terminal can hold.
+    detail = detail.encode("utf-8", "backslashreplace").decode("utf-8")
     fault = None if kind == "property" else kind
     repro = from_case(target.name, prop, config, steps, detail=detail, seed=seed, fault=fault)
     stem = prop if fault is None else f"{prop}-{fault}"
@@ -273,7 +296,7 @@ def _record(target, prop: str, detail: str, case, seed: int, findings_dir: Path,
     while path.exists():
         n += 1
         path = findings_dir / f"{stem}-{n}.json"
-    dump(repro, path)
+    path = dump(repro, path)  # a broken findings_dir sends it to a fallback place
     return Finding(prop, detail, path, config, steps, kind)
 
 

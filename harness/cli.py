@@ -146,23 +146,17 @@ def plan_run(args, *, command: str = "run", profile_name: str | None = None):
     """Checks the arguments shared by run and gate; returns (plan, target)."""
     from harness.properties import PROPERTIES
     from harness.campaign import Bounds
-    from harness.session import RunPlan, default_report_dir
+    from harness.session import RunPlan
 
     profile = PROFILES[profile_name or args.profile]
     properties = getattr(args, "properties", None) or list(PROPERTIES)
     for name in properties:
         if name not in PROPERTIES:
             raise UsageError(f"vmfuzz: unknown property {name!r} (known: {', '.join(PROPERTIES)})")
+    from harness.edges import check_run_options
     max_examples = getattr(args, "max_examples", None)
-    if max_examples is not None and max_examples < 1:
-        raise UsageError("vmfuzz: --max-examples must be at least 1")
     budget = getattr(args, "time_budget", None)
-    if budget is not None and budget <= 0:
-        raise UsageError("vmfuzz: --time-budget must be positive")
-    if args.workers < 1:
-        raise UsageError("vmfuzz: --workers must be at least 1")
-    if args.example_timeout <= 0:
-        raise UsageError("vmfuzz: --example-timeout must be positive")
+    check_run_options(args, profile, properties)
     deployment = None
     if getattr(args, "deployment", None):
         from harness.deployment import DeploymentError, load
@@ -178,10 +172,12 @@ def plan_run(args, *, command: str = "run", profile_name: str | None = None):
     # A slow target (sglang runs its kernel in the Triton interpreter) carries
     # its own example budget per profile and size ceiling.
     own_budget = getattr(target, "budget", {}).get(profile.name)
+    from harness.edges import check_places
+    report_dir = check_places(args, profile)
     plan = RunPlan(target=args.target, profile=profile, seed=seed,
                    max_examples=max_examples or min(profile.max_examples, own_budget or profile.max_examples),
                    time_budget=budget if budget is not None else profile.time_budget,
-                   report_dir=Path(args.report_dir) if args.report_dir else default_report_dir(),
+                   report_dir=report_dir,
                    properties=properties, workers=args.workers, device=args.device, db_dir=Path(args.db),
                    isolate=_isolate(args.isolate, args.target), example_timeout=args.example_timeout,
                    deployment=deployment, repro_root=Path(args.repro_root), command=command,
@@ -203,7 +199,8 @@ def execute_and_report(plan, target, gate=None) -> int:
         from harness.surface import gate_line
         outcome.gate = gate(outcome)
         print(gate_line(outcome.gate))
-    summary = write_reports(outcome, plan.report_dir)
+    from harness.edges import write_reports_somewhere
+    summary, written = write_reports_somewhere(write_reports, outcome, plan.report_dir)
     if outcome.deployment:
         d = outcome.deployment
         print(f"deployment {d['label']}: {'CAN' if d['can_write_out_of_range'] else 'cannot'} "
@@ -213,17 +210,21 @@ def execute_and_report(plan, target, gate=None) -> int:
             if v:
                 state = {True: "held", False: "FAILED", None: "not checked"}[v["ok"]]
                 print(f"  {part}: {state}: {v['why']}")
-    print(f"reports: {plan.report_dir}/ (summary.json, summary.md, junit.xml, report.html)")
+    print(f"reports: {written}/ (summary.json, summary.md, junit.xml, report.html)")
     if outcome.interrupted:
+        from harness.signals import exit_code
         print("vmfuzz: interrupted (findings written so far are kept, reports cover what ran)", file=sys.stderr)
-        return 130
+        return exit_code()
     if outcome.failed:
-        print(f"{summary['counts']['findings']} finding(s) written under {plan.findings_dir}; "
+        where = plan.findings_dir if written == plan.report_dir else "the repro paths above"
+        print(f"{summary['counts']['findings']} finding(s) written under {where}; "
               "replay with: vmfuzz replay FILE")
         return EXIT_FINDING
+    if written != plan.report_dir:
+        return EXIT_USAGE  # the reports are not where CI looks for them: not a pass
     if outcome.deployment and any((outcome.deployment.get(p) or {}).get("ok") is False
                                   for p in ("routing", "allocation")):
-        print(f"the deployment's routing or allocation fails (recorded in {plan.report_dir}/summary.json)")
+        print(f"the deployment's routing or allocation fails (recorded in {written}/summary.json)")
         return EXIT_FINDING
     undriven = [r.prop for r in outcome.results if r.not_driven]
     if undriven:
@@ -243,8 +244,10 @@ def cmd_replay(args) -> int:
     from harness.isolation import TargetFault
     from harness.properties import PropertyFailure
     from harness.replay import replay
-    from harness.repro_file import load
+    from harness.repro_file import ReproError, load
 
+    from harness.edges import check_timeout, target_raised
+    check_timeout(args.example_timeout)
     repro = load(args.file)
     _check_device(args.device)
     target = _resolve_target(args.target or repro.target)
@@ -256,6 +259,14 @@ def cmd_replay(args) -> int:
         return EXIT_FINDING
     except TargetFault as exc:
         print(f"FAILED {repro.property} on {target.name}: {exc}")
+        return EXIT_FINDING
+    except ReproError:
+        raise
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001 - the target's own error
+        from harness.signals import from_user
+        if isinstance(exc, KeyboardInterrupt) and from_user(exc):
+            raise  # a real Ctrl-C: exit 130, not a finding
+        print(f"FAILED {repro.property} on {target.name}: {target_raised(exc)}")
         return EXIT_FINDING
     print(f"held {repro.property} on {target.name}")
     return EXIT_OK
@@ -314,15 +325,16 @@ def cmd_minimize(args) -> int:
 
 def cmd_selftest(args) -> int:
     from harness.selftest import selftest
-    if args.max_examples < 1:
-        raise UsageError("vmfuzz: --max-examples must be at least 1")
+    from harness.edges import check_selftest_options
+    check_selftest_options(args)
     _check_device(args.device)
     return selftest(args, _resolve_target)
 
 
 def _findings_dir(args) -> Path:
+    from harness.edges import usable
     from harness.session import default_report_dir
-    return Path(args.report_dir or default_report_dir()) / "findings"
+    return usable(Path(args.report_dir or default_report_dir()), "--report-dir") / "findings"
 
 
 def cmd_verify_policy(args) -> int:
@@ -342,8 +354,8 @@ def cmd_verify_policy(args) -> int:
 
 def cmd_exhaustive(args) -> int:
     from harness.exhaustive import run_exhaustive
-    if args.workers < 1:
-        raise UsageError("vmfuzz: --workers must be at least 1")
+    from harness.edges import check_workers
+    check_workers(args.workers)
     target = _resolve_target(args.target)
     report = run_exhaustive(target, findings_dir=_findings_dir(args), workers=args.workers, echo=print)
     return EXIT_OK if report.ok else EXIT_FINDING
@@ -355,20 +367,17 @@ COMMANDS = {"run": cmd_run, "replay": cmd_replay, "targets": cmd_targets, "gate"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness.repro_file import ReproError
-    try:
-        args = _parser().parse_args(argv)
-        import torch
-        # Cases are tiny tensors: intra-op threads only add scheduling latency
-        # (a 2-thread reduction took milliseconds); parallelism is per worker.
-        torch.set_num_threads(1)
-        return COMMANDS[args.command](args)
-    except (UsageError, ReproError) as exc:
-        print(str(exc) if str(exc).startswith("vmfuzz") else f"vmfuzz: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("vmfuzz: interrupted (findings written so far are kept)", file=sys.stderr)
-        return 130
+    from harness.edges import guarded
+    return guarded(_main, argv)
+
+
+def _main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    import torch
+    # Cases are tiny tensors: intra-op threads only add scheduling latency
+    # (a 2-thread reduction took milliseconds); parallelism is per worker.
+    torch.set_num_threads(1)
+    return COMMANDS[args.command](args)
 
 
 if __name__ == "__main__":

@@ -150,8 +150,20 @@ def validate_tree(config: Config, tree: DraftTree, b: int) -> None:
     for i, p in enumerate(parents):
         if not -1 <= p < ncand:
             raise ConfigError(f"{where}: parent_list[{i}] = {p} is not -1 or a candidate id below {ncand}")
+        # EAGLE's invariant: the kept nodes listed at slot i >= 1 were drafted at
+        # step (i-1)//topk, so a parent always comes from an earlier step than
+        # its child and no candidate can be its own ancestor.
+        if i >= 1 and p != -1 and candidate_step(p, topk) != (i - 1) // topk:
+            raise ConfigError(f"{where}: parent_list[{i}] = {p} is a candidate of step {candidate_step(p, topk)}, "
+                              f"but slot {i} holds nodes kept at step {(i - 1) // topk} (a parent must come "
+                              "from the step before its child's: this tree would have a cycle or skip a level)")
     if config.call_site == "chain" and tuple(parents) != tuple(range(-1, width - 1)):
         # The chain branch never reads parent_list: it assumes the draft stage
         # made a chain, which topk 1 with every step kept always does.
         raise ConfigError(f"{where}: call_site 'chain' needs the chain topology parent_list "
                           f"{list(range(-1, width - 1))}, got {list(parents)}")
+
+
+def candidate_step(cid: int, topk: int) -> int:
+    """The draft step that scored candidate ``cid``: topk ids at step 0, topk^2 at each later one."""
+    return 0 if cid < topk else 1 + (cid - topk) // (topk * topk)

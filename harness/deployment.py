@@ -81,39 +81,109 @@ class Deployment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 def load(path: str | Path) -> Deployment:
+    from harness.validate import LimitError, read_input
     path = Path(path)
     try:
-        dep = msgspec.json.decode(path.read_bytes(), type=Deployment)
-    except OSError as exc:
-        raise DeploymentError(f"cannot read {path}: {exc.strerror or exc}") from None
+        data = read_input(path, "deployment file")
+    except LimitError as exc:
+        raise DeploymentError(str(exc)) from None
+    return loads(data, path)
+
+
+def loads(data: bytes, path: str | Path = "<deployment>") -> Deployment:
+    from harness import limits
+    from harness.validate import LimitError, check_config
+    try:
+        dep = msgspec.json.decode(data, type=Deployment)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise DeploymentError(f"{path}: invalid deployment: {exc}") from None
     if dep.max_running_requests < 1:
         raise DeploymentError(f"{path}: max_running_requests must be >= 1")
-    _check_serving_fields(dep, path)
-    dep.config()
+    try:
+        for field, value, cap, name in (
+                ("max_running_requests", dep.max_running_requests, limits.MAX_REQUESTS, "MAX_REQUESTS"),
+                ("len(seq_lens)", len(dep.seq_lens), limits.MAX_REQUESTS_PER_STEP, "MAX_REQUESTS_PER_STEP")):
+            if value > cap:
+                raise LimitError(f"{field} = {value} is over {name} ({cap}, harness/limits.py)")
+        check_config(Config(TreeMaskMode.parse(dep.layout), dep.cuda_graph_max_bs, dep.context_length,
+                            dep.num_draft_tokens, dep.topk, dep.spec_steps, dep.is_read), DEPLOYMENT_FIELDS)
+        _check_serving_fields(dep, path)
+        dep.config()
+    except (LimitError, ValueError) as exc:
+        raise DeploymentError(f"{path}: {exc}") from None
     return dep
 
 
-def is_deployment(path: str | Path) -> bool:
+#: how check_config names a deployment's fields in its messages
+DEPLOYMENT_FIELDS = {"max_bs": "cuda_graph_max_bs", "max_context_len": "context_length",
+                     "num_draft_tokens": "num_draft_tokens", "topk": "topk", "spec_steps": "spec_steps"}
+
+
+def is_deployment(path_or_data: str | Path | bytes) -> bool:
     """A repro file names a property; a deployment file names a cuda-graph max bs."""
+    data = path_or_data
+    if not isinstance(data, bytes):
+        try:
+            data = Path(data).read_bytes()
+        except OSError:
+            return False
     try:
-        data = msgspec.json.decode(Path(path).read_bytes())
-    except (OSError, msgspec.DecodeError):
+        # Top-level keys only: a deeply nested value is never walked here.
+        keys = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
+    except (msgspec.DecodeError, msgspec.ValidationError):
         return False
-    return isinstance(data, dict) and "cuda_graph_max_bs" in data
+    return "cuda_graph_max_bs" in keys
 
 
-def case_strategy(dep: Deployment, *, trivial: bool, steps: bool):
+def search_requests(dep: Deployment, config: Config, allocates: bool) -> int:
+    """The largest batch a deployment-scoped search draws.
+
+    A property that allocates gets batches up to MAX_SEARCH_REQUESTS whose
+    fallback buffer stays under MAX_BUFFER_CELLS; larger batches of the same
+    server are the capacity verdict's, by arithmetic. An arithmetic property
+    takes any size the server schedules.
+    """
+    from harness import limits
+    from harness.layouts import worst_case_size
+    r = dep.max_running_requests
+    if not allocates:
+        return r
+    cap = min(r, limits.MAX_SEARCH_REQUESTS)
+    while cap > 1 and worst_case_size(config.mode, cap, config.d, config.max_context_len) > limits.MAX_BUFFER_CELLS:
+        cap //= 2
+    return cap
+
+
+def too_large(dep: Deployment, prop: str) -> str | None:
+    """Why ``prop`` cannot be driven on this deployment (its buffer alone is past the limit), or None."""
+    from harness import limits
+    from harness.validate import buffer_cells
+    if not limits.allocates(prop):
+        return None
+    cells = buffer_cells(dep.config())
+    if cells <= limits.MAX_BUFFER_CELLS:
+        return None
+    return (f"the deployment's verify mask is {cells} cells, over MAX_BUFFER_CELLS ({limits.MAX_BUFFER_CELLS}); "
+            "its capacity is checked by arithmetic (capacity properties and the deployment verdict)")
+
+
+def case_strategy(dep: Deployment, *, trivial: bool, steps: bool, allocates: bool = True):
     """Cases this one server can produce: its config, batches of 1..max_running_requests."""
     from strategies import batches
 
     config = dep.trivial_config() if trivial else dep.config()
-    r, m = dep.max_running_requests, config.max_bs
+    m = config.max_bs
+    r = search_requests(dep, config, allocates)
     # The boundary sizes first, so even a short search reaches an eager batch.
     edges = sorted({x for x in (1, m, m + 1, r) if 1 <= x <= r})
     sizes = st.one_of(st.sampled_from(edges), st.integers(1, r))
-    one = sizes.flatmap(lambda n: batches(config, bs=n))
+    if allocates:
+        one = sizes.flatmap(lambda n: batches(config, bs=n))
+    else:
+        # Only bs and max_context_len enter the arithmetic: a batch of any size
+        # is built whole instead of drawn request by request.
+        c = config.max_context_len
+        one = st.tuples(sizes, st.sampled_from(sorted({0, c}))).map(lambda t: Batch((t[1],) * t[0]))
     seqs = st.lists(one, min_size=2, max_size=4) if steps else one.map(lambda b: [b])
     return seqs.map(lambda bs: (config, bs))
 
@@ -126,14 +196,48 @@ def capacity_verdict(target, dep: Deployment) -> tuple[bool, str]:
     config = dep.config()
     mask = target.allocate(config, None)
     cap = mask.buffer.numel()
-    for bs in range(1, dep.max_running_requests + 1):
+    r = dep.max_running_requests
+    # Only batches whose worst case overflows matter; the worst case grows with
+    # bs, so they start at the first such size. Past VERDICT_SPAN of them the
+    # sizes are sampled (powers of two and the largest), since fits() is a
+    # black box that need not be monotone.
+    first = _first_overflowing(config, cap, r)
+    if first is None:
+        sizes, every = range(0), True
+    elif r - first < VERDICT_SPAN:
+        sizes, every = range(first, r + 1), True
+    else:
+        pows = [1 << k for k in range(first.bit_length(), r.bit_length()) if first <= 1 << k <= r]
+        sizes, every = sorted({*range(first, first + VERDICT_SPAN), *pows, r}), False
+    for bs in sizes:
         if target.fits(mask, bs):
             worst = worst_case_size(mask.mode, bs, config.d, config.max_context_len)
-            if worst > cap:
-                return True, (f"a batch of {bs} requests reuses the {cap}-cell buffer but can need "
-                              f"{worst} cells ({worst - cap} past its end)")
-    return False, (f"every batch of 1..{dep.max_running_requests} requests that reuses the "
-                   f"{cap}-cell buffer fits it at full context")
+            return True, (f"a batch of {bs} requests reuses the {cap}-cell buffer but can need "
+                          f"{worst} cells ({worst - cap} past its end)")
+    how = "" if every else f" (sizes past {first + VERDICT_SPAN - 1} sampled)"
+    return False, (f"every batch of 1..{r} requests that reuses the "
+                   f"{cap}-cell buffer fits it at full context{how}")
+
+
+#: batch sizes the deployment verdict checks one by one past the first that could overflow
+VERDICT_SPAN = 1 << 16
+
+
+def _first_overflowing(config: Config, cap: int, r: int) -> int | None:
+    """The smallest bs in 1..r whose worst case needs more than ``cap`` cells (bisection), or None."""
+    from harness.layouts import worst_case_size
+    def over(bs: int) -> bool:
+        return worst_case_size(config.mode, bs, config.d, config.max_context_len) > cap
+    if not over(r):
+        return None
+    lo, hi = 1, r
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if over(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def _check_serving_fields(dep: Deployment, path: Path) -> None:

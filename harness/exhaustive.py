@@ -167,7 +167,7 @@ def _fails(prop: Property, target, config: Config, batches: list[Batch], device:
         prop.check(target, config, batches, device)
     except PropertyFailure as exc:
         return exc
-    except Exception as exc:  # the target itself broke: a finding, as in the campaign
+    except (Exception, SystemExit) as exc:  # the target itself broke (even exit()): a finding, as in the campaign
         return PropertyFailure(prop.name, f"target raised {type(exc).__name__}: {exc}")
     return None
 
@@ -203,8 +203,10 @@ _worker_target = None
 def _init_worker(spec: str) -> None:
     import torch
 
+    from harness.signals import ignore_in_child
     from harness.targets import resolve
     global _worker_target
+    ignore_in_child()  # Ctrl-C reaches the whole group: the parent stops the pool
     torch.set_num_threads(1)
     _worker_target = resolve(spec)
 
@@ -247,7 +249,9 @@ def run_exhaustive(target, *, findings_dir: Path | None = None, device: str = "c
         workers = 1  # a worker re-resolves the target by name; one that cannot checks here
     if workers > 1:
         import multiprocessing
-        pool = multiprocessing.get_context("fork").Pool(workers, _init_worker, (target.name,))
+        from harness.signals import held
+        with held():
+            pool = multiprocessing.get_context("fork").Pool(workers, _init_worker, (target.name,))
     try:
         _run(target, report, all_configs, properties, device, findings_dir, pool, stop_at_first, echo)
     finally:

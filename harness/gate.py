@@ -145,9 +145,12 @@ def file_names_mask_code(root: Path, rel: str) -> bool | None:
 def _git(root: Path | str, *args: str) -> str:
     """One git command's stdout (text); raises ChangeError with git's first line."""
     try:
-        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, check=True)
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, check=True,
+                             stdin=subprocess.DEVNULL, timeout=120)
     except FileNotFoundError:
         raise ChangeError("--base needs git on PATH") from None
+    except subprocess.TimeoutExpired:
+        raise ChangeError(f"git {args[0]} did not answer within 120 s") from None
     except (ValueError, OSError) as exc:  # a NUL in an argument, an unusable --repo
         raise ChangeError(f"git {args[0]} failed: {exc}") from None
     except subprocess.CalledProcessError as exc:
@@ -249,14 +252,18 @@ LIST_CAP = 16 << 20
 
 
 def changed_from_file(path: str) -> list[str]:
+    """One changed path per line. Only a regular file is read: a FIFO with no
+    writer would block the gate forever, and /dev/zero never ends."""
+    from harness.validate import LimitError, read_input
     try:
-        with open(path, "rb") as f:  # a pipe (/dev/stdin) is fine; the cap keeps /dev/zero finite
-            data = f.read(LIST_CAP + 1)
-    except (OSError, ValueError) as exc:
-        raise ChangeError(f"cannot read --changed-files {shown(str(path))}: "
-                          f"{getattr(exc, 'strerror', None) or exc}") from None
+        data = read_input(path, "--changed-files")
+    except LimitError as exc:
+        raise ChangeError(shown(str(exc))) from None
     if len(data) > LIST_CAP:
         raise ChangeError(f"--changed-files {shown(str(path))}: longer than {LIST_CAP >> 20} MiB")
+    if b"\0" in data:
+        raise ChangeError(f"--changed-files {shown(str(path))} holds NUL bytes, so it is not UTF-8 text "
+                          "of one path per line")
     # Names as the filesystem spells them (undecodable bytes kept), so they can be read back.
     text = os.fsdecode(data)
     return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
@@ -277,7 +284,14 @@ def checkout_at(repo: str | Path) -> Checkout:
 
 
 def changed_since(rev: str, repo: str | Path = ".") -> tuple[list[str], Checkout]:
-    """Paths changed between ``rev``'s merge base with HEAD and HEAD, and where to read them."""
+    """Paths changed between ``rev``'s merge base with HEAD and HEAD, and where to read them.
+
+    ``--base=--output=FILE`` must never become an option of git (git would write
+    FILE): the revision is resolved with ``rev-parse --verify --end-of-options``
+    and only the commit id it gives is passed on.
+    """
+    if not rev or rev.startswith("-") or any(c in rev for c in "\0\n\r"):
+        raise ChangeError(f"--base {shown(repr(rev))} is not a revision")
     try:
         commit = _git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}").strip()
     except ChangeError as exc:

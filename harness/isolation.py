@@ -28,6 +28,8 @@ class TargetFault(Exception):
 
 def _serve(target, conn) -> None:
     import torch
+    from harness.signals import ignore_in_child
+    ignore_in_child()  # Ctrl-C reaches the whole group: the parent stops this worker
     # A forked child must not reuse the parent's intra-op thread pool (the
     # reason torch's own DataLoader workers run single-threaded).
     torch.set_num_threads(1)
@@ -41,8 +43,11 @@ def _serve(target, conn) -> None:
             conn.send(("ok", sorted(obs.classes), obs.margin))
         except PropertyFailure as exc:
             conn.send(("fail", exc.prop, exc.detail))
-        except Exception as exc:  # noqa: BLE001 - the target's own error, reported as the property's
-            conn.send(("raise", type(exc).__name__, str(exc)))
+        except BaseException as exc:  # noqa: BLE001 - the target's own error (even exit()), reported as the property's
+            try:
+                conn.send(("raise", type(exc).__name__, str(exc)[:4000]))
+            except Exception:  # noqa: BLE001 - an unpicklable or broken answer: the worker is lost
+                return
 
 
 def _exit_reason(code: int | None) -> str:
@@ -73,7 +78,9 @@ class IsolatedChecker:
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(target=_serve, args=(self.target, child), daemon=True)
-        self._proc.start()
+        from harness.signals import held
+        with held():
+            self._proc.start()
         child.close()
         self._conn = parent
 

@@ -130,6 +130,14 @@ def _checker(prop, target, device: str, fault: str | None, timeout: float):
                 prop.check(target, case[0], case[1], device)
             except PropertyFailure as exc:
                 return exc.detail if exc.prop == prop.name else None
+            except KeyboardInterrupt as exc:
+                from harness.signals import from_user
+                if from_user(exc):
+                    raise
+                return "target raised KeyboardInterrupt"
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - a target that raises fails too
+                from harness.edges import target_raised
+                return target_raised(exc)
             return None
         return still_fails, lambda: None
     from harness.isolation import IsolatedChecker, TargetFault
@@ -149,14 +157,26 @@ def _checker(prop, target, device: str, fault: str | None, timeout: float):
 def minimize_file(args) -> int:
     from harness.cli import _check_device, _resolve_target
     from harness.errors import EXIT_FINDING, EXIT_OK, UsageError
-    from harness.deployment import DeploymentError, is_deployment, load as load_deployment
-    from harness.repro_file import dump, from_case, load, to_case
+    from harness.deployment import DeploymentError, is_deployment
+    from harness.repro_file import dump, from_case, to_case
+
+    from harness.deployment import loads as loads_deployment
+    from harness.repro_file import decode
+    from harness.validate import LimitError, check_case, read_input
 
     _check_device(args.device)
+    out = Path(args.output) if args.output else Path(args.file).with_suffix(".min.json")
+    if out.is_dir():
+        raise UsageError(f"vmfuzz: -o {out} is a directory (give the repro file to write)")
+    try:
+        data = read_input(args.file, "input file")  # read once: a pipe has no second reading
+    except LimitError as exc:
+        raise UsageError(f"vmfuzz: {exc}") from None
     fault = None
-    if is_deployment(args.file):
+    limited = []
+    if is_deployment(data):
         try:
-            dep = load_deployment(args.file)
+            dep = loads_deployment(data, args.file)
             case = (dep.config(), [dep.observed()])
         except DeploymentError as exc:
             raise UsageError(f"vmfuzz: {exc}") from None
@@ -165,7 +185,7 @@ def minimize_file(args) -> int:
             raise UsageError(f"vmfuzz: unknown property {args.property!r} (known: {', '.join(PROPERTIES)})")
         order = [args.property] if args.property else list(DEPLOYMENT_ORDER)
     else:
-        repro = load(args.file)
+        repro = decode(data, args.file)
         if repro.property not in PROPERTIES:
             raise UsageError(f"vmfuzz: {args.file}: unknown property {repro.property!r}")
         case = to_case(repro)
@@ -175,6 +195,11 @@ def minimize_file(args) -> int:
     for name in order:
         prop = PROPERTIES[name]
         if prop.trivial != case[0].trivial:
+            continue
+        try:
+            check_case(case[0], case[1], name)
+        except LimitError as exc:
+            limited.append(f"{name}: {exc}")
             continue
         still_fails, close = _checker(prop, target, args.device, fault, 30.0)
         try:
@@ -187,9 +212,11 @@ def minimize_file(args) -> int:
             close()
         print(f"after:  {describe(small)}")
         print(f"        still fails {name} ({tries} candidates tried): {detail}")
-        out = Path(args.output) if args.output else Path(args.file).with_suffix(".min.json")
-        dump(from_case(target.name, name, small[0], small[1], detail=detail, fault=fault), out)
+        out = dump(from_case(target.name, name, small[0], small[1], detail=detail, fault=fault), out)
         print(f"wrote {out}")
         return EXIT_FINDING
+    if limited:
+        # Not "fails nothing": some properties could not be tried at this size.
+        raise UsageError(f"vmfuzz: {args.file}: " + limited[0])
     print(f"vmfuzz minimize: {args.file} fails no property on {target.name}: nothing to minimize")
     return EXIT_OK

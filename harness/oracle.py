@@ -29,7 +29,11 @@ def _tree_facts(tree: DraftTree, topk: int, d: int):
         if x == ROOT:
             continue
         node = x
-        while node not in (ROOT, DETACHED):
+        # At most d-1 hops, as SGLang's kernel stops after spec_steps: a tree
+        # that slipped past validation with a cycle cannot hang the oracle.
+        for _ in range(d - 1):
+            if node in (ROOT, DETACHED):
+                break
             visible[x][node] = True
             depth[x] += 1
             node = parent[node]

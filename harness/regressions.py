@@ -29,6 +29,9 @@ class ReplayOutcome:
     detail: str = ""
     teeth: bool | None = None  # still fails on its recorded target (None: not checked)
     finding: Finding | None = None
+    #: the case could not be replayed: "target-raised", "target-hang" or "target-crash"
+    fault: str | None = None
+    set_aside: Path | None = None  # where harness.nightly moved it
 
 
 def saved_repros(root: Path) -> list[Path]:
@@ -36,28 +39,43 @@ def saved_repros(root: Path) -> list[Path]:
     return sorted(root.glob("*/*.json")) if root.is_dir() else []
 
 
-def _outcome_of(repro, target, device: str, isolate: bool, timeout: float) -> tuple[str, str]:
+def _outcome_of(repro, target, device: str, isolate: bool, timeout: float) -> tuple[str, str, str | None]:
+    """(status, detail, fault): a target that raises, exits or hangs is a failure, never fatal."""
     from harness.replay import replay
     try:
         replay(repro, target, device, isolate=isolate, timeout=timeout)
     except PropertyFailure as exc:
-        return "failed", exc.detail
+        return "failed", exc.detail, None
     except TargetFault as exc:
-        return "failed", str(exc)
-    return "held", ""
+        return "failed", str(exc), exc.kind
+    except ReproError:
+        raise
+    except KeyboardInterrupt as exc:
+        from harness.signals import from_user
+        if from_user(exc):
+            raise
+        return "failed", "target raised KeyboardInterrupt", "target-raised"
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the target's own error
+        from harness.isolation import TargetRaised
+        what = str(exc) if isinstance(exc, TargetRaised) else f"{type(exc).__name__}: {exc}"
+        return "failed", f"target raised {what}", "target-raised"
+    return "held", "", None
 
 
 def replay_saved(paths: list[Path], target, *, source: str, findings_dir: Path, device: str = "cpu",
-                 isolate: bool = False, timeout: float = 30.0, check_teeth: bool = True) -> list[ReplayOutcome]:
+                 isolate: bool = False, timeout: float = 30.0, check_teeth: bool = True,
+                 out: list | None = None) -> list[ReplayOutcome]:
+    """``out`` (default a new list) gets each outcome as it is known: an interrupt keeps those."""
     from harness.targets import TargetUnavailable, resolve
 
-    out = []
+    out = [] if out is None else out
     for path in paths:
         o = ReplayOutcome(path, source)
         try:
             repro = load(path)
             o.property, o.recorded_target = repro.property, repro.target
-            o.status, o.detail = _outcome_of(repro, target, device, isolate or bool(repro.fault), timeout)
+            o.status, o.detail, o.fault = _outcome_of(repro, target, device, isolate or bool(repro.fault),
+                                                      timeout)
         except ReproError as exc:
             o.status, o.detail = "error", str(exc)
             out.append(o)
@@ -65,7 +83,7 @@ def replay_saved(paths: list[Path], target, *, source: str, findings_dir: Path, 
         if o.status == "failed":
             config, steps = to_case(repro)
             fpath = findings_dir / f"replay-{path.parent.name}-{path.stem}.json"
-            dump(type(repro)(**{**{f: getattr(repro, f) for f in repro.__struct_fields__},
+            fpath = dump(type(repro)(**{**{f: getattr(repro, f) for f in repro.__struct_fields__},
                                 "target": target.name, "detail": o.detail}), fpath)
             o.finding = Finding(repro.property, f"saved repro {path} fails again: {o.detail}", fpath,
                                 config, steps, repro.fault or "property")

@@ -11,7 +11,23 @@ import json
 import math
 from collections import Counter
 from pathlib import Path
-from xml.sax.saxutils import escape, quoteattr
+import re
+from xml.sax.saxutils import escape as _escape, quoteattr as _quoteattr
+
+#: characters XML 1.0 cannot hold at all, even escaped (a repro's detail may carry them)
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _xml_text(s) -> str:
+    return _NOT_XML.sub("\ufffd", str(s))
+
+
+def escape(s) -> str:
+    return _escape(_xml_text(s))
+
+
+def quoteattr(s) -> str:
+    return _quoteattr(_xml_text(s))
 
 MARGIN_BUCKETS = ("< -1000", "-1000..-101", "-100..-1", "0", "1..100", "> 100")
 
@@ -90,7 +106,9 @@ def build_summary(outcome) -> dict:
 def summary_md(s: dict) -> str:
     c = s["counts"]
     dep_failed = any(((s.get("deployment") or {}).get(p) or {}).get("ok") is False for p in ("routing", "allocation"))
-    verdict = "**FAILED**" if c["findings"] or dep_failed else "passed"
+    verdict = "**FAILED**" if c["findings"] or c["replays_failed"] or dep_failed or s.get("interrupted") else "passed"
+    if s.get("interrupted") and not c["findings"] and not c["replays_failed"]:
+        verdict = "**INTERRUPTED**"
     lines = [f"### vmfuzz {s['command']}: {verdict} on `{s['target']}`", "",
              f"profile `{s['profile']}`, seed `{s['seed']}`, {c['examples']} examples, "
              f"{c['held']} held / {c['failed']} failed / {c['skipped']} skipped, "
@@ -160,8 +178,8 @@ def write_reports(outcome, report_dir: Path) -> dict:
 
     report_dir.mkdir(parents=True, exist_ok=True)
     s = build_summary(outcome)
-    (report_dir / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
-    (report_dir / "summary.md").write_text(summary_md(s))
-    (report_dir / "junit.xml").write_text(junit_xml(s))
-    (report_dir / "report.html").write_text(report_html(s))
+    for name, text in (("summary.json", json.dumps(s, indent=2) + "\n"), ("summary.md", summary_md(s)),
+                       ("junit.xml", junit_xml(s)), ("report.html", report_html(s))):
+        # UTF-8 whatever the locale; a lone surrogate from a hostile repro becomes U+FFFD
+        (report_dir / name).write_text(text, encoding="utf-8", errors="replace")
     return s

@@ -14,6 +14,8 @@ import msgspec
 import harness
 from harness.config import Batch, Config, ConfigError, DraftTree
 from harness.layouts import TreeMaskMode
+from harness.limits import MAX_STEPS
+from harness.validate import LimitError, check_case, check_config, read_input
 
 
 class ReproError(Exception):
@@ -55,10 +57,13 @@ def to_case(repro: Repro) -> tuple[Config, list[Batch]]:
     c = repro.config
     try:
         mode = TreeMaskMode.parse(c.mode)
-        config = Config(mode, c.max_bs, c.max_context_len, c.num_draft_tokens, c.topk,
-                        c.spec_steps, c.is_read, c.call_site).validate()
+        # The limits first: a consistency message about 10**6 draft tokens would hide the size.
+        config = check_config(Config(mode, c.max_bs, c.max_context_len, c.num_draft_tokens, c.topk,
+                                     c.spec_steps, c.is_read, c.call_site)).validate()
         if not repro.batches:
             raise ConfigError("batches is empty: a repro needs at least one step")
+        if len(repro.batches) > MAX_STEPS:
+            raise LimitError(f"batches has {len(repro.batches)} steps, over MAX_STEPS ({MAX_STEPS})")
         out = []
         for i, b in enumerate(repro.batches):
             trees = None
@@ -72,6 +77,7 @@ def to_case(repro: Repro) -> tuple[Config, list[Batch]]:
                 out.append(Batch(tuple(b.seq_lens), trees).validate(config))
             except ConfigError as exc:
                 raise ConfigError(f"batches[{i}]: {exc}") from None
+        check_case(config, out, repro.property)
     except (ConfigError, ValueError) as exc:
         raise ReproError(str(exc)) from None
     return config, out
@@ -94,9 +100,13 @@ def from_case(target: str, prop: str, config: Config, batches: list[Batch], *,
 def load(path: str | Path) -> Repro:
     path = Path(path)
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ReproError(f"cannot read {path}: {exc.strerror or exc}") from None
+        data = read_input(path, "repro file")
+    except LimitError as exc:
+        raise ReproError(str(exc)) from None
+    return decode(data, path)
+
+
+def decode(data: bytes, path: str | Path = "<repro>") -> Repro:
     try:
         return msgspec.json.decode(data, type=Repro)
     except msgspec.ValidationError as exc:
@@ -106,14 +116,41 @@ def load(path: str | Path) -> Repro:
 
 
 def dump(repro: Repro, path: str | Path) -> Path:
+    """Write ``repro`` to ``path``; returns where it really went.
+
+    A finding must never be lost to a broken output place (a report directory
+    removed or made read-only mid-run, a full disk): then it goes to
+    ``validate.fallback_dir()`` and stderr says where.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
     data = msgspec.to_builtins(repro)
+    # A target's message may hold lone surrogates, which no UTF-8 file can.
+    data["detail"] = data.get("detail", "").encode("utf-8", "backslashreplace").decode("utf-8")
     if data.get("fault") is None:
         data.pop("fault", None)  # a plain finding's file stays exactly the documented schema
     if data["config"].get("call_site") == "eagle":
         data["config"].pop("call_site")  # the default call site: the file reads as before
-    tmp.write_bytes(msgspec.json.format(msgspec.json.encode(data), indent=2) + b"\n")
+    body = msgspec.json.format(msgspec.json.encode(data), indent=2) + b"\n"
+    try:
+        return _write(path, body)
+    except OSError as exc:
+        from harness.validate import fallback_dir
+        global _FALLBACK
+        if _FALLBACK is None:
+            _FALLBACK = fallback_dir()
+        where = _write(_FALLBACK / path.name if not (_FALLBACK / path.name).exists()
+                       else _FALLBACK / f"{path.stem}-{len(list(_FALLBACK.iterdir()))}{path.suffix}", body)
+        import sys
+        print(f"vmfuzz: cannot write {path} ({exc.strerror or exc}); the repro is at {where}", file=sys.stderr)
+        return where
+
+
+_FALLBACK: Path | None = None
+
+
+def _write(path: Path, body: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_bytes(body)
     tmp.replace(path)  # a finding on disk is whole or absent, never half-written
     return path

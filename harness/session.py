@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -85,7 +84,8 @@ def _searcher(plan: RunPlan, target):
     strategies = {}
     if plan.deployment is not None:
         from harness.deployment import case_strategy
-        strategies = {n: case_strategy(plan.deployment, trivial=p.trivial, steps=p.steps)
+        from harness.limits import allocates
+        strategies = {n: case_strategy(plan.deployment, trivial=p.trivial, steps=p.steps, allocates=allocates(n))
                       for n, p in PROPERTIES.items()}
     return check, strategies
 
@@ -115,18 +115,25 @@ def _pool_search(plan: RunPlan, name: str, share: float | None, end: float | Non
             check.close()
 
 
-def _replays(plan: RunPlan, target, ui) -> list:
+def _replays(plan: RunPlan, target, ui, out: list) -> list:
+    """Fills ``out`` (the outcome's list) as replays finish: an interrupt keeps what ran."""
     from harness.regressions import replay_saved, saved_repros
-    out = []
     if plan.profile.replay_repros:
-        out += replay_saved(saved_repros(plan.repro_root), target, source="saved",
-                            findings_dir=plan.findings_dir, device=plan.device, isolate=plan.isolate,
-                            timeout=plan.example_timeout)
+        replay_saved(saved_repros(plan.repro_root), target, source="saved",
+                     findings_dir=plan.findings_dir, device=plan.device, isolate=plan.isolate,
+                     timeout=plan.example_timeout, out=out)
     if plan.profile.replay_last_failures:
         last = sorted((plan.db_dir / "last-failures").glob("*.json"))
-        out += replay_saved(last, target, source="last run", findings_dir=plan.findings_dir,
-                            device=plan.device, isolate=plan.isolate, timeout=plan.example_timeout,
-                            check_teeth=False)
+        # Always in a watched worker: last night's case may be the one that hung.
+        last_out: list = []
+        try:
+            replay_saved(last, target, source="last run", findings_dir=plan.findings_dir,
+                         device=plan.device, isolate=True, timeout=plan.example_timeout,
+                         check_teeth=False, out=last_out)
+        finally:
+            out += last_out
+        from harness.nightly import set_aside
+        set_aside(plan.db_dir, last_out, ui.log)
     for o in out:
         tail = "" if o.teeth is not False else f" (warning: no longer fails on {o.recorded_target})"
         ui.log(f"  replay {o.source} {o.path}: {o.status}{': ' + o.detail if o.detail else ''}{tail}")
@@ -135,12 +142,8 @@ def _replays(plan: RunPlan, target, ui) -> list:
 
 def _keep_failures(plan: RunPlan, outcome: RunOutcome) -> None:
     """The next nightly run replays these first; a fixed one drops out."""
-    keep = plan.db_dir / "last-failures"
-    if keep.is_dir():
-        shutil.rmtree(keep)
-    keep.mkdir(parents=True, exist_ok=True)
-    for f in [f for r in outcome.results for f in r.findings] + [o.finding for o in outcome.replays if o.finding]:
-        shutil.copy2(f.path, keep / f.path.name)
+    from harness.nightly import keep_failures
+    keep_failures(plan.db_dir, outcome)
 
 
 def execute(plan: RunPlan, target, show) -> RunOutcome:
@@ -152,7 +155,7 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
                          dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     ui = progress(len(plan.properties), f"{target.name} ({plan.profile.name})")
     try:
-        outcome.replays = _replays(plan, target, ui)
+        _replays(plan, target, ui, outcome.replays)
         outcome.replay_seconds = time.monotonic() - t0
         budget = None if plan.time_budget is None else max(0.0, plan.time_budget - outcome.replay_seconds)
         t1 = time.monotonic()
@@ -162,11 +165,24 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
             ui.advance()
             outcome.results.append(res)
 
-        if plan.workers <= 1:
+        names = list(plan.properties)
+        if plan.deployment is not None:
+            # A buffer past the memory limit is never allocated: such a property is
+            # reported not driven (never held); the arithmetic ones still run.
+            from harness.deployment import too_large
+            for n in list(names):
+                why = too_large(plan.deployment, n)
+                if why:
+                    names.remove(n)
+                    done(PropertyResult(n, not_driven=why))
+
+        if not names:
+            pass
+        elif plan.workers <= 1:
             check, strategies = _searcher(plan, target)
             try:
                 run_campaign(target, seed=plan.seed, max_examples=plan.max_examples, bounds=plan.bounds,
-                             findings_dir=plan.findings_dir, properties=plan.properties, device=plan.device,
+                             findings_dir=plan.findings_dir, properties=names, device=plan.device,
                              database=_database(plan), time_budget=budget, check=check,
                              strategies=strategies, rounds=plan.profile.rounds, on_result=done)
             finally:
@@ -174,15 +190,26 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
                     check.close()
         else:
             # Properties run in ceil(n / workers) waves; each wave gets an equal share.
-            waves = -(-len(plan.properties) // plan.workers)
+            waves = -(-len(names) // plan.workers)
             share = None if budget is None else budget / waves
             if budget is not None and not plan.profile.rounds:
                 share = budget
             end = None if budget is None else time.time() + budget
-            with ProcessPoolExecutor(plan.workers, mp_context=mp.get_context("spawn")) as pool:
-                futures = {pool.submit(_pool_search, plan, n, share, end): n for n in plan.properties}
+            from harness.signals import ignore_in_child
+            pool = ProcessPoolExecutor(plan.workers, mp_context=mp.get_context("spawn"), initializer=ignore_in_child)
+            try:
+                from harness.signals import held
+                with held():
+                    futures = {pool.submit(_pool_search, plan, n, share, end): n for n in names}
                 for fut in as_completed(futures):
                     done(fut.result())
+            except BaseException:
+                # An interrupt must not wait for every worker's whole search.
+                for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                    proc.terminate()
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+            pool.shutdown()
             order = {n: i for i, n in enumerate(plan.properties)}
             outcome.results.sort(key=lambda r: order[r.prop])
         outcome.search_seconds = time.monotonic() - t1
@@ -192,6 +219,9 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
         outcome.interrupted = True
     finally:
         ui.close()
+    from harness.signals import received
+    if received() is not None:
+        outcome.interrupted = True  # even when a library swallowed the KeyboardInterrupt
     outcome.seconds = time.monotonic() - t0
     if plan.profile.replay_last_failures:
         _keep_failures(plan, outcome)
@@ -219,7 +249,13 @@ def _deployment_verdict(plan: RunPlan, target, outcome: RunOutcome) -> dict:
 
 
 def default_report_dir() -> Path:
-    return Path("reports") / dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    """reports/<UTC timestamp>-<pid>: two runs started in the same second never share one."""
+    base = Path("reports") / (dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{os.getpid()}")
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
 
 
 def ci() -> bool:

@@ -43,3 +43,98 @@ class RaisingTarget(ReferenceTarget):
         if _past_capacity(mask, batch):
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         return super().verify(mask, config, batch, heap)
+
+
+class ExitingTarget(ReferenceTarget):
+    """Calls exit(0) where a real one would fail: the run must not read that as "all held"."""
+
+    name = "exiting"
+
+    def verify(self, mask, config, batch, heap):
+        if _past_capacity(mask, batch):
+            raise SystemExit(0)
+        return super().verify(mask, config, batch, heap)
+
+
+class InterruptingTarget(ReferenceTarget):
+    """Raises KeyboardInterrupt itself (no signal was sent): a target fault, not a Ctrl-C."""
+
+    name = "interrupting"
+
+    def verify(self, mask, config, batch, heap):
+        if _past_capacity(mask, batch):
+            raise KeyboardInterrupt
+        return super().verify(mask, config, batch, heap)
+
+
+class RecursingTarget(ReferenceTarget):
+    name = "recursing"
+
+    def verify(self, mask, config, batch, heap):
+        if _past_capacity(mask, batch):
+            return self.verify(mask, config, batch, heap)
+        return super().verify(mask, config, batch, heap)
+
+
+class JunkTarget(ReferenceTarget):
+    """Returns junk instead of a StepOutput."""
+
+    name = "junk"
+
+    def verify(self, mask, config, batch, heap):
+        if _past_capacity(mask, batch):
+            return "junk"
+        return super().verify(mask, config, batch, heap)
+
+
+class ExitingFits(ReferenceTarget):
+    """exit(0) from fits, which verify-policy calls outside any property check."""
+
+    name = "exiting-fits"
+
+    def fits(self, mask, bs):
+        if bs > mask.max_bs:
+            raise SystemExit(0)
+        return super().fits(mask, bs)
+
+
+class ExitOnConstruction(ReferenceTarget):
+    def __init__(self):
+        raise SystemExit(0)
+
+
+class BadVersions(ReferenceTarget):
+    def versions(self):
+        return ["not", "a", "dict"]
+
+
+#: an instance is accepted as a plug-in as well as a class
+INSTANCE = ReferenceTarget()
+
+
+class BreaksReportDir(ReferenceTarget):
+    """The reference target, but its first step replaces the directory named by
+    VMFUZZ_TEST_BREAK_DIR with a plain file: a report directory that becomes
+    unusable mid-run (a chmod would not stop root, which CI containers often are)."""
+
+    name = "breaks-report-dir"
+
+    def allocate(self, config, heap):
+        import shutil
+        from pathlib import Path
+        victim = Path(os.environ.get("VMFUZZ_TEST_BREAK_DIR", ""))
+        if victim.name and victim.is_dir():
+            shutil.rmtree(victim)
+            victim.write_text("this used to be the report directory\n")
+        return super().allocate(config, heap)
+
+
+class ControlCharTarget(ReferenceTarget):
+    """Raises with control characters in its message: junit.xml must stay valid XML."""
+
+    name = "control-char"
+
+    def verify(self, mask, config, batch, heap):
+        if _past_capacity(mask, batch):
+            raise RuntimeError("bad \x01\x02\x1b[31m byte \x00 here \ud800")
+        return super().verify(mask, config, batch, heap)

@@ -33,19 +33,56 @@ def _plugin(spec: str):
     module_name, _, attr = spec.partition(":")
     try:
         obj = importlib.import_module(module_name)
-    except Exception as exc:  # any import failure is the user's to fix, in one line
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # any import failure (even a module that exits) is the user's to fix, in one line
         raise TargetUnavailable(f"cannot import plug-in module {module_name!r}: {exc}") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise TargetUnavailable(f"plug-in {spec!r}: {module_name} has no attribute {attr!r}")
         obj = getattr(obj, part)
-    target = obj() if isinstance(obj, type) or (callable(obj) and not isinstance(obj, Target)) else obj
-    if not isinstance(target, Target):
-        raise TargetUnavailable(f"plug-in {spec!r} does not implement the target protocol "
-                                "(numel, fits, fill_prefix, kernel, allocate, verify, versions, name)")
+    target = _checked_plugin(spec, obj)
     # Named by its spec, so a repro file it wrote resolves back to it on replay.
     target = copy.copy(target)
     target.name = spec
+    return target
+
+
+#: the Protocol's methods: a plug-in must have every one before anything of it is called
+PROTOCOL_METHODS = ("numel", "fits", "fill_prefix", "kernel", "allocate", "verify", "versions")
+
+
+def _checked_plugin(spec: str, obj):
+    """A class or an instance that has the Protocol's methods, checked before any call.
+
+    Loading never calls an arbitrary callable (``sys:exit``, ``os:abort``,
+    ``time:sleep``...): only a class whose methods satisfy the Protocol is
+    instantiated, and whatever its constructor or ``versions()`` then does
+    (exits, raises, recurses, returns junk) refuses the plug-in.
+    """
+    what = "class" if isinstance(obj, type) else type(obj).__name__
+    missing = [m for m in PROTOCOL_METHODS if not callable(getattr(obj, m, None))]
+    if missing:
+        raise TargetUnavailable(f"plug-in {spec!r} ({what}) does not implement the target protocol: "
+                                f"no {', '.join(missing)} (needs {', '.join(PROTOCOL_METHODS)})")
+    target = obj
+    if isinstance(obj, type):
+        try:
+            target = obj()
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - SystemExit included: the plug-in's fault, exit 2
+            raise TargetUnavailable(f"plug-in {spec!r}: constructing it raised {type(exc).__name__}: {exc}") from None
+    try:
+        versions = target.versions()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        raise TargetUnavailable(f"plug-in {spec!r}: versions() raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(versions, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in versions.items()):
+        raise TargetUnavailable(f"plug-in {spec!r}: versions() must return a dict of str to str, "
+                                f"got {type(versions).__name__}")
     return target
 
 
