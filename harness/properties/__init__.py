@@ -4,6 +4,8 @@ One module per part of the mask's path:
 
 - ``core``: allocation, ``fits`` and the verify step through the call site
   (the seven properties of DESIGN.md section 2).
+- ``readers``: the mask as attention reads it (Triton's mask_indptr, FlashInfer's
+  bit packing).
 
 A property names the target seams it ``needs`` beyond the core protocol; a
 target without them (a plug-in written against the core protocol) gets the
@@ -18,6 +20,7 @@ from typing import Callable
 from harness.properties.core import (Observation, PropertyFailure, capacity_liveness, capacity_soundness,
                                      fallback_equivalence, multi_step_reuse, no_oob_write,
                                      reference_agreement, trivial_path)
+from harness.properties.readers import packed_mask, reader_agreement
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,10 @@ PROPERTIES: dict[str, Property] = {p.name: p for p in (
     Property("multi-step-reuse", multi_step_reuse, "a reused buffer gives what a fresh one gives, step after step",
              steps=True),
     Property("trivial-path", trivial_path, "d = 1: reuse and fallback agree", trivial=True),
+    Property("reader-agreement", reader_agreement, "each reader's mask_indptr gives request b exactly its cells "
+             "(eager and cuda-graph replay)", needs=("read_eager", "read_replay")),
+    Property("packed-mask", packed_mask, "bit packing stays in its buffer and yields the mask, LSB first, "
+             "where the reader looks", needs=("pack_mask",)),
 )}
 
 __all__ = ["Observation", "PROPERTIES", "Property", "PropertyFailure"]
