@@ -43,7 +43,7 @@ def cases(prop: Property, bounds: Bounds) -> st.SearchStrategy[tuple[Config, lis
     if prop.trivial:
         cfgs = trivial_configs(max_bs=(1, bounds.max_bs), max_context_len=(1, bounds.max_context_len))
     else:
-        cfgs = configs(max_bs=(1, bounds.max_bs), max_context_len=(1, bounds.max_context_len),
+        cfgs = configs(layouts=prop.layouts, max_bs=(1, bounds.max_bs), max_context_len=(1, bounds.max_context_len),
                        num_draft_tokens=(2, bounds.num_draft_tokens), topk=(1, bounds.topk),
                        spec_steps=(1, bounds.spec_steps))
 

@@ -32,6 +32,8 @@ class Property:
     steps: bool = False  # takes a sequence of batches
     #: target attributes the check calls beyond the core protocol
     needs: tuple[str, ...] = ()
+    #: layouts its cases are drawn in (None: every preallocated layout)
+    layouts: tuple[str, ...] | None = None
 
     def missing(self, target) -> list[str]:
         """The seams ``target`` lacks for this property (empty: it can be driven)."""
@@ -48,9 +50,9 @@ PROPERTIES: dict[str, Property] = {p.name: p for p in (
              steps=True),
     Property("trivial-path", trivial_path, "d = 1: reuse and fallback agree", trivial=True),
     Property("reader-agreement", reader_agreement, "each reader's mask_indptr gives request b exactly its cells "
-             "(eager and cuda-graph replay)", needs=("read_eager", "read_replay")),
+             "(eager and cuda-graph replay)", needs=("read_eager", "read_replay"), layouts=("FULL_MASK",)),
     Property("packed-mask", packed_mask, "bit packing stays in its buffer and yields the mask, LSB first, "
-             "where the reader looks", needs=("pack_mask",)),
+             "where the reader looks", needs=("pack_mask",), layouts=("FULL_MASK",)),
 )}
 
 __all__ = ["Observation", "PROPERTIES", "Property", "PropertyFailure"]
