@@ -74,7 +74,8 @@ def test_pr33127_reproduces_minimal_full_mask_repro(sglang_target, tmp_path):
 
 #: Arithmetic-only checks first: a variant they catch costs no kernel launch.
 CHEAPEST_FIRST = ("capacity-soundness", "capacity-liveness", "trivial-path", "no-oob-write",
-                  "fallback-equivalence", "reference-agreement", "multi-step-reuse")
+                  "fallback-equivalence", "reference-agreement", "multi-step-reuse",
+                  "reader-agreement", "packed-mask")
 
 
 @pytest.mark.parametrize("variant", sorted(CATALOGUE))

@@ -2,10 +2,10 @@
 
 Both take the usual case (config, batches) and reuse one verify step per batch:
 the step writes the mask through the target's call site, then the target's
-reader seams read it. What each request should read comes from DESIGN.md's
-layout (``layouts.request_extents``) and the oracle's picture of the tree, never
-from the reader's own arithmetic; the bit packing to compare with is this
-module's own, byte by byte from the oracle's cells.
+reader seams read it. Where each request's cells lie comes from DESIGN.md's
+layout (``layouts.request_extents``), never from the reader's own arithmetic;
+a reader window must hold what the step wrote there, and the packed bytes must
+be this module's own bit packing of the oracle's cells.
 
 A QLEN_ONLY case runs as the same deployment with a FULL_MASK read mask: the
 readers exist only there (``readers.reader_config``).
@@ -34,13 +34,17 @@ def _observe(obs: Observation, case_config: Config, config: Config, batch: Batch
         obs.classes.add("reader layout FULL_MASK (case was QLEN_ONLY)")
 
 
-def _window_mismatch(view, config: Config, batch: Batch, want_cells: torch.Tensor, path: str) -> str | None:
-    """First request whose reader window is not exactly its own block, as DESIGN.md lays it out."""
+def _window_mismatch(view, config: Config, batch: Batch, written: torch.Tensor, path: str) -> str | None:
+    """First request whose reader window is not exactly the block the writer wrote for it.
+
+    Where the block lies is DESIGN.md's layout; what it holds is what the verify
+    step left in ``written`` (whether that is right is reference-agreement's question).
+    """
     indptr = [int(v) for v in view.indptr.reshape(-1).cpu().tolist()]
     if len(indptr) < batch.bs + 1:
         return f"{path} reader: mask_indptr has {len(indptr)} entries for {batch.bs} requests"
     raw = view.mask.reshape(-1).view(torch.uint8).cpu()
-    want = want_cells.view(torch.uint8)
+    want = written.reshape(-1).view(torch.uint8).cpu()
     for ext in request_extents(TreeMaskMode.FULL_MASK, batch.seq_lens, config.d):
         b, lo, hi = ext.request, indptr[ext.request], indptr[ext.request + 1]
         where = (f"{path} reader, request {b} of {batch.bs} (seq_lens {list(batch.seq_lens)}, d {config.d}, "
@@ -50,11 +54,13 @@ def _window_mismatch(view, config: Config, batch: Batch, want_cells: torch.Tenso
                     f"{config.d} x ({batch.seq_lens[b]} + {config.d}) cells at [{ext.start}, {ext.stop})")
         if hi > raw.numel():
             return f"{where}: reads cells [{lo}, {hi}) of a {raw.numel()}-cell mask"
+        if hi > want.numel():
+            return f"{where}: the writer's {want.numel()}-cell mask ends inside the block [{lo}, {hi})"
         bad = torch.nonzero(raw[lo:hi] != want[lo:hi]).flatten()
         if bad.numel():
             cell = int(bad[0])
             row, col = divmod(cell, batch.seq_lens[b] + config.d)
-            return (f"{where}: {bad.numel()} of its cells differ from what the writer wrote, first row {row} "
+            return (f"{where}: {bad.numel()} of its cells differ from what the writer wrote there, first row {row} "
                     f"column {col}: reads {int(raw[lo + cell])}, wrote {int(want[lo + cell])}")
     return None
 
@@ -64,9 +70,9 @@ def reader_agreement(target, config: Config, batches: list[Batch], device="cpu")
     obs = Observation()
     rc = reader_config(config)
     for batch in batches:
-        want = expected(rc, batch).tree_mask
         heap, mask = _reused_mask(target, rc, device)
         out = target.verify(mask, rc, batch, heap).as_cpu()
+        want = out.tree_mask.clone()  # a reader must not be able to change what it is compared with
         _observe(obs, config, rc, batch, out, mask, "eager")
         diff = _window_mismatch(target.read_eager(rc, batch, out), rc, batch, want, "eager")
         if diff:
