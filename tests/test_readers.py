@@ -26,7 +26,7 @@ from harness.properties import PROPERTIES, PropertyFailure
 from harness.properties.readers import packed_bytes
 from harness.readers import reader_config
 from harness.shadow import ShadowHeap
-from harness.targets import CATALOGUE, TargetUnavailable, resolve
+from harness.targets import TargetUnavailable, resolve
 from tests.sglang_copies import altered_copy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,6 +176,23 @@ def test_sglang_readers_are_sglangs_own(sglang_target):
         for part in function.split("."):
             obj = getattr(obj, part)
         assert callable(obj), (path, function)
+
+
+@pytest.mark.parametrize("spec", ["reference", "sglang"])
+def test_replay_copies_a_fallback_steps_mask_into_the_backends_buffer(spec, request):
+    """A step that wrote its own allocation: replay must copy it over the stale preallocated buffer."""
+    target = request.getfixturevalue("sglang_target") if spec == "sglang" else resolve(spec)
+    from harness.properties.core import _reused_mask
+
+    batch = Batch((3, 5))
+    heap, mask = _reused_mask(target, FULL, "cpu")
+    step = target.verify(None, FULL, batch, heap).as_cpu()
+    assert not step.reused
+    view = target.read_replay(mask, FULL, batch, step)
+    n = step.tree_mask.numel()
+    assert view.mask.data_ptr() == mask.buffer.data_ptr()
+    assert torch.equal(view.mask.reshape(-1)[:n].view(torch.uint8), step.tree_mask.view(torch.uint8))
+    assert not heap.check()
 
 
 # -- altered copies of the installed SGLang ------------------------------------------
