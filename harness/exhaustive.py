@@ -242,7 +242,8 @@ def _run(target, report, all_configs, properties, device, findings_dir, pool, st
         t0 = time.perf_counter()
         arithmetic = name.startswith("capacity-")
         jobs = [(name, config, capacity_batches(config) if arithmetic else batches_of(config), device)
-                for config in all_configs if config.trivial == prop.trivial]
+                for config in all_configs if config.trivial == prop.trivial
+                and (prop.layouts is None or config.mode.name in prop.layouts)]
         if pool is not None and not arithmetic:
             verdicts = pool.imap(_check_one, [(name, config, device) for _, config, _, _ in jobs], chunksize=4)
         else:
