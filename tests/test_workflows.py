@@ -32,7 +32,8 @@ def test_nightly_with_workers_writes_four_reports_whose_counts_agree(tmp_path):
         assert (rep / name).is_file(), name
     s = json.loads((rep / "summary.json").read_text())
     j = _junit_counts(rep / "junit.xml")
-    assert j["tests"] == s["counts"]["properties"] == len(j["cases"]) == 7
+    from harness.properties import PROPERTIES
+    assert j["tests"] == s["counts"]["properties"] == len(j["cases"]) == len(PROPERTIES)
     assert j["failures"] == s["counts"]["failed"] == len(j["failed_cases"])
     assert j["skipped"] == s["counts"]["skipped"]
     assert sorted(j["failed_cases"]) == sorted(p["name"] for p in s["properties"] if p["status"] == "failed")
