@@ -33,7 +33,9 @@ class ReaderView:
     """What one reader reads: request b's cells are ``mask[indptr[b]:indptr[b+1]]``."""
 
     mask: torch.Tensor
-    indptr: torch.Tensor  # bs + 1 cell offsets into ``mask``
+    indptr: torch.Tensor  # at least bs + 1 cell offsets into ``mask``
+    #: the graph's batch size when a replay padded the batch up to it (None: eager)
+    captured_bs: int | None = None
 
 
 @dataclass
@@ -73,6 +75,18 @@ def capture_seq_len(config: Config) -> int:
     return min(1, config.max_context_len)
 
 
+def captured_bs(bs: int, max_bs: int) -> int:
+    """The captured graph a batch of ``bs`` replays in: the smallest captured size >= bs.
+
+    Modelled on a typical capture list (1, 2, 4, 8, ... and max_bs itself); a
+    replay pads the batch up to it with requests at the fill length.
+    """
+    size = 1
+    while size < bs:
+        size *= 2
+    return min(size, max_bs)
+
+
 # -- the embedded model --------------------------------------------------------
 
 def _rows_per_request(batch: Batch, d: int, device) -> torch.Tensor:
@@ -103,7 +117,8 @@ def model_read_replay(mask, config: Config, batch: Batch, step_mask: torch.Tenso
     else:
         n = step_mask.numel()
         buffer[:n].copy_(step_mask.to(buffer.device).view(-1))
-    return ReaderView(buffer, _indptr(_rows_per_request(batch, config.d, buffer.device)))
+    return ReaderView(buffer, _indptr(_rows_per_request(batch, config.d, buffer.device)),
+                      captured_bs(batch.bs, mask.max_bs))
 
 
 def model_pack(config: Config, batch: Batch, step_mask: torch.Tensor, buffer: torch.Tensor) -> PackedView:

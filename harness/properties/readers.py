@@ -81,6 +81,8 @@ def reader_agreement(target, config: Config, batches: list[Batch], device="cpu")
             continue  # past the captured max_bs the server runs eagerly: no graph to replay
         view = target.read_replay(mask, rc, batch, out)
         _observe(obs, config, rc, batch, out, mask, "replay")
+        if view.captured_bs is not None and view.captured_bs > batch.bs:
+            obs.classes.add("replay padded to a captured bs")
         violations = heap.check(_locator(rc, batch))
         if violations:
             _fail("reader-agreement", "cuda-graph replay copied the step's mask out of bounds "

@@ -11,6 +11,9 @@ fill length, as the graph runner passes) and once replaying the real batch,
 which copies the step's mask into the backend's buffer and refills
 ``mask_indptr`` in place. The reader's view is what the metadata then holds.
 
+A replay runs in the smallest captured graph that holds the batch
+(``readers.captured_bs``), padded up with requests at the fill length.
+
 FlashInfer: ``FlashInferIndicesUpdaterPrefill.call_begin_forward`` runs over a
 stand-in updater and a cuda-graph prefill wrapper whose ``begin_forward`` is
 SGLang's ``fast_prefill_plan`` bound to it, with a real ``EagleVerifyInput``.
@@ -32,7 +35,7 @@ import torch
 
 from harness.config import Batch, Config
 from harness.layouts import TreeMaskMode, logical_size
-from harness.readers import PackedView, ReaderView, capture_seq_len
+from harness.readers import PackedView, ReaderView, capture_seq_len, captured_bs
 from harness.targets.sglang.loader import _quiet_import
 
 #: What this module drives: (path under the sglang package, function, properties).
@@ -133,16 +136,22 @@ def read_eager(config: Config, batch: Batch, step) -> ReaderView:
 
 
 def read_replay(mask, config: Config, batch: Batch, step) -> ReaderView:
-    """Capture a graph for ``batch.bs`` over ``mask``, let the step write, replay the batch."""
+    """Capture the graph ``batch`` replays in over ``mask``, let the step write, replay the batch.
+
+    The graph's batch size is the smallest captured size >= bs; the replay pads
+    the batch up to it with requests at the fill length, as the graph runner does.
+    """
     m = modules()
     buf = mask.buffer
     dev = buf.device
+    graph_bs = captured_bs(batch.bs, config.max_bs)
     backend = triton_backend(mask, config, max(config.max_bs, batch.bs), dev)
     fill = capture_seq_len(config)
     # The graph runner's capture-time mask: all ones, max_bs requests at the fill length.
     placeholder = torch.ones(logical_size(TreeMaskMode.FULL_MASK, [fill] * config.max_bs, config.d),
                              dtype=torch.bool, device=dev)
-    capture = _verify_batch(m, batch.bs, torch.full((batch.bs,), fill, dtype=torch.long, device=dev),
+    padding = torch.full((graph_bs - batch.bs,), fill, dtype=torch.long, device=dev)
+    capture = _verify_batch(m, graph_bs, torch.full((graph_bs,), fill, dtype=torch.long, device=dev),
                             placeholder, config.d)
     backend.init_forward_metadata_out_graph(capture, in_capture=True)
     # The step's writes land after capture; a reused step wrote the buffer itself.
@@ -151,10 +160,10 @@ def read_replay(mask, config: Config, batch: Batch, step) -> ReaderView:
         custom_mask = buf
     else:
         custom_mask = step.tree_mask.to(dev)
-    backend.init_forward_metadata_out_graph(_verify_batch(m, batch.bs, _seq_lens(batch, dev), custom_mask,
-                                                          config.d), in_capture=False)
+    replay = _verify_batch(m, graph_bs, torch.cat([_seq_lens(batch, dev), padding]), custom_mask, config.d)
+    backend.init_forward_metadata_out_graph(replay, in_capture=False)
     meta = backend.forward_metadata
-    return ReaderView(meta.custom_mask, meta.mask_indptr)
+    return ReaderView(meta.custom_mask, meta.mask_indptr, graph_bs)
 
 
 # -- FlashInfer packing ---------------------------------------------------------------
