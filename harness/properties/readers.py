@@ -72,6 +72,10 @@ def reader_agreement(target, config: Config, batches: list[Batch], device="cpu")
     for batch in batches:
         heap, mask = _reused_mask(target, rc, device)
         out = target.verify(mask, rc, batch, heap).as_cpu()
+        violations = heap.check(_locator(rc, batch))
+        if violations:  # the writer's, not a reader's: say so before any reader runs
+            _fail("reader-agreement", "the verify step itself wrote out of bounds (see no-oob-write): "
+                                      + describe_all(violations))
         want = out.tree_mask.clone()  # a reader must not be able to change what it is compared with
         _observe(obs, config, rc, batch, out, mask, "eager")
         diff = _window_mismatch(target.read_eager(rc, batch, out), rc, batch, want, "eager")
