@@ -51,7 +51,7 @@ def cases(prop: Property, bounds: Bounds) -> st.SearchStrategy[tuple[Config, lis
                              spec_steps=(1, max(1, min(bounds.spec_steps, bounds.num_draft_tokens - 1))),
                              call_sites=bounds.call_sites)
     else:
-        cfgs = configs(max_bs=(1, bounds.max_bs), max_context_len=(1, bounds.max_context_len),
+        cfgs = configs(layouts=prop.layouts, max_bs=(1, bounds.max_bs), max_context_len=(1, bounds.max_context_len),
                        num_draft_tokens=(2, bounds.num_draft_tokens), topk=(1, bounds.topk),
                        spec_steps=(1, bounds.spec_steps), call_sites=bounds.call_sites)
 

@@ -74,7 +74,8 @@ def test_pr33127_reproduces_minimal_full_mask_repro(sglang_target, tmp_path):
 
 #: Arithmetic-only checks first: a variant they catch costs no kernel launch.
 CHEAPEST_FIRST = ("capacity-soundness", "capacity-liveness", "allocation-soundness", "trivial-path",
-                  "no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse", "routing")
+                  "no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse", "routing",
+                  "reader-agreement", "packed-mask", "chain-writer")
 
 
 @pytest.mark.parametrize("variant", sorted(CATALOGUE))

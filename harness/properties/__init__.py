@@ -8,6 +8,8 @@ One module per part of the mask's path:
 - ``writers``: the chain writer ``build_chain_tree``, called directly.
 - ``routers``: ``routing``, the mask a router hands to the call site.
 - ``allocation``: ``allocation-soundness``, the bounds each backend allocates with.
+- ``readers``: the mask as attention reads it (Triton's mask_indptr, FlashInfer's
+  bit packing).
 
 A property names the target seams it ``needs`` beyond the core protocol; a
 target without them (a plug-in written against the core protocol) gets the
@@ -23,6 +25,7 @@ from harness.properties.core import (Observation, PropertyFailure, capacity_live
                                      fallback_equivalence, multi_step_reuse, no_oob_write,
                                      reference_agreement, trivial_path)
 from harness.properties.writers import chain_writer
+from harness.properties.readers import packed_mask, reader_agreement
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,8 @@ class Property:
     #: target attributes the check calls beyond the core protocol
     needs: tuple[str, ...] = ()
     chain: bool = False  # runs on the chain writer's configs (QLEN_ONLY, topk 1, d = spec_steps + 1)
+    #: layouts its cases are drawn in (None: every preallocated layout)
+    layouts: tuple[str, ...] | None = None
 
     def missing(self, target) -> list[str]:
         """The seams ``target`` lacks for this property (empty: it can be driven)."""
@@ -52,6 +57,10 @@ PROPERTIES: dict[str, Property] = {p.name: p for p in (
     Property("trivial-path", trivial_path, "d = 1: reuse and fallback agree", trivial=True),
     Property("chain-writer", chain_writer, "build_chain_tree: no write leaves its buffers; == oracle, "
              "== the tree kernel on the same chain", chain=True, needs=("chain_write", "chain_kernel")),
+    Property("reader-agreement", reader_agreement, "each reader's mask_indptr gives request b exactly its cells "
+             "(eager and cuda-graph replay)", needs=("read_eager", "read_replay"), layouts=("FULL_MASK",)),
+    Property("packed-mask", packed_mask, "bit packing stays in its buffer and yields the mask, LSB first, "
+             "where the reader looks", needs=("pack_mask",), layouts=("FULL_MASK",)),
 )}
 
 from harness.properties.allocation import allocation_soundness  # noqa: E402 - after Property

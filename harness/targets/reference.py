@@ -12,6 +12,7 @@ import msgspec
 import torch
 
 import harness
+from harness import readers
 from harness.chain_call import ChainCall, ChainInputs, ChainOutput, guarded_chain_write
 from harness.config import Batch, Config
 from harness.kernel_call import KernelCall, aux_reach, guarded_write
@@ -169,6 +170,16 @@ class ReferenceTarget:
             torch.full((bs, 1), -1, dtype=torch.long, device=dev),
             reused=buf is not None,
         )
+
+    # -- readers (harness.readers; seams of reader-agreement and packed-mask) --
+    def read_eager(self, config: Config, batch: Batch, step: StepOutput):
+        return readers.model_read_eager(config, batch, step.tree_mask)
+
+    def read_replay(self, mask: VerifyMask, config: Config, batch: Batch, step: StepOutput):
+        return readers.model_read_replay(mask, config, batch, step.tree_mask, step.reused)
+
+    def pack_mask(self, config: Config, batch: Batch, step_mask: torch.Tensor, buffer: torch.Tensor):
+        return readers.model_pack(config, batch, step_mask, buffer)
 
     def versions(self) -> dict[str, str]:
         return {"reference": harness.__version__, "torch": torch.__version__}

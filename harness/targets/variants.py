@@ -13,7 +13,10 @@ import copy
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
+
 from harness.layouts import TreeMaskMode
+from harness.readers import capture_seq_len
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,40 @@ def _chain_row_offset(chain_kernel):
     return chain_one_row_late
 
 
+def _eager_indptr_without_draft_span(read_eager):
+    def read_eager_short(config, batch, step):
+        # mask_indptr steps by d * s_b: the d draft columns of each row are forgotten,
+        # so every later request reads from inside an earlier one's block.
+        view = read_eager(config, batch, step)
+        d = config.d
+        view.indptr = view.indptr - d * d * torch.arange(view.indptr.numel(), device=view.indptr.device)
+        return view
+    return read_eager_short
+
+
+def _replay_stale_indptr(read_replay):
+    def read_replay_stale(mask, config, batch, step):
+        # Replay leaves mask_indptr as capture filled it: every request at the fill length.
+        view = read_replay(mask, config, batch, step)
+        per_request = config.d * (capture_seq_len(config) + config.d)
+        view.indptr = per_request * torch.arange(view.indptr.numel(), device=view.indptr.device)
+        return view
+    return read_replay_stale
+
+
+def _pack_msb_first(pack_mask):
+    def pack_msb_first(config, batch, step_mask, buffer):
+        # The right bytes in the right places, each with its bits in the opposite order.
+        view = pack_mask(config, batch, step_mask, buffer)
+        used = view.buffer[:int(view.indptr[batch.bs])]
+        flipped = torch.zeros_like(used)
+        for i in range(8):
+            flipped |= ((used >> i) & 1) << (7 - i)
+        used.copy_(flipped)
+        return view
+    return pack_msb_first
+
+
 CATALOGUE: dict[str, Variant] = {v.name: v for v in (
     Variant("pr33127", "capacity check skips FULL_MASK: an eager batch past max_bs reuses the buffer "
             "(the regression fixed by SGLang PR #33127)", "fits", _pr33127),
@@ -98,6 +135,13 @@ CATALOGUE: dict[str, Variant] = {v.name: v for v in (
             "asking fits: an eager batch past max_bs writes past it", "site_fits", _pp_reuse_unchecked),
     Variant("chain-row-offset", "chain writer row offset error: every mask row is written w cells past "
             "its start", "chain_kernel", _chain_row_offset),
+    Variant("eager-indptr-no-draft-span", "Triton eager verify's mask_indptr steps by d*s_b, forgetting the "
+            "draft columns: later requests read inside earlier blocks", "read_eager",
+            _eager_indptr_without_draft_span),
+    Variant("replay-stale-indptr", "Triton cuda-graph replay keeps the capture's mask_indptr (every request "
+            "at the fill length) instead of refilling it for the batch", "read_replay", _replay_stale_indptr),
+    Variant("pack-msb-first", "verify-mask packing puts each byte's first cell in its top bit, not bit 0",
+            "pack_mask", _pack_msb_first),
 )}
 
 

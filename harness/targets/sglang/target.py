@@ -25,7 +25,7 @@ from harness.kernel_call import KernelCall
 from harness.outputs import StepOutput
 from harness.shadow import ShadowHeap
 from harness.targets.sglang.binding import bound as _bound
-from harness.targets.sglang import call_sites, writers
+from harness.targets.sglang import call_sites, readers, writers
 from harness.targets.sglang.loader import Sglang, sg_version
 
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
@@ -175,6 +175,16 @@ class SglangTarget:
         patches += writers.chain_kernel_patches(sg, target.chain_kernel, heap)
         with _bound(*patches):
             yield
+
+    # -- readers (sglang/readers.py; seams of reader-agreement and packed-mask) --
+    def read_eager(self, config: Config, batch: Batch, step: StepOutput):
+        return readers.read_eager(config, batch, step)
+
+    def read_replay(self, mask, config: Config, batch: Batch, step: StepOutput):
+        return readers.read_replay(mask, config, batch, step)
+
+    def pack_mask(self, config: Config, batch: Batch, step_mask, buffer):
+        return readers.pack_mask(config, batch, step_mask, buffer)
 
     def versions(self) -> dict[str, str]:
         import triton

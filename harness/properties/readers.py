@@ -1,0 +1,183 @@
+"""reader-agreement and packed-mask: the mask as attention reads it (DESIGN.md sections 1b and 2).
+
+Both take the usual case (config, batches) and reuse one verify step per batch:
+the step writes the mask through the target's call site, then the target's
+reader seams read it. Where each request's cells lie comes from DESIGN.md's
+layout (``layouts.request_extents``), never from the reader's own arithmetic;
+a reader window must hold what the step wrote there, and the packed bytes must
+be this module's own bit packing of the oracle's cells.
+
+A QLEN_ONLY case runs as the same deployment with a FULL_MASK read mask: the
+readers exist only there (``readers.reader_config``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.config import Batch, Config
+from harness.layouts import TreeMaskMode, request_extents
+from harness.oracle import expected
+from harness.properties.core import Observation, PropertyFailure, _capacity, _locator, _reused_mask
+from harness.readers import reader_config
+from harness.shadow import ShadowHeap, describe_all
+
+
+def _fail(prop: str, detail: str):
+    raise PropertyFailure(prop, detail)
+
+
+def _observe(obs: Observation, case_config: Config, config: Config, batch: Batch, out, mask, path: str) -> None:
+    obs.add_step(config, batch, out, _capacity(mask))
+    obs.classes.add(f"reader {path}")
+    if case_config is not config:
+        obs.classes.add("reader layout FULL_MASK (case was QLEN_ONLY)")
+
+
+def _window_mismatch(view, config: Config, batch: Batch, written: torch.Tensor, path: str) -> str | None:
+    """First request whose reader window is not exactly the block the writer wrote for it.
+
+    Where the block lies is DESIGN.md's layout; what it holds is what the verify
+    step left in ``written`` (whether that is right is reference-agreement's question).
+    """
+    indptr = [int(v) for v in view.indptr.reshape(-1).cpu().tolist()]
+    if len(indptr) < batch.bs + 1:
+        return f"{path} reader: mask_indptr has {len(indptr)} entries for {batch.bs} requests"
+    raw = view.mask.reshape(-1).view(torch.uint8).cpu()
+    want = written.reshape(-1).view(torch.uint8).cpu()
+    for ext in request_extents(TreeMaskMode.FULL_MASK, batch.seq_lens, config.d):
+        b, lo, hi = ext.request, indptr[ext.request], indptr[ext.request + 1]
+        where = (f"{path} reader, request {b} of {batch.bs} (seq_lens {list(batch.seq_lens)}, d {config.d}, "
+                 f"max_bs {config.max_bs})")
+        if (lo, hi) != (ext.start, ext.stop):
+            return (f"{where}: reads cells [{lo}, {hi}), but the writer wrote request {b}'s "
+                    f"{config.d} x ({batch.seq_lens[b]} + {config.d}) cells at [{ext.start}, {ext.stop})")
+        if hi > raw.numel():
+            return f"{where}: reads cells [{lo}, {hi}) of a {raw.numel()}-cell mask"
+        if hi > want.numel():
+            return f"{where}: the writer's {want.numel()}-cell mask ends inside the block [{lo}, {hi})"
+        bad = torch.nonzero(raw[lo:hi] != want[lo:hi]).flatten()
+        if bad.numel():
+            cell = int(bad[0])
+            row, col = divmod(cell, batch.seq_lens[b] + config.d)
+            return (f"{where}: {bad.numel()} of its cells differ from what the writer wrote there, first row {row} "
+                    f"column {col}: reads {int(raw[lo + cell])}, wrote {int(want[lo + cell])}")
+    return None
+
+
+def reader_agreement(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
+    """Each reader's index arithmetic gives request b exactly the cells the writer wrote for it."""
+    obs = Observation()
+    rc = reader_config(config)
+    for batch in batches:
+        heap, mask = _reused_mask(target, rc, device)
+        out = target.verify(mask, rc, batch, heap).as_cpu()
+        violations = heap.check(_locator(rc, batch))
+        if violations:  # the writer's, not a reader's: say so before any reader runs
+            _fail("reader-agreement", "the verify step itself wrote out of bounds (see no-oob-write): "
+                                      + describe_all(violations))
+        want = out.tree_mask.clone()  # a reader must not be able to change what it is compared with
+        _observe(obs, config, rc, batch, out, mask, "eager")
+        diff = _window_mismatch(target.read_eager(rc, batch, out), rc, batch, want, "eager")
+        if diff:
+            _fail("reader-agreement", diff)
+        if batch.bs > rc.max_bs:
+            continue  # past the captured max_bs the server runs eagerly: no graph to replay
+        view = target.read_replay(mask, rc, batch, out)
+        _observe(obs, config, rc, batch, out, mask, "replay")
+        if view.captured_bs is not None and view.captured_bs > batch.bs:
+            obs.classes.add("replay padded to a captured bs")
+        violations = heap.check(_locator(rc, batch))
+        if violations:
+            _fail("reader-agreement", "cuda-graph replay copied the step's mask out of bounds "
+                                      f"(bs {batch.bs}, max_bs {rc.max_bs}): " + describe_all(violations))
+        diff = _window_mismatch(view, rc, batch, want, "cuda-graph replay")
+        if diff:
+            _fail("reader-agreement", diff)
+    return obs
+
+
+# -- packed-mask -----------------------------------------------------------------
+
+def packed_bytes(cells: torch.Tensor) -> list[int]:
+    """Bytes holding ``cells`` (0/1 each) as bits, the first cell in bit 0 of the first byte."""
+    bits = cells.view(torch.uint8).tolist()
+    out = [0] * ((len(bits) + 7) // 8)
+    for i, bit in enumerate(bits):
+        if bit:
+            out[i // 8] |= 1 << (i % 8)
+    return out
+
+
+def _expected_packing(config: Config, batch: Batch, want: torch.Tensor) -> tuple[list[int], list[list[int]]]:
+    """(byte offset of each request, its bytes): what the packed reader must find."""
+    starts, rows = [0], []
+    for ext in request_extents(TreeMaskMode.FULL_MASK, batch.seq_lens, config.d):
+        rows.append(packed_bytes(want[ext.start:ext.stop]))
+        starts.append(starts[-1] + len(rows[-1]))
+    return starts, rows
+
+
+def _packed_mismatch(view, config: Config, batch: Batch, starts, rows, writer_ok: bool) -> str | None:
+    indptr = [int(v) for v in view.indptr.reshape(-1).cpu().tolist()]
+    where = f"seq_lens {list(batch.seq_lens)}, d {config.d}"
+    if indptr[:batch.bs + 1] != starts:
+        return (f"packed_indptr {indptr[:batch.bs + 1]} != {starts}: request b's "
+                f"ceil((s_b + d) * d / 8) bytes must follow one another ({where})")
+    got = view.buffer.reshape(-1).cpu()
+    for b, row in enumerate(rows):
+        have = got[starts[b]:starts[b] + len(row)].tolist()
+        if have != row:
+            i = next(k for k, (x, y) in enumerate(zip(have, row)) if x != y)
+            hint = "" if writer_ok else " (the mask it packed already differs from the oracle: see reference-agreement)"
+            return (f"request {b}'s packed byte {i} (cells {8 * i}..{8 * i + 7} of its block) is "
+                    f"{have[i]:#010b}, the mask's bits LSB first are {row[i]:#010b} ({where}){hint}")
+    return None
+
+
+def _stale_bytes(buffer: torch.Tensor) -> None:
+    """What an earlier replay left in the packed buffer: neither zeros nor the canary."""
+    n = buffer.numel()
+    buffer.copy_(((torch.arange(n, device=buffer.device) * 37 + 11) % 251).to(torch.uint8))
+
+
+def packed_mask(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
+    """Packing writes only inside its buffer and yields the bit-packed mask where the reader looks."""
+    obs = Observation()
+    rc = reader_config(config)
+    for batch in batches:
+        oracle = expected(rc, batch).tree_mask
+        heap, mask = _reused_mask(target, rc, device)
+        out = target.verify(mask, rc, batch, heap)
+        _observe(obs, config, rc, batch, out, mask, "packed")
+        starts, rows = _expected_packing(rc, batch, oracle)
+        n = oracle.numel()
+        written = out.tree_mask.reshape(-1)[:n].view(torch.uint8).cpu()
+        writer_ok = torch.equal(written, oracle.view(torch.uint8))
+        total = starts[-1]
+        for capacity in (total, total - 1):
+            pheap = ShadowHeap(device)
+            # A wrong offset lands anywhere up to a whole unpacked block away.
+            buffer = pheap.alloc("packed_mask", capacity, torch.uint8, redzone_cells=n + 64)
+            _stale_bytes(buffer)
+            try:
+                view = target.pack_mask(rc, batch, out.tree_mask, buffer)
+            except AssertionError as exc:  # SGLang refuses with an assert; the model with PackRefused
+                if capacity == total:
+                    _fail("packed-mask", f"refused a batch whose packed mask ({total} bytes) fits its "
+                                         f"{capacity}-byte buffer: {exc}")
+                view = None
+            violations = pheap.check()
+            if violations:
+                why = "" if capacity == total else f" (needs {total}: the host-side check did not refuse)"
+                _fail("packed-mask", f"packing wrote outside its {capacity}-byte buffer{why} "
+                                     f"(seq_lens {list(batch.seq_lens)}, d {rc.d}): " + describe_all(violations))
+            if capacity < total:
+                if view is not None:
+                    _fail("packed-mask", f"the host-side check let a {total}-byte packed mask into a "
+                                         f"{capacity}-byte buffer without refusing")
+                continue
+            diff = _packed_mismatch(view, rc, batch, starts, rows, writer_ok)
+            if diff:
+                _fail("packed-mask", diff)
+    return obs

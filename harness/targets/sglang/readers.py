@@ -1,0 +1,209 @@
+"""SGLang's mask readers, driven with stand-ins: the Triton backend's mask_indptr and FlashInfer's packing.
+
+Triton attention (``TritonAttnBackend``): the instance is made without its
+``__init__`` (which reads a whole server's config) and given only the state
+its target-verify metadata methods read -- indptr buffers sized for the request
+pool, a KV-index translator that packs nothing, and the verify mask the call
+site wrote into. Then SGLang's own methods run: ``init_forward_metadata`` for
+an eager TARGET_VERIFY batch, and ``init_forward_metadata_out_graph`` twice for
+the cuda graph, once capturing (a placeholder mask for max_bs requests at the
+fill length, as the graph runner passes) and once replaying the real batch,
+which copies the step's mask into the backend's buffer and refills
+``mask_indptr`` in place. The reader's view is what the metadata then holds.
+
+A replay runs in the smallest captured graph that holds the batch
+(``readers.captured_bs``), padded up with requests at the fill length.
+
+FlashInfer: ``FlashInferIndicesUpdaterPrefill.call_begin_forward`` runs over a
+stand-in updater and a cuda-graph prefill wrapper whose ``begin_forward`` is
+SGLang's ``fast_prefill_plan`` bound to it, with a real ``EagleVerifyInput``.
+So SGLang's own code computes the KV indptr (``generate_attn_arg_prefill``),
+the host KV lengths, ``packed_lengths``/``packed_indptr``, the host-side assert
+on the total, and launches ``pack_verify_mask_into`` (Triton; the interpreter
+on CPU) into the wrapper's custom-mask buffer -- the redzoned buffer the
+property hands in. FlashInfer's own ``plan`` is not run (``_cached_module`` is a
+stand-in): the packing happens before it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from types import SimpleNamespace
+
+import torch
+
+from harness.config import Batch, Config
+from harness.layouts import TreeMaskMode, logical_size
+from harness.readers import PackedView, ReaderView, capture_seq_len, captured_bs
+from harness.targets.sglang.loader import _quiet_import
+
+#: What this module drives: (path under the sglang package, function, properties).
+SURFACE = (
+    ("srt/layers/attention/triton_backend.py", "TritonAttnBackend.init_forward_metadata", ("reader-agreement",)),
+    ("srt/layers/attention/triton_backend.py", "TritonAttnBackend.init_forward_metadata_out_graph",
+     ("reader-agreement",)),
+    ("srt/layers/attention/triton_backend.py", "TritonAttnBackend._apply_cuda_graph_metadata", ("reader-agreement",)),
+    ("srt/layers/attention/triton_backend.py", "TritonAttnBackend._update_target_verify_buffers",
+     ("reader-agreement",)),
+    ("srt/layers/attention/triton_backend.py", "TritonAttnBackend._build_cuda_graph_forward_metadata",
+     ("reader-agreement",)),
+    ("srt/layers/attention/triton_backend.py", "TritonAttnBackend._fill_kv_indptr_and_indices",
+     ("reader-agreement",)),
+    ("srt/layers/attention/flashinfer_backend.py", "FlashInferIndicesUpdaterPrefill.call_begin_forward",
+     ("packed-mask",)),
+    ("srt/layers/attention/flashinfer_backend.py", "fast_prefill_plan", ("packed-mask",)),
+    ("srt/speculative/eagle_info.py", "EagleVerifyInput.generate_attn_arg_prefill", ("packed-mask",)),
+    ("kernels/ops/speculative/pack_verify_mask.py", "pack_verify_mask_into", ("packed-mask",)),
+    ("kernels/ops/speculative/pack_verify_mask.py", "_pack_verify_mask_kernel", ("packed-mask",)),
+)
+
+_MODULES = {
+    "triton_backend": "sglang.srt.layers.attention.triton_backend",
+    "flashinfer_backend": "sglang.srt.layers.attention.flashinfer_backend",
+    "eagle_info": "sglang.srt.speculative.eagle_info",
+    "forward_info": "sglang.srt.model_executor.forward_batch_info",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def modules() -> SimpleNamespace:
+    """SGLang's reader modules, imported on first use (the core properties never need them)."""
+    found = {}
+    with _quiet_import():
+        for key, name in _MODULES.items():
+            try:
+                found[key] = importlib.import_module(name)
+            except Exception as exc:  # any failure in SGLang's import chain: this reader cannot run here
+                raise ImportError(f"{name}: {type(exc).__name__}: {exc}") from None
+    return SimpleNamespace(**found)
+
+
+class _Translator:
+    """Stands in for the KV-index translator: the KV ids are not what the mask readers get wrong."""
+
+    reads_are_translated = False
+
+    def pack_read_stream(self, plan, *, out, **_):
+        out.zero_()
+
+
+def _seq_lens(batch: Batch, dev) -> torch.Tensor:
+    return torch.tensor(batch.seq_lens, dtype=torch.long, device=dev)
+
+
+# -- Triton attention --------------------------------------------------------------
+
+def triton_backend(mask, config: Config, pool: int, dev):
+    """A ``TritonAttnBackend`` holding the state its target-verify metadata reads, and ``mask``."""
+    m = modules()
+    backend = m.triton_backend.TritonAttnBackend.__new__(m.triton_backend.TritonAttnBackend)
+    max_num_tokens = config.max_bs * config.d
+    state = dict(
+        dllm_attention=None, _dense_one_shot_kv_indptr=None, device=dev, skip_prefill=False,
+        sliding_window_size=None, window_kv_indptr=None, use_sliding_window_kv_pool=False, dcp_size=1,
+        max_context_len=config.max_context_len, num_draft_tokens=config.d,
+        target_verify_num_tokens_per_req=config.d, kv_index_translator=_Translator(), token_to_kv_pool=None,
+        # SGLang sizes these for the request pool, which holds every eager batch too.
+        kv_indptr=torch.zeros(pool + 1, dtype=torch.int32, device=dev),
+        qo_indptr=torch.zeros(pool + 1, dtype=torch.int64, device=dev),
+        mask_indptr=torch.zeros(pool + 1, dtype=torch.int64, device=dev),
+        cuda_graph_kv_indices=torch.zeros(max(1, max_num_tokens * config.max_context_len), dtype=torch.int64,
+                                          device=dev),
+        _verify_mask=mask, forward_metadata=None,
+    )
+    backend.__dict__.update(state)
+    return backend
+
+
+def _verify_batch(m, batch_size: int, seq_lens: torch.Tensor, custom_mask, d: int):
+    spec_info = SimpleNamespace(custom_mask=custom_mask, num_tokens_per_req=d)
+    return SimpleNamespace(
+        batch_size=batch_size, forward_mode=m.forward_info.ForwardMode.TARGET_VERIFY, spec_info=spec_info,
+        seq_lens=seq_lens, seq_lens_sum=int(seq_lens.sum()),
+        req_pool_indices=torch.arange(batch_size, dtype=torch.long, device=seq_lens.device),
+        kv_loc_plan=None, encoder_lens=None, out_cache_loc=None)
+
+
+def read_eager(config: Config, batch: Batch, step) -> ReaderView:
+    """``TritonAttnBackend.init_forward_metadata`` for an eager TARGET_VERIFY batch."""
+    m = modules()
+    dev = step.tree_mask.device
+    backend = triton_backend(None, config, max(config.max_bs, batch.bs), dev)
+    backend.init_forward_metadata(_verify_batch(m, batch.bs, _seq_lens(batch, dev), step.tree_mask, config.d))
+    meta = backend.forward_metadata
+    return ReaderView(meta.custom_mask, meta.mask_indptr)
+
+
+def read_replay(mask, config: Config, batch: Batch, step) -> ReaderView:
+    """Capture the graph ``batch`` replays in over ``mask``, let the step write, replay the batch.
+
+    The graph's batch size is the smallest captured size >= bs; the replay pads
+    the batch up to it with requests at the fill length, as the graph runner does.
+    """
+    m = modules()
+    buf = mask.buffer
+    dev = buf.device
+    graph_bs = captured_bs(batch.bs, config.max_bs)
+    backend = triton_backend(mask, config, max(config.max_bs, batch.bs), dev)
+    fill = capture_seq_len(config)
+    # The graph runner's capture-time mask: all ones, max_bs requests at the fill length.
+    placeholder = torch.ones(logical_size(TreeMaskMode.FULL_MASK, [fill] * config.max_bs, config.d),
+                             dtype=torch.bool, device=dev)
+    padding = torch.full((graph_bs - batch.bs,), fill, dtype=torch.long, device=dev)
+    capture = _verify_batch(m, graph_bs, torch.full((graph_bs,), fill, dtype=torch.long, device=dev),
+                            placeholder, config.d)
+    backend.init_forward_metadata_out_graph(capture, in_capture=True)
+    # The step's writes land after capture; a reused step wrote the buffer itself.
+    if step.reused:
+        buf.copy_(step.tree_mask.to(dev).view(buf.shape))
+        custom_mask = buf
+    else:
+        custom_mask = step.tree_mask.to(dev)
+    replay = _verify_batch(m, graph_bs, torch.cat([_seq_lens(batch, dev), padding]), custom_mask, config.d)
+    backend.init_forward_metadata_out_graph(replay, in_capture=False)
+    meta = backend.forward_metadata
+    return ReaderView(meta.custom_mask, meta.mask_indptr, graph_bs)
+
+
+# -- FlashInfer packing ---------------------------------------------------------------
+
+def _graph_wrapper(m, bs: int, kv_tokens: int, buffer: torch.Tensor, dev):
+    """A cuda-graph prefill wrapper for ``bs`` requests: the state ``fast_prefill_plan`` reads and refreshes."""
+    wrapper = SimpleNamespace(
+        device=dev, is_cuda_graph_enabled=True, _backend="fa2", _cached_module=SimpleNamespace(plan=lambda *args: None),
+        _max_total_num_rows=None,
+        _qo_indptr_buf=torch.zeros(bs + 1, dtype=torch.int32, device=dev),
+        _paged_kv_indptr_buf=torch.zeros(bs + 1, dtype=torch.int32, device=dev),
+        _paged_kv_last_page_len_buf=torch.zeros(bs, dtype=torch.int32, device=dev),
+        _paged_kv_indices_buf=torch.zeros(max(1, kv_tokens), dtype=torch.int32, device=dev),
+        _mask_indptr_buf=torch.zeros(bs + 1, dtype=torch.int32, device=dev),
+        _custom_mask_buf=buffer,
+        _float_workspace_buffer=None, _int_workspace_buffer=None, _pin_memory_int_workspace_buffer=None,
+    )
+    wrapper.begin_forward = functools.partial(m.flashinfer_backend.fast_prefill_plan, wrapper)
+    return wrapper
+
+
+def pack_mask(config: Config, batch: Batch, step_mask: torch.Tensor, buffer: torch.Tensor) -> PackedView:
+    """FlashInfer's cuda-graph verify plan over ``step_mask``, packing into ``buffer``."""
+    m = modules()
+    dev, d, bs = buffer.device, config.d, batch.bs
+    seq_lens = _seq_lens(batch, dev)
+    seq_sum = int(sum(batch.seq_lens))
+    spec_info = m.eagle_info.EagleVerifyInput(
+        draft_token=None, custom_mask=step_mask, positions=None, retrieve_index=None, retrieve_next_token=None,
+        retrieve_next_sibling=None, retrieve_cum_len=None, spec_steps=config.spec_steps, topk=config.topk,
+        draft_token_num=d, capture_hidden_mode=m.forward_info.CaptureHiddenMode.FULL, seq_lens_sum=seq_sum,
+        seq_lens_cpu=seq_lens.cpu())
+    wrapper = _graph_wrapper(m, bs, seq_sum + d * bs, buffer, dev)
+    updater = SimpleNamespace(
+        attn_backend=SimpleNamespace(kv_index_translator=_Translator(), dq_paged_kernel_lens=None),
+        kv_last_page_len=torch.ones(bs, dtype=torch.int32, device=dev), num_qo_heads=1, num_kv_heads=1,
+        head_dim=8, q_data_type=torch.float16, data_type=torch.float16, _swa_kv_pool=None)
+    m.flashinfer_backend.FlashInferIndicesUpdaterPrefill.call_begin_forward(
+        updater, None, wrapper, torch.arange(bs, dtype=torch.long, device=dev), seq_lens, seq_sum, seq_lens,
+        None, None, torch.zeros(bs + 1, dtype=torch.int32, device=dev),
+        torch.zeros(bs + 1, dtype=torch.int32, device=dev), False, spec_info,
+        seq_lens_cpu=seq_lens.cpu(), plan=None)
+    return PackedView(wrapper._custom_mask_buf, wrapper._mask_indptr_buf)
