@@ -27,7 +27,9 @@ def _common_run_args(p) -> None:
                    help="run each example in a watched worker (auto: on for sglang and plug-in targets)")
     p.add_argument("--example-timeout", type=float, default=30.0, metavar="S",
                    help="seconds one example may take under isolation before it is a target-hang")
-    p.add_argument("--repro-root", default="repro", help=argparse.SUPPRESS)
+    p.add_argument("--repro-root", default=None, metavar="DIR",
+                   help="canonical repros replayed first by the pr profile (default: ./repro if it exists, "
+                        "else the repro/ folder of vmfuzz's own checkout)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--property", action="append", dest="properties", metavar="NAME",
                      help="run only this property (repeatable)")
     run.add_argument("--deployment", default=None, metavar="FILE",
-                     help="confine the search to one server configuration (JSON, see WORKFLOWS.md)")
+                     help="confine the search to one server configuration (JSON; README, Deployments)")
     _common_run_args(run)
     rep = sub.add_parser("replay", help="re-run a repro file's property")
     rep.add_argument("file")
@@ -57,6 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     which = gate.add_mutually_exclusive_group()
     which.add_argument("--changed-files", default=None, metavar="FILE", help="one changed path per line")
     which.add_argument("--base", default=None, metavar="REV", help="changed paths from git diff REV...HEAD")
+    gate.add_argument("--property", action="append", dest="properties", metavar="NAME",
+                      help="search only this property (repeatable; default every one); saved repros still replay")
     _common_run_args(gate)
 
     mini = sub.add_parser("minimize", help="shrink a failing repro or deployment file")
@@ -139,6 +143,7 @@ def plan_run(args, *, command: str = "run", profile_name: str | None = None):
     """Checks the arguments shared by run and gate; returns (plan, target)."""
     from harness.properties import PROPERTIES
     from harness.campaign import Bounds
+    from harness.regressions import default_repro_root
     from harness.session import RunPlan, default_report_dir
 
     profile = PROFILES[profile_name or args.profile]
@@ -177,7 +182,8 @@ def plan_run(args, *, command: str = "run", profile_name: str | None = None):
                    report_dir=Path(args.report_dir) if args.report_dir else default_report_dir(),
                    properties=properties, workers=args.workers, device=args.device, db_dir=Path(args.db),
                    isolate=_isolate(args.isolate, args.target), example_timeout=args.example_timeout,
-                   deployment=deployment, repro_root=Path(args.repro_root), command=command,
+                   deployment=deployment, command=command,
+                   repro_root=Path(args.repro_root) if args.repro_root else default_repro_root(),
                    bounds=getattr(target, "bounds", None) or Bounds())
     return plan, target
 
@@ -258,7 +264,7 @@ def cmd_gate(args) -> int:
             return EXIT_OK
         print(f"vmfuzz gate: {len(hits)} changed file(s) touch verify-mask code: {', '.join(hits[:5])}"
               + (" ..." if len(hits) > 5 else ""))
-    args.properties, args.seed, args.max_examples, args.time_budget, args.deployment = None, None, None, None, None
+    args.seed, args.max_examples, args.time_budget, args.deployment = None, None, None, None
     plan, target = plan_run(args, command="gate", profile_name="pr")
     return execute_and_report(plan, target)
 

@@ -1,0 +1,114 @@
+"""The CI workflow's steps, end to end, inside a stand-in for SGLang's repository.
+
+``examples/sglang-verify-mask-gate.yml`` runs ``vmfuzz gate --base <base>``
+in the PR's checkout, against the PR's SGLang (installed editable from that
+checkout). Here the checkout is a local git repo built from the installed
+package (tests/sglang_repo.py) and the PR's code is put first on PYTHONPATH,
+which is what an editable install of ``python/`` amounts to. A PR that brings
+back the pre-#33127 ``fits`` must fail the gate with a repro; a correct change
+to the same file must pass; a docs-only change must be skipped.
+
+Skipped unless SGLang imports (``VMFUZZ_REQUIRE_SGLANG=1``: must run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.targets import TargetUnavailable, resolve
+from tests import sglang_repo
+
+ROOT = Path(__file__).resolve().parent.parent
+REQUIRE = os.environ.get("VMFUZZ_REQUIRE_SGLANG") == "1"
+
+pytestmark = pytest.mark.slow
+
+#: The gate's search kept to the arithmetic check, so a gate costs an import
+#: and seconds; the saved repro/pr33127 replay (the pr profile's first step)
+#: drives SGLang's real call site and kernel on the regression's case.
+CHEAP = ("--property", "capacity-soundness")
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    try:
+        resolve("sglang")
+    except TargetUnavailable as exc:
+        if REQUIRE:
+            pytest.fail(f"VMFUZZ_REQUIRE_SGLANG=1 but the sglang target is unavailable: {exc}")
+        pytest.skip(f"sglang target unavailable: {exc}")
+    return sglang_repo.build(tmp_path_factory.mktemp("sglang-checkout"))
+
+
+def checkout_env(repo: Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo / "python"), str(ROOT)]),
+               TRITON_INTERPRET="1", CI="true")
+    env.pop("SGLANG_USE_CPU_ENGINE", None)
+    return env
+
+
+#: Prints where sglang came from, then runs the CLI: proof the checkout's code ran.
+CLI = ("import sys, sglang; print('sglang from', sglang.__file__, flush=True); "
+       "from harness.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
+def gate(repo: Path, report: Path, *extra: str):
+    proc = subprocess.run([sys.executable, "-c", CLI, "gate", "--target", "sglang", "--base", "main",
+                           "--report-dir", str(report), *extra],
+                          cwd=repo, env=checkout_env(repo), capture_output=True, text=True, timeout=600)
+    return proc, proc.stdout + proc.stderr
+
+
+def pull_request(repo: Path, branch: str, message: str, *changes, touch: str | None = None) -> None:
+    sglang_repo.git(repo, "checkout", "-q", "-B", branch, "main")
+    sglang_repo.commit(repo, message, *changes, touch=touch)
+
+
+def test_regression_pr_fails_the_gate_with_a_repro(repo, tmp_path):
+    pull_request(repo, "pr-regress", "verify_mask: FULL_MASK has context slack, skip the check",
+                 sglang_repo.REGRESSION)
+    proc, out = gate(repo, tmp_path / "report", *CHEAP)
+    assert proc.returncode == 1, out
+    assert f"sglang from {repo / 'python' / 'sglang'}" in out, out
+    assert "touch verify-mask code: python/sglang/srt/layers/attention/verify_mask.py" in out
+    findings = sorted((tmp_path / "report" / "findings").glob("*.json"))
+    assert findings, out
+    repros = {p.name: json.loads(p.read_text()) for p in findings}
+    replayed = repros.get("replay-pr33127-pr33127.json")
+    assert replayed and replayed["target"] == "sglang" and replayed["config"]["mode"] == "FULL_MASK", repros
+    assert "capacity-soundness.json" in repros, repros
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert summary["command"] == "gate" and summary["counts"]["findings"] >= 2
+
+    # The repro is replayable against the same checkout, and held on the pristine one.
+    path = str(tmp_path / "report" / "findings" / "capacity-soundness.json")
+    replay = subprocess.run([sys.executable, "-c", CLI, "replay", path, "--isolate", "off"], cwd=repo,
+                            env=checkout_env(repo), capture_output=True, text=True, timeout=600)
+    assert replay.returncode == 1, replay.stdout + replay.stderr
+    sglang_repo.git(repo, "checkout", "-q", "main")
+    replay = subprocess.run([sys.executable, "-c", CLI, "replay", path, "--isolate", "off"], cwd=repo,
+                            env=checkout_env(repo), capture_output=True, text=True, timeout=600)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+
+
+def test_clean_pr_passes_the_gate(repo, tmp_path):
+    pull_request(repo, "pr-clean", "verify_mask: say why max_bs bounds every layout", sglang_repo.CLEAN)
+    proc, out = gate(repo, tmp_path / "report", *CHEAP)
+    assert proc.returncode == 0, out
+    assert f"sglang from {repo / 'python' / 'sglang'}" in out, out
+    assert "replay saved" in out and "pr33127.json: held" in out, out
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert summary["counts"]["findings"] == 0 and summary["counts"]["held"] == 1
+
+
+def test_docs_only_pr_is_skipped(repo, tmp_path):
+    pull_request(repo, "pr-docs", "docs: speculative decoding flags", touch="docs/speculative_decoding.md")
+    proc, out = gate(repo, tmp_path / "report")
+    assert proc.returncode == 0, out
+    assert "skipped: none of the 1 changed file(s) touches verify-mask code" in out, out
