@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -58,9 +59,32 @@ CLI = ("import sys, sglang; print('sglang from', sglang.__file__, flush=True); "
        "from harness.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
+WORKFLOW = ROOT / "examples" / "sglang-verify-mask-gate.yml"
+
+
+def workflow_gate_args(report: Path) -> list[str]:
+    """The workflow's own gate command, its base branch and report folder made local."""
+    line = next(ln.strip() for ln in WORKFLOW.read_text().splitlines() if ln.strip().startswith("run: vmfuzz gate"))
+    args = shlex.split(line.removeprefix("run: vmfuzz ").replace("origin/${{ github.base_ref }}", "main"))
+    return [str(report) if prev == "--report-dir" else a for prev, a in zip([None, *args], args)]
+
+
+def test_workflow_installs_from_the_checkouts():
+    text = WORKFLOW.read_text()
+    assert "pip install vmfuzz" not in text  # not on PyPI
+    assert "pip install --no-deps -e .vmfuzz/" in text  # keeps the job's torch
+    assert 'install_sglang.sh --from . --python "$(command -v python)"' in text
+    assert workflow_gate_args(Path("r"))[:3] == ["gate", "--target", "sglang"]
+
+
+def test_install_sglang_refuses_a_folder_that_is_not_a_checkout(tmp_path):
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "install_sglang.sh"), "--from", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "not an SGLang checkout" in proc.stderr, proc.stderr
+
+
 def gate(repo: Path, report: Path, *extra: str):
-    proc = subprocess.run([sys.executable, "-c", CLI, "gate", "--target", "sglang", "--base", "main",
-                           "--report-dir", str(report), *extra],
+    proc = subprocess.run([sys.executable, "-c", CLI, *workflow_gate_args(report), *extra],
                           cwd=repo, env=checkout_env(repo), capture_output=True, text=True, timeout=600)
     return proc, proc.stdout + proc.stderr
 
