@@ -9,6 +9,7 @@ from pathlib import Path
 
 from harness.errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE, UsageError  # noqa: F401 - re-exported
 from harness.profiles import DEFAULT_DB_DIR, PROFILES
+from harness.repro_file import ReproError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,10 +50,16 @@ def _parser() -> argparse.ArgumentParser:
     _common_run_args(run)
     rep = sub.add_parser("replay", help="re-run a repro file's property")
     rep.add_argument("file")
-    rep.add_argument("--target", default=None, help="default: the target recorded in the file")
-    rep.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    rep.add_argument("--isolate", choices=["auto", "on", "off"], default="auto")
-    rep.add_argument("--example-timeout", type=float, default=30.0, metavar="S")
+    rep.add_argument("--target", default=None,
+                     help="default: the target recorded in the file, else reference")
+    rep.add_argument("--property", default=None, metavar="NAME",
+                     help="default: the property recorded in the file, else every property that applies")
+    rep.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where tensors live")
+    rep.add_argument("--isolate", choices=["auto", "on", "off"], default="auto",
+                     help="run in a watched worker (auto: on for sglang and plug-in targets)")
+    rep.add_argument("--example-timeout", type=float, default=30.0, metavar="S",
+                     help="seconds the case may take under isolation before it is a target-hang")
+    rep.add_argument("--report-dir", default=None, metavar="DIR", help="default: reports/<UTC timestamp>/")
 
     gate = sub.add_parser("gate", help="pr profile, only when the change touches verify-mask code")
     gate.add_argument("--target", default="reference")
@@ -78,6 +85,19 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
 
     sub.add_parser("targets", help="list targets and known-bad variants")
+
+    bis = sub.add_parser("bisect", help="first commit of an SGLang checkout on which a repro fails (git bisect run)")
+    bis.add_argument("repro", metavar="REPRO", help="repro file to replay at each revision")
+    bis.add_argument("--repo", required=True, metavar="PATH",
+                     help="SGLang checkout (python/sglang/...); left on the branch it was on")
+    bis.add_argument("--good", required=True, metavar="REV", help="a revision on which the repro holds")
+    bis.add_argument("--bad", required=True, metavar="REV", help="a later revision on which it fails")
+    bis.add_argument("--target", default="sglang", help="target loaded from each revision's code (default sglang)")
+    bis.add_argument("--property", default=None, metavar="NAME",
+                     help="default: the repro's property, else every property that applies")
+    bis.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                     help="seconds one revision's replay may take before it counts as a hang (bad)")
+    bis.add_argument("--report-dir", default=None, metavar="DIR", help="default: reports/<UTC timestamp>/")
 
     # Issue 5: the arithmetic policy check and the small-scope enumeration.
     for name, helptext in (("verify-policy", "capacity soundness/liveness over a production-scale grid"),
@@ -225,25 +245,53 @@ def cmd_run(args) -> int:
 
 
 def cmd_replay(args) -> int:
+    from harness.command_report import Check, CommandSummary, write
     from harness.isolation import TargetFault
     from harness.properties import PropertyFailure
-    from harness.replay import replay
+    from harness.replay import DEFAULT_TARGET, properties_for, replay
     from harness.repro_file import load
+    import time
 
     repro = load(args.file)
+    props = properties_for(repro, args.property)
     _check_device(args.device)
-    target = _resolve_target(args.target or repro.target)
-    try:
-        replay(repro, target, args.device, isolate=_isolate(args.isolate, target.name),
-               timeout=args.example_timeout)
-    except PropertyFailure as exc:
-        print(f"FAILED {exc.prop} on {target.name}: {exc.detail}")
-        return EXIT_FINDING
-    except TargetFault as exc:
-        print(f"FAILED {repro.property} on {target.name}: {exc}")
-        return EXIT_FINDING
-    print(f"held {repro.property} on {target.name}")
-    return EXIT_OK
+    target = _resolve_target(args.target or repro.target or DEFAULT_TARGET)
+    isolate = _isolate(args.isolate, target.name)
+    summary = CommandSummary("replay", target.name, extra={"repro": args.file})
+    t0 = time.monotonic()
+    for prop in props:
+        t = time.monotonic()
+        try:
+            replay(repro, target, args.device, isolate=isolate, timeout=args.example_timeout, prop=prop.name)
+        except PropertyFailure as exc:
+            check = Check(prop.name, "failed", exc.detail, "property", args.file)
+        except TargetFault as exc:
+            check = Check(prop.name, "failed", str(exc), exc.kind, args.file)
+        except ReproError as exc:  # the target cannot drive this property
+            check = Check(prop.name, "skipped", str(exc))
+        else:
+            check = Check(prop.name, "held")
+        check.seconds = time.monotonic() - t
+        summary.checks.append(check)
+        _say_verdict(check, target.name)
+    summary.seconds = time.monotonic() - t0
+    _write_command_report(summary, args)
+    return EXIT_FINDING if summary.failed else EXIT_OK
+
+
+def _say_verdict(check, target_name: str) -> None:
+    from harness.terminal import status_word
+    tail = f": {check.detail}" if check.detail else ""
+    print(f"{status_word(check.status)} {check.name} on {target_name}{tail}", flush=True)
+
+
+def _write_command_report(summary, args) -> Path:
+    from harness.command_report import write
+    from harness.session import default_report_dir
+    report_dir = Path(getattr(args, "report_dir", None) or default_report_dir())
+    write(summary, report_dir)
+    print(f"reports: {report_dir}/ (summary.json, summary.md, junit.xml)")
+    return report_dir
 
 
 def cmd_gate(args) -> int:
@@ -311,13 +359,47 @@ def cmd_exhaustive(args) -> int:
     return EXIT_OK if report.ok else EXIT_FINDING
 
 
-COMMANDS = {"run": cmd_run, "replay": cmd_replay, "targets": cmd_targets, "gate": cmd_gate,
+def cmd_bisect(args) -> int:
+    from harness.bisect import BisectError, bisect
+    from harness.command_report import Check, CommandSummary
+
+    if args.timeout <= 0:
+        raise UsageError("vmfuzz: --timeout must be positive")
+    print(f"vmfuzz bisect: {args.repro} on {args.target}, good {args.good}, bad {args.bad}, in {args.repo}",
+          flush=True)
+    try:
+        res = bisect(args.repro, args.repo, args.good, args.bad, target=args.target, prop=args.property,
+                     timeout=args.timeout, echo=lambda s: print(s, flush=True))
+    except BisectError as exc:
+        raise UsageError(f"vmfuzz bisect: {exc}") from None
+    summary = CommandSummary("bisect", args.target, seconds=res.seconds,
+                             extra={"repro": args.repro, "repo": args.repo, "first_bad": res.first_bad,
+                                    "subject": res.subject, "finding": res.detail, "property": res.property,
+                                    "candidates": res.candidates})
+    status = {"good": "held", "bad": "failed", "skip": "skipped"}
+    for t in res.tested:
+        summary.checks.append(Check(f"{t.commit[:12]} {t.subject}", status[t.verdict], t.detail,
+                                    "property" if t.verdict == "bad" else "", None))
+    if res.first_bad:
+        summary.headline = f"first bad commit: {res.first_bad[:12]} {res.subject}"
+        print(f"first bad commit: {res.first_bad} {res.subject}")
+    else:
+        summary.headline = f"first bad commit is one of {len(res.candidates)} (others untestable)"
+        print("first bad commit is one of (skipped commits in between could not be tested):")
+        for sha in res.candidates:
+            print(f"  {sha}")
+    if res.detail:
+        print(f"  finding ({res.property or 'property'}): {res.detail}")
+    _write_command_report(summary, args)
+    return EXIT_FINDING
+
+
+COMMANDS = {"bisect": cmd_bisect, "run": cmd_run, "replay": cmd_replay, "targets": cmd_targets, "gate": cmd_gate,
             "minimize": cmd_minimize, "selftest": cmd_selftest,
             "verify-policy": cmd_verify_policy, "exhaustive": cmd_exhaustive}
 
 
 def main(argv: list[str] | None = None) -> int:
-    from harness.repro_file import ReproError
     try:
         args = _parser().parse_args(argv)
         import torch

@@ -37,10 +37,13 @@ class BatchSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
 
 
 class Repro(msgspec.Struct, forbid_unknown_fields=True):
-    target: str
-    property: str
     config: ConfigSpec
     batches: list[BatchSpec]
+    #: optional, so a repro can be pasted from a crash report: without them the
+    #: command line's --target / --property decide (default reference, every
+    #: property that applies to the config)
+    target: str = ""
+    property: str = ""
     detail: str = ""
     seed: int | None = None
     harness_version: str = ""
@@ -86,7 +89,7 @@ def from_case(target: str, prop: str, config: Config, batches: list[Batch], *,
                                    [list(t.parent_list) for t in b.trees]))
     cfg = ConfigSpec(config.mode.name, config.max_bs, config.max_context_len, config.num_draft_tokens,
                      config.topk, config.spec_steps, config.is_read)
-    return Repro(target, prop, cfg, specs, detail, seed, harness.__version__, fault)
+    return Repro(cfg, specs, target, prop, detail, seed, harness.__version__, fault)
 
 
 def load(path: str | Path) -> Repro:
@@ -108,6 +111,8 @@ def dump(repro: Repro, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     data = msgspec.to_builtins(repro)
+    # the documented key order: target and property first
+    data = {k: data[k] for k in ("target", "property", "config", "batches")} | data
     if data.get("fault") is None:
         data.pop("fault", None)  # a plain finding's file stays exactly the documented schema
     tmp.write_bytes(msgspec.json.format(msgspec.json.encode(data), indent=2) + b"\n")
