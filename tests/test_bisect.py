@@ -103,7 +103,7 @@ def test_bisect_names_the_planted_commit_and_skips_the_unimportable(history, tmp
 ])
 def test_bisect_refuses_bad_revisions(history, tmp_path, good, bad, message):
     repo, _ = history
-    proc, out = bisect(repo, tmp_path / "r", "--good", good, "--bad", bad)
+    proc, out = bisect(repo, tmp_path / "r", f"--good={good}", f"--bad={bad}")
     assert proc.returncode == 2 and message in proc.stderr, out
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
