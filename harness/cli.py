@@ -73,16 +73,21 @@ def _parser() -> argparse.ArgumentParser:
     mini = sub.add_parser("minimize", help="shrink a failing repro or deployment file")
     mini.add_argument("file")
     mini.add_argument("--target", default=None, help="default: the target recorded in a repro file, else reference")
-    mini.add_argument("-o", "--output", default=None, help="repro file to write (default: FILE.min.json)")
-    mini.add_argument("--property", default=None, help="for a deployment: the property to keep failing")
-    mini.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    mini.add_argument("-o", "--output", default=None, metavar="OUT",
+                      help="repro file to write (default: REPORT_DIR/<FILE's name>.min.json)")
+    mini.add_argument("--property", default=None, metavar="NAME",
+                      help="the property to keep failing (default: the repro's, else the first that fails)")
+    mini.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where tensors live")
+    mini.add_argument("--report-dir", default=None, metavar="DIR", help="default: reports/<UTC timestamp>/")
 
     st = sub.add_parser("selftest", help="prove the properties catch every catalogued variant")
-    st.add_argument("--target", default="reference")
-    st.add_argument("--seed", type=int, default=0)
+    st.add_argument("--target", default="reference", help="the target the variants are layered over")
+    st.add_argument("--seed", type=int, default=0, help="search seed (default 0: the matrix is reproducible)")
     st.add_argument("--max-examples", type=int, default=100, help="examples per property before a variant survives it")
-    st.add_argument("--variant", action="append", dest="variants", metavar="NAME")
-    st.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    st.add_argument("--variant", action="append", dest="variants", metavar="NAME",
+                    help="only this catalogued variant (repeatable; default every one, see vmfuzz targets)")
+    st.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where tensors live")
+    st.add_argument("--report-dir", default=None, metavar="DIR", help="default: reports/<UTC timestamp>/")
 
     sub.add_parser("targets", help="list targets and known-bad variants")
 
@@ -308,7 +313,11 @@ def cmd_gate(args) -> int:
     if changed is not None:
         hits = touches_verify_mask(changed)
         if not hits:
-            print(f"vmfuzz gate: skipped: none of the {len(changed)} changed file(s) touches verify-mask code")
+            from harness.command_report import Check, CommandSummary
+            why = f"none of the {len(changed)} changed file(s) touches verify-mask code"
+            print(f"vmfuzz gate: skipped: {why}")
+            _write_command_report(CommandSummary("gate", args.target, [Check("gate", "skipped", why)],
+                                                 headline=f"skipped: {why}", extra={"changed": changed}), args)
             return EXIT_OK
         print(f"vmfuzz gate: {len(hits)} changed file(s) touch verify-mask code: {', '.join(hits[:5])}"
               + (" ..." if len(hits) > 5 else ""))
@@ -332,22 +341,33 @@ def cmd_selftest(args) -> int:
 
 def _findings_dir(args) -> Path:
     from harness.session import default_report_dir
-    return Path(args.report_dir or default_report_dir()) / "findings"
+    if not args.report_dir:  # one folder for the findings and the reports that point at them
+        args.report_dir = str(default_report_dir())
+    return Path(args.report_dir) / "findings"
 
 
 def cmd_verify_policy(args) -> int:
+    from harness.command_report import Check, CommandSummary
     from harness.policy import verify_policy
     target = _resolve_target(args.target)
     report = verify_policy(target, findings_dir=_findings_dir(args))
-    print(f"vmfuzz verify-policy: target {target.name}: {report.configs} configurations, "
-          f"{report.checks} batch sizes checked in {report.seconds:.1f}s")
+    print(f"vmfuzz verify-policy: target {target.name}: {report.configs:,} configurations, "
+          f"{report.checks:,} batch sizes checked in {report.seconds:.1f}s")
+    summary = CommandSummary("verify-policy", target.name, seconds=report.seconds,
+                             extra={"configurations": report.configs, "batch_sizes": report.checks,
+                                    "violations": report.violations})
+    for name in ("capacity-soundness", "capacity-liveness"):
+        v = report.first.get(name)
+        summary.checks.append(Check(name, "held") if v is None else
+                              Check(name, "failed", f"{report.violations[name]} violation(s); first: {v.detail}",
+                                    "property", str(v.path) if v.path else None))
     for v in report.first.values():
         print(f"  {v.prop}: {report.violations[v.prop]} violation(s); first: {v.detail}")
         print(f"      repro: {v.path}")
-    if not report.ok:
-        return EXIT_FINDING
-    print("capacity-soundness and capacity-liveness held")
-    return EXIT_OK
+    if report.ok:
+        print("capacity-soundness and capacity-liveness held")
+    _write_command_report(summary, args)
+    return EXIT_OK if report.ok else EXIT_FINDING
 
 
 def cmd_exhaustive(args) -> int:
@@ -355,7 +375,16 @@ def cmd_exhaustive(args) -> int:
     if args.workers < 1:
         raise UsageError("vmfuzz: --workers must be at least 1")
     target = _resolve_target(args.target)
-    report = run_exhaustive(target, findings_dir=_findings_dir(args), workers=args.workers, echo=print)
+    report = run_exhaustive(target, findings_dir=_findings_dir(args), workers=args.workers,
+                            echo=lambda s: print(s, flush=True))
+    from harness.command_report import Check, CommandSummary
+    summary = CommandSummary("exhaustive", target.name, seconds=report.seconds)
+    for t in report.tallies:
+        scope = f"{t.configs} configs, {t.batches} batches"
+        summary.checks.append(Check(t.prop, "held", scope, seconds=t.seconds) if t.failure is None else
+                              Check(t.prop, "failed", t.failure, "property", str(t.path) if t.path else None,
+                                    t.seconds))
+    _write_command_report(summary, args)
     return EXIT_OK if report.ok else EXIT_FINDING
 
 
