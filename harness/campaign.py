@@ -22,6 +22,7 @@ from hypothesis import target as hypothesis_target
 from harness.config import Batch, Config
 from harness.isolation import TargetFault, TargetRaised
 from harness.layouts import TreeMaskMode
+from harness.progress import example_done
 from harness.properties import PROPERTIES, Property, PropertyFailure
 from harness.repro_file import dump, from_case
 from strategies import batches, configs, step_sequences, trivial_configs
@@ -206,6 +207,7 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
         # Counted before the check: "examples to first detection" includes the failing one.
         if not state["failed"]:
             result.examples += 1
+            example_done()
         try:
             obs = run_check(prop, config, steps, device)
         except TargetFault as fault:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 from pathlib import Path
@@ -19,8 +20,10 @@ class _Parser(argparse.ArgumentParser):
 
 def _common_run_args(p) -> None:
     p.add_argument("--workers", type=int, default=1, help="processes to spread the properties over")
-    p.add_argument("--report-dir", default=None, help="default: reports/<UTC timestamp>/")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--report-dir", default=None, metavar="DIR", help="default: reports/<UTC timestamp>/")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where tensors live")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="every boundary class each property reached, not the one-line summary")
     p.add_argument("--db", default=DEFAULT_DB_DIR, metavar="DIR",
                    help=f"example database and last run's failures (pr reads it, nightly writes it; "
                         f"default {DEFAULT_DB_DIR})")
@@ -33,23 +36,39 @@ def _common_run_args(p) -> None:
                         "else the repro/ folder of vmfuzz's own checkout)")
 
 
+TARGET_HELP = ("reference (default), sglang, or module:attr; layer a known-bad variant with +NAME "
+               "(vmfuzz targets)")
+
+EPILOG = """exit codes:
+  0    every property held (or nothing to do: a skipped gate)
+  1    a finding: the repro file is on disk before it is printed
+  2    bad input or an unavailable target (one line on stderr)
+  130  interrupted (findings so far are kept)
+
+Each command writes summary.json, summary.md and junit.xml to --report-dir
+(default reports/<UTC timestamp>/). `vmfuzz COMMAND --help` for its options."""
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="vmfuzz", description="Property-based harness for SGLang's target-verify tree mask.")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = _Parser(prog="vmfuzz", description="Property-based harness for SGLang's target-verify tree mask.",
+                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND",
+                           title="commands")
 
     run = sub.add_parser("run", help="search every property for a counterexample")
-    run.add_argument("--target", default="reference")
+    run.add_argument("--target", default="reference", help=TARGET_HELP)
     run.add_argument("--seed", type=int, default=None, help="makes the run reproducible (default: random, printed)")
     run.add_argument("--max-examples", type=int, default=None, help="examples per property (per round)")
     run.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run")
-    run.add_argument("--profile", choices=sorted(PROFILES), default="dev")
+    run.add_argument("--profile", choices=sorted(PROFILES), default="dev",
+                     help="; ".join(f"{p.name}: {p.summary}" for p in PROFILES.values()))
     run.add_argument("--property", action="append", dest="properties", metavar="NAME",
                      help="run only this property (repeatable)")
     run.add_argument("--deployment", default=None, metavar="FILE",
                      help="confine the search to one server configuration (JSON; README, Deployments)")
     _common_run_args(run)
     rep = sub.add_parser("replay", help="re-run a repro file's property")
-    rep.add_argument("file")
+    rep.add_argument("file", metavar="FILE", help="repro file (only config and batches are required)")
     rep.add_argument("--target", default=None,
                      help="default: the target recorded in the file, else reference")
     rep.add_argument("--property", default=None, metavar="NAME",
@@ -62,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--report-dir", default=None, metavar="DIR", help="default: reports/<UTC timestamp>/")
 
     gate = sub.add_parser("gate", help="pr profile, only when the change touches verify-mask code")
-    gate.add_argument("--target", default="reference")
+    gate.add_argument("--target", default="reference", help=TARGET_HELP)
     which = gate.add_mutually_exclusive_group()
     which.add_argument("--changed-files", default=None, metavar="FILE", help="one changed path per line")
     which.add_argument("--base", default=None, metavar="REV", help="changed paths from git diff REV...HEAD")
@@ -71,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     _common_run_args(gate)
 
     mini = sub.add_parser("minimize", help="shrink a failing repro or deployment file")
-    mini.add_argument("file")
+    mini.add_argument("file", metavar="FILE", help="repro file or deployment file")
     mini.add_argument("--target", default=None, help="default: the target recorded in a repro file, else reference")
     mini.add_argument("-o", "--output", default=None, metavar="OUT",
                       help="repro file to write (default: REPORT_DIR/<FILE's name>.min.json)")
@@ -108,8 +127,8 @@ def _parser() -> argparse.ArgumentParser:
     for name, helptext in (("verify-policy", "capacity soundness/liveness over a production-scale grid"),
                            ("exhaustive", "every configuration within small bounds, every property")):
         cmd = sub.add_parser(name, help=helptext)
-        cmd.add_argument("--target", default="reference")
-        cmd.add_argument("--report-dir", default=None, help="default: reports/<UTC timestamp>/")
+        cmd.add_argument("--target", default="reference", help=TARGET_HELP)
+        cmd.add_argument("--report-dir", default=None, metavar="DIR", help="default: reports/<UTC timestamp>/")
         if name == "exhaustive":
             cmd.add_argument("--workers", type=int, default=2, help="processes checking configurations")
     return p
@@ -143,15 +162,35 @@ def cmd_targets(args) -> int:
     return EXIT_OK
 
 
+#: -v: the full boundary-class list per property instead of the one-line summary.
+VERBOSE = False
+
+
+def classes_line(classes: dict[str, int], verbose: bool = False) -> str:
+    """Which boundary classes a property's examples reached: a short summary, or every one with -v."""
+    if verbose:
+        return "classes: " + ", ".join(f"{k} ({v})" for k, v in sorted(classes.items()))
+    from harness.terminal import plural
+    path = ", ".join(f"{k.removeprefix('path ')} {classes[k]}" for k in ("path reuse", "path fallback")
+                     if k in classes)
+    layouts = sorted(k.removeprefix("layout ") for k in classes if k.startswith("layout "))
+    parts = [plural(len(classes), "class", "classes") + " reached"]
+    if path:
+        parts.append(path)
+    if layouts:
+        parts.append("/".join(layouts))
+    return "classes: " + "; ".join(parts) + " (-v: every class)"
+
+
 def _show(res, log) -> None:
+    from harness.terminal import paint, plural
     if res.not_driven and not res.findings:
-        log(f"  {res.prop:<22} not driven: {res.not_driven}")
+        log(f"  {res.prop:<22} {paint('not driven')}: {res.not_driven}")
         return
     status = "FAILED" if res.findings else ("skipped" if res.skipped else "held")
-    log(f"  {res.prop:<22} {status:<7} {res.examples:>5} examples {res.seconds:6.1f}s")
-    from harness.session import ci
-    if res.classes and not ci():
-        log("      classes: " + ", ".join(f"{k} ({v})" for k, v in sorted(res.classes.items())))
+    log(f"  {res.prop:<22} {paint(status, width=7)} {plural(res.examples, 'example'):>14} {res.seconds:6.1f}s")
+    if res.classes:
+        log("      " + classes_line(res.classes, VERBOSE))
     for f in res.findings:
         log(f"      finding ({f.kind}): {f.detail}")
         log(f"      repro:   {f.path}")
@@ -217,9 +256,10 @@ def execute_and_report(plan, target) -> int:
     from harness.report import write_reports
     from harness.session import execute
 
+    from harness.terminal import paint, plural
     budget = f", budget {plan.time_budget:g}s" if plan.time_budget else ""
     print(f"vmfuzz {plan.command}: target {target.name}, seed {plan.seed}, profile {plan.profile.name}, "
-          f"{plan.max_examples} examples per property{budget}, {plan.workers} worker(s)"
+          f"{plural(plan.max_examples, 'example')} per property{budget}, {plural(plan.workers, 'worker')}"
           f"{', isolated' if plan.isolate else ''}", flush=True)
     outcome = execute(plan, target, _show)
     summary = write_reports(outcome, plan.report_dir)
@@ -232,15 +272,17 @@ def execute_and_report(plan, target) -> int:
         print("vmfuzz: interrupted (findings written so far are kept, reports cover what ran)", file=sys.stderr)
         return 130
     if outcome.failed:
-        print(f"{summary['counts']['findings']} finding(s) written under {plan.findings_dir}; "
-              "replay with: vmfuzz replay FILE")
+        print(f"{paint(plural(summary['counts']['findings'], 'finding'), 'FAILED')} written under "
+              f"{plan.findings_dir}; replay with: vmfuzz replay FILE")
         return EXIT_FINDING
     undriven = [r.prop for r in outcome.results if r.not_driven]
     if undriven:
-        print(f"{len(outcome.results) - len(undriven)} properties held; not driven on {target.name}: "
-              + ", ".join(undriven))
+        print(f"{plural(len(outcome.results) - len(undriven), 'property', 'properties')} "
+              f"{paint('held')}; not driven on {target.name}: " + ", ".join(undriven))
+    elif len(outcome.results) == 1:
+        print(f"{outcome.results[0].prop} {paint('held')}")
     else:
-        print(f"all {len(outcome.results)} properties held")
+        print(f"all {len(outcome.results)} properties {paint('held')}")
     return EXIT_OK
 
 
@@ -428,9 +470,24 @@ COMMANDS = {"bisect": cmd_bisect, "run": cmd_run, "replay": cmd_replay, "targets
             "verify-policy": cmd_verify_policy, "exhaustive": cmd_exhaustive}
 
 
+def _quiet_dependency_warnings() -> None:
+    """The target's import chain warns about its own dependencies (requests about
+    chardet, urllib3 versions): noise in a gate's log, never a finding."""
+    import warnings
+    for message in (r"Unable to find acceptable character detection dependency",
+                    r"urllib3 \(.*\) or chardet \(.*\)/charset_normalizer \(.*\) doesn't match"):
+        warnings.filterwarnings("ignore", message=message)
+    # Spawned workers (isolation, --workers) import the target afresh: same filter.
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"),
+                                                          "ignore:Unable to find acceptable character detection"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
+        global VERBOSE
+        VERBOSE = bool(getattr(args, "verbose", False))
+        _quiet_dependency_warnings()
         import torch
         # Cases are tiny tensors: intra-op threads only add scheduling latency
         # (a 2-thread reduction took milliseconds); parallelism is per worker.
