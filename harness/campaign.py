@@ -106,6 +106,9 @@ class PropertyResult:
     #: crashes and hangs: the search went on past them, so there can be several
     faults: list[Finding] = field(default_factory=list)
     margins: list[float] = field(default_factory=list)
+    #: (path, margin) per example and path its steps took (reuse / fallback / arithmetic): a
+    #: fallback batch needing more than the preallocated buffer is the design working, not an overflow
+    path_margins: list[tuple[str, float]] = field(default_factory=list)
     bs_ratio: Counter = field(default_factory=Counter)
     rounds: int = 0
     skipped: bool = False  # the time budget ran out before this property started
@@ -124,6 +127,7 @@ class PropertyResult:
         self.finding = self.finding or other.finding
         self.faults += other.faults
         self.margins += other.margins
+        self.path_margins += other.path_margins
         self.bs_ratio.update(other.bs_ratio)
         self.rounds += other.rounds
 
@@ -227,6 +231,7 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
             result.classes.update(obs.classes)
             result.max_margin = max(result.max_margin, obs.margin)
             result.margins.append(obs.margin)
+            result.path_margins += sorted(getattr(obs, "path_margins", {}).items())
             result.bs_ratio.update(bs_ratio_bucket(b.bs, config.max_bs) for b in steps)
         for cls in sorted(obs.classes):
             event(cls)
