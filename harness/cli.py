@@ -292,7 +292,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from harness.command_report import Check, CommandSummary, write
+    from harness.command_report import Check, CommandSummary
     from harness.isolation import TargetFault
     from harness.properties import PropertyFailure
     from harness.replay import DEFAULT_TARGET, properties_for, replay
