@@ -115,3 +115,25 @@ def test_bisect_refuses_ends_that_do_not_hold_and_fail(history, tmp_path):
     proc, out = bisect(repo, tmp_path / "r", "--good", shas[PLANTED], "--bad", "main")
     assert proc.returncode == 2 and "the repro fails at --good" in proc.stderr, out
     assert sglang_repo.git(repo, "symbolic-ref", "--short", "HEAD") == "main"
+
+
+@pytest.mark.slow
+def test_ctrl_c_mid_bisect_leaves_the_checkout_as_found(history, tmp_path):
+    import signal
+    import time
+
+    repo, shas = history
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CI="true", TRITON_INTERPRET="1")
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "bisect", str(REPRO), "--repo", str(repo),
+                             "--good", shas[0], "--bad", "main", "--report-dir", str(tmp_path / "r")],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while subprocess.run(["git", "bisect", "log"], cwd=repo, capture_output=True).returncode != 0:
+        assert proc.poll() is None and time.monotonic() < deadline, "the bisect never started"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out + err
+    assert subprocess.run(["git", "bisect", "log"], cwd=repo, capture_output=True).returncode != 0
+    assert sglang_repo.git(repo, "symbolic-ref", "--short", "HEAD") == "main"
+    assert sglang_repo.git(repo, "status", "--porcelain", "--untracked-files=no") == ""
