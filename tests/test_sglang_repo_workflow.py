@@ -71,6 +71,9 @@ def workflow_gate_args(report: Path) -> list[str]:
 
 def test_workflow_installs_from_the_checkouts():
     text = WORKFLOW.read_text()
+    yaml = pytest.importorskip("yaml")
+    steps = yaml.safe_load(text)["jobs"]["gate"]["steps"]
+    assert any("vmfuzz gate" in (st.get("run") or "") for st in steps)
     assert "pip install vmfuzz" not in text  # not on PyPI
     assert "pip install --no-deps -e .vmfuzz/" in text  # keeps the job's torch
     assert 'install_sglang.sh --from . --python "$(command -v python)"' in text
