@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Callable
 
@@ -55,9 +55,15 @@ def cases(prop: Property, bounds: Bounds) -> st.SearchStrategy[tuple[Config, lis
             steps = step_sequences(config, overshoot=bounds.overshoot)
         else:
             steps = batches(config, overshoot=bounds.overshoot).map(lambda b: [b])
-        return steps.map(lambda bs: (config, bs))
+        # partial, not a lambda: Hypothesis prints a lambda's source (``(config, bs)``),
+        # which hides the config's fields in a failure report
+        return steps.map(partial(_case, config))
 
     return cfgs.flatmap(with_batches)
+
+
+def _case(config: Config, steps: list[Batch]) -> tuple[Config, list[Batch]]:
+    return config, steps
 
 
 def boundary_cases(prop: Property, bounds: Bounds) -> list[tuple[Config, list[Batch]]]:

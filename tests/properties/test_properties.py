@@ -6,7 +6,8 @@ across hosts), ``hypothesis fuzz`` (HypoFuzz). The target comes from
 ``VMFUZZ_TARGET`` (default ``reference``), so the same file checks a plug-in or
 ``sglang``. A layered known-bad target (``reference+pr33127``) is expected to fail.
 
-The target's own search bounds and example budget apply, as under ``vmfuzz
+Each test draws the capacity-boundary cases ``vmfuzz run`` seeds its search
+with, or a generated one. The target's own search bounds and example budget apply, as under ``vmfuzz
 run`` (``sglang`` runs its kernel in the Triton interpreter: small cases, few
 of them), and a target other than the embedded ``reference`` runs in a watched
 worker, so a crash is a failed test rather than a dead pytest. A failure shows
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, note, settings, strategies as st
 
-from harness.campaign import Bounds, cases
+from harness.campaign import Bounds, boundary_cases, cases
 from harness.isolation import IsolatedChecker, TargetFault
 from harness.properties import PROPERTIES, PropertyFailure
 from harness.repro_file import dump, from_case
@@ -62,7 +63,9 @@ def described(config, batches) -> str:
 @given(data=st.data())
 def test_property(check, name, data):
     prop = PROPERTIES[name]
-    config, batches = data.draw(cases(prop, BOUNDS), label="case")
+    # The capacity boundary first (as `vmfuzz run` seeds its search): a few examples
+    # must not miss bs = max_bs + 1, and Hypothesis shrinks toward the first branch.
+    config, batches = data.draw(st.sampled_from(boundary_cases(prop, BOUNDS)) | cases(prop, BOUNDS), label="case")
     try:
         check(prop, config, batches)
     except (PropertyFailure, TargetFault) as exc:
