@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import sys
 from pathlib import Path
@@ -167,19 +166,8 @@ VERBOSE = False
 
 
 def classes_line(classes: dict[str, int], verbose: bool = False) -> str:
-    """Which boundary classes a property's examples reached: a short summary, or every one with -v."""
-    if verbose:
-        return "classes: " + ", ".join(f"{k} ({v})" for k, v in sorted(classes.items()))
-    from harness.terminal import plural
-    path = ", ".join(f"{k.removeprefix('path ')} {classes[k]}" for k in ("path reuse", "path fallback")
-                     if k in classes)
-    layouts = sorted(k.removeprefix("layout ") for k in classes if k.startswith("layout "))
-    parts = [plural(len(classes), "class", "classes") + " reached"]
-    if path:
-        parts.append(path)
-    if layouts:
-        parts.append("/".join(layouts))
-    return "classes: " + "; ".join(parts) + " (-v: every class)"
+    from harness.commands import classes_line as line
+    return line(classes, verbose)
 
 
 def _show(res, log) -> None:
@@ -292,53 +280,13 @@ def cmd_run(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from harness.command_report import Check, CommandSummary
-    from harness.isolation import TargetFault
-    from harness.properties import PropertyFailure
-    from harness.replay import DEFAULT_TARGET, properties_for, replay
-    from harness.repro_file import load
-    import time
-
-    repro = load(args.file)
-    props = properties_for(repro, args.property)
-    _check_device(args.device)
-    target = _resolve_target(args.target or repro.target or DEFAULT_TARGET)
-    isolate = _isolate(args.isolate, target.name)
-    summary = CommandSummary("replay", target.name, extra={"repro": args.file})
-    t0 = time.monotonic()
-    for prop in props:
-        t = time.monotonic()
-        try:
-            replay(repro, target, args.device, isolate=isolate, timeout=args.example_timeout, prop=prop.name)
-        except PropertyFailure as exc:
-            check = Check(prop.name, "failed", exc.detail, "property", args.file)
-        except TargetFault as exc:
-            check = Check(prop.name, "failed", str(exc), exc.kind, args.file)
-        except ReproError as exc:  # the target cannot drive this property
-            check = Check(prop.name, "skipped", str(exc))
-        else:
-            check = Check(prop.name, "held")
-        check.seconds = time.monotonic() - t
-        summary.checks.append(check)
-        _say_verdict(check, target.name)
-    summary.seconds = time.monotonic() - t0
-    _write_command_report(summary, args)
-    return EXIT_FINDING if summary.failed else EXIT_OK
-
-
-def _say_verdict(check, target_name: str) -> None:
-    from harness.terminal import status_word
-    tail = f": {check.detail}" if check.detail else ""
-    print(f"{status_word(check.status)} {check.name} on {target_name}{tail}", flush=True)
+    from harness.commands import replay_command
+    return replay_command(args)
 
 
 def _write_command_report(summary, args) -> Path:
-    from harness.command_report import write
-    from harness.session import default_report_dir
-    report_dir = Path(getattr(args, "report_dir", None) or default_report_dir())
-    write(summary, report_dir)
-    print(f"reports: {report_dir}/ (summary.json, summary.md, junit.xml)")
-    return report_dir
+    from harness.commands import write_command_report
+    return write_command_report(summary, args)
 
 
 def cmd_gate(args) -> int:
@@ -389,80 +337,18 @@ def _findings_dir(args) -> Path:
 
 
 def cmd_verify_policy(args) -> int:
-    from harness.command_report import Check, CommandSummary
-    from harness.policy import verify_policy
-    target = _resolve_target(args.target)
-    report = verify_policy(target, findings_dir=_findings_dir(args))
-    print(f"vmfuzz verify-policy: target {target.name}: {report.configs:,} configurations, "
-          f"{report.checks:,} batch sizes checked in {report.seconds:.1f}s")
-    summary = CommandSummary("verify-policy", target.name, seconds=report.seconds,
-                             extra={"configurations": report.configs, "batch_sizes": report.checks,
-                                    "violations": report.violations})
-    for name in ("capacity-soundness", "capacity-liveness"):
-        v = report.first.get(name)
-        summary.checks.append(Check(name, "held") if v is None else
-                              Check(name, "failed", f"{report.violations[name]} violation(s); first: {v.detail}",
-                                    "property", str(v.path) if v.path else None))
-    for v in report.first.values():
-        print(f"  {v.prop}: {report.violations[v.prop]} violation(s); first: {v.detail}")
-        print(f"      repro: {v.path}")
-    if report.ok:
-        print("capacity-soundness and capacity-liveness held")
-    _write_command_report(summary, args)
-    return EXIT_OK if report.ok else EXIT_FINDING
+    from harness.commands import verify_policy_command
+    return verify_policy_command(args)
 
 
 def cmd_exhaustive(args) -> int:
-    from harness.exhaustive import run_exhaustive
-    if args.workers < 1:
-        raise UsageError("vmfuzz: --workers must be at least 1")
-    target = _resolve_target(args.target)
-    report = run_exhaustive(target, findings_dir=_findings_dir(args), workers=args.workers,
-                            echo=lambda s: print(s, flush=True))
-    from harness.command_report import Check, CommandSummary
-    summary = CommandSummary("exhaustive", target.name, seconds=report.seconds)
-    for t in report.tallies:
-        scope = f"{t.configs} configs, {t.batches} batches"
-        summary.checks.append(Check(t.prop, "held", scope, seconds=t.seconds) if t.failure is None else
-                              Check(t.prop, "failed", t.failure, "property", str(t.path) if t.path else None,
-                                    t.seconds))
-    _write_command_report(summary, args)
-    return EXIT_OK if report.ok else EXIT_FINDING
+    from harness.commands import exhaustive_command
+    return exhaustive_command(args)
 
 
 def cmd_bisect(args) -> int:
-    from harness.bisect import BisectError, bisect
-    from harness.command_report import Check, CommandSummary
-
-    if args.timeout <= 0:
-        raise UsageError("vmfuzz: --timeout must be positive")
-    print(f"vmfuzz bisect: {args.repro} on {args.target}, good {args.good}, bad {args.bad}, in {args.repo}",
-          flush=True)
-    try:
-        res = bisect(args.repro, args.repo, args.good, args.bad, target=args.target, prop=args.property,
-                     timeout=args.timeout, echo=lambda s: print(s, flush=True))
-    except BisectError as exc:
-        raise UsageError(f"vmfuzz bisect: {exc}") from None
-    summary = CommandSummary("bisect", args.target, seconds=res.seconds,
-                             extra={"repro": args.repro, "repo": args.repo, "first_bad": res.first_bad,
-                                    "subject": res.subject, "finding": res.detail, "property": res.property,
-                                    "candidates": res.candidates})
-    status = {"good": "held", "bad": "failed", "skip": "skipped"}
-    for t in res.tested:
-        summary.checks.append(Check(f"{t.commit[:12]} {t.subject}", status[t.verdict], t.detail,
-                                    "property" if t.verdict == "bad" else "", None))
-    if res.first_bad:
-        summary.headline = f"first bad commit: {res.first_bad[:12]} {res.subject}"
-        print(f"first bad commit: {res.first_bad} {res.subject}")
-    else:
-        summary.headline = f"first bad commit is one of {len(res.candidates)} (others untestable)"
-        print("first bad commit is one of (skipped commits in between could not be tested):")
-        for sha in res.candidates:
-            print(f"  {sha}")
-    if res.detail:
-        print(f"  finding ({res.property or 'property'}): {res.detail}")
-    _write_command_report(summary, args)
-    return EXIT_FINDING
+    from harness.commands import bisect_command
+    return bisect_command(args)
 
 
 COMMANDS = {"bisect": cmd_bisect, "run": cmd_run, "replay": cmd_replay, "targets": cmd_targets, "gate": cmd_gate,
@@ -470,24 +356,13 @@ COMMANDS = {"bisect": cmd_bisect, "run": cmd_run, "replay": cmd_replay, "targets
             "verify-policy": cmd_verify_policy, "exhaustive": cmd_exhaustive}
 
 
-def _quiet_dependency_warnings() -> None:
-    """The target's import chain warns about its own dependencies (requests about
-    chardet, urllib3 versions): noise in a gate's log, never a finding."""
-    import warnings
-    for message in (r"Unable to find acceptable character detection dependency",
-                    r"urllib3 \(.*\) or chardet \(.*\)/charset_normalizer \(.*\) doesn't match"):
-        warnings.filterwarnings("ignore", message=message)
-    # Spawned workers (isolation, --workers) import the target afresh: same filter.
-    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"),
-                                                          "ignore:Unable to find acceptable character detection"]))
-
-
 def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
         global VERBOSE
         VERBOSE = bool(getattr(args, "verbose", False))
-        _quiet_dependency_warnings()
+        from harness.commands import quiet_dependency_warnings
+        quiet_dependency_warnings()
         import torch
         # Cases are tiny tensors: intra-op threads only add scheduling latency
         # (a 2-thread reduction took milliseconds); parallelism is per worker.

@@ -147,7 +147,8 @@ def _checker(prop, target, device: str, fault: str | None, timeout: float):
 
 
 def minimize_file(args) -> int:
-    from harness.cli import _check_device, _resolve_target, _write_command_report
+    from harness.cli import _check_device, _resolve_target
+    from harness.commands import write_command_report as _write_command_report
     from harness.command_report import Check, CommandSummary
     from harness.errors import EXIT_FINDING, EXIT_OK, UsageError
     from harness.deployment import DeploymentError, is_deployment, load as load_deployment

@@ -69,7 +69,7 @@ def selftest(args, resolve_target) -> int:
 
 def _report(args, target_name: str, matrix: dict[str, dict[str, int | None]]) -> None:
     """One testcase per variant: caught (passes) or survived (fails); which properties caught it."""
-    from harness.cli import _write_command_report
+    from harness.commands import write_command_report as _write_command_report
     from harness.command_report import Check, CommandSummary
 
     summary = CommandSummary("selftest", target_name, extra={"kill_matrix": matrix, "seed": args.seed,
