@@ -44,7 +44,9 @@ def _child(args) -> int:
         if python_dir not in where.parents:
             raise TargetUnavailable(f"sglang imports from {where}, not from this checkout")
     except (TargetUnavailable, ImportError) as exc:
-        _emit(args, "skip", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        # the install hint that comes with an unavailable target is no help for an old revision
+        why = (str(exc).splitlines() or [type(exc).__name__])[0].split("; install it with")[0]
+        _emit(args, "skip", why)
         return SKIP
     try:
         replay(repro, target, isolate=False, prop=args.property)
