@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Callable
 
@@ -22,6 +22,7 @@ from hypothesis import target as hypothesis_target
 from harness.config import CALL_SITES, Batch, Config
 from harness.isolation import TargetFault, TargetRaised
 from harness.layouts import TreeMaskMode
+from harness.progress import example_done
 from harness.properties import PROPERTIES, Property, PropertyFailure
 from harness.repro_file import dump, from_case
 from harness.signals import check as interrupt_check
@@ -62,9 +63,15 @@ def cases(prop: Property, bounds: Bounds) -> st.SearchStrategy[tuple[Config, lis
             steps = step_sequences(config, overshoot=bounds.overshoot)
         else:
             steps = batches(config, overshoot=bounds.overshoot).map(lambda b: [b])
-        return steps.map(lambda bs: (config, bs))
+        # partial, not a lambda: Hypothesis prints a lambda's source (``(config, bs)``),
+        # which hides the config's fields in a failure report
+        return steps.map(partial(_case, config))
 
     return cfgs.flatmap(with_batches)
+
+
+def _case(config: Config, steps: list[Batch]) -> tuple[Config, list[Batch]]:
+    return config, steps
 
 
 def boundary_cases(prop: Property, bounds: Bounds) -> list[tuple[Config, list[Batch]]]:
@@ -121,6 +128,9 @@ class PropertyResult:
     #: crashes and hangs: the search went on past them, so there can be several
     faults: list[Finding] = field(default_factory=list)
     margins: list[float] = field(default_factory=list)
+    #: (path, margin) per example and path its steps took (reuse / fallback / arithmetic): a
+    #: fallback batch needing more than the preallocated buffer is the design working, not an overflow
+    path_margins: list[tuple[str, float]] = field(default_factory=list)
     bs_ratio: Counter = field(default_factory=Counter)
     rounds: int = 0
     skipped: bool = False  # the time budget ran out before this property started
@@ -139,6 +149,7 @@ class PropertyResult:
         self.finding = self.finding or other.finding
         self.faults += other.faults
         self.margins += other.margins
+        self.path_margins += other.path_margins
         self.bs_ratio.update(other.bs_ratio)
         self.rounds += other.rounds
 
@@ -227,6 +238,7 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
         # Counted before the check: "examples to first detection" includes the failing one.
         if not state["failed"]:
             result.examples += 1
+            example_done()
         try:
             obs = run_check(prop, config, steps, device)
         except TargetFault as fault:
@@ -257,6 +269,7 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
             result.classes.update(obs.classes)
             result.max_margin = max(result.max_margin, obs.margin)
             result.margins.append(obs.margin)
+            result.path_margins += sorted(getattr(obs, "path_margins", {}).items())
             result.bs_ratio.update(bs_ratio_bucket(b.bs, config.max_bs) for b in steps)
         for cls in sorted(obs.classes):
             event(cls)

@@ -18,8 +18,10 @@ class _Parser(argparse.ArgumentParser):
 
 def _common_run_args(p) -> None:
     p.add_argument("--workers", type=int, default=1, help="processes to spread the properties over")
-    p.add_argument("--report-dir", default=None, help="default: reports/<UTC timestamp>/")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--report-dir", default=None, metavar="DIR", help="default: reports/<UTC timestamp>/")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where tensors live")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="every boundary class each property reached, not the one-line summary")
     p.add_argument("--db", default=DEFAULT_DB_DIR, metavar="DIR",
                    help=f"example database and last run's failures (pr reads it, nightly writes it; "
                         f"default {DEFAULT_DB_DIR})")
@@ -27,67 +29,110 @@ def _common_run_args(p) -> None:
                    help="run each example in a watched worker (auto: on for sglang and plug-in targets)")
     p.add_argument("--example-timeout", type=float, default=30.0, metavar="S",
                    help="seconds one example may take under isolation before it is a target-hang")
-    p.add_argument("--repro-root", default="repro", help=argparse.SUPPRESS)
+    p.add_argument("--repro-root", default=None, metavar="DIR",
+                   help="canonical repros replayed first by the pr profile (default: ./repro if it exists, "
+                        "else the repro/ folder of vmfuzz's own checkout)")
+
+
+TARGET_HELP = ("reference (default), sglang, or module:attr; layer a known-bad variant with +NAME "
+               "(vmfuzz targets)")
+
+EPILOG = """exit codes:
+  0    every property held (or nothing to do: a skipped gate)
+  1    a finding: the repro file is on disk before it is printed
+  2    bad input or an unavailable target (one line on stderr)
+  130  interrupted (findings so far are kept)
+
+Each command writes summary.json, summary.md and junit.xml to --report-dir
+(default reports/<UTC timestamp>/). `vmfuzz COMMAND --help` for its options."""
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="vmfuzz", description="Property-based harness for SGLang's target-verify tree mask.")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = _Parser(prog="vmfuzz", description="Property-based harness for SGLang's target-verify tree mask.",
+                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND",
+                           title="commands")
 
     run = sub.add_parser("run", help="search every property for a counterexample")
-    run.add_argument("--target", default="reference")
+    run.add_argument("--target", default="reference", help=TARGET_HELP)
     run.add_argument("--seed", type=int, default=None, help="makes the run reproducible (default: random, printed)")
     run.add_argument("--max-examples", type=int, default=None, help="examples per property (per round)")
     run.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run")
-    run.add_argument("--profile", choices=sorted(PROFILES), default="dev")
+    run.add_argument("--profile", choices=sorted(PROFILES), default="dev",
+                     help="; ".join(f"{p.name}: {p.summary}" for p in PROFILES.values()))
     run.add_argument("--property", action="append", dest="properties", metavar="NAME",
                      help="run only this property (repeatable)")
     run.add_argument("--deployment", default=None, metavar="FILE",
-                     help="confine the search to one server configuration (JSON, see WORKFLOWS.md)")
+                     help="confine the search to one server configuration (JSON; README, Deployments)")
     _common_run_args(run)
     rep = sub.add_parser("replay", help="re-run a repro file's property")
-    rep.add_argument("file")
-    rep.add_argument("--target", default=None, help="default: the target recorded in the file")
-    rep.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    rep.add_argument("--isolate", choices=["auto", "on", "off"], default="auto")
-    rep.add_argument("--example-timeout", type=float, default=30.0, metavar="S")
+    rep.add_argument("file", metavar="FILE", help="repro file (only config and batches are required)")
+    rep.add_argument("--target", default=None,
+                     help="default: the target recorded in the file, else reference")
+    rep.add_argument("--property", default=None, metavar="NAME",
+                     help="default: the property recorded in the file, else every property that applies")
+    rep.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where tensors live")
+    rep.add_argument("--isolate", choices=["auto", "on", "off"], default="auto",
+                     help="run in a watched worker (auto: on for sglang and plug-in targets)")
+    rep.add_argument("--example-timeout", type=float, default=30.0, metavar="S",
+                     help="seconds the case may take under isolation before it is a target-hang")
+    rep.add_argument("--report-dir", default=None, metavar="DIR", help="default: reports/<UTC timestamp>/")
 
     gate = sub.add_parser("gate", help="pr profile, only when the change touches verify-mask code")
-    gate.add_argument("--target", default="reference")
+    gate.add_argument("--target", default="reference", help=TARGET_HELP)
     which = gate.add_mutually_exclusive_group()
     which.add_argument("--changed-files", default=None, metavar="FILE", help="one changed path per line")
     which.add_argument("--base", default=None, metavar="REV", help="changed paths from git diff REV...HEAD")
     gate.add_argument("--repo", default=".", metavar="PATH",
                       help="the checkout under test: where --base is diffed, or the root --changed-files "
                            "paths are relative to (default: the current directory)")
+    gate.add_argument("--property", action="append", dest="properties", metavar="NAME",
+                      help="search only this property (repeatable; default every one); saved repros still replay")
     _common_run_args(gate)
 
     mini = sub.add_parser("minimize", help="shrink a failing repro or deployment file")
-    mini.add_argument("file")
+    mini.add_argument("file", metavar="FILE", help="repro file or deployment file")
     mini.add_argument("--target", default=None, help="default: the target recorded in a repro file, else reference")
-    mini.add_argument("-o", "--output", default=None, help="repro file to write (default: FILE.min.json)")
-    mini.add_argument("--property", default=None, help="for a deployment: the property to keep failing")
-    mini.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    mini.add_argument("-o", "--output", default=None, metavar="OUT",
+                      help="repro file to write (default: REPORT_DIR/<FILE's name>.min.json)")
+    mini.add_argument("--property", default=None, metavar="NAME",
+                      help="the property to keep failing (default: the repro's, else the first that fails)")
+    mini.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where tensors live")
+    mini.add_argument("--report-dir", default=None, metavar="DIR", help="default: reports/<UTC timestamp>/")
 
     st = sub.add_parser("selftest", help="prove the properties catch every catalogued variant")
-    st.add_argument("--target", default="reference")
-    st.add_argument("--seed", type=int, default=0)
+    st.add_argument("--target", default="reference", help="the target the variants are layered over")
+    st.add_argument("--seed", type=int, default=0, help="search seed (default 0: the matrix is reproducible)")
     st.add_argument("--max-examples", type=int, default=100, help="examples per property before a variant survives it")
-    st.add_argument("--variant", action="append", dest="variants", metavar="NAME")
-    st.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    st.add_argument("--variant", action="append", dest="variants", metavar="NAME",
+                    help="only this catalogued variant (repeatable; default every one, see vmfuzz targets)")
+    st.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where tensors live")
+    st.add_argument("--report-dir", default=None, metavar="DIR", help="default: reports/<UTC timestamp>/")
 
     sub.add_parser("targets", help="list targets and known-bad variants")
 
     surf = sub.add_parser("surface", help="each part of SGLang's mask path: which property drives it, or why none")
-    surf.add_argument("--target", default="sglang")
+    surf.add_argument("--target", default="sglang", help="whose mask path to list (default sglang: the installed package)")
     surf.add_argument("--json", action="store_true", help="print the rows as JSON")
+    bis = sub.add_parser("bisect", help="first commit of an SGLang checkout on which a repro fails (git bisect run)")
+    bis.add_argument("repro", metavar="REPRO", help="repro file to replay at each revision")
+    bis.add_argument("--repo", required=True, metavar="PATH",
+                     help="SGLang checkout (python/sglang/...); left on the branch it was on")
+    bis.add_argument("--good", required=True, metavar="REV", help="a revision on which the repro holds")
+    bis.add_argument("--bad", required=True, metavar="REV", help="a later revision on which it fails")
+    bis.add_argument("--target", default="sglang", help="target loaded from each revision's code (default sglang)")
+    bis.add_argument("--property", default=None, metavar="NAME",
+                     help="default: the repro's property, else every property that applies")
+    bis.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                     help="seconds one revision's replay may take before it counts as a hang (bad)")
+    bis.add_argument("--report-dir", default=None, metavar="DIR", help="default: reports/<UTC timestamp>/")
 
     # Issue 5: the arithmetic policy check and the small-scope enumeration.
     for name, helptext in (("verify-policy", "capacity soundness/liveness over a production-scale grid"),
                            ("exhaustive", "every configuration within small bounds, every property")):
         cmd = sub.add_parser(name, help=helptext)
-        cmd.add_argument("--target", default="reference")
-        cmd.add_argument("--report-dir", default=None, help="default: reports/<UTC timestamp>/")
+        cmd.add_argument("--target", default="reference", help=TARGET_HELP)
+        cmd.add_argument("--report-dir", default=None, metavar="DIR", help="default: reports/<UTC timestamp>/")
         if name == "exhaustive":
             cmd.add_argument("--workers", type=int, default=2, help="processes checking configurations")
     return p
@@ -121,15 +166,24 @@ def cmd_targets(args) -> int:
     return EXIT_OK
 
 
+#: -v: the full boundary-class list per property instead of the one-line summary.
+VERBOSE = False
+
+
+def classes_line(classes: dict[str, int], verbose: bool = False) -> str:
+    from harness.commands import classes_line as line
+    return line(classes, verbose)
+
+
 def _show(res, log) -> None:
+    from harness.terminal import paint, plural
     if res.not_driven and not res.findings:
-        log(f"  {res.prop:<22} not driven: {res.not_driven}")
+        log(f"  {res.prop:<22} {paint('not driven')}: {res.not_driven}")
         return
     status = "FAILED" if res.findings else ("skipped" if res.skipped else "held")
-    log(f"  {res.prop:<22} {status:<7} {res.examples:>5} examples {res.seconds:6.1f}s")
-    from harness.session import ci
-    if res.classes and not ci():
-        log("      classes: " + ", ".join(f"{k} ({v})" for k, v in sorted(res.classes.items())))
+    log(f"  {res.prop:<22} {paint(status, width=7)} {plural(res.examples, 'example'):>14} {res.seconds:6.1f}s")
+    if res.classes:
+        log("      " + classes_line(res.classes, VERBOSE))
     for f in res.findings:
         log(f"      finding ({f.kind}): {f.detail}")
         log(f"      repro:   {f.path}")
@@ -146,6 +200,7 @@ def plan_run(args, *, command: str = "run", profile_name: str | None = None):
     """Checks the arguments shared by run and gate; returns (plan, target)."""
     from harness.properties import PROPERTIES
     from harness.campaign import Bounds
+    from harness.regressions import default_repro_root
     from harness.session import RunPlan
 
     profile = PROFILES[profile_name or args.profile]
@@ -180,7 +235,8 @@ def plan_run(args, *, command: str = "run", profile_name: str | None = None):
                    report_dir=report_dir,
                    properties=properties, workers=args.workers, device=args.device, db_dir=Path(args.db),
                    isolate=_isolate(args.isolate, args.target), example_timeout=args.example_timeout,
-                   deployment=deployment, repro_root=Path(args.repro_root), command=command,
+                   deployment=deployment, command=command,
+                   repro_root=Path(args.repro_root) if args.repro_root else default_repro_root(),
                    bounds=getattr(target, "bounds", None) or Bounds())
     return plan, target
 
@@ -190,9 +246,10 @@ def execute_and_report(plan, target, gate=None) -> int:
     from harness.report import write_reports
     from harness.session import execute
 
+    from harness.terminal import paint, plural
     budget = f", budget {plan.time_budget:g}s" if plan.time_budget else ""
     print(f"vmfuzz {plan.command}: target {target.name}, seed {plan.seed}, profile {plan.profile.name}, "
-          f"{plan.max_examples} examples per property{budget}, {plan.workers} worker(s)"
+          f"{plural(plan.max_examples, 'example')} per property{budget}, {plural(plan.workers, 'worker')}"
           f"{', isolated' if plan.isolate else ''}", flush=True)
     outcome = execute(plan, target, _show)
     if gate is not None:
@@ -217,7 +274,7 @@ def execute_and_report(plan, target, gate=None) -> int:
         return exit_code()
     if outcome.failed:
         where = plan.findings_dir if written == plan.report_dir else "the repro paths above"
-        print(f"{summary['counts']['findings']} finding(s) written under {where}; "
+        print(f"{paint(plural(summary['counts']['findings'], 'finding'), 'FAILED')} written under {where}; "
               "replay with: vmfuzz replay FILE")
         return EXIT_FINDING
     if written != plan.report_dir:
@@ -228,10 +285,12 @@ def execute_and_report(plan, target, gate=None) -> int:
         return EXIT_FINDING
     undriven = [r.prop for r in outcome.results if r.not_driven]
     if undriven:
-        print(f"{len(outcome.results) - len(undriven)} properties held; not driven on {target.name}: "
-              + ", ".join(undriven))
+        print(f"{plural(len(outcome.results) - len(undriven), 'property', 'properties')} "
+              f"{paint('held')}; not driven on {target.name}: " + ", ".join(undriven))
+    elif len(outcome.results) == 1:
+        print(f"{outcome.results[0].prop} {paint('held')}")
     else:
-        print(f"all {len(outcome.results)} properties held")
+        print(f"all {len(outcome.results)} properties {paint('held')}")
     return EXIT_OK
 
 
@@ -241,35 +300,13 @@ def cmd_run(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from harness.isolation import TargetFault
-    from harness.properties import PropertyFailure
-    from harness.replay import replay
-    from harness.repro_file import ReproError, load
+    from harness.commands import replay_command
+    return replay_command(args)
 
-    from harness.edges import check_timeout, target_raised
-    check_timeout(args.example_timeout)
-    repro = load(args.file)
-    _check_device(args.device)
-    target = _resolve_target(args.target or repro.target)
-    try:
-        replay(repro, target, args.device, isolate=_isolate(args.isolate, target.name),
-               timeout=args.example_timeout)
-    except PropertyFailure as exc:
-        print(f"FAILED {exc.prop} on {target.name}: {exc.detail}")
-        return EXIT_FINDING
-    except TargetFault as exc:
-        print(f"FAILED {repro.property} on {target.name}: {exc}")
-        return EXIT_FINDING
-    except ReproError:
-        raise
-    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001 - the target's own error
-        from harness.signals import from_user
-        if isinstance(exc, KeyboardInterrupt) and from_user(exc):
-            raise  # a real Ctrl-C: exit 130, not a finding
-        print(f"FAILED {repro.property} on {target.name}: {target_raised(exc)}")
-        return EXIT_FINDING
-    print(f"held {repro.property} on {target.name}")
-    return EXIT_OK
+
+def _write_command_report(summary, args) -> Path:
+    from harness.commands import write_command_report
+    return write_command_report(summary, args)
 
 
 def cmd_gate(args) -> int:
@@ -289,11 +326,15 @@ def cmd_gate(args) -> int:
     if changed is not None:
         hits = touches_verify_mask(changed, checkout)
         if not hits:
-            print(f"vmfuzz gate: skipped: none of the {len(changed)} changed file(s) touches verify-mask code")
+            from harness.command_report import Check, CommandSummary
+            why = f"none of the {len(changed)} changed file(s) touches verify-mask code"
+            print(f"vmfuzz gate: skipped: {why}")
+            _write_command_report(CommandSummary("gate", args.target, [Check("gate", "skipped", why)],
+                                                 headline=f"skipped: {why}", extra={"changed": changed}), args)
             return EXIT_OK
         print(f"vmfuzz gate: {len(hits)} changed file(s) touch verify-mask code: {', '.join(map(shown, hits[:5]))}"
               + (" ..." if len(hits) > 5 else ""))
-    args.properties, args.seed, args.max_examples, args.time_budget, args.deployment = None, None, None, None, None
+    args.seed, args.max_examples, args.time_budget, args.deployment = None, None, None, None
     plan, target = plan_run(args, command="gate", profile_name="pr")
 
     def coverage(outcome):
@@ -334,34 +375,27 @@ def cmd_selftest(args) -> int:
 def _findings_dir(args) -> Path:
     from harness.edges import usable
     from harness.session import default_report_dir
-    return usable(Path(args.report_dir or default_report_dir()), "--report-dir") / "findings"
+    if not args.report_dir:  # one folder for the findings and the reports that point at them
+        args.report_dir = str(default_report_dir())
+    return usable(Path(args.report_dir), "--report-dir") / "findings"
 
 
 def cmd_verify_policy(args) -> int:
-    from harness.policy import verify_policy
-    target = _resolve_target(args.target)
-    report = verify_policy(target, findings_dir=_findings_dir(args))
-    print(f"vmfuzz verify-policy: target {target.name}: {report.configs} configurations, "
-          f"{report.checks} batch sizes checked in {report.seconds:.1f}s")
-    for v in report.first.values():
-        print(f"  {v.prop}: {report.violations[v.prop]} violation(s); first: {v.detail}")
-        print(f"      repro: {v.path}")
-    if not report.ok:
-        return EXIT_FINDING
-    print("capacity-soundness and capacity-liveness held")
-    return EXIT_OK
+    from harness.commands import verify_policy_command
+    return verify_policy_command(args)
 
 
 def cmd_exhaustive(args) -> int:
-    from harness.exhaustive import run_exhaustive
-    from harness.edges import check_workers
-    check_workers(args.workers)
-    target = _resolve_target(args.target)
-    report = run_exhaustive(target, findings_dir=_findings_dir(args), workers=args.workers, echo=print)
-    return EXIT_OK if report.ok else EXIT_FINDING
+    from harness.commands import exhaustive_command
+    return exhaustive_command(args)
 
 
-COMMANDS = {"run": cmd_run, "replay": cmd_replay, "targets": cmd_targets, "gate": cmd_gate,
+def cmd_bisect(args) -> int:
+    from harness.commands import bisect_command
+    return bisect_command(args)
+
+
+COMMANDS = {"bisect": cmd_bisect, "run": cmd_run, "replay": cmd_replay, "targets": cmd_targets, "gate": cmd_gate,
             "minimize": cmd_minimize, "selftest": cmd_selftest,
             "verify-policy": cmd_verify_policy, "exhaustive": cmd_exhaustive, "surface": cmd_surface}
 
@@ -373,6 +407,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    global VERBOSE
+    VERBOSE = bool(getattr(args, "verbose", False))
+    from harness.commands import quiet_dependency_warnings
+    quiet_dependency_warnings()
     import torch
     # Cases are tiny tensors: intra-op threads only add scheduling latency
     # (a 2-thread reduction took milliseconds); parallelism is per worker.

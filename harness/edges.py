@@ -80,7 +80,8 @@ def check_places(args, profile) -> Path:
         if profile.replay_last_failures:
             usable(db / "last-failures", "--db's last-failures")
     if profile.replay_repros:
-        check_saved_repros(Path(args.repro_root))
+        from harness.regressions import default_repro_root
+        check_saved_repros(Path(args.repro_root) if args.repro_root else default_repro_root())
     return report_dir
 
 

@@ -74,9 +74,7 @@ def configs() -> list[Config]:
 
 def _runs(prop: Property, config: Config) -> bool:
     """Does ``prop`` check ``config``? Arithmetic and the direct chain writer ignore the call site."""
-    if config.trivial != prop.trivial:
-        return False
-    if prop.layouts is not None and config.mode.name not in prop.layouts:
+    if not prop.applies(config):
         return False
     if prop.chain:
         return config.chain and config.call_site == "eagle"

@@ -40,7 +40,7 @@ def _serve(target, conn) -> None:
             return
         try:
             obs = PROPERTIES[prop_name].check(target, config, batches, device)
-            conn.send(("ok", sorted(obs.classes), obs.margin))
+            conn.send(("ok", sorted(obs.classes), obs.margin, dict(obs.path_margins)))
         except PropertyFailure as exc:
             conn.send(("fail", exc.prop, exc.detail))
         except BaseException as exc:  # noqa: BLE001 - the target's own error (even exit()), reported as the property's
@@ -112,8 +112,8 @@ class IsolatedChecker:
             raise TargetFault(CRASH, "target process died: " + _exit_reason(self._discard())) from None
         kind, *rest = msg
         if kind == "ok":
-            classes, margin = rest
-            return Observation(set(classes), margin)
+            classes, margin, *more = rest
+            return Observation(set(classes), margin, *more)
         if kind == "fail":
             raise PropertyFailure(*rest)
         raise TargetRaised(f"{rest[0]}: {rest[1]}")

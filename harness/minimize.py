@@ -156,18 +156,22 @@ def _checker(prop, target, device: str, fault: str | None, timeout: float):
 
 def minimize_file(args) -> int:
     from harness.cli import _check_device, _resolve_target
+    from harness.commands import write_command_report as _write_command_report
+    from harness.command_report import Check, CommandSummary
     from harness.errors import EXIT_FINDING, EXIT_OK, UsageError
     from harness.deployment import DeploymentError, is_deployment
-    from harness.repro_file import dump, from_case, to_case
-
     from harness.deployment import loads as loads_deployment
-    from harness.repro_file import decode
+    from harness.replay import DEFAULT_TARGET, properties_for
+    from harness.repro_file import decode, dump, from_case, to_case
+    from harness.session import default_report_dir
     from harness.validate import LimitError, check_case, read_input
+    import time
 
     _check_device(args.device)
-    out = Path(args.output) if args.output else Path(args.file).with_suffix(".min.json")
-    if out.is_dir():
-        raise UsageError(f"vmfuzz: -o {out} is a directory (give the repro file to write)")
+    if args.property and args.property not in PROPERTIES:
+        raise UsageError(f"vmfuzz: unknown property {args.property!r} (known: {', '.join(PROPERTIES)})")
+    if args.output and Path(args.output).is_dir():
+        raise UsageError(f"vmfuzz: -o {args.output} is a directory (give the repro file to write)")
     try:
         data = read_input(args.file, "input file")  # read once: a pipe has no second reading
     except LimitError as exc:
@@ -180,18 +184,20 @@ def minimize_file(args) -> int:
             case = (dep.config(), [dep.observed()])
         except DeploymentError as exc:
             raise UsageError(f"vmfuzz: {exc}") from None
-        target = _resolve_target(args.target or "reference")
-        if args.property and args.property not in PROPERTIES:
-            raise UsageError(f"vmfuzz: unknown property {args.property!r} (known: {', '.join(PROPERTIES)})")
+        target = _resolve_target(args.target or DEFAULT_TARGET)
         order = [args.property] if args.property else list(DEPLOYMENT_ORDER)
     else:
         repro = decode(data, args.file)
-        if repro.property not in PROPERTIES:
-            raise UsageError(f"vmfuzz: {args.file}: unknown property {repro.property!r}")
         case = to_case(repro)
         fault = repro.fault
-        target = _resolve_target(args.target or repro.target)
-        order = [repro.property]
+        target = _resolve_target(args.target or repro.target or DEFAULT_TARGET)
+        order = [p.name for p in properties_for(repro, args.property)]
+    # Default output under the report folder: minimizing a file in the repository
+    # must not leave an untracked file beside it.
+    report_dir = Path(args.report_dir or default_report_dir())
+    args.report_dir = str(report_dir)
+    summary = CommandSummary("minimize", target.name, extra={"input": args.file})
+    t0 = time.monotonic()
     for name in order:
         prop = PROPERTIES[name]
         if prop.trivial != case[0].trivial:
@@ -212,11 +218,21 @@ def minimize_file(args) -> int:
             close()
         print(f"after:  {describe(small)}")
         print(f"        still fails {name} ({tries} candidates tried): {detail}")
+        out = Path(args.output) if args.output else report_dir / f"{Path(args.file).stem}.min.json"
         out = dump(from_case(target.name, name, small[0], small[1], detail=detail, fault=fault), out)
         print(f"wrote {out}")
+        summary.checks.append(Check(name, "failed", detail, fault or "property", str(out)))
+        summary.headline = f"minimized to: {describe(small)}"
+        summary.extra.update(before=describe(case), after=describe(small), tries=tries, output=str(out))
+        summary.seconds = time.monotonic() - t0
+        _write_command_report(summary, args)
         return EXIT_FINDING
     if limited:
         # Not "fails nothing": some properties could not be tried at this size.
         raise UsageError(f"vmfuzz: {args.file}: " + limited[0])
     print(f"vmfuzz minimize: {args.file} fails no property on {target.name}: nothing to minimize")
+    summary.checks += [Check(n, "held") for n in order if PROPERTIES[n].trivial == case[0].trivial]
+    summary.headline = "fails no property: nothing to minimize"
+    summary.seconds = time.monotonic() - t0
+    _write_command_report(summary, args)
     return EXIT_OK

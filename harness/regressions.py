@@ -1,6 +1,6 @@
 """Saved repros replayed before a search: the repo's canonical ones and last run's.
 
-Semantics (documented in WORKFLOWS.md): a repro under ``repro/`` records the
+Semantics (README, "Profiles": saved repros under repro/): a repro under ``repro/`` records the
 known-bad target it fails on (e.g. ``reference+pr33127``). Against the target
 under test -- the fixed code -- it must *hold*; if it fails, the regression is
 back, and that is a finding. It should also still fail on its recorded target
@@ -32,6 +32,16 @@ class ReplayOutcome:
     #: the case could not be replayed: "target-raised", "target-hang" or "target-crash"
     fault: str | None = None
     set_aside: Path | None = None  # where harness.nightly moved it
+
+
+def default_repro_root() -> Path:
+    """``./repro`` when run from vmfuzz's checkout; elsewhere (a gate inside SGLang's
+    checkout) the ``repro/`` beside the ``harness`` package, so the canonical
+    repros still replay first."""
+    here = Path("repro")
+    if here.is_dir():
+        return here
+    return Path(__file__).resolve().parent.parent / "repro"
 
 
 def saved_repros(root: Path) -> list[Path]:

@@ -30,6 +30,7 @@ def quoteattr(s) -> str:
     return _quoteattr(_xml_text(s))
 
 MARGIN_BUCKETS = ("< -1000", "-1000..-101", "-100..-1", "0", "1..100", "> 100")
+MARGIN_PATHS = ("reuse", "fallback", "arithmetic")
 
 
 def margin_bucket(m: float) -> str | None:
@@ -62,9 +63,13 @@ def _status(res) -> str:
 def build_summary(outcome) -> dict:
     plan = outcome.plan
     props, classes, margins = [], Counter(), Counter()
+    by_path = {p: Counter() for p in MARGIN_PATHS}
     for r in outcome.results:
         classes.update(r.classes)
         margins.update(b for b in map(margin_bucket, r.margins) if b)
+        for path, m in r.path_margins:
+            if margin_bucket(m):
+                by_path[path][margin_bucket(m)] += 1
         props.append({
             "name": r.prop, "status": _status(r), "examples": r.examples, "rounds": r.rounds,
             "seconds": round(r.seconds, 3),
@@ -93,6 +98,8 @@ def build_summary(outcome) -> dict:
         "properties": props,
         "boundary_classes": dict(sorted(classes.items())),
         "overflow_margin": {b: margins[b] for b in MARGIN_BUCKETS},
+        # the same examples split by the path their batch took: > 0 overflows only on reuse
+        "overflow_margin_by_path": {p: {b: by_path[p][b] for b in MARGIN_BUCKETS} for p in MARGIN_PATHS},
         "findings": findings,
         "replays": replays,
         "deployment": outcome.deployment,

@@ -41,10 +41,13 @@ class BatchSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
 
 
 class Repro(msgspec.Struct, forbid_unknown_fields=True):
-    target: str
-    property: str
     config: ConfigSpec
     batches: list[BatchSpec]
+    #: optional, so a repro can be pasted from a crash report: without them the
+    #: command line's --target / --property decide (default reference, every
+    #: property that applies to the config)
+    target: str = ""
+    property: str = ""
     detail: str = ""
     seed: int | None = None
     harness_version: str = ""
@@ -94,7 +97,7 @@ def from_case(target: str, prop: str, config: Config, batches: list[Batch], *,
                                    [list(t.parent_list) for t in b.trees]))
     cfg = ConfigSpec(config.mode.name, config.max_bs, config.max_context_len, config.num_draft_tokens,
                      config.topk, config.spec_steps, config.is_read, config.call_site)
-    return Repro(target, prop, cfg, specs, detail, seed, harness.__version__, fault)
+    return Repro(cfg, specs, target, prop, detail, seed, harness.__version__, fault)
 
 
 def load(path: str | Path) -> Repro:
@@ -126,6 +129,8 @@ def dump(repro: Repro, path: str | Path) -> Path:
     data = msgspec.to_builtins(repro)
     # A target's message may hold lone surrogates, which no UTF-8 file can.
     data["detail"] = data.get("detail", "").encode("utf-8", "backslashreplace").decode("utf-8")
+    # the documented key order: target and property first
+    data = {k: data[k] for k in ("target", "property", "config", "batches")} | data
     if data.get("fault") is None:
         data.pop("fault", None)  # a plain finding's file stays exactly the documented schema
     if data["config"].get("call_site") == "eagle":

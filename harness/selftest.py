@@ -61,6 +61,24 @@ def selftest(args, resolve_target) -> int:
     survivors = [v for v, row in matrix.items() if all(n is None for n in row.values())]
     if survivors:
         print(f"{len(survivors)} variant(s) survived every property: {', '.join(survivors)}")
-        return EXIT_FINDING
-    print(f"all {len(matrix)} variants caught")
-    return EXIT_OK
+    else:
+        print(f"all {len(matrix)} variants caught")
+    _report(args, target.name, matrix)
+    return EXIT_FINDING if survivors else EXIT_OK
+
+
+def _report(args, target_name: str, matrix: dict[str, dict[str, int | None]]) -> None:
+    """One testcase per variant: caught (passes) or survived (fails); which properties caught it."""
+    from harness.commands import write_command_report as _write_command_report
+    from harness.command_report import Check, CommandSummary
+
+    summary = CommandSummary("selftest", target_name, extra={"kill_matrix": matrix, "seed": args.seed,
+                                                            "max_examples": args.max_examples})
+    for v, row in matrix.items():
+        caught = [f"{p} ({n} ex)" for p, n in row.items() if n is not None]
+        summary.checks.append(Check(v, "caught", "caught by " + ", ".join(caught)) if caught else
+                              Check(v, "failed", "survived every property", "variant-survived"))
+    silent = [p for p in PROPERTIES if all(row[p] is None for row in matrix.values())]
+    summary.headline = (f"{sum(c.status == 'caught' for c in summary.checks)} of {len(matrix)} variants caught"
+                        + (f"; no variant exercises {', '.join(silent)}" if silent else ""))
+    _write_command_report(summary, args)

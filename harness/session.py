@@ -153,7 +153,7 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
     t0 = time.monotonic()
     outcome = RunOutcome(plan, target.name, dict(target.versions()),
                          dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
-    ui = progress(len(plan.properties), f"{target.name} ({plan.profile.name})")
+    ui = progress(len(plan.properties), f"{target.name} ({plan.profile.name})", per_slot=plan.max_examples)
     try:
         _replays(plan, target, ui, outcome.replays)
         outcome.replay_seconds = time.monotonic() - t0
@@ -162,6 +162,8 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
 
         def done(res):
             show(res, ui.log)
+            if res.findings:
+                ui.failed()
             ui.advance()
             outcome.results.append(res)
 

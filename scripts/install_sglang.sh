@@ -1,32 +1,71 @@
 #!/usr/bin/env bash
-# Installs SGLang 0.5.23 for the `sglang` target into the project's venv, CPU-only.
+# Installs SGLang for the `sglang` target, CPU-only.
+#
+#   install_sglang.sh                 sglang==0.5.23 from PyPI into .venv
+#   install_sglang.sh --from PATH     a source checkout laid out like SGLang's repository
+#                                     (PATH/python/pyproject.toml, PATH/python/sglang/...),
+#                                     editable, so the target runs that checkout's code
+#   --python PY                       install into PY's environment instead of .venv
+#                                     (CI: the job's own interpreter; its torch is kept)
 #
 # --no-deps throughout: SGLang's own requirements pin torch 2.14.1 and pull CUDA
 # builds (GBs). What is listed below is exactly what importing the verify-mask
 # modules (verify_mask, eagle_utils, eagle_worker_common, eagle_worker_v2,
 # spec_tree) needs on a CPU host, pinned so CI resolves the same set every run.
-# Idempotent: a venv that already imports them is left alone.
+# Idempotent: without --from, a venv that already imports them is left alone.
 set -euo pipefail
+usage() { echo "usage: install_sglang.sh [--from SGLANG_CHECKOUT] [--python PY]" >&2; exit 2; }
+FROM=""
+PY=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --from) [ $# -ge 2 ] || usage; FROM=$2; shift 2 ;;
+        --python) [ $# -ge 2 ] || usage; PY=$2; shift 2 ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        *) usage ;;
+    esac
+done
+if [ -n "$FROM" ]; then
+    if [ ! -f "$FROM/python/pyproject.toml" ] || [ ! -f "$FROM/python/sglang/__init__.py" ]; then
+        echo "install_sglang: --from $FROM: not an SGLang checkout (needs python/pyproject.toml and python/sglang/)" >&2
+        exit 2
+    fi
+    FROM=$(cd "$FROM" && pwd -P)
+fi
+if [ -n "$PY" ]; then
+    PY=$(command -v "$PY" || true)
+    [ -n "$PY" ] || { echo "install_sglang: --python: no such interpreter" >&2; exit 2; }
+fi
 cd "$(dirname "$0")/.."
 VENV=${VMFUZZ_VENV:-.venv}
-PY="$VENV/bin/python"
+PY=${PY:-$VENV/bin/python}
 MODULES="sglang.srt.layers.attention.verify_mask sglang.srt.speculative.eagle_worker_common sglang.srt.speculative.eagle_worker_v2 sglang.kernels.ops.speculative.spec_tree"
 
-[ -x "$PY" ] || bash scripts/bootstrap.sh
+[ -x "$PY" ] || [ "$PY" != "$VENV/bin/python" ] || bash scripts/bootstrap.sh
 
 can_import() {
     env -u SGLANG_USE_CPU_ENGINE TRITON_INTERPRET=1 "$PY" -W ignore -c \
         "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]]" $MODULES
 }
 
-if can_import 2>/dev/null; then
-    echo "install_sglang: SGLang already importable in $VENV"
+if [ -z "$FROM" ] && can_import 2>/dev/null; then
+    echo "install_sglang: SGLang already importable by $PY"
     exit 0
 fi
 
-echo "install_sglang: installing sglang==0.5.23 and its CPU import chain into $VENV"
+if [ -n "$FROM" ]; then
+    echo "install_sglang: installing $FROM/python (editable) and its CPU import chain for $PY"
+    # compat mode: the checkout's python/ goes on sys.path itself (as PYTHONPATH
+    # would put it), so it wins over any sglang already in the environment;
+    # setuptools' default finder hook is consulted only after site-packages.
+    "$PY" -m pip install -q --no-deps --config-settings editable_mode=compat -e "$FROM/python" 2>&1 | grep -v "^WARNING: Location" || true
+    SGLANG_PIN=""
+else
+    echo "install_sglang: installing sglang==0.5.23 and its CPU import chain for $PY"
+    SGLANG_PIN="sglang==0.5.23"
+fi
 "$PY" -m pip install -q --no-deps \
-    sglang==0.5.23 triton==3.6.0 torchvision==0.28.0 \
+    $SGLANG_PIN triton==3.6.0 torchvision==0.28.0 \
     transformers==5.19.0 tokenizers==0.23.2 huggingface_hub==2.4.0 safetensors==0.8.0 \
     compressed-tensors==0.18.0 sentencepiece==0.2.1 gguf==0.19.0 apache-tvm-ffi==0.1.11 \
     openai==2.8.0 distro==1.9.0 httpx==0.28.1 httpx2==2.16.2 httpcore2==2.16.2 h11==0.16.0 \
@@ -87,5 +126,12 @@ echo "import _vmfuzz_tv_cpu_shim; _vmfuzz_tv_cpu_shim.install()" > "$SITE/zz_vmf
 if ! err=$(can_import 2>&1); then
     echo "install_sglang: SGLang still does not import: $(echo "$err" | tail -1)" >&2
     exit 1
+fi
+if [ -n "$FROM" ]; then
+    where=$(env -u SGLANG_USE_CPU_ENGINE "$PY" -W ignore -c "import sglang, os; print(os.path.realpath(sglang.__file__))")
+    case "$where" in
+        "$FROM"/python/sglang/*) ;;
+        *) echo "install_sglang: sglang imports from $where, not from $FROM" >&2; exit 1 ;;
+    esac
 fi
 echo "install_sglang: ready ($("$PY" -c 'from importlib.metadata import version; print("sglang", version("sglang"))'))"

@@ -22,7 +22,17 @@ const out = [...document.querySelectorAll('svg.chart')].map(svg => {
   return {id: svg.id, width: box.width, height: box.height, bars: bars.length,
           drawn: bars.filter(r => r.getBBox().width > 0 && r.getBBox().height > 0).length};
 });
-const pre = document.createElement('pre'); pre.id = 'probe'; pre.textContent = JSON.stringify(out);
+const buffers = [...document.querySelectorAll('svg.buffer')].map(svg => {
+  const box = r => r.getBoundingClientRect();
+  const end = box(svg.querySelector('line.end')), oob = box(svg.querySelector('rect.oob'));
+  const buf = box(svg.querySelector('rect.buf'));
+  return {end: end.left, oob_left: oob.left, oob_right: oob.right, oob_width: oob.width,
+          buf_left: buf.left, buf_right: buf.right, requests: svg.querySelectorAll('rect.req').length};
+});
+const order = {finding: document.querySelector('.finding') ? document.querySelector('.finding').getBoundingClientRect().top : null,
+               charts: document.querySelector('.charts').getBoundingClientRect().top};
+const pre = document.createElement('pre'); pre.id = 'probe';
+pre.textContent = JSON.stringify({charts: out, buffers: buffers, order: order});
 document.body.appendChild(pre);
 </script></body>"""
 
@@ -44,6 +54,9 @@ def test_report_is_self_contained(report):
     assert "<script" not in html and "<link" not in html
     assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', html)
     assert html.count('<svg class="chart"') == 5
+    # the finding comes first, with its buffer picture
+    assert html.index('class="finding"') < html.index('class="charts"')
+    assert html.count('<svg class="buffer"') == 1
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (apt-get install chromium)")
@@ -54,7 +67,8 @@ def test_charts_are_drawn_in_headless_chromium(report, tmp_path):
                           page.as_uri()], capture_output=True, text=True, timeout=120).stdout
     m = re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)
     assert m, "the page did not render (no probe output): " + dom[:300]
-    charts = json.loads(m.group(1).replace("&quot;", '"'))
+    probe = json.loads(m.group(1).replace("&quot;", '"'))
+    charts = probe["charts"]
     summary = json.loads((report / "summary.json").read_text())
     assert {c["id"] for c in charts} == {"bs-ratio", "reuse-fallback", "layouts", "overflow-margin", "examples"}
     for c in charts:
@@ -65,3 +79,25 @@ def test_charts_are_drawn_in_headless_chromium(report, tmp_path):
     assert by_id["bs-ratio"]["drawn"] >= 2
     assert by_id["overflow-margin"]["drawn"] >= 1
     assert by_id["layouts"]["drawn"] >= 1
+    # A failing run leads with its finding; the no-oob-write finding is drawn as the buffer,
+    # its end, each request's block and the cells written past the end (right of the end line).
+    assert probe["order"]["finding"] is not None and probe["order"]["finding"] < probe["order"]["charts"]
+    assert len(probe["buffers"]) == 1, probe["buffers"]
+    buf = probe["buffers"][0]
+    assert buf["requests"] == 2 and buf["oob_width"] > 0
+    assert abs(buf["end"] - buf["buf_right"]) < 2 and buf["oob_left"] >= buf["end"] - 1, buf
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (apt-get install chromium)")
+def test_screenshot_of_a_failing_report(report, tmp_path):
+    """A PNG of the page, kept beside the report for a person to look at (report.png)."""
+    shot = report / "report.png"
+    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    "--window-size=1240,1500", f"--screenshot={shot}", (report / "report.html").as_uri()],
+                   capture_output=True, text=True, timeout=120)
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert (width, height) == (1240, 1500)
+    # a blank page compresses to a few KB; charts, text and the buffer picture do not
+    assert len(data) > 40_000, len(data)

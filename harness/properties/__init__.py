@@ -41,6 +41,14 @@ class Property:
     #: layouts its cases are drawn in (None: every preallocated layout)
     layouts: tuple[str, ...] | None = None
 
+    def applies(self, config) -> bool:
+        """Are ``config``'s cases this property's? (d = 1 or not, its layouts, a chain for the chain writer)"""
+        if config.trivial != self.trivial:
+            return False
+        if self.layouts is not None and config.mode.name not in self.layouts:
+            return False
+        return config.chain if self.chain else True
+
     def missing(self, target) -> list[str]:
         """The seams ``target`` lacks for this property (empty: it can be driven)."""
         return [seam for seam in self.needs if not callable(getattr(target, seam, None))]

@@ -31,6 +31,9 @@ class PropertyFailure(AssertionError):
 class Observation:
     classes: set[str] = field(default_factory=set)
     margin: float = float("-inf")  # cells the case needs beyond the buffer it writes (>0: overflow)
+    #: the same, per path its steps took: reuse / fallback / arithmetic (no verify step).
+    #: A fallback step needing more than the preallocated buffer is the design working.
+    path_margins: dict[str, float] = field(default_factory=dict)
 
     def add_step(self, config: Config, batch: Batch, out: StepOutput | None, capacity: int) -> None:
         bs, m = batch.bs, config.max_bs
@@ -49,6 +52,8 @@ class Observation:
             self.classes.add("tree with unselected parent")
         need = logical_size(config.mode, batch.seq_lens, config.d)
         self.margin = max(self.margin, float(need - capacity))
+        path = "arithmetic" if out is None else ("reuse" if out.reused else "fallback")
+        self.path_margins[path] = max(self.path_margins.get(path, float("-inf")), float(need - capacity))
 
 
 def _fail(prop: str, detail: str):

@@ -48,6 +48,14 @@ def _fits_off_by_one(fits):
     return fits_one_more
 
 
+def _fits_refuses_full(fits):
+    # Over-cautious, never unsafe: a batch that fills the captured max_bs is
+    # turned away, so it takes the per-batch fallback on every step.
+    def fits_with_one_spare(mask, bs):
+        return fits(mask, bs) and fits(mask, bs + 1)
+    return fits_with_one_spare
+
+
 def _full_without_draft_span(numel):
     def numel_short(mode, bs, d, max_context_len):
         if mode == TreeMaskMode.FULL_MASK:
@@ -125,6 +133,8 @@ CATALOGUE: dict[str, Variant] = {v.name: v for v in (
             "(the regression fixed by SGLang PR #33127)", "fits", _pr33127),
     Variant("fits-off-by-one", "capacity check admits max_bs + 1 requests (bs <= max_bs + 1)",
             "fits", _fits_off_by_one),
+    Variant("fits-refuses-full", "capacity check refuses a batch of exactly max_bs requests (bs < max_bs): "
+            "safe, but that batch allocates per batch every step", "fits", _fits_refuses_full),
     Variant("full-no-draft-span", "FULL_MASK sizing forgets the draft columns: d*max_context_len per "
             "request instead of d*(max_context_len + d)", "numel", _full_without_draft_span),
     Variant("unfilled-prefix", "a reused FULL_MASK buffer's prefix columns are not refilled, so "
