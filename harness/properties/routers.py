@@ -26,6 +26,7 @@ and the first child with the length sum known (TBO and the Dots wrapper).
 
 from __future__ import annotations
 
+import msgspec
 import torch
 
 from harness.config import Batch, Config
@@ -77,6 +78,10 @@ def _whose(children: dict[str, Child], mask) -> str:
 
 def routing(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
     obs = Observation()
+    if config.call_site == "frozen_kv_mtp":
+        # That draft step never asks the attention backend for a mask, so no router
+        # hands it one: the case is routed through the EAGLE call site instead.
+        config = msgspec.structs.replace(config, call_site="eagle")
     for batch in batches:
         heap = ShadowHeap(device)
         masks = _masks(target, config, heap)
