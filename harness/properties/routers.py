@@ -32,7 +32,7 @@ import torch
 from harness.config import Batch, Config
 from harness.oracle import expected
 from harness.properties.core import Observation, _diff, _fail, _locator
-from harness.routing import ROUTERS, SPEC_MODES, Child, verify_child
+from harness.routing import DFLASH_RESOLVED, ROUTERS, SPEC_MODES, Child, verify_child
 from harness.shadow import ShadowHeap, describe_all
 
 NAME = "routing"
@@ -99,6 +99,12 @@ def routing(target, config: Config, batches: list[Batch], device="cpu") -> Obser
                 if r.serves_verify is not None and r.serves_verify != role:
                     _fail(NAME, f"{where}: dispatches the TARGET_VERIFY forward to the {r.serves_verify} child, "
                                 f"but hands out the {role} child's mask")
+                if router in DFLASH_RESOLVED and r.dflash_resolves is not None:
+                    if r.dflash_resolves != role:
+                        _fail(NAME, f"{where}: DFlash's verify-mask policy resolves the router to "
+                                    f"{r.dflash_resolves}, but TARGET_VERIFY runs on the {role} child, whose "
+                                    "mask is handed out: the custom-mask decision is made for the wrong backend")
+                    obs.classes.add(f"{router}: dflash policy -> {role}")
                 need = max(config.max_context_len, want.max_context_len or 0)
                 if r.needs_cpu_seq_lens:
                     obs.classes.add(f"{router}: length sum always known")
