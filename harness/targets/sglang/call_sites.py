@@ -48,6 +48,13 @@ SURFACE = (
     ("srt/speculative/frozen_kv_mtp_worker_v2.py", "FrozenKVMTPDraftWorker.draft", _THROUGH_A_CALL_SITE),
 )
 
+#: (sglang-relative path, what, why not driven)
+NOT_DRIVEN = (
+    ("srt/speculative/frozen_kv_mtp_worker_v2.py", "FrozenKVMTPDraftWorker.draft_forward",
+     "the draft model's loop is a stand-in (its cuda-graph runner returns the case's draft tree); "
+     "draft() from there on, the wrapper's fallback and the verify input, is SGLang's"),
+)
+
 
 class _SeenAsCuda(torch.Tensor):
     """A CPU tensor whose ``is_cuda`` answers True: the chain branch's condition, bound for one call.
