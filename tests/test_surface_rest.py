@@ -105,6 +105,28 @@ def test_dflash_variant_is_caught_by_routing_on_reference(tmp_path):
     assert result.finding is not None and "DFlash" in result.finding.detail
 
 
+# -- FlashAttention's allocation site, imported with its CUDA extension stubbed ----------
+
+def test_flashattention_site_is_driven_and_its_stubs_do_not_leak(sglang_target):
+    import sys
+
+    from harness.allocation import ServerNumbers
+    from harness.targets.sglang.allocation import load_sites
+
+    before = set(sys.modules)
+    sites = load_sites()
+    assert not isinstance(sites["flashattention"], str), sites["flashattention"]
+    # the stubs and what imported them are forgotten: a later import fails as before
+    assert not {m for m in set(sys.modules) - before if m.startswith("sgl_kernel") or "flashattention" in m}
+    with pytest.raises(ImportError):
+        __import__("sglang.srt.layers.attention.flashattention_backend")
+    numbers = ServerNumbers(max_bs=6, context_len=2048, num_draft_tokens=5, topk=2, spec_steps=3)
+    call = sglang_target.allocation_call("flashattention", numbers)
+    assert (call.max_bs, call.max_context_len, call.num_draft_tokens, call.is_read) == (6, 2048, 5, True)
+    assert call.mask.buffer.device.type == "meta"
+    assert "flashmla" in str(sites["flashmla"])
+
+
 # -- surface: NOT_DRIVEN rows and reasons --------------------------------------------
 
 def test_module_reason_overrides_no_driver_yet():
@@ -147,7 +169,7 @@ def test_no_sglang_file_is_left_without_a_driver_or_a_reason(sglang_target):
     bare = {r.file for r in rows if r.in_grep and not r.driven and r.why == NO_DRIVER}
     assert bare <= READERS, bare
     driven = {r.file for r in rows if r.driven}
-    assert {FROZEN, "srt/speculative/dflash_utils.py"} <= driven
+    assert {FROZEN, "srt/speculative/dflash_utils.py", "srt/layers/attention/flashattention_backend.py"} <= driven
 
 
 # -- altered copies --------------------------------------------------------------
@@ -163,6 +185,12 @@ ALTERATIONS = {
                                           r"backend = backend\._select_backend\(ForwardMode\.TARGET_VERIFY\)",
                                           "backend = backend.prefill_backend")],
                                         "routing"),
+    # FlashAttention's cuda-graph set-up (imported with sgl_kernel stubbed) sizes for one request fewer
+    "flashattention-allocates-max-bs-minus-one": (
+        [(["srt/layers/attention/flashattention_backend.py"],
+          r"(self\._verify_mask = maybe_create_verify_mask\(\n(?:.*\n)*?\s*)max_bs=max_bs,",
+          r"\1max_bs=max_bs - 1,")],
+        "allocation-soundness"),
 }
 
 GATE = ("import sys, sglang; print('sglang from', sglang.__file__); "
@@ -172,7 +200,7 @@ GATE = ("import sys, sglang; print('sglang from', sglang.__file__); "
 @pytest.mark.parametrize("alteration", [None, *ALTERATIONS], ids=lambda a: a or "unaltered")
 def test_altered_copy_is_caught(sglang_target, alteration, tmp_path):
     edits, prop = ALTERATIONS[alteration] if alteration else ([], None)
-    props = [prop] if prop else ["no-oob-write", "routing"]
+    props = [prop] if prop else ["no-oob-write", "routing", "allocation-soundness"]
     site = altered_copy(tmp_path, edits, alteration)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]), PYTHONDONTWRITEBYTECODE="1",
                TRITON_INTERPRET="1")
