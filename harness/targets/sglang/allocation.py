@@ -158,9 +158,11 @@ def _stub_module(name: str):
 
 
 def _with_extensions_stubbed(module: str, tries: int = 8):
-    """Import ``module`` with each missing extension module stubbed, then forget every
-    module the import added (the stubs and whatever imported them), so nothing
-    stubbed is ever found by a later import. Returns the module object."""
+    """Import ``module`` with each missing extension module stubbed, then forget the
+    stubs and every module the import added that holds one (directly or through
+    another such module), so no later import finds a stub. The modules it added
+    that hold none stay imported: importing them again would run their
+    registrations (custom ops) twice. Returns the module object."""
     import sys
     before = set(sys.modules)
     stubbed: list[str] = []
@@ -176,8 +178,28 @@ def _with_extensions_stubbed(module: str, tries: int = 8):
                 sys.modules[missing] = _stub_module(missing)
         raise ImportError(f"{module} still misses modules after stubbing {', '.join(stubbed)}")
     finally:
-        for key in set(sys.modules) - before:
-            del sys.modules[key]
+        _forget_stubbed(before, stubbed)
+
+
+def _forget_stubbed(before: set, stubbed: list[str]) -> None:
+    import sys
+    added = {name: sys.modules[name] for name in set(sys.modules) - before}
+    tainted = {name for name in stubbed if name in added}
+    changed = True
+    while changed:  # a module holding a stub's name, or a tainted module, is tainted
+        changed = False
+        dropped = {id(added[n]) for n in tainted}
+        for name, mod in added.items():
+            if name in tainted:
+                continue
+            if any(isinstance(v, _Absent) or id(v) in dropped for v in list(vars(mod).values())):
+                tainted.add(name)
+                changed = True
+    for name in tainted:
+        mod = sys.modules.pop(name, None)
+        parent, _, leaf = name.rpartition(".")
+        if parent in sys.modules and getattr(sys.modules[parent], leaf, None) is mod:
+            delattr(sys.modules[parent], leaf)
 
 
 def load_sites() -> dict[str, object]:
