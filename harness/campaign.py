@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, Phase, event, example, given, seed as hseed,
 from hypothesis.database import ExampleDatabase
 from hypothesis import target as hypothesis_target
 
-from harness.config import CALL_SITES, Batch, Config
+from harness.config import CALL_SITES, Batch, Config, site_takes
 from harness.isolation import TargetFault, TargetRaised
 from harness.layouts import TreeMaskMode
 from harness.progress import example_done
@@ -46,7 +46,8 @@ class Bounds:
 def cases(prop: Property, bounds: Bounds) -> st.SearchStrategy[tuple[Config, list[Batch]]]:
     if prop.trivial:
         cfgs = trivial_configs(max_bs=(1, bounds.max_bs), max_context_len=(1, bounds.max_context_len),
-                               call_sites=[c for c in bounds.call_sites if c != "chain"] or ["eagle"])
+                               call_sites=[c for c in bounds.call_sites if c not in ("chain", "frozen_kv_mtp")]
+                               or ["eagle"])
     elif prop.chain:
         cfgs = chain_configs(max_bs=(1, bounds.max_bs), max_context_len=(1, bounds.max_context_len),
                              spec_steps=(1, max(1, min(bounds.spec_steps, bounds.num_draft_tokens - 1))),
@@ -92,9 +93,9 @@ def boundary_cases(prop: Property, bounds: Bounds) -> list[tuple[Config, list[Ba
             continue
         # Every call site meets the boundary: (2, 1, 1) in QLEN_ONLY is a chain,
         # so the chain branch does too. The default call site keeps its place first.
-        for site in ("eagle", "pp", "chain"):
+        for site in ("eagle", "pp", "chain", "frozen_kv_mtp"):
             config = Config(mode, 1, c, *shape, True, site)
-            if (site == "chain" and not config.chain or site != "eagle" and prop.chain
+            if (not site_takes(site, config) or site != "eagle" and prop.chain
                     or site not in bounds.call_sites):
                 continue
             at, past = Batch((c,)), Batch((c, c))

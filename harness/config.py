@@ -29,7 +29,19 @@ def num_candidates(topk: int, spec_steps: int) -> int:
 #: CUDA host takes for topk-1 chains in QLEN_ONLY; presented as such on CPU); "pp" --
 #: ``Scheduler._pp_spec_rebuild_verify_input``, the pipeline-parallel rebuild. The first is the
 #: default, so a repro written before the others existed still names its call site.
-CALL_SITES = ("eagle", "chain", "pp")
+#: "frozen_kv_mtp" -- ``FrozenKVMTPDraftWorker.draft``, which calls the wrapper with no
+#: buffer and its default layout: it always takes the per-batch FULL_MASK fallback.
+CALL_SITES = ("eagle", "chain", "pp", "frozen_kv_mtp")
+
+
+def site_takes(site: str, config: "Config") -> bool:
+    """Can call site ``site`` run ``config``? The chain branch takes only chains; the
+    frozen-KV MTP worker only drafts (d > 1) and only ever builds a FULL_MASK."""
+    if site == "chain":
+        return config.chain
+    if site == "frozen_kv_mtp":
+        return config.mode == TreeMaskMode.FULL_MASK and not config.trivial
+    return True
 
 
 def is_chain_shape(mode, topk: int, spec_steps: int, num_draft_tokens: int) -> bool:
@@ -89,6 +101,9 @@ class Config(msgspec.Struct, frozen=True):
              "call_site 'chain' is the build_chain_tree branch: it needs QLEN_ONLY, topk 1 and "
              f"num_draft_tokens = spec_steps + 1 (got {self.mode.name}, topk {self.topk}, "
              f"spec_steps {self.spec_steps}, num_draft_tokens {self.num_draft_tokens})")
+        need(self.call_site != "frozen_kv_mtp" or (self.mode == TreeMaskMode.FULL_MASK and not self.trivial),
+             "call_site 'frozen_kv_mtp' drafts and builds its mask in the wrapper's default layout: it "
+             f"needs FULL_MASK and num_draft_tokens >= 2 (got {self.mode.name}, num_draft_tokens {self.d})")
         if self.trivial:
             need(self.spec_steps == 0, f"num_draft_tokens 1 is the no-draft path: spec_steps must be 0, got {self.spec_steps}")
         else:

@@ -27,8 +27,9 @@ Call sites: every config runs through the default call site (``eagle``) as
 above; every chain-shaped config also through the ``chain`` branch, with the
 same sweep (it is another writer); every config also through the ``pp``
 rebuild at bs 1, max_bs and max_bs + 1 with every request at the limit (it
-shares the EAGLE tail's writer, so only its reuse decision is new). The
-chain-writer property runs on each chain-shaped config once.
+shares the EAGLE tail's writer, so only its reuse decision is new), and every
+FULL_MASK drafting config through the ``frozen_kv_mtp`` draft the same way (it
+always falls back). The chain-writer property runs on each chain-shaped config once.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-from harness.config import Batch, Config, ConfigError, DraftTree, num_candidates
+from harness.config import Batch, Config, ConfigError, DraftTree, num_candidates, site_takes
 from harness.layouts import TreeMaskMode
 from harness.properties import PROPERTIES, Property, PropertyFailure
 from harness.repro_file import dump, from_case
@@ -67,8 +68,8 @@ def configs() -> list[Config]:
             except ConfigError:
                 continue  # this (topk, spec_steps) cannot draft d tokens
             out.append(config)
-            out.extend(msgspec.structs.replace(config, call_site=site) for site in ("chain", "pp")
-                       if site != "chain" or config.chain)
+            out.extend(msgspec.structs.replace(config, call_site=site) for site in ("chain", "pp", "frozen_kv_mtp")
+                       if site_takes(site, config))
     return out
 
 
@@ -119,7 +120,8 @@ def tree_shapes(topk: int, spec_steps: int, d: int) -> tuple[DraftTree, ...]:
 
 def batches_of(config: Config) -> list[Batch]:
     ctx = config.max_context_len
-    if config.call_site == "pp":
+    if config.call_site in ("pp", "frozen_kv_mtp"):
+        # Sites that add no index arithmetic of their own: the boundary sizes suffice.
         return [Batch((ctx,) * bs) for bs in sorted({1, config.max_bs, config.max_bs + 1})]
     if _sweeps_seq_lens(config):
         out = [Batch(lens) for bs in batch_sizes(config) for lens in seq_lens_of(ctx, bs)]

@@ -78,6 +78,16 @@ class Routing:
     #: True: the scheduler always hands the call site the batch's exact length
     #: sum, so ``max_context_len`` is never read
     needs_cpu_seq_lens: bool = False
+    #: role of the child DFlash's verify-mask policy resolves the router to (the
+    #: backend whose name decides whether a custom mask is built); the router's own
+    #: class name when it stops at the router; None: not observed
+    dflash_resolves: str | None = None
+
+
+#: Routers DFlash's verify-mask policy (``dflash_utils.resolve_dflash_verify_mask_policy``)
+#: looks through: Dots' SWA wrapper has no ``full_attn_backend`` and is not one of
+#: the classes it unwraps, so it answers with the wrapper's own name there.
+DFLASH_RESOLVED = ("hybrid", "tbo", "hybrid-linear")
 
 
 class RouterModel:
@@ -115,7 +125,9 @@ class RouterModel:
 def model_route(router: str, spec_mode: str, children: dict[str, Child], context_len: int) -> Routing:
     model = RouterModel(router, spec_mode, children, context_len)
     return Routing(router, spec_mode, model, model.verify_mask, model.max_context_len,
-                   model.serving("target_verify"), model.needs_cpu_seq_lens)
+                   model.serving("target_verify"), model.needs_cpu_seq_lens,
+                   # DESIGN.md 1b: every wrapper resolves to the child that runs TARGET_VERIFY
+                   verify_child(router, spec_mode))
 
 
 def check_args(router: str, spec_mode: str, children: dict[str, Child]) -> None:

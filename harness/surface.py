@@ -6,7 +6,10 @@ The rows come from two places that must agree:
   may carry ``SURFACE``, a tuple of ``(sglang-relative file, function,
   (property, ...))`` entries naming the SGLang code that module drives and the
   properties that run through it. The collector walks the package, so a new
-  module is picked up without editing this file;
+  module is picked up without editing this file. A module may also carry
+  ``NOT_DRIVEN``, ``(file, function, reason)`` entries for the SGLang code next
+  to what it drives that it does not reach, and why: each is a row, and its
+  reason is the file's reason when nothing drives the file;
 - what the code under test *contains*: every file of the loaded SGLang package
   whose text names verify-mask code (``harness.gate.MASK_CODE``; the same test
   the gate triggers on; test files excluded).
@@ -15,7 +18,8 @@ A declared property counts as driving only if it is registered in
 ``PROPERTIES`` and the target has the seams it ``needs``, and a declared
 function only if this SGLang still has it: a row never says "driven" on the
 strength of a declaration alone. A file the grep finds and nothing declares is
-listed "not driven", with a known reason where there is one (``KNOWN_REASONS``).
+listed "not driven", with the reason a module gives for it (``NOT_DRIVEN``), else
+a structural one (``KNOWN_REASONS``), else "no driver yet".
 """
 
 from __future__ import annotations
@@ -36,14 +40,13 @@ DECLARING_PACKAGE = "harness.targets.sglang"
 #: Source files the grep reads (what the gate's acceptance grep reads).
 GREP_SUFFIXES = (".py", ".cu", ".cuh")
 
-#: Why a file the grep finds has no driver, when the reason is structural
-#: rather than "not written yet" (first match wins; sglang-relative patterns).
+#: Why a file the grep finds has no driver, when no module says (``NOT_DRIVEN``)
+#: and the reason is a class of file rather than "not written yet" (first match
+#: wins; sglang-relative patterns). Reasons about one file live in the module
+#: that drives its neighbours.
 KNOWN_REASONS = (
     ("*_hip*", "HIP-only backend: needs a ROCm device"),
     ("kernels/jit/*", "JIT CUDA kernel: GPU only (scripts/gpu_check.sh)"),
-    ("kernels/ops/speculative/tree.py", "JIT CUDA kernel's entry: GPU only (scripts/gpu_check.sh)"),
-    ("kernels/ops/speculative/__init__.py", "re-export: the op table names the kernels, runs none"),
-    ("srt/layers/attention/base_attn_backend.py", "interface: declares the verify_mask property, holds no mask"),
 )
 NO_DRIVER = "no driver yet"
 
@@ -90,18 +93,49 @@ def _check_entry(module: str, entry) -> Entry:
     return Entry(entry[0], entry[1], entry[2], module)
 
 
+def _modules(package: str) -> list[str]:
+    pkg = importlib.import_module(package)
+    return [package] + sorted(m.name for m in pkgutil.walk_packages(pkg.__path__, package + "."))
+
+
 def declared(package: str = DECLARING_PACKAGE) -> list[Entry]:
     """Every ``SURFACE`` entry of ``package`` and the modules under it."""
-    pkg = importlib.import_module(package)
-    names = [package] + sorted(m.name for m in pkgutil.walk_packages(pkg.__path__, package + "."))
     out = []
-    for name in names:
+    for name in _modules(package):
         surface = getattr(importlib.import_module(name), "SURFACE", None)
         if surface is None:
             continue
         if not isinstance(surface, tuple):
             raise ValueError(f"{name}.SURFACE must be a tuple of entries")
         out += [_check_entry(name, e) for e in surface]
+    return out
+
+
+@dataclass(frozen=True)
+class Undriven:
+    """One ``NOT_DRIVEN`` entry: ``function`` of ``file`` is not driven, for ``why``."""
+
+    file: str
+    function: str
+    why: str
+    module: str
+
+
+def not_driven(package: str = DECLARING_PACKAGE) -> list[Undriven]:
+    """Every ``NOT_DRIVEN`` entry of ``package`` and the modules under it."""
+    out = []
+    for name in _modules(package):
+        entries = getattr(importlib.import_module(name), "NOT_DRIVEN", None)
+        if entries is None:
+            continue
+        if not isinstance(entries, tuple):
+            raise ValueError(f"{name}.NOT_DRIVEN must be a tuple of entries")
+        for e in entries:
+            ok = (isinstance(e, tuple) and len(e) == 3 and all(isinstance(x, str) for x in e) and e[0] and e[2])
+            if not ok or e[0].startswith(("/", "sglang/", "python/")) or ".." in e[0].split("/"):
+                raise ValueError(f"{name}.NOT_DRIVEN: bad entry {e!r}: want (sglang-relative path, "
+                                 "function or '', reason)")
+            out.append(Undriven(e[0], e[1], e[2], name))
     return out
 
 
@@ -150,24 +184,34 @@ def _has(text: bytes, function: str) -> bool:
     return all(re.search(rb"\b" + re.escape(part.encode()) + rb"\b", text) for part in function.split("."))
 
 
-def known_reason(rel: str) -> str:
+def known_reason(rel: str, undriven: list[Undriven] | None = None) -> str:
+    """Why nothing drives ``rel``: what a module says of it, else a class of file, else none known."""
+    undriven = not_driven() if undriven is None else undriven
+    said = [u.why for u in undriven if u.file == rel]
+    if said:
+        return "; ".join(dict.fromkeys(said))
     return next((why for pat, why in KNOWN_REASONS if fnmatch.fnmatchcase(rel, pat)), NO_DRIVER)
 
 
-def sglang_rows(target, pkg: Path, entries: list[Entry] | None = None) -> list[Row]:
-    """One row per declared function, and one per grep-found file nothing declares."""
+def sglang_rows(target, pkg: Path, entries: list[Entry] | None = None,
+                undriven: list[Undriven] | None = None) -> list[Row]:
+    """One row per declared function, one per ``NOT_DRIVEN`` entry, and one per
+    grep-found file neither names."""
     entries = declared() if entries is None else entries
+    undriven = not_driven() if undriven is None else undriven
     found = set(grep_package(pkg))
     by_file: dict[str, list[Entry]] = {}
     for e in entries:
         by_file.setdefault(e.file, []).append(e)
+    said: dict[str, list[Undriven]] = {}
+    for u in undriven:
+        said.setdefault(u.file, []).append(u)
     rows = []
-    for rel in sorted(found | set(by_file)):
-        if rel not in by_file:
-            rows.append(Row(rel, why=known_reason(rel)))
-            continue
-        text = _text(pkg, rel)
-        for e in by_file[rel]:
+    for rel in sorted(found | set(by_file) | set(said)):
+        if rel not in by_file and rel not in said:
+            rows.append(Row(rel, why=known_reason(rel, undriven)))
+        text = _text(pkg, rel) if rel in by_file else None
+        for e in by_file.get(rel, ()):
             row = Row(rel, e.function, declared_by=e.module, in_grep=rel in found, listed=e.properties)
             if text is None:
                 row.why = "not in this SGLang"
@@ -180,6 +224,8 @@ def sglang_rows(target, pkg: Path, entries: list[Entry] | None = None) -> list[R
                 elif not row.why:
                     row.why = "declared with no property"
             rows.append(row)
+        for u in said.get(rel, ()):
+            rows.append(Row(rel, u.function, why=u.why, declared_by=u.module, in_grep=rel in found))
     return rows
 
 

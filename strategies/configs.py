@@ -7,7 +7,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from harness.config import CALL_SITES, Config, num_candidates
+from harness.config import CALL_SITES, Config, num_candidates, site_takes
 from harness.layouts import PREALLOCATED_LAYOUTS, TreeMaskMode
 from strategies._cached import BOOLEANS, integers, sampled_from
 from strategies._validate import check_range
@@ -41,7 +41,7 @@ def _call_sites(call_sites) -> tuple[str, ...]:
 
 def _draw_site(draw, sites: tuple[str, ...], config: Config) -> Config | None:
     """One of ``sites`` that can run ``config`` (the chain branch only takes chains); shrinks to the first."""
-    usable = tuple(c for c in sites if c != "chain" or config.chain)
+    usable = tuple(c for c in sites if site_takes(c, config))
     if not usable:
         return None
     site = draw(sampled_from(usable))
@@ -131,9 +131,10 @@ def trivial_configs(*, layouts=None, max_bs=(1, 8), max_context_len=(1, 64), rea
     path, "pp" the pipeline-parallel rebuild of a one-node tree.
     """
     modes = _layouts(layouts)
-    sites = tuple(c for c in _call_sites(call_sites) if c != "chain")
+    sites = tuple(c for c in _call_sites(call_sites) if c not in ("chain", "frozen_kv_mtp"))
     if not sites:
-        raise InvalidArgument("call_sites=('chain',): the chain writer never runs a one-node tree")
+        raise InvalidArgument(f"call_sites={tuple(call_sites)!r}: the chain writer and the frozen-KV MTP "
+                              "worker never run a one-node tree")
     bs_lo, bs_hi = check_range("max_bs", max_bs, low=1)
     ctx_lo, ctx_hi = check_range("max_context_len", max_context_len, low=1)
     if read is not None and not isinstance(read, bool):

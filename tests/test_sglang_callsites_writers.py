@@ -114,6 +114,7 @@ def test_drawn_call_sites_are_valid(config):
     config.validate()
     assert config.call_site in CALL_SITES
     assert config.call_site != "chain" or config.chain
+    assert config.call_site != "frozen_kv_mtp" or config.mode == TreeMaskMode.FULL_MASK
 
 
 @given(chain_configs(max_bs=(1, 4), spec_steps=(1, 3)))
@@ -126,7 +127,7 @@ def test_boundary_corpus_meets_every_call_site():
     sites = {(c.mode, c.call_site) for c, _ in boundary_cases(core, Bounds())}
     assert sites == {(TreeMaskMode.FULL_MASK, "eagle"), (TreeMaskMode.FULL_MASK, "pp"),
                      (TreeMaskMode.QLEN_ONLY, "eagle"), (TreeMaskMode.QLEN_ONLY, "pp"),
-                     (TreeMaskMode.QLEN_ONLY, "chain")}
+                     (TreeMaskMode.QLEN_ONLY, "chain"), (TreeMaskMode.FULL_MASK, "frozen_kv_mtp")}
     assert all(c.chain for c, _ in boundary_cases(PROPERTIES["chain-writer"], Bounds()))
 
 
@@ -137,9 +138,9 @@ def test_a_call_site_sglang_lacks_is_never_drawn(sglang_target):
 
     from harness.campaign import cases
     from harness.targets.sglang.call_sites import available
-    assert sglang_target.call_sites == ("eagle", "chain", "pp")
+    assert sglang_target.call_sites == ("eagle", "chain", "pp", "frozen_kv_mtp")
     no_chain = SimpleNamespace(build_chain_tree=None, call_site=SimpleNamespace())
-    assert available(no_chain) == ("eagle", "pp")
+    assert available(no_chain) == ("eagle", "pp", "frozen_kv_mtp")
     bounds = dataclasses.replace(sglang_target.bounds, call_sites=("eagle",))
     drawn = set()
 

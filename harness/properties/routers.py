@@ -26,12 +26,13 @@ and the first child with the length sum known (TBO and the Dots wrapper).
 
 from __future__ import annotations
 
+import msgspec
 import torch
 
 from harness.config import Batch, Config
 from harness.oracle import expected
 from harness.properties.core import Observation, _diff, _fail, _locator
-from harness.routing import ROUTERS, SPEC_MODES, Child, verify_child
+from harness.routing import DFLASH_RESOLVED, ROUTERS, SPEC_MODES, Child, verify_child
 from harness.shadow import ShadowHeap, describe_all
 
 NAME = "routing"
@@ -77,6 +78,10 @@ def _whose(children: dict[str, Child], mask) -> str:
 
 def routing(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
     obs = Observation()
+    if config.call_site == "frozen_kv_mtp":
+        # That draft step never asks the attention backend for a mask, so no router
+        # hands it one: the case is routed through the EAGLE call site instead.
+        config = msgspec.structs.replace(config, call_site="eagle")
     for batch in batches:
         heap = ShadowHeap(device)
         masks = _masks(target, config, heap)
@@ -94,6 +99,12 @@ def routing(target, config: Config, batches: list[Batch], device="cpu") -> Obser
                 if r.serves_verify is not None and r.serves_verify != role:
                     _fail(NAME, f"{where}: dispatches the TARGET_VERIFY forward to the {r.serves_verify} child, "
                                 f"but hands out the {role} child's mask")
+                if router in DFLASH_RESOLVED and r.dflash_resolves is not None:
+                    if r.dflash_resolves != role:
+                        _fail(NAME, f"{where}: DFlash's verify-mask policy resolves the router to "
+                                    f"{r.dflash_resolves}, but TARGET_VERIFY runs on the {role} child, whose "
+                                    "mask is handed out: the custom-mask decision is made for the wrong backend")
+                    obs.classes.add(f"{router}: dflash policy -> {role}")
                 need = max(config.max_context_len, want.max_context_len or 0)
                 if r.needs_cpu_seq_lens:
                     obs.classes.add(f"{router}: length sum always known")

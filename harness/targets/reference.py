@@ -41,6 +41,9 @@ def reusable_buffer(target, mask, bs: int, site: str = "eagle"):
     This is the only place the embedded model decides between reuse and fallback,
     for every call site; ``site_fits`` is how the call site ``site`` asks ``fits``.
     """
+    if site == "frozen_kv_mtp":
+        # The frozen-KV MTP draft hands the wrapper no buffer: it always falls back.
+        return None
     site_fits = getattr(target, "site_fits", None)
     if mask is not None and (site_fits(site, mask, bs) if site_fits else target.fits(mask, bs)):
         return mask.buffer

@@ -225,3 +225,22 @@ CATALOGUE.update({v.name: v for v in (
             "(the step count instead of the draft width)", "allocation_call",
             _allocating(num_draft_tokens=lambda c: c.num_draft_tokens - 1)),
 )})
+
+
+def _dflash_through(router_kind: str, role: str):
+    """DFlash's verify-mask policy resolving ``router_kind`` to ``role`` whatever the mode."""
+    def wrap(route):
+        def resolved_elsewhere(router, spec_mode, children, context_len):
+            import dataclasses
+
+            routing = route(router, spec_mode, children, context_len)
+            return routing if router != router_kind else dataclasses.replace(routing, dflash_resolves=role)
+        return resolved_elsewhere
+    return wrap
+
+
+CATALOGUE.update({v.name: v for v in (
+    Variant("dflash-policy-prefill", "DFlash's verify-mask policy resolves HybridAttnBackend through its "
+            "prefill child even when speculative_attention_mode is decode: the custom-mask decision is made "
+            "for a backend that does not run TARGET_VERIFY", "route", _dflash_through("hybrid", "prefill")),
+)})

@@ -40,10 +40,11 @@ SITES: dict[str, tuple[str, str]] = {
     "deepseek_v4_hip_radix": ("deepseek_v4_backend_hip_radix", "DeepseekV4HipRadixBackend"),
 }
 
-#: Sites with a driver here. flashattention and flashmla import CUDA-only
-#: extensions (sgl_kernel, flash_mla) at module load, so no CPU host can prove a
-#: driver for their set-up; they are reported not driven, with the reason.
-DRIVERS = ("triton", "trtllm_mla", "deepseek_v4", "qwen_sparse", "deepseek_v4_hip_radix")
+#: Sites with a driver here. flashattention imports CUDA-only extensions
+#: (sgl_kernel) at load: it is imported with them stubbed (``STUBBED_IMPORT``),
+#: and its set-up never reaches them before the verify-mask call. flashmla's
+#: set-up allocates on "cuda" before its call (``NOT_DRIVEN`` says so).
+DRIVERS = ("triton", "flashattention", "trtllm_mla", "deepseek_v4", "qwen_sparse", "deepseek_v4_hip_radix")
 
 #: (sglang-relative path, what is driven, properties that drive it); only the
 #: sites a CPU host can import -- ``not_driven`` says why the others are not.
@@ -68,6 +69,11 @@ def _attributes(name: str, n: ServerNumbers) -> dict:
     if name == "triton":
         return dict(common, num_draft_tokens=n.num_draft_tokens, num_head=1, max_kv_splits=1, v_head_dim=1,
                     swa_v_head_dim=None, lean_total_programs=1, lean_block_m=1, sliding_window_size=None)
+    if name == "flashattention":
+        # a target runner of a dense MHA model, page size 1, no local or sliding-window attention
+        return dict(common, page_size=1, topk=n.topk, speculative_num_draft_tokens=n.num_draft_tokens,
+                    speculative_step_id=0, _get_scheduler_metadata=None, use_mla=False, local_attn_builder=None,
+                    use_sliding_window_kv_pool=False)
     if name == "trtllm_mla":
         return dict(common, num_draft_tokens=n.num_draft_tokens, page_size=64, data_type=torch.bfloat16,
                     num_q_heads=1, kv_cache_dim=1)
@@ -124,12 +130,85 @@ def _constructed(name: str, mod, cls, n: ServerNumbers):
         return cls(_model_runner(n))
 
 
+#: Sites whose module imports CUDA-only extensions at load: imported with those
+#: stubbed (``_with_extensions_stubbed``) so their set-up can be driven on meta.
+STUBBED_IMPORT = ("flashattention",)
+
+
+class _Absent:
+    """Stands for a name a CUDA extension would provide; calling it is a driver bug."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self._name} is a stub of a CUDA extension (not importable here); "
+                           "the allocation driver must not reach it")
+
+    def __getattr__(self, attr: str):
+        return _Absent(f"{self._name}.{attr}")
+
+
+def _stub_module(name: str):
+    import types
+    mod = types.ModuleType(name)
+    mod.__path__ = []  # a package, so ``from name.sub import x`` finds a stubbed ``sub`` too
+    mod.__getattr__ = lambda attr: _Absent(f"{name}.{attr}")
+    return mod
+
+
+def _with_extensions_stubbed(module: str, tries: int = 8):
+    """Import ``module`` with each missing extension module stubbed, then forget the
+    stubs and every module the import added that holds one (directly or through
+    another such module), so no later import finds a stub. The modules it added
+    that hold none stay imported: importing them again would run their
+    registrations (custom ops) twice. Returns the module object."""
+    import sys
+    before = set(sys.modules)
+    stubbed: list[str] = []
+    try:
+        for _ in range(tries):
+            try:
+                return importlib.import_module(module)
+            except ModuleNotFoundError as exc:
+                missing = exc.name
+                if not missing or missing.startswith("sglang") or missing in stubbed:
+                    raise
+                stubbed.append(missing)
+                sys.modules[missing] = _stub_module(missing)
+        raise ImportError(f"{module} still misses modules after stubbing {', '.join(stubbed)}")
+    finally:
+        _forget_stubbed(before, stubbed)
+
+
+def _forget_stubbed(before: set, stubbed: list[str]) -> None:
+    import sys
+    added = {name: sys.modules[name] for name in set(sys.modules) - before}
+    tainted = {name for name in stubbed if name in added}
+    changed = True
+    while changed:  # a module holding a stub's name, or a tainted module, is tainted
+        changed = False
+        dropped = {id(added[n]) for n in tainted}
+        for name, mod in added.items():
+            if name in tainted:
+                continue
+            if any(isinstance(v, _Absent) or id(v) in dropped for v in list(vars(mod).values())):
+                tainted.add(name)
+                changed = True
+    for name in tainted:
+        mod = sys.modules.pop(name, None)
+        parent, _, leaf = name.rpartition(".")
+        if parent in sys.modules and getattr(sys.modules[parent], leaf, None) is mod:
+            delattr(sys.modules[parent], leaf)
+
+
 def load_sites() -> dict[str, object]:
     """harness name -> the imported module, or a string saying why it does not import here."""
     sites: dict[str, object] = {}
     for name, (module, cls) in SITES.items():
         try:
-            mod = importlib.import_module("sglang.srt.layers.attention." + module)
+            path = "sglang.srt.layers.attention." + module
+            mod = _with_extensions_stubbed(path) if name in STUBBED_IMPORT else importlib.import_module(path)
         except Exception as exc:  # any failure in its import chain means "not drivable here"
             sites[name] = f"{module}.py does not import here ({type(exc).__name__}: {exc})"
             continue
@@ -183,10 +262,12 @@ def allocation_call(target, name: str, numbers: ServerNumbers) -> AllocationCall
 
 #: (sglang-relative path, what, why not driven): the other allocation sites.
 NOT_DRIVEN: tuple[tuple[str, str, str], ...] = (
-    (_ATTN + "flashattention_backend.py", "FlashAttentionBackend.init_cuda_graph_state",
-     "the module imports sgl_kernel (a CUDA extension) at load: no CPU host imports it"),
+    (_ATTN + "flashattention_backend.py", "FlashAttentionBackend.__init__",
+     "only init_cuda_graph_state is driven (imported with sgl_kernel stubbed); its attributes are set "
+     "as __init__ would"),
     (_ATTN + "flashmla_backend.py", "FlashMLABackend.init_cuda_graph_state",
-     "the module imports flash_mla (a CUDA extension) at load: no CPU host imports it"),
+     "before its verify-mask call the set-up allocates on device='cuda' (hard-coded) and reads "
+     "torch.cuda.get_device_properties, so no CPU host reaches the call even with flash_mla stubbed"),
     (_ATTN + "trtllm_mla_backend.py", "TRTLLMMLABackend.__init__",
      "only init_cuda_graph_state is driven; its attributes are set as __init__ would"),
     (_ATTN + "deepseek_v4_backend.py", "DeepseekV4AttnBackend.__init__",

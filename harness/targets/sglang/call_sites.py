@@ -12,7 +12,10 @@ picks which one runs, so a repro replays through the call site that failed:
   CPU the batch's ``seq_lens`` is presented as a CUDA tensor for the one check
   that reads it (the branch condition), so the same branch runs;
 - ``pp``: ``Scheduler._pp_spec_rebuild_verify_input``, the pipeline-parallel
-  rebuild every stage runs from the relayed draft tree.
+  rebuild every stage runs from the relayed draft tree;
+- ``frozen_kv_mtp``: ``FrozenKVMTPDraftWorker.draft``, which hands the wrapper
+  no buffer (and its default layout, FULL_MASK): every step takes the per-batch
+  fallback, so what it risks is that allocation, not reuse.
 
 The stand-ins always carry what the chain branch reads (``req_pool_indices``,
 ``req_to_token_pool``, ``model_is_mrope``), so on CUDA, where the ``eagle``
@@ -42,6 +45,14 @@ SURFACE = (
      _THROUGH_A_CALL_SITE + ("trivial-path", "chain-writer")),
     ("srt/speculative/pp_spec_relay.py", "PPSpecRelayInput.topology",
      _THROUGH_A_CALL_SITE + ("trivial-path", "chain-writer")),
+    ("srt/speculative/frozen_kv_mtp_worker_v2.py", "FrozenKVMTPDraftWorker.draft", _THROUGH_A_CALL_SITE),
+)
+
+#: (sglang-relative path, what, why not driven)
+NOT_DRIVEN = (
+    ("srt/speculative/frozen_kv_mtp_worker_v2.py", "FrozenKVMTPDraftWorker.draft_forward",
+     "the draft model's loop is a stand-in (its cuda-graph runner returns the case's draft tree); "
+     "draft() from there on, the wrapper's fallback and the verify input, is SGLang's"),
 )
 
 
@@ -76,6 +87,13 @@ def available(sg) -> tuple[str, ...]:
     if "def _pp_spec_rebuild_verify_input" in text and importlib.util.find_spec(
             "sglang.srt.speculative.pp_spec_relay") is not None:
         sites.append("pp")
+    spec = importlib.util.find_spec("sglang.srt.speculative.frozen_kv_mtp_worker_v2")
+    try:
+        text = Path(spec.origin).read_text() if spec and spec.origin else ""
+    except OSError:
+        text = ""
+    if "class FrozenKVMTPDraftWorker" in text and "build_tree_kernel_efficient(" in text:
+        sites.append("frozen_kv_mtp")
     return tuple(sites)
 
 
@@ -113,6 +131,8 @@ def build_verify_input(sg, mask, config: Config, batch: Batch, dev):
     forward_batch, target_worker, chain = stand_ins(sg, mask, config, batch, dev)
     if config.call_site == "pp":
         return pp_rebuild(sg, forward_batch, target_worker, chain, config, batch, dev)
+    if config.call_site == "frozen_kv_mtp":
+        return frozen_kv_mtp_draft(sg, forward_batch, chain, config, batch, dev)
     if config.trivial:
         return trivial(sg, forward_batch, target_worker, config, dev)
     if config.call_site == "chain" and not forward_batch.seq_lens.is_cuda:
@@ -159,3 +179,47 @@ def pp_rebuild(sg, forward_batch, target_worker, chain, config: Config, batch: B
                (sg.eagle_utils, "default_tree_mask_mode", lambda: layout)):
         scheduler._pp_spec_rebuild_verify_input(forward_batch)
     return forward_batch.spec_info
+
+
+class _DraftGraph:
+    """Stands for the draft worker's cuda-graph runner: replays "the draft model" by handing
+    out the config's draft tree, the way the captured graph returns the draft loop's output."""
+
+    def __init__(self, parent_list, top_scores_index, draft_tokens):
+        self._out = (parent_list, top_scores_index, draft_tokens)
+
+    def can_run_graph(self, forward_batch) -> bool:
+        return True
+
+    def execute(self, forward_batch):
+        return self._out
+
+
+def frozen_kv_mtp_draft(sg, forward_batch, chain, config: Config, batch: Batch, dev):
+    """``FrozenKVMTPDraftWorker.draft``: its draft step, ending in the wrapper call with no buffer.
+
+    What precedes the wrapper call is the draft model's own work: the positions it
+    reads, the draft-model ``ForwardBatch`` and its topk expansion, and the draft
+    loop, which its cuda-graph runner replays. Those are stand-ins (the loop's
+    output is the config's draft tree); everything from the wrapper call on --
+    the fallback allocation sized from the batch's own length sum, the kernel,
+    and the verify input it builds -- is SGLang's.
+    """
+    fz = sg.frozen()
+    sel, par = tree_tensors(config, batch, dev)
+    worker = fz.worker.__new__(fz.worker)
+    graph = _DraftGraph(par, sel, chain.draft_tokens)
+    for attr, value in (("topk", config.topk), ("speculative_num_steps", config.spec_steps),
+                        ("speculative_num_draft_tokens", config.d), ("_model_runner", None),
+                        ("cuda_graph_runner", graph),
+                        ("_position_for_batch", lambda b: b.seq_lens),
+                        ("_set_positions", lambda fb: None), ("_expand_for_topk_draft", lambda fb: None)):
+        object.__setattr__(worker, attr, value)
+    draft_input = fz.draft_input.__new__(fz.draft_input)
+    draft_input.bonus_tokens = chain.bonus_tokens
+    forward_batch.spec_info = draft_input
+    # The draft model's ForwardBatch: only the field the draft step asserts on.
+    draft_batch = SimpleNamespace(init_new=lambda *a, **k: SimpleNamespace(
+        capture_hidden_mode=fz.module.CaptureHiddenMode.LAST))
+    with bound((fz.module, "ForwardBatch", draft_batch)):
+        return worker.draft(forward_batch)

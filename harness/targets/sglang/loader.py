@@ -57,6 +57,21 @@ class Sglang(SimpleNamespace):
                                        relay=relay.PPSpecRelayInput)
         return self._pp
 
+    def frozen(self) -> SimpleNamespace:
+        """The frozen-KV MTP worker's module, imported on first use (it pulls in the
+        scheduler and TP worker stacks, which a run that never draws it need not pay for)."""
+        if getattr(self, "_frozen", None) is None:
+            with _quiet_import():
+                try:
+                    module = importlib.import_module("sglang.srt.speculative.frozen_kv_mtp_worker_v2")
+                    info = importlib.import_module("sglang.srt.speculative.frozen_kv_mtp_info")
+                except Exception as exc:
+                    raise RuntimeError(f"the frozen-KV MTP call site cannot be imported here: "
+                                       f"{type(exc).__name__}: {exc}")
+            self._frozen = SimpleNamespace(module=module, worker=module.FrozenKVMTPDraftWorker,
+                                           draft_input=info.FrozenKVMTPDraftInput)
+        return self._frozen
+
 
 @contextlib.contextmanager
 def _quiet_import():

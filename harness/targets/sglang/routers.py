@@ -47,6 +47,8 @@ SURFACE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (_ATTN + "dots_hybrid_backend.py", "DotsSWAMLAAttnBackend.__init__", ("routing",)),
     (_ATTN + "dots_hybrid_backend.py", "DotsSWAMLAAttnBackend.verify_mask", ("routing",)),
     (_ATTN + "dots_hybrid_backend.py", "DotsSWAMLAAttnBackend.forward_extend", ("routing",)),
+    # DFlash's custom-mask policy, resolved over each router to the backend it names
+    ("srt/speculative/dflash_utils.py", "resolve_dflash_verify_mask_policy", ("routing",)),
     # the call site, with the router as model_runner.attn_backend and the length sum unknown
     ("srt/speculative/eagle_worker_common.py", "build_eagle_verify_input", ("routing",)),
 )
@@ -101,7 +103,8 @@ def build(sg, router: str, spec_mode: str, children: dict[str, Child], context_l
     """SGLang's router of kind ``router`` over stand-ins of ``children``, and what it answers."""
     check_args(router, spec_mode, children)
     served: list[str] = []
-    kids = {role: ChildBackend(children[role], served) for role in ROUTERS[router]}
+    # One class per role, so a policy that answers with a class name names the child.
+    kids = {role: _role_class(role)(children[role], served) for role in ROUTERS[router]}
     mod, cls = _class(router)
     if router == "hybrid":
         runner = SimpleNamespace(kv_cache_dtype=torch.bfloat16, token_to_kv_pool=None, req_to_token_pool=None,
@@ -121,7 +124,31 @@ def build(sg, router: str, spec_mode: str, children: dict[str, Child], context_l
     backend.forward_extend(q=None, k=None, v=None, layer=SimpleNamespace(layer_id=_FULL_LAYER),
                            forward_batch=forward_batch)
     return Routing(router, spec_mode, backend, backend.verify_mask, getattr(backend, "max_context_len", None),
-                   served[0] if served else None, bool(getattr(backend, "needs_cpu_seq_lens", True)))
+                   served[0] if served else None, bool(getattr(backend, "needs_cpu_seq_lens", True)),
+                   _dflash_resolves(backend, kids))
+
+
+_ROLE_CLASSES: dict[str, type] = {}
+
+
+def _role_class(role: str) -> type:
+    if role not in _ROLE_CLASSES:
+        _ROLE_CLASSES[role] = type(f"ChildBackend[{role}]", (ChildBackend,), {})
+    return _ROLE_CLASSES[role]
+
+
+def _dflash_resolves(backend, kids: dict) -> str | None:
+    """The role DFlash's verify-mask policy resolves ``backend`` to (its class name if no child's)."""
+    try:
+        dflash = importlib.import_module("sglang.srt.speculative.dflash_utils")
+    except Exception:
+        return None  # an SGLang without DFlash: not observed
+    resolve = getattr(dflash, "resolve_dflash_verify_mask_policy", None)
+    if resolve is None:
+        return None
+    name, _ = resolve(backend)
+    roles = {type(kid).__name__: role for role, kid in kids.items()}
+    return roles.get(name, name)
 
 
 def verify_routed(target, routing: Routing, config: Config, batch: Batch, heap) -> StepOutput:
@@ -154,6 +181,16 @@ def verify_routed(target, routing: Routing, config: Config, batch: Batch, heap) 
 
 #: (sglang-relative path, what, why not driven): router paths no property reaches.
 NOT_DRIVEN: tuple[tuple[str, str, str], ...] = (
+    (_ATTN + "base_attn_backend.py", "AttentionBackend.verify_mask",
+     "interface: declares the verify_mask property (None), holds no mask"),
+    ("srt/model_executor/runner/decode_cuda_graph_runner.py", "DecodeCudaGraphRunner",
+     "names verify-mask code only by calling resolve_dflash_verify_mask_policy (driven under routing) at "
+     "graph capture, to choose whether the captured DFlash verify input carries the runner's own "
+     "capture-time custom_mask (sized (max_bs*fill + max_tokens)*tokens per request in base_runner, "
+     "not a VerifyMask); the capture needs a model runner and CUDA graphs"),
+    ("srt/speculative/dflash_utils.py", "resolve_dflash_verify_mask_policy",
+     "Dots' DotsSWAMLAAttnBackend is not looked through: the policy answers with the wrapper's own "
+     "name (routing checks hybrid, tbo and hybrid-linear only)"),
     (_ATTN + "hybrid_attn_backend.py", "HybridAttnBackend.update_verify_buffers_to_fill_after_draft",
      "the cuda-graph replay fix-up of a child's verify buffers is not run"),
     (_ATTN + "hybrid_attn_backend.py", "HybridAttnBackend.init_cuda_graph_state",

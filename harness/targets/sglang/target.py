@@ -171,6 +171,9 @@ class SglangTarget:
         if sg.wrapper_owner is not sg.eagle_utils:
             # The pp rebuild imports the wrapper from eagle_utils at call time.
             patches.append((sg.eagle_utils, "build_tree_kernel_efficient", wrapper_router))
+        if target._site == "frozen_kv_mtp":
+            # The frozen-KV MTP worker imported the wrapper by name at its own import.
+            patches.append((sg.frozen().module, "build_tree_kernel_efficient", wrapper_router))
         patches += writers.tree_kernel_patches(sg, target.kernel, heap)
         patches += writers.chain_kernel_patches(sg, target.chain_kernel, heap)
         with _bound(*patches):

@@ -30,6 +30,19 @@ SURFACE = (
      ("chain-writer", "no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse")),
 )
 
+#: (sglang-relative path, what, why not driven): the writers' neighbours no property reaches.
+NOT_DRIVEN: tuple[tuple[str, str, str], ...] = (
+    ("kernels/ops/speculative/tree.py", "",
+     "JIT CUDA kernel's entry: GPU only (scripts/gpu_check.sh)"),
+    ("kernels/ops/speculative/__init__.py", "",
+     "re-export: the op table names the kernels, runs none"),
+    ("kernels/ops/speculative/uno_tree.py", "UnoTreeProposal",
+     "names build_tree_kernel_efficient only in a docstring: it proposes the draft tree (parent_list, "
+     "top_scores_index in EAGLE's encoding) from draft logits, upstream of the mask; it imports flashinfer "
+     "(a CUDA package, absent here) at load, and its best-first trees are not among the shapes the tree "
+     "strategies draw"),
+)
+
 #: ``_build_chain_tree_kernel``'s positional parameters, as ``build_chain_tree`` passes them.
 CHAIN_ARGS = ("bonus", "draft", "seq", "mask", "positions", "retrieve", "tokens", "BS", "WIDTH",
               "BONUS_STRIDE", "DRAFT_ROW", "DRAFT_COL", "SEQ_STRIDE")
