@@ -1,6 +1,9 @@
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+from tests.helpers import sglang_or_skip
 
 # Property tests are plain Hypothesis tests; profiles keep them quick by default
 # and let a nightly job turn them up without editing code.
@@ -13,3 +16,9 @@ settings.load_profile(os.environ.get("VMFUZZ_HYPOTHESIS_PROFILE", "default"))
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a whole campaign in a subprocess (tens of seconds)")
+
+
+@pytest.fixture(scope="module")
+def sglang_target():
+    """SGLang's real code behind the target protocol; skips (or, in CI, fails) where it cannot load."""
+    return sglang_or_skip()

@@ -9,6 +9,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: CI sets it: a test that needs SGLang then fails instead of skipping when SGLang cannot load.
+REQUIRE_SGLANG = os.environ.get("VMFUZZ_REQUIRE_SGLANG") == "1"
+
+
+def sglang_or_skip():
+    """The ``sglang`` target, or skip with the reason (fail under VMFUZZ_REQUIRE_SGLANG=1)."""
+    import pytest
+
+    from harness.targets import TargetUnavailable, resolve
+    try:
+        return resolve("sglang")
+    except TargetUnavailable as exc:
+        if REQUIRE_SGLANG:
+            pytest.fail(f"VMFUZZ_REQUIRE_SGLANG=1 but the sglang target is unavailable: {exc}")
+        pytest.skip(f"sglang target unavailable: {exc}")
+
 
 def vmfuzz(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None):
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "CI": "true", **(env or {})}

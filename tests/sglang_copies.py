@@ -53,3 +53,29 @@ def altered_copy(tmp_path: Path, edits, name: str | None = None) -> Path:
     site = tmp_path / "site"
     _mirror(package, site / "sglang", package, edited)
     return site
+
+
+#: Prints which sglang was imported, so a test can prove the copy (not the
+#: installed package) ran, then runs the CLI with the remaining arguments.
+_CLI_ON_COPY = ("import sys, sglang; print('sglang from', sglang.__file__); "
+                "from harness.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
+def run_on_copy(site: Path, tmp_path: Path, *cli_args: str, timeout: float = 600):
+    """``vmfuzz CLI_ARGS`` in a subprocess importing the copy at ``site``; returns (process, its output).
+
+    Fails the test if the installed package, not the copy, was imported.
+    """
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(root)]), PYTHONDONTWRITEBYTECODE="1",
+               TRITON_INTERPRET="1")
+    env.pop("SGLANG_USE_CPU_ENGINE", None)
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", _CLI_ON_COPY, *cli_args],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=timeout)
+    out = proc.stdout + proc.stderr
+    assert f"sglang from {site}" in out, out
+    return proc, out

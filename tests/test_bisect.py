@@ -20,11 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.targets import TargetUnavailable, resolve
 from tests import sglang_repo
+from tests.helpers import sglang_or_skip
 
 ROOT = Path(__file__).resolve().parent.parent
-REQUIRE = os.environ.get("VMFUZZ_REQUIRE_SGLANG") == "1"
 REPRO = ROOT / "repro" / "pr33127" / "pr33127.json"
 
 N_COMMITS = 18
@@ -38,12 +37,7 @@ TOUCHED = ("python/sglang/srt/speculative/eagle_utils.py", "python/sglang/srt/la
 
 @pytest.fixture(scope="module")
 def history(tmp_path_factory):
-    try:
-        resolve("sglang")
-    except TargetUnavailable as exc:
-        if REQUIRE:
-            pytest.fail(f"VMFUZZ_REQUIRE_SGLANG=1 but the sglang target is unavailable: {exc}")
-        pytest.skip(f"sglang target unavailable: {exc}")
+    sglang_or_skip()
     repo = sglang_repo.build(tmp_path_factory.mktemp("sglang-history"))
     shas = {0: sglang_repo.git(repo, "rev-parse", "HEAD")}
     init = repo / "python" / "sglang" / "__init__.py"

@@ -10,10 +10,6 @@ while the pristine copy passes.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -26,11 +22,9 @@ from harness.properties import PROPERTIES, PropertyFailure
 from harness.properties.readers import packed_bytes
 from harness.readers import reader_config
 from harness.shadow import ShadowHeap
-from harness.targets import TargetUnavailable, resolve
-from tests.sglang_copies import altered_copy
+from harness.targets import resolve
+from tests.sglang_copies import altered_copy, run_on_copy
 
-ROOT = Path(__file__).resolve().parent.parent
-REQUIRE = os.environ.get("VMFUZZ_REQUIRE_SGLANG") == "1"
 READER_PROPERTIES = ("reader-agreement", "packed-mask")
 #: variant -> the reader property that must catch it
 READER_VARIANTS = {"eager-indptr-no-draft-span": "reader-agreement", "replay-stale-indptr": "reader-agreement",
@@ -39,15 +33,6 @@ FULL = Config(TreeMaskMode.FULL_MASK, 2, 8, 4, 2, 2)
 #: under, at and past the captured max_bs, with empty and full-context requests
 EDGE_BATCHES = [Batch((3,)), Batch((0, 8)), Batch((8, 0, 5))]
 
-
-@pytest.fixture(scope="module")
-def sglang_target():
-    try:
-        return resolve("sglang")
-    except TargetUnavailable as exc:
-        if REQUIRE:
-            pytest.fail(f"VMFUZZ_REQUIRE_SGLANG=1 but the sglang target is unavailable: {exc}")
-        pytest.skip(f"sglang target unavailable: {exc}")
 
 
 def test_packing_is_lsb_first_per_request():
@@ -227,24 +212,15 @@ ALTERATIONS = {
                               "pass")], "packed-mask"),
 }
 
-GATE = ("import sys, sglang; print('sglang from', sglang.__file__); "
-        "from harness.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
 @pytest.mark.parametrize("alteration", [None, *ALTERATIONS], ids=lambda a: a or "unaltered")
 def test_altered_sglang_reader_is_caught(sglang_target, alteration, tmp_path):
     edits, prop = ALTERATIONS[alteration] if alteration else ([], None)
     site = altered_copy(tmp_path, edits, alteration)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]), PYTHONDONTWRITEBYTECODE="1",
-               TRITON_INTERPRET="1")
-    env.pop("SGLANG_USE_CPU_ENGINE", None)
     props = [prop] if prop else list(READER_PROPERTIES)
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", GATE, "run", "--target", "sglang", "--seed", "1",
-                           "--max-examples", "25", *[a for p in props for a in ("--property", p)],
-                           "--report-dir", str(tmp_path / "report")],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
-    out = proc.stdout + proc.stderr
-    assert f"sglang from {site}" in out, out
+    proc, out = run_on_copy(site, tmp_path, "run", "--target", "sglang", "--seed", "1", "--max-examples", "25", *[a for p in props for a in ("--property", p)],
+                            "--report-dir", str(tmp_path / "report"))
     if alteration is None:
         assert proc.returncode == 0, out
     else:

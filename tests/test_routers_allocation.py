@@ -10,9 +10,6 @@ through ``harness.cli run --target sglang``, while the pristine copy passes.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,24 +23,14 @@ from harness.layouts import TreeMaskMode
 from harness.properties import PROPERTIES, PropertyFailure
 from harness.routing import ROUTERS, SPEC_MODES, Child, verify_child
 from harness.shadow import ShadowHeap
-from harness.targets import CATALOGUE, TargetUnavailable, resolve
-from tests.sglang_copies import altered_copy
+from harness.targets import CATALOGUE, resolve
+from tests.sglang_copies import altered_copy, run_on_copy
 
 ROOT = Path(__file__).resolve().parent.parent
-REQUIRE = os.environ.get("VMFUZZ_REQUIRE_SGLANG") == "1"
 OURS = ("routing", "allocation-soundness")
 ROUTER_VARIANTS = ("hybrid-decode-mask", "tbo-child-mask", "linear-child-mask", "router-short-context")
 ALLOCATION_VARIANTS = ("alloc-max-bs-short", "alloc-wrong-d")
 
-
-@pytest.fixture(scope="module")
-def sglang_target():
-    try:
-        return resolve("sglang")
-    except TargetUnavailable as exc:
-        if REQUIRE:
-            pytest.fail(f"VMFUZZ_REQUIRE_SGLANG=1 but the sglang target is unavailable: {exc}")
-        pytest.skip(f"sglang target unavailable: {exc}")
 
 
 def _targets(request):
@@ -253,23 +240,14 @@ ALTERATIONS = {
                                        "num_draft_tokens=get_spec().speculative_num_draft_tokens - 1,")],
 }
 
-GATE = ("import sys, sglang; print('sglang from', sglang.__file__); "
-        "from harness.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("alteration", [None, *ALTERATIONS], ids=lambda a: a or "unaltered")
 def test_altered_router_or_allocation_site_is_caught(sglang_target, alteration, tmp_path):
     site = altered_copy(tmp_path, ALTERATIONS[alteration] if alteration else [], alteration)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]), PYTHONDONTWRITEBYTECODE="1",
-               TRITON_INTERPRET="1")
-    env.pop("SGLANG_USE_CPU_ENGINE", None)
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", GATE, "run", "--target", "sglang",
-                           "--seed", "1", "--max-examples", "10", "--property", "routing",
-                           "--property", "allocation-soundness", "--report-dir", str(tmp_path / "report")],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
-    out = proc.stdout + proc.stderr
-    assert f"sglang from {site}" in out, out
+    proc, out = run_on_copy(site, tmp_path, "run", "--target", "sglang", "--seed", "1", "--max-examples", "10", "--property", "routing", "--property", "allocation-soundness",
+                            "--report-dir", str(tmp_path / "report"))
     if alteration is None:
         assert proc.returncode == 0, out
         return

@@ -11,10 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -27,25 +23,14 @@ from harness.layouts import TreeMaskMode
 from harness.properties import PROPERTIES
 from harness.repro_file import ReproError, dump, from_case, load, to_case
 from harness.shadow import ShadowHeap
-from harness.targets import CATALOGUE, TargetUnavailable, resolve
+from harness.targets import CATALOGUE, resolve
 from strategies import chain_configs, configs, trivial_configs
-from tests.sglang_copies import altered_copy
+from tests.sglang_copies import altered_copy, run_on_copy
 
-ROOT = Path(__file__).resolve().parent.parent
-REQUIRE = os.environ.get("VMFUZZ_REQUIRE_SGLANG") == "1"
 
 CHAIN = Config(TreeMaskMode.QLEN_ONLY, 2, 6, 3, 1, 2, True, "chain")
 PP_FULL = Config(TreeMaskMode.FULL_MASK, 2, 6, 4, 2, 2, True, "pp")
 
-
-@pytest.fixture(scope="module")
-def sglang_target():
-    try:
-        return resolve("sglang")
-    except TargetUnavailable as exc:
-        if REQUIRE:
-            pytest.fail(f"VMFUZZ_REQUIRE_SGLANG=1 but the sglang target is unavailable: {exc}")
-        pytest.skip(f"sglang target unavailable: {exc}")
 
 
 def _bound_attrs(sg):
@@ -228,24 +213,11 @@ ALTERATIONS = {
 #: The properties a copy runs: the guard, the oracle through every call site, and the direct writer.
 PROPS = ("--property", "no-oob-write", "--property", "reference-agreement", "--property", "chain-writer")
 
-GATE = ("import sys, sglang; print('sglang from', sglang.__file__); "
-        "from harness.cli import main; sys.exit(main(sys.argv[1:]))")
-
-
-def _run_on_copy(site: Path, tmp_path: Path, args) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]), PYTHONDONTWRITEBYTECODE="1",
-               TRITON_INTERPRET="1")
-    env.pop("SGLANG_USE_CPU_ENGINE", None)
-    return subprocess.run([sys.executable, "-W", "ignore", "-c", GATE, *args, "--report-dir", str(tmp_path / "report")],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
-
-
 @pytest.mark.parametrize("alteration", [None, *ALTERATIONS], ids=lambda a: a or "unaltered")
 def test_altered_copy_is_caught_by_run(sglang_target, alteration, tmp_path):
     site = altered_copy(tmp_path, ALTERATIONS[alteration] if alteration else [], alteration)
-    proc = _run_on_copy(site, tmp_path, ["run", "--target", "sglang", "--seed", "1", "--max-examples", "8", *PROPS])
-    out = proc.stdout + proc.stderr
-    assert f"sglang from {site}" in out, out
+    proc, out = run_on_copy(site, tmp_path, "run", "--target", "sglang", "--seed", "1", "--max-examples", "8", *PROPS,
+                            "--report-dir", str(tmp_path / "report"))
     if alteration is None:
         assert proc.returncode == 0, out
     else:
@@ -263,7 +235,6 @@ def test_altered_copy_is_caught_by_the_gate(sglang_target, alteration, tmp_path)
     site = altered_copy(tmp_path, ALTERATIONS[alteration], alteration)
     changed = tmp_path / "changed.txt"
     changed.write_text("python/sglang/" + ALTERATIONS[alteration][0][0][0] + "\n")
-    proc = _run_on_copy(site, tmp_path, ["gate", "--target", "sglang", "--changed-files", str(changed)])
-    out = proc.stdout + proc.stderr
-    assert f"sglang from {site}" in out, out
+    proc, out = run_on_copy(site, tmp_path, "gate", "--target", "sglang", "--changed-files", str(changed),
+                            "--report-dir", str(tmp_path / "report"))
     assert proc.returncode == 1, out

@@ -22,11 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.targets import TargetUnavailable, resolve
 from tests import sglang_repo
+from tests.helpers import sglang_or_skip
 
 ROOT = Path(__file__).resolve().parent.parent
-REQUIRE = os.environ.get("VMFUZZ_REQUIRE_SGLANG") == "1"
 
 pytestmark = pytest.mark.slow
 
@@ -38,12 +37,7 @@ CHEAP = ("--property", "capacity-soundness")
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
-    try:
-        resolve("sglang")
-    except TargetUnavailable as exc:
-        if REQUIRE:
-            pytest.fail(f"VMFUZZ_REQUIRE_SGLANG=1 but the sglang target is unavailable: {exc}")
-        pytest.skip(f"sglang target unavailable: {exc}")
+    sglang_or_skip()
     return sglang_repo.build(tmp_path_factory.mktemp("sglang-checkout"))
 
 

@@ -23,21 +23,11 @@ from harness.campaign import run_campaign, run_property
 from harness.config import Batch, Config
 from harness.layouts import TreeMaskMode
 from harness.properties import PROPERTIES
-from harness.targets import CATALOGUE, TargetUnavailable, resolve
-from tests.sglang_copies import altered_copy
+from harness.targets import CATALOGUE, resolve
+from tests.sglang_copies import altered_copy, run_on_copy
 
 ROOT = Path(__file__).resolve().parent.parent
-REQUIRE = os.environ.get("VMFUZZ_REQUIRE_SGLANG") == "1"
 
-
-@pytest.fixture(scope="module")
-def sglang_target():
-    try:
-        return resolve("sglang")
-    except TargetUnavailable as exc:
-        if REQUIRE:
-            pytest.fail(f"VMFUZZ_REQUIRE_SGLANG=1 but the sglang target is unavailable: {exc}")
-        pytest.skip(f"sglang target unavailable: {exc}")
 
 
 def _seams(target):
@@ -188,22 +178,13 @@ SOUND = {"older-kernel-entry"}
 ALTERED_COPY_PROPERTIES = ("--property", "capacity-soundness", "--property", "no-oob-write",
                            "--property", "reference-agreement")
 
-GATE = ("import sys, sglang; print('sglang from', sglang.__file__); "
-        "from harness.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
 @pytest.mark.parametrize("alteration", [None, *ALTERATIONS], ids=lambda a: a or "unaltered")
 def test_altered_sglang_copy_is_caught(sglang_target, alteration, tmp_path):
     site = altered_copy(tmp_path, ALTERATIONS[alteration] if alteration else [], alteration)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]), PYTHONDONTWRITEBYTECODE="1",
-               TRITON_INTERPRET="1")
-    env.pop("SGLANG_USE_CPU_ENGINE", None)
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", GATE, "run", "--target", "sglang",
-                           "--seed", "1", "--max-examples", "25", *ALTERED_COPY_PROPERTIES,
-                           "--report-dir", str(tmp_path / "report")],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
-    out = proc.stdout + proc.stderr
-    assert f"sglang from {site}" in out, out
+    proc, out = run_on_copy(site, tmp_path, "run", "--target", "sglang", "--seed", "1", "--max-examples", "25", *ALTERED_COPY_PROPERTIES,
+                            "--report-dir", str(tmp_path / "report"))
     if alteration is None or alteration in SOUND:
         assert proc.returncode == 0, out
     else:
