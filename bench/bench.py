@@ -34,6 +34,7 @@ import math
 import multiprocessing
 import random
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -51,6 +52,9 @@ from harness.shadow import ShadowHeap
 from harness.targets import CATALOGUE, resolve
 from harness.trees import draft
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sparse  # noqa: E402  (bench/sparse.py: the sparse catalogue)
+
 # The range both searches draw from. ``production``: captured sizes up to 256,
 # as CUDA-graph capture lists reach in real deployments (``--cuda-graph-max-bs``
 # is commonly 8..256), eager batches up to 2 * max_bs + 8 = 520 requests; the
@@ -62,6 +66,8 @@ from harness.trees import draft
 RANGES = {
     "production": Bounds(max_bs=256, max_context_len=16, num_draft_tokens=4, topk=2, spec_steps=3, overshoot=8),
     "small": Bounds(max_bs=32, max_context_len=64, num_draft_tokens=8, topk=4, spec_steps=4, overshoot=8),
+    # The sparse catalogue's range (bench/sparse.py): production draft shapes.
+    "sparse": sparse.SPARSE_BOUNDS,
 }
 BENCH_BOUNDS = RANGES["production"]  # the default range
 TRIVIAL_SHARE = 8  # one case in eight takes the d = 1 path
@@ -171,12 +177,47 @@ def naive_search(target, seed: int, cap: int, budget_s: float, bounds: Bounds = 
     return {"found": False, "examples": cap, "seconds": time.perf_counter() - start}
 
 
+def sparse_naive_search(variant: str, target, seed: int, cap: int, budget_s: float, bounds: Bounds) -> dict:
+    """``naive_search`` over ``sparse.naive_case``; cases the variant cannot fire on are not checked.
+
+    Off its condition a sparse variant is the pristine target, which holds every
+    property, so skipping those checks changes no count; every case that fires
+    is checked for real, and only a failed check is a detection.
+    """
+    rng = random.Random(seed)
+    v = sparse.SPARSE[variant]
+    start, checked = time.perf_counter(), 0
+    for n in range(1, cap + 1):
+        case = sparse.naive_case(rng, bounds)
+        if not v.fires(*case):
+            continue
+        checked += 1
+        config, steps = sparse.materialize(case)
+        try:
+            check_all(target, config, steps)
+        except Exception:
+            return {"found": True, "examples": n, "seconds": time.perf_counter() - start, "checked": checked}
+        if time.perf_counter() - start > budget_s:
+            return {"found": False, "examples": n, "seconds": time.perf_counter() - start, "censored": True,
+                    "checked": checked}
+    return {"found": False, "examples": cap, "seconds": time.perf_counter() - start, "checked": checked}
+
+
+def _target(variant: str, catalogue: str):
+    if catalogue == "sparse":
+        return sparse.SPARSE[variant].layer(resolve("reference"))
+    return resolve(f"reference+{variant}")
+
+
 def _detect_job(job):
     kind, variant, seed, cap, budget, corpus, range_name = job
     torch.set_num_threads(1)
-    target, bounds = resolve(f"reference+{variant}"), RANGES[range_name]
+    catalogue = "sparse" if range_name == "sparse" else "selftest"
+    target, bounds = _target(variant, catalogue), RANGES[range_name]
     if kind == "harness":
         return kind, variant, seed, harness_search(target, seed, cap, corpus, bounds)
+    if catalogue == "sparse":
+        return kind, variant, seed, sparse_naive_search(variant, target, seed, cap, budget, bounds)
     return kind, variant, seed, naive_search(target, seed, cap, budget, bounds)
 
 
@@ -252,12 +293,25 @@ def main() -> None:
     ap.add_argument("--no-corpus", action="store_true", help="harness strategies without the boundary seed corpus")
     ap.add_argument("--range", choices=sorted(RANGES), default="production",
                     help="the range both searches draw from (default production: max_bs <= 256)")
+    ap.add_argument("--catalogue", choices=("selftest", "sparse"), default="selftest",
+                    help="sparse: bench/sparse.py's rare bugs over their own range (implies --range sparse)")
+    ap.add_argument("--hit-cases", type=int, default=100_000,
+                    help="uniform cases drawn to measure each sparse variant's hit rate")
+    ap.add_argument("--variant", action="append", dest="variants", metavar="NAME", help="only these variants")
     ap.add_argument("--naive-from", metavar="JSON",
                     help="reuse the naive runs of an earlier results file (same range, seeds and cap) "
                          "instead of re-running them, e.g. for a --no-corpus harness run")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.catalogue == "sparse":
+        args.range = "sparse"
     bounds = RANGES[args.range]
+    names = list(sparse.SPARSE if args.catalogue == "sparse" else CATALOGUE)
+    if args.variants:
+        names = [n for n in names if n in args.variants]
+    rates = {}
+    if args.catalogue == "sparse":
+        rates = sparse.hit_rates(args.hit_cases, seed=12345, bounds=bounds)
 
     reused: dict = {}
     if args.naive_from:
@@ -269,7 +323,7 @@ def main() -> None:
     kinds = ("harness",) if reused else ("harness", "naive")
     jobs = [(kind, v, seed, args.cap if kind == "naive" else args.harness_cap, args.naive_budget,
              not args.no_corpus, args.range)
-            for v in CATALOGUE for kind in kinds for seed in range(args.seeds)]
+            for v in names for kind in kinds for seed in range(args.seeds)]
     t0 = time.perf_counter()
     results = []
     with multiprocessing.get_context("fork").Pool(args.workers) as pool:
@@ -280,7 +334,7 @@ def main() -> None:
                   f"{' (censored)' if r.get('censored') else ''}", flush=True)
     detection_wall = time.perf_counter() - t0
     runs: dict = {}
-    for kind, variant, seed, r in sorted(results, key=lambda x: (list(CATALOGUE).index(x[1]), x[0], x[2])):
+    for kind, variant, seed, r in sorted(results, key=lambda x: (names.index(x[1]), x[0], x[2])):
         runs.setdefault(variant, {}).setdefault(kind, []).append(dict(r, seed=seed))
     for variant, naive_runs in reused.items():
         runs.setdefault(variant, {})["naive"] = naive_runs
@@ -290,7 +344,8 @@ def main() -> None:
           f"{' (naive runs reused from ' + args.naive_from + ')' if reused else ''}"
           f"{'; harness without the corpus' if args.no_corpus else ''}")
     print(f"{'variant':<20} {'harness det':>11} {'med ex':>7} {'max ex':>7} {'med s':>7} "
-          f"{'naive det':>9} {'med ex':>7} {'max ex':>7} {'med s':>7} {'ratio':>7}")
+          f"{'naive det':>9} {'med ex':>7} {'max ex':>7} {'med s':>7} {'ratio':>7}"
+          + (f" {'uniform hit rate':>17}" if rates else ""))
     for variant, by in runs.items():
         h, n = summarize(by["harness"], args.harness_cap), summarize(by["naive"], args.cap)
         ratio = n["median_examples"] / h["median_examples"]
@@ -303,7 +358,10 @@ def main() -> None:
         cens = f" ({n['censored']} censored)" if n["censored"] else ""
         print(f"{variant:<20} {h['detected']:>5}/{h['seeds']:<5} {h['median_examples']:>7} {h['max_examples']:>7} "
               f"{h['median_seconds']:>7.2f} {n['detected']:>3}/{n['seeds']:<5} {n['median_examples']:>7} "
-              f"{n['max_examples']:>7} {n['median_seconds']:>7.2f} {ratio:>7.1f}{cens}")
+              f"{n['max_examples']:>7} {n['median_seconds']:>7.2f} {ratio:>7.1f}"
+              + (f" {rates[variant]['rate']:>9.2e} per case" if rates else "") + cens)
+        if rates:
+            rows[variant]["uniform_hit_rate"] = rates[variant]
     geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
     print(f"geometric mean of naive/harness median examples: {geomean:.2f}  "
           f"(detection wall time {detection_wall:.0f}s on {args.workers} workers"
@@ -315,7 +373,12 @@ def main() -> None:
             mid = sorted(finals, key=lambda f: (f["cells"], f["max_batch"]))[len(finals) // 2]
             print(f"  {variant:<20} {row['shrink_seconds_median']:6.2f}s  {mid}")
 
-    out = {"range": args.range, "bounds": dataclasses.asdict(bounds), "naive_from": args.naive_from,
+    if rates:
+        worst = max(r["harness"]["median_examples"] for r in rows.values())
+        print(f"harness median <= 50 on every variant: {'yes' if worst <= 50 else 'NO'} (worst {worst}); "
+              f"every variant 20/20: {'yes' if all(r['harness']['detected'] == r['harness']['seeds'] for r in rows.values()) else 'NO'}; "
+              f"geometric mean >= 10: {'yes' if geomean >= 10 else 'NO'}")
+    out = {"catalogue": args.catalogue, "range": args.range, "bounds": dataclasses.asdict(bounds), "naive_from": args.naive_from,
            "seeds": args.seeds, "naive_cap": args.cap, "naive_budget_seconds": args.naive_budget,
            "harness_cap": args.harness_cap, "corpus": not args.no_corpus, "detection": rows, "geomean_ratio": geomean,
            "detection_wall_seconds": detection_wall}

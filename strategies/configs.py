@@ -8,7 +8,7 @@ from hypothesis.errors import InvalidArgument
 
 from harness.config import Config, num_candidates
 from harness.layouts import PREALLOCATED_LAYOUTS, TreeMaskMode
-from strategies._cached import BOOLEANS, integers, sampled_from
+from strategies._cached import BOOLEANS, edgy_integers, sampled_from
 from strategies._validate import check_range
 
 
@@ -53,11 +53,14 @@ def configs(*, layouts=None, max_bs=(1, 8), max_context_len=(1, 64), num_draft_t
 
     @st.composite
     def build(draw) -> Config:
-        k = draw(integers(k_lo, k_hi))
-        steps = draw(integers(s_lo, s_hi))
+        # Every number is weighted to its edges (edgy_integers): uniform draws
+        # over production ranges all but never reach the top of a range or a
+        # power-of-two boundary, where sizing and tiling bugs sit.
+        k = draw(edgy_integers(k_lo, k_hi))
+        steps = draw(edgy_integers(s_lo, s_hi))
         d_top = min(d_hi, 1 + num_candidates(k, steps))
         assume(d_top >= d_lo)
-        d = draw(integers(d_lo, d_top))
+        d = draw(edgy_integers(d_lo, d_top))
         mode = draw(sampled_from(modes))
         if mode == TreeMaskMode.FULL_MASK:
             is_read = True
@@ -65,7 +68,7 @@ def configs(*, layouts=None, max_bs=(1, 8), max_context_len=(1, 64), num_draft_t
             is_read = not draw(BOOLEANS)  # booleans shrink to False: shrink toward a read mask
         else:
             is_read = read
-        return Config(mode, draw(integers(bs_lo, bs_hi)), draw(integers(ctx_lo, ctx_hi)),
+        return Config(mode, draw(edgy_integers(bs_lo, bs_hi)), draw(edgy_integers(ctx_lo, ctx_hi)),
                       d, k, steps, is_read)
 
     return build()
@@ -86,6 +89,6 @@ def trivial_configs(*, layouts=None, max_bs=(1, 8), max_context_len=(1, 64), rea
             is_read = True
         else:
             is_read = read if read is not None else not draw(BOOLEANS)
-        return Config(mode, draw(integers(bs_lo, bs_hi)), draw(integers(ctx_lo, ctx_hi)), 1, 1, 0, is_read)
+        return Config(mode, draw(edgy_integers(bs_lo, bs_hi)), draw(edgy_integers(ctx_lo, ctx_hi)), 1, 1, 0, is_read)
 
     return build()
