@@ -207,7 +207,10 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
 
     @settings(max_examples=max_examples, deadline=None, database=db, print_blob=False,
               report_multiple_bugs=False, suppress_health_check=list(HealthCheck),
-              phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink])
+              # No Phase.target: hill-climbing the overflow margin held a search on
+              # one large config for hundreds of examples (measured on the sparse
+              # benchmark, PERFORMANCE.md); the margin is still recorded.
+              phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
     @hseed(seed)
     @given(strategy if strategy is not None else cases(prop, bounds))
     def search(case):

@@ -71,7 +71,19 @@ def configs(*, layouts=None, max_bs=(1, 8), max_context_len=(1, 64), num_draft_t
         return Config(mode, draw(edgy_integers(bs_lo, bs_hi)), draw(edgy_integers(ctx_lo, ctx_hi)),
                       d, k, steps, is_read)
 
-    return build()
+    @st.composite
+    def corner(draw) -> Config:
+        # The production corner: every size at the top of its range at once
+        # (largest capture size, context, draft width, tree), a configuration
+        # a server really runs and that independent edge draws reach together
+        # only one time in hundreds.
+        mode = draw(sampled_from(modes))
+        is_read = True if mode == TreeMaskMode.FULL_MASK else (read if read is not None else not draw(BOOLEANS))
+        d = min(d_hi, 1 + num_candidates(k_hi, s_hi))
+        return Config(mode, bs_hi, ctx_hi, d, k_hi, s_hi, is_read)
+
+    # One draw in four: build() first, so shrinking leaves the corner.
+    return st.one_of(build(), build(), build(), corner())
 
 
 def trivial_configs(*, layouts=None, max_bs=(1, 8), max_context_len=(1, 64), read=None) -> st.SearchStrategy[Config]:
