@@ -6,8 +6,9 @@ batch again and again: no-oob-write (reuse, fallback), fallback-equivalence
 (carried buffer, fresh allocation every step). Under the Triton interpreter a
 launch is milliseconds, so that repetition is most of a run's time. Here a
 case is run once: per step the carried buffer (reused step after step, as a
-server reuses it), and the per-batch fallback; every property that opted in
-(``Property.shared``) is judged on those outputs.
+server reuses it), and the per-batch fallback -- unless the step did not fit
+and already fell back, then that one call is both; every property that opted
+in (``Property.shared``) is judged on those outputs.
 
 A third launch, a fresh allocation, is made only when a step's reuse output
 disagrees with its fallback or with the oracle after the first step: it tells a
@@ -70,7 +71,9 @@ def judge(target, config: Config, batches: list[Batch], device="cpu", names=ORDE
             obs.add_step(config, batch, reuse, _capacity(mask))
             want_out = expected(config, batch) if needs_oracle else None
             fallback = None
-            if needs_fallback:
+            if needs_fallback and not reuse.reused:
+                fallback = reuse  # the step fell back already: the same call a fallback run would make
+            elif needs_fallback:
                 fallback = _launch(target, None, config, batch, device, ["no-oob-write"] if "no-oob-write" in want
                                    else [], locate)
             if only_multi_step:
