@@ -25,8 +25,9 @@ def _common_run_args(p) -> None:
                         f"default {DEFAULT_DB_DIR})")
     p.add_argument("--isolate", choices=["auto", "on", "off"], default="auto",
                    help="run each example in a watched worker (auto: on for sglang and plug-in targets)")
-    p.add_argument("--example-timeout", type=float, default=30.0, metavar="S",
-                   help="seconds one example may take under isolation before it is a target-hang")
+    p.add_argument("--example-timeout", type=float, default=None, metavar="S",
+                   help="seconds one example may take under isolation before it is a target-hang "
+                        "(default 30, or the target's own for the profile)")
     p.add_argument("--repro-root", default="repro", help=argparse.SUPPRESS)
 
 
@@ -159,7 +160,7 @@ def plan_run(args, *, command: str = "run", profile_name: str | None = None):
         raise UsageError("vmfuzz: --time-budget must be positive")
     if args.workers < 1:
         raise UsageError("vmfuzz: --workers must be at least 1")
-    if args.example_timeout <= 0:
+    if args.example_timeout is not None and args.example_timeout <= 0:
         raise UsageError("vmfuzz: --example-timeout must be positive")
     deployment = None
     if getattr(args, "deployment", None):
@@ -181,7 +182,11 @@ def plan_run(args, *, command: str = "run", profile_name: str | None = None):
                    time_budget=budget if budget is not None else profile.time_budget,
                    report_dir=Path(args.report_dir) if args.report_dir else default_report_dir(),
                    properties=properties, workers=args.workers, device=args.device, db_dir=Path(args.db),
-                   isolate=_isolate(args.isolate, args.target), example_timeout=args.example_timeout,
+                   isolate=_isolate(args.isolate, args.target),
+                   # Production shapes in the Triton interpreter take tens of seconds a
+                   # case: a slow target names its own limit per profile.
+                   example_timeout=args.example_timeout
+                   or getattr(target, "example_timeout", {}).get(profile.name) or 30.0,
                    deployment=deployment, repro_root=Path(args.repro_root), command=command,
                    bounds=getattr(target, "bounds", None) or Bounds(), share=getattr(args, "share", True))
     user_bounds = getattr(args, "bounds", None)

@@ -44,6 +44,10 @@ class SglangTarget:
         Bounds(max_bs=8, max_context_len=64, num_draft_tokens=10, topk=5, spec_steps=4, overshoot=4),
         Bounds(max_bs=16, max_context_len=256, num_draft_tokens=16, topk=8, spec_steps=6, overshoot=4),
     )}
+    #: seconds one isolated example may take before it is a target-hang: a
+    #: shared case at the widest nightly bounds (up to 36 requests, d 16, five
+    #: steps) took over 30 s in the interpreter on a loaded 2-core host
+    example_timeout = {"nightly": 600.0}
 
     def __init__(self, sg: Sglang, kernel_choice: str = "triton"):
         self._sg = sg
