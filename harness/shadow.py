@@ -15,6 +15,7 @@ rather than corrupting the process.
 from __future__ import annotations
 
 import sys
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -80,9 +81,13 @@ class _Pool:
     """
 
     MAX_PER_KEY = 16
+    #: pooled bytes at most: shapes vary case by case over a long run, so the
+    #: least recently used shapes are dropped past this
+    MAX_BYTES = 256 << 20
 
     def __init__(self):
-        self.free: dict[tuple, list[_Guarded]] = {}
+        self.free: OrderedDict[tuple, list[_Guarded]] = OrderedDict()
+        self.bytes = 0
         self.canaries: dict[torch.device, torch.Tensor] = {}
 
     def canary(self, device: torch.device, n: int) -> torch.Tensor:
@@ -94,7 +99,11 @@ class _Pool:
 
     def take(self, key: tuple) -> _Guarded | None:
         stack = self.free.get(key)
-        return stack.pop() if stack else None
+        if not stack:
+            return None
+        g = stack.pop()
+        self.bytes -= g.backing.numel()
+        return g
 
     def give(self, key: tuple, g: _Guarded, verified: bool) -> None:
         stack = self.free.setdefault(key, [])
@@ -109,6 +118,11 @@ class _Pool:
         if not verified and not torch.equal(g.zones, g.expect):
             return  # an overrun buffer is not reused
         stack.append(g)
+        self.free.move_to_end(key)
+        self.bytes += g.backing.numel()
+        while self.bytes > self.MAX_BYTES and self.free:
+            _, dropped = self.free.popitem(last=False)
+            self.bytes -= sum(d.backing.numel() for d in dropped)
 
 
 _POOL = _Pool()

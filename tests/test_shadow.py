@@ -99,3 +99,14 @@ def test_a_backing_still_viewed_or_overrun_is_never_handed_out_again():
     third, t3 = _pooled_alloc(6)
     assert t3.data_ptr() != addr  # the overrun backing was dropped, not pooled
     assert third.check() == []
+
+
+def test_the_pool_stays_under_its_byte_cap(monkeypatch):
+    from harness import shadow
+    monkeypatch.setattr(shadow._POOL, "MAX_BYTES", 4096)
+    for n in range(1, 40):  # 39 shapes, ~1 KiB each: far past the cap if all were kept
+        heap = ShadowHeap()
+        heap.alloc("tree_mask", 900 + n, torch.bool)
+        heap.release()
+    assert shadow._POOL.bytes <= 4096
+    assert shadow._POOL.bytes == sum(g.backing.numel() for st in shadow._POOL.free.values() for g in st)
