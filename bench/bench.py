@@ -5,6 +5,8 @@ Not a test: it prints a table and writes JSON (default bench/results.json).
     PYTHONPATH=. python bench/bench.py                 # the full run (20 seeds, production range)
     PYTHONPATH=. python bench/bench.py --range small --json bench/results-small.json
     PYTHONPATH=. python bench/bench.py --seeds 3 --quick
+    PYTHONPATH=. python bench/bench.py --catalogue sparse --quick --workers 2   # the sparse catalogue
+    PYTHONPATH=. python bench/bench.py --guard-only 3                          # guard overhead, 3 runs
 
 Detection. One example is one generated case (a config and 2..5 batches; one
 in eight is a d = 1 config) on which *every* property is checked; detection is
@@ -14,9 +16,11 @@ run the same checks over the same ranges (``RANGES[--range]``):
 
 * harness: the campaign's boundary seed corpus (``campaign.boundary_cases``:
   both layouts at bs = max_bs and max_bs + 1, requests at the context limit),
-  then Hypothesis with the harness's strategies (boundary-weighted batch sizes
-  and sequence lengths, drawn draft trees, ``hypothesis.target`` on the
-  overflow margin); ``--no-corpus`` measures the strategies alone;
+  then Hypothesis with the harness's strategies (edge-weighted config numbers,
+  the production corner, boundary-weighted batch sizes and sequence lengths,
+  drawn and deepest draft trees, capacity transitions) and the campaign's
+  phases (no ``Phase.target``: ``TARGETING``); ``--no-corpus`` measures the
+  strategies alone;
 * naive: ``random.Random(seed)``, every number uniform over the same range, no
   boundary weighting, no targeting, capped at ``--cap`` examples a seed (a miss
   counts at the cap).
@@ -71,7 +75,7 @@ RANGES = {
 }
 BENCH_BOUNDS = RANGES["production"]  # the default range
 TRIVIAL_SHARE = 8  # one case in eight takes the d = 1 path
-TARGETING = False
+TARGETING = False  # as the campaign: Phase.target held searches on one config (PERFORMANCE.md)
 # Cheap arithmetic checks first: the order changes time, never the verdict.
 ORDER = ("capacity-soundness", "capacity-liveness", "no-oob-write", "fallback-equivalence",
          "reference-agreement", "multi-step-reuse")
