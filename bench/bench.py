@@ -5,6 +5,8 @@ Not a test: it prints a table and writes JSON (default bench/results.json).
     PYTHONPATH=. python bench/bench.py                 # the full run (20 seeds, production range)
     PYTHONPATH=. python bench/bench.py --range small --json bench/results-small.json
     PYTHONPATH=. python bench/bench.py --seeds 3 --quick
+    PYTHONPATH=. python bench/bench.py --catalogue sparse --quick --workers 2   # the sparse catalogue
+    PYTHONPATH=. python bench/bench.py --guard-only 3                          # guard overhead, 3 runs
 
 Detection. One example is one generated case (a config and 2..5 batches; one
 in eight is a d = 1 config) on which *every* property is checked; detection is
@@ -14,9 +16,11 @@ run the same checks over the same ranges (``RANGES[--range]``):
 
 * harness: the campaign's boundary seed corpus (``campaign.boundary_cases``:
   both layouts at bs = max_bs and max_bs + 1, requests at the context limit),
-  then Hypothesis with the harness's strategies (boundary-weighted batch sizes
-  and sequence lengths, drawn draft trees, ``hypothesis.target`` on the
-  overflow margin); ``--no-corpus`` measures the strategies alone;
+  then Hypothesis with the harness's strategies (edge-weighted config numbers,
+  the production corner, boundary-weighted batch sizes and sequence lengths,
+  drawn and deepest draft trees, capacity transitions) and the campaign's
+  phases (no ``Phase.target``: ``TARGETING``); ``--no-corpus`` measures the
+  strategies alone;
 * naive: ``random.Random(seed)``, every number uniform over the same range, no
   boundary weighting, no targeting, capped at ``--cap`` examples a seed (a miss
   counts at the cap).
@@ -34,6 +38,7 @@ import math
 import multiprocessing
 import random
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -46,10 +51,13 @@ from hypothesis import target as hypothesis_target
 from harness.campaign import Bounds, boundary_cases, cases, run_property
 from harness.config import Batch, Config, num_candidates
 from harness.layouts import TreeMaskMode, logical_size
-from harness.properties import PROPERTIES, PropertyFailure
+from harness.properties import PROPERTIES
 from harness.shadow import ShadowHeap
 from harness.targets import CATALOGUE, resolve
 from harness.trees import draft
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sparse  # noqa: E402  (bench/sparse.py: the sparse catalogue)
 
 # The range both searches draw from. ``production``: captured sizes up to 256,
 # as CUDA-graph capture lists reach in real deployments (``--cuda-graph-max-bs``
@@ -62,9 +70,12 @@ from harness.trees import draft
 RANGES = {
     "production": Bounds(max_bs=256, max_context_len=16, num_draft_tokens=4, topk=2, spec_steps=3, overshoot=8),
     "small": Bounds(max_bs=32, max_context_len=64, num_draft_tokens=8, topk=4, spec_steps=4, overshoot=8),
+    # The sparse catalogue's range (bench/sparse.py): production draft shapes.
+    "sparse": sparse.SPARSE_BOUNDS,
 }
 BENCH_BOUNDS = RANGES["production"]  # the default range
 TRIVIAL_SHARE = 8  # one case in eight takes the d = 1 path
+TARGETING = False  # as the campaign: Phase.target held searches on one config (PERFORMANCE.md)
 # Cheap arithmetic checks first: the order changes time, never the verdict.
 ORDER = ("capacity-soundness", "capacity-liveness", "no-oob-write", "fallback-equivalence",
          "reference-agreement", "multi-step-reuse")
@@ -102,7 +113,7 @@ def harness_search(target, seed: int, cap: int, corpus: bool = True, bounds: Bou
 
     @settings(max_examples=cap, deadline=None, database=None, print_blob=False, report_multiple_bugs=False,
               suppress_health_check=list(HealthCheck),
-              phases=[Phase.explicit, Phase.generate, Phase.target, Phase.shrink])
+              phases=[Phase.explicit, Phase.generate] + ([Phase.target] if TARGETING else []) + [Phase.shrink])
     @hseed(seed)
     @given(any_case())
     def search(case):
@@ -171,12 +182,47 @@ def naive_search(target, seed: int, cap: int, budget_s: float, bounds: Bounds = 
     return {"found": False, "examples": cap, "seconds": time.perf_counter() - start}
 
 
+def sparse_naive_search(variant: str, target, seed: int, cap: int, budget_s: float, bounds: Bounds) -> dict:
+    """``naive_search`` over ``sparse.naive_case``; cases the variant cannot fire on are not checked.
+
+    Off its condition a sparse variant is the pristine target, which holds every
+    property, so skipping those checks changes no count; every case that fires
+    is checked for real, and only a failed check is a detection.
+    """
+    rng = random.Random(seed)
+    v = sparse.SPARSE[variant]
+    start, checked = time.perf_counter(), 0
+    for n in range(1, cap + 1):
+        case = sparse.naive_case(rng, bounds)
+        if not v.fires(*case):
+            continue
+        checked += 1
+        config, steps = sparse.materialize(case)
+        try:
+            check_all(target, config, steps)
+        except Exception:
+            return {"found": True, "examples": n, "seconds": time.perf_counter() - start, "checked": checked}
+        if time.perf_counter() - start > budget_s:
+            return {"found": False, "examples": n, "seconds": time.perf_counter() - start, "censored": True,
+                    "checked": checked}
+    return {"found": False, "examples": cap, "seconds": time.perf_counter() - start, "checked": checked}
+
+
+def _target(variant: str, catalogue: str):
+    if catalogue == "sparse":
+        return sparse.SPARSE[variant].layer(resolve("reference"))
+    return resolve(f"reference+{variant}")
+
+
 def _detect_job(job):
     kind, variant, seed, cap, budget, corpus, range_name = job
     torch.set_num_threads(1)
-    target, bounds = resolve(f"reference+{variant}"), RANGES[range_name]
+    catalogue = "sparse" if range_name == "sparse" else "selftest"
+    target, bounds = _target(variant, catalogue), RANGES[range_name]
     if kind == "harness":
         return kind, variant, seed, harness_search(target, seed, cap, corpus, bounds)
+    if catalogue == "sparse":
+        return kind, variant, seed, sparse_naive_search(variant, target, seed, cap, budget, bounds)
     return kind, variant, seed, naive_search(target, seed, cap, budget, bounds)
 
 
@@ -212,31 +258,52 @@ def throughput(n: int) -> dict:
     return out
 
 
-def guard_overhead(reps: int) -> dict:
-    target = resolve("reference")
-    fixed = [
-        (Config(TreeMaskMode.FULL_MASK, 8, 64, 8, 4, 4), Batch((64, 3, 0, 20, 64, 1, 5, 9))),
-        (Config(TreeMaskMode.QLEN_ONLY, 8, 64, 8, 4, 4), Batch((64,) * 12)),
-        (Config(TreeMaskMode.FULL_MASK, 32, 64, 8, 4, 4), Batch((64,) * 32)),  # 18K cells
-    ]
+GUARD_CASES = [
+    (Config(TreeMaskMode.FULL_MASK, 8, 64, 8, 4, 4), Batch((64, 3, 0, 20, 64, 1, 5, 9))),
+    (Config(TreeMaskMode.QLEN_ONLY, 8, 64, 8, 4, 4), Batch((64,) * 12)),
+    (Config(TreeMaskMode.FULL_MASK, 32, 64, 8, 4, 4), Batch((64,) * 32)),  # 18K cells
+    (Config(TreeMaskMode.QLEN_ONLY, 2, 8, 2, 1, 1), Batch((1, 2))),  # the smallest: guard cost is all overhead
+    (Config(TreeMaskMode.FULL_MASK, 256, 64, 16, 8, 6), Batch((64,) * 257)),  # eager, past max_bs: fallback
+]
 
-    def timed(guard: bool) -> float:
+
+def guard_overhead(rounds: int = 200) -> dict:
+    """Guarded vs ``guard=False`` verify calls (allocate, verify, check, release), per case.
+
+    Each round times one guarded and one unguarded call back to back, and the
+    fastest of each over ``rounds`` is kept: on a host shared with other
+    processes any single call can be preempted, and the minimum is the cost of
+    the call itself, for both sides alike.
+    """
+    target = resolve("reference")
+
+    def once(guard: bool, config, batch) -> float:
         t0 = time.perf_counter()
-        for _ in range(reps):
-            for config, batch in fixed:
-                heap = ShadowHeap("cpu", guard=guard)
-                mask = target.allocate(config, heap)
-                target.verify(mask, config, batch, heap)
-                heap.check()
+        heap = ShadowHeap("cpu", guard=guard)
+        mask = target.allocate(config, heap)
+        target.verify(mask, config, batch, heap)
+        heap.check()
+        del mask
+        heap.release()
         return time.perf_counter() - t0
 
-    timed(True), timed(False)  # warm caches
-    g, u = min(timed(True) for _ in range(3)), min(timed(False) for _ in range(3))
-    return {"guarded_ms_per_call": 1e3 * g / (reps * len(fixed)),
-            "unguarded_ms_per_call": 1e3 * u / (reps * len(fixed)), "ratio": g / u}
+    cases = []
+    for config, batch in GUARD_CASES:
+        n = max(20, rounds // (1 + logical_size(config.mode, batch.seq_lens, config.d) // 50000))
+        g = u = float("inf")
+        for _ in range(n):
+            g, u = min(g, once(True, config, batch)), min(u, once(False, config, batch))
+        cases.append({"case": f"{config.mode.name} max_bs {config.max_bs} d {config.d} bs {batch.bs}",
+                      "guarded_ms": 1e3 * g, "unguarded_ms": 1e3 * u, "ratio": g / u, "rounds": n})
+    return {"cases": cases, "max_ratio": max(c["ratio"] for c in cases)}
 
 
-# -- main -------------------------------------------------------------------------
+def _print_guard(over: dict) -> None:
+    print("guard overhead (guarded / unguarded verify call incl. allocate, check, release):")
+    for c in over["cases"]:
+        print(f"  {c['case']:<40} {c['guarded_ms']:8.3f} ms vs {c['unguarded_ms']:8.3f} ms = {c['ratio']:.2f}x")
+    print(f"  worst {over['max_ratio']:.2f}x ({'<=' if over['max_ratio'] <= 1.3 else '>'} 1.3x)")
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -249,15 +316,38 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", default="bench/results.json")
     ap.add_argument("--quick", action="store_true", help="skip throughput and overhead")
+    ap.add_argument("--guard-only", type=int, metavar="RUNS", default=0,
+                    help="only measure the guard overhead, RUNS times in a row")
     ap.add_argument("--no-corpus", action="store_true", help="harness strategies without the boundary seed corpus")
     ap.add_argument("--range", choices=sorted(RANGES), default="production",
                     help="the range both searches draw from (default production: max_bs <= 256)")
+    ap.add_argument("--catalogue", choices=("selftest", "sparse"), default="selftest",
+                    help="sparse: bench/sparse.py's rare bugs over their own range (implies --range sparse)")
+    ap.add_argument("--hit-cases", type=int, default=100_000,
+                    help="uniform cases drawn to measure each sparse variant's hit rate")
+    ap.add_argument("--variant", action="append", dest="variants", metavar="NAME", help="only these variants")
     ap.add_argument("--naive-from", metavar="JSON",
                     help="reuse the naive runs of an earlier results file (same range, seeds and cap) "
                          "instead of re-running them, e.g. for a --no-corpus harness run")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.guard_only:
+        runs = []
+        for i in range(args.guard_only):
+            print(f"run {i + 1} of {args.guard_only}")
+            runs.append(guard_overhead())
+            _print_guard(runs[-1])
+        print(f"worst over {len(runs)} runs: {max(r['max_ratio'] for r in runs):.2f}x")
+        return
+    if args.catalogue == "sparse":
+        args.range = "sparse"
     bounds = RANGES[args.range]
+    names = list(sparse.SPARSE if args.catalogue == "sparse" else CATALOGUE)
+    if args.variants:
+        names = [n for n in names if n in args.variants]
+    rates = {}
+    if args.catalogue == "sparse":
+        rates = sparse.hit_rates(args.hit_cases, seed=12345, bounds=bounds)
 
     reused: dict = {}
     if args.naive_from:
@@ -269,7 +359,7 @@ def main() -> None:
     kinds = ("harness",) if reused else ("harness", "naive")
     jobs = [(kind, v, seed, args.cap if kind == "naive" else args.harness_cap, args.naive_budget,
              not args.no_corpus, args.range)
-            for v in CATALOGUE for kind in kinds for seed in range(args.seeds)]
+            for v in names for kind in kinds for seed in range(args.seeds)]
     t0 = time.perf_counter()
     results = []
     with multiprocessing.get_context("fork").Pool(args.workers) as pool:
@@ -280,7 +370,7 @@ def main() -> None:
                   f"{' (censored)' if r.get('censored') else ''}", flush=True)
     detection_wall = time.perf_counter() - t0
     runs: dict = {}
-    for kind, variant, seed, r in sorted(results, key=lambda x: (list(CATALOGUE).index(x[1]), x[0], x[2])):
+    for kind, variant, seed, r in sorted(results, key=lambda x: (names.index(x[1]), x[0], x[2])):
         runs.setdefault(variant, {}).setdefault(kind, []).append(dict(r, seed=seed))
     for variant, naive_runs in reused.items():
         runs.setdefault(variant, {})["naive"] = naive_runs
@@ -290,7 +380,8 @@ def main() -> None:
           f"{' (naive runs reused from ' + args.naive_from + ')' if reused else ''}"
           f"{'; harness without the corpus' if args.no_corpus else ''}")
     print(f"{'variant':<20} {'harness det':>11} {'med ex':>7} {'max ex':>7} {'med s':>7} "
-          f"{'naive det':>9} {'med ex':>7} {'max ex':>7} {'med s':>7} {'ratio':>7}")
+          f"{'naive det':>9} {'med ex':>7} {'max ex':>7} {'med s':>7} {'ratio':>7}"
+          + (f" {'uniform hit rate':>17}" if rates else ""))
     for variant, by in runs.items():
         h, n = summarize(by["harness"], args.harness_cap), summarize(by["naive"], args.cap)
         ratio = n["median_examples"] / h["median_examples"]
@@ -303,7 +394,10 @@ def main() -> None:
         cens = f" ({n['censored']} censored)" if n["censored"] else ""
         print(f"{variant:<20} {h['detected']:>5}/{h['seeds']:<5} {h['median_examples']:>7} {h['max_examples']:>7} "
               f"{h['median_seconds']:>7.2f} {n['detected']:>3}/{n['seeds']:<5} {n['median_examples']:>7} "
-              f"{n['max_examples']:>7} {n['median_seconds']:>7.2f} {ratio:>7.1f}{cens}")
+              f"{n['max_examples']:>7} {n['median_seconds']:>7.2f} {ratio:>7.1f}"
+              + (f" {rates[variant]['rate']:>9.2e} per case" if rates else "") + cens)
+        if rates:
+            rows[variant]["uniform_hit_rate"] = rates[variant]
     geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
     print(f"geometric mean of naive/harness median examples: {geomean:.2f}  "
           f"(detection wall time {detection_wall:.0f}s on {args.workers} workers"
@@ -315,7 +409,12 @@ def main() -> None:
             mid = sorted(finals, key=lambda f: (f["cells"], f["max_batch"]))[len(finals) // 2]
             print(f"  {variant:<20} {row['shrink_seconds_median']:6.2f}s  {mid}")
 
-    out = {"range": args.range, "bounds": dataclasses.asdict(bounds), "naive_from": args.naive_from,
+    if rates:
+        worst = max(r["harness"]["median_examples"] for r in rows.values())
+        print(f"harness median <= 50 on every variant: {'yes' if worst <= 50 else 'NO'} (worst {worst}); "
+              f"every variant 20/20: {'yes' if all(r['harness']['detected'] == r['harness']['seeds'] for r in rows.values()) else 'NO'}; "
+              f"geometric mean >= 10: {'yes' if geomean >= 10 else 'NO'}")
+    out = {"catalogue": args.catalogue, "range": args.range, "bounds": dataclasses.asdict(bounds), "naive_from": args.naive_from,
            "seeds": args.seeds, "naive_cap": args.cap, "naive_budget_seconds": args.naive_budget,
            "harness_cap": args.harness_cap, "corpus": not args.no_corpus, "detection": rows, "geomean_ratio": geomean,
            "detection_wall_seconds": detection_wall}
@@ -324,9 +423,8 @@ def main() -> None:
         print(f"examples/s on reference (Bounds() defaults, {args.rate_examples} examples, Hypothesis):")
         for prop, r in rates.items():
             print(f"  {prop:<22} 1 worker {r['1 worker']:7.1f}   2 workers {r['2 workers']:7.1f}")
-        over = guard_overhead(20)
-        print(f"guard overhead: guarded {over['guarded_ms_per_call']:.2f} ms vs unguarded "
-              f"{over['unguarded_ms_per_call']:.2f} ms per verify call = {over['ratio']:.2f}x")
+        over = guard_overhead()
+        _print_guard(over)
         out.update(throughput=rates, guard_overhead=over)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_bytes(msgspec.json.format(msgspec.json.encode(out), indent=1))

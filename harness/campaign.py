@@ -23,7 +23,8 @@ from harness.config import CALL_SITES, Batch, Config, site_takes
 from harness.isolation import TargetFault, TargetRaised
 from harness.layouts import TreeMaskMode
 from harness.progress import example_done
-from harness.properties import PROPERTIES, Property, PropertyFailure
+from harness.properties import PROPERTIES, Property, PropertyFailure, shared_group
+from harness.properties.shared import group_members
 from harness.repro_file import dump, from_case
 from harness.signals import check as interrupt_check
 from strategies import batches, chain_configs, configs, step_sequences, trivial_configs
@@ -137,6 +138,8 @@ class PropertyResult:
     skipped: bool = False  # the time budget ran out before this property started
     #: why the property was not driven at all (the target lacks a seam it needs); never "held"
     not_driven: str | None = None
+    #: the largest shape each case dimension reached (d, topk, spec_steps, max_bs, max_context_len, bs)
+    reached: dict = field(default_factory=dict)
 
     @property
     def findings(self) -> list[Finding]:
@@ -153,6 +156,17 @@ class PropertyResult:
         self.path_margins += other.path_margins
         self.bs_ratio.update(other.bs_ratio)
         self.rounds += other.rounds
+        note_reached(self.reached, other.reached)
+
+
+def note_reached(into: dict, shape: dict) -> None:
+    for k, v in shape.items():
+        into[k] = max(into.get(k, v), v)
+
+
+def case_shape(config: Config, steps: list[Batch]) -> dict:
+    return {"d": config.d, "topk": config.topk, "spec_steps": config.spec_steps, "max_bs": config.max_bs,
+            "max_context_len": config.max_context_len, "bs": max((b.bs for b in steps), default=0)}
 
 
 def bs_ratio_bucket(bs: int, max_bs: int) -> str:
@@ -225,7 +239,10 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
 
     @settings(max_examples=max_examples, deadline=None, database=db, print_blob=False,
               report_multiple_bugs=False, suppress_health_check=list(HealthCheck),
-              phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink])
+              # No Phase.target: hill-climbing the overflow margin held a search on
+              # one large config for hundreds of examples (measured on the sparse
+              # benchmark, PERFORMANCE.md); the margin is still recorded.
+              phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
     @hseed(seed)
     @given(strategy if strategy is not None else cases(prop, bounds))
     def search(case):
@@ -247,7 +264,7 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
             # dozens of times: save it as found and let the search go on.
             if fault.kind not in faulted:
                 faulted.add(fault.kind)
-                result.faults.append(_record(target, prop.name, fault.detail, case, seed, findings_dir,
+                result.faults.append(_record(target, _owner(prop), fault.detail, case, seed, findings_dir,
                                              kind=fault.kind))
             return
         except Exception:
@@ -272,6 +289,7 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
             result.margins.append(obs.margin)
             result.path_margins += sorted(getattr(obs, "path_margins", {}).items())
             result.bs_ratio.update(bs_ratio_bucket(b.bs, config.max_bs) for b in steps)
+            note_reached(result.reached, case_shape(config, steps))
         for cls in sorted(obs.classes):
             event(cls)
         hypothesis_target(obs.margin, label="overflow margin (cells)")
@@ -283,7 +301,7 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
     try:
         search()
     except PropertyFailure as exc:
-        result.finding = _record(target, prop.name, exc.detail, state["case"], seed, findings_dir)
+        result.finding = _record(target, _owner(prop, exc), exc.detail, state["case"], seed, findings_dir)
     except _OutOfTime:
         pass  # the budget is spent: what ran so far stands
     except Exception as exc:  # the target itself broke on this case: that is a finding too
@@ -292,9 +310,17 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
             raise HarnessError(f"property {prop.name}: the search itself failed: {type(exc).__name__}: "
                                f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
         what = str(exc) if isinstance(exc, TargetRaised) else f"{type(exc).__name__}: {exc}"
-        result.finding = _record(target, prop.name, f"target raised {what}", state["case"], seed, findings_dir)
+        result.finding = _record(target, _owner(prop), f"target raised {what}", state["case"], seed, findings_dir)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _owner(prop: Property, exc: Exception | None = None) -> str:
+    """The property a finding is filed under: a shared group's failure names its failing member."""
+    members = group_members(prop.name)
+    if members is None:
+        return prop.name
+    return exc.prop if isinstance(exc, PropertyFailure) and exc.prop in members else members[0]
 
 
 def _record(target, prop: str, detail: str, case, seed: int, findings_dir: Path,
@@ -347,28 +373,111 @@ def run_campaign(target, *, seed: int, max_examples: int, bounds: Bounds, findin
                  properties: list[str] | None = None, device: str = "cpu", database=None,
                  time_budget: float | None = None, check: Callable | None = None,
                  strategies: dict | None = None, rounds: bool = True,
-                 on_result: Callable[[PropertyResult], None] = lambda r: None) -> list[PropertyResult]:
+                 on_result: Callable[[PropertyResult], None] = lambda r: None,
+                 share: bool = True) -> list[PropertyResult]:
     """Every property in turn, in this process.
 
     With ``rounds``, ``time_budget`` is shared out evenly (each property searches
-    its share); without, it is only a cap on the whole run.
+    its share); without, it is only a cap on the whole run. With ``share``, the
+    properties that opted in are searched together (``search_shared``).
     """
     names = list(properties or PROPERTIES)
     results = []
     start = time.monotonic()
-    for i, name in enumerate(names):
+    group = shareable(target, names, strategies) if share else []
+    slots = [group] if group else []
+    slots += [[n] for n in names if n not in group]
+    done = 0
+    for slot in slots:
         deadline = None
         if time_budget is not None and not rounds:
             deadline = start + time_budget
         elif time_budget is not None:
             left = start + time_budget - time.monotonic()
             # A shrink can overrun a share; the properties after it still get a
-            # second each rather than a silent skip.
-            deadline = time.monotonic() + max(MIN_SHARE, left / (len(names) - i))
-        res = search_property(target, PROPERTIES[name], seed=seed, max_examples=max_examples,
-                              bounds=bounds, findings_dir=findings_dir, device=device, database=database,
-                              deadline=deadline, check=check, strategy=(strategies or {}).get(name),
-                              rounds=rounds)
-        on_result(res)
-        results.append(res)
+            # second each rather than a silent skip. A shared group gets its
+            # members' shares together.
+            deadline = time.monotonic() + max(MIN_SHARE, left * len(slot) / (len(names) - done))
+        done += len(slot)
+        if len(slot) > 1:
+            out = search_shared(target, [PROPERTIES[n] for n in slot], seed=seed, max_examples=max_examples,
+                                bounds=bounds, findings_dir=findings_dir, device=device, database=database,
+                                deadline=deadline, check=check, rounds=rounds)
+        else:
+            out = [search_property(target, PROPERTIES[slot[0]], seed=seed, max_examples=max_examples,
+                                   bounds=bounds, findings_dir=findings_dir, device=device, database=database,
+                                   deadline=deadline, check=check, strategy=(strategies or {}).get(slot[0]),
+                                   rounds=rounds)]
+        for res in out:
+            on_result(res)
+            results.append(res)
+    order = {n: i for i, n in enumerate(names)}
+    results.sort(key=lambda r: order[r.prop])
     return results
+
+
+def shareable(target, names: list[str], strategies: dict | None = None) -> list[str]:
+    """The properties among ``names`` that one shared search can judge together on this target.
+
+    Only those that opted in (``Property.shared``), have every seam they need,
+    and keep to the default case strategy (a deployment-scoped search keeps its
+    own); fewer than two share nothing.
+    """
+    group = [n for n in names if PROPERTIES[n].shared and not PROPERTIES[n].missing(target)
+             and (strategies or {}).get(n) is None]
+    return group if len(group) > 1 else []
+
+
+def search_shared(target, props: list[Property], *, seed: int, max_examples: int, bounds: Bounds,
+                  findings_dir: Path, device: str = "cpu", database=None, deadline: float | None = None,
+                  check: Callable | None = None, rounds: bool = True) -> list[PropertyResult]:
+    """One search for several shared properties: each case run once, every member judged on it.
+
+    A failure is shrunk for the member that failed (once a member fails, the
+    search judges only it), recorded under its name, and the search goes on
+    for the members left, each round a fresh seed, until all failed or the
+    budget (with ``rounds``) or one round of ``max_examples`` (without) is spent.
+    Each member's result counts every case judged for it as one example.
+    """
+    totals = {p.name: PropertyResult(p.name) for p in props}
+    active = [p.name for p in props]
+    run_check = check or (lambda p, c, b, dev: p.check(target, c, b, dev))
+    rnd, faulted = 0, set()
+    while active:
+        if deadline is not None and time.monotonic() >= deadline:
+            for n in active:
+                totals[n].skipped = totals[n].examples == 0
+            break
+        state = {"failed": None}
+        members = tuple(active)
+
+        def judged(group, config, steps, dev, members=members, state=state):
+            names = (state["failed"],) if state["failed"] else members
+            try:
+                return run_check(shared_group(names), config, steps, dev)
+            except PropertyFailure as exc:
+                state["failed"] = state["failed"] or exc.prop
+                raise
+
+        res = run_property(target, shared_group(members), seed=seed + rnd * 1_000_003, max_examples=max_examples,
+                           bounds=bounds, findings_dir=findings_dir, device=device, database=database,
+                           deadline=deadline, check=judged, faulted=faulted)
+        rnd += 1
+        for n in members:
+            part = PropertyResult(n, examples=res.examples, classes=res.classes.copy(), max_margin=res.max_margin,
+                                  seconds=res.seconds / len(members), margins=list(res.margins),
+                                  bs_ratio=res.bs_ratio.copy(), rounds=1, reached=dict(res.reached))
+            totals[n].merge(part)
+        if res.faults:
+            totals[members[0]].faults += res.faults
+        if res.finding is not None:
+            # "target raised" names no member: it is the first one's, as when each searched alone.
+            owner = res.finding.prop if res.finding.prop in totals else members[0]
+            res.finding.prop = owner
+            totals[owner].finding = res.finding
+            totals[owner].seconds_to_failure = res.seconds_to_failure
+            active.remove(owner)
+            continue
+        if not rounds or deadline is None or res.examples == 0:
+            break
+    return [totals[p.name] for p in props]

@@ -27,8 +27,9 @@ def _common_run_args(p) -> None:
                         f"default {DEFAULT_DB_DIR})")
     p.add_argument("--isolate", choices=["auto", "on", "off"], default="auto",
                    help="run each example in a watched worker (auto: on for sglang and plug-in targets)")
-    p.add_argument("--example-timeout", type=float, default=30.0, metavar="S",
-                   help="seconds one example may take under isolation before it is a target-hang")
+    p.add_argument("--example-timeout", type=float, default=None, metavar="S",
+                   help="seconds one example may take under isolation before it is a target-hang "
+                        "(default 30, or the target's own for the profile)")
     p.add_argument("--repro-root", default=None, metavar="DIR",
                    help="canonical repros replayed first by the pr profile (default: ./repro if it exists, "
                         "else the repro/ folder of vmfuzz's own checkout)")
@@ -64,6 +65,11 @@ def _parser() -> argparse.ArgumentParser:
                      help="run only this property (repeatable)")
     run.add_argument("--deployment", default=None, metavar="FILE",
                      help="confine the search to one server configuration (JSON; README, Deployments)")
+    run.add_argument("--bounds", default=None, metavar="K=V,...",
+                     help="case size ceiling, e.g. d=16,topk=8,spec_steps=6,max_bs=16,context=256 "
+                          "(default: the target's, widened step by step in nightly)")
+    run.add_argument("--no-share", dest="share", action="store_false",
+                     help="search every property on its own (no shared runs of a case; for comparison)")
     _common_run_args(run)
     rep = sub.add_parser("replay", help="re-run a repro file's property")
     rep.add_argument("file", metavar="FILE", help="repro file (only config and batches are required)")
@@ -234,11 +240,51 @@ def plan_run(args, *, command: str = "run", profile_name: str | None = None):
                    time_budget=budget if budget is not None else profile.time_budget,
                    report_dir=report_dir,
                    properties=properties, workers=args.workers, device=args.device, db_dir=Path(args.db),
-                   isolate=_isolate(args.isolate, args.target), example_timeout=args.example_timeout,
+                   isolate=_isolate(args.isolate, args.target),
+                   # Production shapes in the Triton interpreter take tens of seconds a
+                   # case: a slow target names its own limit per profile.
+                   example_timeout=args.example_timeout
+                   or getattr(target, "example_timeout", {}).get(profile.name) or 30.0,
                    deployment=deployment, command=command,
                    repro_root=Path(args.repro_root) if args.repro_root else default_repro_root(),
-                   bounds=getattr(target, "bounds", None) or Bounds())
+                   bounds=getattr(target, "bounds", None) or Bounds(), share=getattr(args, "share", True))
+    user_bounds = getattr(args, "bounds", None)
+    if user_bounds is not None:
+        plan.bounds = parse_bounds(user_bounds, plan.bounds)
+    else:
+        # A slow target widens its bounds step by step where the profile's budget allows.
+        plan.bounds_steps = tuple(getattr(target, "bounds_ladder", {}).get(profile.name, ()))
     return plan, target
+
+
+#: ``--bounds`` keys: Bounds fields, and the short names a person types
+BOUND_KEYS = {"max_bs": "max_bs", "context": "max_context_len", "max_context_len": "max_context_len",
+              "d": "num_draft_tokens", "num_draft_tokens": "num_draft_tokens", "topk": "topk",
+              "spec_steps": "spec_steps", "overshoot": "overshoot"}
+BOUND_FLOORS = {"num_draft_tokens": 2}
+
+
+def parse_bounds(text: str, base):
+    """``k=v,...`` over ``base`` (a Bounds); a bad key or value is one UsageError line."""
+    import dataclasses
+    changes = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, value = part.partition("=")
+        field = BOUND_KEYS.get(key.strip())
+        if field is None or not eq:
+            raise UsageError(f"vmfuzz: --bounds {text!r}: {part!r} is not KEY=VALUE with KEY one of "
+                             f"{', '.join(sorted(BOUND_KEYS))}")
+        try:
+            n = int(value)
+        except ValueError:
+            raise UsageError(f"vmfuzz: --bounds {text!r}: {key.strip()} must be an integer, got {value!r}") from None
+        floor = BOUND_FLOORS.get(field, 1)
+        if n < floor:
+            raise UsageError(f"vmfuzz: --bounds {text!r}: {key.strip()} must be at least {floor}, got {n}")
+        changes[field] = n
+    if not changes:
+        raise UsageError(f"vmfuzz: --bounds {text!r}: give at least one KEY=VALUE")
+    return dataclasses.replace(base, **changes)
 
 
 def execute_and_report(plan, target, gate=None) -> int:

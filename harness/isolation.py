@@ -11,7 +11,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import signal
 
-from harness.properties import PROPERTIES, Observation, PropertyFailure
+from harness.kernel_call import LAUNCHES
+from harness.properties import Observation, PropertyFailure, lookup
 
 CRASH, HANG = "target-crash", "target-hang"
 FAULT_KINDS = (CRASH, HANG)
@@ -38,14 +39,20 @@ def _serve(target, conn) -> None:
             prop_name, config, batches, device = conn.recv()
         except EOFError:
             return
+        before = LAUNCHES.snapshot()
+
+        def spent():  # this check's kernel launches and their seconds, for the parent's count
+            now = LAUNCHES.snapshot()
+            return now[0] - before[0], now[1] - before[1]
+
         try:
-            obs = PROPERTIES[prop_name].check(target, config, batches, device)
-            conn.send(("ok", sorted(obs.classes), obs.margin, dict(obs.path_margins)))
+            obs = lookup(prop_name).check(target, config, batches, device)
+            conn.send(("ok", sorted(obs.classes), obs.margin, dict(obs.path_margins), spent()))
         except PropertyFailure as exc:
-            conn.send(("fail", exc.prop, exc.detail))
+            conn.send(("fail", exc.prop, exc.detail, spent()))
         except BaseException as exc:  # noqa: BLE001 - the target's own error (even exit()), reported as the property's
             try:
-                conn.send(("raise", type(exc).__name__, str(exc)[:4000]))
+                conn.send(("raise", type(exc).__name__, str(exc)[:4000], spent()))
             except Exception:  # noqa: BLE001 - an unpicklable or broken answer: the worker is lost
                 return
 
@@ -110,7 +117,8 @@ class IsolatedChecker:
         except (EOFError, OSError):
             self._proc.join(5)
             raise TargetFault(CRASH, "target process died: " + _exit_reason(self._discard())) from None
-        kind, *rest = msg
+        kind, *rest, spent = msg
+        LAUNCHES.add(*spent)
         if kind == "ok":
             classes, margin, *more = rest
             return Observation(set(classes), margin, *more)

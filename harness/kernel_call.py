@@ -9,6 +9,7 @@ per-batch allocation included.
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -82,6 +83,38 @@ def reach(call: KernelCall, seq_lens: list[int]) -> dict[str, int]:
     return out
 
 
+class LaunchStats:
+    """Kernel launches in this process and the seconds spent inside them (the guard excluded).
+
+    Under the Triton interpreter the launches are the floor of a run's cost;
+    everything else (generation, the guard, the call site, the checks) is the
+    harness's overhead over that floor. An isolated worker sends its counts
+    back with every answer (``harness.isolation``), so the parent's add up.
+    """
+
+    def __init__(self):
+        self.launches = 0
+        self.seconds = 0.0
+
+    def snapshot(self) -> tuple[int, float]:
+        return self.launches, self.seconds
+
+    def add(self, launches: int, seconds: float) -> None:
+        self.launches += launches
+        self.seconds += seconds
+
+
+LAUNCHES = LaunchStats()
+
+
 def guarded_write(kernel: Callable[[KernelCall], None], call: KernelCall, seq_lens: list[int]) -> None:
     tensors = {name: getattr(call, name) for name in MUTABLE}
-    call.heap.run_kernel(lambda standins: kernel(call.replace(**standins)), tensors, reach(call, seq_lens))
+
+    def launch(standins):
+        t0 = time.perf_counter()
+        try:
+            kernel(call.replace(**standins))
+        finally:
+            LAUNCHES.add(1, time.perf_counter() - t0)
+
+    call.heap.run_kernel(launch, tensors, reach(call, seq_lens))

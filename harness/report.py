@@ -107,7 +107,20 @@ def build_summary(outcome) -> dict:
         "timings": {"replay_seconds": round(outcome.replay_seconds, 3),
                     "search_seconds": round(outcome.search_seconds, 3),
                     "total_seconds": round(outcome.seconds, 3)},
+        # Issue 11: the bounds searched (in order, a nightly widens them), the
+        # largest case shapes reached, and the kernel's share of the search.
+        "bounds": getattr(outcome, "bounds_used", []),
+        "reached": _reached(outcome.results),
+        "kernel": getattr(outcome, "kernel", None),
     }
+
+
+def _reached(results) -> dict:
+    out: dict = {}
+    for r in results:
+        for k, v in getattr(r, "reached", {}).items():
+            out[k] = max(out.get(k, v), v)
+    return out
 
 
 def summary_md(s: dict) -> str:
@@ -141,6 +154,15 @@ def summary_md(s: dict) -> str:
         lines += ["", "#### Findings", ""]
         lines += [f"- `{f['property']}` ({f['kind']}): {f['detail']}  \n  repro: `{f['repro']}` "
                   f"(`vmfuzz replay {f['repro']}`)" for f in s["findings"]]
+    if s.get("bounds"):
+        widest = s["bounds"][-1]
+        lines += ["", f"Bounds ({len(s['bounds'])} step(s), widest): "
+                  + ", ".join(f"{k} {v}" for k, v in widest.items())
+                  + ("; reached " + ", ".join(f"{k} {v}" for k, v in s["reached"].items()) if s.get("reached") else "")]
+    if s.get("kernel") and s["kernel"].get("kernel_share") is not None:
+        k = s["kernel"]
+        lines += ["", f"Kernel launches: {k['launches']}, {k['kernel_seconds']:.1f}s inside them = "
+                  f"{100 * k['kernel_share']:.0f}% of the search ({100 * (1 - k['kernel_share']):.0f}% harness overhead)"]
     versions = ", ".join(f"{k} {v}" for k, v in s["versions"].items())
     lines += ["", f"<sub>{versions}</sub>", ""]
     return "\n".join(lines)

@@ -40,6 +40,10 @@ class RunPlan:
     repro_root: Path = Path("repro")
     command: str = "run"
     bounds: Bounds = field(default_factory=Bounds)
+    #: widening bounds searched in turn, each with an equal share of what is left
+    #: of the budget (a nightly on a slow target); empty: ``bounds`` alone
+    bounds_steps: tuple = ()
+    share: bool = True  # search the shared properties together (harness.properties.shared)
 
     @property
     def findings_dir(self) -> Path:
@@ -61,6 +65,9 @@ class RunOutcome:
     seconds: float = 0.0
     #: the gate's changed/triggered/exercised/not-driven files (harness.surface.gate_coverage); None for run
     gate: dict | None = None
+    bounds_used: list = field(default_factory=list)  # the Bounds searched, in order
+    #: kernel launches during the search and the seconds inside them (None: not measured)
+    kernel: dict | None = None
 
     @property
     def failed(self) -> bool:
@@ -181,15 +188,19 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
         if not names:
             pass
         elif plan.workers <= 1:
+            from harness.kernel_call import LAUNCHES
             check, strategies = _searcher(plan, target)
+            before = LAUNCHES.snapshot()
             try:
-                run_campaign(target, seed=plan.seed, max_examples=plan.max_examples, bounds=plan.bounds,
-                             findings_dir=plan.findings_dir, properties=names, device=plan.device,
-                             database=_database(plan), time_budget=budget, check=check,
-                             strategies=strategies, rounds=plan.profile.rounds, on_result=done)
+                _staged(plan, target, outcome, budget, check, strategies, done, names)
             finally:
                 if check is not None:
                     check.close()
+                launches, secs = (a - b for a, b in zip(LAUNCHES.snapshot(), before))
+                searched = time.monotonic() - t1
+                outcome.kernel = {"launches": launches, "kernel_seconds": round(secs, 3),
+                                  "search_seconds": round(searched, 3),
+                                  "kernel_share": round(secs / searched, 4) if searched > 0 else None}
         else:
             # Properties run in ceil(n / workers) waves; each wave gets an equal share.
             waves = -(-len(names) // plan.workers)
@@ -228,6 +239,49 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
     if plan.profile.replay_last_failures:
         _keep_failures(plan, outcome)
     return outcome
+
+
+def _staged(plan: RunPlan, target, outcome: RunOutcome, budget, check, strategies, done, names) -> None:
+    """The campaign in this process, once per step of ``plan.bounds_steps`` (or once at ``plan.bounds``).
+
+    Each step searches the properties that have not failed yet with an equal
+    share of the budget left; a property's result is the sum over the steps.
+    """
+    import dataclasses
+    steps = tuple(plan.bounds_steps) or (plan.bounds,)
+    common = dict(seed=plan.seed, max_examples=plan.max_examples, findings_dir=plan.findings_dir,
+                  device=plan.device, database=_database(plan), check=check, strategies=strategies,
+                  rounds=plan.profile.rounds, share=plan.share)
+    if len(steps) == 1:
+        outcome.bounds_used.append(dataclasses.asdict(steps[0]))
+        run_campaign(target, bounds=steps[0], properties=names, time_budget=budget,
+                     on_result=done, **common)
+        return
+    totals: dict[str, PropertyResult] = {}
+    start = time.monotonic()
+    for i, bounds in enumerate(steps):
+        left = [n for n in names
+                if n not in totals or not (totals[n].findings or totals[n].not_driven)]
+        if not left:
+            break
+        share = None
+        if budget is not None:
+            share = budget - (time.monotonic() - start)
+            if share < MIN_SHARE:
+                break
+            share /= len(steps) - i
+        outcome.bounds_used.append(dataclasses.asdict(bounds))
+        for res in run_campaign(target, bounds=bounds, properties=left, time_budget=share, **common):
+            if res.prop not in totals:
+                totals[res.prop] = res
+            else:
+                t = totals[res.prop]
+                t.merge(res)
+                t.seconds_to_failure = t.seconds_to_failure or res.seconds_to_failure
+                t.skipped = t.skipped and res.skipped
+    for name in names:
+        if name in totals:
+            done(totals[name])
 
 
 def _deployment_verdict(plan: RunPlan, target, outcome: RunOutcome) -> dict:

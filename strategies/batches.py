@@ -10,7 +10,7 @@ from hypothesis.errors import InvalidArgument
 from harness.config import Batch, Config
 from strategies._cached import BOOLEANS
 from strategies._validate import check_int
-from strategies.trees import draft_trees
+from strategies.trees import deepest, draft_trees
 
 
 def _check_config(config) -> Config:
@@ -55,12 +55,23 @@ def seq_lens(config: Config, bs: int) -> st.SearchStrategy[tuple[int, ...]]:
 @lru_cache(maxsize=4096)
 def _seq_lens(c: int, bs: int):
     one = st.one_of(st.just(0), st.just(min(1, c)), st.just(c), st.integers(0, c))
-    return st.lists(one, min_size=bs, max_size=bs).map(tuple)
+    each = st.lists(one, min_size=bs, max_size=bs).map(tuple)
+    if bs == 1:
+        return each
+    # Whole batches at the context limit are the worst case capacity is sized
+    # for (DESIGN.md, capacity-soundness); drawn request by request they are
+    # (1/4)^bs rare.
+    return st.one_of(each, st.just((c,) * bs), st.just((0,) * bs))
 
 
 @lru_cache(maxsize=4096)
 def _trees(topk: int, spec_steps: int, d: int, bs: int):
-    return st.lists(draft_trees(topk, spec_steps, d), min_size=bs, max_size=bs).map(tuple)
+    each = st.lists(draft_trees(topk, spec_steps, d), min_size=bs, max_size=bs).map(tuple)
+    if bs == 1:
+        return each
+    # A whole batch of the deepest tree: a kernel's per-batch depth bound is
+    # reached only when every request's walk runs to spec_steps.
+    return st.one_of(each, st.just((deepest(topk, spec_steps, d),) * bs))
 
 
 @lru_cache(maxsize=4096)
@@ -103,4 +114,11 @@ def step_sequences(config: Config, *, min_steps: int = 2, max_steps: int = 5,
 
 @lru_cache(maxsize=4096)
 def _step_sequences(config: Config, min_steps: int, max_steps: int, overshoot: int):
-    return st.lists(batches(config, overshoot=overshoot), min_size=min_steps, max_size=max_steps)
+    free = st.lists(batches(config, overshoot=overshoot), min_size=min_steps, max_size=max_steps)
+    # Capacity transitions: consecutive steps at the boundary sizes (a full
+    # captured batch, a single request, one past capacity) in any order, so
+    # "full, then single" is one draw in nine per pair instead of one in 36.
+    m = config.max_bs
+    edges = tuple(dict.fromkeys((m, 1, m + 1)))
+    pinned = st.one_of(*[batches(config, bs=n, overshoot=overshoot) for n in edges])
+    return st.one_of(free, st.lists(pinned, min_size=min_steps, max_size=max_steps))

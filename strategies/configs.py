@@ -9,7 +9,7 @@ from hypothesis.errors import InvalidArgument
 
 from harness.config import CALL_SITES, Config, num_candidates, site_takes
 from harness.layouts import PREALLOCATED_LAYOUTS, TreeMaskMode
-from strategies._cached import BOOLEANS, integers, sampled_from
+from strategies._cached import BOOLEANS, edgy_integers, sampled_from
 from strategies._validate import check_range
 
 
@@ -78,11 +78,14 @@ def configs(*, layouts=None, max_bs=(1, 8), max_context_len=(1, 64), num_draft_t
 
     @st.composite
     def build(draw) -> Config:
-        k = draw(integers(k_lo, k_hi))
-        steps = draw(integers(s_lo, s_hi))
+        # Every number is weighted to its edges (edgy_integers): uniform draws
+        # over production ranges all but never reach the top of a range or a
+        # power-of-two boundary, where sizing and tiling bugs sit.
+        k = draw(edgy_integers(k_lo, k_hi))
+        steps = draw(edgy_integers(s_lo, s_hi))
         d_top = min(d_hi, 1 + num_candidates(k, steps))
         assume(d_top >= d_lo)
-        d = draw(integers(d_lo, d_top))
+        d = draw(edgy_integers(d_lo, d_top))
         mode = draw(sampled_from(modes))
         if mode == TreeMaskMode.FULL_MASK:
             is_read = True
@@ -90,12 +93,26 @@ def configs(*, layouts=None, max_bs=(1, 8), max_context_len=(1, 64), num_draft_t
             is_read = not draw(BOOLEANS)  # booleans shrink to False: shrink toward a read mask
         else:
             is_read = read
-        config = Config(mode, draw(integers(bs_lo, bs_hi)), draw(integers(ctx_lo, ctx_hi)), d, k, steps, is_read)
+        config = Config(mode, draw(edgy_integers(bs_lo, bs_hi)), draw(edgy_integers(ctx_lo, ctx_hi)), d, k, steps, is_read)
         config = _draw_site(draw, sites, config)
         assume(config is not None)
         return config
 
-    return build()
+    @st.composite
+    def corner(draw) -> Config:
+        # The production corner: every size at the top of its range at once
+        # (largest capture size, context, draft width, tree), a configuration
+        # a server really runs and that independent edge draws reach together
+        # only one time in hundreds.
+        mode = draw(sampled_from(modes))
+        is_read = True if mode == TreeMaskMode.FULL_MASK else (read if read is not None else not draw(BOOLEANS))
+        d = min(d_hi, 1 + num_candidates(k_hi, s_hi))
+        config = _draw_site(draw, sites, Config(mode, bs_hi, ctx_hi, d, k_hi, s_hi, is_read))
+        assume(config is not None)
+        return config
+
+    # One draw in four: build() first, so shrinking leaves the corner.
+    return st.one_of(build(), build(), build(), corner())
 
 
 def chain_configs(*, max_bs=(1, 8), max_context_len=(1, 64), spec_steps=(1, 4), read=None,
@@ -114,10 +131,10 @@ def chain_configs(*, max_bs=(1, 8), max_context_len=(1, 64), spec_steps=(1, 4), 
 
     @st.composite
     def build(draw) -> Config:
-        steps = draw(integers(s_lo, s_hi))
+        steps = draw(edgy_integers(s_lo, s_hi))
         is_read = (not draw(BOOLEANS)) if read is None else read
-        config = Config(TreeMaskMode.QLEN_ONLY, draw(integers(bs_lo, bs_hi)), draw(integers(ctx_lo, ctx_hi)),
-                        steps + 1, 1, steps, is_read)
+        config = Config(TreeMaskMode.QLEN_ONLY, draw(edgy_integers(bs_lo, bs_hi)),
+                        draw(edgy_integers(ctx_lo, ctx_hi)), steps + 1, 1, steps, is_read)
         return _draw_site(draw, sites, config)
 
     return build()
@@ -147,7 +164,7 @@ def trivial_configs(*, layouts=None, max_bs=(1, 8), max_context_len=(1, 64), rea
             is_read = True
         else:
             is_read = read if read is not None else not draw(BOOLEANS)
-        config = Config(mode, draw(integers(bs_lo, bs_hi)), draw(integers(ctx_lo, ctx_hi)), 1, 1, 0, is_read)
+        config = Config(mode, draw(edgy_integers(bs_lo, bs_hi)), draw(edgy_integers(ctx_lo, ctx_hi)), 1, 1, 0, is_read)
         return _draw_site(draw, sites, config)
 
     return build()

@@ -48,5 +48,17 @@ def _draft_trees(topk: int, spec_steps: int, num_draft_tokens: int, adversarial:
     n = num_candidates(topk, spec_steps)
     wide = st.integers(0, 4 ** n - 1)
     ties = wide if adversarial else st.just(0)
-    return st.builds(lambda c, t: draft(topk, spec_steps, num_draft_tokens, _digits(c, n), _digits(t, n)),
-                     wide, ties)
+    drawn = st.builds(lambda c, t: draft(topk, spec_steps, num_draft_tokens, _digits(c, n), _digits(t, n)),
+                      wide, ties)
+    # The deepest tree the config allows (a chain to depth spec_steps, when d
+    # has room): random costs spread the selection over the shallow levels, so
+    # the last level -- the walk's bound -- is rarely reached otherwise.
+    return st.one_of(drawn, st.just(deepest(topk, spec_steps, num_draft_tokens)))
+
+
+@lru_cache(maxsize=512)
+def deepest(topk: int, spec_steps: int, num_draft_tokens: int) -> DraftTree:
+    """Each kept node's first child free, every other child dear: a chain is selected first."""
+    costs = [0 if i < topk and i == 0 or i >= topk and (i - topk) % topk == 0 else 3
+             for i in range(num_candidates(topk, spec_steps))]
+    return draft(topk, spec_steps, num_draft_tokens, costs)

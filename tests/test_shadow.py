@@ -63,3 +63,50 @@ def test_unguarded_heap_hands_out_plain_tensors():
     t = heap.alloc("tree_mask", 3, torch.bool, fill=True)
     assert t.untyped_storage().nbytes() == 3 and heap.check() == []
     assert CANARY not in t.view(torch.uint8).tolist()
+
+
+def _pooled_alloc(n=5):
+    heap = ShadowHeap()
+    t = heap.alloc("positions", n, torch.long, fill=-1, redzone_cells=3)
+    return heap, t
+
+
+def test_a_released_backing_is_reused_with_intact_redzones_and_a_fresh_fill():
+    heap, t = _pooled_alloc(7)
+    heap.store(t, torch.arange(7), torch.full((7,), 9))
+    assert heap.check() == []
+    addr = t.data_ptr()
+    del t
+    heap.release()
+    again, t2 = _pooled_alloc(7)
+    assert t2.data_ptr() == addr  # the pool handed the same backing back
+    assert (t2 == -1).all()  # filled as asked, not the previous step's cells
+    again.store(t2, torch.tensor([7]), torch.tensor([1]))  # one past the end: still caught
+    [v] = again.check()
+    assert (v.side, v.start) == ("back", 7)
+
+
+def test_a_backing_still_viewed_or_overrun_is_never_handed_out_again():
+    heap, held = _pooled_alloc(6)
+    heap.release()  # `held` is still in use: its backing must not be reused
+    other, t = _pooled_alloc(6)
+    assert t.data_ptr() != held.data_ptr()
+    other.store(t, torch.tensor([6]), torch.tensor([5]))  # overrun
+    assert other.check()
+    addr = t.data_ptr()
+    del t
+    other.release()
+    third, t3 = _pooled_alloc(6)
+    assert t3.data_ptr() != addr  # the overrun backing was dropped, not pooled
+    assert third.check() == []
+
+
+def test_the_pool_stays_under_its_byte_cap(monkeypatch):
+    from harness import shadow
+    monkeypatch.setattr(shadow._POOL, "MAX_BYTES", 4096)
+    for n in range(1, 40):  # 39 shapes, ~1 KiB each: far past the cap if all were kept
+        heap = ShadowHeap()
+        heap.alloc("tree_mask", 900 + n, torch.bool)
+        heap.release()
+    assert shadow._POOL.bytes <= 4096
+    assert shadow._POOL.bytes == sum(g.backing.numel() for st in shadow._POOL.free.values() for g in st)

@@ -10,6 +10,9 @@ One module per part of the mask's path:
 - ``allocation``: ``allocation-soundness``, the bounds each backend allocates with.
 - ``readers``: the mask as attention reads it (Triton's mask_indptr, FlashInfer's
   bit packing).
+- ``shared``: the drafting core properties judged together on one run of a
+  case (each opts in with ``shared=True``; its own check is that run judging
+  it alone, so a repro replays as it was found).
 
 A property names the target seams it ``needs`` beyond the core protocol; a
 target without them (a plug-in written against the core protocol) gets the
@@ -22,8 +25,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from harness.properties.core import (Observation, PropertyFailure, capacity_liveness, capacity_soundness,
-                                     fallback_equivalence, multi_step_reuse, no_oob_write,
-                                     reference_agreement, trivial_path)
+                                     trivial_path)
 from harness.properties.writers import chain_writer
 from harness.properties.readers import packed_mask, reader_agreement
 
@@ -37,6 +39,9 @@ class Property:
     steps: bool = False  # takes a sequence of batches
     #: target attributes the check calls beyond the core protocol
     needs: tuple[str, ...] = ()
+    #: judged on one shared run of each case with the other shared properties
+    #: (``harness.properties.shared``): the campaign searches them together
+    shared: bool = False
     chain: bool = False  # runs on the chain writer's configs (QLEN_ONLY, topk 1, d = spec_steps + 1)
     #: layouts its cases are drawn in (None: every preallocated layout)
     layouts: tuple[str, ...] | None = None
@@ -54,14 +59,31 @@ class Property:
         return [seam for seam in self.needs if not callable(getattr(target, seam, None))]
 
 
+def _judged_alone(name: str):
+    """A shared property's own check: the shared run, judging only it.
+
+    The same function the shared search shrinks a finding with, so a finding's
+    repro replays (and minimizes) exactly as it was found.
+    """
+    def check(target, config, batches, device="cpu"):
+        from harness.properties.shared import judge
+        return judge(target, config, batches, device, (name,))
+    check.__name__ = check.__qualname__ = name.replace("-", "_")
+    return check
+
+
 PROPERTIES: dict[str, Property] = {p.name: p for p in (
-    Property("no-oob-write", no_oob_write, "no write leaves its buffer, reused or freshly allocated"),
-    Property("fallback-equivalence", fallback_equivalence, "reuse path == per-batch fallback over the logical region"),
-    Property("reference-agreement", reference_agreement, "outputs == oracle from ancestor sets and depths"),
-    Property("capacity-soundness", capacity_soundness, "fits(bs) => worst-case footprint fits the buffer"),
-    Property("capacity-liveness", capacity_liveness, "bs <= max_bs => fits(bs)"),
-    Property("multi-step-reuse", multi_step_reuse, "a reused buffer gives what a fresh one gives, step after step",
-             steps=True),
+    Property("no-oob-write", _judged_alone("no-oob-write"),
+             "no write leaves its buffer, reused or freshly allocated", shared=True),
+    Property("fallback-equivalence", _judged_alone("fallback-equivalence"),
+             "reuse path == per-batch fallback over the logical region", shared=True),
+    Property("reference-agreement", _judged_alone("reference-agreement"),
+             "outputs == oracle from ancestor sets and depths", shared=True),
+    Property("capacity-soundness", capacity_soundness, "fits(bs) => worst-case footprint fits the buffer",
+             shared=True),
+    Property("capacity-liveness", capacity_liveness, "bs <= max_bs => fits(bs)", shared=True),
+    Property("multi-step-reuse", _judged_alone("multi-step-reuse"),
+             "a reused buffer gives what a fresh one gives, step after step", steps=True, shared=True),
     Property("trivial-path", trivial_path, "d = 1: reuse and fallback agree", trivial=True),
     Property("chain-writer", chain_writer, "build_chain_tree: no write leaves its buffers; == oracle, "
              "== the tree kernel on the same chain", chain=True, needs=("chain_write", "chain_kernel")),
@@ -81,4 +103,26 @@ PROPERTIES.update({p.name: p for p in (
              "the server's max_bs, context length and draft width", needs=("allocating_backends", "allocation_call")),
 )})
 
-__all__ = ["Observation", "PROPERTIES", "Property", "PropertyFailure"]
+
+def shared_group(names) -> Property:
+    """One property standing for several shared ones: its check judges them all on one run of a case."""
+    from harness.properties import shared
+    names = tuple(names)
+    missing = [n for n in names if n not in PROPERTIES or not PROPERTIES[n].shared]
+    if missing:
+        raise ValueError(f"not shared properties: {', '.join(missing)}")
+    return Property(shared.group_name(names),
+                    lambda target, config, batches, device="cpu": shared.judge(target, config, batches, device,
+                                                                               names),
+                    "judged together on one run of each case", steps=True,
+                    needs=tuple(dict.fromkeys(s for n in names for s in PROPERTIES[n].needs)))
+
+
+def lookup(name: str) -> Property:
+    """A registered property, or a shared group by its name (what an isolated worker is sent)."""
+    from harness.properties.shared import group_members
+    members = group_members(name)
+    return shared_group(members) if members else PROPERTIES[name]
+
+
+__all__ = ["Observation", "PROPERTIES", "Property", "PropertyFailure", "lookup", "shared_group"]

@@ -48,6 +48,19 @@ class SglangTarget:
     #: an example, so cases are kept small and few (README: "The `sglang` target").
     bounds = Bounds(max_bs=4, max_context_len=24, num_draft_tokens=6, topk=3, spec_steps=3, overshoot=3)
     budget = {"dev": 12, "pr": 30, "nightly": 400}
+    #: nightly widens the bounds in steps, each with an equal share of the
+    #: budget left: the small, fast shapes first (many cases), then production
+    #: draft shapes (d 16, topk 8, spec_steps 6, max_bs 16, context 256), whose
+    #: launches take ~0.3-1 s each in the interpreter. ``pr`` keeps ``bounds``.
+    bounds_ladder = {"nightly": (
+        bounds,
+        Bounds(max_bs=8, max_context_len=64, num_draft_tokens=10, topk=5, spec_steps=4, overshoot=4),
+        Bounds(max_bs=16, max_context_len=256, num_draft_tokens=16, topk=8, spec_steps=6, overshoot=4),
+    )}
+    #: seconds one isolated example may take before it is a target-hang: a
+    #: shared case at the widest nightly bounds (up to 36 requests, d 16, five
+    #: steps) took over 30 s in the interpreter on a loaded 2-core host
+    example_timeout = {"nightly": 600.0}
 
     def __init__(self, sg: Sglang, kernel_choice: str = "triton"):
         self._sg = sg
@@ -59,6 +72,8 @@ class SglangTarget:
         # An SGLang without the chain branch or the pp rebuild gets cases through the others only.
         self.call_sites = call_sites.available(sg)
         self.bounds = dataclasses.replace(type(self).bounds, call_sites=self.call_sites)
+        self.bounds_ladder = {profile: tuple(dataclasses.replace(b, call_sites=self.call_sites) for b in steps)
+                              for profile, steps in type(self).bounds_ladder.items()}
 
     # -- seams ---------------------------------------------------------------
     def numel(self, mode, bs: int, d: int, max_context_len: int) -> int:
