@@ -155,12 +155,20 @@ def search_requests(dep: Deployment, config: Config, allocates: bool) -> int:
 
 
 def too_large(dep: Deployment, prop: str) -> str | None:
-    """Why ``prop`` cannot be driven on this deployment (its buffer alone is past the limit), or None."""
+    """Why ``prop`` cannot be driven on this deployment (not its shape, or its buffer alone is past the
+    limit), or None."""
     from harness import limits
+    from harness.properties import PROPERTIES
     from harness.validate import buffer_cells
+    config = dep.config()
+    spec = PROPERTIES.get(prop)
+    # trivial-path runs the deployment's own layout at d = 1, so only the drafting shape is judged here
+    if spec is not None and not spec.trivial and not spec.applies(config):
+        shape = "a topk-1 chain in QLEN_ONLY" if spec.chain else f"layout {', '.join(spec.layouts or ())}"
+        return f"this server's config ({config.mode.name}, topk {config.topk}) is not {shape}"
     if not limits.allocates(prop):
         return None
-    cells = buffer_cells(dep.config())
+    cells = buffer_cells(config)
     if cells <= limits.MAX_BUFFER_CELLS:
         return None
     return (f"the deployment's verify mask is {cells} cells, over MAX_BUFFER_CELLS ({limits.MAX_BUFFER_CELLS}); "
