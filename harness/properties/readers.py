@@ -152,6 +152,14 @@ def packed_mask(target, config: Config, batches: list[Batch], device="cpu") -> O
         _observe(obs, config, rc, batch, out, mask, "packed")
         starts, rows = _expected_packing(rc, batch, oracle)
         n = oracle.numel()
+        # The writer's faults, not the packer's: say so before packing reads past a short mask.
+        violations = heap.check(_locator(rc, batch))
+        if violations:
+            _fail("packed-mask", "the verify step itself wrote out of bounds (see no-oob-write): "
+                                 + describe_all(violations))
+        if out.tree_mask.numel() < n:
+            _fail("packed-mask", f"the verify step's mask holds {out.tree_mask.numel()} cells, the batch's "
+                                 f"logical region needs {n} (see fallback-equivalence): nothing valid to pack")
         written = out.tree_mask.reshape(-1)[:n].view(torch.uint8).cpu()
         writer_ok = torch.equal(written, oracle.view(torch.uint8))
         total = starts[-1]
