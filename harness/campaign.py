@@ -468,7 +468,8 @@ def search_shared(target, props: list[Property], *, seed: int, max_examples: int
         for n in members:
             part = PropertyResult(n, examples=res.examples, classes=res.classes.copy(), max_margin=res.max_margin,
                                   seconds=res.seconds / len(members), margins=list(res.margins),
-                                  bs_ratio=res.bs_ratio.copy(), rounds=1, reached=dict(res.reached))
+                                  path_margins=list(res.path_margins), bs_ratio=res.bs_ratio.copy(), rounds=1,
+                                  reached=dict(res.reached))
             totals[n].merge(part)
         if res.faults:
             totals[members[0]].faults += res.faults

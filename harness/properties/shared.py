@@ -50,6 +50,8 @@ def judge(target, config: Config, batches: list[Batch], device="cpu", names=ORDE
             part = check(target, config, batches, device)
             obs.classes |= part.classes
             obs.margin = max(obs.margin, part.margin)
+            for path, m in part.path_margins.items():
+                obs.path_margins[path] = max(obs.path_margins.get(path, float("-inf")), m)
     oob = [n for n in ("no-oob-write", "multi-step-reuse") if n in want]
     needs_fallback = bool(want & {"no-oob-write", "fallback-equivalence", "reference-agreement"})
     needs_oracle = bool(want & {"fallback-equivalence", "reference-agreement", "multi-step-reuse"})

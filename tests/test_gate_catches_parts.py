@@ -1,0 +1,72 @@
+"""The PR gate itself catches a bad edit to every part of the mask's path.
+
+The per-part test files prove each alteration with ``vmfuzz run --property``;
+a maintainer's PR meets ``vmfuzz gate`` instead, which chooses its own seed,
+budget and properties (the pr profile). Here one alteration per part -- call
+sites, chain writer, readers, packing, routers, allocation site -- goes through
+the whole gate on an altered copy of the installed SGLang, with the edited
+file as the PR's only change: it must exit 1, and its summary must list that
+file as exercised, not merely triggered on. The pristine copy must pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests import test_readers, test_routers_allocation, test_sglang_callsites_writers, test_surface_rest
+from tests.sglang_copies import altered_copy, run_on_copy
+
+
+def _edits(module, name):
+    spec = module.ALTERATIONS[name]
+    return spec[0] if isinstance(spec, tuple) else spec
+
+
+#: part of the path -> (module holding its alterations, alteration)
+PARTS = {
+    "pp call site": (test_sglang_callsites_writers, "pp-fits-admits-one-more"),
+    "chain writer": (test_sglang_callsites_writers, "chain-positions-off-by-one"),
+    "frozen-KV MTP call site": (test_surface_rest, "frozen-mtp-short-length-sum"),
+    "eager reader": (test_readers, "eager-indptr-precedence"),
+    "replay reader": (test_readers, "replay-indptr-slot-early"),
+    "packing kernel": (test_readers, "pack-bit-order"),
+    "hybrid router": (test_routers_allocation, "hybrid-mask-from-decode"),
+    "tbo router": (test_routers_allocation, "tbo-mask-from-overlap-child"),
+    "hybrid-linear router": (test_routers_allocation, "linear-mask-from-linear-child"),
+    "allocation site": (test_routers_allocation, "triton-allocates-max-bs-minus-one"),
+}
+
+
+def _gate(tmp_path, site, changed_file: str):
+    changed = tmp_path / "changed.txt"
+    changed.write_text(f"python/sglang/{changed_file}\n")
+    report = tmp_path / "report"
+    proc, out = run_on_copy(site, tmp_path, "gate", "--target", "sglang", "--changed-files", str(changed),
+                            "--report-dir", str(report))
+    return proc, out, json.loads((report / "summary.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("part", [None, *PARTS], ids=lambda p: p or "pristine")
+def test_the_gate_catches_a_bad_edit_to_each_part(sglang_target, part, tmp_path):
+    if part is None:
+        site = altered_copy(tmp_path, [])
+        proc, out, summary = _gate(tmp_path, site, "srt/layers/attention/verify_mask.py")
+        assert proc.returncode == 0, out
+        return
+    module, name = PARTS[part]
+    edits = _edits(module, name)
+    site = altered_copy(tmp_path, edits, name)
+    # the file the alteration edited, as the PR's diff would list it
+    pkg = site / "sglang"
+    edited = sorted((Path(d) / f).relative_to(pkg).as_posix() for d, _, files in os.walk(pkg)  # links not followed
+                    for f in files if not (Path(d) / f).is_symlink())
+    assert edited, "the alteration edited no file"
+    proc, out, summary = _gate(tmp_path, site, edited[0])
+    assert proc.returncode == 1, out
+    assert "FAILED" in proc.stdout, out
+    assert f"python/sglang/{edited[0]}" in summary["gate"]["exercised"], summary["gate"]
