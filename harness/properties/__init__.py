@@ -2,9 +2,10 @@
 
 One module per part of the mask's path:
 
-- ``core``: allocation, ``fits`` and the verify step through the call site
-  (the seven properties of DESIGN.md section 2); ``Config.call_site`` picks
-  which of SGLang's three call sites a case runs through.
+- ``core``: what every check shares, the capacity arithmetic (soundness,
+  liveness) and the trivial path; with ``shared`` the seven properties of
+  DESIGN.md section 2. ``Config.call_site`` picks which of SGLang's call sites
+  (eagle, chain, pp, frozen_kv_mtp) a case runs through.
 - ``writers``: the chain writer ``build_chain_tree``, called directly.
 - ``routers``: ``routing``, the mask a router hands to the call site.
 - ``allocation``: ``allocation-soundness``, the bounds each backend allocates with.

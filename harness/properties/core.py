@@ -1,9 +1,14 @@
-"""The seven core properties of DESIGN.md section 2: allocation, fits and the tree-kernel write.
+"""What every property check shares, and the core checks that run alone.
 
 A check takes a target, a config and the batches of one case and either returns
 an ``Observation`` (which boundary classes the case hit, how close it came to
 overflowing) or raises ``PropertyFailure``. The campaign, the pytest suite and
-``vmfuzz replay`` all call these same functions.
+``vmfuzz replay`` all call the same checks.
+
+Of DESIGN.md section 2's seven, the capacity arithmetic (soundness, liveness)
+and the trivial path are here; the four that launch the kernel through the call
+site (no-oob-write, fallback-equivalence, reference-agreement,
+multi-step-reuse) are judged on one shared run of a case in ``shared``.
 """
 
 from __future__ import annotations
@@ -123,41 +128,7 @@ def _capacity(mask) -> int:
 
 # -- the properties ------------------------------------------------------------
 
-def no_oob_write(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
-    obs = Observation()
-    for batch in batches:
-        heap, mask = _reused_mask(target, config, device)
-        out = _step("no-oob-write", target, mask, config, batch, heap)
-        obs.add_step(config, batch, out, _capacity(mask))
-        _step("no-oob-write", target, None, config, batch, heap)
-    return obs
 
-
-def fallback_equivalence(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
-    obs = Observation()
-    for batch in batches:
-        heap, mask = _reused_mask(target, config, device)
-        reuse = target.verify(mask, config, batch, heap).as_cpu()
-        fallback = target.verify(None, config, batch, heap).as_cpu()
-        obs.add_step(config, batch, reuse, _capacity(mask))
-        diff = _diff("reuse vs fallback", reuse, fallback, config, batch, expected(config, batch).compared)
-        if diff:
-            _fail("fallback-equivalence", diff + f" [reuse path taken: {reuse.reused}]")
-    return obs
-
-
-def reference_agreement(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
-    obs = Observation()
-    for batch in batches:
-        want = expected(config, batch)
-        heap, mask = _reused_mask(target, config, device)
-        for label, m in (("reuse path", mask), ("fallback path", None)):
-            out = target.verify(m, config, batch, heap).as_cpu()
-            obs.add_step(config, batch, out, _capacity(mask))
-            diff = _diff(f"{label} vs oracle", out, want, config, batch, want.compared)
-            if diff:
-                _fail("reference-agreement", diff)
-    return obs
 
 
 def capacity_soundness(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
@@ -185,21 +156,6 @@ def capacity_liveness(target, config: Config, batches: list[Batch], device="cpu"
                                        "every such step would silently fall back and allocate")
     return obs
 
-
-def multi_step_reuse(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
-    obs = Observation()
-    heap = ShadowHeap(device)
-    mask = target.allocate(config, heap)
-    for k, batch in enumerate(batches):
-        out = _step("multi-step-reuse", target, mask, config, batch, heap)
-        fresh_heap = ShadowHeap(device)
-        fresh = _step("multi-step-reuse", target, target.allocate(config, fresh_heap), config, batch, fresh_heap)
-        obs.add_step(config, batch, out, _capacity(mask))
-        diff = _diff(f"step {k} of {len(batches)}: reused vs fresh allocation", out, fresh, config, batch,
-                     expected(config, batch).compared)
-        if diff:
-            _fail("multi-step-reuse", diff)
-    return obs
 
 
 def trivial_path(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
