@@ -284,7 +284,29 @@ def parse_bounds(text: str, base):
         changes[field] = n
     if not changes:
         raise UsageError(f"vmfuzz: --bounds {text!r}: give at least one KEY=VALUE")
-    return dataclasses.replace(base, **changes)
+    bounds = dataclasses.replace(base, **changes)
+    _check_bounds_limits(text, bounds)
+    return bounds
+
+
+def _check_bounds_limits(text: str, bounds) -> None:
+    """The limits of harness/limits.py hold for searched cases too: a ceiling whose
+    largest case would allocate past MAX_BUFFER_CELLS is refused before the search,
+    never left to fail with a MemoryError that would read as the target's finding."""
+    from harness import limits
+    for field, cap, name in (("num_draft_tokens", limits.MAX_DRAFT_TOKENS, "MAX_DRAFT_TOKENS"),
+                             ("topk", limits.MAX_TOPK, "MAX_TOPK"), ("spec_steps", limits.MAX_SPEC_STEPS, "MAX_SPEC_STEPS"),
+                             ("max_bs", limits.MAX_SEARCH_REQUESTS, "MAX_SEARCH_REQUESTS")):
+        if getattr(bounds, field) > cap:
+            raise UsageError(f"vmfuzz: --bounds {text!r}: {field} {getattr(bounds, field)} is over {name} "
+                             f"({cap}, harness/limits.py)")
+    # the largest step a search draws: a FULL_MASK fallback for 2 * max_bs + overshoot
+    # requests, every one at the context limit
+    d = bounds.num_draft_tokens
+    cells = (2 * bounds.max_bs + bounds.overshoot) * d * (bounds.max_context_len + d)
+    if cells > limits.MAX_BUFFER_CELLS:
+        raise UsageError(f"vmfuzz: --bounds {text!r}: its largest case needs a {cells}-cell buffer, over "
+                         f"MAX_BUFFER_CELLS ({limits.MAX_BUFFER_CELLS}, harness/limits.py); lower max_bs, context or d")
 
 
 def execute_and_report(plan, target, gate=None) -> int:

@@ -17,6 +17,10 @@ from harness.targets import resolve
     ("topk=eight", "topk must be an integer"),
     ("max_bs", "is not KEY=VALUE"),
     (",", "at least one KEY=VALUE"),
+    # past the memory limits: refused before the search, never a MemoryError read as a finding
+    ("max_bs=1000000000000,context=1000000000000", "over MAX_SEARCH_REQUESTS"),
+    ("d=100000", "over MAX_DRAFT_TOKENS"),
+    ("max_bs=64,context=100000,d=64", "over MAX_BUFFER_CELLS"),
 ])
 def test_bad_bounds_exit_2_with_one_line(capsys, tmp_path, text, words):
     assert main(["run", "--bounds", text, "--report-dir", str(tmp_path)]) == 2
