@@ -219,7 +219,8 @@ def test_altered_sglang_reader_is_caught(sglang_target, alteration, tmp_path):
     edits, prop = ALTERATIONS[alteration] if alteration else ([], None)
     site = altered_copy(tmp_path, edits, alteration)
     props = [prop] if prop else list(READER_PROPERTIES)
-    proc, out = run_on_copy(site, tmp_path, "run", "--target", "sglang", "--seed", "1", "--max-examples", "25", *[a for p in props for a in ("--property", p)],
+    proc, out = run_on_copy(site, tmp_path, "run", "--target", "sglang", "--seed", "1", "--max-examples", "25",
+                            *[a for p in props for a in ("--property", p)],
                             "--report-dir", str(tmp_path / "report"))
     if alteration is None:
         assert proc.returncode == 0, out

@@ -246,7 +246,8 @@ ALTERATIONS = {
 @pytest.mark.parametrize("alteration", [None, *ALTERATIONS], ids=lambda a: a or "unaltered")
 def test_altered_router_or_allocation_site_is_caught(sglang_target, alteration, tmp_path):
     site = altered_copy(tmp_path, ALTERATIONS[alteration] if alteration else [], alteration)
-    proc, out = run_on_copy(site, tmp_path, "run", "--target", "sglang", "--seed", "1", "--max-examples", "10", "--property", "routing", "--property", "allocation-soundness",
+    proc, out = run_on_copy(site, tmp_path, "run", "--target", "sglang", "--seed", "1", "--max-examples", "10",
+                            "--property", "routing", "--property", "allocation-soundness",
                             "--report-dir", str(tmp_path / "report"))
     if alteration is None:
         assert proc.returncode == 0, out

@@ -183,7 +183,8 @@ ALTERED_COPY_PROPERTIES = ("--property", "capacity-soundness", "--property", "no
 @pytest.mark.parametrize("alteration", [None, *ALTERATIONS], ids=lambda a: a or "unaltered")
 def test_altered_sglang_copy_is_caught(sglang_target, alteration, tmp_path):
     site = altered_copy(tmp_path, ALTERATIONS[alteration] if alteration else [], alteration)
-    proc, out = run_on_copy(site, tmp_path, "run", "--target", "sglang", "--seed", "1", "--max-examples", "25", *ALTERED_COPY_PROPERTIES,
+    proc, out = run_on_copy(site, tmp_path, "run", "--target", "sglang", "--seed", "1", "--max-examples", "25",
+                            *ALTERED_COPY_PROPERTIES,
                             "--report-dir", str(tmp_path / "report"))
     if alteration is None or alteration in SOUND:
         assert proc.returncode == 0, out

@@ -79,22 +79,22 @@ def available(sg) -> tuple[str, ...]:
     sites = ["eagle"]
     if sg.build_chain_tree is not None and getattr(sg.call_site, "build_chain_tree", None) is not None:
         sites.append("chain")
-    spec = importlib.util.find_spec("sglang.srt.managers.scheduler_pp_mixin")
-    try:
-        text = Path(spec.origin).read_text() if spec and spec.origin else ""
-    except OSError:
-        text = ""
-    if "def _pp_spec_rebuild_verify_input" in text and importlib.util.find_spec(
-            "sglang.srt.speculative.pp_spec_relay") is not None:
+    if "def _pp_spec_rebuild_verify_input" in _source_of("sglang.srt.managers.scheduler_pp_mixin") \
+            and importlib.util.find_spec("sglang.srt.speculative.pp_spec_relay") is not None:
         sites.append("pp")
-    spec = importlib.util.find_spec("sglang.srt.speculative.frozen_kv_mtp_worker_v2")
-    try:
-        text = Path(spec.origin).read_text() if spec and spec.origin else ""
-    except OSError:
-        text = ""
-    if "class FrozenKVMTPDraftWorker" in text and "build_tree_kernel_efficient(" in text:
+    frozen = _source_of("sglang.srt.speculative.frozen_kv_mtp_worker_v2")
+    if "class FrozenKVMTPDraftWorker" in frozen and "build_tree_kernel_efficient(" in frozen:
         sites.append("frozen_kv_mtp")
     return tuple(sites)
+
+
+def _source_of(module: str) -> str:
+    """A module's source text, found without importing it ("" when it is absent)."""
+    spec = importlib.util.find_spec(module)
+    try:
+        return Path(spec.origin).read_text() if spec and spec.origin else ""
+    except OSError:
+        return ""
 
 
 def stand_ins(sg, mask, config: Config, batch: Batch, dev):
