@@ -1,85 +1,214 @@
 #!/usr/bin/env bash
 # Installs SGLang for the `sglang` target, CPU-only.
 #
-#   install_sglang.sh                 sglang==0.5.23 from PyPI into .venv
-#   install_sglang.sh --from PATH     a source checkout laid out like SGLang's repository
+#   install_sglang.sh                 sglang==0.5.23 (the newest release known here) from PyPI into .venv
+#   --version V                       that release instead: any V with a pin file in
+#                                     scripts/sglang-pins/ (0.5.17 ... 0.5.23)
+#   --from PATH                       a source checkout laid out like SGLang's repository
 #                                     (PATH/python/pyproject.toml, PATH/python/sglang/...),
-#                                     editable, so the target runs that checkout's code
+#                                     editable, so the target runs that checkout's code; its
+#                                     release (python/pyproject.toml's version, else
+#                                     python/sglang/_version.py, else its newest git tag)
+#                                     picks the pins; --version overrides
 #   --python PY                       install into PY's environment instead of .venv
 #                                     (CI: the job's own interpreter; its torch is kept)
+#   --check                           install nothing: check that the installed sglang (release V
+#                                     with --version) imports, and which driven modules it has
 #
 # --no-deps throughout: SGLang's own requirements pin torch 2.14.1 and pull CUDA
-# builds (GBs). What is listed below is exactly what importing the verify-mask
-# modules (verify_mask, eagle_utils, eagle_worker_common, eagle_worker_v2,
-# spec_tree) needs on a CPU host, pinned so CI resolves the same set every run.
-# Idempotent: without --from, a venv that already imports them is left alone.
+# builds (GBs). Each release's import chain is scripts/sglang-pins/base.txt with
+# that release's scripts/sglang-pins/V.txt laid over it: exactly what importing
+# the verify-mask modules and the other modules the harness drives needs on a
+# CPU host, pinned so CI resolves the same set every run. No module is stubbed
+# on disk; only torchvision's two C-op schemas are defined up front (see below).
+# Idempotent: without --from, a venv whose sglang is already the requested
+# release and imports is left alone.
 set -euo pipefail
-usage() { echo "usage: install_sglang.sh [--from SGLANG_CHECKOUT] [--python PY]" >&2; exit 2; }
+die() { echo "install_sglang: $*" >&2; exit 2; }
+usage() { echo "usage: install_sglang.sh [--version V] [--from SGLANG_CHECKOUT] [--python PY] [--check]" >&2; exit 2; }
 FROM=""
 PY=""
+WANT=""
+CHECK=0
 while [ $# -gt 0 ]; do
     case "$1" in
-        --from) [ $# -ge 2 ] || usage; FROM=$2; shift 2 ;;
-        --python) [ $# -ge 2 ] || usage; PY=$2; shift 2 ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        --from) [ $# -ge 2 ] || die "--from needs a path"; FROM=$2; shift 2 ;;
+        --python) [ $# -ge 2 ] || die "--python needs an interpreter"; PY=$2; shift 2 ;;
+        --version) [ $# -ge 2 ] || die "--version needs a release, e.g. 0.5.23"; WANT=$2; shift 2 ;;
+        --check) CHECK=1; shift ;;
+        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
         *) usage ;;
     esac
 done
+PINS=$(cd "$(dirname "$0")" && pwd -P)/sglang-pins
+KNOWN=$(cd "$PINS" && ls [0-9]*.txt | sed 's/\.txt$//' | sort -V | paste -sd' ')
+NEWEST=$(echo $KNOWN | tr ' ' '\n' | tail -1)
 if [ -n "$FROM" ]; then
     if [ ! -f "$FROM/python/pyproject.toml" ] || [ ! -f "$FROM/python/sglang/__init__.py" ]; then
         echo "install_sglang: --from $FROM: not an SGLang checkout (needs python/pyproject.toml and python/sglang/)" >&2
         exit 2
     fi
     FROM=$(cd "$FROM" && pwd -P)
+    if [ -z "$WANT" ]; then
+        # the checkout's release: pyproject's static version, else a version file's
+        # __version__ (setuptools-scm writes _version.py), else the newest tag git finds;
+        # a .devN / .postN / rcN / +local suffix maps onto its X.Y.Z's pins
+        found=$(sed -nE "s/^version *= *[\"']([^\"']+)[\"'].*/\1/p" "$FROM/python/pyproject.toml" | head -1)
+        for f in "$FROM/python/sglang/_version.py" "$FROM/python/sglang/version.py"; do
+            [ -z "$found" ] && [ -f "$f" ] && found=$(sed -nE "s/^__version__ *=[^\"']*[\"']([^\"']+)[\"'].*/\1/p" "$f" | head -1)
+        done
+        [ -n "$found" ] || found=$(git -C "$FROM" describe --tags --abbrev=0 2>/dev/null || true)
+        [ -n "$found" ] || die "--from $FROM: cannot tell its release (python/pyproject.toml, python/sglang/_version.py, git tags); pass --version V"
+        WANT=$(echo "$found" | sed -E 's/^v?([0-9]+\.[0-9]+\.[0-9]+).*/\1/')
+        [ -f "$PINS/$WANT.txt" ] || die "--from $FROM: its release $found has no pin file (known: $KNOWN); pass --version V to use one"
+    fi
 fi
+[ "$CHECK" = 0 ] || [ -z "$FROM" ] || die "--check installs nothing: use it without --from"
+[ "$CHECK" = 1 ] && [ -z "$WANT" ] && ANY=1 || ANY=0
+WANT=${WANT:-$NEWEST}
+[ -f "$PINS/$WANT.txt" ] || die "unknown sglang release '$WANT' (known: $KNOWN)"
 if [ -n "$PY" ]; then
     PY=$(command -v "$PY" || true)
-    [ -n "$PY" ] || { echo "install_sglang: --python: no such interpreter" >&2; exit 2; }
+    [ -n "$PY" ] || die "--python: no such interpreter"
 fi
 cd "$(dirname "$0")/.."
 VENV=${VMFUZZ_VENV:-.venv}
 PY=${PY:-$VENV/bin/python}
+#: the core the target cannot run without (harness/targets/sglang/loader.py)
 MODULES="sglang.srt.layers.attention.verify_mask sglang.srt.speculative.eagle_worker_common sglang.srt.speculative.eagle_worker_v2 sglang.kernels.ops.speculative.spec_tree"
+#: every SGLang module harness/targets/sglang/*.py imports (grep its `sglang.` names and
+#: SITES/ROUTERS tables). One absent from a release's files is reported, not required: the
+#: harness says "not driven" for it. kernels/ops/speculative/tree.py (JIT CUDA, imported
+#: only when CUDA is there) and flashmla_backend (not driven on CPU) are left out.
+DRIVEN="
+sglang.srt.layers.attention.verify_mask
+sglang.srt.speculative.eagle_utils
+sglang.srt.speculative.eagle_info
+sglang.srt.speculative.eagle_worker_common
+sglang.srt.speculative.eagle_worker_v2
+sglang.srt.model_executor.forward_batch_info
+sglang.kernels.ops.speculative.spec_tree
+sglang.kernels.ops.speculative.eagle
+sglang.kernels.ops.speculative.pack_verify_mask
+sglang.srt.layers.attention.triton_backend
+sglang.srt.layers.attention.flashinfer_backend
+sglang.srt.layers.attention.hybrid_attn_backend
+sglang.srt.layers.attention.tbo_backend
+sglang.srt.layers.attention.hybrid_linear_attn_backend
+sglang.srt.layers.attention.dots_hybrid_backend
+sglang.srt.speculative.dflash_utils
+sglang.srt.layers.attention.flashattention_backend
+sglang.srt.layers.attention.trtllm_mla_backend
+sglang.srt.layers.attention.deepseek_v4_backend
+sglang.srt.layers.attention.deepseek_v4_backend_hip_radix
+sglang.srt.layers.attention.qwen_sparse_attn_backend
+sglang.srt.managers.scheduler_pp_mixin
+sglang.srt.speculative.pp_spec_relay
+sglang.srt.speculative.frozen_kv_mtp_worker_v2
+sglang.srt.speculative.frozen_kv_mtp_info
+"
 
 [ -x "$PY" ] || [ "$PY" != "$VENV/bin/python" ] || bash scripts/bootstrap.sh
+
+installed_version() {
+    "$PY" -c 'from importlib.metadata import version; print(version("sglang"))' 2>/dev/null || true
+}
 
 can_import() {
     env -u SGLANG_USE_CPU_ENGINE TRITON_INTERPRET=1 "$PY" -W ignore -c \
         "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]]" $MODULES
 }
 
-if [ -z "$FROM" ] && can_import 2>/dev/null; then
-    echo "install_sglang: SGLang already importable by $PY"
+# Imports each driven module whose file the installed sglang has. flashattention_backend
+# is imported as the harness imports it: each missing non-SGLang extension module
+# (sgl_kernel's CUDA ops) stood in for by an empty module, in this check's process only
+# (nothing is written to disk).
+# Prints "absent: ..." and one "fails: MODULE: error" line per failure; exit 1 on any failure.
+check_driven() {
+    env -u SGLANG_USE_CPU_ENGINE TRITON_INTERPRET=1 "$PY" -W ignore - $DRIVEN <<'PYEOF'
+import importlib, importlib.util, os, sys
+root = importlib.util.find_spec("sglang").submodule_search_locations[0]
+present, absent = [], []
+for name in sys.argv[1:]:
+    rel = os.path.join(root, *name.split(".")[1:])
+    (present if os.path.isfile(rel + ".py") or os.path.isfile(os.path.join(rel, "__init__.py")) else absent).append(name)
+def stubbing_missing(name):
+    # as harness/targets/sglang/allocation.py imports flashattention_backend
+    import types
+    for _ in range(8):
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if not exc.name or exc.name.startswith("sglang") or exc.name in sys.modules:
+                raise
+            mod = types.ModuleType(exc.name); mod.__path__ = []
+            mod.__getattr__ = lambda attr: type(attr, (), {})
+            sys.modules[exc.name] = mod
+failed = []
+# one interpreter: a module that fails is dropped from sys.modules, so the next one
+# retries whatever it shares; the stubbed import goes last, so no stub is seen by another
+for name in sorted(present, key=lambda n: n.endswith(".flashattention_backend")):
+    try:
+        (stubbing_missing if name.endswith(".flashattention_backend") else importlib.import_module)(name)
+    except Exception as exc:
+        failed.append(f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+short = lambda names: " ".join(n.rsplit(".", 1)[1] for n in names) or "none"
+print(f"install_sglang: driven modules present: {len(present)}, importing: {len(present) - len(failed)}")
+print(f"install_sglang: driven modules absent from this release: {short(absent)}")
+for line in failed:
+    print(f"install_sglang: driven module fails to import: {line}")
+sys.exit(1 if failed else 0)
+PYEOF
+}
+
+if [ "$CHECK" = 1 ]; then
+    have=$(installed_version)
+    [ -n "$have" ] || { echo "install_sglang: no sglang installed for $PY" >&2; exit 1; }
+    [ "$ANY" = 1 ] || [ "$have" = "$WANT" ] || { echo "install_sglang: $PY has sglang $have, not $WANT" >&2; exit 1; }
+    if ! err=$(can_import 2>&1); then
+        echo "install_sglang: sglang $have does not import: $(echo "$err" | tail -1)" >&2
+        exit 1
+    fi
+    check_driven || { echo "install_sglang: sglang $have: a module the harness drives does not import (lines above)" >&2; exit 1; }
+    echo "install_sglang: sglang $have imports ($PY)"
     exit 0
 fi
 
+if [ -z "$FROM" ] && [ "$(installed_version)" = "$WANT" ] && can_import 2>/dev/null; then
+    echo "install_sglang: sglang $WANT already importable by $PY"
+    exit 0
+fi
+
+# base.txt with the release's file laid over it: an entry replaces base's entry of the
+# same (normalized) name, "-name" drops it
+CHAIN=$(python3 - "$PINS/base.txt" "$PINS/$WANT.txt" <<'PYEOF'
+import re, sys
+norm = lambda s: re.sub(r"[-_.]+", "-", re.split(r"[=<>!~\[; ]", s, 1)[0]).lower()
+pins = {}
+for path in sys.argv[1:]:
+    for line in open(path):
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("-"):
+            pins.pop(norm(line[1:]), None)
+        elif line:
+            pins[norm(line)] = line
+print(" ".join(pins.values()))
+PYEOF
+)
+
 if [ -n "$FROM" ]; then
-    echo "install_sglang: installing $FROM/python (editable) and its CPU import chain for $PY"
+    echo "install_sglang: installing $FROM/python (editable) and the sglang $WANT CPU import chain for $PY"
     # compat mode: the checkout's python/ goes on sys.path itself (as PYTHONPATH
     # would put it), so it wins over any sglang already in the environment;
     # setuptools' default finder hook is consulted only after site-packages.
     "$PY" -m pip install -q --no-deps --config-settings editable_mode=compat -e "$FROM/python" 2>&1 | grep -v "^WARNING: Location" || true
     SGLANG_PIN=""
 else
-    echo "install_sglang: installing sglang==0.5.23 and its CPU import chain for $PY"
-    SGLANG_PIN="sglang==0.5.23"
+    echo "install_sglang: installing sglang==$WANT and its CPU import chain for $PY"
+    SGLANG_PIN="sglang==$WANT"
 fi
-"$PY" -m pip install -q --no-deps \
-    $SGLANG_PIN triton==3.6.0 torchvision==0.28.0 \
-    transformers==5.19.0 tokenizers==0.23.2 huggingface_hub==2.4.0 safetensors==0.8.0 \
-    compressed-tensors==0.18.0 sentencepiece==0.2.1 gguf==0.19.0 apache-tvm-ffi==0.1.11 \
-    openai==2.8.0 distro==1.9.0 httpx==0.28.1 httpx2==2.16.2 httpcore2==2.16.2 h11==0.16.0 \
-    anyio==4.16.0 sniffio==1.3.1 idna==3.20 certifi truststore==0.10.5 \
-    fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 click==8.5.1 annotated-doc==0.0.7 \
-    pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
-    typing_extensions==4.16.0 aiohttp==3.14.5 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 attrs==26.1.0 \
-    frozenlist==1.8.0 multidict==7.2.1 propcache==0.5.4 yarl==1.25.1 \
-    orjson==3.13.0 psutil==7.2.2 pybase64==1.5.1 pyzmq==27.3.0 requests==2.34.2 urllib3==2.8.0 \
-    packaging==26.4 pillow==13.0.0 PyYAML==6.0.4 regex==2026.11.19 filelock==4.3.1 fsspec==2026.9.0 \
-    tqdm==4.70.1 einops==0.8.2 dill==0.4.1 loguru==0.7.3 sympy==1.14.0 mpmath==1.4.1 networkx==3.6.1 \
-    ipython==9.18.1 traitlets==5.16.1 Pygments==2.21.0 partial-json-parser==0.2.1.1.post7 \
-    setproctitle==1.3.8 opentelemetry-api importlib-metadata zipp \
-    2>&1 | grep -v "^WARNING: Location" || true
+# shellcheck disable=SC2086  # the chain is a list of requirements, one word each
+"$PY" -m pip install -q --no-deps $SGLANG_PIN $CHAIN 2>&1 | grep -v "^WARNING: Location" || true
 
 # PyPI's torchvision is a CUDA build: on CPU torch its C ops never register and
 # its fake-op registrations fail at import. SGLang imports torchvision on the way
@@ -124,7 +253,7 @@ PYEOF
 echo "import _vmfuzz_tv_cpu_shim; _vmfuzz_tv_cpu_shim.install()" > "$SITE/zz_vmfuzz_tv_cpu_shim.pth"
 
 if ! err=$(can_import 2>&1); then
-    echo "install_sglang: SGLang still does not import: $(echo "$err" | tail -1)" >&2
+    echo "install_sglang: SGLang $WANT still does not import: $(echo "$err" | tail -1)" >&2
     exit 1
 fi
 if [ -n "$FROM" ]; then
@@ -134,4 +263,8 @@ if [ -n "$FROM" ]; then
         *) echo "install_sglang: sglang imports from $where, not from $FROM" >&2; exit 1 ;;
     esac
 fi
-echo "install_sglang: ready ($("$PY" -c 'from importlib.metadata import version; print("sglang", version("sglang"))'))"
+if ! check_driven; then
+    echo "install_sglang: sglang $WANT: a module the harness drives does not import (lines above)" >&2
+    exit 1
+fi
+echo "install_sglang: ready (sglang $(installed_version), pins: base.txt + $WANT.txt)"
