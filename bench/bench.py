@@ -48,13 +48,15 @@ import torch
 from hypothesis import HealthCheck, Phase, example, given, seed as hseed, settings, strategies as st
 from hypothesis import target as hypothesis_target
 
-from harness.campaign import Bounds, boundary_cases, cases, run_property
-from harness.config import Batch, Config, num_candidates
-from harness.layouts import TreeMaskMode, logical_size
+from harness.engine.cases import boundary_cases, cases
+from harness.engine.search import run_property
+from harness.model.bounds import Bounds
+from harness.model.config import Batch, Config, num_candidates
+from harness.model.layouts import TreeMaskMode, logical_size
 from harness.properties import PROPERTIES
-from harness.shadow import ShadowHeap
+from harness.guard.shadow import ShadowHeap
 from harness.targets import CATALOGUE, resolve
-from harness.trees import draft
+from harness.model.trees import draft
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sparse  # noqa: E402  (bench/sparse.py: the sparse catalogue)

@@ -17,6 +17,6 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     echo "bootstrap: installing $TORCH (CPU wheel)"
     "$VENV/bin/pip" install -q "$TORCH" numpy 2>&1 | grep -v "^WARNING: Location" || true
 fi
-echo "bootstrap: installing vmfuzz (editable) and its dependencies"
-"$VENV/bin/pip" install -q -e . 2>&1 | grep -v "^WARNING: Location" || true
+echo "bootstrap: installing vmfuzz (editable), its dependencies and the test tools"
+"$VENV/bin/pip" install -q -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
 "$VENV/bin/python" -c "import harness, hypothesis, msgspec, torch; print('bootstrap: ready (torch', torch.__version__ + ')')"

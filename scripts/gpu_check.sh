@@ -39,10 +39,10 @@ step() {  # step NAME SECONDS CMD...
 
 step "chain branch taken on its own with seq_lens on CUDA" 100 "$PY" -W ignore - <<'PY'
 import msgspec
-from harness.config import Batch, Config
-from harness.layouts import TreeMaskMode
+from harness.model.config import Batch, Config
+from harness.model.layouts import TreeMaskMode
 from harness.properties import PROPERTIES
-from harness.shadow import ShadowHeap
+from harness.guard.shadow import ShadowHeap
 from harness.targets import resolve
 
 target = resolve("sglang")

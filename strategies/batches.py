@@ -7,7 +7,7 @@ from functools import lru_cache
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from harness.config import Batch, Config
+from harness.model.config import Batch, Config
 from strategies._cached import BOOLEANS
 from strategies._validate import check_int
 from strategies.trees import deepest, draft_trees
@@ -15,7 +15,7 @@ from strategies.trees import deepest, draft_trees
 
 def _check_config(config) -> Config:
     if not isinstance(config, Config):
-        raise InvalidArgument(f"config={config!r} must be a harness.config.Config")
+        raise InvalidArgument(f"config={config!r} must be a harness.model.config.Config")
     return config
 
 
@@ -59,7 +59,7 @@ def _seq_lens(c: int, bs: int):
     if bs == 1:
         return each
     # Whole batches at the context limit are the worst case capacity is sized
-    # for (DESIGN.md, capacity-soundness); drawn request by request they are
+    # for (docs/properties.md, capacity-soundness); drawn request by request they are
     # (1/4)^bs rare.
     return st.one_of(each, st.just((c,) * bs), st.just((0,) * bs))
 

@@ -7,8 +7,8 @@ from functools import lru_cache
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from harness.config import DraftTree, num_candidates
-from harness.trees import draft
+from harness.model.config import DraftTree, num_candidates
+from harness.model.trees import draft
 from strategies._validate import check_int
 
 

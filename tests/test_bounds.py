@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from harness.campaign import Bounds
+from harness.model.bounds import Bounds
 from harness.cli import main
-from harness.profiles import PROFILES
-from harness.session import RunPlan, execute
+from harness.engine.profiles import PROFILES
+from harness.engine.session import RunPlan, execute
 from harness.targets import resolve
 
 

@@ -3,7 +3,8 @@
 import pytest
 from hypothesis import given
 
-from harness.campaign import Bounds, cases
+from harness.engine.cases import cases
+from harness.model.bounds import Bounds
 from harness.cli import main
 from harness.properties import PROPERTIES
 from harness.targets import CATALOGUE, resolve

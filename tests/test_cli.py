@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.repro_file import load
+from harness.model.repro_file import load
 
 ROOT = Path(__file__).resolve().parents[1]
 PR33127 = ROOT / "repro" / "pr33127" / "pr33127.json"

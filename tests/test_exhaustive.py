@@ -1,11 +1,11 @@
 import pytest
 
-from harness import exhaustive
+from harness.engine import exhaustive
 from harness.cli import main
-from harness.exhaustive import batches_of, configs, run_exhaustive, tree_shapes
-from harness.repro_file import load
+from harness.engine.exhaustive import batches_of, configs, run_exhaustive, tree_shapes
+from harness.model.repro_file import load
 from harness.targets import CATALOGUE, resolve
-from harness.trees import has_detached
+from harness.model.trees import has_detached
 
 
 def test_enumeration_is_deterministic_and_covers_the_bounds():

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.campaign import PropertyResult
-from harness.gate import Checkout, installed_sglang, triggers, touches_verify_mask
-from harness.surface import Entry, declared, gate_coverage, grep_package, sglang_rows
+from harness.engine.search import PropertyResult
+from harness.engine.changes import Checkout, installed_sglang, triggers, touches_verify_mask
+from harness.engine.surface import Entry, declared, gate_coverage, grep_package, sglang_rows
 from tests.helpers import ROOT, vmfuzz
 from tests.sglang_copies import altered_copy
 
@@ -41,7 +41,7 @@ def package() -> Path:
 
 
 def _grep(pkg: Path) -> list[str]:
-    """The acceptance grep of issue 8, run as a person would run it."""
+    """The grep for mask code over the package, run as a person would run it."""
     out = subprocess.run(f"grep -rlE '{REGEX}' --include=*.py --include=*.cuh --include=*.cu . | grep -v test",
                          shell=True, cwd=pkg, capture_output=True, text=True).stdout
     return sorted(line.removeprefix("./") for line in out.splitlines() if line.strip())
@@ -126,7 +126,7 @@ def test_a_file_that_loses_or_is_deleted_with_its_mask_code_triggers(tmp_path):
     # a bad PR that drops the capacity check: the file no longer names the mask
     (repo / dropper).write_text("if True:\n    pass\n")
     _commit(repo)
-    from harness.gate import changed_since
+    from harness.engine.changes import changed_since
     changed, checkout = changed_since(base, repo)
     assert sorted(changed) == sorted([holder, dropper, plain])
     why = {t.path: t.why for t in triggers(changed, checkout, package=None)}
@@ -344,7 +344,7 @@ def test_the_gate_reads_git_paths_with_odd_names_safely(tmp_path):
     (repo / "python/sglang/srt").mkdir(parents=True)
     (repo / odd).write_text("TreeMaskMode\n")
     _commit(repo)
-    from harness.gate import changed_since
+    from harness.engine.changes import changed_since
     changed, checkout = changed_since(base, repo)
     assert changed == [odd] and touches_verify_mask(changed, checkout, package=None) == [odd]
     r = vmfuzz("gate", "--base", base, "--repo", str(repo), "--report-dir", str(tmp_path / "rep"))
@@ -356,7 +356,8 @@ def test_the_gate_reads_git_paths_with_odd_names_safely(tmp_path):
 
 
 def test_a_changed_files_list_is_capped_and_keeps_undecodable_names(tmp_path):
-    from harness.gate import ChangeError, LIST_CAP, changed_from_file, shown
+    from harness.engine.changes import ChangeError, LIST_CAP, changed_from_file
+    from harness.report.terminal import shown
     listed = tmp_path / "changed.txt"
     listed.write_bytes(b"# comment\npython/sglang/srt/caf\xe9.py\n\n")
     [name] = changed_from_file(str(listed))
@@ -367,10 +368,10 @@ def test_a_changed_files_list_is_capped_and_keeps_undecodable_names(tmp_path):
 
 
 def test_sglang_free_helpers_stay_sglang_free():
-    # The gate's skip path must not pay SGLang's import: harness.gate imports neither.
+    # The gate's skip path must not pay SGLang's import: harness.engine.changes imports neither.
     code = textwrap.dedent("""
         import sys
-        import harness.gate, harness.surface
+        import harness.engine.changes, harness.engine.surface
         print(sorted(m for m in ('sglang', 'torch') if m in sys.modules))
     """)
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,

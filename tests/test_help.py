@@ -7,12 +7,12 @@ import re
 
 import pytest
 
-from harness.cli import _parser
+from harness.cli.parser import build_parser
 from tests.helpers import ROOT
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
-    action = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    action = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     return dict(action.choices)
 
 
@@ -33,7 +33,7 @@ def test_every_option_has_help_text():
 
 
 def test_top_level_help_lists_the_commands_and_the_exit_codes():
-    text = _parser().format_help()
+    text = build_parser().format_help()
     for name in _subparsers():
         assert re.search(rf"^\s+{re.escape(name)}\b", text, re.M), name
     for code in ("0", "1", "2"):

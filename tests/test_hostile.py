@@ -1,4 +1,4 @@
-"""Hostile input, resource bombs and faults (issue 9): every class fails closed.
+"""Hostile input, resource bombs and faults: every class fails closed.
 
 Each case runs the CLI as a user would, in a subprocess under a memory cap
 (RLIMIT_AS) and a timeout, and asserts the contract: the right exit code
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from harness import limits
+from harness.model import limits
 
 ROOT = Path(__file__).resolve().parents[1]
 MEMORY_CAP = 3 << 30  # address space: RSS stays well below; a 6.9 GB bomb dies at once
@@ -380,13 +380,13 @@ def test_bad_numbers_are_refused_in_process(tmp_path, capsys, argv, words):
 # -- collisions ---------------------------------------------------------------------------------------
 
 def test_default_report_dirs_are_unique_per_run(tmp_path, monkeypatch):
-    from harness.session import default_report_dir
+    from harness.report.summary import default_report_dir
     monkeypatch.chdir(tmp_path)
     first = default_report_dir()
     first.mkdir(parents=True)
     second = default_report_dir()
     assert second != first and str(os.getpid()) in first.name
-    other = subprocess.run([sys.executable, "-c", "from harness.session import default_report_dir as d; print(d())"],
+    other = subprocess.run([sys.executable, "-c", "from harness.report.summary import default_report_dir as d; print(d())"],
                            cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=60)
     assert other.stdout.strip() != str(first)
 
@@ -455,8 +455,8 @@ def _mutate(base, draw):
 @given(st.data())
 def test_mutated_repro_and_deployment_files_keep_the_contract(tmp_path_factory, data):
     from harness.cli import main
-    from harness.deployment import DeploymentError, loads
-    from harness.validate import buffer_cells
+    from harness.model.deployment_file import DeploymentError, loads
+    from harness.model.validate import buffer_cells
 
     tmp = tmp_path_factory.mktemp("mut")
     mutated = _mutate(GOOD_REPRO, data.draw)
@@ -489,8 +489,9 @@ def test_mutated_repro_and_deployment_files_keep_the_contract(tmp_path_factory, 
 # -- in-process seams ------------------------------------------------------------------------------------------
 
 def test_an_interrupt_a_library_swallowed_still_ends_the_search(tmp_path, monkeypatch):
-    from harness import signals
-    from harness.campaign import Bounds, run_property
+    from harness.engine import signals
+    from harness.engine.search import run_property
+    from harness.model.bounds import Bounds
     from harness.properties import PROPERTIES
     from harness.targets import resolve
     monkeypatch.setattr(signals, "_received", signal.SIGINT)  # the signal came; its exception was lost
@@ -503,7 +504,9 @@ def test_an_interrupt_a_library_swallowed_still_ends_the_search(tmp_path, monkey
 def test_an_error_while_generating_is_the_harness_s_never_a_finding(tmp_path):
     from hypothesis.errors import InvalidArgument
 
-    from harness.campaign import Bounds, HarnessError, run_property
+    from harness.engine.search import run_property
+    from harness.model.bounds import Bounds
+    from harness.model.errors import HarnessError
     from harness.properties import PROPERTIES
     from harness.targets import resolve
 
@@ -517,8 +520,8 @@ def test_an_error_while_generating_is_the_harness_s_never_a_finding(tmp_path):
 
 
 def test_the_oracle_walk_ends_even_on_a_cyclic_tree_that_slipped_past_validation():
-    from harness.config import DraftTree
-    from harness.oracle import _tree_facts
+    from harness.model.config import DraftTree
+    from harness.model.oracle import tree_facts
     cyclic = DraftTree((2, 3, 4), (-1, 4, 2, 2, 3))  # node 1 -> node 3 -> node 1 -> ...
-    visible, depth, _, _ = _tree_facts(cyclic, 2, 4)
+    visible, depth, _, _ = tree_facts(cyclic, 2, 4)
     assert max(depth) <= 3

@@ -1,6 +1,5 @@
-import pytest
 
-from harness.layouts import (TreeMaskMode, logical_size, packed_dtype_bits, request_at,
+from harness.model.layouts import (TreeMaskMode, logical_size, request_at,
                              request_extents, worst_case_size)
 
 FULL, QLEN, BITS = TreeMaskMode.FULL_MASK, TreeMaskMode.QLEN_ONLY, TreeMaskMode.QLEN_ONLY_BITPACKING
@@ -30,12 +29,3 @@ def test_request_at_attributes_offsets_past_the_buffer():
     assert request_at(FULL, [0, 0], 2, 6) == 1
     assert request_at(FULL, [0, 0], 2, 8) is None
 
-
-@pytest.mark.parametrize("d,bits", [(1, 8), (8, 8), (9, 16), (16, 16), (17, 32), (32, 32)])
-def test_packed_row_width(d, bits):
-    assert packed_dtype_bits(d) == bits
-
-
-def test_packed_rows_hold_at_most_32_tokens():
-    with pytest.raises(ValueError):
-        packed_dtype_bits(33)

@@ -1,9 +1,9 @@
 import torch
 
-from harness.config import Batch, Config, DraftTree
-from harness.layouts import TreeMaskMode
-from harness.oracle import expected
-from harness.trees import DETACHED, draft, parents, simplest
+from harness.model.config import Batch, Config, DraftTree
+from harness.model.layouts import TreeMaskMode
+from harness.model.oracle import expected
+from harness.model.trees import DETACHED, draft, parents, simplest
 
 
 def test_simplest_tree_is_breadth_first_and_fully_attached():

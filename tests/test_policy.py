@@ -3,10 +3,10 @@ import copy
 import pytest
 
 from harness.cli import main
-from harness.config import Config
-from harness.layouts import TreeMaskMode
-from harness.policy import grid, verify_policy
-from harness.repro_file import load
+from harness.model.config import Config
+from harness.model.layouts import TreeMaskMode
+from harness.engine.policy import grid, verify_policy
+from harness.model.repro_file import load
 from harness.targets import resolve
 
 

@@ -15,13 +15,15 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from harness.campaign import Bounds, cases, run_property
-from harness.config import Batch, Config
-from harness.layouts import TreeMaskMode
+from harness.engine.cases import cases
+from harness.engine.search import run_property
+from harness.model.bounds import Bounds
+from harness.model.config import Batch, Config
+from harness.model.layouts import TreeMaskMode
 from harness.properties import PROPERTIES, PropertyFailure
 from harness.properties.readers import packed_bytes
-from harness.readers import reader_config
-from harness.shadow import ShadowHeap
+from harness.model.readers import reader_config
+from harness.guard.shadow import ShadowHeap
 from harness.targets import resolve
 from tests.sglang_copies import altered_copy, run_on_copy
 
@@ -105,7 +107,7 @@ def test_a_packer_that_ignores_its_capacity_is_caught():
     target = resolve("reference")
 
     def packs_without_the_host_check(config, batch, step_mask, buffer):
-        from harness.readers import model_pack
+        from harness.targets.reference.readers import model_pack
         roomy = torch.zeros(buffer.numel() + 64, dtype=torch.uint8)
         view = model_pack(config, batch, step_mask, roomy)
         buffer.copy_(roomy[:buffer.numel()])
@@ -167,10 +169,10 @@ def test_sglang_readers_are_sglangs_own(sglang_target):
 def test_replay_copies_a_fallback_steps_mask_into_the_backends_buffer(spec, request):
     """A step that wrote its own allocation: replay must copy it over the stale preallocated buffer."""
     target = request.getfixturevalue("sglang_target") if spec == "sglang" else resolve(spec)
-    from harness.properties.core import _reused_mask
+    from harness.properties.kit import reused_mask
 
     batch = Batch((3, 5))
-    heap, mask = _reused_mask(target, FULL, "cpu")
+    heap, mask = reused_mask(target, FULL, "cpu")
     step = target.verify(None, FULL, batch, heap).as_cpu()
     assert not step.reused
     view = target.read_replay(mask, FULL, batch, step)

@@ -15,14 +15,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.allocation import ServerNumbers
-from harness.campaign import Bounds, run_property
+from harness.model.allocation import ServerNumbers
+from harness.engine.search import run_property
+from harness.model.bounds import Bounds
 from harness.cli import main
-from harness.config import Batch, Config
-from harness.layouts import TreeMaskMode
+from harness.model.config import Batch, Config
+from harness.model.layouts import TreeMaskMode
 from harness.properties import PROPERTIES, PropertyFailure
-from harness.routing import ROUTERS, SPEC_MODES, Child, verify_child
-from harness.shadow import ShadowHeap
+from harness.model.routing import ROUTERS, SPEC_MODES, Child, verify_child
+from harness.guard.shadow import ShadowHeap
 from harness.targets import CATALOGUE, resolve
 from tests.sglang_copies import altered_copy, run_on_copy
 
@@ -109,7 +110,7 @@ def test_no_drivable_site_fails_rather_than_holds():
 
 
 def test_a_target_without_the_seams_gets_them_not_driven(tmp_path):
-    from harness.campaign import search_property
+    from harness.engine.search import search_property
     from harness.targets.reference import ReferenceTarget
 
     class CoreOnly(ReferenceTarget):
@@ -145,7 +146,7 @@ def _deployment(tmp_path, **fields):
 
 
 def test_old_deployment_files_load_with_defaults():
-    from harness.deployment import load
+    from harness.model.deployment_file import load
     dep = load(ROOT / "examples" / "deployment-pr33127.json")
     assert (dep.speculative_attention_mode, dep.pp_size, dep.backends()) == ("prefill", 1, ("", ""))
 

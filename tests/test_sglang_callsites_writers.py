@@ -17,12 +17,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis.errors import InvalidArgument
 
-from harness.campaign import Bounds, boundary_cases
-from harness.config import CALL_SITES, Batch, Config, ConfigError
-from harness.layouts import TreeMaskMode
+from harness.engine.cases import boundary_cases
+from harness.model.bounds import Bounds
+from harness.model.config import CALL_SITES, Batch, Config, ConfigError
+from harness.model.layouts import TreeMaskMode
 from harness.properties import PROPERTIES
-from harness.repro_file import ReproError, dump, from_case, load, to_case
-from harness.shadow import ShadowHeap
+from harness.model.repro_file import ReproError, dump, from_case, load, to_case
+from harness.guard.shadow import ShadowHeap
 from harness.targets import CATALOGUE, resolve
 from strategies import chain_configs, configs, trivial_configs
 from tests.sglang_copies import altered_copy, run_on_copy
@@ -121,7 +122,7 @@ def test_boundary_corpus_meets_every_call_site():
 def test_a_call_site_sglang_lacks_is_never_drawn(sglang_target):
     from types import SimpleNamespace
 
-    from harness.campaign import cases
+    from harness.engine.cases import cases
     from harness.targets.sglang.call_sites import available
     assert sglang_target.call_sites == ("eagle", "chain", "pp", "frozen_kv_mtp")
     no_chain = SimpleNamespace(build_chain_tree=None, call_site=SimpleNamespace())
@@ -139,7 +140,7 @@ def test_a_call_site_sglang_lacks_is_never_drawn(sglang_target):
 
 
 def test_pp_rebuild_is_sglangs_and_decides_reuse(sglang_target):
-    sg = sglang_target._sg
+    sg = sglang_target.sglang
     for seq_lens, want in (((1, 6), True), ((1, 6, 3), False)):
         heap = ShadowHeap("cpu")
         mask = sglang_target.allocate(PP_FULL, heap)
@@ -167,7 +168,7 @@ def test_chain_site_takes_build_chain_tree_on_cpu(sglang_target):
 
 
 def test_modules_are_left_as_found(sglang_target):
-    before = _bound_attrs(sglang_target._sg)
+    before = _bound_attrs(sglang_target.sglang)
     PROPERTIES["no-oob-write"].check(sglang_target, PP_FULL, [Batch((3, 5, 6))])
     PROPERTIES["chain-writer"].check(sglang_target, CHAIN, [Batch((3, 5, 6))])
     broken = resolve("sglang")
@@ -179,12 +180,12 @@ def test_modules_are_left_as_found(sglang_target):
         PROPERTIES["no-oob-write"].check(broken, CHAIN, [Batch((3,))])
     with pytest.raises(RuntimeError, match="chain kernel died"):
         PROPERTIES["chain-writer"].check(broken, CHAIN, [Batch((3,))])
-    assert _bound_attrs(sglang_target._sg) == before
+    assert _bound_attrs(sglang_target.sglang) == before
 
 
 @pytest.mark.parametrize("variant", ["pp-reuse-unchecked", "chain-row-offset"])
 def test_new_variants_are_caught_over_sglang(sglang_target, variant, tmp_path):
-    from harness.campaign import run_property
+    from harness.engine.search import run_property
     target = CATALOGUE[variant].layer(sglang_target)
     for name in ("no-oob-write", "chain-writer", "reference-agreement"):
         res = run_property(target, PROPERTIES[name], seed=3, max_examples=6, bounds=sglang_target.bounds,

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.campaign import run_campaign, run_property
-from harness.config import Batch, Config
-from harness.layouts import TreeMaskMode
+from harness.engine.search import run_campaign, run_property
+from harness.model.config import Batch, Config
+from harness.model.layouts import TreeMaskMode
 from harness.properties import PROPERTIES
 from harness.targets import CATALOGUE, resolve
 from tests.sglang_copies import altered_copy, run_on_copy
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _seams(target):
-    sg = target._sg
+    sg = target.sglang
     return (sg.VerifyMask.__dict__.get("fits"), sg.wrapper_owner.__dict__.get("build_tree_kernel_efficient"),
             sg.eagle_utils.__dict__.get(sg.entry, "<absent>"), sg.verify_mask.__dict__.get("tree_mask_numel"))
 
@@ -96,7 +96,7 @@ def test_sglang_modules_are_left_as_found(sglang_target):
 
 def test_reuse_decision_is_the_call_sites(sglang_target):
     """``reused`` reports what SGLang's call site chose, not a re-derivation."""
-    from harness.shadow import ShadowHeap
+    from harness.guard.shadow import ShadowHeap
 
     cfg = Config(TreeMaskMode.FULL_MASK, 2, 8, 4, 2, 2)
     for seq_lens, want in (((1, 2), True), ((1, 2, 3), False)):

@@ -5,14 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from harness.campaign import Bounds, run_campaign, shareable
-from harness.config import Batch, Config
-from harness.kernel_call import LAUNCHES
-from harness.layouts import TreeMaskMode
+from harness.engine.search import run_campaign, shareable
+from harness.model.bounds import Bounds
+from harness.model.config import Batch, Config
+from harness.guard.tree_write import LAUNCHES
+from harness.model.layouts import TreeMaskMode
 from harness.properties import PROPERTIES, PropertyFailure, lookup, shared_group
 from harness.properties.shared import ORDER, judge
-from harness.replay import replay
-from harness.repro_file import load
+from harness.engine.replay import replay
+from harness.model.repro_file import load
 from harness.targets import resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))

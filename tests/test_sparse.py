@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import Batch, Config
-from harness.layouts import TreeMaskMode
+from harness.model.config import Batch, Config
+from harness.model.layouts import TreeMaskMode
 from harness.properties import PropertyFailure
 from harness.targets import resolve
 from strategies.trees import deepest

@@ -2,8 +2,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis.errors import InvalidArgument
 
-from harness.config import Config
-from harness.layouts import TreeMaskMode
+from harness.model.config import Config
+from harness.model.layouts import TreeMaskMode
 from strategies import batch_sizes, batches, configs, draft_trees, seq_lens, step_sequences, trivial_configs
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from harness.config import Batch, Config, ConfigError
-from harness.layouts import TreeMaskMode
+from harness.model.config import Batch, Config, ConfigError
+from harness.model.layouts import TreeMaskMode
 from harness.properties import PROPERTIES
-from harness.surface import NO_DRIVER, Row, Undriven, known_reason, not_driven, sglang_rows
+from harness.engine.surface import NO_DRIVER, Row, Undriven, known_reason, not_driven, sglang_rows
 from harness.targets import CATALOGUE, resolve
 from strategies import configs
 from tests.sglang_copies import altered_copy, run_on_copy
@@ -58,7 +58,7 @@ def test_frozen_site_always_falls_back_and_holds(target_name, prop, request):
 
 def test_sglang_frozen_site_found_and_left_as_found(sglang_target):
     assert "frozen_kv_mtp" in sglang_target.call_sites
-    fz = sglang_target._sg.frozen()
+    fz = sglang_target.sglang.frozen()
     before = (fz.module.__dict__["ForwardBatch"], fz.module.__dict__["build_tree_kernel_efficient"])
     PROPERTIES["no-oob-write"].check(sglang_target, Config(FULL, 1, 3, 3, 2, 1, True, "frozen_kv_mtp"),
                                      [Batch((3, 2))])
@@ -68,7 +68,7 @@ def test_sglang_frozen_site_found_and_left_as_found(sglang_target):
 # -- DFlash's verify-mask policy over the real routers ------------------------------
 
 def test_dflash_policy_resolves_to_the_verify_child(sglang_target):
-    from harness.routing import DFLASH_RESOLVED, ROUTERS, SPEC_MODES, Child, verify_child
+    from harness.model.routing import DFLASH_RESOLVED, ROUTERS, SPEC_MODES, Child, verify_child
 
     for router, roles in ROUTERS.items():
         for spec_mode in SPEC_MODES:
@@ -81,7 +81,8 @@ def test_dflash_policy_resolves_to_the_verify_child(sglang_target):
 
 
 def test_dflash_variant_is_caught_by_routing_on_reference(tmp_path):
-    from harness.campaign import Bounds, run_property
+    from harness.engine.search import run_property
+    from harness.model.bounds import Bounds
 
     assert "dflash-policy-prefill" in CATALOGUE
     target = CATALOGUE["dflash-policy-prefill"].layer(resolve("reference"))
@@ -95,7 +96,7 @@ def test_dflash_variant_is_caught_by_routing_on_reference(tmp_path):
 def test_flashattention_site_is_driven_and_its_stubs_do_not_leak(sglang_target):
     import sys
 
-    from harness.allocation import ServerNumbers
+    from harness.model.allocation import ServerNumbers
     from harness.targets.sglang.allocation import load_sites
 
     before = set(sys.modules)
@@ -126,7 +127,7 @@ def test_not_driven_entries_are_rows_even_beside_a_driven_function(tmp_path):
     (pkg / "srt").mkdir(parents=True)
     (pkg / "srt" / "a.py").write_text("def f(): return VerifyMask\ndef g(): return VerifyMask\n")
     (pkg / "srt" / "b.py").write_text("VerifyMask\n")
-    from harness.surface import Entry
+    from harness.engine.surface import Entry
 
     target = resolve("reference")
     rows = sglang_rows(target, pkg, entries=[Entry("srt/a.py", "f", ("no-oob-write",), "m")],
@@ -146,7 +147,7 @@ def test_every_not_driven_entry_is_well_formed():
 
 
 def test_no_sglang_file_is_left_without_a_driver_or_a_reason(sglang_target):
-    from harness.surface import loaded_package
+    from harness.engine.surface import loaded_package
 
     rows = sglang_rows(sglang_target, loaded_package())
     files = {r.file for r in rows if r.in_grep}

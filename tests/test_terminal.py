@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from harness import terminal
-from harness.cli import classes_line
+from harness.report import terminal
+from harness.report.terminal import classes_line
 from tests.helpers import vmfuzz
 
 

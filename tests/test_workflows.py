@@ -1,4 +1,4 @@
-"""The workflows of issue 4 end to end: nightly reports, fault isolation, gate, minimize."""
+"""The workflows end to end: nightly reports, fault isolation, gate, minimize."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import xml.etree.ElementTree as ET
 import msgspec
 import pytest
 
-from harness.config import Batch, Config
-from harness.layouts import TreeMaskMode
+from harness.model.config import Batch, Config
+from harness.model.layouts import TreeMaskMode
 from harness.properties import PROPERTIES
-from harness.repro_file import dump, from_case, load
+from harness.model.repro_file import dump, from_case, load
 from tests.helpers import ROOT, vmfuzz
 
 
@@ -85,7 +85,7 @@ def test_gate_on_documentation_only_exits_at_once_and_says_why(tmp_path):
 
 
 def test_gate_recognises_verify_mask_paths():
-    from harness.gate import touches_verify_mask
+    from harness.engine.changes import touches_verify_mask
     hits = touches_verify_mask(["python/sglang/srt/layers/attention/verify_mask.py",
                                 "python/sglang/srt/speculative/eagle_worker_v2.py",
                                 "python/sglang/srt/managers/scheduler_pp_mixin.py",
@@ -116,7 +116,7 @@ def test_minimize_full_mask_deployment_ends_at_max_bs_1_and_two_requests(tmp_pat
 
 
 def test_minimize_stops_where_no_single_simplification_keeps_failing():
-    from harness.minimize import _valid, candidates, minimize
+    from harness.engine.shrink import _valid, candidates, minimize
     from harness.properties import PROPERTIES, PropertyFailure
     from harness.targets import resolve
 
@@ -146,7 +146,7 @@ def test_plain_repro_file_keeps_the_documented_keys_and_fault_round_trips(tmp_pa
 
 
 def test_pr_replays_saved_repros_and_expects_them_to_hold_on_the_fixed_target(tmp_path):
-    from harness.regressions import replay_saved, saved_repros
+    from harness.engine.regressions import replay_saved, saved_repros
     from harness.targets import resolve
 
     root = tmp_path / "repro"
@@ -168,7 +168,8 @@ def test_selftest_prints_the_kill_matrix(tmp_path):
 
 
 def test_deployment_verdict_is_exact_arithmetic():
-    from harness.deployment import Deployment, capacity_verdict
+    from harness.model.deployment_file import Deployment
+    from harness.engine.deployment import capacity_verdict
     from harness.targets import resolve
 
     dep = Deployment(cuda_graph_max_bs=8, max_running_requests=48, context_length=4096,
@@ -188,7 +189,7 @@ def test_bad_deployment_file_is_one_line_exit_2(tmp_path):
 
 
 def test_output_is_line_oriented_under_ci(monkeypatch):
-    from harness.progress import LineProgress, progress
+    from harness.report.progress import LineProgress, progress
     monkeypatch.setenv("CI", "true")
     assert isinstance(progress(3, "x"), LineProgress)
 

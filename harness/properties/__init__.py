@@ -2,9 +2,10 @@
 
 One module per part of the mask's path:
 
-- ``core``: what every check shares, the capacity arithmetic (soundness,
-  liveness) and the trivial path; with ``shared`` the seven properties of
-  DESIGN.md section 2. ``Config.call_site`` picks which of SGLang's call sites
+- ``kit``: what every check is written with (Observation, PropertyFailure,
+  fail, first_difference, guarded_step, ...).
+- ``core``: the capacity arithmetic (soundness, liveness) and the trivial
+  path; with ``shared``, the seven core properties (docs/properties.md). ``Config.call_site`` picks which of SGLang's call sites
   (eagle, chain, pp, frozen_kv_mtp) a case runs through.
 - ``writers``: the chain writer ``build_chain_tree``, called directly.
 - ``routers``: ``routing``, the mask a router hands to the call site.
@@ -25,8 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from harness.properties.core import (Observation, PropertyFailure, capacity_liveness, capacity_soundness,
-                                     trivial_path)
+from harness.model.limits import allocates
+from harness.properties.core import capacity_liveness, capacity_soundness, trivial_path
+from harness.properties.kit import Observation, PropertyFailure
 from harness.properties.writers import chain_writer
 from harness.properties.readers import packed_mask, reader_agreement
 
@@ -54,6 +56,11 @@ class Property:
         if self.layouts is not None and config.mode.name not in self.layouts:
             return False
         return config.chain if self.chain else True
+
+    @property
+    def arithmetic(self) -> bool:
+        """Checks by arithmetic alone (allocates on the meta device), so it runs at any size."""
+        return not allocates(self.name)
 
     def missing(self, target) -> list[str]:
         """The seams ``target`` lacks for this property (empty: it can be driven)."""
@@ -119,6 +126,13 @@ def shared_group(names) -> Property:
                     needs=tuple(dict.fromkeys(s for n in names for s in PROPERTIES[n].needs)))
 
 
+def named(name: str) -> Property:
+    """The registered property ``name``; a ValueError naming the known ones otherwise."""
+    if name not in PROPERTIES:
+        raise ValueError(f"unknown property {name!r} (known: {', '.join(PROPERTIES)})")
+    return PROPERTIES[name]
+
+
 def lookup(name: str) -> Property:
     """A registered property, or a shared group by its name (what an isolated worker is sent)."""
     from harness.properties.shared import group_members
@@ -126,4 +140,4 @@ def lookup(name: str) -> Property:
     return shared_group(members) if members else PROPERTIES[name]
 
 
-__all__ = ["Observation", "PROPERTIES", "Property", "PropertyFailure", "lookup", "shared_group"]
+__all__ = ["Observation", "PROPERTIES", "Property", "PropertyFailure", "lookup", "named", "shared_group"]

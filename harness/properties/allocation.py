@@ -8,7 +8,7 @@ the target drives runs its set-up for those numbers, and its call to
 - make a mask at all (a target runner that drafts: otherwise every step falls back),
 - pass max_bs, max_context_len and num_draft_tokens at least the server's,
 - pass ``is_read`` exactly when the backend's verify attention reads the mask
-  (``harness.allocation.reads_mask``),
+  (``harness.model.allocation.reads_mask``),
 
 and the mask it got must admit the captured max_bs and hold, for every batch it
 admits, every request at the context limit. Arithmetic and meta-device
@@ -19,10 +19,10 @@ NAME"), never counted as held; a target that drives none fails the case.
 
 from __future__ import annotations
 
-from harness.allocation import ServerNumbers, reads_mask
-from harness.config import Batch, Config
-from harness.layouts import worst_case_size
-from harness.properties.core import Observation, _fail
+from harness.model.allocation import ServerNumbers, reads_mask
+from harness.model.config import Batch, Config
+from harness.model.layouts import worst_case_size
+from harness.properties.kit import Observation, fail
 
 NAME = "allocation-soundness"
 
@@ -35,31 +35,31 @@ def check_site(target, backend: str, numbers: ServerNumbers) -> float:
     server = (f"a server capturing max_bs {numbers.max_bs}, context {numbers.context_len}, "
               f"num_draft_tokens {numbers.num_draft_tokens}, topk {numbers.topk}")
     if call.is_draft_runner or call.skip_prefill:
-        _fail(NAME, f"{at} on the target runner of {server} passes is_draft_runner={call.is_draft_runner}, "
+        fail(NAME, f"{at} on the target runner of {server} passes is_draft_runner={call.is_draft_runner}, "
                     f"skip_prefill={call.skip_prefill}: no mask, every verify step falls back")
     if not isinstance(call.max_bs, int) or call.max_bs < numbers.max_bs:
-        _fail(NAME, f"{at}, for {server}: batches of {call.max_bs}..{numbers.max_bs} run captured "
+        fail(NAME, f"{at}, for {server}: batches of {call.max_bs}..{numbers.max_bs} run captured "
                     "but the mask was sized for fewer")
     if not isinstance(call.max_context_len, int) or call.max_context_len < numbers.context_len:
-        _fail(NAME, f"{at}, for {server}: requests reach {numbers.context_len} tokens but a FULL_MASK row "
+        fail(NAME, f"{at}, for {server}: requests reach {numbers.context_len} tokens but a FULL_MASK row "
                     f"was sized for {call.max_context_len}")
     if not isinstance(call.num_draft_tokens, int) or call.num_draft_tokens < numbers.num_draft_tokens:
-        _fail(NAME, f"{at}, for {server}: every request writes {numbers.num_draft_tokens} draft rows, "
+        fail(NAME, f"{at}, for {server}: every request writes {numbers.num_draft_tokens} draft rows, "
                     f"the mask was sized for {call.num_draft_tokens}")
     want_read = reads_mask(backend, numbers.topk)
     if call.is_read != want_read:
-        _fail(NAME, f"{at}, for {server}: {backend}'s verify attention "
+        fail(NAME, f"{at}, for {server}: {backend}'s verify attention "
                     f"{'reads' if want_read else 'does not read'} the mask, so is_read must be {want_read} "
                     "(an unread mask is allocated QLEN_ONLY, a read one in the reader's layout)")
     mask = call.mask
     if mask is None:
-        _fail(NAME, f"{at}, for {server}: returned no mask, so every verify step falls back")
+        fail(NAME, f"{at}, for {server}: returned no mask, so every verify step falls back")
     if not target.fits(mask, numbers.max_bs):
-        _fail(NAME, f"{at}, for {server}: the mask does not admit the captured max_bs {numbers.max_bs}")
+        fail(NAME, f"{at}, for {server}: the mask does not admit the captured max_bs {numbers.max_bs}")
     worst = worst_case_size(mask.mode, mask.max_bs, numbers.num_draft_tokens, numbers.context_len)
     cap = mask.buffer.numel()
     if worst > cap:
-        _fail(NAME, f"{at}, for {server}: the {cap}-cell {mask.mode.name} mask admits {mask.max_bs} requests, "
+        fail(NAME, f"{at}, for {server}: the {cap}-cell {mask.mode.name} mask admits {mask.max_bs} requests, "
                     f"which need {worst} cells at the context limit ({worst - cap} past its end)")
     return float(worst - cap)
 
@@ -73,7 +73,7 @@ def allocation_soundness(target, config: Config, batches: list[Batch], device="c
         if why is not None:
             obs.classes.add(f"not driven: {name}")
     if not driven:
-        _fail(NAME, "no allocation site can be driven on this target: "
+        fail(NAME, "no allocation site can be driven on this target: "
                     + "; ".join(f"{n}: {why}" for n, why in sites.items()))
     for name in driven:
         obs.classes.add(f"site {name}")

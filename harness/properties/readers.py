@@ -1,8 +1,8 @@
-"""reader-agreement and packed-mask: the mask as attention reads it (DESIGN.md sections 1b and 2).
+"""reader-agreement and packed-mask: the mask as attention reads it (docs/properties.md).
 
 Both take the usual case (config, batches) and reuse one verify step per batch:
 the step writes the mask through the target's call site, then the target's
-reader seams read it. Where each request's cells lie comes from DESIGN.md's
+reader seams read it. Where each request's cells lie comes from the layout table of docs/architecture.md
 layout (``layouts.request_extents``), never from the reader's own arithmetic;
 a reader window must hold what the step wrote there, and the packed bytes must
 be this module's own bit packing of the oracle's cells.
@@ -15,20 +15,16 @@ from __future__ import annotations
 
 import torch
 
-from harness.config import Batch, Config
-from harness.layouts import TreeMaskMode, request_extents
-from harness.oracle import expected
-from harness.properties.core import Observation, PropertyFailure, _capacity, _locator, _reused_mask
-from harness.readers import reader_config
-from harness.shadow import ShadowHeap, describe_all
-
-
-def _fail(prop: str, detail: str):
-    raise PropertyFailure(prop, detail)
+from harness.model.config import Batch, Config
+from harness.model.layouts import TreeMaskMode, request_extents
+from harness.model.oracle import expected
+from harness.properties.kit import Observation, capacity_of, fail, locator, reused_mask
+from harness.model.readers import reader_config
+from harness.guard.shadow import ShadowHeap, describe_all
 
 
 def _observe(obs: Observation, case_config: Config, config: Config, batch: Batch, out, mask, path: str) -> None:
-    obs.add_step(config, batch, out, _capacity(mask))
+    obs.add_step(config, batch, out, capacity_of(mask))
     obs.classes.add(f"reader {path}")
     if case_config is not config:
         obs.classes.add("reader layout FULL_MASK (case was QLEN_ONLY)")
@@ -37,7 +33,7 @@ def _observe(obs: Observation, case_config: Config, config: Config, batch: Batch
 def _window_mismatch(view, config: Config, batch: Batch, written: torch.Tensor, path: str) -> str | None:
     """First request whose reader window is not exactly the block the writer wrote for it.
 
-    Where the block lies is DESIGN.md's layout; what it holds is what the verify
+    Where the block lies is the layout table's (docs/architecture.md); what it holds is what the verify
     step left in ``written`` (whether that is right is reference-agreement's question).
     """
     indptr = [int(v) for v in view.indptr.reshape(-1).cpu().tolist()]
@@ -70,30 +66,30 @@ def reader_agreement(target, config: Config, batches: list[Batch], device="cpu")
     obs = Observation()
     rc = reader_config(config)
     for batch in batches:
-        heap, mask = _reused_mask(target, rc, device)
+        heap, mask = reused_mask(target, rc, device)
         out = target.verify(mask, rc, batch, heap).as_cpu()
-        violations = heap.check(_locator(rc, batch))
+        violations = heap.check(locator(rc, batch))
         if violations:  # the writer's, not a reader's: say so before any reader runs
-            _fail("reader-agreement", "the verify step itself wrote out of bounds (see no-oob-write): "
+            fail("reader-agreement", "the verify step itself wrote out of bounds (see no-oob-write): "
                                       + describe_all(violations))
         want = out.tree_mask.clone()  # a reader must not be able to change what it is compared with
         _observe(obs, config, rc, batch, out, mask, "eager")
         diff = _window_mismatch(target.read_eager(rc, batch, out), rc, batch, want, "eager")
         if diff:
-            _fail("reader-agreement", diff)
+            fail("reader-agreement", diff)
         if batch.bs > rc.max_bs:
             continue  # past the captured max_bs the server runs eagerly: no graph to replay
         view = target.read_replay(mask, rc, batch, out)
         _observe(obs, config, rc, batch, out, mask, "replay")
         if view.captured_bs is not None and view.captured_bs > batch.bs:
             obs.classes.add("replay padded to a captured bs")
-        violations = heap.check(_locator(rc, batch))
+        violations = heap.check(locator(rc, batch))
         if violations:
-            _fail("reader-agreement", "cuda-graph replay copied the step's mask out of bounds "
+            fail("reader-agreement", "cuda-graph replay copied the step's mask out of bounds "
                                       f"(bs {batch.bs}, max_bs {rc.max_bs}): " + describe_all(violations))
         diff = _window_mismatch(view, rc, batch, want, "cuda-graph replay")
         if diff:
-            _fail("reader-agreement", diff)
+            fail("reader-agreement", diff)
     return obs
 
 
@@ -147,18 +143,18 @@ def packed_mask(target, config: Config, batches: list[Batch], device="cpu") -> O
     rc = reader_config(config)
     for batch in batches:
         oracle = expected(rc, batch).tree_mask
-        heap, mask = _reused_mask(target, rc, device)
+        heap, mask = reused_mask(target, rc, device)
         out = target.verify(mask, rc, batch, heap)
         _observe(obs, config, rc, batch, out, mask, "packed")
         starts, rows = _expected_packing(rc, batch, oracle)
         n = oracle.numel()
         # The writer's faults, not the packer's: say so before packing reads past a short mask.
-        violations = heap.check(_locator(rc, batch))
+        violations = heap.check(locator(rc, batch))
         if violations:
-            _fail("packed-mask", "the verify step itself wrote out of bounds (see no-oob-write): "
+            fail("packed-mask", "the verify step itself wrote out of bounds (see no-oob-write): "
                                  + describe_all(violations))
         if out.tree_mask.numel() < n:
-            _fail("packed-mask", f"the verify step's mask holds {out.tree_mask.numel()} cells, the batch's "
+            fail("packed-mask", f"the verify step's mask holds {out.tree_mask.numel()} cells, the batch's "
                                  f"logical region needs {n} (see fallback-equivalence): nothing valid to pack")
         written = out.tree_mask.reshape(-1)[:n].view(torch.uint8).cpu()
         writer_ok = torch.equal(written, oracle.view(torch.uint8))
@@ -172,20 +168,20 @@ def packed_mask(target, config: Config, batches: list[Batch], device="cpu") -> O
                 view = target.pack_mask(rc, batch, out.tree_mask, buffer)
             except AssertionError as exc:  # SGLang refuses with an assert; the model with PackRefused
                 if capacity == total:
-                    _fail("packed-mask", f"refused a batch whose packed mask ({total} bytes) fits its "
+                    fail("packed-mask", f"refused a batch whose packed mask ({total} bytes) fits its "
                                          f"{capacity}-byte buffer: {exc}")
                 view = None
             violations = pheap.check()
             if violations:
                 why = "" if capacity == total else f" (needs {total}: the host-side check did not refuse)"
-                _fail("packed-mask", f"packing wrote outside its {capacity}-byte buffer{why} "
+                fail("packed-mask", f"packing wrote outside its {capacity}-byte buffer{why} "
                                      f"(seq_lens {list(batch.seq_lens)}, d {rc.d}): " + describe_all(violations))
             if capacity < total:
                 if view is not None:
-                    _fail("packed-mask", f"the host-side check let a {total}-byte packed mask into a "
+                    fail("packed-mask", f"the host-side check let a {total}-byte packed mask into a "
                                          f"{capacity}-byte buffer without refusing")
                 continue
             diff = _packed_mismatch(view, rc, batch, starts, rows, writer_ok)
             if diff:
-                _fail("packed-mask", diff)
+                fail("packed-mask", diff)
     return obs

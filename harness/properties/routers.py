@@ -1,12 +1,12 @@
 """``routing``: a router hands the call site the mask of the child that reads it.
 
-For every case, every router kind (``harness.routing.ROUTERS``) and both
+For every case, every router kind (``harness.model.routing.ROUTERS``) and both
 speculative attention modes are checked, over children that each hold a
 different verify mask, so a case stays (Config, [Batch]) and replays as such.
 Per router and mode:
 
 - the mask handed out is the mask of the child that runs TARGET_VERIFY
-  (DESIGN.md 1b), and, where the target can observe it, the router dispatches
+  (docs/properties.md, routing), and, where the target can observe it, the router dispatches
   the TARGET_VERIFY forward to that same child;
 - unless the router keeps CPU sequence lengths (then the scheduler always
   passes the batch's exact length sum), the context it reports is a number
@@ -29,20 +29,13 @@ from __future__ import annotations
 import msgspec
 import torch
 
-from harness.config import Batch, Config
-from harness.oracle import expected
-from harness.properties.core import Observation, _diff, _fail, _locator
-from harness.routing import DFLASH_RESOLVED, ROUTERS, SPEC_MODES, Child, verify_child
-from harness.shadow import ShadowHeap, describe_all
+from harness.model.config import Batch, Config
+from harness.model.oracle import expected
+from harness.properties.kit import Observation, fail, fill_stale, first_difference, locator
+from harness.model.routing import DFLASH_RESOLVED, ROUTERS, SPEC_MODES, Child, verify_child
+from harness.guard.shadow import ShadowHeap, describe_all
 
 NAME = "routing"
-
-
-def _stale(buffer: torch.Tensor, salt: int) -> None:
-    """A previous step's leftovers, different in every child so a mix-up shows."""
-    n = buffer.numel()
-    pattern = ((torch.arange(n, device=buffer.device) + 3 * salt) * 7 % 5) < 2
-    buffer.copy_(pattern.view(buffer.shape))
 
 
 def _raw(mask) -> torch.Tensor:
@@ -54,7 +47,7 @@ def _masks(target, config: Config, heap: ShadowHeap) -> list:
     masks = []
     for i in range(max(len(roles) for roles in ROUTERS.values())):
         mask = target.allocate(config, heap)
-        _stale(mask.buffer, i)
+        fill_stale(mask.buffer, i)
         masks.append(mask)
     return masks
 
@@ -94,14 +87,14 @@ def routing(target, config: Config, batches: list[Batch], device="cpu") -> Obser
                 where = f"{router} router, speculative_attention_mode {spec_mode}"
                 r = target.route(router, spec_mode, children, config.max_context_len)
                 if r.verify_mask is not want.verify_mask:
-                    _fail(NAME, f"{where}: hands out {_whose(children, r.verify_mask)}, but TARGET_VERIFY "
+                    fail(NAME, f"{where}: hands out {_whose(children, r.verify_mask)}, but TARGET_VERIFY "
                                 f"runs on the {role} child, which reads its own mask")
                 if r.serves_verify is not None and r.serves_verify != role:
-                    _fail(NAME, f"{where}: dispatches the TARGET_VERIFY forward to the {r.serves_verify} child, "
+                    fail(NAME, f"{where}: dispatches the TARGET_VERIFY forward to the {r.serves_verify} child, "
                                 f"but hands out the {role} child's mask")
                 if router in DFLASH_RESOLVED and r.dflash_resolves is not None:
                     if r.dflash_resolves != role:
-                        _fail(NAME, f"{where}: DFlash's verify-mask policy resolves the router to "
+                        fail(NAME, f"{where}: DFlash's verify-mask policy resolves the router to "
                                     f"{r.dflash_resolves}, but TARGET_VERIFY runs on the {role} child, whose "
                                     "mask is handed out: the custom-mask decision is made for the wrong backend")
                     obs.classes.add(f"{router}: dflash policy -> {role}")
@@ -110,7 +103,7 @@ def routing(target, config: Config, batches: list[Batch], device="cpu") -> Obser
                     obs.classes.add(f"{router}: length sum always known")
                 elif not isinstance(r.max_context_len, int) or isinstance(r.max_context_len, bool) \
                         or r.max_context_len < need:
-                    _fail(NAME, f"{where}: reports max_context_len {r.max_context_len!r}, but requests reach "
+                    fail(NAME, f"{where}: reports max_context_len {r.max_context_len!r}, but requests reach "
                                 f"{config.max_context_len} tokens and the {role} child's mask was sized for "
                                 f"{want.max_context_len}: a FULL_MASK fallback sized from it is too short")
                 obs.classes.add(f"{router} ({spec_mode}) -> {role}")
@@ -123,30 +116,30 @@ def routing(target, config: Config, batches: list[Batch], device="cpu") -> Obser
                 before = {k: _raw(c.verify_mask) for k, c in children.items()
                           if c.verify_mask is not want.verify_mask}
                 out = target.verify_routed(r, config, batch, heap)
-                bad = heap.check(_locator(config, batch))
+                bad = heap.check(locator(config, batch))
                 if bad:
-                    _fail(NAME, f"{where}: out-of-bounds write (bs {batch.bs}, max_bs {config.max_bs}): "
+                    fail(NAME, f"{where}: out-of-bounds write (bs {batch.bs}, max_bs {config.max_bs}): "
                                 + describe_all(bad))
                 reuses = target.fits(want.verify_mask, batch.bs)
                 wrote = out.tree_mask.data_ptr()
                 if reuses and wrote != want.verify_mask.buffer.data_ptr():
-                    _fail(NAME, f"{where}: bs {batch.bs} fits the {role} child's mask, but the call site "
+                    fail(NAME, f"{where}: bs {batch.bs} fits the {role} child's mask, but the call site "
                                 f"wrote {_whose(children, _Written(out.tree_mask))} instead")
                 if not reuses and any(wrote == c.verify_mask.buffer.data_ptr() for c in children.values()):
-                    _fail(NAME, f"{where}: bs {batch.bs} does not fit the {role} child's mask (max_bs "
+                    fail(NAME, f"{where}: bs {batch.bs} does not fit the {role} child's mask (max_bs "
                                 f"{config.max_bs}), but the call site wrote "
                                 f"{_whose(children, _Written(out.tree_mask))}")
                 for k, raw in before.items():
                     if not torch.equal(raw, _raw(children[k].verify_mask)):
-                        _fail(NAME, f"{where}: the verify step changed the {k} child's mask, which no "
+                        fail(NAME, f"{where}: the verify step changed the {k} child's mask, which no "
                                     "TARGET_VERIFY forward reads")
                 out = out.as_cpu()
                 obs.add_step(config, batch, out, want.verify_mask.buffer.numel())
                 want_out = expected(config, batch)
-                diff = _diff(f"{where}: step through the router vs oracle", out, want_out, config, batch,
+                diff = first_difference(f"{where}: step through the router vs oracle", out, want_out, config, batch,
                              want_out.compared)
                 if diff:
-                    _fail(NAME, diff)
+                    fail(NAME, diff)
     return obs
 
 

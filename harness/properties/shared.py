@@ -26,11 +26,11 @@ that way, so the minimal case is minimal for its own property.
 
 from __future__ import annotations
 
-from harness.config import Batch, Config
-from harness.properties.core import (Observation, _capacity, _diff, _fail, _locator, _stale, capacity_liveness,
-                                     capacity_soundness)
-from harness.oracle import expected
-from harness.shadow import ShadowHeap, describe_all
+from harness.model.config import Batch, Config
+from harness.properties.core import capacity_liveness, capacity_soundness
+from harness.properties.kit import Observation, capacity_of, fail, fill_stale, first_difference, locator
+from harness.model.oracle import expected
+from harness.guard.shadow import ShadowHeap, describe_all
 
 #: The order failures are looked for in a step (the cheap arithmetic first, then the guard).
 ORDER = ("capacity-soundness", "capacity-liveness", "no-oob-write", "fallback-equivalence",
@@ -61,16 +61,16 @@ def judge(target, config: Config, batches: list[Batch], device="cpu", names=ORDE
 
     heap = ShadowHeap(device)
     mask = target.allocate(config, heap)
-    _stale(mask.buffer)  # what an earlier step would have left behind
+    fill_stale(mask.buffer)  # what an earlier step would have left behind
     try:
         for k, batch in enumerate(batches):
-            locate = _locator(config, batch)
+            locate = locator(config, batch)
             out = target.verify(mask, config, batch, heap)
             _guarded(heap, oob[:1], locate, batch, config, "reused buffer" if out.reused else "fallback allocation")
             reuse = out.as_cpu()
             del out
             heap.release(keep=1)  # the carried buffer stays; this step's own allocations go back to the pool
-            obs.add_step(config, batch, reuse, _capacity(mask))
+            obs.add_step(config, batch, reuse, capacity_of(mask))
             want_out = expected(config, batch) if needs_oracle else None
             fallback = None
             if needs_fallback and not reuse.reused:
@@ -85,29 +85,29 @@ def judge(target, config: Config, batches: list[Batch], device="cpu", names=ORDE
                 continue
             complaint = None  # (property, detail) against the reuse output
             if "fallback-equivalence" in want:
-                diff = _diff("reuse vs fallback", reuse, fallback, config, batch, want_out.compared)
+                diff = first_difference("reuse vs fallback", reuse, fallback, config, batch, want_out.compared)
                 if diff:
                     complaint = ("fallback-equivalence", diff + f" [reuse path taken: {reuse.reused}]")
             if complaint is None and "reference-agreement" in want:
-                diff = _diff("reuse path vs oracle", reuse, want_out, config, batch, want_out.compared)
+                diff = first_difference("reuse path vs oracle", reuse, want_out, config, batch, want_out.compared)
                 if diff:
                     complaint = ("reference-agreement", diff)
             if complaint is None and needs_fallback and "multi-step-reuse" in want and k > 0:
                 # Still owed to multi-step-reuse: the carried buffer vs what a fresh one
                 # gives. The fallback stands in for the fresh buffer until they disagree.
-                if _diff("", reuse, fallback, config, batch, want_out.compared):
+                if first_difference("", reuse, fallback, config, batch, want_out.compared):
                     complaint = ("multi-step-reuse", None)
             if complaint is not None and "multi-step-reuse" in want and k > 0:
                 fresh = _fresh(target, config, batch, device, oob[:1], locate)
-                stale_only = _diff("", fresh, fallback, config, batch, want_out.compared) is None
+                stale_only = first_difference("", fresh, fallback, config, batch, want_out.compared) is None
                 if stale_only or complaint[0] == "multi-step-reuse":
                     _judge_multi_step(reuse, fresh, config, batch, want_out, k, len(batches))
             if complaint is not None and complaint[1] is not None:
-                _fail(*complaint)
+                fail(*complaint)
             if "reference-agreement" in want:
-                diff = _diff("fallback path vs oracle", fallback, want_out, config, batch, want_out.compared)
+                diff = first_difference("fallback path vs oracle", fallback, want_out, config, batch, want_out.compared)
                 if diff:
-                    _fail("reference-agreement", diff)
+                    fail("reference-agreement", diff)
     finally:
         del mask
         heap.release()
@@ -119,7 +119,7 @@ def _guarded(heap: ShadowHeap, props: list[str], locate, batch: Batch, config: C
         return
     violations = heap.check(locate)
     if violations:
-        _fail(props[0], f"out-of-bounds write on the {path} (bs {batch.bs}, max_bs {config.max_bs}): "
+        fail(props[0], f"out-of-bounds write on the {path} (bs {batch.bs}, max_bs {config.max_bs}): "
                         + describe_all(violations))
 
 
@@ -149,9 +149,9 @@ def _fresh(target, config: Config, batch: Batch, device, oob: list[str], locate)
 
 def _judge_multi_step(reuse, fresh, config: Config, batch: Batch, want_out, k: int, n: int) -> None:
     compared = (want_out if want_out is not None else expected(config, batch)).compared
-    diff = _diff(f"step {k} of {n}: reused vs fresh allocation", reuse, fresh, config, batch, compared)
+    diff = first_difference(f"step {k} of {n}: reused vs fresh allocation", reuse, fresh, config, batch, compared)
     if diff:
-        _fail("multi-step-reuse", diff)
+        fail("multi-step-reuse", diff)
 
 
 def group_name(names) -> str:

@@ -19,11 +19,12 @@ from __future__ import annotations
 import msgspec
 import torch
 
-from harness.chain_call import chain_inputs
-from harness.config import Batch, Config
-from harness.oracle import expected
-from harness.properties.core import Observation, _capacity, _diff, _fail, _locator, _reused_mask, _step
-from harness.shadow import describe_all
+from harness.guard.chain_write import chain_inputs
+from harness.model.config import Batch, Config
+from harness.model.oracle import expected
+from harness.properties.kit import (Observation, capacity_of, fail, first_difference, guarded_step, locator,
+                                    reused_mask)
+from harness.guard.shadow import describe_all
 
 
 def _own_outputs(out, inputs, width: int) -> str | None:
@@ -59,28 +60,28 @@ def chain_writer(target, config: Config, batches: list[Batch], device="cpu") -> 
     for batch in batches:
         want = expected(config, batch)
         inputs = chain_inputs(batch.seq_lens, w, config.max_context_len, device)
-        heap, mask = _reused_mask(target, config, device)
+        heap, mask = reused_mask(target, config, device)
         buffers = [("its own allocation", None)]
         if batch.bs * w * w <= mask.buffer.numel():
             buffers.insert(0, ("the preallocated buffer", mask.buffer))
         outs = []
         for label, buf in buffers:
             out = target.chain_write(inputs, buf, heap)
-            violations = heap.check(_locator(config, batch))
+            violations = heap.check(locator(config, batch))
             if violations:
-                _fail("chain-writer", f"out-of-bounds write by the chain writer into {label} "
+                fail("chain-writer", f"out-of-bounds write by the chain writer into {label} "
                                       f"(bs {batch.bs}, w {w}): " + describe_all(violations))
             if buf is not None and not out.reused:
-                _fail("chain-writer", "the chain writer was given the preallocated buffer and returned another")
-            obs.add_step(config, batch, out, _capacity(mask))
-            for diff in (_diff(f"chain writer on {label} vs oracle", out, want, config, batch, want.compared),
+                fail("chain-writer", "the chain writer was given the preallocated buffer and returned another")
+            obs.add_step(config, batch, out, capacity_of(mask))
+            for diff in (first_difference(f"chain writer on {label} vs oracle", out, want, config, batch, want.compared),
                          _own_outputs(out, inputs, w)):
                 if diff:
-                    _fail("chain-writer", diff)
+                    fail("chain-writer", diff)
             outs.append(out)
-        tree = _step("chain-writer", target, None, tree_site, batch, heap)
-        diff = _diff("chain writer vs the tree kernel on the same chain", outs[-1], tree, config, batch,
+        tree = guarded_step("chain-writer", target, None, tree_site, batch, heap)
+        diff = first_difference("chain writer vs the tree kernel on the same chain", outs[-1], tree, config, batch,
                      want.compared)
         if diff:
-            _fail("chain-writer", diff)
+            fail("chain-writer", diff)
     return obs

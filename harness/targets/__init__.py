@@ -5,12 +5,8 @@ from __future__ import annotations
 import copy
 import importlib
 
-from harness.targets.protocol import Target
+from harness.targets.protocol import Target, TargetUnavailable
 from harness.targets.variants import CATALOGUE, Variant
-
-
-class TargetUnavailable(Exception):
-    """The target cannot be loaded here (bad name, missing package): exit 2."""
 
 
 def _reference():

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from harness.config import Batch, Config
-from harness.kernel_call import KernelCall
-from harness.layouts import TreeMaskMode
-from harness.outputs import StepOutput
-from harness.shadow import ShadowHeap
+from harness.model.config import Batch, Config
+from harness.guard.tree_write import KernelCall
+from harness.model.layouts import TreeMaskMode
+from harness.model.outputs import StepOutput
+from harness.guard.shadow import ShadowHeap
 
 
 @runtime_checkable
@@ -48,5 +48,5 @@ class Target(Protocol):
         """Versions of what is under test, for reports."""
 
 
-def mask_buffer(mask: Any):
-    return None if mask is None else mask.buffer
+class TargetUnavailable(Exception):
+    """The target cannot be loaded here (bad name, missing package): exit 2."""

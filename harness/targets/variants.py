@@ -15,8 +15,8 @@ from typing import Callable
 
 import torch
 
-from harness.layouts import TreeMaskMode
-from harness.readers import capture_seq_len
+from harness.model.layouts import TreeMaskMode
+from harness.model.readers import capture_seq_len
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,7 @@ def _allocating(**change):
             import msgspec
             import torch
 
-            from harness.layouts import worst_case_size
+            from harness.model.layouts import worst_case_size
 
             call = allocation_call(backend, numbers)
             call = dataclasses.replace(call, **{k: f(call) for k, f in change.items()})

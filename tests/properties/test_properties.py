@@ -24,10 +24,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, note, settings, strategies as st
 
-from harness.campaign import Bounds, boundary_cases, cases
-from harness.isolation import IsolatedChecker, TargetFault
+from harness.engine.cases import boundary_cases, cases
+from harness.model.bounds import Bounds
+from harness.engine.isolation import IsolatedChecker, TargetFault
 from harness.properties import PROPERTIES, PropertyFailure
-from harness.repro_file import dump, from_case
+from harness.model.repro_file import dump, from_case
 from harness.targets import resolve
 
 TARGET_SPEC = os.environ.get("VMFUZZ_TARGET", "reference")

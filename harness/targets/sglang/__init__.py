@@ -33,7 +33,7 @@ from harness.targets.sglang.loader import INSTALL_HINT, import_sglang
 from harness.targets.sglang.target import SglangTarget
 
 def load() -> SglangTarget:
-    from harness.targets import TargetUnavailable
+    from harness.targets.protocol import TargetUnavailable
 
     choice = os.environ.get("VMFUZZ_SGLANG_KERNEL", "triton")
     if choice not in ("triton", "jit"):

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 import torch
 
-from harness.allocation import ALLOCATING_BACKENDS, AllocationCall, ServerNumbers
+from harness.model.allocation import ALLOCATING_BACKENDS, AllocationCall, ServerNumbers
 from harness.targets.sglang.binding import bound
 
 _ATTN = "srt/layers/attention/"

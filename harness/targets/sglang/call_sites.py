@@ -31,10 +31,10 @@ from types import SimpleNamespace
 
 import torch
 
-from harness.chain_call import chain_inputs
-from harness.config import Batch, Config
+from harness.guard.chain_write import chain_inputs
+from harness.model.config import Batch, Config
 from harness.targets.sglang.binding import bound
-from harness.trees import tree_tensors
+from harness.model.trees import tree_tensors
 
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
 _THROUGH_A_CALL_SITE = ("no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse")

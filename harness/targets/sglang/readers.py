@@ -33,9 +33,9 @@ from types import SimpleNamespace
 
 import torch
 
-from harness.config import Batch, Config
-from harness.layouts import TreeMaskMode, logical_size
-from harness.readers import PackedView, ReaderView, capture_seq_len, captured_bs
+from harness.model.config import Batch, Config
+from harness.model.layouts import TreeMaskMode, logical_size
+from harness.model.readers import PackedView, ReaderView, capture_seq_len, captured_bs
 from harness.targets.sglang.loader import _quiet_import
 
 #: What this module drives: (path under the sglang package, function, properties).

@@ -23,11 +23,11 @@ from types import SimpleNamespace
 
 import torch
 
-from harness.config import Batch, Config
-from harness.outputs import StepOutput
-from harness.routing import ROUTERS, Child, Routing, check_args
+from harness.model.config import Batch, Config
+from harness.model.outputs import StepOutput
+from harness.model.routing import ROUTERS, Child, Routing, check_args
 from harness.targets.sglang.binding import bound
-from harness.trees import tree_tensors
+from harness.model.trees import tree_tensors
 
 _ATTN = "srt/layers/attention/"
 
@@ -160,7 +160,7 @@ def verify_routed(target, routing: Routing, config: Config, batch: Batch, heap) 
     """
     from harness.targets.sglang import call_sites
 
-    sg, dev = target._sg, heap.device
+    sg, dev = target.sglang, heap.device
     mask = routing.backend.verify_mask
     if mask is not None:
         target._draft_tokens[id(mask)] = config.d

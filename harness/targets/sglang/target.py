@@ -18,12 +18,12 @@ import msgspec
 import torch
 
 import harness
-from harness.campaign import Bounds
-from harness.chain_call import ChainCall, ChainInputs, ChainOutput
-from harness.config import Batch, Config
-from harness.kernel_call import KernelCall
-from harness.outputs import StepOutput
-from harness.shadow import ShadowHeap
+from harness.model.bounds import Bounds
+from harness.guard.chain_write import ChainCall, ChainInputs, ChainOutput
+from harness.model.config import Batch, Config
+from harness.guard.tree_write import KernelCall
+from harness.model.outputs import StepOutput
+from harness.guard.shadow import ShadowHeap
 from harness.targets.sglang.binding import bound as _bound
 from harness.targets.sglang import call_sites, readers, writers
 from harness.targets.sglang.loader import Sglang, sg_version
@@ -63,7 +63,7 @@ class SglangTarget:
     example_timeout = {"nightly": 600.0}
 
     def __init__(self, sg: Sglang, kernel_choice: str = "triton"):
-        self._sg = sg
+        self.sglang = sg
         self.kernel_choice = kernel_choice
         self._draft_tokens: dict[int, int] = {}  # id(mask) -> d, for the pre-fix fits(bs, d)
         self._heap: ShadowHeap | None = None
@@ -77,12 +77,12 @@ class SglangTarget:
 
     # -- seams ---------------------------------------------------------------
     def numel(self, mode, bs: int, d: int, max_context_len: int) -> int:
-        return int(self._sg.numel(self._sg.Mode(int(mode)), bs, d, max_context_len))
+        return int(self.sglang.numel(self.sglang.Mode(int(mode)), bs, d, max_context_len))
 
     def fits(self, mask, bs: int) -> bool:
-        if self._sg.fits_takes_d:
-            return bool(self._sg.fits(mask, bs, self._draft_tokens.get(id(mask), 0)))
-        return bool(self._sg.fits(mask, bs))
+        if self.sglang.fits_takes_d:
+            return bool(self.sglang.fits(mask, bs, self._draft_tokens.get(id(mask), 0)))
+        return bool(self.sglang.fits(mask, bs))
 
     def fill_prefix(self, mask, reused: bool) -> bool:
         # What SGLang's call site asked its wrapper for; a variant overrides it.
@@ -93,11 +93,11 @@ class SglangTarget:
     def kernel(self, call: KernelCall) -> None:
         args = (call.parent_list, call.top_scores_index, call.seq_lens, call.tree_mask, call.positions,
                 call.retrieve_index, call.retrieve_next_token, call.retrieve_next_sibling,
-                call.topk, call.spec_steps, call.d, self._sg.Mode(int(call.mode)))
+                call.topk, call.spec_steps, call.d, self.sglang.Mode(int(call.mode)))
         if self.kernel_choice == "jit":
-            self._sg.jit(*args)
+            self.sglang.jit(*args)
         else:
-            self._sg.triton(*args)
+            self.sglang.triton(*args)
 
     def site_fits(self, site: str, mask, bs: int) -> bool:
         # What a call site's verify_mask.fits(bs) answers; a variant makes one site ask wrongly.
@@ -107,11 +107,11 @@ class SglangTarget:
         if call.launch is None:
             raise RuntimeError("the sglang target relaunches SGLang's chain kernel as build_chain_tree "
                                "launched it; this ChainCall did not come from that launch")
-        writers.relaunch_chain(self._sg, call)
+        writers.relaunch_chain(self.sglang, call)
 
     # -- composite -----------------------------------------------------------
     def allocate(self, config: Config, heap: ShadowHeap | None):
-        sg = self._sg
+        sg = self.sglang
         mode = sg.Mode(int(config.mode))
         device = "meta"  # SGLang sizes it; the cells come from the heap below
         numel_router = lambda m, bs, d, mcl: self.numel(m, bs, d, mcl)  # noqa: E731
@@ -142,7 +142,7 @@ class SglangTarget:
         self._site = config.call_site
         try:
             with self._routed(heap, mask):
-                vi = call_sites.build_verify_input(self._sg, mask, config, batch, heap.device)
+                vi = call_sites.build_verify_input(self.sglang, mask, config, batch, heap.device)
         finally:
             self._site = "eagle"
         reused = mask is not None and vi.custom_mask.data_ptr() == mask.buffer.data_ptr()
@@ -151,10 +151,10 @@ class SglangTarget:
 
     def chain_write(self, inputs: ChainInputs, buffer, heap: ShadowHeap, *, with_mrope: bool = True):
         """SGLang's ``build_chain_tree`` called directly, its launch guarded."""
-        if self._sg.build_chain_tree is None:
+        if self.sglang.build_chain_tree is None:
             raise RuntimeError("this SGLang has no build_chain_tree")
-        with _bound(*writers.chain_kernel_patches(self._sg, self.chain_kernel, heap)):
-            outputs = self._sg.build_chain_tree(inputs.bonus_tokens, inputs.draft_tokens, inputs.seq_lens,
+        with _bound(*writers.chain_kernel_patches(self.sglang, self.chain_kernel, heap)):
+            outputs = self.sglang.build_chain_tree(inputs.bonus_tokens, inputs.draft_tokens, inputs.seq_lens,
                                                 buffer, req_pool_indices=inputs.req_pool_indices,
                                                 req_to_token=inputs.req_to_token, with_mrope=with_mrope)
         return ChainOutput.of(outputs, buffer)
@@ -162,7 +162,7 @@ class SglangTarget:
     @contextlib.contextmanager
     def _routed(self, heap: ShadowHeap, mask):
         """Every seam of this instance bound into SGLang for one call."""
-        sg = self._sg
+        sg = self.sglang
         target = self
         wrapper = sg.wrapper_owner.build_tree_kernel_efficient
 
@@ -215,7 +215,7 @@ class SglangTarget:
     def route(self, router: str, spec_mode: str, children: dict, context_len: int):
         """SGLang's router class of that kind, built over stand-ins of ``children``."""
         from harness.targets.sglang import routers
-        return routers.build(self._sg, router, spec_mode, children, context_len)
+        return routers.build(self.sglang, router, spec_mode, children, context_len)
 
     def verify_routed(self, routing, config: Config, batch: Batch, heap: ShadowHeap) -> StepOutput:
         from harness.targets.sglang import routers

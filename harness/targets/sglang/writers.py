@@ -15,9 +15,9 @@ redzoned stand-ins (``guarded_chain_write``) and then runs the target's
 
 from __future__ import annotations
 
-from harness.chain_call import ChainCall, guarded_chain_write
-from harness.kernel_call import KernelCall, guarded_write
-from harness.layouts import TreeMaskMode
+from harness.guard.chain_write import ChainCall, guarded_chain_write
+from harness.guard.tree_write import KernelCall, guarded_write
+from harness.model.layouts import TreeMaskMode
 from harness.targets.sglang.loader import KERNEL_ARGS
 
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.

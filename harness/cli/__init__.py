@@ -1,0 +1,21 @@
+"""``vmfuzz``: parse the arguments, run one command, end with a documented exit code.
+
+Nothing else lives here: each command's body is a module of ``harness.commands``.
+"""
+
+from __future__ import annotations
+
+from harness.cli.ending import guarded
+from harness.cli.parser import build_parser
+from harness.commands import COMMANDS
+from harness.commands.common import prepare_process
+
+
+def main(argv: list[str] | None = None) -> int:
+    return guarded(_dispatch, argv)
+
+
+def _dispatch(argv: list[str] | None) -> int:
+    args = build_parser().parse_args(argv)
+    prepare_process()
+    return COMMANDS[args.command](args)

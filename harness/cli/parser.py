@@ -1,0 +1,175 @@
+"""The argument parser: every command, every option, and the help text they show."""
+
+from __future__ import annotations
+
+import argparse
+
+from harness.engine.profiles import DEFAULT_DB_DIR, PROFILES
+from harness.model.errors import UsageError
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not argparse's usage block
+        raise UsageError(f"{self.prog}: {message}")
+
+
+TARGET_HELP = ("reference (default), sglang, or module:attr; layer a known-bad variant with +NAME "
+               "(vmfuzz targets)")
+REPORT_DIR_HELP = "default: reports/<UTC timestamp>/"
+
+EPILOG = """exit codes:
+  0    every property held (or nothing to do: a skipped gate)
+  1    a finding: the repro file is on disk before it is printed
+  2    bad input or an unavailable target (one line on stderr)
+  130  interrupted (findings so far are kept)
+
+Each command writes summary.json, summary.md and junit.xml to --report-dir
+(default reports/<UTC timestamp>/). `vmfuzz COMMAND --help` for its options."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="vmfuzz", description="Property-based harness for SGLang's target-verify tree mask.",
+               epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND",
+                           title="commands")
+    _run(sub)
+    _replay(sub)
+    _gate(sub)
+    _minimize(sub)
+    _selftest(sub)
+    sub.add_parser("targets", help="list targets and known-bad variants")
+    _surface(sub)
+    _bisect(sub)
+    _arithmetic(sub)
+    return p
+
+
+def _common_run_args(p) -> None:
+    p.add_argument("--workers", type=int, default=1, help="processes to spread the properties over")
+    p.add_argument("--report-dir", default=None, metavar="DIR", help=REPORT_DIR_HELP)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where tensors live")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="every boundary class each property reached, not the one-line summary")
+    p.add_argument("--db", default=DEFAULT_DB_DIR, metavar="DIR",
+                   help=f"example database and last run's failures (pr reads it, nightly writes it; "
+                        f"default {DEFAULT_DB_DIR})")
+    p.add_argument("--isolate", choices=["auto", "on", "off"], default="auto",
+                   help="run each example in a watched worker (auto: on for sglang and plug-in targets)")
+    p.add_argument("--example-timeout", type=float, default=None, metavar="S",
+                   help="seconds one example may take under isolation before it is a target-hang "
+                        "(default 30, or the target's own for the profile)")
+    p.add_argument("--repro-root", default=None, metavar="DIR",
+                   help="canonical repros replayed first by the pr profile (default: ./repro if it exists, "
+                        "else the repro/ folder of vmfuzz's own checkout)")
+
+
+def _device(p) -> None:
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where tensors live")
+
+
+def _report_dir(p) -> None:
+    p.add_argument("--report-dir", default=None, metavar="DIR", help=REPORT_DIR_HELP)
+
+
+def _run(sub) -> None:
+    run = sub.add_parser("run", help="search every property for a counterexample")
+    run.add_argument("--target", default="reference", help=TARGET_HELP)
+    run.add_argument("--seed", type=int, default=None, help="makes the run reproducible (default: random, printed)")
+    run.add_argument("--max-examples", type=int, default=None, help="examples per property (per round)")
+    run.add_argument("--time-budget", type=float, default=None, help="seconds for the whole run")
+    run.add_argument("--profile", choices=sorted(PROFILES), default="dev",
+                     help="; ".join(f"{p.name}: {p.summary}" for p in PROFILES.values()))
+    run.add_argument("--property", action="append", dest="properties", metavar="NAME",
+                     help="run only this property (repeatable)")
+    run.add_argument("--deployment", default=None, metavar="FILE",
+                     help="confine the search to one server configuration (JSON; docs/workflows.md, Deployments)")
+    run.add_argument("--bounds", default=None, metavar="K=V,...",
+                     help="case size ceiling, e.g. d=16,topk=8,spec_steps=6,max_bs=16,context=256 "
+                          "(default: the target's, widened step by step in nightly)")
+    run.add_argument("--no-share", dest="share", action="store_false",
+                     help="search every property on its own (no shared runs of a case; for comparison)")
+    _common_run_args(run)
+
+
+def _replay(sub) -> None:
+    rep = sub.add_parser("replay", help="re-run a repro file's property")
+    rep.add_argument("file", metavar="FILE", help="repro file (only config and batches are required)")
+    rep.add_argument("--target", default=None,
+                     help="default: the target recorded in the file, else reference")
+    rep.add_argument("--property", default=None, metavar="NAME",
+                     help="default: the property recorded in the file, else every property that applies")
+    _device(rep)
+    rep.add_argument("--isolate", choices=["auto", "on", "off"], default="auto",
+                     help="run in a watched worker (auto: on for sglang and plug-in targets)")
+    rep.add_argument("--example-timeout", type=float, default=30.0, metavar="S",
+                     help="seconds the case may take under isolation before it is a target-hang")
+    _report_dir(rep)
+
+
+def _gate(sub) -> None:
+    gate = sub.add_parser("gate", help="pr profile, only when the change touches verify-mask code")
+    gate.add_argument("--target", default="reference", help=TARGET_HELP)
+    which = gate.add_mutually_exclusive_group()
+    which.add_argument("--changed-files", default=None, metavar="FILE", help="one changed path per line")
+    which.add_argument("--base", default=None, metavar="REV", help="changed paths from git diff REV...HEAD")
+    gate.add_argument("--repo", default=".", metavar="PATH",
+                      help="the checkout under test: where --base is diffed, or the root --changed-files "
+                           "paths are relative to (default: the current directory)")
+    gate.add_argument("--property", action="append", dest="properties", metavar="NAME",
+                      help="search only this property (repeatable; default every one); saved repros still replay")
+    _common_run_args(gate)
+
+
+def _minimize(sub) -> None:
+    mini = sub.add_parser("minimize", help="shrink a failing repro or deployment file")
+    mini.add_argument("file", metavar="FILE", help="repro file or deployment file")
+    mini.add_argument("--target", default=None, help="default: the target recorded in a repro file, else reference")
+    mini.add_argument("-o", "--output", default=None, metavar="OUT",
+                      help="repro file to write (default: REPORT_DIR/<FILE's name>.min.json)")
+    mini.add_argument("--property", default=None, metavar="NAME",
+                      help="the property to keep failing (default: the repro's, else the first that fails)")
+    _device(mini)
+    _report_dir(mini)
+
+
+def _selftest(sub) -> None:
+    st = sub.add_parser("selftest", help="prove the properties catch every catalogued variant")
+    st.add_argument("--target", default="reference", help="the target the variants are layered over")
+    st.add_argument("--seed", type=int, default=0, help="search seed (default 0: the matrix is reproducible)")
+    st.add_argument("--max-examples", type=int, default=100, help="examples per property before a variant survives it")
+    st.add_argument("--variant", action="append", dest="variants", metavar="NAME",
+                    help="only this catalogued variant (repeatable; default every one, see vmfuzz targets)")
+    _device(st)
+    _report_dir(st)
+
+
+def _surface(sub) -> None:
+    surf = sub.add_parser("surface", help="each part of SGLang's mask path: which property drives it, or why none")
+    surf.add_argument("--target", default="sglang", help="whose mask path to list (default sglang: the installed package)")
+    surf.add_argument("--json", action="store_true", help="print the rows as JSON")
+
+
+def _bisect(sub) -> None:
+    bis = sub.add_parser("bisect", help="first commit of an SGLang checkout on which a repro fails (git bisect run)")
+    bis.add_argument("repro", metavar="REPRO", help="repro file to replay at each revision")
+    bis.add_argument("--repo", required=True, metavar="PATH",
+                     help="SGLang checkout (python/sglang/...); left on the branch it was on")
+    bis.add_argument("--good", required=True, metavar="REV", help="a revision on which the repro holds")
+    bis.add_argument("--bad", required=True, metavar="REV", help="a later revision on which it fails")
+    bis.add_argument("--target", default="sglang", help="target loaded from each revision's code (default sglang)")
+    bis.add_argument("--property", default=None, metavar="NAME",
+                     help="default: the repro's property, else every property that applies")
+    bis.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                     help="seconds one revision's replay may take before it counts as a hang (bad)")
+    _report_dir(bis)
+
+
+def _arithmetic(sub) -> None:
+    """The two commands that enumerate instead of search: the policy grid and the small scope."""
+    for name, helptext in (("verify-policy", "capacity soundness/liveness over a production-scale grid"),
+                           ("exhaustive", "every configuration within small bounds, every property")):
+        cmd = sub.add_parser(name, help=helptext)
+        cmd.add_argument("--target", default="reference", help=TARGET_HELP)
+        _report_dir(cmd)
+        if name == "exhaustive":
+            cmd.add_argument("--workers", type=int, default=2, help="processes checking configurations")

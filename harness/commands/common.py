@@ -1,0 +1,192 @@
+"""What every command shares: the target it runs on, the options checked before any work,
+and where its reports go.
+
+Each check turns a bad value into one ``UsageError`` line (exit 2) before anything
+runs, so no finding is ever lost to an option that was wrong from the start.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from harness.model import limits
+from harness.model.errors import UsageError
+from harness.model.validate import LimitError, number, usable_dir
+from harness.report.summary import default_report_dir
+
+
+def prepare_process() -> None:
+    """Process-wide settings every command wants before it imports a target."""
+    quiet_dependency_warnings()
+    import torch
+    # Cases are tiny tensors: intra-op threads only add scheduling latency
+    # (a 2-thread reduction took milliseconds); parallelism is per worker.
+    torch.set_num_threads(1)
+
+
+def quiet_dependency_warnings() -> None:
+    """The target's import chain warns about its own dependencies (requests about
+    chardet, urllib3 versions): noise in a gate's log, never a finding."""
+    import warnings
+    for message in (r"Unable to find acceptable character detection dependency",
+                    r"urllib3 \(.*\) or chardet \(.*\)/charset_normalizer \(.*\) doesn't match"):
+        warnings.filterwarnings("ignore", message=message)
+    # Spawned workers (isolation, --workers) import the target afresh: same filter.
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"),
+                                                          "ignore:Unable to find acceptable character detection"]))
+
+
+def resolve_target(spec: str):
+    from harness.targets import TargetUnavailable, resolve
+    try:
+        return resolve(spec)
+    except TargetUnavailable as exc:
+        raise UsageError(f"vmfuzz: target {spec!r} unavailable: {exc}") from None
+
+
+def check_device(device: str) -> None:
+    if device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise UsageError("vmfuzz: --device cuda: no CUDA device is available here")
+
+
+def isolated(choice: str, spec: str) -> bool:
+    """``--isolate auto|on|off`` for a target spec."""
+    if choice != "auto":
+        return choice == "on"
+    # The embedded model cannot crash the process; real or foreign code can.
+    return not spec.split("+")[0] == "reference"
+
+
+def check_property_names(names) -> None:
+    """Every property a user named exists: one line listing the known ones otherwise."""
+    from harness.properties import named
+    for name in names:
+        try:
+            named(name)
+        except ValueError as exc:
+            raise UsageError(f"vmfuzz: {exc}") from None
+
+
+def _usage(exc: Exception) -> UsageError:
+    return UsageError(f"vmfuzz: {exc}")
+
+
+def check_timeout(value) -> None:
+    try:
+        number("--example-timeout", value, low=limits.MIN_EXAMPLE_TIMEOUT, high=limits.MAX_EXAMPLE_TIMEOUT)
+    except LimitError as exc:
+        raise _usage(exc) from None
+
+
+def check_workers(value) -> None:
+    try:
+        number("--workers", value, low=1, high=limits.MAX_WORKERS)
+    except LimitError as exc:
+        raise _usage(exc) from None
+
+
+def check_run_options(args, properties) -> int:
+    """Every number run and gate take: finite, in range. Returns the workers to use:
+    no more than there is work for."""
+    try:
+        number("--max-examples", getattr(args, "max_examples", None), low=1, high=limits.MAX_EXAMPLES)
+        number("--time-budget", getattr(args, "time_budget", None), low=0, high=limits.MAX_TIME_BUDGET,
+               low_open=True)
+        number("--seed", getattr(args, "seed", None), low=0, high=limits.MAX_SEED)
+        number("--workers", args.workers, low=1, high=limits.MAX_WORKERS)
+        number("--example-timeout", args.example_timeout, low=limits.MIN_EXAMPLE_TIMEOUT,
+               high=limits.MAX_EXAMPLE_TIMEOUT)
+    except LimitError as exc:
+        raise _usage(exc) from None
+    # More workers than properties would only start idle processes.
+    return min(args.workers, max(1, len(properties)))
+
+
+def check_selftest_options(args) -> None:
+    try:
+        number("--max-examples", args.max_examples, low=1, high=limits.MAX_EXAMPLES)
+        number("--seed", args.seed, low=0, high=limits.MAX_SEED)
+    except LimitError as exc:
+        raise _usage(exc) from None
+
+
+def usable(path: Path, what: str) -> Path:
+    try:
+        return usable_dir(path, what)
+    except LimitError as exc:
+        raise _usage(exc) from None
+
+
+def check_places(args, profile) -> Path:
+    """The report directory, the database and the saved repros, checked before the search.
+
+    A finding must never be lost to an output place that was broken from the
+    start, and a gate must never pass over a saved repro it cannot read.
+    """
+    from harness.engine.regressions import default_repro_root
+    report_dir = usable(report_dir_of(args), "--report-dir")
+    if profile.database == "write" or profile.replay_last_failures:
+        db = Path(args.db)
+        usable(db, "--db")
+        if profile.replay_last_failures:
+            usable(db / "last-failures", "--db's last-failures")
+    if profile.replay_repros:
+        check_saved_repros(Path(args.repro_root) if args.repro_root else default_repro_root())
+    return report_dir
+
+
+def check_saved_repros(root: Path) -> None:
+    from harness.engine.regressions import saved_repros
+    from harness.engine.replay import FAULTS
+    from harness.model.repro_file import ReproError, load, to_case
+    from harness.properties import named
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"vmfuzz: repro root {root} is not a directory")
+    for path in saved_repros(root):
+        try:
+            repro = load(path)
+            try:
+                named(repro.property)
+            except ValueError as exc:
+                raise ReproError(str(exc)) from None
+            if repro.fault is not None and repro.fault not in FAULTS:
+                raise ReproError(f"unknown fault {repro.fault!r}")
+            to_case(repro)
+        except ReproError as exc:
+            msg = str(exc)
+            raise UsageError(f"vmfuzz: saved repro {path} cannot be replayed: "
+                             + (msg if str(path) not in msg else msg.split(": ", 1)[-1])) from None
+
+
+def report_dir_of(args) -> Path:
+    """The command's report folder: ``--report-dir``, else a fresh timestamped one."""
+    return Path(getattr(args, "report_dir", None) or default_report_dir())
+
+
+def findings_dir(report_dir: Path) -> Path:
+    """One folder for the findings and the reports that point at them."""
+    return usable(report_dir, "--report-dir") / "findings"
+
+
+def write_command_report(summary, report_dir: Path) -> Path:
+    from harness.report.summary import write_command_summary
+    write_command_summary(summary, report_dir)
+    print(f"reports: {report_dir}/ (summary.json, summary.md, junit.xml)")
+    return report_dir
+
+
+def write_reports_somewhere(write, outcome, report_dir: Path):
+    """Reports into ``report_dir``, or, when it broke mid-run, into a fallback place (said on stderr)."""
+    try:
+        return write(outcome, report_dir), report_dir
+    except OSError as exc:
+        from harness.model.validate import fallback_dir
+        where = fallback_dir() / "reports"
+        summary = write(outcome, where)
+        print(f"vmfuzz: cannot write reports to {report_dir} ({exc.strerror or exc}); wrote them to {where}",
+              file=sys.stderr)
+        return summary, where

@@ -1,0 +1,24 @@
+"""``vmfuzz exhaustive``: every configuration within small bounds, every property."""
+
+from __future__ import annotations
+
+from harness.commands.common import check_workers, findings_dir, report_dir_of, resolve_target, write_command_report
+from harness.model.errors import EXIT_FINDING, EXIT_OK
+
+
+def run(args) -> int:
+    from harness.engine.exhaustive import run_exhaustive
+    from harness.report.summary import Check, CommandSummary
+    check_workers(args.workers)
+    target = resolve_target(args.target)
+    report_dir = report_dir_of(args)
+    report = run_exhaustive(target, findings_dir=findings_dir(report_dir), workers=args.workers,
+                            echo=lambda s: print(s, flush=True))
+    summary = CommandSummary("exhaustive", target.name, seconds=report.seconds)
+    for t in report.tallies:
+        scope = f"{t.configs} configs, {t.batches} batches"
+        summary.checks.append(Check(t.prop, "held", scope, seconds=t.seconds) if t.failure is None else
+                              Check(t.prop, "failed", t.failure, "property", str(t.path) if t.path else None,
+                                    t.seconds))
+    write_command_report(summary, report_dir)
+    return EXIT_OK if report.ok else EXIT_FINDING

@@ -1,0 +1,51 @@
+"""``vmfuzz gate``: the pr profile, run only when the change touches verify-mask code."""
+
+from __future__ import annotations
+
+from harness.commands.common import report_dir_of, write_command_report
+from harness.commands.run import execute_and_report, plan
+from harness.model.errors import EXIT_OK, UsageError
+
+
+def run(args) -> int:
+    # Nothing here imports SGLang before the change is known to touch the mask:
+    # a docs-only change is a skip that costs seconds.
+    from harness.engine.changes import ChangeError, changed_from_file, changed_since, checkout_at, touches_verify_mask
+    from harness.report.terminal import shown
+    try:
+        if args.changed_files:
+            changed, checkout = changed_from_file(args.changed_files), checkout_at(args.repo)
+        elif args.base:
+            changed, checkout = changed_since(args.base, args.repo)
+        else:
+            changed, checkout = None, None
+    except ChangeError as exc:
+        raise UsageError(f"vmfuzz gate: {exc}") from None
+    hits = None
+    if changed is not None:
+        hits = touches_verify_mask(changed, checkout)
+        if not hits:
+            return _skip(args, changed)
+        print(f"vmfuzz gate: {len(hits)} changed file(s) touch verify-mask code: {', '.join(map(shown, hits[:5]))}"
+              + (" ..." if len(hits) > 5 else ""))
+    plan_, target = plan(args, command="gate", profile_name="pr")
+
+    def coverage(outcome):
+        from harness.engine.surface import gate_coverage
+        try:
+            return gate_coverage(args.target, target, changed, hits, outcome.results)
+        except (ValueError, ImportError, OSError) as exc:
+            # The reports are still written; the gate claims no coverage it cannot show.
+            why = f"surface unavailable: {type(exc).__name__}: {exc}"
+            return {"changed": changed, "triggered": hits, "exercised": [], "not_driven": hits,
+                    "why_not_driven": {p: why for p in hits}}
+    return execute_and_report(plan_, target, coverage if changed is not None else None, verbose=args.verbose)
+
+
+def _skip(args, changed: list[str]) -> int:
+    from harness.report.summary import Check, CommandSummary
+    why = f"none of the {len(changed)} changed file(s) touches verify-mask code"
+    print(f"vmfuzz gate: skipped: {why}")
+    write_command_report(CommandSummary("gate", args.target, [Check("gate", "skipped", why)],
+                                        headline=f"skipped: {why}", extra={"changed": changed}), report_dir_of(args))
+    return EXIT_OK

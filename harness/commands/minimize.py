@@ -1,0 +1,101 @@
+"""``vmfuzz minimize FILE``: shrink a failing repro or deployment file to a smallest failing case."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from harness.commands.common import (check_device, check_property_names, report_dir_of, resolve_target,
+                                     write_command_report)
+from harness.model.errors import EXIT_FINDING, EXIT_OK, UsageError
+
+
+def run(args) -> int:
+    from harness.model.validate import LimitError, check_case
+    from harness.properties import PROPERTIES
+    from harness.report.summary import Check, CommandSummary
+
+    check_device(args.device)
+    if args.property:
+        check_property_names([args.property])
+    if args.output and Path(args.output).is_dir():
+        raise UsageError(f"vmfuzz: -o {args.output} is a directory (give the repro file to write)")
+    case, fault, target, order = _load(args)
+    # Default output under the report folder: minimizing a file in the repository
+    # must not leave an untracked file beside it.
+    report_dir = report_dir_of(args)
+    summary = CommandSummary("minimize", target.name, extra={"input": args.file})
+    t0 = time.monotonic()
+    limited = []
+    for name in order:
+        if PROPERTIES[name].trivial != case[0].trivial:
+            continue
+        try:
+            check_case(case[0], case[1], name)
+        except LimitError as exc:
+            limited.append(f"{name}: {exc}")
+            continue
+        out = _shrink(args, PROPERTIES[name], target, case, fault, summary, report_dir)
+        if out is not None:
+            summary.seconds = time.monotonic() - t0
+            write_command_report(summary, report_dir)
+            return EXIT_FINDING
+    if limited:
+        # Not "fails nothing": some properties could not be tried at this size.
+        raise UsageError(f"vmfuzz: {args.file}: " + limited[0])
+    print(f"vmfuzz minimize: {args.file} fails no property on {target.name}: nothing to minimize")
+    summary.checks += [Check(n, "held") for n in order if PROPERTIES[n].trivial == case[0].trivial]
+    summary.headline = "fails no property: nothing to minimize"
+    summary.seconds = time.monotonic() - t0
+    write_command_report(summary, report_dir)
+    return EXIT_OK
+
+
+def _load(args):
+    """(case, fault, target, property names in the order tried) from a repro or deployment file."""
+    from harness.model.deployment_file import DeploymentError, is_deployment
+    from harness.model.deployment_file import loads as loads_deployment
+    from harness.engine.replay import DEFAULT_TARGET, properties_for
+    from harness.engine.shrink import DEPLOYMENT_ORDER
+    from harness.model.repro_file import decode, to_case
+    from harness.model.validate import LimitError, read_input
+    try:
+        data = read_input(args.file, "input file")  # read once: a pipe has no second reading
+    except LimitError as exc:
+        raise UsageError(f"vmfuzz: {exc}") from None
+    if is_deployment(data):
+        try:
+            dep = loads_deployment(data, args.file)
+            case = (dep.config(), [dep.observed()])
+        except DeploymentError as exc:
+            raise UsageError(f"vmfuzz: {exc}") from None
+        target = resolve_target(args.target or DEFAULT_TARGET)
+        return case, None, target, [args.property] if args.property else list(DEPLOYMENT_ORDER)
+    repro = decode(data, args.file)
+    target = resolve_target(args.target or repro.target or DEFAULT_TARGET)
+    return to_case(repro), repro.fault, target, [p.name for p in properties_for(repro, args.property)]
+
+
+def _shrink(args, prop, target, case, fault, summary, report_dir: Path):
+    """Shrinks ``case`` for ``prop`` if it fails it; the minimized repro's path, else None."""
+    from harness.engine.shrink import checker, describe, minimize
+    from harness.model.repro_file import dump, from_case
+    from harness.report.summary import Check
+    still_fails, close = checker(prop, target, args.device, fault, 30.0)
+    try:
+        if still_fails(case) is None:
+            return None
+        print(f"before: {describe(case)}")
+        print(f"        fails {prop.name} on {target.name}", flush=True)
+        small, detail, tries = minimize(case, still_fails)
+    finally:
+        close()
+    print(f"after:  {describe(small)}")
+    print(f"        still fails {prop.name} ({tries} candidates tried): {detail}")
+    out = Path(args.output) if args.output else report_dir / f"{Path(args.file).stem}.min.json"
+    out = dump(from_case(target.name, prop.name, small[0], small[1], detail=detail, fault=fault), out)
+    print(f"wrote {out}")
+    summary.checks.append(Check(prop.name, "failed", detail, fault or "property", str(out)))
+    summary.headline = f"minimized to: {describe(small)}"
+    summary.extra.update(before=describe(case), after=describe(small), tries=tries, output=str(out))
+    return out

@@ -1,0 +1,201 @@
+"""``vmfuzz run``: search every property for a counterexample, then report.
+
+``plan`` and ``execute_and_report`` are shared with ``gate``, which is a run
+under the pr profile, taken only when the change touches mask code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import sys
+from functools import partial
+from pathlib import Path
+
+from harness.commands.common import (check_device, check_places, check_property_names, check_run_options,
+                                     isolated, resolve_target, write_reports_somewhere)
+from harness.engine.profiles import PROFILES
+from harness.model import limits
+from harness.model.bounds import Bounds
+from harness.model.errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE, UsageError
+from harness.report.terminal import classes_line, paint, plural
+
+
+def run(args) -> int:
+    plan_, target = plan(args, seed=args.seed, max_examples=args.max_examples, time_budget=args.time_budget,
+                         deployment_file=args.deployment)
+    return execute_and_report(plan_, target, verbose=args.verbose)
+
+
+def plan(args, *, command: str = "run", profile_name: str | None = None, seed=None, max_examples=None,
+         time_budget=None, deployment_file=None):
+    """Checks the arguments shared by run and gate; returns (plan, target).
+
+    The keyword arguments stand in for options ``gate`` does not have.
+    """
+    from harness.model.deployment_file import DeploymentError, load
+    from harness.engine.regressions import default_repro_root
+    from harness.engine.session import RunPlan
+    from harness.properties import PROPERTIES
+
+    profile = PROFILES[profile_name or args.profile]
+    properties = getattr(args, "properties", None) or list(PROPERTIES)
+    check_property_names(properties)
+    workers = check_run_options(args, properties)
+    deployment = None
+    if deployment_file:
+        try:
+            deployment = load(deployment_file)
+        except DeploymentError as exc:
+            raise UsageError(f"vmfuzz: {exc}") from None
+    check_device(args.device)
+    target = resolve_target(args.target)
+    if seed is None:
+        seed = profile.fixed_seed if profile.fixed_seed is not None else random.SystemRandom().randrange(2**31)
+    # A slow target (sglang runs its kernel in the Triton interpreter) carries
+    # its own example budget per profile and size ceiling.
+    own_budget = getattr(target, "budget", {}).get(profile.name)
+    report_dir = check_places(args, profile)
+    run_plan = RunPlan(target=args.target, profile=profile, seed=seed,
+                       max_examples=max_examples or min(profile.max_examples, own_budget or profile.max_examples),
+                       time_budget=time_budget if time_budget is not None else profile.time_budget,
+                       report_dir=report_dir,
+                       properties=properties, workers=workers, device=args.device, db_dir=Path(args.db),
+                       isolate=isolated(args.isolate, args.target),
+                       # Production shapes in the Triton interpreter take tens of seconds a
+                       # case: a slow target names its own limit per profile.
+                       example_timeout=args.example_timeout
+                       or getattr(target, "example_timeout", {}).get(profile.name) or 30.0,
+                       deployment=deployment, command=command,
+                       repro_root=Path(args.repro_root) if args.repro_root else default_repro_root(),
+                       bounds=getattr(target, "bounds", None) or Bounds(), share=getattr(args, "share", True))
+    user_bounds = getattr(args, "bounds", None)
+    if user_bounds is not None:
+        run_plan.bounds = parse_bounds(user_bounds, run_plan.bounds)
+    else:
+        # A slow target widens its bounds step by step where the profile's budget allows.
+        run_plan.bounds_steps = tuple(getattr(target, "bounds_ladder", {}).get(profile.name, ()))
+    return run_plan, target
+
+
+#: ``--bounds`` keys: Bounds fields, and the short names a person types
+BOUND_KEYS = {"max_bs": "max_bs", "context": "max_context_len", "max_context_len": "max_context_len",
+              "d": "num_draft_tokens", "num_draft_tokens": "num_draft_tokens", "topk": "topk",
+              "spec_steps": "spec_steps", "overshoot": "overshoot"}
+BOUND_FLOORS = {"num_draft_tokens": 2}
+
+
+def parse_bounds(text: str, base: Bounds) -> Bounds:
+    """``k=v,...`` over ``base``; a bad key or value is one UsageError line."""
+    changes = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, value = part.partition("=")
+        field = BOUND_KEYS.get(key.strip())
+        if field is None or not eq:
+            raise UsageError(f"vmfuzz: --bounds {text!r}: {part!r} is not KEY=VALUE with KEY one of "
+                             f"{', '.join(sorted(BOUND_KEYS))}")
+        try:
+            n = int(value)
+        except ValueError:
+            raise UsageError(f"vmfuzz: --bounds {text!r}: {key.strip()} must be an integer, got {value!r}") from None
+        floor = BOUND_FLOORS.get(field, 1)
+        if n < floor:
+            raise UsageError(f"vmfuzz: --bounds {text!r}: {key.strip()} must be at least {floor}, got {n}")
+        changes[field] = n
+    if not changes:
+        raise UsageError(f"vmfuzz: --bounds {text!r}: give at least one KEY=VALUE")
+    bounds = dataclasses.replace(base, **changes)
+    _check_bounds_limits(text, bounds)
+    return bounds
+
+
+def _check_bounds_limits(text: str, bounds: Bounds) -> None:
+    """The limits of harness/model/limits.py hold for searched cases too: a ceiling whose
+    largest case would allocate past MAX_BUFFER_CELLS is refused before the search,
+    never left to fail with a MemoryError that would read as the target's finding."""
+    for field, cap, name in (("num_draft_tokens", limits.MAX_DRAFT_TOKENS, "MAX_DRAFT_TOKENS"),
+                             ("topk", limits.MAX_TOPK, "MAX_TOPK"), ("spec_steps", limits.MAX_SPEC_STEPS, "MAX_SPEC_STEPS"),
+                             ("max_bs", limits.MAX_SEARCH_REQUESTS, "MAX_SEARCH_REQUESTS")):
+        if getattr(bounds, field) > cap:
+            raise UsageError(f"vmfuzz: --bounds {text!r}: {field} {getattr(bounds, field)} is over {name} "
+                             f"({cap}, harness/model/limits.py)")
+    # the largest step a search draws: a FULL_MASK fallback for 2 * max_bs + overshoot
+    # requests, every one at the context limit
+    d = bounds.num_draft_tokens
+    cells = (2 * bounds.max_bs + bounds.overshoot) * d * (bounds.max_context_len + d)
+    if cells > limits.MAX_BUFFER_CELLS:
+        raise UsageError(f"vmfuzz: --bounds {text!r}: its largest case needs a {cells}-cell buffer, over "
+                         f"MAX_BUFFER_CELLS ({limits.MAX_BUFFER_CELLS}, harness/model/limits.py); "
+                         "lower max_bs, context or d")
+
+
+def show_result(res, log, *, verbose: bool = False) -> None:
+    """One property's lines, printed as it finishes."""
+    if res.not_driven and not res.findings:
+        log(f"  {res.prop:<22} {paint('not driven')}: {res.not_driven}")
+        return
+    status = "FAILED" if res.findings else ("skipped" if res.skipped else "held")
+    log(f"  {res.prop:<22} {paint(status, width=7)} {plural(res.examples, 'example'):>14} {res.seconds:6.1f}s")
+    if res.classes:
+        log("      " + classes_line(res.classes, verbose))
+    for f in res.findings:
+        log(f"      finding ({f.kind}): {f.detail}")
+        log(f"      repro:   {f.path}")
+
+
+def execute_and_report(plan_, target, gate=None, *, verbose: bool = False) -> int:
+    """``gate(outcome) -> dict``: the gate's coverage, computed from what ran, for the reports."""
+    from harness.engine.session import execute
+    from harness.report.summary import write_reports
+    from harness.report.terminal import gate_line
+
+    budget = f", budget {plan_.time_budget:g}s" if plan_.time_budget else ""
+    print(f"vmfuzz {plan_.command}: target {target.name}, seed {plan_.seed}, profile {plan_.profile.name}, "
+          f"{plural(plan_.max_examples, 'example')} per property{budget}, {plural(plan_.workers, 'worker')}"
+          f"{', isolated' if plan_.isolate else ''}", flush=True)
+    outcome = execute(plan_, target, partial(show_result, verbose=verbose))
+    if gate is not None:
+        outcome.gate = gate(outcome)
+        print(gate_line(outcome.gate))
+    summary, written = write_reports_somewhere(write_reports, outcome, plan_.report_dir)
+    if outcome.deployment:
+        _say_deployment(outcome.deployment)
+    print(f"reports: {written}/ (summary.json, summary.md, junit.xml, report.html)")
+    return _verdict(plan_, target, outcome, summary, written)
+
+
+def _say_deployment(d: dict) -> None:
+    print(f"deployment {d['label']}: {'CAN' if d['can_write_out_of_range'] else 'cannot'} "
+          f"write out of range: {d['why']}")
+    for part in ("routing", "allocation"):
+        v = d.get(part)
+        if v:
+            state = {True: "held", False: "FAILED", None: "not checked"}[v["ok"]]
+            print(f"  {part}: {state}: {v['why']}")
+
+
+def _verdict(plan_, target, outcome, summary: dict, written: Path) -> int:
+    if outcome.interrupted:
+        from harness.engine.signals import exit_code
+        print("vmfuzz: interrupted (findings written so far are kept, reports cover what ran)", file=sys.stderr)
+        return exit_code()
+    if outcome.failed:
+        where = plan_.findings_dir if written == plan_.report_dir else "the repro paths above"
+        print(f"{paint(plural(summary['counts']['findings'], 'finding'), 'FAILED')} written under {where}; "
+              "replay with: vmfuzz replay FILE")
+        return EXIT_FINDING
+    if written != plan_.report_dir:
+        return EXIT_USAGE  # the reports are not where CI looks for them: not a pass
+    if outcome.deployment and any((outcome.deployment.get(p) or {}).get("ok") is False
+                                  for p in ("routing", "allocation")):
+        print(f"the deployment's routing or allocation fails (recorded in {written}/summary.json)")
+        return EXIT_FINDING
+    undriven = [r.prop for r in outcome.results if r.not_driven]
+    if undriven:
+        print(f"{plural(len(outcome.results) - len(undriven), 'property', 'properties')} "
+              f"{paint('held')}; not driven on {target.name}: " + ", ".join(undriven))
+    elif len(outcome.results) == 1:
+        print(f"{outcome.results[0].prop} {paint('held')}")
+    else:
+        print(f"all {len(outcome.results)} properties {paint('held')}")
+    return EXIT_OK

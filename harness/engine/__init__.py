@@ -1,0 +1,1 @@
+"""Runs the checks: plans, Hypothesis searches, isolation, replays, shrinking, enumeration, bisect."""

@@ -1,0 +1,113 @@
+"""One ``git bisect run`` step: replay a repro against the checked-out revision's SGLang.
+
+    python -m harness.engine.bisect_step --repo PATH --target T [--property P] REPRO
+
+Exit codes are git bisect's: 0 the repro held (good), 1 it failed (bad), 125
+this revision cannot be tested (SGLang does not import, or imports from
+somewhere other than this checkout) so git skips it rather than blaming it.
+
+The step runs the replay in a child process: a kernel that kills the process
+(a segfault, an abort) is the finding showing, and git must hear "bad", not a
+signal number that would abort the whole bisect. One JSON line per revision is
+appended to ``$VMFUZZ_BISECT_LOG`` so the bisect can report what the first bad
+commit did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+GOOD, BAD, SKIP = 0, 1, 125
+HARNESS_ERROR = 3  # child only: mapped to SKIP by the parent
+
+
+def _child(args) -> int:
+    """Runs in the child, with the checkout first on sys.path."""
+    python_dir = Path(args.repo).resolve() / "python"
+    sys.path.insert(0, str(python_dir))
+    from harness.engine.isolation import TargetFault
+    from harness.properties import PropertyFailure
+    from harness.engine.replay import replay
+    from harness.model.repro_file import ReproError, load
+    from harness.targets import TargetUnavailable, resolve
+
+    repro = load(args.repro)
+    try:
+        target = resolve(args.target)
+        import sglang
+        where = Path(sglang.__file__).resolve()
+        if python_dir not in where.parents:
+            raise TargetUnavailable(f"sglang imports from {where}, not from this checkout")
+    except (TargetUnavailable, ImportError) as exc:
+        # the install hint that comes with an unavailable target is no help for an old revision
+        why = (str(exc).splitlines() or [type(exc).__name__])[0].split("; install it with")[0]
+        _emit(args, "skip", why)
+        return SKIP
+    try:
+        replay(repro, target, isolate=False, prop=args.property)
+    except PropertyFailure as exc:
+        _emit(args, "bad", exc.detail, prop=exc.prop)
+        return BAD
+    except TargetFault as exc:
+        _emit(args, "bad", str(exc))
+        return BAD
+    except ReproError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - SGLang's code raising on the repro is this revision's fault
+        _emit(args, "bad", f"target raised {type(exc).__name__}: {exc}")
+        return BAD
+    _emit(args, "good", "held")
+    return GOOD
+
+
+def _emit(args, verdict: str, detail: str, prop: str | None = None) -> None:
+    log = os.environ.get("VMFUZZ_BISECT_LOG")
+    rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=args.repo, capture_output=True, text=True).stdout.strip()
+    line = {"commit": rev, "verdict": verdict, "detail": detail, "property": prop or args.property}
+    print(f"vmfuzz bisect: {rev[:12]} {verdict}: {detail}", flush=True)
+    if log:
+        with open(log, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.engine.bisect_step")
+    p.add_argument("repro")
+    p.add_argument("--repo", required=True)
+    p.add_argument("--target", default="sglang")
+    p.add_argument("--property", default=None)
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        import warnings
+        warnings.simplefilter("ignore")  # the target's import chain is noisy; the verdict is what matters
+        try:
+            return _child(args)
+        except Exception as exc:  # noqa: BLE001 - the harness failing says nothing about this revision
+            print(f"vmfuzz bisect: step failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return HARNESS_ERROR
+    cmd = [sys.executable, "-m", "harness.engine.bisect_step", "--child", args.repro, "--repo", args.repo,
+           "--target", args.target] + (["--property", args.property] if args.property else [])
+    try:
+        proc = subprocess.run(cmd, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        _emit(args, "bad", f"target-hang: no verdict within {args.timeout:g}s")
+        return BAD
+    if proc.returncode in (GOOD, BAD, SKIP):
+        return proc.returncode
+    if proc.returncode < 0:  # killed by a signal: the target crashed on the repro
+        _emit(args, "bad", f"target-crash: the replay died with signal {-proc.returncode}")
+        return BAD
+    # anything else is the harness failing, not this revision: never blame it
+    _emit(args, "skip", f"replay exited {proc.returncode}")
+    return SKIP
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""Runs property checks in a forked worker under a watchdog.
+
+A target under review may abort, segfault, corrupt its process or never return.
+In-process, any of those ends the campaign and loses its findings; here it ends
+only the worker, and the case that did it becomes a ``target-crash`` or
+``target-hang`` finding while the search goes on with a fresh worker.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import signal
+
+from harness.guard.tree_write import LAUNCHES
+from harness.properties import Observation, PropertyFailure, lookup
+
+CRASH, HANG = "target-crash", "target-hang"
+
+
+class TargetFault(Exception):
+    """The worker died or stopped answering while checking one case."""
+
+    def __init__(self, kind: str, detail: str):
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail
+
+
+def _serve(target, conn) -> None:
+    import torch
+    from harness.engine.signals import ignore_in_child
+    ignore_in_child()  # Ctrl-C reaches the whole group: the parent stops this worker
+    # A forked child must not reuse the parent's intra-op thread pool (the
+    # reason torch's own DataLoader workers run single-threaded).
+    torch.set_num_threads(1)
+    while True:
+        try:
+            prop_name, config, batches, device = conn.recv()
+        except EOFError:
+            return
+        before = LAUNCHES.snapshot()
+
+        def spent():  # this check's kernel launches and their seconds, for the parent's count
+            now = LAUNCHES.snapshot()
+            return now[0] - before[0], now[1] - before[1]
+
+        try:
+            obs = lookup(prop_name).check(target, config, batches, device)
+            conn.send(("ok", sorted(obs.classes), obs.margin, dict(obs.path_margins), spent()))
+        except PropertyFailure as exc:
+            conn.send(("fail", exc.prop, exc.detail, spent()))
+        except BaseException as exc:  # noqa: BLE001 - the target's own error (even exit()), reported as the property's
+            try:
+                conn.send(("raise", type(exc).__name__, str(exc)[:4000], spent()))
+            except Exception:  # noqa: BLE001 - an unpicklable or broken answer: the worker is lost
+                return
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "worker vanished"
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+class TargetRaised(Exception):
+    """The target raised inside the worker; carries the original type name."""
+
+
+class IsolatedChecker:
+    """Drop-in for ``prop.check``: same arguments, same Observation or PropertyFailure."""
+
+    def __init__(self, target, timeout: float = 30.0):
+        self.target = target
+        self.timeout = timeout
+        self._ctx = mp.get_context("fork")
+        self._proc = None
+        self._conn = None
+
+    def _start(self) -> None:
+        parent, child = self._ctx.Pipe()
+        self._proc = self._ctx.Process(target=_serve, args=(self.target, child), daemon=True)
+        from harness.engine.signals import held
+        with held():
+            self._proc.start()
+        child.close()
+        self._conn = parent
+
+    def _discard(self) -> int | None:
+        proc, self._proc = self._proc, None
+        if proc.is_alive():
+            proc.kill()
+        proc.join(5)
+        self._conn.close()
+        return proc.exitcode
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._discard()
+
+    def __call__(self, prop, config, batches, device="cpu") -> Observation:
+        if self._proc is None or not self._proc.is_alive():
+            if self._proc is not None:
+                self._discard()
+            self._start()
+        self._conn.send((prop.name, config, batches, device))
+        if not self._conn.poll(self.timeout):
+            self._discard()
+            raise TargetFault(HANG, f"no answer within {self.timeout:g}s (per-example timeout)")
+        try:
+            msg = self._conn.recv()
+        except (EOFError, OSError):
+            self._proc.join(5)
+            raise TargetFault(CRASH, "target process died: " + _exit_reason(self._discard())) from None
+        kind, *rest, spent = msg
+        LAUNCHES.add(*spent)
+        if kind == "ok":
+            classes, margin, *more = rest
+            return Observation(set(classes), margin, *more)
+        if kind == "fail":
+            raise PropertyFailure(*rest)
+        raise TargetRaised(f"{rest[0]}: {rest[1]}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def target_raised(exc: BaseException) -> str:
+    """How a finding names an exception the target raised (in this process or a worker)."""
+    return f"target raised {exc}" if isinstance(exc, TargetRaised) else f"target raised {type(exc).__name__}: {exc}"

@@ -1,0 +1,108 @@
+"""Saved repros replayed before a search: the repo's canonical ones and last run's.
+
+Semantics (README, "Profiles": saved repros under repro/): a repro under ``repro/`` records the
+known-bad target it fails on (e.g. ``reference+pr33127``). Against the target
+under test -- the fixed code -- it must *hold*; if it fails, the regression is
+back, and that is a finding. It should also still fail on its recorded target
+(it still has teeth); when that target loads here and the repro no longer fails
+on it, the replay says so as a warning, not a failure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.engine.search import Finding
+from harness.engine.isolation import TargetFault
+from harness.properties import PropertyFailure
+from harness.model.repro_file import ReproError, dump, load, to_case
+
+
+@dataclass
+class ReplayOutcome:
+    path: Path
+    source: str  # "saved" (a repro/ folder) or "last run"
+    property: str = ""
+    recorded_target: str = ""
+    status: str = "held"  # held / failed / error
+    detail: str = ""
+    teeth: bool | None = None  # still fails on its recorded target (None: not checked)
+    finding: Finding | None = None
+    #: the case could not be replayed: "target-raised", "target-hang" or "target-crash"
+    fault: str | None = None
+    set_aside: Path | None = None  # where harness.engine.nightly moved it
+
+
+def default_repro_root() -> Path:
+    """``./repro`` when run from vmfuzz's checkout; elsewhere (a gate inside SGLang's
+    checkout) the ``repro/`` beside the ``harness`` package, so the canonical
+    repros still replay first."""
+    here = Path("repro")
+    if here.is_dir():
+        return here
+    return Path(__file__).resolve().parents[2] / "repro"  # harness/engine/ -> the checkout
+
+
+def saved_repros(root: Path) -> list[Path]:
+    """Every ``repro/<name>/*.json``, in a stable order."""
+    return sorted(root.glob("*/*.json")) if root.is_dir() else []
+
+
+def _outcome_of(repro, target, device: str, isolate: bool, timeout: float) -> tuple[str, str, str | None]:
+    """(status, detail, fault): a target that raises, exits or hangs is a failure, never fatal."""
+    from harness.engine.replay import replay
+    try:
+        replay(repro, target, device, isolate=isolate, timeout=timeout)
+    except PropertyFailure as exc:
+        return "failed", exc.detail, None
+    except TargetFault as exc:
+        return "failed", str(exc), exc.kind
+    except ReproError:
+        raise
+    except KeyboardInterrupt as exc:
+        from harness.engine.signals import from_user
+        if from_user(exc):
+            raise
+        return "failed", "target raised KeyboardInterrupt", "target-raised"
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the target's own error
+        from harness.engine.isolation import TargetRaised
+        what = str(exc) if isinstance(exc, TargetRaised) else f"{type(exc).__name__}: {exc}"
+        return "failed", f"target raised {what}", "target-raised"
+    return "held", "", None
+
+
+def replay_saved(paths: list[Path], target, *, source: str, findings_dir: Path, device: str = "cpu",
+                 isolate: bool = False, timeout: float = 30.0, check_teeth: bool = True,
+                 out: list | None = None) -> list[ReplayOutcome]:
+    """``out`` (default a new list) gets each outcome as it is known: an interrupt keeps those."""
+    from harness.targets import TargetUnavailable, resolve
+
+    out = [] if out is None else out
+    for path in paths:
+        o = ReplayOutcome(path, source)
+        try:
+            repro = load(path)
+            o.property, o.recorded_target = repro.property, repro.target
+            o.status, o.detail, o.fault = _outcome_of(repro, target, device, isolate or bool(repro.fault),
+                                                      timeout)
+        except ReproError as exc:
+            o.status, o.detail = "error", str(exc)
+            out.append(o)
+            continue
+        if o.status == "failed":
+            config, steps = to_case(repro)
+            fpath = findings_dir / f"replay-{path.parent.name}-{path.stem}.json"
+            fpath = dump(type(repro)(**{**{f: getattr(repro, f) for f in repro.__struct_fields__},
+                                "target": target.name, "detail": o.detail}), fpath)
+            o.finding = Finding(repro.property, f"saved repro {path} fails again: {o.detail}", fpath,
+                                config, steps, repro.fault or "property")
+        elif check_teeth and repro.target != target.name:
+            try:
+                recorded = resolve(repro.target)
+            except TargetUnavailable:
+                recorded = None
+            if recorded is not None:
+                o.teeth = _outcome_of(repro, recorded, device, isolate or bool(repro.fault), timeout)[0] == "failed"
+        out.append(o)
+    return out

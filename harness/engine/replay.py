@@ -1,0 +1,52 @@
+"""Re-run a repro file's property (or, when it names none, every property that applies) on a target."""
+
+from __future__ import annotations
+
+from harness.properties import PROPERTIES, Observation, Property, named
+from harness.model.repro_file import Repro, ReproError, to_case
+
+FAULTS = ("target-crash", "target-hang")
+
+#: A repro written by hand from a crash report names no target: the fixed design.
+DEFAULT_TARGET = "reference"
+
+
+def properties_for(repro: Repro, only: str | None = None) -> list[Property]:
+    """``only`` (the command line), else the file's ``property``, else every property
+    whose configs the repro's config is (d = 1 ones for a trivial config, the rest otherwise)."""
+    config, _ = to_case(repro)
+    name = only or repro.property
+    if name:
+        try:
+            prop = named(name)
+        except ValueError as exc:
+            raise ReproError(str(exc)) from None
+        if prop.trivial != config.trivial:
+            need = "num_draft_tokens 1" if prop.trivial else "num_draft_tokens >= 2"
+            raise ReproError(f"property {prop.name} needs {need}")
+        return [prop]
+    return [p for p in PROPERTIES.values() if p.applies(config)]
+
+
+def replay(repro: Repro, target, device: str = "cpu", *, isolate: bool = False,
+           timeout: float = 30.0, prop: str | None = None) -> list[Observation]:
+    """Raise ``PropertyFailure`` for the first property that still fails, else return what was observed.
+
+    A ``target-crash``/``target-hang`` repro (or ``isolate=True``) runs in a
+    watched worker: a crash or hang raises ``isolation.TargetFault`` instead of
+    taking this process down. A property the target cannot drive (it lacks a
+    seam) is left out, never counted as held; none left is a ``ReproError``.
+    """
+    if repro.fault is not None and repro.fault not in FAULTS:
+        raise ReproError(f"unknown fault {repro.fault!r} (known: {', '.join(FAULTS)})")
+    props = properties_for(repro, prop)
+    config, batches = to_case(repro)
+    driven = [p for p in props if not p.missing(target)]
+    if not driven:
+        raise ReproError(f"target {target.name} cannot drive {', '.join(p.name for p in props)} "
+                         f"(it has no {', '.join(props[0].missing(target))})")
+    if isolate or repro.fault:
+        from harness.engine.isolation import IsolatedChecker
+        with IsolatedChecker(target, timeout) as check:
+            return [check(p, config, batches, device) for p in driven]
+    return [p.check(target, config, batches, device) for p in driven]

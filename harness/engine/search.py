@@ -1,0 +1,380 @@
+"""Runs the properties as Hypothesis searches and collects what they found.
+
+Each property becomes one ``@given`` search over its case strategy. A failure
+is shrunk by Hypothesis, then written to disk as a repro file *before* it is
+reported, and the campaign moves on to the next property: nothing found is lost
+because a later property crashed or the user pressed Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from hypothesis import HealthCheck, Phase, event, example, given, seed as hseed, settings
+from hypothesis import target as hypothesis_target
+
+from harness.engine.database import KeyedDatabase
+from harness.engine.cases import boundary_cases, bs_ratio_bucket, case_shape, cases, note_reached
+from harness.engine.isolation import TargetFault, TargetRaised
+from harness.engine.signals import check as interrupt_check
+from harness.model.bounds import Bounds
+from harness.model.config import Batch, Config
+from harness.model.errors import HarnessError
+from harness.model.repro_file import dump, from_case
+from harness.properties import PROPERTIES, Property, PropertyFailure, shared_group
+from harness.properties.shared import group_members
+
+
+@dataclass
+class Finding:
+    prop: str
+    detail: str
+    path: Path
+    config: Config
+    batches: list[Batch]
+    kind: str = "property"  # or "target-crash" / "target-hang" (harness.engine.isolation)
+
+
+@dataclass
+class PropertyResult:
+    prop: str
+    examples: int = 0
+    classes: Counter = field(default_factory=Counter)
+    max_margin: float = float("-inf")
+    seconds: float = 0.0
+    finding: Finding | None = None
+    #: seconds from the start of the search to the first failing example (before shrinking)
+    seconds_to_failure: float | None = None
+    #: crashes and hangs: the search went on past them, so there can be several
+    faults: list[Finding] = field(default_factory=list)
+    margins: list[float] = field(default_factory=list)
+    #: (path, margin) per example and path its steps took (reuse / fallback / arithmetic): a
+    #: fallback batch needing more than the preallocated buffer is the design working, not an overflow
+    path_margins: list[tuple[str, float]] = field(default_factory=list)
+    bs_ratio: Counter = field(default_factory=Counter)
+    rounds: int = 0
+    skipped: bool = False  # the time budget ran out before this property started
+    #: why the property was not driven at all (the target lacks a seam it needs); never "held"
+    not_driven: str | None = None
+    #: the largest shape each case dimension reached (d, topk, spec_steps, max_bs, max_context_len, bs)
+    reached: dict = field(default_factory=dict)
+
+    @property
+    def findings(self) -> list[Finding]:
+        return ([self.finding] if self.finding else []) + self.faults
+
+    def note(self, obs, config: Config, steps: list[Batch]) -> None:
+        """One example that held: its classes, margins and shape."""
+        self.classes.update(obs.classes)
+        self.max_margin = max(self.max_margin, obs.margin)
+        self.margins.append(obs.margin)
+        self.path_margins += sorted(getattr(obs, "path_margins", {}).items())
+        self.bs_ratio.update(bs_ratio_bucket(b.bs, config.max_bs) for b in steps)
+        note_reached(self.reached, case_shape(config, steps))
+
+    def merge(self, other: "PropertyResult") -> None:
+        self.examples += other.examples
+        self.classes.update(other.classes)
+        self.max_margin = max(self.max_margin, other.max_margin)
+        self.seconds += other.seconds
+        self.finding = self.finding or other.finding
+        self.faults += other.faults
+        self.margins += other.margins
+        self.path_margins += other.path_margins
+        self.bs_ratio.update(other.bs_ratio)
+        self.rounds += other.rounds
+        note_reached(self.reached, other.reached)
+
+
+MIN_SHARE = 1.0  # seconds any property gets under a time budget
+
+
+class _OutOfTime(BaseException):
+    """Ends a search at its deadline. A BaseException, so Hypothesis stops at
+    once instead of treating it as a failure to shrink."""
+
+
+def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds: Bounds,
+                 findings_dir: Path, device: str = "cpu", database=None, deadline: float | None = None,
+                 check: Callable | None = None, strategy=None, faulted: set[str] | None = None,
+                 on_example: Callable[[], None] | None = None) -> PropertyResult:
+    """One Hypothesis search for ``prop``.
+
+    ``deadline`` (time.monotonic) stops generating new examples once passed;
+    ``check`` replaces ``prop.check`` (an isolated worker); ``strategy``
+    replaces the default case strategy (a deployment-scoped search);
+    ``faulted`` holds the fault kinds already saved (one finding per kind);
+    ``on_example()`` is called for each example run (a progress bar).
+    """
+    result = PropertyResult(prop.name, rounds=1)
+    state = {"case": None, "failed": False}
+    faulted = set() if faulted is None else faulted
+    run_check = check or (lambda p, c, b, dev: p.check(target, c, b, dev))
+    db = KeyedDatabase(database, prop.name) if database is not None else None
+
+    @settings(max_examples=max_examples, deadline=None, database=db, print_blob=False,
+              report_multiple_bugs=False, suppress_health_check=list(HealthCheck),
+              # No Phase.target: hill-climbing the overflow margin held a search on
+              # one large config for hundreds of examples (measured on the sparse
+              # benchmark, PERFORMANCE.md); the margin is still recorded.
+              phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
+    @hseed(seed)
+    @given(strategy if strategy is not None else cases(prop, bounds))
+    def search(case):
+        # Past the deadline, skip new examples; never while shrinking a failure,
+        # or Hypothesis would see the failing example stop failing.
+        if not state["failed"] and deadline is not None and time.monotonic() > deadline:
+            raise _OutOfTime
+        interrupt_check()  # a Ctrl-C that Hypothesis or a gc callback swallowed ends the search here
+        state["case"] = case
+        config, steps = case
+        # Counted before the check: "examples to first detection" includes the failing one.
+        if not state["failed"]:
+            result.examples += 1
+            if on_example is not None:
+                on_example()
+        try:
+            obs = run_check(prop, config, steps, device)
+        except TargetFault as fault:
+            # Shrinking a crash would re-crash (or re-hang for the full timeout)
+            # dozens of times: save it as found and let the search go on.
+            if fault.kind not in faulted:
+                faulted.add(fault.kind)
+                result.faults.append(_record(target, _owner(prop), fault.detail, case, seed, findings_dir,
+                                             kind=fault.kind))
+            return
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            failure = _as_failure(exc)
+            if failure is None:
+                raise  # a real Ctrl-C
+            if not state["failed"]:
+                result.seconds_to_failure = time.perf_counter() - start
+            state["failed"] = True
+            if failure is exc:
+                raise
+            raise failure from None
+        if not state["failed"]:
+            result.note(obs, config, steps)
+        for cls in sorted(obs.classes):
+            event(cls)
+        if math.isfinite(obs.margin):  # a case that wrote no step has no margin to report
+            hypothesis_target(obs.margin, label="overflow margin (cells)")
+
+    # A deployment-scoped search keeps to its deployment: no corpus outside it.
+    for case in reversed(boundary_cases(prop, bounds) if strategy is None else []):
+        search = example(case)(search)
+    start = time.perf_counter()
+    try:
+        search()
+    except (PropertyFailure, _OutOfTime, Exception) as exc:
+        result.finding = _ending(exc, prop, state, lambda owner, detail: _record(
+            target, owner, detail, state["case"], seed, findings_dir))
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _as_failure(exc: BaseException) -> BaseException | None:
+    """The failure a check's exception is; None for a real Ctrl-C.
+
+    A target that calls exit() (or raises KeyboardInterrupt itself) is a target that
+    raised: as a plain exception Hypothesis shrinks it like any failure, instead of
+    the run ending with the target's exit code.
+    """
+    from harness.engine.signals import from_user
+    if isinstance(exc, Exception):
+        return exc
+    if isinstance(exc, KeyboardInterrupt) and from_user(exc):
+        return None
+    return TargetRaised(f"{type(exc).__name__}({exc})")
+
+
+def _ending(exc: BaseException, prop: Property, state: dict, record) -> Finding | None:
+    """What ended a search: a property failure or the target raising is a finding (recorded);
+    the deadline is none; anything raised while generating is the harness's own error."""
+    if isinstance(exc, PropertyFailure):
+        return record(_owner(prop, exc), exc.detail)
+    if isinstance(exc, _OutOfTime):
+        return None  # the budget is spent: what ran so far stands
+    if not state["failed"] or state["case"] is None:
+        # Raised while generating, not by the target: the harness's own error, never a finding.
+        raise HarnessError(f"property {prop.name}: the search itself failed: {type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    what = str(exc) if isinstance(exc, TargetRaised) else f"{type(exc).__name__}: {exc}"
+    return record(_owner(prop), f"target raised {what}")
+
+
+def _owner(prop: Property, exc: Exception | None = None) -> str:
+    """The property a finding is filed under: a shared group's failure names its failing member."""
+    members = group_members(prop.name)
+    if members is None:
+        return prop.name
+    return exc.prop if isinstance(exc, PropertyFailure) and exc.prop in members else members[0]
+
+
+def _record(target, prop: str, detail: str, case, seed: int, findings_dir: Path,
+            kind: str = "property") -> Finding:
+    config, steps = case
+    # A target's message may carry anything: keep what JSON, XML and a terminal can hold.
+    detail = detail.encode("utf-8", "backslashreplace").decode("utf-8")
+    fault = None if kind == "property" else kind
+    repro = from_case(target.name, prop, config, steps, detail=detail, seed=seed, fault=fault)
+    stem = prop if fault is None else f"{prop}-{fault}"
+    path = findings_dir / f"{stem}.json"
+    n = 1
+    while path.exists():
+        n += 1
+        path = findings_dir / f"{stem}-{n}.json"
+    path = dump(repro, path)  # a broken findings_dir sends it to a fallback place
+    return Finding(prop, detail, path, config, steps, kind)
+
+
+def search_property(target, prop: Property, *, seed: int, max_examples: int, bounds: Bounds,
+                    findings_dir: Path, device: str = "cpu", database=None, deadline: float | None = None,
+                    check: Callable | None = None, strategy=None, rounds: bool = True,
+                    on_example: Callable[[], None] | None = None) -> PropertyResult:
+    """``run_property`` in rounds until ``deadline``: a time-budgeted search.
+
+    Without a deadline this is one round of ``max_examples``. With one, each
+    further round draws a new seed (derived from ``seed``, so the run stays
+    reproducible) until the deadline, a property failure, or a round that
+    found nothing new to try.
+    """
+    total = PropertyResult(prop.name)
+    missing = prop.missing(target)
+    if missing:
+        total.not_driven = f"target {target.name} has no {', '.join(missing)}"
+        return total
+    if deadline is not None and time.monotonic() >= deadline:
+        total.skipped = True
+        return total
+    rnd, faulted = 0, set()
+    while True:
+        res = run_property(target, prop, seed=seed + rnd * 1_000_003, max_examples=max_examples,
+                           bounds=bounds, findings_dir=findings_dir, device=device, database=database,
+                           deadline=deadline, check=check, strategy=strategy, faulted=faulted,
+                           on_example=on_example)
+        total.merge(res)
+        rnd += 1
+        if not rounds or deadline is None or total.finding or time.monotonic() >= deadline or res.examples == 0:
+            return total
+
+
+def run_campaign(target, *, seed: int, max_examples: int, bounds: Bounds, findings_dir: Path,
+                 properties: list[str] | None = None, device: str = "cpu", database=None,
+                 time_budget: float | None = None, check: Callable | None = None,
+                 strategies: dict | None = None, rounds: bool = True,
+                 on_result: Callable[[PropertyResult], None] = lambda r: None,
+                 share: bool = True, on_example: Callable[[], None] | None = None) -> list[PropertyResult]:
+    """Every property in turn, in this process.
+
+    With ``rounds``, ``time_budget`` is shared out evenly (each property searches
+    its share); without, it is only a cap on the whole run. With ``share``, the
+    properties that opted in are searched together (``search_shared``).
+    """
+    names = list(properties or PROPERTIES)
+    results = []
+    start = time.monotonic()
+    group = shareable(target, names, strategies) if share else []
+    slots = [group] if group else []
+    slots += [[n] for n in names if n not in group]
+    done = 0
+    for slot in slots:
+        deadline = None
+        if time_budget is not None and not rounds:
+            deadline = start + time_budget
+        elif time_budget is not None:
+            left = start + time_budget - time.monotonic()
+            # A shrink can overrun a share; the properties after it still get a
+            # second each rather than a silent skip. A shared group gets its
+            # members' shares together.
+            deadline = time.monotonic() + max(MIN_SHARE, left * len(slot) / (len(names) - done))
+        done += len(slot)
+        if len(slot) > 1:
+            out = search_shared(target, [PROPERTIES[n] for n in slot], seed=seed, max_examples=max_examples,
+                                bounds=bounds, findings_dir=findings_dir, device=device, database=database,
+                                deadline=deadline, check=check, rounds=rounds, on_example=on_example)
+        else:
+            out = [search_property(target, PROPERTIES[slot[0]], seed=seed, max_examples=max_examples,
+                                   bounds=bounds, findings_dir=findings_dir, device=device, database=database,
+                                   deadline=deadline, check=check, strategy=(strategies or {}).get(slot[0]),
+                                   rounds=rounds, on_example=on_example)]
+        for res in out:
+            on_result(res)
+            results.append(res)
+    order = {n: i for i, n in enumerate(names)}
+    results.sort(key=lambda r: order[r.prop])
+    return results
+
+
+def shareable(target, names: list[str], strategies: dict | None = None) -> list[str]:
+    """The properties among ``names`` that one shared search can judge together on this target.
+
+    Only those that opted in (``Property.shared``), have every seam they need,
+    and keep to the default case strategy (a deployment-scoped search keeps its
+    own); fewer than two share nothing.
+    """
+    group = [n for n in names if PROPERTIES[n].shared and not PROPERTIES[n].missing(target)
+             and (strategies or {}).get(n) is None]
+    return group if len(group) > 1 else []
+
+
+def search_shared(target, props: list[Property], *, seed: int, max_examples: int, bounds: Bounds,
+                  findings_dir: Path, device: str = "cpu", database=None, deadline: float | None = None,
+                  check: Callable | None = None, rounds: bool = True,
+                  on_example: Callable[[], None] | None = None) -> list[PropertyResult]:
+    """One search for several shared properties: each case run once, every member judged on it.
+
+    A failure is shrunk for the member that failed (once a member fails, the
+    search judges only it), recorded under its name, and the search goes on
+    for the members left, each round a fresh seed, until all failed or the
+    budget (with ``rounds``) or one round of ``max_examples`` (without) is spent.
+    Each member's result counts every case judged for it as one example.
+    """
+    totals = {p.name: PropertyResult(p.name) for p in props}
+    active = [p.name for p in props]
+    run_check = check or (lambda p, c, b, dev: p.check(target, c, b, dev))
+    rnd, faulted = 0, set()
+    while active:
+        if deadline is not None and time.monotonic() >= deadline:
+            for n in active:
+                totals[n].skipped = totals[n].examples == 0
+            break
+        state = {"failed": None}
+        members = tuple(active)
+
+        def judged(group, config, steps, dev, members=members, state=state):
+            names = (state["failed"],) if state["failed"] else members
+            try:
+                return run_check(shared_group(names), config, steps, dev)
+            except PropertyFailure as exc:
+                state["failed"] = state["failed"] or exc.prop
+                raise
+
+        res = run_property(target, shared_group(members), seed=seed + rnd * 1_000_003, max_examples=max_examples,
+                           bounds=bounds, findings_dir=findings_dir, device=device, database=database,
+                           deadline=deadline, check=judged, faulted=faulted, on_example=on_example)
+        rnd += 1
+        for n in members:
+            part = PropertyResult(n, examples=res.examples, classes=res.classes.copy(), max_margin=res.max_margin,
+                                  seconds=res.seconds / len(members), margins=list(res.margins),
+                                  path_margins=list(res.path_margins), bs_ratio=res.bs_ratio.copy(), rounds=1,
+                                  reached=dict(res.reached))
+            totals[n].merge(part)
+        if res.faults:
+            totals[members[0]].faults += res.faults
+        if res.finding is not None:
+            # "target raised" names no member: it is the first one's, as when each searched alone.
+            owner = res.finding.prop if res.finding.prop in totals else members[0]
+            res.finding.prop = owner
+            totals[owner].finding = res.finding
+            totals[owner].seconds_to_failure = res.seconds_to_failure
+            active.remove(owner)
+            continue
+        if not rounds or deadline is None or res.examples == 0:
+            break
+    return [totals[p.name] for p in props]

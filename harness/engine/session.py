@@ -1,0 +1,301 @@
+"""One ``vmfuzz run`` (or gate) from plan to reports.
+
+Order matters: saved repros are replayed before any search (a known regression
+is reported within seconds, not after the budget), each finding is on disk
+before it is printed, and the reports are written last, from what is on disk
+and in memory, even when the search was cut short.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import multiprocessing as mp
+
+from harness.engine.database import database_for
+from harness.engine.search import MIN_SHARE, PropertyResult, run_campaign, search_property
+from harness.model.bounds import Bounds
+from harness.engine.profiles import Profile
+from harness.properties import PROPERTIES
+
+
+@dataclass
+class RunPlan:
+    target: str
+    profile: Profile
+    seed: int
+    max_examples: int
+    time_budget: float | None
+    report_dir: Path
+    properties: list[str] = field(default_factory=lambda: list(PROPERTIES))
+    workers: int = 1
+    device: str = "cpu"
+    db_dir: Path = Path(".vmfuzz-db")
+    isolate: bool = False
+    example_timeout: float = 30.0
+    deployment: object = None  # harness.engine.deployment.Deployment
+    repro_root: Path = Path("repro")
+    command: str = "run"
+    bounds: Bounds = field(default_factory=Bounds)
+    #: widening bounds searched in turn, each with an equal share of what is left
+    #: of the budget (a nightly on a slow target); empty: ``bounds`` alone
+    bounds_steps: tuple = ()
+    share: bool = True  # search the shared properties together (harness.properties.shared)
+
+    @property
+    def findings_dir(self) -> Path:
+        return self.report_dir / "findings"
+
+
+@dataclass
+class RunOutcome:
+    plan: RunPlan
+    target_name: str
+    versions: dict
+    started: str
+    results: list[PropertyResult] = field(default_factory=list)
+    replays: list = field(default_factory=list)
+    deployment: dict | None = None
+    interrupted: bool = False  # Ctrl-C: reports still cover what ran
+    replay_seconds: float = 0.0
+    search_seconds: float = 0.0
+    seconds: float = 0.0
+    #: the gate's changed/triggered/exercised/not-driven files (harness.engine.surface.gate_coverage); None for run
+    gate: dict | None = None
+    bounds_used: list = field(default_factory=list)  # the Bounds searched, in order
+    #: kernel launches during the search and the seconds inside them (None: not measured)
+    kernel: dict | None = None
+
+    @property
+    def failed(self) -> bool:
+        return any(r.findings for r in self.results) or any(o.finding for o in self.replays)
+
+
+def _searcher(plan: RunPlan, target):
+    """What one worker (or this process) needs to search any property."""
+    from harness.engine.isolation import IsolatedChecker
+    check = IsolatedChecker(target, plan.example_timeout) if plan.isolate else None
+    strategies = {}
+    if plan.deployment is not None:
+        from harness.engine.deployment import case_strategy
+        strategies = {n: case_strategy(plan.deployment, trivial=p.trivial, steps=p.steps, allocates=not p.arithmetic)
+                      for n, p in PROPERTIES.items()}
+    return check, strategies
+
+
+def _search_one(plan: RunPlan, target, name: str, deadline, check, strategies) -> PropertyResult:
+    return search_property(target, PROPERTIES[name], seed=plan.seed, max_examples=plan.max_examples,
+                           bounds=plan.bounds, findings_dir=plan.findings_dir, device=plan.device,
+                           database=database_for(plan.profile.database, plan.db_dir), deadline=deadline, check=check,
+                           strategy=strategies.get(name), rounds=plan.profile.rounds)
+
+
+def _pool_search(plan: RunPlan, name: str, share: float | None, end: float | None) -> PropertyResult:
+    """Runs in a pool worker: resolve the target here, so plug-ins need not pickle."""
+    from harness.targets import resolve
+    import torch
+    torch.set_num_threads(1)  # N workers on N cores: one thread each
+    target = resolve(plan.target)
+    check, strategies = _searcher(plan, target)
+    deadline = None
+    if share is not None:
+        # Wall-clock ``end`` is shared by every worker: the slot's share, but never past the run's end.
+        deadline = time.monotonic() + max(MIN_SHARE, min(share, end - time.time()))
+    try:
+        return _search_one(plan, target, name, deadline, check, strategies)
+    finally:
+        if check is not None:
+            check.close()
+
+
+def _replays(plan: RunPlan, target, ui, out: list) -> list:
+    """Fills ``out`` (the outcome's list) as replays finish: an interrupt keeps what ran."""
+    from harness.engine.regressions import replay_saved, saved_repros
+    if plan.profile.replay_repros:
+        replay_saved(saved_repros(plan.repro_root), target, source="saved",
+                     findings_dir=plan.findings_dir, device=plan.device, isolate=plan.isolate,
+                     timeout=plan.example_timeout, out=out)
+    if plan.profile.replay_last_failures:
+        last = sorted((plan.db_dir / "last-failures").glob("*.json"))
+        # Always in a watched worker: last night's case may be the one that hung.
+        last_out: list = []
+        try:
+            replay_saved(last, target, source="last run", findings_dir=plan.findings_dir,
+                         device=plan.device, isolate=True, timeout=plan.example_timeout,
+                         check_teeth=False, out=last_out)
+        finally:
+            out += last_out
+        from harness.engine.nightly import set_aside
+        set_aside(plan.db_dir, last_out, ui.log)
+    for o in out:
+        tail = "" if o.teeth is not False else f" (warning: no longer fails on {o.recorded_target})"
+        ui.log(f"  replay {o.source} {o.path}: {o.status}{': ' + o.detail if o.detail else ''}{tail}")
+    return out
+
+
+def _keep_failures(plan: RunPlan, outcome: RunOutcome) -> None:
+    """The next nightly run replays these first; a fixed one drops out."""
+    from harness.engine.nightly import keep_failures
+    keep_failures(plan.db_dir, outcome)
+
+
+def execute(plan: RunPlan, target, show) -> RunOutcome:
+    """``show(result)`` prints one property's result; returns everything for the reports."""
+    from harness.report.progress import progress
+
+    t0 = time.monotonic()
+    outcome = RunOutcome(plan, target.name, dict(target.versions()),
+                         dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    ui = progress(len(plan.properties), f"{target.name} ({plan.profile.name})", per_slot=plan.max_examples)
+    try:
+        _replays(plan, target, ui, outcome.replays)
+        outcome.replay_seconds = time.monotonic() - t0
+        budget = None if plan.time_budget is None else max(0.0, plan.time_budget - outcome.replay_seconds)
+        t1 = time.monotonic()
+
+        def done(res):
+            show(res, ui.log)
+            if res.findings:
+                ui.failed()
+            ui.advance()
+            outcome.results.append(res)
+
+        names = list(plan.properties)
+        if plan.deployment is not None:
+            # A buffer past the memory limit is never allocated: such a property is
+            # reported not driven (never held); the arithmetic ones still run.
+            from harness.engine.deployment import too_large
+            for n in list(names):
+                why = too_large(plan.deployment, n)
+                if why:
+                    names.remove(n)
+                    done(PropertyResult(n, not_driven=why))
+
+        if names and plan.workers <= 1:
+            _search_here(plan, target, outcome, budget, done, names, ui, t1)
+        elif names:
+            _search_pool(plan, outcome, budget, done, names)
+        outcome.search_seconds = time.monotonic() - t1
+        if plan.deployment is not None:
+            outcome.deployment = _deployment_verdict(plan, target, outcome)
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+    finally:
+        ui.close()
+    from harness.engine.signals import received
+    if received() is not None:
+        outcome.interrupted = True  # even when a library swallowed the KeyboardInterrupt
+    outcome.seconds = time.monotonic() - t0
+    if plan.profile.replay_last_failures:
+        _keep_failures(plan, outcome)
+    return outcome
+
+
+def _search_here(plan: RunPlan, target, outcome: RunOutcome, budget, done, names, ui, t1: float) -> None:
+    """The search in this process; records the kernel's share of it."""
+    from harness.guard.tree_write import LAUNCHES
+    check, strategies = _searcher(plan, target)
+    before = LAUNCHES.snapshot()
+    try:
+        _staged(plan, target, outcome, budget, check, strategies, done, names, ui.example)
+    finally:
+        if check is not None:
+            check.close()
+        launches, secs = (a - b for a, b in zip(LAUNCHES.snapshot(), before))
+        searched = time.monotonic() - t1
+        outcome.kernel = {"launches": launches, "kernel_seconds": round(secs, 3),
+                          "search_seconds": round(searched, 3),
+                          "kernel_share": round(secs / searched, 4) if searched > 0 else None}
+
+
+def _search_pool(plan: RunPlan, outcome: RunOutcome, budget, done, names) -> None:
+    """The properties spread over ``plan.workers`` processes, in ceil(n / workers) waves."""
+    from harness.engine.signals import held, ignore_in_child
+    waves = -(-len(names) // plan.workers)
+    share = None if budget is None else budget / waves
+    if budget is not None and not plan.profile.rounds:
+        share = budget
+    end = None if budget is None else time.time() + budget
+    pool = ProcessPoolExecutor(plan.workers, mp_context=mp.get_context("spawn"), initializer=ignore_in_child)
+    try:
+        with held():
+            futures = {pool.submit(_pool_search, plan, n, share, end): n for n in names}
+        for fut in as_completed(futures):
+            done(fut.result())
+    except BaseException:
+        # An interrupt must not wait for every worker's whole search.
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            proc.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    order = {n: i for i, n in enumerate(plan.properties)}
+    outcome.results.sort(key=lambda r: order[r.prop])
+
+
+def _staged(plan: RunPlan, target, outcome: RunOutcome, budget, check, strategies, done, names,
+            on_example=None) -> None:
+    """The campaign in this process, once per step of ``plan.bounds_steps`` (or once at ``plan.bounds``).
+
+    Each step searches the properties that have not failed yet with an equal
+    share of the budget left; a property's result is the sum over the steps.
+    """
+    import dataclasses
+    steps = tuple(plan.bounds_steps) or (plan.bounds,)
+    common = dict(seed=plan.seed, max_examples=plan.max_examples, findings_dir=plan.findings_dir,
+                  device=plan.device, database=database_for(plan.profile.database, plan.db_dir), check=check, strategies=strategies,
+                  rounds=plan.profile.rounds, share=plan.share, on_example=on_example)
+    if len(steps) == 1:
+        outcome.bounds_used.append(dataclasses.asdict(steps[0]))
+        run_campaign(target, bounds=steps[0], properties=names, time_budget=budget,
+                     on_result=done, **common)
+        return
+    totals: dict[str, PropertyResult] = {}
+    start = time.monotonic()
+    for i, bounds in enumerate(steps):
+        left = [n for n in names
+                if n not in totals or not (totals[n].findings or totals[n].not_driven)]
+        if not left:
+            break
+        share = None
+        if budget is not None:
+            share = budget - (time.monotonic() - start)
+            if share < MIN_SHARE:
+                break
+            share /= len(steps) - i
+        outcome.bounds_used.append(dataclasses.asdict(bounds))
+        for res in run_campaign(target, bounds=bounds, properties=left, time_budget=share, **common):
+            if res.prop not in totals:
+                totals[res.prop] = res
+            else:
+                t = totals[res.prop]
+                t.merge(res)
+                t.seconds_to_failure = t.seconds_to_failure or res.seconds_to_failure
+                t.skipped = t.skipped and res.skipped
+    for name in names:
+        if name in totals:
+            done(totals[name])
+
+
+def _deployment_verdict(plan: RunPlan, target, outcome: RunOutcome) -> dict:
+    from harness.engine.deployment import capacity_verdict
+    dep = plan.deployment
+    can, why = capacity_verdict(target, dep)
+    oob = [f for r in outcome.results for f in r.findings if "out-of-bounds" in f.detail]
+    if oob and not can:
+        can, why = True, oob[0].detail
+    from harness.engine.deployment import allocation_verdict, routing_verdict
+    verdicts = {}
+    for part, verdict in (("routing", routing_verdict), ("allocation", allocation_verdict)):
+        try:
+            ok, detail = verdict(target, dep)
+        except Exception as exc:  # the target broke answering for this server: that fails it
+            ok, detail = False, f"target raised {type(exc).__name__}: {exc}"
+        verdicts[part] = {"ok": ok, "why": detail}
+    return {"label": dep.label(), "can_write_out_of_range": can, "why": why,
+            "cuda_graph_max_bs": dep.cuda_graph_max_bs, "max_running_requests": dep.max_running_requests,
+            "context_length": dep.context_length, "pp_size": dep.pp_size, **verdicts}

@@ -1,0 +1,154 @@
+"""Shrinks one externally supplied failing case until no single simplification keeps it failing.
+
+Hypothesis shrinks what it generated; a case from production (a deployment
+description, a repro file from a bug report) was not generated, so it is
+shrunk here, greedily: try each one-step simplification, take the first that
+still fails the same way, start over; stop when none does. Every candidate is
+re-validated, so the result is always a case a server could have produced.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from harness.model.config import Batch, Config, ConfigError
+from harness.properties import PropertyFailure
+
+Case = tuple[Config, list[Batch]]
+
+#: For a deployment: the first of these the observed batch fails is the one kept failing.
+DEPLOYMENT_ORDER = ("no-oob-write", "capacity-soundness", "fallback-equivalence", "reference-agreement",
+                    "capacity-liveness", "multi-step-reuse")
+
+
+def _lower(v: int, floor: int) -> list[int]:
+    """Smaller values to try, boldest first."""
+    return [x for x in dict.fromkeys((floor, v // 2, v - 1)) if floor <= x < v]
+
+
+def _valid(config: Config, steps: list[Batch]) -> Case | None:
+    try:
+        config.validate()
+        return config, [b.validate(config) for b in steps]
+    except ConfigError:
+        return None
+
+
+def _with(config: Config, **kw) -> Config:
+    fields = {f: getattr(config, f) for f in config.__struct_fields__}
+    return Config(**{**fields, **kw})
+
+
+def _drop_requests(b: Batch) -> Iterator[Batch]:
+    """Halves, quarters, ... then single requests: 48 requests shrink in a few dozen tries."""
+    n = b.bs
+    size = n // 2
+    while size >= 1:
+        for start in range(0, n, size):
+            keep = [i for i in range(n) if not start <= i < start + size]
+            if keep:
+                yield Batch(tuple(b.seq_lens[i] for i in keep),
+                            None if b.trees is None else tuple(b.trees[i] for i in keep))
+        size //= 2
+
+
+def candidates(case: Case) -> Iterator[Case]:
+    config, steps = case
+    if len(steps) > 1:
+        for i in range(len(steps)):
+            yield config, steps[:i] + steps[i + 1:]
+    for i, b in enumerate(steps):
+        for smaller in _drop_requests(b):
+            yield config, steps[:i] + [smaller] + steps[i + 1:]
+    for m in _lower(config.max_bs, 1):
+        yield _with(config, max_bs=m), steps
+    longest = max(max(b.seq_lens) for b in steps)
+    for c in dict.fromkeys([longest] + _lower(config.max_context_len, 0)):
+        if c < config.max_context_len:
+            yield _with(config, max_context_len=c), [
+                Batch(tuple(min(s, c) for s in b.seq_lens), b.trees) for b in steps]
+    for i, b in enumerate(steps):
+        if any(b.seq_lens):
+            yield config, steps[:i] + [Batch((0,) * b.bs, b.trees)] + steps[i + 1:]
+        for j, s in enumerate(b.seq_lens):
+            for t in _lower(s, 0):
+                lens = b.seq_lens[:j] + (t,) + b.seq_lens[j + 1:]
+                yield config, steps[:i] + [Batch(lens, b.trees)] + steps[i + 1:]
+    for i, b in enumerate(steps):
+        if b.trees is not None:
+            yield config, steps[:i] + [Batch(b.seq_lens)] + steps[i + 1:]
+    if not config.trivial:
+        simple = [Batch(b.seq_lens) for b in steps]  # a new tree shape: simplest trees
+        for d in _lower(config.d, 2):
+            yield _with(config, num_draft_tokens=d), simple
+        for k in _lower(config.topk, 1):
+            yield _with(config, topk=k), simple
+        for s in _lower(config.spec_steps, 1):
+            yield _with(config, spec_steps=s), simple
+
+
+def minimize(case: Case, still_fails: Callable[[Case], str | None], *, on_step=lambda case, detail: None
+             ) -> tuple[Case, str, int]:
+    """Greedy fixpoint. ``still_fails(case)`` is the failure detail, or None. Returns (case, detail, tries)."""
+    detail = still_fails(case)
+    if detail is None:
+        raise ValueError("the case does not fail to begin with")
+    tries = 0
+    improved = True
+    while improved:
+        improved = False
+        for cand in candidates(case):
+            cand = _valid(*cand)
+            if cand is None:
+                continue
+            tries += 1
+            d = still_fails(cand)
+            if d is not None:
+                case, detail, improved = cand, d, True
+                on_step(case, detail)
+                break
+    return case, detail, tries
+
+
+def describe(case: Case) -> str:
+    config, steps = case
+    c = config
+    head = (f"{c.mode.name}{'' if c.is_read else ' (unread)'} max_bs {c.max_bs}, context {c.max_context_len}, "
+            f"d {c.d}, topk {c.topk}, steps {c.spec_steps}")
+    def lens(b: Batch) -> str:
+        s = list(b.seq_lens)
+        shown = s if len(s) <= 8 else s[:4] + ["..."] + s[-2:]
+        return f"bs {b.bs} seq_lens [{', '.join(map(str, shown))}]" + ("" if b.trees is None else " (custom trees)")
+    return head + "; " + "; ".join(f"step {i}: {lens(b)}" for i, b in enumerate(steps))
+
+
+def checker(prop, target, device: str, fault: str | None, timeout: float):
+    """``(still_fails, close)``: whether a case still fails ``prop`` the same way (its detail, or None)."""
+    if fault is None:
+        def still_fails(case: Case) -> str | None:
+            try:
+                prop.check(target, case[0], case[1], device)
+            except PropertyFailure as exc:
+                return exc.detail if exc.prop == prop.name else None
+            except KeyboardInterrupt as exc:
+                from harness.engine.signals import from_user
+                if from_user(exc):
+                    raise
+                return "target raised KeyboardInterrupt"
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - a target that raises fails too
+                from harness.engine.isolation import target_raised
+                return target_raised(exc)
+            return None
+        return still_fails, lambda: None
+    from harness.engine.isolation import IsolatedChecker, TargetFault
+    iso = IsolatedChecker(target, timeout)
+
+    def still_fails_isolated(case: Case) -> str | None:
+        try:
+            iso(prop, case[0], case[1], device)
+        except TargetFault as exc:
+            return exc.detail if exc.kind == fault else None
+        except Exception:  # noqa: BLE001 - a different failure is not the one being kept
+            return None
+        return None
+    return still_fails_isolated, iso.close

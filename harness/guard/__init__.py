@@ -1,0 +1,1 @@
+"""Redzoned shadow buffers and the kernel writes run inside them."""

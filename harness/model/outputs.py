@@ -1,0 +1,66 @@
+"""What one verify step produces, in the shape every target returns it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+import torch
+
+
+class Violation(msgspec.Struct, frozen=True):
+    """Cells written outside a buffer, as offsets relative to the buffer's first cell."""
+
+    buffer: str
+    side: str  # "front", "back", or "beyond" (past the redzone as well)
+    start: int
+    stop: int
+    cells: int
+    numel: int
+    request: int | None = None
+
+    def describe(self) -> str:
+        who = f", request {self.request}" if self.request is not None else ""
+        return (f"{self.buffer}: {self.cells} cell(s) written at offsets [{self.start}, {self.stop}) "
+                f"outside its {self.numel} cells ({self.side} redzone{who})")
+
+
+@dataclass
+class StepOutput:
+    """The verify input a target built for one batch.
+
+    ``tree_mask`` is the whole buffer the kernel wrote: for a reused buffer that
+    is the max_bs allocation, of which only the batch's logical region matters.
+    """
+
+    tree_mask: torch.Tensor
+    positions: torch.Tensor
+    retrieve_index: torch.Tensor
+    retrieve_next_token: torch.Tensor
+    retrieve_next_sibling: torch.Tensor
+    reused: bool
+    violations: list[Violation] = field(default_factory=list)
+
+    def as_cpu(self) -> "StepOutput":
+        """Snapshot to host memory: a reused buffer is overwritten by the next step."""
+        return StepOutput(
+            self.tree_mask.detach().to("cpu", copy=True),
+            self.positions.detach().to("cpu", copy=True),
+            self.retrieve_index.detach().to("cpu", copy=True),
+            self.retrieve_next_token.detach().to("cpu", copy=True),
+            self.retrieve_next_sibling.detach().to("cpu", copy=True),
+            self.reused,
+            list(self.violations),
+        )
+
+
+@dataclass
+class Expected:
+    """The oracle's answer: ``compared`` marks the tree_mask cells with a defined value."""
+
+    tree_mask: torch.Tensor
+    compared: torch.Tensor
+    positions: torch.Tensor
+    retrieve_index: torch.Tensor
+    retrieve_next_token: torch.Tensor
+    retrieve_next_sibling: torch.Tensor

@@ -1,0 +1,98 @@
+"""Routers: attention backends that hand one child's verify mask to the call sites.
+
+A server whose attention is split across backends builds a router over them
+(docs/architecture.md, the mask's path): ``HybridAttnBackend`` over a prefill and a decode
+child, ``TboAttnBackend`` over a primary and two overlap children,
+``HybridLinearAttnBackend`` over a full-attention and a linear-attention child,
+and Dots' ``DotsSWAMLAAttnBackend`` around one FlashAttention backend.
+The call site asks the router for ``verify_mask`` and, when it must size a
+FULL_MASK fallback without the batch's exact length sum, for
+``max_context_len``. The scheduler drops that sum only for a backend that says
+it does not need CPU sequence lengths (``needs_cpu_seq_lens`` False), so a
+router that keeps them needs to report no context. Two things must hold: the mask handed out is the one of the
+child that runs TARGET_VERIFY (the one that reads it), and the context the
+router reports covers every request the server admits (#32690 added the
+missing report).
+
+This module is the meaning (which child serves TARGET_VERIFY) and the embedded
+model of a router; the ``sglang`` target builds SGLang's real classes instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: Router kind -> the roles of its children, in the order the router takes them.
+ROUTERS: dict[str, tuple[str, ...]] = {
+    "hybrid": ("prefill", "decode"),
+    "tbo": ("primary", "tbo-child-0", "tbo-child-1"),
+    "hybrid-linear": ("full", "linear"),
+    "dots-swa": ("wrapped",),
+}
+
+#: ``--speculative-attention-mode``: which of a hybrid's children runs verification.
+SPEC_MODES: tuple[str, ...] = ("prefill", "decode")
+
+
+def verify_child(router: str, spec_mode: str) -> str:
+    """The role of the child that runs TARGET_VERIFY attention, as the routers of SGLang 0.5.23 choose it."""
+    if router not in ROUTERS:
+        raise ValueError(f"unknown router {router!r} (known: {', '.join(ROUTERS)})")
+    if spec_mode not in SPEC_MODES:
+        raise ValueError(f"speculative_attention_mode must be one of {', '.join(SPEC_MODES)}, got {spec_mode!r}")
+    if router == "hybrid":
+        return "decode" if spec_mode == "decode" else "prefill"
+    if router == "tbo":
+        return "primary"  # the overlap children only split eager prefill
+    if router == "dots-swa":
+        return "wrapped"
+    return "full"  # linear-attention layers read no tree mask
+
+
+@dataclass
+class Child:
+    """One backend under a router: the mask it allocated and the context it was sized for.
+
+    ``max_context_len=None``: the child has no such attribute (SGLang's linear
+    attention backends do not).
+    """
+
+    role: str
+    verify_mask: Any
+    max_context_len: int | None
+
+
+@dataclass
+class Routing:
+    """What a router answers, and the object a call site gets as its attention backend."""
+
+    router: str
+    spec_mode: str
+    #: handed to the call site as ``model_runner.attn_backend``
+    backend: Any
+    verify_mask: Any
+    max_context_len: Any
+    #: role of the child the router dispatched a TARGET_VERIFY forward to; None: not observed
+    serves_verify: str | None
+    #: True: the scheduler always hands the call site the batch's exact length
+    #: sum, so ``max_context_len`` is never read
+    needs_cpu_seq_lens: bool = False
+    #: role of the child DFlash's verify-mask policy resolves the router to (the
+    #: backend whose name decides whether a custom mask is built); the router's own
+    #: class name when it stops at the router; None: not observed
+    dflash_resolves: str | None = None
+
+
+#: Routers DFlash's verify-mask policy (``dflash_utils.resolve_dflash_verify_mask_policy``)
+#: looks through: Dots' SWA wrapper has no ``full_attn_backend`` and is not one of
+#: the classes it unwraps, so it answers with the wrapper's own name there.
+DFLASH_RESOLVED = ("hybrid", "tbo", "hybrid-linear")
+
+
+def check_args(router: str, spec_mode: str, children: dict[str, Child]) -> None:
+    """Both targets refuse a router built over the wrong children, in one clear line."""
+    verify_child(router, spec_mode)
+    want = set(ROUTERS[router])
+    if set(children) != want:
+        raise ValueError(f"router {router} takes children {sorted(want)}, got {sorted(children)}")

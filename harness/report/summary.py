@@ -1,0 +1,292 @@
+"""The files a command leaves in its report directory, and where that directory is.
+
+summary.json is the record (other tools read it); summary.md is for a PR
+comment; junit.xml is for CI test tabs (same counts as summary.json);
+report.html, for ``run`` and ``gate``, is for a person (see ``html``).
+
+``run`` and ``gate`` summarize a search (``build_summary``). Every other
+command (replay, minimize, selftest, verify-policy, exhaustive, bisect, a
+skipped gate) builds a ``CommandSummary`` -- one ``Check`` per thing it
+decided -- so a CI job that uploads the report folder and a JUnit tab works
+for every command the same way.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from harness.report.junit import Case, Suite, junit_xml
+from harness.report.terminal import gate_line
+
+
+def default_report_dir() -> Path:
+    """reports/<UTC timestamp>-<pid>: two runs started in the same second never share one."""
+    base = Path("reports") / (dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{os.getpid()}")
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def write_files(report_dir: Path, files: dict[str, str]) -> None:
+    report_dir = Path(report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        # UTF-8 whatever the locale; a lone surrogate from a hostile repro becomes U+FFFD
+        (report_dir / name).write_text(text, encoding="utf-8", errors="replace")
+
+
+MARGIN_BUCKETS = ("< -1000", "-1000..-101", "-100..-1", "0", "1..100", "> 100")
+MARGIN_PATHS = ("reuse", "fallback", "arithmetic")
+
+
+def margin_bucket(m: float) -> str | None:
+    """Cells past the buffer's end a case needed (negative: room to spare)."""
+    if math.isinf(m):
+        return None
+    if m < -1000:
+        return MARGIN_BUCKETS[0]
+    if m <= -101:
+        return MARGIN_BUCKETS[1]
+    if m < 0:
+        return MARGIN_BUCKETS[2]
+    if m == 0:
+        return MARGIN_BUCKETS[3]
+    return MARGIN_BUCKETS[4] if m <= 100 else MARGIN_BUCKETS[5]
+
+
+def _finding(f) -> dict:
+    return {"property": f.prop, "kind": f.kind, "detail": f.detail, "repro": str(f.path)}
+
+
+def _status(res) -> str:
+    if res.findings:
+        return "failed"
+    if res.not_driven:
+        return "not driven"
+    return "skipped" if res.skipped or res.examples == 0 else "held"
+
+
+def build_summary(outcome) -> dict:
+    plan = outcome.plan
+    props, classes, margins = [], Counter(), Counter()
+    by_path = {p: Counter() for p in MARGIN_PATHS}
+    for r in outcome.results:
+        classes.update(r.classes)
+        margins.update(b for b in map(margin_bucket, r.margins) if b)
+        for path, m in r.path_margins:
+            if margin_bucket(m):
+                by_path[path][margin_bucket(m)] += 1
+        props.append({
+            "name": r.prop, "status": _status(r), "examples": r.examples, "rounds": r.rounds,
+            "seconds": round(r.seconds, 3),
+            "max_margin": None if math.isinf(r.max_margin) else r.max_margin,
+            "classes": dict(sorted(r.classes.items())), "bs_over_max_bs": dict(r.bs_ratio),
+            "findings": [_finding(f) for f in r.findings],
+            **({"not_driven": r.not_driven} if r.not_driven else {}),
+        })
+    replays = [{"repro": str(o.path), "property": o.property, "recorded_target": o.recorded_target,
+                "source": o.source, "status": o.status, "detail": o.detail, "still_fails_on_recorded": o.teeth,
+                "finding": str(o.finding.path) if o.finding else None} for o in outcome.replays]
+    findings = [_finding(f) for r in outcome.results for f in r.findings]
+    findings += [_finding(o.finding) for o in outcome.replays if o.finding]
+    status = Counter(p["status"] for p in props)
+    return {
+        "command": plan.command, "target": outcome.target_name, "profile": plan.profile.name,
+        "interrupted": outcome.interrupted,
+        "seed": plan.seed, "max_examples": plan.max_examples, "time_budget": plan.time_budget,
+        "workers": plan.workers, "isolation": plan.isolate, "device": plan.device,
+        "versions": outcome.versions, "started": outcome.started,
+        "counts": {"properties": len(props), "held": status["held"], "failed": status["failed"],
+                   "skipped": status["skipped"] + status["not driven"], "not_driven": status["not driven"],
+                   "examples": sum(p["examples"] for p in props),
+                   "replays": len(replays), "replays_failed": sum(o["status"] != "held" for o in replays),
+                   "findings": len(findings)},
+        "properties": props,
+        "boundary_classes": dict(sorted(classes.items())),
+        "overflow_margin": {b: margins[b] for b in MARGIN_BUCKETS},
+        # the same examples split by the path their batch took: > 0 overflows only on reuse
+        "overflow_margin_by_path": {p: {b: by_path[p][b] for b in MARGIN_BUCKETS} for p in MARGIN_PATHS},
+        "findings": findings,
+        "replays": replays,
+        "deployment": outcome.deployment,
+        "gate": getattr(outcome, "gate", None),
+        "timings": {"replay_seconds": round(outcome.replay_seconds, 3),
+                    "search_seconds": round(outcome.search_seconds, 3),
+                    "total_seconds": round(outcome.seconds, 3)},
+        # the bounds searched (in order, a nightly widens them), the largest
+        # case shapes reached, and the kernel's share of the search
+        "bounds": getattr(outcome, "bounds_used", []),
+        "reached": _reached(outcome.results),
+        "kernel": getattr(outcome, "kernel", None),
+    }
+
+
+def _reached(results) -> dict:
+    out: dict = {}
+    for r in results:
+        for k, v in getattr(r, "reached", {}).items():
+            out[k] = max(out.get(k, v), v)
+    return out
+
+
+def summary_md(s: dict) -> str:
+    c = s["counts"]
+    dep_failed = any(((s.get("deployment") or {}).get(p) or {}).get("ok") is False for p in ("routing", "allocation"))
+    verdict = "**FAILED**" if c["findings"] or c["replays_failed"] or dep_failed or s.get("interrupted") else "passed"
+    if s.get("interrupted") and not c["findings"] and not c["replays_failed"]:
+        verdict = "**INTERRUPTED**"
+    lines = [f"### vmfuzz {s['command']}: {verdict} on `{s['target']}`", "",
+             f"profile `{s['profile']}`, seed `{s['seed']}`, {c['examples']} examples, "
+             f"{c['held']} held / {c['failed']} failed / {c['skipped']} skipped, "
+             f"{s['timings']['total_seconds']:.0f}s", ""]
+    if s.get("deployment"):
+        d = s["deployment"]
+        lines += [f"Deployment {d['label']}: **{'can' if d['can_write_out_of_range'] else 'cannot'} "
+                  f"write out of range** ({d['why']})", ""]
+        for part in ("routing", "allocation"):
+            if d.get(part):
+                state = {True: "held", False: "**FAILED**", None: "not checked"}[d[part]["ok"]]
+                lines += [f"- {part}: {state}: {d[part]['why']}"]
+        lines += [""] if any(d.get(p) for p in ("routing", "allocation")) else []
+    if s.get("gate"):
+        line = gate_line(s["gate"], quote="`")
+        lines += [f"G{line[1:]} (of {len(s['gate']['changed'])} changed)", ""]
+    lines += ["| property | status | examples | seconds |", "|---|---|---:|---:|"]
+    lines += [f"| {p['name']} | {p['status']} | {p['examples']} | {p['seconds']:.1f} |" for p in s["properties"]]
+    if s["replays"]:
+        lines += ["", f"Replayed {c['replays']} saved repro(s) first, {c['replays_failed']} did not hold."]
+    if s["findings"]:
+        lines += ["", "#### Findings", ""]
+        lines += [f"- `{f['property']}` ({f['kind']}): {f['detail']}  \n  repro: `{f['repro']}` "
+                  f"(`vmfuzz replay {f['repro']}`)" for f in s["findings"]]
+    if s.get("bounds"):
+        widest = s["bounds"][-1]
+        lines += ["", f"Bounds ({len(s['bounds'])} step(s), widest): "
+                  + ", ".join(f"{k} {v}" for k, v in widest.items())
+                  + ("; reached " + ", ".join(f"{k} {v}" for k, v in s["reached"].items()) if s.get("reached") else "")]
+    if s.get("kernel") and s["kernel"].get("kernel_share") is not None:
+        k = s["kernel"]
+        lines += ["", f"Kernel launches: {k['launches']}, {k['kernel_seconds']:.1f}s inside them = "
+                  f"{100 * k['kernel_share']:.0f}% of the search ({100 * (1 - k['kernel_share']):.0f}% harness overhead)"]
+    versions = ", ".join(f"{k} {v}" for k, v in s["versions"].items())
+    lines += ["", f"<sub>{versions}</sub>", ""]
+    return "\n".join(lines)
+
+
+def run_junit(s: dict) -> str:
+    suite = Suite("vmfuzz." + s["target"])
+    for p in s["properties"]:
+        case = Case(p["name"], p["seconds"])
+        if p["status"] == "failed":
+            f = p["findings"][0]
+            case.outcome, case.kind, case.message = "failure", f["kind"], f["detail"]
+            case.text = "\n".join(f"{x['kind']}: {x['detail']}\nrepro: {x['repro']}" for x in p["findings"])
+        elif p["status"] == "skipped":
+            case.outcome, case.message = "skipped", "time budget spent before this property ran"
+        elif p["status"] == "not driven":
+            case.outcome, case.message = "skipped", "not driven: " + p["not_driven"]
+        suite.cases.append(case)
+    suites = [suite]
+    if s["replays"]:
+        suites.append(Suite("vmfuzz.replays", [
+            Case(r["repro"], outcome=None if r["status"] == "held" else "failure", message=r["detail"] or "")
+            for r in s["replays"]]))
+    return junit_xml(suites)
+
+
+def write_reports(outcome, report_dir: Path) -> dict:
+    from harness.report.html import report_html
+
+    s = build_summary(outcome)
+    write_files(report_dir, {"summary.json": json.dumps(s, indent=2) + "\n", "summary.md": summary_md(s),
+                             "junit.xml": run_junit(s), "report.html": report_html(s)})
+    return s
+
+
+#: "caught" is selftest's pass: the known-bad variant was found.
+STATUSES = ("held", "caught", "failed", "skipped", "error")
+
+
+@dataclass
+class Check:
+    """One testcase: a property replayed, a variant caught, a configuration checked, ..."""
+
+    name: str
+    status: str  # one of STATUSES
+    detail: str = ""
+    kind: str = ""  # for a failure: property / target-crash / ...
+    repro: str | None = None
+    seconds: float = 0.0
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"status {self.status!r} is not one of {STATUSES}")
+
+
+@dataclass
+class CommandSummary:
+    command: str
+    target: str
+    checks: list[Check] = field(default_factory=list)
+    #: what the command found out, in its own words (first bad commit, the minimized case, ...)
+    headline: str = ""
+    extra: dict = field(default_factory=dict)
+    started: str = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return any(c.status == "failed" for c in self.checks)
+
+    def as_dict(self) -> dict:
+        n = Counter(c.status for c in self.checks)
+        return {"command": self.command, "target": self.target, "started": self.started,
+                "verdict": "failed" if self.failed else ("skipped" if self.checks and n["skipped"] == len(self.checks)
+                                                         else "passed"),
+                "headline": self.headline,
+                "counts": {"checks": len(self.checks), **{s: n[s] for s in STATUSES},
+                           "findings": sum(1 for c in self.checks if c.status == "failed")},
+                "checks": [asdict(c) for c in self.checks],
+                "seconds": round(self.seconds, 3), **self.extra}
+
+
+def command_md(s: dict) -> str:
+    c = s["counts"]
+    verdict = {"failed": "**FAILED**", "passed": "passed", "skipped": "skipped"}[s["verdict"]]
+    lines = [f"### vmfuzz {s['command']}: {verdict} on `{s['target']}`", ""]
+    if s["headline"]:
+        lines += [s["headline"], ""]
+    parts = [f"{c[k]} {k}" for k in STATUSES if c[k] or k in ("held", "failed")]
+    lines += [f"{c['checks']} check(s): " + ", ".join(parts), ""]
+    if s["checks"]:
+        lines += ["| check | status | detail |", "|---|---|---|"]
+        for k in s["checks"]:
+            detail = k["detail"].replace("|", "\\|").replace("\n", " ")
+            repro = f" (repro: `{k['repro']}`)" if k["repro"] else ""
+            lines.append(f"| {k['name']} | {k['status']} | {detail}{repro} |")
+    return "\n".join(lines) + "\n"
+
+
+def command_junit(s: dict) -> str:
+    outcome = {"failed": "failure", "error": "error", "skipped": "skipped"}
+    suite = Suite(f"vmfuzz.{s['command']}.{s['target']}", seconds=s["seconds"])
+    for k in s["checks"]:
+        text = k["detail"] + (f"\nrepro: {k['repro']}" if k["repro"] else "")
+        suite.cases.append(Case(k["name"], k["seconds"], outcome.get(k["status"]),
+                                (k["kind"] or "property") if k["status"] == "failed" else "", k["detail"], text))
+    return junit_xml([suite])
+
+
+def write_command_summary(summary: CommandSummary, report_dir: Path) -> dict:
+    s = summary.as_dict()
+    write_files(report_dir, {"summary.json": json.dumps(s, indent=2) + "\n", "summary.md": command_md(s),
+                             "junit.xml": command_junit(s)})
+    return s
