@@ -20,5 +20,12 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="module")
 def sglang_target():
-    """SGLang's real code behind the target protocol; skips (or, in CI, fails) where it cannot load."""
-    return sglang_or_skip()
+    """SGLang's real code behind the target protocol; skips (or, in CI, fails) where it cannot load.
+
+    With the known findings (``known/``) that apply to it attached, as a run attaches them:
+    a property checked directly meets a known defect as a class, not a failure.
+    """
+    from harness.engine.known import applicable, attach, default_known_root, entries
+    target = sglang_or_skip()
+    attach(target, applicable(entries(default_known_root()), dict(target.versions())))
+    return target

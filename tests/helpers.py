@@ -30,3 +30,13 @@ def vmfuzz(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict 
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "CI": "true", **(env or {})}
     return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd or ROOT, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def held_or_only_known(proc, out: str, report_dir) -> None:
+    """A pristine run holds: exit 0, or exit 1 whose every finding is a known one (``known/``)."""
+    import json
+    if proc.returncode == 0:
+        return
+    assert proc.returncode == 1, out
+    findings = json.loads((Path(report_dir) / "summary.json").read_text())["findings"]
+    assert findings and all(f["kind"] == "known" for f in findings), out

@@ -34,6 +34,7 @@ def plan(args, *, command: str = "run", profile_name: str | None = None, seed=No
     The keyword arguments stand in for options ``gate`` does not have.
     """
     from harness.model.deployment_file import DeploymentError, load
+    from harness.engine.known import default_known_root
     from harness.engine.regressions import default_repro_root
     from harness.engine.session import RunPlan
     from harness.properties import PROPERTIES
@@ -68,6 +69,7 @@ def plan(args, *, command: str = "run", profile_name: str | None = None, seed=No
                        or getattr(target, "example_timeout", {}).get(profile.name) or 30.0,
                        deployment=deployment, command=command,
                        repro_root=Path(args.repro_root) if args.repro_root else default_repro_root(),
+                       known_root=default_known_root(),
                        bounds=getattr(target, "bounds", None) or Bounds(), share=getattr(args, "share", True))
     user_bounds = getattr(args, "bounds", None)
     if user_bounds is not None:
@@ -174,11 +176,26 @@ def _say_deployment(d: dict) -> None:
             print(f"  {part}: {state}: {v['why']}")
 
 
+def _say_known(plan_, outcome) -> None:
+    """Known findings: a finding of ``run``; listed by ``gate``, which passes on them."""
+    for o in outcome.known:
+        k = o.entry
+        if not o.reproduces:
+            print(f"known finding {k.name} no longer reproduces on this SGLang (sglang {k.sglang} in known/): "
+                  "retire it or narrow its range")
+        elif plan_.command == "gate":
+            print(f"known finding (upstream's to fix, not this change's): {k.name} ({k.repro.property}): {k.reason}")
+        else:
+            print(f"{paint('known finding', 'FAILED')} {k.name} ({k.repro.property}): {k.reason}\n"
+                  f"      repro:   {o.repro}")
+
+
 def _verdict(plan_, target, outcome, summary: dict, written: Path) -> int:
     if outcome.interrupted:
         from harness.engine.signals import exit_code
         print("vmfuzz: interrupted (findings written so far are kept, reports cover what ran)", file=sys.stderr)
         return exit_code()
+    _say_known(plan_, outcome)
     if outcome.failed:
         where = plan_.findings_dir if written == plan_.report_dir else "the repro paths above"
         print(f"{paint(plural(summary['counts']['findings'], 'finding'), 'FAILED')} written under {where}; "

@@ -49,7 +49,7 @@ def saved_repros(root: Path) -> list[Path]:
     return sorted(root.glob("*/*.json")) if root.is_dir() else []
 
 
-def _outcome_of(repro, target, device: str, isolate: bool, timeout: float) -> tuple[str, str, str | None]:
+def outcome_of(repro, target, device: str, isolate: bool, timeout: float) -> tuple[str, str, str | None]:
     """(status, detail, fault): a target that raises, exits or hangs is a failure, never fatal."""
     from harness.engine.replay import replay
     try:
@@ -84,7 +84,7 @@ def replay_saved(paths: list[Path], target, *, source: str, findings_dir: Path, 
         try:
             repro = load(path)
             o.property, o.recorded_target = repro.property, repro.target
-            o.status, o.detail, o.fault = _outcome_of(repro, target, device, isolate or bool(repro.fault),
+            o.status, o.detail, o.fault = outcome_of(repro, target, device, isolate or bool(repro.fault),
                                                       timeout)
         except ReproError as exc:
             o.status, o.detail = "error", str(exc)
@@ -103,6 +103,6 @@ def replay_saved(paths: list[Path], target, *, source: str, findings_dir: Path, 
             except TargetUnavailable:
                 recorded = None
             if recorded is not None:
-                o.teeth = _outcome_of(repro, recorded, device, isolate or bool(repro.fault), timeout)[0] == "failed"
+                o.teeth = outcome_of(repro, recorded, device, isolate or bool(repro.fault), timeout)[0] == "failed"
         out.append(o)
     return out

@@ -39,6 +39,7 @@ class RunPlan:
     example_timeout: float = 30.0
     deployment: object = None  # harness.engine.deployment.Deployment
     repro_root: Path = Path("repro")
+    known_root: Path = Path("known")
     command: str = "run"
     bounds: Bounds = field(default_factory=Bounds)
     #: widening bounds searched in turn, each with an equal share of what is left
@@ -59,6 +60,8 @@ class RunOutcome:
     started: str
     results: list[PropertyResult] = field(default_factory=list)
     replays: list = field(default_factory=list)
+    #: known findings (harness.engine.known.KnownOutcome) that apply to the code under test
+    known: list = field(default_factory=list)
     deployment: dict | None = None
     interrupted: bool = False  # Ctrl-C: reports still cover what ran
     replay_seconds: float = 0.0
@@ -72,7 +75,9 @@ class RunOutcome:
 
     @property
     def failed(self) -> bool:
-        return any(r.findings for r in self.results) or any(o.finding for o in self.replays)
+        """A finding of this run; a known finding counts for ``run``, not for ``gate`` (it lists them)."""
+        known = self.plan.command != "gate" and any(o.reproduces for o in self.known)
+        return any(r.findings for r in self.results) or any(o.finding for o in self.replays) or known
 
 
 def _searcher(plan: RunPlan, target):
@@ -100,6 +105,7 @@ def _pool_search(plan: RunPlan, name: str, share: float | None, end: float | Non
     import torch
     torch.set_num_threads(1)  # N workers on N cores: one thread each
     target = resolve(plan.target)
+    _attach_known(plan, target)
     check, strategies = _searcher(plan, target)
     deadline = None
     if share is not None:
@@ -137,6 +143,26 @@ def _replays(plan: RunPlan, target, ui, out: list) -> list:
     return out
 
 
+def _attach_known(plan: RunPlan, target) -> list:
+    from harness.engine.known import applicable, attach, entries
+    found = applicable(entries(plan.known_root), dict(target.versions()))
+    attach(target, found)
+    return found
+
+
+def _known(plan: RunPlan, target, ui, out: list) -> None:
+    """Known findings that apply to this SGLang: replayed plainly first, then attached for the search."""
+    from harness.engine.known import applicable, entries, replay_known
+    found = [(p, k) for p, k in applicable(entries(plan.known_root), dict(target.versions()))
+             if k.repro.property in plan.properties]
+    out += replay_known(found, target, findings_dir=plan.findings_dir if plan.command == "run" else None,
+                        device=plan.device, isolate=plan.isolate, timeout=plan.example_timeout)
+    for o in out:
+        state = "reproduces" if o.reproduces else "NO LONGER REPRODUCES (retire or narrow its range)"
+        ui.log(f"  known finding {o.entry.name} ({o.entry.repro.property}, sglang {o.entry.sglang}): {state}")
+    _attach_known(plan, target)
+
+
 def _keep_failures(plan: RunPlan, outcome: RunOutcome) -> None:
     """The next nightly run replays these first; a fixed one drops out."""
     from harness.engine.nightly import keep_failures
@@ -153,6 +179,7 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
     ui = progress(len(plan.properties), f"{target.name} ({plan.profile.name})", per_slot=plan.max_examples)
     try:
         _replays(plan, target, ui, outcome.replays)
+        _known(plan, target, ui, outcome.known)
         outcome.replay_seconds = time.monotonic() - t0
         budget = None if plan.time_budget is None else max(0.0, plan.time_budget - outcome.replay_seconds)
         t1 = time.monotonic()

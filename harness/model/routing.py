@@ -84,11 +84,6 @@ class Routing:
     dflash_resolves: str | None = None
 
 
-#: Routers DFlash's verify-mask policy (``dflash_utils.resolve_dflash_verify_mask_policy``)
-#: looks through: Dots' SWA wrapper has no ``full_attn_backend`` and is not one of
-#: the classes it unwraps, so it answers with the wrapper's own name there.
-DFLASH_RESOLVED = ("hybrid", "tbo", "hybrid-linear")
-
 
 def check_args(router: str, spec_mode: str, children: dict[str, Child]) -> None:
     """Both targets refuse a router built over the wrong children, in one clear line."""

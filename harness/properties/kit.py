@@ -131,3 +131,16 @@ def first_difference(what: str, a: StepOutput, b, config: Config, batch: Batch, 
 def capacity_of(mask) -> int:
     """Cells of a preallocated mask's buffer (0: no mask, every step falls back)."""
     return mask.buffer.numel() if mask is not None else 0
+
+
+def known_as(target, prop: str, detail: str) -> str | None:
+    """The known finding (``known/``) this failure is, if the run attached one to the target.
+
+    A property calls it where a known defect can show, instead of ``fail``:
+    the defect is recorded as a class and the property goes on checking the
+    rest of the case, so a new defect of the same kind is still a finding.
+    """
+    for known in getattr(target, "known_findings", ()) or ():
+        if known.matches(prop, detail):
+            return known.name
+    return None

@@ -62,6 +62,13 @@ def margin_bucket(m: float) -> str | None:
     return MARGIN_BUCKETS[4] if m <= 100 else MARGIN_BUCKETS[5]
 
 
+def _known(o) -> dict:
+    k = o.entry
+    return {"name": k.name, "property": k.repro.property, "sglang": k.sglang, "reason": k.reason,
+            "status": "reproduces" if o.reproduces else "no longer reproduces", "detail": o.detail,
+            "repro": str(o.repro) if o.repro else str(o.path)}
+
+
 def _finding(f) -> dict:
     return {"property": f.prop, "kind": f.kind, "detail": f.detail, "repro": str(f.path)}
 
@@ -97,6 +104,9 @@ def build_summary(outcome) -> dict:
                 "finding": str(o.finding.path) if o.finding else None} for o in outcome.replays]
     findings = [_finding(f) for r in outcome.results for f in r.findings]
     findings += [_finding(o.finding) for o in outcome.replays if o.finding]
+    known = [_known(o) for o in getattr(outcome, "known", [])]
+    findings += [{"property": k["property"], "kind": "known", "detail": k["detail"], "repro": k["repro"]}
+                 for k in known if k["status"] == "reproduces" and plan.command != "gate"]
     status = Counter(p["status"] for p in props)
     return {
         "command": plan.command, "target": outcome.target_name, "profile": plan.profile.name,
@@ -108,7 +118,7 @@ def build_summary(outcome) -> dict:
                    "skipped": status["skipped"] + status["not driven"], "not_driven": status["not driven"],
                    "examples": sum(p["examples"] for p in props),
                    "replays": len(replays), "replays_failed": sum(o["status"] != "held" for o in replays),
-                   "findings": len(findings)},
+                   "findings": len(findings), "known": sum(k["status"] == "reproduces" for k in known)},
         "properties": props,
         "boundary_classes": dict(sorted(classes.items())),
         "overflow_margin": {b: margins[b] for b in MARGIN_BUCKETS},
@@ -116,6 +126,8 @@ def build_summary(outcome) -> dict:
         "overflow_margin_by_path": {p: {b: by_path[p][b] for b in MARGIN_BUCKETS} for p in MARGIN_PATHS},
         "findings": findings,
         "replays": replays,
+        # real defects of the code under test, upstream's to fix (known/): findings of run, listed by gate
+        "known_findings": known,
         "deployment": outcome.deployment,
         "gate": getattr(outcome, "gate", None),
         "timings": {"replay_seconds": round(outcome.replay_seconds, 3),
@@ -163,6 +175,10 @@ def summary_md(s: dict) -> str:
     lines += [f"| {p['name']} | {p['status']} | {p['examples']} | {p['seconds']:.1f} |" for p in s["properties"]]
     if s["replays"]:
         lines += ["", f"Replayed {c['replays']} saved repro(s) first, {c['replays_failed']} did not hold."]
+    if s.get("known_findings"):
+        lines += ["", "#### Known findings (upstream's to fix; `known/`)", ""]
+        lines += [f"- `{k['name']}` ({k['property']}, sglang {k['sglang']}): {k['status']}: {k['reason']}"
+                  for k in s["known_findings"]]
     if s["findings"]:
         lines += ["", "#### Findings", ""]
         lines += [f"- `{f['property']}` ({f['kind']}): {f['detail']}  \n  repro: `{f['repro']}` "
@@ -195,6 +211,12 @@ def run_junit(s: dict) -> str:
             case.outcome, case.message = "skipped", "not driven: " + p["not_driven"]
         suite.cases.append(case)
     suites = [suite]
+    if s.get("known_findings"):
+        gate = s["command"] == "gate"
+        suites.append(Suite("vmfuzz.known", [
+            Case(k["name"], outcome="failure" if k["status"] == "reproduces" and not gate else None,
+                 kind="known", message=f"{k['status']}: {k['reason']}", text=k["detail"])
+            for k in s["known_findings"]]))
     if s["replays"]:
         suites.append(Suite("vmfuzz.replays", [
             Case(r["repro"], outcome=None if r["status"] == "held" else "failure", message=r["detail"] or "")

@@ -188,9 +188,6 @@ NOT_DRIVEN: tuple[tuple[str, str, str], ...] = (
      "graph capture, to choose whether the captured DFlash verify input carries the runner's own "
      "capture-time custom_mask (sized (max_bs*fill + max_tokens)*tokens per request in base_runner, "
      "not a VerifyMask); the capture needs a model runner and CUDA graphs"),
-    ("srt/speculative/dflash_utils.py", "resolve_dflash_verify_mask_policy",
-     "Dots' DotsSWAMLAAttnBackend is not looked through: the policy answers with the wrapper's own "
-     "name (routing checks hybrid, tbo and hybrid-linear only)"),
     (_ATTN + "hybrid_attn_backend.py", "HybridAttnBackend.update_verify_buffers_to_fill_after_draft",
      "the cuda-graph replay fix-up of a child's verify buffers is not run"),
     (_ATTN + "hybrid_attn_backend.py", "HybridAttnBackend.init_cuda_graph_state",

@@ -1,0 +1,82 @@
+"""Known findings (``known/``): replayed before a search, and recognised during it.
+
+Before the search each entry that applies to the imported SGLang is replayed
+on the target, plainly: if it still fails the way it says, it is a known
+finding of this run (``run`` reports it as a finding; ``gate`` lists it and
+passes); if it no longer does, the run says so, so the entry can be retired.
+During the search the entries ride on the target (``attach``): a property
+that meets exactly that defect records it as a class and goes on checking
+everything else, so a new defect of the same kind is still caught.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.model.known_file import Known, load
+from harness.model.repro_file import ReproError, dump
+
+
+@dataclass
+class KnownOutcome:
+    entry: Known
+    path: Path
+    reproduces: bool
+    detail: str = ""
+    #: the run's copy of the repro (``run`` only: a known finding is still a finding there)
+    repro: Path | None = None
+
+
+def default_known_root() -> Path:
+    """``./known`` when run from vmfuzz's checkout; elsewhere the ``known/`` beside the ``harness`` package."""
+    here = Path("known")
+    if here.is_dir():
+        return here
+    return Path(__file__).resolve().parents[2] / "known"  # harness/engine/ -> the checkout
+
+
+def entries(root: Path) -> list[tuple[Path, Known]]:
+    """Every ``known/*.json``, in a stable order; an unreadable one is a ReproError naming it."""
+    out = []
+    for path in sorted(root.glob("*.json")) if root.is_dir() else []:
+        out.append((path, load(path)))
+    return out
+
+
+def applicable(found: list[tuple[Path, Known]], versions: dict) -> list[tuple[Path, Known]]:
+    """The entries whose range holds the SGLang under test (none for a target that is not SGLang)."""
+    return [(p, k) for p, k in found if k.applies_to(versions.get("sglang"))]
+
+
+def attach(target, found: list[tuple[Path, Known]]) -> None:
+    """The search's properties see these on the target (``harness.properties.kit.known_as``)."""
+    target.known_findings = tuple(k for _, k in found)
+
+
+def replay_known(found: list[tuple[Path, Known]], target, *, findings_dir: Path | None, device: str,
+                 isolate: bool, timeout: float) -> list[KnownOutcome]:
+    """Each entry replayed on ``target``: does its defect still show?
+
+    The other entries are attached while one replays, so a known defect met
+    earlier in the same case does not stand in for this one.
+    """
+    from harness.engine.regressions import outcome_of
+    saved = getattr(target, "known_findings", None)
+    out = []
+    try:
+        for path, k in found:
+            attach(target, [(p, other) for p, other in found if other is not k])
+            status, detail, _ = outcome_of(k.repro, target, device, isolate, timeout)
+            o = KnownOutcome(k, path, status == "failed" and k.matches(k.repro.property, detail), detail)
+            if o.reproduces and findings_dir is not None:
+                o.repro = dump(type(k.repro)(**{**{f: getattr(k.repro, f) for f in k.repro.__struct_fields__},
+                                                "target": target.name, "detail": detail}),
+                               findings_dir / f"known-{k.name}.json")
+            out.append(o)
+    finally:
+        target.known_findings = saved if saved is not None else ()
+    return out
+
+
+__all__ = ["KnownOutcome", "ReproError", "applicable", "attach", "default_known_root", "entries", "replay_known"]
