@@ -25,6 +25,7 @@ from types import SimpleNamespace
 import torch
 
 from harness.model.allocation import ALLOCATING_BACKENDS, AllocationCall, ServerNumbers
+from harness.model.errors import OutOfStep
 from harness.targets.sglang.binding import bound
 
 _ATTN = "srt/layers/attention/"
@@ -73,7 +74,7 @@ def _attributes(name: str, n: ServerNumbers) -> dict:
         # a target runner of a dense MHA model, page size 1, no local or sliding-window attention
         return dict(common, page_size=1, topk=n.topk, speculative_num_draft_tokens=n.num_draft_tokens,
                     speculative_step_id=0, _get_scheduler_metadata=None, use_mla=False, local_attn_builder=None,
-                    use_sliding_window_kv_pool=False)
+                    has_local_attention=False, use_sliding_window_kv_pool=False)
     if name == "trtllm_mla":
         return dict(common, num_draft_tokens=n.num_draft_tokens, page_size=64, data_type=torch.bfloat16,
                     num_q_heads=1, kv_cache_dim=1)
@@ -254,10 +255,30 @@ def allocation_call(target, name: str, numbers: ServerNumbers) -> AllocationCall
             backend.init_cuda_graph_state(numbers.max_bs, numbers.max_bs * numbers.num_draft_tokens)
         except _Allocated:
             pass
+        except AttributeError as exc:
+            _unset_by_harness(exc, backend, cls, name)
+            raise
     if not calls:
-        raise RuntimeError(f"{SITES[name][1]}.init_cuda_graph_state({numbers.max_bs}, ...) never called "
-                           "maybe_create_verify_mask")
+        raise OutOfStep(f"{SITES[name][1]}.init_cuda_graph_state", _ATTN + SITES[name][0] + ".py",
+                        "it returned without calling maybe_create_verify_mask, the call vmfuzz records")
     return calls[0]
+
+
+def _unset_by_harness(exc: AttributeError, backend, cls, name: str) -> None:
+    """Out of step when the set-up read an attribute its ``__init__`` sets but the harness did
+    not (the backend was made with ``cls.__new__``); any other AttributeError is the target's."""
+    import inspect
+    import re
+    attr = getattr(exc, "name", None)
+    if getattr(exc, "obj", None) is not backend or not attr:
+        return
+    try:
+        init = inspect.getsource(cls.__init__)
+    except (OSError, TypeError):
+        return
+    if re.search(rf"self\.{re.escape(attr)}\s*(:[^=\n]*)?=", init):
+        raise OutOfStep(f"{cls.__name__}.__init__", _ATTN + SITES[name][0] + ".py",
+                        f"it sets {attr}, which the set-up reads and vmfuzz's stand-in does not provide") from None
 
 
 #: (sglang-relative path, what, why not driven): the other allocation sites.

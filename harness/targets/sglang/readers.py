@@ -37,6 +37,9 @@ from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode, logical_size
 from harness.model.readers import PackedView, ReaderView, capture_seq_len, captured_bs
 from harness.targets.sglang.loader import _quiet_import
+from harness.targets.sglang.seams import call_with
+
+FLASHINFER = "srt/layers/attention/flashinfer_backend.py"
 
 #: What this module drives: (path under the sglang package, function, properties).
 SURFACE = (
@@ -80,12 +83,27 @@ def modules() -> SimpleNamespace:
 
 
 class _Translator:
-    """Stands in for the KV-index translator: the KV ids are not what the mask readers get wrong."""
+    """Stands in for the KV-index translator: the KV ids are not what the mask readers get wrong.
+
+    Whatever SGLang calls its stream-packing method (it was renamed between
+    releases), the stand-in answers it the same way: it zeroes the ``out``
+    buffer it is handed and records the call.
+    """
 
     reads_are_translated = False
 
-    def pack_read_stream(self, plan, *, out, **_):
-        out.zero_()
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        def packs_nothing(*args, out=None, **kwargs):
+            self.calls.append(name)
+            if out is not None:
+                out.zero_()
+        return packs_nothing
 
 
 def _seq_lens(batch: Batch, dev) -> torch.Tensor:
@@ -201,9 +219,35 @@ def pack_mask(config: Config, batch: Batch, step_mask: torch.Tensor, buffer: tor
         attn_backend=SimpleNamespace(kv_index_translator=_Translator(), dq_paged_kernel_lens=None),
         kv_last_page_len=torch.ones(bs, dtype=torch.int32, device=dev), num_qo_heads=1, num_kv_heads=1,
         head_dim=8, q_data_type=torch.float16, data_type=torch.float16, _swa_kv_pool=None)
-    m.flashinfer_backend.FlashInferIndicesUpdaterPrefill.call_begin_forward(
-        updater, None, wrapper, torch.arange(bs, dtype=torch.long, device=dev), seq_lens, seq_sum, seq_lens,
-        None, None, torch.zeros(bs + 1, dtype=torch.int32, device=dev),
-        torch.zeros(bs + 1, dtype=torch.int32, device=dev), False, spec_info,
-        seq_lens_cpu=seq_lens.cpu(), plan=None)
+    # By SGLang's own parameter names; ``plan`` only where this SGLang takes it.
+    call_with(m.flashinfer_backend.FlashInferIndicesUpdaterPrefill.call_begin_forward,
+              "FlashInferIndicesUpdaterPrefill.call_begin_forward", FLASHINFER, updater,
+              wrapper_ragged=None, wrapper_paged=wrapper,
+              req_pool_indices=torch.arange(bs, dtype=torch.long, device=dev), paged_kernel_lens=seq_lens,
+              paged_kernel_lens_sum=seq_sum, seq_lens=seq_lens, prefix_lens=None, kv_start_idx=None,
+              kv_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=dev),
+              qo_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=dev), use_ragged=False,
+              spec_info=spec_info, seq_lens_cpu=seq_lens.cpu(), plan=None)
     return PackedView(wrapper._custom_mask_buf, wrapper._mask_indptr_buf)
+
+
+def packing_not_driven() -> str | None:
+    """Why packed-mask cannot be driven on this SGLang (None: it can), read from its code.
+
+    SGLang packs an EAGLE verify mask itself only where its cuda-graph capture
+    installs ``fast_prefill_plan`` for EAGLE target-verify wrappers; elsewhere
+    the packing happens inside FlashInfer's own plan, which is not SGLang's code.
+    """
+    import inspect
+    import re
+    try:
+        text = inspect.getsource(modules().flashinfer_backend)
+    except (ImportError, OSError, TypeError) as exc:
+        return f"{FLASHINFER} cannot be read here ({type(exc).__name__}: {exc})"
+    # each place a wrapper gets the fast plan, with the condition (the `if` block) leading to it
+    for install in re.finditer(r"partial\(\s*fast_prefill_plan", text):
+        head = text.rfind("\n        if", 0, install.start())
+        if "EAGLE_VERIFY" in text[head:install.start()]:
+            return None
+    return (f"{FLASHINFER} installs fast_prefill_plan for no EAGLE target-verify wrapper: its verify mask is "
+            "packed inside FlashInfer's own plan, not SGLang's code")

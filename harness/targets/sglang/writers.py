@@ -18,7 +18,7 @@ from __future__ import annotations
 from harness.guard.chain_write import ChainCall, guarded_chain_write
 from harness.guard.tree_write import KernelCall, guarded_write
 from harness.model.layouts import TreeMaskMode
-from harness.targets.sglang.loader import KERNEL_ARGS
+from harness.targets.sglang.seams import Sentinel, by_quantity, where
 
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
 _TREE = ("no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse",
@@ -51,23 +51,42 @@ CHAIN_BUFFERS = {"tree_mask": "mask", "positions": "positions", "retrieve": "ret
                  "out_cache_loc": "out_cache_loc", "mrope": "mrope"}
 
 
+EAGLE_UTILS = "srt/speculative/eagle_utils.py"
+
+
+def kernel_signature_of(sg):
+    """The function whose parameter names read a call of the kernel entry: the entry itself
+    where this host defines it, else the Triton kernel it stands for (a CPU host never
+    defines the CUDA entry an older wrapper names)."""
+    entry = getattr(sg.eagle_utils, sg.entry, None) if sg.entry else None
+    return entry if callable(entry) and not isinstance(entry, Sentinel) else (sg.triton or sg.jit)
+
+
 def tree_kernel_patches(sg, kernel, heap) -> list[tuple]:
-    """(owner, attr, value) binding SGLang's kernel entry to ``kernel`` behind the guard."""
+    """(owner, attr, value, may_add) binding SGLang's kernel entry to ``kernel`` behind the guard.
+
+    The entry's arguments are read by SGLang's own parameter names, however the
+    wrapper passed them (positionally or by keyword). The patch is a
+    ``Sentinel``: the caller checks it was gone through.
+    """
+    if sg.entry is None:
+        return []
+    named_by = kernel_signature_of(sg)
+    seam = f"eagle_utils.{sg.entry}"
 
     def kernel_entry(*args, **kwargs):
-        bound = dict(zip(KERNEL_ARGS, args))
-        bound.update(kwargs)
-        seq = bound["seq_lens"]
+        q = by_quantity(named_by, seam, EAGLE_UTILS, args, kwargs)
+        seq = q["seq_lens"]
         call = KernelCall(
-            parent_list=bound["parent_list"], top_scores_index=bound["top_scores_index"], seq_lens=seq,
-            tree_mask=bound["tree_mask"], positions=bound["positions"],
-            retrieve_index=bound["retrieve_index"], retrieve_next_token=bound["retrieve_next_token"],
-            retrieve_next_sibling=bound["retrieve_next_sibling"], topk=int(bound["topk"]),
-            spec_steps=int(bound["spec_steps"]), d=int(bound["d"]), mode=TreeMaskMode(int(bound["mode"])),
-            heap=heap)
+            parent_list=q["parent_list"], top_scores_index=q["top_scores_index"], seq_lens=seq,
+            tree_mask=q["tree_mask"], positions=q["positions"], retrieve_index=q["retrieve_index"],
+            retrieve_next_token=q["retrieve_next_token"], retrieve_next_sibling=q["retrieve_next_sibling"],
+            topk=int(q["topk"]), spec_steps=int(q["spec_steps"]), d=int(q["d"]),
+            mode=TreeMaskMode(int(q.get("mode", TreeMaskMode.FULL_MASK))), heap=heap)
         guarded_write(kernel, call, [int(s) for s in seq.tolist()])
 
-    return [] if sg.entry is None else [(sg.eagle_utils, sg.entry, kernel_entry)]
+    # An older wrapper names the CUDA entry even where this host never defined it.
+    return [(sg.eagle_utils, sg.entry, Sentinel(kernel_entry, seam, EAGLE_UTILS), True)]
 
 
 class _GuardedChainLaunch:
@@ -94,7 +113,8 @@ def chain_kernel_patches(sg, chain_kernel, heap) -> list[tuple]:
     """(owner, attr, value) binding ``build_chain_tree``'s launch to ``chain_kernel`` behind the guard."""
     if sg.chain_launch is None:
         return []
-    return [(sg.chain_module, "_build_chain_tree_kernel", _GuardedChainLaunch(chain_kernel, heap))]
+    return [(sg.chain_module, "_build_chain_tree_kernel",
+             Sentinel(_GuardedChainLaunch(chain_kernel, heap), "_build_chain_tree_kernel", where(sg.chain_module)))]
 
 
 def relaunch_chain(sg, call: ChainCall) -> None:
