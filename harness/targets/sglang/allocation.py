@@ -27,6 +27,7 @@ import torch
 from harness.model.allocation import ALLOCATING_BACKENDS, AllocationCall, ServerNumbers
 from harness.model.errors import OutOfStep
 from harness.targets.sglang.binding import bound
+from harness.targets.sglang.seams import TranslatesNothing, unset_by_harness
 
 _ATTN = "srt/layers/attention/"
 
@@ -110,7 +111,7 @@ def _model_runner(n: ServerNumbers):
     kv_pool = SimpleNamespace(start_layer=0, get_value_buffer=lambda layer: torch.empty(1, 8, 64, device="meta"))
     return SimpleNamespace(
         req_to_token_pool=pool, sliding_window_size=None, token_to_kv_pool=kv_pool,
-        token_to_kv_pool_allocator=None, page_size=1, kv_index_translator=None,
+        token_to_kv_pool_allocator=None, page_size=1, kv_index_translator=TranslatesNothing(),
         decode_num_tokens_per_req=lambda: n.num_draft_tokens, is_draft_worker=False, spec_algorithm=None,
         model_config=model_config, device="meta", gpu_id=0, kv_cache_dtype=torch.bfloat16)
 
@@ -228,7 +229,14 @@ def allocation_call(target, name: str, numbers: ServerNumbers) -> AllocationCall
     if mod is None or isinstance(mod, str):
         raise ValueError(f"allocation site {name!r} is not driven here: {mod or 'unknown backend'}")
     cls = getattr(mod, SITES[name][1])
-    backend = _constructed(name, mod, cls, numbers)
+    try:
+        backend = _constructed(name, mod, cls, numbers)
+    except AttributeError as exc:
+        if getattr(exc, "obj", 0) is None or isinstance(getattr(exc, "obj", None), SimpleNamespace):
+            # the stand-in model runner lacks what this SGLang's __init__ reads
+            raise OutOfStep(f"{cls.__name__}.__init__", _ATTN + SITES[name][0] + ".py",
+                            f"reads {exc.name!r} from a stand-in vmfuzz built: {exc}") from None
+        raise
     if backend is None:
         backend = cls.__new__(cls)
         for attr, value in _attributes(name, numbers).items():
@@ -256,29 +264,12 @@ def allocation_call(target, name: str, numbers: ServerNumbers) -> AllocationCall
         except _Allocated:
             pass
         except AttributeError as exc:
-            _unset_by_harness(exc, backend, cls, name)
+            unset_by_harness(exc, backend, cls, f"{cls.__name__} stand-in", _ATTN + SITES[name][0] + ".py")
             raise
     if not calls:
         raise OutOfStep(f"{SITES[name][1]}.init_cuda_graph_state", _ATTN + SITES[name][0] + ".py",
                         "it returned without calling maybe_create_verify_mask, the call vmfuzz records")
     return calls[0]
-
-
-def _unset_by_harness(exc: AttributeError, backend, cls, name: str) -> None:
-    """Out of step when the set-up read an attribute its ``__init__`` sets but the harness did
-    not (the backend was made with ``cls.__new__``); any other AttributeError is the target's."""
-    import inspect
-    import re
-    attr = getattr(exc, "name", None)
-    if getattr(exc, "obj", None) is not backend or not attr:
-        return
-    try:
-        init = inspect.getsource(cls.__init__)
-    except (OSError, TypeError):
-        return
-    if re.search(rf"self\.{re.escape(attr)}\s*(:[^=\n]*)?=", init):
-        raise OutOfStep(f"{cls.__name__}.__init__", _ATTN + SITES[name][0] + ".py",
-                        f"it sets {attr}, which the set-up reads and vmfuzz's stand-in does not provide") from None
 
 
 #: (sglang-relative path, what, why not driven): the other allocation sites.

@@ -27,6 +27,7 @@ stand-in): the packing happens before it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 from types import SimpleNamespace
@@ -37,7 +38,7 @@ from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode, logical_size
 from harness.model.readers import PackedView, ReaderView, capture_seq_len, captured_bs
 from harness.targets.sglang.loader import _quiet_import
-from harness.targets.sglang.seams import call_with
+from harness.targets.sglang.seams import TranslatesNothing, call_with, unset_by_harness
 
 FLASHINFER = "srt/layers/attention/flashinfer_backend.py"
 
@@ -82,28 +83,7 @@ def modules() -> SimpleNamespace:
     return SimpleNamespace(**found)
 
 
-class _Translator:
-    """Stands in for the KV-index translator: the KV ids are not what the mask readers get wrong.
-
-    Whatever SGLang calls its stream-packing method (it was renamed between
-    releases), the stand-in answers it the same way: it zeroes the ``out``
-    buffer it is handed and records the call.
-    """
-
-    reads_are_translated = False
-
-    def __init__(self):
-        self.calls: list[str] = []
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-
-        def packs_nothing(*args, out=None, **kwargs):
-            self.calls.append(name)
-            if out is not None:
-                out.zero_()
-        return packs_nothing
+_Translator = TranslatesNothing
 
 
 def _seq_lens(batch: Batch, dev) -> torch.Tensor:
@@ -111,6 +91,17 @@ def _seq_lens(batch: Batch, dev) -> torch.Tensor:
 
 
 # -- Triton attention --------------------------------------------------------------
+
+@contextlib.contextmanager
+def _stand_in_checked(backend):
+    """An attribute the backend's own code sets but the stand-in lacks is vmfuzz out of step."""
+    try:
+        yield
+    except AttributeError as exc:
+        unset_by_harness(exc, backend, type(backend), "TritonAttnBackend stand-in",
+                         "srt/layers/attention/triton_backend.py")
+        raise
+
 
 def triton_backend(mask, config: Config, pool: int, dev):
     """A ``TritonAttnBackend`` holding the state its target-verify metadata reads, and ``mask``."""
@@ -148,7 +139,8 @@ def read_eager(config: Config, batch: Batch, step) -> ReaderView:
     m = modules()
     dev = step.tree_mask.device
     backend = triton_backend(None, config, max(config.max_bs, batch.bs), dev)
-    backend.init_forward_metadata(_verify_batch(m, batch.bs, _seq_lens(batch, dev), step.tree_mask, config.d))
+    with _stand_in_checked(backend):
+        backend.init_forward_metadata(_verify_batch(m, batch.bs, _seq_lens(batch, dev), step.tree_mask, config.d))
     meta = backend.forward_metadata
     return ReaderView(meta.custom_mask, meta.mask_indptr)
 
@@ -171,7 +163,8 @@ def read_replay(mask, config: Config, batch: Batch, step) -> ReaderView:
     padding = torch.full((graph_bs - batch.bs,), fill, dtype=torch.long, device=dev)
     capture = _verify_batch(m, graph_bs, torch.full((graph_bs,), fill, dtype=torch.long, device=dev),
                             placeholder, config.d)
-    backend.init_forward_metadata_out_graph(capture, in_capture=True)
+    with _stand_in_checked(backend):
+        backend.init_forward_metadata_out_graph(capture, in_capture=True)
     # The step's writes land after capture; a reused step wrote the buffer itself.
     if step.reused:
         buf.copy_(step.tree_mask.to(dev).view(buf.shape))
@@ -179,7 +172,8 @@ def read_replay(mask, config: Config, batch: Batch, step) -> ReaderView:
     else:
         custom_mask = step.tree_mask.to(dev)
     replay = _verify_batch(m, graph_bs, torch.cat([_seq_lens(batch, dev), padding]), custom_mask, config.d)
-    backend.init_forward_metadata_out_graph(replay, in_capture=False)
+    with _stand_in_checked(backend):
+        backend.init_forward_metadata_out_graph(replay, in_capture=False)
     meta = backend.forward_metadata
     return ReaderView(meta.custom_mask, meta.mask_indptr, graph_bs)
 

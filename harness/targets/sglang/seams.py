@@ -137,3 +137,51 @@ class Sentinel:
     def require(self, why: str) -> None:
         if not self.calls:
             raise OutOfStep(self.seam, self.file, why)
+
+
+class TranslatesNothing:
+    """Stands in for SGLang's KV-index translator, whatever its release calls its parts.
+
+    The KV ids are not what the mask readers or allocators get wrong: every
+    flag it is asked for is false, and every method called on it zeroes the
+    ``out`` buffer it is handed (packing nothing) and records the call.
+    """
+
+    reads_are_translated = False
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Nothing(self.calls, name)
+
+
+class _Nothing:
+    def __init__(self, calls: list, name: str):
+        self._calls, self._name = calls, name
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __call__(self, *args, out=None, **kwargs):
+        self._calls.append(self._name)
+        if out is not None:
+            out.zero_()
+
+
+def unset_by_harness(exc: AttributeError, standin, cls, seam: str, file: str) -> None:
+    """Out of step when SGLang read an attribute of ``standin`` (made with ``cls.__new__``) that
+    ``cls``'s own code sets but the harness did not; any other AttributeError is the target's."""
+    import re
+    attr = getattr(exc, "name", None)
+    if getattr(exc, "obj", None) is not standin or not attr:
+        return
+    try:
+        text = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return
+    if re.search(rf"self\.{re.escape(attr)}\s*(:[^=\n]*)?=", text):
+        raise OutOfStep(seam, file, f"{cls.__name__} sets {attr} in its own code, which the code under test "
+                        "reads and vmfuzz's stand-in does not provide") from None

@@ -191,6 +191,9 @@ class SglangTarget:
         if chain is None:  # not_driven_here says so before any check runs
             raise OutOfStep("build_chain_tree", "kernels/ops/speculative/eagle.py", "absent from this SGLang")
         patches = writers.chain_kernel_patches(self.sglang, self.chain_kernel, heap)
+        if not patches:
+            raise OutOfStep("build_chain_tree", where(chain), "no Triton kernel launch found among the globals "
+                            "it names, for vmfuzz to guard")
         with _bound(*patches):
             outputs = call_with(chain, "build_chain_tree", where(chain), inputs.bonus_tokens, inputs.draft_tokens,
                                 inputs.seq_lens, buffer, req_pool_indices=inputs.req_pool_indices,

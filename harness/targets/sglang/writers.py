@@ -18,7 +18,8 @@ from __future__ import annotations
 from harness.guard.chain_write import ChainCall, guarded_chain_write
 from harness.guard.tree_write import KernelCall, guarded_write
 from harness.model.layouts import TreeMaskMode
-from harness.targets.sglang.seams import Sentinel, by_quantity, where
+from harness.model.errors import OutOfStep
+from harness.targets.sglang.seams import Sentinel, bind, by_quantity, where
 
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
 _TREE = ("no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse",
@@ -43,7 +44,7 @@ NOT_DRIVEN: tuple[tuple[str, str, str], ...] = (
      "strategies draw"),
 )
 
-#: ``_build_chain_tree_kernel``'s positional parameters, as ``build_chain_tree`` passes them.
+#: The chain kernel's parameters vmfuzz reads, by the names SGLang's kernel gives them.
 CHAIN_ARGS = ("bonus", "draft", "seq", "mask", "positions", "retrieve", "tokens", "BS", "WIDTH",
               "BONUS_STRIDE", "DRAFT_ROW", "DRAFT_COL", "SEQ_STRIDE")
 #: ChainCall field -> the kernel's parameter name, for every buffer it writes.
@@ -92,13 +93,16 @@ def tree_kernel_patches(sg, kernel, heap) -> list[tuple]:
 class _GuardedChainLaunch:
     """Stands where ``build_chain_tree`` finds its kernel: ``launch[grid](*args, **kwargs)``."""
 
-    def __init__(self, chain_kernel, heap):
-        self._chain_kernel, self._heap = chain_kernel, heap
+    def __init__(self, chain_kernel, heap, kernel=None):
+        self._chain_kernel, self._heap, self._kernel = chain_kernel, heap, kernel
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            named = dict(zip(CHAIN_ARGS, args))
-            named.update(kwargs)
+            # Read by the kernel's own parameter names, however build_chain_tree passed them.
+            named = dict(bind(self._kernel.fn, self._seam, self._file, *args, **kwargs).arguments)
+            missing = [p for p in CHAIN_ARGS if p not in named]
+            if missing:
+                raise OutOfStep(self._seam, self._file, f"the kernel names no parameter {', '.join(missing)}")
             call = ChainCall(
                 bonus_tokens=named["bonus"], draft_tokens=named["draft"], seq_lens=named["seq"],
                 tree_mask=named["mask"], positions=named["positions"], retrieve=named["retrieve"],
@@ -113,8 +117,9 @@ def chain_kernel_patches(sg, chain_kernel, heap) -> list[tuple]:
     """(owner, attr, value) binding ``build_chain_tree``'s launch to ``chain_kernel`` behind the guard."""
     if sg.chain_launch is None:
         return []
-    return [(sg.chain_module, "_build_chain_tree_kernel",
-             Sentinel(_GuardedChainLaunch(chain_kernel, heap), "_build_chain_tree_kernel", where(sg.chain_module)))]
+    launch = _GuardedChainLaunch(chain_kernel, heap, sg.chain_launch)
+    launch._seam, launch._file = sg.chain_launch_name, where(sg.chain_module)
+    return [(sg.chain_module, sg.chain_launch_name, Sentinel(launch, launch._seam, launch._file))]
 
 
 def relaunch_chain(sg, call: ChainCall) -> None:
@@ -125,4 +130,4 @@ def relaunch_chain(sg, call: ChainCall) -> None:
         named[param] = getattr(call, field)
     # Strides and the batch size stay as build_chain_tree computed them: the
     # stand-ins have the shapes of the buffers they replace.
-    sg.chain_launch[grid](*[named.pop(p) for p in CHAIN_ARGS], **named)
+    sg.chain_launch[grid](**named)
