@@ -67,7 +67,8 @@ class _Allocated(Exception):
 
 def _attributes(name: str, n: ServerNumbers) -> dict:
     """What each backend's ``__init__`` would have set, for a target runner of a server with ``n``."""
-    common = dict(device="meta", is_draft_runner=False, skip_prefill=False, max_context_len=n.context_len)
+    common = dict(device="meta", is_draft_runner=False, skip_prefill=False, max_context_len=n.context_len,
+                  kv_index_translator=TranslatesNothing())
     if name == "triton":
         return dict(common, num_draft_tokens=n.num_draft_tokens, num_head=1, max_kv_splits=1, v_head_dim=1,
                     swa_v_head_dim=None, lean_total_programs=1, lean_block_m=1, sliding_window_size=None)
