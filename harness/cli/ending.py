@@ -12,7 +12,7 @@ import os
 import sys
 
 from harness.engine import signals
-from harness.model.errors import EXIT_USAGE, HarnessError, UsageError
+from harness.model.errors import EXIT_OUT_OF_STEP, EXIT_USAGE, HarnessError, OutOfStep, UsageError, out_of_step_line
 from harness.model.repro_file import ReproError
 
 
@@ -47,6 +47,9 @@ def guarded(main, argv) -> int:
     except KeyboardInterrupt as exc:
         print("vmfuzz: interrupted (findings written so far are kept)", file=sys.stderr)
         return signals.exit_code(exc)
+    except OutOfStep as exc:
+        print(out_of_step_line(exc), file=sys.stderr)
+        return EXIT_OUT_OF_STEP
     except HarnessError as exc:
         print(f"vmfuzz: {exc}", file=sys.stderr)
         return EXIT_USAGE

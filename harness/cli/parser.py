@@ -21,6 +21,8 @@ EPILOG = """exit codes:
   0    every property held (or nothing to do: a skipped gate)
   1    a finding: the repro file is on disk before it is printed
   2    bad input or an unavailable target (one line on stderr)
+  3    could not check: vmfuzz is out of step with the code under test
+       (one line naming the seam and its file; never a finding)
   130  interrupted (findings so far are kept)
 
 Each command writes summary.json, summary.md and junit.xml to --report-dir

@@ -33,13 +33,37 @@ def run(args) -> int:
     def coverage(outcome):
         from harness.engine.surface import gate_coverage
         try:
-            return gate_coverage(args.target, target, changed, hits, outcome.results)
+            cov = gate_coverage(args.target, target, changed, hits, outcome.results)
         except (ValueError, ImportError, OSError) as exc:
             # The reports are still written; the gate claims no coverage it cannot show.
             why = f"surface unavailable: {type(exc).__name__}: {exc}"
-            return {"changed": changed, "triggered": hits, "exercised": [], "not_driven": hits,
-                    "why_not_driven": {p: why for p in hits}}
+            cov = {"changed": changed, "triggered": hits, "exercised": [], "not_driven": hits,
+                   "why_not_driven": {p: why for p in hits}}
+        return {**cov, **out_of_step_coverage(hits, outcome)}
     return execute_and_report(plan_, target, coverage if changed is not None else None, verbose=args.verbose)
+
+
+def out_of_step_coverage(hits: list[str], outcome) -> dict:
+    """Which out-of-step checks drive a file the change touches (exit 3) and which do not (warnings).
+
+    A check vmfuzz could not make on code the change does not touch does not
+    stop the gate, but it is never silent: it is a warning in the summary.
+    """
+    from harness.engine.changes import sglang_relative
+    from harness.engine.surface import declared
+    touched = {sglang_relative(p) for p in hits}
+    files: dict[str, set[str]] = {}
+    for e in declared():
+        for prop in e.properties:
+            files.setdefault(prop, set()).add(e.file)
+    stuck, warnings = [], []
+    for what, why in outcome.out_of_step:
+        hit = sorted(files.get(what, set()) & touched)
+        if hit:
+            stuck.append(f"{why} (needed by {what}, which drives the changed {hit[0]})")
+        else:
+            warnings.append(f"{what} could not be checked (it drives no changed file): out of step: {why}")
+    return {"out_of_step": stuck, "warnings": warnings}
 
 
 def _skip(args, changed: list[str]) -> int:

@@ -17,7 +17,7 @@ from harness.commands.common import (check_device, check_places, check_property_
 from harness.engine.profiles import PROFILES
 from harness.model import limits
 from harness.model.bounds import Bounds
-from harness.model.errors import EXIT_FINDING, EXIT_OK, EXIT_USAGE, UsageError
+from harness.model.errors import EXIT_FINDING, EXIT_OK, EXIT_OUT_OF_STEP, EXIT_USAGE, UsageError, out_of_step_line
 from harness.report.terminal import classes_line, paint, plural
 
 
@@ -133,6 +133,9 @@ def _check_bounds_limits(text: str, bounds: Bounds) -> None:
 
 def show_result(res, log, *, verbose: bool = False) -> None:
     """One property's lines, printed as it finishes."""
+    if res.out_of_step and not res.findings:
+        log(f"  {res.prop:<22} {paint('out of step')}: {res.out_of_step} (could not check; not a finding)")
+        return
     if res.not_driven and not res.findings:
         log(f"  {res.prop:<22} {paint('not driven')}: {res.not_driven}")
         return
@@ -164,6 +167,21 @@ def execute_and_report(plan_, target, gate=None, *, verbose: bool = False) -> in
         _say_deployment(outcome.deployment)
     print(f"reports: {written}/ (summary.json, summary.md, junit.xml, report.html)")
     return _verdict(plan_, target, outcome, summary, written)
+
+
+def _out_of_step(outcome) -> bool:
+    """Exit 3's one line when a check could not be made because vmfuzz is out of step.
+
+    The gate counts only the out-of-step checks that drive a file the change
+    touches (the rest are warnings in its summary); a run counts every one.
+    """
+    gate = outcome.gate or {}
+    stuck = gate["out_of_step"] if "out_of_step" in gate else [why for _, why in outcome.out_of_step]
+    for w in gate.get("warnings", []):
+        print(f"vmfuzz: warning: {w}", file=sys.stderr)
+    if stuck:
+        print(out_of_step_line(stuck[0]), file=sys.stderr)
+    return bool(stuck)
 
 
 def _say_deployment(d: dict) -> None:
@@ -203,6 +221,8 @@ def _verdict(plan_, target, outcome, summary: dict, written: Path) -> int:
         return EXIT_FINDING
     if written != plan_.report_dir:
         return EXIT_USAGE  # the reports are not where CI looks for them: not a pass
+    if _out_of_step(outcome):
+        return EXIT_OUT_OF_STEP
     if outcome.deployment and any((outcome.deployment.get(p) or {}).get("ok") is False
                                   for p in ("routing", "allocation")):
         print(f"the deployment's routing or allocation fails (recorded in {written}/summary.json)")

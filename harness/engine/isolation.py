@@ -12,6 +12,7 @@ import multiprocessing as mp
 import signal
 
 from harness.guard.tree_write import LAUNCHES
+from harness.model.errors import OutOfStep
 from harness.properties import Observation, PropertyFailure, lookup
 
 CRASH, HANG = "target-crash", "target-hang"
@@ -49,6 +50,8 @@ def _serve(target, conn) -> None:
             conn.send(("ok", sorted(obs.classes), obs.margin, dict(obs.path_margins), spent()))
         except PropertyFailure as exc:
             conn.send(("fail", exc.prop, exc.detail, spent()))
+        except OutOfStep as exc:  # the harness's seam, not the target: crosses as itself
+            conn.send(("out-of-step", exc.seam, exc.file, exc.why, spent()))
         except BaseException as exc:  # noqa: BLE001 - the target's own error (even exit()), reported as the property's
             try:
                 conn.send(("raise", type(exc).__name__, str(exc)[:4000], spent()))
@@ -123,6 +126,8 @@ class IsolatedChecker:
             return Observation(set(classes), margin, *more)
         if kind == "fail":
             raise PropertyFailure(*rest)
+        if kind == "out-of-step":
+            raise OutOfStep(*rest)
         raise TargetRaised(f"{rest[0]}: {rest[1]}")
 
     def __enter__(self):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from harness.engine.search import Finding
 from harness.engine.isolation import TargetFault
+from harness.model.errors import OutOfStep
 from harness.properties import PropertyFailure
 from harness.model.repro_file import ReproError, dump, load, to_case
 
@@ -60,6 +61,8 @@ def outcome_of(repro, target, device: str, isolate: bool, timeout: float) -> tup
         return "failed", str(exc), exc.kind
     except ReproError:
         raise
+    except OutOfStep as exc:  # the harness's seam, not the target: could not check, never a finding
+        return "out of step", str(exc), None
     except KeyboardInterrupt as exc:
         from harness.engine.signals import from_user
         if from_user(exc):

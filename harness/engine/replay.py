@@ -41,10 +41,11 @@ def replay(repro: Repro, target, device: str = "cpu", *, isolate: bool = False,
         raise ReproError(f"unknown fault {repro.fault!r} (known: {', '.join(FAULTS)})")
     props = properties_for(repro, prop)
     config, batches = to_case(repro)
-    driven = [p for p in props if not p.missing(target)]
+    from harness.engine.search import not_driven_here
+    driven = [p for p in props if not not_driven_here(target, p)]
     if not driven:
         raise ReproError(f"target {target.name} cannot drive {', '.join(p.name for p in props)} "
-                         f"(it has no {', '.join(props[0].missing(target))})")
+                         f"({not_driven_here(target, props[0])})")
     if isolate or repro.fault:
         from harness.engine.isolation import IsolatedChecker
         with IsolatedChecker(target, timeout) as check:

@@ -24,7 +24,7 @@ from harness.engine.isolation import TargetFault, TargetRaised
 from harness.engine.signals import check as interrupt_check
 from harness.model.bounds import Bounds
 from harness.model.config import Batch, Config
-from harness.model.errors import HarnessError
+from harness.model.errors import HarnessError, OutOfStep
 from harness.model.repro_file import dump, from_case
 from harness.properties import PROPERTIES, Property, PropertyFailure, shared_group
 from harness.properties.shared import group_members
@@ -61,6 +61,8 @@ class PropertyResult:
     skipped: bool = False  # the time budget ran out before this property started
     #: why the property was not driven at all (the target lacks a seam it needs); never "held"
     not_driven: str | None = None
+    #: vmfuzz is out of step with the target's code ("<seam> in <file>: <why>"): could not check, never held
+    out_of_step: str | None = None
     #: the largest shape each case dimension reached (d, topk, spec_steps, max_bs, max_context_len, bs)
     reached: dict = field(default_factory=dict)
 
@@ -83,6 +85,7 @@ class PropertyResult:
         self.max_margin = max(self.max_margin, other.max_margin)
         self.seconds += other.seconds
         self.finding = self.finding or other.finding
+        self.out_of_step = self.out_of_step or other.out_of_step
         self.faults += other.faults
         self.margins += other.margins
         self.path_margins += other.path_margins
@@ -95,24 +98,23 @@ MIN_SHARE = 1.0  # seconds any property gets under a time budget
 
 
 class _OutOfTime(BaseException):
-    """Ends a search at its deadline. A BaseException, so Hypothesis stops at
-    once instead of treating it as a failure to shrink."""
+    """Ends a search at its deadline (a BaseException: Hypothesis stops, never shrinks it)."""
+
+
+class _OutOfStep(BaseException):
+    """Ends a search whose seam no longer fits the code under test: never shrunk, never recorded."""
 
 
 def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds: Bounds,
                  findings_dir: Path, device: str = "cpu", database=None, deadline: float | None = None,
                  check: Callable | None = None, strategy=None, faulted: set[str] | None = None,
                  on_example: Callable[[], None] | None = None) -> PropertyResult:
-    """One Hypothesis search for ``prop``.
-
-    ``deadline`` (time.monotonic) stops generating new examples once passed;
-    ``check`` replaces ``prop.check`` (an isolated worker); ``strategy``
-    replaces the default case strategy (a deployment-scoped search);
-    ``faulted`` holds the fault kinds already saved (one finding per kind);
-    ``on_example()`` is called for each example run (a progress bar).
-    """
+    """One Hypothesis search for ``prop``. ``deadline`` (time.monotonic) stops new examples;
+    ``check`` replaces ``prop.check`` (an isolated worker); ``strategy`` the case strategy (a
+    deployment-scoped search); ``faulted``: fault kinds already saved (one finding per kind);
+    ``on_example()`` is called for each example run (a progress bar)."""
     result = PropertyResult(prop.name, rounds=1)
-    state = {"case": None, "failed": False}
+    state = {"case": None, "failed": False, "out_of_step": None}
     faulted = set() if faulted is None else faulted
     run_check = check or (lambda p, c, b, dev: p.check(target, c, b, dev))
     db = KeyedDatabase(database, prop.name) if database is not None else None
@@ -140,6 +142,11 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
                 on_example()
         try:
             obs = run_check(prop, config, steps, device)
+        except OutOfStep as exc:
+            if state["failed"]:
+                return  # a shrink step the harness cannot drive is not the failure being shrunk
+            state["out_of_step"] = exc
+            raise _OutOfStep from None
         except TargetFault as fault:
             # Shrinking a crash would re-crash (or re-hang for the full timeout)
             # dozens of times: save it as found and let the search go on.
@@ -171,6 +178,8 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
     start = time.perf_counter()
     try:
         search()
+    except _OutOfStep:
+        result.out_of_step = str(state["out_of_step"])
     except (PropertyFailure, _OutOfTime, Exception) as exc:
         result.finding = _ending(exc, prop, state, lambda owner, detail: _record(
             target, owner, detail, state["case"], seed, findings_dir))
@@ -179,12 +188,8 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
 
 
 def _as_failure(exc: BaseException) -> BaseException | None:
-    """The failure a check's exception is; None for a real Ctrl-C.
-
-    A target that calls exit() (or raises KeyboardInterrupt itself) is a target that
-    raised: as a plain exception Hypothesis shrinks it like any failure, instead of
-    the run ending with the target's exit code.
-    """
+    """The failure a check's exception is; None for a real Ctrl-C. A target calling exit()
+    (or raising KeyboardInterrupt) is a target that raised: shrunk like any failure."""
     from harness.engine.signals import from_user
     if isinstance(exc, Exception):
         return exc
@@ -245,9 +250,8 @@ def search_property(target, prop: Property, *, seed: int, max_examples: int, bou
     found nothing new to try.
     """
     total = PropertyResult(prop.name)
-    missing = prop.missing(target)
-    if missing:
-        total.not_driven = f"target {target.name} has no {', '.join(missing)}"
+    total.not_driven = not_driven_here(target, prop)
+    if total.not_driven:
         return total
     if deadline is not None and time.monotonic() >= deadline:
         total.skipped = True
@@ -260,7 +264,8 @@ def search_property(target, prop: Property, *, seed: int, max_examples: int, bou
                            on_example=on_example)
         total.merge(res)
         rnd += 1
-        if not rounds or deadline is None or total.finding or time.monotonic() >= deadline or res.examples == 0:
+        if (not rounds or deadline is None or total.finding or total.out_of_step
+                or time.monotonic() >= deadline or res.examples == 0):
             return total
 
 
@@ -311,6 +316,15 @@ def run_campaign(target, *, seed: int, max_examples: int, bounds: Bounds, findin
     return results
 
 
+def not_driven_here(target, prop: Property) -> str | None:
+    """Why ``target`` cannot drive ``prop``: a seam it lacks, or what its code lacks (never "held")."""
+    missing = prop.missing(target)
+    if missing:
+        return f"target {target.name} has no {', '.join(missing)}"
+    probe = getattr(target, "not_driven_here", None)
+    return probe(prop.name) if callable(probe) else None
+
+
 def shareable(target, names: list[str], strategies: dict | None = None) -> list[str]:
     """The properties among ``names`` that one shared search can judge together on this target.
 
@@ -318,7 +332,7 @@ def shareable(target, names: list[str], strategies: dict | None = None) -> list[
     and keep to the default case strategy (a deployment-scoped search keeps its
     own); fewer than two share nothing.
     """
-    group = [n for n in names if PROPERTIES[n].shared and not PROPERTIES[n].missing(target)
+    group = [n for n in names if PROPERTIES[n].shared and not not_driven_here(target, PROPERTIES[n])
              and (strategies or {}).get(n) is None]
     return group if len(group) > 1 else []
 
@@ -367,6 +381,11 @@ def search_shared(target, props: list[Property], *, seed: int, max_examples: int
             totals[n].merge(part)
         if res.faults:
             totals[members[0]].faults += res.faults
+        if res.out_of_step is not None:
+            # One run judges every member: a seam out of step leaves none of them checked.
+            for n in members:
+                totals[n].out_of_step = res.out_of_step
+            break
         if res.finding is not None:
             # "target raised" names no member: it is the first one's, as when each searched alone.
             owner = res.finding.prop if res.finding.prop in totals else members[0]

@@ -79,6 +79,12 @@ class RunOutcome:
         known = self.plan.command != "gate" and any(o.reproduces for o in self.known)
         return any(r.findings for r in self.results) or any(o.finding for o in self.replays) or known
 
+    @property
+    def out_of_step(self) -> list[tuple[str, str]]:
+        """(property or saved repro, "<seam> in <file>: <why>") for each check vmfuzz could not make."""
+        return ([(r.prop, r.out_of_step) for r in self.results if r.out_of_step and not r.findings]
+                + [(str(o.path), o.detail) for o in self.replays if o.status == "out of step"])
+
 
 def _searcher(plan: RunPlan, target):
     """What one worker (or this process) needs to search any property."""
@@ -285,7 +291,7 @@ def _staged(plan: RunPlan, target, outcome: RunOutcome, budget, check, strategie
     start = time.monotonic()
     for i, bounds in enumerate(steps):
         left = [n for n in names
-                if n not in totals or not (totals[n].findings or totals[n].not_driven)]
+                if n not in totals or not (totals[n].findings or totals[n].not_driven or totals[n].out_of_step)]
         if not left:
             break
         share = None

@@ -4,7 +4,7 @@ They sit at the bottom of the layers so that every layer can raise them and
 the command line, at the top, can map each to its exit code.
 """
 
-EXIT_OK, EXIT_FINDING, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FINDING, EXIT_USAGE, EXIT_OUT_OF_STEP = 0, 1, 2, 3
 
 
 class UsageError(Exception):
@@ -13,3 +13,26 @@ class UsageError(Exception):
 
 class HarnessError(RuntimeError):
     """The harness failed, not the target: reported as such (exit 2), never as a finding."""
+
+
+class OutOfStep(Exception):
+    """vmfuzz is out of step with the code under test: a seam's shape does not match (exit 3).
+
+    Raised where a binding fails before the call, or where a patch or stand-in
+    the harness put in place was not gone through. It is the harness's own
+    state, never a finding, and a property that meets it is never "held".
+    It lives here, at the bottom, so targets raise it and properties and the
+    engine recognise it (``harness.targets.protocol`` re-exports it).
+    """
+
+    def __init__(self, seam: str, file: str, why: str):
+        super().__init__(f"{seam} in {file}: {why}")
+        self.seam, self.file, self.why = seam, file, why
+
+    def __reduce__(self):  # crosses the forked worker's pipe intact
+        return (OutOfStep, (self.seam, self.file, self.why))
+
+
+def out_of_step_line(exc: "OutOfStep | str") -> str:
+    """The one line a command prints when it could not check (exit 3)."""
+    return f"vmfuzz: could not check: vmfuzz is out of step with this SGLang: {exc}"

@@ -76,6 +76,8 @@ def _finding(f) -> dict:
 def _status(res) -> str:
     if res.findings:
         return "failed"
+    if getattr(res, "out_of_step", None):
+        return "out of step"
     if res.not_driven:
         return "not driven"
     return "skipped" if res.skipped or res.examples == 0 else "held"
@@ -98,6 +100,7 @@ def build_summary(outcome) -> dict:
             "classes": dict(sorted(r.classes.items())), "bs_over_max_bs": dict(r.bs_ratio),
             "findings": [_finding(f) for f in r.findings],
             **({"not_driven": r.not_driven} if r.not_driven else {}),
+            **({"out_of_step": r.out_of_step} if getattr(r, "out_of_step", None) else {}),
         })
     replays = [{"repro": str(o.path), "property": o.property, "recorded_target": o.recorded_target,
                 "source": o.source, "status": o.status, "detail": o.detail, "still_fails_on_recorded": o.teeth,
@@ -116,8 +119,10 @@ def build_summary(outcome) -> dict:
         "versions": outcome.versions, "started": outcome.started,
         "counts": {"properties": len(props), "held": status["held"], "failed": status["failed"],
                    "skipped": status["skipped"] + status["not driven"], "not_driven": status["not driven"],
+                   "out_of_step": status["out of step"],
                    "examples": sum(p["examples"] for p in props),
-                   "replays": len(replays), "replays_failed": sum(o["status"] != "held" for o in replays),
+                   "replays": len(replays),
+                   "replays_failed": sum(o["status"] not in ("held", "out of step") for o in replays),
                    "findings": len(findings), "known": sum(k["status"] == "reproduces" for k in known)},
         "properties": props,
         "boundary_classes": dict(sorted(classes.items())),
@@ -155,6 +160,8 @@ def summary_md(s: dict) -> str:
     verdict = "**FAILED**" if c["findings"] or c["replays_failed"] or dep_failed or s.get("interrupted") else "passed"
     if s.get("interrupted") and not c["findings"] and not c["replays_failed"]:
         verdict = "**INTERRUPTED**"
+    elif verdict == "passed" and (c.get("out_of_step") or any(r["status"] == "out of step" for r in s["replays"])):
+        verdict = "**COULD NOT CHECK** (vmfuzz is out of step with the target)"
     lines = [f"### vmfuzz {s['command']}: {verdict} on `{s['target']}`", "",
              f"profile `{s['profile']}`, seed `{s['seed']}`, {c['examples']} examples, "
              f"{c['held']} held / {c['failed']} failed / {c['skipped']} skipped, "
@@ -173,6 +180,9 @@ def summary_md(s: dict) -> str:
         lines += [f"G{line[1:]} (of {len(s['gate']['changed'])} changed)", ""]
     lines += ["| property | status | examples | seconds |", "|---|---|---:|---:|"]
     lines += [f"| {p['name']} | {p['status']} | {p['examples']} | {p['seconds']:.1f} |" for p in s["properties"]]
+    lines += [f"\n- `{p['name']}` out of step: {p['out_of_step']}" for p in s["properties"] if p.get("out_of_step")]
+    for w in (s.get("gate") or {}).get("warnings", []):
+        lines += [f"\n- warning: {w}"]
     if s["replays"]:
         lines += ["", f"Replayed {c['replays']} saved repro(s) first, {c['replays_failed']} did not hold."]
     if s.get("known_findings"):
@@ -209,6 +219,8 @@ def run_junit(s: dict) -> str:
             case.outcome, case.message = "skipped", "time budget spent before this property ran"
         elif p["status"] == "not driven":
             case.outcome, case.message = "skipped", "not driven: " + p["not_driven"]
+        elif p["status"] == "out of step":
+            case.outcome, case.message = "error", "vmfuzz is out of step with the target: " + p["out_of_step"]
         suite.cases.append(case)
     suites = [suite]
     if s.get("known_findings"):
@@ -219,7 +231,8 @@ def run_junit(s: dict) -> str:
             for k in s["known_findings"]]))
     if s["replays"]:
         suites.append(Suite("vmfuzz.replays", [
-            Case(r["repro"], outcome=None if r["status"] == "held" else "failure", message=r["detail"] or "")
+            Case(r["repro"], outcome={"held": None, "out of step": "error"}.get(r["status"], "failure"),
+                 message=r["detail"] or "")
             for r in s["replays"]]))
     return junit_xml(suites)
 

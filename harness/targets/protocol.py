@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from harness.model.config import Batch, Config
+from harness.model.errors import OutOfStep  # noqa: F401 - re-exported: a target raises it
 from harness.guard.tree_write import KernelCall
 from harness.model.layouts import TreeMaskMode
 from harness.model.outputs import StepOutput

@@ -25,7 +25,9 @@ from types import SimpleNamespace
 import torch
 
 from harness.model.allocation import ALLOCATING_BACKENDS, AllocationCall, ServerNumbers
+from harness.model.errors import OutOfStep
 from harness.targets.sglang.binding import bound
+from harness.targets.sglang.seams import TranslatesNothing, unset_by_harness
 
 _ATTN = "srt/layers/attention/"
 
@@ -65,7 +67,8 @@ class _Allocated(Exception):
 
 def _attributes(name: str, n: ServerNumbers) -> dict:
     """What each backend's ``__init__`` would have set, for a target runner of a server with ``n``."""
-    common = dict(device="meta", is_draft_runner=False, skip_prefill=False, max_context_len=n.context_len)
+    common = dict(device="meta", is_draft_runner=False, skip_prefill=False, max_context_len=n.context_len,
+                  kv_index_translator=TranslatesNothing())
     if name == "triton":
         return dict(common, num_draft_tokens=n.num_draft_tokens, num_head=1, max_kv_splits=1, v_head_dim=1,
                     swa_v_head_dim=None, lean_total_programs=1, lean_block_m=1, sliding_window_size=None)
@@ -73,7 +76,7 @@ def _attributes(name: str, n: ServerNumbers) -> dict:
         # a target runner of a dense MHA model, page size 1, no local or sliding-window attention
         return dict(common, page_size=1, topk=n.topk, speculative_num_draft_tokens=n.num_draft_tokens,
                     speculative_step_id=0, _get_scheduler_metadata=None, use_mla=False, local_attn_builder=None,
-                    use_sliding_window_kv_pool=False)
+                    has_local_attention=False, use_sliding_window_kv_pool=False)
     if name == "trtllm_mla":
         return dict(common, num_draft_tokens=n.num_draft_tokens, page_size=64, data_type=torch.bfloat16,
                     num_q_heads=1, kv_cache_dim=1)
@@ -109,7 +112,7 @@ def _model_runner(n: ServerNumbers):
     kv_pool = SimpleNamespace(start_layer=0, get_value_buffer=lambda layer: torch.empty(1, 8, 64, device="meta"))
     return SimpleNamespace(
         req_to_token_pool=pool, sliding_window_size=None, token_to_kv_pool=kv_pool,
-        token_to_kv_pool_allocator=None, page_size=1, kv_index_translator=None,
+        token_to_kv_pool_allocator=None, page_size=1, kv_index_translator=TranslatesNothing(),
         decode_num_tokens_per_req=lambda: n.num_draft_tokens, is_draft_worker=False, spec_algorithm=None,
         model_config=model_config, device="meta", gpu_id=0, kv_cache_dtype=torch.bfloat16)
 
@@ -227,7 +230,14 @@ def allocation_call(target, name: str, numbers: ServerNumbers) -> AllocationCall
     if mod is None or isinstance(mod, str):
         raise ValueError(f"allocation site {name!r} is not driven here: {mod or 'unknown backend'}")
     cls = getattr(mod, SITES[name][1])
-    backend = _constructed(name, mod, cls, numbers)
+    try:
+        backend = _constructed(name, mod, cls, numbers)
+    except AttributeError as exc:
+        if getattr(exc, "obj", 0) is None or isinstance(getattr(exc, "obj", None), SimpleNamespace):
+            # the stand-in model runner lacks what this SGLang's __init__ reads
+            raise OutOfStep(f"{cls.__name__}.__init__", _ATTN + SITES[name][0] + ".py",
+                            f"reads {exc.name!r} from a stand-in vmfuzz built: {exc}") from None
+        raise
     if backend is None:
         backend = cls.__new__(cls)
         for attr, value in _attributes(name, numbers).items():
@@ -254,9 +264,12 @@ def allocation_call(target, name: str, numbers: ServerNumbers) -> AllocationCall
             backend.init_cuda_graph_state(numbers.max_bs, numbers.max_bs * numbers.num_draft_tokens)
         except _Allocated:
             pass
+        except AttributeError as exc:
+            unset_by_harness(exc, backend, cls, f"{cls.__name__} stand-in", _ATTN + SITES[name][0] + ".py")
+            raise
     if not calls:
-        raise RuntimeError(f"{SITES[name][1]}.init_cuda_graph_state({numbers.max_bs}, ...) never called "
-                           "maybe_create_verify_mask")
+        raise OutOfStep(f"{SITES[name][1]}.init_cuda_graph_state", _ATTN + SITES[name][0] + ".py",
+                        "it returned without calling maybe_create_verify_mask, the call vmfuzz records")
     return calls[0]
 
 

@@ -33,6 +33,7 @@ import torch
 
 from harness.guard.chain_write import chain_inputs
 from harness.model.config import Batch, Config
+from harness.model.errors import OutOfStep
 from harness.targets.sglang.binding import bound
 from harness.model.trees import tree_tensors
 
@@ -147,6 +148,9 @@ def build_verify_input(sg, mask, config: Config, batch: Batch, dev):
 def trivial(sg, forward_batch, target_worker, config: Config, dev):
     """``EAGLEWorkerV2._build_trivial_verify_input``: d = 1, no drafting."""
     worker_cls = sg.worker_v2.EAGLEWorkerV2
+    if not callable(getattr(worker_cls, "_build_trivial_verify_input", None)):
+        raise OutOfStep("EAGLEWorkerV2._build_trivial_verify_input", "srt/speculative/eagle_worker_v2.py",
+                        "not found: the d = 1 call site vmfuzz drives has moved")
     worker = worker_cls.__new__(worker_cls)  # only the attributes the trivial path reads
     for attr, value in (("_target_worker", target_worker), ("target_worker", target_worker),
                         ("topk", config.topk), ("device", str(dev))):
@@ -169,6 +173,9 @@ def pp_rebuild(sg, forward_batch, target_worker, chain, config: Config, batch: B
     tokens = torch.cat([chain.bonus_tokens.view(-1, 1), chain.draft_tokens], 1)
     rids = [r.rid for r in forward_batch.reqs]
     forward_batch.spec_info = pp.relay(rids=rids, tokens=tokens, parents=par, top_scores=sel)
+    if not callable(getattr(pp.mixin, "_pp_spec_rebuild_verify_input", None)):
+        raise OutOfStep("SchedulerPPMixin._pp_spec_rebuild_verify_input", "srt/managers/scheduler_pp_mixin.py",
+                        "not found: the pp call site vmfuzz drives has moved")
     scheduler = pp.mixin.__new__(pp.mixin)
     scheduler.device = str(dev)
     scheduler.tp_worker = target_worker

@@ -25,14 +25,12 @@ SURFACE: tuple = ()
 INSTALL_HINT = ("install it with `bash scripts/install_sglang.sh` "
                 "(sglang==0.5.23 --no-deps plus its CPU import chain, into .venv)")
 
-#: The kernel's positional arguments, as every SGLang version passes them.
-KERNEL_ARGS = ("parent_list", "top_scores_index", "seq_lens", "tree_mask", "positions", "retrieve_index",
-               "retrieve_next_token", "retrieve_next_sibling", "topk", "spec_steps", "d", "mode")
-
-#: Where the wrapper hands over to the kernel, newest first: 0.5.23 dispatches
-#: through a function imported from spec_tree; older wheels call a module global
-#: directly in their platform switch (the CUDA/default branch, which a host with
-#: no platform flag set also takes).
+#: Where the wrapper hands over to the kernel, by the names releases used:
+#: 0.5.23 dispatches through a function imported from spec_tree; older wheels
+#: call a module global directly in their platform switch (the CUDA/default
+#: branch, which a host with no platform flag set also takes, though on CPU
+#: the name is never defined). Any other global of the wrapper's whose
+#: signature names the tree kernel's buffers is found too (``_kernel_entry``).
 KERNEL_ENTRIES = ("build_tree_kernel_efficient_func", "sgl_build_tree_kernel_efficient")
 
 
@@ -125,8 +123,9 @@ def import_sglang(kernel_choice: str) -> Sglang:
     except Exception:
         chain_mod = None
     sg = Sglang(**mods, spec_tree=spec_tree, chain_module=chain_mod)
-    sg.chain_launch = getattr(chain_mod, "_build_chain_tree_kernel", None)
     sg.build_chain_tree = getattr(chain_mod, "build_chain_tree", None)
+    sg.chain_launch_name = _chain_launch(chain_mod, sg.build_chain_tree)
+    sg.chain_launch = getattr(chain_mod, sg.chain_launch_name, None) if sg.chain_launch_name else None
     vm, eu = sg.verify_mask, sg.eagle_utils
     for owner, attr in ((vm, "VerifyMask"), (vm, "maybe_create_verify_mask"), (vm, "tree_mask_numel"),
                         (eu, "build_tree_kernel_efficient"), (sg.call_site, "build_eagle_verify_input"),
@@ -137,12 +136,11 @@ def import_sglang(kernel_choice: str) -> Sglang:
     sg.Mode = getattr(vm, "TreeMaskMode", None) or eu.TreeMaskMode
     sg.fields = set(sg.VerifyMask.__struct_fields__)
     sg.fits = sg.VerifyMask.fits
-    fits_params = [p for p in inspect.signature(sg.fits).parameters][1:]
-    sg.fits_takes_d = len(fits_params) >= 2
+    sg.fits_takes_d, sg.fits_problem = _fits_shape(sg.fits)
     sg.numel = vm.tree_mask_numel
     sg.maybe_create = vm.maybe_create_verify_mask
     sg.maybe_create_params = set(inspect.signature(sg.maybe_create).parameters)
-    sg.entry = next((n for n in KERNEL_ENTRIES if n == "sgl_build_tree_kernel_efficient" or hasattr(eu, n)), None)
+    sg.entry = _kernel_entry(eu)
     # The call site calls the wrapper through its own module global when it
     # imported it by name, else through eagle_utils.
     sg.wrapper_owner = sg.call_site if hasattr(sg.call_site, "build_tree_kernel_efficient") else eu
@@ -164,11 +162,77 @@ def import_sglang(kernel_choice: str) -> Sglang:
     return sg
 
 
-def sg_version() -> str:
+def _fits_shape(fits) -> tuple[bool, str | None]:
+    """(takes the draft width, why it cannot be bound): read from ``fits``'s parameters by name.
+
+    The first parameter after ``self`` is the batch size; a further *required*
+    one is the pre-#33127 draft width when SGLang names it so. Parameters with
+    defaults (a keyword-only option added later) are left to their defaults.
+    """
+    from harness.targets.sglang.seams import SYNONYMS
+    params = list(inspect.signature(fits).parameters.values())[1:]
+    required = [p for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if not required:
+        return False, "VerifyMask.fits takes no batch size"
+    rest = [p.name for p in required[1:]]
+    takes_d = bool(rest) and rest[0] in SYNONYMS["d"]
+    unknown = rest[1:] if takes_d else rest
+    return takes_d, (f"VerifyMask.fits also requires {', '.join(unknown)}, which vmfuzz cannot supply"
+                     if unknown else None)
+
+
+def _chain_launch(module, chain) -> str | None:
+    """The Triton kernel ``build_chain_tree`` launches, found among the globals its code names
+    (a renamed kernel is still found): a ``kernel[grid](...)`` JIT function of its module."""
+    names = getattr(getattr(inspect.unwrap(chain), "__code__", None), "co_names", ()) if chain else ()
+    for name in names:
+        value = getattr(module, name, None)
+        if callable(getattr(value, "__getitem__", None)) and inspect.isfunction(getattr(value, "fn", None)):
+            return name
+    return None
+
+
+def _kernel_entry(eu) -> str | None:
+    """The global through which ``build_tree_kernel_efficient`` hands over to the kernel.
+
+    Read from the wrapper's own code (the globals it names), so a renamed or
+    re-exported entry is still found: a known name, or a callable whose
+    signature names the kernel's output buffers.
+    """
+    wrapper = inspect.unwrap(eu.build_tree_kernel_efficient)
+    names = getattr(getattr(wrapper, "__code__", None), "co_names", ())
+    for name in names:
+        if name in KERNEL_ENTRIES and (name == "sgl_build_tree_kernel_efficient" or hasattr(eu, name)):
+            return name
+    for name in names:
+        value = getattr(eu, name, None)
+        if not inspect.isfunction(value):
+            continue
+        params = set(inspect.signature(value).parameters)
+        if {"tree_mask", "positions", "retrieve_next_sibling"} <= params:
+            return name
+    return None
+
+
+def imported_sglang() -> tuple[str, str]:
+    """(version, package directory) of the SGLang this process imports: its own
+    ``__version__``, not the installed distribution's metadata (a checkout on the
+    path, or an altered copy, is not what pip recorded)."""
     try:
-        from importlib.metadata import version
-        return version("sglang")
-    except Exception:
-        return "unknown"
+        import sglang
+    except Exception as exc:  # noqa: BLE001 - reported, never raised: this only describes
+        return "unknown", f"not importable ({type(exc).__name__})"
+    path = os.path.dirname(getattr(sglang, "__file__", "") or "") or "unknown"
+    version = getattr(sglang, "__version__", None)
+    if version is None:
+        try:
+            version = importlib.import_module("sglang.version").__version__
+        except Exception:  # noqa: BLE001
+            version = "unknown"
+    return str(version), path
+
+
+def sg_version() -> str:
+    return imported_sglang()[0]
 
 

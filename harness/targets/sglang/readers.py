@@ -27,6 +27,7 @@ stand-in): the packing happens before it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 from types import SimpleNamespace
@@ -37,6 +38,9 @@ from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode, logical_size
 from harness.model.readers import PackedView, ReaderView, capture_seq_len, captured_bs
 from harness.targets.sglang.loader import _quiet_import
+from harness.targets.sglang.seams import TranslatesNothing, call_with, unset_by_harness
+
+FLASHINFER = "srt/layers/attention/flashinfer_backend.py"
 
 #: What this module drives: (path under the sglang package, function, properties).
 SURFACE = (
@@ -79,13 +83,7 @@ def modules() -> SimpleNamespace:
     return SimpleNamespace(**found)
 
 
-class _Translator:
-    """Stands in for the KV-index translator: the KV ids are not what the mask readers get wrong."""
-
-    reads_are_translated = False
-
-    def pack_read_stream(self, plan, *, out, **_):
-        out.zero_()
+_Translator = TranslatesNothing
 
 
 def _seq_lens(batch: Batch, dev) -> torch.Tensor:
@@ -93,6 +91,17 @@ def _seq_lens(batch: Batch, dev) -> torch.Tensor:
 
 
 # -- Triton attention --------------------------------------------------------------
+
+@contextlib.contextmanager
+def _stand_in_checked(backend):
+    """An attribute the backend's own code sets but the stand-in lacks is vmfuzz out of step."""
+    try:
+        yield
+    except AttributeError as exc:
+        unset_by_harness(exc, backend, type(backend), "TritonAttnBackend stand-in",
+                         "srt/layers/attention/triton_backend.py")
+        raise
+
 
 def triton_backend(mask, config: Config, pool: int, dev):
     """A ``TritonAttnBackend`` holding the state its target-verify metadata reads, and ``mask``."""
@@ -130,7 +139,8 @@ def read_eager(config: Config, batch: Batch, step) -> ReaderView:
     m = modules()
     dev = step.tree_mask.device
     backend = triton_backend(None, config, max(config.max_bs, batch.bs), dev)
-    backend.init_forward_metadata(_verify_batch(m, batch.bs, _seq_lens(batch, dev), step.tree_mask, config.d))
+    with _stand_in_checked(backend):
+        backend.init_forward_metadata(_verify_batch(m, batch.bs, _seq_lens(batch, dev), step.tree_mask, config.d))
     meta = backend.forward_metadata
     return ReaderView(meta.custom_mask, meta.mask_indptr)
 
@@ -153,7 +163,8 @@ def read_replay(mask, config: Config, batch: Batch, step) -> ReaderView:
     padding = torch.full((graph_bs - batch.bs,), fill, dtype=torch.long, device=dev)
     capture = _verify_batch(m, graph_bs, torch.full((graph_bs,), fill, dtype=torch.long, device=dev),
                             placeholder, config.d)
-    backend.init_forward_metadata_out_graph(capture, in_capture=True)
+    with _stand_in_checked(backend):
+        backend.init_forward_metadata_out_graph(capture, in_capture=True)
     # The step's writes land after capture; a reused step wrote the buffer itself.
     if step.reused:
         buf.copy_(step.tree_mask.to(dev).view(buf.shape))
@@ -161,7 +172,8 @@ def read_replay(mask, config: Config, batch: Batch, step) -> ReaderView:
     else:
         custom_mask = step.tree_mask.to(dev)
     replay = _verify_batch(m, graph_bs, torch.cat([_seq_lens(batch, dev), padding]), custom_mask, config.d)
-    backend.init_forward_metadata_out_graph(replay, in_capture=False)
+    with _stand_in_checked(backend):
+        backend.init_forward_metadata_out_graph(replay, in_capture=False)
     meta = backend.forward_metadata
     return ReaderView(meta.custom_mask, meta.mask_indptr, graph_bs)
 
@@ -201,9 +213,35 @@ def pack_mask(config: Config, batch: Batch, step_mask: torch.Tensor, buffer: tor
         attn_backend=SimpleNamespace(kv_index_translator=_Translator(), dq_paged_kernel_lens=None),
         kv_last_page_len=torch.ones(bs, dtype=torch.int32, device=dev), num_qo_heads=1, num_kv_heads=1,
         head_dim=8, q_data_type=torch.float16, data_type=torch.float16, _swa_kv_pool=None)
-    m.flashinfer_backend.FlashInferIndicesUpdaterPrefill.call_begin_forward(
-        updater, None, wrapper, torch.arange(bs, dtype=torch.long, device=dev), seq_lens, seq_sum, seq_lens,
-        None, None, torch.zeros(bs + 1, dtype=torch.int32, device=dev),
-        torch.zeros(bs + 1, dtype=torch.int32, device=dev), False, spec_info,
-        seq_lens_cpu=seq_lens.cpu(), plan=None)
+    # By SGLang's own parameter names; ``plan`` only where this SGLang takes it.
+    call_with(m.flashinfer_backend.FlashInferIndicesUpdaterPrefill.call_begin_forward,
+              "FlashInferIndicesUpdaterPrefill.call_begin_forward", FLASHINFER, updater,
+              wrapper_ragged=None, wrapper_paged=wrapper,
+              req_pool_indices=torch.arange(bs, dtype=torch.long, device=dev), paged_kernel_lens=seq_lens,
+              paged_kernel_lens_sum=seq_sum, seq_lens=seq_lens, prefix_lens=None, kv_start_idx=None,
+              kv_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=dev),
+              qo_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=dev), use_ragged=False,
+              spec_info=spec_info, seq_lens_cpu=seq_lens.cpu(), plan=None)
     return PackedView(wrapper._custom_mask_buf, wrapper._mask_indptr_buf)
+
+
+def packing_not_driven() -> str | None:
+    """Why packed-mask cannot be driven on this SGLang (None: it can), read from its code.
+
+    SGLang packs an EAGLE verify mask itself only where its cuda-graph capture
+    installs ``fast_prefill_plan`` for EAGLE target-verify wrappers; elsewhere
+    the packing happens inside FlashInfer's own plan, which is not SGLang's code.
+    """
+    import inspect
+    import re
+    try:
+        text = inspect.getsource(modules().flashinfer_backend)
+    except (ImportError, OSError, TypeError) as exc:
+        return f"{FLASHINFER} cannot be read here ({type(exc).__name__}: {exc})"
+    # each place a wrapper gets the fast plan, with the condition (the `if` block) leading to it
+    for install in re.finditer(r"partial\(\s*fast_prefill_plan", text):
+        head = text.rfind("\n        if", 0, install.start())
+        if "EAGLE_VERIFY" in text[head:install.start()]:
+            return None
+    return (f"{FLASHINFER} installs fast_prefill_plan for no EAGLE target-verify wrapper: its verify mask is "
+            "packed inside FlashInfer's own plan, not SGLang's code")

@@ -169,11 +169,13 @@ def verify_routed(target, routing: Routing, config: Config, batch: Batch, heap) 
     if not getattr(routing, "needs_cpu_seq_lens", False):
         forward_batch.seq_lens_sum = None
     sel, par = tree_tensors(config, batch, dev)
-    with target._routed(heap, mask):
+    from harness.targets.sglang.target import require_taken
+    with target._routed(heap, mask) as taken:
         vi = sg.call_site.build_eagle_verify_input(
             forward_batch, SimpleNamespace(bonus_tokens=chain.bonus_tokens), par, sel, chain.draft_tokens, None,
             target_worker=target_worker, topk=config.topk, num_steps=config.spec_steps,
             num_draft_tokens=config.d, tree_mask_mode=sg.Mode(int(config.mode)), device=str(dev))
+    require_taken(taken, "routed eagle")
     reused = mask is not None and vi.custom_mask.data_ptr() == mask.buffer.data_ptr()
     return StepOutput(vi.custom_mask, vi.positions, vi.retrieve_index, vi.retrieve_next_token,
                       vi.retrieve_next_sibling, reused=reused)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import os
 
 import msgspec
@@ -26,7 +25,10 @@ from harness.model.outputs import StepOutput
 from harness.guard.shadow import ShadowHeap
 from harness.targets.sglang.binding import bound as _bound
 from harness.targets.sglang import call_sites, readers, writers
-from harness.targets.sglang.loader import Sglang, sg_version
+from harness.targets.sglang.loader import Sglang, imported_sglang
+from harness.targets.sglang.seams import OutOfStep, Sentinel, bind, call_by_quantity, call_with, where
+
+VERIFY_MASK = "srt/layers/attention/verify_mask.py"
 
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
 _ALL = ("no-oob-write", "fallback-equivalence", "reference-agreement", "capacity-soundness",
@@ -38,6 +40,27 @@ SURFACE = (
     # the direct chain writer sizes its buffer by arithmetic, not fits
     ("srt/layers/attention/verify_mask.py", "VerifyMask.fits", _ALL[:-1]),
 )
+
+
+def require_taken(taken: dict, site: str) -> None:
+    """Out of step unless the verify step went through the patches that guard its writes.
+
+    The mask is written either by the wrapper handing over to the tree kernel or
+    by the chain writer's launch; a step that took neither wrote through code
+    vmfuzz did not guard (a renamed global, a moved call), so its outputs were
+    not checked and must not be judged.
+    """
+    chain = taken["chain"] is not None and taken["chain"].calls
+    if taken["wrapper"].calls and taken["kernel"] is None:
+        raise OutOfStep("build_tree_kernel_efficient", "srt/speculative/eagle_utils.py",
+                        "no kernel entry found among the globals it calls")
+    if taken["wrapper"].calls and not taken["kernel"].calls and not chain:
+        taken["kernel"].require(f"build_tree_kernel_efficient did not go through {taken['kernel'].seam}, "
+                                "the kernel entry vmfuzz guards")
+    if not taken["wrapper"].calls and not chain:
+        raise OutOfStep(site + " call site", "srt/speculative/eagle_utils.py",
+                        "the verify step wrote its mask through neither build_tree_kernel_efficient nor "
+                        "the chain writer's launch, the patches vmfuzz guards writes at")
 
 
 class SglangTarget:
@@ -80,6 +103,9 @@ class SglangTarget:
         return int(self.sglang.numel(self.sglang.Mode(int(mode)), bs, d, max_context_len))
 
     def fits(self, mask, bs: int) -> bool:
+        # Bound by fits's own parameters (loader._fits_shape): options with defaults keep them.
+        if self.sglang.fits_problem:
+            raise OutOfStep("VerifyMask.fits", VERIFY_MASK, self.sglang.fits_problem)
         if self.sglang.fits_takes_d:
             return bool(self.sglang.fits(mask, bs, self._draft_tokens.get(id(mask), 0)))
         return bool(self.sglang.fits(mask, bs))
@@ -91,13 +117,21 @@ class SglangTarget:
         return bool(getattr(mask, "is_read", True))
 
     def kernel(self, call: KernelCall) -> None:
-        args = (call.parent_list, call.top_scores_index, call.seq_lens, call.tree_mask, call.positions,
-                call.retrieve_index, call.retrieve_next_token, call.retrieve_next_sibling,
-                call.topk, call.spec_steps, call.d, self.sglang.Mode(int(call.mode)))
-        if self.kernel_choice == "jit":
-            self.sglang.jit(*args)
-        else:
-            self.sglang.triton(*args)
+        # Passed by the kernel's own parameter names (seams.SYNONYMS), never by position.
+        values = {q: getattr(call, q) for q in ("parent_list", "top_scores_index", "seq_lens", "tree_mask",
+                                                "positions", "retrieve_index", "retrieve_next_token",
+                                                "retrieve_next_sibling", "topk", "spec_steps", "d")}
+        values["mode"] = self.sglang.Mode(int(call.mode))
+        fn = self.sglang.jit if self.kernel_choice == "jit" else self.sglang.triton
+        call_by_quantity(fn, getattr(fn, "__name__", "tree kernel"), where(fn), values)
+
+    def not_driven_here(self, prop: str) -> str | None:
+        """Why ``prop`` cannot be driven on this SGLang, found from its code; None: it can."""
+        if prop == "chain-writer" and self.sglang.build_chain_tree is None:
+            return "this SGLang has no build_chain_tree (kernels/ops/speculative/eagle.py): no chain writer to check"
+        if prop == "packed-mask":
+            return readers.packing_not_driven()
+        return None
 
     def site_fits(self, site: str, mask, bs: int) -> bool:
         # What a call site's verify_mask.fits(bs) answers; a variant makes one site ask wrongly.
@@ -141,8 +175,10 @@ class SglangTarget:
             self._draft_tokens[id(mask)] = config.d
         self._site = config.call_site
         try:
-            with self._routed(heap, mask):
+            with self._routed(heap, mask) as taken:
                 vi = call_sites.build_verify_input(self.sglang, mask, config, batch, heap.device)
+            if not (config.trivial and config.call_site == "eagle"):  # d = 1 there fills the mask itself
+                require_taken(taken, config.call_site)
         finally:
             self._site = "eagle"
         reused = mask is not None and vi.custom_mask.data_ptr() == mask.buffer.data_ptr()
@@ -151,12 +187,19 @@ class SglangTarget:
 
     def chain_write(self, inputs: ChainInputs, buffer, heap: ShadowHeap, *, with_mrope: bool = True):
         """SGLang's ``build_chain_tree`` called directly, its launch guarded."""
-        if self.sglang.build_chain_tree is None:
-            raise RuntimeError("this SGLang has no build_chain_tree")
-        with _bound(*writers.chain_kernel_patches(self.sglang, self.chain_kernel, heap)):
-            outputs = self.sglang.build_chain_tree(inputs.bonus_tokens, inputs.draft_tokens, inputs.seq_lens,
-                                                buffer, req_pool_indices=inputs.req_pool_indices,
-                                                req_to_token=inputs.req_to_token, with_mrope=with_mrope)
+        chain = self.sglang.build_chain_tree
+        if chain is None:  # not_driven_here says so before any check runs
+            raise OutOfStep("build_chain_tree", "kernels/ops/speculative/eagle.py", "absent from this SGLang")
+        patches = writers.chain_kernel_patches(self.sglang, self.chain_kernel, heap)
+        if not patches:
+            raise OutOfStep("build_chain_tree", where(chain), "no Triton kernel launch found among the globals "
+                            "it names, for vmfuzz to guard")
+        with _bound(*patches):
+            outputs = call_with(chain, "build_chain_tree", where(chain), inputs.bonus_tokens, inputs.draft_tokens,
+                                inputs.seq_lens, buffer, req_pool_indices=inputs.req_pool_indices,
+                                req_to_token=inputs.req_to_token, with_mrope=with_mrope)
+        patches[0][2].require("build_chain_tree returned without launching the kernel vmfuzz guards "
+                              "(_build_chain_tree_kernel)")
         return ChainOutput.of(outputs, buffer)
 
     @contextlib.contextmanager
@@ -166,11 +209,13 @@ class SglangTarget:
         target = self
         wrapper = sg.wrapper_owner.build_tree_kernel_efficient
 
-        def fits_router(vm, bs, *rest, **kw):
-            return target.site_fits(target._site, vm, bs)
+        def fits_router(vm, *args, **kw):
+            # The batch size is fits's first parameter, however the call site passed it.
+            asked = bind(sg.fits, "VerifyMask.fits", VERIFY_MASK, vm, *args, **kw)
+            return target.site_fits(target._site, vm, list(asked.arguments.values())[1])
 
         def wrapper_router(*args, **kwargs):
-            params = inspect.signature(wrapper).bind(*args, **kwargs)
+            params = bind(wrapper, "build_tree_kernel_efficient", writers.EAGLE_UTILS, *args, **kwargs)
             params.apply_defaults()
             buf = params.arguments.get("tree_mask_buf")
             if buf is not None and "fill_prefix_mask" in params.arguments:
@@ -181,18 +226,20 @@ class SglangTarget:
                     target._callsite_fill = None
             return wrapper(*params.args, **params.kwargs)
 
+        wrapped = Sentinel(wrapper_router, "build_tree_kernel_efficient", writers.EAGLE_UTILS)
         patches = [(sg.VerifyMask, "fits", fits_router),
-                   (sg.wrapper_owner, "build_tree_kernel_efficient", wrapper_router)]
+                   (sg.wrapper_owner, "build_tree_kernel_efficient", wrapped)]
         if sg.wrapper_owner is not sg.eagle_utils:
             # The pp rebuild imports the wrapper from eagle_utils at call time.
-            patches.append((sg.eagle_utils, "build_tree_kernel_efficient", wrapper_router))
+            patches.append((sg.eagle_utils, "build_tree_kernel_efficient", wrapped))
         if target._site == "frozen_kv_mtp":
             # The frozen-KV MTP worker imported the wrapper by name at its own import.
-            patches.append((sg.frozen().module, "build_tree_kernel_efficient", wrapper_router))
-        patches += writers.tree_kernel_patches(sg, target.kernel, heap)
-        patches += writers.chain_kernel_patches(sg, target.chain_kernel, heap)
-        with _bound(*patches):
-            yield
+            patches.append((sg.frozen().module, "build_tree_kernel_efficient", wrapped))
+        kernel = writers.tree_kernel_patches(sg, target.kernel, heap)
+        chain = writers.chain_kernel_patches(sg, target.chain_kernel, heap)
+        with _bound(*patches, *kernel, *chain):
+            yield {"wrapper": wrapped, "kernel": kernel[0][2] if kernel else None,
+                   "chain": chain[0][2] if chain else None}
 
     # -- readers (sglang/readers.py; seams of reader-agreement and packed-mask) --
     def read_eager(self, config: Config, batch: Batch, step: StepOutput):
@@ -206,7 +253,8 @@ class SglangTarget:
 
     def versions(self) -> dict[str, str]:
         import triton
-        return {"sglang": sg_version(), "triton": triton.__version__, "torch": torch.__version__,
+        version, path = imported_sglang()
+        return {"sglang": version, "sglang path": path, "triton": triton.__version__, "torch": torch.__version__,
                 "kernel": self.kernel_choice + (" (interpreter)" if os.environ.get("TRITON_INTERPRET") == "1" else ""),
                 "call sites": ", ".join(self.call_sites),
                 "vmfuzz": harness.__version__}

@@ -18,7 +18,8 @@ from __future__ import annotations
 from harness.guard.chain_write import ChainCall, guarded_chain_write
 from harness.guard.tree_write import KernelCall, guarded_write
 from harness.model.layouts import TreeMaskMode
-from harness.targets.sglang.loader import KERNEL_ARGS
+from harness.model.errors import OutOfStep
+from harness.targets.sglang.seams import Sentinel, bind, by_quantity, where
 
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
 _TREE = ("no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse",
@@ -43,7 +44,7 @@ NOT_DRIVEN: tuple[tuple[str, str, str], ...] = (
      "strategies draw"),
 )
 
-#: ``_build_chain_tree_kernel``'s positional parameters, as ``build_chain_tree`` passes them.
+#: The chain kernel's parameters vmfuzz reads, by the names SGLang's kernel gives them.
 CHAIN_ARGS = ("bonus", "draft", "seq", "mask", "positions", "retrieve", "tokens", "BS", "WIDTH",
               "BONUS_STRIDE", "DRAFT_ROW", "DRAFT_COL", "SEQ_STRIDE")
 #: ChainCall field -> the kernel's parameter name, for every buffer it writes.
@@ -51,35 +52,57 @@ CHAIN_BUFFERS = {"tree_mask": "mask", "positions": "positions", "retrieve": "ret
                  "out_cache_loc": "out_cache_loc", "mrope": "mrope"}
 
 
+EAGLE_UTILS = "srt/speculative/eagle_utils.py"
+
+
+def kernel_signature_of(sg):
+    """The function whose parameter names read a call of the kernel entry: the entry itself
+    where this host defines it, else the Triton kernel it stands for (a CPU host never
+    defines the CUDA entry an older wrapper names)."""
+    entry = getattr(sg.eagle_utils, sg.entry, None) if sg.entry else None
+    return entry if callable(entry) and not isinstance(entry, Sentinel) else (sg.triton or sg.jit)
+
+
 def tree_kernel_patches(sg, kernel, heap) -> list[tuple]:
-    """(owner, attr, value) binding SGLang's kernel entry to ``kernel`` behind the guard."""
+    """(owner, attr, value, may_add) binding SGLang's kernel entry to ``kernel`` behind the guard.
+
+    The entry's arguments are read by SGLang's own parameter names, however the
+    wrapper passed them (positionally or by keyword). The patch is a
+    ``Sentinel``: the caller checks it was gone through.
+    """
+    if sg.entry is None:
+        return []
+    named_by = kernel_signature_of(sg)
+    seam = f"eagle_utils.{sg.entry}"
 
     def kernel_entry(*args, **kwargs):
-        bound = dict(zip(KERNEL_ARGS, args))
-        bound.update(kwargs)
-        seq = bound["seq_lens"]
+        q = by_quantity(named_by, seam, EAGLE_UTILS, args, kwargs)
+        seq = q["seq_lens"]
         call = KernelCall(
-            parent_list=bound["parent_list"], top_scores_index=bound["top_scores_index"], seq_lens=seq,
-            tree_mask=bound["tree_mask"], positions=bound["positions"],
-            retrieve_index=bound["retrieve_index"], retrieve_next_token=bound["retrieve_next_token"],
-            retrieve_next_sibling=bound["retrieve_next_sibling"], topk=int(bound["topk"]),
-            spec_steps=int(bound["spec_steps"]), d=int(bound["d"]), mode=TreeMaskMode(int(bound["mode"])),
-            heap=heap)
+            parent_list=q["parent_list"], top_scores_index=q["top_scores_index"], seq_lens=seq,
+            tree_mask=q["tree_mask"], positions=q["positions"], retrieve_index=q["retrieve_index"],
+            retrieve_next_token=q["retrieve_next_token"], retrieve_next_sibling=q["retrieve_next_sibling"],
+            topk=int(q["topk"]), spec_steps=int(q["spec_steps"]), d=int(q["d"]),
+            mode=TreeMaskMode(int(q.get("mode", TreeMaskMode.FULL_MASK))), heap=heap)
         guarded_write(kernel, call, [int(s) for s in seq.tolist()])
 
-    return [] if sg.entry is None else [(sg.eagle_utils, sg.entry, kernel_entry)]
+    # An older wrapper names the CUDA entry even where this host never defined it.
+    return [(sg.eagle_utils, sg.entry, Sentinel(kernel_entry, seam, EAGLE_UTILS), True)]
 
 
 class _GuardedChainLaunch:
     """Stands where ``build_chain_tree`` finds its kernel: ``launch[grid](*args, **kwargs)``."""
 
-    def __init__(self, chain_kernel, heap):
-        self._chain_kernel, self._heap = chain_kernel, heap
+    def __init__(self, chain_kernel, heap, kernel=None):
+        self._chain_kernel, self._heap, self._kernel = chain_kernel, heap, kernel
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            named = dict(zip(CHAIN_ARGS, args))
-            named.update(kwargs)
+            # Read by the kernel's own parameter names, however build_chain_tree passed them.
+            named = dict(bind(self._kernel.fn, self._seam, self._file, *args, **kwargs).arguments)
+            missing = [p for p in CHAIN_ARGS if p not in named]
+            if missing:
+                raise OutOfStep(self._seam, self._file, f"the kernel names no parameter {', '.join(missing)}")
             call = ChainCall(
                 bonus_tokens=named["bonus"], draft_tokens=named["draft"], seq_lens=named["seq"],
                 tree_mask=named["mask"], positions=named["positions"], retrieve=named["retrieve"],
@@ -94,7 +117,9 @@ def chain_kernel_patches(sg, chain_kernel, heap) -> list[tuple]:
     """(owner, attr, value) binding ``build_chain_tree``'s launch to ``chain_kernel`` behind the guard."""
     if sg.chain_launch is None:
         return []
-    return [(sg.chain_module, "_build_chain_tree_kernel", _GuardedChainLaunch(chain_kernel, heap))]
+    launch = _GuardedChainLaunch(chain_kernel, heap, sg.chain_launch)
+    launch._seam, launch._file = sg.chain_launch_name, where(sg.chain_module)
+    return [(sg.chain_module, sg.chain_launch_name, Sentinel(launch, launch._seam, launch._file))]
 
 
 def relaunch_chain(sg, call: ChainCall) -> None:
@@ -105,4 +130,4 @@ def relaunch_chain(sg, call: ChainCall) -> None:
         named[param] = getattr(call, field)
     # Strides and the batch size stay as build_chain_tree computed them: the
     # stand-ins have the shapes of the buffers they replace.
-    sg.chain_launch[grid](*[named.pop(p) for p in CHAIN_ARGS], **named)
+    sg.chain_launch[grid](**named)

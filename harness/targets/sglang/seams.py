@@ -1,0 +1,187 @@
+"""Binding to SGLang by capability: through the signatures the imported code has.
+
+A seam never guesses an API by counting parameters, never names a call's
+arguments with the harness's own names, and never drops a keyword it does not
+know: it binds with ``inspect.signature(...).bind`` and reads each argument by
+the parameter names SGLang itself uses (``SYNONYMS`` lists the names SGLang's
+releases have used for one quantity). What it cannot bind raises ``OutOfStep``
+naming the seam and its file -- before the call, so it is never mistaken for
+the target misbehaving.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+from harness.model.errors import OutOfStep
+
+#: a tree-kernel quantity -> the parameter names SGLang's kernel entries give it
+SYNONYMS: dict[str, tuple[str, ...]] = {
+    "parent_list": ("parent_list",),
+    "top_scores_index": ("top_scores_index", "selected_index"),
+    "seq_lens": ("seq_lens", "verified_seq_len"),
+    "tree_mask": ("tree_mask",),
+    "positions": ("positions",),
+    "retrieve_index": ("retrieve_index",),
+    "retrieve_next_token": ("retrieve_next_token",),
+    "retrieve_next_sibling": ("retrieve_next_sibling",),
+    "topk": ("topk",),
+    "spec_steps": ("spec_steps", "depth"),
+    "d": ("num_verify_tokens", "draft_token_num", "num_draft_tokens"),
+    "mode": ("tree_mask_mode", "mode"),
+}
+_QUANTITY = {name: q for q, names in SYNONYMS.items() for name in names}
+
+
+def where(obj) -> str:
+    """``obj``'s file under the sglang package (``srt/...``), for a message naming it."""
+    try:
+        path = Path(inspect.getsourcefile(inspect.unwrap(obj)) or "")
+    except (TypeError, ValueError):
+        return getattr(obj, "__module__", None) or repr(obj)
+    parts = path.parts
+    return "/".join(parts[len(parts) - parts[::-1].index("sglang"):]) if "sglang" in parts else str(path)
+
+
+def signature(fn, seam: str, file: str) -> inspect.Signature:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError) as exc:
+        raise OutOfStep(seam, file, f"its signature cannot be read ({exc})") from None
+
+
+def bind(fn, seam: str, file: str, *args, **kwargs) -> inspect.BoundArguments:
+    """``fn``'s signature bound to a call as it was made: a call that does not bind is out of step."""
+    try:
+        return signature(fn, seam, file).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise OutOfStep(seam, file, f"the call does not bind to {getattr(fn, '__qualname__', fn)}{_sig(fn)}: "
+                        f"{exc}") from None
+
+
+def _sig(fn) -> str:
+    try:
+        return str(inspect.signature(fn))
+    except (TypeError, ValueError):
+        return "(...)"
+
+
+def by_quantity(fn, seam: str, file: str, args: tuple, kwargs: dict) -> dict:
+    """The tree kernel's quantities, read from a call of ``fn`` by SGLang's own parameter names.
+
+    A parameter the harness cannot name and that the call set away from its
+    default would be dropped: that is out of step, never silently ignored.
+    """
+    bound = bind(fn, seam, file, *args, **kwargs)
+    out = {}
+    for name, value in bound.arguments.items():
+        q = _QUANTITY.get(name)
+        if q is not None:
+            out[q] = value
+            continue
+        param = bound.signature.parameters[name]
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) and not value:
+            continue
+        if param.default is param.empty or value is not param.default:
+            raise OutOfStep(seam, file, f"the call passes {name}={value!r}, which vmfuzz cannot hand to its "
+                            "guarded kernel")
+    missing = [q for q in SYNONYMS if q not in out and q != "mode"]
+    if missing:
+        raise OutOfStep(seam, file, f"{getattr(fn, '__qualname__', fn)}{_sig(fn)} names no parameter for "
+                        f"{', '.join(missing)}")
+    return out
+
+
+def call_by_quantity(fn, seam: str, file: str, values: dict):
+    """Call ``fn`` with ``values`` (quantity -> value), each under the name ``fn``'s signature gives it."""
+    kwargs = {}
+    for name, param in signature(fn, seam, file).parameters.items():
+        q = _QUANTITY.get(name)
+        if q is not None and q in values:
+            kwargs[name] = values[q]
+        elif param.default is param.empty and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise OutOfStep(seam, file, f"{getattr(fn, '__qualname__', fn)} requires {name}, which vmfuzz "
+                            "cannot supply")
+    return fn(**kwargs)
+
+
+def call_with(fn, seam: str, file: str, /, *args, **named):
+    """Call ``fn`` with ``args`` and those of ``named`` its signature takes; a required
+    parameter ``named`` lacks is out of step (found before the call, never inside it)."""
+    params = signature(fn, seam, file).parameters
+    takes_any = any(p.kind == p.VAR_KEYWORD for p in params.values())
+    kwargs = {k: v for k, v in named.items() if k in params or takes_any}
+    try:
+        inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise OutOfStep(seam, file, f"{getattr(fn, '__qualname__', fn)}{_sig(fn)} does not take what vmfuzz "
+                        f"passes: {exc}") from None
+    return fn(*args, **kwargs)
+
+
+class Sentinel:
+    """A patch that records being gone through: a patch not taken proves nothing was checked."""
+
+    def __init__(self, fn, seam: str, file: str):
+        self.fn, self.seam, self.file, self.calls = fn, seam, file, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.fn(*args, **kwargs)
+
+    def __getitem__(self, grid):  # a Triton launch, ``kernel[grid](...)``
+        self.calls += 1
+        return self.fn[grid]
+
+    def require(self, why: str) -> None:
+        if not self.calls:
+            raise OutOfStep(self.seam, self.file, why)
+
+
+class TranslatesNothing:
+    """Stands in for SGLang's KV-index translator, whatever its release calls its parts.
+
+    The KV ids are not what the mask readers or allocators get wrong: every
+    flag it is asked for is false, and every method called on it zeroes the
+    ``out`` buffer it is handed (packing nothing) and records the call.
+    """
+
+    reads_are_translated = False
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Nothing(self.calls, name)
+
+
+class _Nothing:
+    def __init__(self, calls: list, name: str):
+        self._calls, self._name = calls, name
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __call__(self, *args, out=None, **kwargs):
+        self._calls.append(self._name)
+        if out is not None:
+            out.zero_()
+
+
+def unset_by_harness(exc: AttributeError, standin, cls, seam: str, file: str) -> None:
+    """Out of step when SGLang read an attribute of ``standin`` (made with ``cls.__new__``) that
+    ``cls``'s own code sets but the harness did not; any other AttributeError is the target's."""
+    import re
+    attr = getattr(exc, "name", None)
+    if getattr(exc, "obj", None) is not standin or not attr:
+        return
+    try:
+        text = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return
+    if re.search(rf"self\.{re.escape(attr)}\s*(:[^=\n]*)?=", text):
+        raise OutOfStep(seam, file, f"{cls.__name__} sets {attr} in its own code, which the code under test "
+                        "reads and vmfuzz's stand-in does not provide") from None
