@@ -124,3 +124,25 @@ def test_allocation_would_reject_the_reference_if_the_fact_were_wrong(monkeypatc
     config = Config(TreeMaskMode.FULL_MASK, 2, 8, 3, topk, 2)
     with pytest.raises(PropertyFailure, match="flashattention.*is_read"):
         PROPERTIES["allocation-soundness"].check(resolve("reference"), config, [Batch((1,))])
+
+
+# -- boundary classes are the judged batches' -------------------------------------------
+
+def test_shared_members_report_only_the_batches_they_judged(tmp_path):
+    from hypothesis import strategies as st
+
+    from harness.engine.search import run_property
+    from harness.model.bounds import Bounds
+    from harness.properties import shared_group
+
+    names = ("no-oob-write", "capacity-soundness", "capacity-liveness")
+    case = (CONFIG, [Batch((1, 2))])  # no request at the context limit (8)
+    res = run_property(resolve("reference"), shared_group(names), seed=1, max_examples=1, bounds=Bounds(),
+                       findings_dir=tmp_path, strategy=st.just(case))
+    assert res.finding is None
+    judged = res.member_classes
+    assert "seq_len = max_context_len" not in judged["no-oob-write"], judged
+    assert "seq_len = max_context_len" not in judged["capacity-soundness"], judged
+    assert "synthetic: every request at max_context_len" in judged["capacity-soundness"]
+    assert "synthetic: every request at max_context_len" not in judged["no-oob-write"]
+    assert "path reuse" in judged["no-oob-write"] and "path reuse" not in judged["capacity-liveness"]
