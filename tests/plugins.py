@@ -138,3 +138,20 @@ class ControlCharTarget(ReferenceTarget):
         if _past_capacity(mask, batch):
             raise RuntimeError("bad \x01\x02\x1b[31m byte \x00 here \ud800")
         return super().verify(mask, config, batch, heap)
+
+
+class CoreOnlyTarget(ReferenceTarget):
+    """The core protocol alone: no call-site, chain, reader, router or allocation seams.
+
+    What a plug-in written against ``protocol.Target`` looks like: the
+    properties needing those seams are not driven on it, and the variants
+    replacing them cannot be layered over it.
+    """
+
+    site_fits = chain_kernel = chain_write = None
+    read_eager = read_replay = pack_mask = None
+    route = verify_routed = allocating_backends = allocation_call = None
+
+    def _chain_site(self, buf, config, batch, heap):
+        # Its chain call site still works; it only exposes no chain seams.
+        return ReferenceTarget()._chain_site(buf, config, batch, heap)

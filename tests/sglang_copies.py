@@ -79,3 +79,21 @@ def run_on_copy(site: Path, tmp_path: Path, *cli_args: str, timeout: float = 600
     out = proc.stdout + proc.stderr
     assert f"sglang from {site}" in out, out
     return proc, out
+
+
+def assert_caught_by(report_dir: Path, *props: str, out: str = "") -> None:
+    """The run whose reports are in ``report_dir`` found the edit through ``props``, and only them.
+
+    Read from summary.json's findings: at least one, each filed under one of
+    ``props`` as the property's own failure. A harness or target that raised
+    ("target raised", a crash, a hang) checked nothing, so it is never a catch.
+    """
+    import json
+
+    summary = json.loads((Path(report_dir) / "summary.json").read_text())
+    findings = summary.get("findings") or []
+    assert findings, f"no finding recorded (want one of {', '.join(props)})\n{out}"
+    raised = [f for f in findings if f["kind"] != "property" or f["detail"].startswith("target raised")]
+    assert not raised, f"caught only by raising, not by a property: {raised}\n{out}"
+    by = sorted({f["property"] for f in findings})
+    assert set(by) <= set(props), f"caught by {by}, want only {', '.join(props)}\n{out}"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests import test_readers, test_routers_allocation, test_sglang_callsites_writers, test_surface_rest
-from tests.sglang_copies import altered_copy, run_on_copy
+from tests.sglang_copies import altered_copy, assert_caught_by, run_on_copy
 
 
 def _edits(module, name):
@@ -26,18 +26,21 @@ def _edits(module, name):
     return spec[0] if isinstance(spec, tuple) else spec
 
 
-#: part of the path -> (module holding its alterations, alteration)
+_CORE = ("no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse")
+
+#: part of the path -> (module holding its alterations, alteration, the properties meant to catch it)
 PARTS = {
-    "pp call site": (test_sglang_callsites_writers, "pp-fits-admits-one-more"),
-    "chain writer": (test_sglang_callsites_writers, "chain-positions-off-by-one"),
-    "frozen-KV MTP call site": (test_surface_rest, "frozen-mtp-short-length-sum"),
-    "eager reader": (test_readers, "eager-indptr-precedence"),
-    "replay reader": (test_readers, "replay-indptr-slot-early"),
-    "packing kernel": (test_readers, "pack-bit-order"),
-    "hybrid router": (test_routers_allocation, "hybrid-mask-from-decode"),
-    "tbo router": (test_routers_allocation, "tbo-mask-from-overlap-child"),
-    "hybrid-linear router": (test_routers_allocation, "linear-mask-from-linear-child"),
-    "allocation site": (test_routers_allocation, "triton-allocates-max-bs-minus-one"),
+    "pp call site": (test_sglang_callsites_writers, "pp-fits-admits-one-more", _CORE),
+    "chain writer": (test_sglang_callsites_writers, "chain-positions-off-by-one",
+                     ("chain-writer", "reference-agreement", "multi-step-reuse")),
+    "frozen-KV MTP call site": (test_surface_rest, "frozen-mtp-short-length-sum", _CORE),
+    "eager reader": (test_readers, "eager-indptr-precedence", ("reader-agreement",)),
+    "replay reader": (test_readers, "replay-indptr-slot-early", ("reader-agreement",)),
+    "packing kernel": (test_readers, "pack-bit-order", ("packed-mask",)),
+    "hybrid router": (test_routers_allocation, "hybrid-mask-from-decode", ("routing",)),
+    "tbo router": (test_routers_allocation, "tbo-mask-from-overlap-child", ("routing",)),
+    "hybrid-linear router": (test_routers_allocation, "linear-mask-from-linear-child", ("routing",)),
+    "allocation site": (test_routers_allocation, "triton-allocates-max-bs-minus-one", ("allocation-soundness",)),
 }
 
 
@@ -58,7 +61,7 @@ def test_the_gate_catches_a_bad_edit_to_each_part(sglang_target, part, tmp_path)
         proc, out, summary = _gate(tmp_path, site, "srt/layers/attention/verify_mask.py")
         assert proc.returncode == 0, out
         return
-    module, name = PARTS[part]
+    module, name, caught_by = PARTS[part]
     edits = _edits(module, name)
     site = altered_copy(tmp_path, edits, name)
     # the file the alteration edited, as the PR's diff would list it
@@ -69,4 +72,5 @@ def test_the_gate_catches_a_bad_edit_to_each_part(sglang_target, part, tmp_path)
     proc, out, summary = _gate(tmp_path, site, edited[0])
     assert proc.returncode == 1, out
     assert "FAILED" in proc.stdout, out
+    assert_caught_by(tmp_path / "report", *caught_by, out=out)
     assert f"python/sglang/{edited[0]}" in summary["gate"]["exercised"], summary["gate"]

@@ -25,7 +25,7 @@ from harness.properties.readers import packed_bytes
 from harness.model.readers import reader_config
 from harness.guard.shadow import ShadowHeap
 from harness.targets import resolve
-from tests.sglang_copies import altered_copy, run_on_copy
+from tests.sglang_copies import altered_copy, assert_caught_by, run_on_copy
 
 READER_PROPERTIES = ("reader-agreement", "packed-mask")
 #: variant -> the reader property that must catch it
@@ -229,3 +229,4 @@ def test_altered_sglang_reader_is_caught(sglang_target, alteration, tmp_path):
     else:
         assert proc.returncode == 1, out
         assert f"{prop}" in proc.stdout and "FAILED" in proc.stdout, out
+        assert_caught_by(tmp_path / "report", prop, out=out)

@@ -26,7 +26,7 @@ from harness.model.repro_file import ReproError, dump, from_case, load, to_case
 from harness.guard.shadow import ShadowHeap
 from harness.targets import CATALOGUE, resolve
 from strategies import chain_configs, configs, trivial_configs
-from tests.sglang_copies import altered_copy, run_on_copy
+from tests.sglang_copies import altered_copy, assert_caught_by, run_on_copy
 
 
 CHAIN = Config(TreeMaskMode.QLEN_ONLY, 2, 6, 3, 1, 2, True, "chain")
@@ -211,6 +211,14 @@ ALTERATIONS = {
                                     "tl.store(positions + offset, length + col + 1, valid)")],
 }
 
+#: The properties meant to catch each bug (a raise never counts).
+CAUGHT_BY = {
+    "pp-fits-admits-one-more": ("no-oob-write", "reference-agreement"),
+    "pp-buffer-unconditional": ("no-oob-write", "reference-agreement"),
+    "chain-row-stride-off-by-one": ("chain-writer", "no-oob-write", "reference-agreement"),
+    "chain-positions-off-by-one": ("chain-writer", "reference-agreement"),
+}
+
 #: The properties a copy runs: the guard, the oracle through every call site, and the direct writer.
 PROPS = ("--property", "no-oob-write", "--property", "reference-agreement", "--property", "chain-writer")
 
@@ -224,11 +232,20 @@ def test_altered_copy_is_caught_by_run(sglang_target, alteration, tmp_path):
     else:
         assert proc.returncode == 1, out
         assert "FAILED" in proc.stdout
+        assert_caught_by(tmp_path / "report", *CAUGHT_BY[alteration], out=out)
         findings = list((tmp_path / "report" / "findings").glob("*.json"))
         assert findings, out
         site_of = {json.loads(f.read_text())["config"].get("call_site", "eagle") for f in findings}
         # The finding names the call site it came through, so it replays there.
         assert site_of & ({"pp"} if alteration.startswith("pp-") else {"chain", "eagle", "pp"}), site_of
+
+
+#: The gate runs every property: those the bug may show through.
+GATE_CAUGHT_BY = {
+    "pp-buffer-unconditional": ("no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse"),
+    "chain-row-stride-off-by-one": ("chain-writer", "no-oob-write", "fallback-equivalence", "reference-agreement",
+                                    "multi-step-reuse"),
+}
 
 
 @pytest.mark.parametrize("alteration", ["pp-buffer-unconditional", "chain-row-stride-off-by-one"])
@@ -239,3 +256,4 @@ def test_altered_copy_is_caught_by_the_gate(sglang_target, alteration, tmp_path)
     proc, out = run_on_copy(site, tmp_path, "gate", "--target", "sglang", "--changed-files", str(changed),
                             "--report-dir", str(tmp_path / "report"))
     assert proc.returncode == 1, out
+    assert_caught_by(tmp_path / "report", *GATE_CAUGHT_BY[alteration], out=out)

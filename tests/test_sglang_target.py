@@ -24,7 +24,7 @@ from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode
 from harness.properties import PROPERTIES
 from harness.targets import CATALOGUE, resolve
-from tests.sglang_copies import altered_copy, run_on_copy
+from tests.sglang_copies import altered_copy, assert_caught_by, run_on_copy
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -171,6 +171,15 @@ ALTERATIONS = {
 #: Alterations that keep SGLang correct: the properties must hold on them.
 SOUND = {"older-kernel-entry"}
 
+#: The properties meant to catch each bug (a raise never counts).
+CAUGHT_BY = {
+    "fits-admits-one-more": ("capacity-soundness", "no-oob-write", "reference-agreement"),
+    "fallback-short-by-a-row": ("no-oob-write", "reference-agreement"),
+    "kernel-row-stride": ("no-oob-write", "reference-agreement"),
+    "call-site-fits-one-more": ("no-oob-write", "reference-agreement"),
+    "pre-fix-api-shape": ("capacity-soundness", "no-oob-write", "reference-agreement"),
+}
+
 
 #: Each altered copy costs a fresh SGLang import (~30 s) and the Triton
 #: interpreter is slow, so the copies run the capacity arithmetic, the write
@@ -191,3 +200,4 @@ def test_altered_sglang_copy_is_caught(sglang_target, alteration, tmp_path):
     else:
         assert proc.returncode == 1, out
         assert "FAILED" in proc.stdout
+        assert_caught_by(tmp_path / "report", *CAUGHT_BY[alteration], out=out)

@@ -26,15 +26,14 @@ def run(args) -> int:
     report_dir = report_dir_of(args)
     summary = CommandSummary("minimize", target.name, extra={"input": args.file})
     t0 = time.monotonic()
-    limited = []
-    for name in order:
-        if PROPERTIES[name].trivial != case[0].trivial:
-            continue
+    limited, tried = [], []
+    for name in _applicable(args, order, case[0], target):
         try:
             check_case(case[0], case[1], name)
         except LimitError as exc:
             limited.append(f"{name}: {exc}")
             continue
+        tried.append(name)
         out = _shrink(args, PROPERTIES[name], target, case, fault, summary, report_dir)
         if out is not None:
             summary.seconds = time.monotonic() - t0
@@ -44,11 +43,34 @@ def run(args) -> int:
         # Not "fails nothing": some properties could not be tried at this size.
         raise UsageError(f"vmfuzz: {args.file}: " + limited[0])
     print(f"vmfuzz minimize: {args.file} fails no property on {target.name}: nothing to minimize")
-    summary.checks += [Check(n, "held") for n in order if PROPERTIES[n].trivial == case[0].trivial]
+    # Only what was tried held; a property left out above was never checked.
+    summary.checks += [Check(n, "held") for n in tried]
     summary.headline = "fails no property: nothing to minimize"
     summary.seconds = time.monotonic() - t0
     write_command_report(summary, report_dir)
     return EXIT_OK
+
+
+def _applicable(args, order: list[str], config, target) -> list[str]:
+    """The properties of ``order`` this case is for and ``target`` can drive.
+
+    A property named with ``--property`` that cannot judge this case is bad
+    input: left out silently, the file would read as "fails nothing".
+    """
+    from harness.properties import PROPERTIES
+    names = []
+    for name in order:
+        prop = PROPERTIES[name]
+        why = None if prop.applies(config) else "does not apply to this config"
+        if why is None and prop.missing(target):
+            why = f"cannot be driven on {target.name} (it has no {', '.join(prop.missing(target))})"
+        if why is None:
+            names.append(name)
+        elif args.property:
+            raise UsageError(f"vmfuzz minimize: {args.file}: property {name} {why}")
+    if not names:
+        raise UsageError(f"vmfuzz minimize: {args.file}: no property applies to this case on {target.name}")
+    return names
 
 
 def _load(args):

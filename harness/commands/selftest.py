@@ -11,20 +11,27 @@ from harness.commands.common import (check_device, check_selftest_options, repor
 from harness.model.errors import EXIT_FINDING, EXIT_OK, UsageError
 
 
-def render(matrix: dict[str, dict[str, int | None]]) -> str:
+def _word(cell) -> str:
+    from harness.engine.kill_matrix import NOT_DRIVEN, RAISED
+    if cell is None:
+        return "-"
+    return {NOT_DRIVEN: "n/d", RAISED: "raised"}.get(cell, f"{cell} ex")
+
+
+def render(matrix: dict[str, dict]) -> str:
     from harness.properties import PROPERTIES
     props = list(PROPERTIES)
     short = [p.replace("capacity-", "cap-").replace("-equivalence", "-eq") for p in props]
     width = max(len(v) for v in matrix) if matrix else 7
     lines = [f"{'variant':<{width}}  " + "  ".join(f"{s:>14}" for s in short)]
     for v, row in matrix.items():
-        cells = ["-" if row[p] is None else f"{row[p]} ex" for p in props]
+        cells = [_word(row[p]) for p in props]
         lines.append(f"{v:<{width}}  " + "  ".join(f"{c:>14}" for c in cells))
     return "\n".join(lines)
 
 
 def run(args) -> int:
-    from harness.engine.kill_matrix import kill_matrix
+    from harness.engine.kill_matrix import caught, kill_matrix, variant_driven
     from harness.targets import CATALOGUE
     check_selftest_options(args)
     check_device(args.device)
@@ -37,29 +44,42 @@ def run(args) -> int:
           f"up to {args.max_examples} examples per property", flush=True)
     matrix = kill_matrix(target, variants, seed=args.seed, max_examples=args.max_examples,
                          device=args.device, log=lambda s: print(s, flush=True))
-    print("kill matrix (examples needed to catch; - = survived that property):")
+    print("kill matrix (examples needed to catch; - = survived that property; n/d = not driven on this "
+          "target; raised = the target raised, which catches nothing):")
     print(render(matrix))
-    survivors = [v for v, row in matrix.items() if all(n is None for n in row.values())]
+    driven = {v: row for v, row in matrix.items() if variant_driven(row)}
+    survivors = [v for v, row in driven.items() if not any(caught(n) for n in row.values())]
+    undriven = [v for v in matrix if v not in driven]
+    if undriven:
+        print(f"{len(undriven)} variant(s) not driven on {target.name} (no property could judge them): "
+              + ", ".join(undriven))
     if survivors:
         print(f"{len(survivors)} variant(s) survived every property: {', '.join(survivors)}")
     else:
-        print(f"all {len(matrix)} variants caught")
+        print(f"all {len(driven)} variants caught")
     _report(args, target.name, matrix)
+    if not driven:
+        raise UsageError(f"vmfuzz selftest: no variant could be driven on {target.name}")
     return EXIT_FINDING if survivors else EXIT_OK
 
 
-def _report(args, target_name: str, matrix: dict[str, dict[str, int | None]]) -> None:
-    """One testcase per variant: caught (passes) or survived (fails); which properties caught it."""
+def _report(args, target_name: str, matrix: dict[str, dict]) -> None:
+    """One testcase per variant: caught (passes), survived (fails) or not driven (skipped)."""
+    from harness.engine.kill_matrix import caught, variant_driven
     from harness.properties import PROPERTIES
     from harness.report.summary import Check, CommandSummary
 
     summary = CommandSummary("selftest", target_name, extra={"kill_matrix": matrix, "seed": args.seed,
                                                             "max_examples": args.max_examples})
     for v, row in matrix.items():
-        caught = [f"{p} ({n} ex)" for p, n in row.items() if n is not None]
-        summary.checks.append(Check(v, "caught", "caught by " + ", ".join(caught)) if caught else
-                              Check(v, "failed", "survived every property", "variant-survived"))
-    silent = [p for p in PROPERTIES if all(row[p] is None for row in matrix.values())]
+        by = [f"{p} ({n} ex)" for p, n in row.items() if caught(n)]
+        if by:
+            summary.checks.append(Check(v, "caught", "caught by " + ", ".join(by)))
+        elif variant_driven(row):
+            summary.checks.append(Check(v, "failed", "survived every property", "variant-survived"))
+        else:
+            summary.checks.append(Check(v, "skipped", f"not driven on {target_name}"))
+    silent = [p for p in PROPERTIES if not any(caught(row[p]) for row in matrix.values())]
     summary.headline = (f"{sum(c.status == 'caught' for c in summary.checks)} of {len(matrix)} variants caught"
                         + (f"; no variant exercises {', '.join(silent)}" if silent else ""))
     write_command_report(summary, report_dir_of(args))

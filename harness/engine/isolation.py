@@ -47,7 +47,8 @@ def _serve(target, conn) -> None:
 
         try:
             obs = lookup(prop_name).check(target, config, batches, device)
-            conn.send(("ok", sorted(obs.classes), obs.margin, dict(obs.path_margins), spent()))
+            conn.send(("ok", sorted(obs.classes), obs.margin, dict(obs.path_margins),
+                       {n: sorted(c) for n, c in getattr(obs, "by_property", {}).items()}, spent()))
         except PropertyFailure as exc:
             conn.send(("fail", exc.prop, exc.detail, spent()))
         except OutOfStep as exc:  # the harness's seam, not the target: crosses as itself
@@ -122,8 +123,8 @@ class IsolatedChecker:
         kind, *rest, spent = msg
         LAUNCHES.add(*spent)
         if kind == "ok":
-            classes, margin, *more = rest
-            return Observation(set(classes), margin, *more)
+            classes, margin, path_margins, by_property = rest
+            return Observation(set(classes), margin, path_margins, {n: set(c) for n, c in by_property.items()})
         if kind == "fail":
             raise PropertyFailure(*rest)
         if kind == "out-of-step":

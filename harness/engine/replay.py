@@ -21,11 +21,21 @@ def properties_for(repro: Repro, only: str | None = None) -> list[Property]:
             prop = named(name)
         except ValueError as exc:
             raise ReproError(str(exc)) from None
-        if prop.trivial != config.trivial:
-            need = "num_draft_tokens 1" if prop.trivial else "num_draft_tokens >= 2"
-            raise ReproError(f"property {prop.name} needs {need}")
+        if not prop.applies(config):
+            # Its check would judge nothing here and come back "held".
+            raise ReproError(f"property {prop.name} does not apply to this config: it needs {_shape_of(prop)}")
         return [prop]
     return [p for p in PROPERTIES.values() if p.applies(config)]
+
+
+def _shape_of(prop: Property) -> str:
+    """The configs ``prop`` judges, in a person's words."""
+    need = ["num_draft_tokens 1" if prop.trivial else "num_draft_tokens >= 2"]
+    if prop.layouts is not None:
+        need.append("mode " + " or ".join(prop.layouts))
+    if prop.chain:
+        need.append("a chain (mode QLEN_ONLY, topk 1, num_draft_tokens = spec_steps + 1)")
+    return ", ".join(need)
 
 
 def replay(repro: Repro, target, device: str = "cpu", *, isolate: bool = False,

@@ -65,6 +65,8 @@ class PropertyResult:
     out_of_step: str | None = None
     #: the largest shape each case dimension reached (d, topk, spec_steps, max_bs, max_context_len, bs)
     reached: dict = field(default_factory=dict)
+    #: a shared group's classes per member, from the batches each judged (``Observation.by_property``)
+    member_classes: dict = field(default_factory=dict)
 
     @property
     def findings(self) -> list[Finding]:
@@ -73,6 +75,8 @@ class PropertyResult:
     def note(self, obs, config: Config, steps: list[Batch]) -> None:
         """One example that held: its classes, margins and shape."""
         self.classes.update(obs.classes)
+        for name, classes in getattr(obs, "by_property", {}).items():
+            self.member_classes.setdefault(name, Counter()).update(classes)
         self.max_margin = max(self.max_margin, obs.margin)
         self.margins.append(obs.margin)
         self.path_margins += sorted(getattr(obs, "path_margins", {}).items())
@@ -82,6 +86,8 @@ class PropertyResult:
     def merge(self, other: "PropertyResult") -> None:
         self.examples += other.examples
         self.classes.update(other.classes)
+        for name, classes in other.member_classes.items():
+            self.member_classes.setdefault(name, Counter()).update(classes)
         self.max_margin = max(self.max_margin, other.max_margin)
         self.seconds += other.seconds
         self.finding = self.finding or other.finding
@@ -374,7 +380,9 @@ def search_shared(target, props: list[Property], *, seed: int, max_examples: int
                            deadline=deadline, check=judged, faulted=faulted, on_example=on_example)
         rnd += 1
         for n in members:
-            part = PropertyResult(n, examples=res.examples, classes=res.classes.copy(), max_margin=res.max_margin,
+            # each member's classes are those of the batches it judged, never the group's union
+            part = PropertyResult(n, examples=res.examples, classes=res.member_classes.get(n, Counter()).copy(),
+                                  max_margin=res.max_margin,
                                   seconds=res.seconds / len(members), margins=list(res.margins),
                                   path_margins=list(res.path_margins), bs_ratio=res.bs_ratio.copy(), rounds=1,
                                   reached=dict(res.reached))

@@ -19,7 +19,9 @@ def capacity_soundness(target, config: Config, batches: list[Batch], device="cpu
     mask = target.allocate(config, None)
     cap = capacity_of(mask)
     for batch in batches:
-        obs.add_step(config, Batch((config.max_context_len,) * batch.bs), None, cap)
+        # Judged at the worst case, not at the batch's own lengths: its own class.
+        obs.add_step(config, Batch((config.max_context_len,) * batch.bs), None, cap,
+                     synthetic="every request at max_context_len")
         if target.fits(mask, batch.bs):
             worst = worst_case_size(mask.mode, batch.bs, config.d, config.max_context_len)
             if worst > cap:

@@ -37,8 +37,14 @@ class Observation:
     #: the same, per path its steps took: reuse / fallback / arithmetic (no verify step).
     #: A fallback step needing more than the preallocated buffer is the design working.
     path_margins: dict[str, float] = field(default_factory=dict)
+    #: judged on a shared run: the classes of the batches each member itself judged
+    #: (``classes`` is their union), so no member is credited with another's batches
+    by_property: dict[str, set[str]] = field(default_factory=dict)
 
-    def add_step(self, config: Config, batch: Batch, out: StepOutput | None, capacity: int) -> None:
+    def add_step(self, config: Config, batch: Batch, out: StepOutput | None, capacity: int,
+                 synthetic: str | None = None) -> None:
+        """Record one judged batch. ``synthetic``: the batch was made up by the check
+        (its sequence lengths say so), so only its size and the config are real."""
         bs, m = batch.bs, config.max_bs
         self.classes.add("bs " + ("< max_bs" if bs < m else "= max_bs" if bs == m else
                                   "= max_bs+1" if bs == m + 1 else "> max_bs+1"))
@@ -46,11 +52,13 @@ class Observation:
         self.classes.add(f"call site {config.call_site}")
         if out is not None:
             self.classes.add("path reuse" if out.reused else "path fallback")
-        if 0 in batch.seq_lens:
+        if synthetic is not None:
+            self.classes.add(f"synthetic: {synthetic}")
+        elif 0 in batch.seq_lens:
             self.classes.add("seq_len 0")
-        if config.max_context_len in batch.seq_lens:
+        if synthetic is None and config.max_context_len in batch.seq_lens:
             self.classes.add("seq_len = max_context_len")
-        if not config.trivial and batch.trees is not None and any(
+        if synthetic is None and not config.trivial and batch.trees is not None and any(
                 has_detached(t, config.topk) for t in trees_of(config, batch)):
             self.classes.add("tree with unselected parent")
         need = logical_size(config.mode, batch.seq_lens, config.d)

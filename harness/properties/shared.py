@@ -49,16 +49,30 @@ def judge(target, config: Config, batches: list[Batch], device="cpu", names=ORDE
         if name in want:
             part = check(target, config, batches, device)
             obs.classes |= part.classes
+            obs.by_property[name] = set(part.classes)
             obs.margin = max(obs.margin, part.margin)
             for path, m in part.path_margins.items():
                 obs.path_margins[path] = max(obs.path_margins.get(path, float("-inf")), m)
+    stepping = want - {"capacity-soundness", "capacity-liveness"}
+    if not stepping:
+        return obs
+    stepped = Observation()  # the batches the kernel-launching members judged, at their own lengths
+    _run_steps(target, config, batches, device, want, stepped)
+    obs.classes |= stepped.classes
+    obs.margin = max(obs.margin, stepped.margin)
+    for path, m in stepped.path_margins.items():
+        obs.path_margins[path] = max(obs.path_margins.get(path, float("-inf")), m)
+    for name in stepping:
+        obs.by_property[name] = set(stepped.classes)
+    return obs
+
+
+def _run_steps(target, config: Config, batches: list[Batch], device, want: set, obs: Observation) -> None:
+    """The kernel-launching members' part of ``judge``: every step of the case, judged for ``want``."""
     oob = [n for n in ("no-oob-write", "multi-step-reuse") if n in want]
     needs_fallback = bool(want & {"no-oob-write", "fallback-equivalence", "reference-agreement"})
     needs_oracle = bool(want & {"fallback-equivalence", "reference-agreement", "multi-step-reuse"})
     only_multi_step = not needs_fallback and "multi-step-reuse" in want
-    if not (needs_fallback or "multi-step-reuse" in want):
-        return obs
-
     heap = ShadowHeap(device)
     mask = target.allocate(config, heap)
     fill_stale(mask.buffer)  # what an earlier step would have left behind
@@ -111,7 +125,6 @@ def judge(target, config: Config, batches: list[Batch], device="cpu", names=ORDE
     finally:
         del mask
         heap.release()
-    return obs
 
 
 def _guarded(heap: ShadowHeap, props: list[str], locate, batch: Batch, config: Config, path: str) -> None:

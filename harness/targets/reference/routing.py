@@ -1,45 +1,147 @@
-"""The embedded model of SGLang's routers: dispatch by forward mode, the mask from the verify child."""
+"""The embedded model of SGLang's routers, and of DFlash's verify-mask policy over them.
+
+A model of the routers' code, not of the fact ``routing`` checks them against
+(``harness.model.routing.verify_child``): each router here is an object over
+its children that, like SGLang's, dispatches a forward by its forward mode,
+answers ``verify_mask`` and ``max_context_len`` its own way and derives
+``needs_cpu_seq_lens`` from its children. What the router dispatches a
+TARGET_VERIFY forward to is observed by running one; DFlash's policy is a
+separate function that unwraps routers by their own rules.
+"""
 
 from __future__ import annotations
 
-from harness.model.routing import ROUTERS, Child, Routing, verify_child
+from harness.model.routing import Child, Routing
 
 
-class RouterModel:
-    """The embedded model of a router: dispatch by forward mode, mask from the verify child."""
+class _ChildBackend:
+    """A child attention backend: the mask it allocated, the context it was sized for."""
 
-    def __init__(self, router: str, spec_mode: str, children: dict[str, Child], context_len: int):
-        self.router, self.spec_mode, self.children = router, spec_mode, children
-        # The children here never need CPU sequence lengths; the Dots wrapper
-        # always does, and two-batch overlap splits batches on the CPU lengths.
-        self.needs_cpu_seq_lens = router in ("dots-swa", "tbo")
-        if router == "hybrid":
-            # the hybrid reports the model's context length itself
-            self.max_context_len = context_len
-        elif router == "dots-swa":
-            self.max_context_len = None  # it has no such attribute
-        else:
-            self.max_context_len = children[ROUTERS[router][0]].max_context_len
+    needs_cpu_seq_lens = False
 
-    def serving(self, forward_mode: str) -> str:
-        """Role of the child a forward of ``forward_mode`` (decode, extend, target_verify) runs on."""
-        roles = ROUTERS[self.router]
-        if self.router == "hybrid":
-            if forward_mode == "decode":
-                return "decode"
-            if forward_mode == "target_verify":
-                return "decode" if self.spec_mode == "decode" else "prefill"
-            return "prefill"
-        return roles[0]
+    def __init__(self, child: Child, served: list[str]):
+        self.role, self.verify_mask, self._served = child.role, child.verify_mask, served
+        if child.max_context_len is not None:  # linear-attention backends carry none
+            self.max_context_len = child.max_context_len
+
+    def forward(self, forward_mode: str) -> None:
+        self._served.append(self.role)
+
+
+class _Hybrid:
+    """Prefill and decode children; ``speculative_attention_mode`` picks the verify one."""
+
+    def __init__(self, kids: dict, spec_mode: str, context_len: int):
+        self.prefill, self.decode = kids["prefill"], kids["decode"]
+        self.verify_on_decode = spec_mode == "decode"
+        self.max_context_len = context_len  # the model config's, not a child's
+        self.needs_cpu_seq_lens = self.decode.needs_cpu_seq_lens or (
+            not self.verify_on_decode and self.prefill.needs_cpu_seq_lens)
+
+    def select(self, forward_mode: str):
+        if forward_mode in ("decode", "idle"):
+            return self.decode
+        if forward_mode == "target_verify":
+            return self.decode if self.verify_on_decode else self.prefill
+        return self.prefill
+
+    def forward(self, forward_mode: str) -> None:
+        self.select(forward_mode).forward(forward_mode)
 
     @property
     def verify_mask(self):
-        return self.children[self.serving("target_verify")].verify_mask
+        return self.select("target_verify").verify_mask
+
+
+class _Tbo:
+    """A primary over the whole batch and overlap children that split eager prefill."""
+
+    needs_cpu_seq_lens = True  # the attention-backend default: it does not say otherwise
+
+    def __init__(self, kids: dict):
+        self.primary, self.children = kids["primary"], [kids["tbo-child-0"], kids["tbo-child-1"]]
+
+    def __getattr__(self, name):  # everything else is the primary's
+        if name == "primary":
+            raise AttributeError(name)
+        return getattr(self.primary, name)
+
+    def forward(self, forward_mode: str) -> None:
+        self.primary.forward(forward_mode)  # a verify forward is one batch: no split
+
+    @property
+    def verify_mask(self):
+        return self.primary.verify_mask
+
+
+class _HybridLinear:
+    """Full-attention layers on one child, linear-attention layers on the other."""
+
+    def __init__(self, kids: dict):
+        self.full_attn_backend, self.linear_attn_backend = kids["full"], kids["linear"]
+        self.max_context_len = getattr(self.full_attn_backend, "max_context_len", None)
+        self.needs_cpu_seq_lens = (self.full_attn_backend.needs_cpu_seq_lens
+                                   or self.linear_attn_backend.needs_cpu_seq_lens)
+
+    def forward(self, forward_mode: str, full_attention_layer: bool = True) -> None:
+        (self.full_attn_backend if full_attention_layer else self.linear_attn_backend).forward(forward_mode)
+
+    @property
+    def verify_mask(self):
+        return self.full_attn_backend.verify_mask
+
+
+class _DotsSwa:
+    """Dots' wrapper around one backend; it keeps CPU sequence lengths and reports no context."""
+
+    needs_cpu_seq_lens = True
+
+    def __init__(self, kids: dict):
+        self.backend = kids["wrapped"]
+
+    def forward(self, forward_mode: str) -> None:
+        self.backend.forward(forward_mode)
+
+    @property
+    def verify_mask(self):
+        return self.backend.verify_mask
+
+
+def dflash_policy_resolves(backend) -> str:
+    """The backend DFlash's verify-mask policy names: it looks through a hybrid (its
+    TARGET_VERIFY choice), a TBO wrapper (its primary) and anything with a
+    ``full_attn_backend``, at most four levels; a child is named by its role,
+    anything it stops at by its class name."""
+    for _ in range(4):
+        if isinstance(backend, _Hybrid):
+            backend = backend.select("target_verify")
+        elif isinstance(backend, _Tbo):
+            backend = backend.primary
+        elif getattr(backend, "full_attn_backend", None) is not None:
+            backend = backend.full_attn_backend
+        else:
+            break
+    return backend.role if isinstance(backend, _ChildBackend) else type(backend).__name__
+
+
+def _build(router: str, spec_mode: str, kids: dict, context_len: int):
+    if router == "hybrid":
+        return _Hybrid(kids, spec_mode, context_len)
+    if router == "tbo":
+        return _Tbo(kids)
+    if router == "hybrid-linear":
+        return _HybridLinear(kids)
+    if router == "dots-swa":
+        return _DotsSwa(kids)
+    raise ValueError(f"unknown router {router!r}")
 
 
 def model_route(router: str, spec_mode: str, children: dict[str, Child], context_len: int) -> Routing:
-    model = RouterModel(router, spec_mode, children, context_len)
-    return Routing(router, spec_mode, model, model.verify_mask, model.max_context_len,
-                   model.serving("target_verify"), model.needs_cpu_seq_lens,
-                   # every wrapper resolves to the child that runs TARGET_VERIFY
-                   verify_child(router, spec_mode))
+    """The router of kind ``router`` over ``children``: what it hands out, reports and dispatches to."""
+    served: list[str] = []
+    kids = {role: _ChildBackend(child, served) for role, child in children.items()}
+    backend = _build(router, spec_mode, kids, context_len)
+    backend.forward("target_verify")
+    return Routing(router, spec_mode, backend, backend.verify_mask, getattr(backend, "max_context_len", None),
+                   served[0] if served else None, bool(backend.needs_cpu_seq_lens),
+                   dflash_policy_resolves(backend))
