@@ -18,7 +18,7 @@ import pytest
 
 from harness.cli import main
 from harness.engine.kill_matrix import NOT_DRIVEN, RAISED, caught, kill_matrix
-from harness.engine.search import Finding, PropertyResult
+from harness.engine.results import Finding, PropertyResult
 from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode
 from harness.properties import PROPERTIES, PropertyFailure

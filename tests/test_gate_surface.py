@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine.search import PropertyResult
+from harness.engine.results import PropertyResult
 from harness.engine.changes import Checkout, installed_sglang, triggers, touches_verify_mask
 from harness.engine.surface import Entry, declared, gate_coverage, grep_package, sglang_rows
 from tests.helpers import ROOT, vmfuzz

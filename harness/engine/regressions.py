@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.engine.search import Finding
+from harness.engine.results import Finding
 from harness.engine.isolation import TargetFault
 from harness.model.errors import OutOfStep
 from harness.properties import PropertyFailure

@@ -17,7 +17,8 @@ from pathlib import Path
 import multiprocessing as mp
 
 from harness.engine.database import database_for
-from harness.engine.search import MIN_SHARE, PropertyResult, run_campaign, search_property
+from harness.engine.results import PropertyResult
+from harness.engine.search import MIN_SHARE, run_campaign, search_property
 from harness.model.bounds import Bounds
 from harness.engine.profiles import Profile
 from harness.properties import PROPERTIES

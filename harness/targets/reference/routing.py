@@ -109,14 +109,19 @@ class _DotsSwa:
 
 def dflash_policy_resolves(backend) -> str:
     """The backend DFlash's verify-mask policy names: it looks through a hybrid (its
-    TARGET_VERIFY choice), a TBO wrapper (its primary) and anything with a
-    ``full_attn_backend``, at most four levels; a child is named by its role,
-    anything it stops at by its class name."""
+    TARGET_VERIFY choice), a TBO wrapper (its primary), Dots' wrapper (what it wraps)
+    and anything with a ``full_attn_backend``, at most four levels; a child is named
+    by its role, anything it stops at by its class name.
+
+    The fixed design: every wrapper resolves to the backend that runs TARGET_VERIFY
+    (SGLang's own policy stops at Dots' wrapper: a known finding, ``known/``)."""
     for _ in range(4):
         if isinstance(backend, _Hybrid):
             backend = backend.select("target_verify")
         elif isinstance(backend, _Tbo):
             backend = backend.primary
+        elif isinstance(backend, _DotsSwa):
+            backend = backend.backend
         elif getattr(backend, "full_attn_backend", None) is not None:
             backend = backend.full_attn_backend
         else:

@@ -1,0 +1,80 @@
+"""What a search found: one property's result (examples, classes, margins, findings) and each finding."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.engine.cases import bs_ratio_bucket, case_shape, note_reached
+from harness.model.config import Batch, Config
+
+
+@dataclass
+class Finding:
+    prop: str
+    detail: str
+    path: Path
+    config: Config
+    batches: list[Batch]
+    kind: str = "property"  # or "target-crash" / "target-hang" (harness.engine.isolation)
+
+
+@dataclass
+class PropertyResult:
+    prop: str
+    examples: int = 0
+    classes: Counter = field(default_factory=Counter)
+    max_margin: float = float("-inf")
+    seconds: float = 0.0
+    finding: Finding | None = None
+    #: seconds from the start of the search to the first failing example (before shrinking)
+    seconds_to_failure: float | None = None
+    #: crashes and hangs: the search went on past them, so there can be several
+    faults: list[Finding] = field(default_factory=list)
+    margins: list[float] = field(default_factory=list)
+    #: (path, margin) per example and path its steps took (reuse / fallback / arithmetic): a
+    #: fallback batch needing more than the preallocated buffer is the design working, not an overflow
+    path_margins: list[tuple[str, float]] = field(default_factory=list)
+    bs_ratio: Counter = field(default_factory=Counter)
+    rounds: int = 0
+    skipped: bool = False  # the time budget ran out before this property started
+    #: why the property was not driven at all (the target lacks a seam it needs); never "held"
+    not_driven: str | None = None
+    #: vmfuzz is out of step with the target's code ("<seam> in <file>: <why>"): could not check, never held
+    out_of_step: str | None = None
+    #: the largest shape each case dimension reached (d, topk, spec_steps, max_bs, max_context_len, bs)
+    reached: dict = field(default_factory=dict)
+    #: a shared group's classes per member, from the batches each judged (``Observation.by_property``)
+    member_classes: dict = field(default_factory=dict)
+
+    @property
+    def findings(self) -> list[Finding]:
+        return ([self.finding] if self.finding else []) + self.faults
+
+    def note(self, obs, config: Config, steps: list[Batch]) -> None:
+        """One example that held: its classes, margins and shape."""
+        self.classes.update(obs.classes)
+        for name, classes in getattr(obs, "by_property", {}).items():
+            self.member_classes.setdefault(name, Counter()).update(classes)
+        self.max_margin = max(self.max_margin, obs.margin)
+        self.margins.append(obs.margin)
+        self.path_margins += sorted(getattr(obs, "path_margins", {}).items())
+        self.bs_ratio.update(bs_ratio_bucket(b.bs, config.max_bs) for b in steps)
+        note_reached(self.reached, case_shape(config, steps))
+
+    def merge(self, other: "PropertyResult") -> None:
+        self.examples += other.examples
+        self.classes.update(other.classes)
+        for name, classes in other.member_classes.items():
+            self.member_classes.setdefault(name, Counter()).update(classes)
+        self.max_margin = max(self.max_margin, other.max_margin)
+        self.seconds += other.seconds
+        self.finding = self.finding or other.finding
+        self.out_of_step = self.out_of_step or other.out_of_step
+        self.faults += other.faults
+        self.margins += other.margins
+        self.path_margins += other.path_margins
+        self.bs_ratio.update(other.bs_ratio)
+        self.rounds += other.rounds
+        note_reached(self.reached, other.reached)
