@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import warnings
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -164,11 +165,33 @@ def import_sglang(kernel_choice: str) -> Sglang:
     return sg
 
 
-def sg_version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("sglang")
-    except Exception:
-        return "unknown"
+def import_from_checkout(python_dir: Path) -> None:
+    """Makes ``import sglang`` load ``python_dir/sglang`` (a checkout's ``python/``).
+
+    First on ``sys.path`` for this process and first on ``PYTHONPATH`` for the
+    workers it spawns (forked ones inherit the modules this process imported),
+    set before anything imports SGLang. An SGLang already imported from
+    elsewhere cannot be swapped out of a running process: ImportError.
+    """
+    python_dir = Path(python_dir).resolve()
+    loaded = sys.modules.get("sglang")
+    if loaded is not None:
+        where = Path(list(loaded.__path__)[0]).resolve()
+        if where != python_dir / "sglang":
+            raise ImportError(f"sglang was already imported from {where} before the checkout could be put first")
+    if str(python_dir) not in sys.path[:1]:
+        sys.path.insert(0, str(python_dir))
+    importlib.invalidate_caches()
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(python_dir), os.environ.get("PYTHONPATH")]))
 
 
+def imported_sglang() -> tuple[str, Path]:
+    """The SGLang this process imported: its own ``__version__`` and its folder.
+
+    Never the distribution's metadata: that names whatever pip installed last,
+    while a checkout or an altered copy first on the path is what actually runs.
+    """
+    with _quiet_import():
+        import sglang
+    version = getattr(sglang, "__version__", None)
+    return (str(version) if version else "unknown"), Path(list(sglang.__path__)[0]).absolute()

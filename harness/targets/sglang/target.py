@@ -26,7 +26,7 @@ from harness.model.outputs import StepOutput
 from harness.guard.shadow import ShadowHeap
 from harness.targets.sglang.binding import bound as _bound
 from harness.targets.sglang import call_sites, readers, writers
-from harness.targets.sglang.loader import Sglang, sg_version
+from harness.targets.sglang.loader import Sglang, imported_sglang
 
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
 _ALL = ("no-oob-write", "fallback-equivalence", "reference-agreement", "capacity-soundness",
@@ -206,7 +206,8 @@ class SglangTarget:
 
     def versions(self) -> dict[str, str]:
         import triton
-        return {"sglang": sg_version(), "triton": triton.__version__, "torch": torch.__version__,
+        version, path = imported_sglang()
+        return {"sglang": version, "sglang path": str(path), "triton": triton.__version__, "torch": torch.__version__,
                 "kernel": self.kernel_choice + (" (interpreter)" if os.environ.get("TRITON_INTERPRET") == "1" else ""),
                 "call sites": ", ".join(self.call_sites),
                 "vmfuzz": harness.__version__}
