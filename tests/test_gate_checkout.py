@@ -53,10 +53,13 @@ def harness_only_env() -> dict:
     return env
 
 
-def gate(repo: Path, report: Path, *extra: str, program: str = CLI, before: tuple[str, ...] = ()):
-    cmd = [sys.executable, "-c", program, *before, "gate", "--target", "sglang", "--base", "main",
+def gate(repo: Path, report: Path, *extra: str, program: str = CLI, before: tuple[str, ...] = (),
+         change: tuple[str, ...] = ("--base", "main"), cwd: Path | None = None):
+    """The gate run from inside the checkout (or from ``cwd``, pointed at it with ``--repo``)."""
+    cmd = [sys.executable, "-c", program, *before, "gate", "--target", "sglang", *change,
            "--report-dir", str(report), *extra]
-    proc = subprocess.run(cmd, cwd=repo, env=harness_only_env(), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, cwd=cwd or repo, env=harness_only_env(), capture_output=True, text=True,
+                          timeout=900)
     return proc, proc.stdout + proc.stderr
 
 
@@ -84,27 +87,41 @@ def test_the_gate_fails_a_regression_planted_in_the_checkout(repo, tmp_path):
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
     assert summary["versions"]["sglang path"] == checkout_package(repo), summary["versions"]
     assert summary["gate"]["checkout"] == str(repo), summary["gate"]
+    # the saved pr33127 repros replay on SGLang's real call site and kernel: one request past
+    # max_bs writes past the reused buffer
+    assert "no-oob-write" in {f["property"] for f in summary["findings"]}, summary["findings"]
     failed = {p["name"] for p in summary["properties"] if p["status"] == "failed"}
     assert failed == {"capacity-soundness"}, summary["properties"]  # liveness still holds: fits is not stricter
     md = (tmp_path / "report" / "summary.md").read_text()
     assert f"from `{checkout_package(repo)}` (the checkout at `{repo}`)" in md, md
 
 
+#: The checkout's own version, which the installed distribution's metadata (0.5.x) does not know.
+DEV_VERSION = ("python/sglang/_version.py", r"__version__ = version = '[^']*'",
+               "__version__ = version = '0.0.0+checkout'")
+
+
 @pytest.mark.slow
 def test_the_gate_passes_the_good_revision_of_the_checkout(repo, tmp_path):
-    branch(repo, "pr-clean", "verify_mask: say why max_bs bounds every layout", sglang_repo.CLEAN)
+    branch(repo, "pr-clean", "verify_mask: say why max_bs bounds every layout", sglang_repo.CLEAN, DEV_VERSION)
     proc, out = gate(repo, tmp_path / "report", "--property", "capacity-soundness")
     assert proc.returncode == 0, out
     assert f"sglang from {checkout_package(repo)}" in out, out
+    assert "code under test: sglang 0.0.0+checkout from" in out, out
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
     assert summary["versions"]["sglang path"] == checkout_package(repo), summary["versions"]
+    assert summary["versions"]["sglang"] == "0.0.0+checkout", summary["versions"]
     assert summary["counts"]["findings"] == 0 and summary["counts"]["held"] == 1, summary["counts"]
 
 
 def test_a_checkout_whose_sglang_does_not_import_is_refused(repo, tmp_path):
     branch(repo, "pr-broken", "verify_mask: comment, and a half-finished refactor",
            sglang_repo.CLEAN, sglang_repo.BREAKS_IMPORT)
-    proc, out = gate(repo, tmp_path / "report", "--property", "capacity-soundness")
+    # Pointed at with --repo from elsewhere: the checkout is the code under test all the same.
+    listed = tmp_path / "changed.txt"
+    listed.write_text("python/sglang/__init__.py\npython/sglang/srt/layers/attention/verify_mask.py\n")
+    proc, out = gate(repo, tmp_path / "report", "--property", "capacity-soundness",
+                     change=("--changed-files", str(listed), "--repo", str(repo)), cwd=tmp_path)
     assert proc.returncode == 2, out
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert f"cannot test the SGLang checkout at {repo}" in proc.stderr, proc.stderr
