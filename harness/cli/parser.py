@@ -116,7 +116,8 @@ def _gate(sub) -> None:
     which.add_argument("--base", default=None, metavar="REV", help="changed paths from git diff REV...HEAD")
     gate.add_argument("--repo", default=".", metavar="PATH",
                       help="the checkout under test: where --base is diffed, or the root --changed-files "
-                           "paths are relative to (default: the current directory)")
+                           "paths are relative to (default: the current directory); in an SGLang checkout, "
+                           "--target sglang tests its python/sglang, not the installed one")
     gate.add_argument("--property", action="append", dest="properties", metavar="NAME",
                       help="search only this property (repeatable; default every one); saved repros still replay")
     _common_run_args(gate)

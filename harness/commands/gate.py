@@ -1,6 +1,15 @@
-"""``vmfuzz gate``: the pr profile, run only when the change touches verify-mask code."""
+"""``vmfuzz gate``: the pr profile, run only when the change touches verify-mask code.
+
+Run in (or pointed at with ``--repo``) an SGLang checkout, the gate tests that
+checkout's ``python/sglang``, the code under review, not whatever SGLang the
+environment has installed: the checkout goes first on the path of this process
+and of every worker, and an SGLang that then loads from anywhere else is a
+refusal (exit 2), never a verdict on code that was not tested.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from harness.commands.common import report_dir_of, write_command_report
 from harness.commands.run import execute_and_report, plan
@@ -10,7 +19,9 @@ from harness.model.errors import EXIT_OK, UsageError
 def run(args) -> int:
     # Nothing here imports SGLang before the change is known to touch the mask:
     # a docs-only change is a skip that costs seconds.
-    from harness.engine.changes import ChangeError, changed_from_file, changed_since, checkout_at, touches_verify_mask
+    from harness.engine.changes import (ChangeError, changed_from_file, changed_since, checkout_at, sglang_checkout,
+                                        touches_verify_mask)
+    from harness.engine.surface import runs_sglang
     from harness.report.terminal import shown
     try:
         if args.changed_files:
@@ -28,10 +39,16 @@ def run(args) -> int:
             return _skip(args, changed)
         print(f"vmfuzz gate: {len(hits)} changed file(s) touch verify-mask code: {', '.join(map(shown, hits[:5]))}"
               + (" ..." if len(hits) > 5 else ""))
+    sglang_root = sglang_checkout(args.repo) if runs_sglang(args.target) else None
+    if sglang_root is not None:
+        _import_checkout(sglang_root)
     plan_, target = plan(args, command="gate", profile_name="pr")
+    if runs_sglang(args.target):
+        _say_code_under_test(sglang_root)
 
     def coverage(outcome):
         from harness.engine.surface import gate_coverage
+        where = {"checkout": str(sglang_root) if sglang_root else None}
         try:
             cov = gate_coverage(args.target, target, changed, hits, outcome.results)
         except (ValueError, ImportError, OSError) as exc:
@@ -39,7 +56,7 @@ def run(args) -> int:
             why = f"surface unavailable: {type(exc).__name__}: {exc}"
             cov = {"changed": changed, "triggered": hits, "exercised": [], "not_driven": hits,
                    "why_not_driven": {p: why for p in hits}}
-        return {**cov, **out_of_step_coverage(hits, outcome)}
+        return {**cov, **where, **out_of_step_coverage(hits, outcome)}
     return execute_and_report(plan_, target, coverage if changed is not None else None, verbose=args.verbose)
 
 
@@ -64,6 +81,36 @@ def out_of_step_coverage(hits: list[str], outcome) -> dict:
         else:
             warnings.append(f"{what} could not be checked (it drives no changed file): out of step: {why}")
     return {"out_of_step": stuck, "warnings": warnings}
+
+
+def _import_checkout(root: Path) -> None:
+    """Loads the checkout's SGLang here (and, through the environment, in every worker),
+    or refuses in one line: a gate must never pass on code other than the code under review."""
+    from harness.report.terminal import shown
+    from harness.targets import TargetUnavailable, resolve
+    from harness.targets.sglang.loader import import_from_checkout, imported_sglang
+    python_dir = root / "python"
+    refusal = f"vmfuzz gate: cannot test the SGLang checkout at {shown(str(root))}"
+    try:
+        import_from_checkout(python_dir)
+        # The bare target: a bad +VARIANT is the plan's error to report, not the checkout's.
+        resolve("sglang")
+        where = imported_sglang()[1]
+    except (ImportError, TargetUnavailable) as exc:
+        # The install hint that comes with an unavailable target does not help a checkout that breaks.
+        why = (str(exc).splitlines() or [type(exc).__name__])[0].split("; install it with")[0]
+        raise UsageError(f"{refusal}: {shown(why)}") from None
+    if where.resolve() != (python_dir / "sglang").resolve():
+        raise UsageError(f"{refusal}: sglang imports from {shown(str(where))}, not from its python/sglang")
+
+
+def _say_code_under_test(root: Path | None) -> None:
+    """Names the code the gate's verdict is about, so a gate that tested the wrong SGLang shows it."""
+    from harness.report.terminal import shown
+    from harness.targets.sglang.loader import imported_sglang
+    version, where = imported_sglang()
+    whose = f"the checkout at {shown(str(root))}" if root else "no SGLang checkout here, so the one on the path"
+    print(f"vmfuzz gate: code under test: sglang {version} from {shown(str(where))} ({whose})", flush=True)
 
 
 def _skip(args, changed: list[str]) -> int:

@@ -203,6 +203,24 @@ def installed_sglang() -> Path | None:
     return Path(locations[0]) if locations else None
 
 
+def sglang_checkout(start: str | Path) -> Path | None:
+    """The SGLang checkout ``start`` lies in (a folder holding ``python/sglang/__init__.py``),
+    looked for from ``start`` up to its repository's root; None when there is none."""
+    try:
+        here = Path(start).resolve()
+    except (OSError, RuntimeError, ValueError):
+        return None
+    for folder in (here, *here.parents):
+        try:
+            if (folder / "python" / "sglang" / "__init__.py").is_file():
+                return folder
+            if (folder / ".git").exists():
+                return None  # the repository ends here: an SGLang further up is not this one's
+        except OSError:
+            return None
+    return None
+
+
 # -- the decision ---------------------------------------------------------------
 
 def _matches_pattern(path: str) -> bool:

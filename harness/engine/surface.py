@@ -246,8 +246,8 @@ def runs_sglang(spec: str) -> bool:
 
 def loaded_package() -> Path:
     """The SGLang package the target loaded (an altered copy when PYTHONPATH puts one first)."""
-    import sglang
-    return Path(list(sglang.__path__)[0])
+    from harness.targets.sglang.loader import imported_sglang
+    return imported_sglang()[1]
 
 
 # -- the command ----------------------------------------------------------------
@@ -267,12 +267,13 @@ def report(spec: str, target) -> dict:
     if not runs_sglang(spec):
         rows = model_rows(target)
         return {"target": spec, "runs_sglang": False, "rows": [r.as_dict() for r in rows], "_rows": rows}
-    pkg = loaded_package()
+    from harness.targets.sglang.loader import imported_sglang
+    version, pkg = imported_sglang()
     rows = sglang_rows(target, pkg)
     files = sorted({r.file for r in rows if r.in_grep})
     driven = sorted({r.file for r in rows if r.driven and r.in_grep})
     return {"target": spec, "runs_sglang": True, "package": str(pkg),
-            "versions": {"sglang": target.versions().get("sglang")},
+            "versions": {"sglang": version},
             "files": {"names_mask_code": len(files), "driven": len(driven), "not_driven": len(files) - len(driven)},
             "rows": [r.as_dict() for r in rows], "_rows": rows}
 

@@ -166,6 +166,7 @@ def summary_md(s: dict) -> str:
              f"profile `{s['profile']}`, seed `{s['seed']}`, {c['examples']} examples, "
              f"{c['held']} held / {c['failed']} failed / {c['skipped']} skipped, "
              f"{s['timings']['total_seconds']:.0f}s", ""]
+    lines += _code_under_test(s)
     if s.get("deployment"):
         d = s["deployment"]
         lines += [f"Deployment {d['label']}: **{'can' if d['can_write_out_of_range'] else 'cannot'} "
@@ -205,6 +206,16 @@ def summary_md(s: dict) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in s["versions"].items())
     lines += ["", f"<sub>{versions}</sub>", ""]
     return "\n".join(lines)
+
+
+def _code_under_test(s: dict) -> list[str]:
+    """Which SGLang the verdict is about: the package's own version and where it was imported from."""
+    versions = s.get("versions") or {}
+    if "sglang path" not in versions:
+        return []
+    checkout = (s.get("gate") or {}).get("checkout")
+    return [f"Code under test: sglang `{versions.get('sglang')}` from `{versions['sglang path']}`"
+            + (f" (the checkout at `{checkout}`)" if checkout else ""), ""]
 
 
 def run_junit(s: dict) -> str:

@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import warnings
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -214,25 +215,42 @@ def _kernel_entry(eu) -> str | None:
     return None
 
 
-def imported_sglang() -> tuple[str, str]:
-    """(version, package directory) of the SGLang this process imports: its own
-    ``__version__``, not the installed distribution's metadata (a checkout on the
-    path, or an altered copy, is not what pip recorded)."""
-    try:
-        import sglang
-    except Exception as exc:  # noqa: BLE001 - reported, never raised: this only describes
-        return "unknown", f"not importable ({type(exc).__name__})"
-    path = os.path.dirname(getattr(sglang, "__file__", "") or "") or "unknown"
-    version = getattr(sglang, "__version__", None)
-    if version is None:
-        try:
-            version = importlib.import_module("sglang.version").__version__
-        except Exception:  # noqa: BLE001
-            version = "unknown"
-    return str(version), path
-
-
 def sg_version() -> str:
     return imported_sglang()[0]
 
 
+def import_from_checkout(python_dir: Path) -> None:
+    """Makes ``import sglang`` load ``python_dir/sglang`` (a checkout's ``python/``).
+
+    First on ``sys.path`` for this process and first on ``PYTHONPATH`` for the
+    workers it spawns (forked ones inherit the modules this process imported),
+    set before anything imports SGLang. An SGLang already imported from
+    elsewhere cannot be swapped out of a running process: ImportError.
+    """
+    python_dir = Path(python_dir).resolve()
+    loaded = sys.modules.get("sglang")
+    if loaded is not None:
+        where = Path(list(loaded.__path__)[0]).resolve()
+        if where != python_dir / "sglang":
+            raise ImportError(f"sglang was already imported from {where} before the checkout could be put first")
+    if str(python_dir) not in sys.path[:1]:
+        sys.path.insert(0, str(python_dir))
+    importlib.invalidate_caches()
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(python_dir), os.environ.get("PYTHONPATH")]))
+
+
+def imported_sglang() -> tuple[str, Path]:
+    """The SGLang this process imported: its own ``__version__`` and its folder.
+
+    Never the distribution's metadata: that names whatever pip installed last,
+    while a checkout or an altered copy first on the path is what actually runs.
+    """
+    with _quiet_import():
+        import sglang
+    version = getattr(sglang, "__version__", None)
+    if version is None:
+        try:
+            version = importlib.import_module("sglang.version").__version__
+        except Exception:  # noqa: BLE001 - only describes what was imported
+            version = None
+    return (str(version) if version else "unknown"), Path(list(sglang.__path__)[0]).absolute()

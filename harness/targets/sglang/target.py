@@ -254,7 +254,7 @@ class SglangTarget:
     def versions(self) -> dict[str, str]:
         import triton
         version, path = imported_sglang()
-        return {"sglang": version, "sglang path": path, "triton": triton.__version__, "torch": torch.__version__,
+        return {"sglang": version, "sglang path": str(path), "triton": triton.__version__, "torch": torch.__version__,
                 "kernel": self.kernel_choice + (" (interpreter)" if os.environ.get("TRITON_INTERPRET") == "1" else ""),
                 "call sites": ", ".join(self.call_sites),
                 "vmfuzz": harness.__version__}
