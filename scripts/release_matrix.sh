@@ -60,6 +60,8 @@ if os.path.isfile(path):
     failing = [p["name"] for p in s.get("properties", []) if p.get("status") == "failed"]
     failing += [f"replay {r.get('property')}" for r in s.get("replays", []) if r.get("status") not in ("held", None)]
     out["failing"] = sorted(set(failing))
+    out["known"] = [k["name"] for k in s.get("known_findings", []) if k.get("status") == "reproduces"]
+    out["out_of_step"] = [p["name"] for p in s.get("properties", []) if p.get("status") == "out of step"]
     first = lambda t: (t or "").strip().splitlines()[0] if (t or "").strip() else ""
     out["notes"] = [f"{f.get('property')} ({f.get('kind') or 'finding'}): {first(f.get('detail'))}"
                     for f in s.get("findings", [])]
@@ -115,7 +117,11 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 heads = {"run": "`run --profile pr`", "gate": "`gate` (verify_mask.py changed)",
          "off-by-one": "`run +fits-off-by-one` (exit 1 expected)"}
-cellfmt = lambda c: f"exit {c['rc']}" + (": " + ", ".join(c["failing"]) if c["failing"] else "")
+def cellfmt(c):
+    parts = [", ".join(c["failing"])] if c["failing"] else []
+    parts += ["known: " + ", ".join(c["known"])] if c.get("known") else []
+    parts += ["out of step: " + ", ".join(c["out_of_step"])] if c.get("out_of_step") else []
+    return f"exit {c['rc']}" + (": " + "; ".join(parts) if parts else "")
 print("| sglang | install (bootstrap + sglang) | driven modules absent | " + " | ".join(heads.values()) + " |")
 print("|---|---|---|" + "---|" * len(heads))
 for r in rows:
