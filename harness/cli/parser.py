@@ -15,6 +15,8 @@ class Parser(argparse.ArgumentParser):
 
 TARGET_HELP = ("reference (default), sglang, or module:attr; layer a known-bad variant with +NAME "
                "(vmfuzz targets)")
+OVERWRITE_HELP = ("write into a --report-dir that already holds reports (refused otherwise: "
+                  "another run's summary would be replaced)")
 REPORT_DIR_HELP = "default: reports/<UTC timestamp>/"
 
 EPILOG = """exit codes:
@@ -49,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _common_run_args(p) -> None:
     p.add_argument("--workers", type=int, default=1, help="processes to spread the properties over")
     p.add_argument("--report-dir", default=None, metavar="DIR", help=REPORT_DIR_HELP)
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where tensors live")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="every boundary class each property reached, not the one-line summary")
@@ -71,6 +74,7 @@ def _device(p) -> None:
 
 def _report_dir(p) -> None:
     p.add_argument("--report-dir", default=None, metavar="DIR", help=REPORT_DIR_HELP)
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
 
 def _run(sub) -> None:

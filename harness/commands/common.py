@@ -46,6 +46,21 @@ def resolve_target(spec: str):
         raise UsageError(f"vmfuzz: target {spec!r} unavailable: {exc}") from None
 
 
+def repro_target(given: str | None, recorded: str, default: str):
+    """The target a repro is replayed on: ``--target``, else the one it records.
+
+    A repro is data someone may have attached to a bug report: a plug-in it names
+    (``module:attr``) would import, and so run, code the user never named. It is used
+    only when the user passes it with --target."""
+    if given:
+        return resolve_target(given)
+    spec = recorded or default
+    if ":" in spec:
+        raise UsageError(f"vmfuzz: the repro names the plug-in target {spec!r}; a repro's target is never "
+                         f"imported on its own: pass --target {spec} to run it, or another --target")
+    return resolve_target(spec)
+
+
 def check_device(device: str) -> None:
     if device == "cuda":
         import torch
@@ -162,9 +177,42 @@ def check_saved_repros(root: Path) -> None:
                              + (msg if str(path) not in msg else msg.split(": ", 1)[-1])) from None
 
 
+#: what a run leaves in its report folder: one of these there means another run's reports
+REPORT_FILES = ("summary.json", "summary.md", "junit.xml", "report.html", "findings")
+
+
 def report_dir_of(args) -> Path:
-    """The command's report folder: ``--report-dir``, else a fresh timestamped one."""
-    return Path(getattr(args, "report_dir", None) or default_report_dir())
+    """The command's report folder: ``--report-dir`` (checked once, see ``own_report_dir``),
+    else a fresh timestamped one. The same folder for every later call in the command."""
+    chosen = getattr(args, "chosen_report_dir", None)
+    if chosen is None:
+        given = getattr(args, "report_dir", None)
+        chosen = own_report_dir(Path(given), getattr(args, "overwrite", False)) if given else default_report_dir()
+        args.chosen_report_dir = chosen
+    return chosen
+
+
+def own_report_dir(path: Path, overwrite: bool) -> Path:
+    """``path`` resolved (a symlink is its target), refused when it already holds a run's
+    reports: their summary would be replaced and the two runs' findings mixed.
+    ``--overwrite`` says the user means it."""
+    try:
+        real = path.resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop
+        raise UsageError(f"vmfuzz: --report-dir {path}: cannot resolve it ({exc})") from None
+    if not overwrite and real.is_dir():
+        held = [n for n in REPORT_FILES if os.path.lexists(real / n)]
+        if held:
+            where = path if real == path.absolute() else f"{path} (-> {real})"
+            raise UsageError(f"vmfuzz: --report-dir {where} already holds reports ({', '.join(held)}); "
+                             "choose a new directory, or pass --overwrite to replace them")
+    return real
+
+
+def check_report_dir(args) -> None:
+    """Before any work: a report folder refused at the end would cost the whole run."""
+    if hasattr(args, "report_dir"):
+        report_dir_of(args)
 
 
 def findings_dir(report_dir: Path) -> Path:

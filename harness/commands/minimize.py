@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from harness.commands.common import (check_device, check_property_names, report_dir_of, resolve_target,
+from harness.commands.common import (check_device, check_property_names, repro_target, report_dir_of, resolve_target,
                                      write_command_report)
 from harness.model.errors import EXIT_FINDING, EXIT_OK, UsageError
 
@@ -94,7 +94,7 @@ def _load(args):
         target = resolve_target(args.target or DEFAULT_TARGET)
         return case, None, target, [args.property] if args.property else list(DEPLOYMENT_ORDER)
     repro = decode(data, args.file)
-    target = resolve_target(args.target or repro.target or DEFAULT_TARGET)
+    target = repro_target(args.target, repro.target, DEFAULT_TARGET)
     return to_case(repro), repro.fault, target, [p.name for p in properties_for(repro, args.property)]
 
 

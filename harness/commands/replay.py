@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
-from harness.commands.common import (check_device, check_timeout, isolated, report_dir_of, resolve_target,
+from harness.commands.common import (check_device, check_timeout, isolated, repro_target, report_dir_of,
                                      write_command_report)
 from harness.model.errors import EXIT_FINDING, EXIT_OK, EXIT_OUT_OF_STEP, OutOfStep, UsageError, out_of_step_line
 from harness.report.terminal import status_word
@@ -20,7 +20,7 @@ def run(args) -> int:
     repro = load(args.file)
     props = properties_for(repro, args.property)
     check_device(args.device)
-    target = resolve_target(args.target or repro.target or DEFAULT_TARGET)
+    target = repro_target(args.target, repro.target, DEFAULT_TARGET)
     isolate = isolated(args.isolate, target.name)
     summary = CommandSummary("replay", target.name, extra={"repro": args.file})
     t0 = time.monotonic()

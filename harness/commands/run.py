@@ -100,6 +100,8 @@ def parse_bounds(text: str, base: Bounds) -> Bounds:
             n = int(value)
         except ValueError:
             raise UsageError(f"vmfuzz: --bounds {text!r}: {key.strip()} must be an integer, got {value!r}") from None
+        if field in changes:  # last-one-wins would silently drop what the user wrote first
+            raise UsageError(f"vmfuzz: --bounds {text!r}: {key.strip()} is given more than once")
         floor = BOUND_FLOORS.get(field, 1)
         if n < floor:
             raise UsageError(f"vmfuzz: --bounds {text!r}: {key.strip()} must be at least {floor}, got {n}")

@@ -4,13 +4,29 @@ A case that cannot be replayed (it is invalid, the target raises or hangs on
 it) must not poison every later night: it is reported once and moved to
 ``DIR/quarantine/``. An interrupted run adds its findings but deletes nothing,
 so a Ctrl-C during the replay never loses last night's failures.
+
+The folder stays bounded however many nights a failure survives: a kept case is
+named by what it is (its property and a hash of its case), so replaying it again
+keeps its one file, and ``DIR/nights.json`` counts the nights it has failed. Past
+``MAX_LAST_FAILURES`` the least-failed cases go to quarantine, never away. Two
+nightly runs sharing one database take ``DIR/.lock`` while they update it, and
+each removes only the cases it replayed and saw held, so neither loses the
+other's failures; every file is written to a temporary name and renamed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import shutil
 import sys
 from pathlib import Path
+
+#: kept cases past this go to quarantine (the least-failed first): a nightly replays them all
+MAX_LAST_FAILURES = 64
+#: the nights file: {kept file name: nights it has failed}
+NIGHTS = "nights.json"
 
 
 def set_aside(db_dir: Path, outcomes: list, log=print) -> None:
@@ -35,19 +51,138 @@ def set_aside(db_dir: Path, outcomes: list, log=print) -> None:
         log(f"  set aside {o.path.name} -> {dest} (cannot be replayed: {why})")
 
 
-def keep_failures(db_dir: Path, outcome) -> None:
-    """Replace last-failures with this run's findings (an interrupted run only adds)."""
+def keep_failures(db_dir: Path, outcome, log=None) -> None:
+    """Merge this run's findings into last-failures; the replayed cases that held drop out.
+
+    An interrupted run only adds. A case this run did not replay (another nightly
+    sharing the database kept it meanwhile) is left alone.
+    """
     keep = db_dir / "last-failures"
     found = [f for r in outcome.results for f in r.findings]
     found += [o.finding for o in outcome.replays if o.finding and not getattr(o, "set_aside", None)]
+    replayed = {Path(o.path).name for o in outcome.replays
+                if o.source == "last run" and not getattr(o, "set_aside", None)}
     try:
-        if keep.is_dir() and not outcome.interrupted:
-            for old in keep.glob("*.json"):
-                old.unlink()
         keep.mkdir(parents=True, exist_ok=True)
-        for f in found:
-            if Path(f.path).is_file():
-                shutil.copy2(f.path, keep / Path(f.path).name)
+        with _locked(db_dir):
+            _merge(db_dir, keep, found, replayed, outcome.interrupted, log or (lambda line: None))
     except OSError as exc:
         print(f"vmfuzz: could not update {keep}: {exc.strerror or exc} (this run's findings are in its report "
               "directory)", file=sys.stderr)
+
+
+def _merge(db_dir: Path, keep: Path, found: list, replayed: set, interrupted: bool, log) -> None:
+    nights = _read_nights(db_dir, log)
+    failing = set()
+    for f in found:
+        src = Path(f.path)
+        if not src.is_file():
+            continue
+        body = src.read_bytes()
+        name = kept_name(body, f.prop)
+        if name in failing:
+            continue  # the same case found twice in one night is one night
+        failing.add(name)
+        _write_whole(keep / name, body)
+        nights[name] = nights.get(name, 0) + 1
+    if not interrupted:
+        for name in replayed - failing:  # replayed and held: fixed, it drops out
+            (keep / name).unlink(missing_ok=True)
+            nights.pop(name, None)
+    _cap(db_dir, keep, nights, log)
+    present = {p.name for p in keep.glob("*.json")}
+    nights = {k: v for k, v in nights.items() if k in present}
+    _write_whole(db_dir / NIGHTS, (json.dumps(nights, indent=2, sort_keys=True) + "\n").encode())
+
+
+def kept_name(body: bytes, prop: str) -> str:
+    """``PROPERTY-HASH.json``: the same case keeps the same name however often it is kept."""
+    try:
+        data = json.loads(body)
+        what = json.dumps([data.get("property", prop), data.get("config"), data.get("batches"),
+                           data.get("fault")], sort_keys=True)
+    except (ValueError, AttributeError):
+        what = body.decode("utf-8", "replace")
+    safe = "".join(c if c.isalnum() or c in "_-" else "_" for c in (prop or "case"))[:64]
+    return f"{safe}-{hashlib.sha256(what.encode()).hexdigest()[:16]}.json"
+
+
+def _cap(db_dir: Path, keep: Path, nights: dict, log) -> None:
+    """The least-failed cases past MAX_LAST_FAILURES go to quarantine (named, never deleted)."""
+    kept = sorted(keep.glob("*.json"), key=lambda p: (-nights.get(p.name, 0), p.name))
+    aside = db_dir / "quarantine"
+    for path in kept[MAX_LAST_FAILURES:]:
+        aside.mkdir(parents=True, exist_ok=True)
+        dest = aside / path.name
+        os.replace(path, dest)  # same name as in last-failures: a repeat overwrites, never piles up
+        log(f"  last-failures holds more than {MAX_LAST_FAILURES} cases: moved {path.name} -> {dest}")
+
+
+def _read_nights(db_dir: Path, log) -> dict:
+    """The nights file, or a fresh count: a database from an older harness has none, a
+    damaged one is healed (said once), never crashed on."""
+    path = db_dir / NIGHTS
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        log(f"  {path} could not be read ({exc}); counting nights afresh")
+        return {}
+    if not isinstance(data, dict) or not all(isinstance(k, str) and type(v) is int for k, v in data.items()):
+        log(f"  {path} is not a map of names to nights; counting nights afresh")
+        return {}
+    return data
+
+
+def heal(db_dir: Path, log=print) -> None:
+    """A database from an older harness: its last-failures names grew a ``replay-`` prefix
+    each night until one was too long to replay. Each case is renamed to its kept name
+    (duplicates fold into one) before the replay."""
+    keep = db_dir / "last-failures"
+    if not keep.is_dir():
+        return
+    try:
+        with _locked(db_dir):
+            for path in sorted(keep.glob("*.json")):
+                try:
+                    body = path.read_bytes()
+                    prop = json.loads(body).get("property", "")
+                except (OSError, ValueError, AttributeError):
+                    continue  # replay finds it unreadable and sets it aside, as for any other
+                dest = keep / kept_name(body, str(prop))
+                if dest.name != path.name:
+                    os.replace(path, dest)
+                    log(f"  renamed {path.name[:48]}... -> {dest.name} (a name from an older vmfuzz)")
+    except OSError as exc:
+        print(f"vmfuzz: could not tidy {keep}: {exc.strerror or exc}", file=sys.stderr)
+
+
+def _write_whole(path: Path, body: bytes) -> None:
+    """Whole or absent: a temporary name in the same folder, then a rename."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(body)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+class _locked:
+    """An exclusive ``flock`` on ``DIR/.lock`` while the database is updated: a second
+    nightly waits for the first's update instead of interleaving with it."""
+
+    def __init__(self, db_dir: Path):
+        self.path = Path(db_dir) / ".lock"
+
+    def __enter__(self):
+        import fcntl
+        self.fh = open(self.path, "a")
+        fcntl.flock(self.fh, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        self.fh.close()  # closing releases the lock
+        return False

@@ -133,6 +133,8 @@ def _replays(plan: RunPlan, target, ui, out: list) -> list:
                      findings_dir=plan.findings_dir, device=plan.device, isolate=plan.isolate,
                      timeout=plan.example_timeout, out=out)
     if plan.profile.replay_last_failures:
+        from harness.engine.nightly import heal
+        heal(plan.db_dir, ui.log)
         last = sorted((plan.db_dir / "last-failures").glob("*.json"))
         # Always in a watched worker: last night's case may be the one that hung.
         last_out: list = []
@@ -173,7 +175,7 @@ def _known(plan: RunPlan, target, ui, out: list) -> None:
 def _keep_failures(plan: RunPlan, outcome: RunOutcome) -> None:
     """The next nightly run replays these first; a fixed one drops out."""
     from harness.engine.nightly import keep_failures
-    keep_failures(plan.db_dir, outcome)
+    keep_failures(plan.db_dir, outcome, print)
 
 
 def execute(plan: RunPlan, target, show) -> RunOutcome:

@@ -86,7 +86,10 @@ def load(path: str | Path) -> Deployment:
 
 def loads(data: bytes, path: str | Path = "<deployment>") -> Deployment:
     from harness.model import limits
-    from harness.model.validate import LimitError, check_config
+    from harness.model.validate import LimitError, check_config, repeated_key
+    key = repeated_key(data)
+    if key is not None:
+        raise DeploymentError(f"{path}: invalid deployment: key {key!r} appears more than once in one object")
     try:
         dep = msgspec.json.decode(data, type=Deployment)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:

@@ -15,7 +15,7 @@ import harness
 from harness.model.config import Batch, Config, ConfigError, DraftTree
 from harness.model.layouts import TreeMaskMode
 from harness.model.limits import MAX_STEPS
-from harness.model.validate import LimitError, check_case, check_config, load_file
+from harness.model.validate import LimitError, check_case, check_config, load_file, repeated_key
 
 
 class ReproError(Exception):
@@ -105,6 +105,11 @@ def load(path: str | Path) -> Repro:
 
 
 def decode(data: bytes, path: str | Path = "<repro>") -> Repro:
+    """The repro in ``data``; decoding is data only (a plug-in ``target`` is a name here,
+    imported later only when the user names it with --target)."""
+    key = repeated_key(data)
+    if key is not None:
+        raise ReproError(f"{path}: invalid repro: key {key!r} appears more than once in one object")
     try:
         return msgspec.json.decode(data, type=Repro)
     except msgspec.ValidationError as exc:

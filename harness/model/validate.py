@@ -49,6 +49,28 @@ def read_input(path: str | Path, what: str = "file") -> bytes:
     return data
 
 
+def repeated_key(data: bytes) -> str | None:
+    """The first key an object of this JSON repeats, or None (also for JSON that does not
+    parse: the decoder says why). msgspec keeps the last of a repeated key silently, so
+    a file that says ``d`` twice would be read as something its author may not have meant."""
+    import json
+    found: list[str] = []
+
+    def pairs(items):
+        seen = set()
+        for key, _ in items:
+            if key in seen and not found:
+                found.append(key)
+            seen.add(key)
+        return {}  # the values are not needed, only the keys of each object
+
+    try:
+        json.loads(data, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):
+        return None
+    return found[0] if found else None
+
+
 def load_file(path: str | Path, what: str, decode: Callable[[bytes, Path], T], error: type[Exception]) -> T:
     """Read ``path`` within the file limits and decode it; a limit is ``error`` with one line."""
     path = Path(path)

@@ -40,7 +40,25 @@ def write_files(report_dir: Path, files: dict[str, str]) -> None:
     report_dir.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
         # UTF-8 whatever the locale; a lone surrogate from a hostile repro becomes U+FFFD
-        (report_dir / name).write_text(text, encoding="utf-8", errors="replace")
+        write_whole(report_dir / name, text.encode("utf-8", errors="replace"))
+
+
+def write_whole(path: Path, body: bytes) -> None:
+    """``body`` at ``path``, whole or not at all: CI parsing a summary must never meet half
+    of one (a full disk, a file-size limit). On failure neither the temporary nor
+    ``path`` is left, and the OSError goes to the caller, who writes to the fallback."""
+    import os
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(body)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        path.unlink(missing_ok=True)  # an older, other run's file here would read as this run's
+        raise
 
 
 MARGIN_BUCKETS = ("< -1000", "-1000..-101", "-100..-1", "0", "1..100", "> 100")
