@@ -1,5 +1,5 @@
-"""Nothing lost: the nightly database, repro files and report files as an operator meets them
-(issue 16, items 5, 8, 9 and 10): thirty nights on one --db, a full disk, a shared or
+"""Nothing lost: the nightly database, repro files and report files as an operator meets them:
+thirty nights on one --db, a full disk, a shared or
 symlinked --report-dir, a repro naming a plug-in, repeated keys."""
 
 from __future__ import annotations

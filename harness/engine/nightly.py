@@ -137,14 +137,14 @@ def _read_nights(db_dir: Path, log) -> dict:
 
 def heal(db_dir: Path, log=print) -> None:
     """A database from an older harness: its last-failures names grew a ``replay-`` prefix
-    each night until one was too long to replay. Each case is renamed to its kept name
-    (duplicates fold into one) before the replay."""
+    each night until one was too long to replay. Each such case is renamed to its kept
+    name (duplicates fold into one) before the replay."""
     keep = db_dir / "last-failures"
     if not keep.is_dir():
         return
     try:
         with _locked(db_dir):
-            for path in sorted(keep.glob("*.json")):
+            for path in sorted(keep.glob("replay-*.json")):  # any other name is left as it is
                 try:
                     body = path.read_bytes()
                     prop = json.loads(body).get("property", "")
