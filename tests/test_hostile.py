@@ -355,7 +355,8 @@ def test_ctrl_c_during_the_nightly_replay_keeps_last_failures(tmp_path):
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_an_interrupted_replay_is_its_signal_never_a_finding(tmp_path, sig, code):
     hang = write(tmp_path, "hang.json", repro(target="tests.plugins:HangingTarget"))
-    r = _interrupt(tmp_path, sig, ["replay", hang, "--isolate", "off"], None)
+    r = _interrupt(tmp_path, sig, ["replay", hang, "--isolate", "off", "--target", "tests.plugins:HangingTarget"],
+                   None)
     no_traceback(r)
     assert r.returncode == code and "FAILED" not in r.stdout, (r.stdout, r.stderr)
 

@@ -66,8 +66,8 @@ def test_misbehaving_plugin_becomes_a_finding_and_the_run_uses_its_budget(tmp_pa
     assert [p["name"] for p in s["properties"]] == ["no-oob-write", "capacity-liveness"]
     assert s["properties"][1]["examples"] > 0
     assert s["timings"]["total_seconds"] >= 0.8 * budget
-    # and the saved fault replays as the same fault
-    again = vmfuzz("replay", faults[0]["repro"], "--example-timeout", "1")
+    # and the saved fault replays as the same fault (a plug-in is imported only when named)
+    again = vmfuzz("replay", faults[0]["repro"], "--example-timeout", "1", "--target", f"tests.plugins:{plugin}")
     assert again.returncode == 1 and kind in again.stdout
 
 

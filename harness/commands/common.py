@@ -206,7 +206,9 @@ def own_report_dir(path: Path, overwrite: bool) -> Path:
             where = path if real == path.absolute() else f"{path} (-> {real})"
             raise UsageError(f"vmfuzz: --report-dir {where} already holds reports ({', '.join(held)}); "
                              "choose a new directory, or pass --overwrite to replace them")
-    return real
+    # The user's own spelling where no link is involved; the real folder where one is,
+    # so a link retargeted mid-run cannot move half of the reports elsewhere.
+    return path if real == path.absolute() else real
 
 
 def check_report_dir(args) -> None:
