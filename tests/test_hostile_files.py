@@ -156,3 +156,25 @@ def test_repeated_keys_are_refused(tmp_path):
     refused(vmfuzz(tmp_path, "run", "--deployment", write(tmp_path, "dep.json", dep), "--report-dir",
                    tmp_path / "r"), "'topk'", "more than once")
     refused(vmfuzz(tmp_path, "run", "--bounds", "d=4,d=16", "--report-dir", tmp_path / "r2"), "d", "more than once")
+
+
+@pytest.mark.slow
+def test_a_file_size_limit_leaves_every_report_whole_or_absent(tmp_path):
+    """RLIMIT_FSIZE (``ulimit -f``) below report.html's size: what is there parses, no temporary is left."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (3072, 3072))
+
+    r = subprocess.run([sys.executable, "-m", "harness.cli", "run", *FAILING, "--report-dir", str(tmp_path / "r")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=limit,
+                       env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "CI": "true",
+                            "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    no_traceback(r)
+    assert list((tmp_path / "r" / "findings").glob("*.json")), r.stderr  # the finding itself is small
+    assert not (tmp_path / "r" / "report.html").exists()  # too large: absent, never cut short
+    if (tmp_path / "r" / "summary.json").exists():
+        json.loads((tmp_path / "r" / "summary.json").read_text())
+    if (tmp_path / "r" / "junit.xml").exists():
+        __import__("xml.etree.ElementTree").etree.ElementTree.parse(tmp_path / "r" / "junit.xml")
+    assert not [p.name for p in (tmp_path / "r").iterdir() if p.name.endswith(".tmp")]
