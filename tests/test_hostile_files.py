@@ -171,6 +171,8 @@ def test_a_file_size_limit_leaves_every_report_whole_or_absent(tmp_path):
                        env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "CI": "true",
                             "XDG_CACHE_HOME": str(tmp_path / "cache")})
     no_traceback(r)
+    assert r.returncode == 1, r.stderr  # the finding is on disk: its verdict, not an error
+    assert len(r.stderr.strip().splitlines()) == 1 and "cannot write reports" in r.stderr, r.stderr
     assert list((tmp_path / "r" / "findings").glob("*.json")), r.stderr  # the finding itself is small
     assert not (tmp_path / "r" / "report.html").exists()  # too large: absent, never cut short
     if (tmp_path / "r" / "summary.json").exists():

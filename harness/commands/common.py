@@ -236,7 +236,15 @@ def write_reports_somewhere(write, outcome, report_dir: Path):
     except OSError as exc:
         from harness.model.validate import fallback_dir
         where = fallback_dir() / "reports"
-        summary = write(outcome, where)
+        try:
+            summary = write(outcome, where)
+        except OSError as again:
+            # A limit on every file this process writes (ulimit -f) stops the fallback too: the
+            # findings are on disk and the verdict stands; the reports are what is missing.
+            from harness.report.summary import build_summary
+            print(f"vmfuzz: cannot write reports to {report_dir} ({exc.strerror or exc}) nor to {where} "
+                  f"({again.strerror or again}); the findings' repros are on disk", file=sys.stderr)
+            return build_summary(outcome), report_dir
         print(f"vmfuzz: cannot write reports to {report_dir} ({exc.strerror or exc}); wrote them to {where}",
               file=sys.stderr)
         return summary, where
