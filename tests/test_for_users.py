@@ -1,5 +1,5 @@
 """What a user meets first: --help's exit codes, a bad --base, surface's reports, and a
-suite that leaves the checkout's reports/ as it found it (issue 17's smaller items)."""
+suite that leaves the checkout's reports/ as it found it."""
 
 from __future__ import annotations
 
