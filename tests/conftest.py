@@ -3,7 +3,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.helpers import sglang_or_skip
+from tests.helpers import ROOT, sglang_or_skip
 
 # Property tests are plain Hypothesis tests; profiles keep them quick by default
 # and let a nightly job turn them up without editing code.
@@ -12,6 +12,23 @@ settings.register_profile("default", max_examples=30, deadline=None,
 settings.register_profile("nightly", max_examples=2000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("VMFUZZ_HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture(autouse=True)
+def _in_own_folder(tmp_path, monkeypatch):
+    """Every test runs in its own temporary folder: a command run without --report-dir
+    writes reports/<timestamp>/ under it, never into the checkout's reports/."""
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _checkout_reports_untouched():
+    """After the tests, the checkout's reports/ holds what it held before them."""
+    reports = ROOT / "reports"
+    before = set(reports.iterdir()) if reports.is_dir() else set()
+    yield
+    after = set(reports.iterdir()) if reports.is_dir() else set()
+    assert after <= before, f"tests wrote into {reports}: {sorted(p.name for p in after - before)[:5]}"
 
 
 def pytest_configure(config):

@@ -1,4 +1,4 @@
-"""Running the CLI the way a user does: a subprocess in the repository root."""
+"""Running the CLI the way a user does: a subprocess, in the test's own folder."""
 
 from __future__ import annotations
 
@@ -27,8 +27,10 @@ def sglang_or_skip():
 
 
 def vmfuzz(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None):
+    """In the test's own folder unless told (conftest puts each test in one): a run without
+    --report-dir writes its reports there, not into the checkout's reports/."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "CI": "true", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd or ROOT, env=full_env,
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd or Path.cwd(), env=full_env,
                           capture_output=True, text=True, timeout=timeout)
 
 

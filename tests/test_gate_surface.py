@@ -149,7 +149,7 @@ def test_documentation_only_change_skips_without_importing_sglang(tmp_path):
                       "python/sglang/srt/layers/quantization/fp8.py\n")
     code = ("import sys; from harness.cli import main; rc = main(['gate', '--changed-files', sys.argv[1]]); "
             "print('sglang imported' if 'sglang' in sys.modules else 'sglang not imported'); sys.exit(rc)")
-    r = subprocess.run([sys.executable, "-c", code, str(listed)], cwd=ROOT, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", code, str(listed)], cwd=tmp_path, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "skipped: none of the 3 changed file(s)" in r.stdout and "sglang not imported" in r.stdout
@@ -316,7 +316,7 @@ def test_surface_on_sglang_lists_the_driven_parts_and_a_new_file_as_not_driven(p
     (site / "sglang/srt/layers/attention/new_router.py").write_text(
         "class NewRouter:\n    @property\n    def verify_mask(self):\n        return self.child.verify_mask\n")
     r = subprocess.run([sys.executable, "-m", "harness.cli", "surface", "--target", "sglang", "--json"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"})
     if r.returncode == 2 and not REQUIRE:
         pytest.skip(f"sglang target unavailable: {r.stderr.strip()}")

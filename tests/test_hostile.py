@@ -47,7 +47,7 @@ def _env(tmp_path, extra=None):
 
 
 def vmfuzz(tmp_path, *args, timeout=TIMEOUT, env=None, **kw):
-    return subprocess.run([sys.executable, "-m", "harness.cli", *map(str, args)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "harness.cli", *map(str, args)], cwd=tmp_path,
                           env=_env(tmp_path, env), capture_output=True, text=True, timeout=timeout,
                           preexec_fn=_cap, **kw)
 
@@ -306,7 +306,7 @@ def test_a_report_dir_that_breaks_mid_run_still_leaves_the_repro_on_disk_and_say
 # -- Ctrl-C and SIGTERM -------------------------------------------------------------------------
 
 def _interrupt(tmp_path, sig, args, wait_for: str, env=None):
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", *map(str, args)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", *map(str, args)], cwd=tmp_path,
                             env=_env(tmp_path, env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, preexec_fn=_cap)
     seen = ""

@@ -228,12 +228,12 @@ def test_a_target_that_raises_is_a_finding_not_a_crash_of_the_harness(tmp_path):
 
 @pytest.mark.parametrize("argv", [
     ["selftest", "--variant", "nope"],
-    ["minimize", "examples/deployment-pr33127.json", "--target", "nosuch"],
-    ["minimize", "examples/deployment-pr33127.json", "--property", "nope"],
+    ["minimize", str(ROOT / "examples" / "deployment-pr33127.json"), "--target", "nosuch"],
+    ["minimize", str(ROOT / "examples" / "deployment-pr33127.json"), "--property", "nope"],
     ["minimize", "no/such/file.json"],
     ["run", "--workers", "0"],
     ["run", "--time-budget", "-1"],
-    ["gate", "--base", "no-such-revision-xyz"],
+    ["gate", "--base", "no-such-revision-xyz", "--repo", str(ROOT)],
 ])
 def test_bad_input_is_one_line_on_stderr_and_exit_2(argv):
     r = vmfuzz(*argv)

@@ -25,7 +25,8 @@ EPILOG = """exit codes:
   2    bad input or an unavailable target (one line on stderr)
   3    could not check: vmfuzz is out of step with the code under test
        (one line naming the seam and its file; never a finding)
-  130  interrupted (findings so far are kept)
+  130  interrupted by Ctrl-C (findings so far are kept, reports cover what ran)
+  143  stopped by SIGTERM (the same)
 
 Each command writes summary.json, summary.md and junit.xml to --report-dir
 (default reports/<UTC timestamp>/). `vmfuzz COMMAND --help` for its options."""
@@ -65,7 +66,7 @@ def _common_run_args(p) -> None:
                         "(default 30, or the target's own for the profile)")
     p.add_argument("--repro-root", default=None, metavar="DIR",
                    help="canonical repros replayed first by the pr profile (default: ./repro if it exists, "
-                        "else the repro/ folder of vmfuzz's own checkout)")
+                        "else the ones that came with vmfuzz: its checkout's repro/ or its installed package's)")
 
 
 def _device(p) -> None:
@@ -154,6 +155,7 @@ def _surface(sub) -> None:
     surf = sub.add_parser("surface", help="each part of SGLang's mask path: which property drives it, or why none")
     surf.add_argument("--target", default="sglang", help="whose mask path to list (default sglang: the installed package)")
     surf.add_argument("--json", action="store_true", help="print the rows as JSON")
+    surf.add_argument("--report-dir", default=None, metavar="DIR", help=REPORT_DIR_HELP)
 
 
 def _bisect(sub) -> None:

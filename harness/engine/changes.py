@@ -157,7 +157,11 @@ def _git(root: Path | str, *args: str) -> str:
         raise ChangeError(f"git {args[0]} failed: {exc}") from None
     except subprocess.CalledProcessError as exc:
         msg = exc.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise ChangeError(f"git {args[0]} failed: {shown(msg[0]) if msg else exc}") from None
+        # git's own first line; a git that said nothing (--quiet) gets its status, never Python's repr
+        err = ChangeError(f"git {args[0]} failed: {shown(msg[0])}" if msg
+                          else f"git {args[0]} exited with status {exc.returncode}")
+        err.silent = not msg
+        raise err from None
     return os.fsdecode(out.stdout)
 
 
@@ -309,7 +313,9 @@ def changed_since(rev: str, repo: str | Path = ".") -> tuple[list[str], Checkout
     try:
         commit = _git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}").strip()
     except ChangeError as exc:
-        raise ChangeError(f"--base {rev!r} is not a commit in {shown(str(repo))} ({exc})") from None
+        # rev-parse --quiet says nothing for a name that is no commit: that is the whole story
+        why = "" if getattr(exc, "silent", False) else f" ({exc})"
+        raise ChangeError(f"--base {shown(repr(rev))} is not a commit in {shown(str(repo))}{why}") from None
     if not re.fullmatch(r"[0-9a-f]{40,64}", commit):
         raise ChangeError(f"--base {rev!r} is not a commit in {shown(str(repo))}")
     top = Path(_git(repo, "rev-parse", "--show-toplevel").strip())

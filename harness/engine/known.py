@@ -29,11 +29,13 @@ class KnownOutcome:
 
 
 def default_known_root() -> Path:
-    """``./known`` when run from vmfuzz's checkout; elsewhere the ``known/`` beside the ``harness`` package."""
+    """``./known`` when run from vmfuzz's checkout; elsewhere the ``known/`` that came with
+    the harness (beside the package in a checkout, inside it in an installed wheel)."""
     here = Path("known")
     if here.is_dir():
         return here
-    return Path(__file__).resolve().parents[2] / "known"  # harness/engine/ -> the checkout
+    from harness.engine.regressions import shipped
+    return shipped("known")
 
 
 def entries(root: Path) -> list[tuple[Path, Known]]:

@@ -37,12 +37,28 @@ class ReplayOutcome:
 
 def default_repro_root() -> Path:
     """``./repro`` when run from vmfuzz's checkout; elsewhere (a gate inside SGLang's
-    checkout) the ``repro/`` beside the ``harness`` package, so the canonical
-    repros still replay first."""
+    checkout) the repros that came with the harness: the ``repro/`` beside the
+    ``harness`` package in a checkout, its ``harness/shipped/repro`` in an installed
+    wheel (pyproject.toml maps them there), so the canonical repros still replay first."""
     here = Path("repro")
     if here.is_dir():
         return here
-    return Path(__file__).resolve().parents[2] / "repro"  # harness/engine/ -> the checkout
+    return shipped("repro")
+
+
+def shipped(folder: str) -> Path:
+    """A top-level data folder of vmfuzz (``repro``, ``known``) wherever the harness runs from."""
+    package = Path(__file__).resolve().parents[1]  # harness/engine/ -> harness/
+    installed = package / "shipped" / folder
+    return installed if installed.is_dir() else package.parent / folder
+
+
+def no_saved_repros(root: Path) -> str | None:
+    """The warning for a run meant to replay saved repros that finds none: a guard
+    that silently disappears (a wheel without its data, a wrong --repro-root) must show."""
+    if saved_repros(root):
+        return None
+    return f"no saved repro found under {root}: the canonical regressions were not replayed"
 
 
 def saved_repros(root: Path) -> list[Path]:

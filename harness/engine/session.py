@@ -9,6 +9,7 @@ and in memory, even when the search was cut short.
 from __future__ import annotations
 
 import datetime as dt
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -73,6 +74,8 @@ class RunOutcome:
     bounds_used: list = field(default_factory=list)  # the Bounds searched, in order
     #: kernel launches during the search and the seconds inside them (None: not measured)
     kernel: dict | None = None
+    #: things the run could not do that are not findings (no saved repro to replay): in summary.json
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
@@ -152,6 +155,14 @@ def _replays(plan: RunPlan, target, ui, out: list) -> list:
     return out
 
 
+def _warn_no_saved(plan: RunPlan, outcome: RunOutcome) -> None:
+    from harness.engine.regressions import no_saved_repros
+    warning = no_saved_repros(plan.repro_root) if plan.profile.replay_repros else None
+    if warning:
+        outcome.warnings.append(warning)
+        print(f"vmfuzz: warning: {warning}", file=sys.stderr, flush=True)
+
+
 def _attach_known(plan: RunPlan, target) -> list:
     from harness.engine.known import applicable, attach, entries
     found = applicable(entries(plan.known_root), dict(target.versions()))
@@ -187,6 +198,7 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
                          dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     ui = progress(len(plan.properties), f"{target.name} ({plan.profile.name})", per_slot=plan.max_examples)
     try:
+        _warn_no_saved(plan, outcome)
         _replays(plan, target, ui, outcome.replays)
         _known(plan, target, ui, outcome.known)
         outcome.replay_seconds = time.monotonic() - t0

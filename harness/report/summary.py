@@ -161,6 +161,7 @@ def build_summary(outcome) -> dict:
         "bounds": getattr(outcome, "bounds_used", []),
         "reached": _reached(outcome.results),
         "kernel": getattr(outcome, "kernel", None),
+        "warnings": list(getattr(outcome, "warnings", [])),
     }
 
 
@@ -200,7 +201,7 @@ def summary_md(s: dict) -> str:
     lines += ["| property | status | examples | seconds |", "|---|---|---:|---:|"]
     lines += [f"| {p['name']} | {p['status']} | {p['examples']} | {p['seconds']:.1f} |" for p in s["properties"]]
     lines += [f"\n- `{p['name']}` out of step: {p['out_of_step']}" for p in s["properties"] if p.get("out_of_step")]
-    for w in (s.get("gate") or {}).get("warnings", []):
+    for w in s.get("warnings", []) + (s.get("gate") or {}).get("warnings", []):
         lines += [f"\n- warning: {w}"]
     if s["replays"]:
         lines += ["", f"Replayed {c['replays']} saved repro(s) first, {c['replays_failed']} did not hold."]

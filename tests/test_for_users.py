@@ -1,0 +1,57 @@
+"""What a user meets first: --help's exit codes, a bad --base, surface's reports, and a
+suite that leaves the checkout's reports/ as it found it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness.cli.parser import build_parser
+from tests.helpers import ROOT, vmfuzz
+
+PR33127 = ROOT / "repro" / "pr33127" / "pr33127.json"
+
+
+def test_help_lists_every_exit_code_readme_lists():
+    text = build_parser().format_help()
+    for code in ("0", "1", "2", "3", "130", "143"):
+        assert f"\n  {code} " in text, code
+
+
+def test_a_bad_base_is_one_plain_line(tmp_path):
+    r = vmfuzz("gate", "--base", "no-such-revision-xyz", "--repo", str(ROOT), "--report-dir", str(tmp_path / "r"))
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip() == f"vmfuzz gate: --base 'no-such-revision-xyz' is not a commit in {ROOT}"
+
+
+def test_a_base_outside_git_names_gits_reason(tmp_path):
+    r = vmfuzz("gate", "--base", "main", "--repo", str(tmp_path))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "not a git repository" in r.stderr and "Command '[" not in r.stderr
+
+
+def test_surface_writes_its_summary(tmp_path):
+    rep = tmp_path / "rep"
+    r = vmfuzz("surface", "--target", "reference+pr33127", "--json", "--report-dir", str(rep))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["rows"]  # stdout is still the JSON alone
+    s = json.loads((rep / "summary.json").read_text())
+    assert s["command"] == "surface" and s["target"] == "reference+pr33127"
+    assert s["counts"]["checks"] == len(rows) > 0
+    assert s["counts"]["held"] == sum(row["driven"] for row in rows)
+    assert "vmfuzz surface" in (rep / "summary.md").read_text()
+    assert f'tests="{len(rows)}"' in (rep / "junit.xml").read_text()
+    assert f"reports: {rep}/" in r.stderr
+
+
+def test_surface_refuses_a_report_dir_it_cannot_use(tmp_path):
+    (tmp_path / "file").write_text("")
+    r = vmfuzz("surface", "--target", "reference", "--report-dir", str(tmp_path / "file"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_a_run_without_report_dir_writes_under_the_tests_own_folder(tmp_path):
+    """conftest puts each test in its own folder, so the checkout's reports/ is left alone."""
+    assert Path.cwd() == tmp_path
+    assert vmfuzz("replay", str(PR33127), "--target", "reference").returncode == 0
+    assert [p.parent.name for p in (tmp_path / "reports").glob("*/summary.json")] != []

@@ -1,0 +1,117 @@
+"""vmfuzz as a user installs it: a wheel built from pyproject.toml, in a fresh venv.
+
+The wheel must carry the saved repros (repro/) and the known findings (known/):
+a gate installed without them replayed nothing and said nothing, and the guard
+for #33127 silently disappeared. Here the harness is imported from the installed
+wheel, never from this checkout: no PYTHONPATH, and the working directory is
+outside the checkout (a ``./repro`` there would be found first).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, vmfuzz
+
+VERIFY_MASK = "python/sglang/srt/layers/attention/verify_mask.py"
+#: what pyproject.toml builds the wheel from
+BUILT_FROM = ("pyproject.toml", "README.md", "harness", "strategies", "repro", "known")
+
+
+def _checkout_packages() -> set[str]:
+    return {".".join(p.parent.relative_to(ROOT).parts)
+            for top in ("harness", "strategies") for p in (ROOT / top).rglob("__init__.py")}
+
+
+def test_every_package_of_the_checkout_is_listed_for_the_wheel():
+    """pyproject.toml lists its packages (so it can map repro/ and known/ in): a new one must be added."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+; the wheel test checks the same on 3.10
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    assert _checkout_packages() - listed == set()
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """A fresh venv with vmfuzz's wheel installed; its dependencies (torch...) come from this
+    interpreter's site-packages through a path file, which adds a folder but runs none of its
+    own path files, so no editable vmfuzz of the checkout comes with them."""
+    base = tmp_path_factory.mktemp("wheel")
+    # Built from a copy: setuptools leaves build/ behind, whose stale files a later wheel would reuse.
+    source = base / "source"
+    source.mkdir()
+    for name in BUILT_FROM:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(ROOT / name, source / name)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                            "-w", str(base / "dist"), str(source)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = (base / "dist").glob("vmfuzz-*.whl")
+    env_dir = base / "venv"
+    venv.create(env_dir, with_pip=False)
+    python = env_dir / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    # --force-reinstall: pip, run from this interpreter, sees the vmfuzz installed here
+    done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
+                           "--no-index", "--force-reinstall", str(wheel)], env=_clean_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (site / "zz_vmfuzz_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return wheel
+
+
+def _clean_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {"CI": "true"}
+
+
+def test_the_wheel_carries_the_saved_repros_and_known_findings(installed):
+    names = set(zipfile.ZipFile(installed).namelist())
+    for folder in ("repro", "known"):
+        for path in (ROOT / folder).rglob("*.json"):
+            assert f"harness/shipped/{folder}/{path.relative_to(ROOT / folder).as_posix()}" in names
+    assert {f"{p.replace('.', '/')}/__init__.py" for p in _checkout_packages()} <= names
+
+
+def test_a_gate_from_the_installed_wheel_replays_the_saved_repro_and_fails(installed, tmp_path):
+    """Only capacity-liveness is searched, and it holds on pr33127: exit 1 is the saved repro's."""
+    bin_dir = installed.parents[1] / "venv" / "bin"
+    where = subprocess.run([str(bin_dir / "python"), "-c", "import harness; print(harness.__file__)"],
+                           cwd=tmp_path, env=_clean_env(), capture_output=True, text=True, check=True).stdout
+    assert Path(where.strip()).is_relative_to(bin_dir.parent), where
+    (tmp_path / "changed.txt").write_text(VERIFY_MASK + "\n")
+    proc = subprocess.run([str(bin_dir / "vmfuzz"), "gate", "--target", "reference+pr33127",
+                           "--changed-files", "changed.txt", "--property", "capacity-liveness",
+                           "--report-dir", "out"], cwd=tmp_path, env=_clean_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    saved = [r for r in summary["replays"] if r["source"] == "saved"]
+    assert {Path(r["repro"]).name for r in saved} >= {"pr33127.json"}
+    assert all("harness/shipped/repro" in Path(r["repro"]).as_posix() for r in saved)
+    assert summary["counts"]["replays_failed"] == len(saved) and summary["counts"]["failed"] == 0
+    assert summary["warnings"] == [] and "no saved repro" not in proc.stderr
+
+
+def test_a_gate_that_finds_no_saved_repro_says_so(tmp_path):
+    (tmp_path / "changed.txt").write_text(VERIFY_MASK + "\n")
+    (tmp_path / "empty").mkdir()
+    proc = vmfuzz("gate", "--changed-files", str(tmp_path / "changed.txt"), "--property", "capacity-liveness",
+                  "--repro-root", str(tmp_path / "empty"), "--report-dir", str(tmp_path / "out"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"vmfuzz: warning: no saved repro found under {tmp_path / 'empty'}" in proc.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["counts"]["replays"] == 0
+    assert [w for w in summary["warnings"] if w.startswith("no saved repro found")]
+    assert "warning: no saved repro found" in (tmp_path / "out" / "summary.md").read_text()
