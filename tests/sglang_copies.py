@@ -82,11 +82,13 @@ def run_on_copy(site: Path, tmp_path: Path, *cli_args: str, timeout: float = 600
 
 
 def assert_caught_by(report_dir: Path, *props: str, out: str = "") -> None:
-    """The run whose reports are in ``report_dir`` found the edit through ``props``, and only them.
+    """The run whose reports are in ``report_dir`` found the edit through one of ``props``.
 
-    Read from summary.json's findings: at least one, each filed under one of
-    ``props`` as the property's own failure. A harness or target that raised
-    ("target raised", a crash, a hang) checked nothing, so it is never a catch.
+    Read from summary.json's findings: at least one filed under one of
+    ``props`` as the property's own failure, and none that is a raise. A
+    harness or target that raised ("target raised", a crash, a hang) checked
+    nothing, so it is never a catch. Other properties may see the same bug
+    too (an overflow on the pp call site also breaks the trivial path there).
     """
     import json
 
@@ -96,4 +98,4 @@ def assert_caught_by(report_dir: Path, *props: str, out: str = "") -> None:
     raised = [f for f in findings if f["kind"] != "property" or f["detail"].startswith("target raised")]
     assert not raised, f"caught only by raising, not by a property: {raised}\n{out}"
     by = sorted({f["property"] for f in findings})
-    assert set(by) <= set(props), f"caught by {by}, want only {', '.join(props)}\n{out}"
+    assert set(by) & set(props), f"caught by {by}, want one of {', '.join(props)}\n{out}"
