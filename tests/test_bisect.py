@@ -248,12 +248,11 @@ def test_sigkill_at_any_moment_leaves_the_checkout_byte_for_byte_and_the_rerun_r
     # A tag with the branch's name (same commit) must not leave the user detached either.
     sglang_repo.git(repo, "tag", "main", "main")
     try:
-        before = snapshot(repo)
         proc, out = bisect(repo, tmp_path / "final", "--good", shas[0], "--bad", "main")
         assert proc.returncode == 1, out
         assert "cleaned up after an interrupted bisect: removed the worktree" in out, out
         assert f"first bad commit: {shas[PLANTED]}" in out, out
-        assert snapshot(repo) == before
+        assert snapshot(repo) == before  # our worktree gone too: as before the first kill
         assert sglang_repo.git(repo, "rev-parse", "--symbolic-full-name", "HEAD") == "refs/heads/main"
     finally:
         sglang_repo.git(repo, "tag", "-d", "main")
