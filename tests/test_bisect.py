@@ -42,6 +42,9 @@ TOUCHED = ("python/sglang/srt/speculative/eagle_utils.py", "python/sglang/srt/la
 def history(tmp_path_factory):
     sglang_or_skip()
     repo = sglang_repo.build(tmp_path_factory.mktemp("sglang-history"))
+    # The copied package is thousands of loose objects: each commit below would start a background
+    # gc that is still running in the repository when a test looks for what the bisect left running.
+    sglang_repo.git(repo, "config", "gc.auto", "0")
     # --good tracks notes/keep.txt; commit 1 drops it and ignores notes/: the user's own copy is
     # an ignored file that a checkout of --good in their work tree would overwrite and then delete.
     (repo / "notes").mkdir()

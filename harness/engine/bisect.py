@@ -34,8 +34,9 @@ from pathlib import Path
 
 from harness.engine.bisect_step import BAD, GOOD, LOCK_ENV, SKIP
 
-#: Hooks belong to the user's own checkouts: a bisect's checkouts must not run them.
-_NO_HOOKS = ("-c", "core.hooksPath=/dev/null")
+#: Hooks belong to the user's own checkouts, and a background ``gc --auto`` would outlive the
+#: bisect in their repository: neither may start from a bisect's git commands.
+_NO_HOOKS = ("-c", "core.hooksPath=/dev/null", "-c", "gc.auto=0", "-c", "maintenance.auto=false")
 _FULL_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
