@@ -22,7 +22,7 @@ def run(args) -> int:
     summary = CommandSummary("bisect", args.target, seconds=res.seconds,
                              extra={"repro": args.repro, "repo": args.repo, "first_bad": res.first_bad,
                                     "subject": res.subject, "finding": res.detail, "property": res.property,
-                                    "candidates": res.candidates})
+                                    "candidates": res.candidates, "cleaned": res.cleaned})
     status = {"good": "held", "bad": "failed", "skip": "skipped"}
     for t in res.tested:
         summary.checks.append(Check(f"{t.commit[:12]} {t.subject}", status[t.verdict], t.detail,

@@ -20,9 +20,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 GOOD, BAD, SKIP = 0, 1, 125
+ABORT = 255  # git bisect run stops on it: the vmfuzz that owns this bisect is gone
+LOCK_ENV = "VMFUZZ_BISECT_LOCK"  # the lock file the owning vmfuzz holds while it lives
 HARNESS_ERROR = 3  # child only: mapped to SKIP by the parent
 
 
@@ -92,21 +95,58 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - the harness failing says nothing about this revision
             print(f"vmfuzz bisect: step failed: {type(exc).__name__}: {exc}", file=sys.stderr)
             return HARNESS_ERROR
+    if _owner_gone():
+        return ABORT
     cmd = [sys.executable, "-m", "harness.engine.bisect_step", "--child", args.repro, "--repo", args.repo,
            "--target", args.target] + (["--property", args.property] if args.property else [])
-    try:
-        proc = subprocess.run(cmd, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
+    rc = _watch(subprocess.Popen(cmd), args.timeout)
+    if rc is None:
         _emit(args, "bad", f"target-hang: no verdict within {args.timeout:g}s")
         return BAD
-    if proc.returncode in (GOOD, BAD, SKIP):
-        return proc.returncode
-    if proc.returncode < 0:  # killed by a signal: the target crashed on the repro
-        _emit(args, "bad", f"target-crash: the replay died with signal {-proc.returncode}")
+    if rc in (GOOD, BAD, SKIP, ABORT):
+        return rc
+    if rc < 0:  # killed by a signal: the target crashed on the repro
+        _emit(args, "bad", f"target-crash: the replay died with signal {-rc}")
         return BAD
     # anything else is the harness failing, not this revision: never blame it
-    _emit(args, "skip", f"replay exited {proc.returncode}")
+    _emit(args, "skip", f"replay exited {rc}")
     return SKIP
+
+
+def _owner_gone() -> bool:
+    """True once the vmfuzz that started this bisect has died (even by SIGKILL): its lock is free."""
+    import fcntl
+
+    path = os.environ.get(LOCK_ENV)
+    if not path:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing also drops the shared lock taken when the owner was gone
+    return True
+
+
+def _watch(proc: subprocess.Popen, timeout: float) -> int | None:
+    """The replay's exit status; None when it hung; ABORT when the owner died meanwhile,
+    so that an orphaned ``git bisect run`` stops instead of going on without anyone."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            pass
+        gone = _owner_gone()
+        if gone or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            return ABORT if gone else None
 
 
 if __name__ == "__main__":
