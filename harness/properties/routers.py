@@ -79,7 +79,9 @@ def routing(target, config: Config, batches: list[Batch], device="cpu") -> Obser
         heap = ShadowHeap(device)
         masks = _masks(target, config, heap)
         stepped = set()
-        for router in ROUTERS:
+        present = getattr(target, "routers", None) or tuple(ROUTERS)
+        obs.classes.update(f"{router}: not in this SGLang" for router in ROUTERS if router not in present)
+        for router in present:
             children = _children(config, router, masks)
             for spec_mode in SPEC_MODES:
                 role = verify_child(router, spec_mode)

@@ -60,6 +60,20 @@ _MODULES = {
     "dots-swa": ("sglang.srt.layers.attention.dots_hybrid_backend", "DotsSWAMLAAttnBackend"),
 }
 
+def present() -> tuple[str, ...]:
+    """The router kinds this SGLang has (Dots' wrapper came in 0.5.19): a release
+    without a router is not out of step, it has nothing there to check."""
+    from importlib.util import find_spec
+    out = []
+    for kind, (module, _) in _MODULES.items():
+        try:
+            if find_spec(module) is not None:
+                out.append(kind)
+        except ImportError:
+            pass
+    return tuple(out)
+
+
 #: the one full-attention layer the stand-in hybrid-linear model has
 _FULL_LAYER = 0
 
@@ -107,18 +121,25 @@ def build(sg, router: str, spec_mode: str, children: dict[str, Child], context_l
     kids = {role: _role_class(role)(children[role], served) for role in ROUTERS[router]}
     mod, cls = _class(router)
     if router == "hybrid":
-        runner = SimpleNamespace(kv_cache_dtype=torch.bfloat16, token_to_kv_pool=None, req_to_token_pool=None,
-                                 kv_index_translator=None,
-                                 model_config=SimpleNamespace(context_len=context_len))
         spec = SimpleNamespace(speculative_attention_mode=spec_mode, speculative_algorithm="EAGLE")
-        with bound((mod, "get_spec", lambda: spec)):
+        # The mode is read from the server's spec (get_spec(), 0.5.23) or, in older
+        # releases, from the model runner's server_args: both carry it.
+        runner = SimpleNamespace(kv_cache_dtype=torch.bfloat16, token_to_kv_pool=None, req_to_token_pool=None,
+                                 kv_index_translator=None, server_args=spec,
+                                 model_config=SimpleNamespace(context_len=context_len))
+        lookup = [(mod, "get_spec", lambda: spec)] if hasattr(mod, "get_spec") else []
+        with bound(*lookup):
             backend = cls(runner, kids["prefill"], kids["decode"])
     elif router == "tbo":
         backend = cls(kids["primary"], [kids["tbo-child-0"], kids["tbo-child-1"]])
     elif router == "dots-swa":
         backend = cls(kids["wrapped"])
     else:
-        with bound((mod, "check_cuda_graph_backend", lambda *a, **k: False)):
+        # A server-wide lookup only some releases' constructor makes (0.5.21 has none):
+        # where the module has no such function, the constructor cannot call it.
+        lookup = [(mod, "check_cuda_graph_backend", lambda *a, **k: False)] \
+            if hasattr(mod, "check_cuda_graph_backend") else []
+        with bound(*lookup):
             backend = cls(kids["full"], kids["linear"], [_FULL_LAYER])
     forward_batch = SimpleNamespace(forward_mode=sg.forward_info.ForwardMode.TARGET_VERIFY)
     backend.forward_extend(q=None, k=None, v=None, layer=SimpleNamespace(layer_id=_FULL_LAYER),

@@ -260,6 +260,12 @@ class SglangTarget:
                 "vmfuzz": harness.__version__}
 
     # -- routers and allocation sites (routers.py, allocation.py) --------------
+    @property
+    def routers(self) -> tuple[str, ...]:
+        """The router kinds this SGLang has; the routing property checks these."""
+        from harness.targets.sglang import routers
+        return routers.present()
+
     def route(self, router: str, spec_mode: str, children: dict, context_len: int):
         """SGLang's router class of that kind, built over stand-ins of ``children``."""
         from harness.targets.sglang import routers
