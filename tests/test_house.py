@@ -92,3 +92,29 @@ def test_python_m_harness_is_the_vmfuzz_command():
     r = subprocess.run([sys.executable, "-m", "harness", "--help"], capture_output=True, text=True, timeout=120,
                        cwd=ROOT)
     assert r.returncode == 0 and r.stdout.startswith("usage: vmfuzz"), r.stdout + r.stderr
+
+
+def _loops(root: Path) -> list[str]:
+    """Every import that some chain of imports leads back from, in the tree at ``root``."""
+    code = ("import grimp, json; g = grimp.build_graph('harness', 'strategies'); "
+            "print(json.dumps([' -> '.join((a, *c)) for a in sorted(g.modules) "
+            "for b in sorted(g.find_modules_directly_imported_by(a)) "
+            "for c in [g.find_shortest_chain(importer=b, imported=a)] if c]))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, env={"PYTHONPATH": str(root)}, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    import json
+    return json.loads(r.stdout)
+
+
+def test_no_import_cycle_inside_a_layer():
+    """The layers contract forbids upward imports; this forbids loops among modules of one layer."""
+    assert _loops(ROOT) == []
+
+
+def test_a_planted_cycle_is_found(tmp_path):
+    for part in ("harness", "strategies"):
+        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+    planted = tmp_path / "harness" / "model" / "layouts.py"
+    planted.write_text(planted.read_text() + "\n\ndef _planted():\n    import harness.model.config  # noqa\n")
+    assert any(loop.startswith("harness.model.config -> harness.model.layouts") for loop in _loops(tmp_path))

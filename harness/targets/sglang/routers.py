@@ -190,7 +190,7 @@ def verify_routed(target, routing: Routing, config: Config, batch: Batch, heap) 
     if not getattr(routing, "needs_cpu_seq_lens", False):
         forward_batch.seq_lens_sum = None
     sel, par = tree_tensors(config, batch, dev)
-    from harness.targets.sglang.target import require_taken
+    from harness.targets.sglang.seams import require_taken
     with target._routed(heap, mask) as taken:
         vi = sg.call_site.build_eagle_verify_input(
             forward_batch, SimpleNamespace(bonus_tokens=chain.bonus_tokens), par, sel, chain.draft_tokens, None,

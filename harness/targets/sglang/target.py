@@ -26,7 +26,7 @@ from harness.guard.shadow import ShadowHeap
 from harness.targets.sglang.binding import bound as _bound
 from harness.targets.sglang import call_sites, readers, writers
 from harness.targets.sglang.loader import Sglang, imported_sglang
-from harness.targets.sglang.seams import OutOfStep, Sentinel, bind, call_by_quantity, call_with, where
+from harness.targets.sglang.seams import OutOfStep, Sentinel, bind, call_by_quantity, call_with, require_taken, where
 
 VERIFY_MASK = "srt/layers/attention/verify_mask.py"
 
@@ -40,27 +40,6 @@ SURFACE = (
     # the direct chain writer sizes its buffer by arithmetic, not fits
     ("srt/layers/attention/verify_mask.py", "VerifyMask.fits", _ALL[:-1]),
 )
-
-
-def require_taken(taken: dict, site: str) -> None:
-    """Out of step unless the verify step went through the patches that guard its writes.
-
-    The mask is written either by the wrapper handing over to the tree kernel or
-    by the chain writer's launch; a step that took neither wrote through code
-    vmfuzz did not guard (a renamed global, a moved call), so its outputs were
-    not checked and must not be judged.
-    """
-    chain = taken["chain"] is not None and taken["chain"].calls
-    if taken["wrapper"].calls and taken["kernel"] is None:
-        raise OutOfStep("build_tree_kernel_efficient", "srt/speculative/eagle_utils.py",
-                        "no kernel entry found among the globals it calls")
-    if taken["wrapper"].calls and not taken["kernel"].calls and not chain:
-        taken["kernel"].require(f"build_tree_kernel_efficient did not go through {taken['kernel'].seam}, "
-                                "the kernel entry vmfuzz guards")
-    if not taken["wrapper"].calls and not chain:
-        raise OutOfStep(site + " call site", "srt/speculative/eagle_utils.py",
-                        "the verify step wrote its mask through neither build_tree_kernel_efficient nor "
-                        "the chain writer's launch, the patches vmfuzz guards writes at")
 
 
 class SglangTarget:
