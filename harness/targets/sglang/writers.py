@@ -15,6 +15,8 @@ redzoned stand-ins (``guarded_chain_write``) and then runs the target's
 
 from __future__ import annotations
 
+import sys
+
 from harness.guard.chain_write import ChainCall, guarded_chain_write
 from harness.guard.tree_write import KernelCall, guarded_write
 from harness.model.layouts import TreeMaskMode
@@ -86,8 +88,22 @@ def tree_kernel_patches(sg, kernel, heap) -> list[tuple]:
             mode=TreeMaskMode(int(q.get("mode", TreeMaskMode.FULL_MASK))), heap=heap)
         guarded_write(kernel, call, [int(s) for s in seq.tolist()])
 
+    sentinel = Sentinel(kernel_entry, seam, EAGLE_UTILS)
     # An older wrapper names the CUDA entry even where this host never defined it.
-    return [(sg.eagle_utils, sg.entry, Sentinel(kernel_entry, seam, EAGLE_UTILS), True)]
+    patches = [(sg.eagle_utils, sg.entry, sentinel, True)]
+    # The entry is bound where it is defined too: a wrapper that reaches it
+    # through its home module, not the name eagle_utils imported, still goes
+    # through the guard instead of the platform kernel this host lacks.
+    home = _home_module(getattr(sg.eagle_utils, sg.entry, None), sg.entry)
+    if home is not None and home is not sg.eagle_utils:
+        patches.append((home, sg.entry, sentinel, False))
+    return patches
+
+
+def _home_module(entry, name: str):
+    """The module that defines ``entry`` under ``name``, if it holds that very object."""
+    home = sys.modules.get(getattr(entry, "__module__", None) or "")
+    return home if home is not None and getattr(home, name, None) is entry else None
 
 
 class _GuardedChainLaunch:
