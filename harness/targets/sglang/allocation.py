@@ -78,8 +78,9 @@ def _attributes(name: str, n: ServerNumbers) -> dict:
                     speculative_step_id=0, _get_scheduler_metadata=None, use_mla=False, local_attn_builder=None,
                     has_local_attention=False, use_sliding_window_kv_pool=False)
     if name == "trtllm_mla":
+        # _unified_mla: releases before 0.5.19 ask whether the KV pool is the unified MLA one; it is not
         return dict(common, num_draft_tokens=n.num_draft_tokens, page_size=64, data_type=torch.bfloat16,
-                    num_q_heads=1, kv_cache_dim=1)
+                    num_q_heads=1, kv_cache_dim=1, _unified_mla=False)
     if name == "deepseek_v4":
         return dict(common, speculative_num_draft_tokens=n.num_draft_tokens)
     if name == "qwen_sparse":
@@ -103,8 +104,17 @@ def _server_context(n: ServerNumbers):
     return spec, exec_, parallel, schedule
 
 
-def _model_runner(n: ServerNumbers):
-    """A target model runner of a small dense model, on the meta device."""
+def _model_runner(n: ServerNumbers, exec_, schedule):
+    """A target model runner of a small dense model, on the meta device.
+
+    Its ``server_args`` holds the same options as the stand-in server's
+    ``get_exec``/``get_schedule``, for releases that read them from there.
+    """
+    server_args = SimpleNamespace(
+        triton_attention_num_kv_splits=exec_.kernel.triton_attention_num_kv_splits,
+        triton_attention_split_tile_size=exec_.kernel.triton_attention_split_tile_size,
+        enable_deterministic_inference=exec_.deterministic.enable_deterministic_inference,
+        chunked_prefill_size=schedule.chunked_prefill_size, page_size=1)
     model_config = SimpleNamespace(
         context_len=n.context_len, attention_arch=None, get_max_num_attention_heads=lambda: 8,
         get_num_kv_heads=lambda *a: 8, v_head_dim=64, swa_v_head_dim=64, head_dim=64, is_encoder_decoder=False)
@@ -114,7 +124,8 @@ def _model_runner(n: ServerNumbers):
         req_to_token_pool=pool, sliding_window_size=None, token_to_kv_pool=kv_pool,
         token_to_kv_pool_allocator=None, page_size=1, kv_index_translator=TranslatesNothing(),
         decode_num_tokens_per_req=lambda: n.num_draft_tokens, is_draft_worker=False, spec_algorithm=None,
-        model_config=model_config, device="meta", gpu_id=0, kv_cache_dtype=torch.bfloat16)
+        model_config=model_config, device="meta", gpu_id=0, kv_cache_dtype=torch.bfloat16,
+        server_args=server_args)
 
 
 def _constructed(name: str, mod, cls, n: ServerNumbers):
@@ -127,10 +138,27 @@ def _constructed(name: str, mod, cls, n: ServerNumbers):
     if name != "triton":
         return None
     spec, exec_, parallel, schedule = _server_context(n)
-    with bound((mod, "get_spec", lambda: spec), (mod, "get_exec", lambda: exec_),
-               (mod, "get_parallel", lambda: parallel), (mod, "get_schedule", lambda: schedule),
-               (mod, "mambaish_config", lambda config: None)):
-        return cls(_model_runner(n))
+    with bound((mod, "get_spec", lambda: spec), *_server_lookups(mod, exec_, parallel, schedule)):
+        return cls(_model_runner(n, exec_, schedule))
+
+
+#: Model-family probes the constructor asks of the model config; the stand-in
+#: model is a plain dense one, so each answers "not this family". Releases
+#: name them differently (one ``mambaish_config`` from 0.5.18 on, three
+#: family probes before), so each is bound where the module has it.
+_FAMILY_PROBES = ("mambaish_config", "hybrid_gdn_config", "kimi_linear_config", "linear_attn_model_spec")
+
+
+def _server_lookups(mod, exec_, parallel, schedule) -> list[tuple]:
+    """The server-wide lookups this release's module goes through, each bound to the stand-in server.
+
+    Only ``get_spec`` is required: older releases read the kernel and
+    scheduling options from ``model_runner.server_args`` instead of
+    ``get_exec``/``get_schedule`` (the stand-in runner carries both forms).
+    """
+    lookups = {"get_exec": lambda: exec_, "get_parallel": lambda: parallel, "get_schedule": lambda: schedule}
+    lookups.update({probe: (lambda config: None) for probe in _FAMILY_PROBES})
+    return [(mod, name, value) for name, value in lookups.items() if hasattr(mod, name)]
 
 
 #: Sites whose module imports CUDA-only extensions at load: imported with those

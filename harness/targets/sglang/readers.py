@@ -37,6 +37,7 @@ import torch
 from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode, logical_size
 from harness.model.readers import PackedView, ReaderView, capture_seq_len, captured_bs
+from harness.targets.sglang.binding import bound
 from harness.targets.sglang.loader import _quiet_import
 from harness.targets.sglang.seams import TranslatesNothing, call_with, unset_by_harness
 
@@ -92,11 +93,30 @@ def _seq_lens(batch: Batch, dev) -> torch.Tensor:
 
 # -- Triton attention --------------------------------------------------------------
 
+class _KvGatherNothing:
+    """Stands where releases before the KV-index translator launch their KV-id gather kernel.
+
+    Which KV slot holds a token is not what the mask readers get wrong (newer
+    releases reach the same gather through the translator, ``TranslatesNothing``),
+    and that kernel's loop does not run under the Triton interpreter.
+    """
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+#: The module global those releases launch the gather through.
+_KV_GATHER = "create_flashinfer_kv_indices_triton"
+
+
 @contextlib.contextmanager
 def _stand_in_checked(backend):
     """An attribute the backend's own code sets but the stand-in lacks is vmfuzz out of step."""
+    module = modules().triton_backend
+    gather = [(module, _KV_GATHER, _KvGatherNothing())] if hasattr(module, _KV_GATHER) else []
     try:
-        yield
+        with bound(*gather):
+            yield
     except AttributeError as exc:
         unset_by_harness(exc, backend, type(backend), "TritonAttnBackend stand-in",
                          "srt/layers/attention/triton_backend.py")
@@ -120,6 +140,9 @@ def triton_backend(mask, config: Config, pool: int, dev):
         cuda_graph_kv_indices=torch.zeros(max(1, max_num_tokens * config.max_context_len), dtype=torch.int64,
                                           device=dev),
         _verify_mask=mask, forward_metadata=None,
+        # Releases before the KV-index translator (0.5.17, 0.5.18) hand the
+        # request-to-token map to their KV gather (stood in: ``_KvGatherNothing``).
+        req_to_token=torch.zeros(pool, 1, dtype=torch.int32, device=dev), _translate_kv_loc=None,
     )
     backend.__dict__.update(state)
     return backend
