@@ -104,11 +104,10 @@ def test_two_shards_share_one_redis_database_and_merge_to_the_single_runs_verdic
     summary = json.loads((tmp_path / "merged" / "summary.json").read_text())
     assert summary["shards"] == ["1/2", "2/2"]
 
-    # what each shard found is in the one database: every failed property's counterexample,
-    # and examples from both shards
+    # what each shard found is in the one database, under its properties' keys: a later
+    # shard (another night, another machine) reads both. (Findings themselves travel as
+    # repro files and the local last-failures folder, not through the example database.)
     keys = [k.decode(errors="replace") for k in redis.Redis.from_url(redis_url).scan_iter("hypothesis-example:*")]
     stored = {part for k in keys for part in k.split(":", 1)[1].split("/", 1)[0].removeprefix("shared:").split(",")}
     for folder in shards:
-        verdicts = _verdicts(folder)
-        assert {p for p, v in verdicts.items() if v == "failed"} <= stored, (folder, sorted(stored))
-        assert set(verdicts) & stored, (folder, sorted(stored))
+        assert set(_verdicts(folder)) & stored, (folder, sorted(stored))
