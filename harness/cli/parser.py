@@ -46,7 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
     _surface(sub)
     _bisect(sub)
     _arithmetic(sub)
+    _merge(sub)
     return p
+
+
+def _merge(sub) -> None:
+    m = sub.add_parser("merge", help="join the report folders of a sharded run into one report")
+    m.add_argument("dirs", nargs="+", metavar="DIR", help="a shard's report folder (its summary.json)")
+    _report_dir(m)
 
 
 def _common_run_args(p) -> None:
@@ -56,9 +63,13 @@ def _common_run_args(p) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where tensors live")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="every boundary class each property reached, not the one-line summary")
-    p.add_argument("--db", default=DEFAULT_DB_DIR, metavar="DIR",
+    p.add_argument("--db", default=DEFAULT_DB_DIR, metavar="DIR|URL",
                    help=f"example database and last run's failures (pr reads it, nightly writes it; "
-                        f"default {DEFAULT_DB_DIR})")
+                        f"default {DEFAULT_DB_DIR}); redis://HOST:PORT/N shares the example database "
+                        f"between machines (last failures then stay in {DEFAULT_DB_DIR})")
+    p.add_argument("--shard", default=None, metavar="K/N",
+                   help="run only shard K of N (the properties split round robin; shard 1 also replays "
+                        "saved repros); vmfuzz merge joins the shards' report folders")
     p.add_argument("--isolate", choices=["auto", "on", "off"], default="auto",
                    help="run each example in a watched worker (auto: on for sglang and plug-in targets)")
     p.add_argument("--example-timeout", type=float, default=None, metavar="S",

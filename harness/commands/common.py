@@ -145,13 +145,32 @@ def check_places(args, profile) -> Path:
     from harness.engine.regressions import default_repro_root
     report_dir = usable(report_dir_of(args), "--report-dir")
     if profile.database == "write" or profile.replay_last_failures:
-        db = Path(args.db)
+        db = local_db_dir(args.db)
         usable(db, "--db")
         if profile.replay_last_failures:
             usable(db / "last-failures", "--db's last-failures")
     if profile.replay_repros:
         check_saved_repros(Path(args.repro_root) if args.repro_root else default_repro_root())
     return report_dir
+
+
+def local_db_dir(value: str) -> Path:
+    """The folder for the database's files: ``--db`` itself, or the default one beside a Redis URL."""
+    from harness.engine.database import shared_url
+    from harness.engine.profiles import DEFAULT_DB_DIR
+    return Path(DEFAULT_DB_DIR if shared_url(value) else value)
+
+
+def check_shared_db(value: str, profile) -> str | None:
+    """``--db redis://...`` reachable before the search (one line, exit 2); None for a folder."""
+    from harness.engine.database import SharedDatabaseError, redis_database, shared_url
+    url = shared_url(value)
+    if url and profile.database != "none":
+        try:
+            redis_database(url)
+        except SharedDatabaseError as exc:
+            raise UsageError(f"vmfuzz: {exc}") from None
+    return url
 
 
 def check_saved_repros(root: Path) -> None:

@@ -13,7 +13,8 @@ from functools import partial
 from pathlib import Path
 
 from harness.commands.common import (check_device, check_places, check_property_names, check_run_options,
-                                     isolated, resolve_target, write_reports_somewhere)
+                                     check_shared_db, isolated, local_db_dir, resolve_target,
+                                     write_reports_somewhere)
 from harness.engine.profiles import PROFILES
 from harness.model import limits
 from harness.model.bounds import Bounds
@@ -42,6 +43,7 @@ def plan(args, *, command: str = "run", profile_name: str | None = None, seed=No
     profile = PROFILES[profile_name or args.profile]
     properties = getattr(args, "properties", None) or list(PROPERTIES)
     check_property_names(properties)
+    properties, profile = _shard(args, properties, profile)
     workers = check_run_options(args, properties)
     deployment = None
     if deployment_file:
@@ -57,11 +59,13 @@ def plan(args, *, command: str = "run", profile_name: str | None = None, seed=No
     # its own example budget per profile and size ceiling.
     own_budget = getattr(target, "budget", {}).get(profile.name)
     report_dir = check_places(args, profile)
+    db_url = check_shared_db(args.db, profile)
     run_plan = RunPlan(target=args.target, profile=profile, seed=seed,
                        max_examples=max_examples or min(profile.max_examples, own_budget or profile.max_examples),
                        time_budget=time_budget if time_budget is not None else profile.time_budget,
                        report_dir=report_dir,
-                       properties=properties, workers=workers, device=args.device, db_dir=Path(args.db),
+                       properties=properties, workers=workers, device=args.device, db_dir=local_db_dir(args.db),
+                       db_url=db_url, shard=getattr(args, "shard", None),
                        isolate=isolated(args.isolate, args.target),
                        # Production shapes in the Triton interpreter take tens of seconds a
                        # case: a slow target names its own limit per profile.
@@ -78,6 +82,22 @@ def plan(args, *, command: str = "run", profile_name: str | None = None, seed=No
         # A slow target widens its bounds step by step where the profile's budget allows.
         run_plan.bounds_steps = tuple(getattr(target, "bounds_ladder", {}).get(profile.name, ()))
     return run_plan, target
+
+
+def _shard(args, properties: list[str], profile):
+    """``--shard K/N``: this shard's properties, and its profile (only shard 1 replays saved repros)."""
+    text = getattr(args, "shard", None)
+    if text is None:
+        return properties, profile
+    from harness.engine.shard import parse_shard, shard_properties
+    try:
+        k, n = parse_shard(text, len(properties))
+    except ValueError as exc:
+        raise UsageError(f"vmfuzz: {exc}") from None
+    args.shard = f"{k}/{n}"
+    if k > 1:
+        profile = dataclasses.replace(profile, replay_repros=False, replay_last_failures=False)
+    return shard_properties(properties, k, n), profile
 
 
 #: ``--bounds`` keys: Bounds fields, and the short names a person types

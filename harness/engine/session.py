@@ -48,6 +48,8 @@ class RunPlan:
     #: of the budget (a nightly on a slow target); empty: ``bounds`` alone
     bounds_steps: tuple = ()
     share: bool = True  # search the shared properties together (harness.properties.shared)
+    db_url: str | None = None  # a Redis server holding the example database (--db redis://...)
+    shard: str | None = None  # "K/N": this run is shard K of N (harness.engine.shard)
 
     @property
     def findings_dir(self) -> Path:
@@ -105,7 +107,7 @@ def _searcher(plan: RunPlan, target):
 def _search_one(plan: RunPlan, target, name: str, deadline, check, strategies) -> PropertyResult:
     return search_property(target, PROPERTIES[name], seed=plan.seed, max_examples=plan.max_examples,
                            bounds=plan.bounds, findings_dir=plan.findings_dir, device=plan.device,
-                           database=database_for(plan.profile.database, plan.db_dir), deadline=deadline, check=check,
+                           database=database_for(plan.profile.database, plan.db_dir, plan.db_url), deadline=deadline, check=check,
                            strategy=strategies.get(name), rounds=plan.profile.rounds)
 
 
@@ -295,7 +297,7 @@ def _staged(plan: RunPlan, target, outcome: RunOutcome, budget, check, strategie
     import dataclasses
     steps = tuple(plan.bounds_steps) or (plan.bounds,)
     common = dict(seed=plan.seed, max_examples=plan.max_examples, findings_dir=plan.findings_dir,
-                  device=plan.device, database=database_for(plan.profile.database, plan.db_dir), check=check, strategies=strategies,
+                  device=plan.device, database=database_for(plan.profile.database, plan.db_dir, plan.db_url), check=check, strategies=strategies,
                   rounds=plan.profile.rounds, share=plan.share, on_example=on_example)
     if len(steps) == 1:
         outcome.bounds_used.append(dataclasses.asdict(steps[0]))

@@ -1,0 +1,205 @@
+"""A mutation score of the gate over the SGLang files it drives (cosmic-ray's standard operators).
+
+    python bench/mutation_score.py prepare WORK --sample 100 --seed 1 --workers 2 [--timeout 600]
+    python bench/mutation_score.py exec WORK        # runs what is pending; rerun to resume
+    python bench/mutation_score.py report WORK      # WORK/score.md, WORK/score.json, WORK/survivors.md
+
+``prepare`` asks ``vmfuzz surface --target sglang`` which files are driven and by
+which properties, builds one copy of the installed SGLang per worker (a folder laid
+out like an SGLang checkout; every file a symlink except the driven ones, which
+cosmic-ray rewrites in place: the venv's own files are never touched), runs
+``cosmic-ray init`` over the driven files, and marks every work item outside a
+seeded sample of N as skipped. ``exec`` starts one cosmic-ray http-worker per copy
+and runs the session through cosmic-ray's http distributor; more machines join
+by running ``cosmic-ray http-worker`` in their own copy and being listed in
+WORK/cosmic-ray.toml's worker-urls. Each mutant's test command is
+bench/mutation_kill.py: the gate, restricted to the properties that drive the
+mutated file. ``report`` tabulates killed / survived / timed-out / out-of-step /
+error / suspected-equivalent per file and per operator, and writes the
+survivors' diffs (bench/mutation_table.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from importlib.util import find_spec
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+HARNESS_ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+BASE_PORT = 9876
+
+
+def driven_files() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """sglang-relative file -> the properties that drive it, and file -> its driven functions
+    ("" for a whole file), as ``vmfuzz surface`` reports them."""
+    env = dict(os.environ, PYTHONPATH=str(HARNESS_ROOT))
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-m", "harness", "surface", "--target", "sglang",
+                           "--json", "--report-dir", tempfile.mkdtemp(prefix="vmfuzz-surface-")],
+                          capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        sys.exit(f"mutation_score: vmfuzz surface failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
+    files: dict[str, set[str]] = {}
+    functions: dict[str, set[str]] = {}
+    for row in json.loads(proc.stdout)["rows"]:
+        if row["driven"] and row["file"].endswith(".py"):
+            files.setdefault(row["file"], set()).update(row["driven_by"])
+            functions.setdefault(row["file"], set()).add(row["function"] or "")
+    return ({f: sorted(p) for f, p in sorted(files.items())}, {f: sorted(n) for f, n in functions.items()})
+
+
+def driven_lines(source: str, names: list[str]) -> list[tuple[int, int]] | None:
+    """The line ranges of the named functions and classes (``Class.method``); None: the whole file."""
+    if "" in names:
+        return None
+    ranges = []
+
+    def walk(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                qual = prefix + child.name
+                if qual in names:
+                    ranges.append((child.lineno, child.end_lineno))
+                walk(child, qual + ".")
+    walk(ast.parse(source), "")
+    return ranges
+
+
+def mirror(src: Path, dst: Path, real: set[Path], rel: Path = Path()) -> None:
+    """``dst`` mirrors ``src`` with symlinks; the ``real`` files (and the folders down to them)
+    are copies, so cosmic-ray's in-place edits stay in ``dst``. No ``__pycache__`` in a real
+    folder: the installed bytecode must not stand in for a mutated source."""
+    dst.mkdir(parents=True)
+    on_path = {p for r in real for p in r.parents}
+    for entry in src.iterdir():
+        r = rel / entry.name
+        if r in real:
+            shutil.copy2(entry, dst / entry.name)
+        elif entry.is_dir() and r in on_path:
+            mirror(entry, dst / entry.name, real, r)
+        elif entry.name != "__pycache__":
+            (dst / entry.name).symlink_to(entry)
+
+
+def write_config(work: Path, files: list[str], workers: int, timeout: float, port: int) -> Path:
+    urls = ", ".join(f"'http://localhost:{port + k}'" for k in range(workers))
+    modules = ", ".join(f"'python/sglang/{f}'" for f in files)
+    kill = f"{sys.executable} {HERE / 'mutation_kill.py'} {work / 'driven.json'}"
+    cfg = work / "cosmic-ray.toml"
+    cfg.write_text(f"""[cosmic-ray]
+module-path = [{modules}]
+timeout = {timeout}
+excluded-modules = []
+test-command = "{kill}"
+
+[cosmic-ray.distributor]
+name = "http"
+
+[cosmic-ray.distributor.http]
+worker-urls = [{urls}]
+""")
+    return cfg
+
+
+def cosmic_ray(*args: str, cwd: Path, **kw):
+    return subprocess.run([sys.executable, "-m", "cosmic_ray.cli", *args], cwd=cwd, **kw)
+
+
+def in_scope(item, package: Path, functions: dict[str, list[str]], cache: dict) -> bool:
+    """Whether a work item's mutation lies in a function the harness drives (``--scope functions``)."""
+    m = item.mutations[0]
+    rel = str(m.module_path).removeprefix("python/sglang/")
+    if rel not in cache:
+        cache[rel] = driven_lines((package / rel).read_text(), functions[rel])
+    ranges = cache[rel]
+    return ranges is None or any(lo <= m.start_pos[0] <= hi for lo, hi in ranges)
+
+
+def prepare(work: Path, sample: int, seed: int, workers: int, timeout: float, scope: str, port: int) -> None:
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
+    if work.exists():
+        sys.exit(f"mutation_score: {work} exists; pick a new folder (nothing found there is overwritten)")
+    work.mkdir(parents=True)
+    files, functions = driven_files()
+    package = Path(find_spec("sglang").origin).parent
+    (work / "driven.json").write_text(json.dumps({"package": str(package), "files": files}, indent=1))
+    for k in range(workers):
+        mirror(package, work / f"worker-{k}" / "python" / "sglang", {Path(f) for f in files})
+    cfg = write_config(work, list(files), workers, timeout, port)
+    cosmic_ray("init", str(cfg), str(work / "session.sqlite"), cwd=work / "worker-0", check=True)
+    with use_db(str(work / "session.sqlite"), WorkDB.Mode.open) as db:
+        items = list(db.work_items)
+        ids = sorted(item.job_id for item in items)
+        cache: dict = {}
+        pool = sorted(item.job_id for item in items
+                      if scope == "files" or in_scope(item, package, functions, cache))
+        chosen = set(random.Random(seed).sample(pool, min(sample, len(pool))))
+        db.set_multiple_results([i for i in ids if i not in chosen],
+                                WorkResult(worker_outcome=WorkerOutcome.SKIPPED, output="not sampled"))
+    (work / "plan.json").write_text(json.dumps({"sample": len(chosen), "of": len(ids), "in_scope": len(pool),
+                                                "scope": scope, "seed": seed,
+                                                "workers": workers, "timeout": timeout, "port": port}))
+    print(f"mutation_score: {len(files)} driven files, {len(ids)} mutants, {len(pool)} in scope ({scope}), {len(chosen)} sampled (seed {seed}); "
+          f"{workers} worker copies under {work}")
+
+
+def execute(work: Path) -> None:
+    plan = json.loads((work / "plan.json").read_text())
+    procs = []
+    try:
+        for k in range(plan["workers"]):
+            log = open(work / f"worker-{k}.log", "ab")
+            # its own session: the finally below stops the worker and its gate, nothing else
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "cosmic_ray.cli", "http-worker", "--port", str(plan["port"] + k)],
+                cwd=work / f"worker-{k}", stdout=log, stderr=log, start_new_session=True))
+        time.sleep(3)  # the workers' servers listen before the distributor's first request
+        start = time.monotonic()
+        cosmic_ray("exec", str(work / "cosmic-ray.toml"), str(work / "session.sqlite"), cwd=work / "worker-0",
+                   check=True)
+        print(f"mutation_score: exec took {time.monotonic() - start:.0f}s")
+    finally:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="mutation_score.py")
+    ap.add_argument("step", choices=["prepare", "exec", "report", "all"])
+    ap.add_argument("work", type=Path)
+    ap.add_argument("--sample", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds one mutant's gate may take")
+    ap.add_argument("--port", type=int, default=BASE_PORT, help="the first worker's port (one a worker)")
+    ap.add_argument("--scope", choices=["functions", "files"], default="functions",
+                    help="sample mutants inside the functions vmfuzz surface lists as driven (default), "
+                         "or anywhere in the driven files")
+    args = ap.parse_args(argv)
+    work = args.work.resolve()
+    if args.step in ("prepare", "all"):
+        prepare(work, args.sample, args.seed, args.workers, args.timeout, args.scope, args.port)
+    if args.step in ("exec", "all"):
+        execute(work)
+    if args.step in ("report", "all"):
+        from mutation_table import report
+        report(work)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

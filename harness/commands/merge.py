@@ -1,0 +1,34 @@
+"""``vmfuzz merge DIR...``: one report from the report folders of a sharded run.
+
+Exit codes as a single run's: 1 when any shard found something, 3 when a check
+could not be made, 0 when every property held.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from harness.commands.common import report_dir_of
+from harness.model.errors import EXIT_FINDING, EXIT_OK, EXIT_OUT_OF_STEP, UsageError
+
+
+def run(args) -> int:
+    from harness.report.merge import MergeError, merge_summaries, read_summary, write_merged
+    try:
+        merged = merge_summaries([read_summary(Path(d)) for d in args.dirs])
+    except MergeError as exc:
+        raise UsageError(f"vmfuzz merge: {exc}") from None
+    report_dir = report_dir_of(args)
+    write_merged(merged, report_dir)
+    c = merged["counts"]
+    shards = ", ".join(s or "unsharded" for s in merged["shards"])
+    print(f"vmfuzz merge: {len(args.dirs)} report(s) ({shards}): {c['properties']} properties, {c['held']} held, "
+          f"{c['failed']} failed, {c['findings']} finding(s)")
+    print(f"reports: {report_dir}/ (summary.json, summary.md, junit.xml, report.html)")
+    if c["findings"] or c["failed"] or c["replays_failed"]:
+        return EXIT_FINDING
+    if c["out_of_step"]:
+        print("vmfuzz merge: a shard could not check some properties (out of step): see summary.md", file=sys.stderr)
+        return EXIT_OUT_OF_STEP
+    return EXIT_OK
