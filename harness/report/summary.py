@@ -141,7 +141,10 @@ def build_summary(outcome) -> dict:
                    "examples": sum(p["examples"] for p in props),
                    "replays": len(replays),
                    "replays_failed": sum(o["status"] not in ("held", "out of step") for o in replays),
-                   "findings": len(findings), "known": sum(k["status"] == "reproduces" for k in known)},
+                   "findings": len(findings), "groups": len(getattr(outcome, "groups", [])),
+                   "known": sum(k["status"] == "reproduces" for k in known)},
+        # one per cause (harness.engine.groups), first: what to read before the findings
+        "groups": list(getattr(outcome, "groups", [])),
         "properties": props,
         "boundary_classes": dict(sorted(classes.items())),
         "overflow_margin": {b: margins[b] for b in MARGIN_BUCKETS},
@@ -162,6 +165,7 @@ def build_summary(outcome) -> dict:
         "reached": _reached(outcome.results),
         "kernel": getattr(outcome, "kernel", None),
         "warnings": list(getattr(outcome, "warnings", [])),
+        "history": list(getattr(outcome, "history", [])),  # a nightly's last nights, this one last
     }
 
 
@@ -209,6 +213,10 @@ def summary_md(s: dict) -> str:
         lines += ["", "#### Known findings (upstream's to fix; `known/`)", ""]
         lines += [f"- `{k['name']}` ({k['property']}, sglang {k['sglang']}): {k['status']}: {k['reason']}"
                   for k in s["known_findings"]]
+    if s.get("groups"):
+        lines += ["", f"#### Finding groups ({len(s['groups'])}: one per cause)", ""]
+        lines += [f"- **{g['signature']}**: {g['count']} finding(s), seen by {', '.join(g['properties'])}  \n"
+                  f"  repro: `{g['repro']}` (`vmfuzz replay {g['repro']}`)" for g in s["groups"]]
     if s["findings"]:
         lines += ["", "#### Findings", ""]
         lines += [f"- `{f['property']}` ({f['kind']}): {f['detail']}  \n  repro: `{f['repro']}` "
