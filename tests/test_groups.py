@@ -1,4 +1,4 @@
-"""One finding per cause (issue 17): a planted regression is one group, its repro a server's config;
+"""One finding per cause: a planted regression is one group, its repro a server's config;
 the minimizer stays within what a server can run; ``compare`` names new and fixed groups."""
 
 from __future__ import annotations

@@ -206,10 +206,15 @@ code{background:#f2f2f2;padding:1px 3px}"""
 
 
 def _findings_html(s: dict) -> str:
+    if s.get("groups"):  # the groups above carry the picture: each member is one row here
+        rows = "".join(f'<tr><td>{escape(f["property"])}</td><td>{escape(f["kind"])}</td>'
+                       f'<td>{escape(f["detail"])}</td><td><code>{escape(f["repro"])}</code></td></tr>'
+                       for f in s["findings"])
+        return f'<table class="members"><tr><th>property</th><th>kind</th><th>detail</th><th>repro</th></tr>{rows}</table>'
     out = []
     for i, f in enumerate(s["findings"]):
         out.append(f'<div class="finding"><h3>{escape(f["property"])} ({escape(f["kind"])})</h3>'
-                   f'<p>{escape(f["detail"])}</p>{"" if s.get("groups") else buffer_picture(f, i)}'
+                   f'<p>{escape(f["detail"])}</p>{buffer_picture(f, i)}'
                    f'<p>repro: <code>{escape(f["repro"])}</code> &middot; re-run it with '
                    f'<code>vmfuzz replay {escape(f["repro"])}</code></p></div>')
     return "".join(out)

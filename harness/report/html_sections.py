@@ -66,7 +66,7 @@ def seconds_cells(props: list[dict]) -> dict[str, str]:
     others point to it.
     """
     shared = [p for p in props if p["name"] in SHARED_ORDER]
-    same = len(shared) > 1 and len({p["seconds"] for p in shared}) == 1
+    same = len(shared) > 1 and len({p["seconds"] for p in shared}) == 1 and shared[0]["seconds"] > 0
     out = {p["name"]: f"{p['seconds']:.1f}" for p in props}
     if same:
         first = shared[0]
