@@ -177,3 +177,13 @@ def test_nightly_history_is_plotted_in_headless_chromium(nightly, tmp_path):
                     "--window-size=1240,2400", f"--screenshot={shot}", (rep / "report.html").as_uri()],
                    capture_output=True, text=True, timeout=120)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_shared_run_shows_its_time_once():
+    from harness.report.html_sections import seconds_cells
+    props = [{"name": n, "seconds": 10.0} for n in ("no-oob-write", "fallback-equivalence", "reference-agreement")]
+    props.append({"name": "routing", "seconds": 4.0})
+    cells = seconds_cells(props)
+    assert cells["no-oob-write"] == "30.0 (one shared run of 3 properties)"
+    assert cells["fallback-equivalence"] == cells["reference-agreement"] == "in the shared run (no-oob-write)"
+    assert cells["routing"] == "4.0"

@@ -227,8 +227,11 @@ def _verdict(plan_, target, outcome, summary: dict, written: Path) -> int:
     if outcome.failed:
         where = plan_.findings_dir if written == plan_.report_dir else "the repro paths above"
         _say_groups(summary.get("groups", []))
-        n = len(summary.get("groups", []))
-        print(f"{paint(plural(n, 'finding group'), 'FAILED')} ({plural(summary['counts']['findings'], 'finding')}) "
+        groups = summary.get("groups", [])
+        known = summary["counts"].get("known", 0) if plan_.command != "gate" else 0
+        also = f", and {plural(known, 'known finding')} (listed above)" if known else ""
+        print(f"{paint(plural(len(groups), 'finding group'), 'FAILED')} "
+              f"({plural(sum(g['count'] for g in groups), 'finding')}){also} "
               f"written under {where}; replay a group's repro with: vmfuzz replay FILE")
         return EXIT_FINDING
     if written != plan_.report_dir:

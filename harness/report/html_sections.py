@@ -61,16 +61,17 @@ def coverage_html(s: dict) -> str:
 def seconds_cells(props: list[dict]) -> dict[str, str]:
     """Each property's time; the shared run's members show its time once, not each.
 
-    The drafting properties are judged on one run of each case: their seconds
-    are that run's, the same number for each. The first member says so, the
-    others point to it.
+    The drafting properties are judged on one run of each case: each member's
+    seconds are an equal share of that run, the same number for each. The first
+    member shows the run's whole time, the others point to it.
     """
     shared = [p for p in props if p["name"] in SHARED_ORDER]
     same = len(shared) > 1 and len({p["seconds"] for p in shared}) == 1 and shared[0]["seconds"] > 0
     out = {p["name"]: f"{p['seconds']:.1f}" for p in props}
     if same:
         first = shared[0]
-        out[first["name"]] = f"{first['seconds']:.1f} (one shared run of {len(shared)} properties)"
+        total = sum(p["seconds"] for p in shared)  # each member carries an equal share of the run
+        out[first["name"]] = f"{total:.1f} (one shared run of {len(shared)} properties)"
         for p in shared[1:]:
             out[p["name"]] = f"in the shared run ({first['name']})"
     return out
