@@ -14,7 +14,7 @@ from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode
 from harness.model.repro_file import from_case, dump
 from harness.model.validate import server_problem
-from tests.helpers import vmfuzz
+from tests.helpers import sglang_or_skip, vmfuzz
 
 CONFIG = Config(TreeMaskMode.FULL_MASK, max_bs=1, max_context_len=2, num_draft_tokens=2, topk=1, spec_steps=1)
 
@@ -84,6 +84,22 @@ def test_planted_regression_is_one_group_everywhere(tmp_path):
     assert vmfuzz("replay", g["repro"], "--report-dir", str(tmp_path / "replay")).returncode == 1
 
 
+def test_planted_regression_in_sglang_is_one_group(tmp_path):
+    """The same on the installed SGLang's real code: four properties see it, one group is shown."""
+    sglang_or_skip()
+    rep = tmp_path / "rep"
+    props = [a for n in ("no-oob-write", "fallback-equivalence", "capacity-soundness", "reader-agreement")
+             for a in ("--property", n)]
+    r = vmfuzz("run", "--target", "sglang+fits-off-by-one", "--seed", "1", "--max-examples", "20", *props,
+               "--report-dir", str(rep), timeout=600)
+    assert r.returncode == 1, r.stdout + r.stderr
+    s = json.loads((rep / "summary.json").read_text())
+    assert [g["signature"] for g in s["groups"]] == ["overrun tree_mask above"]
+    assert s["groups"][0]["count"] == 4 and s["groups"][0]["server_valid"]
+    assert r.stdout.count("finding group 1:") == 1
+    assert (rep / "report.html").read_text().count('class="finding group"') == 1
+
+
 def test_minimize_keeps_a_config_a_server_could_have(tmp_path):
     """A large failing case shrinks to a still-failing one with context >= the draft (it used to end at 0)."""
     config = Config(TreeMaskMode.FULL_MASK, max_bs=4, max_context_len=64, num_draft_tokens=4, topk=2, spec_steps=3)
@@ -126,3 +142,17 @@ def test_compare_refuses_a_directory_without_reports(two_runs, tmp_path):
     r = vmfuzz("compare", str(tmp_path / "empty"), str(two_runs / "fixed"), "--report-dir", str(tmp_path / "r"))
     assert r.returncode == 2 and "holds no reports" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_raise_place_is_the_innermost_frame_outside_vmfuzz(tmp_path):
+    import importlib.util
+    from harness.engine.groups import raise_place
+    src = tmp_path / "kernel_mod.py"
+    src.write_text("def fill(x):\n    return inner(x)\n\ndef inner(x):\n    raise ValueError(x)\n")
+    spec = importlib.util.spec_from_file_location("kernel_mod", src)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    try:
+        mod.fill(1)
+    except ValueError as exc:
+        assert raise_place(exc) == f"{tmp_path.name}/kernel_mod.py:inner"
