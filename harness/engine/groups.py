@@ -85,8 +85,8 @@ def signature(finding: Finding) -> str:
     if finding.kind != "property":
         return finding.kind  # a crash or a hang: the worker died, no frame to name
     detail = finding.detail
-    raised = _RAISED.search(detail)
-    if raised and detail.startswith("target raised"):
+    raised = _RAISED.search(detail)  # anywhere: a saved repro's replay says "fails again: target raised ..."
+    if raised:
         place = getattr(finding, "place", None)
         return f"raise {raised.group(1)}" + (f" at {place}" if place else "")
     hit = _REDZONE.search(detail)

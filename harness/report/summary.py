@@ -190,6 +190,11 @@ def summary_md(s: dict) -> str:
              f"{c['held']} held / {c['failed']} failed / {c['skipped']} skipped, "
              f"{s['timings']['total_seconds']:.0f}s", ""]
     lines += _code_under_test(s)
+    if s.get("groups"):  # first: one line per cause, before the table and the findings
+        lines += [f"#### Finding groups ({len(s['groups'])}: one per cause)", ""]
+        lines += [f"- **{g['signature']}**: {g['count']} finding(s), seen by {', '.join(g['properties'])}  \n"
+                  f"  repro: `{g['repro']}` (`vmfuzz replay {g['repro']}`)" for g in s["groups"]]
+        lines += [""]
     if s.get("deployment"):
         d = s["deployment"]
         lines += [f"Deployment {d['label']}: **{'can' if d['can_write_out_of_range'] else 'cannot'} "
@@ -213,10 +218,6 @@ def summary_md(s: dict) -> str:
         lines += ["", "#### Known findings (upstream's to fix; `known/`)", ""]
         lines += [f"- `{k['name']}` ({k['property']}, sglang {k['sglang']}): {k['status']}: {k['reason']}"
                   for k in s["known_findings"]]
-    if s.get("groups"):
-        lines += ["", f"#### Finding groups ({len(s['groups'])}: one per cause)", ""]
-        lines += [f"- **{g['signature']}**: {g['count']} finding(s), seen by {', '.join(g['properties'])}  \n"
-                  f"  repro: `{g['repro']}` (`vmfuzz replay {g['repro']}`)" for g in s["groups"]]
     if s["findings"]:
         lines += ["", "#### Findings", ""]
         lines += [f"- `{f['property']}` ({f['kind']}): {f['detail']}  \n  repro: `{f['repro']}` "
