@@ -131,6 +131,10 @@ def test_compare_names_the_fixed_group(two_runs, tmp_path):
     assert "fixed          overrun tree_mask above" in r.stdout
     s = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert [g["signature"] for g in s["changes"]["fixed"]] == ["overrun tree_mask above"]
+    assert s["changes"]["new"] == [] and s["changes"]["still_failing"] == []
+    # the fixed run's no-oob-write went on past the example that failed before: more reached
+    assert s["changes"]["classes_gained"] and s["changes"]["examples"][1] > s["changes"]["examples"][0]
+    assert s["changes"]["bounds"][0] and "classes" in r.stdout and "bounds" in r.stdout
     back = vmfuzz("compare", str(two_runs / "fixed"), str(two_runs / "failing"), "--report-dir", str(tmp_path / "b"))
     assert back.returncode == 1 and "NEW            overrun tree_mask above" in back.stdout
     same = vmfuzz("compare", str(two_runs / "failing"), str(two_runs / "failing"), "--report-dir", str(tmp_path / "c"))
