@@ -160,3 +160,16 @@ def test_raise_place_is_the_innermost_frame_outside_vmfuzz(tmp_path):
         mod.fill(1)
     except ValueError as exc:
         assert raise_place(exc) == f"{tmp_path.name}/kernel_mod.py:inner"
+
+
+def test_a_cell_is_classed_in_the_step_the_detail_names():
+    config = Config(TreeMaskMode.FULL_MASK, max_bs=2, max_context_len=4, num_draft_tokens=2, topk=1, spec_steps=1)
+    # step 0 has an empty sequence (cell 0 is a tree cell), step 1 a sequence of 3 (cell 0 is a prefix column)
+    f = Finding("multi-step-reuse", "step 1 of 2: reused vs fresh allocation: tree_mask differs at 2 cell(s), "
+                "first at cell 0 (request 0): 1 vs 0", Path("m.json"), config, [Batch((0,)), Batch((3,))])
+    assert signature(f) == "wrong tree_mask: prefix column"
+    packed = _finding("packed-mask", "request 0's packed byte 0 (cells 0..7 of its block) is 0b11101111, "
+                                     "the mask's bits LSB first are 0b11110111 (seq_lens [2, 2], d 2)")
+    assert signature(packed) == "wrong packed_mask byte"
+    assert signature(_finding("capacity-liveness", "fits(3) is False although bs <= max_bs 4: every such step")) \
+        == "capacity-liveness: fits(N) is False although bs <= max_bs N"

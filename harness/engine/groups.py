@@ -42,6 +42,9 @@ _MASK_CELL = re.compile(r"tree_mask differs at \d+ cell\(s\), first at cell (\d+
                         r"(\d+) vs (\d+)")
 _FIELD = re.compile(r"\b(positions|retrieve_index|retrieve_next_token|retrieve_next_sibling) differs")
 _RAISED = re.compile(r"target raised (\w[\w.]*)")
+_STEP = re.compile(r"\bstep (\d+) of \d+")
+#: a bit-packed mask byte unlike the mask's bits (the packing, not the mask)
+_PACKED = re.compile(r"packed byte \d+ .* is 0b[01]+, the mask's bits")
 
 
 def _side(side: str) -> str:
@@ -62,10 +65,15 @@ def raise_place(exc: BaseException | None) -> str | None:
 
 
 def cell_class(finding: Finding, cell: int, got: int, want: int) -> str:
-    """What kind of mask cell ``cell`` is in the first step whose region holds it."""
+    """What kind of mask cell ``cell`` is: in the step the detail names ("step K of N"),
+    else in the first step whose region holds it."""
     from harness.model.layouts import TreeMaskMode, block_start, logical_size, row_stride
     config = finding.config
-    for batch in finding.batches:
+    named = _STEP.search(finding.detail)
+    steps = finding.batches
+    if named and int(named.group(1)) < len(steps):
+        steps = [steps[int(named.group(1))]]
+    for batch in steps:
         if cell >= logical_size(config.mode, batch.seq_lens, config.d):
             continue
         prefix = 0
@@ -101,7 +109,11 @@ def signature(finding: Finding) -> str:
     other = _FIELD.search(detail)
     if other:
         return f"wrong {other.group(1)}"
-    return f"{finding.prop}: " + re.sub(r"-?\d+", "N", detail.split(": ")[0] if ": " in detail else detail)
+    if _PACKED.search(detail):
+        return "wrong packed_mask byte"
+    # the first clause, numbers left out: the same wording with other sizes is the same cause
+    head = re.split(r": | \(", detail, maxsplit=1)[0].strip()
+    return f"{finding.prop}: " + re.sub(r"-?\d+", "N", head)[:80]
 
 
 def case_size(finding: Finding) -> tuple:
