@@ -60,7 +60,7 @@ def test_report_is_self_contained(report):
         assert fact in html, fact
     assert "examples per property" not in html
     # the finding comes first, with its buffer picture
-    assert html.index('class="finding"') < html.index('class="charts"')
+    assert html.index('class="finding group"') < html.index('class="charts"')
     assert html.count('<svg class="buffer"') == 1
 
 
