@@ -1,4 +1,4 @@
-"""The command line explains itself, and README's synopses say what ``--help`` says."""
+"""The command line explains itself, and docs/commands.md's synopses say what ``--help`` says."""
 
 from __future__ import annotations
 
@@ -41,9 +41,9 @@ def test_top_level_help_lists_the_commands_and_the_exit_codes():
 
 
 def readme_synopses() -> dict[str, str]:
-    """README's "## Commands" block: command -> its synopsis (continuation lines joined)."""
-    text = (ROOT / "README.md").read_text()
-    block = text.split("## Commands", 1)[1].split("\n## ", 1)[0]
+    """docs/commands.md's "## Synopses" block: command -> its synopsis (continuation lines joined)."""
+    text = (ROOT / "docs" / "commands.md").read_text()
+    block = text.split("## Synopses", 1)[1].split("\n## ", 1)[0]
     out: dict[str, str] = {}
     current = None
     for line in block.splitlines():
@@ -61,7 +61,7 @@ def readme_synopses() -> dict[str, str]:
 @pytest.mark.parametrize("name", sorted(_subparsers()))
 def test_readme_synopsis_matches_help(name):
     synopses = readme_synopses()
-    assert name in synopses, f"README's Commands section has no synopsis for vmfuzz {name}"
+    assert name in synopses, f"docs/commands.md has no synopsis for vmfuzz {name}"
     shown = set(re.findall(r"(?<![\w-])(--?[a-z][a-z-]*)", synopses[name]))
     options = _options(_subparsers()[name])
     shown_long = {o for o in shown if o.startswith("--")} | ({"-v"} & shown) | ({"-o"} & shown)
@@ -70,5 +70,5 @@ def test_readme_synopsis_matches_help(name):
     aliases = {"--output": "-o", "--verbose": "-v"}
     missing = sorted(o for o in want if o not in shown_long and aliases.get(o) not in shown_long)
     unknown = sorted(o for o in shown_long if o not in want and o not in aliases.values())
-    assert not missing, f"README's synopsis of vmfuzz {name} lacks {missing}"
-    assert not unknown, f"README's synopsis of vmfuzz {name} shows options it does not have: {unknown}"
+    assert not missing, f"docs/commands.md's synopsis of vmfuzz {name} lacks {missing}"
+    assert not unknown, f"docs/commands.md's synopsis of vmfuzz {name} shows options it does not have: {unknown}"

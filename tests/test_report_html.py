@@ -53,9 +53,14 @@ def test_report_is_self_contained(report):
     html = (report / "report.html").read_text()
     assert "<script" not in html and "<link" not in html
     assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', html)
-    assert html.count('<svg class="chart"') == 5
+    assert html.count('<svg class="chart"') == 4
+    # the group comes first; what summary.md says of the search is on the page too
+    assert html.index('class="finding group"') < html.index('id="findings"')
+    for fact in ("bounds searched", "kernel-time share", "call sites reached", "routers reached"):
+        assert fact in html, fact
+    assert "examples per property" not in html
     # the finding comes first, with its buffer picture
-    assert html.index('class="finding"') < html.index('class="charts"')
+    assert html.index('class="finding group"') < html.index('class="charts"')
     assert html.count('<svg class="buffer"') == 1
 
 
@@ -70,12 +75,12 @@ def test_charts_are_drawn_in_headless_chromium(report, tmp_path):
     probe = json.loads(m.group(1).replace("&quot;", '"'))
     charts = probe["charts"]
     summary = json.loads((report / "summary.json").read_text())
-    assert {c["id"] for c in charts} == {"bs-ratio", "reuse-fallback", "layouts", "overflow-margin", "examples"}
+    assert {c["id"] for c in charts} == {"bs-ratio", "reuse-fallback", "layouts", "overflow-margin"}
     for c in charts:
         assert c["width"] > 100 and c["height"] > 30, c
     by_id = {c["id"]: c for c in charts}
     # every chart with data has visible bars; the counts come from the run, not from the page
-    assert by_id["examples"]["drawn"] == sum(1 for p in summary["properties"] if p["examples"] > 0)
+    assert summary["counts"]["groups"] == 1
     assert by_id["bs-ratio"]["drawn"] >= 2
     assert by_id["overflow-margin"]["drawn"] >= 1
     assert by_id["layouts"]["drawn"] >= 1
@@ -101,3 +106,84 @@ def test_screenshot_of_a_failing_report(report, tmp_path):
     assert (width, height) == (1240, 1500)
     # a blank page compresses to a few KB; charts, text and the buffer picture do not
     assert len(data) > 40_000, len(data)
+
+
+HISTORY_PROBE = """<script>
+const out = [...document.querySelectorAll('svg.history')].map(svg => {
+  const pts = [...svg.querySelectorAll('circle.point')];
+  const line = svg.querySelector('polyline');
+  return {id: svg.id, points: pts.length, width: svg.getBoundingClientRect().width,
+          line: line ? line.getBBox().width : 0,
+          values: pts.map(p => Number(p.dataset.value)),
+          ys: pts.map(p => p.getBoundingClientRect().top)};
+});
+const pre = document.createElement('pre'); pre.id = 'probe';
+pre.textContent = JSON.stringify(out);
+document.body.appendChild(pre);
+</script></body>"""
+
+
+@pytest.fixture(scope="module")
+def nightly(tmp_path_factory):
+    """A nightly whose database already holds three earlier nights."""
+    base = tmp_path_factory.mktemp("nightly")
+    db = base / "db"
+    db.mkdir()
+    earlier = [{"started": f"2026-11-0{i}T02:00:00+00:00", "groups": g, "findings": f, "examples": e,
+                "classes": c, "context_reached": ctx} for i, g, f, e, c, ctx in
+               ((1, 0, 0, 900, 30, 64), (2, 2, 9, 1200, 34, 256), (3, 1, 3, 1500, 36, 1024))]
+    (db / "history.jsonl").write_text("".join(json.dumps(n) + "\n" for n in earlier))
+    r = vmfuzz("run", "--profile", "nightly", "--target", "reference", "--seed", "3", "--time-budget", "8",
+               "--max-examples", "10", "--property", "capacity-soundness", "--property", "capacity-liveness",
+               "--db", str(db), "--report-dir", str(base / "rep"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return base
+
+
+def test_a_nightly_appends_one_record(nightly):
+    lines = (nightly / "db" / "history.jsonl").read_text().splitlines()
+    assert len(lines) == 4
+    last = json.loads(lines[-1])
+    assert last["groups"] == 0 and last["examples"] > 0 and last["classes"] > 0
+
+
+def test_history_is_bounded(tmp_path):
+    from harness.engine.history import append_night, load
+    for i in range(7):
+        append_night(tmp_path, {"started": str(i)}, keep=5)
+    assert [n["started"] for n in load(tmp_path)] == ["2", "3", "4", "5", "6"]
+    assert [p.name for p in tmp_path.iterdir()] == ["history.jsonl"]  # no temporary left behind
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (apt-get install chromium)")
+def test_nightly_history_is_plotted_in_headless_chromium(nightly, tmp_path):
+    rep = nightly / "rep"
+    page = tmp_path / "probe.html"
+    page.write_text((rep / "report.html").read_text().replace("</body>", HISTORY_PROBE))
+    dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                          page.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    m = re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)
+    assert m, "the page did not render: " + dom[:300]
+    charts = {c["id"]: c for c in json.loads(m.group(1).replace("&quot;", '"'))}
+    assert set(charts) == {"history-findings", "history-examples", "history-bounds", "history-classes"}
+    for c in charts.values():
+        assert c["points"] == 4 and c["line"] > 100 and c["width"] > 100, c
+    assert charts["history-findings"]["values"][:3] == [0, 2, 1]
+    # the night with two groups is drawn higher than the nights with none
+    ys = charts["history-findings"]["ys"]
+    assert ys[1] < ys[2] < ys[0]
+    shot = rep / "history.png"
+    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    "--window-size=1240,2400", f"--screenshot={shot}", (rep / "report.html").as_uri()],
+                   capture_output=True, text=True, timeout=120)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_shared_run_shows_its_time_once():
+    from harness.report.html_sections import seconds_cells
+    props = [{"name": n, "seconds": 10.0} for n in ("no-oob-write", "fallback-equivalence", "reference-agreement")]
+    props.append({"name": "routing", "seconds": 4.0})
+    cells = seconds_cells(props)
+    assert cells["no-oob-write"] == "30.0 (one shared run of 3 properties)"
+    assert cells["fallback-equivalence"] == cells["reference-agreement"] == "in the shared run (no-oob-write)"
+    assert cells["routing"] == "4.0"

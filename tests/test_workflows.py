@@ -132,8 +132,12 @@ def test_minimize_stops_where_no_single_simplification_keeps_failing():
     start = (Config(TreeMaskMode.FULL_MASK, 3, 20, 3, 2, 2), [Batch((20, 19, 5, 20, 0, 18))])
     (config, steps), _, _ = minimize(start, fails)
     assert config.max_bs == 1 and steps[0].bs == 2
+    # it ends at a config a server could have (not at context 0), and no single
+    # simplification a server could have keeps it failing
+    from harness.model.validate import server_problem
+    assert server_problem(config) is None and config.max_context_len >= config.num_draft_tokens
     for cand in candidates((config, steps)):
-        cand = _valid(*cand)
+        cand = _valid(*cand, server=True)
         assert cand is None or fails(cand) is None
 
 

@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     _bisect(sub)
     _arithmetic(sub)
     _merge(sub)
+    _compare(sub)
     return p
 
 
@@ -193,3 +194,14 @@ def _arithmetic(sub) -> None:
         _report_dir(cmd)
         if name == "exhaustive":
             cmd.add_argument("--workers", type=int, default=2, help="processes checking configurations")
+
+
+def _compare(sub) -> None:
+    cmp = sub.add_parser("compare", help="what changed between two runs' report directories",
+                         formatter_class=argparse.RawDescriptionHelpFormatter,
+                         epilog="exit 0: nothing new is failing in B (groups fixed or still failing are said);\n"
+                                "exit 1: B has a finding group A did not have;\n"
+                                "exit 2: a directory holds no run or gate reports (one line)")
+    cmp.add_argument("a", metavar="A", help="the earlier run's report directory (holds summary.json)")
+    cmp.add_argument("b", metavar="B", help="the later run's report directory")
+    _report_dir(cmp)

@@ -112,12 +112,17 @@ def _shrink(args, prop, target, case, fault, summary, report_dir: Path):
         small, detail, tries = minimize(case, still_fails)
     finally:
         close()
+    from harness.model.validate import server_problem
     print(f"after:  {describe(small)}")
+    unserved = server_problem(small[0])
+    if unserved:  # the input itself was outside what a server runs: said, not hidden
+        print(f"        note: no server runs this config ({unserved})")
     print(f"        still fails {prop.name} ({tries} candidates tried): {detail}")
     out = Path(args.output) if args.output else report_dir / f"{Path(args.file).stem}.min.json"
     out = dump(from_case(target.name, prop.name, small[0], small[1], detail=detail, fault=fault), out)
     print(f"wrote {out}")
     summary.checks.append(Check(prop.name, "failed", detail, fault or "property", str(out)))
     summary.headline = f"minimized to: {describe(small)}"
-    summary.extra.update(before=describe(case), after=describe(small), tries=tries, output=str(out))
+    summary.extra.update(before=describe(case), after=describe(small), tries=tries, output=str(out),
+                         server_valid=unserved is None)
     return out

@@ -230,6 +230,14 @@ def _say_known(plan_, outcome) -> None:
                   f"      repro:   {o.repro}")
 
 
+def _say_groups(groups: list[dict]) -> None:
+    """One block per cause: what it is, which properties saw it, its one minimal repro."""
+    for i, g in enumerate(groups, 1):
+        print(f"{paint('finding group', 'FAILED')} {i}: {g['signature']} ({plural(g['count'], 'finding')}, "
+              f"seen by {', '.join(g['properties'])})")
+        print(f"      repro:   {g['repro']} ({g['repro_property']}): {g['detail']}")
+
+
 def _verdict(plan_, target, outcome, summary: dict, written: Path) -> int:
     if outcome.interrupted:
         from harness.engine.signals import exit_code
@@ -238,8 +246,13 @@ def _verdict(plan_, target, outcome, summary: dict, written: Path) -> int:
     _say_known(plan_, outcome)
     if outcome.failed:
         where = plan_.findings_dir if written == plan_.report_dir else "the repro paths above"
-        print(f"{paint(plural(summary['counts']['findings'], 'finding'), 'FAILED')} written under {where}; "
-              "replay with: vmfuzz replay FILE")
+        _say_groups(summary.get("groups", []))
+        groups = summary.get("groups", [])
+        known = summary["counts"].get("known", 0) if plan_.command != "gate" else 0
+        also = f", and {plural(known, 'known finding')} (listed above)" if known else ""
+        print(f"{paint(plural(len(groups), 'finding group'), 'FAILED')} "
+              f"({plural(sum(g['count'] for g in groups), 'finding')}){also} "
+              f"written under {where}; replay a group's repro with: vmfuzz replay FILE")
         return EXIT_FINDING
     if written != plan_.report_dir:
         return EXIT_USAGE  # the reports are not where CI looks for them: not a pass

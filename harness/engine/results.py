@@ -18,6 +18,8 @@ class Finding:
     config: Config
     batches: list[Batch]
     kind: str = "property"  # or "target-crash" / "target-hang" (harness.engine.isolation)
+    #: for a raise: file:function of the innermost frame of the code under test (harness.engine.groups)
+    place: str | None = None
 
 
 @dataclass

@@ -145,7 +145,10 @@ def _ending(exc: BaseException, prop: Property, state: dict, record) -> Finding 
         raise HarnessError(f"property {prop.name}: the search itself failed: {type(exc).__name__}: "
                            f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
     what = str(exc) if isinstance(exc, TargetRaised) else f"{type(exc).__name__}: {exc}"
-    return record(_owner(prop), f"target raised {what}")
+    finding = record(_owner(prop), f"target raised {what}")
+    from harness.engine.groups import raise_place
+    finding.place = raise_place(exc)  # groups a raise by where the code under test raised it
+    return finding
 
 
 def _owner(prop: Property, exc: Exception | None = None) -> str:

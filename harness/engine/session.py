@@ -78,12 +78,21 @@ class RunOutcome:
     kernel: dict | None = None
     #: things the run could not do that are not findings (no saved repro to replay): in summary.json
     warnings: list[str] = field(default_factory=list)
+    #: a nightly's last nights, this one last (harness.engine.history); empty for other runs
+    history: list = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
         """A finding of this run; a known finding counts for ``run``, not for ``gate`` (it lists them)."""
         known = self.plan.command != "gate" and any(o.reproduces for o in self.known)
         return any(r.findings for r in self.results) or any(o.finding for o in self.replays) or known
+
+    @property
+    def groups(self) -> list[dict]:
+        """The findings grouped by cause (harness.engine.groups), first found first."""
+        from harness.engine.groups import group_findings
+        found = [f for r in self.results for f in r.findings] + [o.finding for o in self.replays if o.finding]
+        return [g.as_dict() for g in group_findings(found)]
 
     @property
     def out_of_step(self) -> list[tuple[str, str]]:
@@ -242,6 +251,9 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
     outcome.seconds = time.monotonic() - t0
     if plan.profile.replay_last_failures:
         _keep_failures(plan, outcome)
+        if not outcome.interrupted:  # a night cut short would read as a night that reached less
+            from harness.engine.history import append_night, night_record
+            outcome.history = append_night(plan.db_dir, night_record(outcome))
     return outcome
 
 

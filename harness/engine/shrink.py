@@ -26,12 +26,15 @@ def _lower(v: int, floor: int) -> list[int]:
     return [x for x in dict.fromkeys((floor, v // 2, v - 1)) if floor <= x < v]
 
 
-def _valid(config: Config, steps: list[Batch]) -> Case | None:
+def _valid(config: Config, steps: list[Batch], server: bool = False) -> Case | None:
+    """The candidate, validated; ``server``: also within what a server can run (else None)."""
+    from harness.model.validate import server_problem
     try:
         config.validate()
-        return config, [b.validate(config) for b in steps]
+        case = config, [b.validate(config) for b in steps]
     except ConfigError:
         return None
+    return None if server and server_problem(config) is not None else case
 
 
 def _with(config: Config, **kw) -> Config:
@@ -90,15 +93,19 @@ def candidates(case: Case) -> Iterator[Case]:
 def minimize(case: Case, still_fails: Callable[[Case], str | None], *, on_step=lambda case, detail: None
              ) -> tuple[Case, str, int]:
     """Greedy fixpoint. ``still_fails(case)`` is the failure detail, or None. Returns (case, detail, tries)."""
+    from harness.model.validate import server_problem
     detail = still_fails(case)
     if detail is None:
         raise ValueError("the case does not fail to begin with")
+    # A case a server could have shrinks only to cases a server could have: a
+    # repro ending at context 0 would be a bug report no one can reproduce.
+    server = server_problem(case[0]) is None
     tries = 0
     improved = True
     while improved:
         improved = False
         for cand in candidates(case):
-            cand = _valid(*cand)
+            cand = _valid(*cand, server=server)
             if cand is None:
                 continue
             tries += 1

@@ -187,3 +187,25 @@ def _new_fallback_dir() -> Path:
         return usable_dir(base, "fallback directory")
     except LimitError:
         return Path(tempfile.mkdtemp(prefix=f"vmfuzz-fallback-{stamp}-"))
+
+
+def server_problem(config: Config) -> str | None:
+    """Why no SGLang server could run with ``config``, or None when one could.
+
+    ``Config.validate`` accepts every case the arithmetic can take (a context of
+    0, a topk-1 tree wider than its steps); a server cannot have those. What
+    SGLang's argument handling settles before a server starts: at least one
+    captured request; with topk 1 the draft is a chain, so its width is the step
+    count plus one; and a model's context holds at least one verify pass of the
+    draft. A minimized repro stays inside these, so its config is one a server
+    could really run.
+    """
+    if config.max_bs < 1:
+        return f"max_bs {config.max_bs}: a server captures at least one request"
+    if config.max_context_len < max(1, config.num_draft_tokens):
+        return (f"max_context_len {config.max_context_len} is below the {config.num_draft_tokens} draft "
+                "tokens one verify pass appends: no model's context is that short")
+    if not config.trivial and config.topk == 1 and config.num_draft_tokens != config.spec_steps + 1:
+        return (f"topk 1 with spec_steps {config.spec_steps} drafts a chain of {config.spec_steps + 1} tokens, "
+                f"not num_draft_tokens {config.num_draft_tokens} (SGLang sets it to spec_steps + 1)")
+    return None

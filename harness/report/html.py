@@ -108,8 +108,6 @@ def _charts(s: dict) -> list[str]:
         grouped_chart("overflow-margin", "cells a batch needs past the preallocated buffer's end",
                       list(s["overflow_margin"]), by_path,
                       note="> 0 on reuse is an overflow; on fallback the batch gets its own buffer"),
-        bar_chart("examples", "examples per property", [(p["name"], p["examples"]) for p in s["properties"]],
-                  note="a failing property stops at its first failing example"),
     ]
 
 
@@ -208,6 +206,11 @@ code{background:#f2f2f2;padding:1px 3px}"""
 
 
 def _findings_html(s: dict) -> str:
+    if s.get("groups"):  # the groups above carry the picture: each member is one row here
+        rows = "".join(f'<tr><td>{escape(f["property"])}</td><td>{escape(f["kind"])}</td>'
+                       f'<td>{escape(f["detail"])}</td><td><code>{escape(f["repro"])}</code></td></tr>'
+                       for f in s["findings"])
+        return f'<table class="members"><tr><th>property</th><th>kind</th><th>detail</th><th>repro</th></tr>{rows}</table>'
     out = []
     for i, f in enumerate(s["findings"]):
         out.append(f'<div class="finding"><h3>{escape(f["property"])} ({escape(f["kind"])})</h3>'
@@ -220,18 +223,20 @@ def _findings_html(s: dict) -> str:
 def report_html(s: dict) -> str:
     c = s["counts"]
     verdict = "FAILED" if c["findings"] else "passed"
+    from harness.report.html_sections import coverage_html, groups_html, history_html, seconds_cells
+    secs = seconds_cells(s["properties"])
     rows = "".join(f'<tr><td>{escape(p["name"])}</td><td class="{p["status"]}">{p["status"]}</td>'
-                   f'<td>{p["examples"]}</td><td>{p["seconds"]:.1f}</td></tr>' for p in s["properties"])
+                   f'<td>{p["examples"]}</td><td>{escape(secs[p["name"]])}</td></tr>' for p in s["properties"])
     versions = ", ".join(f"{escape(k)} {escape(str(v))}" for k, v in s["versions"].items())
     dep = ""
     if s.get("deployment"):
         d = s["deployment"]
         dep = (f'<p>Deployment {escape(d["label"])}: <b>{"can" if d["can_write_out_of_range"] else "cannot"} '
                f'write out of range</b> ({escape(d["why"])})</p>')
-    findings = ""
+    findings = groups_html(s, buffer_picture)
     if s["findings"]:
-        findings = (f'<h2 id="findings">{c["findings"]} finding{"" if c["findings"] == 1 else "s"}</h2>'
-                    + _findings_html(s))
+        findings += (f'<h2 id="findings">{c["findings"]} finding{"" if c["findings"] == 1 else "s"} '
+                     f'(every member of the groups above)</h2>' + _findings_html(s))
     charts_note = ("The charts count the examples each property ran; a failing property's count ends at its "
                    "first failing example, shown above." if s["findings"] else
                    "The charts count every example the run generated.")
@@ -246,5 +251,7 @@ def report_html(s: dict) -> str:
 <h2>Properties</h2><table><tr><th>property</th><th>status</th><th>examples</th><th>seconds</th></tr>{rows}</table>
 <h2>What the search reached</h2><p class="note">{charts_note}</p>
 <div class="charts">{''.join(_charts(s))}</div>
+{coverage_html(s)}
+{history_html(s)}
 </body></html>
 """

@@ -142,7 +142,10 @@ def build_summary(outcome) -> dict:
                    "examples": sum(p["examples"] for p in props),
                    "replays": len(replays),
                    "replays_failed": sum(o["status"] not in ("held", "out of step") for o in replays),
-                   "findings": len(findings), "known": sum(k["status"] == "reproduces" for k in known)},
+                   "findings": len(findings), "groups": len(getattr(outcome, "groups", [])),
+                   "known": sum(k["status"] == "reproduces" for k in known)},
+        # one per cause (harness.engine.groups), first: what to read before the findings
+        "groups": list(getattr(outcome, "groups", [])),
         "properties": props,
         "boundary_classes": dict(sorted(classes.items())),
         "overflow_margin": {b: margins[b] for b in MARGIN_BUCKETS},
@@ -163,6 +166,7 @@ def build_summary(outcome) -> dict:
         "reached": _reached(outcome.results),
         "kernel": getattr(outcome, "kernel", None),
         "warnings": list(getattr(outcome, "warnings", [])),
+        "history": list(getattr(outcome, "history", [])),  # a nightly's last nights, this one last
     }
 
 
@@ -187,6 +191,11 @@ def summary_md(s: dict) -> str:
              f"{c['held']} held / {c['failed']} failed / {c['skipped']} skipped, "
              f"{s['timings']['total_seconds']:.0f}s", ""]
     lines += _code_under_test(s)
+    if s.get("groups"):  # first: one line per cause, before the table and the findings
+        lines += [f"#### Finding groups ({len(s['groups'])}: one per cause)", ""]
+        lines += [f"- **{g['signature']}**: {g['count']} finding(s), seen by {', '.join(g['properties'])}  \n"
+                  f"  repro: `{g['repro']}` (`vmfuzz replay {g['repro']}`)" for g in s["groups"]]
+        lines += [""]
     if s.get("deployment"):
         d = s["deployment"]
         lines += [f"Deployment {d['label']}: **{'can' if d['can_write_out_of_range'] else 'cannot'} "

@@ -1,0 +1,93 @@
+"""``vmfuzz compare A B``: what changed between two runs' report directories.
+
+Groups are matched by signature (one per cause, harness.engine.groups): a
+group only in B is new, one only in A is fixed, one in both is still
+failing. Then the classes reached (gained, lost), the examples and the bounds.
+Exit 1 when B has a new group: a nightly compared with the last one fails
+only on what is new.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from harness.commands.common import report_dir_of, write_command_report
+from harness.model.errors import EXIT_FINDING, EXIT_OK, UsageError
+
+
+def _summary(where: str) -> dict:
+    """A run's or gate's summary.json in ``where``; one line and exit 2 for anything else."""
+    path = Path(where)
+    if not path.is_dir():
+        raise UsageError(f"vmfuzz compare: {where} is not a directory")
+    file = path / "summary.json"
+    try:
+        s = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise UsageError(f"vmfuzz compare: {where} holds no reports (no readable summary.json)") from None
+    if not isinstance(s, dict) or not isinstance(s.get("properties"), list):
+        raise UsageError(f"vmfuzz compare: {where}/summary.json is not a run's or a gate's summary") from None
+    return s
+
+
+def groups_of(s: dict) -> dict[str, dict]:
+    """signature -> group; a summary written before groups existed: one group per finding."""
+    if "groups" in s:
+        return {g["signature"]: g for g in s["groups"]}
+    out: dict[str, dict] = {}
+    for f in s.get("findings", []):
+        sig = f"{f['property']}: " + re.sub(r"-?\d+", "N", f["detail"])
+        out.setdefault(sig, {"signature": sig, "count": 0, "properties": [f["property"]], "repro": f["repro"]})
+        out[sig]["count"] += 1
+    return out
+
+
+def changes(a: dict, b: dict) -> dict:
+    ga, gb = groups_of(a), groups_of(b)
+    ca = {k for k, v in a.get("boundary_classes", {}).items() if v}
+    cb = {k for k, v in b.get("boundary_classes", {}).items() if v}
+    return {"new": [gb[k] for k in gb if k not in ga], "fixed": [ga[k] for k in ga if k not in gb],
+            "still_failing": [gb[k] for k in gb if k in ga],
+            "classes_gained": sorted(cb - ca), "classes_lost": sorted(ca - cb),
+            "examples": [a["counts"]["examples"], b["counts"]["examples"]],
+            "bounds": [(a.get("bounds") or [None])[-1], (b.get("bounds") or [None])[-1]],
+            "reached": [a.get("reached") or {}, b.get("reached") or {}]}
+
+
+def _shape(d: dict | None) -> str:
+    return ", ".join(f"{k} {v}" for k, v in (d or {}).items()) or "none recorded"
+
+
+def _print(c: dict) -> None:
+    for key, word in (("new", "NEW"), ("fixed", "fixed"), ("still_failing", "still failing")):
+        for g in c[key]:
+            props = ", ".join(g.get("properties", []))
+            print(f"  {word:<14} {g['signature']} ({g.get('count', 1)} finding(s), {props}): {g.get('repro', '')}")
+    if not (c["new"] or c["fixed"] or c["still_failing"]):
+        print("  no finding groups in either run")
+    print(f"  classes        {len(c['classes_gained'])} gained, {len(c['classes_lost'])} lost"
+          + "".join(f"\n    + {k}" for k in c["classes_gained"]) + "".join(f"\n    - {k}" for k in c["classes_lost"]))
+    ea, eb = c["examples"]
+    print(f"  examples       {ea:,} -> {eb:,} ({eb - ea:+,})")
+    print(f"  bounds         {_shape(c['bounds'][0])} -> {_shape(c['bounds'][1])}")
+    print(f"  reached        {_shape(c['reached'][0])} -> {_shape(c['reached'][1])}")
+
+
+def run(args) -> int:
+    from harness.report.summary import Check, CommandSummary
+    a, b = _summary(args.a), _summary(args.b)
+    c = changes(a, b)
+    print(f"vmfuzz compare: {args.a} ({a.get('target')}) -> {args.b} ({b.get('target')})")
+    _print(c)
+    summary = CommandSummary("compare", b.get("target", "?"), extra={"a": args.a, "b": args.b, "changes": c})
+    summary.checks += [Check(g["signature"], "failed", "new in B", repro=g.get("repro")) for g in c["new"]]
+    summary.checks += [Check(g["signature"], "held", "fixed: failed in A, not in B") for g in c["fixed"]]
+    summary.checks += [Check(g["signature"], "held", "still failing (in A too: not new)", repro=g.get("repro"))
+                       for g in c["still_failing"]]
+    summary.headline = (f"{len(c['new'])} new, {len(c['fixed'])} fixed, {len(c['still_failing'])} still failing "
+                        "finding group(s)")
+    write_command_report(summary, report_dir_of(args))
+    print(summary.headline)
+    return EXIT_FINDING if c["new"] else EXIT_OK

@@ -1,0 +1,128 @@
+"""report.html's sections beyond the charts of one run: the finding groups, what the
+search covered (bounds, kernel share, call sites, allocation sites, routers), each
+property's own time, and a nightly's history drawn over the last nights."""
+
+from __future__ import annotations
+
+from html import escape
+
+from harness.properties.shared import ORDER as SHARED_ORDER
+
+
+def groups_html(s: dict, picture) -> str:
+    """One box per cause, first on the page: its signature, who saw it, its one repro."""
+    groups = s.get("groups") or []
+    if not groups:
+        return ""
+    by_repro = {f["repro"]: (i, f) for i, f in enumerate(s["findings"])}
+    out = [f'<h2 id="groups">{len(groups)} finding group{"" if len(groups) == 1 else "s"} '
+           f'(one per cause; {s["counts"]["findings"]} findings in all)</h2>']
+    for k, g in enumerate(groups):
+        # the buffer picture of the first member that wrote out of bounds (the repro may only
+        # have found the buffer short); ids apart from the findings list's own pictures
+        pic = next((p for p in (picture(by_repro[r][1], 1000 + k) for r in [g["repro"]] + g.get("members", [])
+                                if r in by_repro) if p), "")
+        server = "" if g.get("server_valid", True) else " (note: no server runs this config)"
+        out.append(f'<div class="finding group" data-signature="{escape(g["signature"])}">'
+                   f'<h3>{escape(g["signature"])}</h3>'
+                   f'<p><b>{g["count"]}</b> finding(s), seen by {escape(", ".join(g["properties"]))}</p>'
+                   f'<p>{escape(g["detail"])}</p>{pic}'
+                   f'<p>minimal repro ({escape(g["repro_property"])}): <code>{escape(g["repro"])}</code>{server} '
+                   f'&middot; <code>vmfuzz replay {escape(g["repro"])}</code></p></div>')
+    return "".join(out)
+
+
+def _items(classes: dict, prefix: str) -> list[str]:
+    return sorted(f"{k.removeprefix(prefix)} ({v:,})" for k, v in classes.items() if k.startswith(prefix))
+
+
+def coverage_html(s: dict) -> str:
+    """What summary.md states too: the bounds searched, the kernel's share, what was reached."""
+    rows = []
+    for i, b in enumerate(s.get("bounds") or []):
+        rows.append((f"bounds searched{f' (step {i + 1})' if len(s['bounds']) > 1 else ''}",
+                     ", ".join(f"{k} {v}" for k, v in b.items())))
+    if s.get("reached"):
+        rows.append(("largest case reached", ", ".join(f"{k} {v}" for k, v in s["reached"].items())))
+    k = s.get("kernel") or {}
+    if k.get("kernel_share") is not None:
+        rows.append(("kernel-time share", f"{100 * k['kernel_share']:.0f}% of the search "
+                     f"({k['launches']} launches, {k['kernel_seconds']:.1f}s of {k['search_seconds']:.1f}s)"))
+    classes = s.get("boundary_classes") or {}
+    rows.append(("call sites reached", ", ".join(_items(classes, "call site ")) or "none"))
+    rows.append(("allocation sites reached", ", ".join(_items(classes, "site ")) or "none"))
+    routing = next((p for p in s["properties"] if p["name"] == "routing"), None)
+    routers = sorted(f"{k} ({v:,})" for k, v in (routing or {}).get("classes", {}).items() if " -> " in k)
+    rows.append(("routers reached", ", ".join(routers) or "none"))
+    body = "".join(f'<tr><th>{escape(a)}</th><td>{escape(b)}</td></tr>' for a, b in rows)
+    return f'<h2 id="coverage">What the search covered</h2><table class="coverage">{body}</table>'
+
+
+def seconds_cells(props: list[dict]) -> dict[str, str]:
+    """Each property's time; the shared run's members show its time once, not each.
+
+    The drafting properties are judged on one run of each case: each member's
+    seconds are an equal share of that run, the same number for each. The first
+    member shows the run's whole time, the others point to it.
+    """
+    shared = [p for p in props if p["name"] in SHARED_ORDER]
+    same = len(shared) > 1 and len({p["seconds"] for p in shared}) == 1 and shared[0]["seconds"] > 0
+    out = {p["name"]: f"{p['seconds']:.1f}" for p in props}
+    if same:
+        first = shared[0]
+        total = sum(p["seconds"] for p in shared)  # each member carries an equal share of the run
+        out[first["name"]] = f"{total:.1f} (one shared run of {len(shared)} properties)"
+        for p in shared[1:]:
+            out[p["name"]] = f"in the shared run ({first['name']})"
+    return out
+
+
+def line_chart(chart_id: str, title: str, points: list[tuple[str, float]], note: str = "",
+               width: int = 560, height: int = 180) -> str:
+    """One value per night, oldest left; each point carries its night and value."""
+    left, right, top, bottom = 56, 16, 40, 28
+    hi = max([v for _, v in points] + [1])
+    span_x = width - left - right
+    step = span_x / max(1, len(points) - 1)
+    xy = [(left + i * step, top + (height - top - bottom) * (1 - v / hi)) for i, (_, v) in enumerate(points)]
+    parts = [f'<svg class="chart history" id="{chart_id}" data-chart="{escape(title)}" '
+             f'xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+             f'role="img"><title>{escape(title)}</title>',
+             f'<text x="8" y="16" class="ctitle">{escape(title)}</text>',
+             f'<text x="8" y="32" class="note">{escape(note)}</text>',
+             f'<line x1="{left}" y1="{height - bottom}" x2="{width - right}" y2="{height - bottom}" stroke="#999"/>',
+             f'<text x="{left - 6}" y="{top + 4}" text-anchor="end" class="val">{hi:,g}</text>',
+             f'<text x="{left - 6}" y="{height - bottom}" text-anchor="end" class="val">0</text>']
+    if len(xy) > 1:
+        parts.append('<polyline fill="none" stroke="#3f6fb5" stroke-width="2" points="'
+                     + " ".join(f"{x:.1f},{y:.1f}" for x, y in xy) + '"/>')
+    for (label, v), (x, y) in zip(points, xy):
+        parts.append(f'<circle class="point" cx="{x:.1f}" cy="{y:.1f}" r="4" fill="#3f6fb5" '
+                     f'data-label="{escape(label)}" data-value="{v:g}"/>')
+    if points:
+        parts.append(f'<text x="{left}" y="{height - 8}" class="val">{escape(points[0][0])}</text>'
+                     f'<text x="{width - right}" y="{height - 8}" text-anchor="end" class="val">'
+                     f'{escape(points[-1][0])}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def history_html(s: dict) -> str:
+    """A nightly's last nights (the database's history file), as plots: one per measure."""
+    nights = s.get("history") or []
+    if not nights:
+        return ""
+    day = [n.get("started", "?")[:10] for n in nights]
+
+    def series(key):
+        return list(zip(day, (float(n.get(key) or 0) for n in nights)))
+    charts = [
+        line_chart("history-findings", "finding groups per night", series("groups"),
+                   note="one per cause; 0 is a night that found nothing"),
+        line_chart("history-examples", "examples per night", series("examples")),
+        line_chart("history-bounds", "largest context reached per night", series("context_reached"),
+                   note="max_context_len of the largest case the search ran"),
+        line_chart("history-classes", "boundary classes covered per night", series("classes")),
+    ]
+    return (f'<h2 id="history">The last {len(nights)} nights</h2><p class="note">from the history file in '
+            f'the database directory, this night last</p><div class="charts">{"".join(charts)}</div>')
