@@ -13,10 +13,12 @@ readers exist only there (``readers.reader_config``).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode, request_extents
+from harness.model.layouts import TreeMaskMode, logical_size, request_extents
 from harness.model.oracle import expected
 from harness.properties.kit import Observation, capacity_of, fail, locator, reused_mask
 from harness.model.readers import reader_config
@@ -71,7 +73,7 @@ def reader_agreement(target, config: Config, batches: list[Batch], device="cpu")
     if session is None:
         obs.classes.add("server state: not driven by this target")
         return obs
-    _server_reads(target, obs, config, rc, batches, fresh, device)
+    _server_reads(target, obs, rc, batches, fresh, device)
     return obs
 
 
@@ -89,7 +91,7 @@ def _fresh_reads(target, obs: Observation, config: Config, rc: Config, batch: Ba
     diff = _window_mismatch(view, rc, batch, want, "eager")
     if diff:
         fail("reader-agreement", diff)
-    reads = {"eager": _indptr(view, batch)}
+    reads = {"eager": _indptr(view, batch), "step": out}
     if batch.bs > rc.max_bs:
         return reads  # past the captured max_bs the server runs eagerly: no graph to replay
     view = target.read_replay(mask, rc, batch, out)
@@ -111,19 +113,27 @@ def _indptr(view, batch: Batch) -> list[int]:
     return [int(v) for v in view.indptr.reshape(-1)[:batch.bs + 1].cpu().tolist()]
 
 
-def _server_reads(target, obs: Observation, config: Config, rc: Config, batches: list[Batch], fresh: list[dict],
-                  device) -> None:
+def _server_reads(target, obs: Observation, rc: Config, batches: list[Batch], fresh: list[dict], device) -> None:
     """The case's batches in a server's order: one mask, one backend, its graphs captured once at start-up.
 
     Batch i must read what it read through a reader built for it alone
     (``fresh[i]``): state a backend keeps from one batch to the next (an
     offset, an indptr, a captured buffer) must never leak into the next one.
+    The writer is not run again: each batch's fresh step is laid into the one
+    mask as that step would have written it (its logical region; cells past it
+    keep what earlier batches left), since the writer's own state across steps
+    is multi-step-reuse's question and this is the readers'.
     """
     heap, mask = reused_mask(target, rc, device)
     session = target.reader_session(mask, rc, max(b.bs for b in batches))
+    flat = mask.buffer.view(-1)
     for i, batch in enumerate(batches):
-        out = target.verify(mask, rc, batch, heap).as_cpu()
-        want = out.tree_mask.clone()
+        out = fresh[i]["step"]
+        if out.reused:
+            n = logical_size(TreeMaskMode.FULL_MASK, batch.seq_lens, rc.d)
+            flat[:n].copy_(out.tree_mask.reshape(-1)[:n].to(flat.device))
+            out = dataclasses.replace(out, tree_mask=mask.buffer)
+        want = out.tree_mask.detach().cpu().clone()
         paths = [("eager", session.eager)] + ([("cuda-graph replay", session.replay)] if batch.bs <= rc.max_bs
                                                else [])
         for path, read in paths:
