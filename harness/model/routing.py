@@ -64,6 +64,66 @@ class Child:
 
 
 @dataclass
+class Nest:
+    """A router standing where a child would: ``router`` over ``children``, itself a child of another.
+
+    Leaf roles are qualified by the path down to them (``primary/prefill``) so a
+    nested router's leaves are told apart by name.
+    """
+
+    role: str
+    router: str
+    children: dict
+
+
+#: Routers over routers, as (outer, inner): the outer router's children are each an
+#: inner router (a linear-attention child stays a leaf). SGLang 0.5.23 builds TBO
+#: over whatever one backend creator returns (a hybrid, or a model wrapper around
+#: one) and wraps a hybrid in a model wrapper; nothing in the routers' code stops a
+#: hybrid from taking a hybrid as a child, so that nesting is checked too.
+NESTINGS: tuple[tuple[str, str], ...] = (
+    ("tbo", "hybrid"), ("tbo", "hybrid-linear"), ("tbo", "dots-swa"),
+    ("hybrid-linear", "hybrid"), ("dots-swa", "hybrid"), ("hybrid", "hybrid"),
+)
+
+
+def nested_children(outer: str, inner: str, leaf) -> dict:
+    """The outer router's children, each an inner router over leaves ``leaf(qualified_role, slot)``.
+
+    Slots number the leaves in order, so within one nesting every leaf's mask differs.
+    """
+    out, slot = {}, 0
+    for role in ROUTERS[outer]:
+        if role == "linear":
+            out[role] = leaf(role, slot)
+            slot += 1
+            continue
+        kids = {}
+        for sub in ROUTERS[inner]:
+            kids[sub] = leaf(f"{role}/{sub}", slot)
+            slot += 1
+        out[role] = Nest(role, inner, kids)
+    return out
+
+
+def nested_verify_leaf(outer: str, inner: str, spec_mode: str) -> str:
+    """The qualified role of the leaf that runs TARGET_VERIFY: the verify child of the verify child."""
+    role = verify_child(outer, spec_mode)
+    return role if role == "linear" else f"{role}/{verify_child(inner, spec_mode)}"
+
+
+def leaves(children: dict) -> dict:
+    """Every leaf ``Child`` under ``children``, by qualified role."""
+    out = {}
+    for child in children.values():
+        if isinstance(child, Nest):
+            out.update(leaves(child.children))
+        else:
+            out[child.role] = child
+    return out
+
+
+@dataclass
 class Routing:
     """What a router answers, and the object a call site gets as its attention backend."""
 
@@ -91,3 +151,6 @@ def check_args(router: str, spec_mode: str, children: dict[str, Child]) -> None:
     want = set(ROUTERS[router])
     if set(children) != want:
         raise ValueError(f"router {router} takes children {sorted(want)}, got {sorted(children)}")
+    for child in children.values():
+        if isinstance(child, Nest):
+            check_args(child.router, spec_mode, child.children)

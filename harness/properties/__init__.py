@@ -96,7 +96,8 @@ PROPERTIES: dict[str, Property] = {p.name: p for p in (
     Property("chain-writer", chain_writer, "build_chain_tree: no write leaves its buffers; == oracle, "
              "== the tree kernel on the same chain", chain=True, needs=("chain_write", "chain_kernel")),
     Property("reader-agreement", reader_agreement, "each reader's mask_indptr gives request b exactly its cells "
-             "(eager and cuda-graph replay)", needs=("read_eager", "read_replay"), layouts=("FULL_MASK",)),
+             "(eager and cuda-graph replay, fresh and through one server's backend)", needs=("read_eager", "read_replay"),
+             layouts=("FULL_MASK",), steps=True),
     Property("packed-mask", packed_mask, "bit packing stays in its buffer and yields the mask, LSB first, "
              "where the reader looks", needs=("pack_mask",), layouts=("FULL_MASK",)),
 )}

@@ -13,10 +13,12 @@ readers exist only there (``readers.reader_config``).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode, request_extents
+from harness.model.layouts import TreeMaskMode, logical_size, request_extents
 from harness.model.oracle import expected
 from harness.properties.kit import Observation, capacity_of, fail, locator, reused_mask
 from harness.model.readers import reader_config
@@ -62,35 +64,93 @@ def _window_mismatch(view, config: Config, batch: Batch, written: torch.Tensor, 
 
 
 def reader_agreement(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
-    """Each reader's index arithmetic gives request b exactly the cells the writer wrote for it."""
+    """Each reader's index arithmetic gives request b exactly the cells the writer wrote for it,
+    read fresh per batch and through one backend that serves the case's batches in turn."""
     obs = Observation()
     rc = reader_config(config)
-    for batch in batches:
-        heap, mask = reused_mask(target, rc, device)
-        out = target.verify(mask, rc, batch, heap).as_cpu()
-        violations = heap.check(locator(rc, batch))
-        if violations:  # the writer's, not a reader's: say so before any reader runs
-            fail("reader-agreement", "the verify step itself wrote out of bounds (see no-oob-write): "
-                                      + describe_all(violations))
-        want = out.tree_mask.clone()  # a reader must not be able to change what it is compared with
-        _observe(obs, config, rc, batch, out, mask, "eager")
-        diff = _window_mismatch(target.read_eager(rc, batch, out), rc, batch, want, "eager")
-        if diff:
-            fail("reader-agreement", diff)
-        if batch.bs > rc.max_bs:
-            continue  # past the captured max_bs the server runs eagerly: no graph to replay
-        view = target.read_replay(mask, rc, batch, out)
-        _observe(obs, config, rc, batch, out, mask, "replay")
-        if view.captured_bs is not None and view.captured_bs > batch.bs:
-            obs.classes.add("replay padded to a captured bs")
-        violations = heap.check(locator(rc, batch))
-        if violations:
-            fail("reader-agreement", "cuda-graph replay copied the step's mask out of bounds "
-                                      f"(bs {batch.bs}, max_bs {rc.max_bs}): " + describe_all(violations))
-        diff = _window_mismatch(view, rc, batch, want, "cuda-graph replay")
-        if diff:
-            fail("reader-agreement", diff)
+    fresh = [_fresh_reads(target, obs, config, rc, batch, device) for batch in batches]
+    session = getattr(target, "reader_session", None)
+    if session is None:
+        obs.classes.add("server state: not driven by this target")
+        return obs
+    _server_reads(target, obs, rc, batches, fresh, device)
     return obs
+
+
+def _fresh_reads(target, obs: Observation, config: Config, rc: Config, batch: Batch, device) -> dict:
+    """One batch through a reader built for it alone: the reference the server's reader must agree with."""
+    heap, mask = reused_mask(target, rc, device)
+    out = target.verify(mask, rc, batch, heap).as_cpu()
+    violations = heap.check(locator(rc, batch))
+    if violations:  # the writer's, not a reader's: say so before any reader runs
+        fail("reader-agreement", "the verify step itself wrote out of bounds (see no-oob-write): "
+                                  + describe_all(violations))
+    want = out.tree_mask.clone()  # a reader must not be able to change what it is compared with
+    _observe(obs, config, rc, batch, out, mask, "eager")
+    view = target.read_eager(rc, batch, out)
+    diff = _window_mismatch(view, rc, batch, want, "eager")
+    if diff:
+        fail("reader-agreement", diff)
+    reads = {"eager": _indptr(view, batch), "step": out}
+    if batch.bs > rc.max_bs:
+        return reads  # past the captured max_bs the server runs eagerly: no graph to replay
+    view = target.read_replay(mask, rc, batch, out)
+    _observe(obs, config, rc, batch, out, mask, "replay")
+    if view.captured_bs is not None and view.captured_bs > batch.bs:
+        obs.classes.add("replay padded to a captured bs")
+    violations = heap.check(locator(rc, batch))
+    if violations:
+        fail("reader-agreement", "cuda-graph replay copied the step's mask out of bounds "
+                                  f"(bs {batch.bs}, max_bs {rc.max_bs}): " + describe_all(violations))
+    diff = _window_mismatch(view, rc, batch, want, "cuda-graph replay")
+    if diff:
+        fail("reader-agreement", diff)
+    reads["cuda-graph replay"] = _indptr(view, batch)
+    return reads
+
+
+def _indptr(view, batch: Batch) -> list[int]:
+    return [int(v) for v in view.indptr.reshape(-1)[:batch.bs + 1].cpu().tolist()]
+
+
+def _server_reads(target, obs: Observation, rc: Config, batches: list[Batch], fresh: list[dict], device) -> None:
+    """The case's batches in a server's order: one mask, one backend, its graphs captured once at start-up.
+
+    Batch i must read what it read through a reader built for it alone
+    (``fresh[i]``): state a backend keeps from one batch to the next (an
+    offset, an indptr, a captured buffer) must never leak into the next one.
+    The writer is not run again: each batch's fresh step is laid into the one
+    mask as that step would have written it (its logical region; cells past it
+    keep what earlier batches left), since the writer's own state across steps
+    is multi-step-reuse's question and this is the readers'.
+    """
+    heap, mask = reused_mask(target, rc, device)
+    session = target.reader_session(mask, rc, max(b.bs for b in batches))
+    flat = mask.buffer.view(-1)
+    for i, batch in enumerate(batches):
+        out = fresh[i]["step"]
+        if out.reused:
+            n = logical_size(TreeMaskMode.FULL_MASK, batch.seq_lens, rc.d)
+            flat[:n].copy_(out.tree_mask.reshape(-1)[:n].to(flat.device))
+            out = dataclasses.replace(out, tree_mask=mask.buffer)
+        want = out.tree_mask.detach().cpu().clone()
+        paths = [("eager", session.eager)] + ([("cuda-graph replay", session.replay)] if batch.bs <= rc.max_bs
+                                               else [])
+        for path, read in paths:
+            view = read(batch, out)
+            where = f"server state, batch {i + 1} of {len(batches)} through one backend, {path}"
+            violations = heap.check(locator(rc, batch))
+            if violations:
+                fail("reader-agreement", f"{where}: wrote out of bounds: " + describe_all(violations))
+            got = _indptr(view, batch)
+            if got != fresh[i][path]:
+                fail("reader-agreement", f"{where}: mask_indptr {got}, but a backend built for this batch "
+                                          f"alone gives {fresh[i][path]} (seq_lens {list(batch.seq_lens)}, "
+                                          f"d {rc.d}, max_bs {rc.max_bs}): state left by earlier batches")
+            diff = _window_mismatch(view, rc, batch, want, where)
+            if diff:
+                fail("reader-agreement", diff)
+            obs.classes.add(f"server state: {path}" + (" after an earlier batch" if i else ""))
 
 
 # -- packed-mask -----------------------------------------------------------------

@@ -22,6 +22,12 @@ context and length-sum policy) are skipped: their inputs are identical. The
 routers' i-th children share one mask, so a case costs three verify steps:
 the hybrid's two children (the hybrid-linear's full child repeats the first),
 and the first child with the length sum known (TBO and the Dots wrapper).
+
+Routers over routers (``NESTINGS``: TBO over a hybrid, a model wrapper over a
+hybrid, a hybrid over a hybrid, ...) are checked the same way: the mask handed
+out, the forward's dispatch and DFlash's policy must all reach the leaf that is
+the verify child of the verify child. Their leaves take slots in order, so in
+one nesting every leaf's mask differs.
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ import torch
 from harness.model.config import Batch, Config
 from harness.model.oracle import expected
 from harness.properties.kit import Observation, fail, fill_stale, first_difference, known_as, locator
-from harness.model.routing import ROUTERS, SPEC_MODES, Child, verify_child
+from harness.model.routing import (NESTINGS, ROUTERS, SPEC_MODES, Child, leaves, nested_children,
+                                   nested_verify_leaf, verify_child)
 from harness.guard.shadow import ShadowHeap, describe_all
 
 NAME = "routing"
@@ -43,9 +50,12 @@ def _raw(mask) -> torch.Tensor:
 
 
 def _masks(target, config: Config, heap: ShadowHeap) -> list:
-    """One verify mask per child slot, each with different leftovers."""
+    """One verify mask per child slot, each with different leftovers (a nesting's leaves need the most)."""
+    slots = max(max(len(roles) for roles in ROUTERS.values()),
+                max(len(leaves(nested_children(o, i, lambda role, n: Child(role, None, None))))
+                    for o, i in NESTINGS))
     masks = []
-    for i in range(max(len(roles) for roles in ROUTERS.values())):
+    for i in range(slots):
         mask = target.allocate(config, heap)
         fill_stale(mask.buffer, i)
         masks.append(mask)
@@ -55,18 +65,36 @@ def _masks(target, config: Config, heap: ShadowHeap) -> list:
 def _children(config: Config, router: str, masks: list) -> dict[str, Child]:
     # Slot i's mask serves every router's i-th child: within a router the masks
     # differ, and routers that hand out the same slot share one verify step.
+    return {role: _leaf(config, masks, role, i) for i, role in enumerate(ROUTERS[router])}
+
+
+def _leaf(config: Config, masks: list, role: str, slot: int) -> Child:
     # SGLang's linear-attention backends carry no context length at all.
-    return {role: Child(role, masks[i], None if role == "linear" else config.max_context_len)
-            for i, role in enumerate(ROUTERS[router])}
+    return Child(role, masks[slot], None if role.endswith("linear") else config.max_context_len)
 
 
-def _whose(children: dict[str, Child], mask) -> str:
+def _whose(children: dict, mask) -> str:
     if mask is None:
         return "no mask (None)"
-    for role, child in children.items():
+    for role, child in leaves(children).items():
         if child.verify_mask is mask or (mask.buffer.data_ptr() == child.verify_mask.buffer.data_ptr()):
             return f"the {role} child's mask"
     return "a mask of no child"
+
+
+def _routers(present, config: Config, masks: list):
+    """(label, router, children, spec_mode, verify leaf) for every router and every nesting present."""
+    for router in present:
+        children = _children(config, router, masks)
+        for spec_mode in SPEC_MODES:
+            yield f"{router} router", router, children, spec_mode, verify_child(router, spec_mode)
+    for outer, inner in NESTINGS:
+        if outer not in present or inner not in present:
+            continue
+        children = nested_children(outer, inner, lambda role, slot: _leaf(config, masks, role, slot))
+        for spec_mode in SPEC_MODES:
+            yield (f"{outer} router over {inner} routers", outer, children, spec_mode,
+                   nested_verify_leaf(outer, inner, spec_mode))
 
 
 def routing(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
@@ -81,64 +109,71 @@ def routing(target, config: Config, batches: list[Batch], device="cpu") -> Obser
         stepped = set()
         present = getattr(target, "routers", None) or tuple(ROUTERS)
         obs.classes.update(f"{router}: not in this SGLang" for router in ROUTERS if router not in present)
-        for router in present:
-            children = _children(config, router, masks)
-            for spec_mode in SPEC_MODES:
-                role = verify_child(router, spec_mode)
-                want = children[role]
-                where = f"{router} router, speculative_attention_mode {spec_mode}"
-                r = target.route(router, spec_mode, children, config.max_context_len)
-                if r.verify_mask is not want.verify_mask:
-                    fail(NAME, f"{where}: hands out {_whose(children, r.verify_mask)}, but TARGET_VERIFY "
-                                f"runs on the {role} child, which reads its own mask")
-                if r.serves_verify is not None and r.serves_verify != role:
-                    fail(NAME, f"{where}: dispatches the TARGET_VERIFY forward to the {r.serves_verify} child, "
-                                f"but hands out the {role} child's mask")
-                if r.dflash_resolves is not None:
-                    _check_dflash(target, obs, where, router, role, r.dflash_resolves)
-                need = max(config.max_context_len, want.max_context_len or 0)
-                if r.needs_cpu_seq_lens:
-                    obs.classes.add(f"{router}: length sum always known")
-                elif not isinstance(r.max_context_len, int) or isinstance(r.max_context_len, bool) \
-                        or r.max_context_len < need:
-                    fail(NAME, f"{where}: reports max_context_len {r.max_context_len!r}, but requests reach "
-                                f"{config.max_context_len} tokens and the {role} child's mask was sized for "
-                                f"{want.max_context_len}: a FULL_MASK fallback sized from it is too short")
-                obs.classes.add(f"{router} ({spec_mode}) -> {role}")
-                # with the length sum known, the reported context is never read
-                key = (id(r.verify_mask), None if r.needs_cpu_seq_lens else r.max_context_len,
-                       r.needs_cpu_seq_lens)
-                if key in stepped:
-                    continue
-                stepped.add(key)
-                before = {k: _raw(c.verify_mask) for k, c in children.items()
-                          if c.verify_mask is not want.verify_mask}
-                out = target.verify_routed(r, config, batch, heap)
-                bad = heap.check(locator(config, batch))
-                if bad:
-                    fail(NAME, f"{where}: out-of-bounds write (bs {batch.bs}, max_bs {config.max_bs}): "
-                                + describe_all(bad))
-                reuses = target.fits(want.verify_mask, batch.bs)
-                wrote = out.tree_mask.data_ptr()
-                if reuses and wrote != want.verify_mask.buffer.data_ptr():
-                    fail(NAME, f"{where}: bs {batch.bs} fits the {role} child's mask, but the call site "
-                                f"wrote {_whose(children, _Written(out.tree_mask))} instead")
-                if not reuses and any(wrote == c.verify_mask.buffer.data_ptr() for c in children.values()):
-                    fail(NAME, f"{where}: bs {batch.bs} does not fit the {role} child's mask (max_bs "
-                                f"{config.max_bs}), but the call site wrote "
-                                f"{_whose(children, _Written(out.tree_mask))}")
-                for k, raw in before.items():
-                    if not torch.equal(raw, _raw(children[k].verify_mask)):
-                        fail(NAME, f"{where}: the verify step changed the {k} child's mask, which no "
-                                    "TARGET_VERIFY forward reads")
-                out = out.as_cpu()
-                obs.add_step(config, batch, out, want.verify_mask.buffer.numel())
-                want_out = expected(config, batch)
-                diff = first_difference(f"{where}: step through the router vs oracle", out, want_out, config, batch,
-                             want_out.compared)
-                if diff:
-                    fail(NAME, diff)
+        for label, router, children, spec_mode, role in _routers(present, config, masks):
+            where = f"{label}, speculative_attention_mode {spec_mode}"
+            r = target.route(router, spec_mode, children, config.max_context_len)
+            name = label.removesuffix(" router")  # a plain router's classes keep its bare name
+            _check_router(target, obs, config, batch, heap, stepped, where, name, children, role, r)
+            obs.classes.add(f"{name} ({spec_mode}) -> {role}")
     return obs
+
+
+def _check_router(target, obs: Observation, config: Config, batch: Batch, heap: ShadowHeap, stepped: set,
+                  where: str, label: str, children: dict, role: str, r) -> None:
+    """What one built router hands out, reports, dispatches and resolves, and one step through it."""
+    every = leaves(children)
+    want = every[role]
+    if r.verify_mask is not want.verify_mask:
+        fail(NAME, f"{where}: hands out {_whose(children, r.verify_mask)}, but TARGET_VERIFY "
+                    f"runs on the {role} child, which reads its own mask")
+    if r.serves_verify is not None and r.serves_verify != role:
+        fail(NAME, f"{where}: dispatches the TARGET_VERIFY forward to the {r.serves_verify} child, "
+                    f"but hands out the {role} child's mask")
+    if r.dflash_resolves is not None:
+        _check_dflash(target, obs, where, label, role, r.dflash_resolves)
+    need = max(config.max_context_len, want.max_context_len or 0)
+    if r.needs_cpu_seq_lens:
+        obs.classes.add(f"{label}: length sum always known")
+    elif not isinstance(r.max_context_len, int) or isinstance(r.max_context_len, bool) \
+            or r.max_context_len < need:
+        fail(NAME, f"{where}: reports max_context_len {r.max_context_len!r}, but requests reach "
+                    f"{config.max_context_len} tokens and the {role} child's mask was sized for "
+                    f"{want.max_context_len}: a FULL_MASK fallback sized from it is too short")
+    # with the length sum known, the reported context is never read
+    key = (id(r.verify_mask), None if r.needs_cpu_seq_lens else r.max_context_len, r.needs_cpu_seq_lens)
+    if key in stepped:
+        return
+    stepped.add(key)
+    _step_through(target, obs, config, batch, heap, where, every, role, r)
+
+
+def _step_through(target, obs: Observation, config: Config, batch: Batch, heap: ShadowHeap, where: str,
+                  every: dict, role: str, r) -> None:
+    want = every[role]
+    before = {k: _raw(c.verify_mask) for k, c in every.items() if c.verify_mask is not want.verify_mask}
+    out = target.verify_routed(r, config, batch, heap)
+    bad = heap.check(locator(config, batch))
+    if bad:
+        fail(NAME, f"{where}: out-of-bounds write (bs {batch.bs}, max_bs {config.max_bs}): " + describe_all(bad))
+    reuses = target.fits(want.verify_mask, batch.bs)
+    wrote = out.tree_mask.data_ptr()
+    if reuses and wrote != want.verify_mask.buffer.data_ptr():
+        fail(NAME, f"{where}: bs {batch.bs} fits the {role} child's mask, but the call site "
+                    f"wrote {_whose(every, _Written(out.tree_mask))} instead")
+    if not reuses and any(wrote == c.verify_mask.buffer.data_ptr() for c in every.values()):
+        fail(NAME, f"{where}: bs {batch.bs} does not fit the {role} child's mask (max_bs "
+                    f"{config.max_bs}), but the call site wrote {_whose(every, _Written(out.tree_mask))}")
+    for k, raw in before.items():
+        if not torch.equal(raw, _raw(every[k].verify_mask)):
+            fail(NAME, f"{where}: the verify step changed the {k} child's mask, which no "
+                        "TARGET_VERIFY forward reads")
+    out = out.as_cpu()
+    obs.add_step(config, batch, out, want.verify_mask.buffer.numel())
+    want_out = expected(config, batch)
+    diff = first_difference(f"{where}: step through the router vs oracle", out, want_out, config, batch,
+                            want_out.compared)
+    if diff:
+        fail(NAME, diff)
 
 
 def _check_dflash(target, obs: Observation, where: str, router: str, role: str, resolved: str) -> None:

@@ -64,3 +64,27 @@ def model_pack(config: Config, batch: Batch, step_mask: torch.Tensor, buffer: to
         packed = (bits.view(-1, 8) * weights).sum(1).to(torch.uint8)
         buffer[int(starts[b]):int(starts[b + 1])] = packed
     return PackedView(buffer, starts)
+
+
+class ModelServerReader:
+    """The readers over one server's life: graphs captured once over the mask every step reuses.
+
+    The model's readers keep no offsets between batches, so a batch reads here
+    what it reads fresh; a target whose backend keeps state must agree with it.
+    """
+
+    def __init__(self, mask, config: Config, pool: int):
+        self.mask, self.config = mask, config
+        placeholder = logical_size(TreeMaskMode.FULL_MASK, [capture_seq_len(config)] * mask.max_bs, config.d)
+        mask.buffer[:placeholder].fill_(True)  # the captures' placeholder, written once at start-up
+
+    def eager(self, batch: Batch, step) -> ReaderView:
+        return model_read_eager(self.config, batch, step.tree_mask)
+
+    def replay(self, batch: Batch, step) -> ReaderView:
+        buffer = self.mask.buffer
+        if not step.reused:
+            n = step.tree_mask.numel()
+            buffer[:n].copy_(step.tree_mask.to(buffer.device).view(-1))
+        return ReaderView(buffer, _indptr(_rows_per_request(batch, self.config.d, buffer.device)),
+                          captured_bs(batch.bs, self.mask.max_bs))

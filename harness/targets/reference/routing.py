@@ -11,7 +11,7 @@ separate function that unwraps routers by their own rules.
 
 from __future__ import annotations
 
-from harness.model.routing import Child, Routing
+from harness.model.routing import Child, Nest, Routing
 
 
 class _ChildBackend:
@@ -141,12 +141,18 @@ def _build(router: str, spec_mode: str, kids: dict, context_len: int):
     raise ValueError(f"unknown router {router!r}")
 
 
-def model_route(router: str, spec_mode: str, children: dict[str, Child], context_len: int) -> Routing:
-    """The router of kind ``router`` over ``children``: what it hands out, reports and dispatches to."""
+def model_route(router: str, spec_mode: str, children: dict, context_len: int) -> Routing:
+    """The router of kind ``router`` over ``children`` (routers themselves where a child is a
+    ``Nest``): what it hands out, reports and dispatches to."""
     served: list[str] = []
-    kids = {role: _ChildBackend(child, served) for role, child in children.items()}
-    backend = _build(router, spec_mode, kids, context_len)
+    backend = _build(router, spec_mode, _kids(spec_mode, children, context_len, served), context_len)
     backend.forward("target_verify")
     return Routing(router, spec_mode, backend, backend.verify_mask, getattr(backend, "max_context_len", None),
                    served[0] if served else None, bool(backend.needs_cpu_seq_lens),
                    dflash_policy_resolves(backend))
+
+
+def _kids(spec_mode: str, children: dict, context_len: int, served: list) -> dict:
+    return {role: _build(child.router, spec_mode, _kids(spec_mode, child.children, context_len, served), context_len)
+            if isinstance(child, Nest) else _ChildBackend(child, served)
+            for role, child in children.items()}

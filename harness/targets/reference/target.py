@@ -168,6 +168,10 @@ class ReferenceTarget:
     def read_replay(self, mask: VerifyMask, config: Config, batch: Batch, step: StepOutput):
         return readers.model_read_replay(mask, config, batch, step.tree_mask, step.reused)
 
+    def reader_session(self, mask: VerifyMask, config: Config, pool: int):
+        """The readers a server keeps for a case's batches (``readers.ModelServerReader``)."""
+        return readers.ModelServerReader(mask, config, pool)
+
     def pack_mask(self, config: Config, batch: Batch, step_mask: torch.Tensor, buffer: torch.Tensor):
         return readers.model_pack(config, batch, step_mask, buffer)
 

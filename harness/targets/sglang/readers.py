@@ -55,6 +55,8 @@ SURFACE = (
      ("reader-agreement",)),
     ("srt/layers/attention/triton_backend.py", "TritonAttnBackend._fill_kv_indptr_and_indices",
      ("reader-agreement",)),
+    ("srt/layers/attention/triton_backend.py", "TritonAttnBackend._init_forward_metadata_out_graph",
+     ("reader-agreement",)),
     ("srt/layers/attention/flashinfer_backend.py", "FlashInferIndicesUpdaterPrefill.call_begin_forward",
      ("packed-mask",)),
     ("srt/layers/attention/flashinfer_backend.py", "fast_prefill_plan", ("packed-mask",)),
@@ -199,6 +201,56 @@ def read_replay(mask, config: Config, batch: Batch, step) -> ReaderView:
         backend.init_forward_metadata_out_graph(replay, in_capture=False)
     meta = backend.forward_metadata
     return ReaderView(meta.custom_mask, meta.mask_indptr, graph_bs)
+
+
+class ServerReader:
+    """One ``TritonAttnBackend`` serving a case's batches in a server's order.
+
+    The fresh readers above build a backend per batch, so its ``mask_indptr``
+    starts zeroed every time; a server keeps one backend for its whole life. So
+    here the graphs are captured once, largest first from max_bs down, over the
+    verify mask every step then reuses, and each batch then runs eagerly and in
+    the replay of its captured graph through that same backend. A graph keeps
+    the metadata its capture made (views into the backend's buffers), so a
+    replay is read through the metadata of the graph it replays in.
+    """
+
+    def __init__(self, mask, config: Config, pool: int):
+        m, dev = modules(), mask.buffer.device
+        self.config, self.mask = config, mask
+        # The request pool holds the largest batch the server will see, eager ones past max_bs too.
+        self.backend = triton_backend(mask, config, max(pool, config.max_bs), dev)
+        fill = capture_seq_len(config)
+        placeholder = torch.ones(logical_size(TreeMaskMode.FULL_MASK, [fill] * config.max_bs, config.d),
+                                 dtype=torch.bool, device=dev)
+        self.graphs = {}
+        for graph_bs in sorted({captured_bs(n, config.max_bs) for n in range(1, config.max_bs + 1)}, reverse=True):
+            capture = _verify_batch(m, graph_bs, torch.full((graph_bs,), fill, dtype=torch.long, device=dev),
+                                    placeholder, config.d)
+            with _stand_in_checked(self.backend):
+                self.backend.init_forward_metadata_out_graph(capture, in_capture=True)
+            self.graphs[graph_bs] = self.backend.forward_metadata
+
+    def eager(self, batch: Batch, step) -> ReaderView:
+        dev = step.tree_mask.device
+        with _stand_in_checked(self.backend):
+            self.backend.init_forward_metadata(_verify_batch(modules(), batch.bs, _seq_lens(batch, dev),
+                                                             step.tree_mask, self.config.d))
+        meta = self.backend.forward_metadata
+        return ReaderView(meta.custom_mask, meta.mask_indptr)
+
+    def replay(self, batch: Batch, step) -> ReaderView:
+        buf = self.mask.buffer
+        dev = buf.device
+        graph_bs = captured_bs(batch.bs, self.config.max_bs)
+        padding = torch.full((graph_bs - batch.bs,), capture_seq_len(self.config), dtype=torch.long, device=dev)
+        custom_mask = buf if step.reused else step.tree_mask.to(dev)
+        replay = _verify_batch(modules(), graph_bs, torch.cat([_seq_lens(batch, dev), padding]), custom_mask,
+                               self.config.d)
+        with _stand_in_checked(self.backend):
+            self.backend.init_forward_metadata_out_graph(replay, in_capture=False)
+        meta = self.graphs[graph_bs]
+        return ReaderView(meta.custom_mask, meta.mask_indptr, graph_bs)
 
 
 # -- FlashInfer packing ---------------------------------------------------------------

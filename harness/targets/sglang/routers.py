@@ -25,7 +25,7 @@ import torch
 
 from harness.model.config import Batch, Config
 from harness.model.outputs import StepOutput
-from harness.model.routing import ROUTERS, Child, Routing, check_args
+from harness.model.routing import ROUTERS, Child, Nest, Routing, check_args
 from harness.targets.sglang.binding import bound
 from harness.model.trees import tree_tensors
 
@@ -113,12 +113,38 @@ def _class(router: str):
     return mod, getattr(mod, name)
 
 
-def build(sg, router: str, spec_mode: str, children: dict[str, Child], context_len: int) -> Routing:
-    """SGLang's router of kind ``router`` over stand-ins of ``children``, and what it answers."""
+def build(sg, router: str, spec_mode: str, children: dict, context_len: int) -> Routing:
+    """SGLang's router of kind ``router`` over stand-ins of ``children`` (routers of their own
+    where a child is a ``Nest``), and what it answers."""
     check_args(router, spec_mode, children)
     served: list[str] = []
-    # One class per role, so a policy that answers with a class name names the child.
-    kids = {role: _role_class(role)(children[role], served) for role in ROUTERS[router]}
+    made: dict = {}
+    backend = _router(router, spec_mode, _kids(sg, router, spec_mode, children, context_len, served, made),
+                      context_len)
+    forward_batch = SimpleNamespace(forward_mode=sg.forward_info.ForwardMode.TARGET_VERIFY)
+    backend.forward_extend(q=None, k=None, v=None, layer=SimpleNamespace(layer_id=_FULL_LAYER),
+                           forward_batch=forward_batch)
+    return Routing(router, spec_mode, backend, backend.verify_mask, getattr(backend, "max_context_len", None),
+                   served[0] if served else None, bool(getattr(backend, "needs_cpu_seq_lens", True)),
+                   _dflash_resolves(backend, made))
+
+
+def _kids(sg, router: str, spec_mode: str, children: dict, context_len: int, served: list, made: dict) -> dict:
+    """The backends under a router: a stand-in per leaf, SGLang's own router per ``Nest``."""
+    kids = {}
+    for role in ROUTERS[router]:
+        child = children[role]
+        if isinstance(child, Nest):
+            inner = _kids(sg, child.router, spec_mode, child.children, context_len, served, made)
+            kids[role] = _router(child.router, spec_mode, inner, context_len)
+        else:
+            # One class per role, so a policy that answers with a class name names the child.
+            kids[role] = made[child.role] = _role_class(child.role)(child, served)
+    return kids
+
+
+def _router(router: str, spec_mode: str, kids: dict, context_len: int):
+    """SGLang's router class of kind ``router``, constructed by its own ``__init__`` over ``kids``."""
     mod, cls = _class(router)
     if router == "hybrid":
         spec = SimpleNamespace(speculative_attention_mode=spec_mode, speculative_algorithm="EAGLE")
@@ -129,24 +155,17 @@ def build(sg, router: str, spec_mode: str, children: dict[str, Child], context_l
                                  model_config=SimpleNamespace(context_len=context_len))
         lookup = [(mod, "get_spec", lambda: spec)] if hasattr(mod, "get_spec") else []
         with bound(*lookup):
-            backend = cls(runner, kids["prefill"], kids["decode"])
-    elif router == "tbo":
-        backend = cls(kids["primary"], [kids["tbo-child-0"], kids["tbo-child-1"]])
-    elif router == "dots-swa":
-        backend = cls(kids["wrapped"])
-    else:
-        # A server-wide lookup only some releases' constructor makes (0.5.21 has none):
-        # where the module has no such function, the constructor cannot call it.
-        lookup = [(mod, "check_cuda_graph_backend", lambda *a, **k: False)] \
-            if hasattr(mod, "check_cuda_graph_backend") else []
-        with bound(*lookup):
-            backend = cls(kids["full"], kids["linear"], [_FULL_LAYER])
-    forward_batch = SimpleNamespace(forward_mode=sg.forward_info.ForwardMode.TARGET_VERIFY)
-    backend.forward_extend(q=None, k=None, v=None, layer=SimpleNamespace(layer_id=_FULL_LAYER),
-                           forward_batch=forward_batch)
-    return Routing(router, spec_mode, backend, backend.verify_mask, getattr(backend, "max_context_len", None),
-                   served[0] if served else None, bool(getattr(backend, "needs_cpu_seq_lens", True)),
-                   _dflash_resolves(backend, kids))
+            return cls(runner, kids["prefill"], kids["decode"])
+    if router == "tbo":
+        return cls(kids["primary"], [kids["tbo-child-0"], kids["tbo-child-1"]])
+    if router == "dots-swa":
+        return cls(kids["wrapped"])
+    # A server-wide lookup only some releases' constructor makes (0.5.21 has none):
+    # where the module has no such function, the constructor cannot call it.
+    lookup = [(mod, "check_cuda_graph_backend", lambda *a, **k: False)] \
+        if hasattr(mod, "check_cuda_graph_backend") else []
+    with bound(*lookup):
+        return cls(kids["full"], kids["linear"], [_FULL_LAYER])
 
 
 _ROLE_CLASSES: dict[str, type] = {}

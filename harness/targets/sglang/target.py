@@ -227,6 +227,10 @@ class SglangTarget:
     def read_replay(self, mask, config: Config, batch: Batch, step: StepOutput):
         return readers.read_replay(mask, config, batch, step)
 
+    def reader_session(self, mask, config: Config, pool: int):
+        """One Triton backend for a case's batches, graphs captured once (``readers.ServerReader``)."""
+        return readers.ServerReader(mask, config, pool)
+
     def pack_mask(self, config: Config, batch: Batch, step_mask, buffer):
         return readers.pack_mask(config, batch, step_mask, buffer)
 
