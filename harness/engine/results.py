@@ -47,6 +47,9 @@ class PropertyResult:
     reached: dict = field(default_factory=dict)
     #: a shared group's classes per member, from the batches each judged (``Observation.by_property``)
     member_classes: dict = field(default_factory=dict)
+    #: the deep boundary cases it ran (harness.engine.deep_corpus), by label
+    corpus: list[str] = field(default_factory=list)
+    corpus_seconds: float = 0.0
 
     @property
     def findings(self) -> list[Finding]:
@@ -78,3 +81,5 @@ class PropertyResult:
         self.bs_ratio.update(other.bs_ratio)
         self.rounds += other.rounds
         note_reached(self.reached, other.reached)
+        self.corpus += [c for c in other.corpus if c not in self.corpus]
+        self.corpus_seconds += other.corpus_seconds

@@ -20,6 +20,7 @@ from hypothesis import target as hypothesis_target
 from harness.engine.database import KeyedDatabase
 from harness.engine.results import Finding, PropertyResult
 from harness.engine.cases import boundary_cases, cases
+from harness.engine.deep_corpus import case_key, constants_of, deep_cases
 from harness.engine.isolation import TargetFault, TargetRaised
 from harness.engine.signals import check as interrupt_check
 from harness.model.bounds import Bounds
@@ -70,6 +71,10 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
         interrupt_check()  # a Ctrl-C that Hypothesis or a gc callback swallowed ends the search here
         state["case"] = case
         config, steps = case
+        label = deep.get(case_key(config, steps)) if deep and not state["failed"] else None
+        if label:
+            result.corpus.append(label)
+        began = time.perf_counter()
         # Counted before the check: "examples to first detection" includes the failing one.
         if not state["failed"]:
             result.examples += 1
@@ -102,13 +107,17 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
             raise failure from None
         if not state["failed"]:
             result.note(obs, config, steps)
+            if label:  # the corpus's share of the property's time (summary.json)
+                result.corpus_seconds += time.perf_counter() - began
         for cls in sorted(obs.classes):
             event(cls)
         if math.isfinite(obs.margin):  # a case that wrote no step has no margin to report
             hypothesis_target(obs.margin, label="overflow margin (cells)")
 
     # A deployment-scoped search keeps to its deployment: no corpus outside it.
-    for case in reversed(boundary_cases(prop, bounds) if strategy is None else []):
+    corpus = deep_cases(prop, bounds, constants_of(target)) if strategy is None else []
+    deep = {case_key(c, s): label for label, c, s in corpus}
+    for case in reversed(boundary_cases(prop, bounds) + [(c, s) for _, c, s in corpus] if strategy is None else []):
         search = example(case)(search)
     start = time.perf_counter()
     try:

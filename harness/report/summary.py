@@ -117,6 +117,8 @@ def build_summary(outcome) -> dict:
             "max_margin": None if math.isinf(r.max_margin) else r.max_margin,
             "classes": dict(sorted(r.classes.items())), "bs_over_max_bs": dict(r.bs_ratio),
             "findings": [_finding(f) for f in r.findings],
+            "deep_cases": list(getattr(r, "corpus", [])),
+            "deep_seconds": round(getattr(r, "corpus_seconds", 0.0), 3),
             **({"not_driven": r.not_driven} if r.not_driven else {}),
             **({"out_of_step": r.out_of_step} if getattr(r, "out_of_step", None) else {}),
         })
@@ -144,6 +146,12 @@ def build_summary(outcome) -> dict:
                    "findings": len(findings), "known": sum(k["status"] == "reproduces" for k in known)},
         "properties": props,
         "boundary_classes": dict(sorted(classes.items())),
+        # production shapes run once per property before the search (harness.engine.deep_corpus)
+        "deep_boundary_corpus": {"cases": list(dict.fromkeys(c for p in props for c in p["deep_cases"])),
+                                 "runs": sum(len(p["deep_cases"]) for p in props),
+                                 # a shared group runs each case once for all its members: counted once
+                                 "seconds": round(sum({p["seconds"]: p["deep_seconds"] for p in props}.values()), 3),
+                                 "sized_from": getattr(outcome, "shape_constants", None)},
         "overflow_margin": {b: margins[b] for b in MARGIN_BUCKETS},
         # the same examples split by the path their batch took: > 0 overflows only on reuse
         "overflow_margin_by_path": {p: {b: by_path[p][b] for b in MARGIN_BUCKETS} for p in MARGIN_PATHS},
@@ -213,6 +221,11 @@ def summary_md(s: dict) -> str:
         lines += ["", "#### Findings", ""]
         lines += [f"- `{f['property']}` ({f['kind']}): {f['detail']}  \n  repro: `{f['repro']}` "
                   f"(`vmfuzz replay {f['repro']}`)" for f in s["findings"]]
+    deep = s.get("deep_boundary_corpus") or {}
+    if deep.get("cases"):
+        lines += ["", f"Deep boundary corpus: {deep['runs']} run(s) of {len(deep['cases'])} case(s) before "
+                  f"the search, {deep['seconds']:.1f}s (sized from {deep['sized_from'] or 'the model'}):", ""]
+        lines += [f"- {c}" for c in deep["cases"]]
     if s.get("bounds"):
         widest = s["bounds"][-1]
         lines += ["", f"Bounds ({len(s['bounds'])} step(s), widest): "
