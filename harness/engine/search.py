@@ -66,12 +66,14 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
     def search(case):
         # Past the deadline, skip new examples; never while shrinking a failure,
         # or Hypothesis would see the failing example stop failing.
-        if not state["failed"] and deadline is not None and time.monotonic() > deadline:
+        config, steps = case
+        key = case_key(config, steps) if fixed and not state["failed"] else None
+        # The corpus is a fixed cost run whatever the budget: only the search is cut short.
+        if not state["failed"] and deadline is not None and time.monotonic() > deadline and key not in fixed:
             raise _OutOfTime
         interrupt_check()  # a Ctrl-C that Hypothesis or a gc callback swallowed ends the search here
         state["case"] = case
-        config, steps = case
-        label = deep.get(case_key(config, steps)) if deep and not state["failed"] else None
+        label = deep.get(key) if key else None
         if label:
             result.corpus.append(label)
         began = time.perf_counter()
@@ -117,7 +119,9 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
     # A deployment-scoped search keeps to its deployment: no corpus outside it.
     corpus = deep_cases(prop, bounds, constants_of(target)) if strategy is None else []
     deep = {case_key(c, s): label for label, c, s in corpus}
-    for case in reversed(boundary_cases(prop, bounds) + [(c, s) for _, c, s in corpus] if strategy is None else []):
+    explicit = boundary_cases(prop, bounds) + [(c, s) for _, c, s in corpus] if strategy is None else []
+    fixed = {case_key(c, s) for c, s in explicit}
+    for case in reversed(explicit):
         search = example(case)(search)
     start = time.perf_counter()
     try:
@@ -197,9 +201,8 @@ def search_property(target, prop: Property, *, seed: int, max_examples: int, bou
     total.not_driven = not_driven_here(target, prop)
     if total.not_driven:
         return total
-    if deadline is not None and time.monotonic() >= deadline:
-        total.skipped = True
-        return total
+    # Past the deadline one round still runs: the corpus (a fixed cost), then no search.
+    late = deadline is not None and time.monotonic() >= deadline
     rnd, faulted = 0, set()
     while True:
         res = run_property(target, prop, seed=seed + rnd * 1_000_003, max_examples=max_examples,
@@ -207,8 +210,9 @@ def search_property(target, prop: Property, *, seed: int, max_examples: int, bou
                            deadline=deadline, check=check, strategy=strategy, faulted=faulted,
                            on_example=on_example)
         total.merge(res)
+        total.skipped = late
         rnd += 1
-        if (not rounds or deadline is None or total.finding or total.out_of_step
+        if (late or not rounds or deadline is None or total.finding or total.out_of_step
                 or time.monotonic() >= deadline or res.examples == 0):
             return total
 
@@ -298,7 +302,7 @@ def search_shared(target, props: list[Property], *, seed: int, max_examples: int
     run_check = check or (lambda p, c, b, dev: p.check(target, c, b, dev))
     rnd, faulted = 0, set()
     while active:
-        if deadline is not None and time.monotonic() >= deadline:
+        if rnd and deadline is not None and time.monotonic() >= deadline:
             for n in active:
                 totals[n].skipped = totals[n].examples == 0
             break
@@ -323,7 +327,8 @@ def search_shared(target, props: list[Property], *, seed: int, max_examples: int
                                   max_margin=res.max_margin,
                                   seconds=res.seconds / len(members), margins=list(res.margins),
                                   path_margins=list(res.path_margins), bs_ratio=res.bs_ratio.copy(), rounds=1,
-                                  reached=dict(res.reached))
+                                  reached=dict(res.reached), corpus=list(res.corpus),
+                                  corpus_seconds=res.corpus_seconds / len(members))
             totals[n].merge(part)
         if res.faults:
             totals[members[0]].faults += res.faults
