@@ -50,6 +50,8 @@ class PropertyResult:
     #: the deep boundary cases it ran (harness.engine.deep_corpus), by label
     corpus: list[str] = field(default_factory=list)
     corpus_seconds: float = 0.0
+    #: seconds spent at each bound step, in order (a nightly widens its bounds in steps)
+    step_seconds: list[float] = field(default_factory=list)
 
     @property
     def findings(self) -> list[Finding]:
@@ -83,3 +85,6 @@ class PropertyResult:
         note_reached(self.reached, other.reached)
         self.corpus += [c for c in other.corpus if c not in self.corpus]
         self.corpus_seconds += other.corpus_seconds
+        n = max(len(self.step_seconds), len(other.step_seconds))
+        mine, theirs = (self.step_seconds + [0.0] * n)[:n], (other.step_seconds + [0.0] * n)[:n]
+        self.step_seconds = [a + b for a, b in zip(mine, theirs)]

@@ -119,6 +119,8 @@ def build_summary(outcome) -> dict:
             "findings": [_finding(f) for f in r.findings],
             "deep_cases": list(getattr(r, "corpus", [])),
             "deep_seconds": round(getattr(r, "corpus_seconds", 0.0), 3),
+            # one entry per bound step searched (summary "bounds"); one step: all its time
+            "seconds_by_bound_step": [round(x, 3) for x in getattr(r, "step_seconds", [])] or [round(r.seconds, 3)],
             **({"not_driven": r.not_driven} if r.not_driven else {}),
             **({"out_of_step": r.out_of_step} if getattr(r, "out_of_step", None) else {}),
         })
@@ -231,6 +233,11 @@ def summary_md(s: dict) -> str:
         lines += ["", f"Bounds ({len(s['bounds'])} step(s), widest): "
                   + ", ".join(f"{k} {v}" for k, v in widest.items())
                   + ("; reached " + ", ".join(f"{k} {v}" for k, v in s["reached"].items()) if s.get("reached") else "")]
+    if len(s.get("bounds") or []) > 1:
+        lines += ["", "| property | " + " | ".join(f"step {i + 1} (s)" for i in range(len(s["bounds"]))) + " |",
+                  "|---|" + "---:|" * len(s["bounds"])]
+        lines += [f"| {p['name']} | " + " | ".join(f"{x:.1f}" for x in p["seconds_by_bound_step"]) + " |"
+                  for p in s["properties"]]
     if s.get("kernel") and s["kernel"].get("kernel_share") is not None:
         k = s["kernel"]
         lines += ["", f"Kernel launches: {k['launches']}, {k['kernel_seconds']:.1f}s inside them = "
