@@ -1,11 +1,13 @@
 """The deep boundary corpus: production shapes, sized from the code under test, run before the search.
 
-The classes issue 18 names are asserted on the cases themselves, for the model's
-constants and for other widths (the sizes follow the constants, not a list). On
-altered copies of the installed SGLang the gate, as a maintainer runs it, catches
-a last-not-longest sizing bug and a long-row packing bug through packed-mask,
-neither of which its search reached before (issue 18: 0 of 10); the pristine
-copy passes and its summary lists the deep cases it ran.
+The deep classes (d past a packed word, bs*d past the lanes, depth 4, max_bs past
+a byte, a row past the pack block and 255 bytes, a long row before a short one)
+are asserted on the cases themselves, for the model's constants and for other
+widths (the sizes follow the constants, not a list). On altered copies of the
+installed SGLang the gate, as a maintainer runs it, catches a last-not-longest
+sizing bug and a long-row packing bug through packed-mask, neither of which its
+search reached before; the pristine copy passes and its summary lists the deep
+cases it ran.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def _core():
                                ShapeConstants((16, 32), pack_block_bytes=512, lanes=256, source="wider"),
                                ShapeConstants((8, 16), pack_block_bytes=128, lanes=64, source="narrower")],
                          ids=lambda k: k.source.split(":")[0][:12])
-def test_the_corpus_reaches_every_class_issue_18_names(k):
+def test_the_corpus_reaches_every_deep_class(k):
     cases = deep_cases(_core(), Bounds(), k)
     configs = [c for _, c, _ in cases]
     batches = [b for _, _, steps in cases for b in steps]

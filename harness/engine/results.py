@@ -68,6 +68,11 @@ class PropertyResult:
         self.bs_ratio.update(bs_ratio_bucket(b.bs, config.max_bs) for b in steps)
         note_reached(self.reached, case_shape(config, steps))
 
+    def note_corpus(self, label: str, seconds: float) -> None:
+        """One deep boundary case that held, and the seconds it took."""
+        self.corpus.append(label)
+        self.corpus_seconds += seconds
+
     def merge(self, other: "PropertyResult") -> None:
         self.examples += other.examples
         self.classes.update(other.classes)

@@ -55,12 +55,7 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
     run_check = check or (lambda p, c, b, dev: p.check(target, c, b, dev))
     db = KeyedDatabase(database, prop.name) if database is not None else None
 
-    @settings(max_examples=max_examples, deadline=None, database=db, print_blob=False,
-              report_multiple_bugs=False, suppress_health_check=list(HealthCheck),
-              # No Phase.target: hill-climbing the overflow margin held a search on
-              # one large config for hundreds of examples (measured on the sparse
-              # benchmark, PERFORMANCE.md); the margin is still recorded.
-              phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
+    @_settings(max_examples, db)
     @hseed(seed)
     @given(strategy if strategy is not None else cases(prop, bounds))
     def search(case):
@@ -73,9 +68,6 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
             raise _OutOfTime
         interrupt_check()  # a Ctrl-C that Hypothesis or a gc callback swallowed ends the search here
         state["case"] = case
-        label = deep.get(key) if key else None
-        if label:
-            result.corpus.append(label)
         began = time.perf_counter()
         # Counted before the check: "examples to first detection" includes the failing one.
         if not state["failed"]:
@@ -109,18 +101,14 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
             raise failure from None
         if not state["failed"]:
             result.note(obs, config, steps)
-            if label:  # the corpus's share of the property's time (summary.json)
-                result.corpus_seconds += time.perf_counter() - began
+            if fixed.get(key):  # a deep case: named in the summary, with its share of the time
+                result.note_corpus(fixed[key], time.perf_counter() - began)
         for cls in sorted(obs.classes):
             event(cls)
         if math.isfinite(obs.margin):  # a case that wrote no step has no margin to report
             hypothesis_target(obs.margin, label="overflow margin (cells)")
 
-    # A deployment-scoped search keeps to its deployment: no corpus outside it.
-    corpus = deep_cases(prop, bounds, constants_of(target)) if strategy is None else []
-    deep = {case_key(c, s): label for label, c, s in corpus}
-    explicit = boundary_cases(prop, bounds) + [(c, s) for _, c, s in corpus] if strategy is None else []
-    fixed = {case_key(c, s) for c, s in explicit}
+    explicit, fixed = _fixed_cases(target, prop, bounds, strategy)
     for case in reversed(explicit):
         search = example(case)(search)
     start = time.perf_counter()
@@ -133,6 +121,26 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
             target, owner, detail, state["case"], seed, findings_dir))
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _settings(max_examples: int, db):
+    return settings(max_examples=max_examples, deadline=None, database=db, print_blob=False,
+                    report_multiple_bugs=False, suppress_health_check=list(HealthCheck),
+                    # No Phase.target: hill-climbing the overflow margin held a search on
+                    # one large config for hundreds of examples (measured on the sparse
+                    # benchmark, PERFORMANCE.md); the margin is still recorded.
+                    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
+
+
+def _fixed_cases(target, prop: Property, bounds: Bounds, strategy) -> tuple[list, dict]:
+    """The cases run before the search, boundary then deep, and {case key: deep label or None}."""
+    if strategy is not None:  # a deployment-scoped search keeps to its deployment: no corpus outside it
+        return [], {}
+    corpus = deep_cases(prop, bounds, constants_of(target))
+    explicit = boundary_cases(prop, bounds) + [(c, s) for _, c, s in corpus]
+    fixed = {case_key(c, s): None for c, s in explicit}
+    fixed.update({case_key(c, s): label for label, c, s in corpus})
+    return explicit, fixed
 
 
 def _as_failure(exc: BaseException) -> BaseException | None:
