@@ -57,8 +57,9 @@ class PropertyResult:
     def findings(self) -> list[Finding]:
         return ([self.finding] if self.finding else []) + self.faults
 
-    def note(self, obs, config: Config, steps: list[Batch]) -> None:
-        """One example that held: its classes, margins and shape."""
+    def note(self, obs, config: Config, steps: list[Batch], *, searched: bool = True) -> None:
+        """One example that held: its classes, margins and shape (``reached``: the search's only,
+        so a deep corpus case past the bounds does not read as the search reaching it)."""
         self.classes.update(obs.classes)
         for name, classes in getattr(obs, "by_property", {}).items():
             self.member_classes.setdefault(name, Counter()).update(classes)
@@ -66,7 +67,8 @@ class PropertyResult:
         self.margins.append(obs.margin)
         self.path_margins += sorted(getattr(obs, "path_margins", {}).items())
         self.bs_ratio.update(bs_ratio_bucket(b.bs, config.max_bs) for b in steps)
-        note_reached(self.reached, case_shape(config, steps))
+        if searched:
+            note_reached(self.reached, case_shape(config, steps))
 
     def note_corpus(self, label: str, seconds: float) -> None:
         """One deep boundary case that held, and the seconds it took."""

@@ -100,7 +100,7 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
                 raise
             raise failure from None
         if not state["failed"]:
-            result.note(obs, config, steps)
+            result.note(obs, config, steps, searched=not fixed.get(key))
             if fixed.get(key):  # a deep case: named in the summary, with its share of the time
                 result.note_corpus(fixed[key], time.perf_counter() - began)
         for cls in sorted(obs.classes):
