@@ -60,8 +60,33 @@ def _seq_lens(c: int, bs: int):
         return each
     # Whole batches at the context limit are the worst case capacity is sized
     # for (docs/properties.md, capacity-soundness); drawn request by request they are
-    # (1/4)^bs rare.
-    return st.one_of(each, st.just((c,) * bs), st.just((0,) * bs))
+    # (1/4)^bs rare. Rows of different lengths are the other worst case: work sized
+    # by the last row (or the first) instead of the longest shows only when they differ.
+    return st.one_of(each, st.just((c,) * bs), st.just((0,) * bs), _mixed_rows(c, bs))
+
+
+#: how a mixed batch orders its rows: longest first, shortest first, one long row among short ones
+ROW_ORDERS = ("long before short", "short before long", "one outlier")
+
+
+@lru_cache(maxsize=4096)
+def _mixed_rows(c: int, bs: int):
+    """Rows whose lengths differ, in one of ``ROW_ORDERS``: the long ones weighted to the limit."""
+    if c < 1:
+        return st.just((0,) * bs)
+
+    @st.composite
+    def build(draw) -> tuple[int, ...]:
+        order = draw(st.sampled_from(ROW_ORDERS))
+        long = draw(st.one_of(st.just(c), st.integers(1, c)))
+        short = draw(st.lists(st.integers(0, long - 1), min_size=bs - 1, max_size=bs - 1))
+        if order == "one outlier":
+            at = draw(st.integers(0, bs - 1))
+            return tuple(short[:at] + [long] + short[at:])
+        rows = sorted(short + [long], reverse=order == "long before short")
+        return tuple(rows)
+
+    return build()
 
 
 @lru_cache(maxsize=4096)

@@ -165,6 +165,9 @@ def show_result(res, log, *, verbose: bool = False) -> None:
     log(f"  {res.prop:<22} {paint(status, width=7)} {plural(res.examples, 'example'):>14} {res.seconds:6.1f}s")
     if res.classes:
         log("      " + classes_line(res.classes, verbose))
+    if res.corpus:
+        log(f"      deep boundary corpus: {plural(len(res.corpus), 'case')} first"
+            + ("".join(f"\n        {c}" for c in res.corpus) if verbose else " (-v: each)"))
     for f in res.findings:
         log(f"      finding ({f.kind}): {f.detail}")
         log(f"      repro:   {f.path}")
@@ -181,6 +184,8 @@ def execute_and_report(plan_, target, gate=None, *, verbose: bool = False) -> in
           f"{plural(plan_.max_examples, 'example')} per property{budget}, {plural(plan_.workers, 'worker')}"
           f"{', isolated' if plan_.isolate else ''}", flush=True)
     outcome = execute(plan_, target, partial(show_result, verbose=verbose))
+    from harness.engine.deep_corpus import constants_of
+    outcome.shape_constants = constants_of(target).source
     if gate is not None:
         outcome.gate = gate(outcome)
         print(gate_line(outcome.gate))

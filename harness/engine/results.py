@@ -49,13 +49,19 @@ class PropertyResult:
     reached: dict = field(default_factory=dict)
     #: a shared group's classes per member, from the batches each judged (``Observation.by_property``)
     member_classes: dict = field(default_factory=dict)
+    #: the deep boundary cases it ran (harness.engine.deep_corpus), by label
+    corpus: list[str] = field(default_factory=list)
+    corpus_seconds: float = 0.0
+    #: seconds spent at each bound step, in order (a nightly widens its bounds in steps)
+    step_seconds: list[float] = field(default_factory=list)
 
     @property
     def findings(self) -> list[Finding]:
         return ([self.finding] if self.finding else []) + self.faults
 
-    def note(self, obs, config: Config, steps: list[Batch]) -> None:
-        """One example that held: its classes, margins and shape."""
+    def note(self, obs, config: Config, steps: list[Batch], *, searched: bool = True) -> None:
+        """One example that held: its classes, margins and shape (``reached``: the search's only,
+        so a deep corpus case past the bounds does not read as the search reaching it)."""
         self.classes.update(obs.classes)
         for name, classes in getattr(obs, "by_property", {}).items():
             self.member_classes.setdefault(name, Counter()).update(classes)
@@ -63,7 +69,13 @@ class PropertyResult:
         self.margins.append(obs.margin)
         self.path_margins += sorted(getattr(obs, "path_margins", {}).items())
         self.bs_ratio.update(bs_ratio_bucket(b.bs, config.max_bs) for b in steps)
-        note_reached(self.reached, case_shape(config, steps))
+        if searched:
+            note_reached(self.reached, case_shape(config, steps))
+
+    def note_corpus(self, label: str, seconds: float) -> None:
+        """One deep boundary case that held, and the seconds it took."""
+        self.corpus.append(label)
+        self.corpus_seconds += seconds
 
     def merge(self, other: "PropertyResult") -> None:
         self.examples += other.examples
@@ -80,3 +92,8 @@ class PropertyResult:
         self.bs_ratio.update(other.bs_ratio)
         self.rounds += other.rounds
         note_reached(self.reached, other.reached)
+        self.corpus += [c for c in other.corpus if c not in self.corpus]
+        self.corpus_seconds += other.corpus_seconds
+        n = max(len(self.step_seconds), len(other.step_seconds))
+        mine, theirs = (self.step_seconds + [0.0] * n)[:n], (other.step_seconds + [0.0] * n)[:n]
+        self.step_seconds = [a + b for a, b in zip(mine, theirs)]

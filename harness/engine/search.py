@@ -20,6 +20,7 @@ from hypothesis import target as hypothesis_target
 from harness.engine.database import KeyedDatabase
 from harness.engine.results import Finding, PropertyResult
 from harness.engine.cases import boundary_cases, cases
+from harness.engine.deep_corpus import case_key, constants_of, deep_cases
 from harness.engine.isolation import TargetFault, TargetRaised
 from harness.engine.signals import check as interrupt_check
 from harness.model.bounds import Bounds
@@ -54,22 +55,20 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
     run_check = check or (lambda p, c, b, dev: p.check(target, c, b, dev))
     db = KeyedDatabase(database, prop.name) if database is not None else None
 
-    @settings(max_examples=max_examples, deadline=None, database=db, print_blob=False,
-              report_multiple_bugs=False, suppress_health_check=list(HealthCheck),
-              # No Phase.target: hill-climbing the overflow margin held a search on
-              # one large config for hundreds of examples (measured on the sparse
-              # benchmark, PERFORMANCE.md); the margin is still recorded.
-              phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
+    @_settings(max_examples, db)
     @hseed(seed)
     @given(strategy if strategy is not None else cases(prop, bounds))
     def search(case):
         # Past the deadline, skip new examples; never while shrinking a failure,
         # or Hypothesis would see the failing example stop failing.
-        if not state["failed"] and deadline is not None and time.monotonic() > deadline:
+        config, steps = case
+        key = case_key(config, steps) if fixed and not state["failed"] else None
+        # The corpus is a fixed cost run whatever the budget: only the search is cut short.
+        if not state["failed"] and deadline is not None and time.monotonic() > deadline and key not in fixed:
             raise _OutOfTime
         interrupt_check()  # a Ctrl-C that Hypothesis or a gc callback swallowed ends the search here
         state["case"] = case
-        config, steps = case
+        began = time.perf_counter()
         # Counted before the check: "examples to first detection" includes the failing one.
         if not state["failed"]:
             result.examples += 1
@@ -101,14 +100,16 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
                 raise
             raise failure from None
         if not state["failed"]:
-            result.note(obs, config, steps)
+            result.note(obs, config, steps, searched=not fixed.get(key))
+            if fixed.get(key):  # a deep case: named in the summary, with its share of the time
+                result.note_corpus(fixed[key], time.perf_counter() - began)
         for cls in sorted(obs.classes):
             event(cls)
         if math.isfinite(obs.margin):  # a case that wrote no step has no margin to report
             hypothesis_target(obs.margin, label="overflow margin (cells)")
 
-    # A deployment-scoped search keeps to its deployment: no corpus outside it.
-    for case in reversed(boundary_cases(prop, bounds) if strategy is None else []):
+    explicit, fixed = _fixed_cases(target, prop, bounds, strategy)
+    for case in reversed(explicit):
         search = example(case)(search)
     start = time.perf_counter()
     try:
@@ -120,6 +121,26 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
             target, owner, detail, state["case"], seed, findings_dir))
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _settings(max_examples: int, db):
+    return settings(max_examples=max_examples, deadline=None, database=db, print_blob=False,
+                    report_multiple_bugs=False, suppress_health_check=list(HealthCheck),
+                    # No Phase.target: hill-climbing the overflow margin held a search on
+                    # one large config for hundreds of examples (measured on the sparse
+                    # benchmark, PERFORMANCE.md); the margin is still recorded.
+                    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
+
+
+def _fixed_cases(target, prop: Property, bounds: Bounds, strategy) -> tuple[list, dict]:
+    """The cases run before the search, boundary then deep, and {case key: deep label or None}."""
+    if strategy is not None:  # a deployment-scoped search keeps to its deployment: no corpus outside it
+        return [], {}
+    corpus = deep_cases(prop, bounds, constants_of(target))
+    explicit = boundary_cases(prop, bounds) + [(c, s) for _, c, s in corpus]
+    fixed = {case_key(c, s): None for c, s in explicit}
+    fixed.update({case_key(c, s): label for label, c, s in corpus})
+    return explicit, fixed
 
 
 def _as_failure(exc: BaseException) -> BaseException | None:
@@ -191,9 +212,8 @@ def search_property(target, prop: Property, *, seed: int, max_examples: int, bou
     total.not_driven = not_driven_here(target, prop)
     if total.not_driven:
         return total
-    if deadline is not None and time.monotonic() >= deadline:
-        total.skipped = True
-        return total
+    # Past the deadline one round still runs: the corpus (a fixed cost), then no search.
+    late = deadline is not None and time.monotonic() >= deadline
     rnd, faulted = 0, set()
     while True:
         res = run_property(target, prop, seed=seed + rnd * 1_000_003, max_examples=max_examples,
@@ -201,8 +221,9 @@ def search_property(target, prop: Property, *, seed: int, max_examples: int, bou
                            deadline=deadline, check=check, strategy=strategy, faulted=faulted,
                            on_example=on_example)
         total.merge(res)
+        total.skipped = late
         rnd += 1
-        if (not rounds or deadline is None or total.finding or total.out_of_step
+        if (late or not rounds or deadline is None or total.finding or total.out_of_step
                 or time.monotonic() >= deadline or res.examples == 0):
             return total
 
@@ -292,7 +313,7 @@ def search_shared(target, props: list[Property], *, seed: int, max_examples: int
     run_check = check or (lambda p, c, b, dev: p.check(target, c, b, dev))
     rnd, faulted = 0, set()
     while active:
-        if deadline is not None and time.monotonic() >= deadline:
+        if rnd and deadline is not None and time.monotonic() >= deadline:
             for n in active:
                 totals[n].skipped = totals[n].examples == 0
             break
@@ -317,7 +338,8 @@ def search_shared(target, props: list[Property], *, seed: int, max_examples: int
                                   max_margin=res.max_margin,
                                   seconds=res.seconds / len(members), margins=list(res.margins),
                                   path_margins=list(res.path_margins), bs_ratio=res.bs_ratio.copy(), rounds=1,
-                                  reached=dict(res.reached))
+                                  reached=dict(res.reached), corpus=list(res.corpus),
+                                  corpus_seconds=res.corpus_seconds / len(members))
             totals[n].merge(part)
         if res.faults:
             totals[members[0]].faults += res.faults

@@ -117,6 +117,10 @@ def build_summary(outcome) -> dict:
             "max_margin": None if math.isinf(r.max_margin) else r.max_margin,
             "classes": dict(sorted(r.classes.items())), "bs_over_max_bs": dict(r.bs_ratio),
             "findings": [_finding(f) for f in r.findings],
+            "deep_cases": list(getattr(r, "corpus", [])),
+            "deep_seconds": round(getattr(r, "corpus_seconds", 0.0), 3),
+            # one entry per bound step searched (summary "bounds"); one step: all its time
+            "seconds_by_bound_step": [round(x, 3) for x in getattr(r, "step_seconds", [])] or [round(r.seconds, 3)],
             **({"not_driven": r.not_driven} if r.not_driven else {}),
             **({"out_of_step": r.out_of_step} if getattr(r, "out_of_step", None) else {}),
         })
@@ -148,6 +152,12 @@ def build_summary(outcome) -> dict:
         "groups": list(getattr(outcome, "groups", [])),
         "properties": props,
         "boundary_classes": dict(sorted(classes.items())),
+        # production shapes run once per property before the search (harness.engine.deep_corpus)
+        "deep_boundary_corpus": {"cases": list(dict.fromkeys(c for p in props for c in p["deep_cases"])),
+                                 "runs": sum(len(p["deep_cases"]) for p in props),
+                                 # a shared group's time is split among its members: the sum is the whole
+                                 "seconds": round(sum(p["deep_seconds"] for p in props), 3),
+                                 "sized_from": getattr(outcome, "shape_constants", None)},
         "overflow_margin": {b: margins[b] for b in MARGIN_BUCKETS},
         # the same examples split by the path their batch took: > 0 overflows only on reuse
         "overflow_margin_by_path": {p: {b: by_path[p][b] for b in MARGIN_BUCKETS} for p in MARGIN_PATHS},
@@ -223,11 +233,21 @@ def summary_md(s: dict) -> str:
         lines += ["", "#### Findings", ""]
         lines += [f"- `{f['property']}` ({f['kind']}): {f['detail']}  \n  repro: `{f['repro']}` "
                   f"(`vmfuzz replay {f['repro']}`)" for f in s["findings"]]
+    deep = s.get("deep_boundary_corpus") or {}
+    if deep.get("cases"):
+        lines += ["", f"Deep boundary corpus: {deep['runs']} run(s) of {len(deep['cases'])} case(s) before "
+                  f"the search, {deep['seconds']:.1f}s (sized from {deep['sized_from'] or 'the model'}):", ""]
+        lines += [f"- {c}" for c in deep["cases"]]
     if s.get("bounds"):
         widest = s["bounds"][-1]
         lines += ["", f"Bounds ({len(s['bounds'])} step(s), widest): "
                   + ", ".join(f"{k} {v}" for k, v in widest.items())
                   + ("; reached " + ", ".join(f"{k} {v}" for k, v in s["reached"].items()) if s.get("reached") else "")]
+    if len(s.get("bounds") or []) > 1:
+        lines += ["", "| property | " + " | ".join(f"step {i + 1} (s)" for i in range(len(s["bounds"]))) + " |",
+                  "|---|" + "---:|" * len(s["bounds"])]
+        lines += [f"| {p['name']} | " + " | ".join(f"{x:.1f}" for x in p["seconds_by_bound_step"]) + " |"
+                  for p in s["properties"]]
     if s.get("kernel") and s["kernel"].get("kernel_share") is not None:
         k = s["kernel"]
         lines += ["", f"Kernel launches: {k['launches']}, {k['kernel_seconds']:.1f}s inside them = "

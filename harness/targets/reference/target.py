@@ -175,6 +175,11 @@ class ReferenceTarget:
     def pack_mask(self, config: Config, batch: Batch, step_mask: torch.Tensor, buffer: torch.Tensor):
         return readers.model_pack(config, batch, step_mask, buffer)
 
+    def shape_constants(self):
+        """The model's own widths: the deep boundary corpus's sizes for the reference."""
+        from harness.model.shapes import model_constants
+        return model_constants()
+
     def versions(self) -> dict[str, str]:
         return {"reference": harness.__version__, "torch": torch.__version__}
 

@@ -234,6 +234,11 @@ class SglangTarget:
     def pack_mask(self, config: Config, batch: Batch, step_mask, buffer):
         return readers.pack_mask(config, batch, step_mask, buffer)
 
+    def shape_constants(self):
+        """The widths the code under test is built around (the deep boundary corpus's sizes)."""
+        from harness.targets.sglang.shapes import shape_constants
+        return shape_constants()
+
     def versions(self) -> dict[str, str]:
         import triton
         version, path = imported_sglang()

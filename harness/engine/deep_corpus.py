@@ -1,0 +1,113 @@
+"""The deep boundary corpus: production shapes, run once per property before the search.
+
+``boundary_cases`` keeps each case as small as its class allows; these are the
+opposite, the shapes a server meets that a search reaches late or never: a tree
+one node past a packed word (d = 9, d = 17 where rows pack into 8- and 16-bit
+words), a captured batch of more cells than one kernel program has lanes
+(bs · d past 128), a walk as deep as the draft goes (spec_steps 4, nodes at
+depth 4), a captured max_bs past a byte of requests with every slot taken, and a
+packed row longer than the packing kernel's block, put before a short row (work
+sized by the last row instead of the longest misses the tail of the first).
+
+Every size comes from ``ShapeConstants``: read from the code under test where
+the target can (``target.shape_constants()``), else the model's own. Hypothesis
+does not shrink an explicit example, so a failure here is written as it stands.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from harness.model.config import Batch, Config, ConfigError, num_candidates, site_takes
+from harness.model.layouts import TreeMaskMode
+from harness.model.shapes import ShapeConstants, model_constants
+from harness.properties import Property
+from strategies.trees import deepest
+
+#: (label, config, steps): what the summary names and what the property runs
+DeepCase = tuple[str, Config, list[Batch]]
+
+
+def constants_of(target) -> ShapeConstants:
+    """The target's own widths, or the model's where the target cannot say."""
+    read = getattr(target, "shape_constants", None)
+    return read() if callable(read) else model_constants()
+
+
+def case_key(config: Config, steps: list[Batch]) -> bytes:
+    return msgspec.json.encode((config, steps))
+
+
+def _depth(k: ShapeConstants) -> int:
+    """As many draft steps as a byte has bit positions to index: 4 for 8-bit words."""
+    return max(4, k.packed_widths[0].bit_length())
+
+
+def _topk_for(d: int, spec_steps: int) -> int:
+    """The narrowest draft that yields d - 1 candidates in spec_steps steps."""
+    topk = 1
+    while num_candidates(topk, spec_steps) < d - 1:
+        topk += 1
+    return topk
+
+
+def _shapes(prop: Property, k: ShapeConstants) -> list[tuple[str, int, int, int, tuple[int, ...], str]]:
+    """(label, d, max_bs, max_context_len, seq_lens, layout) per deep case of ``prop``'s kind.
+
+    Two cases, each as small as its classes allow (the Triton interpreter pays per
+    program and per node): a full captured batch one node past the first packed
+    word, and a long row before a short one one node past the second.
+    """
+    w0 = k.packed_widths[0]
+    w1 = k.packed_widths[1] if len(k.packed_widths) > 1 else 2 * w0
+    d = 1 if prop.trivial else w0 + 1
+    # max_bs past a byte of requests, and (drafting) more cells than one program has lanes
+    # (the chain writer's cost grows with bs * spec_steps: it keeps to a byte of requests; the
+    # lanes are crossed by the tree writer's cases)
+    max_bs = w0 + 1 if d == 1 or prop.chain else max(w0 + 1, -(-(k.lanes + 1) // d))
+    lens = tuple(2 if b % 2 == 0 else 1 for b in range(max_bs))  # mixed, not all at the limit
+    what = "no draft, " if d == 1 else f"d={d} past {w0}-bit rows, "
+    cells = "" if d == 1 else f" (bs*d={max_bs * d}{' > %d lanes' % k.lanes if max_bs * d > k.lanes else ''})"
+    out = [(f"{what}bs=max_bs={max_bs}{cells}", d, max_bs, 2, lens, "QLEN_ONLY")]
+    d = 1 if prop.trivial else w1 + 1
+    # The longest row packs to a few bits past the kernel's block (its tail needs a second
+    # program) and past 255 bytes (its offsets need more than a uint8).
+    long = k.long_row_bits // d - d + 1
+    out.append((f"long row before short: d={d}{'' if d == 1 else f' past {w1}-bit rows'}, seq_lens ({long}, 1), "
+                f"a {d * (long + d)}-bit packed row past {k.long_row_bits} bits (pack block {k.pack_block_bits})", d, 2, long,
+                (long, 1), "FULL_MASK"))
+    # A property that runs each case through every router kind pays the case once per router:
+    # it takes the cheapest (two requests), or the first would outlast a gate's example timeout.
+    return out[1:] if "verify_routed" in prop.needs else out
+
+
+def _mode(prop: Property, chosen: str) -> TreeMaskMode:
+    """The case's own layout where the property takes it, else the one it does."""
+    if prop.chain:
+        return TreeMaskMode.QLEN_ONLY
+    if prop.layouts is None or chosen in prop.layouts:
+        return TreeMaskMode[chosen]
+    return TreeMaskMode[prop.layouts[0]]
+
+
+def deep_cases(prop: Property, bounds, k: ShapeConstants) -> list[DeepCase]:
+    site = "eagle" if "eagle" in bounds.call_sites else bounds.call_sites[0]
+    out = []
+    for label, d, max_bs, ctx, lens, layout in _shapes(prop, k):
+        steps = d - 1 if prop.chain else (0 if d == 1 else _depth(k))
+        topk = 1 if prop.chain or d == 1 else _topk_for(d, steps)
+        mode = _mode(prop, layout)
+        config = Config(mode, max_bs, ctx, d, topk, steps, True, site)
+        try:
+            config.validate()
+        except ConfigError:
+            continue
+        if not prop.applies(config) or not site_takes(site, config):
+            continue
+        trees = None if d == 1 or prop.chain else (deepest(topk, steps, d),) * len(lens)
+        first = Batch(lens, trees)
+        # a stepping property meets the short row first on its next step (one step of a full batch:
+        # a second would double the case's cost for no class it lacks)
+        batches = [first, Batch(lens[::-1], trees)] if prop.steps and lens[0] > lens[-1] else [first]
+        out.append((f"{label}, spec_steps={steps} [{mode.name}]", config, batches))
+    return out
