@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 from harness.report import terminal
 from harness.report.terminal import classes_line
@@ -48,3 +49,15 @@ def test_run_output_under_ci_is_plain_and_counts_right(tmp_path):
     assert "\033[" not in r.stdout
     assert "1 example per property, 1 worker" in r.stdout
     assert "capacity-liveness held" in r.stdout and "1 properties" not in r.stdout
+
+
+def test_a_run_whose_budget_ran_out_never_says_all_held(tmp_path):
+    """The pr profile's budget is a safety cap: a property it reaches too late ran only its
+    fixed cases, and the last line says so instead of counting it held."""
+    proc = vmfuzz("run", "--profile", "pr", "--time-budget", "1", "--report-dir", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert "all " not in last and "skipped (the time budget ran out" in last, last
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    skipped = [p["name"] for p in summary["properties"] if p["status"] == "skipped"]
+    assert skipped and all(name in last for name in skipped), (skipped, last)

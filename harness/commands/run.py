@@ -268,9 +268,17 @@ def _verdict(plan_, target, outcome, summary: dict, written: Path) -> int:
         print(f"the deployment's routing or allocation fails (recorded in {written}/summary.json)")
         return EXIT_FINDING
     undriven = [r.prop for r in outcome.results if r.not_driven]
-    if undriven:
-        print(f"{plural(len(outcome.results) - len(undriven), 'property', 'properties')} "
-              f"{paint('held')}; not driven on {target.name}: " + ", ".join(undriven))
+    # A property the budget reached too late ran only its fixed cases: never "all held".
+    unsearched = [r.prop for r in outcome.results if r.skipped and not r.not_driven]
+    if undriven or unsearched:
+        held = len(outcome.results) - len(undriven) - len(unsearched)
+        parts = [f"{plural(held, 'property', 'properties')} {paint('held')}"]
+        if unsearched:
+            parts.append(f"{paint('skipped')} (the time budget ran out before their search; only their "
+                         "boundary cases ran): " + ", ".join(unsearched))
+        if undriven:
+            parts.append(f"not driven on {target.name}: " + ", ".join(undriven))
+        print("; ".join(parts))
     elif len(outcome.results) == 1:
         print(f"{outcome.results[0].prop} {paint('held')}")
     else:
