@@ -255,9 +255,13 @@ def _verdict(plan_, target, outcome, summary: dict, written: Path) -> int:
         groups = summary.get("groups", [])
         known = summary["counts"].get("known", 0) if plan_.command != "gate" else 0
         also = f", and {plural(known, 'known finding')} (listed above)" if known else ""
-        print(f"{paint(plural(len(groups), 'finding group'), 'FAILED')} "
-              f"({plural(sum(g['count'] for g in groups), 'finding')}){also} "
-              f"written under {where}; replay a group's repro with: vmfuzz replay FILE")
+        if groups or not known:
+            print(f"{paint(plural(len(groups), 'finding group'), 'FAILED')} "
+                  f"({plural(sum(g['count'] for g in groups), 'finding')}){also} "
+                  f"written under {where}; replay a group's repro with: vmfuzz replay FILE")
+        else:  # only upstream's known defects: still a finding for run, listed as such
+            print(f"{paint(plural(known, 'known finding'), 'FAILED')} (listed above; no new finding group) "
+                  f"written under {where}; replay with: vmfuzz replay FILE")
         return EXIT_FINDING
     if written != plan_.report_dir:
         return EXIT_USAGE  # the reports are not where CI looks for them: not a pass

@@ -145,6 +145,7 @@ def triton_backend(mask, config: Config, pool: int, dev):
         # Releases before the KV-index translator (0.5.17, 0.5.18) hand the
         # request-to-token map to their KV gather (stood in: ``_KvGatherNothing``).
         req_to_token=torch.zeros(pool, 1, dtype=torch.int32, device=dev), _translate_kv_loc=None,
+        kv_read_tables=None,  # 0.5.19 keeps the captured KV-id tables here (none: KV ids are stood in)
     )
     backend.__dict__.update(state)
     return backend
