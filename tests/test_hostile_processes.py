@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -34,15 +35,16 @@ def _status(summary: dict) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target, prop, workers, code", [
-    (LEAVER, "capacity-soundness", "1", 0),
-    (LEAVER + "+pr33127", "no-oob-write", "1", 1),
-    (LEAVER, "capacity-soundness", "2", 0),
+@pytest.mark.parametrize("target, prop, workers, isolate, code", [
+    (LEAVER, "capacity-liveness", "1", "off", 0),
+    (LEAVER + "+pr33127", "no-oob-write", "1", "off", 1),
+    (LEAVER + "+pr33127", "no-oob-write", "2", "on", 1),  # each worker watches its own isolated child
 ])
-def test_a_plugin_thread_does_not_keep_a_finished_run_alive(tmp_path, target, prop, workers, code):
+def test_a_plugin_thread_does_not_keep_a_finished_run_alive(tmp_path, target, prop, workers, isolate, code):
     # Before: every property printed "held" and the process never exited.
-    r = vmfuzz(tmp_path, "run", "--target", target, "--property", prop, "--seed", "1", "--max-examples", "10",
-               "--workers", workers, "--isolate", "off", "--report-dir", tmp_path / "r", timeout=TIMEOUT)
+    r = vmfuzz(tmp_path, "run", "--target", target, "--property", prop, "--property", "capacity-soundness",
+               "--seed", "1", "--max-examples", "10", "--workers", workers, "--isolate", isolate,
+               "--report-dir", tmp_path / "r", timeout=TIMEOUT)
     no_traceback(r)
     assert r.returncode == code, (r.stdout[-2000:], r.stderr[-2000:])
     assert _status(_reports(tmp_path / "r"))[prop] == ("held" if code == 0 else "failed")
@@ -69,7 +71,7 @@ def _killed_worker_run(tmp_path, props, kill_tracker=False):
                             text=True, start_new_session=True, preexec_fn=_cap)
     deadline = time.monotonic() + 60
     while kill_tracker and time.monotonic() < deadline:
-        ps = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(proc.pid)], capture_output=True, text=True)
+        ps = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(proc.pid)], capture_output=True, text=True)
         tracker = [int(line.split()[0]) for line in ps.stdout.splitlines() if "resource_tracker" in line]
         if tracker:
             subprocess.run(["kill", "-KILL", str(tracker[0])])
@@ -115,3 +117,37 @@ def test_a_case_noted_while_it_runs_is_gone_once_it_answered(tmp_path, monkeypat
 
     assert workers.remembering(check)("prop", "config", ["step"], "cpu") == "observation"
     assert seen == [(1, "config", ["step"])] and not (tmp_path / "p.case").exists()
+
+
+@pytest.mark.slow
+def test_a_run_killed_by_sigkill_leaves_no_worker_searching(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--time-budget", "120", "--workers", "2",
+                             # workers that would search on for the whole budget: hung past max_bs
+                             "--target", "tests.plugins:HangingTarget", "--isolate", "off", "--report-dir", str(tmp_path / "r")], cwd=tmp_path, env=_env(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, preexec_fn=_cap)
+    assert "vmfuzz run:" in proc.stdout.readline()
+    workers, deadline = [], time.monotonic() + 240  # the saved repros replay first
+    while len(workers) < 2 and time.monotonic() < deadline:
+        ps = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(proc.pid)], capture_output=True, text=True)
+        workers = [int(line.split()[0]) for line in ps.stdout.splitlines() if "spawn_main" in line]
+        time.sleep(0.2)
+    assert len(workers) == 2, (ps.stdout, proc.poll())
+    proc.kill()
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while _running(workers) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _running(workers), "workers went on searching after their run was killed"
+
+
+def _running(pids) -> list[int]:
+    """Those of ``pids`` still running (a zombie waiting to be reaped has ended)."""
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state not in ("Z", "X"):
+            alive.append(pid)
+    return alive

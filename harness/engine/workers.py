@@ -62,6 +62,7 @@ def _serve(conn, case_dir: str) -> None:
     global _case_file
     from harness.engine.signals import ignore_in_child
     ignore_in_child()  # Ctrl-C reaches the whole group: the parent stops its workers
+    _die_with_parent()
     while True:
         try:
             task = conn.recv()
@@ -77,12 +78,27 @@ def _serve(conn, case_dir: str) -> None:
             answer = ("raise", exc)
         try:
             conn.send(answer)
-        except Exception as exc:  # noqa: BLE001 - an answer that does not pickle still says what happened
-            conn.send(("raise", RuntimeError(f"{type(answer[1]).__name__}: {answer[1]}"[:2000])))
+        except OSError:
+            break  # the parent is gone: nobody to answer
+        except Exception:  # noqa: BLE001 - an answer that does not pickle still says what happened
+            try:
+                conn.send(("raise", RuntimeError(f"{type(answer[1]).__name__}: {answer[1]}"[:2000])))
+            except OSError:
+                break
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     # A plug-in's non-daemon thread must not keep a finished worker alive.
     os._exit(0)
+
+
+def _die_with_parent() -> None:
+    """Linux: a parent SIGKILLed mid-run takes its workers with it, rather than leaving
+    them searching for nobody until their budget ends."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        pass  # elsewhere: the worker ends when it next finds the pipe closed
 
 
 def _dead_case(case_dir: Path, name: str) -> tuple | None:
@@ -96,7 +112,8 @@ class _Worker:
     def __init__(self, ctx, case_dir: Path):
         from harness.engine.signals import held
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, str(case_dir)), daemon=True)
+        # Not daemonic: a worker with --isolate on starts its own watched children.
+        self.proc = ctx.Process(target=_serve, args=(child, str(case_dir)))
         with held():
             self.proc.start()
         child.close()
