@@ -155,3 +155,27 @@ class CoreOnlyTarget(ReferenceTarget):
     def _chain_site(self, buf, config, batch, heap):
         # Its chain call site still works; it only exposes no chain seams.
         return ReferenceTarget()._chain_site(buf, config, batch, heap)
+
+
+class ThreadLeavingTarget(ReferenceTarget):
+    """Its constructor starts a non-daemon thread that never ends (a plug-in's
+    background poller): the run must still end once its reports are written."""
+
+    name = "thread-leaving"
+
+    def __init__(self):
+        import threading
+        super().__init__()
+        threading.Thread(target=threading.Event().wait, name="plugin-poller", daemon=False).start()
+
+
+class KillingTarget(ReferenceTarget):
+    """SIGKILLs its own process past the captured max_bs: what the OOM killer does to a worker."""
+
+    name = "killing"
+
+    def verify(self, mask, config, batch, heap):
+        if _past_capacity(mask, batch):
+            import signal
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().verify(mask, config, batch, heap)

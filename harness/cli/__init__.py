@@ -5,14 +5,18 @@ Nothing else lives here: each command's body is a module of ``harness.commands``
 
 from __future__ import annotations
 
-from harness.cli.ending import guarded
+from harness.cli.ending import guarded, leave
 from harness.cli.parser import build_parser
 from harness.commands import COMMANDS
 from harness.commands.common import check_report_dir, prepare_process
 
 
 def main(argv: list[str] | None = None) -> int:
-    return guarded(_dispatch, argv)
+    code = guarded(_dispatch, argv)
+    if argv is None:
+        # The process's own entry (the ``vmfuzz`` script, ``python -m harness``): its work is done.
+        leave(code)
+    return code
 
 
 def _dispatch(argv: list[str] | None) -> int:

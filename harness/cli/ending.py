@@ -72,6 +72,28 @@ def guarded(main, argv) -> int:
         sys.stdout = old_stdout
 
 
+def leave(code: int) -> None:
+    """End the process now if threads it did not start would keep it alive.
+
+    A target or plug-in may leave a non-daemon thread running (a poller, a
+    watchdog); Python's exit would wait for it forever, with the reports
+    already written and Ctrl-C no longer handled. Nothing of ours runs there.
+    """
+    import threading
+    left = [t for t in threading.enumerate()
+            if t.is_alive() and not t.daemon and t is not threading.main_thread()]
+    if not left:
+        return
+    print(f"vmfuzz: warning: not waiting for {len(left)} thread(s) the target left running "
+          f"({', '.join(sorted({t.name for t in left}))[:200]})", file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stdout: the code still stands
+            pass
+    os._exit(code)
+
+
 def _from_argparse(exc: SystemExit) -> bool:
     """--help and --version exit through argparse with code 0 (errors go through UsageError)."""
     import traceback

@@ -60,7 +60,7 @@ def _serve(target, conn) -> None:
                 return
 
 
-def _exit_reason(code: int | None) -> str:
+def exit_reason(code: int | None) -> str:
     if code is None:
         return "worker vanished"
     if code < 0:
@@ -119,7 +119,7 @@ class IsolatedChecker:
             msg = self._conn.recv()
         except (EOFError, OSError):
             self._proc.join(5)
-            raise TargetFault(CRASH, "target process died: " + _exit_reason(self._discard())) from None
+            raise TargetFault(CRASH, "target process died: " + exit_reason(self._discard())) from None
         kind, *rest, spent = msg
         LAUNCHES.add(*spent)
         if kind == "ok":

@@ -76,8 +76,8 @@ def _merge(db_dir: Path, keep: Path, found: list, replayed: set, interrupted: bo
     failing = set()
     for f in found:
         src = Path(f.path)
-        if not src.is_file():
-            continue
+        if not src.is_file() or src.suffix != ".json":
+            continue  # a dead worker's note without a case has nothing to replay
         body = src.read_bytes()
         name = kept_name(body, f.prop)
         if name in failing:

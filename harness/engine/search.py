@@ -197,6 +197,26 @@ def _record(target, prop: str, detail: str, case, seed: int, findings_dir: Path,
     return Finding(prop, detail, path, config, steps, kind)
 
 
+def record_death(target, prop: str, detail: str, case, seed: int, findings_dir: Path) -> Finding:
+    """A worker that died while searching ``prop``: a ``target-crash`` finding with the case it
+    was checking, or, when it died outside any check, a note naming the property and seed."""
+    if case is not None:
+        return _record(target, prop, detail, case, seed, findings_dir, kind="target-crash")
+    note = (f"vmfuzz: the worker searching {prop} on {target.name} (seed {seed}) died outside any check: "
+            f"{detail}\nRerun that property with --seed {seed} --workers 1 --isolate on to find its case.\n")
+    path = findings_dir / f"{prop}-target-crash.txt"
+    n = 1
+    while path.exists():
+        n += 1
+        path = findings_dir / f"{prop}-target-crash-{n}.txt"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(note)
+    except OSError:
+        pass  # the finding is still reported; the note is only its explanation
+    return Finding(prop, detail, path, None, [], "target-crash")
+
+
 def search_property(target, prop: Property, *, seed: int, max_examples: int, bounds: Bounds,
                     findings_dir: Path, device: str = "cpu", database=None, deadline: float | None = None,
                     check: Callable | None = None, strategy=None, rounds: bool = True,

@@ -11,11 +11,8 @@ from __future__ import annotations
 import datetime as dt
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import multiprocessing as mp
 
 from harness.engine.database import database_for
 from harness.engine.results import PropertyResult
@@ -125,9 +122,12 @@ def _pool_search(plan: RunPlan, name: str, share: float | None, end: float | Non
     from harness.targets import resolve
     import torch
     torch.set_num_threads(1)  # N workers on N cores: one thread each
+    from harness.engine.workers import remembering
     target = resolve(plan.target)
     _attach_known(plan, target)
     check, strategies = _searcher(plan, target)
+    own = check  # closed below; the noting wrapper only lets the parent name a dead worker's case
+    check = remembering(check or (lambda p, c, b, dev: p.check(target, c, b, dev)))
     deadline = None
     if share is not None:
         # Wall-clock ``end`` is shared by every worker: the slot's share, but never past the run's end.
@@ -135,8 +135,8 @@ def _pool_search(plan: RunPlan, name: str, share: float | None, end: float | Non
     try:
         return _search_one(plan, target, name, deadline, check, strategies)
     finally:
-        if check is not None:
-            check.close()
+        if own is not None:
+            own.close()
 
 
 def _replays(plan: RunPlan, target, ui, out: list) -> list:
@@ -237,7 +237,7 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
         if names and plan.workers <= 1:
             _search_here(plan, target, outcome, budget, done, names, ui, t1)
         elif names:
-            _search_pool(plan, outcome, budget, done, names)
+            _search_pool(plan, target, outcome, budget, done, names)
         outcome.search_seconds = time.monotonic() - t1
         if plan.deployment is not None:
             outcome.deployment = _deployment_verdict(plan, target, outcome)
@@ -274,27 +274,28 @@ def _search_here(plan: RunPlan, target, outcome: RunOutcome, budget, done, names
                           "kernel_share": round(secs / searched, 4) if searched > 0 else None}
 
 
-def _search_pool(plan: RunPlan, outcome: RunOutcome, budget, done, names) -> None:
-    """The properties spread over ``plan.workers`` processes, in ceil(n / workers) waves."""
-    from harness.engine.signals import held, ignore_in_child
+def _search_pool(plan: RunPlan, target, outcome: RunOutcome, budget, done, names) -> None:
+    """The properties spread over ``plan.workers`` processes, in ceil(n / workers) waves.
+
+    A worker that dies (SIGKILL, a crash with --isolate off) makes its property a
+    ``target-crash`` finding; the others go on in new workers.
+    """
+    from harness.engine.search import record_death
+    from harness.engine.workers import spread
     waves = -(-len(names) // plan.workers)
     share = None if budget is None else budget / waves
     if budget is not None and not plan.profile.rounds:
         share = budget
     end = None if budget is None else time.time() + budget
-    pool = ProcessPoolExecutor(plan.workers, mp_context=mp.get_context("spawn"), initializer=ignore_in_child)
-    try:
-        with held():
-            futures = {pool.submit(_pool_search, plan, n, share, end): n for n in names}
-        for fut in as_completed(futures):
-            done(fut.result())
-    except BaseException:
-        # An interrupt must not wait for every worker's whole search.
-        for proc in list((getattr(pool, "_processes", None) or {}).values()):
-            proc.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
+
+    def died(death) -> None:
+        examples, case = (death.case[0], death.case[1:]) if death.case else (0, None)
+        what = "while checking this case" if case else "outside any check"
+        finding = record_death(target, death.name, f"worker process died: {death.reason} ({what})",
+                               case, plan.seed, plan.findings_dir)
+        done(PropertyResult(death.name, examples=examples, faults=[finding]))
+
+    spread(_pool_search, [(n, (plan, n, share, end)) for n in names], plan.workers, done, died)
     order = {n: i for i, n in enumerate(plan.properties)}
     outcome.results.sort(key=lambda r: order[r.prop])
 
