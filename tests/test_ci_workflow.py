@@ -2,7 +2,7 @@
 
 tests/test_sglang_repo_workflow.py runs its gate command in a stand-in SGLang
 repository; here the file itself is linted (a real workflow linter, installed by
-the dev extra) and held to what issue 17 asked of it: least privilege that works
+the dev extra) and held to its rules: least privilege that works
 on a fork's PR, a cache the nightly saves whatever its exit code, a paths filter
 equal to the gate's own list, and versions read from the project.
 """
