@@ -109,7 +109,7 @@ def test_a_gate_from_the_installed_wheel_replays_the_saved_repro_and_fails(insta
 def test_a_gate_that_finds_no_saved_repro_says_so(tmp_path):
     (tmp_path / "changed.txt").write_text(VERIFY_MASK + "\n")
     (tmp_path / "empty").mkdir()
-    proc = vmfuzz("gate", "--changed-files", str(tmp_path / "changed.txt"), "--property", "capacity-liveness",
+    proc = vmfuzz("gate", "--target", "reference", "--changed-files", str(tmp_path / "changed.txt"), "--property", "capacity-liveness",
                   "--repro-root", str(tmp_path / "empty"), "--report-dir", str(tmp_path / "out"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert f"vmfuzz: warning: no saved repro found under {tmp_path / 'empty'}" in proc.stderr
