@@ -9,24 +9,26 @@ equal to the gate's own list, and versions read from the project.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from harness.engine.changes import workflow_path_filters
 from tests.helpers import ROOT
 
 WORKFLOW = ROOT / "examples" / "sglang-verify-mask-gate.yml"
-yaml = pytest.importorskip("yaml")
 
 
 def actionlint() -> str:
-    found = shutil.which("actionlint") or shutil.which("actionlint", path=str(Path(sys.executable).parent))
+    # the interpreter's own bin/ first: the dev extra installs it there, and a venv need not be on PATH
+    found = shutil.which("actionlint", path=str(Path(sys.executable).parent)) or shutil.which("actionlint")
     if found is None:
-        pytest.skip("actionlint is not installed (pip install -e '.[dev]' installs it)")
+        pytest.fail("actionlint is not installed: bash scripts/bootstrap.sh installs it (the dev extra)")
     return found
 
 
@@ -59,6 +61,25 @@ def test_actionlint_finds_a_mistake_planted_in_a_copy(tmp_path, old, new, compla
 
 def test_paths_filter_is_the_gates_own_list():
     assert workflow()[True]["pull_request"]["paths"] == workflow_path_filters()  # YAML reads `on` as True
+
+
+def _github_glob(pattern: str) -> re.Pattern:
+    """A paths filter as GitHub reads it: ``**`` crosses ``/``, ``*`` does not."""
+    parts = (".*" if p == "**" else "[^/]*" if p == "*" else re.escape(p) for p in re.split(r"(\*\*|\*)", pattern))
+    return re.compile("".join(parts))
+
+
+@pytest.mark.parametrize("path", [
+    "python/sglang/srt/layers/attention/verify_mask.py", "python/sglang/srt/speculative/eagle_worker_v2.py",
+    "sgl-kernel/csrc/speculative/tree.cuh", "python/sglang/srt/speculative/tree_kernels.cu",
+    "python/sglang/srt/layers/attention/tree_mask_helpers.py", "python/sglang/srt/my_spec_tree_utils.py",
+    "third_party/vmfuzz/harness/cli/parser.py", "docs/index.md", "python/sglang/srt/layers/quantization/fp8.py",
+    "python/sglang/srt/layers/attention/verify_mask.pyi", "README.md",
+])
+def test_the_filter_admits_exactly_the_paths_the_gate_matches(path):
+    from harness.engine.changes import _matches_pattern
+    admitted = any(_github_glob(p).fullmatch(path) for p in workflow_path_filters())
+    assert admitted == _matches_pattern(path)
 
 
 def test_only_the_gate_job_may_write_and_the_workflow_reads():
