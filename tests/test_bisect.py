@@ -126,6 +126,13 @@ def test_bisect_names_the_planted_commit_and_skips_the_unimportable(history, tmp
             want = "skipped" if i in UNIMPORTABLE else ("failed" if i >= PLANTED else "held")
             assert verdicts[sha[:12]] == want, (i, verdicts)
     assert any(shas[i][:12] in verdicts for i in UNIMPORTABLE), "no unimportable commit was tested"
+    # each revision was said once, with its verdict, before the answer (as it was judged: see
+    # test_terminal's test_bisect_says_each_revision_while_the_search_runs)
+    lines = proc.stdout.splitlines()
+    answer = next(i for i, ln in enumerate(lines) if ln.startswith("first bad commit"))
+    for sha12 in verdicts:
+        said = [i for i, ln in enumerate(lines) if ln.startswith(f"  {sha12} ")]
+        assert len(said) == 1 and said[0] < answer, (sha12, out)
     # The user's checkout was never touched: the ignored notes, stash, index and branch are as they were.
     assert snapshot(repo) == before
     assert (repo / "notes" / "keep.txt").read_text() == "my own notes, ignored by git\n"

@@ -77,7 +77,7 @@ def test_command_leaves_three_reports(name, tmp_path, capsys, small_exhaustive):
 def test_skipped_gate_is_a_skipped_testcase(tmp_path, capsys):
     changed = tmp_path / "changed.txt"
     changed.write_text("docs/README.md\n")
-    assert main(["gate", "--changed-files", str(changed), "--report-dir", str(tmp_path / "r")]) == 0
+    assert main(["gate", "--target", "reference", "--changed-files", str(changed), "--report-dir", str(tmp_path / "r")]) == 0
     s, j, md = _reports(tmp_path / "r")
     assert s["verdict"] == "skipped" and s["command"] == "gate"
     assert j == {"failed": 0, "skipped": 1, "passed": 0, "names": ["gate"]}

@@ -4,6 +4,7 @@ suite that leaves the checkout's reports/ as it found it."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from harness.cli.parser import build_parser
@@ -19,13 +20,13 @@ def test_help_lists_every_exit_code_readme_lists():
 
 
 def test_a_bad_base_is_one_plain_line(tmp_path):
-    r = vmfuzz("gate", "--base", "no-such-revision-xyz", "--repo", str(ROOT), "--report-dir", str(tmp_path / "r"))
+    r = vmfuzz("gate", "--target", "reference", "--base", "no-such-revision-xyz", "--repo", str(ROOT), "--report-dir", str(tmp_path / "r"))
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip() == f"vmfuzz gate: --base 'no-such-revision-xyz' is not a commit in {ROOT}"
 
 
 def test_a_base_outside_git_names_gits_reason(tmp_path):
-    r = vmfuzz("gate", "--base", "main", "--repo", str(tmp_path))
+    r = vmfuzz("gate", "--target", "reference", "--base", "main", "--repo", str(tmp_path))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "not a git repository" in r.stderr and "Command '[" not in r.stderr
 
@@ -55,3 +56,18 @@ def test_a_run_without_report_dir_writes_under_the_tests_own_folder(tmp_path):
     assert Path.cwd() == tmp_path
     assert vmfuzz("replay", str(PR33127), "--target", "reference").returncode == 0
     assert [p.parent.name for p in (tmp_path / "reports").glob("*/summary.json")] != []
+
+
+def test_the_gate_defaults_to_sglang_and_without_it_says_so_in_one_line_exit_2(tmp_path):
+    """A gate on the reference model tests no SGLang code, so sglang is the default; where
+    SGLang cannot be imported (hidden here by a package that refuses to import) that is bad input."""
+    hidden = tmp_path / "hide" / "sglang"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text('raise ImportError("No module named sglang (hidden by the test)")\n')
+    changed = tmp_path / "changed.txt"
+    changed.write_text("python/sglang/srt/layers/attention/verify_mask.py\n")
+    r = vmfuzz("gate", "--changed-files", str(changed), "--report-dir", str(tmp_path / "r"),
+               env={"PYTHONPATH": os.pathsep.join([str(tmp_path / "hide"), str(ROOT)])})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert "target 'sglang' unavailable" in r.stderr

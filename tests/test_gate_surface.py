@@ -106,13 +106,13 @@ def test_a_new_file_naming_verify_mask_triggers_without_editing_the_list(tmp_pat
     [t] = triggers([new, "python/sglang/srt/layers/attention/plain.py"], Checkout(root=repo), package=None)
     assert t.path == new and t.why == "names verify-mask code"
     # end to end through the CLI, from git, on the cheap target
-    r = vmfuzz("gate", "--base", base, "--repo", str(repo), "--report-dir", str(tmp_path / "rep"))
+    r = vmfuzz("gate", "--target", "reference", "--base", base, "--repo", str(repo), "--report-dir", str(tmp_path / "rep"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"1 changed file(s) touch verify-mask code: {new}" in r.stdout
     # the same checkout through --changed-files and --repo
     listed = tmp_path / "changed.txt"
     listed.write_text(f"{new}\n")
-    r = vmfuzz("gate", "--changed-files", str(listed), "--repo", str(repo), "--report-dir", str(tmp_path / "r2"))
+    r = vmfuzz("gate", "--target", "reference", "--changed-files", str(listed), "--repo", str(repo), "--report-dir", str(tmp_path / "r2"))
     assert r.returncode == 0 and "1 changed file(s) touch verify-mask code" in r.stdout, r.stdout + r.stderr
 
 
@@ -158,7 +158,7 @@ def test_documentation_only_change_skips_without_importing_sglang(tmp_path):
 @pytest.mark.parametrize("rev", ["--output=/tmp/vmfuzz-pwned", "-h", "HEAD\n--output=x", "no-such-rev"])
 def test_a_hostile_base_is_one_line_exit_2_and_never_an_option(tmp_path, rev):
     repo, _ = _repo(tmp_path, {"a.py": "x = 1\n"})
-    r = vmfuzz("gate", "--base", rev, "--repo", str(repo))
+    r = vmfuzz("gate", "--target", "reference", "--base", rev, "--repo", str(repo))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and not Path("/tmp/vmfuzz-pwned").exists()
 
@@ -168,7 +168,7 @@ def test_a_hostile_repo_or_list_name_is_one_line_exit_2(tmp_path):
                  ["--changed-files", str(tmp_path / "x"), "--repo", str(tmp_path / "no\nsuch")],
                  ["--changed-files", str(tmp_path / "mis\nsing.txt")]):
         (tmp_path / "x").write_text("a.py\n")
-        r = vmfuzz("gate", *argv)
+        r = vmfuzz("gate", "--target", "reference", *argv)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, argv
 
 
@@ -278,7 +278,7 @@ def test_gate_summary_lists_exercised_apart_from_triggered(tmp_path):
     listed.write_text("python/sglang/srt/layers/attention/verify_mask.py\n"
                       "python/sglang/srt/layers/attention/hybrid_attn_backend.py\ndocs/x.md\n")
     rep = tmp_path / "rep"
-    r = vmfuzz("gate", "--changed-files", str(listed), "--report-dir", str(rep))
+    r = vmfuzz("gate", "--target", "reference", "--changed-files", str(listed), "--report-dir", str(rep))
     assert r.returncode == 0, r.stdout + r.stderr
     g = json.loads((rep / "summary.json").read_text())["gate"]
     assert g["changed"] == listed.read_text().split()
@@ -347,7 +347,7 @@ def test_the_gate_reads_git_paths_with_odd_names_safely(tmp_path):
     from harness.engine.changes import changed_since
     changed, checkout = changed_since(base, repo)
     assert changed == [odd] and touches_verify_mask(changed, checkout, package=None) == [odd]
-    r = vmfuzz("gate", "--base", base, "--repo", str(repo), "--report-dir", str(tmp_path / "rep"))
+    r = vmfuzz("gate", "--target", "reference", "--base", base, "--repo", str(repo), "--report-dir", str(tmp_path / "rep"))
     assert r.returncode == 0, r.stdout + r.stderr
     line = "vmfuzz gate: 1 changed file(s) touch verify-mask code: python/sglang/srt/we ird\\n-name.py"
     assert line in r.stdout.splitlines()

@@ -144,9 +144,9 @@ def test_cyclic_tree_is_refused_not_blamed_on_the_target(tmp_path):
 
 def test_gate_never_passes_a_revision_to_git_as_an_option(tmp_path):
     target = tmp_path / "X"
-    refused(vmfuzz(tmp_path, "gate", f"--base=--output={target}", "--report-dir", tmp_path / "r"), "--base")
+    refused(vmfuzz(tmp_path, "gate", "--target", "reference", f"--base=--output={target}", "--report-dir", tmp_path / "r"), "--base")
     assert not list(tmp_path.glob("X*"))
-    refused(vmfuzz(tmp_path, "gate", "--base", "no-such-revision-xyz", "--report-dir", tmp_path / "r"),
+    refused(vmfuzz(tmp_path, "gate", "--target", "reference", "--base", "no-such-revision-xyz", "--report-dir", tmp_path / "r"),
             "not a commit")
 
 
@@ -155,7 +155,7 @@ def test_gate_with_an_unreadable_saved_repro_exits_2_before_the_search(tmp_path)
     (root / "broken").mkdir(parents=True)
     write(root / "broken", "case.json", "{\"target\": \"reference\", \x01")
     changed = write(tmp_path, "changed.txt", "python/sglang/srt/layers/attention/verify_mask.py\n")
-    refused(vmfuzz(tmp_path, "gate", "--changed-files", changed, "--repro-root", root,
+    refused(vmfuzz(tmp_path, "gate", "--target", "reference", "--changed-files", changed, "--repro-root", root,
                    "--report-dir", tmp_path / "r"), "saved repro")
     assert not (tmp_path / "r" / "summary.md").exists()
 
@@ -271,7 +271,7 @@ def test_inputs_that_are_not_regular_files_are_refused(tmp_path):
     refused(vmfuzz(tmp_path, "replay", deep, timeout=30), "deep.json")
     binary = tmp_path / "changed.bin"
     binary.write_bytes(b"\xff\xfe\x00\x01")
-    refused(vmfuzz(tmp_path, "gate", "--changed-files", binary, timeout=30), "UTF-8")
+    refused(vmfuzz(tmp_path, "gate", "--target", "reference", "--changed-files", binary, timeout=30), "UTF-8")
 
 
 # -- unusable output places ---------------------------------------------------------------

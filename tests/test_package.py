@@ -82,6 +82,8 @@ def test_the_wheel_carries_the_saved_repros_and_known_findings(installed):
         for path in (ROOT / folder).rglob("*.json"):
             assert f"harness/shipped/{folder}/{path.relative_to(ROOT / folder).as_posix()}" in names
     assert {f"{p.replace('.', '/')}/__init__.py" for p in _checkout_packages()} <= names
+    # and the JSON Schemas of the files vmfuzz reads and writes (tests/test_schemas.py)
+    assert {f"harness/schemas/{p.name}" for p in (ROOT / "harness" / "schemas").glob("*.schema.json")} <= names
 
 
 def test_a_gate_from_the_installed_wheel_replays_the_saved_repro_and_fails(installed, tmp_path):
@@ -107,7 +109,7 @@ def test_a_gate_from_the_installed_wheel_replays_the_saved_repro_and_fails(insta
 def test_a_gate_that_finds_no_saved_repro_says_so(tmp_path):
     (tmp_path / "changed.txt").write_text(VERIFY_MASK + "\n")
     (tmp_path / "empty").mkdir()
-    proc = vmfuzz("gate", "--changed-files", str(tmp_path / "changed.txt"), "--property", "capacity-liveness",
+    proc = vmfuzz("gate", "--target", "reference", "--changed-files", str(tmp_path / "changed.txt"), "--property", "capacity-liveness",
                   "--repro-root", str(tmp_path / "empty"), "--report-dir", str(tmp_path / "out"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert f"vmfuzz: warning: no saved repro found under {tmp_path / 'empty'}" in proc.stderr

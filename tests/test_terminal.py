@@ -61,3 +61,89 @@ def test_a_run_whose_budget_ran_out_never_says_all_held(tmp_path):
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     skipped = [p["name"] for p in summary["properties"] if p["status"] == "skipped"]
     assert skipped and all(name in last for name in skipped), (skipped, last)
+
+
+def test_a_budgeted_bar_counts_down_the_budget_not_a_guessed_total_of_examples():
+    from harness.report import progress as pg
+    assert pg.budget_left(60, started=100.0, now=115.0) == 45.0 and pg.budget_left(60, 100.0, 200.0) == 0.0
+    bar = pg.BarProgress(3, "x", per_slot=400, budget=60)
+    try:
+        bar.started -= 15  # a quarter of the budget spent
+        bar.example()
+        task = bar.bar.tasks[0]
+        assert task.total == 60 and 14.5 <= task.completed <= 16 and task.fields["examples"] == 1
+        eta = str(pg._BudgetLeft(bar).render(task))
+        assert eta.startswith("ETA 0:00:4") and eta.endswith("(budget)"), eta
+        bar.advance()  # a property ending early does not jump the bar to a slot's end
+        assert bar.bar.tasks[0].completed < 17
+    finally:
+        bar.close()
+    plain = pg.BarProgress(3, "x", per_slot=400)  # no budget: counted in examples, as before
+    try:
+        plain.example()
+        assert plain.bar.tasks[0].total == 1200 and plain.bar.tasks[0].completed == 1
+    finally:
+        plain.close()
+
+
+def test_a_staged_search_says_each_property_the_moment_it_is_final(monkeypatch, tmp_path):
+    """A nightly widens the bounds in steps; a property that fails in the first step
+    (or is not driven) is not searched again, so its line must not wait for the last."""
+    from types import SimpleNamespace
+
+    from harness.engine import session
+    from harness.engine.results import Finding, PropertyResult
+
+    said, steps_run = [], []
+
+    def campaign(target, *, bounds, properties, on_result, **_):
+        steps_run.append((bounds, list(properties)))
+        for name in properties:
+            res = PropertyResult(name, examples=5, rounds=1)
+            if name == "no-oob-write":
+                res.finding = Finding(name, "out-of-bounds write", tmp_path / "r.json", None, [])
+            on_result(res)
+
+    monkeypatch.setattr(session, "run_campaign", campaign)
+    names = ["no-oob-write", "capacity-liveness", "routing"]
+    plan = SimpleNamespace(bounds_steps=("narrow", "middle", "wide"), bounds=None, seed=1, max_examples=5,
+                           findings_dir=tmp_path, device="cpu", profile=SimpleNamespace(database=None, rounds=True),
+                           db_dir=None, share=True, properties=names)
+    outcome = SimpleNamespace(bounds_used=[], results=[])
+    monkeypatch.setattr("dataclasses.asdict", lambda b: {"step": b})  # the steps here are names, not Bounds
+    monkeypatch.setattr(session, "database_for", lambda *a: None)
+
+    def done(res):
+        said.append((res.prop, len(steps_run), res.examples))
+        outcome.results.append(res)
+
+    session._staged(plan, None, outcome, None, None, None, done, names)
+    # the failing property is said during the first step; the others after the last, summed over the steps
+    assert said[0] == ("no-oob-write", 1, 5)
+    assert sorted(said[1:]) == [("capacity-liveness", 3, 15), ("routing", 3, 15)]
+    assert [b for b, _ in steps_run] == ["narrow", "middle", "wide"] and "no-oob-write" not in steps_run[1][1]
+    assert [r.prop for r in outcome.results] == names  # the summary keeps the plan's order
+
+
+def test_bisect_says_each_revision_while_the_search_runs(tmp_path):
+    """git bisect run prints only at its end: each verdict is said as the step logs it."""
+    import json
+    import time
+
+    from harness.engine import bisect
+
+    log = tmp_path / "steps.jsonl"
+    script = "; ".join(f"echo '{json.dumps({'commit': c * 40, 'verdict': v, 'detail': 'held'})}' >> {log}; sleep 1.5"
+                       for c, v in (("a", "good"), ("b", "bad")))
+    said = []
+    monkey = bisect._subject
+    bisect._subject = lambda repo, sha: "subject"
+    try:
+        tail = bisect._Tail(log, tmp_path, lambda line: said.append((time.monotonic(), line)))
+        t0 = time.monotonic()
+        bisect._run_group(["bash", "-c", script], tmp_path, {"PATH": "/usr/bin:/bin"}, poll=tail)
+        ended = time.monotonic()
+    finally:
+        bisect._subject = monkey
+    assert [ln for _, ln in said] == [f"  {'a' * 12} good subject: held", f"  {'b' * 12} bad  subject: held"]
+    assert said[0][0] - t0 < 1.4 and ended - said[0][0] > 1.0  # the first was said long before the end

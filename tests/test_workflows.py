@@ -74,7 +74,7 @@ def test_misbehaving_plugin_becomes_a_finding_and_the_run_uses_its_budget(tmp_pa
 def test_gate_on_documentation_only_exits_at_once_and_says_why(tmp_path):
     changed = tmp_path / "changed.txt"
     changed.write_text("docs/basic_usage/speculative_decoding.md\nREADME.md\n")
-    r = vmfuzz("gate", "--changed-files", str(changed), "--report-dir", str(tmp_path / "rep"))
+    r = vmfuzz("gate", "--target", "reference", "--changed-files", str(changed), "--report-dir", str(tmp_path / "rep"))
     assert r.returncode == 0
     lines = r.stdout.strip().splitlines()
     assert "skipped" in lines[0] and "verify-mask" in lines[0]
@@ -95,7 +95,7 @@ def test_gate_recognises_verify_mask_paths():
 
 
 def test_gate_unreadable_changed_files_is_one_line_exit_2(tmp_path):
-    r = vmfuzz("gate", "--changed-files", str(tmp_path / "missing.txt"))
+    r = vmfuzz("gate", "--target", "reference", "--changed-files", str(tmp_path / "missing.txt"))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
@@ -237,7 +237,7 @@ def test_a_target_that_raises_is_a_finding_not_a_crash_of_the_harness(tmp_path):
     ["minimize", "no/such/file.json"],
     ["run", "--workers", "0"],
     ["run", "--time-budget", "-1"],
-    ["gate", "--base", "no-such-revision-xyz", "--repo", str(ROOT)],
+    ["gate", "--target", "reference", "--base", "no-such-revision-xyz", "--repo", str(ROOT)],
 ])
 def test_bad_input_is_one_line_on_stderr_and_exit_2(argv):
     r = vmfuzz(*argv)

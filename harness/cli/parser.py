@@ -127,7 +127,9 @@ def _replay(sub) -> None:
 
 def _gate(sub) -> None:
     gate = sub.add_parser("gate", help="pr profile, only when the change touches verify-mask code")
-    gate.add_argument("--target", default="reference", help=TARGET_HELP)
+    gate.add_argument("--target", default="sglang",
+                      help="sglang (default: a gate on the reference model tests no SGLang code), reference, "
+                           "or module:attr; layer a known-bad variant with +NAME (vmfuzz targets)")
     which = gate.add_mutually_exclusive_group()
     which.add_argument("--changed-files", default=None, metavar="FILE", help="one changed path per line")
     which.add_argument("--base", default=None, metavar="REV", help="changed paths from git diff REV...HEAD")

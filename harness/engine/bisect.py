@@ -226,27 +226,56 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def _run_group(cmd: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
+def _run_group(cmd: list[str], cwd: Path, env: dict, poll=None) -> subprocess.CompletedProcess:
     """Run ``cmd`` in a session of its own; the whole group dies with it on every way out
-    (git bisect run's script, bisect--helper and the steps are its grandchildren)."""
+    (git bisect run's script, bisect--helper and the steps are its grandchildren).
+    ``poll()`` is called every half second while it runs, and once after."""
+    import tempfile
+
     from harness.engine.signals import held
 
-    with held():  # an interrupt between fork and here would otherwise leave the group unowned
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate()
-    finally:
-        _kill_group(proc.pid)
-        proc.wait()
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        with held():  # an interrupt between fork and here would otherwise leave the group unowned
+            proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=err, text=True,
+                                    start_new_session=True)
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    if poll is not None:
+                        poll()
+        finally:
+            _kill_group(proc.pid)
+            proc.wait()
+        if poll is not None:
+            poll()
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out.read(), err.read())
+
+
+class _Tail:
+    """Says each revision's verdict the moment its step logs it: git bisect run's own
+    output comes only when the whole search ends, minutes later."""
+
+    def __init__(self, log: Path, repo: Path, echo):
+        self.log, self.repo, self.echo, self.seen = log, repo, echo, 0
+
+    def __call__(self) -> None:
+        tested = _read_log(self.log)
+        for t in tested[self.seen:]:
+            self.echo(f"  {t.commit[:12]} {t.verdict:<4} {_subject(self.repo, t.commit)}: {t.detail}")
+        self.seen = len(tested)
 
 
 def _check_ends(wt: Path, repo: Path, step: list[str], env: dict, ends, log: Path, echo) -> None:
+    tail = _Tail(log, repo, echo)
     for sha, want, name in ends:
         _git(wt, "checkout", "-q", "--detach", sha)
         echo(f"vmfuzz bisect: checking --{name} {sha[:12]} {_subject(repo, sha)}")
-        rc = _run_group(step, wt, env).returncode
+        rc = _run_group(step, wt, env, poll=tail).returncode
         last = _read_log(log)[-1:] or [Tested(sha, "skip", f"step exited {rc}")]
         if rc == SKIP:
             raise BisectError(f"--{name} {sha[:12]} cannot be tested: {last[0].detail}")
@@ -272,7 +301,10 @@ def _search(place: Place, repro_path: str, good_sha: str, bad_sha: str, step_arg
     _git(place.repo, "worktree", "add", "--quiet", "--detach", str(wt), bad_sha)
     _check_ends(wt, place.repo, step, env, ((bad_sha, BAD, "bad"), (good_sha, GOOD, "good")), log, echo)
     _git(wt, "bisect", "start", bad_sha, good_sha, "--")
-    run = _run_group(["git", *_NO_HOOKS, "bisect", "run", *step], wt, env)
+    echo("vmfuzz bisect: searching between them")
+    tail = _Tail(log, place.repo, echo)
+    tail.seen = len(_read_log(log))  # the two ends were said already
+    run = _run_group(["git", *_NO_HOOKS, "bisect", "run", *step], wt, env, poll=tail)
     return run.stdout + run.stderr
 
 
@@ -325,9 +357,8 @@ def bisect(repro_path: str, repo: str, good: str, bad: str, *, target: str = "sg
     finally:
         os.close(lock)
 
-    for t in tested:
+    for t in tested:  # each was said as it was judged (_Tail)
         t.subject = _subject(repo_path, t.commit)
-        echo(f"  {t.commit[:12]} {t.verdict:<4} {t.subject}: {t.detail}")
     result = BisectResult(None, tested=tested, seconds=time.monotonic() - t0, cleaned=cleaned)
     _answer(repo_path, out, tested, result)
     return result

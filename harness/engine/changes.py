@@ -62,6 +62,17 @@ VERIFY_MASK_PATTERNS = (
     "*/vmfuzz/*",
 )
 
+def workflow_path_filters() -> list[str]:
+    """``VERIFY_MASK_PATTERNS`` spelled as a GitHub Actions ``paths:`` filter.
+
+    The example workflow filters pull requests on these before it installs
+    anything, and tests/test_ci_workflow.py checks its list equals this one.
+    fnmatch's ``*`` crosses ``/`` (and a path is matched with a leading ``/``);
+    in a GitHub filter only ``**`` does, so every ``*`` becomes ``**``.
+    """
+    return [pat.replace("*", "**") for pat in VERIFY_MASK_PATTERNS]
+
+
 #: Names only verify-mask code uses: the struct, its layout enum, its sizing and
 #: packing helpers, both writers and the buffer argument the call sites pass.
 MASK_CODE = re.compile(rb"verify_mask|VerifyMask|tree_mask_numel|build_tree_kernel_efficient|"

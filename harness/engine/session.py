@@ -207,7 +207,8 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
     t0 = time.monotonic()
     outcome = RunOutcome(plan, target.name, dict(target.versions()),
                          dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
-    ui = progress(len(plan.properties), f"{target.name} ({plan.profile.name})", per_slot=plan.max_examples)
+    ui = progress(len(plan.properties), f"{target.name} ({plan.profile.name})", per_slot=plan.max_examples,
+                  budget=plan.time_budget)
     try:
         _warn_no_saved(plan, outcome)
         _replays(plan, target, ui, outcome.replays)
@@ -325,10 +326,17 @@ def _staged(plan: RunPlan, target, outcome: RunOutcome, budget, check, strategie
                      on_result=done, **common)
         return
     totals: dict[str, PropertyResult] = {}
+    shown: set[str] = set()
     start = time.monotonic()
+
+    def finish(name: str) -> None:
+        # printed the moment it is final, not after the last step
+        if name not in shown:
+            shown.add(name)
+            done(totals[name])
+
     for i, bounds in enumerate(steps):
-        left = [n for n in names
-                if n not in totals or not (totals[n].findings or totals[n].not_driven or totals[n].out_of_step)]
+        left = [n for n in names if n not in shown]
         if not left:
             break
         share = None
@@ -338,7 +346,8 @@ def _staged(plan: RunPlan, target, outcome: RunOutcome, budget, check, strategie
                 break
             share *= step_weight(i) / sum(step_weight(j) for j in range(i, len(steps)))
         outcome.bounds_used.append(dataclasses.asdict(bounds))
-        for res in run_campaign(target, bounds=bounds, properties=left, time_budget=share, **common):
+
+        def stepped(res, i=i, last=i == len(steps) - 1):
             res.step_seconds = [0.0] * i + [res.seconds]  # steps it sat out (failed before) took none
             if res.prop not in totals:
                 totals[res.prop] = res
@@ -347,9 +356,16 @@ def _staged(plan: RunPlan, target, outcome: RunOutcome, budget, check, strategie
                 t.merge(res)
                 t.seconds_to_failure = t.seconds_to_failure or res.seconds_to_failure
                 t.skipped = t.skipped and res.skipped
+            t = totals[res.prop]
+            if last or t.findings or t.not_driven or t.out_of_step:
+                finish(res.prop)  # no later step searches it
+
+        run_campaign(target, bounds=bounds, properties=left, time_budget=share, on_result=stepped, **common)
     for name in names:
         if name in totals:
-            done(totals[name])
+            finish(name)
+    order = {n: i for i, n in enumerate(plan.properties)}
+    outcome.results.sort(key=lambda r: order.get(r.prop, len(order)))  # the summary keeps the plan's order
 
 
 def _deployment_verdict(plan: RunPlan, target, outcome: RunOutcome) -> dict:

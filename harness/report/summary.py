@@ -21,6 +21,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness.model.summary_file import CommandSummary as CommandShape
+from harness.model.summary_file import RunSummary, SummaryError, conform
 from harness.report.junit import Case, Suite, junit_xml
 from harness.report.terminal import gate_line
 
@@ -33,6 +35,17 @@ def default_report_dir() -> Path:
         n += 1
         path = base.with_name(f"{base.name}-{n}")
     return path
+
+
+def _checked(summary: dict, shape: type) -> str:
+    """summary.json's text. A shape the schema does not declare is a harness bug: said on
+    stderr, and the file is written all the same, since what the run found must not be lost."""
+    try:
+        conform(summary, shape)
+    except SummaryError as exc:
+        import sys
+        print(f"vmfuzz: warning: {exc}", file=sys.stderr)
+    return json.dumps(summary, indent=2) + "\n"
 
 
 def write_files(report_dir: Path, files: dict[str, str]) -> None:
@@ -301,7 +314,7 @@ def write_reports(outcome, report_dir: Path) -> dict:
     from harness.report.html import report_html
 
     s = build_summary(outcome)
-    write_files(report_dir, {"summary.json": json.dumps(s, indent=2) + "\n", "summary.md": summary_md(s),
+    write_files(report_dir, {"summary.json": _checked(s, RunSummary), "summary.md": summary_md(s),
                              "junit.xml": run_junit(s), "report.html": report_html(s)})
     return s
 
@@ -382,6 +395,6 @@ def command_junit(s: dict) -> str:
 
 def write_command_summary(summary: CommandSummary, report_dir: Path) -> dict:
     s = summary.as_dict()
-    write_files(report_dir, {"summary.json": json.dumps(s, indent=2) + "\n", "summary.md": command_md(s),
+    write_files(report_dir, {"summary.json": _checked(s, CommandShape), "summary.md": command_md(s),
                              "junit.xml": command_junit(s)})
     return s

@@ -1,0 +1,199 @@
+"""summary.json's shape, as msgspec structs: the record other tools read.
+
+Two shapes share the file name. ``run`` and ``gate`` write a ``RunSummary`` (a
+search: properties, replays, margins, bounds); every other command writes a
+``CommandSummary`` (one check per thing it decided). harness.report.summary
+builds each as a dict and passes it through ``conform`` before writing it, so
+a key this module does not declare, or a value of the wrong type, is caught
+where it is written (and by tests/test_schemas.py) rather than by a reader.
+
+The JSON Schemas shipped in harness/shipped/schemas/ are generated from these
+structs (scripts/gen_schemas.py); the nested objects whose keys belong to
+another part of vmfuzz (the deployment verdict, the gate's change record, the
+kernel timing) are typed as objects only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+
+class _Strict(msgspec.Struct, forbid_unknown_fields=True):
+    pass
+
+
+class Finding(_Strict):
+    property: str
+    kind: str
+    detail: str
+    repro: str
+
+
+class PropertyResult(_Strict):
+    name: str
+    status: str
+    examples: int
+    rounds: int
+    seconds: float
+    max_margin: Union[float, None]
+    classes: dict[str, int]
+    bs_over_max_bs: dict[str, int]
+    findings: list[Finding]
+    not_driven: Union[str, None] = None
+    out_of_step: Union[str, None] = None
+    #: the deep boundary corpus's cases this property ran before its search, and their time
+    deep_cases: list[str] = []
+    deep_seconds: float = 0.0
+    #: seconds spent at each bound step of a stepped (nightly) search, widest last
+    seconds_by_bound_step: list[float] = []
+
+
+class FindingGroup(_Strict):
+    """One cause: the findings that share a signature, and the one repro to start from."""
+
+    signature: str
+    count: int
+    properties: list[str]
+    repro: str
+    repro_property: str
+    detail: str
+    server_valid: bool
+    members: list[str]
+
+
+class DeepCorpus(_Strict):
+    """The production-shape cases run before the search, and where their sizes came from."""
+
+    cases: list[str]
+    runs: int
+    seconds: float
+    sized_from: str
+
+
+class Replay(_Strict):
+    repro: str
+    property: str
+    recorded_target: str
+    source: str
+    status: str
+    detail: Union[str, None]
+    still_fails_on_recorded: Union[bool, None]
+    finding: Union[str, None]
+
+
+class KnownFinding(_Strict):
+    name: str
+    property: str
+    sglang: str
+    reason: str
+    status: str
+    detail: str
+    repro: str
+
+
+class RunCounts(_Strict):
+    properties: int
+    held: int
+    failed: int
+    skipped: int
+    not_driven: int
+    out_of_step: int
+    examples: int
+    replays: int
+    replays_failed: int
+    findings: int
+    known: int
+    groups: int = 0
+
+
+class Timings(_Strict):
+    replay_seconds: float
+    search_seconds: float
+    total_seconds: float
+
+
+class RunSummary(_Strict):
+    """summary.json of ``run`` and ``gate``."""
+
+    command: str
+    target: str
+    profile: str
+    interrupted: bool
+    seed: Union[int, None]
+    max_examples: Union[int, None]
+    time_budget: Union[float, None]
+    workers: int
+    isolation: bool
+    device: Union[str, None]
+    versions: dict[str, Any]
+    started: str
+    counts: RunCounts
+    properties: list[PropertyResult]
+    boundary_classes: dict[str, int]
+    overflow_margin: dict[str, int]
+    overflow_margin_by_path: dict[str, dict[str, int]]
+    findings: list[Finding]
+    replays: list[Replay]
+    known_findings: list[KnownFinding]
+    deployment: Union[dict[str, Any], None]
+    gate: Union[dict[str, Any], None]
+    timings: Timings
+    bounds: list[dict[str, Any]]
+    reached: dict[str, int]
+    kernel: Union[dict[str, Any], None]
+    warnings: list[str]
+    groups: list[FindingGroup] = []
+    deep_boundary_corpus: Union[DeepCorpus, None] = None
+    #: "K/N" when this run is one shard of a run split over N (``--shard``); None otherwise
+    shard: Union[str, None] = None
+    #: ``vmfuzz merge``: the shards this summary joins
+    shards: list[Union[str, None]] = []
+    #: a nightly's records of its last nights (the database's history file), this one last
+    history: list[dict[str, Any]] = []
+
+
+class Check(_Strict):
+    name: str
+    status: str
+    detail: str
+    kind: str
+    repro: Union[str, None]
+    seconds: float
+
+
+class CommandCounts(_Strict):
+    checks: int
+    held: int
+    caught: int
+    failed: int
+    skipped: int
+    error: int
+    findings: int
+
+
+class CommandSummary(msgspec.Struct):
+    """summary.json of every other command. Unknown keys are allowed: each command
+    adds its own record beside the checks (bisect's revisions, surface's rows)."""
+
+    command: str
+    target: str
+    started: str
+    verdict: str
+    headline: str
+    counts: CommandCounts
+    checks: list[Check]
+    seconds: float
+
+
+class SummaryError(Exception):
+    """A summary vmfuzz built that does not have summary.json's declared shape: a harness bug."""
+
+
+def conform(summary: dict, shape: type) -> None:
+    """Raise SummaryError unless ``summary`` converts to ``shape`` exactly (no coercion)."""
+    try:
+        msgspec.convert(summary, shape, strict=True)
+    except msgspec.ValidationError as exc:
+        raise SummaryError(f"summary.json does not match {shape.__name__}: {exc}") from None
