@@ -108,7 +108,7 @@ def test_a_staged_search_says_each_property_the_moment_it_is_final(monkeypatch, 
     names = ["no-oob-write", "capacity-liveness", "routing"]
     plan = SimpleNamespace(bounds_steps=("narrow", "middle", "wide"), bounds=None, seed=1, max_examples=5,
                            findings_dir=tmp_path, device="cpu", profile=SimpleNamespace(database=None, rounds=True),
-                           db_dir=None, share=True, properties=names)
+                           db_dir=None, db_url=None, share=True, properties=names)
     outcome = SimpleNamespace(bounds_used=[], results=[])
     monkeypatch.setattr("dataclasses.asdict", lambda b: {"step": b})  # the steps here are names, not Bounds
     monkeypatch.setattr(session, "database_for", lambda *a: None)
