@@ -113,6 +113,7 @@ def _model_runner(n: ServerNumbers, exec_, schedule):
     server_args = SimpleNamespace(
         triton_attention_num_kv_splits=exec_.kernel.triton_attention_num_kv_splits,
         triton_attention_split_tile_size=exec_.kernel.triton_attention_split_tile_size,
+        enable_lean_attention=exec_.kernel.enable_lean_attention,
         enable_deterministic_inference=exec_.deterministic.enable_deterministic_inference,
         chunked_prefill_size=schedule.chunked_prefill_size, page_size=1)
     model_config = SimpleNamespace(
