@@ -118,3 +118,17 @@ def test_versions_come_from_the_project():
     text = WORKFLOW.read_text()
     assert "bootstrap.sh" in text and "pip install" not in text  # the torch pin and deps: the project's
     assert "torch==" in (ROOT / "scripts" / "bootstrap.sh").read_text()
+
+
+def test_the_nightly_shards_cover_every_property_once_and_are_merged():
+    """--shard K/N with N the matrix's size, each K in it once, and a merge job over them all."""
+    import re
+    jobs = workflow()["jobs"]
+    shards = jobs["nightly"]["strategy"]["matrix"]["shard"]
+    [run] = [st["run"] for st in jobs["nightly"]["steps"] if st.get("name") == "vmfuzz nightly"]
+    n = int(re.search(r'--shard "\$\{\{ matrix\.shard \}\}/(\d+)"', run).group(1))
+    assert sorted(shards) == list(range(1, n + 1))
+    merge = jobs["nightly-merge"]
+    assert merge["needs"] == "nightly" and "always()" in merge["if"]
+    assert merge["permissions"] == {"contents": "read"}
+    assert any("vmfuzz merge shards/*" in st.get("run", "") for st in merge["steps"])
