@@ -64,6 +64,19 @@ def classify(result) -> str:
     return "error"
 
 
+#: a finding line of the gate's output; "target raised" marks a kill by the mutant raising
+FINDING_LINE = re.compile(r"finding \((?:property|known)\): (.*)")
+
+
+def killed_by(output: str) -> str:
+    """Whether a kill came from a property's own check, or only from the mutated code raising
+    (a crash is a kill in mutation testing, but it says nothing of a property's teeth)."""
+    details = FINDING_LINE.findall(output or "")
+    if any(not d.startswith("target raised") for d in details) or "fails again" in (output or ""):
+        return "a property's check"
+    return "the mutant raising" if details else "a property's check"
+
+
 def rows(work: Path):
     from cosmic_ray.work_db import WorkDB, use_db
     with use_db(str(work / "session.sqlite"), WorkDB.Mode.open) as db:
@@ -74,6 +87,7 @@ def rows(work: Path):
             file = str(m.module_path).removeprefix("python/sglang/")
             yield {"job": item.job_id, "file": file, "operator": m.operator_name.split("/")[-1],
                    "line": m.start_pos[0], "outcome": classify(result), "diff": result.diff or "",
+                   "killed_by": killed_by(result.output) if classify(result) == "killed" else None,
                    "exit_line": (EXIT_LINE.search(result.output or "") or [None])[0]}
 
 
@@ -99,8 +113,10 @@ def report(work: Path) -> dict:
     head = (f"{len(done)} of {plan['sample']} sampled mutants run (seed {plan['seed']}; {plan.get('in_scope', plan['of'])} in scope ({plan.get('scope', 'files')}), {plan['of']} in the driven files); "
             + ", ".join(f"{total[o]} {o}" for o in OUTCOMES)
             + (f"; score killed / (killed + survived) = {total['killed'] / judged:.0%}" if judged else ""))
-    md = [f"# Mutation score of `vmfuzz gate --target sglang`", "", head, "", *_table("file", by_file), "",
-          *_table("operator", by_op), ""]
+    by_killer = Counter(r["killed_by"] for r in done if r["killed_by"])
+    killers = "Killed by: " + ", ".join(f"{n} {k}" for k, n in sorted(by_killer.items())) + "."
+    md = [f"# Mutation score of `vmfuzz gate --target sglang`", "", head, "", killers, "",
+          *_table("file", by_file), "", *_table("operator", by_op), ""]
     (work / "score.md").write_text("\n".join(md))
     surv = ["# Surviving mutants (where the gate is blind)", ""]
     for r in done:
@@ -108,7 +124,7 @@ def report(work: Path) -> dict:
             surv += [f"## {r['file']}:{r['line']} {r['operator']} ({r['outcome']})", "", "```diff", r["diff"].strip(),
                      "```", ""]
     (work / "survivors.md").write_text("\n".join(surv))
-    data = {"headline": head, "total": dict(total), "by_file": {k: dict(v) for k, v in by_file.items()},
+    data = {"headline": head, "total": dict(total), "killed_by": dict(by_killer), "by_file": {k: dict(v) for k, v in by_file.items()},
             "by_operator": {k: dict(v) for k, v in by_op.items()},
             "mutants": [{k: v for k, v in r.items()} for r in done]}
     (work / "score.json").write_text(json.dumps(data, indent=1))

@@ -18,7 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import mutation_kill  # noqa: E402
 import mutation_score  # noqa: E402
-from mutation_table import classify, suspected_equivalent  # noqa: E402
+from mutation_table import classify, killed_by, suspected_equivalent  # noqa: E402
 
 pytest.importorskip("cosmic_ray")
 from cosmic_ray.work_item import WorkerOutcome, WorkResult  # noqa: E402
@@ -71,3 +71,13 @@ def test_the_sample_stays_inside_the_driven_functions():
     assert mutation_score.driven_lines(src, ["C.g"]) == [(5, 6)]
     assert mutation_score.driven_lines(src, ["f", "C.h"]) == [(1, 2), (8, 9)]
     assert mutation_score.driven_lines(src, ["", "f"]) is None  # a whole-file row: every line
+
+
+def test_a_kill_by_the_mutant_raising_is_told_apart_from_a_property_s_check():
+    raised = "  no-oob-write   FAILED\n      finding (property): target raised IndexError: index 9 is out of bounds\n"
+    checked = "  no-oob-write   FAILED\n      finding (property): out-of-bounds write on the reused buffer (bs 2)\n"
+    replayed = "  replay saved repro/pr33127/pr33127.json: fails again: out-of-bounds write\n"
+    assert killed_by(raised) == "the mutant raising"
+    assert killed_by(checked) == "a property's check"
+    assert killed_by(raised + checked) == "a property's check"
+    assert killed_by(replayed) == "a property's check"
