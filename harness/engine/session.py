@@ -16,7 +16,8 @@ from pathlib import Path
 
 from harness.engine.database import database_for
 from harness.engine.results import PropertyResult
-from harness.engine.search import MIN_SHARE, run_campaign, search_property
+from harness.engine.search import MIN_SHARE, run_campaign
+from harness.engine.steps import search_stepped, step_weight, summed
 from harness.model.bounds import Bounds
 from harness.engine.profiles import Profile
 from harness.properties import PROPERTIES
@@ -110,13 +111,6 @@ def _searcher(plan: RunPlan, target):
     return check, strategies
 
 
-def _search_one(plan: RunPlan, target, name: str, deadline, check, strategies) -> PropertyResult:
-    return search_property(target, PROPERTIES[name], seed=plan.seed, max_examples=plan.max_examples,
-                           bounds=plan.bounds, findings_dir=plan.findings_dir, device=plan.device,
-                           database=database_for(plan.profile.database, plan.db_dir, plan.db_url), deadline=deadline, check=check,
-                           strategy=strategies.get(name), rounds=plan.profile.rounds)
-
-
 def _pool_search(plan: RunPlan, name: str, share: float | None, end: float | None) -> PropertyResult:
     """Runs in a pool worker: resolve the target here, so plug-ins need not pickle."""
     from harness.targets import resolve
@@ -133,7 +127,7 @@ def _pool_search(plan: RunPlan, name: str, share: float | None, end: float | Non
         # Wall-clock ``end`` is shared by every worker: the slot's share, but never past the run's end.
         deadline = time.monotonic() + max(MIN_SHARE, min(share, end - time.time()))
     try:
-        return _search_one(plan, target, name, deadline, check, strategies)
+        return search_stepped(plan, target, name, deadline, check, strategies)
     finally:
         if own is not None:
             own.close()
@@ -296,16 +290,13 @@ def _search_pool(plan: RunPlan, target, outcome: RunOutcome, budget, done, names
                                case, plan.seed, plan.findings_dir)
         done(PropertyResult(death.name, examples=examples, faults=[finding]))
 
+    import dataclasses
+    # Each worker walks the plan's bound steps itself (``search_stepped``).
+    outcome.bounds_used.extend(dataclasses.asdict(b) for b in (tuple(plan.bounds_steps) or (plan.bounds,))
+                               if b is not None)
     spread(_pool_search, [(n, (plan, n, share, end)) for n in names], plan.workers, done, died)
     order = {n: i for i, n in enumerate(plan.properties)}
     outcome.results.sort(key=lambda r: order[r.prop])
-
-
-def step_weight(i: int) -> int:
-    """Step ``i``'s weight in the budget: each wider step twice the one before. An example at
-    the widest bounds costs tens of times one at the first (README: "The `sglang` target"),
-    so equal shares left the widest step, where the production shapes are, a handful each."""
-    return 2 ** i
 
 
 def _staged(plan: RunPlan, target, outcome: RunOutcome, budget, check, strategies, done, names,
@@ -349,14 +340,7 @@ def _staged(plan: RunPlan, target, outcome: RunOutcome, budget, check, strategie
 
         def stepped(res, i=i, last=i == len(steps) - 1):
             res.step_seconds = [0.0] * i + [res.seconds]  # steps it sat out (failed before) took none
-            if res.prop not in totals:
-                totals[res.prop] = res
-            else:
-                t = totals[res.prop]
-                t.merge(res)
-                t.seconds_to_failure = t.seconds_to_failure or res.seconds_to_failure
-                t.skipped = t.skipped and res.skipped
-            t = totals[res.prop]
+            t = totals[res.prop] = summed(totals.get(res.prop), res)
             if last or t.findings or t.not_driven or t.out_of_step:
                 finish(res.prop)  # no later step searches it
 
