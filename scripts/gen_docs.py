@@ -64,23 +64,8 @@ PAGES = {"not-driven.md": not_driven, "limits.md": limits, "variants.md": varian
 
 
 def main(argv: list[str]) -> int:
-    if argv not in ([], ["--check"]):
-        print("usage: gen_docs.py [--check]", file=sys.stderr)
-        return 2
-    sys.path.insert(0, str(ROOT))
-    stale = []
-    for name, build in PAGES.items():
-        path, text = OUT / name, build()
-        if argv:
-            if not path.exists() or path.read_text() != text:
-                stale.append(str(path.relative_to(ROOT)))
-        else:
-            OUT.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-    if stale:
-        print(f"gen_docs: out of date: {', '.join(stale)} (run python scripts/gen_docs.py)", file=sys.stderr)
-        return 1
-    return 0
+    from generated import write_or_check
+    return write_or_check("gen_docs", ROOT, OUT, PAGES, argv)
 
 
 if __name__ == "__main__":

@@ -44,23 +44,11 @@ def schemas() -> dict[str, dict]:
 
 
 def main(argv: list[str]) -> int:
-    if argv not in ([], ["--check"]):
-        print("usage: gen_schemas.py [--check]", file=sys.stderr)
-        return 2
-    sys.path.insert(0, str(ROOT))
-    stale = []
-    for name, schema in schemas().items():
-        path, text = OUT / name, json.dumps(schema, indent=2, sort_keys=True) + "\n"
-        if argv:
-            if not path.exists() or path.read_text() != text:
-                stale.append(str(path.relative_to(ROOT)))
-        else:
-            OUT.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-    if stale:
-        print(f"gen_schemas: out of date: {', '.join(stale)} (run python scripts/gen_schemas.py)", file=sys.stderr)
-        return 1
-    return 0
+    from generated import write_or_check
+    # built lazily: the struct imports need ROOT on sys.path, which write_or_check puts there
+    files = {name: (lambda name=name: json.dumps(schemas()[name], indent=2, sort_keys=True) + "\n")
+             for name in ("repro.schema.json", "deployment.schema.json", "summary.schema.json")}
+    return write_or_check("gen_schemas", ROOT, OUT, files, argv)
 
 
 if __name__ == "__main__":

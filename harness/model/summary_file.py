@@ -7,7 +7,7 @@ builds each as a dict and passes it through ``conform`` before writing it, so
 a key this module does not declare, or a value of the wrong type, is caught
 where it is written (and by tests/test_schemas.py) rather than by a reader.
 
-The JSON Schemas shipped in harness/shipped/schemas/ are generated from these
+The JSON Schemas shipped in harness/schemas/ are generated from these
 structs (scripts/gen_schemas.py); the nested objects whose keys belong to
 another part of vmfuzz (the deployment verdict, the gate's change record, the
 kernel timing) are typed as objects only.
