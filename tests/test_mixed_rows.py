@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import find, settings
 
 from harness.engine.results import PropertyResult
-from harness.engine.session import step_weight
+from harness.engine.steps import step_weight
 from harness.model.config import Config
 from harness.model.layouts import TreeMaskMode
 from harness.report.summary import summary_md

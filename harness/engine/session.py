@@ -17,7 +17,7 @@ from pathlib import Path
 from harness.engine.database import database_for
 from harness.engine.results import PropertyResult
 from harness.engine.search import MIN_SHARE, run_campaign
-from harness.engine.steps import search_stepped, step_weight, summed
+from harness.engine.steps import search_stepped, step_share, summed
 from harness.model.bounds import Bounds
 from harness.engine.profiles import Profile
 from harness.properties import PROPERTIES
@@ -335,7 +335,7 @@ def _staged(plan: RunPlan, target, outcome: RunOutcome, budget, check, strategie
             share = budget - (time.monotonic() - start)
             if share < MIN_SHARE:
                 break
-            share *= step_weight(i) / sum(step_weight(j) for j in range(i, len(steps)))
+            share *= step_share(i, len(steps))
         outcome.bounds_used.append(dataclasses.asdict(bounds))
 
         def stepped(res, i=i, last=i == len(steps) - 1):

@@ -24,6 +24,11 @@ def step_weight(i: int) -> int:
     return 2 ** i
 
 
+def step_share(i: int, n: int) -> float:
+    """Step ``i``'s part of what is left of the budget when steps ``i .. n-1`` remain."""
+    return step_weight(i) / sum(step_weight(j) for j in range(i, n))
+
+
 def summed(total: PropertyResult | None, res: PropertyResult) -> PropertyResult:
     """One bound step's result added to the steps before it (``res`` itself for the first)."""
     if total is None:
@@ -40,6 +45,7 @@ def search_stepped(plan, target, name: str, deadline, check, strategies) -> Prop
     in one process: each wider step gets its weighted share of what is left of ``deadline``,
     and a property that failed (or cannot be driven) is not searched again."""
     steps = tuple(plan.bounds_steps) or (plan.bounds,)
+    database = database_for(plan.profile.database, plan.db_dir, plan.db_url)
     total = None
     for i, bounds in enumerate(steps):
         step_deadline = deadline
@@ -47,12 +53,10 @@ def search_stepped(plan, target, name: str, deadline, check, strategies) -> Prop
             left = deadline - time.monotonic()
             if left < MIN_SHARE and total is not None:
                 break
-            step_deadline = time.monotonic() + max(MIN_SHARE, left) * step_weight(i) / sum(
-                step_weight(j) for j in range(i, len(steps)))
+            step_deadline = time.monotonic() + max(MIN_SHARE, left) * step_share(i, len(steps))
         res = search_property(target, PROPERTIES[name], seed=plan.seed, max_examples=plan.max_examples,
                               bounds=bounds, findings_dir=plan.findings_dir, device=plan.device,
-                              database=database_for(plan.profile.database, plan.db_dir, plan.db_url),
-                              deadline=step_deadline, check=check, strategy=strategies.get(name),
+                              database=database, deadline=step_deadline, check=check, strategy=strategies.get(name),
                               rounds=plan.profile.rounds)
         if len(steps) > 1:
             res.step_seconds = [0.0] * i + [res.seconds]
