@@ -12,6 +12,7 @@ commands write validate against them.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -28,6 +29,7 @@ def _schema(title: str, description: str, *types) -> dict:
     return {"$schema": DRAFT, "title": title, "description": description, **top, "$defs": defs}
 
 
+@functools.cache
 def schemas() -> dict[str, dict]:
     from harness.model.deployment_file import Deployment
     from harness.model.repro_file import Repro
@@ -45,7 +47,8 @@ def schemas() -> dict[str, dict]:
 
 def main(argv: list[str]) -> int:
     from generated import write_or_check
-    # built lazily: the struct imports need ROOT on sys.path, which write_or_check puts there
+    # built lazily (once, for all three files): the struct imports need ROOT on sys.path,
+    # which write_or_check puts there
     files = {name: (lambda name=name: json.dumps(schemas()[name], indent=2, sort_keys=True) + "\n")
              for name in ("repro.schema.json", "deployment.schema.json", "summary.schema.json")}
     return write_or_check("gen_schemas", ROOT, OUT, files, argv)
