@@ -14,18 +14,49 @@ import torch
 
 from harness.guard.shadow import ShadowHeap, describe_all
 from harness.model.config import Batch, Config
-from harness.model.layouts import logical_size, request_at
+from harness.model.layouts import TreeMaskMode, block_start, logical_size, request_at, row_stride
+from harness.model.origin import BEYOND_CAPACITY, WITHIN_CAPACITY, Origin
 from harness.model.outputs import StepOutput
 from harness.model.trees import has_detached, trees_of
 
 
 class PropertyFailure(AssertionError):
-    """The target misbehaved: ``prop`` names the property, ``detail`` what it saw."""
+    """The target misbehaved: ``origin`` says which failure it is (typed), ``detail`` what it saw (words)."""
 
-    def __init__(self, prop: str, detail: str):
-        super().__init__(f"{prop}: {detail}")
-        self.prop = prop
+    def __init__(self, origin: Origin, detail: str):
+        super().__init__(f"{origin.property}: {detail}")
+        self.origin = origin
         self.detail = detail
+
+    @property
+    def prop(self) -> str:
+        return self.origin.property
+
+    def __reduce__(self):  # crosses a worker's pipe with its origin
+        return (PropertyFailure, (self.origin, self.detail))
+
+
+class Difference(str):
+    """A first difference between two outputs: the sentence, and the typed facts of it.
+
+    ``buffer``: which output; ``effect``: ``wrong`` (a cell differs) or ``overrun``
+    (the output is too small for the batch's region); ``cell``: the cell class.
+    """
+
+    def __new__(cls, text: str, *, buffer: str, effect: str = "wrong", cell: str = "", side: str = ""):
+        self = super().__new__(cls, text)
+        self.buffer, self.effect, self.cell, self.side = buffer, effect, cell, side
+        return self
+
+    def __reduce__(self):
+        return (_difference, (str(self), self.buffer, self.effect, self.cell, self.side))
+
+    def origin_fields(self) -> dict:
+        return {"effect": self.effect, "buffer": self.buffer, "cell": self.cell, "side": self.side}
+
+
+def _difference(text, buffer, effect, cell, side):
+    return Difference(text, buffer=buffer, effect=effect, cell=cell, side=side)
 
 
 @dataclass
@@ -67,9 +98,30 @@ class Observation:
         self.path_margins[path] = max(self.path_margins.get(path, float("-inf")), float(need - capacity))
 
 
-def fail(prop: str, detail: str):
-    """Raise the finding ``prop`` failed with ``detail`` (one line a person reads)."""
-    raise PropertyFailure(prop, detail)
+def fail(prop: str, detail: str, **origin):
+    """Raise the finding ``prop`` failed with: ``detail`` is one line a person reads, ``origin``
+    the typed fields of ``harness.model.origin.Origin`` that say which failure it is.
+
+    A ``Difference`` (from ``first_difference``) brings its own buffer, effect and cell.
+    """
+    fields = detail.origin_fields() if isinstance(detail, Difference) else {}
+    fields.update(origin)
+    if "effect" not in fields:
+        raise TypeError(f"fail({prop!r}, ...) needs the failure's effect (harness.model.origin.EFFECTS)")
+    raise PropertyFailure(Origin(prop, **fields), str(detail))
+
+
+def fail_overrun(prop: str, detail: str, violations, *, writer: str, capacity_bs: int | None = None,
+                 **where):
+    """Raise an out-of-bounds write: the first violation names the buffer and side; the stray
+    write's request says whether the buffer was too small for the batch (its request lies past
+    ``capacity_bs``) or the writer misplaced a request it was sized for."""
+    v = violations[0]
+    cell = ""
+    if capacity_bs is not None and v.request is not None:
+        cell = BEYOND_CAPACITY if v.request >= capacity_bs else WITHIN_CAPACITY
+    fail(prop, detail, effect="overrun", writer=writer, buffer=v.buffer,
+         side="below" if v.side == "front" else "above", cell=cell, **where)
 
 
 def locator(config: Config, batch: Batch):
@@ -107,32 +159,65 @@ def guarded_step(prop: str, target, mask, config: Config, batch: Batch, heap: Sh
     violations = heap.check(locator(config, batch))
     if violations:
         path = "reused buffer" if out.reused else "fallback allocation"
-        fail(prop, f"out-of-bounds write on the {path} (bs {batch.bs}, max_bs {config.max_bs}): "
-                    + describe_all(violations))
+        fail_overrun(prop, f"out-of-bounds write on the {path} (bs {batch.bs}, max_bs {config.max_bs}): "
+                     + describe_all(violations), violations, writer=VERIFY_STEP,
+                     capacity_bs=config.max_bs if out.reused else batch.bs)
     return out.as_cpu()
 
 
-def first_difference(what: str, a: StepOutput, b, config: Config, batch: Batch, compared: torch.Tensor) -> str | None:
-    """First difference between two step outputs over the batch's logical region."""
+#: the writer of a verify step's outputs: the call site with the kernel it launches
+VERIFY_STEP = "verify step"
+OUTPUT_FIELDS = ("positions", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling")
+
+
+def mask_cell_class(config: Config, batch: Batch, cell: int, want: int) -> str:
+    """What kind of cell ``cell`` of the batch's tree mask is, in the layout's meaning."""
+    if cell >= logical_size(config.mode, batch.seq_lens, config.d):
+        return "padding past the batch's region"
+    prefix = 0
+    for b, s in enumerate(batch.seq_lens):
+        start = block_start(config.mode, prefix, b, config.d)
+        stride = row_stride(config.mode, s, config.d)
+        if start <= cell < start + config.d * stride:
+            if config.mode == TreeMaskMode.FULL_MASK and (cell - start) % stride < s:
+                return "prefix column"
+            return "tree cell that should be " + ("visible" if want else "hidden")
+        prefix += s
+    return "padding past the batch's region"
+
+
+def first_difference(what: str, a: StepOutput, b, config: Config, batch: Batch,
+                     compared: torch.Tensor) -> Difference | None:
+    """First difference between two step outputs over the batch's logical region; both sides'
+    lengths are checked, so an output too short on either side is an overrun, never a raise."""
     n = compared.numel()
-    ma = a.tree_mask.reshape(-1)
-    if ma.numel() < n:
-        return (f"{what}: tree_mask holds {ma.numel()} cells, the batch's logical region needs {n} "
-                f"({config.mode.name}, bs {batch.bs}, seq_lens {list(batch.seq_lens)})")
-    raw_a = ma[:n].view(torch.uint8)
+    for side, out in (("first", a), ("second", b)):
+        m = out.tree_mask.reshape(-1).numel()
+        if m < n:
+            return Difference(f"{what}: tree_mask ({side} side) holds {m} cells, the batch's logical region needs "
+                              f"{n} ({config.mode.name}, bs {batch.bs}, seq_lens {list(batch.seq_lens)})",
+                              buffer="tree_mask", effect="overrun", side="above", cell=BEYOND_CAPACITY)
+    raw_a = a.tree_mask.reshape(-1)[:n].view(torch.uint8)
     raw_b = b.tree_mask.reshape(-1)[:n].view(torch.uint8)
     bad = torch.nonzero((raw_a != raw_b) & compared).flatten()
     if bad.numel():
         cell = int(bad[0])
         req = request_at(config.mode, batch.seq_lens, config.d, cell)
-        return (f"{what}: tree_mask differs at {bad.numel()} cell(s), first at cell {cell} "
-                f"(request {req}): {int(raw_a[cell])} vs {int(raw_b[cell])}")
-    for name in ("positions", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling"):
-        x, y = getattr(a, name).reshape(-1).cpu(), getattr(b, name).reshape(-1).cpu()
-        if x.shape != y.shape or not torch.equal(x, y):
-            idx = int(torch.nonzero(x != y).flatten()[0]) if x.shape == y.shape else -1
-            return f"{what}: {name} differs" + (f" at {idx}: {int(x[idx])} vs {int(y[idx])}" if idx >= 0 else
-                                                f" in shape: {tuple(x.shape)} vs {tuple(y.shape)}")
+        return Difference(f"{what}: tree_mask differs at {bad.numel()} cell(s), first at cell {cell} "
+                          f"(request {req}): {int(raw_a[cell])} vs {int(raw_b[cell])}", buffer="tree_mask",
+                          cell=mask_cell_class(config, batch, cell, int(raw_b[cell])))
+    for name in OUTPUT_FIELDS + ("draft_token",):
+        x, y = getattr(a, name, None), getattr(b, name, None)
+        if x is None or y is None:
+            continue  # an output only one side carries (the oracle has no draft tokens)
+        x, y = x.reshape(-1).cpu(), y.reshape(-1).cpu()
+        if x.shape != y.shape:
+            return Difference(f"{what}: {name} differs in shape: {tuple(x.shape)} vs {tuple(y.shape)}",
+                              buffer=name, cell="length")
+        if not torch.equal(x, y):
+            idx = int(torch.nonzero(x != y).flatten()[0])
+            return Difference(f"{what}: {name} differs at {idx}: {int(x[idx])} vs {int(y[idx])}", buffer=name,
+                              cell="value")
     return None
 
 
