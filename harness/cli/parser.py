@@ -76,9 +76,16 @@ def _common_run_args(p) -> None:
     p.add_argument("--example-timeout", type=float, default=None, metavar="S",
                    help="seconds one example may take under isolation before it is a target-hang "
                         "(default 30, or the target's own for the profile)")
+    _fail_on_known(p)
     p.add_argument("--repro-root", default=None, metavar="DIR",
                    help="canonical repros replayed first by the pr profile (default: ./repro if it exists, "
                         "else the ones that came with vmfuzz: its checkout's repro/ or its installed package's)")
+
+
+def _fail_on_known(p) -> None:
+    p.add_argument("--fail-on-known", action="store_true",
+                   help="exit 1 on known findings too (known/: upstream's defects, listed; by default only a "
+                        "new finding group fails)")
 
 
 def _device(p) -> None:
@@ -122,6 +129,7 @@ def _replay(sub) -> None:
                      help="run in a watched worker (auto: on for sglang and plug-in targets)")
     rep.add_argument("--example-timeout", type=float, default=30.0, metavar="S",
                      help="seconds the case may take under isolation before it is a target-hang")
+    _fail_on_known(rep)
     _report_dir(rep)
 
 
@@ -150,6 +158,7 @@ def _minimize(sub) -> None:
                       help="repro file to write (default: REPORT_DIR/<FILE's name>.min.json)")
     mini.add_argument("--property", default=None, metavar="NAME",
                       help="the property to keep failing (default: the repro's, else the first that fails)")
+    _fail_on_known(mini)
     _device(mini)
     _report_dir(mini)
 

@@ -1,8 +1,8 @@
 """``vmfuzz compare A B``: what changed between two runs' report directories.
 
-Groups are matched by signature (one per cause, harness.engine.groups): a
-group only in B is new, one only in A is fixed, one in both is still
-failing. Then the classes reached (gained, lost), the examples and the bounds.
+Groups are matched by their origin's key (one per cause, harness.engine.groups),
+never by their words: a group only in B is new, one only in A is fixed, one in
+both is still failing; a group B lists as a known finding (known/) is not new. Then the classes reached (gained, lost), the examples and the bounds.
 Exit 1 when B has a new group: a nightly compared with the last one fails
 only on what is new.
 """
@@ -10,7 +10,6 @@ only on what is new.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from harness.commands.common import report_dir_of, write_command_report
@@ -32,20 +31,19 @@ def _summary(where: str) -> dict:
     return s
 
 
-def groups_of(s: dict) -> dict[str, dict]:
-    """signature -> group; a summary written before groups existed: one group per finding."""
-    if "groups" in s:
-        return {g["signature"]: g for g in s["groups"]}
-    out: dict[str, dict] = {}
-    for f in s.get("findings", []):
-        sig = f"{f['property']}: " + re.sub(r"-?\d+", "N", f["detail"])
-        out.setdefault(sig, {"signature": sig, "count": 0, "properties": [f["property"]], "repro": f["repro"]})
-        out[sig]["count"] += 1
-    return out
+def groups_of(s: dict, where: str = "") -> dict[str, dict]:
+    """origin key -> group. A summary written before findings had origins cannot be matched
+    on them: refused (exit 2), never guessed from its messages (a reworded one would read
+    as fixed plus new)."""
+    groups = s.get("groups")
+    if groups is None or any(not g.get("key") for g in groups):
+        raise UsageError(f"vmfuzz compare: {where or 'a'} summary.json was written before findings had typed "
+                         "origins (its groups carry no key): rerun that run with this vmfuzz to compare")
+    return {g["key"]: g for g in groups}
 
 
-def changes(a: dict, b: dict) -> dict:
-    ga, gb = groups_of(a), groups_of(b)
+def changes(a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> dict:
+    ga, gb = groups_of(a, names[0]), groups_of(b, names[1])
     ca = {k for k, v in a.get("boundary_classes", {}).items() if v}
     cb = {k for k, v in b.get("boundary_classes", {}).items() if v}
     return {"new": [gb[k] for k in gb if k not in ga], "fixed": [ga[k] for k in ga if k not in gb],
@@ -78,7 +76,7 @@ def _print(c: dict) -> None:
 def run(args) -> int:
     from harness.report.summary import Check, CommandSummary
     a, b = _summary(args.a), _summary(args.b)
-    c = changes(a, b)
+    c = changes(a, b, (args.a, args.b))
     print(f"vmfuzz compare: {args.a} ({a.get('target')}) -> {args.b} ({b.get('target')})")
     _print(c)
     summary = CommandSummary("compare", b.get("target", "?"), extra={"a": args.a, "b": args.b, "changes": c})
@@ -90,4 +88,4 @@ def run(args) -> int:
                         "finding group(s)")
     write_command_report(summary, report_dir_of(args))
     print(summary.headline)
-    return EXIT_FINDING if c["new"] else EXIT_OK
+    return EXIT_FINDING if any(not g.get("known") for g in c["new"]) else EXIT_OK

@@ -20,7 +20,7 @@ def run(args) -> int:
         check_property_names([args.property])
     if args.output and Path(args.output).is_dir():
         raise UsageError(f"vmfuzz: -o {args.output} is a directory (give the repro file to write)")
-    case, fault, target, order = _load(args)
+    case, fault, target, order, keep = _load(args)
     # Default output under the report folder: minimizing a file in the repository
     # must not leave an untracked file beside it.
     report_dir = report_dir_of(args)
@@ -34,7 +34,7 @@ def run(args) -> int:
             limited.append(f"{name}: {exc}")
             continue
         tried.append(name)
-        out = _shrink(args, PROPERTIES[name], target, case, fault, summary, report_dir)
+        out = _shrink(args, PROPERTIES[name], target, case, fault, summary, report_dir, keep)
         if out is not None:
             summary.seconds = time.monotonic() - t0
             write_command_report(summary, report_dir)
@@ -42,10 +42,15 @@ def run(args) -> int:
     if limited:
         # Not "fails nothing": some properties could not be tried at this size.
         raise UsageError(f"vmfuzz: {args.file}: " + limited[0])
-    print(f"vmfuzz minimize: {args.file} fails no property on {target.name}: nothing to minimize")
+    known = [c.name for c in summary.checks if c.status == "known"]
+    if keep is not None:
+        why = f"its recorded finding ({keep.label()}) does not reproduce"
+    else:
+        why = "it fails no property" + (" but known ones (listed above)" if known else "")
+    print(f"vmfuzz minimize: {args.file} on {target.name}: {why}: nothing to minimize")
     # Only what was tried held; a property left out above was never checked.
-    summary.checks += [Check(n, "held") for n in tried]
-    summary.headline = "fails no property: nothing to minimize"
+    summary.checks += [Check(n, "held") for n in tried if n not in known]
+    summary.headline = f"{why}: nothing to minimize"
     summary.seconds = time.monotonic() - t0
     write_command_report(summary, report_dir)
     return EXIT_OK
@@ -92,20 +97,34 @@ def _load(args):
         except DeploymentError as exc:
             raise UsageError(f"vmfuzz: {exc}") from None
         target = resolve_target(args.target or DEFAULT_TARGET)
-        return case, None, target, [args.property] if args.property else list(DEPLOYMENT_ORDER)
+        return case, None, target, [args.property] if args.property else list(DEPLOYMENT_ORDER), None
     repro = decode(data, args.file)
     target = repro_target(args.target, repro.target, DEFAULT_TARGET)
-    return to_case(repro), repro.fault, target, [p.name for p in properties_for(repro, args.property)]
+    # a finding's repro keeps its origin: only that property, shrunk only while that cause fails
+    keep = repro.origin if repro.origin is not None and not args.property else None
+    names = [keep.property] if keep is not None else [p.name for p in properties_for(repro, args.property)]
+    return to_case(repro), repro.fault, target, names, keep
 
 
-def _shrink(args, prop, target, case, fault, summary, report_dir: Path):
-    """Shrinks ``case`` for ``prop`` if it fails it; the minimized repro's path, else None."""
+def _shrink(args, prop, target, case, fault, summary, report_dir: Path, keep=None):
+    """Shrinks ``case`` for ``prop`` if it fails it (with ``keep``'s cause, when given) with a new
+    finding; the minimized repro's path, else None (a known finding is listed, not minimized)."""
+    from harness.commands.replay import _known_entry
     from harness.engine.shrink import checker, describe, minimize
+    from harness.model.origin import encode
     from harness.model.repro_file import dump, from_case
     from harness.report.summary import Check
-    still_fails, close = checker(prop, target, args.device, fault, 30.0)
+    still_fails, close = checker(prop, target, args.device, fault, 30.0, keep=keep)
     try:
-        if still_fails(case) is None:
+        first = still_fails(case)
+        if first is None:
+            return None
+        known = _known_entry(target, first.origin)
+        if known and not args.fail_on_known:
+            print(f"known   {prop.name} on {target.name} fails with known finding {known} "
+                  f"({first.origin.label()}): upstream's, not minimized")
+            summary.checks.append(Check(prop.name, "known", f"known finding {known}: {str(first)}", "property",
+                                        origin=encode(first.origin)))
             return None
         print(f"before: {describe(case)}")
         print(f"        fails {prop.name} on {target.name}", flush=True)
@@ -119,9 +138,13 @@ def _shrink(args, prop, target, case, fault, summary, report_dir: Path):
         print(f"        note: no server runs this config ({unserved})")
     print(f"        still fails {prop.name} ({tries} candidates tried): {detail}")
     out = Path(args.output) if args.output else report_dir / f"{Path(args.file).stem}.min.json"
-    out = dump(from_case(target.name, prop.name, small[0], small[1], detail=detail, fault=fault), out)
+    origin, detail = detail.origin, str(detail)
+    out = dump(from_case(target.name, prop.name, small[0], small[1], detail=detail, fault=fault,
+                         origin=origin), out)
     print(f"wrote {out}")
-    summary.checks.append(Check(prop.name, "failed", detail, fault or "property", str(out)))
+    print(f"        kept its origin: {origin.label()}")
+    summary.checks.append(Check(prop.name, "failed", detail, fault or "property", str(out),
+                                origin=encode(origin)))
     summary.headline = f"minimized to: {describe(small)}"
     summary.extra.update(before=describe(case), after=describe(small), tries=tries, output=str(out),
                          server_valid=unserved is None)

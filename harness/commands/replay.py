@@ -39,7 +39,7 @@ def run(args) -> int:
     if stuck:
         print(out_of_step_line(stuck[0].detail), file=sys.stderr)
         return EXIT_OUT_OF_STEP
-    if not any(c.status == "held" for c in summary.checks):
+    if not any(c.status in ("held", "known") for c in summary.checks):
         # Nothing was checked: exit 0 would read as "held".
         raise UsageError(f"vmfuzz replay: {args.file}: no property could be replayed on {target.name} "
                          f"({summary.checks[0].detail if summary.checks else 'none applies'})")
@@ -47,24 +47,40 @@ def run(args) -> int:
 
 
 def _check(args, repro, target, prop, isolate: bool):
-    from harness.engine.isolation import TargetFault, target_raised
+    from harness.engine.failures import failure_of
+    from harness.engine.isolation import TargetFault
     from harness.engine.replay import replay
     from harness.engine.signals import from_user
+    from harness.model.origin import encode
     from harness.model.repro_file import ReproError
     from harness.properties import PropertyFailure
     from harness.report.summary import Check
     try:
         replay(repro, target, args.device, isolate=isolate, timeout=args.example_timeout, prop=prop.name)
-    except PropertyFailure as exc:
-        return Check(prop.name, "failed", exc.detail, "property", args.file)
-    except TargetFault as exc:
-        return Check(prop.name, "failed", str(exc), exc.kind, args.file)
     except OutOfStep as exc:  # vmfuzz's seam no longer fits the code: could not check, not a finding
         return Check(prop.name, "error", str(exc), "out-of-step")
     except ReproError as exc:  # the target cannot drive this property
         return Check(prop.name, "skipped", str(exc))
-    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001 - the target's own error
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001 - a failure, or the target's error
         if isinstance(exc, KeyboardInterrupt) and from_user(exc):
             raise  # a real Ctrl-C: exit 130, not a finding
-        return Check(prop.name, "failed", target_raised(exc), "target-raised", args.file)
+        origin, detail = failure_of(prop.name, exc)
+        kind = ("property" if isinstance(exc, PropertyFailure) else
+                exc.kind if isinstance(exc, TargetFault) else "target-raised")
+        if repro.origin is not None and repro.origin.cause() != origin.cause():
+            detail = f"fails differently from its recorded origin ({repro.origin.label()}): {detail}"
+        known = _known_entry(target, origin)
+        status = "known" if known and not args.fail_on_known else "failed"
+        if known:
+            detail = f"known finding {known}: {detail}"
+        return Check(prop.name, status, detail, kind, args.file, origin=encode(origin))
     return Check(prop.name, "held")
+
+
+def _known_entry(target, origin) -> str | None:
+    """The shipped known entry (known/) that applies to this SGLang and names this origin, if any."""
+    from harness.engine.known import applicable, default_known_root, entries
+    for _, k in applicable(entries(default_known_root()), dict(target.versions())):
+        if k.matches(origin):
+            return k.name
+    return None

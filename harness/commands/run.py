@@ -73,7 +73,7 @@ def plan(args, *, command: str = "run", profile_name: str | None = None, seed=No
                        or getattr(target, "example_timeout", {}).get(profile.name) or 30.0,
                        deployment=deployment, command=command,
                        repro_root=Path(args.repro_root) if args.repro_root else default_repro_root(),
-                       known_root=default_known_root(),
+                       known_root=default_known_root(), fail_on_known=args.fail_on_known,
                        bounds=getattr(target, "bounds", None) or Bounds(), share=getattr(args, "share", True))
     user_bounds = getattr(args, "bounds", None)
     if user_bounds is not None:
@@ -222,23 +222,30 @@ def _say_deployment(d: dict) -> None:
 
 
 def _say_known(plan_, outcome) -> None:
-    """Known findings: a finding of ``run``; listed by ``gate``, which passes on them."""
+    """Known findings (upstream's defects): listed by every command, failing only with --fail-on-known;
+    one whose replay ran and held is said retired, one that fails another way is a finding."""
+    from harness.engine.known import DIFFERENT, GONE, REPRODUCES
     for o in outcome.known:
         k = o.entry
-        if not o.reproduces:
-            print(f"known finding {k.name} no longer reproduces on this SGLang (sglang {k.sglang} in known/): "
-                  "retire it or narrow its range")
-        elif plan_.command == "gate":
-            print(f"known finding (upstream's to fix, not this change's): {k.name} ({k.repro.property}): {k.reason}")
+        if o.status == GONE:
+            print(f"known finding {k.name} no longer reproduces on this SGLang (its replay held; sglang {k.sglang} "
+                  "in known/): retire it or narrow its range")
+        elif o.status == DIFFERENT:
+            print(f"{paint('known finding fails differently', 'FAILED')} {k.name} ({k.repro.property}): "
+                  f"{o.detail}\n      repro:   {o.repro}")
+        elif o.status == REPRODUCES:
+            state = paint("known finding", "FAILED") if plan_.fail_on_known else "known finding"
+            print(f"{state} (upstream's to fix, not a new cause): {k.name} ({k.repro.property}): {k.reason}"
+                  + (f"\n      repro:   {o.repro}" if o.repro else ""))
         else:
-            print(f"{paint('known finding', 'FAILED')} {k.name} ({k.repro.property}): {k.reason}\n"
-                  f"      repro:   {o.repro}")
+            print(f"known finding {k.name}: its replay could not run ({o.detail})")
 
 
 def _say_groups(groups: list[dict]) -> None:
     """One block per cause: what it is, which properties saw it, its one minimal repro."""
     for i, g in enumerate(groups, 1):
-        print(f"{paint('finding group', 'FAILED')} {i}: {g['signature']} ({plural(g['count'], 'finding')}, "
+        head = f"known group ({g['known']})" if g.get("known") else paint("finding group", "FAILED")
+        print(f"{head} {i}: {g['signature']} ({plural(g['count'], 'finding')}, "
               f"seen by {', '.join(g['properties'])})")
         print(f"      repro:   {g['repro']} ({g['repro_property']}): {g['detail']}")
 
@@ -251,17 +258,14 @@ def _verdict(plan_, target, outcome, summary: dict, written: Path) -> int:
     _say_known(plan_, outcome)
     if outcome.failed:
         where = plan_.findings_dir if written == plan_.report_dir else "the repro paths above"
-        _say_groups(summary.get("groups", []))
         groups = summary.get("groups", [])
-        known = summary["counts"].get("known", 0) if plan_.command != "gate" else 0
-        also = f", and {plural(known, 'known finding')} (listed above)" if known else ""
-        if groups or not known:
-            print(f"{paint(plural(len(groups), 'finding group'), 'FAILED')} "
-                  f"({plural(sum(g['count'] for g in groups), 'finding')}){also} "
-                  f"written under {where}; replay a group's repro with: vmfuzz replay FILE")
-        else:  # only upstream's known defects: still a finding for run, listed as such
-            print(f"{paint(plural(known, 'known finding'), 'FAILED')} (listed above; no new finding group) "
-                  f"written under {where}; replay with: vmfuzz replay FILE")
+        _say_groups(groups)
+        new = [g for g in groups if not g.get("known") or plan_.fail_on_known]
+        known = len(groups) - len(new)
+        also = f", and {plural(known, 'known group')} (listed above)" if known else ""
+        print(f"{paint(plural(len(new), 'finding group'), 'FAILED')} "
+              f"({plural(sum(g['count'] for g in new), 'finding')}){also} "
+              f"written under {where}; replay a group's repro with: vmfuzz replay FILE")
         return EXIT_FINDING
     if written != plan_.report_dir:
         return EXIT_USAGE  # the reports are not where CI looks for them: not a pass
@@ -271,6 +275,11 @@ def _verdict(plan_, target, outcome, summary: dict, written: Path) -> int:
                                   for p in ("routing", "allocation")):
         print(f"the deployment's routing or allocation fails (recorded in {written}/summary.json)")
         return EXIT_FINDING
+    known_groups = [g for g in summary.get("groups", []) if g.get("known")]
+    if known_groups:
+        _say_groups(known_groups)
+        print(f"no new finding group; {plural(len(known_groups), 'known group')} listed above "
+              "(upstream's to fix; --fail-on-known fails on them)")
     undriven = [r.prop for r in outcome.results if r.not_driven]
     # A property the budget reached too late ran only its fixed cases: never "all held".
     unsearched = [r.prop for r in outcome.results if r.skipped and not r.not_driven]

@@ -12,10 +12,10 @@ from harness.model.errors import EXIT_FINDING, EXIT_OK, UsageError
 
 
 def _word(cell) -> str:
-    from harness.engine.kill_matrix import NOT_DRIVEN, RAISED
+    from harness.engine.kill_matrix import KNOWN, NOT_DRIVEN, RAISED
     if cell is None:
         return "-"
-    return {NOT_DRIVEN: "n/d", RAISED: "raised"}.get(cell, f"{cell} ex")
+    return {NOT_DRIVEN: "n/d", RAISED: "raised", KNOWN: "known"}.get(cell, f"{cell} ex")
 
 
 def render(matrix: dict[str, dict]) -> str:
@@ -45,7 +45,8 @@ def run(args) -> int:
     matrix = kill_matrix(target, variants, seed=args.seed, max_examples=args.max_examples,
                          device=args.device, log=lambda s: print(s, flush=True))
     print("kill matrix (examples needed to catch; - = survived that property; n/d = not driven on this "
-          "target; raised = the target raised, which catches nothing):")
+          "target; raised = the target raised, which catches nothing; known = upstream's known defect, "
+          "which is not the variant's catch):")
     print(render(matrix))
     driven = {v: row for v, row in matrix.items() if variant_driven(row)}
     survivors = [v for v, row in driven.items() if not any(caught(n) for n in row.values())]

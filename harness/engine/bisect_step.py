@@ -33,8 +33,6 @@ def _child(args) -> int:
     """Runs in the child, with the checkout first on sys.path."""
     python_dir = Path(args.repo).resolve() / "python"
     sys.path.insert(0, str(python_dir))
-    from harness.engine.isolation import TargetFault
-    from harness.properties import PropertyFailure
     from harness.engine.replay import replay
     from harness.model.repro_file import ReproError, load
     from harness.targets import TargetUnavailable, resolve
@@ -51,18 +49,23 @@ def _child(args) -> int:
         why = (str(exc).splitlines() or [type(exc).__name__])[0].split("; install it with")[0]
         _emit(args, "skip", why)
         return SKIP
+    from harness.engine.failures import failure_of
+    from harness.model.errors import OutOfStep
     try:
         replay(repro, target, isolate=False, prop=args.property)
-    except PropertyFailure as exc:
-        _emit(args, "bad", exc.detail, prop=exc.prop)
-        return BAD
-    except TargetFault as exc:
-        _emit(args, "bad", str(exc))
-        return BAD
     except ReproError:
         raise
-    except Exception as exc:  # noqa: BLE001 - SGLang's code raising on the repro is this revision's fault
-        _emit(args, "bad", f"target raised {type(exc).__name__}: {exc}")
+    except OutOfStep as exc:  # vmfuzz cannot drive this revision: git skips it, never blames it
+        _emit(args, "skip", f"could not check: {exc}")
+        return SKIP
+    except Exception as exc:  # noqa: BLE001 - a failure, or SGLang's code raising: this revision's
+        origin, detail = failure_of(args.property or repro.property or "replay", exc)
+        if repro.origin is not None and origin.cause() != repro.origin.cause():
+            # another bug on this revision: not the one being bisected, so neither good nor bad
+            _emit(args, "skip", f"fails differently ({origin.label()}, not {repro.origin.label()}): {detail}",
+                  prop=origin.property)
+            return SKIP
+        _emit(args, "bad", detail, prop=origin.property)
         return BAD
     _emit(args, "good", "held")
     return GOOD

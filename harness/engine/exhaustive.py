@@ -170,7 +170,8 @@ def _fails(prop: Property, target, config: Config, batches: list[Batch], device:
     except PropertyFailure as exc:
         return exc
     except (Exception, SystemExit) as exc:  # the target itself broke (even exit()): a finding, as in the campaign
-        return PropertyFailure(prop.name, f"target raised {type(exc).__name__}: {exc}")
+        from harness.engine.failures import failure_of
+        return PropertyFailure(*failure_of(prop.name, exc))
     return None
 
 
@@ -286,7 +287,7 @@ def _run(target, report, all_configs, properties, device, findings_dir, pool, st
             repro_batches, exc = _smallest_failing(prop, target, config, batches, device)
             tally.failure = exc.detail
             if findings_dir is not None:
-                repro = from_case(target.name, name, config, repro_batches, detail=exc.detail)
+                repro = from_case(target.name, name, config, repro_batches, detail=exc.detail, origin=exc.origin)
                 tally.path = dump(repro, Path(findings_dir) / f"{name}.json")
             break  # the first failure per property is the finding; the next property runs
         tally.seconds = time.perf_counter() - t0

@@ -50,12 +50,13 @@ def _serve(target, conn) -> None:
             conn.send(("ok", sorted(obs.classes), obs.margin, dict(obs.path_margins),
                        {n: sorted(c) for n, c in getattr(obs, "by_property", {}).items()}, spent()))
         except PropertyFailure as exc:
-            conn.send(("fail", exc.prop, exc.detail, spent()))
+            conn.send(("fail", exc.origin, exc.detail, spent()))
         except OutOfStep as exc:  # the harness's seam, not the target: crosses as itself
             conn.send(("out-of-step", exc.seam, exc.file, exc.why, spent()))
         except BaseException as exc:  # noqa: BLE001 - the target's own error (even exit()), reported as the property's
             try:
-                conn.send(("raise", type(exc).__name__, str(exc)[:4000], spent()))
+                from harness.engine.failures import raise_place
+                conn.send(("raise", type(exc).__name__, str(exc)[:4000], raise_place(exc), spent()))
             except Exception:  # noqa: BLE001 - an unpicklable or broken answer: the worker is lost
                 return
 
@@ -72,7 +73,15 @@ def exit_reason(code: int | None) -> str:
 
 
 class TargetRaised(Exception):
-    """The target raised inside the worker; carries the original type name."""
+    """The target raised inside the worker; carries the original type name and the innermost
+    frame of the code under test, as the worker saw them (the traceback does not cross)."""
+
+    def __init__(self, type_name: str, message: str, frame: str = ""):
+        super().__init__(f"{type_name}: {message}")
+        self.type_name, self.frame = type_name, frame
+
+    def __reduce__(self):
+        return (TargetRaised, (self.type_name, str(self).split(": ", 1)[-1], self.frame))
 
 
 class IsolatedChecker:
@@ -129,15 +138,10 @@ class IsolatedChecker:
             raise PropertyFailure(*rest)
         if kind == "out-of-step":
             raise OutOfStep(*rest)
-        raise TargetRaised(f"{rest[0]}: {rest[1]}")
+        raise TargetRaised(*rest)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
-
-
-def target_raised(exc: BaseException) -> str:
-    """How a finding names an exception the target raised (in this process or a worker)."""
-    return f"target raised {exc}" if isinstance(exc, TargetRaised) else f"target raised {type(exc).__name__}: {exc}"

@@ -14,18 +14,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from harness.model.known_file import Known, load
+from harness.model.origin import Origin
 from harness.model.repro_file import ReproError, dump
+
+
+#: what a known entry's replay showed
+REPRODUCES, GONE, DIFFERENT, UNCHECKED = ("reproduces", "no longer reproduces", "fails differently",
+                                          "could not replay")
 
 
 @dataclass
 class KnownOutcome:
     entry: Known
     path: Path
-    reproduces: bool
+    #: REPRODUCES (its origin again), GONE (the replay ran and held: retire it), DIFFERENT (it
+    #: fails with another origin: a finding), UNCHECKED (out of step: nothing can be said)
+    status: str
     detail: str = ""
-    #: the run's copy of the repro (``run`` only: a known finding is still a finding there)
+    #: the run's copy of the repro (when it reproduces, or fails differently)
     repro: Path | None = None
+    origin: Origin | None = None
+
+    @property
+    def reproduces(self) -> bool:
+        return self.status == REPRODUCES
 
 
 def default_known_root() -> Path:
@@ -69,11 +84,13 @@ def replay_known(found: list[tuple[Path, Known]], target, *, findings_dir: Path 
     try:
         for path, k in found:
             attach(target, [(p, other) for p, other in found if other is not k])
-            status, detail, _ = outcome_of(k.repro, target, device, isolate, timeout)
-            o = KnownOutcome(k, path, status == "failed" and k.matches(k.repro.property, detail), detail)
-            if o.reproduces and findings_dir is not None:
-                o.repro = dump(type(k.repro)(**{**{f: getattr(k.repro, f) for f in k.repro.__struct_fields__},
-                                                "target": target.name, "detail": detail}),
+            got = outcome_of(k.repro, target, device, isolate, timeout)
+            status = {"held": GONE, "out of step": UNCHECKED}.get(got.status) or (
+                REPRODUCES if k.matches(got.origin) else DIFFERENT)
+            o = KnownOutcome(k, path, status, got.detail, origin=got.origin)
+            if status in (REPRODUCES, DIFFERENT) and findings_dir is not None:
+                o.repro = dump(msgspec.structs.replace(k.repro, target=target.name, detail=got.detail,
+                                                       origin=got.origin),
                                findings_dir / f"known-{k.name}.json")
             out.append(o)
     finally:

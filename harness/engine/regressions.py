@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.engine.results import Finding
+from harness.engine.results import Finding, fault_kind
+from harness.model.origin import Origin
 from harness.engine.isolation import TargetFault
 from harness.model.errors import OutOfStep
 from harness.properties import PropertyFailure
@@ -33,6 +34,7 @@ class ReplayOutcome:
     #: the case could not be replayed: "target-raised", "target-hang" or "target-crash"
     fault: str | None = None
     set_aside: Path | None = None  # where harness.engine.nightly moved it
+    origin: Origin | None = None
 
 
 def default_repro_root() -> Path:
@@ -66,29 +68,40 @@ def saved_repros(root: Path) -> list[Path]:
     return sorted(root.glob("*/*.json")) if root.is_dir() else []
 
 
-def outcome_of(repro, target, device: str, isolate: bool, timeout: float) -> tuple[str, str, str | None]:
-    """(status, detail, fault): a target that raises, exits or hangs is a failure, never fatal."""
+@dataclass
+class Outcome:
+    """One replay of a repro: held, failed (with the failure's origin), or out of step."""
+
+    status: str  # held / failed / out of step
+    detail: str = ""
+    #: the case could not be checked to the end: "target-raised", "target-hang" or "target-crash"
+    fault: str | None = None
+    origin: Origin | None = None
+
+
+def outcome_of(repro, target, device: str, isolate: bool, timeout: float) -> Outcome:
+    """A target that raises, exits or hangs is a failure, never fatal."""
+    from harness.engine.failures import failure_of
     from harness.engine.replay import replay
+    prop = repro.property or "replay"
     try:
         replay(repro, target, device, isolate=isolate, timeout=timeout)
-    except PropertyFailure as exc:
-        return "failed", exc.detail, None
-    except TargetFault as exc:
-        return "failed", str(exc), exc.kind
     except ReproError:
         raise
     except OutOfStep as exc:  # the harness's seam, not the target: could not check, never a finding
-        return "out of step", str(exc), None
+        return Outcome("out of step", str(exc))
     except KeyboardInterrupt as exc:
         from harness.engine.signals import from_user
         if from_user(exc):
             raise
-        return "failed", "target raised KeyboardInterrupt", "target-raised"
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the target's own error
-        from harness.engine.isolation import TargetRaised
-        what = str(exc) if isinstance(exc, TargetRaised) else f"{type(exc).__name__}: {exc}"
-        return "failed", f"target raised {what}", "target-raised"
-    return "held", "", None
+        origin, detail = failure_of(prop, exc)
+        return Outcome("failed", detail, "target-raised", origin)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the target's own error, or a property's failure
+        origin, detail = failure_of(prop, exc)
+        fault = None if isinstance(exc, PropertyFailure) else (
+            exc.kind if isinstance(exc, TargetFault) else "target-raised")
+        return Outcome("failed", detail, fault, origin)
+    return Outcome("held")
 
 
 def replay_saved(paths: list[Path], target, *, source: str, findings_dir: Path, device: str = "cpu",
@@ -103,8 +116,8 @@ def replay_saved(paths: list[Path], target, *, source: str, findings_dir: Path, 
         try:
             repro = load(path)
             o.property, o.recorded_target = repro.property, repro.target
-            o.status, o.detail, o.fault = outcome_of(repro, target, device, isolate or bool(repro.fault),
-                                                      timeout)
+            got = outcome_of(repro, target, device, isolate or bool(repro.fault), timeout)
+            o.status, o.detail, o.fault, o.origin = got.status, got.detail, got.fault, got.origin
         except ReproError as exc:
             o.status, o.detail = "error", str(exc)
             out.append(o)
@@ -113,9 +126,9 @@ def replay_saved(paths: list[Path], target, *, source: str, findings_dir: Path, 
             config, steps = to_case(repro)
             fpath = findings_dir / f"replay-{path.parent.name}-{path.stem}.json"
             fpath = dump(type(repro)(**{**{f: getattr(repro, f) for f in repro.__struct_fields__},
-                                "target": target.name, "detail": o.detail}), fpath)
-            o.finding = Finding(repro.property, f"saved repro {path} fails again: {o.detail}", fpath,
-                                config, steps, repro.fault or "property")
+                                "target": target.name, "detail": o.detail, "origin": o.origin}), fpath)
+            o.finding = Finding(o.origin.property, f"saved repro {path} fails again: {o.detail}", fpath,
+                                config, steps, fault_kind(o.origin), origin=o.origin)
         elif check_teeth and repro.target != target.name and ":" not in repro.target:
             # a plug-in the repro names is never imported on the file's word (README, repro file)
             try:
@@ -123,6 +136,7 @@ def replay_saved(paths: list[Path], target, *, source: str, findings_dir: Path, 
             except TargetUnavailable:
                 recorded = None
             if recorded is not None:
-                o.teeth = outcome_of(repro, recorded, device, isolate or bool(repro.fault), timeout)[0] == "failed"
+                o.teeth = outcome_of(repro, recorded, device, isolate or bool(repro.fault),
+                                     timeout).status == "failed"
         out.append(o)
     return out

@@ -8,18 +8,30 @@ from pathlib import Path
 
 from harness.engine.cases import bs_ratio_bucket, case_shape, note_reached
 from harness.model.config import Batch, Config
+from harness.model.origin import Origin
 
 
 @dataclass
 class Finding:
     prop: str
+    #: words for a person; nothing reads it back (``origin`` says which failure it is)
     detail: str
     path: Path
     config: Config
     batches: list[Batch]
     kind: str = "property"  # or "target-crash" / "target-hang" (harness.engine.isolation)
-    #: for a raise: file:function of the innermost frame of the code under test (harness.engine.groups)
-    place: str | None = None
+    origin: Origin | None = None
+
+    def __post_init__(self):
+        if self.origin is None:  # a crash or hang recorded without one still has a cause
+            if self.kind == "property":
+                raise ValueError(f"a {self.prop} finding needs its origin")
+            self.origin = Origin(self.prop, self.kind.removeprefix("target-"))
+
+
+def fault_kind(origin: Origin) -> str:
+    """The finding's kind: a property's own failure, or the target dying / hanging."""
+    return f"target-{origin.effect}" if origin.effect in ("crash", "hang") else "property"
 
 
 @dataclass

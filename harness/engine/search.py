@@ -18,13 +18,15 @@ from hypothesis import HealthCheck, Phase, event, example, given, seed as hseed,
 from hypothesis import target as hypothesis_target
 
 from harness.engine.database import KeyedDatabase
-from harness.engine.results import Finding, PropertyResult
+from harness.engine.failures import failure_of, raise_place
+from harness.engine.results import Finding, PropertyResult, fault_kind
 from harness.engine.cases import boundary_cases, cases
 from harness.engine.deep_corpus import case_key, constants_of, deep_cases
 from harness.engine.isolation import TargetFault, TargetRaised
 from harness.engine.signals import check as interrupt_check
 from harness.model.bounds import Bounds
 from harness.model.errors import HarnessError, OutOfStep
+from harness.model.origin import Origin
 from harness.model.repro_file import dump, from_case
 from harness.properties import PROPERTIES, Property, PropertyFailure, shared_group
 from harness.properties.shared import group_members
@@ -50,7 +52,7 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
     deployment-scoped search); ``faulted``: fault kinds already saved (one finding per kind);
     ``on_example()`` is called for each example run (a progress bar)."""
     result = PropertyResult(prop.name, rounds=1)
-    state = {"case": None, "failed": False, "out_of_step": None}
+    state = {"case": None, "failed": False, "out_of_step": None, "cause": None}
     faulted = set() if faulted is None else faulted
     run_check = check or (lambda p, c, b, dev: p.check(target, c, b, dev))
     db = KeyedDatabase(database, prop.name) if database is not None else None
@@ -86,15 +88,21 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
             # dozens of times: save it as found and let the search go on.
             if fault.kind not in faulted:
                 faulted.add(fault.kind)
-                result.faults.append(_record(target, _owner(prop), fault.detail, case, seed, findings_dir,
-                                             kind=fault.kind))
+                origin, detail = failure_of(_owner(prop), fault)
+                result.faults.append(_record(target, origin, fault.detail, case, seed, findings_dir))
             return
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             failure = _as_failure(exc)
             if failure is None:
                 raise  # a real Ctrl-C
+            cause = failure_of(_owner(prop, failure), failure)[0].cause()
+            if state["failed"] and cause != state["cause"]:
+                # Shrinking keeps the finding's origin (as ClusterFuzz keeps a crash state): a
+                # smaller case that fails another way is not a smaller case of this finding.
+                return
             if not state["failed"]:
                 result.seconds_to_failure = time.perf_counter() - start
+                state["cause"] = cause
             state["failed"] = True
             if failure is exc:
                 raise
@@ -117,8 +125,8 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
     except _OutOfStep:
         result.out_of_step = str(state["out_of_step"])
     except (PropertyFailure, _OutOfTime, Exception) as exc:
-        result.finding = _ending(exc, prop, state, lambda owner, detail: _record(
-            target, owner, detail, state["case"], seed, findings_dir))
+        result.finding = _ending(exc, prop, state, lambda origin, detail: _record(
+            target, origin, detail, state["case"], seed, findings_dir))
     result.seconds = time.perf_counter() - start
     return result
 
@@ -151,25 +159,21 @@ def _as_failure(exc: BaseException) -> BaseException | None:
         return exc
     if isinstance(exc, KeyboardInterrupt) and from_user(exc):
         return None
-    return TargetRaised(f"{type(exc).__name__}({exc})")
+    return TargetRaised(type(exc).__name__, str(exc), raise_place(exc))
 
 
 def _ending(exc: BaseException, prop: Property, state: dict, record) -> Finding | None:
     """What ended a search: a property failure or the target raising is a finding (recorded);
     the deadline is none; anything raised while generating is the harness's own error."""
     if isinstance(exc, PropertyFailure):
-        return record(_owner(prop, exc), exc.detail)
+        return record(*failure_of(_owner(prop, exc), exc))
     if isinstance(exc, _OutOfTime):
         return None  # the budget is spent: what ran so far stands
     if not state["failed"] or state["case"] is None:
         # Raised while generating, not by the target: the harness's own error, never a finding.
         raise HarnessError(f"property {prop.name}: the search itself failed: {type(exc).__name__}: "
                            f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
-    what = str(exc) if isinstance(exc, TargetRaised) else f"{type(exc).__name__}: {exc}"
-    finding = record(_owner(prop), f"target raised {what}")
-    from harness.engine.groups import raise_place
-    finding.place = raise_place(exc)  # groups a raise by where the code under test raised it
-    return finding
+    return record(*failure_of(_owner(prop), exc))
 
 
 def _owner(prop: Property, exc: Exception | None = None) -> str:
@@ -180,13 +184,13 @@ def _owner(prop: Property, exc: Exception | None = None) -> str:
     return exc.prop if isinstance(exc, PropertyFailure) and exc.prop in members else members[0]
 
 
-def _record(target, prop: str, detail: str, case, seed: int, findings_dir: Path,
-            kind: str = "property") -> Finding:
+def _record(target, origin: Origin, detail: str, case, seed: int, findings_dir: Path) -> Finding:
     config, steps = case
+    prop, kind = origin.property, fault_kind(origin)
     # A target's message may carry anything: keep what JSON, XML and a terminal can hold.
     detail = detail.encode("utf-8", "backslashreplace").decode("utf-8")
     fault = None if kind == "property" else kind
-    repro = from_case(target.name, prop, config, steps, detail=detail, seed=seed, fault=fault)
+    repro = from_case(target.name, prop, config, steps, detail=detail, seed=seed, fault=fault, origin=origin)
     stem = prop if fault is None else f"{prop}-{fault}"
     path = findings_dir / f"{stem}.json"
     n = 1
@@ -194,14 +198,14 @@ def _record(target, prop: str, detail: str, case, seed: int, findings_dir: Path,
         n += 1
         path = findings_dir / f"{stem}-{n}.json"
     path = dump(repro, path)  # a broken findings_dir sends it to a fallback place
-    return Finding(prop, detail, path, config, steps, kind)
+    return Finding(prop, detail, path, config, steps, kind, origin=origin)
 
 
 def record_death(target, prop: str, detail: str, case, seed: int, findings_dir: Path) -> Finding:
     """A worker that died while searching ``prop``: a ``target-crash`` finding with the case it
     was checking, or, when it died outside any check, a note naming the property and seed."""
     if case is not None:
-        return _record(target, prop, detail, case, seed, findings_dir, kind="target-crash")
+        return _record(target, Origin(prop, "crash"), detail, case, seed, findings_dir)
     note = (f"vmfuzz: the worker searching {prop} on {target.name} (seed {seed}) died outside any check: "
             f"{detail}\nRerun that property with --seed {seed} --workers 1 --isolate on to find its case.\n")
     path = findings_dir / f"{prop}-target-crash.txt"
@@ -214,7 +218,7 @@ def record_death(target, prop: str, detail: str, case, seed: int, findings_dir: 
         path.write_text(note)
     except OSError:
         pass  # the finding is still reported; the note is only its explanation
-    return Finding(prop, detail, path, None, [], "target-crash")
+    return Finding(prop, detail, path, None, [], "target-crash", origin=Origin(prop, "crash"))
 
 
 def search_property(target, prop: Property, *, seed: int, max_examples: int, bounds: Bounds,

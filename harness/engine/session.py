@@ -48,6 +48,9 @@ class RunPlan:
     share: bool = True  # search the shared properties together (harness.properties.shared)
     db_url: str | None = None  # a Redis server holding the example database (--db redis://...)
     shard: str | None = None  # "K/N": this run is shard K of N (harness.engine.shard)
+    #: a known finding (upstream's defect) fails the run too; by default every command lists
+    #: them and exits on new groups only
+    fail_on_known: bool = False
 
     @property
     def findings_dir(self) -> Path:
@@ -79,18 +82,36 @@ class RunOutcome:
     #: a nightly's last nights, this one last (harness.engine.history); empty for other runs
     history: list = field(default_factory=list)
 
+    def is_known(self, origin) -> bool:
+        """Is a finding with this origin one of the known entries that apply to the code under test?"""
+        return any(o.entry.matches(origin) for o in self.known)
+
+    @property
+    def all_findings(self) -> list:
+        return [f for r in self.results for f in r.findings] + [o.finding for o in self.replays if o.finding]
+
     @property
     def failed(self) -> bool:
-        """A finding of this run; a known finding counts for ``run``, not for ``gate`` (it lists them)."""
-        known = self.plan.command != "gate" and any(o.reproduces for o in self.known)
-        return any(r.findings for r in self.results) or any(o.finding for o in self.replays) or known
+        """A new finding group (a known entry that now fails differently is one); a known finding
+        fails the run only with ``--fail-on-known``: every command lists them and passes on them."""
+        from harness.engine.known import DIFFERENT
+        new = any(not self.is_known(f.origin) for f in self.all_findings)
+        changed = any(o.status == DIFFERENT for o in self.known)
+        known = self.plan.fail_on_known and (any(o.reproduces for o in self.known)
+                                             or any(self.is_known(f.origin) for f in self.all_findings))
+        return new or changed or known
 
     @property
     def groups(self) -> list[dict]:
-        """The findings grouped by cause (harness.engine.groups), first found first."""
+        """The findings grouped by cause (harness.engine.groups), first found first; a group that is
+        a known entry says which (``known``), and is listed, not counted as new."""
         from harness.engine.groups import group_findings
-        found = [f for r in self.results for f in r.findings] + [o.finding for o in self.replays if o.finding]
-        return [g.as_dict() for g in group_findings(found)]
+        out = []
+        for g in group_findings(self.all_findings):
+            d = g.as_dict()
+            d["known"] = next((o.entry.name for o in self.known if o.entry.matches(g.origin)), None)
+            out.append(d)
+        return out
 
     @property
     def out_of_step(self) -> list[tuple[str, str]]:
@@ -180,10 +201,13 @@ def _known(plan: RunPlan, target, ui, out: list) -> None:
     from harness.engine.known import applicable, entries, replay_known
     found = [(p, k) for p, k in applicable(entries(plan.known_root), dict(target.versions()))
              if k.repro.property in plan.properties]
-    out += replay_known(found, target, findings_dir=plan.findings_dir if plan.command == "run" else None,
+    out += replay_known(found, target, findings_dir=plan.findings_dir,
                         device=plan.device, isolate=plan.isolate, timeout=plan.example_timeout)
+    from harness.engine.known import DIFFERENT, GONE
     for o in out:
-        state = "reproduces" if o.reproduces else "NO LONGER REPRODUCES (retire or narrow its range)"
+        state = {GONE: "NO LONGER REPRODUCES (its replay held: retire it or narrow its range)",
+                 DIFFERENT: "FAILS DIFFERENTLY (a finding: its repro no longer shows the known origin)"
+                 }.get(o.status, o.status)
         ui.log(f"  known finding {o.entry.name} ({o.entry.repro.property}, sglang {o.entry.sglang}): {state}")
     _attach_known(plan, target)
 
@@ -356,7 +380,7 @@ def _deployment_verdict(plan: RunPlan, target, outcome: RunOutcome) -> dict:
     from harness.engine.deployment import capacity_verdict
     dep = plan.deployment
     can, why = capacity_verdict(target, dep)
-    oob = [f for r in outcome.results for f in r.findings if "out-of-bounds" in f.detail]
+    oob = [f for r in outcome.results for f in r.findings if f.origin.effect == "overrun"]
     if oob and not can:
         can, why = True, oob[0].detail
     from harness.engine.deployment import allocation_verdict, routing_verdict

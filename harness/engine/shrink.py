@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 from harness.model.config import Batch, Config, ConfigError
-from harness.properties import PropertyFailure
 
 Case = tuple[Config, list[Batch]]
 
@@ -129,32 +128,57 @@ def describe(case: Case) -> str:
     return head + "; " + "; ".join(f"step {i}: {lens(b)}" for i, b in enumerate(steps))
 
 
-def checker(prop, target, device: str, fault: str | None, timeout: float):
-    """``(still_fails, close)``: whether a case still fails ``prop`` the same way (its detail, or None)."""
+class Failed(str):
+    """A candidate's failure: the detail (words) and its typed origin (what is kept)."""
+
+    def __new__(cls, detail: str, origin):
+        self = super().__new__(cls, detail)
+        self.origin = origin
+        return self
+
+
+def checker(prop, target, device: str, fault: str | None, timeout: float, keep=None):
+    """``(still_fails, close)``: whether a case still fails ``prop`` *the same way*: a ``Failed``
+    whose origin has the cause of ``keep`` (the repro's recorded origin), or else of the first
+    failure seen, or None. A candidate failing another way is not a smaller case of this finding
+    (ClusterFuzz keeps a crash state the same way), so minimizing never drifts to another bug."""
+    from harness.engine.failures import failure_of
+    wanted = {"cause": keep.cause() if keep is not None else None}
+
+    def same(exc) -> Failed | None:
+        origin, detail = failure_of(prop.name, exc)
+        if origin.property != prop.name:
+            return None
+        if wanted["cause"] is None:
+            wanted["cause"] = origin.cause()
+        return Failed(detail, origin) if origin.cause() == wanted["cause"] else None
+
     if fault is None:
-        def still_fails(case: Case) -> str | None:
+        def still_fails(case: Case) -> Failed | None:
             try:
                 prop.check(target, case[0], case[1], device)
-            except PropertyFailure as exc:
-                return exc.detail if exc.prop == prop.name else None
             except KeyboardInterrupt as exc:
                 from harness.engine.signals import from_user
                 if from_user(exc):
                     raise
-                return "target raised KeyboardInterrupt"
+                return same(exc)
             except (Exception, SystemExit) as exc:  # noqa: BLE001 - a target that raises fails too
-                from harness.engine.isolation import target_raised
-                return target_raised(exc)
+                from harness.model.errors import OutOfStep
+                if isinstance(exc, OutOfStep):
+                    if wanted["cause"] is None:
+                        raise  # the input itself cannot be checked: exit 3, never a finding
+                    return None  # a candidate the harness cannot drive is not this failure
+                return same(exc)
             return None
         return still_fails, lambda: None
     from harness.engine.isolation import IsolatedChecker, TargetFault
     iso = IsolatedChecker(target, timeout)
 
-    def still_fails_isolated(case: Case) -> str | None:
+    def still_fails_isolated(case: Case) -> Failed | None:
         try:
             iso(prop, case[0], case[1], device)
         except TargetFault as exc:
-            return exc.detail if exc.kind == fault else None
+            return same(exc) if exc.kind == fault else None
         except Exception:  # noqa: BLE001 - a different failure is not the one being kept
             return None
         return None

@@ -1,35 +1,66 @@
 """A known finding: a real defect of SGLang, upstream's to fix, kept with the releases it applies to.
 
 A gate must not fail every pull request on a defect the pull request did not
-bring, and must not hide it either: ``gate`` lists a known finding and passes,
-``run`` reports it as the finding it is. Each entry is one file under
-``known/``: the repro that shows the defect, the SGLang versions it applies to
-(a PEP 440 range), one line saying why it is upstream's, and a phrase of the
-finding's detail that names this defect and no other (``match``, a regular
-expression), so that a
-new defect of the same property is still a finding.
+bring, and must not hide it either: every command lists a known finding and
+exits on new groups only. Each entry is one file under ``known/``: the repro
+that shows the defect, the SGLang releases it was seen on (a *closed* PEP 440
+range: up to the newest release it was seen on, so a new release is judged
+afresh), one line saying why it is upstream's, and the origins that are this
+defect (``origins``: each a set of origin fields, every field given must equal
+the finding's, or be one of a list). Matching is on typed fields only, exact
+and anchored: a new router, another resolved class or a new property is never
+swallowed by an entry, and no pattern can run away.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import msgspec
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from harness.model.origin import EFFECTS, Origin
 from harness.model.repro_file import Repro, ReproError, to_case
 from harness.model.validate import load_file
 
+Field = str | list[str]
+
+
+class OriginPattern(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Origin fields a known defect has; an absent field matches anything, a list any of its values."""
+
+    property: str
+    effect: str
+    writer: Field | None = None
+    buffer: Field | None = None
+    side: Field | None = None
+    cell: Field | None = None
+    exc_type: Field | None = None
+    frame: Field | None = None
+    router: Field | None = None
+    role: Field | None = None
+    spec_mode: Field | None = None
+    resolved: Field | None = None
+
+    def matches(self, origin: Origin) -> bool:
+        for name in self.__struct_fields__:
+            want = getattr(self, name)
+            if want is None:
+                continue
+            have = getattr(origin, name)
+            if have not in (want if isinstance(want, list) else [want]):
+                return False
+        return True
+
 
 class Known(msgspec.Struct, forbid_unknown_fields=True):
-    #: SGLang releases the defect is in, e.g. ">=0.5.17,<0.5.23" (open-ended while upstream has not fixed it)
+    #: SGLang releases the defect was seen on, closed above, e.g. ">=0.5.19,<=0.5.23"
     sglang: str
     #: one line: what the defect is, and why it is SGLang's, not the harness's
     reason: str
-    #: a regular expression found in the finding's detail when, and only when, it is this defect
-    match: str
+    #: the origins this defect shows as, and only it
+    origins: list[OriginPattern]
     repro: Repro
     #: the file's stem, filled in when loaded
     name: str = ""
@@ -42,8 +73,12 @@ class Known(msgspec.Struct, forbid_unknown_fields=True):
         except InvalidVersion:
             return False
 
-    def matches(self, prop: str, detail: str) -> bool:
-        return prop == self.repro.property and re.search(self.match, detail) is not None
+    def matches(self, origin: Origin | None) -> bool:
+        return origin is not None and any(p.matches(origin) for p in self.origins)
+
+
+def _closed(spec: SpecifierSet) -> bool:
+    return any(s.operator in ("<", "<=", "==", "===", "~=") for s in spec)
 
 
 def decode(data: bytes, path: str | Path = "<known finding>") -> Known:
@@ -52,18 +87,23 @@ def decode(data: bytes, path: str | Path = "<known finding>") -> Known:
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise ReproError(f"{path}: not a known-finding file: {exc}") from None
     try:
-        SpecifierSet(known.sglang)
+        spec = SpecifierSet(known.sglang)
     except InvalidSpecifier:
-        raise ReproError(f"{path}: sglang {known.sglang!r} is not a version range (e.g. '>=0.5.17,<0.5.23')") \
+        raise ReproError(f"{path}: sglang {known.sglang!r} is not a version range (e.g. '>=0.5.17,<=0.5.23')") \
             from None
+    if not _closed(spec):
+        raise ReproError(f"{path}: sglang {known.sglang!r} is open above: close it at the newest release the "
+                         "defect was seen on (e.g. '<=0.5.23'), so a new release is judged afresh")
     if not known.reason.strip() or "\n" in known.reason:
         raise ReproError(f"{path}: reason must be one line")
-    try:
-        if not known.match.strip():
-            raise re.error("empty")
-        re.compile(known.match)
-    except re.error as exc:
-        raise ReproError(f"{path}: match must be a regular expression naming the defect ({exc})") from None
+    if not known.origins:
+        raise ReproError(f"{path}: origins is empty: name the origin fields of this defect")
+    for i, p in enumerate(known.origins):
+        if p.effect not in EFFECTS:
+            raise ReproError(f"{path}: origins[{i}].effect {p.effect!r} is not one of {', '.join(EFFECTS)}")
+        if p.property != known.repro.property:
+            raise ReproError(f"{path}: origins[{i}].property {p.property!r} is not the repro's property "
+                             f"{known.repro.property!r}")
     if not known.repro.property:
         raise ReproError(f"{path}: the repro must name its property")
     to_case(known.repro)  # a known finding that cannot be replayed proves nothing

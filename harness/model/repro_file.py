@@ -15,6 +15,7 @@ import harness
 from harness.model.config import Batch, Config, ConfigError, DraftTree
 from harness.model.layouts import TreeMaskMode
 from harness.model.limits import MAX_STEPS
+from harness.model.origin import Origin
 from harness.model.validate import LimitError, check_case, check_config, load_file, repeated_key
 
 
@@ -54,6 +55,9 @@ class Repro(msgspec.Struct, forbid_unknown_fields=True):
     #: "target-crash" / "target-hang": the target died or stopped answering on
     #: this case (harness.engine.isolation); absent for a property's own failure.
     fault: str | None = None
+    #: which failure it is, as typed fields (harness.model.origin): what minimize keeps, bisect
+    #: tests and groups read. Absent in files written by hand or before origins: replay fills it in.
+    origin: Origin | None = None
 
 
 def to_case(repro: Repro) -> tuple[Config, list[Batch]]:
@@ -87,7 +91,8 @@ def to_case(repro: Repro) -> tuple[Config, list[Batch]]:
 
 
 def from_case(target: str, prop: str, config: Config, batches: list[Batch], *,
-              detail: str = "", seed: int | None = None, fault: str | None = None) -> Repro:
+              detail: str = "", seed: int | None = None, fault: str | None = None,
+              origin: Origin | None = None) -> Repro:
     specs = []
     for b in batches:
         if b.trees is None:
@@ -97,7 +102,7 @@ def from_case(target: str, prop: str, config: Config, batches: list[Batch], *,
                                    [list(t.parent_list) for t in b.trees]))
     cfg = ConfigSpec(config.mode.name, config.max_bs, config.max_context_len, config.num_draft_tokens,
                      config.topk, config.spec_steps, config.is_read, config.call_site)
-    return Repro(cfg, specs, target, prop, detail, seed, harness.__version__, fault)
+    return Repro(cfg, specs, target, prop, detail, seed, harness.__version__, fault, origin)
 
 
 def load(path: str | Path) -> Repro:
@@ -131,8 +136,9 @@ def dump(repro: Repro, path: str | Path) -> Path:
     data["detail"] = data.get("detail", "").encode("utf-8", "backslashreplace").decode("utf-8")
     # the documented key order: target and property first
     data = {k: data[k] for k in ("target", "property", "config", "batches")} | data
-    if data.get("fault") is None:
-        data.pop("fault", None)  # a plain finding's file stays exactly the documented schema
+    for optional in ("fault", "origin"):
+        if data.get(optional) is None:
+            data.pop(optional, None)  # a hand-written repro's file stays exactly the documented schema
     if data["config"].get("call_site") == "eagle":
         data["config"].pop("call_site")  # the default call site: the file reads as before
     body = msgspec.json.format(msgspec.json.encode(data), indent=2) + b"\n"

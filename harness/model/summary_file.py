@@ -19,6 +19,8 @@ from typing import Any, Union
 
 import msgspec
 
+from harness.model.origin import Origin
+
 
 class _Strict(msgspec.Struct, forbid_unknown_fields=True):
     pass
@@ -29,6 +31,10 @@ class Finding(_Strict):
     kind: str
     detail: str
     repro: str
+    #: which failure it is (harness.model.origin.Origin): what every reader matches on
+    origin: Union[Origin, None] = None
+    #: the known entry (known/) this finding is, if any: listed, never a new group
+    known: Union[str, None] = None
 
 
 class PropertyResult(_Strict):
@@ -51,7 +57,10 @@ class PropertyResult(_Strict):
 
 
 class FindingGroup(_Strict):
-    """One cause: the findings that share a signature, and the one repro to start from."""
+    """One cause: the findings whose origins name it, and the one repro to start from.
+
+    ``key`` (the origin's cause, fields joined) is what compare and merge match
+    groups on; ``signature`` is the same cause in words."""
 
     signature: str
     count: int
@@ -61,6 +70,9 @@ class FindingGroup(_Strict):
     detail: str
     server_valid: bool
     members: list[str]
+    key: str = ""
+    origin: Union[Origin, None] = None
+    known: Union[str, None] = None
 
 
 class DeepCorpus(_Strict):
@@ -106,6 +118,8 @@ class RunCounts(_Strict):
     findings: int
     known: int
     groups: int = 0
+    #: groups no known entry names, plus known entries that now fail differently: what fails a run
+    new_groups: int = 0
 
 
 class Timings(_Strict):
@@ -152,6 +166,8 @@ class RunSummary(_Strict):
     shards: list[Union[str, None]] = []
     #: a nightly's records of its last nights (the database's history file), this one last
     history: list[dict[str, Any]] = []
+    #: known findings fail the run too (``--fail-on-known``)
+    fail_on_known: bool = False
 
 
 class Check(_Strict):
@@ -161,6 +177,7 @@ class Check(_Strict):
     kind: str
     repro: Union[str, None]
     seconds: float
+    origin: Union[Origin, None] = None
 
 
 class CommandCounts(_Strict):
@@ -171,6 +188,7 @@ class CommandCounts(_Strict):
     skipped: int
     error: int
     findings: int
+    known: int = 0
 
 
 class CommandSummary(msgspec.Struct):

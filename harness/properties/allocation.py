@@ -22,9 +22,12 @@ from __future__ import annotations
 from harness.model.allocation import ServerNumbers, reads_mask
 from harness.model.config import Batch, Config
 from harness.model.layouts import worst_case_size
+from harness.model.origin import BEYOND_CAPACITY
 from harness.properties.kit import Observation, fail
 
 NAME = "allocation-soundness"
+#: who sized the mask: a backend's cuda-graph set-up calling maybe_create_verify_mask
+SITE = "allocation site"
 
 
 def check_site(target, backend: str, numbers: ServerNumbers) -> float:
@@ -32,35 +35,44 @@ def check_site(target, backend: str, numbers: ServerNumbers) -> float:
     (cells a full batch at the context limit needs beyond the buffer, negative when it fits)."""
     call = target.allocation_call(backend, numbers)
     at = f"{backend}: maybe_create_verify_mask({call.describe()})"
+    site = {"writer": SITE, "buffer": "tree_mask"}
     server = (f"a server capturing max_bs {numbers.max_bs}, context {numbers.context_len}, "
               f"num_draft_tokens {numbers.num_draft_tokens}, topk {numbers.topk}")
     if call.is_draft_runner or call.skip_prefill:
         fail(NAME, f"{at} on the target runner of {server} passes is_draft_runner={call.is_draft_runner}, "
-                    f"skip_prefill={call.skip_prefill}: no mask, every verify step falls back")
+                    f"skip_prefill={call.skip_prefill}: no mask, every verify step falls back",
+             effect="unsound", cell="runner role", **site)
     if not isinstance(call.max_bs, int) or call.max_bs < numbers.max_bs:
         fail(NAME, f"{at}, for {server}: batches of {call.max_bs}..{numbers.max_bs} run captured "
-                    "but the mask was sized for fewer")
+                    "but the mask was sized for fewer",
+             effect="overrun", side="above", cell="sized for fewer requests", **site)
     if not isinstance(call.max_context_len, int) or call.max_context_len < numbers.context_len:
         fail(NAME, f"{at}, for {server}: requests reach {numbers.context_len} tokens but a FULL_MASK row "
-                    f"was sized for {call.max_context_len}")
+                    f"was sized for {call.max_context_len}",
+             effect="overrun", side="above", cell="sized for a shorter context", **site)
     if not isinstance(call.num_draft_tokens, int) or call.num_draft_tokens < numbers.num_draft_tokens:
         fail(NAME, f"{at}, for {server}: every request writes {numbers.num_draft_tokens} draft rows, "
-                    f"the mask was sized for {call.num_draft_tokens}")
+                    f"the mask was sized for {call.num_draft_tokens}",
+             effect="overrun", side="above", cell="sized for fewer draft tokens", **site)
     want_read = reads_mask(backend, numbers.topk)
     if call.is_read != want_read:
         fail(NAME, f"{at}, for {server}: {backend}'s verify attention "
                     f"{'reads' if want_read else 'does not read'} the mask, so is_read must be {want_read} "
-                    "(an unread mask is allocated QLEN_ONLY, a read one in the reader's layout)")
+                    "(an unread mask is allocated QLEN_ONLY, a read one in the reader's layout)",
+             effect="unsound", cell="is_read", **site)
     mask = call.mask
     if mask is None:
-        fail(NAME, f"{at}, for {server}: returned no mask, so every verify step falls back")
+        fail(NAME, f"{at}, for {server}: returned no mask, so every verify step falls back",
+             effect="unsound", cell="no mask", **site)
     if not target.fits(mask, numbers.max_bs):
-        fail(NAME, f"{at}, for {server}: the mask does not admit the captured max_bs {numbers.max_bs}")
+        fail(NAME, f"{at}, for {server}: the mask does not admit the captured max_bs {numbers.max_bs}",
+             effect="unsound", cell="refused the captured max_bs", **site)
     worst = worst_case_size(mask.mode, mask.max_bs, numbers.num_draft_tokens, numbers.context_len)
     cap = mask.buffer.numel()
     if worst > cap:
         fail(NAME, f"{at}, for {server}: the {cap}-cell {mask.mode.name} mask admits {mask.max_bs} requests, "
-                    f"which need {worst} cells at the context limit ({worst - cap} past its end)")
+                    f"which need {worst} cells at the context limit ({worst - cap} past its end)",
+             effect="overrun", side="above", cell=BEYOND_CAPACITY, **site)
     return float(worst - cap)
 
 
@@ -74,7 +86,8 @@ def allocation_soundness(target, config: Config, batches: list[Batch], device="c
             obs.classes.add(f"not driven: {name}")
     if not driven:
         fail(NAME, "no allocation site can be driven on this target: "
-                    + "; ".join(f"{n}: {why}" for n, why in sites.items()))
+                    + "; ".join(f"{n}: {why}" for n, why in sites.items()),
+             effect="unsound", writer=SITE, cell="none driven")
     for name in driven:
         obs.classes.add(f"site {name}")
         obs.margin = max(obs.margin, check_site(target, name, numbers))

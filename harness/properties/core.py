@@ -10,7 +10,8 @@ from __future__ import annotations
 from harness.model.config import Batch, Config
 from harness.model.layouts import worst_case_size
 from harness.model.oracle import expected
-from harness.properties.kit import (Observation, capacity_of, fail, first_difference, guarded_step,
+from harness.model.origin import BEYOND_CAPACITY
+from harness.properties.kit import (VERIFY_STEP, Observation, capacity_of, fail, first_difference, guarded_step,
                                     reused_mask)
 
 
@@ -27,7 +28,9 @@ def capacity_soundness(target, config: Config, batches: list[Batch], device="cpu
             if worst > cap:
                 fail("capacity-soundness",
                       f"fits({batch.bs}) is True for a {cap}-cell {mask.mode.name} buffer (max_bs {config.max_bs}), "
-                      f"but {batch.bs} requests at max_context_len {config.max_context_len} need {worst} cells")
+                      f"but {batch.bs} requests at max_context_len {config.max_context_len} need {worst} cells",
+                      effect="overrun", writer=VERIFY_STEP, buffer="tree_mask", side="above",
+                      cell=BEYOND_CAPACITY, stage="arithmetic")
     return obs
 
 
@@ -38,7 +41,9 @@ def capacity_liveness(target, config: Config, batches: list[Batch], device="cpu"
         obs.add_step(config, batch, None, capacity_of(mask))
         if batch.bs <= config.max_bs and not target.fits(mask, batch.bs):
             fail("capacity-liveness", f"fits({batch.bs}) is False although bs <= max_bs {config.max_bs}: "
-                                       "every such step would silently fall back and allocate")
+                                       "every such step would silently fall back and allocate",
+                 effect="unsound", writer="fits", buffer="tree_mask", cell="refused a captured bs",
+                 stage="arithmetic")
     return obs
 
 
@@ -54,5 +59,5 @@ def trivial_path(target, config: Config, batches: list[Batch], device="cpu") -> 
         for diff in (first_difference("reuse vs fallback", reuse, fallback, config, batch, want.compared),
                      first_difference("reuse vs oracle", reuse, want, config, batch, want.compared)):
             if diff:
-                fail("trivial-path", diff)
+                fail("trivial-path", diff, writer=VERIFY_STEP)
     return obs

@@ -226,14 +226,15 @@ def capacity_of(mask) -> int:
     return mask.buffer.numel() if mask is not None else 0
 
 
-def known_as(target, prop: str, detail: str) -> str | None:
+def known_as(target, origin: Origin) -> str | None:
     """The known finding (``known/``) this failure is, if the run attached one to the target.
 
     A property calls it where a known defect can show, instead of ``fail``:
     the defect is recorded as a class and the property goes on checking the
     rest of the case, so a new defect of the same kind is still a finding.
+    Matched on the origin's fields, never on the message.
     """
     for known in getattr(target, "known_findings", ()) or ():
-        if known.matches(prop, detail):
+        if known.matches(origin):
             return known.name
     return None

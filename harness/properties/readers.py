@@ -20,9 +20,17 @@ import torch
 from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode, logical_size, request_extents
 from harness.model.oracle import expected
-from harness.properties.kit import Observation, capacity_of, fail, locator, reused_mask
+from harness.model.origin import BEYOND_CAPACITY
+from harness.properties.kit import (VERIFY_STEP, Difference, Observation, capacity_of, fail, fail_overrun, locator,
+                                    reused_mask)
 from harness.model.readers import reader_config
 from harness.guard.shadow import ShadowHeap, describe_all
+
+#: who reads the mask: the Triton backend's index arithmetic (eager metadata, graph replay)
+READER = "triton reader"
+#: who packs it for FlashInfer
+PACKER = "pack kernel"
+_STAGE = {"eager": "eager", "cuda-graph replay": "replay"}
 
 
 def _observe(obs: Observation, case_config: Config, config: Config, batch: Batch, out, mask, path: str) -> None:
@@ -32,7 +40,7 @@ def _observe(obs: Observation, case_config: Config, config: Config, batch: Batch
         obs.classes.add("reader layout FULL_MASK (case was QLEN_ONLY)")
 
 
-def _window_mismatch(view, config: Config, batch: Batch, written: torch.Tensor, path: str) -> str | None:
+def _window_mismatch(view, config: Config, batch: Batch, written: torch.Tensor, path: str) -> Difference | None:
     """First request whose reader window is not exactly the block the writer wrote for it.
 
     Where the block lies is the layout table's (docs/architecture.md); what it holds is what the verify
@@ -40,7 +48,8 @@ def _window_mismatch(view, config: Config, batch: Batch, written: torch.Tensor, 
     """
     indptr = [int(v) for v in view.indptr.reshape(-1).cpu().tolist()]
     if len(indptr) < batch.bs + 1:
-        return f"{path} reader: mask_indptr has {len(indptr)} entries for {batch.bs} requests"
+        return Difference(f"{path} reader: mask_indptr has {len(indptr)} entries for {batch.bs} requests",
+                          buffer="mask_indptr", cell="length")
     raw = view.mask.reshape(-1).view(torch.uint8).cpu()
     want = written.reshape(-1).view(torch.uint8).cpu()
     for ext in request_extents(TreeMaskMode.FULL_MASK, batch.seq_lens, config.d):
@@ -48,18 +57,23 @@ def _window_mismatch(view, config: Config, batch: Batch, written: torch.Tensor, 
         where = (f"{path} reader, request {b} of {batch.bs} (seq_lens {list(batch.seq_lens)}, d {config.d}, "
                  f"max_bs {config.max_bs})")
         if (lo, hi) != (ext.start, ext.stop):
-            return (f"{where}: reads cells [{lo}, {hi}), but the writer wrote request {b}'s "
-                    f"{config.d} x ({batch.seq_lens[b]} + {config.d}) cells at [{ext.start}, {ext.stop})")
+            return Difference(f"{where}: reads cells [{lo}, {hi}), but the writer wrote request {b}'s "
+                              f"{config.d} x ({batch.seq_lens[b]} + {config.d}) cells at [{ext.start}, {ext.stop})",
+                              buffer="mask_indptr", cell="request window")
         if hi > raw.numel():
-            return f"{where}: reads cells [{lo}, {hi}) of a {raw.numel()}-cell mask"
+            return Difference(f"{where}: reads cells [{lo}, {hi}) of a {raw.numel()}-cell mask",
+                              buffer="tree_mask", effect="overrun", side="above", cell="read past the mask")
         if hi > want.numel():
-            return f"{where}: the writer's {want.numel()}-cell mask ends inside the block [{lo}, {hi})"
+            return Difference(f"{where}: the writer's {want.numel()}-cell mask ends inside the block [{lo}, {hi})",
+                              buffer="tree_mask", effect="overrun", side="above", cell=BEYOND_CAPACITY)
         bad = torch.nonzero(raw[lo:hi] != want[lo:hi]).flatten()
         if bad.numel():
             cell = int(bad[0])
             row, col = divmod(cell, batch.seq_lens[b] + config.d)
-            return (f"{where}: {bad.numel()} of its cells differ from what the writer wrote there, first row {row} "
-                    f"column {col}: reads {int(raw[lo + cell])}, wrote {int(want[lo + cell])}")
+            return Difference(f"{where}: {bad.numel()} of its cells differ from what the writer wrote there, "
+                              f"first row {row} column {col}: reads {int(raw[lo + cell])}, wrote {int(want[lo + cell])}",
+                              buffer="tree_mask", cell="read " + ("prefix column" if col < batch.seq_lens[b]
+                                                                   else "tree cell"))
     return None
 
 
@@ -83,14 +97,15 @@ def _fresh_reads(target, obs: Observation, config: Config, rc: Config, batch: Ba
     out = target.verify(mask, rc, batch, heap).as_cpu()
     violations = heap.check(locator(rc, batch))
     if violations:  # the writer's, not a reader's: say so before any reader runs
-        fail("reader-agreement", "the verify step itself wrote out of bounds (see no-oob-write): "
-                                  + describe_all(violations))
+        fail_overrun("reader-agreement", "the verify step itself wrote out of bounds (see no-oob-write): "
+                     + describe_all(violations), violations, writer=VERIFY_STEP,
+                     capacity_bs=rc.max_bs if out.reused else batch.bs)
     want = out.tree_mask.clone()  # a reader must not be able to change what it is compared with
     _observe(obs, config, rc, batch, out, mask, "eager")
     view = target.read_eager(rc, batch, out)
     diff = _window_mismatch(view, rc, batch, want, "eager")
     if diff:
-        fail("reader-agreement", diff)
+        fail("reader-agreement", diff, writer=READER, stage="eager")
     reads = {"eager": _indptr(view, batch), "step": out}
     if batch.bs > rc.max_bs:
         return reads  # past the captured max_bs the server runs eagerly: no graph to replay
@@ -100,11 +115,12 @@ def _fresh_reads(target, obs: Observation, config: Config, rc: Config, batch: Ba
         obs.classes.add("replay padded to a captured bs")
     violations = heap.check(locator(rc, batch))
     if violations:
-        fail("reader-agreement", "cuda-graph replay copied the step's mask out of bounds "
-                                  f"(bs {batch.bs}, max_bs {rc.max_bs}): " + describe_all(violations))
+        fail_overrun("reader-agreement", "cuda-graph replay copied the step's mask out of bounds "
+                     f"(bs {batch.bs}, max_bs {rc.max_bs}): " + describe_all(violations), violations,
+                     writer="cuda-graph replay copy", capacity_bs=rc.max_bs, stage="replay")
     diff = _window_mismatch(view, rc, batch, want, "cuda-graph replay")
     if diff:
-        fail("reader-agreement", diff)
+        fail("reader-agreement", diff, writer=READER, stage="replay")
     reads["cuda-graph replay"] = _indptr(view, batch)
     return reads
 
@@ -141,15 +157,19 @@ def _server_reads(target, obs: Observation, rc: Config, batches: list[Batch], fr
             where = f"server state, batch {i + 1} of {len(batches)} through one backend, {path}"
             violations = heap.check(locator(rc, batch))
             if violations:
-                fail("reader-agreement", f"{where}: wrote out of bounds: " + describe_all(violations))
+                fail_overrun("reader-agreement", f"{where}: wrote out of bounds: " + describe_all(violations),
+                             violations, writer=READER, capacity_bs=rc.max_bs, stage=_STAGE[path], step=i,
+                             steps=len(batches))
             got = _indptr(view, batch)
             if got != fresh[i][path]:
                 fail("reader-agreement", f"{where}: mask_indptr {got}, but a backend built for this batch "
                                           f"alone gives {fresh[i][path]} (seq_lens {list(batch.seq_lens)}, "
-                                          f"d {rc.d}, max_bs {rc.max_bs}): state left by earlier batches")
+                                          f"d {rc.d}, max_bs {rc.max_bs}): state left by earlier batches",
+                     effect="wrong", writer=READER, buffer="mask_indptr", cell="state left by earlier batches",
+                     stage=_STAGE[path], step=i, steps=len(batches))
             diff = _window_mismatch(view, rc, batch, want, where)
             if diff:
-                fail("reader-agreement", diff)
+                fail("reader-agreement", diff, writer=READER, stage=_STAGE[path], step=i, steps=len(batches))
             obs.classes.add(f"server state: {path}" + (" after an earlier batch" if i else ""))
 
 
@@ -174,20 +194,22 @@ def _expected_packing(config: Config, batch: Batch, want: torch.Tensor) -> tuple
     return starts, rows
 
 
-def _packed_mismatch(view, config: Config, batch: Batch, starts, rows, writer_ok: bool) -> str | None:
+def _packed_mismatch(view, config: Config, batch: Batch, starts, rows, writer_ok: bool) -> Difference | None:
     indptr = [int(v) for v in view.indptr.reshape(-1).cpu().tolist()]
     where = f"seq_lens {list(batch.seq_lens)}, d {config.d}"
     if indptr[:batch.bs + 1] != starts:
-        return (f"packed_indptr {indptr[:batch.bs + 1]} != {starts}: request b's "
-                f"ceil((s_b + d) * d / 8) bytes must follow one another ({where})")
+        return Difference(f"packed_indptr {indptr[:batch.bs + 1]} != {starts}: request b's "
+                          f"ceil((s_b + d) * d / 8) bytes must follow one another ({where})",
+                          buffer="packed_indptr", cell="value")
     got = view.buffer.reshape(-1).cpu()
     for b, row in enumerate(rows):
         have = got[starts[b]:starts[b] + len(row)].tolist()
         if have != row:
             i = next(k for k, (x, y) in enumerate(zip(have, row)) if x != y)
             hint = "" if writer_ok else " (the mask it packed already differs from the oracle: see reference-agreement)"
-            return (f"request {b}'s packed byte {i} (cells {8 * i}..{8 * i + 7} of its block) is "
-                    f"{have[i]:#010b}, the mask's bits LSB first are {row[i]:#010b} ({where}){hint}")
+            return Difference(f"request {b}'s packed byte {i} (cells {8 * i}..{8 * i + 7} of its block) is "
+                              f"{have[i]:#010b}, the mask's bits LSB first are {row[i]:#010b} ({where}){hint}",
+                              buffer="packed_mask", cell="byte")
     return None
 
 
@@ -211,11 +233,13 @@ def packed_mask(target, config: Config, batches: list[Batch], device="cpu") -> O
         # The writer's faults, not the packer's: say so before packing reads past a short mask.
         violations = heap.check(locator(rc, batch))
         if violations:
-            fail("packed-mask", "the verify step itself wrote out of bounds (see no-oob-write): "
-                                 + describe_all(violations))
+            fail_overrun("packed-mask", "the verify step itself wrote out of bounds (see no-oob-write): "
+                         + describe_all(violations), violations, writer=VERIFY_STEP,
+                         capacity_bs=rc.max_bs if out.reused else batch.bs)
         if out.tree_mask.numel() < n:
             fail("packed-mask", f"the verify step's mask holds {out.tree_mask.numel()} cells, the batch's "
-                                 f"logical region needs {n} (see fallback-equivalence): nothing valid to pack")
+                                 f"logical region needs {n} (see fallback-equivalence): nothing valid to pack",
+                 effect="overrun", writer=VERIFY_STEP, buffer="tree_mask", side="above", cell=BEYOND_CAPACITY)
         written = out.tree_mask.reshape(-1)[:n].view(torch.uint8).cpu()
         writer_ok = torch.equal(written, oracle.view(torch.uint8))
         total = starts[-1]
@@ -229,19 +253,26 @@ def packed_mask(target, config: Config, batches: list[Batch], device="cpu") -> O
             except AssertionError as exc:  # SGLang refuses with an assert; the model with PackRefused
                 if capacity == total:
                     fail("packed-mask", f"refused a batch whose packed mask ({total} bytes) fits its "
-                                         f"{capacity}-byte buffer: {exc}")
+                                         f"{capacity}-byte buffer: {exc}",
+                         effect="unsound", writer="host-side check", buffer="packed_mask", cell="refused a fit")
                 view = None
             violations = pheap.check()
             if violations:
                 why = "" if capacity == total else f" (needs {total}: the host-side check did not refuse)"
-                fail("packed-mask", f"packing wrote outside its {capacity}-byte buffer{why} "
-                                     f"(seq_lens {list(batch.seq_lens)}, d {rc.d}): " + describe_all(violations))
+                text = (f"packing wrote outside its {capacity}-byte buffer{why} "
+                        f"(seq_lens {list(batch.seq_lens)}, d {rc.d}): " + describe_all(violations))
+                if capacity == total:
+                    fail_overrun("packed-mask", text, violations, writer=PACKER)
+                fail("packed-mask", text, effect="unsound", writer="host-side check", buffer="packed_mask",
+                     cell="admitted an overflow")
             if capacity < total:
                 if view is not None:
                     fail("packed-mask", f"the host-side check let a {total}-byte packed mask into a "
-                                         f"{capacity}-byte buffer without refusing")
+                                         f"{capacity}-byte buffer without refusing",
+                         effect="unsound", writer="host-side check", buffer="packed_mask",
+                         cell="admitted an overflow")
                 continue
             diff = _packed_mismatch(view, rc, batch, starts, rows, writer_ok)
             if diff:
-                fail("packed-mask", diff)
+                fail("packed-mask", diff, writer=PACKER)
     return obs

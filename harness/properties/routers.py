@@ -37,7 +37,9 @@ import torch
 
 from harness.model.config import Batch, Config
 from harness.model.oracle import expected
-from harness.properties.kit import Observation, fail, fill_stale, first_difference, known_as, locator
+from harness.model.origin import Origin
+from harness.properties.kit import (VERIFY_STEP, Observation, PropertyFailure, fail, fail_overrun, fill_stale,
+                                    first_difference, known_as, locator)
 from harness.model.routing import (NESTINGS, ROUTERS, SPEC_MODES, Child, leaves, nested_children,
                                    nested_verify_leaf, verify_child)
 from harness.guard.shadow import ShadowHeap, describe_all
@@ -83,17 +85,18 @@ def _whose(children: dict, mask) -> str:
 
 
 def _routers(present, config: Config, masks: list):
-    """(label, router, children, spec_mode, verify leaf) for every router and every nesting present."""
+    """(label, chain, router, children, spec_mode, verify leaf) for every router and every nesting present
+    (``chain``: the routers outermost first, as a finding's origin names them, e.g. ``tbo>hybrid``)."""
     for router in present:
         children = _children(config, router, masks)
         for spec_mode in SPEC_MODES:
-            yield f"{router} router", router, children, spec_mode, verify_child(router, spec_mode)
+            yield f"{router} router", router, router, children, spec_mode, verify_child(router, spec_mode)
     for outer, inner in NESTINGS:
         if outer not in present or inner not in present:
             continue
         children = nested_children(outer, inner, lambda role, slot: _leaf(config, masks, role, slot))
         for spec_mode in SPEC_MODES:
-            yield (f"{outer} router over {inner} routers", outer, children, spec_mode,
+            yield (f"{outer} router over {inner} routers", f"{outer}>{inner}", outer, children, spec_mode,
                    nested_verify_leaf(outer, inner, spec_mode))
 
 
@@ -109,8 +112,9 @@ def routing(target, config: Config, batches: list[Batch], device="cpu") -> Obser
         stepped = set()
         present = getattr(target, "routers", None) or tuple(ROUTERS)
         obs.classes.update(f"{router}: not in this SGLang" for router in ROUTERS if router not in present)
-        for label, router, children, spec_mode, role in _routers(present, config, masks):
-            where = f"{label}, speculative_attention_mode {spec_mode}"
+        for label, chain, router, children, spec_mode, role in _routers(present, config, masks):
+            where = _Where(f"{label}, speculative_attention_mode {spec_mode}",
+                           {"router": chain, "role": role, "spec_mode": spec_mode})
             r = target.route(router, spec_mode, children, config.max_context_len)
             name = label.removesuffix(" router")  # a plain router's classes keep its bare name
             _check_router(target, obs, config, batch, heap, stepped, where, name, children, role, r)
@@ -125,10 +129,12 @@ def _check_router(target, obs: Observation, config: Config, batch: Batch, heap: 
     want = every[role]
     if r.verify_mask is not want.verify_mask:
         fail(NAME, f"{where}: hands out {_whose(children, r.verify_mask)}, but TARGET_VERIFY "
-                    f"runs on the {role} child, which reads its own mask")
+                    f"runs on the {role} child, which reads its own mask",
+             effect="unsound", writer="router", buffer="verify_mask", cell="handed out", **where.origin)
     if r.serves_verify is not None and r.serves_verify != role:
         fail(NAME, f"{where}: dispatches the TARGET_VERIFY forward to the {r.serves_verify} child, "
-                    f"but hands out the {role} child's mask")
+                    f"but hands out the {role} child's mask",
+             effect="unsound", writer="router", buffer="verify_mask", cell="dispatch", **where.origin)
     if r.dflash_resolves is not None:
         _check_dflash(target, obs, where, label, role, r.dflash_resolves)
     need = max(config.max_context_len, want.max_context_len or 0)
@@ -138,7 +144,8 @@ def _check_router(target, obs: Observation, config: Config, batch: Batch, heap: 
             or r.max_context_len < need:
         fail(NAME, f"{where}: reports max_context_len {r.max_context_len!r}, but requests reach "
                     f"{config.max_context_len} tokens and the {role} child's mask was sized for "
-                    f"{want.max_context_len}: a FULL_MASK fallback sized from it is too short")
+                    f"{want.max_context_len}: a FULL_MASK fallback sized from it is too short",
+             effect="unsound", writer="router", buffer="max_context_len", cell="reported", **where.origin)
     # with the length sum known, the reported context is never read
     key = (id(r.verify_mask), None if r.needs_cpu_seq_lens else r.max_context_len, r.needs_cpu_seq_lens)
     if key in stepped:
@@ -154,29 +161,33 @@ def _step_through(target, obs: Observation, config: Config, batch: Batch, heap: 
     out = target.verify_routed(r, config, batch, heap)
     bad = heap.check(locator(config, batch))
     if bad:
-        fail(NAME, f"{where}: out-of-bounds write (bs {batch.bs}, max_bs {config.max_bs}): " + describe_all(bad))
+        fail_overrun(NAME, f"{where}: out-of-bounds write (bs {batch.bs}, max_bs {config.max_bs}): "
+                     + describe_all(bad), bad, writer=VERIFY_STEP, capacity_bs=config.max_bs, **where.origin)
     reuses = target.fits(want.verify_mask, batch.bs)
     wrote = out.tree_mask.data_ptr()
     if reuses and wrote != want.verify_mask.buffer.data_ptr():
         fail(NAME, f"{where}: bs {batch.bs} fits the {role} child's mask, but the call site "
-                    f"wrote {_whose(every, _Written(out.tree_mask))} instead")
+                    f"wrote {_whose(every, _Written(out.tree_mask))} instead",
+             effect="unsound", writer="call site", buffer="verify_mask", cell="reuse", **where.origin)
     if not reuses and any(wrote == c.verify_mask.buffer.data_ptr() for c in every.values()):
         fail(NAME, f"{where}: bs {batch.bs} does not fit the {role} child's mask (max_bs "
-                    f"{config.max_bs}), but the call site wrote {_whose(every, _Written(out.tree_mask))}")
+                    f"{config.max_bs}), but the call site wrote {_whose(every, _Written(out.tree_mask))}",
+             effect="unsound", writer="call site", buffer="verify_mask", cell="fallback", **where.origin)
     for k, raw in before.items():
         if not torch.equal(raw, _raw(every[k].verify_mask)):
             fail(NAME, f"{where}: the verify step changed the {k} child's mask, which no "
-                        "TARGET_VERIFY forward reads")
+                        "TARGET_VERIFY forward reads",
+                 effect="wrong", writer=VERIFY_STEP, buffer="another child's mask", **where.origin)
     out = out.as_cpu()
     obs.add_step(config, batch, out, want.verify_mask.buffer.numel())
     want_out = expected(config, batch)
     diff = first_difference(f"{where}: step through the router vs oracle", out, want_out, config, batch,
                             want_out.compared)
     if diff:
-        fail(NAME, diff)
+        fail(NAME, diff, writer=VERIFY_STEP, **where.origin)
 
 
-def _check_dflash(target, obs: Observation, where: str, router: str, role: str, resolved: str) -> None:
+def _check_dflash(target, obs: Observation, where: "_Where", router: str, role: str, resolved: str) -> None:
     """DFlash's verify-mask policy must decide for the child that runs TARGET_VERIFY.
 
     Every router is a wrapper the policy must see through: its own docstring's
@@ -189,10 +200,20 @@ def _check_dflash(target, obs: Observation, where: str, router: str, role: str, 
     detail = (f"{where}: DFlash's verify-mask policy resolves the router to {resolved}, but TARGET_VERIFY "
               f"runs on the {role} child, whose mask is handed out: the custom-mask decision is made for the "
               "wrong backend")
-    known = known_as(target, NAME, detail)
+    origin = Origin(NAME, "unsound", writer="dflash policy", resolved=resolved, **where.origin)
+    known = known_as(target, origin)
     if known is None:
-        fail(NAME, detail)
+        raise PropertyFailure(origin, detail)
     obs.classes.add(f"{router}: known finding {known}")
+
+
+class _Where(str):
+    """Where in the case a router was checked: the words, and the origin fields they stand for."""
+
+    def __new__(cls, text: str, origin: dict):
+        self = super().__new__(cls, text)
+        self.origin = origin
+        return self
 
 
 class _Written:

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from harness.model.config import Batch, Config
 from harness.properties.core import capacity_liveness, capacity_soundness
-from harness.properties.kit import Observation, capacity_of, fail, fill_stale, first_difference, locator
+from harness.properties.kit import (VERIFY_STEP, Difference, Observation, capacity_of, fail, fail_overrun, fill_stale,
+                                    first_difference, locator)
 from harness.model.oracle import expected
 from harness.guard.shadow import ShadowHeap, describe_all
 
@@ -101,7 +102,8 @@ def _run_steps(target, config: Config, batches: list[Batch], device, want: set, 
             if "fallback-equivalence" in want:
                 diff = first_difference("reuse vs fallback", reuse, fallback, config, batch, want_out.compared)
                 if diff:
-                    complaint = ("fallback-equivalence", diff + f" [reuse path taken: {reuse.reused}]")
+                    complaint = ("fallback-equivalence", Difference(
+                        diff + f" [reuse path taken: {reuse.reused}]", **diff.origin_fields()))
             if complaint is None and "reference-agreement" in want:
                 diff = first_difference("reuse path vs oracle", reuse, want_out, config, batch, want_out.compared)
                 if diff:
@@ -117,11 +119,11 @@ def _run_steps(target, config: Config, batches: list[Batch], device, want: set, 
                 if stale_only or complaint[0] == "multi-step-reuse":
                     _judge_multi_step(reuse, fresh, config, batch, want_out, k, len(batches))
             if complaint is not None and complaint[1] is not None:
-                fail(*complaint)
+                fail(*complaint, writer=VERIFY_STEP, step=k, steps=len(batches))
             if "reference-agreement" in want:
                 diff = first_difference("fallback path vs oracle", fallback, want_out, config, batch, want_out.compared)
                 if diff:
-                    fail("reference-agreement", diff)
+                    fail("reference-agreement", diff, writer=VERIFY_STEP, step=k, steps=len(batches))
     finally:
         del mask
         heap.release()
@@ -132,8 +134,9 @@ def _guarded(heap: ShadowHeap, props: list[str], locate, batch: Batch, config: C
         return
     violations = heap.check(locate)
     if violations:
-        fail(props[0], f"out-of-bounds write on the {path} (bs {batch.bs}, max_bs {config.max_bs}): "
-                        + describe_all(violations))
+        fail_overrun(props[0], f"out-of-bounds write on the {path} (bs {batch.bs}, max_bs {config.max_bs}): "
+                     + describe_all(violations), violations, writer=VERIFY_STEP,
+                     capacity_bs=config.max_bs if path == "reused buffer" else batch.bs)
 
 
 def _launch(target, mask, config: Config, batch: Batch, device, oob: list[str], locate):
@@ -164,7 +167,7 @@ def _judge_multi_step(reuse, fresh, config: Config, batch: Batch, want_out, k: i
     compared = (want_out if want_out is not None else expected(config, batch)).compared
     diff = first_difference(f"step {k} of {n}: reused vs fresh allocation", reuse, fresh, config, batch, compared)
     if diff:
-        fail("multi-step-reuse", diff)
+        fail("multi-step-reuse", diff, writer=VERIFY_STEP, step=k, steps=n)
 
 
 def group_name(names) -> str:

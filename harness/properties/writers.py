@@ -22,12 +22,14 @@ import torch
 from harness.guard.chain_write import chain_inputs
 from harness.model.config import Batch, Config
 from harness.model.oracle import expected
-from harness.properties.kit import (Observation, capacity_of, fail, first_difference, guarded_step, locator,
-                                    reused_mask)
+from harness.properties.kit import (Difference, Observation, capacity_of, fail, fail_overrun, first_difference,
+                                    guarded_step, locator, reused_mask)
 from harness.guard.shadow import describe_all
 
+CHAIN_WRITER = "chain writer"
 
-def _own_outputs(out, inputs, width: int) -> str | None:
+
+def _own_outputs(out, inputs, width: int) -> Difference | None:
     """The outputs the oracle does not cover, against what they mean."""
     bs = inputs.seq_lens.numel()
     x = torch.arange(width).view(1, width)
@@ -43,8 +45,9 @@ def _own_outputs(out, inputs, width: int) -> str | None:
         got, want = got.reshape(-1).long(), want.reshape(-1).long()
         if got.shape != want.shape or not torch.equal(got, want):
             idx = int(torch.nonzero(got != want).flatten()[0]) if got.shape == want.shape else -1
-            return (f"{name} differs from its meaning" + (f" at {idx}: {int(got[idx])} vs {int(want[idx])}"
-                                                          if idx >= 0 else f" in shape {tuple(got.shape)}"))
+            return Difference(f"{name} differs from its meaning" + (
+                f" at {idx}: {int(got[idx])} vs {int(want[idx])}" if idx >= 0 else f" in shape {tuple(got.shape)}"),
+                buffer=name, cell="value" if idx >= 0 else "length")
     return None
 
 
@@ -69,19 +72,21 @@ def chain_writer(target, config: Config, batches: list[Batch], device="cpu") -> 
             out = target.chain_write(inputs, buf, heap)
             violations = heap.check(locator(config, batch))
             if violations:
-                fail("chain-writer", f"out-of-bounds write by the chain writer into {label} "
-                                      f"(bs {batch.bs}, w {w}): " + describe_all(violations))
+                fail_overrun("chain-writer", f"out-of-bounds write by the chain writer into {label} "
+                                             f"(bs {batch.bs}, w {w}): " + describe_all(violations), violations,
+                             writer=CHAIN_WRITER, capacity_bs=config.max_bs if buf is not None else batch.bs)
             if buf is not None and not out.reused:
-                fail("chain-writer", "the chain writer was given the preallocated buffer and returned another")
+                fail("chain-writer", "the chain writer was given the preallocated buffer and returned another",
+                     effect="unsound", writer=CHAIN_WRITER, buffer="tree_mask", cell="reuse")
             obs.add_step(config, batch, out, capacity_of(mask))
             for diff in (first_difference(f"chain writer on {label} vs oracle", out, want, config, batch, want.compared),
                          _own_outputs(out, inputs, w)):
                 if diff:
-                    fail("chain-writer", diff)
+                    fail("chain-writer", diff, writer=CHAIN_WRITER)
             outs.append(out)
         tree = guarded_step("chain-writer", target, None, tree_site, batch, heap)
         diff = first_difference("chain writer vs the tree kernel on the same chain", outs[-1], tree, config, batch,
                      want.compared)
         if diff:
-            fail("chain-writer", diff)
+            fail("chain-writer", diff, writer=CHAIN_WRITER, cell=f"{diff.cell} (vs the tree kernel)")
     return obs

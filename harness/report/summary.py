@@ -21,6 +21,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness.model.origin import encode
 from harness.model.summary_file import CommandSummary as CommandShape
 from harness.model.summary_file import RunSummary, SummaryError, conform
 from harness.report.junit import Case, Suite, junit_xml
@@ -96,12 +97,16 @@ def margin_bucket(m: float) -> str | None:
 def _known(o) -> dict:
     k = o.entry
     return {"name": k.name, "property": k.repro.property, "sglang": k.sglang, "reason": k.reason,
-            "status": "reproduces" if o.reproduces else "no longer reproduces", "detail": o.detail,
-            "repro": str(o.repro) if o.repro else str(o.path)}
+            "status": o.status, "detail": o.detail, "repro": str(o.repro) if o.repro else str(o.path)}
 
 
-def _finding(f) -> dict:
-    return {"property": f.prop, "kind": f.kind, "detail": f.detail, "repro": str(f.path)}
+def _finding(f, outcome=None) -> dict:
+    from harness.model.origin import encode
+    known = None
+    if outcome is not None:
+        known = next((o.entry.name for o in getattr(outcome, "known", []) if o.entry.matches(f.origin)), None)
+    return {"property": f.prop, "kind": f.kind, "detail": f.detail, "repro": str(f.path),
+            "origin": encode(f.origin) if f.origin is not None else None, "known": known}
 
 
 def _status(res) -> str:
@@ -129,7 +134,7 @@ def build_summary(outcome) -> dict:
             "seconds": round(r.seconds, 3),
             "max_margin": None if math.isinf(r.max_margin) else r.max_margin,
             "classes": dict(sorted(r.classes.items())), "bs_over_max_bs": dict(r.bs_ratio),
-            "findings": [_finding(f) for f in r.findings],
+            "findings": [_finding(f, outcome) for f in r.findings],
             "deep_cases": list(getattr(r, "corpus", [])),
             "deep_seconds": round(getattr(r, "corpus_seconds", 0.0), 3),
             # one entry per bound step searched (summary "bounds"); one step: all its time
@@ -140,11 +145,13 @@ def build_summary(outcome) -> dict:
     replays = [{"repro": str(o.path), "property": o.property, "recorded_target": o.recorded_target,
                 "source": o.source, "status": o.status, "detail": o.detail, "still_fails_on_recorded": o.teeth,
                 "finding": str(o.finding.path) if o.finding else None} for o in outcome.replays]
-    findings = [_finding(f) for r in outcome.results for f in r.findings]
-    findings += [_finding(o.finding) for o in outcome.replays if o.finding]
+    findings = [_finding(f, outcome) for r in outcome.results for f in r.findings]
+    findings += [_finding(o.finding, outcome) for o in outcome.replays if o.finding]
     known = [_known(o) for o in getattr(outcome, "known", [])]
-    findings += [{"property": k["property"], "kind": "known", "detail": k["detail"], "repro": k["repro"]}
-                 for k in known if k["status"] == "reproduces" and plan.command != "gate"]
+    # a known entry whose repro fails another way is a finding of this run (its origin is new)
+    findings += [{"property": k["property"], "kind": "known fails differently", "detail": k["detail"],
+                  "repro": k["repro"], "origin": encode(o.origin) if o.origin else None, "known": None}
+                 for k, o in zip(known, getattr(outcome, "known", [])) if k["status"] == "fails differently"]
     status = Counter(p["status"] for p in props)
     return {
         "command": plan.command, "target": outcome.target_name, "profile": plan.profile.name,
@@ -160,7 +167,11 @@ def build_summary(outcome) -> dict:
                    "replays": len(replays),
                    "replays_failed": sum(o["status"] not in ("held", "out of step") for o in replays),
                    "findings": len(findings), "groups": len(getattr(outcome, "groups", [])),
-                   "known": sum(k["status"] == "reproduces" for k in known)},
+                   "known": sum(k["status"] == "reproduces" for k in known),
+                   # what decides the exit: groups no known entry names, known entries failing differently
+                   "new_groups": sum(g.get("known") is None for g in getattr(outcome, "groups", []))
+                   + sum(k["status"] == "fails differently" for k in known)},
+        "fail_on_known": bool(getattr(plan, "fail_on_known", False)),
         # one per cause (harness.engine.groups), first: what to read before the findings
         "groups": list(getattr(outcome, "groups", [])),
         "properties": props,
@@ -204,8 +215,9 @@ def _reached(results) -> dict:
 def summary_md(s: dict) -> str:
     c = s["counts"]
     dep_failed = any(((s.get("deployment") or {}).get(p) or {}).get("ok") is False for p in ("routing", "allocation"))
-    verdict = "**FAILED**" if c["findings"] or c["replays_failed"] or dep_failed or s.get("interrupted") else "passed"
-    if s.get("interrupted") and not c["findings"] and not c["replays_failed"]:
+    failing = _failing(s)
+    verdict = "**FAILED**" if failing or dep_failed or s.get("interrupted") else "passed"
+    if s.get("interrupted") and not failing:
         verdict = "**INTERRUPTED**"
     elif verdict == "passed" and (c.get("out_of_step") or any(r["status"] == "out of step" for r in s["replays"])):
         verdict = "**COULD NOT CHECK** (vmfuzz is out of step with the target)"
@@ -216,7 +228,8 @@ def summary_md(s: dict) -> str:
     lines += _code_under_test(s)
     if s.get("groups"):  # first: one line per cause, before the table and the findings
         lines += [f"#### Finding groups ({len(s['groups'])}: one per cause)", ""]
-        lines += [f"- **{g['signature']}**: {g['count']} finding(s), seen by {', '.join(g['properties'])}  \n"
+        lines += [f"- **{g['signature']}**{' (known: `' + g['known'] + '`)' if g.get('known') else ''}: "
+                  f"{g['count']} finding(s), seen by {', '.join(g['properties'])}  \n"
                   f"  repro: `{g['repro']}` (`vmfuzz replay {g['repro']}`)" for g in s["groups"]]
         lines += [""]
     if s.get("deployment"):
@@ -270,6 +283,14 @@ def summary_md(s: dict) -> str:
     return "\n".join(lines)
 
 
+def _failing(s: dict) -> bool:
+    """Does this summary fail (the exit code's rule): a new group, or a known one with --fail-on-known."""
+    c = s["counts"]
+    if "new_groups" not in c:  # a summary written before origins: every finding counted
+        return bool(c["findings"] or c["replays_failed"])
+    return bool(c["new_groups"] or (s.get("fail_on_known") and (c["known"] or c["groups"])))
+
+
 def _code_under_test(s: dict) -> list[str]:
     """Which SGLang the verdict is about: the package's own version and where it was imported from."""
     versions = s.get("versions") or {}
@@ -284,8 +305,11 @@ def run_junit(s: dict) -> str:
     suite = Suite("vmfuzz." + s["target"])
     for p in s["properties"]:
         case = Case(p["name"], p["seconds"])
-        if p["status"] == "failed":
-            f = p["findings"][0]
+        new = [f for f in p["findings"] if not f.get("known") or s.get("fail_on_known")]
+        if p["status"] == "failed" and not new:  # only upstream's known defects: listed, not failed
+            case.message = "known finding(s): " + ", ".join(sorted({f["known"] for f in p["findings"]}))
+        elif p["status"] == "failed":
+            f = new[0]
             case.outcome, case.kind, case.message = "failure", f["kind"], f["detail"]
             case.text = "\n".join(f"{x['kind']}: {x['detail']}\nrepro: {x['repro']}" for x in p["findings"])
         elif p["status"] == "skipped":
@@ -297,9 +321,9 @@ def run_junit(s: dict) -> str:
         suite.cases.append(case)
     suites = [suite]
     if s.get("known_findings"):
-        gate = s["command"] == "gate"
         suites.append(Suite("vmfuzz.known", [
-            Case(k["name"], outcome="failure" if k["status"] == "reproduces" and not gate else None,
+            Case(k["name"], outcome="failure" if k["status"] == "fails differently" or (
+                k["status"] == "reproduces" and s.get("fail_on_known")) else None,
                  kind="known", message=f"{k['status']}: {k['reason']}", text=k["detail"])
             for k in s["known_findings"]]))
     if s["replays"]:
@@ -320,7 +344,8 @@ def write_reports(outcome, report_dir: Path) -> dict:
 
 
 #: "caught" is selftest's pass: the known-bad variant was found.
-STATUSES = ("held", "caught", "failed", "skipped", "error")
+#: "known": it failed, and the failure is a known entry's (known/): listed, never a finding
+STATUSES = ("held", "caught", "failed", "known", "skipped", "error")
 
 
 @dataclass
@@ -333,6 +358,8 @@ class Check:
     kind: str = ""  # for a failure: property / target-crash / ...
     repro: str | None = None
     seconds: float = 0.0
+    #: a failure's typed origin (harness.model.origin), as summary.json carries it
+    origin: dict | None = None
 
     def __post_init__(self):
         if self.status not in STATUSES:

@@ -1,0 +1,52 @@
+"""Any exception a check ends with, as the finding it is: a typed origin and a sentence.
+
+Every place that runs a check (the search, a replay, the minimizer, a known
+entry's replay, the exhaustive sweep, a bisect step) turns what it caught into
+a failure here, so a raise is named the same way wherever it was seen: its
+exception type and the innermost frame of the code under test, never its text.
+"""
+
+from __future__ import annotations
+
+import os
+
+from harness.model.origin import Origin
+from harness.properties.kit import PropertyFailure
+
+#: vmfuzz's own package folder: frames inside it are the harness's, not the code under test's
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def raise_place(exc: BaseException | None) -> str:
+    """``file:function`` of the innermost frame outside vmfuzz (the code under test raised there)."""
+    tb, place = getattr(exc, "__traceback__", None), ""
+    while tb is not None:
+        path = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if not path.startswith(_HERE + os.sep) and "hypothesis" not in path:
+            parts = path.split(os.sep)
+            place = f"{'/'.join(parts[-2:])}:{tb.tb_frame.f_code.co_name}"
+        tb = tb.tb_next
+    return place
+
+
+def raise_origin(prop: str, exc: BaseException) -> Origin:
+    """The origin of ``exc`` raised by the target while ``prop`` was checked (here or in a worker)."""
+    from harness.engine.isolation import TargetRaised
+    if isinstance(exc, TargetRaised):  # raised in a worker: it sent its type and frame across
+        return Origin(prop, "raise", exc_type=exc.type_name, frame=exc.frame)
+    return Origin(prop, "raise", exc_type=type(exc).__name__, frame=raise_place(exc))
+
+
+def raise_detail(exc: BaseException) -> str:
+    from harness.engine.isolation import TargetRaised
+    return f"target raised {exc}" if isinstance(exc, TargetRaised) else f"target raised {type(exc).__name__}: {exc}"
+
+
+def failure_of(prop: str, exc: BaseException) -> tuple[Origin, str]:
+    """(origin, detail) of what a check of ``prop`` ended with (a failure, a fault or a raise)."""
+    from harness.engine.isolation import TargetFault
+    if isinstance(exc, PropertyFailure):
+        return exc.origin, exc.detail
+    if isinstance(exc, TargetFault):
+        return Origin(prop, exc.kind.removeprefix("target-")), str(exc)
+    return raise_origin(prop, exc), raise_detail(exc)
