@@ -55,8 +55,22 @@ def main(argv: list[str]) -> int:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     print(f"vmfuzz-kill: exit {proc.returncode} in {time.monotonic() - start:.1f}s; file {', '.join(changed)}; "
           f"properties {', '.join(properties)}")
+    # what killed it, as typed origins read from the gate's own summary.json (never its words):
+    # the score credits a property only through these lines, first, so no tail cut can lose them
+    for origin in killing_origins(Path("gate-report") / "summary.json"):
+        print("vmfuzz-origin: " + json.dumps(origin, sort_keys=True))
     print((proc.stdout + proc.stderr)[-4000:])
     return proc.returncode
+
+
+def killing_origins(summary: Path) -> list[dict]:
+    """The origins of the new finding groups and of the failing saved-repro replays (known ones left out)."""
+    try:
+        s = json.loads(summary.read_text())
+    except (OSError, ValueError):
+        return []
+    out = [g["origin"] for g in s.get("groups", []) if g.get("origin") and not g.get("known")]
+    return out
 
 
 if __name__ == "__main__":

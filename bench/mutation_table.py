@@ -64,17 +64,27 @@ def classify(result) -> str:
     return "error"
 
 
-#: a finding line of the gate's output; "target raised" marks a kill by the mutant raising
-FINDING_LINE = re.compile(r"finding \((?:property|known)\): (.*)")
+#: one typed origin of what killed the mutant, printed first by bench/mutation_kill.py
+ORIGIN_LINE = re.compile(r"^vmfuzz-origin: (\{.*\})$", re.M)
 
 
 def killed_by(output: str) -> str:
-    """Whether a kill came from a property's own check, or only from the mutated code raising
-    (a crash is a kill in mutation testing, but it says nothing of a property's teeth)."""
-    details = FINDING_LINE.findall(output or "")
-    if any(not d.startswith("target raised") for d in details) or "fails again" in (output or ""):
+    """Who killed it, from the origins the kill command printed (never from message text):
+    a property's own check when some origin is a property's judgement; the mutant raising (or
+    crashing) when every origin is a raise/crash/hang, which is its own column and never a
+    property's kill; "unknown" when no origin was printed (a run with no output credits nothing)."""
+    origins = [json.loads(m) for m in ORIGIN_LINE.findall(output or "")]
+    if not origins:
+        return "unknown"
+    if any(o.get("effect") not in ("raise", "crash", "hang") for o in origins):
         return "a property's check"
-    return "the mutant raising" if details else "a property's check"
+    return "the mutant raising"
+
+
+def killing_properties(output: str) -> list[str]:
+    """The properties a kill is credited to: those named by a non-raise origin."""
+    origins = [json.loads(m) for m in ORIGIN_LINE.findall(output or "")]
+    return sorted({o["property"] for o in origins if o.get("effect") not in ("raise", "crash", "hang")})
 
 
 def rows(work: Path):

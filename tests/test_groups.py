@@ -8,8 +8,12 @@ from pathlib import Path
 
 import pytest
 
+import msgspec
+
 from harness.engine.groups import group_findings, signature
 from harness.engine.results import Finding
+from harness.model.origin import BEYOND_CAPACITY, WITHIN_CAPACITY, Origin
+from harness.properties.kit import mask_cell_class
 from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode
 from harness.model.repro_file import from_case, dump
@@ -19,38 +23,78 @@ from tests.helpers import sglang_or_skip, vmfuzz
 CONFIG = Config(TreeMaskMode.FULL_MASK, max_bs=1, max_context_len=2, num_draft_tokens=2, topk=1, spec_steps=1)
 
 
-def _finding(prop: str, detail: str, kind: str = "property", config: Config = CONFIG, place=None) -> Finding:
-    return Finding(prop, detail, Path(f"{prop}.json"), config, [Batch((2, 2))], kind, place)
+OVERRUN = Origin("no-oob-write", "overrun", writer="verify step", buffer="tree_mask", side="above",
+                 cell=BEYOND_CAPACITY)
+
+
+def _finding(origin: Origin, detail: str = "words", config: Config = CONFIG, kind: str = "property") -> Finding:
+    return Finding(origin.property, detail, Path(f"{origin.property}.json"), config, [Batch((2, 2))], kind,
+                   origin=origin)
+
+
+def _as(origin: Origin, prop: str, **changes) -> Origin:
+    return msgspec.structs.replace(origin, property=prop, **changes)
 
 
 def test_one_cause_seen_by_many_properties_is_one_group():
-    oob = "tree_mask: 4 cell(s) written at offsets [10, 16) outside its 8 cells (back redzone, request 1)"
-    found = [_finding("no-oob-write", f"out-of-bounds write on the reused buffer (bs 2, max_bs 1): {oob}"),
-             _finding("fallback-equivalence", "reuse vs fallback: tree_mask holds 8 cells, the batch's logical "
-                                              "region needs 16 (FULL_MASK, bs 2, seq_lens [2, 2])"),
-             _finding("capacity-soundness", "fits(2) is True for a 8-cell FULL_MASK buffer (max_bs 1), but 2 "
-                                            "requests at max_context_len 2 need 16 cells")]
+    found = [_finding(OVERRUN),
+             _finding(_as(OVERRUN, "fallback-equivalence", step=0, steps=1)),
+             _finding(_as(OVERRUN, "capacity-soundness", stage="arithmetic"))]
     groups = group_findings(found)
-    assert [g.signature for g in groups] == ["overrun tree_mask above"]
+    assert [g.signature for g in groups] == ["overrun tree_mask above by the verify step "
+                                             f"({BEYOND_CAPACITY})"]
     assert groups[0].properties == ["capacity-soundness", "fallback-equivalence", "no-oob-write"]
 
 
+def test_an_overrun_and_the_wrong_cells_of_the_same_write_are_one_group():
+    """A row written past its block both leaves the buffer and lands in the wrong cells: one cause."""
+    shifted = Origin("no-oob-write", "overrun", writer="verify step", buffer="tree_mask", side="above")
+    wrong = Origin("reference-agreement", "wrong", writer="verify step", buffer="tree_mask",
+                   cell="tree cell that should be visible")
+    assert len(group_findings([_finding(shifted), _finding(wrong)])) == 1
+    # alone, the wrong cells are their own cause
+    assert len(group_findings([_finding(wrong), _finding(_as(wrong, "fallback-equivalence"))])) == 1
+
+
+def test_two_overruns_of_the_tree_mask_are_two_groups():
+    """Another writer, or another request class (a capacity bug vs a misplaced row), is another cause."""
+    chain = _as(OVERRUN, "chain-writer", writer="chain writer")
+    misplaced = _as(OVERRUN, "no-oob-write", cell=WITHIN_CAPACITY)
+    below = _as(OVERRUN, "no-oob-write", side="below")
+    groups = group_findings([_finding(o) for o in (OVERRUN, chain, misplaced, below)])
+    assert len(groups) == 4 and len({g.key for g in groups}) == 4
+
+
 def test_different_causes_are_different_groups():
-    below = "positions: 2 cell(s) written at offsets [-2, 0) outside its 4 cells (front redzone)"
-    found = [_finding("no-oob-write", f"out-of-bounds write on the reused buffer (bs 1, max_bs 1): {below}"),
-             _finding("reference-agreement", "reuse path vs oracle: tree_mask differs at 1 cell(s), first at "
-                                             "cell 2 (request 0): 0 vs 1"),
-             _finding("reference-agreement", "x: positions differs at 1: 3 vs 4"),
-             _finding("no-oob-write", "target raised ValueError: bad", place="sglang/x.py:build"),
-             _finding("no-oob-write", "target raised ValueError: bad", place="sglang/y.py:fill"),
-             _finding("no-oob-write", "worker died", kind="target-crash")]
-    sigs = [signature(f) for f in found]
-    assert sigs == ["overrun positions below", "wrong tree_mask: tree cell that should be visible",
-                    "wrong positions", "raise ValueError at sglang/x.py:build", "raise ValueError at sglang/y.py:fill",
-                    "target-crash"]
-    # FULL_MASK, seq_len 2, d 2: cell 0 of request 0 is a prefix column
-    assert signature(_finding("reference-agreement", "y: tree_mask differs at 1 cell(s), first at cell 0 "
-                                                     "(request 0): 1 vs 0")) == "wrong tree_mask: prefix column"
+    found = [Origin("no-oob-write", "overrun", writer="verify step", buffer="retrieve_index", side="below"),
+             Origin("reference-agreement", "wrong", writer="verify step", buffer="tree_mask",
+                    cell="tree cell that should be visible"),
+             Origin("reference-agreement", "wrong", writer="verify step", buffer="positions", cell="value"),
+             Origin("no-oob-write", "raise", exc_type="ValueError", frame="sglang/x.py:build"),
+             Origin("no-oob-write", "raise", exc_type="ValueError", frame="sglang/y.py:fill"),
+             Origin("no-oob-write", "crash")]
+    sigs = [signature(_finding(o)) for o in found]
+    assert sigs == ["overrun retrieve_index below by the verify step",
+                    "wrong tree_mask by the verify step: tree cell that should be visible",
+                    "wrong positions by the verify step: value", "raise ValueError at sglang/x.py:build",
+                    "raise ValueError at sglang/y.py:fill", "target-crash"]
+    assert len(group_findings([_finding(o) for o in found])) == len(found)
+
+
+def test_where_a_cause_was_seen_is_not_part_of_it():
+    """The same wrong cell at step 3 of 5, on graph replay, is the same cause as at step 0 eagerly."""
+    a = Origin("reader-agreement", "wrong", writer="triton reader", buffer="mask_indptr", cell="request window",
+               stage="eager", step=0, steps=1)
+    b = msgspec.structs.replace(a, stage="replay", step=3, steps=5)
+    assert a.cause() == b.cause() and len(group_findings([_finding(a), _finding(b)])) == 1
+
+
+def test_the_mask_cell_class_comes_from_the_layout():
+    """FULL_MASK, seq_len 2, d 2: cell 0 of request 0 is a prefix column, cell 2 a tree cell."""
+    batch = Batch((2, 2))
+    assert mask_cell_class(CONFIG, batch, 0, 0) == "prefix column"
+    assert mask_cell_class(CONFIG, batch, 2, 1) == "tree cell that should be visible"
+    assert mask_cell_class(CONFIG, batch, 100, 0) == "padding past the batch's region"
 
 
 def test_server_problem_names_what_no_server_has():
@@ -73,7 +117,8 @@ def test_planted_regression_is_one_group_everywhere(tmp_path):
     s = json.loads((rep / "summary.json").read_text())
     assert s["counts"]["findings"] > 1 and s["counts"]["groups"] == 1
     (g,) = s["groups"]
-    assert g["signature"] == "overrun tree_mask above" and g["count"] == s["counts"]["findings"]
+    assert g["signature"].startswith("overrun tree_mask above") and g["count"] == s["counts"]["findings"]
+    assert g["origin"]["effect"] == "overrun" and g["key"]
     assert r.stdout.count("finding group 1:") == 1 and "finding group 2" not in r.stdout
     assert "1 finding group (" in r.stdout
     html = (rep / "report.html").read_text()
@@ -94,7 +139,7 @@ def test_planted_regression_in_sglang_is_one_group(tmp_path):
                "--report-dir", str(rep), timeout=600)
     assert r.returncode == 1, r.stdout + r.stderr
     s = json.loads((rep / "summary.json").read_text())
-    assert [g["signature"] for g in s["groups"]] == ["overrun tree_mask above"]
+    assert [g["signature"].split(" by ")[0] for g in s["groups"]] == ["overrun tree_mask above"]
     assert s["groups"][0]["count"] == 4 and s["groups"][0]["server_valid"]
     assert r.stdout.count("finding group 1:") == 1
     assert (rep / "report.html").read_text().count('class="finding group"') == 1
@@ -130,7 +175,7 @@ def test_compare_names_the_fixed_group(two_runs, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "fixed          overrun tree_mask above" in r.stdout
     s = json.loads((tmp_path / "a" / "summary.json").read_text())
-    assert [g["signature"] for g in s["changes"]["fixed"]] == ["overrun tree_mask above"]
+    assert [g["signature"].split(" by ")[0] for g in s["changes"]["fixed"]] == ["overrun tree_mask above"]
     assert s["changes"]["new"] == [] and s["changes"]["still_failing"] == []
     # the fixed run's no-oob-write went on past the example that failed before: more reached
     assert s["changes"]["classes_gained"] and s["changes"]["examples"][1] > s["changes"]["examples"][0]
@@ -162,14 +207,39 @@ def test_raise_place_is_the_innermost_frame_outside_vmfuzz(tmp_path):
         assert raise_place(exc) == f"{tmp_path.name}/kernel_mod.py:inner"
 
 
-def test_a_cell_is_classed_in_the_step_the_detail_names():
-    config = Config(TreeMaskMode.FULL_MASK, max_bs=2, max_context_len=4, num_draft_tokens=2, topk=1, spec_steps=1)
-    # step 0 has an empty sequence (cell 0 is a tree cell), step 1 a sequence of 3 (cell 0 is a prefix column)
-    f = Finding("multi-step-reuse", "step 1 of 2: reused vs fresh allocation: tree_mask differs at 2 cell(s), "
-                "first at cell 0 (request 0): 1 vs 0", Path("m.json"), config, [Batch((0,)), Batch((3,))])
-    assert signature(f) == "wrong tree_mask: prefix column"
-    packed = _finding("packed-mask", "request 0's packed byte 0 (cells 0..7 of its block) is 0b11101111, "
-                                     "the mask's bits LSB first are 0b11110111 (seq_lens [2, 2], d 2)")
-    assert signature(packed) == "wrong packed_mask byte"
-    assert signature(_finding("capacity-liveness", "fits(3) is False although bs <= max_bs 4: every such step")) \
-        == "capacity-liveness: fits(N) is False although bs <= max_bs N"
+#: a driver that runs the CLI with every finding's words replaced: what reads origins cannot tell
+REWORDED = """
+import sys
+import harness.properties.kit as kit
+original = kit.PropertyFailure.__init__
+def reworded(self, origin, detail):
+    original(self, origin, "reworded " + "".join(reversed(str(detail))) + " 12345")
+kit.PropertyFailure.__init__ = reworded
+from harness.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("variant", ["fits-off-by-one", "unfilled-prefix", "hybrid-decode-mask"])
+def test_rewording_every_message_changes_no_group_compare_or_known_match(variant, tmp_path):
+    """Groups, compare and known matching read origins: a run whose every finding message is
+    reworded groups the same, compares as "still failing" (nothing new, nothing fixed)."""
+    import subprocess
+    import sys
+    driver = tmp_path / "reworded.py"
+    driver.write_text(REWORDED)
+    args = ("run", "--target", f"reference+{variant}", "--seed", "3", "--max-examples", "25")
+    plain = vmfuzz(*args, "--report-dir", str(tmp_path / "plain"))
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "CI": "true"}
+    other = subprocess.run([sys.executable, str(driver), *args, "--report-dir", str(tmp_path / "other")],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert plain.returncode == other.returncode == 1, plain.stderr + other.stderr
+    a = json.loads((tmp_path / "plain" / "summary.json").read_text())
+    b = json.loads((tmp_path / "other" / "summary.json").read_text())
+    assert all(f["detail"].startswith("reworded ") for f in b["findings"])  # the words did change
+    assert [(g["key"], g["count"], g["properties"]) for g in a["groups"]] == \
+        [(g["key"], g["count"], g["properties"]) for g in b["groups"]]
+    cmp = vmfuzz("compare", str(tmp_path / "plain"), str(tmp_path / "other"), "--report-dir", str(tmp_path / "c"))
+    assert cmp.returncode == 0, cmp.stdout + cmp.stderr
+    c = json.loads((tmp_path / "c" / "summary.json").read_text())["changes"]
+    assert c["new"] == [] and c["fixed"] == [] and len(c["still_failing"]) == len(a["groups"])

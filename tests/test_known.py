@@ -12,12 +12,15 @@ from harness.engine.known import applicable, attach, default_known_root, entries
 from harness.model.config import Batch, Config
 from harness.model.known_file import Known, decode
 from harness.model.layouts import TreeMaskMode
+from harness.model.origin import Origin
 from harness.model.repro_file import ReproError
 from harness.properties import PROPERTIES, PropertyFailure
 from harness.targets import CATALOGUE, resolve
 
 CASE = (Config(TreeMaskMode.FULL_MASK, 2, 4, 3, 2, 2, True), [Batch((4, 1))])
-ENTRY = {"sglang": ">=0.5.17,<0.5.23", "reason": "why it is upstream's", "match": "resolves the router to",
+POLICY = {"property": "routing", "effect": "unsound", "writer": "dflash policy"}
+ENTRY = {"sglang": ">=0.5.17,<=0.5.22", "reason": "why it is upstream's",
+         "origins": [{**POLICY, "router": "hybrid", "resolved": "HybridAttnBackend"}],
          "repro": {"property": "routing", "config": {"mode": "FULL_MASK", "max_bs": 2, "max_context_len": 4,
                                                     "num_draft_tokens": 3, "topk": 2, "spec_steps": 2},
                    "batches": [{"seq_lens": [4, 1]}]}}
@@ -27,21 +30,31 @@ def _known(**changes) -> Known:
     return decode(json.dumps({**ENTRY, **changes}).encode(), "x.json")
 
 
+def _policy(**fields) -> Origin:
+    return Origin(**{**POLICY, "spec_mode": "decode", "role": "decode", **fields})
+
+
 def test_the_repository_entries_load_and_apply_by_release():
     found = {k.name: k for _, k in entries(default_known_root())}
     assert {"dflash-policy-behind-router", "dflash-policy-behind-dots-wrapper"} <= set(found)
     router = found["dflash-policy-behind-router"]
     assert [v for v in ("0.5.16", "0.5.17", "0.5.21", "0.5.22", "0.5.23") if router.applies_to(v)] == \
         ["0.5.17", "0.5.21", "0.5.22"]
-    assert found["dflash-policy-behind-dots-wrapper"].applies_to("0.5.23")
+    dots = found["dflash-policy-behind-dots-wrapper"]
+    # closed at the newest release it was seen on: the next release is judged afresh
+    assert dots.applies_to("0.5.23") and not dots.applies_to("0.5.24")
     # no SGLang under test (the reference model): nothing applies
     assert applicable(entries(default_known_root()), {"reference": "0.1.0"}) == []
 
 
 @pytest.mark.parametrize("changes,why", [({"sglang": "0.5.17 to 0.5.22"}, "version range"),
+                                         ({"sglang": ">=0.5.19"}, "open above"),
                                          ({"reason": "two\nlines"}, "one line"),
-                                         ({"match": "("}, "regular expression"),
-                                         ({"match": ""}, "regular expression"),
+                                         ({"origins": []}, "origins is empty"),
+                                         ({"origins": [{**POLICY, "effect": "odd"}]}, "is not one of"),
+                                         ({"origins": [{**POLICY, "property": "no-oob-write"}]}, "not the repro"),
+                                         ({"origins": [{**POLICY, "router": {"x": 1}}]}, "known-finding file"),
+                                         ({"match": "resolves the router to"}, "unknown field"),
                                          ({"repro": {**ENTRY["repro"], "property": ""}}, "name its property"),
                                          ({"repro": {**ENTRY["repro"], "batches": []}}, "at least one step")])
 def test_a_bad_entry_is_refused_with_one_line(changes, why):
@@ -54,7 +67,8 @@ def test_a_known_defect_is_recorded_and_the_rest_of_the_property_still_checked()
     target = CATALOGUE["dflash-policy-prefill"].layer(resolve("reference"))
     with pytest.raises(PropertyFailure, match="DFlash"):
         PROPERTIES["routing"].check(target, *CASE)
-    attach(target, [(None, msgspec.structs.replace(_known(match="hybrid router.*DFlash"), name="policy"))])
+    entry = _known(origins=[{**POLICY, "router": ["hybrid", "hybrid>hybrid"], "resolved": "prefill"}])
+    attach(target, [(None, msgspec.structs.replace(entry, name="policy"))])
     obs = PROPERTIES["routing"].check(target, *CASE)
     assert "hybrid: known finding policy" in obs.classes
     # a new router defect in the same case is still a finding
@@ -64,25 +78,55 @@ def test_a_known_defect_is_recorded_and_the_rest_of_the_property_still_checked()
 
 
 def test_a_known_entry_names_only_its_own_defect():
-    k = _known(match="dots-swa router.*DFlash")
-    assert k.matches("routing", "dots-swa router, speculative_attention_mode decode: DFlash's ...")
-    assert not k.matches("routing", "hybrid router, speculative_attention_mode decode: DFlash's ...")
-    assert not k.matches("no-oob-write", "dots-swa router, ...: DFlash's ...")
+    """Anchored fields: another router, a resolved class that is not the router's own, a class whose
+    name merely contains it, another property or effect: none is this entry's."""
+    k = _known()
+    assert k.matches(_policy(router="hybrid", resolved="HybridAttnBackend"))
+    assert not k.matches(_policy(router="hybrid", resolved="TboAttnBackend"))
+    assert not k.matches(_policy(router="hybrid", resolved="HybridAttnBackendV2"))
+    assert not k.matches(_policy(router="tbo>hybrid", resolved="HybridAttnBackend"))
+    assert not k.matches(Origin("routing", "wrong", writer="dflash policy", router="hybrid",
+                                resolved="HybridAttnBackend"))
+    assert not k.matches(None)
+    listed = _known(origins=[{**POLICY, "router": ["hybrid", "hybrid>hybrid"], "resolved": "HybridAttnBackend"}])
+    assert listed.matches(_policy(router="hybrid>hybrid", resolved="HybridAttnBackend"))
+    assert not listed.matches(_policy(router="hybrid-linear", resolved="HybridAttnBackend"))
+
+
+def test_the_shipped_entries_do_not_swallow_a_new_router_defect():
+    found = {k.name: k for _, k in entries(default_known_root())}
+    old = found["dflash-policy-behind-router"]
+    assert old.matches(_policy(router="tbo", resolved="TboAttnBackend"))
+    assert not old.matches(_policy(router="hybrid", resolved="TboAttnBackend"))
+    assert not old.matches(_policy(router="hybrid", resolved="HybridAttnBackendV2"))
+    dots = found["dflash-policy-behind-dots-wrapper"]
+    assert dots.matches(_policy(router="tbo>dots-swa", resolved="DotsSWAMLAAttnBackend"))
+    assert not dots.matches(_policy(router="hybrid", resolved="DotsSWAMLAAttnBackend"))
 
 
 @pytest.mark.slow
-def test_gate_lists_the_known_finding_and_passes_run_reports_it(sglang_target, tmp_path):
+def test_known_findings_never_redden_a_command(sglang_target, tmp_path):
+    """On released SGLang, the Dots entry is listed by gate, run and replay, which exit 0 on it;
+    --fail-on-known opts in to failing."""
     from tests.helpers import vmfuzz as run_cli
     changed = tmp_path / "changed.txt"
     changed.write_text("python/sglang/srt/speculative/dflash_utils.py\n")
     gate = run_cli("gate", "--target", "sglang", "--changed-files", str(changed), "--property", "routing",
                    "--report-dir", str(tmp_path / "gate"))
     assert gate.returncode == 0, gate.stdout + gate.stderr
-    assert "known finding (upstream's to fix, not this change's): dflash-policy-behind-dots-wrapper" in gate.stdout
+    assert "known finding (upstream's to fix, not a new cause): dflash-policy-behind-dots-wrapper" in gate.stdout
     s = json.loads((tmp_path / "gate" / "summary.json").read_text())
-    assert s["counts"]["known"] == 1 and s["counts"]["findings"] == 0 and s["findings"] == []
-    run = run_cli("run", "--target", "sglang", "--property", "routing", "--seed", "1", "--max-examples", "3",
-                  "--report-dir", str(tmp_path / "run"))
-    assert run.returncode == 1, run.stdout + run.stderr
-    findings = json.loads((tmp_path / "run" / "summary.json").read_text())["findings"]
-    assert [f["kind"] for f in findings] == ["known"], findings
+    assert s["counts"]["known"] == 1 and s["counts"]["new_groups"] == 0
+    args = ("run", "--target", "sglang", "--property", "routing", "--seed", "1", "--max-examples", "3")
+    run = run_cli(*args, "--report-dir", str(tmp_path / "run"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["counts"]["known"] == 1 and s["counts"]["new_groups"] == 0
+    strict = run_cli(*args, "--fail-on-known", "--report-dir", str(tmp_path / "strict"))
+    assert strict.returncode == 1, strict.stdout + strict.stderr
+    repro = tmp_path / "run" / "findings" / "known-dflash-policy-behind-dots-wrapper.json"
+    assert json.loads(repro.read_text())["origin"]["resolved"] == "DotsSWAMLAAttnBackend"
+    rep = run_cli("replay", str(repro), "--target", "sglang", "--report-dir", str(tmp_path / "replay"))
+    assert rep.returncode == 0 and rep.stdout.startswith("known routing"), rep.stdout + rep.stderr
+    assert run_cli("replay", str(repro), "--target", "sglang", "--fail-on-known",
+                   "--report-dir", str(tmp_path / "replay2")).returncode == 1

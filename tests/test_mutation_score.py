@@ -18,7 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import mutation_kill  # noqa: E402
 import mutation_score  # noqa: E402
-from mutation_table import classify, killed_by, suspected_equivalent  # noqa: E402
+from mutation_table import classify, killed_by, killing_properties, suspected_equivalent  # noqa: E402
 
 pytest.importorskip("cosmic_ray")
 from cosmic_ray.work_item import WorkerOutcome, WorkResult  # noqa: E402
@@ -74,10 +74,21 @@ def test_the_sample_stays_inside_the_driven_functions():
 
 
 def test_a_kill_by_the_mutant_raising_is_told_apart_from_a_property_s_check():
-    raised = "  no-oob-write   FAILED\n      finding (property): target raised IndexError: index 9 is out of bounds\n"
-    checked = "  no-oob-write   FAILED\n      finding (property): out-of-bounds write on the reused buffer (bs 2)\n"
-    replayed = "  replay saved repro/pr33127/pr33127.json: fails again: out-of-bounds write\n"
+    """Read from the typed origins the kill command prints, never from finding text."""
+    raised = 'vmfuzz-origin: {"effect": "raise", "exc_type": "IndexError", "property": "no-oob-write"}\n'
+    checked = ('vmfuzz-origin: {"buffer": "tree_mask", "effect": "overrun", "property": "no-oob-write", '
+               '"side": "above", "writer": "verify step"}\n')
+    crashed = 'vmfuzz-origin: {"effect": "crash", "property": "routing"}\n'
     assert killed_by(raised) == "the mutant raising"
+    assert killed_by(crashed) == "the mutant raising"
     assert killed_by(checked) == "a property's check"
     assert killed_by(raised + checked) == "a property's check"
-    assert killed_by(replayed) == "a property's check"
+    assert killing_properties(raised + checked + crashed) == ["no-oob-write"]
+    # words that look like a finding credit nothing: only an origin does
+    words = "      finding (property): out-of-bounds write on the reused buffer (bs 2)\n"
+    assert killed_by(words) == "unknown" and killing_properties(words) == []
+
+
+def test_a_run_with_no_output_credits_nothing():
+    assert killed_by("") == "unknown" and killed_by(None) == "unknown"
+    assert killing_properties("vmfuzz-kill: exit 1 in 3.0s") == []

@@ -96,6 +96,8 @@ def decode(data: bytes, path: str | Path = "<known finding>") -> Known:
                          "defect was seen on (e.g. '<=0.5.23'), so a new release is judged afresh")
     if not known.reason.strip() or "\n" in known.reason:
         raise ReproError(f"{path}: reason must be one line")
+    if not known.repro.property:
+        raise ReproError(f"{path}: the repro must name its property")
     if not known.origins:
         raise ReproError(f"{path}: origins is empty: name the origin fields of this defect")
     for i, p in enumerate(known.origins):
@@ -104,8 +106,6 @@ def decode(data: bytes, path: str | Path = "<known finding>") -> Known:
         if p.property != known.repro.property:
             raise ReproError(f"{path}: origins[{i}].property {p.property!r} is not the repro's property "
                              f"{known.repro.property!r}")
-    if not known.repro.property:
-        raise ReproError(f"{path}: the repro must name its property")
     to_case(known.repro)  # a known finding that cannot be replayed proves nothing
     return msgspec.structs.replace(known, name=Path(path).stem)
 

@@ -32,6 +32,9 @@ Fields, each filled by the check that saw the failure:
 - ``router``, ``role``, ``spec_mode``, ``resolved``: for routing and allocation
   decisions, the router chain, the child's role, the speculative attention
   mode and the class a policy resolved to: what a known finding matches on.
+  They are part of the cause only for a decision (``unsound``, or a wrong
+  output of a router or policy): a verify step through a router that writes
+  wrong cells is the same cause as that step run directly.
 
 ``step``/``steps`` and ``stage`` say where the failure was seen, not what it is:
 they are left out of the group key, so the same cause seen at another step of
@@ -44,6 +47,8 @@ import msgspec
 
 EFFECTS = ("overrun", "wrong", "unsound", "raise", "crash", "hang")
 SIDES = ("", "below", "above")
+#: writers whose wrong output is a decision, named by the router chain and roles it was made for
+DECIDERS = ("router", "dflash policy", "call site")
 #: an overrun's cell classes: whose cells the stray write were
 BEYOND_CAPACITY = "request past the buffer's capacity"
 WITHIN_CAPACITY = "request the buffer was sized for"
@@ -80,7 +85,7 @@ class Origin(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fie
             return ("raise", self.exc_type, self.frame)
         if self.effect == "overrun":
             return ("overrun", self.writer, self.buffer, self.side, self.cell)
-        if self.effect == "wrong" and self.buffer and not self.router:
+        if self.effect == "wrong" and self.buffer and self.writer not in DECIDERS:
             return ("wrong", self.writer, self.buffer, self.cell)
         return (self.property, self.effect, self.writer, self.buffer, self.cell, self.router, self.role,
                 self.spec_mode, self.resolved)
@@ -94,7 +99,7 @@ class Origin(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fie
         by = f" by the {self.writer}" if self.writer else ""
         if self.effect == "overrun":
             return f"overrun {self.buffer} {self.side}{by}" + (f" ({self.cell})" if self.cell else "")
-        if self.effect == "wrong" and self.buffer and not self.router:
+        if self.effect == "wrong" and self.buffer and self.writer not in DECIDERS:
             return f"wrong {self.buffer}{by}" + (f": {self.cell}" if self.cell else "")
         parts = [p for p in (self.writer, self.buffer, self.cell) if p]
         who = ", ".join(f"{k} {v}" for k, v in (("router", self.router), ("role", self.role),

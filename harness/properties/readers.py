@@ -21,8 +21,8 @@ from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode, logical_size, request_extents
 from harness.model.oracle import expected
 from harness.model.origin import BEYOND_CAPACITY
-from harness.properties.kit import (VERIFY_STEP, Difference, Observation, capacity_of, fail, fail_overrun, locator,
-                                    reused_mask)
+from harness.properties.kit import (VERIFY_STEP, Difference, Observation, capacity_of, fail, fail_overrun,
+                                    first_difference, locator, reused_mask)
 from harness.model.readers import reader_config
 from harness.guard.shadow import ShadowHeap, describe_all
 
@@ -242,6 +242,12 @@ def packed_mask(target, config: Config, batches: list[Batch], device="cpu") -> O
                  effect="overrun", writer=VERIFY_STEP, buffer="tree_mask", side="above", cell=BEYOND_CAPACITY)
         written = out.tree_mask.reshape(-1)[:n].view(torch.uint8).cpu()
         writer_ok = torch.equal(written, oracle.view(torch.uint8))
+        if not writer_ok:  # the mask to pack is already wrong: the writer's cause, not the packer's
+            want = expected(rc, batch)
+            diff = first_difference("the verify step's mask, before packing, vs oracle", out.as_cpu(), want, rc,
+                                    batch, want.compared)
+            if diff:
+                fail("packed-mask", diff, writer=VERIFY_STEP)
         total = starts[-1]
         for capacity in (total, total - 1):
             pheap = ShadowHeap(device)
