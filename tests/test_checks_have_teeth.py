@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.model.origin import Origin
+
 from harness.cli import main
 from harness.engine.kill_matrix import NOT_DRIVEN, RAISED, caught, kill_matrix
 from harness.engine.results import Finding, PropertyResult
@@ -71,19 +73,39 @@ def test_selftest_cli_does_not_count_missing_seams_as_caught(tmp_path):
     assert code == 0 and status == {"pack-msb-first": "skipped", "row-offset": "caught"}, summary
 
 
-def _result(prop: str, detail: str, owner: str | None = None, kind: str = "property") -> PropertyResult:
-    finding = Finding(owner or prop, detail, Path("x.json"), None, [], kind)
+def _result(prop: str, origin: Origin, kind: str = "property") -> PropertyResult:
+    finding = Finding(origin.property, "words", Path("x.json"), None, [], kind, origin=origin)
     return PropertyResult(prop, examples=3, finding=finding)
 
 
 def test_a_raise_or_another_propertys_failure_is_not_a_catch():
-    from harness.engine.kill_matrix import _cell
-    assert _cell(_result("routing", "hands out the decode child's mask"), "routing") == 3
-    assert _cell(_result("routing", "target raised AttributeError: no route"), "routing") == RAISED
-    assert _cell(_result("routing", "x", kind="target-crash"), "routing") == RAISED
-    assert _cell(_result("no-oob-write", "x", owner="fallback-equivalence"), "no-oob-write") == RAISED
+    """Read from the finding's origin: its effect and its property, never its words."""
+    from harness.engine.kill_matrix import KNOWN, _cell
+    handed = Origin("routing", "unsound", writer="router", buffer="verify_mask", router="hybrid")
+    assert _cell(_result("routing", handed), "routing") == 3
+    raised = Origin("routing", "raise", exc_type="AttributeError", frame="sglang/x.py:route")
+    assert _cell(_result("routing", raised), "routing") == RAISED
+    assert _cell(_result("routing", Origin("routing", "crash"), kind="target-crash"), "routing") == RAISED
+    other = Origin("fallback-equivalence", "wrong", writer="verify step", buffer="tree_mask")
+    assert _cell(_result("no-oob-write", other), "no-oob-write") == RAISED
     assert _cell(PropertyResult("routing", not_driven="no route"), "routing") == NOT_DRIVEN
     assert _cell(PropertyResult("routing", examples=10), "routing") is None
+
+
+def test_a_known_finding_is_never_a_variants_catch():
+    from harness.engine.kill_matrix import KNOWN, _cell
+    from harness.model.known_file import decode
+    policy = Origin("routing", "unsound", writer="dflash policy", router="dots-swa", role="decode",
+                    spec_mode="decode", resolved="DotsSWAMLAAttnBackend")
+    entry = decode(json.dumps({
+        "sglang": ">=0.5.19,<=0.5.23", "reason": "upstream's",
+        "origins": [{"property": "routing", "effect": "unsound", "writer": "dflash policy",
+                     "resolved": "DotsSWAMLAAttnBackend"}],
+        "repro": {"property": "routing", "config": {"mode": "FULL_MASK", "max_bs": 2, "max_context_len": 4,
+                                                   "num_draft_tokens": 3, "topk": 2, "spec_steps": 2},
+                  "batches": [{"seq_lens": [4, 1]}]}}).encode(), "k.json")
+    assert _cell(_result("routing", policy), "routing", [entry]) == KNOWN
+    assert _cell(_result("routing", policy), "routing") == 3  # without the entry it would count
 
 
 # -- routing and allocation-soundness judge by their own logic --------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from harness.engine import steps
+from harness.model.origin import Origin
 from harness.engine.results import Finding, PropertyResult
 
 
@@ -38,7 +39,7 @@ def test_a_property_that_failed_is_not_searched_at_wider_bounds(monkeypatch, tmp
     def search(target, prop, *, bounds, **_):
         seen.append(bounds)
         res = PropertyResult(prop.name, examples=1)
-        res.finding = Finding(prop.name, "out-of-bounds write", tmp_path / "r.json", None, [])
+        res.finding = Finding(prop.name, "out-of-bounds write", tmp_path / "r.json", None, [], origin=Origin(prop.name, "overrun"))
         return res
 
     monkeypatch.setattr(steps, "search_property", search)

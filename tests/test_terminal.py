@@ -93,6 +93,7 @@ def test_a_staged_search_says_each_property_the_moment_it_is_final(monkeypatch, 
 
     from harness.engine import session
     from harness.engine.results import Finding, PropertyResult
+    from harness.model.origin import Origin
 
     said, steps_run = [], []
 
@@ -101,7 +102,7 @@ def test_a_staged_search_says_each_property_the_moment_it_is_final(monkeypatch, 
         for name in properties:
             res = PropertyResult(name, examples=5, rounds=1)
             if name == "no-oob-write":
-                res.finding = Finding(name, "out-of-bounds write", tmp_path / "r.json", None, [])
+                res.finding = Finding(name, "out-of-bounds write", tmp_path / "r.json", None, [], origin=Origin(name, "overrun"))
             on_result(res)
 
     monkeypatch.setattr(session, "run_campaign", campaign)

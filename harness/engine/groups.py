@@ -44,6 +44,8 @@ def _origin(finding: Finding) -> Origin:
 def case_size(finding: Finding) -> tuple:
     """Smaller is simpler: fewer steps and requests, shorter contexts, smaller trees."""
     c, steps = finding.config, finding.batches
+    if c is None:  # a worker that died outside any check: no case, the largest of all
+        return (float("inf"),) * 8 + (str(finding.path),)
     return (len(steps), sum(b.bs for b in steps), sum(sum(b.seq_lens) for b in steps), c.max_bs,
             c.max_context_len, c.num_draft_tokens, c.topk, c.spec_steps, str(finding.path))
 
