@@ -243,3 +243,52 @@ def test_rewording_every_message_changes_no_group_compare_or_known_match(variant
     assert cmp.returncode == 0, cmp.stdout + cmp.stderr
     c = json.loads((tmp_path / "c" / "summary.json").read_text())["changes"]
     assert c["new"] == [] and c["fixed"] == [] and len(c["still_failing"]) == len(a["groups"])
+
+
+def test_minimizing_keeps_the_findings_origin():
+    """A candidate that fails another way (here: a raise once the batch is small) is not a smaller
+    case of the finding: the minimizer keeps the overrun and never drifts into the raise."""
+    from types import SimpleNamespace
+
+    from harness.engine.shrink import checker, minimize
+    from harness.properties.kit import fail
+
+    def check(target, config, batches, device="cpu"):
+        bs = batches[0].bs
+        if bs <= 2:
+            raise IndexError("a smaller batch trips something else")
+        if bs > config.max_bs:
+            fail("no-oob-write", f"bs {bs} past max_bs", effect="overrun", writer="verify step",
+                 buffer="tree_mask", side="above", cell=BEYOND_CAPACITY)
+
+    prop = SimpleNamespace(name="no-oob-write", check=check)
+    config = Config(TreeMaskMode.FULL_MASK, max_bs=2, max_context_len=4, num_draft_tokens=2, topk=1, spec_steps=1)
+    still_fails, close = checker(prop, None, "cpu", None, 30.0)
+    (small_config, small), detail, _ = minimize((config, [Batch((4, 4, 4, 4, 4, 4))]), still_fails)
+    close()
+    assert detail.origin.effect == "overrun" and small[0].bs > small_config.max_bs and small[0].bs > 2
+    # told which origin to keep (a repro's recorded one), a case failing only another way is not it
+    keep = Origin("no-oob-write", "raise", exc_type="IndexError", frame="tests/test_groups.py:check")
+    still_fails, _ = checker(prop, None, "cpu", None, 30.0, keep=keep)
+    assert still_fails((config, [Batch((4, 4, 4, 4))])) is None
+    assert still_fails((config, [Batch((4, 4))])).origin.exc_type == "IndexError"
+
+
+@pytest.mark.slow
+def test_readmes_crash_report_minimizes_to_its_overrun_or_says_it_does_not_reproduce(tmp_path):
+    """README's crash.json: on released SGLang (fixed) it reproduces nothing new (the known routing
+    entry is listed, never minimized into); with the regression layered it shrinks to no-oob-write."""
+    sglang_or_skip()
+    crash = tmp_path / "crash.json"
+    crash.write_text(json.dumps({"config": {"mode": "FULL_MASK", "max_bs": 8, "max_context_len": 4096,
+                                            "num_draft_tokens": 4, "topk": 1, "spec_steps": 3},
+                                 "batches": [{"seq_lens": [4096] * 9}]}))
+    fixed = vmfuzz("minimize", str(crash), "--target", "sglang", "-o", str(tmp_path / "a.json"),
+                   "--report-dir", str(tmp_path / "ra"), timeout=900)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert "nothing to minimize" in fixed.stdout and not (tmp_path / "a.json").exists()
+    bad = vmfuzz("minimize", str(crash), "--target", "sglang+pr33127", "-o", str(tmp_path / "b.json"),
+                 "--report-dir", str(tmp_path / "rb"), timeout=900)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    small = json.loads((tmp_path / "b.json").read_text())
+    assert small["property"] == "no-oob-write" and small["origin"]["effect"] == "overrun"
