@@ -288,6 +288,20 @@ ALTERATIONS = {
                                              r"mask_indptr\[1 : bs \+ 1\]",
                                    r"\1mask_indptr[:bs]")],
                                  "reader-agreement"),
+    # The KV indptr counts one token too many before every request after the first.
+    "kv-indptr-off-by-one": ([([TRITON], r"kv_indptr\[1:\] = torch\.cumsum\(seq_lens, dim=0\)",
+                               "kv_indptr[1:] = torch.cumsum(seq_lens, dim=0) + 1")], "reader-agreement"),
+    # Eager qo_indptr stops one request short: arange to bs * d, not (bs + 1) * d.
+    "qo-indptr-one-short": ([([TRITON], r"(qo_indptr = torch\.arange\(\n\s*0,\n\s*)\(1 \+ bs\) \* num_tokens_per_req,",
+                              r"\1bs * num_tokens_per_req,")], "reader-agreement"),
+    # The KV gather takes each request's place in the batch for its request-pool slot.
+    "kv-gather-batch-order": ([([TRITON], r"(self\.kv_index_translator\.pack_read_stream\(\n\s*plan,\n\s*)"
+                                          r"req_pool_indices=req_pool_indices,",
+                                r"\1req_pool_indices=torch.arange(bs, device=seq_lens.device),")],
+                              "reader-agreement"),
+    # Eager max_extend_len one short of the d draft tokens each request extends by.
+    "max-extend-len-off-by-one": ([([TRITON], r"max_extend_len = num_tokens_per_req\n",
+                                    "max_extend_len = num_tokens_per_req - 1\n")], "reader-agreement"),
     # Bits shifted from the top: each byte MSB first.
     "pack-bit-order": ([([PACK], r"values\.to\(tl\.uint32\) << bit\[None, :\]",
                          "values.to(tl.uint32) << (7 - bit[None, :])")], "packed-mask"),

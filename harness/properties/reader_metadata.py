@@ -41,8 +41,8 @@ def _pointer_mismatch(name: str, tensor, want: ExpectedReads, capacity: int | No
     exp, own, unit = getattr(want, name), want.row_lengths(name), _UNITS[name]
     got = [] if tensor is None else [int(v) for v in tensor.reshape(-1)[:want.rows + 1].cpu().tolist()]
     if len(got) < want.rows + 1:
-        return Difference(f"{where}: {name} has {len(got)} entries for {want.rows} requests", buffer=name,
-                          cell="length")
+        return Difference(f"{where}: {name} holds {len(got)} entries; {want.rows} requests need "
+                          f"{want.rows + 1}", buffer=name, cell="length")
     if got[0] != 0:
         return Difference(f"{where}: {name}[0] is {got[0]}: request 0's {unit} start at 0", buffer=name,
                           cell="request window")

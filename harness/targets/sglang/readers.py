@@ -4,13 +4,14 @@ Triton attention (``TritonAttnBackend``): the instance is made without its
 ``__init__`` (which reads a whole server's config) and given only the state
 its target-verify metadata methods read -- indptr buffers sized for the request
 pool, a KV-index translator whose gather writes each request's slots from a
-stand-in request-to-token table (``kv_ids.GathersKvSlots``), a redzoned cuda-graph
-KV-index buffer, and the verify mask the call site wrote into. Then SGLang's own methods run: ``init_forward_metadata`` for
-an eager TARGET_VERIFY batch, and ``init_forward_metadata_out_graph`` twice for
-the cuda graph, once capturing (a placeholder mask for max_bs requests at the
-fill length, as the graph runner passes) and once replaying the real batch,
-which copies the step's mask into the backend's buffer and refills
-``mask_indptr`` in place. The reader's view is what the metadata then holds: qo_indptr, kv_indptr,
+stand-in request-to-token table (``kv_ids.GathersKvSlots``), a redzoned
+cuda-graph KV-index buffer, and the verify mask the call site wrote into. Then
+SGLang's own methods run: ``init_forward_metadata`` for an eager TARGET_VERIFY
+batch, and ``init_forward_metadata_out_graph`` twice for the cuda graph, once
+capturing (a placeholder mask for max_bs requests at the fill length, as the
+graph runner passes) and once replaying the real batch, which copies the step's
+mask into the backend's buffer and refills the indptrs and KV indices in place.
+The reader's view is what the metadata then holds: qo_indptr, kv_indptr,
 kv_indices, max_extend_len, mask_indptr and the mask.
 
 A replay runs in the smallest captured graph that holds the batch
