@@ -102,13 +102,14 @@ def assert_caught_by(report_dir: Path, *props: str, out: str = "") -> None:
     assert set(by) & set(props), f"caught by {by}, want one of {', '.join(props)}\n{out}"
 
 
-def _raised(detail: str, origin: dict | None) -> bool:
+def _raised(detail: str, origin) -> bool:
     """A finding that is the target (or the harness) raising, in any of the forms one is written in:
     "target raised ..." anywhere in its detail (a replay says "fails again: target raised ..."), or
-    an origin whose effect is a raise, a crash or a hang."""
-    return "target raised" in detail or (origin or {}).get("effect") in ("raise", "crash", "hang")
+    an origin (summary.json's dict or an ``Origin``) whose effect is a raise, a crash or a hang."""
+    effect = origin.get("effect") if isinstance(origin, dict) else getattr(origin, "effect", None)
+    return "target raised" in detail or effect in ("raise", "crash", "hang")
 
 
-def assert_not_a_raise(detail: str, origin: dict | None = None) -> None:
+def assert_not_a_raise(detail: str, origin=None) -> None:
     """A finding made by the target raising checked nothing: it is never a catch."""
     assert not _raised(detail, origin), f"caught only by raising, not by a property: {detail}"

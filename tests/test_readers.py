@@ -75,7 +75,7 @@ def test_reader_variant_is_caught_on_reference(variant, tmp_path):
     res = run_property(resolve(f"reference+{variant}"), PROPERTIES[READER_VARIANTS[variant]], seed=1,
                        max_examples=30, bounds=Bounds(), findings_dir=tmp_path)
     assert res.finding is not None, f"{READER_VARIANTS[variant]} let reference+{variant} through"
-    assert_not_a_raise(res.finding.detail)
+    assert_not_a_raise(res.finding.detail, res.finding.origin)
     assert (tmp_path / f"{READER_VARIANTS[variant]}.json").exists()
 
 
@@ -225,6 +225,7 @@ def test_reader_variant_is_caught_over_sglang(sglang_target, variant, tmp_path):
     res = run_property(resolve(f"sglang+{variant}"), PROPERTIES[READER_VARIANTS[variant]], seed=3,
                        max_examples=10, bounds=sglang_target.bounds, findings_dir=tmp_path)
     assert res.finding is not None
+    assert_not_a_raise(res.finding.detail, res.finding.origin)
 
 
 def test_sglang_readers_are_sglangs_own(sglang_target):
@@ -330,4 +331,5 @@ def test_altered_sglang_reader_is_caught(sglang_target, alteration, tmp_path):
     else:
         assert proc.returncode == 1, out
         assert f"{prop}" in proc.stdout and "FAILED" in proc.stdout, out
+        assert "target raised" not in out, out
         assert_caught_by(tmp_path / "report", prop, out=out)
