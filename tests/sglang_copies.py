@@ -95,7 +95,21 @@ def assert_caught_by(report_dir: Path, *props: str, out: str = "") -> None:
     summary = json.loads((Path(report_dir) / "summary.json").read_text())
     findings = summary.get("findings") or []
     assert findings, f"no finding recorded (want one of {', '.join(props)})\n{out}"
-    raised = [f for f in findings if f["kind"] != "property" or f["detail"].startswith("target raised")]
+    raised = [f for f in findings if f["kind"] != "property" or _raised(f["detail"], f.get("origin"))]
     assert not raised, f"caught only by raising, not by a property: {raised}\n{out}"
+    assert "target raised" not in out, f"the run reports a raise: not a catch\n{out}"
     by = sorted({f["property"] for f in findings})
     assert set(by) & set(props), f"caught by {by}, want one of {', '.join(props)}\n{out}"
+
+
+def _raised(detail: str, origin) -> bool:
+    """A finding that is the target (or the harness) raising, in any of the forms one is written in:
+    "target raised ..." anywhere in its detail (a replay says "fails again: target raised ..."), or
+    an origin (summary.json's dict or an ``Origin``) whose effect is a raise, a crash or a hang."""
+    effect = origin.get("effect") if isinstance(origin, dict) else getattr(origin, "effect", None)
+    return "target raised" in detail or effect in ("raise", "crash", "hang")
+
+
+def assert_not_a_raise(detail: str, origin=None) -> None:
+    """A finding made by the target raising checked nothing: it is never a catch."""
+    assert not _raised(detail, origin), f"caught only by raising, not by a property: {detail}"

@@ -22,10 +22,10 @@ from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode
 from harness.properties import PROPERTIES, PropertyFailure
 from harness.properties.readers import packed_bytes
-from harness.model.readers import reader_config
+from harness.model.readers import expected_reads, reader_config
 from harness.guard.shadow import ShadowHeap
 from harness.targets import resolve
-from tests.sglang_copies import altered_copy, assert_caught_by, run_on_copy
+from tests.sglang_copies import altered_copy, assert_caught_by, assert_not_a_raise, run_on_copy
 
 READER_PROPERTIES = ("reader-agreement", "packed-mask")
 #: variant -> the reader property that must catch it
@@ -75,7 +75,94 @@ def test_reader_variant_is_caught_on_reference(variant, tmp_path):
     res = run_property(resolve(f"reference+{variant}"), PROPERTIES[READER_VARIANTS[variant]], seed=1,
                        max_examples=30, bounds=Bounds(), findings_dir=tmp_path)
     assert res.finding is not None, f"{READER_VARIANTS[variant]} let reference+{variant} through"
+    assert_not_a_raise(res.finding.detail, res.finding.origin)
     assert (tmp_path / f"{READER_VARIANTS[variant]}.json").exists()
+
+
+def test_what_the_metadata_must_hold_comes_from_seq_lens_d_and_bs():
+    """Worked by hand for seq_lens (3, 0, 5), d 4, replayed in a graph of 4 (one padding row at fill 1)."""
+    want = expected_reads(Config(TreeMaskMode.FULL_MASK, 4, 8, 4, 2, 2), Batch((3, 0, 5)), rows=4)
+    assert want.qo_indptr == [0, 4, 8, 12, 16]
+    assert want.kv_indptr == [0, 3, 3, 8, 9]
+    assert want.mask_indptr == [0, 4 * 7, 4 * 7 + 4 * 4, 4 * 7 + 4 * 4 + 4 * 9, 80 + 4 * 5]
+    assert want.max_extend_len == 4
+    # Pool slots handed out last first (request 0 in slot 3), slot p's token t in KV slot (p + 1) * 10 + t.
+    assert want.kv_indices == [40, 41, 42, 20, 21, 22, 23, 24]
+
+
+def _reading(target, path, alter):
+    """``target`` whose ``path`` reader (read_eager or read_replay) hands back ``alter(view, config)``."""
+    read = getattr(target, path)
+
+    def altered(*args):
+        view = read(*args)
+        alter(view, args[1] if path == "read_replay" else args[0])
+        return view
+
+    setattr(target, path, altered)
+    return target
+
+
+def _shift(name, by):
+    def alter(view, config):
+        t = getattr(view, name)
+        setattr(view, name, t + by * (torch.arange(t.numel(), device=t.device) > 0))
+    return alter
+
+
+def _swap_first_requests(view, config):
+    k = view.kv_indices
+    view.kv_indices = torch.cat([k[3:8], k[:3], k[8:]])  # request 1's slots first, then request 0's
+
+
+def _empty_padding(view, config):
+    view.kv_indptr[4] = view.kv_indptr[3]  # a padding row with no KV and no mask cells: nothing of anyone's
+    view.indptr[4] = view.indptr[3]
+
+
+def _padding_backwards(view, config):
+    view.indptr[4] = view.indptr[3] - 1  # the padding row runs back into the last real request's cells
+
+
+#: slip -> (reader, alteration, buffer named by the finding; None: the reader still agrees)
+METADATA_SLIPS = {
+    "kv_indptr one late": ("read_eager", _shift("kv_indptr", 1), "kv_indptr"),
+    "qo_indptr by d - 1": ("read_replay", _shift("qo_indptr", -1), "qo_indptr"),
+    "kv_indices of the wrong request": ("read_eager", _swap_first_requests, "kv_indices"),
+    "max_extend_len d - 1": ("read_replay", lambda view, config: setattr(view, "max_extend_len", config.d - 1),
+                             "max_extend_len"),
+    "padding row back into a real request": ("read_replay", _padding_backwards, "mask_indptr"),
+    "padding row empty": ("read_replay", _empty_padding, None),
+}
+
+
+@pytest.mark.parametrize("slip", sorted(METADATA_SLIPS))
+def test_each_metadata_output_is_judged_against_the_meaning(slip):
+    path, alter, buffer = METADATA_SLIPS[slip]
+    target = _reading(resolve("reference"), path, alter)
+    config, batch = Config(TreeMaskMode.FULL_MASK, 4, 8, 4, 2, 2), Batch((3, 5, 0))  # replays padded to 4
+    if buffer is None:
+        PROPERTIES["reader-agreement"].check(target, config, [batch])
+        return
+    with pytest.raises(PropertyFailure) as caught:
+        PROPERTIES["reader-agreement"].check(target, config, [batch])
+    origin = caught.value.origin
+    assert (origin.effect, origin.writer, origin.buffer, origin.stage) == (
+        "wrong", "triton reader", buffer, "eager" if path == "read_eager" else "replay"), caught.value
+
+
+def test_a_kv_gather_past_its_buffer_lands_in_the_redzone():
+    """The sglang target's stand-in gather writes each request's KV slots through the shadow heap."""
+    from harness.targets.sglang.kv_ids import _gather
+
+    heap = ShadowHeap("cpu")
+    kv = heap.alloc("kv_indices", 8, torch.int64, redzone_cells=16)
+    seq_lens, pool = torch.tensor([3, 5]), torch.tensor([1, 0])
+    _gather(heap, kv, pool, seq_lens, torch.tensor([0, 3, 8]), None, 8)
+    assert not heap.check() and kv.tolist() == [20, 21, 22, 10, 11, 12, 13, 14]
+    _gather(heap, kv, pool, seq_lens, torch.tensor([0, 4, 9]), None, 8)  # kv_indptr one late from request 1
+    [stray] = heap.check()
+    assert (stray.buffer, stray.side, stray.start) == ("kv_indices", "back", 8)
 
 
 def test_a_target_without_reader_seams_is_not_driven():
@@ -91,8 +178,8 @@ def test_a_replay_copy_past_the_buffer_is_caught():
     target = resolve("reference")
     read_replay = target.read_replay
 
-    def copies_one_cell_too_many(mask, config, batch, step):
-        view = read_replay(mask, config, batch, step)
+    def copies_one_cell_too_many(mask, config, batch, step, heap):
+        view = read_replay(mask, config, batch, step, heap)
         # Through the storage, as a device copy would: one cell past the preallocated buffer.
         storage = torch.empty(0, dtype=torch.uint8).set_(mask.buffer.untyped_storage())
         storage[mask.buffer.storage_offset() + mask.buffer.numel()] = 1
@@ -138,6 +225,7 @@ def test_reader_variant_is_caught_over_sglang(sglang_target, variant, tmp_path):
     res = run_property(resolve(f"sglang+{variant}"), PROPERTIES[READER_VARIANTS[variant]], seed=3,
                        max_examples=10, bounds=sglang_target.bounds, findings_dir=tmp_path)
     assert res.finding is not None
+    assert_not_a_raise(res.finding.detail, res.finding.origin)
 
 
 def test_sglang_readers_are_sglangs_own(sglang_target):
@@ -147,9 +235,9 @@ def test_sglang_readers_are_sglangs_own(sglang_target):
     heap = ShadowHeap("cpu")
     mask = sglang_target.allocate(FULL, heap)
     step = sglang_target.verify(mask, FULL, Batch((3, 5)), heap).as_cpu()
-    eager = sglang_target.read_eager(FULL, Batch((3, 5)), step)
+    eager = sglang_target.read_eager(FULL, Batch((3, 5)), step, heap)
     assert eager.mask is step.tree_mask  # eager verify reads the step's mask where it lies
-    replay = sglang_target.read_replay(mask, FULL, Batch((3, 5)), step)
+    replay = sglang_target.read_replay(mask, FULL, Batch((3, 5)), step, heap)
     assert replay.mask.data_ptr() == mask.buffer.data_ptr()  # replay reads the backend's own buffer
     assert replay.indptr.tolist() == [0, 4 * (3 + 4), 4 * (3 + 4) + 4 * (5 + 4)]
     paths = {path for path, _, _ in readers.SURFACE}
@@ -175,7 +263,7 @@ def test_replay_copies_a_fallback_steps_mask_into_the_backends_buffer(spec, requ
     heap, mask = reused_mask(target, FULL, "cpu")
     step = target.verify(None, FULL, batch, heap).as_cpu()
     assert not step.reused
-    view = target.read_replay(mask, FULL, batch, step)
+    view = target.read_replay(mask, FULL, batch, step, heap)
     n = step.tree_mask.numel()
     assert view.mask.data_ptr() == mask.buffer.data_ptr()
     assert torch.equal(view.mask.reshape(-1)[:n].view(torch.uint8), step.tree_mask.view(torch.uint8))
@@ -201,6 +289,20 @@ ALTERATIONS = {
                                              r"mask_indptr\[1 : bs \+ 1\]",
                                    r"\1mask_indptr[:bs]")],
                                  "reader-agreement"),
+    # The KV indptr counts one token too many before every request after the first.
+    "kv-indptr-off-by-one": ([([TRITON], r"kv_indptr\[1:\] = torch\.cumsum\(seq_lens, dim=0\)",
+                               "kv_indptr[1:] = torch.cumsum(seq_lens, dim=0) + 1")], "reader-agreement"),
+    # Eager qo_indptr stops one request short: arange to bs * d, not (bs + 1) * d.
+    "qo-indptr-one-short": ([([TRITON], r"(qo_indptr = torch\.arange\(\n\s*0,\n\s*)\(1 \+ bs\) \* num_tokens_per_req,",
+                              r"\1bs * num_tokens_per_req,")], "reader-agreement"),
+    # The KV gather takes each request's place in the batch for its request-pool slot.
+    "kv-gather-batch-order": ([([TRITON], r"(self\.kv_index_translator\.pack_read_stream\(\n\s*plan,\n\s*)"
+                                          r"req_pool_indices=req_pool_indices,",
+                                r"\1req_pool_indices=torch.arange(bs, device=seq_lens.device),")],
+                              "reader-agreement"),
+    # Eager max_extend_len one short of the d draft tokens each request extends by.
+    "max-extend-len-off-by-one": ([([TRITON], r"max_extend_len = num_tokens_per_req\n",
+                                    "max_extend_len = num_tokens_per_req - 1\n")], "reader-agreement"),
     # Bits shifted from the top: each byte MSB first.
     "pack-bit-order": ([([PACK], r"values\.to\(tl\.uint32\) << bit\[None, :\]",
                          "values.to(tl.uint32) << (7 - bit[None, :])")], "packed-mask"),
@@ -229,4 +331,5 @@ def test_altered_sglang_reader_is_caught(sglang_target, alteration, tmp_path):
     else:
         assert proc.returncode == 1, out
         assert f"{prop}" in proc.stdout and "FAILED" in proc.stdout, out
+        assert "target raised" not in out, out
         assert_caught_by(tmp_path / "report", prop, out=out)

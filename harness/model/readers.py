@@ -17,22 +17,33 @@ model of the readers is ``harness.targets.reference.readers``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from harness.model.config import Config
+from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode
 
 
 @dataclass
 class ReaderView:
-    """What one reader reads: request b's cells are ``mask[indptr[b]:indptr[b+1]]``."""
+    """What the Triton backend's target-verify metadata holds after eager set-up or a replay.
+
+    Request b's mask cells are ``mask[indptr[b]:indptr[b+1]]`` (``indptr`` is
+    ``mask_indptr``); its d query rows ``qo_indptr[b]:qo_indptr[b+1]``; its KV
+    slots ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``. On a replay the arrays
+    run to the captured bs, padding rows included.
+    """
 
     mask: torch.Tensor
-    indptr: torch.Tensor  # at least bs + 1 cell offsets into ``mask``
+    indptr: torch.Tensor  # mask_indptr: at least bs + 1 cell offsets into ``mask``
     #: the graph's batch size when a replay padded the batch up to it (None: eager)
     captured_bs: int | None = None
+    qo_indptr: torch.Tensor = field(kw_only=True)
+    kv_indptr: torch.Tensor = field(kw_only=True)
+    #: the whole buffer the KV gather wrote (None: this target's gather is not driven)
+    kv_indices: torch.Tensor | None = field(kw_only=True)
+    max_extend_len: int = field(kw_only=True)
 
 
 @dataclass
@@ -84,4 +95,81 @@ def captured_bs(bs: int, max_bs: int) -> int:
     return min(size, max_bs)
 
 
-# -- the embedded model --------------------------------------------------------
+# -- what the metadata must hold, from the meaning ------------------------------
+
+def pool_slots(rows: int) -> list[int]:
+    """The request-pool slot of each request of a batch of ``rows`` (replay padding included).
+
+    Handed out last first, so a reader that takes a request's place in the batch
+    for its pool slot gathers another request's KV.
+    """
+    return list(range(rows - 1, -1, -1))
+
+
+def kv_slot_stride(max_context_len: int) -> int:
+    """Room per pool slot in the stand-in request-to-token table: a power of ten past any token."""
+    return 10 ** len(str(max(max_context_len, 1)))
+
+
+def kv_slot(pool_slot: int, token: int, max_context_len: int) -> int:
+    """The KV slot the stand-in request-to-token table holds for ``token`` of the request in ``pool_slot``.
+
+    Distinct per (request, token) and never negative, so a gather of another
+    request's slots, of the wrong tokens, or of nothing (stale, negative) shows.
+    """
+    return (pool_slot + 1) * kv_slot_stride(max_context_len) + token
+
+
+def stale_kv_indices(n: int, device) -> torch.Tensor:
+    """What a KV-index buffer holds before the gather: negatives, which no KV slot is."""
+    return -1 - torch.arange(n, dtype=torch.int64, device=device)
+
+
+def _cumsum(lengths) -> list[int]:
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return out
+
+
+@dataclass(frozen=True)
+class ExpectedReads:
+    """What the metadata must hold for a batch, eager or padded to a captured ``rows``.
+
+    The pointer lists are those of every row at its own length. A padding row
+    (index >= ``real``) is a request no one reads the output of: it may be
+    empty (its pointer repeats) or its fill length, so long as it starts after
+    the last real request and keeps to the buffers, so no real request's cells
+    are ever read as its.
+    """
+
+    real: int
+    rows: int
+    seq_lens: tuple[int, ...]  # padded to ``rows``
+    d: int
+    qo_indptr: list[int]
+    kv_indptr: list[int]
+    mask_indptr: list[int]
+    kv_indices: list[int]  # the real requests' slots, in order
+    max_extend_len: int
+
+    def row_lengths(self, pointer: str) -> list[int]:
+        """Each row's own length in ``pointer``'s units (query rows, KV tokens, mask cells)."""
+        p = getattr(self, pointer)
+        return [p[r + 1] - p[r] for r in range(self.rows)]
+
+
+def expected_reads(config: Config, batch: Batch, rows: int | None = None) -> ExpectedReads:
+    """Request b reads d query rows, its s_b prefix tokens' KV slots, and d x (s_b + d) mask cells,
+    the requests one after another; ``rows`` > bs pads with requests at the fill length."""
+    d, real = config.d, batch.bs
+    rows = real if rows is None else rows
+    seq = tuple(batch.seq_lens) + (capture_seq_len(config),) * (rows - real)
+    slots = pool_slots(rows)
+    return ExpectedReads(
+        real, rows, seq, d,
+        qo_indptr=_cumsum([d] * rows),
+        kv_indptr=_cumsum(seq),
+        mask_indptr=_cumsum([d * (s + d) for s in seq]),
+        kv_indices=[kv_slot(slots[b], t, config.max_context_len) for b in range(real) for t in range(seq[b])],
+        max_extend_len=d)

@@ -10,8 +10,8 @@ One module per part of the mask's path:
 - ``writers``: the chain writer ``build_chain_tree``, called directly.
 - ``routers``: ``routing``, the mask a router hands to the call site.
 - ``allocation``: ``allocation-soundness``, the bounds each backend allocates with.
-- ``readers``: the mask as attention reads it (Triton's mask_indptr, FlashInfer's
-  bit packing).
+- ``readers``: the mask as attention reads it (Triton's target-verify metadata,
+  judged by ``reader_metadata``; FlashInfer's bit packing).
 - ``shared``: the drafting core properties judged together on one run of a
   case (each opts in with ``shared=True``; its own check is that run judging
   it alone, so a repro replays as it was found).
@@ -95,8 +95,9 @@ PROPERTIES: dict[str, Property] = {p.name: p for p in (
     Property("trivial-path", trivial_path, "d = 1: reuse and fallback agree", trivial=True),
     Property("chain-writer", chain_writer, "build_chain_tree: no write leaves its buffers; == oracle, "
              "== the tree kernel on the same chain", chain=True, needs=("chain_write", "chain_kernel")),
-    Property("reader-agreement", reader_agreement, "each reader's mask_indptr gives request b exactly its cells "
-             "(eager and cuda-graph replay, fresh and through one server's backend)", needs=("read_eager", "read_replay"),
+    Property("reader-agreement", reader_agreement, "the Triton verify metadata (mask/qo/kv indptr, kv_indices, "
+             "max_extend_len) gives request b exactly its own cells, query rows and KV slots (eager and cuda-graph "
+             "replay, fresh and through one server's backend)", needs=("read_eager", "read_replay"),
              layouts=("FULL_MASK",), steps=True),
     Property("packed-mask", packed_mask, "bit packing stays in its buffer and yields the mask, LSB first, "
              "where the reader looks", needs=("pack_mask",), layouts=("FULL_MASK",)),

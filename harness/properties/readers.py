@@ -23,7 +23,8 @@ from harness.model.oracle import expected
 from harness.model.origin import BEYOND_CAPACITY
 from harness.properties.kit import (VERIFY_STEP, Difference, Observation, capacity_of, fail, fail_overrun,
                                     first_difference, locator, reused_mask)
-from harness.model.readers import reader_config
+from harness.properties.reader_metadata import metadata_mismatch
+from harness.model.readers import captured_bs, reader_config
 from harness.guard.shadow import ShadowHeap, describe_all
 
 #: who reads the mask: the Triton backend's index arithmetic (eager metadata, graph replay)
@@ -77,9 +78,40 @@ def _window_mismatch(view, config: Config, batch: Batch, written: torch.Tensor, 
     return None
 
 
+def _judge(view, config: Config, batch: Batch, written: torch.Tensor, context: str, **at) -> None:
+    """Fail reader-agreement unless ``view`` reads each request's own cells, query rows and KV slots."""
+    diff = _window_mismatch(view, config, batch, written, context)
+    if diff is None:
+        rows = captured_bs(batch.bs, config.max_bs) if at["stage"] == "replay" else None
+        padded = f", padded to {rows}" if rows else ""
+        diff = metadata_mismatch(view, config, batch, rows, f"{context} reader (seq_lens {list(batch.seq_lens)}, "
+                                 f"d {config.d}, max_bs {config.max_bs}{padded})")
+    if diff:
+        fail("reader-agreement", diff, writer=READER, **at)
+
+
+def _locate(config: Config, batch: Batch):
+    """Names the request of a stray mask write; a stray KV-id write is the gather's, of no one request."""
+    mask_request = locator(config, batch)
+    return lambda buffer, offset: mask_request(buffer, offset) if buffer == "tree_mask" else None
+
+
+def _stray(heap: ShadowHeap, config: Config, batch: Batch, what: str, **where) -> None:
+    """Fail reader-agreement on a write outside the mask (the replay's copy of the step's mask)
+    or outside the KV-index buffer (the metadata's KV gather), naming which."""
+    violations = heap.check(_locate(config, batch))
+    if violations:
+        copy = violations[0].buffer == "tree_mask"
+        doing = "copied the step's mask out of bounds" if copy else "wrote KV ids outside kv_indices"
+        fail_overrun("reader-agreement", f"{what} {doing} (bs {batch.bs}, max_bs {config.max_bs}): "
+                     + describe_all(violations), violations, writer="cuda-graph replay copy" if copy else READER,
+                     capacity_bs=config.max_bs, **where)
+
+
 def reader_agreement(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
     """Each reader's index arithmetic gives request b exactly the cells the writer wrote for it,
-    read fresh per batch and through one backend that serves the case's batches in turn."""
+    and the query rows and KV slots that are its own, read fresh per batch and through one
+    backend that serves the case's batches in turn."""
     obs = Observation()
     rc = reader_config(config)
     fresh = [_fresh_reads(target, obs, config, rc, batch, device) for batch in batches]
@@ -102,27 +134,26 @@ def _fresh_reads(target, obs: Observation, config: Config, rc: Config, batch: Ba
                      capacity_bs=rc.max_bs if out.reused else batch.bs)
     want = out.tree_mask.clone()  # a reader must not be able to change what it is compared with
     _observe(obs, config, rc, batch, out, mask, "eager")
-    view = target.read_eager(rc, batch, out)
-    diff = _window_mismatch(view, rc, batch, want, "eager")
-    if diff:
-        fail("reader-agreement", diff, writer=READER, stage="eager")
+    view = target.read_eager(rc, batch, out, heap)
+    _stray(heap, rc, batch, "the eager reader", stage="eager")
+    _judge(view, rc, batch, want, "eager", stage="eager")
+    _kv_driven(obs, view)
     reads = {"eager": _indptr(view, batch), "step": out}
     if batch.bs > rc.max_bs:
         return reads  # past the captured max_bs the server runs eagerly: no graph to replay
-    view = target.read_replay(mask, rc, batch, out)
+    view = target.read_replay(mask, rc, batch, out, heap)
     _observe(obs, config, rc, batch, out, mask, "replay")
     if view.captured_bs is not None and view.captured_bs > batch.bs:
         obs.classes.add("replay padded to a captured bs")
-    violations = heap.check(locator(rc, batch))
-    if violations:
-        fail_overrun("reader-agreement", "cuda-graph replay copied the step's mask out of bounds "
-                     f"(bs {batch.bs}, max_bs {rc.max_bs}): " + describe_all(violations), violations,
-                     writer="cuda-graph replay copy", capacity_bs=rc.max_bs, stage="replay")
-    diff = _window_mismatch(view, rc, batch, want, "cuda-graph replay")
-    if diff:
-        fail("reader-agreement", diff, writer=READER, stage="replay")
+    _stray(heap, rc, batch, "cuda-graph replay", stage="replay")
+    _judge(view, rc, batch, want, "cuda-graph replay", stage="replay")
     reads["cuda-graph replay"] = _indptr(view, batch)
     return reads
+
+
+def _kv_driven(obs: Observation, view) -> None:
+    if view.kv_indices is None:
+        obs.classes.add("kv_indices: gathered by a kernel vmfuzz does not drive on this SGLang")
 
 
 def _indptr(view, batch: Batch) -> list[int]:
@@ -141,7 +172,7 @@ def _server_reads(target, obs: Observation, rc: Config, batches: list[Batch], fr
     is multi-step-reuse's question and this is the readers'.
     """
     heap, mask = reused_mask(target, rc, device)
-    session = target.reader_session(mask, rc, max(b.bs for b in batches))
+    session = target.reader_session(mask, rc, max(b.bs for b in batches), heap)
     flat = mask.buffer.view(-1)
     for i, batch in enumerate(batches):
         out = fresh[i]["step"]
@@ -155,21 +186,15 @@ def _server_reads(target, obs: Observation, rc: Config, batches: list[Batch], fr
         for path, read in paths:
             view = read(batch, out)
             where = f"server state, batch {i + 1} of {len(batches)} through one backend, {path}"
-            violations = heap.check(locator(rc, batch))
-            if violations:
-                fail_overrun("reader-agreement", f"{where}: wrote out of bounds: " + describe_all(violations),
-                             violations, writer=READER, capacity_bs=rc.max_bs, stage=_STAGE[path], step=i,
-                             steps=len(batches))
+            at = dict(stage=_STAGE[path], step=i, steps=len(batches))
+            _stray(heap, rc, batch, where + ":", **at)
             got = _indptr(view, batch)
             if got != fresh[i][path]:
                 fail("reader-agreement", f"{where}: mask_indptr {got}, but a backend built for this batch "
                                           f"alone gives {fresh[i][path]} (seq_lens {list(batch.seq_lens)}, "
                                           f"d {rc.d}, max_bs {rc.max_bs}): state left by earlier batches",
-                     effect="wrong", writer=READER, buffer="mask_indptr", cell="state left by earlier batches",
-                     stage=_STAGE[path], step=i, steps=len(batches))
-            diff = _window_mismatch(view, rc, batch, want, where)
-            if diff:
-                fail("reader-agreement", diff, writer=READER, stage=_STAGE[path], step=i, steps=len(batches))
+                     effect="wrong", writer=READER, buffer="mask_indptr", cell="state left by earlier batches", **at)
+            _judge(view, rc, batch, want, where, **at)
             obs.classes.add(f"server state: {path}" + (" after an earlier batch" if i else ""))
 
 

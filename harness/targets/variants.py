@@ -95,10 +95,10 @@ def _chain_row_offset(chain_kernel):
 
 
 def _eager_indptr_without_draft_span(read_eager):
-    def read_eager_short(config, batch, step):
+    def read_eager_short(config, batch, step, heap):
         # mask_indptr steps by d * s_b: the d draft columns of each row are forgotten,
         # so every later request reads from inside an earlier one's block.
-        view = read_eager(config, batch, step)
+        view = read_eager(config, batch, step, heap)
         d = config.d
         view.indptr = view.indptr - d * d * torch.arange(view.indptr.numel(), device=view.indptr.device)
         return view
@@ -106,9 +106,9 @@ def _eager_indptr_without_draft_span(read_eager):
 
 
 def _replay_stale_indptr(read_replay):
-    def read_replay_stale(mask, config, batch, step):
+    def read_replay_stale(mask, config, batch, step, heap):
         # Replay leaves mask_indptr as capture filled it: every request at the fill length.
-        view = read_replay(mask, config, batch, step)
+        view = read_replay(mask, config, batch, step, heap)
         per_request = config.d * (capture_seq_len(config) + config.d)
         view.indptr = per_request * torch.arange(view.indptr.numel(), device=view.indptr.device)
         return view

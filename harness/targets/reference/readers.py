@@ -11,7 +11,8 @@ import torch
 
 from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode, logical_size
-from harness.model.readers import PackedView, PackRefused, ReaderView, capture_seq_len, captured_bs
+from harness.model.readers import (PackedView, PackRefused, ReaderView, capture_seq_len, captured_bs, kv_slot,
+                                   pool_slots)
 
 
 def _rows_per_request(batch: Batch, d: int, device) -> torch.Tensor:
@@ -26,9 +27,28 @@ def _indptr(lengths: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _view(config: Config, batch: Batch, mask: torch.Tensor, rows: int | None = None) -> ReaderView:
+    """The metadata for ``batch``, padded to ``rows`` requests at the fill length for a replay.
+
+    Every request, padding too, reads d query rows, its own prefix tokens' KV
+    slots and d x (s + d) mask cells, one request after another.
+    """
+    d, dev, real = config.d, mask.device, batch.bs
+    padded = Batch(tuple(batch.seq_lens) + (capture_seq_len(config),) * ((rows or real) - real))
+    seq = torch.tensor(padded.seq_lens, dtype=torch.long, device=dev)
+    kv_indptr = _indptr(seq)
+    slots = pool_slots(padded.bs)
+    kv_indices = torch.tensor([kv_slot(slots[b], t, config.max_context_len)
+                               for b, s in enumerate(padded.seq_lens) for t in range(s)], dtype=torch.int64,
+                              device=dev)
+    return ReaderView(mask, _indptr(_rows_per_request(padded, d, dev)), rows,
+                      qo_indptr=_indptr(torch.full((padded.bs,), d, dtype=torch.long, device=dev)),
+                      kv_indptr=kv_indptr, kv_indices=kv_indices, max_extend_len=d)
+
+
 def model_read_eager(config: Config, batch: Batch, step_mask: torch.Tensor) -> ReaderView:
     """Eager verify reads the step's own mask where it lies."""
-    return ReaderView(step_mask, _indptr(_rows_per_request(batch, config.d, step_mask.device)))
+    return _view(config, batch, step_mask)
 
 
 def model_read_replay(mask, config: Config, batch: Batch, step_mask: torch.Tensor, reused: bool) -> ReaderView:
@@ -42,8 +62,7 @@ def model_read_replay(mask, config: Config, batch: Batch, step_mask: torch.Tenso
     else:
         n = step_mask.numel()
         buffer[:n].copy_(step_mask.to(buffer.device).view(-1))
-    return ReaderView(buffer, _indptr(_rows_per_request(batch, config.d, buffer.device)),
-                      captured_bs(batch.bs, mask.max_bs))
+    return _view(config, batch, buffer, captured_bs(batch.bs, mask.max_bs))
 
 
 def model_pack(config: Config, batch: Batch, step_mask: torch.Tensor, buffer: torch.Tensor) -> PackedView:
@@ -86,5 +105,4 @@ class ModelServerReader:
         if not step.reused:
             n = step.tree_mask.numel()
             buffer[:n].copy_(step.tree_mask.to(buffer.device).view(-1))
-        return ReaderView(buffer, _indptr(_rows_per_request(batch, self.config.d, buffer.device)),
-                          captured_bs(batch.bs, self.mask.max_bs))
+        return _view(self.config, batch, buffer, captured_bs(batch.bs, self.mask.max_bs))

@@ -162,13 +162,13 @@ class ReferenceTarget:
         )
 
     # -- readers (harness.model.readers; seams of reader-agreement and packed-mask) --
-    def read_eager(self, config: Config, batch: Batch, step: StepOutput):
+    def read_eager(self, config: Config, batch: Batch, step: StepOutput, heap: ShadowHeap):
         return readers.model_read_eager(config, batch, step.tree_mask)
 
-    def read_replay(self, mask: VerifyMask, config: Config, batch: Batch, step: StepOutput):
+    def read_replay(self, mask: VerifyMask, config: Config, batch: Batch, step: StepOutput, heap: ShadowHeap):
         return readers.model_read_replay(mask, config, batch, step.tree_mask, step.reused)
 
-    def reader_session(self, mask: VerifyMask, config: Config, pool: int):
+    def reader_session(self, mask: VerifyMask, config: Config, pool: int, heap: ShadowHeap):
         """The readers a server keeps for a case's batches (``readers.ModelServerReader``)."""
         return readers.ModelServerReader(mask, config, pool)
 

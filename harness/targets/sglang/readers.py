@@ -3,13 +3,16 @@
 Triton attention (``TritonAttnBackend``): the instance is made without its
 ``__init__`` (which reads a whole server's config) and given only the state
 its target-verify metadata methods read -- indptr buffers sized for the request
-pool, a KV-index translator that packs nothing, and the verify mask the call
-site wrote into. Then SGLang's own methods run: ``init_forward_metadata`` for
-an eager TARGET_VERIFY batch, and ``init_forward_metadata_out_graph`` twice for
-the cuda graph, once capturing (a placeholder mask for max_bs requests at the
-fill length, as the graph runner passes) and once replaying the real batch,
-which copies the step's mask into the backend's buffer and refills
-``mask_indptr`` in place. The reader's view is what the metadata then holds.
+pool, a KV-index translator whose gather writes each request's slots from a
+stand-in request-to-token table (``kv_ids.GathersKvSlots``), a redzoned
+cuda-graph KV-index buffer, and the verify mask the call site wrote into. Then
+SGLang's own methods run: ``init_forward_metadata`` for an eager TARGET_VERIFY
+batch, and ``init_forward_metadata_out_graph`` twice for the cuda graph, once
+capturing (a placeholder mask for max_bs requests at the fill length, as the
+graph runner passes) and once replaying the real batch, which copies the step's
+mask into the backend's buffer and refills the indptrs and KV indices in place.
+The reader's view is what the metadata then holds: qo_indptr, kv_indptr,
+kv_indices, max_extend_len, mask_indptr and the mask.
 
 A replay runs in the smallest captured graph that holds the batch
 (``readers.captured_bs``), padded up with requests at the fill length.
@@ -36,8 +39,10 @@ import torch
 
 from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode, logical_size
-from harness.model.readers import PackedView, ReaderView, capture_seq_len, captured_bs
+from harness.model.readers import PackedView, ReaderView, capture_seq_len, captured_bs, pool_slots, stale_kv_indices
+from harness.guard.shadow import ShadowHeap
 from harness.targets.sglang.binding import bound
+from harness.targets.sglang.kv_ids import GathersKvSlots
 from harness.targets.sglang.loader import _quiet_import
 from harness.targets.sglang.seams import TranslatesNothing, call_with, unset_by_harness
 
@@ -96,14 +101,18 @@ def _seq_lens(batch: Batch, dev) -> torch.Tensor:
 # -- Triton attention --------------------------------------------------------------
 
 class _KvGatherNothing:
-    """Stands where releases before the KV-index translator launch their KV-id gather kernel.
+    """Stands where releases before ``pack_read_stream`` launch their KV-id gather kernel.
 
-    Which KV slot holds a token is not what the mask readers get wrong (newer
-    releases reach the same gather through the translator, ``TranslatesNothing``),
-    and that kernel's loop does not run under the Triton interpreter.
+    That kernel's loop does not run under the Triton interpreter, and its ids
+    come from tables vmfuzz does not model for those releases: the launch is
+    recorded, and the view then says its KV indices are not driven (None).
     """
 
+    def __init__(self, calls: list):
+        self.calls = calls
+
     def __getitem__(self, grid):
+        self.calls.append(_KV_GATHER)
         return lambda *args, **kwargs: None
 
 
@@ -115,7 +124,8 @@ _KV_GATHER = "create_flashinfer_kv_indices_triton"
 def _stand_in_checked(backend):
     """An attribute the backend's own code sets but the stand-in lacks is vmfuzz out of step."""
     module = modules().triton_backend
-    gather = [(module, _KV_GATHER, _KvGatherNothing())] if hasattr(module, _KV_GATHER) else []
+    gather = ([(module, _KV_GATHER, _KvGatherNothing(backend.kv_index_translator.calls))]
+              if hasattr(module, _KV_GATHER) else [])
     try:
         with bound(*gather):
             yield
@@ -125,22 +135,32 @@ def _stand_in_checked(backend):
         raise
 
 
-def triton_backend(mask, config: Config, pool: int, dev):
-    """A ``TritonAttnBackend`` holding the state its target-verify metadata reads, and ``mask``."""
+def triton_backend(mask, config: Config, pool: int, dev, heap: ShadowHeap, graphs: bool):
+    """A ``TritonAttnBackend`` holding the state its target-verify metadata reads, and ``mask``.
+
+    ``graphs``: it will capture cuda graphs, so its KV-index buffer is allocated
+    (on ``heap``, redzoned, holding no slot id yet), as SGLang's is at start-up.
+    """
     m = modules()
     backend = m.triton_backend.TritonAttnBackend.__new__(m.triton_backend.TritonAttnBackend)
     max_num_tokens = config.max_bs * config.d
+    kv_cells = max(1, max_num_tokens * config.max_context_len)
+    if graphs:
+        kv_indices = heap.alloc("kv_indices", kv_cells, torch.int64, redzone_cells=config.max_context_len + 64)
+        kv_indices.copy_(stale_kv_indices(kv_cells, dev))
+    else:
+        kv_indices = torch.zeros(kv_cells, dtype=torch.int64, device=dev)
     state = dict(
         dllm_attention=None, _dense_one_shot_kv_indptr=None, device=dev, skip_prefill=False,
         sliding_window_size=None, window_kv_indptr=None, use_sliding_window_kv_pool=False, dcp_size=1,
         max_context_len=config.max_context_len, num_draft_tokens=config.d,
-        target_verify_num_tokens_per_req=config.d, kv_index_translator=_Translator(), token_to_kv_pool=None,
+        target_verify_num_tokens_per_req=config.d, kv_index_translator=GathersKvSlots(heap, config.max_context_len),
+        token_to_kv_pool=None,
         # SGLang sizes these for the request pool, which holds every eager batch too.
         kv_indptr=torch.zeros(pool + 1, dtype=torch.int32, device=dev),
         qo_indptr=torch.zeros(pool + 1, dtype=torch.int64, device=dev),
         mask_indptr=torch.zeros(pool + 1, dtype=torch.int64, device=dev),
-        cuda_graph_kv_indices=torch.zeros(max(1, max_num_tokens * config.max_context_len), dtype=torch.int64,
-                                          device=dev),
+        cuda_graph_kv_indices=kv_indices,
         _verify_mask=mask, forward_metadata=None,
         # Releases before the KV-index translator (0.5.17, 0.5.18) hand the
         # request-to-token map to their KV gather (stood in: ``_KvGatherNothing``).
@@ -156,22 +176,30 @@ def _verify_batch(m, batch_size: int, seq_lens: torch.Tensor, custom_mask, d: in
     return SimpleNamespace(
         batch_size=batch_size, forward_mode=m.forward_info.ForwardMode.TARGET_VERIFY, spec_info=spec_info,
         seq_lens=seq_lens, seq_lens_sum=int(seq_lens.sum()),
-        req_pool_indices=torch.arange(batch_size, dtype=torch.long, device=seq_lens.device),
+        req_pool_indices=torch.tensor(pool_slots(batch_size), dtype=torch.long, device=seq_lens.device),
         kv_loc_plan=None, encoder_lens=None, out_cache_loc=None)
 
 
-def read_eager(config: Config, batch: Batch, step) -> ReaderView:
+def _view(meta, backend, graph_bs: int | None = None) -> ReaderView:
+    """What the metadata holds; KV indices only where the gather went through the stand-in's gather."""
+    calls = backend.kv_index_translator.calls
+    gathered = _KV_GATHER not in calls
+    return ReaderView(meta.custom_mask, meta.mask_indptr, graph_bs, qo_indptr=meta.qo_indptr,
+                      kv_indptr=meta.kv_indptr, kv_indices=meta.kv_indices if gathered else None,
+                      max_extend_len=meta.max_extend_len)
+
+
+def read_eager(config: Config, batch: Batch, step, heap: ShadowHeap) -> ReaderView:
     """``TritonAttnBackend.init_forward_metadata`` for an eager TARGET_VERIFY batch."""
     m = modules()
     dev = step.tree_mask.device
-    backend = triton_backend(None, config, max(config.max_bs, batch.bs), dev)
+    backend = triton_backend(None, config, max(config.max_bs, batch.bs), dev, heap, graphs=False)
     with _stand_in_checked(backend):
         backend.init_forward_metadata(_verify_batch(m, batch.bs, _seq_lens(batch, dev), step.tree_mask, config.d))
-    meta = backend.forward_metadata
-    return ReaderView(meta.custom_mask, meta.mask_indptr)
+    return _view(backend.forward_metadata, backend)
 
 
-def read_replay(mask, config: Config, batch: Batch, step) -> ReaderView:
+def read_replay(mask, config: Config, batch: Batch, step, heap: ShadowHeap) -> ReaderView:
     """Capture the graph ``batch`` replays in over ``mask``, let the step write, replay the batch.
 
     The graph's batch size is the smallest captured size >= bs; the replay pads
@@ -181,7 +209,7 @@ def read_replay(mask, config: Config, batch: Batch, step) -> ReaderView:
     buf = mask.buffer
     dev = buf.device
     graph_bs = captured_bs(batch.bs, config.max_bs)
-    backend = triton_backend(mask, config, max(config.max_bs, batch.bs), dev)
+    backend = triton_backend(mask, config, max(config.max_bs, batch.bs), dev, heap, graphs=True)
     fill = capture_seq_len(config)
     # The graph runner's capture-time mask: all ones, max_bs requests at the fill length.
     placeholder = torch.ones(logical_size(TreeMaskMode.FULL_MASK, [fill] * config.max_bs, config.d),
@@ -200,8 +228,7 @@ def read_replay(mask, config: Config, batch: Batch, step) -> ReaderView:
     replay = _verify_batch(m, graph_bs, torch.cat([_seq_lens(batch, dev), padding]), custom_mask, config.d)
     with _stand_in_checked(backend):
         backend.init_forward_metadata_out_graph(replay, in_capture=False)
-    meta = backend.forward_metadata
-    return ReaderView(meta.custom_mask, meta.mask_indptr, graph_bs)
+    return _view(backend.forward_metadata, backend, graph_bs)
 
 
 class ServerReader:
@@ -216,11 +243,11 @@ class ServerReader:
     replay is read through the metadata of the graph it replays in.
     """
 
-    def __init__(self, mask, config: Config, pool: int):
+    def __init__(self, mask, config: Config, pool: int, heap: ShadowHeap):
         m, dev = modules(), mask.buffer.device
         self.config, self.mask = config, mask
         # The request pool holds the largest batch the server will see, eager ones past max_bs too.
-        self.backend = triton_backend(mask, config, max(pool, config.max_bs), dev)
+        self.backend = triton_backend(mask, config, max(pool, config.max_bs), dev, heap, graphs=True)
         fill = capture_seq_len(config)
         placeholder = torch.ones(logical_size(TreeMaskMode.FULL_MASK, [fill] * config.max_bs, config.d),
                                  dtype=torch.bool, device=dev)
@@ -237,8 +264,7 @@ class ServerReader:
         with _stand_in_checked(self.backend):
             self.backend.init_forward_metadata(_verify_batch(modules(), batch.bs, _seq_lens(batch, dev),
                                                              step.tree_mask, self.config.d))
-        meta = self.backend.forward_metadata
-        return ReaderView(meta.custom_mask, meta.mask_indptr)
+        return _view(self.backend.forward_metadata, self.backend)
 
     def replay(self, batch: Batch, step) -> ReaderView:
         buf = self.mask.buffer
@@ -250,8 +276,7 @@ class ServerReader:
                                self.config.d)
         with _stand_in_checked(self.backend):
             self.backend.init_forward_metadata_out_graph(replay, in_capture=False)
-        meta = self.graphs[graph_bs]
-        return ReaderView(meta.custom_mask, meta.mask_indptr, graph_bs)
+        return _view(self.graphs[graph_bs], self.backend, graph_bs)
 
 
 # -- FlashInfer packing ---------------------------------------------------------------

@@ -221,15 +221,15 @@ class SglangTarget:
                    "chain": chain[0][2] if chain else None}
 
     # -- readers (sglang/readers.py; seams of reader-agreement and packed-mask) --
-    def read_eager(self, config: Config, batch: Batch, step: StepOutput):
-        return readers.read_eager(config, batch, step)
+    def read_eager(self, config: Config, batch: Batch, step: StepOutput, heap: ShadowHeap):
+        return readers.read_eager(config, batch, step, heap)
 
-    def read_replay(self, mask, config: Config, batch: Batch, step: StepOutput):
-        return readers.read_replay(mask, config, batch, step)
+    def read_replay(self, mask, config: Config, batch: Batch, step: StepOutput, heap: ShadowHeap):
+        return readers.read_replay(mask, config, batch, step, heap)
 
-    def reader_session(self, mask, config: Config, pool: int):
+    def reader_session(self, mask, config: Config, pool: int, heap: ShadowHeap):
         """One Triton backend for a case's batches, graphs captured once (``readers.ServerReader``)."""
-        return readers.ServerReader(mask, config, pool)
+        return readers.ServerReader(mask, config, pool, heap)
 
     def pack_mask(self, config: Config, batch: Batch, step_mask, buffer):
         return readers.pack_mask(config, batch, step_mask, buffer)
