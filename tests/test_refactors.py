@@ -212,14 +212,16 @@ _DEFAULT_LAYOUT_MOVED = [
 
 
 def test_the_pp_default_layout_follows_its_function_when_it_moves(sglang_target, tmp_path):
-    # d = 1 on the pp rebuild: the fallback step has no mask, so it takes the device's default layout
+    # The pp rebuild's fallback step has no mask, so it takes the device's default layout: on this
+    # host FULL_MASK unless vmfuzz chose the case's QLEN_ONLY, whose cells it then compares.
     site = altered_copy(tmp_path, _DEFAULT_LAYOUT_MOVED, "default-layout-moved")
     repro = tmp_path / "pp-default-layout.json"
     repro.write_text(json.dumps({
-        "config": {"mode": "QLEN_ONLY", "max_bs": 2, "max_context_len": 8, "num_draft_tokens": 1, "topk": 1,
-                   "spec_steps": 0, "call_site": "pp"},
+        "config": {"mode": "QLEN_ONLY", "max_bs": 2, "max_context_len": 8, "num_draft_tokens": 3, "topk": 2,
+                   "spec_steps": 2, "call_site": "pp"},
         "batches": [{"seq_lens": [3, 5]}]}))
-    proc, out = run_on_copy(site, tmp_path, "replay", str(repro), "--target", "sglang", "--property", "trivial-path",
+    proc, out = run_on_copy(site, tmp_path, "replay", str(repro), "--target", "sglang", "--property",
+                            "fallback-equivalence",
                             "--isolate", "off", "--report-dir", str(tmp_path / "report"))
     assert proc.returncode == 0, out
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
