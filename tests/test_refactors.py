@@ -22,6 +22,12 @@ CALL_SITE = ["srt/speculative/eagle_worker_common.py"]
 WORKER_V2 = ["srt/speculative/eagle_worker_v2.py"]
 CHAIN_WRITER = ["kernels/ops/speculative/eagle.py"]
 TRITON = ["srt/layers/attention/triton_backend.py"]
+SPEC_TREE = ["kernels/ops/speculative/spec_tree.py"]
+PP_SITE = ["srt/managers/scheduler_pp_mixin.py"]
+TRTLLM_MLA = ["srt/layers/attention/trtllm_mla_backend.py"]
+#: every SGLang module that calls maybe_create_verify_mask
+ALLOCATORS = ["deepseek_v4_backend", "deepseek_v4_backend_hip_radix", "flashattention_backend", "flashmla_backend",
+              "trtllm_mla_backend", "triton_backend", "qwen_sparse_attn_backend"]
 
 _POSITIONAL_KERNEL_CALL = (r"build_tree_kernel_efficient_func\(\n\s*parent_list,\n\s*top_scores_index,\n\s*seq_lens,\n"
                            r"\s*tree_mask,\n\s*positions,\n\s*retrieve_index,\n\s*retrieve_next_token,\n"
@@ -33,8 +39,59 @@ _KEYWORD_KERNEL_CALL = ("build_tree_kernel_efficient_func(tree_mask_mode=tree_ma
                         "retrieve_index=retrieve_index, positions=positions, tree_mask=tree_mask, "
                         "seq_lens=seq_lens, top_scores_index=top_scores_index, parent_list=parent_list)")
 
+_LAYOUT_OMITTED_AT_ITS_DEFAULT = (
+    "build_tree_kernel_efficient_func(parent_list, top_scores_index, seq_lens, tree_mask, positions, "
+    "retrieve_index, retrieve_next_token, retrieve_next_sibling, topk, spec_steps, num_verify_tokens, "
+    "**({} if tree_mask_mode == TreeMaskMode.QLEN_ONLY else {'tree_mask_mode': tree_mask_mode}))")
+
+#: the allocator's draft-width keyword renamed (to a name SGLang's kernels use), every caller updated
+_ALLOCATOR_KEYWORD_RENAMED = [
+    (VERIFY_MASK, r"num_draft_tokens: Optional\[int\],", "draft_token_num: Optional[int],"),
+    (VERIFY_MASK, r"or not num_draft_tokens:", "or not draft_token_num:"),
+    (VERIFY_MASK, r"(tree_mask_numel\(\s*mode,\s*max_bs,\s*)num_draft_tokens", r"\1draft_token_num"),
+] + [([f"srt/layers/attention/{m}.py"], r"(maybe_create_verify_mask\((?:[^()]|\([^()]*\))*?)\bnum_draft_tokens=",
+      r"\1draft_token_num=") for m in ALLOCATORS]
+
 #: name -> (edits, properties to run, exit codes allowed, words the out-of-step line must hold)
 REFACTORS = {
+    "allocator-keyword-renamed": (_ALLOCATOR_KEYWORD_RENAMED, ("no-oob-write", "allocation-soundness"), {0}, ""),
+    # the Triton tree wrapper vmfuzz launches, renamed: out of step, not an SGLang that is unavailable
+    "triton-tree-wrapper-renamed": (
+        [(SPEC_TREE, r"\bsgl_build_tree_kernel_triton\b", "build_tree_kernel_triton")],
+        ("no-oob-write",), {3}, "sgl_build_tree_kernel_triton"),
+    # an attribute the stand-in never set, now set by a module-level helper of the backend's module
+    "attribute-set-by-a-module-helper": (
+        [(TRTLLM_MLA, r"self\.num_draft_tokens = get_spec\(\)\.speculative_num_draft_tokens", "_init_draft_width(self)"),
+         (TRTLLM_MLA, r"self\.num_draft_tokens\b", "self.draft_width"),
+         (TRTLLM_MLA, r"\Z", "\n\ndef _init_draft_width(backend):\n"
+                              "    backend.draft_width = get_spec().speculative_num_draft_tokens\n")],
+        ("allocation-soundness",), {0, 3}, "draft_width"),
+    # a value the reader path computed in place, hoisted into TritonAttnBackend.__init__
+    "reader-value-hoisted-into-init": (
+        [(TRITON, r"(        self\.forward_metadata: ForwardMetadata = None\n)",
+          r"\1        self._verify_qo_dtype = torch.int32\n"),
+         (TRITON, r"(step=num_tokens_per_req,\n\s*)dtype=torch\.int32,(\n\s*device=self\.device,\n\s*\)\n"
+                  r"\s*kv_indptr = self\._fill_kv_indptr_and_indices\()", r"\1dtype=self._verify_qo_dtype,\2")],
+        ("reader-agreement",), {0}, ""),
+    # the backend's verify state kept in slots
+    "triton-backend-gains-slots": (
+        [(TRITON, r"(class TritonAttnBackend\(AttentionBackend\):\n)",
+          r'\1    __slots__ = ("_verify_mask", "forward_metadata")\n')],
+        ("reader-agreement",), {0}, ""),
+    # the kernel entry's layout gains a default, and the wrapper leaves it out when it is that default
+    "kernel-layout-left-at-its-default": (
+        [(SPEC_TREE, r"(num_verify_tokens: int,\n\s*tree_mask_mode: TreeMaskMode)(,\n\) -> None:)",
+          r"\1 = TreeMaskMode.QLEN_ONLY\2"),
+         (EAGLE_UTILS, _POSITIONAL_KERNEL_CALL, _LAYOUT_OMITTED_AT_ITS_DEFAULT)],
+        ("no-oob-write", "reference-agreement"), {0}, ""),
+    # fits gains an option whose default admits one more, and every call site passes the strict value
+    "fits-called-with-a-non-default-option": (
+        [(VERIFY_MASK, r"def fits\(self, bs: int\) -> bool:", "def fits(self, bs: int, *, margin: int = 0) -> bool:"),
+         (VERIFY_MASK, r"return bs <= self\.max_bs", "return bs + margin <= self.max_bs + 1"),
+         (CALL_SITE, r"verify_mask\.fits\(bs\)", "verify_mask.fits(bs, margin=1)"),
+         (PP_SITE, r"verify_mask\.fits\(bs\)", "verify_mask.fits(bs, margin=1)"),
+         (WORKER_V2, r"verify_mask\.fits\(bs\)", "verify_mask.fits(bs, margin=1)")],
+        ("no-oob-write",), {0}, ""),
     # a new option with a default is not the pre-#33127 fits(bs, d)
     "fits-gains-keyword-only-option": (
         [(VERIFY_MASK, r"def fits\(self, bs: int\)", "def fits(self, bs: int, *, strict: bool = True)")],
@@ -140,3 +197,57 @@ def test_a_bug_on_a_refactor_is_still_caught_by_its_property(sglang_target, name
 def test_the_pristine_copy_passes(sglang_target, tmp_path):
     proc, out = _run(tmp_path, [], ("no-oob-write", "trivial-path", "chain-writer"), None)
     assert proc.returncode == 0, out
+
+
+#: default_tree_mask_mode moved beside the platform flag in the kernel module, eagle_utils re-exporting
+#: it, and the pp rebuild importing it from its new home
+_DEFAULT_LAYOUT_MOVED = [
+    (SPEC_TREE, r"\Z", "\n\ndef default_tree_mask_mode() -> TreeMaskMode:\n"
+                       "    return TreeMaskMode.QLEN_ONLY if _is_cpu else TreeMaskMode.FULL_MASK\n"),
+    (EAGLE_UTILS, r"\ndef default_tree_mask_mode\(\) -> TreeMaskMode:\n(?:    .*\n)+", "\n"),
+    (EAGLE_UTILS, r"(    build_tree_kernel_efficient_func,\n)", r"\1    default_tree_mask_mode,\n"),
+    (PP_SITE, r"(            build_tree_kernel_efficient,\n)            default_tree_mask_mode,\n(        \)\n)",
+     r"\1\2        from sglang.kernels.ops.speculative.spec_tree import default_tree_mask_mode\n"),
+]
+
+
+def test_the_pp_default_layout_follows_its_function_when_it_moves(sglang_target, tmp_path):
+    # The pp rebuild's fallback step has no mask, so it takes the device's default layout: on this
+    # host FULL_MASK unless vmfuzz chose the case's QLEN_ONLY, whose cells it then compares.
+    site = altered_copy(tmp_path, _DEFAULT_LAYOUT_MOVED, "default-layout-moved")
+    repro = tmp_path / "pp-default-layout.json"
+    repro.write_text(json.dumps({
+        "config": {"mode": "QLEN_ONLY", "max_bs": 2, "max_context_len": 8, "num_draft_tokens": 3, "topk": 2,
+                   "spec_steps": 2, "call_site": "pp"},
+        "batches": [{"seq_lens": [3, 5]}]}))
+    proc, out = run_on_copy(site, tmp_path, "replay", str(repro), "--target", "sglang", "--property",
+                            "fallback-equivalence",
+                            "--isolate", "off", "--report-dir", str(tmp_path / "report"))
+    assert proc.returncode == 0, out
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert [c["status"] for c in summary["checks"]] == ["held"], out
+
+
+def test_a_dflash_policy_module_that_does_not_import_is_out_of_step(sglang_target, monkeypatch):
+    # SGLang's own import chain loads dflash_utils already, so a copy that breaks it never
+    # reaches the router; the failure is made where vmfuzz imports it.
+    import importlib
+
+    from harness.model.config import Config
+    from harness.model.errors import OutOfStep
+    from harness.model.layouts import TreeMaskMode
+    from harness.model.routing import Child
+    from harness.targets.sglang import routers
+
+    real = importlib.import_module
+
+    def without_dflash(name, *args, **kwargs):
+        if name == "sglang.srt.speculative.dflash_utils":
+            raise ImportError("no module named a_cuda_extension")
+        return real(name, *args, **kwargs)
+
+    cfg = Config(TreeMaskMode.FULL_MASK, 2, 8, 3, 2, 2)
+    children = {r: Child(r, sglang_target.allocate(cfg, None), 8) for r in ("prefill", "decode")}
+    monkeypatch.setattr(routers.importlib, "import_module", without_dflash)
+    with pytest.raises(OutOfStep, match="resolve_dflash_verify_mask_policy"):
+        sglang_target.route("hybrid", "decode", children, 8)

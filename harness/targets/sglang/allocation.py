@@ -20,6 +20,7 @@ why).
 from __future__ import annotations
 
 import importlib
+import inspect
 from types import SimpleNamespace
 
 import torch
@@ -27,7 +28,8 @@ import torch
 from harness.model.allocation import ALLOCATING_BACKENDS, AllocationCall, ServerNumbers
 from harness.model.errors import OutOfStep
 from harness.targets.sglang.binding import bound
-from harness.targets.sglang.seams import TranslatesNothing, unset_by_harness
+from harness.targets.sglang.seams import (ALLOCATOR_SYNONYMS, TranslatesNothing, quantities_of_call, unset_by_harness,
+                                          where, with_quantity)
 
 _ATTN = "srt/layers/attention/"
 
@@ -104,8 +106,8 @@ def _server_context(n: ServerNumbers):
     return spec, exec_, parallel, schedule
 
 
-def _model_runner(n: ServerNumbers, exec_, schedule):
-    """A target model runner of a small dense model, on the meta device.
+def _model_runner(n: ServerNumbers, exec_, schedule, device="meta"):
+    """A target model runner of a small dense model, on ``device`` (meta: nothing is allocated).
 
     Its ``server_args`` holds the same options as the stand-in server's
     ``get_exec``/``get_schedule``, for releases that read them from there.
@@ -119,13 +121,13 @@ def _model_runner(n: ServerNumbers, exec_, schedule):
     model_config = SimpleNamespace(
         context_len=n.context_len, attention_arch=None, get_max_num_attention_heads=lambda: 8,
         get_num_kv_heads=lambda *a: 8, v_head_dim=64, swa_v_head_dim=64, head_dim=64, is_encoder_decoder=False)
-    pool = SimpleNamespace(size=n.max_bs, req_to_token=torch.zeros(n.max_bs, 1, dtype=torch.int32))
+    pool = SimpleNamespace(size=n.max_bs, req_to_token=torch.zeros(n.max_bs, 1, dtype=torch.int32, device=device))
     kv_pool = SimpleNamespace(start_layer=0, get_value_buffer=lambda layer: torch.empty(1, 8, 64, device="meta"))
     return SimpleNamespace(
         req_to_token_pool=pool, sliding_window_size=None, token_to_kv_pool=kv_pool,
         token_to_kv_pool_allocator=None, page_size=1, kv_index_translator=TranslatesNothing(),
         decode_num_tokens_per_req=lambda: n.num_draft_tokens, is_draft_worker=False, spec_algorithm=None,
-        model_config=model_config, device="meta", gpu_id=0, kv_cache_dtype=torch.bfloat16,
+        model_config=model_config, device=device, gpu_id=0, kv_cache_dtype=torch.bfloat16,
         server_args=server_args)
 
 
@@ -136,11 +138,24 @@ def _constructed(name: str, mod, cls, n: ServerNumbers):
     draft-runner flag, device) are the ones ``__init__`` derived, so a wrong
     derivation there is caught too.
     """
-    if name != "triton":
-        return None
+    return built_by_init(mod, cls, n) if name == "triton" else None
+
+
+def built_by_init(mod, cls, n: ServerNumbers, device="meta"):
+    """``cls`` (the Triton backend) made by its own ``__init__`` over a stand-in target model runner of a
+    server started with ``n``, its request pool ``n.max_bs`` deep; the server-wide config bound for the call.
+
+    What the stand-in runner lacks that this SGLang's ``__init__`` reads is out of step.
+    """
     spec, exec_, parallel, schedule = _server_context(n)
-    with bound((mod, "get_spec", lambda: spec), *_server_lookups(mod, exec_, parallel, schedule)):
-        return cls(_model_runner(n, exec_, schedule))
+    try:
+        with bound((mod, "get_spec", lambda: spec), *_server_lookups(mod, exec_, parallel, schedule)):
+            return cls(_model_runner(n, exec_, schedule, device))
+    except AttributeError as exc:
+        if getattr(exc, "obj", 0) is None or isinstance(getattr(exc, "obj", None), SimpleNamespace):
+            raise OutOfStep(f"{cls.__name__}.__init__", where(cls),
+                            f"reads {exc.name!r} from a stand-in vmfuzz built: {exc}") from None
+        raise
 
 
 #: Model-family probes the constructor asks of the model config; the stand-in
@@ -259,14 +274,7 @@ def allocation_call(target, name: str, numbers: ServerNumbers) -> AllocationCall
     if mod is None or isinstance(mod, str):
         raise ValueError(f"allocation site {name!r} is not driven here: {mod or 'unknown backend'}")
     cls = getattr(mod, SITES[name][1])
-    try:
-        backend = _constructed(name, mod, cls, numbers)
-    except AttributeError as exc:
-        if getattr(exc, "obj", 0) is None or isinstance(getattr(exc, "obj", None), SimpleNamespace):
-            # the stand-in model runner lacks what this SGLang's __init__ reads
-            raise OutOfStep(f"{cls.__name__}.__init__", _ATTN + SITES[name][0] + ".py",
-                            f"reads {exc.name!r} from a stand-in vmfuzz built: {exc}") from None
-        raise
+    backend = _constructed(name, mod, cls, numbers)
     if backend is None:
         backend = cls.__new__(cls)
         for attr, value in _attributes(name, numbers).items():
@@ -274,13 +282,20 @@ def allocation_call(target, name: str, numbers: ServerNumbers) -> AllocationCall
     real = mod.maybe_create_verify_mask
     calls: list[AllocationCall] = []
 
-    def recording(**kwargs):
+    def recording(*args, **kwargs):
+        try:
+            inspect.signature(real).bind(*args, **kwargs)
+        except TypeError:
+            real(*args, **kwargs)  # SGLang's caller does not match its allocator: its own TypeError
+        # Read by the allocator's own parameter names, so a renamed keyword is still the quantity it was.
+        q, call = quantities_of_call(real, "maybe_create_verify_mask", _ATTN + "verify_mask.py", args, kwargs,
+                                     ALLOCATOR_SYNONYMS)
         # The allocator only sizes; the meta device keeps a production-size mask free.
-        mask = real(**dict(kwargs, device="meta"))
+        with_quantity(call, "device", "meta", ALLOCATOR_SYNONYMS)
+        mask = real(*call.args, **call.kwargs)
         calls.append(AllocationCall(
-            name, kwargs.get("max_bs"), kwargs.get("max_context_len"), kwargs.get("num_draft_tokens"),
-            bool(kwargs.get("is_read")), bool(kwargs.get("is_draft_runner")), bool(kwargs.get("skip_prefill")),
-            kwargs.get("dtype", torch.bool), mask))
+            name, q.get("max_bs"), q.get("max_context_len"), q.get("d"), bool(q.get("is_read")),
+            bool(q.get("is_draft_runner")), bool(q.get("skip_prefill")), q.get("dtype", torch.bool), mask))
         raise _Allocated
 
     patches = [(mod, "maybe_create_verify_mask", recording)]

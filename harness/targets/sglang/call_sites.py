@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -35,6 +36,7 @@ from harness.guard.chain_write import chain_inputs
 from harness.model.config import Batch, Config
 from harness.model.errors import OutOfStep
 from harness.targets.sglang.binding import bound
+from harness.targets.sglang.seams import where
 from harness.model.trees import tree_tensors
 
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
@@ -182,10 +184,50 @@ def pp_rebuild(sg, forward_batch, target_worker, chain, config: Config, batch: B
     spec = SimpleNamespace(speculative_num_steps=config.spec_steps, speculative_num_draft_tokens=config.d,
                            speculative_eagle_topk=config.topk)
     layout = sg.Mode(int(config.mode))
-    with bound((pp.module, "get_spec", lambda: spec),
-               (sg.eagle_utils, "default_tree_mask_mode", lambda: layout)):
+    chosen = [(owner, name, lambda: layout)
+              for owner, name in default_layout_holders(sg, pp.mixin._pp_spec_rebuild_verify_input)]
+    with bound((pp.module, "get_spec", lambda: spec), *chosen):
         scheduler._pp_spec_rebuild_verify_input(forward_batch)
     return forward_batch.spec_info
+
+
+#: the function SGLang asks for the device's default layout
+DEFAULT_LAYOUT = "default_tree_mask_mode"
+
+
+def default_layout_holders(sg, caller) -> list[tuple]:
+    """(module, name) for every name the device's default-layout function is bound to in SGLang.
+
+    The function is the one ``caller`` imports (at call time or at its module's
+    import), else eagle_utils' own; binding each module that holds that very
+    object follows it wherever it now lives, re-exports included, instead of
+    one module's copy of its name, or the private platform flag it reads.
+    """
+    fn = _imported_by(caller, DEFAULT_LAYOUT) or getattr(sg.eagle_utils, DEFAULT_LAYOUT, None)
+    if not callable(fn):
+        raise OutOfStep(DEFAULT_LAYOUT, where(caller), f"{caller.__qualname__} imports no {DEFAULT_LAYOUT} and "
+                        "eagle_utils has none: vmfuzz cannot choose the layout it falls back to")
+    return [(module, name) for key, module in list(sys.modules.items()) if key.split(".")[0] == "sglang"
+            for name, value in list(vars(module).items()) if value is fn]
+
+
+def _imported_by(caller, name: str):
+    """What ``caller`` gets under ``name``: read from its ``from M import name`` (however aliased)
+    in its own body, else its module's global."""
+    import ast
+    import importlib
+    import inspect
+    import textwrap
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(caller)))
+    except (OSError, TypeError, SyntaxError):
+        tree = None
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level \
+                and any(alias.name == name for alias in node.names):
+            with contextlib.suppress(Exception):
+                return getattr(importlib.import_module(node.module), name)
+    return getattr(sys.modules.get(caller.__module__), name, None)
 
 
 class _DraftGraph:

@@ -1,11 +1,13 @@
 """SGLang's mask readers, driven with stand-ins: the Triton backend's mask_indptr and FlashInfer's packing.
 
-Triton attention (``TritonAttnBackend``): the instance is made without its
-``__init__`` (which reads a whole server's config) and given only the state
-its target-verify metadata methods read -- indptr buffers sized for the request
-pool, a KV-index translator whose gather writes each request's slots from a
-stand-in request-to-token table (``kv_ids.GathersKvSlots``), a redzoned
-cuda-graph KV-index buffer, and the verify mask the call site wrote into. Then
+Triton attention (``TritonAttnBackend``): the instance is made by its own
+``__init__`` over a stand-in model runner (a request pool the size of the
+largest batch), the server-wide config it reads bound for the call, then given
+what its cuda-graph set-up would: a redzoned cuda-graph KV-index buffer, and
+the verify mask the call site wrote into; its KV-index translator is replaced
+by one whose gather writes each request's slots from a stand-in
+request-to-token table (``kv_ids.GathersKvSlots``). So what ``__init__`` derives
+is SGLang's own, wherever it now sets it and however the class stores it. Then
 SGLang's own methods run: ``init_forward_metadata`` for an eager TARGET_VERIFY
 batch, and ``init_forward_metadata_out_graph`` twice for the cuda graph, once
 capturing (a placeholder mask for max_bs requests at the fill length, as the
@@ -136,38 +138,39 @@ def _stand_in_checked(backend):
 
 
 def triton_backend(mask, config: Config, pool: int, dev, heap: ShadowHeap, graphs: bool):
-    """A ``TritonAttnBackend`` holding the state its target-verify metadata reads, and ``mask``.
+    """A ``TritonAttnBackend`` made by its own ``__init__`` for a server with ``config``'s numbers and a
+    request pool ``pool`` deep, then given what its cuda-graph set-up would: the KV-id buffer and ``mask``.
 
-    ``graphs``: it will capture cuda graphs, so its KV-index buffer is allocated
-    (on ``heap``, redzoned, holding no slot id yet), as SGLang's is at start-up.
+    So what ``__init__`` derives (indptr buffers, draft width, context length)
+    is SGLang's own, wherever it now sets it and however the class stores it
+    (``__slots__`` too). ``graphs``: it will capture cuda graphs, so its KV-index
+    buffer is allocated (on ``heap``, redzoned, holding no slot id yet), as
+    SGLang's is at start-up.
     """
+    from harness.model.allocation import ServerNumbers
+    from harness.targets.sglang.allocation import built_by_init
+
     m = modules()
-    backend = m.triton_backend.TritonAttnBackend.__new__(m.triton_backend.TritonAttnBackend)
+    numbers = ServerNumbers(pool, config.max_context_len, config.d, config.topk, config.spec_steps)
+    backend = built_by_init(m.triton_backend, m.triton_backend.TritonAttnBackend, numbers, dev)
     max_num_tokens = config.max_bs * config.d
     kv_cells = max(1, max_num_tokens * config.max_context_len)
+    # What init_cuda_graph_state would set (the KV-id buffer it sizes so, the mask it allocates).
     if graphs:
         kv_indices = heap.alloc("kv_indices", kv_cells, torch.int64, redzone_cells=config.max_context_len + 64)
         kv_indices.copy_(stale_kv_indices(kv_cells, dev))
     else:
         kv_indices = torch.zeros(kv_cells, dtype=torch.int64, device=dev)
-    state = dict(
-        dllm_attention=None, _dense_one_shot_kv_indptr=None, device=dev, skip_prefill=False,
-        sliding_window_size=None, window_kv_indptr=None, use_sliding_window_kv_pool=False, dcp_size=1,
-        max_context_len=config.max_context_len, num_draft_tokens=config.d,
-        target_verify_num_tokens_per_req=config.d, kv_index_translator=GathersKvSlots(heap, config.max_context_len),
-        token_to_kv_pool=None,
-        # SGLang sizes these for the request pool, which holds every eager batch too.
-        kv_indptr=torch.zeros(pool + 1, dtype=torch.int32, device=dev),
-        qo_indptr=torch.zeros(pool + 1, dtype=torch.int64, device=dev),
-        mask_indptr=torch.zeros(pool + 1, dtype=torch.int64, device=dev),
-        cuda_graph_kv_indices=kv_indices,
-        _verify_mask=mask, forward_metadata=None,
-        # Releases before the KV-index translator (0.5.17, 0.5.18) hand the
-        # request-to-token map to their KV gather (stood in: ``_KvGatherNothing``).
-        req_to_token=torch.zeros(pool, 1, dtype=torch.int32, device=dev), _translate_kv_loc=None,
-        kv_read_tables=None,  # 0.5.19 keeps the captured KV-id tables here (none: KV ids are stood in)
-    )
-    backend.__dict__.update(state)
+    backend.cuda_graph_kv_indices = kv_indices
+    backend._verify_mask = mask
+    # The stand-in runner's translator packs nothing: this one gathers distinct slots per request.
+    backend.kv_index_translator = GathersKvSlots(heap, config.max_context_len)
+    # Releases before the KV-index translator (0.5.17, 0.5.18) hand the request-to-token
+    # map to their KV gather (stood in: ``_KvGatherNothing``); 0.5.19 keeps the captured
+    # KV-id tables in kv_read_tables (none: KV ids are stood in).
+    for attr in ("_translate_kv_loc", "kv_read_tables"):
+        if not hasattr(backend, attr):
+            setattr(backend, attr, None)
     return backend
 
 

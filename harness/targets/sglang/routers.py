@@ -177,12 +177,22 @@ def _role_class(role: str) -> type:
     return _ROLE_CLASSES[role]
 
 
+_DFLASH = "sglang.srt.speculative.dflash_utils"
+
+
 def _dflash_resolves(backend, kids: dict) -> str | None:
     """The role DFlash's verify-mask policy resolves ``backend`` to (its class name if no child's)."""
+    from importlib.util import find_spec
+
+    from harness.model.errors import OutOfStep
+    if find_spec(_DFLASH) is None:
+        return None  # an SGLang without DFlash: nothing there to observe
     try:
-        dflash = importlib.import_module("sglang.srt.speculative.dflash_utils")
-    except Exception:
-        return None  # an SGLang without DFlash: not observed
+        dflash = importlib.import_module(_DFLASH)
+    except Exception as exc:  # present but not importable here: its policy goes unchecked
+        raise OutOfStep("resolve_dflash_verify_mask_policy", "srt/speculative/dflash_utils.py",
+                        f"DFlash's policy module does not import here ({type(exc).__name__}: {exc}), so "
+                        "vmfuzz cannot check what it resolves each router to") from None
     resolve = getattr(dflash, "resolve_dflash_verify_mask_policy", None)
     if resolve is None:
         return None

@@ -33,6 +33,22 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
 }
 _QUANTITY = {name: q for q, names in SYNONYMS.items() for name in names}
 
+#: an allocator quantity -> the parameter names ``maybe_create_verify_mask`` gives it
+ALLOCATOR_SYNONYMS: dict[str, tuple[str, ...]] = {
+    "is_draft_runner": ("is_draft_runner",),
+    "skip_prefill": ("skip_prefill",),
+    "max_bs": ("max_bs", "max_batch_size"),
+    "max_context_len": ("max_context_len", "context_len"),
+    "d": SYNONYMS["d"],
+    "device": ("device",),
+    "is_read": ("is_read",),
+    "dtype": ("dtype",),
+}
+
+
+def _names(synonyms: dict[str, tuple[str, ...]]) -> dict[str, str]:
+    return {name: q for q, names in synonyms.items() for name in names}
+
 
 def where(obj) -> str:
     """``obj``'s file under the sglang package (``srt/...``), for a message naming it."""
@@ -93,17 +109,44 @@ def by_quantity(fn, seam: str, file: str, args: tuple, kwargs: dict) -> dict:
     return out
 
 
-def call_by_quantity(fn, seam: str, file: str, values: dict):
+def default_of(fn, quantity: str, seam: str, file: str, otherwise):
+    """The default ``fn``'s signature gives ``quantity`` (``otherwise`` when it names no such parameter):
+    what the callee itself takes for a call that leaves the argument out."""
+    for name, param in signature(fn, seam, file).parameters.items():
+        if _QUANTITY.get(name) == quantity and param.default is not param.empty:
+            return param.default
+    return otherwise
+
+
+def call_by_quantity(fn, seam: str, file: str, values: dict, synonyms: dict = SYNONYMS):
     """Call ``fn`` with ``values`` (quantity -> value), each under the name ``fn``'s signature gives it."""
+    quantity_of = _names(synonyms)
     kwargs = {}
     for name, param in signature(fn, seam, file).parameters.items():
-        q = _QUANTITY.get(name)
+        q = quantity_of.get(name)
         if q is not None and q in values:
             kwargs[name] = values[q]
         elif param.default is param.empty and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise OutOfStep(seam, file, f"{getattr(fn, '__qualname__', fn)} requires {name}, which vmfuzz "
                             "cannot supply")
     return fn(**kwargs)
+
+
+def quantities_of_call(fn, seam: str, file: str, args: tuple, kwargs: dict, synonyms: dict):
+    """(quantity -> value, the bound call): a call of ``fn`` read by ``fn``'s own parameter names,
+    its defaults filled in, so a renamed keyword reads as the quantity it always was."""
+    bound = bind(fn, seam, file, *args, **kwargs)
+    bound.apply_defaults()
+    quantity_of = _names(synonyms)
+    return {quantity_of[n]: v for n, v in bound.arguments.items() if n in quantity_of}, bound
+
+
+def with_quantity(bound: inspect.BoundArguments, quantity: str, value, synonyms: dict):
+    """``bound`` (a ``quantities_of_call`` call) with ``quantity`` set to ``value`` under its parameter's name."""
+    for name in synonyms[quantity]:
+        if name in bound.arguments:
+            bound.arguments[name] = value
+    return bound
 
 
 def call_with(fn, seam: str, file: str, /, *args, **named):
@@ -186,18 +229,37 @@ class _NoKvView:
 
 def unset_by_harness(exc: AttributeError, standin, cls, seam: str, file: str) -> None:
     """Out of step when SGLang read an attribute of ``standin`` (made with ``cls.__new__``) that
-    ``cls``'s own code sets but the harness did not; any other AttributeError is the target's."""
+    SGLang's own code sets but the harness did not; any other AttributeError is the target's.
+
+    Set by the class's own methods or by a helper of its module (or of a base
+    class's) that sets it on the instance it is handed: either way ``__init__``
+    would have given it, and the stand-in lacks it.
+    """
     import re
     attr = getattr(exc, "name", None)
     if getattr(exc, "obj", None) is not standin or not attr:
         return
-    try:
-        text = inspect.getsource(cls)
-    except (OSError, TypeError):
-        return
-    if re.search(rf"self\.{re.escape(attr)}\s*(:[^=\n]*)?=", text):
-        raise OutOfStep(seam, file, f"{cls.__name__} sets {attr} in its own code, which the code under test "
-                        "reads and vmfuzz's stand-in does not provide") from None
+    name = re.escape(attr)
+    sets = re.compile(rf"\b\w+\.{name}\s*(:[^=\n]*)?=(?!=)|setattr\(\s*\w+\s*,\s*[\"']{name}[\"']")
+    for owner in _homes(cls):
+        try:
+            text = inspect.getsource(owner)
+        except (OSError, TypeError):
+            continue
+        if sets.search(text):
+            raise OutOfStep(seam, file, f"{cls.__name__} sets {attr} in its own code, which the code under test "
+                            "reads and vmfuzz's stand-in does not provide") from None
+
+
+def _homes(cls) -> list:
+    """The modules whose code may set an instance attribute of ``cls``: its own and its bases'."""
+    import sys
+    homes = []
+    for klass in cls.__mro__[:-1]:
+        module = sys.modules.get(klass.__module__)
+        if module is not None and module not in homes:
+            homes.append(module)
+    return homes
 
 
 def require_taken(taken: dict, site: str) -> None:

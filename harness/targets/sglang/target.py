@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import os
 
 import msgspec
@@ -26,7 +27,8 @@ from harness.guard.shadow import ShadowHeap
 from harness.targets.sglang.binding import bound as _bound
 from harness.targets.sglang import call_sites, readers, writers
 from harness.targets.sglang.loader import Sglang, imported_sglang
-from harness.targets.sglang.seams import OutOfStep, Sentinel, bind, call_by_quantity, call_with, require_taken, where
+from harness.targets.sglang.seams import (ALLOCATOR_SYNONYMS, OutOfStep, Sentinel, bind, call_by_quantity, call_with,
+                                          require_taken, where)
 
 VERIFY_MASK = "srt/layers/attention/verify_mask.py"
 
@@ -71,6 +73,8 @@ class SglangTarget:
         self._heap: ShadowHeap | None = None
         self._callsite_fill: bool | None = None
         self._site = "eagle"  # the call site of the verify step under way, for site_fits
+        # The arguments that call site passed fits, while it asks; a dict, so a variant's copy shares it.
+        self._site_call: dict = {}
         # An SGLang without the chain branch or the pp rebuild gets cases through the others only.
         self.call_sites = call_sites.available(sg)
         self.bounds = dataclasses.replace(type(self).bounds, call_sites=self.call_sites)
@@ -82,6 +86,13 @@ class SglangTarget:
         return int(self.sglang.numel(self.sglang.Mode(int(mode)), bs, d, max_context_len))
 
     def fits(self, mask, bs: int) -> bool:
+        asked = self._site_call.get("asked")
+        if asked is not None:
+            # Asked at a call site: the site's own arguments, with this batch size (a variant may ask another).
+            call = inspect.BoundArguments(asked.signature, dict(asked.arguments))
+            first, second = list(asked.signature.parameters)[:2]
+            call.arguments[first], call.arguments[second] = mask, bs
+            return bool(self.sglang.fits(*call.args, **call.kwargs))
         # Bound by fits's own parameters (loader._fits_shape): options with defaults keep them.
         if self.sglang.fits_problem:
             raise OutOfStep("VerifyMask.fits", VERIFY_MASK, self.sglang.fits_problem)
@@ -102,6 +113,9 @@ class SglangTarget:
                                                 "retrieve_next_sibling", "topk", "spec_steps", "d")}
         values["mode"] = self.sglang.Mode(int(call.mode))
         fn = self.sglang.jit if self.kernel_choice == "jit" else self.sglang.triton
+        if fn is None:
+            raise OutOfStep("sgl_build_tree_kernel_triton", "kernels/ops/speculative/spec_tree.py",
+                            self.sglang.triton_problem)
         call_by_quantity(fn, getattr(fn, "__name__", "tree kernel"), where(fn), values)
 
     def not_driven_here(self, prop: str) -> str | None:
@@ -129,10 +143,12 @@ class SglangTarget:
         device = "meta"  # SGLang sizes it; the cells come from the heap below
         numel_router = lambda m, bs, d, mcl: self.numel(m, bs, d, mcl)  # noqa: E731
         with _bound((sg.verify_mask, "tree_mask_numel", numel_router)):
-            kwargs = dict(is_draft_runner=False, skip_prefill=False, max_bs=config.max_bs,
-                          max_context_len=config.max_context_len, num_draft_tokens=config.d,
-                          device=device, is_read=config.is_read)
-            vm = sg.maybe_create(**{k: v for k, v in kwargs.items() if k in sg.maybe_create_params})
+            # By the allocator's own parameter names (a renamed keyword binds through its synonyms).
+            quantities = dict(is_draft_runner=False, skip_prefill=False, max_bs=config.max_bs,
+                              max_context_len=config.max_context_len, d=config.d, device=device,
+                              is_read=config.is_read)
+            vm = call_by_quantity(sg.maybe_create, "maybe_create_verify_mask", VERIFY_MASK, quantities,
+                                  ALLOCATOR_SYNONYMS)
             if vm is None or vm.mode != mode:
                 # This host's default read layout differs from the config's: build
                 # the struct the way SGLang's allocator does, in the config's layout.
@@ -191,7 +207,11 @@ class SglangTarget:
         def fits_router(vm, *args, **kw):
             # The batch size is fits's first parameter, however the call site passed it.
             asked = bind(sg.fits, "VerifyMask.fits", VERIFY_MASK, vm, *args, **kw)
-            return target.site_fits(target._site, vm, list(asked.arguments.values())[1])
+            target._site_call["asked"] = asked
+            try:
+                return target.site_fits(target._site, vm, list(asked.arguments.values())[1])
+            finally:
+                target._site_call.pop("asked", None)
 
         def wrapper_router(*args, **kwargs):
             params = bind(wrapper, "build_tree_kernel_efficient", writers.EAGLE_UTILS, *args, **kwargs)

@@ -21,7 +21,7 @@ from harness.guard.chain_write import ChainCall, guarded_chain_write
 from harness.guard.tree_write import KernelCall, guarded_write
 from harness.model.layouts import TreeMaskMode
 from harness.model.errors import OutOfStep
-from harness.targets.sglang.seams import Sentinel, bind, by_quantity, where
+from harness.targets.sglang.seams import Sentinel, bind, by_quantity, default_of, where
 
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
 _TREE = ("no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse",
@@ -80,12 +80,16 @@ def tree_kernel_patches(sg, kernel, heap) -> list[tuple]:
     def kernel_entry(*args, **kwargs):
         q = by_quantity(named_by, seam, EAGLE_UTILS, args, kwargs)
         seq = q["seq_lens"]
+        # A call that leaves the layout out gets the entry's own default; an entry naming
+        # no layout at all predates the layouts and writes the full mask.
+        mode = q["mode"] if "mode" in q else default_of(named_by, "mode", seam, EAGLE_UTILS,
+                                                          TreeMaskMode.FULL_MASK)
         call = KernelCall(
             parent_list=q["parent_list"], top_scores_index=q["top_scores_index"], seq_lens=seq,
             tree_mask=q["tree_mask"], positions=q["positions"], retrieve_index=q["retrieve_index"],
             retrieve_next_token=q["retrieve_next_token"], retrieve_next_sibling=q["retrieve_next_sibling"],
             topk=int(q["topk"]), spec_steps=int(q["spec_steps"]), d=int(q["d"]),
-            mode=TreeMaskMode(int(q.get("mode", TreeMaskMode.FULL_MASK))), heap=heap)
+            mode=TreeMaskMode(int(mode)), heap=heap)
         guarded_write(kernel, call, [int(s) for s in seq.tolist()])
 
     sentinel = Sentinel(kernel_entry, seam, EAGLE_UTILS)
