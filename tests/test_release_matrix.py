@@ -52,4 +52,4 @@ def test_gate_on_an_older_release_lists_the_known_finding_and_nothing_false(old_
     assert [p["name"] for p in s["properties"] if p["status"] in ("failed", "out of step")] == [], out
     known = {k["name"]: k["status"] for k in s["known_findings"]}
     assert known.get("dflash-policy-behind-router") == "reproduces", known
-    assert "known finding (upstream's to fix, not this change's): dflash-policy-behind-router" in out, out
+    assert "known finding (upstream's to fix, not a new cause): dflash-policy-behind-router" in out, out

@@ -17,6 +17,27 @@ from harness.properties.kit import PropertyFailure
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+class TargetFault(Exception):
+    """The worker died or stopped answering while checking one case."""
+
+    def __init__(self, kind: str, detail: str):
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail
+
+
+class TargetRaised(Exception):
+    """The target raised inside the worker; carries the original type name and the innermost
+    frame of the code under test, as the worker saw them (the traceback does not cross)."""
+
+    def __init__(self, type_name: str, message: str, frame: str = ""):
+        super().__init__(f"{type_name}: {message}")
+        self.type_name, self.frame = type_name, frame
+
+    def __reduce__(self):
+        return (TargetRaised, (self.type_name, str(self).split(": ", 1)[-1], self.frame))
+
+
 def raise_place(exc: BaseException | None) -> str:
     """``file:function`` of the innermost frame outside vmfuzz (the code under test raised there)."""
     tb, place = getattr(exc, "__traceback__", None), ""
@@ -31,20 +52,17 @@ def raise_place(exc: BaseException | None) -> str:
 
 def raise_origin(prop: str, exc: BaseException) -> Origin:
     """The origin of ``exc`` raised by the target while ``prop`` was checked (here or in a worker)."""
-    from harness.engine.isolation import TargetRaised
     if isinstance(exc, TargetRaised):  # raised in a worker: it sent its type and frame across
         return Origin(prop, "raise", exc_type=exc.type_name, frame=exc.frame)
     return Origin(prop, "raise", exc_type=type(exc).__name__, frame=raise_place(exc))
 
 
 def raise_detail(exc: BaseException) -> str:
-    from harness.engine.isolation import TargetRaised
     return f"target raised {exc}" if isinstance(exc, TargetRaised) else f"target raised {type(exc).__name__}: {exc}"
 
 
 def failure_of(prop: str, exc: BaseException) -> tuple[Origin, str]:
     """(origin, detail) of what a check of ``prop`` ended with (a failure, a fault or a raise)."""
-    from harness.engine.isolation import TargetFault
     if isinstance(exc, PropertyFailure):
         return exc.origin, exc.detail
     if isinstance(exc, TargetFault):

@@ -11,20 +11,12 @@ from __future__ import annotations
 import multiprocessing as mp
 import signal
 
+from harness.engine.failures import TargetFault, TargetRaised, raise_place  # noqa: F401 - re-exported
 from harness.guard.tree_write import LAUNCHES
 from harness.model.errors import OutOfStep
 from harness.properties import Observation, PropertyFailure, lookup
 
 CRASH, HANG = "target-crash", "target-hang"
-
-
-class TargetFault(Exception):
-    """The worker died or stopped answering while checking one case."""
-
-    def __init__(self, kind: str, detail: str):
-        super().__init__(f"{kind}: {detail}")
-        self.kind = kind
-        self.detail = detail
 
 
 def _serve(target, conn) -> None:
@@ -55,7 +47,6 @@ def _serve(target, conn) -> None:
             conn.send(("out-of-step", exc.seam, exc.file, exc.why, spent()))
         except BaseException as exc:  # noqa: BLE001 - the target's own error (even exit()), reported as the property's
             try:
-                from harness.engine.failures import raise_place
                 conn.send(("raise", type(exc).__name__, str(exc)[:4000], raise_place(exc), spent()))
             except Exception:  # noqa: BLE001 - an unpicklable or broken answer: the worker is lost
                 return
@@ -70,18 +61,6 @@ def exit_reason(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exited with status {code}"
-
-
-class TargetRaised(Exception):
-    """The target raised inside the worker; carries the original type name and the innermost
-    frame of the code under test, as the worker saw them (the traceback does not cross)."""
-
-    def __init__(self, type_name: str, message: str, frame: str = ""):
-        super().__init__(f"{type_name}: {message}")
-        self.type_name, self.frame = type_name, frame
-
-    def __reduce__(self):
-        return (TargetRaised, (self.type_name, str(self).split(": ", 1)[-1], self.frame))
 
 
 class IsolatedChecker:
