@@ -95,15 +95,8 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
             failure = _as_failure(exc)
             if failure is None:
                 raise  # a real Ctrl-C
-            cause = failure_of(_owner(prop, failure), failure)[0].cause()
-            if state["failed"] and cause != state["cause"]:
-                # Shrinking keeps the finding's origin (as ClusterFuzz keeps a crash state): a
-                # smaller case that fails another way is not a smaller case of this finding.
+            if not _same_finding(prop, failure, state, result, start):
                 return
-            if not state["failed"]:
-                result.seconds_to_failure = time.perf_counter() - start
-                state["cause"] = cause
-            state["failed"] = True
             if failure is exc:
                 raise
             raise failure from None
@@ -129,6 +122,19 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
             target, origin, detail, state["case"], seed, findings_dir))
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _same_finding(prop: Property, failure: BaseException, state: dict, result: PropertyResult,
+                  start: float) -> bool:
+    """Is ``failure`` the search's finding? The first one is; while shrinking, only one with the
+    same cause is: a smaller case that fails another way is not a smaller case of this finding
+    (shrinking keeps the finding's origin, as ClusterFuzz keeps a crash state)."""
+    cause = failure_of(_owner(prop, failure), failure)[0].cause()
+    if state["failed"]:
+        return cause == state["cause"]
+    result.seconds_to_failure = time.perf_counter() - start
+    state["cause"], state["failed"] = cause, True
+    return True
 
 
 def _settings(max_examples: int, db):

@@ -1,4 +1,8 @@
-"""junit.xml: the one writer every command's report goes through.
+"""junit.xml: the one writer every command's report goes through, and the testcases of each summary.
+
+A property (or a check) is one testcase; a finding fails it unless it is a known
+one (upstream's defect, read from its origin), which is listed in a
+``vmfuzz.known`` suite instead and fails only with ``--fail-on-known``.
 
 CI test tabs read it, so it must always be valid XML: characters XML 1.0
 cannot hold at all (a hostile repro's detail may carry them) are replaced,
@@ -78,3 +82,46 @@ def junit_xml(suites: list[Suite]) -> str:
         out.append("  </testsuite>")
     out.append("</testsuites>")
     return "\n".join(out) + "\n"
+
+
+def run_junit(s: dict) -> str:
+    suite = Suite("vmfuzz." + s["target"])
+    for p in s["properties"]:
+        case = Case(p["name"], p["seconds"])
+        new = [f for f in p["findings"] if not f.get("known") or s.get("fail_on_known")]
+        if p["status"] == "failed" and not new:  # only upstream's known defects: listed, not failed
+            case.message = "known finding(s): " + ", ".join(sorted({f["known"] for f in p["findings"]}))
+        elif p["status"] == "failed":
+            f = new[0]
+            case.outcome, case.kind, case.message = "failure", f["kind"], f["detail"]
+            case.text = "\n".join(f"{x['kind']}: {x['detail']}\nrepro: {x['repro']}" for x in p["findings"])
+        elif p["status"] == "skipped":
+            case.outcome, case.message = "skipped", "time budget spent before this property ran"
+        elif p["status"] == "not driven":
+            case.outcome, case.message = "skipped", "not driven: " + p["not_driven"]
+        elif p["status"] == "out of step":
+            case.outcome, case.message = "error", "vmfuzz is out of step with the target: " + p["out_of_step"]
+        suite.cases.append(case)
+    suites = [suite]
+    if s.get("known_findings"):
+        suites.append(Suite("vmfuzz.known", [
+            Case(k["name"], outcome="failure" if k["status"] == "fails differently" or (
+                k["status"] == "reproduces" and s.get("fail_on_known")) else None,
+                 kind="known", message=f"{k['status']}: {k['reason']}", text=k["detail"])
+            for k in s["known_findings"]]))
+    if s["replays"]:
+        suites.append(Suite("vmfuzz.replays", [
+            Case(r["repro"], outcome={"held": None, "out of step": "error"}.get(r["status"], "failure"),
+                 message=r["detail"] or "")
+            for r in s["replays"]]))
+    return junit_xml(suites)
+
+
+def command_junit(s: dict) -> str:
+    outcome = {"failed": "failure", "error": "error", "skipped": "skipped"}
+    suite = Suite(f"vmfuzz.{s['command']}.{s['target']}", seconds=s["seconds"])
+    for k in s["checks"]:
+        text = k["detail"] + (f"\nrepro: {k['repro']}" if k["repro"] else "")
+        suite.cases.append(Case(k["name"], k["seconds"], outcome.get(k["status"]),
+                                (k["kind"] or "property") if k["status"] == "failed" else "", k["detail"], text))
+    return junit_xml([suite])

@@ -24,7 +24,7 @@ from pathlib import Path
 from harness.model.origin import encode
 from harness.model.summary_file import CommandSummary as CommandShape
 from harness.model.summary_file import RunSummary, SummaryError, conform
-from harness.report.junit import Case, Suite, junit_xml
+from harness.report.junit import command_junit, run_junit
 from harness.report.terminal import gate_line
 
 
@@ -109,6 +109,17 @@ def _finding(f, outcome=None) -> dict:
             "origin": encode(f.origin) if f.origin is not None else None, "known": known}
 
 
+def _findings_and_known(outcome) -> tuple[list[dict], list[dict]]:
+    findings = [_finding(f, outcome) for r in outcome.results for f in r.findings]
+    findings += [_finding(o.finding, outcome) for o in outcome.replays if o.finding]
+    known = [_known(o) for o in getattr(outcome, "known", [])]
+    # a known entry whose repro fails another way is a finding of this run (its origin is new)
+    findings += [{"property": k["property"], "kind": "known fails differently", "detail": k["detail"],
+                  "repro": k["repro"], "origin": encode(o.origin) if o.origin else None, "known": None}
+                 for k, o in zip(known, getattr(outcome, "known", [])) if k["status"] == "fails differently"]
+    return findings, known
+
+
 def _status(res) -> str:
     if res.findings:
         return "failed"
@@ -145,13 +156,7 @@ def build_summary(outcome) -> dict:
     replays = [{"repro": str(o.path), "property": o.property, "recorded_target": o.recorded_target,
                 "source": o.source, "status": o.status, "detail": o.detail, "still_fails_on_recorded": o.teeth,
                 "finding": str(o.finding.path) if o.finding else None} for o in outcome.replays]
-    findings = [_finding(f, outcome) for r in outcome.results for f in r.findings]
-    findings += [_finding(o.finding, outcome) for o in outcome.replays if o.finding]
-    known = [_known(o) for o in getattr(outcome, "known", [])]
-    # a known entry whose repro fails another way is a finding of this run (its origin is new)
-    findings += [{"property": k["property"], "kind": "known fails differently", "detail": k["detail"],
-                  "repro": k["repro"], "origin": encode(o.origin) if o.origin else None, "known": None}
-                 for k, o in zip(known, getattr(outcome, "known", [])) if k["status"] == "fails differently"]
+    findings, known = _findings_and_known(outcome)
     status = Counter(p["status"] for p in props)
     return {
         "command": plan.command, "target": outcome.target_name, "profile": plan.profile.name,
@@ -301,39 +306,6 @@ def _code_under_test(s: dict) -> list[str]:
             + (f" (the checkout at `{checkout}`)" if checkout else ""), ""]
 
 
-def run_junit(s: dict) -> str:
-    suite = Suite("vmfuzz." + s["target"])
-    for p in s["properties"]:
-        case = Case(p["name"], p["seconds"])
-        new = [f for f in p["findings"] if not f.get("known") or s.get("fail_on_known")]
-        if p["status"] == "failed" and not new:  # only upstream's known defects: listed, not failed
-            case.message = "known finding(s): " + ", ".join(sorted({f["known"] for f in p["findings"]}))
-        elif p["status"] == "failed":
-            f = new[0]
-            case.outcome, case.kind, case.message = "failure", f["kind"], f["detail"]
-            case.text = "\n".join(f"{x['kind']}: {x['detail']}\nrepro: {x['repro']}" for x in p["findings"])
-        elif p["status"] == "skipped":
-            case.outcome, case.message = "skipped", "time budget spent before this property ran"
-        elif p["status"] == "not driven":
-            case.outcome, case.message = "skipped", "not driven: " + p["not_driven"]
-        elif p["status"] == "out of step":
-            case.outcome, case.message = "error", "vmfuzz is out of step with the target: " + p["out_of_step"]
-        suite.cases.append(case)
-    suites = [suite]
-    if s.get("known_findings"):
-        suites.append(Suite("vmfuzz.known", [
-            Case(k["name"], outcome="failure" if k["status"] == "fails differently" or (
-                k["status"] == "reproduces" and s.get("fail_on_known")) else None,
-                 kind="known", message=f"{k['status']}: {k['reason']}", text=k["detail"])
-            for k in s["known_findings"]]))
-    if s["replays"]:
-        suites.append(Suite("vmfuzz.replays", [
-            Case(r["repro"], outcome={"held": None, "out of step": "error"}.get(r["status"], "failure"),
-                 message=r["detail"] or "")
-            for r in s["replays"]]))
-    return junit_xml(suites)
-
-
 def write_reports(outcome, report_dir: Path) -> dict:
     from harness.report.html import report_html
 
@@ -408,16 +380,6 @@ def command_md(s: dict) -> str:
             repro = f" (repro: `{k['repro']}`)" if k["repro"] else ""
             lines.append(f"| {k['name']} | {k['status']} | {detail}{repro} |")
     return "\n".join(lines) + "\n"
-
-
-def command_junit(s: dict) -> str:
-    outcome = {"failed": "failure", "error": "error", "skipped": "skipped"}
-    suite = Suite(f"vmfuzz.{s['command']}.{s['target']}", seconds=s["seconds"])
-    for k in s["checks"]:
-        text = k["detail"] + (f"\nrepro: {k['repro']}" if k["repro"] else "")
-        suite.cases.append(Case(k["name"], k["seconds"], outcome.get(k["status"]),
-                                (k["kind"] or "property") if k["status"] == "failed" else "", k["detail"], text))
-    return junit_xml([suite])
 
 
 def write_command_summary(summary: CommandSummary, report_dir: Path) -> dict:
