@@ -186,7 +186,7 @@ def _verify_batch(m, batch_size: int, seq_lens: torch.Tensor, custom_mask, d: in
 def _view(meta, backend, graph_bs: int | None = None) -> ReaderView:
     """What the metadata holds; KV indices only where the gather went through the stand-in's gather."""
     calls = backend.kv_index_translator.calls
-    gathered = _KV_GATHER not in calls
+    gathered = "pack_read_stream" in calls  # the stand-in gathered: its slots are what to judge
     return ReaderView(meta.custom_mask, meta.mask_indptr, graph_bs, qo_indptr=meta.qo_indptr,
                       kv_indptr=meta.kv_indptr, kv_indices=meta.kv_indices if gathered else None,
                       max_extend_len=meta.max_extend_len)
