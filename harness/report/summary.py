@@ -24,6 +24,7 @@ from pathlib import Path
 from harness.model.summary_file import CommandSummary as CommandShape
 from harness.model.summary_file import RunSummary, SummaryError, conform
 from harness.report.junit import Case, Suite, junit_xml
+from harness.report.replays import could_not_check, replay_lines, replay_outcome
 from harness.report.terminal import gate_line
 
 
@@ -158,7 +159,7 @@ def build_summary(outcome) -> dict:
                    "out_of_step": status["out of step"],
                    "examples": sum(p["examples"] for p in props),
                    "replays": len(replays),
-                   "replays_failed": sum(o["status"] not in ("held", "out of step") for o in replays),
+                   "replays_failed": sum(o["status"] == "failed" for o in replays),
                    "findings": len(findings), "groups": len(getattr(outcome, "groups", [])),
                    "known": sum(k["status"] == "reproduces" for k in known)},
         # one per cause (harness.engine.groups), first: what to read before the findings
@@ -207,8 +208,8 @@ def summary_md(s: dict) -> str:
     verdict = "**FAILED**" if c["findings"] or c["replays_failed"] or dep_failed or s.get("interrupted") else "passed"
     if s.get("interrupted") and not c["findings"] and not c["replays_failed"]:
         verdict = "**INTERRUPTED**"
-    elif verdict == "passed" and (c.get("out_of_step") or any(r["status"] == "out of step" for r in s["replays"])):
-        verdict = "**COULD NOT CHECK** (vmfuzz is out of step with the target)"
+    elif verdict == "passed" and could_not_check(s):
+        verdict = f"**COULD NOT CHECK** ({could_not_check(s)})"
     lines = [f"### vmfuzz {s['command']}: {verdict} on `{s['target']}`", "",
              f"profile `{s['profile']}`, seed `{s['seed']}`, {c['examples']} examples, "
              f"{c['held']} held / {c['failed']} failed / {c['skipped']} skipped, "
@@ -236,8 +237,7 @@ def summary_md(s: dict) -> str:
     lines += [f"\n- `{p['name']}` out of step: {p['out_of_step']}" for p in s["properties"] if p.get("out_of_step")]
     for w in s.get("warnings", []) + (s.get("gate") or {}).get("warnings", []):
         lines += [f"\n- warning: {w}"]
-    if s["replays"]:
-        lines += ["", f"Replayed {c['replays']} saved repro(s) first, {c['replays_failed']} did not hold."]
+    lines += replay_lines(s) if s["replays"] else []
     if s.get("known_findings"):
         lines += ["", "#### Known findings (upstream's to fix; `known/`)", ""]
         lines += [f"- `{k['name']}` ({k['property']}, sglang {k['sglang']}): {k['status']}: {k['reason']}"
@@ -304,8 +304,7 @@ def run_junit(s: dict) -> str:
             for k in s["known_findings"]]))
     if s["replays"]:
         suites.append(Suite("vmfuzz.replays", [
-            Case(r["repro"], outcome={"held": None, "out of step": "error"}.get(r["status"], "failure"),
-                 message=r["detail"] or "")
+            Case(r["repro"], outcome=replay_outcome(r), message=r["detail"] or "")
             for r in s["replays"]]))
     return junit_xml(suites)
 
