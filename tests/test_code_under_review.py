@@ -197,3 +197,15 @@ def test_a_saved_repro_the_target_cannot_drive_is_could_not_check_everywhere(tmp
     assert cases[str(path)].find("error") is not None and cases[str(path)].find("failure") is None
     s = json.loads((rep / "summary.json").read_text())
     assert s["counts"]["replays_failed"] == 0 and s["findings"] == []
+
+
+def test_a_saved_repro_out_of_step_stops_the_gate_whatever_the_change_touches():
+    """Out of step on a check that drives no changed file is a warning; on a saved repro it is exit 3."""
+    from types import SimpleNamespace
+
+    from harness.commands.gate import out_of_step_coverage
+    saved = str(ROOT / "repro" / "pr33127" / "pr33127.json")
+    outcome = SimpleNamespace(out_of_step=[(saved, "fits in verify_mask.py: no longer there")])
+    cov = out_of_step_coverage(["python/sglang/srt/layers/attention/tbo_backend.py"], outcome)
+    assert cov["warnings"] == [] and cov["out_of_step"] == [
+        f"fits in verify_mask.py: no longer there (saved repro {saved})"]
