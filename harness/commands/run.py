@@ -200,15 +200,15 @@ def _out_of_step(outcome) -> bool:
     The gate counts only the out-of-step checks that drive a file the change
     touches (the rest are warnings in its summary); a run counts every one.
     """
+    gate = outcome.gate or {}
+    stuck = gate["out_of_step"] if "out_of_step" in gate else [why for _, why in outcome.out_of_step]
+    for w in gate.get("warnings", []):
+        print(f"vmfuzz: warning: {w}", file=sys.stderr)
     unreplayed = [o for o in outcome.replays if o.source == "saved" and o.status == "error"]
     if unreplayed:
         o = unreplayed[0]
         print(f"vmfuzz: could not check: saved repro {o.path} could not be replayed: {o.detail}", file=sys.stderr)
         return True
-    gate = outcome.gate or {}
-    stuck = gate["out_of_step"] if "out_of_step" in gate else [why for _, why in outcome.out_of_step]
-    for w in gate.get("warnings", []):
-        print(f"vmfuzz: warning: {w}", file=sys.stderr)
     if stuck:
         print(out_of_step_line(stuck[0]), file=sys.stderr)
     return bool(stuck)
