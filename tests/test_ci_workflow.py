@@ -82,6 +82,39 @@ def test_the_filter_admits_exactly_the_paths_the_gate_matches(path):
     assert admitted == _matches_pattern(path)
 
 
+def _admitted(path: str) -> bool:
+    return any(_github_glob(p).fullmatch(path) for p in workflow()[True]["pull_request"]["paths"])
+
+
+def test_the_filter_admits_every_file_the_surface_drives():
+    from harness.engine.surface import declared
+    driven = sorted({e.file for e in declared()})
+    assert len(driven) > 20, driven
+    missed = [f for f in driven if not _admitted(f"python/sglang/{f}")]
+    assert not missed, f"the workflow's paths filter skips PRs that touch only these driven files: {missed}"
+
+
+def test_the_filter_admits_every_file_of_the_installed_sglang_that_triggers_the_gate():
+    """Whatever file the gate's text rule (MASK_CODE) would fire on: a PR touching only it must reach the gate."""
+    import os
+
+    from harness.engine.changes import CODE_SUFFIXES, installed_sglang, path_names_mask_code
+    from tests.helpers import REQUIRE_SGLANG
+    package = installed_sglang()
+    if package is None:
+        if REQUIRE_SGLANG:
+            pytest.fail("VMFUZZ_REQUIRE_SGLANG=1 but no sglang package is installed")
+        pytest.skip("no sglang package installed (scripts/install_sglang.sh)")
+    named = []
+    for folder, subfolders, files in os.walk(package):
+        subfolders[:] = [d for d in subfolders if d != "__pycache__"]
+        named += [os.path.relpath(os.path.join(folder, f), package).replace(os.sep, "/") for f in files
+                  if f.endswith(CODE_SUFFIXES) and path_names_mask_code(Path(folder) / f)]
+    assert len(named) > 20, named
+    missed = sorted(f for f in named if not _admitted(f"python/sglang/{f}"))
+    assert not missed, f"the workflow's paths filter skips PRs that touch only these mask-code files: {missed}"
+
+
 def test_only_the_gate_job_may_write_and_the_workflow_reads():
     wf = workflow()
     assert wf["permissions"] == {"contents": "read"}

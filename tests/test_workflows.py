@@ -156,7 +156,7 @@ def test_pr_replays_saved_repros_and_expects_them_to_hold_on_the_fixed_target(tm
     root = tmp_path / "repro"
     config = Config(TreeMaskMode.FULL_MASK, 1, 0, 2, 1, 1)
     dump(from_case("reference+pr33127", "no-oob-write", config, [Batch((0, 0))]), root / "pr33127" / "case.json")
-    paths = saved_repros(root)
+    paths = saved_repros([root])
     [fixed] = replay_saved(paths, resolve("reference"), source="saved", findings_dir=tmp_path / "f")
     assert fixed.status == "held" and fixed.teeth is True and fixed.finding is None
     [broken] = replay_saved(paths, resolve("reference+fits-off-by-one"), source="saved",

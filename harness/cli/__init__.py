@@ -8,7 +8,7 @@ from __future__ import annotations
 from harness.cli.ending import guarded, leave
 from harness.cli.parser import build_parser
 from harness.commands import COMMANDS
-from harness.commands.common import check_report_dir, prepare_process
+from harness.commands.common import anchor_paths, check_report_dir, prepare_process
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    anchor_paths(args)
     check_report_dir(args)
     prepare_process()
     return COMMANDS[args.command](args)

@@ -78,8 +78,14 @@ def _common_run_args(p) -> None:
                         "(default 30, or the target's own for the profile)")
     _fail_on_known(p)
     p.add_argument("--repro-root", default=None, metavar="DIR",
-                   help="canonical repros replayed first by the pr profile (default: ./repro if it exists, "
-                        "else the ones that came with vmfuzz: its checkout's repro/ or its installed package's)")
+                   help="canonical repros replayed first by the pr profile, instead of the ones that came with "
+                        "vmfuzz (default: its checkout's repro/ or its installed package's; never ./repro)")
+    p.add_argument("--repros", action="append", default=None, metavar="DIR",
+                   help="more saved repros (DIR/NAME/*.json) replayed first, beside the canonical ones "
+                        "(repeatable); the working directory's repro/ is never read: it may be the code under review")
+    p.add_argument("--known", action="append", default=None, metavar="DIR",
+                   help="more known findings (DIR/*.json), beside the ones that came with vmfuzz (repeatable); "
+                        "the working directory's known/ is never read: it may be the code under review")
 
 
 def _fail_on_known(p) -> None:
@@ -141,10 +147,11 @@ def _gate(sub) -> None:
     which = gate.add_mutually_exclusive_group()
     which.add_argument("--changed-files", default=None, metavar="FILE", help="one changed path per line")
     which.add_argument("--base", default=None, metavar="REV", help="changed paths from git diff REV...HEAD")
-    gate.add_argument("--repo", default=".", metavar="PATH",
+    gate.add_argument("--repo", default=None, metavar="PATH",
                       help="the checkout under test: where --base is diffed, or the root --changed-files "
                            "paths are relative to (default: the current directory); in an SGLang checkout, "
-                           "--target sglang tests its python/sglang, not the installed one")
+                           "--target sglang tests its python/sglang, not the installed one; given with "
+                           "--target sglang, it must be one (holding python/sglang/__init__.py)")
     gate.add_argument("--property", action="append", dest="properties", metavar="NAME",
                       help="search only this property (repeatable; default every one); saved repros still replay")
     _common_run_args(gate)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.commands.common import report_dir_of, write_command_report
+from harness.commands.common import report_dir_of, sglang_checkout_at, write_command_report
 from harness.model.errors import EXIT_FINDING, UsageError
 
 
@@ -12,6 +12,8 @@ def run(args) -> int:
 
     if args.timeout <= 0:
         raise UsageError("vmfuzz: --timeout must be positive")
+    # each revision's own python/sglang is what is replayed: without one, the installed SGLang would be
+    sglang_checkout_at(args.repo, "bisect")
     print(f"vmfuzz bisect: {args.repro} on {args.target}, good {args.good}, bad {args.bad}, in {args.repo}",
           flush=True)
     try:

@@ -61,6 +61,24 @@ def repro_target(given: str | None, recorded: str, default: str):
     return resolve_target(spec)
 
 
+def sglang_checkout_at(repo: str, command: str) -> Path:
+    """``--repo`` as given: an SGLang checkout (``python/sglang/__init__.py`` in it), or one line (exit 2).
+
+    Anything else -- a folder without it, a file, a missing path -- would leave the
+    installed SGLang to be tested, and pass on code nobody reviewed.
+    """
+    from harness.report.terminal import shown
+    path = Path(repo)
+    try:
+        if (path / "python" / "sglang" / "__init__.py").is_file():
+            return path
+        why = ("no such path" if not path.exists() else "not a directory" if not path.is_dir()
+               else "no python/sglang/__init__.py in it")
+    except (OSError, ValueError) as exc:  # a NUL in the name, a folder we may not enter
+        why = f"cannot look in it: {exc}"
+    raise UsageError(f"vmfuzz {command}: --repo {shown(str(repo))} is not an SGLang checkout ({why})")
+
+
 def check_device(device: str) -> None:
     if device == "cuda":
         import torch
@@ -137,28 +155,85 @@ def usable(path: Path, what: str) -> Path:
 
 
 def check_places(args, profile) -> Path:
-    """The report directory, the database and the saved repros, checked before the search.
+    """The report directory, the database, the saved repros and the known findings, checked
+    before the search.
 
     A finding must never be lost to an output place that was broken from the
     start, and a gate must never pass over a saved repro it cannot read.
     """
-    from harness.engine.regressions import default_repro_root
     report_dir = usable(report_dir_of(args), "--report-dir")
     if profile.database == "write" or profile.replay_last_failures:
-        db = local_db_dir(args.db)
+        db = local_db_dir(args)
         usable(db, "--db")
         if profile.replay_last_failures:
             usable(db / "last-failures", "--db's last-failures")
+    named = [("--repros", d) for d in getattr(args, "repros", None) or ()]
+    for option, folder in named + [("--known", d) for d in getattr(args, "known", None) or ()]:
+        # A folder CI names that is not there is a guard that silently went missing.
+        if not Path(folder).is_dir():
+            raise UsageError(f"vmfuzz: {option} {folder}: not a directory")
     if profile.replay_repros:
-        check_saved_repros(Path(args.repro_root) if args.repro_root else default_repro_root())
+        for root in repro_roots(args):
+            check_saved_repros(root)
+    from harness.engine.known import entries
+    entries(*known_roots(args))  # an unreadable entry is one line now, not a stop mid-run
     return report_dir
 
 
-def local_db_dir(value: str) -> Path:
-    """The folder for the database's files: ``--db`` itself, or the default one beside a Redis URL."""
+def repro_roots(args) -> tuple[Path, ...]:
+    """Where saved repros come from: ``--repro-root`` or the ones vmfuzz ships, then each
+    ``--repros DIR``. Never the working directory: in CI that is the checkout under review."""
+    from harness.engine.regressions import default_repro_root
+    first = Path(args.repro_root) if getattr(args, "repro_root", None) else default_repro_root()
+    return (first, *(Path(d) for d in getattr(args, "repros", None) or ()))
+
+
+def known_roots(args) -> tuple[Path, ...]:
+    """Where known findings come from: the ones vmfuzz ships, then each ``--known DIR``."""
+    from harness.engine.known import default_known_root
+    return (default_known_root(), *(Path(d) for d in getattr(args, "known", None) or ()))
+
+
+def local_db_dir(args) -> Path:
+    """The folder for the database's files: ``--db`` itself, or the default one beside a Redis URL,
+    as ``anchor_paths`` fixed it before any target code ran."""
+    anchored = getattr(args, "db_folder", None)
+    if anchored is not None:
+        return Path(anchored)
     from harness.engine.database import shared_url
     from harness.engine.profiles import DEFAULT_DB_DIR
-    return Path(DEFAULT_DB_DIR if shared_url(value) else value)
+    return Path(DEFAULT_DB_DIR if shared_url(args.db) else args.db)
+
+
+#: the options (argparse dests) that name a file or folder, read or written
+PATH_OPTIONS = ("report_dir", "db", "changed_files", "repo", "repro_root", "repros", "known", "deployment",
+                "file", "output", "repro", "dirs", "a", "b")
+
+
+def anchor_paths(args) -> None:
+    """Every path the command line names, made absolute against the directory vmfuzz started in.
+
+    Called before any target code is imported: a checkout whose ``sglang/__init__.py``
+    calls ``os.chdir``, or a plug-in that changes directory on import, must not move
+    the reports, the database or the findings, nor make a relative ``--report-dir``
+    land on another run's summary that was never checked for.
+    """
+    from harness.engine.database import shared_url
+    from harness.engine.profiles import DEFAULT_DB_DIR
+
+    def anchored(value):
+        if isinstance(value, list):
+            return [anchored(v) for v in value]
+        return os.path.abspath(value) if isinstance(value, str) and value else value
+
+    for dest in PATH_OPTIONS:
+        value = getattr(args, dest, None)
+        if dest == "db" and isinstance(value, str) and shared_url(value):
+            continue  # a Redis URL is no path; its local files go to the default folder, anchored below
+        if value is not None:
+            setattr(args, dest, anchored(value))
+    if isinstance(getattr(args, "db", None), str):
+        args.db_folder = args.db if not shared_url(args.db) else os.path.abspath(DEFAULT_DB_DIR)
 
 
 def check_shared_db(value: str, profile) -> str | None:
@@ -175,21 +250,21 @@ def check_shared_db(value: str, profile) -> str | None:
 
 def check_saved_repros(root: Path) -> None:
     from harness.engine.regressions import saved_repros
-    from harness.engine.replay import FAULTS
-    from harness.model.repro_file import ReproError, load, to_case
+    from harness.engine.replay import FAULTS, properties_for
+    from harness.model.repro_file import ReproError, load
     from harness.properties import named
     if root.exists() and not root.is_dir():
         raise UsageError(f"vmfuzz: repro root {root} is not a directory")
-    for path in saved_repros(root):
+    for path in saved_repros([root]):
         try:
             repro = load(path)
-            try:
-                named(repro.property)
-            except ValueError as exc:
-                raise ReproError(str(exc)) from None
             if repro.fault is not None and repro.fault not in FAULTS:
                 raise ReproError(f"unknown fault {repro.fault!r}")
-            to_case(repro)
+            try:
+                named(repro.property)  # a saved repro names the one property it guards
+            except ValueError as exc:
+                raise ReproError(str(exc)) from None
+            properties_for(repro)  # one that does not apply to the config would judge nothing
         except ReproError as exc:
             msg = str(exc)
             raise UsageError(f"vmfuzz: saved repro {path} cannot be replayed: "
@@ -206,7 +281,9 @@ def report_dir_of(args) -> Path:
     chosen = getattr(args, "chosen_report_dir", None)
     if chosen is None:
         given = getattr(args, "report_dir", None)
-        chosen = own_report_dir(Path(given), getattr(args, "overwrite", False)) if given else default_report_dir()
+        # absolute: target code that changes directory must not move the reports (anchor_paths)
+        chosen = (own_report_dir(Path(given), getattr(args, "overwrite", False)) if given
+                  else Path(os.path.abspath(default_report_dir())))
         args.chosen_report_dir = chosen
     return chosen
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.commands.common import report_dir_of, write_command_report
+from harness.commands.common import report_dir_of, sglang_checkout_at, write_command_report
 from harness.commands.run import execute_and_report, plan
 from harness.model.errors import EXIT_OK, UsageError
 
@@ -23,11 +23,14 @@ def run(args) -> int:
                                         touches_verify_mask)
     from harness.engine.surface import runs_sglang
     from harness.report.terminal import shown
+    if args.repo is not None and runs_sglang(args.target):
+        sglang_checkout_at(args.repo, "gate")
+    repo = args.repo if args.repo is not None else "."
     try:
         if args.changed_files:
-            changed, checkout = changed_from_file(args.changed_files), checkout_at(args.repo)
+            changed, checkout = changed_from_file(args.changed_files), checkout_at(repo)
         elif args.base:
-            changed, checkout = changed_since(args.base, args.repo)
+            changed, checkout = changed_since(args.base, repo)
         else:
             changed, checkout = None, None
     except ChangeError as exc:
@@ -39,7 +42,7 @@ def run(args) -> int:
             return _skip(args, changed)
         print(f"vmfuzz gate: {len(hits)} changed file(s) touch verify-mask code: {', '.join(map(shown, hits[:5]))}"
               + (" ..." if len(hits) > 5 else ""))
-    sglang_root = sglang_checkout(args.repo) if runs_sglang(args.target) else None
+    sglang_root = sglang_checkout(repo) if runs_sglang(args.target) else None
     if sglang_root is not None:
         _import_checkout(sglang_root)
     plan_, target = plan(args, command="gate", profile_name="pr")
@@ -68,6 +71,7 @@ def out_of_step_coverage(hits: list[str], outcome) -> dict:
     """
     from harness.engine.changes import sglang_relative
     from harness.engine.surface import declared
+    from harness.properties import PROPERTIES
     touched = {sglang_relative(p) for p in hits}
     files: dict[str, set[str]] = {}
     for e in declared():
@@ -76,7 +80,9 @@ def out_of_step_coverage(hits: list[str], outcome) -> dict:
     stuck, warnings = [], []
     for what, why in outcome.out_of_step:
         hit = sorted(files.get(what, set()) & touched)
-        if hit:
+        if what not in files and what not in PROPERTIES:  # a saved repro: never a pass, whatever changed
+            stuck.append(f"{why} (saved repro {what})")
+        elif hit:
             stuck.append(f"{why} (needed by {what}, which drives the changed {hit[0]})")
         else:
             warnings.append(f"{what} could not be checked (it drives no changed file): out of step: {why}")

@@ -28,6 +28,12 @@ def run(args) -> int:
     print(f"reports: {report_dir}/ (summary.json, summary.md, junit.xml, report.html)")
     if c["findings"] or c["failed"] or c["replays_failed"]:
         return EXIT_FINDING
+    from harness.report.replays import unreplayed
+    stuck = unreplayed(merged["replays"])
+    if stuck:
+        print(f"vmfuzz merge: could not check: saved repro {stuck[0]['repro']} could not be replayed: "
+              f"{stuck[0]['detail']}", file=sys.stderr)
+        return EXIT_OUT_OF_STEP
     if c["out_of_step"]:
         print("vmfuzz merge: a shard could not check some properties (out of step): see summary.md", file=sys.stderr)
         return EXIT_OUT_OF_STEP

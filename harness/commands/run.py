@@ -13,8 +13,8 @@ from functools import partial
 from pathlib import Path
 
 from harness.commands.common import (check_device, check_places, check_property_names, check_run_options,
-                                     check_shared_db, isolated, local_db_dir, resolve_target,
-                                     write_reports_somewhere)
+                                     check_shared_db, isolated, known_roots, local_db_dir, repro_roots,
+                                     resolve_target, write_reports_somewhere)
 from harness.engine.profiles import PROFILES
 from harness.model import limits
 from harness.model.bounds import Bounds
@@ -35,8 +35,6 @@ def plan(args, *, command: str = "run", profile_name: str | None = None, seed=No
     The keyword arguments stand in for options ``gate`` does not have.
     """
     from harness.model.deployment_file import DeploymentError, load
-    from harness.engine.known import default_known_root
-    from harness.engine.regressions import default_repro_root
     from harness.engine.session import RunPlan
     from harness.properties import PROPERTIES
 
@@ -64,7 +62,7 @@ def plan(args, *, command: str = "run", profile_name: str | None = None, seed=No
                        max_examples=max_examples or min(profile.max_examples, own_budget or profile.max_examples),
                        time_budget=time_budget if time_budget is not None else profile.time_budget,
                        report_dir=report_dir,
-                       properties=properties, workers=workers, device=args.device, db_dir=local_db_dir(args.db),
+                       properties=properties, workers=workers, device=args.device, db_dir=local_db_dir(args),
                        db_url=db_url, shard=getattr(args, "shard", None),
                        isolate=isolated(args.isolate, args.target),
                        # Production shapes in the Triton interpreter take tens of seconds a
@@ -72,8 +70,8 @@ def plan(args, *, command: str = "run", profile_name: str | None = None, seed=No
                        example_timeout=args.example_timeout
                        or getattr(target, "example_timeout", {}).get(profile.name) or 30.0,
                        deployment=deployment, command=command,
-                       repro_root=Path(args.repro_root) if args.repro_root else default_repro_root(),
-                       known_root=default_known_root(), fail_on_known=args.fail_on_known,
+                       repro_roots=repro_roots(args), known_roots=known_roots(args),
+                       fail_on_known=args.fail_on_known,
                        bounds=getattr(target, "bounds", None) or Bounds(), share=getattr(args, "share", True))
     user_bounds = getattr(args, "bounds", None)
     if user_bounds is not None:
@@ -197,7 +195,8 @@ def execute_and_report(plan_, target, gate=None, *, verbose: bool = False) -> in
 
 
 def _out_of_step(outcome) -> bool:
-    """Exit 3's one line when a check could not be made because vmfuzz is out of step.
+    """Exit 3's one line when a check could not be made: a saved repro that could not be
+    replayed (never a pass), or a check vmfuzz is out of step for.
 
     The gate counts only the out-of-step checks that drive a file the change
     touches (the rest are warnings in its summary); a run counts every one.
@@ -206,6 +205,11 @@ def _out_of_step(outcome) -> bool:
     stuck = gate["out_of_step"] if "out_of_step" in gate else [why for _, why in outcome.out_of_step]
     for w in gate.get("warnings", []):
         print(f"vmfuzz: warning: {w}", file=sys.stderr)
+    unreplayed = [o for o in outcome.replays if o.source == "saved" and o.status == "error"]
+    if unreplayed:
+        o = unreplayed[0]
+        print(f"vmfuzz: could not check: saved repro {o.path} could not be replayed: {o.detail}", file=sys.stderr)
+        return True
     if stuck:
         print(out_of_step_line(stuck[0]), file=sys.stderr)
     return bool(stuck)

@@ -62,15 +62,43 @@ VERIFY_MASK_PATTERNS = (
     "*/vmfuzz/*",
 )
 
+#: SGLang 0.5.23's files (sglang-relative) that name verify-mask code (``MASK_CODE``) or that
+#: a property drives (``vmfuzz surface``) and that no pattern above matches. The gate's text
+#: rule finds them by reading them, but a workflow's ``paths:`` filter decides before anything
+#: is read, so it names them; tests/test_ci_workflow.py checks none is missing.
+NAMED_FOR_THE_WORKFLOW = (
+    "kernels/jit/include/sgl_kernel/speculative/eagle.cuh",
+    "kernels/ops/speculative/__init__.py",
+    "kernels/ops/speculative/pack_verify_mask.py",
+    "kernels/ops/speculative/tree.py",
+    "kernels/ops/speculative/uno_tree.py",
+    "srt/layers/attention/deepseek_v4_backend.py",
+    "srt/layers/attention/deepseek_v4_backend_hip_radix.py",
+    "srt/layers/attention/dots_hybrid_backend.py",
+    "srt/layers/attention/flashmla_backend.py",
+    "srt/layers/attention/hybrid_attn_backend.py",
+    "srt/layers/attention/hybrid_linear_attn_backend.py",
+    "srt/layers/attention/qwen_sparse_attn_backend.py",
+    "srt/layers/attention/tbo_backend.py",
+    "srt/layers/attention/trtllm_mla_backend.py",
+    "srt/model_executor/runner/decode_cuda_graph_runner.py",
+    "srt/speculative/dflash_utils.py",
+    "srt/speculative/frozen_kv_mtp_worker_v2.py",
+    "srt/speculative/pp_spec_relay.py",  # driven (the pipeline-parallel relay), names no mask code
+)
+
+
 def workflow_path_filters() -> list[str]:
-    """``VERIFY_MASK_PATTERNS`` spelled as a GitHub Actions ``paths:`` filter.
+    """``VERIFY_MASK_PATTERNS`` spelled as a GitHub Actions ``paths:`` filter, then the files of
+    ``NAMED_FOR_THE_WORKFLOW`` as they sit in SGLang's repository (``python/sglang/...``).
 
     The example workflow filters pull requests on these before it installs
     anything, and tests/test_ci_workflow.py checks its list equals this one.
     fnmatch's ``*`` crosses ``/`` (and a path is matched with a leading ``/``);
     in a GitHub filter only ``**`` does, so every ``*`` becomes ``**``.
     """
-    return [pat.replace("*", "**") for pat in VERIFY_MASK_PATTERNS]
+    return ([pat.replace("*", "**") for pat in VERIFY_MASK_PATTERNS]
+            + [f"python/sglang/{rel}" for rel in NAMED_FOR_THE_WORKFLOW])
 
 
 #: Names only verify-mask code uses: the struct, its layout enum, its sizing and

@@ -38,13 +38,11 @@ class ReplayOutcome:
 
 
 def default_repro_root() -> Path:
-    """``./repro`` when run from vmfuzz's checkout; elsewhere (a gate inside SGLang's
-    checkout) the repros that came with the harness: the ``repro/`` beside the
-    ``harness`` package in a checkout, its ``harness/shipped/repro`` in an installed
-    wheel (pyproject.toml maps them there), so the canonical repros still replay first."""
-    here = Path("repro")
-    if here.is_dir():
-        return here
+    """The repros that came with the harness, never ``./repro``: in CI the working
+    directory is the checkout under review, and its own ``repro/`` must not stand in
+    for the canonical ones. The ``repro/`` beside the ``harness`` package in a
+    checkout, its ``harness/shipped/repro`` in an installed wheel (pyproject.toml
+    maps them there); more come only from ``--repros DIR`` on the command line."""
     return shipped("repro")
 
 
@@ -55,17 +53,17 @@ def shipped(folder: str) -> Path:
     return installed if installed.is_dir() else package.parent / folder
 
 
-def no_saved_repros(root: Path) -> str | None:
+def no_saved_repros(roots: list[Path]) -> str | None:
     """The warning for a run meant to replay saved repros that finds none: a guard
     that silently disappears (a wheel without its data, a wrong --repro-root) must show."""
-    if saved_repros(root):
+    if saved_repros(roots):
         return None
-    return f"no saved repro found under {root}: the canonical regressions were not replayed"
+    return f"no saved repro found under {', '.join(map(str, roots))}: the canonical regressions were not replayed"
 
 
-def saved_repros(root: Path) -> list[Path]:
-    """Every ``repro/<name>/*.json``, in a stable order."""
-    return sorted(root.glob("*/*.json")) if root.is_dir() else []
+def saved_repros(roots: list[Path]) -> list[Path]:
+    """Every ``<root>/<name>/*.json``, root by root, each in a stable order."""
+    return [p for root in roots for p in (sorted(root.glob("*/*.json")) if root.is_dir() else [])]
 
 
 @dataclass

@@ -38,8 +38,10 @@ class RunPlan:
     isolate: bool = False
     example_timeout: float = 30.0
     deployment: object = None  # harness.engine.deployment.Deployment
-    repro_root: Path = Path("repro")
-    known_root: Path = Path("known")
+    #: the folders saved repros and known findings are read from: the ones vmfuzz ships and
+    #: those the command line names, never the working directory (the code under review)
+    repro_roots: tuple[Path, ...] = ()
+    known_roots: tuple[Path, ...] = ()
     command: str = "run"
     bounds: Bounds = field(default_factory=Bounds)
     #: widening bounds searched in turn, each with an equal share of what is left
@@ -158,7 +160,7 @@ def _replays(plan: RunPlan, target, ui, out: list) -> list:
     """Fills ``out`` (the outcome's list) as replays finish: an interrupt keeps what ran."""
     from harness.engine.regressions import replay_saved, saved_repros
     if plan.profile.replay_repros:
-        replay_saved(saved_repros(plan.repro_root), target, source="saved",
+        replay_saved(saved_repros(list(plan.repro_roots)), target, source="saved",
                      findings_dir=plan.findings_dir, device=plan.device, isolate=plan.isolate,
                      timeout=plan.example_timeout, out=out)
     if plan.profile.replay_last_failures:
@@ -183,7 +185,7 @@ def _replays(plan: RunPlan, target, ui, out: list) -> list:
 
 def _warn_no_saved(plan: RunPlan, outcome: RunOutcome) -> None:
     from harness.engine.regressions import no_saved_repros
-    warning = no_saved_repros(plan.repro_root) if plan.profile.replay_repros else None
+    warning = no_saved_repros(list(plan.repro_roots)) if plan.profile.replay_repros else None
     if warning:
         outcome.warnings.append(warning)
         print(f"vmfuzz: warning: {warning}", file=sys.stderr, flush=True)
@@ -191,7 +193,7 @@ def _warn_no_saved(plan: RunPlan, outcome: RunOutcome) -> None:
 
 def _attach_known(plan: RunPlan, target) -> list:
     from harness.engine.known import applicable, attach, entries
-    found = applicable(entries(plan.known_root), dict(target.versions()))
+    found = applicable(entries(*plan.known_roots), dict(target.versions()))
     attach(target, found)
     return found
 
@@ -199,7 +201,7 @@ def _attach_known(plan: RunPlan, target) -> list:
 def _known(plan: RunPlan, target, ui, out: list) -> None:
     """Known findings that apply to this SGLang: replayed plainly first, then attached for the search."""
     from harness.engine.known import applicable, entries, replay_known
-    found = [(p, k) for p, k in applicable(entries(plan.known_root), dict(target.versions()))
+    found = [(p, k) for p, k in applicable(entries(*plan.known_roots), dict(target.versions()))
              if k.repro.property in plan.properties]
     out += replay_known(found, target, findings_dir=plan.findings_dir,
                         device=plan.device, isolate=plan.isolate, timeout=plan.example_timeout)

@@ -85,6 +85,7 @@ def junit_xml(suites: list[Suite]) -> str:
 
 
 def run_junit(s: dict) -> str:
+    from harness.report.replays import replay_outcome
     suite = Suite("vmfuzz." + s["target"])
     for p in s["properties"]:
         case = Case(p["name"], p["seconds"])
@@ -111,8 +112,7 @@ def run_junit(s: dict) -> str:
             for k in s["known_findings"]]))
     if s["replays"]:
         suites.append(Suite("vmfuzz.replays", [
-            Case(r["repro"], outcome={"held": None, "out of step": "error"}.get(r["status"], "failure"),
-                 message=r["detail"] or "")
+            Case(r["repro"], outcome=replay_outcome(r), message=r["detail"] or "")
             for r in s["replays"]]))
     return junit_xml(suites)
 

@@ -83,7 +83,7 @@ def merge_summaries(summaries: list[dict]) -> dict:
         "properties": len(props), "held": status["held"], "failed": status["failed"],
         "skipped": status["skipped"] + status["not driven"], "not_driven": status["not driven"],
         "out_of_step": status["out of step"], "examples": sum(p["examples"] for p in props.values()),
-        "replays": len(replays), "replays_failed": sum(r["status"] not in ("held", "out of step") for r in replays),
+        "replays": len(replays), "replays_failed": sum(r["status"] == "failed" for r in replays),
         "findings": len(findings), "known": sum(k["status"] == "reproduces" for k in known)}
     return merged
 

@@ -25,6 +25,7 @@ from harness.model.origin import encode
 from harness.model.summary_file import CommandSummary as CommandShape
 from harness.model.summary_file import RunSummary, SummaryError, conform
 from harness.report.junit import command_junit, run_junit
+from harness.report.replays import could_not_check, replay_lines
 from harness.report.terminal import gate_line
 
 
@@ -170,7 +171,7 @@ def build_summary(outcome) -> dict:
                    "out_of_step": status["out of step"],
                    "examples": sum(p["examples"] for p in props),
                    "replays": len(replays),
-                   "replays_failed": sum(o["status"] not in ("held", "out of step") for o in replays),
+                   "replays_failed": sum(o["status"] == "failed" for o in replays),
                    "findings": len(findings), "groups": len(getattr(outcome, "groups", [])),
                    "known": sum(k["status"] == "reproduces" for k in known),
                    # what decides the exit: groups no known entry names, known entries failing differently
@@ -224,8 +225,8 @@ def summary_md(s: dict) -> str:
     verdict = "**FAILED**" if failing or dep_failed or s.get("interrupted") else "passed"
     if s.get("interrupted") and not failing:
         verdict = "**INTERRUPTED**"
-    elif verdict == "passed" and (c.get("out_of_step") or any(r["status"] == "out of step" for r in s["replays"])):
-        verdict = "**COULD NOT CHECK** (vmfuzz is out of step with the target)"
+    elif verdict == "passed" and could_not_check(s):
+        verdict = f"**COULD NOT CHECK** ({could_not_check(s)})"
     lines = [f"### vmfuzz {s['command']}: {verdict} on `{s['target']}`", "",
              f"profile `{s['profile']}`, seed `{s['seed']}`, {c['examples']} examples, "
              f"{c['held']} held / {c['failed']} failed / {c['skipped']} skipped, "
@@ -254,8 +255,7 @@ def summary_md(s: dict) -> str:
     lines += [f"\n- `{p['name']}` out of step: {p['out_of_step']}" for p in s["properties"] if p.get("out_of_step")]
     for w in s.get("warnings", []) + (s.get("gate") or {}).get("warnings", []):
         lines += [f"\n- warning: {w}"]
-    if s["replays"]:
-        lines += ["", f"Replayed {c['replays']} saved repro(s) first, {c['replays_failed']} did not hold."]
+    lines += replay_lines(s) if s["replays"] else []
     if s.get("known_findings"):
         lines += ["", "#### Known findings (upstream's to fix; `known/`)", ""]
         lines += [f"- `{k['name']}` ({k['property']}, sglang {k['sglang']}): {k['status']}: {k['reason']}"
