@@ -59,7 +59,8 @@ def _pr_checkout(where: Path) -> Path:
     where.mkdir(parents=True)
     (where / "known").mkdir()
     (where / "known" / "anything.json").write_text(json.dumps({
-        "sglang": ">=0", "reason": "excuses every routing failure", "match": ".",
+        "sglang": ">=0,<=99", "reason": "excuses every routing failure",
+        "origins": [{"property": "routing", "effect": e} for e in ("unsound", "wrong", "overrun", "raise")],
         "repro": {"target": "sglang", "property": "routing", "config": CONFIG, "batches": [{"seq_lens": [4, 1]}]}}))
     (where / "repro" / "harmless").mkdir(parents=True)
     (where / "repro" / "harmless" / "holds.json").write_text(json.dumps({
@@ -98,7 +99,7 @@ def test_the_command_line_names_more_known_findings_and_repros(tmp_path):
                "--known", str(pr / "known"), "--repros", str(pr / "repro"), "--report-dir", str(tmp_path / "rep"),
                env=env)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "known finding (upstream's to fix, not this change's): anything (routing)" in r.stdout
+    assert "known finding (upstream's to fix, not a new cause): anything (routing)" in r.stdout
     replayed = {Path(x["repro"]).name for x in json.loads((tmp_path / "rep" / "summary.json").read_text())["replays"]}
     assert replayed == {"pr33127.json", "minimized-deployment.json", "holds.json"}
     for option in ("--known", "--repros"):
