@@ -1,16 +1,17 @@
 """``vmfuzz compare A B``: what changed between two runs' report directories.
 
-Groups are matched by signature (one per cause, harness.engine.groups): a
-group only in B is new, one only in A is fixed, one in both is still
-failing. Then the classes reached (gained, lost), the examples and the bounds.
-Exit 1 when B has a new group: a nightly compared with the last one fails
+Groups are matched by cause (their ``key``, else their signature;
+harness.engine.groups): a group only in B is new, one only in A is fixed, one
+in both is still failing. An interrupted run, or a summary from before groups
+existed that holds findings, is refused (exit 2): its groups are not all its
+run found, so a group missing from it is not fixed. Then the classes reached
+(gained, lost), the examples and the bounds. Exit 1 when B has a new group: a nightly compared with the last one fails
 only on what is new.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from harness.commands.common import report_dir_of, write_command_report
@@ -32,20 +33,26 @@ def _summary(where: str) -> dict:
     return s
 
 
-def groups_of(s: dict) -> dict[str, dict]:
-    """signature -> group; a summary written before groups existed: one group per finding."""
-    if "groups" in s:
-        return {g["signature"]: g for g in s["groups"]}
-    out: dict[str, dict] = {}
-    for f in s.get("findings", []):
-        sig = f"{f['property']}: " + re.sub(r"-?\d+", "N", f["detail"])
-        out.setdefault(sig, {"signature": sig, "count": 0, "properties": [f["property"]], "repro": f["repro"]})
-        out[sig]["count"] += 1
-    return out
+def _comparable(where: str, s: dict) -> None:
+    """A summary whose groups are not the whole of what its run found cannot say what was fixed:
+    refused (one line, exit 2) rather than reported as "fixed"."""
+    if s.get("interrupted"):
+        raise UsageError(f"vmfuzz compare: {where} is an interrupted run: its finding groups cover only what "
+                         "ran, so nothing can be called fixed or new; compare a run that finished")
+    if "groups" not in s and s.get("findings"):
+        raise UsageError(f"vmfuzz compare: {where}/summary.json was written before finding groups existed: its "
+                         "findings cannot be matched by cause; run it again with this vmfuzz")
+
+
+def groups_of(s: dict, by_key: bool = False) -> dict[str, dict]:
+    """cause -> group: by ``key`` (the origin's cause) when both runs' groups have one, else by signature."""
+    return {(g["key"] if by_key else g["signature"]): g for g in s.get("groups", [])}
 
 
 def changes(a: dict, b: dict) -> dict:
-    ga, gb = groups_of(a), groups_of(b)
+    # a summary from before keys existed matches by signature, on both sides alike
+    by_key = all("key" in g for s in (a, b) for g in s.get("groups", []))
+    ga, gb = groups_of(a, by_key), groups_of(b, by_key)
     ca = {k for k, v in a.get("boundary_classes", {}).items() if v}
     cb = {k for k, v in b.get("boundary_classes", {}).items() if v}
     return {"new": [gb[k] for k in gb if k not in ga], "fixed": [ga[k] for k in ga if k not in gb],
@@ -78,6 +85,8 @@ def _print(c: dict) -> None:
 def run(args) -> int:
     from harness.report.summary import Check, CommandSummary
     a, b = _summary(args.a), _summary(args.b)
+    _comparable(args.a, a)
+    _comparable(args.b, b)
     c = changes(a, b)
     print(f"vmfuzz compare: {args.a} ({a.get('target')}) -> {args.b} ({b.get('target')})")
     _print(c)

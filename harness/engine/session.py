@@ -199,7 +199,9 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
     from harness.report.progress import progress
 
     t0 = time.monotonic()
-    outcome = RunOutcome(plan, target.name, dict(target.versions()),
+    from harness import __version__
+    # vmfuzz's own version on every target's record: vmfuzz merge refuses shards of two harnesses
+    outcome = RunOutcome(plan, target.name, {**target.versions(), "vmfuzz": __version__},
                          dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     ui = progress(len(plan.properties), f"{target.name} ({plan.profile.name})", per_slot=plan.max_examples,
                   budget=plan.time_budget)
