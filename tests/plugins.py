@@ -179,3 +179,26 @@ class KillingTarget(ReferenceTarget):
             import signal
             os.kill(os.getpid(), signal.SIGKILL)
         return super().verify(mask, config, batch, heap)
+
+
+class KillsRedisMidRun(ReferenceTarget):
+    """The reference target, but its 20th buffer (an allocation or a chain write) SIGKILLs the
+    process VMFUZZ_TEST_REDIS_PID names: the shared example database's server dies mid-night,
+    between two examples of the run's first property."""
+
+    name = "kills-redis"
+    buffers = 0
+
+    def _count(self) -> None:
+        import signal
+        KillsRedisMidRun.buffers += 1
+        if KillsRedisMidRun.buffers == 20:
+            os.kill(int(os.environ["VMFUZZ_TEST_REDIS_PID"]), signal.SIGKILL)
+
+    def allocate(self, config, heap):
+        self._count()
+        return super().allocate(config, heap)
+
+    def chain_write(self, inputs, buffer, heap, **kwargs):
+        self._count()
+        return super().chain_write(inputs, buffer, heap, **kwargs)

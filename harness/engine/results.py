@@ -54,6 +54,8 @@ class PropertyResult:
     corpus_seconds: float = 0.0
     #: seconds spent at each bound step, in order (a nightly widens its bounds in steps)
     step_seconds: list[float] = field(default_factory=list)
+    #: what went wrong around the search, not in it (a shared database lost): for the summary
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def findings(self) -> list[Finding]:

@@ -118,6 +118,8 @@ def _pool_search(plan: RunPlan, name: str, share: float | None, end: float | Non
     torch.set_num_threads(1)  # N workers on N cores: one thread each
     from harness.engine.workers import remembering
     target = resolve(plan.target)
+    from harness.engine.database import lost_shared_database, start_afresh
+    start_afresh(quiet=True)
     _attach_known(plan, target)
     check, strategies = _searcher(plan, target)
     own = check  # closed below; the noting wrapper only lets the parent name a dead worker's case
@@ -127,7 +129,9 @@ def _pool_search(plan: RunPlan, name: str, share: float | None, end: float | Non
         # Wall-clock ``end`` is shared by every worker: the slot's share, but never past the run's end.
         deadline = time.monotonic() + max(MIN_SHARE, min(share, end - time.time()))
     try:
-        return search_stepped(plan, target, name, deadline, check, strategies)
+        res = search_stepped(plan, target, name, deadline, check, strategies)
+        res.warnings += [lost_shared_database()] if lost_shared_database() else []
+        return res
     finally:
         if own is not None:
             own.close()
@@ -168,6 +172,13 @@ def _warn_no_saved(plan: RunPlan, outcome: RunOutcome) -> None:
         print(f"vmfuzz: warning: {warning}", file=sys.stderr, flush=True)
 
 
+def _warn(outcome: RunOutcome, warnings: list[str]) -> None:
+    for w in warnings:
+        if w not in outcome.warnings:
+            outcome.warnings.append(w)
+            print(f"vmfuzz: warning: {w}", file=sys.stderr, flush=True)
+
+
 def _attach_known(plan: RunPlan, target) -> list:
     from harness.engine.known import applicable, attach, entries
     found = applicable(entries(plan.known_root), dict(target.versions()))
@@ -200,6 +211,8 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
 
     t0 = time.monotonic()
     from harness import __version__
+    from harness.engine.database import lost_shared_database, start_afresh
+    start_afresh()
     # vmfuzz's own version on every target's record: vmfuzz merge refuses shards of two harnesses
     outcome = RunOutcome(plan, target.name, {**target.versions(), "vmfuzz": __version__},
                          dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
@@ -214,6 +227,7 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
         t1 = time.monotonic()
 
         def done(res):
+            _warn(outcome, res.warnings)  # a worker's, said here once
             show(res, ui.log)
             if res.findings:
                 ui.failed()
@@ -242,6 +256,8 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
         outcome.interrupted = True
     finally:
         ui.close()
+        # this process's own database said it when it happened; the summary keeps it
+        outcome.warnings += [w for w in [lost_shared_database()] if w and w not in outcome.warnings]
     from harness.engine.signals import received
     if received() is not None:
         outcome.interrupted = True  # even when a library swallowed the KeyboardInterrupt
@@ -250,7 +266,8 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
         _keep_failures(plan, outcome)
         if not outcome.interrupted:  # a night cut short would read as a night that reached less
             from harness.engine.history import append_night, night_record
-            outcome.history = append_night(plan.db_dir, night_record(outcome))
+            outcome.history = append_night(plan.db_dir, night_record(outcome),
+                                           warn=lambda w: _warn(outcome, [w]))
     return outcome
 
 
