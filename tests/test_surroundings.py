@@ -4,9 +4,11 @@ file, the user's Ctrl-C. (Redis killed mid-run, for real: tests/test_shard.py.)"
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 
+from harness.engine import signals
 from tests.helpers import vmfuzz
 
 
@@ -86,3 +88,45 @@ def test_a_damaged_history_is_set_aside_and_the_nights_reports_are_written(tmp_p
     assert r.stderr.count("warning:") == 1 and "history" in r.stderr and "damaged" in r.stderr, r.stderr
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert any("damaged" in w for w in summary["warnings"]) and len(summary["history"]) == 2
+
+
+# -- Ctrl-C in exhaustive and selftest ---------------------------------------------------------------
+
+@pytest.fixture
+def ctrl_c(monkeypatch):
+    """A command run in this process, where a plug-in target sends the SIGINT; the signal's
+    trace is cleared again for the tests after."""
+    monkeypatch.setattr(signals, "_received", None)
+    from harness.cli import main
+    return main
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_ctrl_c_in_exhaustive_writes_the_finished_properties_and_exits_130(tmp_path, monkeypatch, ctrl_c, workers):
+    from harness.engine import exhaustive
+    from harness.properties import PROPERTIES
+    few = exhaustive.configs()[:6]  # the interrupt, not the enumeration, is under test
+    monkeypatch.setattr(exhaustive, "configs", lambda: few)
+    monkeypatch.setenv("VMFUZZ_TEST_CTRL_C", str(tmp_path / "sent"))
+    code = ctrl_c(["exhaustive", "--target", "tests.plugins:CtrlCAtRouting", "--workers", workers,
+                   "--report-dir", str(tmp_path / "r")])
+    assert code == 130
+    assert signals.received() == signal.SIGINT
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    before = list(PROPERTIES)[:list(PROPERTIES).index("routing")]
+    assert s["interrupted"] is True
+    assert {c["name"]: c["status"] for c in s["checks"]} == {
+        **{p: "held" for p in before}, "routing": "skipped", "allocation-soundness": "skipped"}
+    assert (tmp_path / "r" / "junit.xml").is_file() and (tmp_path / "r" / "summary.md").is_file()
+
+
+def test_ctrl_c_in_selftest_writes_the_judged_variants_and_exits_130(tmp_path, monkeypatch, ctrl_c):
+    from tests import plugins
+    monkeypatch.setattr(plugins.CtrlCAtSecondVariant, "copies", 0)
+    code = ctrl_c(["selftest", "--target", "tests.plugins:CtrlCAtSecondVariant", "--variant", "fits-off-by-one",
+                   "--variant", "row-offset", "--max-examples", "5", "--report-dir", str(tmp_path / "r")])
+    assert code == 130
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["interrupted"] is True and list(s["kill_matrix"]) == ["fits-off-by-one"]
+    assert {c["name"]: c["status"] for c in s["checks"]} == {"fits-off-by-one": "caught", "row-offset": "skipped"}
+    assert (tmp_path / "r" / "junit.xml").is_file() and (tmp_path / "r" / "summary.md").is_file()

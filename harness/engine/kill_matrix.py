@@ -48,9 +48,12 @@ def _cell(res, prop_name: str):
 
 
 def kill_matrix(target, variants: list[str], *, seed: int, max_examples: int, device: str = "cpu",
-                log=print) -> dict[str, dict]:
-    """variant -> property -> a cell: examples to catch, None (survived), NOT_DRIVEN or RAISED."""
-    matrix: dict[str, dict] = {}
+                log=print, into: dict | None = None) -> dict[str, dict]:
+    """variant -> property -> a cell: examples to catch, None (survived), NOT_DRIVEN or RAISED.
+
+    Each variant's row is added to ``into`` (when given) as it finishes: an interrupted
+    selftest still reports the variants it judged."""
+    matrix: dict[str, dict] = {} if into is None else into
     bounds = getattr(target, "bounds", None) or Bounds()
     with tempfile.TemporaryDirectory(prefix="vmfuzz-selftest-") as tmp:
         for name in variants:
