@@ -165,11 +165,13 @@ def test_shards_share_one_redis_database_and_merge_to_the_single_runs_verdicts(t
     assert any(b"chain-writer" in k for k in reread), (sorted(written), read[:20])
 
 
-def test_a_redis_server_that_dies_mid_night_loses_nothing(tmp_path, redis_server):
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_redis_server_that_dies_mid_night_loses_nothing(tmp_path, redis_server, workers):
     url, server = redis_server
     # the target kills the server at its 20th buffer, a second into the first property's search
     r = vmfuzz(*RUN, "--target", "tests.plugins:KillsRedisMidRun+fits-off-by-one", "--isolate", "off",
-               "--db", url, "--report-dir", str(tmp_path / "r"), env={"VMFUZZ_TEST_REDIS_PID": str(server.pid)})
+               "--workers", workers, "--db", url, "--report-dir", str(tmp_path / "r"),
+               env={"VMFUZZ_TEST_REDIS_PID": str(server.pid)}, cwd=tmp_path)
     assert server.poll() is not None, "the server outlived the run: nothing was tested"
     assert r.returncode == 1, r.stdout + r.stderr  # trivial-path and reader-agreement fail, as with a live server
     assert r.stderr.count("stopped answering") == 1 and "Traceback" not in r.stderr, r.stderr

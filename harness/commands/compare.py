@@ -5,8 +5,8 @@ harness.engine.groups): a group only in B is new, one only in A is fixed, one
 in both is still failing. An interrupted run, or a summary from before groups
 existed that holds findings, is refused (exit 2): its groups are not all its
 run found, so a group missing from it is not fixed. Then the classes reached
-(gained, lost), the examples and the bounds. Exit 1 when B has a new group: a nightly compared with the last one fails
-only on what is new.
+(gained, lost), the examples and the bounds. Exit 1 when B has a new group: a
+nightly compared with the last one fails only on what is new.
 """
 
 from __future__ import annotations

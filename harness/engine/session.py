@@ -130,7 +130,8 @@ def _pool_search(plan: RunPlan, name: str, share: float | None, end: float | Non
         deadline = time.monotonic() + max(MIN_SHARE, min(share, end - time.time()))
     try:
         res = search_stepped(plan, target, name, deadline, check, strategies)
-        res.warnings += [lost_shared_database()] if lost_shared_database() else []
+        if lost_shared_database():  # said by the parent, once for all its workers
+            res.warnings.append(lost_shared_database())
         return res
     finally:
         if own is not None:
