@@ -65,7 +65,7 @@ class SharedDatabaseError(Exception):
 
 #: this process's shared database that went local: why (said once; the summary carries it)
 _lost: list[str] = []
-#: a worker process says nothing itself: its result carries the warning to the parent, which says it once
+#: a worker process says nothing itself: its result carries the warning to its parent (``note_lost`` there)
 _quiet: list[bool] = [False]
 
 
@@ -78,6 +78,14 @@ def start_afresh(quiet: bool = False) -> None:
     """A new run (or a worker, ``quiet``) in this process: nothing lost yet."""
     _lost.clear()
     _quiet[0] = quiet
+
+
+def note_lost(warning: str) -> None:
+    """The shared database went local (here, or in a worker that said nothing): said once per run."""
+    if not _lost:
+        _lost.append(warning)
+        if not _quiet[0]:
+            print(f"vmfuzz: warning: {warning}", file=sys.stderr, flush=True)
 
 
 class FallbackDatabase(ExampleDatabase):
@@ -110,12 +118,9 @@ class FallbackDatabase(ExampleDatabase):
 
     def _go_local(self, exc: Exception) -> None:
         self.active, self.went_local = DirectoryBasedExampleDatabase(str(self.local)), True
-        if not _lost:
-            why = " ".join(str(exc).split()) or type(exc).__name__
-            _lost.append(f"the Redis example database {self.url} stopped answering ({why[:200]}); the run went "
-                         f"on with a local one in {self.local}")
-            if not _quiet[0]:
-                print(f"vmfuzz: warning: {_lost[0]}", file=sys.stderr, flush=True)
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        note_lost(f"the Redis example database {self.url} stopped answering ({why[:200]}); the run went on "
+                  f"with a local one in {self.local}")
 
     def save(self, key, value):
         self._call("save", key, value)

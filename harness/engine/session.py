@@ -130,8 +130,7 @@ def _pool_search(plan: RunPlan, name: str, share: float | None, end: float | Non
         deadline = time.monotonic() + max(MIN_SHARE, min(share, end - time.time()))
     try:
         res = search_stepped(plan, target, name, deadline, check, strategies)
-        if lost_shared_database():  # said by the parent, once for all its workers
-            res.warnings.append(lost_shared_database())
+        res.lost_database = lost_shared_database()  # said by the parent, once for all its workers
         return res
     finally:
         if own is not None:
@@ -212,7 +211,7 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
 
     t0 = time.monotonic()
     from harness import __version__
-    from harness.engine.database import lost_shared_database, start_afresh
+    from harness.engine.database import lost_shared_database, note_lost, start_afresh
     start_afresh()
     # vmfuzz's own version on every target's record: vmfuzz merge refuses shards of two harnesses
     outcome = RunOutcome(plan, target.name, {**target.versions(), "vmfuzz": __version__},
@@ -228,7 +227,8 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
         t1 = time.monotonic()
 
         def done(res):
-            _warn(outcome, res.warnings)  # a worker's, said here once
+            if res.lost_database:
+                note_lost(res.lost_database)  # a worker's, said here once for all of them
             show(res, ui.log)
             if res.findings:
                 ui.failed()
