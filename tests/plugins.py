@@ -179,3 +179,66 @@ class KillingTarget(ReferenceTarget):
             import signal
             os.kill(os.getpid(), signal.SIGKILL)
         return super().verify(mask, config, batch, heap)
+
+
+class KillsRedisMidRun(ReferenceTarget):
+    """The reference target, but its first buffer (an allocation or a chain write) SIGKILLs the
+    process VMFUZZ_TEST_REDIS_PID names: the shared example database's server, checked at the
+    start, dies during the first fixed case of the search, before the search reads its examples."""
+
+    name = "kills-redis"
+
+    def _kill(self) -> None:
+        import signal
+        try:
+            os.kill(int(os.environ["VMFUZZ_TEST_REDIS_PID"]), signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # another worker's first buffer killed it
+
+    def allocate(self, config, heap):
+        self._kill()
+        return super().allocate(config, heap)
+
+    def chain_write(self, inputs, buffer, heap, **kwargs):
+        self._kill()
+        return super().chain_write(inputs, buffer, heap, **kwargs)
+
+
+#: the process that loaded the plug-ins: a forked worker's Ctrl-C goes to it, as a terminal's would
+_MAIN_PID = os.getpid()
+
+
+class CtrlCAtRouting(ReferenceTarget):
+    """A Ctrl-C (a real SIGINT to the process that loaded it, once: VMFUZZ_TEST_CTRL_C names a
+    file that says it was sent) the first time the routing property asks for a router, in that
+    process or a worker forked from it: every property before it in the run's order has finished."""
+
+    name = "ctrl-c-at-routing"
+
+    def route(self, router, spec_mode, children, context_len):
+        import signal
+        try:
+            os.close(os.open(os.environ["VMFUZZ_TEST_CTRL_C"], os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            pass
+        else:
+            os.kill(_MAIN_PID, signal.SIGINT)
+        return super().route(router, spec_mode, children, context_len)
+
+
+class CtrlCAtSecondVariant(ReferenceTarget):
+    """A Ctrl-C (a real SIGINT to this process) when selftest layers its second variant over this
+    target (each variant is a copy of it): the first variant has been judged by every property."""
+
+    name = "ctrl-c-at-second-variant"
+    copies = 0
+
+    def __copy__(self):
+        import signal
+        if ":" in self.name:  # the resolved target (named by its spec) layered, not resolve's own copy
+            CtrlCAtSecondVariant.copies += 1
+            if CtrlCAtSecondVariant.copies == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new

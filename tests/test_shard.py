@@ -10,6 +10,7 @@ import json
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -18,11 +19,12 @@ import pytest
 from harness.engine.shard import parse_shard, shard_properties
 from tests.helpers import vmfuzz
 
-# a variant that fails some properties and not others: the merged verdicts must
-# match the single run's on both sides
+# a variant that fails some properties and not others: the merged verdicts must match the
+# single run's on both sides. Split 3 ways, shard 1 (chain-writer) holds, 2 and 3 fail. (None of
+# them is judged on the shared run, whose members' verdicts depend on which of them run together.)
 TARGET = "reference+fits-off-by-one"
-RUN = ("run", "--target", TARGET, "--profile", "nightly", "--seed", "5", "--max-examples", "15",
-       "--time-budget", "60")
+PROPS = ("--property", "chain-writer", "--property", "trivial-path", "--property", "reader-agreement")
+RUN = ("run", "--profile", "nightly", "--seed", "5", "--max-examples", "15", "--time-budget", "6", *PROPS)
 
 
 def test_the_split_is_by_property_and_covers_each_once():
@@ -55,7 +57,8 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def redis_url(tmp_path):
+def redis_server(tmp_path):
+    """A real redis-server on a free port: (its URL, its process)."""
     server = shutil.which("redis-server")
     if server is None:
         pytest.skip("redis-server is not installed (.ci/run installs it)")
@@ -71,10 +74,15 @@ def redis_url(tmp_path):
                 break
             except redis.ConnectionError:
                 time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
+        yield f"redis://127.0.0.1:{port}/0", proc
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.fixture
+def redis_url(redis_server):
+    return redis_server[0]
 
 
 def _verdicts(folder: Path) -> dict[str, str]:
@@ -82,32 +90,96 @@ def _verdicts(folder: Path) -> dict[str, str]:
     return {p["name"]: p["status"] for p in s["properties"]}
 
 
-def test_two_shards_share_one_redis_database_and_merge_to_the_single_runs_verdicts(tmp_path, redis_url):
+def _redis_repr(key: bytes) -> str:
+    """``key`` as MONITOR prints it (redis' sdscatrepr)."""
+    named = {ord("\\"): "\\\\", ord('"'): '\\"', 10: "\\n", 13: "\\r", 9: "\\t", 7: "\\a", 8: "\\b"}
+    return "".join(named.get(c) or (chr(c) if 32 <= c < 127 else f"\\x{c:02x}") for c in key)
+
+
+class _Monitor(threading.Thread):
+    """Every command the server runs while it watches (MONITOR), until it sees ``MARK``."""
+
+    MARK = "vmfuzz-test-monitor-done"
+
+    def __init__(self, url: str):
+        super().__init__(daemon=True)
+        self.url, self.lines, self.watching = url, [], threading.Event()
+
+    def run(self):
+        import redis
+        with redis.Redis.from_url(self.url, socket_timeout=None).monitor() as m:  # quiet for a while: no timeout
+            self.watching.set()
+            while not self.lines or self.MARK not in self.lines[-1]:
+                r = m.connection.read_response()
+                self.lines.append(r.decode("utf-8", "replace") if isinstance(r, bytes) else str(r))
+
+    def stop(self) -> list[str]:
+        import redis
+        redis.Redis.from_url(self.url).echo(self.MARK)
+        self.join(timeout=60)
+        return self.lines
+
+
+def test_shards_share_one_redis_database_and_merge_to_the_single_runs_verdicts(tmp_path, redis_url):
     import redis
     # each shard in its own folder, as on its own machine: only Redis is shared
-    shards = []
-    for k in (1, 2):
+    shards, codes = [], []
+    for k in (1, 2, 3):
         machine = tmp_path / f"machine{k}"
         machine.mkdir()
-        proc = vmfuzz(*RUN, "--shard", f"{k}/2", "--db", redis_url, "--report-dir", "report", cwd=machine)
+        proc = vmfuzz(*RUN, "--target", TARGET, "--shard", f"{k}/3", "--db", redis_url, "--report-dir", "report",
+                      cwd=machine)
+        codes.append(proc.returncode)
         assert proc.returncode in (0, 1), proc.stdout + proc.stderr
         shards.append(machine / "report")
-    single = vmfuzz(*RUN, "--db", str(tmp_path / "local-db"), "--report-dir", str(tmp_path / "single"))
+    assert codes == [0, 1, 1]  # chain-writer holds; trivial-path and reader-agreement fail
+    single = vmfuzz(*RUN, "--target", TARGET, "--db", str(tmp_path / "local-db"), "--report-dir",
+                    str(tmp_path / "single"))
     assert single.returncode == 1, single.stdout + single.stderr  # the variant is caught
 
     merged = vmfuzz("merge", *map(str, shards), "--report-dir", str(tmp_path / "merged"))
     assert merged.returncode == single.returncode, merged.stdout + merged.stderr
     assert _verdicts(tmp_path / "merged") == _verdicts(tmp_path / "single")
-    assert "failed" in _verdicts(tmp_path / "single").values() and "held" in _verdicts(tmp_path / "single").values()
     for name in ("summary.md", "junit.xml", "report.html"):
         assert (tmp_path / "merged" / name).is_file()
     summary = json.loads((tmp_path / "merged" / "summary.json").read_text())
-    assert summary["shards"] == ["1/2", "2/2"]
+    assert summary["shards"] == ["1/3", "2/3", "3/3"]
+    assert summary["counts"]["groups"] == sum(len(json.loads((f / "summary.json").read_text())["groups"])
+                                              for f in shards) > 0  # shards 2 and 3's causes, none lost
 
-    # what each shard found is in the one database, under its properties' keys: a later
-    # shard (another night, another machine) reads both. (Findings themselves travel as
-    # repro files and the local last-failures folder, not through the example database.)
-    keys = [k.decode(errors="replace") for k in redis.Redis.from_url(redis_url).scan_iter("hypothesis-example:*")]
-    stored = {part for k in keys for part in k.split(":", 1)[1].split("/", 1)[0].removeprefix("shared:").split(",")}
-    for folder in shards:
-        assert set(_verdicts(folder)) & stored, (folder, sorted(stored))
+    # The next night splits the run 2 ways, on another machine: its shard 1/2 (chain-writer,
+    # reader-agreement) reads from Redis the examples that last night's shards wrote. (A failure
+    # found by a boundary case is not saved, being no search's; a held search's examples are.)
+    client = redis.Redis.from_url(redis_url)
+    written = {k for k in client.scan_iter("hypothesis-example:*") if client.type(k) == b"set" and client.scard(k)}
+    assert any(b"chain-writer" in k for k in written), sorted(written)
+    monitor = _Monitor(redis_url)
+    monitor.start()
+    assert monitor.watching.wait(timeout=60)
+    (tmp_path / "machine4").mkdir()
+    night2 = vmfuzz(*RUN, "--target", TARGET, "--seed", "6", "--shard", "1/2", "--db", redis_url, "--report-dir",
+                    "report", cwd=tmp_path / "machine4")
+    assert night2.returncode == 1, night2.stdout + night2.stderr  # reader-agreement fails again
+    read = [line for line in monitor.stop() if '"smembers"' in line.lower()]
+    reread = {k for k in written if any(f'"{_redis_repr(k)}"' in line for line in read)}
+    assert any(b"chain-writer" in k for k in reread), (sorted(written), read[:20])
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_redis_server_that_dies_mid_night_loses_nothing(tmp_path, redis_server, workers):
+    url, server = redis_server
+    # the target kills the server at its first buffer: the run started with it, the search goes on without
+    r = vmfuzz(*RUN, "--target", "tests.plugins:KillsRedisMidRun+fits-off-by-one", "--isolate", "off",
+               "--workers", workers, "--db", url, "--report-dir", str(tmp_path / "r"),
+               env={"VMFUZZ_TEST_REDIS_PID": str(server.pid)}, cwd=tmp_path)
+    assert server.poll() is not None, "the server outlived the run: nothing was tested"
+    assert r.returncode == 1, r.stdout + r.stderr  # trivial-path and reader-agreement fail, as with a live server
+    assert r.stderr.count("stopped answering") == 1 and "Traceback" not in r.stderr, r.stderr
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert _verdicts(tmp_path / "r") == {"chain-writer": "held", "trivial-path": "failed",
+                                         "reader-agreement": "failed"}
+    assert [w for w in s["warnings"] if "stopped answering" in w]
+    for name in ("summary.md", "junit.xml", "report.html"):
+        assert (tmp_path / "r" / name).is_file()
+    assert s["findings"] and all(Path(f["repro"]).is_file() for f in s["findings"])
+    assert list((tmp_path / ".vmfuzz-db" / "hypothesis").iterdir())  # the search went on with a local database

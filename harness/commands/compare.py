@@ -2,9 +2,11 @@
 
 Groups are matched by their origin's key (one per cause, harness.engine.groups),
 never by their words: a group only in B is new, one only in A is fixed, one in
-both is still failing; a group B lists as a known finding (known/) is not new. Then the classes reached (gained, lost), the examples and the bounds.
-Exit 1 when B has a new group: a nightly compared with the last one fails
-only on what is new.
+both is still failing; a group B lists as a known finding (known/) is not new.
+An interrupted run, or a summary written before findings had typed origins, is
+refused (exit 2): its groups cannot say what was fixed. Then the classes reached
+(gained, lost), the examples and the bounds. Exit 1 when B has a new group: a
+nightly compared with the last one fails only on what is new.
 """
 
 from __future__ import annotations
@@ -31,12 +33,23 @@ def _summary(where: str) -> dict:
     return s
 
 
+def _comparable(where: str, s: dict) -> None:
+    """A summary whose groups are not the whole of what its run found cannot say what was fixed:
+    refused (one line, exit 2) rather than reported as "fixed"."""
+    if s.get("interrupted"):
+        raise UsageError(f"vmfuzz compare: {where} is an interrupted run: its finding groups cover only what "
+                         "ran, so nothing can be called fixed or new; compare a run that finished")
+    if "groups" not in s and s.get("findings"):
+        raise UsageError(f"vmfuzz compare: {where}/summary.json was written before finding groups existed: its "
+                         "findings cannot be matched by cause; run it again with this vmfuzz")
+
+
 def groups_of(s: dict, where: str = "") -> dict[str, dict]:
     """origin key -> group. A summary written before findings had origins cannot be matched
-    on them: refused (exit 2), never guessed from its messages (a reworded one would read
-    as fixed plus new)."""
-    groups = s.get("groups")
-    if groups is None or any(not g.get("key") for g in groups):
+    on them: refused (exit 2), never guessed from its words (a reworded one would read as
+    fixed plus new)."""
+    groups = s.get("groups") or []
+    if any(not g.get("key") for g in groups):
         raise UsageError(f"vmfuzz compare: {where or 'a'} summary.json was written before findings had typed "
                          "origins (its groups carry no key): rerun that run with this vmfuzz to compare")
     return {g["key"]: g for g in groups}
@@ -76,6 +89,8 @@ def _print(c: dict) -> None:
 def run(args) -> int:
     from harness.report.summary import Check, CommandSummary
     a, b = _summary(args.a), _summary(args.b)
+    _comparable(args.a, a)
+    _comparable(args.b, b)
     c = changes(a, b, (args.a, args.b))
     print(f"vmfuzz compare: {args.a} ({a.get('target')}) -> {args.b} ({b.get('target')})")
     _print(c)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from harness.commands.common import check_workers, findings_dir, report_dir_of, resolve_target, write_command_report
 from harness.model.errors import EXIT_FINDING, EXIT_OK
 
@@ -14,11 +16,22 @@ def run(args) -> int:
     report_dir = report_dir_of(args)
     report = run_exhaustive(target, findings_dir=findings_dir(report_dir), workers=args.workers,
                             echo=lambda s: print(s, flush=True))
-    summary = CommandSummary("exhaustive", target.name, seconds=report.seconds)
+    summary = CommandSummary("exhaustive", target.name, seconds=report.seconds,
+                             extra={"interrupted": report.interrupted})
     for t in report.tallies:
         scope = f"{t.configs} configs, {t.batches} batches"
         summary.checks.append(Check(t.prop, "held", scope, seconds=t.seconds) if t.failure is None else
                               Check(t.prop, "failed", t.failure, "property", str(t.path) if t.path else None,
                                     t.seconds))
+    if report.interrupted:
+        from harness.properties import PROPERTIES
+        finished = {t.prop for t in report.tallies}
+        summary.checks += [Check(p, "skipped", "interrupted before it finished") for p in PROPERTIES
+                           if p not in finished]
+        summary.headline = f"interrupted: {len(finished)} of {len(PROPERTIES)} properties checked"
     write_command_report(summary, report_dir)
+    if report.interrupted:
+        from harness.engine.signals import exit_code
+        print("vmfuzz: interrupted (reports cover the properties that finished)", file=sys.stderr)
+        return exit_code()
     return EXIT_OK if report.ok else EXIT_FINDING

@@ -1,7 +1,8 @@
 """``vmfuzz merge DIR...``: one report from the report folders of a sharded run.
 
 Exit codes as a single run's: 1 when any shard found something, 3 when a check
-could not be made, 0 when every property held.
+could not be made, 0 when every property held; 2 (one line) when the folders
+are not every shard of one finished run.
 """
 
 from __future__ import annotations
@@ -14,18 +15,19 @@ from harness.model.errors import EXIT_FINDING, EXIT_OK, EXIT_OUT_OF_STEP, UsageE
 
 
 def run(args) -> int:
-    from harness.report.merge import MergeError, merge_summaries, read_summary, write_merged
+    from harness.report.merge import MergeError, check_shards, merge_summaries, read_summary, relocate, write_merged
     try:
-        merged = merge_summaries([read_summary(Path(d)) for d in args.dirs])
+        shards = [(Path(d), read_summary(Path(d))) for d in args.dirs]
+        split = check_shards(shards)
     except MergeError as exc:
         raise UsageError(f"vmfuzz merge: {exc}") from None
     report_dir = report_dir_of(args)
+    merged = merge_summaries(relocate(shards, split, report_dir))
     write_merged(merged, report_dir)
     c = merged["counts"]
-    shards = ", ".join(s or "unsharded" for s in merged["shards"])
-    print(f"vmfuzz merge: {len(args.dirs)} report(s) ({shards}): {c['properties']} properties, {c['held']} held, "
-          f"{c['failed']} failed, {c['findings']} finding(s)")
-    print(f"reports: {report_dir}/ (summary.json, summary.md, junit.xml, report.html)")
+    print(f"vmfuzz merge: {len(args.dirs)} shard(s) ({', '.join(merged['shards'])}): {c['properties']} properties, "
+          f"{c['held']} held, {c['failed']} failed, {c['findings']} finding(s) in {c['groups']} group(s)")
+    print(f"reports: {report_dir}/ (summary.json, summary.md, junit.xml, report.html; findings/)")
     if c["findings"] or c["failed"] or c["replays_failed"]:
         return EXIT_FINDING
     from harness.report.replays import unreplayed

@@ -6,6 +6,8 @@ this is the kill matrix that shows it does not.
 
 from __future__ import annotations
 
+import sys
+
 from harness.commands.common import (check_device, check_selftest_options, report_dir_of, resolve_target,
                                      write_command_report)
 from harness.model.errors import EXIT_FINDING, EXIT_OK, UsageError
@@ -42,8 +44,18 @@ def run(args) -> int:
             raise UsageError(f"vmfuzz: unknown variant {v!r} (known: {', '.join(CATALOGUE)})")
     print(f"vmfuzz selftest: {len(variants)} variant(s) over {target.name}, seed {args.seed}, "
           f"up to {args.max_examples} examples per property", flush=True)
-    matrix = kill_matrix(target, variants, seed=args.seed, max_examples=args.max_examples,
-                         device=args.device, log=lambda s: print(s, flush=True))
+    matrix: dict[str, dict] = {}
+    try:
+        kill_matrix(target, variants, seed=args.seed, max_examples=args.max_examples,
+                    device=args.device, log=lambda s: print(s, flush=True), into=matrix)
+    except KeyboardInterrupt:
+        from harness.engine.signals import exit_code, received
+        if received() is None:
+            raise  # the target raised it, no signal came: not an interrupt of the selftest
+        print(render(matrix))
+        _report(args, target.name, matrix, interrupted=[v for v in variants if v not in matrix])
+        print("vmfuzz: interrupted (reports cover the variants judged)", file=sys.stderr)
+        return exit_code()
     print("kill matrix (examples needed to catch; - = survived that property; n/d = not driven on this "
           "target; raised = the target raised, which catches nothing; known = upstream's known defect, "
           "which is not the variant's catch):")
@@ -64,14 +76,16 @@ def run(args) -> int:
     return EXIT_FINDING if survivors else EXIT_OK
 
 
-def _report(args, target_name: str, matrix: dict[str, dict]) -> None:
-    """One testcase per variant: caught (passes), survived (fails) or not driven (skipped)."""
+def _report(args, target_name: str, matrix: dict[str, dict], interrupted: list[str] | None = None) -> None:
+    """One testcase per variant: caught (passes), survived (fails) or not driven (skipped);
+    ``interrupted``: the run was, and these variants are left unjudged (skipped)."""
     from harness.engine.kill_matrix import caught, variant_driven
     from harness.properties import PROPERTIES
     from harness.report.summary import Check, CommandSummary
 
     summary = CommandSummary("selftest", target_name, extra={"kill_matrix": matrix, "seed": args.seed,
-                                                            "max_examples": args.max_examples})
+                                                            "max_examples": args.max_examples,
+                                                            "interrupted": interrupted is not None})
     for v, row in matrix.items():
         by = [f"{p} ({n} ex)" for p, n in row.items() if caught(n)]
         if by:
@@ -80,7 +94,10 @@ def _report(args, target_name: str, matrix: dict[str, dict]) -> None:
             summary.checks.append(Check(v, "failed", "survived every property", "variant-survived"))
         else:
             summary.checks.append(Check(v, "skipped", f"not driven on {target_name}"))
+    unjudged = interrupted or []
+    summary.checks += [Check(v, "skipped", "interrupted before it was judged") for v in unjudged]
     silent = [p for p in PROPERTIES if not any(caught(row[p]) for row in matrix.values())]
     summary.headline = (f"{sum(c.status == 'caught' for c in summary.checks)} of {len(matrix)} variants caught"
-                        + (f"; no variant exercises {', '.join(silent)}" if silent else ""))
+                        + (f"; no variant exercises {', '.join(silent)}" if silent else "")
+                        + (f"; interrupted: {len(unjudged)} variant(s) not judged" if interrupted is not None else ""))
     write_command_report(summary, report_dir_of(args))

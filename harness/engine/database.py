@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase, ReadOnlyDatabase
@@ -50,7 +51,8 @@ def redis_database(url: str) -> ExampleDatabase:
         raise SharedDatabaseError(f"--db {url}: a Redis database needs the redis package "
                                   "(pip install 'vmfuzz[shared-db]')") from None
     try:
-        client = redis.Redis.from_url(url)
+        # a server that stops answering mid-night is an error (then a local database), never a hang
+        client = redis.Redis.from_url(url, socket_connect_timeout=10, socket_timeout=60)
         client.ping()
     except (redis.RedisError, ValueError) as exc:
         raise SharedDatabaseError(f"--db {url}: cannot use the Redis server: {exc}") from None
@@ -61,13 +63,85 @@ class SharedDatabaseError(Exception):
     pass
 
 
+#: this process's shared database that went local: why (said once; the summary carries it)
+_lost: list[str] = []
+#: a worker process says nothing itself: its result carries the warning to its parent (``note_lost`` there)
+_quiet: list[bool] = [False]
+
+
+def lost_shared_database() -> str | None:
+    """Why this process's shared database went local, or None while it answers."""
+    return _lost[0] if _lost else None
+
+
+def start_afresh(quiet: bool = False) -> None:
+    """A new run (or a worker, ``quiet``) in this process: nothing lost yet."""
+    _lost.clear()
+    _quiet[0] = quiet
+
+
+def note_lost(warning: str) -> None:
+    """The shared database went local (here, or in a worker that said nothing): said once per run."""
+    if not _lost:
+        _lost.append(warning)
+        if not _quiet[0]:
+            print(f"vmfuzz: warning: {warning}", file=sys.stderr, flush=True)
+
+
+class FallbackDatabase(ExampleDatabase):
+    """The Redis database while it answers; a local folder from its first failure on.
+
+    A server that dies mid-night must not take the night with it: the search goes
+    on with ``local`` (the examples saved before stay on the server for the next
+    night), and the switch is said once on stderr and kept for the summary. The
+    server was checked before the run (``check_shared_db``: exit 2 when it cannot
+    be used), so one gone by the time a worker opens it has died meanwhile.
+    """
+
+    def __init__(self, url: str, local: Path):
+        super().__init__()
+        self.url, self.local, self.went_local = url, Path(local), False
+        try:
+            self.active = redis_database(url)
+        except SharedDatabaseError as exc:
+            self._go_local(exc)
+
+    def _call(self, op: str, *args) -> list:
+        import redis
+        try:
+            return list(getattr(self.active, op)(*args) or ())
+        except redis.RedisError as exc:
+            if self.went_local:
+                raise
+            self._go_local(exc)
+        return list(getattr(self.active, op)(*args) or ())
+
+    def _go_local(self, exc: Exception) -> None:
+        self.active, self.went_local = DirectoryBasedExampleDatabase(str(self.local)), True
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        note_lost(f"the Redis example database {self.url} stopped answering ({why[:200]}); the run went on "
+                  f"with a local one in {self.local}")
+
+    def save(self, key, value):
+        self._call("save", key, value)
+
+    def fetch(self, key):
+        yield from self._call("fetch", key)
+
+    def delete(self, key, value):
+        self._call("delete", key, value)
+
+    def move(self, src, dest, value):
+        self._call("move", src, dest, value)
+
+
 def database_for(mode: str, db_dir: Path, url: str | None = None):
     """The profile's database: none, read only, or read and written; under ``db_dir/hypothesis``,
-    or on the Redis server at ``url``."""
+    or on the Redis server at ``url`` (falling back to ``db_dir/hypothesis`` if it stops answering)."""
     if mode == "none":
         return None
     if url:
-        db = redis_database(url)
+        db = FallbackDatabase(url, Path(db_dir) / "hypothesis")
     else:
         path = Path(db_dir) / "hypothesis"
         if mode == "read" and not path.is_dir():

@@ -192,3 +192,23 @@ def allocation_verdict(target, dep: Deployment) -> tuple[bool | None, str]:
     return True, (f"{name} ({site}) allocates for max_bs {dep.cuda_graph_max_bs}, context {dep.context_length}, "
                   f"num_draft_tokens {dep.num_draft_tokens}: a full batch at the context limit has "
                   f"{-int(margin)} cell(s) to spare")
+
+
+def deployment_verdict(dep, target, findings: list) -> dict:
+    """What summary.json says of the deployment a run was confined to: whether its server can
+    write out of range (by arithmetic, or shown by an overrun the search found), and its
+    routing and allocation verdicts."""
+    can, why = capacity_verdict(target, dep)
+    oob = [f for f in findings if f.origin.effect == "overrun"]
+    if oob and not can:
+        can, why = True, oob[0].detail
+    verdicts = {}
+    for part, verdict in (("routing", routing_verdict), ("allocation", allocation_verdict)):
+        try:
+            ok, detail = verdict(target, dep)
+        except Exception as exc:  # the target broke answering for this server: that fails it
+            ok, detail = False, f"target raised {type(exc).__name__}: {exc}"
+        verdicts[part] = {"ok": ok, "why": detail}
+    return {"label": dep.label(), "can_write_out_of_range": can, "why": why,
+            "cuda_graph_max_bs": dep.cuda_graph_max_bs, "max_running_requests": dep.max_running_requests,
+            "context_length": dep.context_length, "pp_size": dep.pp_size, **verdicts}

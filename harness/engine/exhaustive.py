@@ -158,6 +158,8 @@ class ExhaustiveReport:
     target: str
     tallies: list[PropertyTally] = field(default_factory=list)
     seconds: float = 0.0
+    #: Ctrl-C or SIGTERM: ``tallies`` are the properties that finished
+    interrupted: bool = False
 
     @property
     def ok(self) -> bool:
@@ -257,10 +259,19 @@ def run_exhaustive(target, *, findings_dir: Path | None = None, device: str = "c
             pool = multiprocessing.get_context("fork").Pool(workers, _init_worker, (target.name,))
     try:
         _run(target, report, all_configs, properties, device, findings_dir, pool, stop_at_first, echo)
+    except KeyboardInterrupt:
+        from harness.engine.signals import received
+        if received() is None:
+            raise  # the target raised it, no signal came: not an interrupt of the run
+        report.interrupted = True
     finally:
         if pool is not None:
             pool.terminate()
     report.seconds = time.perf_counter() - start
+    if report.interrupted:
+        echo(f"interrupted after {len(report.tallies)} propert{'y' if len(report.tallies) == 1 else 'ies'} "
+             f"in {report.seconds:.1f}s")
+        return report
     verdict = "all properties held" if report.ok else \
         f"{sum(t.failure is not None for t in report.tallies)} finding(s)"
     echo(f"{verdict} in {report.seconds:.1f}s")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 KEEP = 365
@@ -32,31 +33,75 @@ def night_record(outcome) -> dict:
             "bounds": (outcome.bounds_used or [{}])[-1], "seconds": round(outcome.seconds, 1)}
 
 
-def load(db_dir: Path) -> list[dict]:
-    """The nights on record, oldest first; a line that does not parse (a hand edit) is skipped."""
-    path = Path(db_dir) / NAME
+#: what a night's record holds, and the types report.html draws from
+FIELDS = {"started": (str,), "target": (str,), "groups": (int,), "findings": (int,), "examples": (int,),
+          "classes": (int,), "context_reached": (int,), "bs_reached": (int,), "bounds": (dict,),
+          "seconds": (int, float)}
+
+
+def _problem(rec) -> str | None:
+    """Why ``rec`` is not a night's record, or None."""
+    if not isinstance(rec, dict):
+        return f"a {type(rec).__name__}, not a record"
+    for key, types in FIELDS.items():
+        if key in rec and (not isinstance(rec[key], types) or isinstance(rec[key], bool)):
+            return f"{key!r} is a {type(rec[key]).__name__}"
+    return None
+
+
+def read_nights(path: Path) -> tuple[list[dict], str | None]:
+    """The nights in the file at ``path``, oldest first, and what is wrong with it (None: nothing)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError:
-        return []
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        return [], None
+    except OSError as exc:
+        return [], f"cannot be read ({exc.strerror or exc})"
+    except UnicodeDecodeError as exc:
+        text, bad = path.read_bytes().decode("utf-8", errors="replace"), f"byte {exc.start} is not UTF-8"
+    else:
+        bad = None
     nights = []
-    for line in text.splitlines():
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
         try:
             rec = json.loads(line)
         except ValueError:
+            bad = bad or f"line {n} is not JSON"
             continue
-        if isinstance(rec, dict):
-            nights.append(rec)
+        why = _problem(rec)
+        if why:
+            bad = bad or f"line {n}: {why}"
+            continue
+        nights.append(rec)
+    return nights, bad
+
+
+def load(db_dir: Path, warn=print) -> list[dict]:
+    """The nights on record, oldest first. A damaged file (a bad byte, a line that is not a night's
+    record) is set aside beside it, said once through ``warn``; its readable nights are kept."""
+    path = Path(db_dir) / NAME
+    nights, bad = read_nights(path)
+    if bad is None:
+        return nights
+    aside = path.with_name(f"{NAME}.damaged-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+    try:
+        os.replace(path, aside)
+        where = f"set aside as {aside}"
+    except OSError as exc:
+        where = f"could not be set aside ({exc.strerror or exc}): it will be rewritten"
+    warn(f"history {path} is damaged ({bad}); {where}; kept its {len(nights)} readable night(s)")
     return nights
 
 
-def append_night(db_dir: Path, record: dict, keep: int = KEEP) -> list[dict]:
+def append_night(db_dir: Path, record: dict, keep: int = KEEP, warn=print) -> list[dict]:
     """Adds ``record`` and keeps the last ``keep`` nights; returns them (this one last).
 
     Written to a temporary file and renamed over the old one: readers never see half a file.
     A database directory that cannot be written loses the history, not the night's reports.
     """
-    nights = (load(db_dir) + [record])[-keep:]
+    nights = (load(db_dir, warn) + [record])[-keep:]
     path = Path(db_dir) / NAME
     tmp = path.with_name(f".{NAME}.{os.getpid()}.tmp")
     try:
@@ -68,5 +113,5 @@ def append_night(db_dir: Path, record: dict, keep: int = KEEP) -> list[dict]:
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        print(f"vmfuzz: warning: history not kept in {path}: {exc.strerror or exc}", flush=True)
+        warn(f"history not kept in {path}: {exc.strerror or exc}")
     return nights

@@ -54,10 +54,13 @@ def _cell(res, prop_name: str, known=()):
 
 
 def kill_matrix(target, variants: list[str], *, seed: int, max_examples: int, device: str = "cpu",
-                log=print) -> dict[str, dict]:
-    """variant -> property -> a cell: examples to catch, None (survived), NOT_DRIVEN or RAISED."""
+                log=print, into: dict | None = None) -> dict[str, dict]:
+    """variant -> property -> a cell: examples to catch, None (survived), NOT_DRIVEN or RAISED.
+
+    Each variant's row is added to ``into`` (when given) as it finishes: an interrupted
+    selftest still reports the variants it judged."""
     from harness.engine.known import applicable, attach, default_known_root, entries
-    matrix: dict[str, dict] = {}
+    matrix: dict[str, dict] = {} if into is None else into
     bounds = getattr(target, "bounds", None) or Bounds()
     known = applicable(entries(default_known_root()), dict(target.versions()))
     with tempfile.TemporaryDirectory(prefix="vmfuzz-selftest-") as tmp:

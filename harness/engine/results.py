@@ -66,6 +66,8 @@ class PropertyResult:
     corpus_seconds: float = 0.0
     #: seconds spent at each bound step, in order (a nightly widens its bounds in steps)
     step_seconds: list[float] = field(default_factory=list)
+    #: in a worker: why its shared example database went local (its parent says it, once a run)
+    lost_database: str | None = None
 
     @property
     def findings(self) -> list[Finding]:

@@ -141,6 +141,8 @@ def _pool_search(plan: RunPlan, name: str, share: float | None, end: float | Non
     torch.set_num_threads(1)  # N workers on N cores: one thread each
     from harness.engine.workers import remembering
     target = resolve(plan.target)
+    from harness.engine.database import lost_shared_database, start_afresh
+    start_afresh(quiet=True)
     _attach_known(plan, target)
     check, strategies = _searcher(plan, target)
     own = check  # closed below; the noting wrapper only lets the parent name a dead worker's case
@@ -150,7 +152,9 @@ def _pool_search(plan: RunPlan, name: str, share: float | None, end: float | Non
         # Wall-clock ``end`` is shared by every worker: the slot's share, but never past the run's end.
         deadline = time.monotonic() + max(MIN_SHARE, min(share, end - time.time()))
     try:
-        return search_stepped(plan, target, name, deadline, check, strategies)
+        res = search_stepped(plan, target, name, deadline, check, strategies)
+        res.lost_database = lost_shared_database()  # said by the parent, once for all its workers
+        return res
     finally:
         if own is not None:
             own.close()
@@ -191,6 +195,13 @@ def _warn_no_saved(plan: RunPlan, outcome: RunOutcome) -> None:
         print(f"vmfuzz: warning: {warning}", file=sys.stderr, flush=True)
 
 
+def _warn(outcome: RunOutcome, warnings: list[str]) -> None:
+    for w in warnings:
+        if w not in outcome.warnings:
+            outcome.warnings.append(w)
+            print(f"vmfuzz: warning: {w}", file=sys.stderr, flush=True)
+
+
 def _attach_known(plan: RunPlan, target) -> list:
     from harness.engine.known import applicable, attach, entries
     found = applicable(entries(*plan.known_roots), dict(target.versions()))
@@ -225,7 +236,11 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
     from harness.report.progress import progress
 
     t0 = time.monotonic()
-    outcome = RunOutcome(plan, target.name, dict(target.versions()),
+    from harness import __version__
+    from harness.engine.database import lost_shared_database, note_lost, start_afresh
+    start_afresh()
+    # vmfuzz's own version on every target's record: vmfuzz merge refuses shards of two harnesses
+    outcome = RunOutcome(plan, target.name, {**target.versions(), "vmfuzz": __version__},
                          dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     ui = progress(len(plan.properties), f"{target.name} ({plan.profile.name})", per_slot=plan.max_examples,
                   budget=plan.time_budget)
@@ -238,6 +253,8 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
         t1 = time.monotonic()
 
         def done(res):
+            if res.lost_database:
+                note_lost(res.lost_database)  # a worker's, said here once for all of them
             show(res, ui.log)
             if res.findings:
                 ui.failed()
@@ -261,11 +278,15 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
             _search_pool(plan, target, outcome, budget, done, names)
         outcome.search_seconds = time.monotonic() - t1
         if plan.deployment is not None:
-            outcome.deployment = _deployment_verdict(plan, target, outcome)
+            from harness.engine.deployment import deployment_verdict
+            found = [f for r in outcome.results for f in r.findings]
+            outcome.deployment = deployment_verdict(plan.deployment, target, found)
     except KeyboardInterrupt:
         outcome.interrupted = True
     finally:
         ui.close()
+        # this process's own database said it when it happened; the summary keeps it
+        outcome.warnings += [w for w in [lost_shared_database()] if w and w not in outcome.warnings]
     from harness.engine.signals import received
     if received() is not None:
         outcome.interrupted = True  # even when a library swallowed the KeyboardInterrupt
@@ -274,7 +295,8 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
         _keep_failures(plan, outcome)
         if not outcome.interrupted:  # a night cut short would read as a night that reached less
             from harness.engine.history import append_night, night_record
-            outcome.history = append_night(plan.db_dir, night_record(outcome))
+            outcome.history = append_night(plan.db_dir, night_record(outcome),
+                                           warn=lambda w: _warn(outcome, [w]))
     return outcome
 
 
@@ -376,23 +398,3 @@ def _staged(plan: RunPlan, target, outcome: RunOutcome, budget, check, strategie
             finish(name)
     order = {n: i for i, n in enumerate(plan.properties)}
     outcome.results.sort(key=lambda r: order.get(r.prop, len(order)))  # the summary keeps the plan's order
-
-
-def _deployment_verdict(plan: RunPlan, target, outcome: RunOutcome) -> dict:
-    from harness.engine.deployment import capacity_verdict
-    dep = plan.deployment
-    can, why = capacity_verdict(target, dep)
-    oob = [f for r in outcome.results for f in r.findings if f.origin.effect == "overrun"]
-    if oob and not can:
-        can, why = True, oob[0].detail
-    from harness.engine.deployment import allocation_verdict, routing_verdict
-    verdicts = {}
-    for part, verdict in (("routing", routing_verdict), ("allocation", allocation_verdict)):
-        try:
-            ok, detail = verdict(target, dep)
-        except Exception as exc:  # the target broke answering for this server: that fails it
-            ok, detail = False, f"target raised {type(exc).__name__}: {exc}"
-        verdicts[part] = {"ok": ok, "why": detail}
-    return {"label": dep.label(), "can_write_out_of_range": can, "why": why,
-            "cuda_graph_max_bs": dep.cuda_graph_max_bs, "max_running_requests": dep.max_running_requests,
-            "context_length": dep.context_length, "pp_size": dep.pp_size, **verdicts}

@@ -1,23 +1,39 @@
 """``vmfuzz merge``: the reports of a sharded run (``--shard K/N``) joined into one.
 
-Each shard's summary.json is read back and joined: properties side by side (a
-property two shards both ran is failed if either failed, with their examples
-and seconds added), findings, replays and known findings listed once, counts
-recomputed from the joined lists. The merged summary is written with the same
-writers as a single run's (summary.md, junit.xml, report.html), so CI reads a
-sharded nightly as it reads one run.
+The folders are checked first: every shard K of one N, each once, all with the
+same target, seed, profile, harness and SGLang versions, none interrupted and
+none with a status this code does not know. Anything else is refused (one
+line): a merge that silently dropped a shard, or joined two different runs,
+would read as a night on which fewer things failed.
+
+Each shard's findings are copied into the merged folder's ``findings/`` and the
+summary's repro paths rewritten relative to the merged folder, so the folder
+stands alone (CI uploads it; the shards' folders are gone by then). Then the
+summaries are joined: properties side by side (a property two shards both ran
+is failed if either failed, with their examples and seconds added), finding
+groups by cause (counts added, members and properties joined), findings,
+replays and known findings listed once, counts recomputed from the joined
+lists. The merged summary is written with the same writers as a single run's
+(summary.md, junit.xml, report.html), so CI reads a sharded nightly as it reads
+one run.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
-from harness.report.summary import MARGIN_BUCKETS, run_junit, summary_md, write_files
+from harness.report.summary import MARGIN_BUCKETS, run_junit, summary_md, write_files, write_whole
 
 #: worst first: the joined status of a property two shards both ran
 STATUS_ORDER = ("failed", "out of step", "held", "not driven", "skipped")
+#: the other statuses a run's summary holds (harness.engine.regressions, harness.report.summary)
+REPLAY_STATUSES = ("held", "failed", "error", "out of step")
+KNOWN_STATUSES = ("reproduces", "no longer reproduces", "fails differently", "could not replay")
+SHARD = re.compile(r"^(\d+)/(\d+)$")
 
 
 class MergeError(Exception):
@@ -32,8 +48,105 @@ def read_summary(folder: Path) -> dict:
         raise MergeError(f"{folder}: no summary.json (not a vmfuzz report folder)") from None
     except (OSError, ValueError) as exc:
         raise MergeError(f"{path}: cannot be read: {exc}") from None
-    if not isinstance(s, dict) or s.get("command") not in ("run", "gate") or "properties" not in s:
+    if (not isinstance(s, dict) or s.get("command") not in ("run", "gate") or not isinstance(s.get("properties"), list)
+            or not all(isinstance(p, dict) for p in s["properties"])):
         raise MergeError(f"{path}: not the summary of a run or gate (vmfuzz merge joins shards of one run)")
+    return s
+
+
+def _unknown_status(s: dict) -> str | None:
+    for what, items, name, known in (("property", s["properties"], "name", STATUS_ORDER),
+                                      ("replay", s.get("replays", []), "repro", REPLAY_STATUSES),
+                                      ("known finding", s.get("known_findings", []), "name", KNOWN_STATUSES)):
+        for it in items:
+            if it.get("status") not in known:
+                return (f"{what} {it.get(name)!r} has status {it.get('status')!r}, which this vmfuzz does not "
+                        f"know ({', '.join(known)})")
+    return None
+
+
+#: what every shard of one run shares: (the words for it, how to read it from a summary)
+SAME = (("target", lambda s: s.get("target")), ("seed (give every shard the same --seed)", lambda s: s.get("seed")),
+        ("profile", lambda s: s.get("profile")),
+        ("vmfuzz version", lambda s: (s.get("versions") or {}).get("vmfuzz")),
+        ("SGLang version", lambda s: (s.get("versions") or {}).get("sglang")))
+
+
+def check_shards(shards: list[tuple[Path, dict]]) -> list[tuple[int, int]]:
+    """Each folder's (K, N) when the folders are every shard of one finished run; MergeError
+    (one line, naming what is missing or wrong) otherwise."""
+    split = []
+    for folder, s in shards:
+        bad = _unknown_status(s)
+        if bad:
+            raise MergeError(f"{folder}: {bad}")
+        m = SHARD.match(str(s.get("shard") or ""))
+        if not m:
+            raise MergeError(f"{folder}: not a shard (its run had no --shard K/N)")
+        if s.get("interrupted"):
+            raise MergeError(f"{folder}: shard {s['shard']} was interrupted: its reports cover only what ran; "
+                             "run that shard again")
+        split.append((int(m.group(1)), int(m.group(2))))
+    if len({n for _, n in split}) > 1:
+        raise MergeError("the folders split the run differently: "
+                         + ", ".join(f"{k}/{n} ({f})" for (k, n), (f, _) in zip(split, shards)))
+    for words, read in SAME:
+        values = [read(s) for _, s in shards]
+        if len(set(map(repr, values))) > 1:
+            raise MergeError(f"the shards differ in {words}: "
+                             + ", ".join(f"{v} ({f})" for v, (f, _) in zip(values, shards)))
+    n = split[0][1]
+    for k in range(1, n + 1):
+        given = [str(f) for (kk, _), (f, _) in zip(split, shards) if kk == k]
+        if len(given) > 1:
+            raise MergeError(f"shard {k}/{n} is given more than once ({', '.join(given)})")
+    missing = [f"{k}/{n}" for k in range(1, n + 1) if k not in {kk for kk, _ in split}]
+    if missing:
+        raise MergeError(f"shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                         f"{'are' if len(missing) > 1 else 'is'} missing (given: "
+                         + ", ".join(f"{k}/{n}" for k, _ in sorted(split)) + ")")
+    return split
+
+
+def relocate(shards: list[tuple[Path, dict]], split: list[tuple[int, int]], report_dir: Path) -> list[dict]:
+    """Copies each shard's ``findings/`` into ``report_dir/findings``; returns the summaries with their
+    repro paths rewritten to the copies, relative to ``report_dir`` (a name two shards share gets the
+    shard's number)."""
+    dest = Path(report_dir) / "findings"
+    taken: set[str] = set()
+    out = []
+    for (folder, s), (k, n) in zip(shards, split):
+        moved: dict[str, str] = {}
+        src = Path(folder) / "findings"
+        files = sorted(p for p in src.iterdir() if p.is_file()) if src.is_dir() else []
+        for path in files:
+            name = path.name if path.name not in taken else f"{path.stem}-shard-{k}-of-{n}{path.suffix}"
+            taken.add(name)
+            dest.mkdir(parents=True, exist_ok=True)
+            write_whole(dest / name, path.read_bytes())
+            moved[path.name] = f"findings/{name}"
+        out.append(_rewritten(copy.deepcopy(s), moved))
+    return out
+
+
+def _rewritten(s: dict, moved: dict[str, str]) -> dict:
+    """Every repro path of ``s`` that names a file of the shard's findings/, as its copy's path."""
+    def new(path):
+        p = Path(str(path)) if path else None
+        return moved.get(p.name, path) if p is not None and p.parent.name == "findings" else path
+
+    for p in s["properties"]:
+        for f in p.get("findings", []):
+            f["repro"] = new(f["repro"])
+    for f in s.get("findings", []):
+        f["repro"] = new(f["repro"])
+    for k in s.get("known_findings", []):
+        k["repro"] = new(k["repro"])
+    for r in s.get("replays", []):
+        r["finding"] = new(r.get("finding"))
+    for g in s.get("groups", []):
+        g["repro"] = new(g["repro"])
+        g["members"] = [new(m) for m in g.get("members", [])]
     return s
 
 
@@ -43,6 +156,29 @@ def _join_property(a: dict, b: dict) -> dict:
            "seconds": round(a["seconds"] + b["seconds"], 3), "findings": a["findings"] + b["findings"]}
     out["classes"] = dict(Counter(a.get("classes", {})) + Counter(b.get("classes", {})))
     return out
+
+
+def group_id(g: dict) -> str:
+    """A group's cause: its ``key`` (the origin's cause) where the summary has one, else its signature."""
+    return g.get("key") or g["signature"]
+
+
+def join_groups(summaries: list[dict]) -> list[dict]:
+    """One group per cause across the shards: counts added, members and properties joined; the
+    repro stays the first shard's unless only a later one's config is a server's."""
+    out: dict[str, dict] = {}
+    for s in summaries:
+        for g in s.get("groups", []):
+            have = out.get(group_id(g))
+            if have is None:
+                out[group_id(g)] = {**g, "properties": list(g["properties"]), "members": list(g["members"])}
+                continue
+            have["count"] += g["count"]
+            have["properties"] = sorted(set(have["properties"]) | set(g["properties"]))
+            have["members"] = list(dict.fromkeys(have["members"] + g["members"]))
+            if g.get("server_valid") and not have.get("server_valid"):
+                have.update({k: g[k] for k in ("repro", "repro_property", "detail", "server_valid") if k in g})
+    return list(out.values())
 
 
 def _once(items: list[dict], key: str) -> list[dict]:
@@ -66,11 +202,12 @@ def merge_summaries(summaries: list[dict]) -> dict:
     replays = _once([r for s in summaries for r in s.get("replays", [])], "repro")
     known = _once([k for s in summaries for k in s.get("known_findings", [])], "name")
     findings = _once([f for s in summaries for f in s.get("findings", [])], "repro")
+    groups = join_groups(summaries)
     status = Counter(p["status"] for p in props.values())
     merged = {**first, "shard": None, "shards": [s.get("shard") for s in summaries],
               "interrupted": any(s.get("interrupted") for s in summaries),
               "properties": list(props.values()), "replays": replays, "known_findings": known,
-              "findings": findings,
+              "findings": findings, "groups": groups,
               "boundary_classes": dict(sum((Counter(s.get("boundary_classes", {})) for s in summaries), Counter())),
               "overflow_margin": {b: sum(s.get("overflow_margin", {}).get(b, 0) for s in summaries)
                                   for b in MARGIN_BUCKETS},
@@ -84,7 +221,10 @@ def merge_summaries(summaries: list[dict]) -> dict:
         "skipped": status["skipped"] + status["not driven"], "not_driven": status["not driven"],
         "out_of_step": status["out of step"], "examples": sum(p["examples"] for p in props.values()),
         "replays": len(replays), "replays_failed": sum(r["status"] == "failed" for r in replays),
-        "findings": len(findings), "known": sum(k["status"] == "reproduces" for k in known)}
+        "findings": len(findings), "groups": len(groups), "known": sum(k["status"] == "reproduces" for k in known),
+        # what fails the merged run: the groups no known entry names (harness.report.summary)
+        "new_groups": sum(g.get("known") is None for g in groups)
+        + sum(k["status"] == "fails differently" for k in known)}
     return merged
 
 

@@ -1,0 +1,172 @@
+"""``vmfuzz merge``: it joins every shard of one finished run, or refuses (one line, exit 2);
+groups are joined by cause, findings copied; ``compare`` never calls a group fixed on a
+run whose groups are not all it found. (Shards sharing a Redis database: tests/test_shard.py.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from tests.helpers import vmfuzz
+
+# shard 1 holds (capacity-liveness: the variant admits more, never less); shards 2 and 3 each find
+# their own causes: a merge that kept only the first shard's groups would see none
+PROPS = ("--property", "capacity-liveness", "--property", "capacity-soundness", "--property", "trivial-path")
+RUN = ("run", "--seed", "5", "--max-examples", "10", *PROPS)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("shards")
+    codes = []
+    for k in (1, 2, 3):
+        machine = base / f"machine{k}"  # each in its own folder, under the same relative name
+        machine.mkdir()
+        r = vmfuzz(*RUN, "--target", "reference+fits-off-by-one", "--shard", f"{k}/3", "--report-dir", "report",
+                   cwd=machine)
+        codes.append(r.returncode)
+        assert r.returncode in (0, 1), r.stdout + r.stderr
+    assert codes == [0, 1, 1]
+    r = vmfuzz(*RUN, "--target", "reference", "--report-dir", str(base / "before"))  # last night: all held
+    assert r.returncode == 0, r.stdout + r.stderr
+    return base
+
+
+def _shards(base: Path) -> list[Path]:
+    return [base / f"machine{k}" / "report" for k in (1, 2, 3)]
+
+
+def _summary(folder: Path) -> dict:
+    return json.loads((folder / "summary.json").read_text())
+
+
+def _id(g: dict) -> str:
+    return g.get("key") or g["signature"]
+
+
+def _vmfuzz(capsys, *args) -> tuple[int, str, str]:
+    """merge and compare read and write files only: run in this process (no interpreter to start)."""
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_groups_are_joined_across_shards_and_compare_sees_every_new_cause(runs, tmp_path, capsys):
+    code, out, err = _vmfuzz(capsys, "merge", *_shards(runs), "--report-dir", tmp_path / "m")
+    assert code == 1, out + err
+    want: dict[str, dict] = {}
+    for folder in _shards(runs):
+        for g in _summary(folder)["groups"]:
+            have = want.setdefault(_id(g), {"count": 0, "properties": set(), "members": 0})
+            have["count"] += g["count"]
+            have["properties"] |= set(g["properties"])
+            have["members"] += len(g["members"])
+    # shards 2 and 3 both found the cause (one origin, seen by their properties); shard 1 none
+    assert want and sum(w["members"] for w in want.values()) >= 2
+    s = _summary(tmp_path / "m")
+    got = {_id(g): g for g in s["groups"]}
+    assert set(got) == set(want) and s["counts"]["groups"] == len(want)
+    for key, g in got.items():
+        assert g["count"] == want[key]["count"] and set(g["properties"]) == want[key]["properties"]
+        assert len(g["members"]) == want[key]["members"]
+
+    code, out, err = _vmfuzz(capsys, "compare", runs / "before", tmp_path / "m", "--report-dir", tmp_path / "c")
+    assert code == 1, out + err
+    changes = _summary(tmp_path / "c")["changes"]
+    assert {_id(g) for g in changes["new"]} == set(want) and changes["fixed"] == []
+
+
+def test_findings_are_copied_and_the_merged_folder_stands_alone(runs, tmp_path, capsys):
+    for k, folder in enumerate(_shards(runs), 1):
+        shutil.copytree(folder, tmp_path / f"s{k}")
+    shards = [tmp_path / f"s{k}" for k in (1, 2, 3)]
+    assert _vmfuzz(capsys, "merge", *shards, "--report-dir", tmp_path / "m")[0] == 1
+    for folder in shards:
+        shutil.rmtree(folder)  # the shards' artifacts are gone once merged
+    s = _summary(tmp_path / "m")
+    paths = [f["repro"] for f in s["findings"]] + [f["repro"] for p in s["properties"] for f in p["findings"]]
+    paths += [g["repro"] for g in s["groups"]] + [m for g in s["groups"] for m in g["members"]]
+    assert paths and len({f["repro"] for f in s["findings"]}) == len(s["findings"])
+    for p in paths:
+        assert p.startswith("findings/") and (tmp_path / "m" / p).is_file(), p
+    md = (tmp_path / "m" / "summary.md").read_text()
+    assert "findings/" in md
+
+
+def _copy(src: Path, dest: Path, change=None) -> Path:
+    shutil.copytree(src, dest)
+    if change is not None:
+        s = _summary(dest)
+        change(s)
+        (dest / "summary.json").write_text(json.dumps(s))
+    return dest
+
+
+def _set(**fields):
+    return lambda s: s.update(fields)
+
+
+def _status(s):
+    s["properties"][0]["status"] = "flaky"
+
+
+@pytest.mark.parametrize("which, change, says", [
+    ((1, 3), None, "shard 2/3 is missing"),
+    ((1, 2, 3, 3), None, "shard 3/3 is given more than once"),
+    ((1, 2, 3), _set(shard="3/4"), "split the run differently"),
+    ((1, 2, 3), _set(interrupted=True), "was interrupted"),
+    ((1, 2, 3), _status, "status 'flaky'"),
+    ((1, 2, 3), _set(seed=6), "differ in seed"),
+    ((1, 2, 3), lambda s: s["versions"].update(vmfuzz="0.0.1"), "differ in vmfuzz version"),
+    ((1, 2, 3), lambda s: s["versions"].update(sglang="0.5.22"), "differ in SGLang version"),
+    ((1, 2, 3), _set(target="reference"), "differ in target"),
+    ((1, 2, 3), _set(shard=None), "not a shard"),
+])
+def test_a_set_that_is_not_every_shard_of_one_finished_run_is_refused(runs, tmp_path, capsys, which, change, says):
+    folders = [_copy(_shards(runs)[k - 1], tmp_path / f"s{i}", change if i == len(which) - 1 else None)
+               for i, k in enumerate(which)]
+    code, out, err = _vmfuzz(capsys, "merge", *folders, "--report-dir", tmp_path / "m")
+    assert code == 2, out + err
+    assert says in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "m" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("change, says", [
+    (_set(interrupted=True), "interrupted run"),
+    (lambda s: s.pop("groups"), "before finding groups existed"),
+])
+@pytest.mark.parametrize("side", ["a", "b"])
+def test_compare_refuses_a_run_whose_groups_are_not_all_it_found(runs, tmp_path, capsys, change, says, side):
+    failing = _copy(_shards(runs)[1], tmp_path / "failing", change)
+    held = _copy(runs / "before", tmp_path / "held")
+    a, b = (failing, held) if side == "a" else (held, failing)
+    code, out, err = _vmfuzz(capsys, "compare", a, b, "--report-dir", tmp_path / "c")
+    assert code == 2 and "fixed" not in out, out + err
+    assert says in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_one_cause_found_by_several_shards_is_one_group():
+    from harness.report.merge import join_groups
+
+    def group(sig, props, members, key=None, valid=True):
+        g = {"signature": sig, "count": len(members), "properties": props, "repro": members[0],
+             "repro_property": props[0], "detail": sig, "server_valid": valid, "members": members}
+        return {**g, "key": key} if key else g
+
+    joined = join_groups([
+        {"groups": [group("overrun tree_mask above", ["no-oob-write"], ["findings/a.json"], "overrun|tree_mask|above",
+                          valid=False)]},
+        {"groups": [group("overrun tree_mask above (a reused buffer)", ["capacity-soundness", "no-oob-write"],
+                          ["findings/b.json", "findings/c.json"], "overrun|tree_mask|above"),
+                    group("wrong positions", ["reference-agreement"], ["findings/d.json"])]},
+        {"groups": [group("wrong positions", ["trivial-path"], ["findings/e.json"])]},
+    ])
+    assert [(g["count"], g["properties"], g["members"]) for g in joined] == [
+        (3, ["capacity-soundness", "no-oob-write"], ["findings/a.json", "findings/b.json", "findings/c.json"]),
+        (2, ["reference-agreement", "trivial-path"], ["findings/d.json", "findings/e.json"])]
+    # the repro a server could run wins over the first shard's one it could not
+    assert joined[0]["repro"] == "findings/b.json" and joined[0]["server_valid"] is True

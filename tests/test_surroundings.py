@@ -1,0 +1,132 @@
+"""Nothing is lost when what surrounds a run fails: the shared database's server, the history
+file, the user's Ctrl-C. (Redis killed mid-run, for real: tests/test_shard.py.)"""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+
+from harness.engine import signals
+from tests.helpers import vmfuzz
+
+
+# -- the shared example database stops answering ----------------------------------------------------
+
+class _DyingRedis:
+    """Hypothesis's Redis database, as far as it answers: ``ops`` operations, then ConnectionError."""
+
+    def __init__(self, ops: int):
+        self.ops, self.saved = ops, {}
+
+    def _op(self):
+        import redis
+        self.ops -= 1
+        if self.ops < 0:
+            raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    def save(self, key, value):
+        self._op()
+        self.saved.setdefault(key, set()).add(value)
+
+    def fetch(self, key):
+        self._op()
+        return iter(sorted(self.saved.get(key, ())))
+
+    def delete(self, key, value):
+        self._op()
+
+    def move(self, src, dest, value):
+        self._op()
+
+
+def test_a_database_whose_server_dies_goes_on_locally_and_says_so_once(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("redis")
+    from harness.engine import database
+    server = _DyingRedis(ops=2)
+    monkeypatch.setattr(database, "redis_database", lambda url: server)
+    database.start_afresh()
+    db = database.database_for("write", tmp_path, "redis://127.0.0.1:6379/0")
+    db.save(b"k", b"first")  # the server still answers
+    assert list(db.fetch(b"k")) == [b"first"]
+    for i in range(3):  # it died: every operation from here goes to the local folder
+        db.save(b"k", b"v%d" % i)
+    assert sorted(db.fetch(b"k")) == [b"v0", b"v1", b"v2"]
+    assert (tmp_path / "hypothesis").is_dir()
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "stopped answering" in err and str(tmp_path) in err, err
+    assert "stopped answering" in database.lost_shared_database()
+    database.start_afresh()
+
+
+# -- a damaged history file ---------------------------------------------------------------------------
+
+NIGHT = {"started": "2026-11-01T02:00:00+00:00", "target": "reference", "groups": 0, "findings": 0,
+         "examples": 900, "classes": 30, "context_reached": 64, "bs_reached": 4, "bounds": {}, "seconds": 60.0}
+
+
+@pytest.mark.parametrize("damage", [
+    b"\xff\xfe not UTF-8\n",  # a bad byte
+    json.dumps({**NIGHT, "groups": "three"}).encode() + b"\n",  # a wrong type: report.html plots it
+    json.dumps({**NIGHT, "started": 20261102}).encode() + b"\n",
+])
+def test_a_damaged_history_is_set_aside_and_the_nights_reports_are_written(tmp_path, damage):
+    db = tmp_path / "db"
+    db.mkdir()
+    body = json.dumps(NIGHT).encode() + b"\n" + damage
+    (db / "history.jsonl").write_bytes(body)
+    r = vmfuzz("run", "--profile", "nightly", "--seed", "3", "--time-budget", "4", "--max-examples", "10",
+               "--property", "capacity-liveness", "--db", str(db), "--report-dir", str(tmp_path / "r"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name in ("summary.json", "summary.md", "junit.xml", "report.html"):
+        assert (tmp_path / "r" / name).is_file(), name
+    aside = list(db.glob("history.jsonl.damaged-*"))
+    assert len(aside) == 1 and aside[0].read_bytes() == body  # set aside whole, nothing lost
+    nights = [json.loads(line) for line in (db / "history.jsonl").read_text().splitlines()]
+    assert len(nights) == 2 and nights[0] == NIGHT  # the readable night kept, this one added
+    assert r.stderr.count("warning:") == 1 and "history" in r.stderr and "damaged" in r.stderr, r.stderr
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert any("damaged" in w for w in summary["warnings"]) and len(summary["history"]) == 2
+
+
+# -- Ctrl-C in exhaustive and selftest ---------------------------------------------------------------
+
+@pytest.fixture
+def ctrl_c(monkeypatch):
+    """A command run in this process, where a plug-in target sends the SIGINT; the signal's
+    trace is cleared again for the tests after."""
+    monkeypatch.setattr(signals, "_received", None)
+    from harness.cli import main
+    return main
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_ctrl_c_in_exhaustive_writes_the_finished_properties_and_exits_130(tmp_path, monkeypatch, ctrl_c, workers):
+    from harness.engine import exhaustive
+    from harness.properties import PROPERTIES
+    few = exhaustive.configs()[:6]  # the interrupt, not the enumeration, is under test
+    monkeypatch.setattr(exhaustive, "configs", lambda: few)
+    monkeypatch.setenv("VMFUZZ_TEST_CTRL_C", str(tmp_path / "sent"))
+    code = ctrl_c(["exhaustive", "--target", "tests.plugins:CtrlCAtRouting", "--workers", workers,
+                   "--report-dir", str(tmp_path / "r")])
+    assert code == 130
+    assert signals.received() == signal.SIGINT
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    before = list(PROPERTIES)[:list(PROPERTIES).index("routing")]
+    assert s["interrupted"] is True
+    assert {c["name"]: c["status"] for c in s["checks"]} == {
+        **{p: "held" for p in before}, "routing": "skipped", "allocation-soundness": "skipped"}
+    assert (tmp_path / "r" / "junit.xml").is_file() and (tmp_path / "r" / "summary.md").is_file()
+
+
+def test_ctrl_c_in_selftest_writes_the_judged_variants_and_exits_130(tmp_path, monkeypatch, ctrl_c):
+    from tests import plugins
+    monkeypatch.setattr(plugins.CtrlCAtSecondVariant, "copies", 0)
+    code = ctrl_c(["selftest", "--target", "tests.plugins:CtrlCAtSecondVariant", "--variant", "fits-off-by-one",
+                   "--variant", "row-offset", "--max-examples", "5", "--report-dir", str(tmp_path / "r")])
+    assert code == 130
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["interrupted"] is True and list(s["kill_matrix"]) == ["fits-off-by-one"]
+    assert {c["name"]: c["status"] for c in s["checks"]} == {"fits-off-by-one": "caught", "row-offset": "skipped"}
+    assert (tmp_path / "r" / "junit.xml").is_file() and (tmp_path / "r" / "summary.md").is_file()
