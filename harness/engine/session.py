@@ -360,8 +360,14 @@ def _staged(plan: RunPlan, target, outcome: RunOutcome, budget, check, strategie
         if budget is not None:
             share = budget - (time.monotonic() - start)
             if share < MIN_SHARE:
+                # the steps left are never searched: reported as such, never left out ("all 0 held");
+                # a fixed-count search (pr) that misses a step is cut short
+                for n in left:
+                    totals[n] = summed(totals.get(n), PropertyResult(n, skipped=True,
+                                                                     cut_short=not plan.profile.rounds))
                 break
-            share *= step_share(i, len(steps))
+            # a fixed-count search's cap is the whole run's, never a step's share
+            share *= step_share(i, len(steps)) if plan.profile.rounds else 1.0
         outcome.bounds_used.append(dataclasses.asdict(bounds))
 
         def stepped(res, i=i, last=i == len(steps) - 1):

@@ -53,7 +53,8 @@ def search_stepped(plan, target, name: str, deadline, check, strategies) -> Prop
             left = deadline - time.monotonic()
             if left < MIN_SHARE and total is not None:
                 break
-            step_deadline = time.monotonic() + max(MIN_SHARE, left) * step_share(i, len(steps))
+            if plan.profile.rounds:  # a fixed-count search's cap is the whole run's, never a step's share
+                step_deadline = time.monotonic() + max(MIN_SHARE, left) * step_share(i, len(steps))
         res = search_property(target, PROPERTIES[name], seed=plan.seed, max_examples=plan.max_examples,
                               bounds=bounds, findings_dir=plan.findings_dir, device=plan.device,
                               database=database, deadline=step_deadline, check=check, strategy=strategies.get(name),
