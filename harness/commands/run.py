@@ -162,7 +162,9 @@ def show_result(res, log, *, verbose: bool = False) -> None:
         return
     status = "FAILED" if res.findings else ("could not check" if res.unchecked else "held")
     # cut short: how far it got of the count a full search runs
-    count = f"{res.examples:,}/{res.planned:,} examples" if res.unchecked else plural(res.examples, 'example')
+    count = plural(res.examples, 'example')
+    if res.unchecked:
+        count = f"{res.examples:,}/{res.planned:,} examples" if res.planned else "not started"
     log(f"  {res.prop:<22} {paint(status, width=7)} {count:>14} {res.seconds:6.1f}s")
     if res.classes:
         log("      " + classes_line(res.classes, verbose))

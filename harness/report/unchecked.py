@@ -61,7 +61,7 @@ def unchecked_line(s: dict) -> str | None:
     if s.get("time_cap"):
         why = f"the time cap of {budget:g} s was reached (the pr verdict needs every property's full count)"
     elif budget is not None:
-        why = f"the time budget of {budget:g} s ran out before their search (only their boundary cases ran)"
+        why = f"the time budget of {budget:g} s ran out before their search"
     else:
         why = "the search was cut short"
     return f"could not check: {why}: " + (", ".join(map(how_far, stopped)) or "no property ran")
