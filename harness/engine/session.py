@@ -227,8 +227,9 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
     t0 = time.monotonic()
     outcome = RunOutcome(plan, target.name, dict(target.versions()),
                          dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    # a fixed-count search (pr) ends at its count, not at its cap: its bar counts examples
     ui = progress(len(plan.properties), f"{target.name} ({plan.profile.name})", per_slot=plan.max_examples,
-                  budget=plan.time_budget)
+                  budget=plan.time_budget if plan.profile.rounds else None)
     try:
         _warn_no_saved(plan, outcome)
         _replays(plan, target, ui, outcome.replays)
