@@ -17,7 +17,7 @@ from pathlib import Path
 from harness.engine.database import database_for
 from harness.engine.results import PropertyResult
 from harness.engine.search import MIN_SHARE, run_campaign
-from harness.engine.steps import search_stepped, step_share, summed
+from harness.engine.steps import never_searched, search_stepped, step_share, summed
 from harness.model.bounds import Bounds
 from harness.engine.profiles import Profile
 from harness.properties import PROPERTIES
@@ -227,7 +227,6 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
     t0 = time.monotonic()
     outcome = RunOutcome(plan, target.name, dict(target.versions()),
                          dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
-    # a fixed-count search (pr) ends at its count, not at its cap: its bar counts examples
     ui = progress(len(plan.properties), f"{target.name} ({plan.profile.name})", per_slot=plan.max_examples,
                   budget=plan.time_budget if plan.profile.rounds else None)
     try:
@@ -361,11 +360,7 @@ def _staged(plan: RunPlan, target, outcome: RunOutcome, budget, check, strategie
         if budget is not None:
             share = budget - (time.monotonic() - start)
             if share < MIN_SHARE:
-                # the steps left are never searched: reported as such, never left out ("all 0 held");
-                # a fixed-count search (pr) that misses a step is cut short
-                for n in left:
-                    totals[n] = summed(totals.get(n), PropertyResult(n, skipped=True,
-                                                                     cut_short=not plan.profile.rounds))
+                never_searched(totals, left, plan.profile.rounds)
                 break
             # a fixed-count search's cap is the whole run's, never a step's share
             share *= step_share(i, len(steps)) if plan.profile.rounds else 1.0

@@ -40,6 +40,13 @@ def summed(total: PropertyResult | None, res: PropertyResult) -> PropertyResult:
     return total
 
 
+def never_searched(totals: dict[str, PropertyResult], names: list[str], rounds: bool) -> None:
+    """The properties a spent budget leaves out of the bound steps left: reported as such, never
+    left out ("all 0 held"); a fixed-count search (pr) that misses a step is cut short."""
+    for n in names:
+        totals[n] = summed(totals.get(n), PropertyResult(n, skipped=True, cut_short=not rounds))
+
+
 def search_stepped(plan, target, name: str, deadline, check, strategies) -> PropertyResult:
     """One property in a worker, through every bound step of the plan, as ``_staged`` does
     in one process: each wider step gets its weighted share of what is left of ``deadline``,
