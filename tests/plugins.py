@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 
+from harness.model.bounds import Bounds
 from harness.targets.reference import ReferenceTarget
 
 
@@ -242,3 +243,23 @@ class CtrlCAtSecondVariant(ReferenceTarget):
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
         return new
+
+
+class SlowTarget(ReferenceTarget):
+    """The reference target on a slow machine: each allocation sleeps VMFUZZ_TEST_SLOW seconds
+    (default 0.02), so every example costs at least that whatever the machine; its answers,
+    example for example, are the reference's."""
+
+    name = "slow"
+
+    def allocate(self, config, heap):
+        time.sleep(float(os.environ.get("VMFUZZ_TEST_SLOW", "0.02")))
+        return super().allocate(config, heap)
+
+
+class LadderTarget(ReferenceTarget):
+    """The reference target with a two-step bounds ladder for ``dev`` (as sglang's nightly has):
+    a budget below one step's minimum share reaches no step at all."""
+
+    name = "ladder"
+    bounds_ladder = {"dev": (Bounds(), Bounds(max_bs=8))}

@@ -24,7 +24,9 @@ EPILOG = """exit codes:
   1    a finding: the repro file is on disk before it is printed
   2    bad input or an unavailable target (one line on stderr)
   3    could not check: vmfuzz is out of step with the code under test
-       (one line naming the seam and its file; never a finding)
+       (one line naming the seam and its file; never a finding), or the time
+       ran out first (the pr cap; a budget spent before a property's search):
+       the last line names each property and its examples of its fixed count
   130  interrupted by Ctrl-C (findings so far are kept, reports cover what ran)
   143  stopped by SIGTERM (the same)
 

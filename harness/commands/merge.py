@@ -39,4 +39,8 @@ def run(args) -> int:
     if c["out_of_step"]:
         print("vmfuzz merge: a shard could not check some properties (out of step): see summary.md", file=sys.stderr)
         return EXIT_OUT_OF_STEP
+    if c.get("could_not_check"):
+        print("vmfuzz merge: a shard could not check some properties (the time ran out): see summary.md",
+              file=sys.stderr)
+        return EXIT_OUT_OF_STEP
     return EXIT_OK

@@ -18,7 +18,8 @@ from harness.commands.common import (check_device, check_places, check_property_
 from harness.engine.profiles import PROFILES
 from harness.model import limits
 from harness.model.bounds import Bounds
-from harness.model.errors import EXIT_FINDING, EXIT_OK, EXIT_OUT_OF_STEP, EXIT_USAGE, UsageError, out_of_step_line
+from harness.model.errors import (EXIT_COULD_NOT_CHECK, EXIT_FINDING, EXIT_OK, EXIT_OUT_OF_STEP, EXIT_USAGE,
+                                  UsageError, out_of_step_line)
 from harness.report.terminal import classes_line, paint, plural
 
 
@@ -159,8 +160,12 @@ def show_result(res, log, *, verbose: bool = False) -> None:
     if res.not_driven and not res.findings:
         log(f"  {res.prop:<22} {paint('not driven')}: {res.not_driven}")
         return
-    status = "FAILED" if res.findings else ("skipped" if res.skipped else "held")
-    log(f"  {res.prop:<22} {paint(status, width=7)} {plural(res.examples, 'example'):>14} {res.seconds:6.1f}s")
+    status = "FAILED" if res.findings else ("could not check" if res.unchecked else "held")
+    # cut short: how far it got of the count a full search runs
+    count = plural(res.examples, 'example')
+    if res.unchecked:
+        count = f"{res.examples:,}/{res.planned:,} examples" if res.planned else "not started"
+    log(f"  {res.prop:<22} {paint(status, width=7)} {count:>14} {res.seconds:6.1f}s")
     if res.classes:
         log("      " + classes_line(res.classes, verbose))
     if res.corpus:
@@ -259,6 +264,9 @@ def _verdict(plan_, target, outcome, summary: dict, written: Path) -> int:
         from harness.engine.signals import exit_code
         print("vmfuzz: interrupted (findings written so far are kept, reports cover what ran)", file=sys.stderr)
         return exit_code()
+    from harness.report.unchecked import cap_line, unchecked_line
+    if cap_line(summary):
+        print(cap_line(summary))
     _say_known(plan_, outcome)
     if outcome.failed:
         where = plan_.findings_dir if written == plan_.report_dir else "the repro paths above"
@@ -284,18 +292,16 @@ def _verdict(plan_, target, outcome, summary: dict, written: Path) -> int:
         _say_groups(known_groups)
         print(f"no new finding group; {plural(len(known_groups), 'known group')} listed above "
               "(upstream's to fix; --fail-on-known fails on them)")
+    # A property the clock stopped before it was checked (the pr cap, or a budget spent before
+    # its search) is never "held", and a run that checked none is never "all 0 held".
+    if unchecked_line(summary):
+        print(paint(unchecked_line(summary), "could not check"))
+        return EXIT_COULD_NOT_CHECK
     undriven = [r.prop for r in outcome.results if r.not_driven]
-    # A property the budget reached too late ran only its fixed cases: never "all held".
-    unsearched = [r.prop for r in outcome.results if r.skipped and not r.not_driven]
-    if undriven or unsearched:
-        held = len(outcome.results) - len(undriven) - len(unsearched)
-        parts = [f"{plural(held, 'property', 'properties')} {paint('held')}"]
-        if unsearched:
-            parts.append(f"{paint('skipped')} (the time budget ran out before their search; only their "
-                         "boundary cases ran): " + ", ".join(unsearched))
-        if undriven:
-            parts.append(f"not driven on {target.name}: " + ", ".join(undriven))
-        print("; ".join(parts))
+    if undriven:
+        held = len(outcome.results) - len(undriven)
+        print(f"{plural(held, 'property', 'properties')} {paint('held')}; "
+              f"not driven on {target.name}: " + ", ".join(undriven))
     elif len(outcome.results) == 1:
         print(f"{outcome.results[0].prop} {paint('held')}")
     else:

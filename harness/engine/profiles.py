@@ -24,16 +24,19 @@ class Profile:
     replay_last_failures: bool  # replay the previous run's findings first
     summary: str
     #: keep searching with fresh seeds until the budget is spent; False: one
-    #: fixed search of max_examples per property, the budget only a safety cap
-    #: (what makes the pr profile's verdict independent of machine speed)
+    #: fixed search of max_examples per property, the budget only a safety cap whose
+    #: reaching is "could not check" (what makes the pr verdict independent of machine speed)
     rounds: bool = True
 
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile("dev", 100, None, None, False, "none", False,
             "fast and local: random seed, no database, no replays"),
-    Profile("pr", 200, 110.0, PR_SEED, True, "read", False,
-            "deterministic gate (~2 min on 2 cores): replays repro/ and the cached example database, fixed seed",
+    # The cap is only a hang guard: reaching it is "could not check" (exit 3), so it sits far
+    # above the gate's measured time (sglang: ~36 s quiet on 2 cores, 8x under it).
+    Profile("pr", 200, 300.0, PR_SEED, True, "read", False,
+            "deterministic gate (~40 s on 2 cores; 300 s cap, a hang guard: reaching it is exit 3): "
+            "replays repro/ and the cached example database, fixed seed",
             rounds=False),
     Profile("nightly", 500, 1800.0, None, False, "write", True,
             "long search: random seed (recorded), persistent example database, last run's failures first"),

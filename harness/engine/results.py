@@ -52,7 +52,11 @@ class PropertyResult:
     path_margins: list[tuple[str, float]] = field(default_factory=list)
     bs_ratio: Counter = field(default_factory=Counter)
     rounds: int = 0
-    skipped: bool = False  # the time budget ran out before this property started
+    skipped: bool = False  # the time budget ran out before this property's search started
+    #: a fixed-count search (the pr profile) stopped by its time cap before its full count:
+    #: could not check, never held (``planned``: the count it would have run)
+    cut_short: bool = False
+    planned: int = 0
     #: why the property was not driven at all (the target lacks a seam it needs); never "held"
     not_driven: str | None = None
     #: vmfuzz is out of step with the target's code ("<seam> in <file>: <why>"): could not check, never held
@@ -72,6 +76,29 @@ class PropertyResult:
     @property
     def findings(self) -> list[Finding]:
         return ([self.finding] if self.finding else []) + self.faults
+
+    @property
+    def unchecked(self) -> bool:
+        """The time ran out before this property was checked (cut short, or never searched):
+        could not check (exit 3), never held; a finding or an out-of-step seam says more."""
+        return (self.cut_short or self.skipped) and not (self.findings or self.not_driven or self.out_of_step)
+
+    def counted(self, seconds: float, explicit: int, max_examples: int) -> "PropertyResult":
+        """One round's seconds and the count it would have run to its end: Hypothesis's max_examples
+        after the explicit cases (fewer only when it exhausts the strategy, a function of the seed).
+        Stopped before any example past its fixed cases, the search itself never ran: skipped."""
+        self.seconds = seconds
+        self.planned = explicit + max_examples
+        self.skipped = self.cut_short and self.examples <= explicit
+        return self
+
+    def timed(self, searched: bool, rounds: bool) -> "PropertyResult":
+        """What the clock did to a finished search. Skipped: no round got past its fixed cases.
+        In rounds the budget is a search's legitimate end: only a fixed-count search (pr)
+        stays cut short by its time cap."""
+        self.skipped = not searched
+        self.cut_short = self.cut_short and not rounds
+        return self
 
     def note(self, obs, config: Config, steps: list[Batch], *, searched: bool = True) -> None:
         """One example that held: its classes, margins and shape (``reached``: the search's only,
@@ -100,6 +127,8 @@ class PropertyResult:
         self.seconds += other.seconds
         self.finding = self.finding or other.finding
         self.out_of_step = self.out_of_step or other.out_of_step
+        self.cut_short = self.cut_short or other.cut_short
+        self.planned += other.planned
         self.faults += other.faults
         self.margins += other.margins
         self.path_margins += other.path_margins

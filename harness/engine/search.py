@@ -118,10 +118,10 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
     except _OutOfStep:
         result.out_of_step = str(state["out_of_step"])
     except (PropertyFailure, _OutOfTime, Exception) as exc:
+        result.cut_short = isinstance(exc, _OutOfTime)
         result.finding = _ending(exc, prop, state, lambda origin, detail: _record(
             target, origin, detail, state["case"], seed, findings_dir))
-    result.seconds = time.perf_counter() - start
-    return result
+    return result.counted(time.perf_counter() - start, len(explicit), max_examples)
 
 
 def _same_finding(prop: Property, failure: BaseException, state: dict, result: PropertyResult,
@@ -244,18 +244,18 @@ def search_property(target, prop: Property, *, seed: int, max_examples: int, bou
         return total
     # Past the deadline one round still runs: the corpus (a fixed cost), then no search.
     late = deadline is not None and time.monotonic() >= deadline
-    rnd, faulted = 0, set()
+    rnd, faulted, searched = 0, set(), False
     while True:
         res = run_property(target, prop, seed=seed + rnd * 1_000_003, max_examples=max_examples,
                            bounds=bounds, findings_dir=findings_dir, device=device, database=database,
                            deadline=deadline, check=check, strategy=strategy, faulted=faulted,
                            on_example=on_example)
         total.merge(res)
-        total.skipped = late
+        searched = searched or not res.skipped
         rnd += 1
         if (late or not rounds or deadline is None or total.finding or total.out_of_step
                 or time.monotonic() >= deadline or res.examples == 0):
-            return total
+            return total.timed(searched, rounds)
 
 
 def run_campaign(target, *, seed: int, max_examples: int, bounds: Bounds, findings_dir: Path,
@@ -341,11 +341,12 @@ def search_shared(target, props: list[Property], *, seed: int, max_examples: int
     totals = {p.name: PropertyResult(p.name) for p in props}
     active = [p.name for p in props]
     run_check = check or (lambda p, c, b, dev: p.check(target, c, b, dev))
-    rnd, faulted = 0, set()
+    rnd, faulted, searched = 0, set(), set()
     while active:
         if rnd and deadline is not None and time.monotonic() >= deadline:
             for n in active:
-                totals[n].skipped = totals[n].examples == 0
+                # the fresh search after a member's finding is part of the fixed count
+                totals[n].cut_short = True
             break
         state = {"failed": None}
         members = tuple(active)
@@ -369,8 +370,11 @@ def search_shared(target, props: list[Property], *, seed: int, max_examples: int
                                   seconds=res.seconds / len(members), margins=list(res.margins),
                                   path_margins=list(res.path_margins), bs_ratio=res.bs_ratio.copy(), rounds=1,
                                   reached=dict(res.reached), corpus=list(res.corpus),
-                                  corpus_seconds=res.corpus_seconds / len(members))
+                                  corpus_seconds=res.corpus_seconds / len(members),
+                                  cut_short=res.cut_short, planned=res.planned)
             totals[n].merge(part)
+            if not res.skipped:
+                searched.add(n)
         if res.faults:
             totals[members[0]].faults += res.faults
         if res.out_of_step is not None:
@@ -388,4 +392,4 @@ def search_shared(target, props: list[Property], *, seed: int, max_examples: int
             continue
         if not rounds or deadline is None or res.examples == 0:
             break
-    return [totals[p.name] for p in props]
+    return [totals[p.name].timed(p.name in searched, rounds) for p in props]

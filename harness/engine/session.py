@@ -17,7 +17,7 @@ from pathlib import Path
 from harness.engine.database import database_for
 from harness.engine.results import PropertyResult
 from harness.engine.search import MIN_SHARE, run_campaign
-from harness.engine.steps import search_stepped, step_share, summed
+from harness.engine.steps import never_searched, search_stepped, step_share, summed
 from harness.model.bounds import Bounds
 from harness.engine.profiles import Profile
 from harness.properties import PROPERTIES
@@ -108,12 +108,8 @@ class RunOutcome:
         """The findings grouped by cause (harness.engine.groups), first found first; a group that is
         a known entry says which (``known``), and is listed, not counted as new."""
         from harness.engine.groups import group_findings
-        out = []
-        for g in group_findings(self.all_findings):
-            d = g.as_dict()
-            d["known"] = next((o.entry.name for o in self.known if o.entry.matches(g.origin)), None)
-            out.append(d)
-        return out
+        return [{**g.as_dict(), "known": next((o.entry.name for o in self.known if o.entry.matches(g.origin)), None)}
+                for g in group_findings(self.all_findings)]
 
     @property
     def out_of_step(self) -> list[tuple[str, str]]:
@@ -243,7 +239,7 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
     outcome = RunOutcome(plan, target.name, {**target.versions(), "vmfuzz": __version__},
                          dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     ui = progress(len(plan.properties), f"{target.name} ({plan.profile.name})", per_slot=plan.max_examples,
-                  budget=plan.time_budget)
+                  budget=plan.time_budget if plan.profile.rounds else None)
     try:
         _warn_no_saved(plan, outcome)
         _replays(plan, target, ui, outcome.replays)
@@ -382,8 +378,10 @@ def _staged(plan: RunPlan, target, outcome: RunOutcome, budget, check, strategie
         if budget is not None:
             share = budget - (time.monotonic() - start)
             if share < MIN_SHARE:
+                never_searched(totals, left, plan.profile.rounds)
                 break
-            share *= step_share(i, len(steps))
+            # a fixed-count search's cap is the whole run's, never a step's share
+            share *= step_share(i, len(steps)) if plan.profile.rounds else 1.0
         outcome.bounds_used.append(dataclasses.asdict(bounds))
 
         def stepped(res, i=i, last=i == len(steps) - 1):

@@ -40,6 +40,13 @@ def summed(total: PropertyResult | None, res: PropertyResult) -> PropertyResult:
     return total
 
 
+def never_searched(totals: dict[str, PropertyResult], names: list[str], rounds: bool) -> None:
+    """The properties a spent budget leaves out of the bound steps left: reported as such, never
+    left out ("all 0 held"); a fixed-count search (pr) that misses a step is cut short."""
+    for n in names:
+        totals[n] = summed(totals.get(n), PropertyResult(n, skipped=True, cut_short=not rounds))
+
+
 def search_stepped(plan, target, name: str, deadline, check, strategies) -> PropertyResult:
     """One property in a worker, through every bound step of the plan, as ``_staged`` does
     in one process: each wider step gets its weighted share of what is left of ``deadline``,
@@ -53,7 +60,8 @@ def search_stepped(plan, target, name: str, deadline, check, strategies) -> Prop
             left = deadline - time.monotonic()
             if left < MIN_SHARE and total is not None:
                 break
-            step_deadline = time.monotonic() + max(MIN_SHARE, left) * step_share(i, len(steps))
+            if plan.profile.rounds:  # a fixed-count search's cap is the whole run's, never a step's share
+                step_deadline = time.monotonic() + max(MIN_SHARE, left) * step_share(i, len(steps))
         res = search_property(target, PROPERTIES[name], seed=plan.seed, max_examples=plan.max_examples,
                               bounds=bounds, findings_dir=plan.findings_dir, device=plan.device,
                               database=database, deadline=step_deadline, check=check, strategy=strategies.get(name),

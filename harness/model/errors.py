@@ -5,6 +5,8 @@ the command line, at the top, can map each to its exit code.
 """
 
 EXIT_OK, EXIT_FINDING, EXIT_USAGE, EXIT_OUT_OF_STEP = 0, 1, 2, 3
+#: the same code: a check vmfuzz could not make (the time cap reached, a seam out of step) is never "held"
+EXIT_COULD_NOT_CHECK = EXIT_OUT_OF_STEP
 
 
 class UsageError(Exception):

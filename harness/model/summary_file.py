@@ -47,6 +47,8 @@ class PropertyResult(_Strict):
     classes: dict[str, int]
     bs_over_max_bs: dict[str, int]
     findings: list[Finding]
+    #: the examples a search that ran to its end runs (its fixed cases and max_examples a round)
+    planned: int = 0
     not_driven: Union[str, None] = None
     out_of_step: Union[str, None] = None
     #: the deep boundary corpus's cases this property ran before its search, and their time
@@ -120,12 +122,22 @@ class RunCounts(_Strict):
     groups: int = 0
     #: groups no known entry names, plus known entries that now fail differently: what fails a run
     new_groups: int = 0
+    #: properties the time cap (pr) or budget stopped before they were checked: exit 3, never held
+    could_not_check: int = 0
 
 
 class Timings(_Strict):
     replay_seconds: float
     search_seconds: float
     total_seconds: float
+
+
+class TimeCap(_Strict):
+    """A fixed-count profile's (pr) wall-clock cap: a hang guard; reaching it is could not check."""
+
+    cap_seconds: float
+    used_seconds: float
+    reached: bool
 
 
 class RunSummary(_Strict):
@@ -168,6 +180,8 @@ class RunSummary(_Strict):
     history: list[dict[str, Any]] = []
     #: known findings fail the run too (``--fail-on-known``)
     fail_on_known: bool = False
+    #: the pr profile's cap and how close the run came to it; None where a budget bounds the search
+    time_cap: Union[TimeCap, None] = None
 
 
 class Check(_Strict):

@@ -222,7 +222,7 @@ def _findings_html(s: dict) -> str:
 
 def report_html(s: dict) -> str:
     c = s["counts"]
-    verdict = "FAILED" if c["findings"] else "passed"
+    verdict = "FAILED" if c["findings"] else ("could not check" if c.get("could_not_check") else "passed")
     from harness.report.html_sections import coverage_html, groups_html, history_html, seconds_cells
     secs = seconds_cells(s["properties"])
     rows = "".join(f'<tr><td>{escape(p["name"])}</td><td class="{p["status"]}">{p["status"]}</td>'
@@ -243,7 +243,7 @@ def report_html(s: dict) -> str:
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>vmfuzz {escape(s['target'])}: {verdict}</title>
 <style>{CSS}</style></head><body>
-<h1>vmfuzz {escape(s['command'])} on <code>{escape(s['target'])}</code>: <span class="{'failed' if c['findings'] else 'held'}">{verdict}</span></h1>
+<h1>vmfuzz {escape(s['command'])} on <code>{escape(s['target'])}</code>: <span class="{'failed' if c['findings'] else ('held' if verdict == 'passed' else 'skipped')}">{verdict}</span></h1>
 <p>profile <b>{escape(s['profile'])}</b>, seed <b>{s['seed']}</b>, {c['examples']:,} examples,
 {c['held']} held / {c['failed']} failed / {c['skipped']} skipped, {s['timings']['total_seconds']:.0f}s. {versions}</p>
 {dep}

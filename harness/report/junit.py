@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from xml.sax.saxutils import escape as _escape, quoteattr as _quoteattr
 
+from harness.report.unchecked import how_far
+
 #: characters XML 1.0 cannot hold at all, even escaped
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
@@ -96,8 +98,10 @@ def run_junit(s: dict) -> str:
             f = new[0]
             case.outcome, case.kind, case.message = "failure", f["kind"], f["detail"]
             case.text = "\n".join(f"{x['kind']}: {x['detail']}\nrepro: {x['repro']}" for x in p["findings"])
+        elif p["status"] == "could not check":
+            case.outcome, case.message = "error", f"could not check: the time ran out at {how_far(p)}"
         elif p["status"] == "skipped":
-            case.outcome, case.message = "skipped", "time budget spent before this property ran"
+            case.outcome, case.message = "skipped", "no example ran"
         elif p["status"] == "not driven":
             case.outcome, case.message = "skipped", "not driven: " + p["not_driven"]
         elif p["status"] == "out of step":

@@ -29,7 +29,7 @@ from pathlib import Path
 from harness.report.summary import MARGIN_BUCKETS, run_junit, summary_md, write_files, write_whole
 
 #: worst first: the joined status of a property two shards both ran
-STATUS_ORDER = ("failed", "out of step", "held", "not driven", "skipped")
+STATUS_ORDER = ("failed", "out of step", "could not check", "held", "not driven", "skipped")
 #: the other statuses a run's summary holds (harness.engine.regressions, harness.report.summary)
 REPLAY_STATUSES = ("held", "failed", "error", "out of step")
 KNOWN_STATUSES = ("reproduces", "no longer reproduces", "fails differently", "could not replay")
@@ -153,6 +153,7 @@ def _rewritten(s: dict, moved: dict[str, str]) -> dict:
 def _join_property(a: dict, b: dict) -> dict:
     worst = min(a["status"], b["status"], key=STATUS_ORDER.index)
     out = {**a, "status": worst, "examples": a["examples"] + b["examples"],
+           "planned": a.get("planned", 0) + b.get("planned", 0),
            "seconds": round(a["seconds"] + b["seconds"], 3), "findings": a["findings"] + b["findings"]}
     out["classes"] = dict(Counter(a.get("classes", {})) + Counter(b.get("classes", {})))
     return out
@@ -219,7 +220,8 @@ def merge_summaries(summaries: list[dict]) -> dict:
     merged["counts"] = {
         "properties": len(props), "held": status["held"], "failed": status["failed"],
         "skipped": status["skipped"] + status["not driven"], "not_driven": status["not driven"],
-        "out_of_step": status["out of step"], "examples": sum(p["examples"] for p in props.values()),
+        "out_of_step": status["out of step"], "could_not_check": status["could not check"],
+        "examples": sum(p["examples"] for p in props.values()),
         "replays": len(replays), "replays_failed": sum(r["status"] == "failed" for r in replays),
         "findings": len(findings), "groups": len(groups), "known": sum(k["status"] == "reproduces" for k in known),
         # what fails the merged run: the groups no known entry names (harness.report.summary)

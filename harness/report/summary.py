@@ -27,6 +27,7 @@ from harness.model.summary_file import RunSummary, SummaryError, conform
 from harness.report.junit import command_junit, run_junit
 from harness.report.replays import could_not_check, replay_lines
 from harness.report.terminal import gate_line
+from harness.report.unchecked import UNCHECKED, cap_line, status as _status, time_cap, unchecked_line
 
 
 def default_report_dir() -> Path:
@@ -121,16 +122,6 @@ def _findings_and_known(outcome) -> tuple[list[dict], list[dict]]:
     return findings, known
 
 
-def _status(res) -> str:
-    if res.findings:
-        return "failed"
-    if getattr(res, "out_of_step", None):
-        return "out of step"
-    if res.not_driven:
-        return "not driven"
-    return "skipped" if res.skipped or res.examples == 0 else "held"
-
-
 def build_summary(outcome) -> dict:
     plan = outcome.plan
     props, classes, margins = [], Counter(), Counter()
@@ -142,7 +133,7 @@ def build_summary(outcome) -> dict:
             if margin_bucket(m):
                 by_path[path][margin_bucket(m)] += 1
         props.append({
-            "name": r.prop, "status": _status(r), "examples": r.examples, "rounds": r.rounds,
+            "name": r.prop, "status": _status(r), "examples": r.examples, "planned": r.planned, "rounds": r.rounds,
             "seconds": round(r.seconds, 3),
             "max_margin": None if math.isinf(r.max_margin) else r.max_margin,
             "classes": dict(sorted(r.classes.items())), "bs_over_max_bs": dict(r.bs_ratio),
@@ -168,7 +159,7 @@ def build_summary(outcome) -> dict:
         "versions": outcome.versions, "started": outcome.started,
         "counts": {"properties": len(props), "held": status["held"], "failed": status["failed"],
                    "skipped": status["skipped"] + status["not driven"], "not_driven": status["not driven"],
-                   "out_of_step": status["out of step"],
+                   "out_of_step": status["out of step"], "could_not_check": status[UNCHECKED],
                    "examples": sum(p["examples"] for p in props),
                    "replays": len(replays),
                    "replays_failed": sum(o["status"] == "failed" for o in replays),
@@ -200,6 +191,7 @@ def build_summary(outcome) -> dict:
         "timings": {"replay_seconds": round(outcome.replay_seconds, 3),
                     "search_seconds": round(outcome.search_seconds, 3),
                     "total_seconds": round(outcome.seconds, 3)},
+        "time_cap": time_cap(outcome),  # the pr profile's hang guard and how close the run came to it
         # the bounds searched (in order, a nightly widens them), the largest
         # case shapes reached, and the kernel's share of the search
         "bounds": getattr(outcome, "bounds_used", []),
@@ -227,10 +219,15 @@ def summary_md(s: dict) -> str:
         verdict = "**INTERRUPTED**"
     elif verdict == "passed" and could_not_check(s):
         verdict = f"**COULD NOT CHECK** ({could_not_check(s)})"
+    elif verdict == "passed" and unchecked_line(s):
+        verdict = "**COULD NOT CHECK** (the time ran out)"
     lines = [f"### vmfuzz {s['command']}: {verdict} on `{s['target']}`", "",
              f"profile `{s['profile']}`, seed `{s['seed']}`, {c['examples']} examples, "
-             f"{c['held']} held / {c['failed']} failed / {c['skipped']} skipped, "
-             f"{s['timings']['total_seconds']:.0f}s", ""]
+             f"{c['held']} held / {c['failed']} failed / {c['skipped']} skipped"
+             + (f" / {c['could_not_check']} could not check" if c.get("could_not_check") else "")
+             + f", {s['timings']['total_seconds']:.0f}s", ""]
+    timing = [line + "  " for line in (unchecked_line(s), cap_line(s)) if line]
+    lines += timing + [""] if timing else []
     lines += _code_under_test(s)
     if s.get("groups"):  # first: one line per cause, before the table and the findings
         lines += [f"#### Finding groups ({len(s['groups'])}: one per cause)", ""]

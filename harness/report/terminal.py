@@ -6,7 +6,7 @@ import os
 import sys
 
 _COLOURS = {"held": "32", "FAILED": "1;31", "failed": "1;31", "skipped": "33", "error": "1;31",
-            "not driven": "33", "out of step": "1;33", "SURVIVED": "1;31", "caught": "32"}
+            "not driven": "33", "out of step": "1;33", "could not check": "1;33", "SURVIVED": "1;31", "caught": "32"}
 
 
 def in_ci() -> bool:
