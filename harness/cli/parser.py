@@ -17,7 +17,7 @@ TARGET_HELP = ("reference (default), sglang, or module:attr; layer a known-bad v
                "(vmfuzz targets)")
 OVERWRITE_HELP = ("write into a --report-dir that already holds reports (refused otherwise: "
                   "another run's summary would be replaced)")
-REPORT_DIR_HELP = "default: reports/<UTC timestamp>/"
+REPORT_DIR_HELP = "default: reports/<UTC timestamp>-<pid>/"
 
 EPILOG = """exit codes:
   0    every property held (or nothing to do: a skipped gate)
@@ -29,7 +29,7 @@ EPILOG = """exit codes:
   143  stopped by SIGTERM (the same)
 
 Each command writes summary.json, summary.md and junit.xml to --report-dir
-(default reports/<UTC timestamp>/). `vmfuzz COMMAND --help` for its options."""
+(default reports/<UTC timestamp>-<pid>/). `vmfuzz COMMAND --help` for its options."""
 
 
 def build_parser() -> argparse.ArgumentParser:
