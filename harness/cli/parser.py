@@ -124,12 +124,14 @@ def _run(sub) -> None:
 
 
 def _replay(sub) -> None:
-    rep = sub.add_parser("replay", help="re-run a repro file's property")
-    rep.add_argument("file", metavar="FILE", help="repro file (only config and batches are required)")
+    rep = sub.add_parser("replay", help="re-run a repro file's property, or a deployment file's observed batch")
+    rep.add_argument("file", metavar="FILE", help="repro file (only config and batches are required) or "
+                     "deployment file (its observed batch with its config)")
     rep.add_argument("--target", default=None,
                      help="default: the target recorded in the file, else reference")
     rep.add_argument("--property", default=None, metavar="NAME",
-                     help="default: the property recorded in the file, else every property that applies")
+                     help="default: the property recorded in the file, else every property that applies "
+                     "(for a deployment file: the ones minimize tries on it)")
     _device(rep)
     rep.add_argument("--isolate", choices=["auto", "on", "off"], default="auto",
                      help="run in a watched worker (auto: on for sglang and plug-in targets)")
