@@ -47,6 +47,9 @@ CASES = {
     # command line (without --report-dir), exit code, (failed, skipped) testcases
     "replay held": (["replay", REPRO, "--target", "reference"], 0, (0, 0)),
     "replay failed": (["replay", REPRO], 1, (1, 0)),
+    # a deployment file: its observed batch, over the deployment's properties (capacity-liveness holds)
+    "replay deployment failed": (["replay", DEPLOYMENT, "--target", "reference+pr33127"], 1, (5, 0)),
+    "replay deployment held": (["replay", DEPLOYMENT, "--target", "reference"], 0, (0, 0)),
     "minimize": (["minimize", DEPLOYMENT, "--target", "reference+pr33127"], 1, (1, 0)),
     "minimize nothing": (["minimize", REPRO, "--target", "reference"], 0, (0, 0)),
     "selftest": (["selftest", "--variant", "fits-refuses-full", "--max-examples", "10"], 0, (0, 0)),

@@ -124,9 +124,14 @@ def test_planted_regression_is_one_group_everywhere(tmp_path):
     html = (rep / "report.html").read_text()
     assert html.count('class="finding group"') == 1
     assert html.index('class="finding group"') < html.index('id="findings"')
-    repro = json.loads(Path(g["repro"]).read_text())
+    # the report folder travels whole (an artifact, a merge): its repros are named by their place in it
+    assert [g["repro"], *g["members"]] == [f"findings/{Path(p).name}" for p in [g["repro"], *g["members"]]]
+    assert {f["repro"] for f in s["findings"]} == set(g["members"])
+    assert str(rep) not in (rep / "summary.md").read_text() + html
+    assert str(rep / g["repro"]) in r.stdout  # the terminal names a file one can open from here
+    repro = json.loads((rep / g["repro"]).read_text())
     assert server_problem(Config(**{**repro["config"], "mode": TreeMaskMode.parse(repro["config"]["mode"])})) is None
-    assert vmfuzz("replay", g["repro"], "--report-dir", str(tmp_path / "replay")).returncode == 1
+    assert vmfuzz("replay", str(rep / g["repro"]), "--report-dir", str(tmp_path / "replay")).returncode == 1
 
 
 def test_planted_regression_in_sglang_is_one_group(tmp_path):
@@ -182,6 +187,9 @@ def test_compare_names_the_fixed_group(two_runs, tmp_path):
     assert s["changes"]["bounds"][0] and "classes" in r.stdout and "bounds" in r.stdout
     back = vmfuzz("compare", str(two_runs / "fixed"), str(two_runs / "failing"), "--report-dir", str(tmp_path / "b"))
     assert back.returncode == 1 and "NEW            overrun tree_mask above" in back.stdout
+    # the new group's repro, named relative to its report folder, is printed as a file one can open
+    shown = back.stdout.split("NEW            ")[1].splitlines()[0].rsplit(": ", 1)[1]
+    assert Path(shown).is_file() and Path(shown).is_relative_to(two_runs / "failing"), shown
     same = vmfuzz("compare", str(two_runs / "failing"), str(two_runs / "failing"), "--report-dir", str(tmp_path / "c"))
     assert same.returncode == 0 and "still failing  overrun tree_mask above" in same.stdout
 

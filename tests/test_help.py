@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 
 import pytest
 
-from harness.cli.parser import build_parser
+from harness.cli.parser import REPORT_DIR_HELP, build_parser
+from harness.report.summary import default_report_dir
 from tests.helpers import ROOT
 
 
@@ -38,6 +40,15 @@ def test_top_level_help_lists_the_commands_and_the_exit_codes():
         assert re.search(rf"^\s+{re.escape(name)}\b", text, re.M), name
     for code in ("0", "1", "2"):
         assert re.search(rf"^\s+{code}\s+\w", text, re.M), code
+
+
+def test_help_names_the_default_report_dir_as_it_is_made():
+    """The folder a run's reports go to, as --help writes it, is the one a run makes."""
+    (shown,) = re.findall(r"reports/<.*>/", REPORT_DIR_HELP)
+    assert f"(default {shown})" in build_parser().format_help().replace("\n", " ")
+    made = re.escape(shown.rstrip("/")).replace(re.escape("<UTC timestamp>"), r"\d{8}T\d{6}Z")
+    made = made.replace(re.escape("<pid>"), str(os.getpid()))
+    assert re.fullmatch(made, default_report_dir().as_posix()), (shown, default_report_dir())
 
 
 def readme_synopses() -> dict[str, str]:

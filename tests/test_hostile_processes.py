@@ -98,7 +98,7 @@ def test_a_worker_killed_by_sigkill_is_a_target_crash_finding_and_the_run_goes_o
     assert [f["property"] for f in crashes] == ["no-oob-write"], summary["findings"]
     assert "SIGKILL" in crashes[0]["detail"]
     # The case it died on is the repro, and it still kills the code under test.
-    again = vmfuzz(tmp_path, "replay", crashes[0]["repro"], "--target", KILLER)
+    again = vmfuzz(tmp_path, "replay", str(tmp_path / "r" / crashes[0]["repro"]), "--target", KILLER)
     assert again.returncode == 1 and "target-crash" in again.stdout, (again.stdout, again.stderr)
 
 

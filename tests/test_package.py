@@ -9,6 +9,8 @@ outside the checkout (a ``./repro`` there would be found first).
 
 from __future__ import annotations
 
+import ast
+import email.parser
 import json
 import os
 import shutil
@@ -20,6 +22,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tests.helpers import ROOT, vmfuzz
 
@@ -41,10 +45,8 @@ def test_every_package_of_the_checkout_is_listed_for_the_wheel():
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
-    """A fresh venv with vmfuzz's wheel installed; its dependencies (torch...) come from this
-    interpreter's site-packages through a path file, which adds a folder but runs none of its
-    own path files, so no editable vmfuzz of the checkout comes with them."""
+def wheel(tmp_path_factory) -> Path:
+    """vmfuzz's wheel, built without its dependencies."""
     base = tmp_path_factory.mktemp("wheel")
     # Built from a copy: setuptools leaves build/ behind, whose stale files a later wheel would reuse.
     source = base / "source"
@@ -57,8 +59,16 @@ def installed(tmp_path_factory) -> Path:
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                             "-w", str(base / "dist"), str(source)], capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr[-2000:]
-    (wheel,) = (base / "dist").glob("vmfuzz-*.whl")
-    env_dir = base / "venv"
+    (built_wheel,) = (base / "dist").glob("vmfuzz-*.whl")
+    return built_wheel
+
+
+@pytest.fixture(scope="module")
+def installed(wheel) -> Path:
+    """A fresh venv with vmfuzz's wheel installed; its dependencies (torch...) come from this
+    interpreter's site-packages through a path file, which adds a folder but runs none of its
+    own path files, so no editable vmfuzz of the checkout comes with them."""
+    env_dir = wheel.parents[1] / "venv"
     venv.create(env_dir, with_pip=False)
     python = env_dir / "bin" / "python"
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -74,6 +84,37 @@ def installed(tmp_path_factory) -> Path:
 
 def _clean_env() -> dict:
     return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {"CI": "true"}
+
+
+#: imported by the harness, yet installed apart: the sglang target's (scripts/install_sglang.sh)
+INSTALLED_APART = {"sglang", "triton"}
+
+
+def _third_party_imports() -> set[str]:
+    """The top-level modules the harness and strategies import that are neither stdlib nor their own."""
+    found = set()
+    for path in [*(ROOT / "harness").rglob("*.py"), *(ROOT / "strategies").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return found - set(sys.stdlib_module_names) - {"harness", "strategies", "__future__"}
+
+
+def test_the_wheel_declares_its_runtime_imports_and_no_cuda_stack(wheel):
+    """A user's `pip install vmfuzz` gets what the harness imports (and numpy, which torch wants
+    at import), and never an nvidia-* package: those come only with a CUDA torch the user chose."""
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = email.parser.Parser().parsestr(archive.read(name).decode())
+    requires = [Requirement(r) for r in metadata.get_all("Requires-Dist")]
+    always = {canonicalize_name(r.name) for r in requires if r.marker is None}
+    anywhere = {canonicalize_name(r.name) for r in requires}
+    assert {"numpy", "torch"} <= always
+    imported = {canonicalize_name(m) for m in _third_party_imports() - INSTALLED_APART}
+    assert "msgspec" in imported and imported - anywhere == set()
+    assert [r for r in anywhere if r.startswith("nvidia")] == []
 
 
 def test_the_wheel_carries_the_saved_repros_and_known_findings(installed):

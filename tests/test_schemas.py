@@ -42,10 +42,10 @@ def test_a_runs_summary_its_findings_repros_and_a_minimized_deployment_validate(
     findings = json.loads((rep / "summary.json").read_text())["findings"]
     assert findings
     for f in findings:
-        valid("repro", __import__("pathlib").Path(f["repro"]))
+        valid("repro", rep / f["repro"])  # relative to the report folder
     # another command's summary (replay: a CommandSummary) and the deployment file minimize reads
     again = tmp_path / "again"
-    assert vmfuzz("replay", findings[0]["repro"], "--report-dir", str(again)).returncode == 1
+    assert vmfuzz("replay", str(rep / findings[0]["repro"]), "--report-dir", str(again)).returncode == 1
     valid("summary", again / "summary.json")
     valid("deployment", ROOT / "examples" / "deployment-pr33127.json")
 
@@ -68,7 +68,7 @@ def test_the_schemas_refuse_a_planted_mistake(tmp_path, name, planted):
     vmfuzz("run", "--target", "reference+pr33127", "--seed", "1", "--max-examples", "3",
            "--property", "no-oob-write", "--report-dir", str(rep))
     summary = json.loads((rep / "summary.json").read_text())
-    doc = summary if name == "summary" else json.loads(open(summary["findings"][0]["repro"]).read())
+    doc = summary if name == "summary" else json.loads((rep / summary["findings"][0]["repro"]).read_text())
     planted(doc)
     assert list(validator(name).iter_errors(doc))
 

@@ -181,5 +181,5 @@ def test_a_redis_server_that_dies_mid_night_loses_nothing(tmp_path, redis_server
     assert [w for w in s["warnings"] if "stopped answering" in w]
     for name in ("summary.md", "junit.xml", "report.html"):
         assert (tmp_path / "r" / name).is_file()
-    assert s["findings"] and all(Path(f["repro"]).is_file() for f in s["findings"])
+    assert s["findings"] and all((tmp_path / "r" / f["repro"]).is_file() for f in s["findings"])
     assert list((tmp_path / ".vmfuzz-db" / "hypothesis").iterdir())  # the search went on with a local database

@@ -41,7 +41,7 @@ def test_nightly_with_workers_writes_four_reports_whose_counts_agree(tmp_path):
     assert s["versions"]["torch"]
     assert (r.returncode == 1) == bool(s["findings"])
     for f in s["findings"]:
-        assert load(f["repro"]).property == f["property"]
+        assert load(rep / f["repro"]).property == f["property"]
     # the persistent database and the failures the next night replays first
     assert (tmp_path / "db" / "hypothesis").is_dir()
     kept = sorted(p.name for p in (tmp_path / "db" / "last-failures").glob("*.json"))
@@ -60,14 +60,14 @@ def test_misbehaving_plugin_becomes_a_finding_and_the_run_uses_its_budget(tmp_pa
     s = json.loads((rep / "summary.json").read_text())
     faults = [f for f in s["findings"] if f["kind"] == kind]
     assert faults, s["findings"]
-    repro = load(faults[0]["repro"])
+    repro = load(rep / faults[0]["repro"])
     assert repro.fault == kind and repro.target == f"tests.plugins:{plugin}"
     # the run went on: the property after the faulting one ran, and the budget was used
     assert [p["name"] for p in s["properties"]] == ["no-oob-write", "capacity-liveness"]
     assert s["properties"][1]["examples"] > 0
     assert s["timings"]["total_seconds"] >= 0.8 * budget
     # and the saved fault replays as the same fault (a plug-in is imported only when named)
-    again = vmfuzz("replay", faults[0]["repro"], "--example-timeout", "1", "--target", f"tests.plugins:{plugin}")
+    again = vmfuzz("replay", str(rep / faults[0]["repro"]), "--example-timeout", "1", "--target", f"tests.plugins:{plugin}")
     assert again.returncode == 1 and kind in again.stdout
 
 
@@ -209,7 +209,7 @@ def test_deployment_scoped_run_answers_whether_it_can_write_out_of_range(tmp_pat
     assert d["can_write_out_of_range"] is can and d["cuda_graph_max_bs"] == 8
     assert ("CAN write out of range" if can else "cannot write out of range") in r.stdout
     for f in json.loads((rep / "summary.json").read_text())["findings"]:
-        c = load(f["repro"]).config
+        c = load(rep / f["repro"]).config
         assert (c.max_bs, c.max_context_len, c.mode) == (8, 4096, "FULL_MASK")
 
 

@@ -17,7 +17,7 @@ TARGET_HELP = ("reference (default), sglang, or module:attr; layer a known-bad v
                "(vmfuzz targets)")
 OVERWRITE_HELP = ("write into a --report-dir that already holds reports (refused otherwise: "
                   "another run's summary would be replaced)")
-REPORT_DIR_HELP = "default: reports/<UTC timestamp>/"
+REPORT_DIR_HELP = "default: reports/<UTC timestamp>-<pid>/"
 
 EPILOG = """exit codes:
   0    every property held (or nothing to do: a skipped gate)
@@ -31,7 +31,7 @@ EPILOG = """exit codes:
   143  stopped by SIGTERM (the same)
 
 Each command writes summary.json, summary.md and junit.xml to --report-dir
-(default reports/<UTC timestamp>/). `vmfuzz COMMAND --help` for its options."""
+(default reports/<UTC timestamp>-<pid>/). `vmfuzz COMMAND --help` for its options."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,12 +126,14 @@ def _run(sub) -> None:
 
 
 def _replay(sub) -> None:
-    rep = sub.add_parser("replay", help="re-run a repro file's property")
-    rep.add_argument("file", metavar="FILE", help="repro file (only config and batches are required)")
+    rep = sub.add_parser("replay", help="re-run a repro file's property, or a deployment file's observed batch")
+    rep.add_argument("file", metavar="FILE", help="repro file (only config and batches are required) or "
+                     "deployment file (its observed batch with its config)")
     rep.add_argument("--target", default=None,
                      help="default: the target recorded in the file, else reference")
     rep.add_argument("--property", default=None, metavar="NAME",
-                     help="default: the property recorded in the file, else every property that applies")
+                     help="default: the property recorded in the file, else every property that applies "
+                     "(for a deployment file: the ones minimize tries on it)")
     _device(rep)
     rep.add_argument("--isolate", choices=["auto", "on", "off"], default="auto",
                      help="run in a watched worker (auto: on for sglang and plug-in targets)")

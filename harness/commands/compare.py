@@ -30,6 +30,10 @@ def _summary(where: str) -> dict:
         raise UsageError(f"vmfuzz compare: {where} holds no reports (no readable summary.json)") from None
     if not isinstance(s, dict) or not isinstance(s.get("properties"), list):
         raise UsageError(f"vmfuzz compare: {where}/summary.json is not a run's or a gate's summary") from None
+    # a group's repro is named relative to its report folder: printed here as a path one can open
+    for g in s.get("groups") or []:
+        if isinstance(g, dict) and isinstance(g.get("repro"), str) and not Path(g["repro"]).is_absolute():
+            g["repro"] = str(path / g["repro"])
     return s
 
 

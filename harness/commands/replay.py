@@ -1,9 +1,12 @@
-"""``vmfuzz replay FILE``: re-run a repro's property (or every one that applies) on a target."""
+"""``vmfuzz replay FILE``: re-run a repro's property (or every one that applies) on a target.
+
+FILE may also be a deployment file: its observed batch is replayed with its config."""
 
 from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 from harness.commands.common import (check_device, check_timeout, isolated, repro_target, report_dir_of,
                                      write_command_report)
@@ -12,13 +15,11 @@ from harness.report.terminal import status_word
 
 
 def run(args) -> int:
-    from harness.engine.replay import DEFAULT_TARGET, properties_for
-    from harness.model.repro_file import load
+    from harness.engine.replay import DEFAULT_TARGET
     from harness.report.summary import CommandSummary
 
     check_timeout(args.example_timeout)
-    repro = load(args.file)
-    props = properties_for(repro, args.property)
+    repro, props = _load(args)
     check_device(args.device)
     target = repro_target(args.target, repro.target, DEFAULT_TARGET)
     isolate = isolated(args.isolate, target.name)
@@ -44,6 +45,34 @@ def run(args) -> int:
         raise UsageError(f"vmfuzz replay: {args.file}: no property could be replayed on {target.name} "
                          f"({summary.checks[0].detail if summary.checks else 'none applies'})")
     return EXIT_OK
+
+
+def _load(args):
+    """The repro to replay and its properties, from a repro file or a deployment file."""
+    from harness.engine.replay import properties_for
+    from harness.engine.shrink import DEPLOYMENT_ORDER
+    from harness.model.deployment_file import DeploymentError, is_deployment
+    from harness.model.deployment_file import loads as loads_deployment
+    from harness.model.repro_file import ReproError, decode, from_case, to_case
+    from harness.model.validate import LimitError, read_input
+    from harness.properties import PROPERTIES
+    try:
+        data = read_input(args.file, "repro file")  # read once: a pipe has no second reading
+    except LimitError as exc:
+        raise ReproError(str(exc)) from None
+    if not is_deployment(data):
+        repro = decode(data, Path(args.file))
+        return repro, properties_for(repro, args.property)
+    try:
+        dep = loads_deployment(data, args.file)
+        # no target and no property: the command line's, else the deployment's properties below
+        repro = from_case("", "", dep.config(), [dep.observed()])
+    except DeploymentError as exc:
+        raise UsageError(f"vmfuzz: {exc}") from None
+    if args.property:
+        return repro, properties_for(repro, args.property)
+    config, _ = to_case(repro)  # the limits of a replayed case, as a repro file's
+    return repro, [PROPERTIES[n] for n in DEPLOYMENT_ORDER if PROPERTIES[n].applies(config)]
 
 
 def _check(args, repro, target, prop, isolate: bool):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from functools import partial
 from html import escape
 from pathlib import Path
 
@@ -117,14 +118,15 @@ _OOB = re.compile(r"(\d+) cell\(s\) written at offsets \[(-?\d+), (-?\d+)\) outs
 _BS = re.compile(r"\(bs (\d+), max_bs (\d+)\)")
 
 
-def _overflow_case(f: dict):
-    """(config, seq_lens, written_lo, written_hi, capacity) of a no-oob-write finding, or None."""
+def _overflow_case(f: dict, folder: Path | None = None):
+    """(config, seq_lens, written_lo, written_hi, capacity) of a no-oob-write finding, or None.
+    A relative repro path is the report folder's (``folder``)."""
     from harness.model.layouts import TreeMaskMode, worst_case_size
     m = _OOB.search(f["detail"])
     if f["property"] not in ("no-oob-write", "multi-step-reuse") or not m:
         return None
     try:
-        repro = json.loads(Path(f["repro"]).read_text())
+        repro = json.loads((Path(folder or ".") / f["repro"]).read_text())
     except (OSError, ValueError):
         return None
     cfg = repro.get("config") or {}
@@ -143,10 +145,10 @@ def _overflow_case(f: dict):
     return cfg, mode, list(batch["seq_lens"]), cells, lo, hi, cap
 
 
-def buffer_picture(f: dict, index: int) -> str:
+def buffer_picture(f: dict, index: int, folder: Path | None = None) -> str:
     """The buffer as a strip of cells: its end, each request's block, and the cells written outside it."""
     from harness.model.layouts import request_extents
-    case = _overflow_case(f)
+    case = _overflow_case(f, folder)
     if case is None:
         return ""
     cfg, mode, seq_lens, cells, lo, hi, cap = case
@@ -205,7 +207,7 @@ table{border-collapse:collapse;margin:12px 0}td,th{border:1px solid #ccc;padding
 code{background:#f2f2f2;padding:1px 3px}"""
 
 
-def _findings_html(s: dict) -> str:
+def _findings_html(s: dict, picture) -> str:
     if s.get("groups"):  # the groups above carry the picture: each member is one row here
         rows = "".join(f'<tr><td>{escape(f["property"])}</td><td>{escape(f["kind"])}</td>'
                        f'<td>{escape(f["detail"])}</td><td><code>{escape(f["repro"])}</code></td></tr>'
@@ -214,13 +216,14 @@ def _findings_html(s: dict) -> str:
     out = []
     for i, f in enumerate(s["findings"]):
         out.append(f'<div class="finding"><h3>{escape(f["property"])} ({escape(f["kind"])})</h3>'
-                   f'<p>{escape(f["detail"])}</p>{buffer_picture(f, i)}'
+                   f'<p>{escape(f["detail"])}</p>{picture(f, i)}'
                    f'<p>repro: <code>{escape(f["repro"])}</code> &middot; re-run it with '
                    f'<code>vmfuzz replay {escape(f["repro"])}</code></p></div>')
     return "".join(out)
 
 
-def report_html(s: dict) -> str:
+def report_html(s: dict, folder: Path | None = None) -> str:
+    """The page of ``s``, written into ``folder``: the repro paths relative to it are read from there."""
     c = s["counts"]
     verdict = "FAILED" if c["findings"] else ("could not check" if c.get("could_not_check") else "passed")
     from harness.report.html_sections import coverage_html, groups_html, history_html, seconds_cells
@@ -233,10 +236,11 @@ def report_html(s: dict) -> str:
         d = s["deployment"]
         dep = (f'<p>Deployment {escape(d["label"])}: <b>{"can" if d["can_write_out_of_range"] else "cannot"} '
                f'write out of range</b> ({escape(d["why"])})</p>')
-    findings = groups_html(s, buffer_picture)
+    picture = partial(buffer_picture, folder=folder)
+    findings = groups_html(s, picture)
     if s["findings"]:
         findings += (f'<h2 id="findings">{c["findings"]} finding{"" if c["findings"] == 1 else "s"} '
-                     f'(every member of the groups above)</h2>' + _findings_html(s))
+                     f'(every member of the groups above)</h2>' + _findings_html(s, picture))
     charts_note = ("The charts count the examples each property ran; a failing property's count ends at its "
                    "first failing example, shown above." if s["findings"] else
                    "The charts count every example the run generated.")

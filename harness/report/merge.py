@@ -26,6 +26,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from harness.report.repro_paths import rewrite
 from harness.report.summary import MARGIN_BUCKETS, run_junit, summary_md, write_files, write_whole
 
 #: worst first: the joined status of a property two shards both ran
@@ -135,19 +136,7 @@ def _rewritten(s: dict, moved: dict[str, str]) -> dict:
         p = Path(str(path)) if path else None
         return moved.get(p.name, path) if p is not None and p.parent.name == "findings" else path
 
-    for p in s["properties"]:
-        for f in p.get("findings", []):
-            f["repro"] = new(f["repro"])
-    for f in s.get("findings", []):
-        f["repro"] = new(f["repro"])
-    for k in s.get("known_findings", []):
-        k["repro"] = new(k["repro"])
-    for r in s.get("replays", []):
-        r["finding"] = new(r.get("finding"))
-    for g in s.get("groups", []):
-        g["repro"] = new(g["repro"])
-        g["members"] = [new(m) for m in g.get("members", [])]
-    return s
+    return rewrite(s, new)
 
 
 def _join_property(a: dict, b: dict) -> dict:
@@ -233,4 +222,4 @@ def merge_summaries(summaries: list[dict]) -> dict:
 def write_merged(merged: dict, report_dir: Path) -> None:
     from harness.report.html import report_html
     write_files(report_dir, {"summary.json": json.dumps(merged, indent=2) + "\n", "summary.md": summary_md(merged),
-                             "junit.xml": run_junit(merged), "report.html": report_html(merged)})
+                             "junit.xml": run_junit(merged), "report.html": report_html(merged, report_dir)})

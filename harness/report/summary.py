@@ -26,6 +26,7 @@ from harness.model.summary_file import CommandSummary as CommandShape
 from harness.model.summary_file import RunSummary, SummaryError, conform
 from harness.report.junit import command_junit, run_junit
 from harness.report.replays import could_not_check, replay_lines
+from harness.report.repro_paths import relative_to_folder
 from harness.report.terminal import gate_line
 from harness.report.unchecked import UNCHECKED, cap_line, status as _status, time_cap, unchecked_line
 
@@ -307,8 +308,10 @@ def write_reports(outcome, report_dir: Path) -> dict:
     from harness.report.html import report_html
 
     s = build_summary(outcome)
-    write_files(report_dir, {"summary.json": _checked(s, RunSummary), "summary.md": summary_md(s),
-                             "junit.xml": run_junit(s), "report.html": report_html(s)})
+    # on disk, the folder's own repros by their place in it; the caller prints the paths as they are
+    here = relative_to_folder(s, report_dir)
+    write_files(report_dir, {"summary.json": _checked(here, RunSummary), "summary.md": summary_md(here),
+                             "junit.xml": run_junit(here), "report.html": report_html(here, report_dir)})
     return s
 
 
