@@ -144,8 +144,11 @@ def test_shards_share_one_redis_database_and_merge_to_the_single_runs_verdicts(t
         assert (tmp_path / "merged" / name).is_file()
     summary = json.loads((tmp_path / "merged" / "summary.json").read_text())
     assert summary["shards"] == ["1/3", "2/3", "3/3"]
-    assert summary["counts"]["groups"] == sum(len(json.loads((f / "summary.json").read_text())["groups"])
-                                              for f in shards) > 0  # shards 2 and 3's causes, none lost
+    # shards 2 and 3's causes, none lost: one merged group per distinct origin key across the shards
+    keys = {g["key"] for f in shards for g in json.loads((f / "summary.json").read_text())["groups"]}
+    assert {g["key"] for g in summary["groups"]} == keys and summary["counts"]["groups"] == len(keys) > 0
+    counts = sum(g["count"] for f in shards for g in json.loads((f / "summary.json").read_text())["groups"])
+    assert sum(g["count"] for g in summary["groups"]) == counts
 
     # The next night splits the run 2 ways, on another machine: its shard 1/2 (chain-writer,
     # reader-agreement) reads from Redis the examples that last night's shards wrote. (A failure

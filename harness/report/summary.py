@@ -21,9 +21,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.model.origin import encode
 from harness.model.summary_file import CommandSummary as CommandShape
 from harness.model.summary_file import RunSummary, SummaryError, conform
+from harness.report.findings import finding_record, findings_and_known, new_groups
 from harness.report.junit import command_junit, run_junit
 from harness.report.replays import could_not_check, replay_lines
 from harness.report.repro_paths import relative_to_folder
@@ -97,32 +97,6 @@ def margin_bucket(m: float) -> str | None:
     return MARGIN_BUCKETS[4] if m <= 100 else MARGIN_BUCKETS[5]
 
 
-def _known(o) -> dict:
-    k = o.entry
-    return {"name": k.name, "property": k.repro.property, "sglang": k.sglang, "reason": k.reason,
-            "status": o.status, "detail": o.detail, "repro": str(o.repro) if o.repro else str(o.path)}
-
-
-def _finding(f, outcome=None) -> dict:
-    from harness.model.origin import encode
-    known = None
-    if outcome is not None:
-        known = next((o.entry.name for o in getattr(outcome, "known", []) if o.entry.matches(f.origin)), None)
-    return {"property": f.prop, "kind": f.kind, "detail": f.detail, "repro": str(f.path),
-            "origin": encode(f.origin) if f.origin is not None else None, "known": known}
-
-
-def _findings_and_known(outcome) -> tuple[list[dict], list[dict]]:
-    findings = [_finding(f, outcome) for r in outcome.results for f in r.findings]
-    findings += [_finding(o.finding, outcome) for o in outcome.replays if o.finding]
-    known = [_known(o) for o in getattr(outcome, "known", [])]
-    # a known entry whose repro fails another way is a finding of this run (its origin is new)
-    findings += [{"property": k["property"], "kind": "known fails differently", "detail": k["detail"],
-                  "repro": k["repro"], "origin": encode(o.origin) if o.origin else None, "known": None}
-                 for k, o in zip(known, getattr(outcome, "known", [])) if k["status"] == "fails differently"]
-    return findings, known
-
-
 def build_summary(outcome) -> dict:
     plan = outcome.plan
     props, classes, margins = [], Counter(), Counter()
@@ -138,7 +112,7 @@ def build_summary(outcome) -> dict:
             "seconds": round(r.seconds, 3),
             "max_margin": None if math.isinf(r.max_margin) else r.max_margin,
             "classes": dict(sorted(r.classes.items())), "bs_over_max_bs": dict(r.bs_ratio),
-            "findings": [_finding(f, outcome) for f in r.findings],
+            "findings": [finding_record(f, outcome) for f in r.findings],
             "deep_cases": list(getattr(r, "corpus", [])),
             "deep_seconds": round(getattr(r, "corpus_seconds", 0.0), 3),
             # one entry per bound step searched (summary "bounds"); one step: all its time
@@ -149,7 +123,7 @@ def build_summary(outcome) -> dict:
     replays = [{"repro": str(o.path), "property": o.property, "recorded_target": o.recorded_target,
                 "source": o.source, "status": o.status, "detail": o.detail, "still_fails_on_recorded": o.teeth,
                 "finding": str(o.finding.path) if o.finding else None} for o in outcome.replays]
-    findings, known = _findings_and_known(outcome)
+    findings, known = findings_and_known(outcome)
     status = Counter(p["status"] for p in props)
     return {
         "command": plan.command, "target": outcome.target_name, "profile": plan.profile.name,
@@ -167,8 +141,7 @@ def build_summary(outcome) -> dict:
                    "findings": len(findings), "groups": len(getattr(outcome, "groups", [])),
                    "known": sum(k["status"] == "reproduces" for k in known),
                    # what decides the exit: groups no known entry names, known entries failing differently
-                   "new_groups": sum(g.get("known") is None for g in getattr(outcome, "groups", []))
-                   + sum(k["status"] == "fails differently" for k in known)},
+                   "new_groups": new_groups(outcome)},
         "fail_on_known": bool(getattr(plan, "fail_on_known", False)),
         # one per cause (harness.engine.groups), first: what to read before the findings
         "groups": list(getattr(outcome, "groups", [])),
