@@ -203,7 +203,7 @@ def test_compare_refuses_a_directory_without_reports(two_runs, tmp_path):
 
 def test_raise_place_is_the_innermost_frame_outside_vmfuzz(tmp_path):
     import importlib.util
-    from harness.engine.groups import raise_place
+    from harness.engine.failures import raise_place
     src = tmp_path / "kernel_mod.py"
     src.write_text("def fill(x):\n    return inner(x)\n\ndef inner(x):\n    raise ValueError(x)\n")
     spec = importlib.util.spec_from_file_location("kernel_mod", src)

@@ -22,23 +22,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.engine.failures import raise_place  # noqa: F401 - re-exported for older callers
 from harness.engine.results import Finding
 from harness.model.origin import Origin, key_text
 
 
 def signature(finding: Finding) -> str:
     """The cause a finding is grouped under, in words (the group's title)."""
-    return _origin(finding).label()
-
-
-def cause_key(finding: Finding) -> str:
-    """The cause a finding is grouped under, as the stable key summary.json, compare and merge match on."""
-    return key_text(_origin(finding).cause())
-
-
-def _origin(finding: Finding) -> Origin:
-    return finding.origin
+    return finding.origin.label()
 
 
 def case_size(finding: Finding) -> tuple:
