@@ -109,7 +109,7 @@ def _load(args):
 def _shrink(args, prop, target, case, fault, summary, report_dir: Path, keep=None):
     """Shrinks ``case`` for ``prop`` if it fails it (with ``keep``'s cause, when given) with a new
     finding; the minimized repro's path, else None (a known finding is listed, not minimized)."""
-    from harness.commands.replay import _known_entry
+    from harness.engine.known import shipped_known_name
     from harness.engine.shrink import checker, describe, minimize
     from harness.model.origin import encode
     from harness.model.repro_file import dump, from_case
@@ -119,7 +119,7 @@ def _shrink(args, prop, target, case, fault, summary, report_dir: Path, keep=Non
         first = still_fails(case)
         if first is None:
             return None
-        known = _known_entry(target, first.origin)
+        known = shipped_known_name(target, first.origin)
         if known and not args.fail_on_known:
             print(f"known   {prop.name} on {target.name} fails with known finding {known} "
                   f"({first.origin.label()}): upstream's, not minimized")

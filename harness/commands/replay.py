@@ -77,6 +77,7 @@ def _load(args):
 
 def _check(args, repro, target, prop, isolate: bool):
     from harness.engine.failures import failure_of
+    from harness.engine.known import shipped_known_name
     from harness.engine.isolation import TargetFault
     from harness.engine.replay import replay
     from harness.engine.signals import from_user
@@ -98,18 +99,9 @@ def _check(args, repro, target, prop, isolate: bool):
                 exc.kind if isinstance(exc, TargetFault) else "target-raised")
         if repro.origin is not None and repro.origin.cause() != origin.cause():
             detail = f"fails differently from its recorded origin ({repro.origin.label()}): {detail}"
-        known = _known_entry(target, origin)
+        known = shipped_known_name(target, origin)
         status = "known" if known and not args.fail_on_known else "failed"
         if known:
             detail = f"known finding {known}: {detail}"
         return Check(prop.name, status, detail, kind, args.file, origin=encode(origin))
     return Check(prop.name, "held")
-
-
-def _known_entry(target, origin) -> str | None:
-    """The shipped known entry (known/) that applies to this SGLang and names this origin, if any."""
-    from harness.engine.known import applicable, default_known_root, entries
-    for _, k in applicable(entries(default_known_root()), dict(target.versions())):
-        if k.matches(origin):
-            return k.name
-    return None

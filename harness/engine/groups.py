@@ -42,17 +42,21 @@ def case_size(finding: Finding) -> tuple:
 
 @dataclass
 class FindingGroup:
-    signature: str
+    #: the cause's origin: the first finding whose own cause is the group's (its words are the title)
+    origin: Origin
     findings: list[Finding] = field(default_factory=list)
-    key: str = ""
+
+    @property
+    def signature(self) -> str:
+        return self.origin.label()
+
+    @property
+    def key(self) -> str:
+        return key_text(self.origin.cause())
 
     @property
     def properties(self) -> list[str]:
         return sorted({f.prop for f in self.findings})
-
-    @property
-    def origin(self) -> Origin:
-        return self.repro.origin
 
     @property
     def repro(self) -> Finding:
@@ -66,7 +70,7 @@ class FindingGroup:
         from harness.model.validate import server_problem
         r = self.repro
         return {"signature": self.signature, "key": self.key, "count": len(self.findings),
-                "properties": self.properties, "origin": encode(self.findings[0].origin),
+                "properties": self.properties, "origin": encode(self.origin),
                 "repro": str(r.path), "repro_property": r.prop, "detail": r.detail,
                 "server_valid": r.config is not None and server_problem(r.config) is None,
                 "members": [str(f.path) for f in self.findings]}
@@ -83,7 +87,6 @@ def group_findings(findings: list[Finding]) -> list[FindingGroup]:
         if o.effect == "wrong" and (o.writer, o.buffer) in overruns:
             cause = overruns[(o.writer, o.buffer)]  # the same misplaced write, seen as wrong cells
         if cause not in groups:
-            head = next(g for g in findings if g.origin.cause() == cause).origin
-            groups[cause] = FindingGroup(head.label(), key=key_text(cause))
+            groups[cause] = FindingGroup(next(g for g in findings if g.origin.cause() == cause).origin)
         groups[cause].findings.append(f)
     return list(groups.values())

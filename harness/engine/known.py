@@ -16,14 +16,11 @@ from pathlib import Path
 
 import msgspec
 
-from harness.model.known_file import Known, load
+from harness.model.known_file import DIFFERENT, GONE, REPRODUCES, UNCHECKED, Known, load
 from harness.model.origin import Origin
 from harness.model.repro_file import ReproError, dump
 
 
-#: what a known entry's replay showed
-REPRODUCES, GONE, DIFFERENT, UNCHECKED = ("reproduces", "no longer reproduces", "fails differently",
-                                          "could not replay")
 
 
 @dataclass
@@ -60,6 +57,13 @@ def entries(*roots: Path) -> list[tuple[Path, Known]]:
         for path in sorted(root.glob("*.json")) if root.is_dir() else []:
             out.append((path, load(path)))
     return out
+
+
+def shipped_known_name(target, origin) -> str | None:
+    """The shipped entry (``known/``) that applies to ``target``'s SGLang and names ``origin``, if any:
+    what ``replay`` and ``minimize`` label a failure with."""
+    return next((k.name for _, k in applicable(entries(default_known_root()), dict(target.versions()))
+                 if k.matches(origin)), None)
 
 
 def applicable(found: list[tuple[Path, Known]], versions: dict) -> list[tuple[Path, Known]]:
@@ -99,4 +103,5 @@ def replay_known(found: list[tuple[Path, Known]], target, *, findings_dir: Path 
     return out
 
 
-__all__ = ["KnownOutcome", "ReproError", "applicable", "attach", "default_known_root", "entries", "replay_known"]
+__all__ = ["KnownOutcome", "ReproError", "applicable", "attach", "default_known_root", "entries", "replay_known",
+           "shipped_known_name"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.engine.results import Finding, fault_kind
+from harness.engine.results import Finding
 from harness.model.origin import Origin
 from harness.engine.isolation import TargetFault
 from harness.model.errors import OutOfStep
@@ -126,7 +126,7 @@ def replay_saved(paths: list[Path], target, *, source: str, findings_dir: Path, 
             fpath = dump(type(repro)(**{**{f: getattr(repro, f) for f in repro.__struct_fields__},
                                 "target": target.name, "detail": o.detail, "origin": o.origin}), fpath)
             o.finding = Finding(o.origin.property, f"saved repro {path} fails again: {o.detail}", fpath,
-                                config, steps, fault_kind(o.origin), origin=o.origin)
+                                config, steps, o.origin.kind(), origin=o.origin)
         elif check_teeth and repro.target != target.name and ":" not in repro.target:
             # a plug-in the repro names is never imported on the file's word (README, repro file)
             try:

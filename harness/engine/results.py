@@ -29,11 +29,6 @@ class Finding:
             self.origin = Origin(self.prop, self.kind.removeprefix("target-"))
 
 
-def fault_kind(origin: Origin) -> str:
-    """The finding's kind: a property's own failure, or the target dying / hanging."""
-    return f"target-{origin.effect}" if origin.effect in ("crash", "hang") else "property"
-
-
 @dataclass
 class PropertyResult:
     prop: str

@@ -19,7 +19,7 @@ from hypothesis import target as hypothesis_target
 
 from harness.engine.database import KeyedDatabase
 from harness.engine.failures import failure_of, raise_place
-from harness.engine.results import Finding, PropertyResult, fault_kind
+from harness.engine.results import Finding, PropertyResult
 from harness.engine.cases import boundary_cases, cases
 from harness.engine.deep_corpus import case_key, constants_of, deep_cases
 from harness.engine.isolation import TargetFault, TargetRaised
@@ -192,7 +192,7 @@ def _owner(prop: Property, exc: Exception | None = None) -> str:
 
 def _record(target, origin: Origin, detail: str, case, seed: int, findings_dir: Path) -> Finding:
     config, steps = case
-    prop, kind = origin.property, fault_kind(origin)
+    prop, kind = origin.property, origin.kind()
     # A target's message may carry anything: keep what JSON, XML and a terminal can hold.
     detail = detail.encode("utf-8", "backslashreplace").decode("utf-8")
     fault = None if kind == "property" else kind

@@ -84,9 +84,12 @@ class RunOutcome:
     #: a nightly's last nights, this one last (harness.engine.history); empty for other runs
     history: list = field(default_factory=list)
 
+    def known_name(self, origin) -> str | None:
+        """The known entry (applying to the code under test) that names this origin, if any."""
+        return next((o.entry.name for o in self.known if o.entry.matches(origin)), None)
+
     def is_known(self, origin) -> bool:
-        """Is a finding with this origin one of the known entries that apply to the code under test?"""
-        return any(o.entry.matches(origin) for o in self.known)
+        return self.known_name(origin) is not None
 
     @property
     def all_findings(self) -> list:
@@ -108,8 +111,7 @@ class RunOutcome:
         """The findings grouped by cause (harness.engine.groups), first found first; a group that is
         a known entry says which (``known``), and is listed, not counted as new."""
         from harness.engine.groups import group_findings
-        return [{**g.as_dict(), "known": next((o.entry.name for o in self.known if o.entry.matches(g.origin)), None)}
-                for g in group_findings(self.all_findings)]
+        return [{**g.as_dict(), "known": self.known_name(g.origin)} for g in group_findings(self.all_findings)]
 
     @property
     def out_of_step(self) -> list[tuple[str, str]]:

@@ -26,6 +26,12 @@ from harness.model.validate import load_file
 
 Field = str | list[str]
 
+#: what a known entry's replay showed (summary.json's ``known_findings[].status``): its origin again;
+#: held (retire it); another origin (a finding); out of step (nothing can be said)
+REPRODUCES, GONE, DIFFERENT, UNCHECKED = ("reproduces", "no longer reproduces", "fails differently",
+                                          "could not replay")
+KNOWN_STATUSES = (REPRODUCES, GONE, DIFFERENT, UNCHECKED)
+
 
 class OriginPattern(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """Origin fields a known defect has; an absent field matches anything, a list any of its values."""

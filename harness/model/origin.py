@@ -106,9 +106,9 @@ class Origin(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fie
                                                 ("mode", self.spec_mode), ("resolved", self.resolved)) if v)
         return f"{self.property}: {self.effect} " + " ".join(parts) + (f" [{who}]" if who else "")
 
-    def at(self, **where) -> "Origin":
-        """The same origin with where it was seen filled in (stage, step, steps), unless already set."""
-        return msgspec.structs.replace(self, **{k: v for k, v in where.items() if getattr(self, k) in ("", None)})
+    def kind(self) -> str:
+        """The finding's kind: a property's own failure, or the target dying / hanging."""
+        return f"target-{self.effect}" if self.effect in ("crash", "hang") else "property"
 
 
 def key_text(cause: tuple) -> str:
@@ -118,7 +118,3 @@ def key_text(cause: tuple) -> str:
 
 def encode(origin: Origin) -> dict:
     return msgspec.to_builtins(origin)
-
-
-def decode(data) -> Origin:
-    return msgspec.convert(data, Origin)

@@ -206,11 +206,8 @@ def first_difference(what: str, a: StepOutput, b, config: Config, batch: Batch,
         return Difference(f"{what}: tree_mask differs at {bad.numel()} cell(s), first at cell {cell} "
                           f"(request {req}): {int(raw_a[cell])} vs {int(raw_b[cell])}", buffer="tree_mask",
                           cell=mask_cell_class(config, batch, cell, int(raw_b[cell])))
-    for name in OUTPUT_FIELDS + ("draft_token",):
-        x, y = getattr(a, name, None), getattr(b, name, None)
-        if x is None or y is None:
-            continue  # an output only one side carries (the oracle has no draft tokens)
-        x, y = x.reshape(-1).cpu(), y.reshape(-1).cpu()
+    for name in OUTPUT_FIELDS:
+        x, y = getattr(a, name).reshape(-1).cpu(), getattr(b, name).reshape(-1).cpu()
         if x.shape != y.shape:
             return Difference(f"{what}: {name} differs in shape: {tuple(x.shape)} vs {tuple(y.shape)}",
                               buffer=name, cell="length")

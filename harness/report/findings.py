@@ -7,6 +7,7 @@ on the ``origin`` recorded here and on whether a known entry names it
 
 from __future__ import annotations
 
+from harness.model.known_file import DIFFERENT
 from harness.model.origin import encode
 
 
@@ -17,10 +18,7 @@ def _known(o) -> dict:
 
 
 def finding_record(f, outcome=None) -> dict:
-    from harness.model.origin import encode
-    known = None
-    if outcome is not None:
-        known = next((o.entry.name for o in getattr(outcome, "known", []) if o.entry.matches(f.origin)), None)
+    known = outcome.known_name(f.origin) if outcome is not None and f.origin is not None else None
     return {"property": f.prop, "kind": f.kind, "detail": f.detail, "repro": str(f.path),
             "origin": encode(f.origin) if f.origin is not None else None, "known": known}
 
@@ -31,10 +29,10 @@ def findings_and_known(outcome) -> tuple[list[dict], list[dict]]:
     known = [_known(o) for o in getattr(outcome, "known", [])]
     # a known entry whose repro fails another way is a finding of this run (its origin is new): the
     # property's own failure, or the target raising, as its origin says
-    findings += [{"property": k["property"], "kind": fault_kind(o.origin), "repro": k["repro"],
+    findings += [{"property": k["property"], "kind": o.origin.kind(), "repro": k["repro"],
                   "detail": f"known entry {k['name']}'s repro fails differently: {k['detail']}",
                   "origin": encode(o.origin), "known": None}
-                 for k, o in zip(known, getattr(outcome, "known", [])) if k["status"] == "fails differently"]
+                 for k, o in zip(known, getattr(outcome, "known", [])) if k["status"] == DIFFERENT]
     return findings, known
 
 
@@ -45,9 +43,5 @@ def new_groups(outcome) -> int:
     groups = getattr(outcome, "groups", [])
     keys = {g["key"] for g in groups}
     changed = {key_text(o.origin.cause()) for o in getattr(outcome, "known", [])
-               if o.status == "fails differently" and o.origin is not None}
+               if o.status == DIFFERENT and o.origin is not None}
     return sum(g.get("known") is None for g in groups) + len(changed - keys)
-
-
-def fault_kind(origin) -> str:
-    return f"target-{origin.effect}" if origin is not None and origin.effect in ("crash", "hang") else "property"

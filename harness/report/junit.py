@@ -87,6 +87,7 @@ def junit_xml(suites: list[Suite]) -> str:
 
 
 def run_junit(s: dict) -> str:
+    from harness.model.known_file import DIFFERENT, REPRODUCES
     from harness.report.replays import replay_outcome
     suite = Suite("vmfuzz." + s["target"])
     for p in s["properties"]:
@@ -110,8 +111,8 @@ def run_junit(s: dict) -> str:
     suites = [suite]
     if s.get("known_findings"):
         suites.append(Suite("vmfuzz.known", [
-            Case(k["name"], outcome="failure" if k["status"] == "fails differently" or (
-                k["status"] == "reproduces" and s.get("fail_on_known")) else None,
+            Case(k["name"], outcome="failure" if k["status"] == DIFFERENT or (
+                k["status"] == REPRODUCES and s.get("fail_on_known")) else None,
                  kind="known", message=f"{k['status']}: {k['reason']}", text=k["detail"])
             for k in s["known_findings"]]))
     if s["replays"]:

@@ -27,13 +27,13 @@ from collections import Counter
 from pathlib import Path
 
 from harness.report.repro_paths import rewrite
+from harness.model.known_file import DIFFERENT, KNOWN_STATUSES, REPRODUCES
 from harness.report.summary import MARGIN_BUCKETS, run_junit, summary_md, write_files, write_whole
 
 #: worst first: the joined status of a property two shards both ran
 STATUS_ORDER = ("failed", "out of step", "could not check", "held", "not driven", "skipped")
 #: the other statuses a run's summary holds (harness.engine.regressions, harness.report.summary)
 REPLAY_STATUSES = ("held", "failed", "error", "out of step")
-KNOWN_STATUSES = ("reproduces", "no longer reproduces", "fails differently", "could not replay")
 SHARD = re.compile(r"^(\d+)/(\d+)$")
 
 
@@ -212,10 +212,10 @@ def merge_summaries(summaries: list[dict]) -> dict:
         "out_of_step": status["out of step"], "could_not_check": status["could not check"],
         "examples": sum(p["examples"] for p in props.values()),
         "replays": len(replays), "replays_failed": sum(r["status"] == "failed" for r in replays),
-        "findings": len(findings), "groups": len(groups), "known": sum(k["status"] == "reproduces" for k in known),
+        "findings": len(findings), "groups": len(groups), "known": sum(k["status"] == REPRODUCES for k in known),
         # what fails the merged run: the groups no known entry names (harness.report.summary)
         "new_groups": sum(g.get("known") is None for g in groups)
-        + sum(k["status"] == "fails differently" for k in known)}
+        + sum(k["status"] == DIFFERENT for k in known)}
     return merged
 
 

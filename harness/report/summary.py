@@ -23,6 +23,7 @@ from pathlib import Path
 
 from harness.model.summary_file import CommandSummary as CommandShape
 from harness.model.summary_file import RunSummary, SummaryError, conform
+from harness.model.known_file import REPRODUCES
 from harness.report.findings import finding_record, findings_and_known, new_groups
 from harness.report.junit import command_junit, run_junit
 from harness.report.replays import could_not_check, replay_lines
@@ -139,7 +140,7 @@ def build_summary(outcome) -> dict:
                    "replays": len(replays),
                    "replays_failed": sum(o["status"] == "failed" for o in replays),
                    "findings": len(findings), "groups": len(getattr(outcome, "groups", [])),
-                   "known": sum(k["status"] == "reproduces" for k in known),
+                   "known": sum(k["status"] == REPRODUCES for k in known),
                    # what decides the exit: groups no known entry names, known entries failing differently
                    "new_groups": new_groups(outcome)},
         "fail_on_known": bool(getattr(plan, "fail_on_known", False)),
