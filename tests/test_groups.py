@@ -300,3 +300,15 @@ def test_readmes_crash_report_minimizes_to_its_overrun_or_says_it_does_not_repro
     assert bad.returncode == 1, bad.stdout + bad.stderr
     small = json.loads((tmp_path / "b.json").read_text())
     assert small["property"] == "no-oob-write" and small["origin"]["effect"] == "overrun"
+
+
+@pytest.mark.parametrize("origin,why", [({"property": "x", "effect": "bogus"}, "is not one of"),
+                                        ({"property": "x", "effect": "overrun", "step": 10 ** 30}, "outside 0..64"),
+                                        ("garbage", "Expected `object | null`")])
+def test_a_repro_with_a_bad_origin_is_one_line_exit_2(origin, why, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"config": {"mode": "FULL_MASK", "max_bs": 2, "max_context_len": 4,
+                                          "num_draft_tokens": 3, "topk": 2, "spec_steps": 2},
+                               "batches": [{"seq_lens": [4, 1]}], "origin": origin}))
+    r = vmfuzz("replay", str(bad), "--report-dir", str(tmp_path / "r"))
+    assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

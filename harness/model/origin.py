@@ -45,6 +45,8 @@ from __future__ import annotations
 
 import msgspec
 
+from harness.model.limits import MAX_STEPS
+
 EFFECTS = ("overrun", "wrong", "unsound", "raise", "crash", "hang")
 SIDES = ("", "below", "above")
 #: writers whose wrong output is a decision, named by the router chain and roles it was made for
@@ -76,6 +78,10 @@ class Origin(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fie
             raise ValueError(f"origin effect {self.effect!r} is not one of {', '.join(EFFECTS)}")
         if self.side not in SIDES:
             raise ValueError(f"origin side {self.side!r} is not one of below, above")
+        for name in ("step", "steps"):  # where it was seen: within the case's steps, whatever file it came from
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_STEPS:
+                raise ValueError(f"origin {name} {value} is outside 0..{MAX_STEPS} (MAX_STEPS)")
 
     def cause(self) -> tuple:
         """The facts that say which cause this is (everything but where it was seen)."""
