@@ -260,7 +260,7 @@ def test_replay_copies_a_fallback_steps_mask_into_the_backends_buffer(spec, requ
     from harness.properties.kit import reused_mask
 
     batch = Batch((3, 5))
-    heap, mask = reused_mask(target, FULL, "cpu")
+    heap, mask = reused_mask(target, FULL, "cpu", "reader-agreement")
     step = target.verify(None, FULL, batch, heap).as_cpu()
     assert not step.reused
     view = target.read_replay(mask, FULL, batch, step, heap)

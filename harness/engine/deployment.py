@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from harness.model.allocation import AllocatorChose
 from harness.model.config import Batch, Config
 from harness.model.deployment_file import Deployment
 
@@ -75,7 +76,10 @@ def capacity_verdict(target, dep: Deployment) -> tuple[bool, str]:
     from harness.model.layouts import worst_case_size
 
     config = dep.config()
-    mask = target.allocate(config, None)
+    try:
+        mask = target.allocate(config, None)
+    except AllocatorChose as chose:
+        return True, str(chose)
     cap = mask.buffer.numel()
     r = dep.max_running_requests
     # Only batches whose worst case overflows matter; the worst case grows with

@@ -16,6 +16,7 @@ from itertools import product
 from pathlib import Path
 from typing import Callable
 
+from harness.model.allocation import AllocatorChose
 from harness.model.config import Batch, Config, num_candidates
 from harness.model.layouts import TreeMaskMode, worst_case_size
 from harness.model.repro_file import dump, from_case
@@ -74,7 +75,11 @@ class PolicyReport:
 
 
 def check_config(target, config: Config, report: PolicyReport) -> None:
-    mask = target.allocate(config, None)
+    try:
+        mask = target.allocate(config, None)
+    except AllocatorChose as chose:
+        _note(report, "capacity-soundness", config, config.max_bs, lambda: str(chose))
+        return
     cap = mask.buffer.numel()
     d, ctx, max_bs = config.d, config.max_context_len, config.max_bs
     fits = target.fits

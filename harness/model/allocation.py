@@ -66,6 +66,20 @@ def reads_mask(backend: str, topk: int) -> bool:
     return False
 
 
+class AllocatorChose(Exception):
+    """SGLang's allocator, asked for the server's verify mask, returned none or another layout.
+
+    The harness never builds a mask of its own in its place: the call site would
+    then reuse a buffer SGLang never hands out. The property that asked for the
+    mask judges the choice (``harness.properties.kit.allocated``).
+    """
+
+    def __init__(self, got: str | None, want: str, call: str):
+        self.got, self.want, self.call = got, want, call
+        made = "no mask" if got is None else f"a {got} mask"
+        super().__init__(f"{call} returned {made}, where this server's verify mask is {want}")
+
+
 @dataclass(frozen=True)
 class ServerNumbers:
     """What a server is started with that the mask must cover."""

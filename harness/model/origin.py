@@ -52,6 +52,9 @@ SIDES = ("", "below", "above")
 #: writers whose wrong output is a decision, named by the router chain and roles it was made for
 DECIDERS = ("router", "dflash policy", "call site")
 #: an overrun's cell classes: whose cells the stray write were
+#: SGLang's allocator, as the writer of a finding about the mask it chose to hand out:
+#: every property that asks for the mask sees the same choice, one cause
+ALLOCATOR = "maybe_create_verify_mask"
 BEYOND_CAPACITY = "request past the buffer's capacity"
 WITHIN_CAPACITY = "request the buffer was sized for"
 
@@ -93,6 +96,8 @@ class Origin(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fie
             return ("overrun", self.writer, self.buffer, self.side, self.cell)
         if self.effect == "wrong" and self.buffer and self.writer not in DECIDERS:
             return ("wrong", self.writer, self.buffer, self.cell)
+        if self.effect == "unsound" and self.writer == ALLOCATOR:
+            return ("unsound", self.writer, self.buffer, self.cell)
         return (self.property, self.effect, self.writer, self.buffer, self.cell, self.router, self.role,
                 self.spec_mode, self.resolved)
 
@@ -107,6 +112,8 @@ class Origin(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fie
             return f"overrun {self.buffer} {self.side}{by}" + (f" ({self.cell})" if self.cell else "")
         if self.effect == "wrong" and self.buffer and self.writer not in DECIDERS:
             return f"wrong {self.buffer}{by}" + (f": {self.cell}" if self.cell else "")
+        if self.effect == "unsound" and self.writer == ALLOCATOR:
+            return f"unsound {self.buffer}{by}: {self.cell}"
         parts = [p for p in (self.writer, self.buffer, self.cell) if p]
         who = ", ".join(f"{k} {v}" for k, v in (("router", self.router), ("role", self.role),
                                                 ("mode", self.spec_mode), ("resolved", self.resolved)) if v)

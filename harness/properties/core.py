@@ -11,13 +11,13 @@ from harness.model.config import Batch, Config
 from harness.model.layouts import worst_case_size
 from harness.model.oracle import expected
 from harness.model.origin import BEYOND_CAPACITY
-from harness.properties.kit import (VERIFY_STEP, Observation, capacity_of, fail, first_difference, guarded_step,
+from harness.properties.kit import (VERIFY_STEP, Observation, allocated, capacity_of, fail, first_difference, guarded_step,
                                     reused_mask)
 
 
 def capacity_soundness(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
     obs = Observation()
-    mask = target.allocate(config, None)
+    mask = allocated("capacity-soundness", target, config, None)
     cap = capacity_of(mask)
     for batch in batches:
         # Judged at the worst case, not at the batch's own lengths: its own class.
@@ -36,7 +36,7 @@ def capacity_soundness(target, config: Config, batches: list[Batch], device="cpu
 
 def capacity_liveness(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
     obs = Observation()
-    mask = target.allocate(config, None)
+    mask = allocated("capacity-liveness", target, config, None)
     for batch in batches:
         obs.add_step(config, batch, None, capacity_of(mask))
         if batch.bs <= config.max_bs and not target.fits(mask, batch.bs):
@@ -52,7 +52,7 @@ def trivial_path(target, config: Config, batches: list[Batch], device="cpu") -> 
     obs = Observation()
     for batch in batches:
         want = expected(config, batch)
-        heap, mask = reused_mask(target, config, device)
+        heap, mask = reused_mask(target, config, device, "trivial-path")
         reuse = guarded_step("trivial-path", target, mask, config, batch, heap)
         fallback = guarded_step("trivial-path", target, None, config, batch, heap)
         obs.add_step(config, batch, reuse, capacity_of(mask))

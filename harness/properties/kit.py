@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.guard.shadow import ShadowHeap, describe_all
+from harness.model.allocation import AllocatorChose
 from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode, block_start, logical_size, request_at, row_stride
-from harness.model.origin import BEYOND_CAPACITY, WITHIN_CAPACITY, Origin
+from harness.model.origin import ALLOCATOR, BEYOND_CAPACITY, WITHIN_CAPACITY, Origin
 from harness.model.outputs import StepOutput
 from harness.model.trees import has_detached, trees_of
 
@@ -145,10 +146,22 @@ def fill_stale(buffer: torch.Tensor, salt: int = 0) -> None:
     buffer.copy_(pattern.view(buffer.shape))
 
 
-def reused_mask(target, config: Config, device):
+def allocated(prop: str, target, config: Config, heap: ShadowHeap | None):
+    """The target's verify mask for ``config``; SGLang's allocator choosing no mask, or
+    another layout than the server's, fails ``prop`` (the harness builds none in its place)."""
+    try:
+        return target.allocate(config, heap)
+    except AllocatorChose as chose:
+        fail(prop, f"{chose}: the call site would verify against a layout the reader does not expect"
+                   if chose.got else f"{chose}: every verify step falls back and allocates",
+             effect="unsound", writer=ALLOCATOR, buffer="tree_mask",
+             cell="another layout" if chose.got else "no mask")
+
+
+def reused_mask(target, config: Config, device, prop: str):
     """A fresh heap and a verify mask on it, holding what an earlier step left behind."""
     heap = ShadowHeap(device)
-    mask = target.allocate(config, heap)
+    mask = allocated(prop, target, config, heap)
     fill_stale(mask.buffer)
     return heap, mask
 

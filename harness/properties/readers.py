@@ -125,7 +125,7 @@ def reader_agreement(target, config: Config, batches: list[Batch], device="cpu")
 
 def _fresh_reads(target, obs: Observation, config: Config, rc: Config, batch: Batch, device) -> dict:
     """One batch through a reader built for it alone: the reference the server's reader must agree with."""
-    heap, mask = reused_mask(target, rc, device)
+    heap, mask = reused_mask(target, rc, device, "reader-agreement")
     out = target.verify(mask, rc, batch, heap).as_cpu()
     violations = heap.check(locator(rc, batch))
     if violations:  # the writer's, not a reader's: say so before any reader runs
@@ -171,7 +171,7 @@ def _server_reads(target, obs: Observation, rc: Config, batches: list[Batch], fr
     keep what earlier batches left), since the writer's own state across steps
     is multi-step-reuse's question and this is the readers'.
     """
-    heap, mask = reused_mask(target, rc, device)
+    heap, mask = reused_mask(target, rc, device, "reader-agreement")
     session = target.reader_session(mask, rc, max(b.bs for b in batches), heap)
     flat = mask.buffer.view(-1)
     for i, batch in enumerate(batches):
@@ -250,7 +250,7 @@ def packed_mask(target, config: Config, batches: list[Batch], device="cpu") -> O
     rc = reader_config(config)
     for batch in batches:
         oracle = expected(rc, batch).tree_mask
-        heap, mask = reused_mask(target, rc, device)
+        heap, mask = reused_mask(target, rc, device, "packed-mask")
         out = target.verify(mask, rc, batch, heap)
         _observe(obs, config, rc, batch, out, mask, "packed")
         starts, rows = _expected_packing(rc, batch, oracle)

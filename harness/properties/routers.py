@@ -38,7 +38,7 @@ import torch
 from harness.model.config import Batch, Config
 from harness.model.oracle import expected
 from harness.model.origin import Origin
-from harness.properties.kit import (VERIFY_STEP, Observation, PropertyFailure, fail, fail_overrun, fill_stale,
+from harness.properties.kit import (VERIFY_STEP, Observation, PropertyFailure, allocated, fail, fail_overrun, fill_stale,
                                     first_difference, known_as, locator)
 from harness.model.routing import (NESTINGS, ROUTERS, SPEC_MODES, Child, leaves, nested_children,
                                    nested_verify_leaf, verify_child)
@@ -58,7 +58,7 @@ def _masks(target, config: Config, heap: ShadowHeap) -> list:
                     for o, i in NESTINGS))
     masks = []
     for i in range(slots):
-        mask = target.allocate(config, heap)
+        mask = allocated(NAME, target, config, heap)
         fill_stale(mask.buffer, i)
         masks.append(mask)
     return masks

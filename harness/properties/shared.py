@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from harness.model.config import Batch, Config
 from harness.properties.core import capacity_liveness, capacity_soundness
-from harness.properties.kit import (VERIFY_STEP, Difference, Observation, capacity_of, fail, fail_overrun, fill_stale,
+from harness.properties.kit import (VERIFY_STEP, Difference, Observation, allocated, capacity_of, fail, fail_overrun, fill_stale,
                                     first_difference, locator)
 from harness.model.oracle import expected
 from harness.guard.shadow import ShadowHeap, describe_all
@@ -75,7 +75,7 @@ def _run_steps(target, config: Config, batches: list[Batch], device, want: set, 
     needs_oracle = bool(want & {"fallback-equivalence", "reference-agreement", "multi-step-reuse"})
     only_multi_step = not needs_fallback and "multi-step-reuse" in want
     heap = ShadowHeap(device)
-    mask = target.allocate(config, heap)
+    mask = allocated(next(n for n in ORDER if n in want), target, config, heap)
     fill_stale(mask.buffer)  # what an earlier step would have left behind
     try:
         for k, batch in enumerate(batches):
@@ -153,7 +153,7 @@ def _launch(target, mask, config: Config, batch: Batch, device, oob: list[str], 
 def _fresh(target, config: Config, batch: Batch, device, oob: list[str], locate):
     """The step on a freshly allocated buffer, as multi-step-reuse compares the carried one with."""
     heap = ShadowHeap(device)
-    mask = target.allocate(config, heap)
+    mask = allocated("multi-step-reuse", target, config, heap)
     out = target.verify(mask, config, batch, heap)
     try:
         _guarded(heap, oob, locate, batch, config, "reused buffer" if out.reused else "fallback allocation")

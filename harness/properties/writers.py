@@ -63,7 +63,7 @@ def chain_writer(target, config: Config, batches: list[Batch], device="cpu") -> 
     for batch in batches:
         want = expected(config, batch)
         inputs = chain_inputs(batch.seq_lens, w, config.max_context_len, device)
-        heap, mask = reused_mask(target, config, device)
+        heap, mask = reused_mask(target, config, device, "chain-writer")
         buffers = [("its own allocation", None)]
         if batch.bs * w * w <= mask.buffer.numel():
             buffers.insert(0, ("the preallocated buffer", mask.buffer))

@@ -18,6 +18,7 @@ import msgspec
 import torch
 
 import harness
+from harness.model.allocation import AllocatorChose
 from harness.model.bounds import Bounds
 from harness.guard.chain_write import ChainCall, ChainInputs, ChainOutput
 from harness.model.config import Batch, Config
@@ -142,21 +143,23 @@ class SglangTarget:
         mode = sg.Mode(int(config.mode))
         device = "meta"  # SGLang sizes it; the cells come from the heap below
         numel_router = lambda m, bs, d, mcl: self.numel(m, bs, d, mcl)  # noqa: E731
-        with _bound((sg.verify_mask, "tree_mask_numel", numel_router)):
+        # The host's read layout is the config's: a read FULL_MASK config models a
+        # GPU server, a read QLEN_ONLY one a CPU (intel_amx) server. SGLang's own
+        # allocator then picks the layout; what it picks is judged, never replaced.
+        host_layout = [(owner, name, lambda: mode)
+                       for owner, name in call_sites.default_layout_holders(sg, sg.maybe_create)]
+        with _bound((sg.verify_mask, "tree_mask_numel", numel_router), *host_layout):
             # By the allocator's own parameter names (a renamed keyword binds through its synonyms).
             quantities = dict(is_draft_runner=False, skip_prefill=False, max_bs=config.max_bs,
                               max_context_len=config.max_context_len, d=config.d, device=device,
                               is_read=config.is_read)
             vm = call_by_quantity(sg.maybe_create, "maybe_create_verify_mask", VERIFY_MASK, quantities,
                                   ALLOCATOR_SYNONYMS)
-            if vm is None or vm.mode != mode:
-                # This host's default read layout differs from the config's: build
-                # the struct the way SGLang's allocator does, in the config's layout.
-                n = numel_router(mode, config.max_bs, config.d, config.max_context_len)
-                fields = dict(buffer=torch.empty(n, dtype=torch.bool, device=device), mode=mode,
-                              max_bs=config.max_bs, max_context_len=config.max_context_len,
-                              is_read=config.is_read)
-                vm = sg.VerifyMask(**{k: v for k, v in fields.items() if k in sg.fields})
+        if vm is None or vm.mode != mode:
+            raise AllocatorChose(None if vm is None else sg.Mode(vm.mode).name, mode.name,
+                                 f"maybe_create_verify_mask(max_bs={config.max_bs}, "
+                                 f"max_context_len={config.max_context_len}, num_draft_tokens={config.d}, "
+                                 f"is_read={config.is_read})")
         if heap is not None:
             guarded = heap.alloc("tree_mask", vm.buffer.numel(), vm.buffer.dtype)
             vm = msgspec.structs.replace(vm, buffer=guarded)
