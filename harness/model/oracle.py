@@ -12,10 +12,10 @@ from functools import lru_cache
 
 import torch
 
-from harness.model.config import Batch, Config, DraftTree
+from harness.model.config import Batch, Config, DraftTree, num_candidates
 from harness.model.layouts import TreeMaskMode
 from harness.model.outputs import Expected
-from harness.model.trees import DETACHED, ROOT, parents, trees_of
+from harness.model.trees import DETACHED, ROOT, candidate_token, parents, trees_of, verified_token
 
 
 @lru_cache(maxsize=1024)
@@ -65,8 +65,9 @@ def expected(config: Config, batch: Batch) -> Expected:
     d, bs = config.d, batch.bs
     if config.trivial:
         return _expected_trivial(config, batch)
-    blocks, compared, positions, firsts, siblings = [], [], [], [], []
-    for s, tree in zip(batch.seq_lens, trees_of(config, batch)):
+    blocks, compared, positions, firsts, siblings, tokens = [], [], [], [], [], []
+    ncand = num_candidates(config.topk, config.spec_steps)
+    for b, (s, tree) in enumerate(zip(batch.seq_lens, trees_of(config, batch))):
         _, depth, first, sibling = tree_facts(tree, config.topk, d)
         block, owned = _block(tree, config.topk, d, s, config.mode, config.is_read)
         blocks.append(block)
@@ -74,6 +75,9 @@ def expected(config: Config, batch: Batch) -> Expected:
         positions.extend(s + k for k in depth)
         firsts.append(first)
         siblings.append(sibling)
+        # Node x + 1 is the x-th selected candidate: the root carries the verified token.
+        tokens.append(verified_token(b))
+        tokens.extend(candidate_token(b, cid, ncand) for cid in tree.top_scores_index)
     return Expected(
         tree_mask=torch.cat(blocks),
         compared=torch.cat(compared),
@@ -81,6 +85,7 @@ def expected(config: Config, batch: Batch) -> Expected:
         retrieve_index=torch.arange(bs * d, dtype=torch.long).view(bs, d),
         retrieve_next_token=torch.tensor(firsts, dtype=torch.long),
         retrieve_next_sibling=torch.tensor(siblings, dtype=torch.long),
+        draft_token=torch.tensor(tokens, dtype=torch.long),
     )
 
 
@@ -96,4 +101,5 @@ def _expected_trivial(config: Config, batch: Batch) -> Expected:
         retrieve_index=torch.arange(bs, dtype=torch.long).view(bs, 1),
         retrieve_next_token=none,
         retrieve_next_sibling=none.clone(),
+        draft_token=torch.tensor([verified_token(b) for b in range(bs)], dtype=torch.long),
     )

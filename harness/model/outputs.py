@@ -40,6 +40,9 @@ class StepOutput:
     retrieve_next_sibling: torch.Tensor
     reused: bool
     violations: list[Violation] = field(default_factory=list)
+    #: the verify input's tokens, node by node (each request's verified token, then its
+    #: selected draft tokens in tree order); None: the target does not report them
+    draft_token: torch.Tensor | None = None
 
     def as_cpu(self) -> "StepOutput":
         """Snapshot to host memory: a reused buffer is overwritten by the next step."""
@@ -51,6 +54,7 @@ class StepOutput:
             self.retrieve_next_sibling.detach().to("cpu", copy=True),
             self.reused,
             list(self.violations),
+            None if self.draft_token is None else self.draft_token.detach().to("cpu", copy=True),
         )
 
 
@@ -64,3 +68,5 @@ class Expected:
     retrieve_index: torch.Tensor
     retrieve_next_token: torch.Tensor
     retrieve_next_sibling: torch.Tensor
+    #: (bs * d,): node x of request b carries its verified token (x = 0) or its selected candidate's
+    draft_token: torch.Tensor | None = None

@@ -93,3 +93,36 @@ def tree_tensors(config: Config, batch: Batch, device="cpu"):
     sel = torch.tensor([t.top_scores_index for t in trees], dtype=torch.long, device=device)
     par = torch.tensor([t.parent_list for t in trees], dtype=torch.long, device=device)
     return sel.view(batch.bs, config.d - 1), par.view(batch.bs, -1)
+
+
+def verified_token(b: int) -> int:
+    """Token id of request b's verified (bonus) token: the root of its tree."""
+    return 1000 + b
+
+
+def candidate_token(b: int, cid: int, ncand: int) -> int:
+    """Token id of request b's draft candidate ``cid``, distinct per (request, candidate).
+
+    A draft token gathered from the wrong candidate, node or request then names
+    where it came from. For a topk-1 chain (candidate x is node x + 1) these are
+    the ids ``chain_write.chain_inputs`` gives the chain writer.
+    """
+    return 2000 + b * ncand + cid
+
+
+def draft_tokens(config: Config, batch: Batch, device="cpu"):
+    """``(bonus_tokens (bs,), draft_tokens (bs, d-1))`` as the draft stage hands them to the verify step.
+
+    The draft tokens are the selected candidates' tokens gathered by
+    ``top_scores_index``, as the draft stage's own gather does.
+    """
+    import torch
+
+    bs = batch.bs
+    bonus = torch.tensor([verified_token(b) for b in range(bs)], dtype=torch.long, device=device)
+    if config.trivial:
+        return bonus, torch.empty((bs, 0), dtype=torch.long, device=device)
+    ncand = num_candidates(config.topk, config.spec_steps)
+    table = (2000 + torch.arange(bs * ncand, dtype=torch.long, device=device)).view(bs, ncand)
+    sel, _ = tree_tensors(config, batch, device)
+    return bonus, table.gather(1, sel)

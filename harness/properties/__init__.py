@@ -86,7 +86,7 @@ PROPERTIES: dict[str, Property] = {p.name: p for p in (
     Property("fallback-equivalence", _judged_alone("fallback-equivalence"),
              "reuse path == per-batch fallback over the logical region", shared=True),
     Property("reference-agreement", _judged_alone("reference-agreement"),
-             "outputs == oracle from ancestor sets and depths", shared=True),
+             "outputs == oracle from ancestor sets, depths and the drafted tokens", shared=True),
     Property("capacity-soundness", capacity_soundness, "fits(bs) => worst-case footprint fits the buffer",
              shared=True),
     Property("capacity-liveness", capacity_liveness, "bs <= max_bs => fits(bs)", shared=True),

@@ -228,6 +228,23 @@ def first_difference(what: str, a: StepOutput, b, config: Config, batch: Batch,
             idx = int(torch.nonzero(x != y).flatten()[0])
             return Difference(f"{what}: {name} differs at {idx}: {int(x[idx])} vs {int(y[idx])}", buffer=name,
                               cell="value")
+    return _draft_token_difference(what, a, b)
+
+
+def _draft_token_difference(what: str, a, b) -> Difference | None:
+    """The verify input's tokens, node by node; judged only where both sides report them
+    (a plug-in target, or the chain writer's own output, may not)."""
+    x, y = getattr(a, "draft_token", None), getattr(b, "draft_token", None)
+    if x is None or y is None:
+        return None
+    x, y = x.reshape(-1).cpu().long(), y.reshape(-1).cpu().long()
+    if x.shape != y.shape:
+        return Difference(f"{what}: draft_token differs in shape: {tuple(x.shape)} vs {tuple(y.shape)}",
+                          buffer="draft_token", cell="length")
+    if not torch.equal(x, y):
+        idx = int(torch.nonzero(x != y).flatten()[0])
+        return Difference(f"{what}: draft_token differs at node {idx}: token {int(x[idx])} vs {int(y[idx])}",
+                          buffer="draft_token", cell="value")
     return None
 
 

@@ -128,6 +128,16 @@ def _pack_msb_first(pack_mask):
     return pack_msb_first
 
 
+def _draft_token_off_by_one(verify):
+    def verify_tokens_one_node_late(mask, config, batch, heap):
+        # Node x carries node x + 1's token: the draft tokens gathered one place off.
+        out = verify(mask, config, batch, heap)
+        if out.draft_token is not None:
+            out.draft_token = torch.roll(out.draft_token, -1)
+        return out
+    return verify_tokens_one_node_late
+
+
 CATALOGUE: dict[str, Variant] = {v.name: v for v in (
     Variant("pr33127", "capacity check skips FULL_MASK: an eager batch past max_bs reuses the buffer "
             "(the regression fixed by SGLang PR #33127)", "fits", _pr33127),
@@ -152,6 +162,8 @@ CATALOGUE: dict[str, Variant] = {v.name: v for v in (
             "at the fill length) instead of refilling it for the batch", "read_replay", _replay_stale_indptr),
     Variant("pack-msb-first", "verify-mask packing puts each byte's first cell in its top bit, not bit 0",
             "pack_mask", _pack_msb_first),
+    Variant("draft-token-off-by-one", "the verify input's draft tokens are one node off: node x carries "
+            "node x + 1's token", "verify", _draft_token_off_by_one),
 )}
 
 

@@ -19,7 +19,7 @@ from harness.guard.tree_write import KernelCall, aux_reach, guarded_write
 from harness.model.layouts import TreeMaskMode, logical_size
 from harness.model.outputs import StepOutput
 from harness.guard.shadow import ShadowHeap
-from harness.model.trees import tree_tensors
+from harness.model.trees import draft_tokens, tree_tensors, verified_token
 
 
 def reusable_buffer(target, mask, bs: int, site: str = "eagle"):
@@ -112,14 +112,17 @@ class ReferenceTarget:
             topk=config.topk, spec_steps=config.spec_steps, d=d, mode=mode, heap=heap,
         )
         guarded_write(self.kernel, call, list(batch.seq_lens))
+        # The wrapper's verify tokens: each request's verified token, then its drafted ones as handed in.
+        bonus, drafted = draft_tokens(config, batch, heap.device)
         return StepOutput(call.tree_mask, call.positions, call.retrieve_index,
-                          call.retrieve_next_token, call.retrieve_next_sibling, reused=buf is not None)
+                          call.retrieve_next_token, call.retrieve_next_sibling, reused=buf is not None,
+                          draft_token=torch.cat([bonus.view(bs, 1), drafted], 1).flatten())
 
     def _chain_site(self, buf, config: Config, batch: Batch, heap: ShadowHeap) -> StepOutput:
         inputs = _chain_inputs_for(config, batch, heap.device)
         out = self.chain_write(inputs, buf, heap)
         return StepOutput(out.tree_mask, out.positions, out.retrieve_index, out.retrieve_next_token,
-                          out.retrieve_next_sibling, reused=buf is not None)
+                          out.retrieve_next_sibling, reused=buf is not None, draft_token=out.tokens)
 
     def chain_write(self, inputs: ChainInputs, buffer, heap: ShadowHeap, *, with_mrope: bool = True):
         """The chain writer's entry (SGLang: ``build_chain_tree``): reuse ``buffer`` or allocate bs*w*w."""
@@ -159,6 +162,8 @@ class ReferenceTarget:
             torch.full((bs, 1), -1, dtype=torch.long, device=dev),
             torch.full((bs, 1), -1, dtype=torch.long, device=dev),
             reused=buf is not None,
+            # The one node is the verified token itself.
+            draft_token=torch.tensor([verified_token(b) for b in range(bs)], dtype=torch.long, device=dev),
         )
 
     # -- readers (harness.model.readers; seams of reader-agreement and packed-mask) --

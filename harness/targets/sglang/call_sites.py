@@ -37,7 +37,7 @@ from harness.model.config import Batch, Config
 from harness.model.errors import OutOfStep
 from harness.targets.sglang.binding import bound
 from harness.targets.sglang.seams import where
-from harness.model.trees import tree_tensors
+from harness.model.trees import draft_tokens, tree_tensors
 
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
 _THROUGH_A_CALL_SITE = ("no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse")
@@ -142,7 +142,8 @@ def build_verify_input(sg, mask, config: Config, batch: Batch, dev):
         forward_batch.seq_lens = forward_batch.seq_lens.as_subclass(_SeenAsCuda)
     sel, par = tree_tensors(config, batch, dev)
     return sg.call_site.build_eagle_verify_input(
-        forward_batch, SimpleNamespace(bonus_tokens=chain.bonus_tokens), par, sel, chain.draft_tokens, None,
+        forward_batch, SimpleNamespace(bonus_tokens=chain.bonus_tokens), par, sel,
+        draft_tokens(config, batch, dev)[1], None,
         target_worker=target_worker, topk=config.topk, num_steps=config.spec_steps,
         num_draft_tokens=config.d, tree_mask_mode=sg.Mode(int(config.mode)), device=str(dev))
 
@@ -172,7 +173,7 @@ def pp_rebuild(sg, forward_batch, target_worker, chain, config: Config, batch: B
     """
     pp = sg.pp()
     sel, par = tree_tensors(config, batch, dev)
-    tokens = torch.cat([chain.bonus_tokens.view(-1, 1), chain.draft_tokens], 1)
+    tokens = torch.cat([chain.bonus_tokens.view(-1, 1), draft_tokens(config, batch, dev)[1]], 1)
     rids = [r.rid for r in forward_batch.reqs]
     forward_batch.spec_info = pp.relay(rids=rids, tokens=tokens, parents=par, top_scores=sel)
     if not callable(getattr(pp.mixin, "_pp_spec_rebuild_verify_input", None)):
@@ -257,7 +258,7 @@ def frozen_kv_mtp_draft(sg, forward_batch, chain, config: Config, batch: Batch, 
     fz = sg.frozen()
     sel, par = tree_tensors(config, batch, dev)
     worker = fz.worker.__new__(fz.worker)
-    graph = _DraftGraph(par, sel, chain.draft_tokens)
+    graph = _DraftGraph(par, sel, draft_tokens(config, batch, dev)[1])
     for attr, value in (("topk", config.topk), ("speculative_num_steps", config.spec_steps),
                         ("speculative_num_draft_tokens", config.d), ("_model_runner", None),
                         ("cuda_graph_runner", graph),

@@ -181,7 +181,7 @@ class SglangTarget:
             self._site = "eagle"
         reused = mask is not None and vi.custom_mask.data_ptr() == mask.buffer.data_ptr()
         return StepOutput(vi.custom_mask, vi.positions, vi.retrieve_index, vi.retrieve_next_token,
-                          vi.retrieve_next_sibling, reused=reused)
+                          vi.retrieve_next_sibling, reused=reused, draft_token=vi.draft_token)
 
     def chain_write(self, inputs: ChainInputs, buffer, heap: ShadowHeap, *, with_mrope: bool = True):
         """SGLang's ``build_chain_tree`` called directly, its launch guarded."""
