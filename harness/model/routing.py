@@ -61,6 +61,20 @@ class Child:
     role: str
     verify_mask: Any
     max_context_len: int | None
+    #: the attention backend the child stands for (its class name); None: a generic one
+    backend: str | None = None
+
+
+#: Attention backends whose own verify path runs DFlash's verify (one causal block
+#: over a request's draft) without a custom mask. DFlash's policy must say "no
+#: custom mask" exactly for these; any other backend reads the draft's visibility
+#: only from the custom mask, so without one it attends past what the draft allows.
+CAUSAL_VERIFY_BACKENDS = frozenset({"TritonAttnBackend", "FlashInferAttnBackend", "FlashAttentionBackend"})
+
+
+def dflash_needs_custom_mask(backend: str | None) -> bool:
+    """Whether DFlash's verify on ``backend`` (None: a generic backend) needs a custom mask."""
+    return backend not in CAUSAL_VERIFY_BACKENDS
 
 
 @dataclass
@@ -133,7 +147,8 @@ class Routing:
     backend: Any
     verify_mask: Any
     max_context_len: Any
-    #: role of the child the router dispatched a TARGET_VERIFY forward to; None: not observed
+    #: role of the child the router dispatched a TARGET_VERIFY forward to; None: not observed,
+    #: or no child was asked (``verify_served`` tells the two apart)
     serves_verify: str | None
     #: True: the scheduler always hands the call site the batch's exact length
     #: sum, so ``max_context_len`` is never read
@@ -142,6 +157,37 @@ class Routing:
     #: backend whose name decides whether a custom mask is built); the router's own
     #: class name when it stops at the router; None: not observed
     dflash_resolves: str | None = None
+    #: whether DFlash's policy builds a custom mask for the backend it resolves to; None: not observed
+    dflash_custom_mask: bool | None = None
+    #: every leaf a TARGET_VERIFY forward reached, in order; None: not observed
+    verify_served: tuple[str, ...] | None = None
+
+
+def tbo_verify_split(bs: int) -> int:
+    """How many of a TARGET_VERIFY batch's requests TBO's first overlap child takes at replay.
+
+    Every request of a verify batch carries the same number of draft tokens, so
+    the balanced split halves the requests: the first ``bs // 2`` to child 0
+    (none for one request), the rest to child 1, in batch order.
+    """
+    return bs // 2
+
+
+@dataclass
+class ReplayView:
+    """What one backend is handed to set up a cuda-graph replay: the per-request
+    fields (one entry per request) and the per-token ones (``d`` per request)."""
+
+    batch_size: int
+    req_pool_indices: list
+    seq_lens: list
+    seq_lens_cpu: list
+    seq_lens_sum: int | None
+    input_ids: list
+    out_cache_loc: list
+    #: the draft tokens and the FULL_MASK custom mask of the view's own split of the verify input
+    draft_token: list
+    custom_mask: list
 
 
 

@@ -40,9 +40,10 @@ from harness.model.oracle import expected
 from harness.model.origin import Origin
 from harness.properties.kit import (VERIFY_STEP, Observation, PropertyFailure, allocated, fail, fail_overrun, fill_stale,
                                     first_difference, known_as, locator)
-from harness.model.routing import (NESTINGS, ROUTERS, SPEC_MODES, Child, leaves, nested_children,
-                                   nested_verify_leaf, verify_child)
+from harness.model.routing import (NESTINGS, ROUTERS, SPEC_MODES, Child, dflash_needs_custom_mask, leaves,
+                                   nested_children, nested_verify_leaf, verify_child)
 from harness.guard.shadow import ShadowHeap, describe_all
+from harness.properties.tbo_replay import check_tbo_replay
 
 NAME = "routing"
 
@@ -71,8 +72,10 @@ def _children(config: Config, router: str, masks: list) -> dict[str, Child]:
 
 
 def _leaf(config: Config, masks: list, role: str, slot: int) -> Child:
-    # SGLang's linear-attention backends carry no context length at all.
-    return Child(role, masks[slot], None if role.endswith("linear") else config.max_context_len)
+    # SGLang's linear-attention backends carry no context length at all. The first slot stands
+    # for a backend that verifies causally, so DFlash's custom-mask answer differs between slots.
+    return Child(role, masks[slot], None if role.endswith("linear") else config.max_context_len,
+                 "TritonAttnBackend" if slot == 0 else None)
 
 
 def _whose(children: dict, mask) -> str:
@@ -112,6 +115,8 @@ def routing(target, config: Config, batches: list[Batch], device="cpu") -> Obser
         stepped = set()
         present = getattr(target, "routers", None) or tuple(ROUTERS)
         obs.classes.update(f"{router}: not in this SGLang" for router in ROUTERS if router not in present)
+        if "tbo" in present:
+            check_tbo_replay(target, obs, config, batch)
         for label, chain, router, children, spec_mode, role in _routers(present, config, masks):
             where = _Where(f"{label}, speculative_attention_mode {spec_mode}",
                            {"router": chain, "role": role, "spec_mode": spec_mode})
@@ -131,12 +136,20 @@ def _check_router(target, obs: Observation, config: Config, batch: Batch, heap: 
         fail(NAME, f"{where}: hands out {_whose(children, r.verify_mask)}, but TARGET_VERIFY "
                     f"runs on the {role} child, which reads its own mask",
              effect="unsound", writer="router", buffer="verify_mask", cell="handed out", **where.origin)
+    if r.verify_served is not None and len(r.verify_served) != 1:
+        fail(NAME, f"{where}: a TARGET_VERIFY forward through the router asks "
+                    + (f"{len(r.verify_served)} children ({', '.join(r.verify_served)})" if r.verify_served
+                       else "no child") + f" to run attention, but exactly one, the {role} child, must: "
+                    "verification then attends with no backend's mask, or with several",
+             effect="unsound", writer="router", buffer="verify_mask", cell="dispatch", **where.origin)
     if r.serves_verify is not None and r.serves_verify != role:
         fail(NAME, f"{where}: dispatches the TARGET_VERIFY forward to the {r.serves_verify} child, "
                     f"but hands out the {role} child's mask",
              effect="unsound", writer="router", buffer="verify_mask", cell="dispatch", **where.origin)
     if r.dflash_resolves is not None:
         _check_dflash(target, obs, where, label, role, r.dflash_resolves)
+        if r.dflash_resolves == role and r.dflash_custom_mask is not None:
+            _check_dflash_custom_mask(obs, where, label, want, r.dflash_custom_mask)
     need = max(config.max_context_len, want.max_context_len or 0)
     if r.needs_cpu_seq_lens:
         obs.classes.add(f"{label}: length sum always known")
@@ -205,6 +218,20 @@ def _check_dflash(target, obs: Observation, where: "_Where", router: str, role: 
     if known is None:
         raise PropertyFailure(origin, detail)
     obs.classes.add(f"{router}: known finding {known}")
+
+
+def _check_dflash_custom_mask(obs: Observation, where: "_Where", router: str, want: Child, builds: bool) -> None:
+    """Having landed on the verify child, DFlash's policy must build a custom mask exactly when
+    that child's backend needs one (``harness.model.routing.dflash_needs_custom_mask``)."""
+    needs = dflash_needs_custom_mask(want.backend)
+    backend = want.backend or "a backend with no causal verify path"
+    if builds != needs:
+        fail(NAME, f"{where}: DFlash's verify-mask policy lands on the {want.role} child ({backend}) but "
+                    + ("builds a custom mask it does not need" if builds else
+                       "builds no custom mask, which that backend needs to keep the draft's tokens apart"),
+             effect="unsound", writer="dflash policy", buffer="custom_mask", cell="built" if builds else "skipped",
+             resolved=want.role, **where.origin)
+    obs.classes.add(f"{router}: dflash custom mask {'built' if builds else 'skipped'}")
 
 
 class _Where(str):

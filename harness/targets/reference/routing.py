@@ -11,7 +11,8 @@ separate function that unwraps routers by their own rules.
 
 from __future__ import annotations
 
-from harness.model.routing import Child, Nest, Routing
+from harness.model.layouts import TreeMaskMode, request_extents
+from harness.model.routing import CAUSAL_VERIFY_BACKENDS, Child, Nest, ReplayView, Routing
 
 
 class _ChildBackend:
@@ -21,6 +22,7 @@ class _ChildBackend:
 
     def __init__(self, child: Child, served: list[str]):
         self.role, self.verify_mask, self._served = child.role, child.verify_mask, served
+        self.backend = child.backend
         if child.max_context_len is not None:  # linear-attention backends carry none
             self.max_context_len = child.max_context_len
 
@@ -107,14 +109,15 @@ class _DotsSwa:
         return self.backend.verify_mask
 
 
-def dflash_policy_resolves(backend) -> str:
+def dflash_policy_resolves(backend) -> tuple[str, bool]:
     """The backend DFlash's verify-mask policy names: it looks through a hybrid (its
     TARGET_VERIFY choice), a TBO wrapper (its primary), Dots' wrapper (what it wraps)
     and anything with a ``full_attn_backend``, at most four levels; a child is named
     by its role, anything it stops at by its class name.
 
     The fixed design: every wrapper resolves to the backend that runs TARGET_VERIFY
-    (SGLang's own policy stops at Dots' wrapper: a known finding, ``known/``)."""
+    (SGLang's own policy stops at Dots' wrapper: a known finding, ``known/``). It
+    builds a custom mask unless the backend it lands on verifies causally."""
     for _ in range(4):
         if isinstance(backend, _Hybrid):
             backend = backend.select("target_verify")
@@ -126,7 +129,9 @@ def dflash_policy_resolves(backend) -> str:
             backend = backend.full_attn_backend
         else:
             break
-    return backend.role if isinstance(backend, _ChildBackend) else type(backend).__name__
+    if isinstance(backend, _ChildBackend):
+        return backend.role, backend.backend not in CAUSAL_VERIFY_BACKENDS
+    return type(backend).__name__, True
 
 
 def _build(router: str, spec_mode: str, kids: dict, context_len: int):
@@ -149,7 +154,26 @@ def model_route(router: str, spec_mode: str, children: dict, context_len: int) -
     backend.forward("target_verify")
     return Routing(router, spec_mode, backend, backend.verify_mask, getattr(backend, "max_context_len", None),
                    served[0] if served else None, bool(backend.needs_cpu_seq_lens),
-                   dflash_policy_resolves(backend))
+                   *dflash_policy_resolves(backend), tuple(served))
+
+
+def model_tbo_replay(d: int, seq_lens) -> tuple[ReplayView, list]:
+    """TBO setting up a TARGET_VERIFY replay: the parent's view, and each overlap child's
+    (None: not asked). Like SGLang's, it splits the requests at half the batch's token
+    count over the tokens per request, and asks no child with no requests."""
+    bs = len(seq_lens)
+    blocks = request_extents(TreeMaskMode.FULL_MASK, seq_lens, d)
+    mask = list(range(10_000, 10_000 + (blocks[-1].stop if blocks else 0)))
+
+    def view(lo: int, hi: int) -> ReplayView:
+        cells = mask[blocks[lo].start:blocks[hi - 1].stop] if hi > lo else []
+        toks = range(lo * d, hi * d)
+        return ReplayView(hi - lo, [10 + b for b in range(lo, hi)], list(seq_lens[lo:hi]), list(seq_lens[lo:hi]),
+                          sum(seq_lens[lo:hi]), [100 + t for t in toks], [500 + t for t in toks],
+                          [1000 + t for t in toks], cells)
+
+    split = (bs * d // d) // 2 if d else 0
+    return view(0, bs), [view(lo, hi) if hi > lo else None for lo, hi in ((0, split), (split, bs))]
 
 
 def _kids(spec_mode: str, children: dict, context_len: int, served: list) -> dict:

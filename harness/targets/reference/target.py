@@ -200,6 +200,11 @@ class ReferenceTarget:
         """One verify step through the call site with ``routing.backend`` as the attention backend."""
         return self.verify(routing.backend.verify_mask, config, batch, heap)
 
+    def tbo_replay(self, config: Config, batch: Batch):
+        """What TBO hands its overlap children to set up a TARGET_VERIFY cuda-graph replay."""
+        from harness.targets.reference.routing import model_tbo_replay
+        return model_tbo_replay(config.d, batch.seq_lens)
+
     def allocating_backends(self) -> dict[str, str | None]:
         """Allocation sites this target drives (None) or why it cannot (a reason)."""
         from harness.model.allocation import ALLOCATING_BACKENDS

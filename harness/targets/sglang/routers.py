@@ -18,14 +18,16 @@ graphs) are bound for the construction only.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 
 from harness.model.config import Batch, Config
 from harness.model.outputs import StepOutput
-from harness.model.routing import ROUTERS, Child, Nest, Routing, check_args
+from harness.model.routing import ROUTERS, Child, Nest, ReplayView, Routing, check_args
 from harness.targets.sglang.binding import bound
 from harness.model.trees import tree_tensors
 
@@ -41,6 +43,10 @@ SURFACE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (_ATTN + "tbo_backend.py", "TboAttnBackend.verify_mask", ("routing",)),
     (_ATTN + "tbo_backend.py", "TboAttnBackend.__getattr__", ("routing",)),
     (_ATTN + "tbo_backend.py", "TboAttnBackend.forward_extend", ("routing",)),
+    # a TARGET_VERIFY cuda-graph replay split across the overlap children
+    (_ATTN + "tbo_backend.py", "TboAttnBackend.init_forward_metadata_out_graph", ("routing",)),
+    (_ATTN + "tbo_backend.py", "TboAttnBackend._dispatch_children_from_replay_view", ("routing",)),
+    (_ATTN + "tbo_backend.py", "_build_tbo_child_replay_fb_view", ("routing",)),
     (_ATTN + "hybrid_linear_attn_backend.py", "HybridLinearAttnBackend.__init__", ("routing",)),
     (_ATTN + "hybrid_linear_attn_backend.py", "HybridLinearAttnBackend.verify_mask", ("routing",)),
     (_ATTN + "hybrid_linear_attn_backend.py", "HybridLinearAttnBackend.forward_extend", ("routing",)),
@@ -124,9 +130,10 @@ def build(sg, router: str, spec_mode: str, children: dict, context_len: int) -> 
     forward_batch = SimpleNamespace(forward_mode=sg.forward_info.ForwardMode.TARGET_VERIFY)
     backend.forward_extend(q=None, k=None, v=None, layer=SimpleNamespace(layer_id=_FULL_LAYER),
                            forward_batch=forward_batch)
+    resolved, custom_mask = _dflash_resolves(backend, made)
     return Routing(router, spec_mode, backend, backend.verify_mask, getattr(backend, "max_context_len", None),
                    served[0] if served else None, bool(getattr(backend, "needs_cpu_seq_lens", True)),
-                   _dflash_resolves(backend, made))
+                   resolved, custom_mask, tuple(served))
 
 
 def _kids(sg, router: str, spec_mode: str, children: dict, context_len: int, served: list, made: dict) -> dict:
@@ -138,8 +145,10 @@ def _kids(sg, router: str, spec_mode: str, children: dict, context_len: int, ser
             inner = _kids(sg, child.router, spec_mode, child.children, context_len, served, made)
             kids[role] = _router(child.router, spec_mode, inner, context_len)
         else:
-            # One class per role, so a policy that answers with a class name names the child.
-            kids[role] = made[child.role] = _role_class(child.role)(child, served)
+            # One class per role (named after the backend it stands for, where it stands for one),
+            # so a policy that answers with a class name names the child.
+            kids[role] = made[child.role] = _role_class(child.backend or f"ChildBackend[{child.role}]")(
+                child, served)
     return kids
 
 
@@ -171,22 +180,23 @@ def _router(router: str, spec_mode: str, kids: dict, context_len: int):
 _ROLE_CLASSES: dict[str, type] = {}
 
 
-def _role_class(role: str) -> type:
-    if role not in _ROLE_CLASSES:
-        _ROLE_CLASSES[role] = type(f"ChildBackend[{role}]", (ChildBackend,), {})
-    return _ROLE_CLASSES[role]
+def _role_class(name: str) -> type:
+    if name not in _ROLE_CLASSES:
+        _ROLE_CLASSES[name] = type(name, (ChildBackend,), {})
+    return _ROLE_CLASSES[name]
 
 
 _DFLASH = "sglang.srt.speculative.dflash_utils"
 
 
-def _dflash_resolves(backend, kids: dict) -> str | None:
-    """The role DFlash's verify-mask policy resolves ``backend`` to (its class name if no child's)."""
+def _dflash_resolves(backend, kids: dict) -> tuple[str | None, bool | None]:
+    """The role DFlash's verify-mask policy resolves ``backend`` to (its class name if no child's),
+    and whether it builds a custom mask there; (None, None) where there is no policy."""
     from importlib.util import find_spec
 
     from harness.model.errors import OutOfStep
     if find_spec(_DFLASH) is None:
-        return None  # an SGLang without DFlash: nothing there to observe
+        return None, None  # an SGLang without DFlash: nothing there to observe
     try:
         dflash = importlib.import_module(_DFLASH)
     except Exception as exc:  # present but not importable here: its policy goes unchecked
@@ -195,10 +205,74 @@ def _dflash_resolves(backend, kids: dict) -> str | None:
                         "vmfuzz cannot check what it resolves each router to") from None
     resolve = getattr(dflash, "resolve_dflash_verify_mask_policy", None)
     if resolve is None:
-        return None
-    name, _ = resolve(backend)
+        return None, None
+    name, custom_mask = resolve(backend)
     roles = {type(kid).__name__: role for role, kid in kids.items()}
-    return roles.get(name, name)
+    return roles.get(name, name), custom_mask
+
+
+@dataclasses.dataclass
+class _VerifyInput:
+    """The verify input's fields TBO's replay split slices; a dataclass, as the split ``replace``s it.
+    Its custom mask is in FULL_MASK layout, the one the split computes offsets for."""
+
+    draft_token_num: int
+    draft_token: Any
+    custom_mask: Any
+    seq_lens_cpu: Any
+    positions: Any = None
+    retrieve_index: Any = None
+    retrieve_next_token: Any = None
+    retrieve_next_sibling: Any = None
+    retrieve_cum_len: Any = None
+    seq_lens_sum: Any = None
+
+
+class _ReplayChild(ChildBackend):
+    """A stand-in that records the view it is handed to set up a cuda-graph replay."""
+
+    def __init__(self, role: str, seen: dict):
+        super().__init__(Child(role, None, None), [])
+        self._seen = seen
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        self._seen[self.role] = _view(forward_batch)
+
+
+def _view(fb) -> ReplayView:
+    def listed(t):
+        return [] if t is None else [int(x) for x in t.reshape(-1).tolist()]
+    spec = getattr(fb, "spec_info", None)
+    return ReplayView(int(fb.batch_size), listed(fb.req_pool_indices), listed(fb.seq_lens),
+                      listed(fb.seq_lens_cpu), None if fb.seq_lens_sum is None else int(fb.seq_lens_sum),
+                      listed(fb.input_ids), listed(fb.out_cache_loc),
+                      listed(getattr(spec, "draft_token", None)), listed(getattr(spec, "custom_mask", None)))
+
+
+def tbo_replay(sg, config: Config, batch: Batch) -> tuple[ReplayView, list]:
+    """SGLang's ``TboAttnBackend`` setting up a TARGET_VERIFY cuda-graph replay of ``batch``
+    over stand-ins: the view it was handed, and each overlap child's (None: not asked).
+
+    Every per-request and per-token value is distinct, so a request handed to the
+    wrong child, twice, or not at all shows in what the children record.
+    """
+    _, cls = _class("tbo")
+    seen: dict = {}
+    primary, *children = (_ReplayChild(role, seen) for role in ROUTERS["tbo"])
+    backend = cls(primary, children)
+    bs, d = batch.bs, config.d
+    seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int64)
+    mask_cells = sum((s + d) * d for s in batch.seq_lens)
+    spec = _VerifyInput(d, torch.arange(bs * d) + 1000, torch.arange(mask_cells) + 10_000, seq_lens.clone())
+    mode = sg.forward_info.ForwardMode.TARGET_VERIFY
+    view = SimpleNamespace(
+        batch_size=bs, forward_mode=mode, actual_forward_mode=mode, input_ids=torch.arange(bs * d) + 100,
+        positions=None, req_pool_indices=torch.arange(bs) + 10, seq_lens=seq_lens.clone(),
+        seq_lens_sum=int(seq_lens.sum()), seq_lens_cpu=seq_lens.clone(), encoder_lens=None,
+        out_cache_loc=torch.arange(bs * d) + 500, kv_loc_plan=None, kv_loc_cols=None, spec_info=spec,
+        max_seq_len_override=None)
+    backend.init_forward_metadata_out_graph(view, in_capture=False)
+    return _view(view), [seen.get(role) for role in ROUTERS["tbo"][1:]]
 
 
 def verify_routed(target, routing: Routing, config: Config, batch: Batch, heap) -> StepOutput:
@@ -244,8 +318,6 @@ NOT_DRIVEN: tuple[tuple[str, str, str], ...] = (
      "the cuda-graph replay fix-up of a child's verify buffers is not run"),
     (_ATTN + "hybrid_attn_backend.py", "HybridAttnBackend.init_cuda_graph_state",
      "which children capture graphs (and so allocate a mask) is not run"),
-    (_ATTN + "tbo_backend.py", "TboAttnBackend.init_forward_metadata_out_graph",
-     "the overlap children's per-child metadata is not run"),
     (_ATTN + "hybrid_linear_attn_backend.py", "HybridLinearAttnBackend.update_verify_buffers_to_fill_after_draft",
      "the cuda-graph replay fix-up is not run"),
 )

@@ -286,6 +286,11 @@ class SglangTarget:
         from harness.targets.sglang import routers
         return routers.verify_routed(self, routing, config, batch, heap)
 
+    def tbo_replay(self, config: Config, batch: Batch):
+        """What TBO hands its overlap children to set up a TARGET_VERIFY cuda-graph replay."""
+        from harness.targets.sglang import routers
+        return routers.tbo_replay(self.sglang, config, batch)
+
     def _allocation_sites(self) -> dict:
         if getattr(self, "_sites", None) is None:
             from harness.targets.sglang.allocation import load_sites
