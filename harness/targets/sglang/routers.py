@@ -29,7 +29,7 @@ from harness.model.config import Batch, Config
 from harness.model.outputs import StepOutput
 from harness.model.routing import ROUTERS, Child, Nest, ReplayView, Routing, check_args
 from harness.targets.sglang.binding import bound
-from harness.model.trees import tree_tensors
+from harness.model.trees import draft_tokens, tree_tensors
 
 _ATTN = "srt/layers/attention/"
 
@@ -296,13 +296,14 @@ def verify_routed(target, routing: Routing, config: Config, batch: Batch, heap) 
     from harness.targets.sglang.seams import require_taken
     with target._routed(heap, mask) as taken:
         vi = sg.call_site.build_eagle_verify_input(
-            forward_batch, SimpleNamespace(bonus_tokens=chain.bonus_tokens), par, sel, chain.draft_tokens, None,
-            target_worker=target_worker, topk=config.topk, num_steps=config.spec_steps,
+            forward_batch, SimpleNamespace(bonus_tokens=chain.bonus_tokens), par, sel,
+            draft_tokens(config, batch, dev)[1], None, target_worker=target_worker, topk=config.topk,
+            num_steps=config.spec_steps,
             num_draft_tokens=config.d, tree_mask_mode=sg.Mode(int(config.mode)), device=str(dev))
     require_taken(taken, "routed eagle")
     reused = mask is not None and vi.custom_mask.data_ptr() == mask.buffer.data_ptr()
     return StepOutput(vi.custom_mask, vi.positions, vi.retrieve_index, vi.retrieve_next_token,
-                      vi.retrieve_next_sibling, reused=reused)
+                      vi.retrieve_next_sibling, reused=reused, draft_token=vi.draft_token)
 
 
 #: (sglang-relative path, what, why not driven): router paths no property reaches.
