@@ -11,7 +11,8 @@ what differs run to run (never compared); a mutant whose recording matches
 the pristine one everywhere else is suspected-equivalent, and one that
 differs names where.
 
-    python bench/mutation_equiv.py record OUT.json --checkout DIR --properties p,q [--target sglang]
+    python bench/mutation_equiv.py record OUT.json --checkout DIR --properties p,q [--target sglang] \
+        [--watch FILE:LINE,LINE]   # prints whether a mutated line ran at all
 
 ``--checkout`` is a folder laid out like an SGLang checkout (``python/sglang``);
 the target is loaded from it, as the gate loads the code under review.
@@ -215,6 +216,25 @@ def verdict(diffs: list[str], compared: int) -> str:
             f"({len(diffs)} outputs; first {diffs[0]})")
 
 
+def watch(lines: dict[str, set[int]]) -> dict:
+    """Notes whether any of ``lines`` ({file path: line numbers}) runs from now on: an identical
+    output from a mutated line that never ran says nothing about equivalence. Only calls into
+    those files are traced line by line, and none once a line has run."""
+    import threading
+    hit = {"ran": False}
+
+    def local(frame, event, arg):
+        if event == "line" and frame.f_lineno in lines[frame.f_code.co_filename]:
+            hit["ran"] = True
+        return None if hit["ran"] else local
+
+    def calls(frame, event, arg):
+        return None if hit["ran"] or frame.f_code.co_filename not in lines else local
+    sys.settrace(calls)
+    threading.settrace(calls)
+    return hit
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="mutation_equiv.py")
     ap.add_argument("step", choices=["record"])
@@ -222,6 +242,8 @@ def main(argv=None) -> int:
     ap.add_argument("--checkout", type=Path, help="a folder holding python/sglang (default: the installed one)")
     ap.add_argument("--properties", required=True, help="comma-separated property names")
     ap.add_argument("--target", default="sglang")
+    ap.add_argument("--watch", action="append", default=[], metavar="FILE:LINE,LINE",
+                    help="print whether any of these lines (the mutated ones) ran")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(HARNESS_ROOT))
     from harness.targets import resolve
@@ -230,7 +252,14 @@ def main(argv=None) -> int:
         from harness.targets.sglang.loader import import_from_checkout
         root = str(args.checkout.resolve())
         import_from_checkout(args.checkout / "python")
-    outputs = record(resolve(args.target), args.properties.split(","), root)
+    target = resolve(args.target)
+    watched = {str(Path(f).resolve()): {int(n) for n in lines.split(",")}
+               for f, _, lines in (w.rpartition(":") for w in args.watch)}
+    hit = watch(watched) if watched else None
+    outputs = record(target, args.properties.split(","), root)
+    sys.settrace(None)
+    if hit is not None:
+        print("mutated line ran: " + ("yes" if hit["ran"] else "no"))
     args.out.write_text(json.dumps(outputs, indent=0, sort_keys=True))
     return 0
 

@@ -76,7 +76,8 @@ def main(argv: list[str]) -> int:
     for origin in killing_origins(summary):
         print("vmfuzz-origin: " + json.dumps(origin, sort_keys=True))
     if proc.returncode == 0:
-        print("vmfuzz-equiv: " + equivalence(Path(argv[0]).parent, properties, env), flush=True)
+        watch = [f"python/sglang/{rel}:{','.join(map(str, mutated_lines(driven, rel)))}" for rel in changed]
+        print("vmfuzz-equiv: " + equivalence(Path(argv[0]).parent, properties, env, watch), flush=True)
     import sglang_tests
     print("vmfuzz-sglang-tests: " + sglang_tests.verdict(driven.get("sglang_tests"), changed, Path(".")), flush=True)
     print((proc.stdout + proc.stderr)[-4000:])
@@ -97,7 +98,20 @@ def examples(summary: Path) -> int | None:
         return None
 
 
-def equivalence(work: Path, properties: list[str], env: dict) -> str:
+def mutated_lines(driven: dict, rel: str) -> list[int]:
+    """The copy's line numbers (1-based) that differ from the installed file's; for a deletion,
+    the line after it."""
+    import difflib
+    mine = (Path("python") / "sglang" / rel).read_text().splitlines()
+    theirs = (Path(driven["package"]) / rel).read_text().splitlines()
+    out = []
+    for op, _, _, j1, j2 in difflib.SequenceMatcher(None, theirs, mine, autojunk=False).get_opcodes():
+        if op != "equal":
+            out.extend(range(j1 + 1, max(j2, j1 + 1) + 1))
+    return out
+
+
+def equivalence(work: Path, properties: list[str], env: dict, watch: list[str] = ()) -> str:
     """A survivor's outputs on the gate's fixed cases against the pristine copy's (recorded by prepare)."""
     import mutation_equiv
     pristine = sorted(work.glob("pristine-outputs-*.json"))
@@ -105,6 +119,8 @@ def equivalence(work: Path, properties: list[str], env: dict) -> str:
         return "not checked (no pristine recordings beside driven.json: run prepare again)"
     cmd = [sys.executable, "-W", "ignore", str(HERE / "mutation_equiv.py"), "record", "mutant-outputs.json",
            "--checkout", ".", "--properties", ",".join(properties)]
+    for w in watch:
+        cmd += ["--watch", w]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=EQUIV_TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -114,7 +130,10 @@ def equivalence(work: Path, properties: list[str], env: dict) -> str:
         return f"not checked (recording failed: {last[:200]})"
     runs = [json.loads(p.read_text()) for p in pristine]
     mutant = json.loads(Path("mutant-outputs.json").read_text())
-    return mutation_equiv.verdict(mutation_equiv.differences(runs, mutant, properties), len(mutant))
+    said = mutation_equiv.verdict(mutation_equiv.differences(runs, mutant, properties), len(mutant))
+    if "mutated line ran: no" in proc.stdout:
+        said += "; the mutated line never ran on these cases"
+    return said
 
 
 def killing_origins(summary: Path) -> list[dict]:

@@ -139,6 +139,11 @@ def headline(total: Counter, done: list[dict]) -> list[str]:
                    f"{total['by raising']} more only by the mutant raising or crashing.")
     else:
         out.append("No mutant was judged (none killed, none survived).")
+    unrun = sum(r["outcome"] == "suspected-equivalent" and "never ran" in (r["equiv"] or "") for r in done)
+    if unrun:
+        out += ["", f"{unrun} of the {total['suspected-equivalent']} suspected-equivalent mutants never ran their "
+                    f"mutated line on the fixed cases (identical because unreached, not shown equivalent); "
+                    f"counted as survivors the figure is {by_check / (non_equivalent + unrun):.0%}."]
     cpus = [r["gate_cpu_s"] for r in done if r["gate_cpu_s"] is not None]
     if cpus and sum(cpus) > 0:
         kills = sum(r["outcome"] == "killed" for r in done if r["gate_cpu_s"] is not None)

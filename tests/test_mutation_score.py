@@ -187,18 +187,46 @@ def test_the_headline_counts_property_kills_over_non_equivalent_mutants():
             _row("vmfuzz-kill: exit 0 in 9s\nvmfuzz-cpu: 30.00 s gate; examples 600\n"
                  "vmfuzz-equiv: differs: read_eager ->.qo_indptr (2 outputs; first x)"),
             _row("vmfuzz-kill: exit 0 in 9s\nvmfuzz-cpu: 30.00 s gate; examples 600\n"
-                 "vmfuzz-equiv: identical (90 outputs compared)\nvmfuzz-sglang-tests: killed (1 test file(s): 1 failed)")]
-    md, data = render(done, {"sample": 5, "seed": 1, "of": 9})
+                 "vmfuzz-equiv: identical (90 outputs compared)\nvmfuzz-sglang-tests: killed (1 test file(s): 1 failed)"),
+            _row("vmfuzz-kill: exit 0 in 9s\nvmfuzz-equiv: identical (90 outputs compared); "
+                 "the mutated line never ran on these cases")]
+    md, data = render(done, {"sample": 6, "seed": 1, "of": 9})
     text = "\n".join(md)
     # 1 by a check / (3 killed + 1 survived non-equivalent); the equivalent one is left out
     assert "The gate kills 25% of non-equivalent mutants by a property's check" in text
     assert data["total"]["by a check"] == 1 and data["total"]["by raising"] == 1
-    assert data["total"]["suspected-equivalent"] == 1
+    assert data["total"]["suspected-equivalent"] == 2
+    # the one whose mutated line never ran is identical because unreached: the second figure counts it
+    assert "1 of the 2 suspected-equivalent mutants never ran" in text and "the figure is 20%" in text
     assert "3 kills, 150 CPU s" in text and "1.20 kills per CPU-minute" in text
     assert "20.0 property examples per CPU-second" in text
     assert [r["properties"] for r in done[:3]] == [["reader-agreement"], [], []]
     assert "killed (1 test file(s)" in text and "not run: no checkout given" in text
     assert "differs: read_eager ->.qo_indptr" in text
+
+
+def test_a_mutated_line_that_never_runs_is_told_apart(tmp_path, monkeypatch):
+    """The equivalence recording watches the mutated lines: identical outputs from a line that
+    never ran are not evidence of equivalence."""
+    (tmp_path / "m.py").write_text("def f(x):\n    if x:\n        return 1\n    return 2\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import m
+        hit = mutation_equiv.watch({str(tmp_path / "m.py"): {3}})
+        m.f(False)
+        assert not hit["ran"]
+        m.f(True)
+        sys.settrace(None)
+        assert hit["ran"]
+    finally:
+        sys.settrace(None)
+        sys.path.remove(str(tmp_path))
+    pkg, copy = tmp_path / "pkg", tmp_path / "copy" / "python" / "sglang"
+    pkg.mkdir(), copy.mkdir(parents=True)
+    (pkg / "a.py").write_text("a\nb\nc\nd\n")
+    (copy / "a.py").write_text("a\nB\nc\nd\n")
+    monkeypatch.chdir(tmp_path / "copy")
+    assert mutation_kill.mutated_lines({"package": str(pkg)}, "a.py") == [2]
 
 
 def test_the_gate_s_cpu_time_is_its_children_s(tmp_path):
