@@ -11,6 +11,14 @@ kills (the harness could not check, or the input was bad), so the first line of
 the output names the gate's own exit, and ``mutation_score.py report`` reads it
 from there: ``vmfuzz-kill: exit N``.
 
+After the exit line, each on its own line so no tail cut loses it:
+``vmfuzz-cpu:`` the gate's own user+sys CPU seconds and its example count (the
+score's throughput); ``vmfuzz-origin:`` each typed origin of what killed it;
+``vmfuzz-equiv:`` for a survivor, its outputs against the pristine copy's on the
+gate's fixed cases (bench/mutation_equiv.py); ``vmfuzz-sglang-tests:`` SGLang's
+own tests on the same mutant, where prepare was given a checkout
+(bench/sglang_tests.py).
+
     python bench/mutation_kill.py WORK/driven.json
 """
 
@@ -18,12 +26,17 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-HARNESS_ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+HARNESS_ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+#: seconds the outputs of a survivor may take to record (an import and the fixed cases)
+EQUIV_TIMEOUT = 900.0
 
 
 def mutated_files(driven: dict) -> list[str]:
@@ -51,16 +64,76 @@ def main(argv: list[str]) -> int:
         cmd += ["--property", p]
     env = dict(os.environ, PYTHONPATH=str(HARNESS_ROOT), PYTHONDONTWRITEBYTECODE="1", TRITON_INTERPRET="1")
     env.pop("SGLANG_USE_CPU_ENGINE", None)
-    start = time.monotonic()
+    start, cpu = time.monotonic(), children_cpu()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    cpu = children_cpu() - cpu
     print(f"vmfuzz-kill: exit {proc.returncode} in {time.monotonic() - start:.1f}s; file {', '.join(changed)}; "
           f"properties {', '.join(properties)}")
+    summary = Path("gate-report") / "summary.json"
+    print(f"vmfuzz-cpu: {cpu:.2f} s gate; examples {examples(summary)}")
     # what killed it, as typed origins read from the gate's own summary.json (never its words):
     # the score credits a property only through these lines, first, so no tail cut can lose them
-    for origin in killing_origins(Path("gate-report") / "summary.json"):
+    for origin in killing_origins(summary):
         print("vmfuzz-origin: " + json.dumps(origin, sort_keys=True))
+    if proc.returncode == 0:
+        watch = [f"python/sglang/{rel}:{','.join(map(str, mutated_lines(driven, rel)))}" for rel in changed]
+        print("vmfuzz-equiv: " + equivalence(Path(argv[0]).parent, properties, env, watch), flush=True)
+    import sglang_tests
+    print("vmfuzz-sglang-tests: " + sglang_tests.verdict(driven.get("sglang_tests"), changed, Path(".")), flush=True)
     print((proc.stdout + proc.stderr)[-4000:])
     return proc.returncode
+
+
+def children_cpu() -> float:
+    """User + system CPU seconds of the waited-for children so far (the gate and its workers)."""
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
+def examples(summary: Path) -> int | None:
+    """The property examples the gate ran, from its summary.json (None: no summary)."""
+    try:
+        return int(json.loads(summary.read_text())["counts"]["examples"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def mutated_lines(driven: dict, rel: str) -> list[int]:
+    """The copy's line numbers (1-based) that differ from the installed file's; for a deletion,
+    the line after it."""
+    import difflib
+    mine = (Path("python") / "sglang" / rel).read_text().splitlines()
+    theirs = (Path(driven["package"]) / rel).read_text().splitlines()
+    out = []
+    for op, _, _, j1, j2 in difflib.SequenceMatcher(None, theirs, mine, autojunk=False).get_opcodes():
+        if op != "equal":
+            out.extend(range(j1 + 1, max(j2, j1 + 1) + 1))
+    return out
+
+
+def equivalence(work: Path, properties: list[str], env: dict, watch: list[str] = ()) -> str:
+    """A survivor's outputs on the gate's fixed cases against the pristine copy's (recorded by prepare)."""
+    import mutation_equiv
+    pristine = sorted(work.glob("pristine-outputs-*.json"))
+    if len(pristine) < 2:
+        return "not checked (no pristine recordings beside driven.json: run prepare again)"
+    cmd = [sys.executable, "-W", "ignore", str(HERE / "mutation_equiv.py"), "record", "mutant-outputs.json",
+           "--checkout", ".", "--properties", ",".join(properties)]
+    for w in watch:
+        cmd += ["--watch", w]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=EQUIV_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return f"not checked (recording ran past {EQUIV_TIMEOUT:.0f}s)"
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"not checked (recording failed: {last[:200]})"
+    runs = [json.loads(p.read_text()) for p in pristine]
+    mutant = json.loads(Path("mutant-outputs.json").read_text())
+    said = mutation_equiv.verdict(mutation_equiv.differences(runs, mutant, properties), len(mutant))
+    if "mutated line ran: no" in proc.stdout:
+        said += "; the mutated line never ran on these cases"
+    return said
 
 
 def killing_origins(summary: Path) -> list[dict]:

@@ -1,6 +1,6 @@
 """A mutation score of the gate over the SGLang files it drives (cosmic-ray's standard operators).
 
-    python bench/mutation_score.py prepare WORK --sample 100 --seed 1 --workers 2 [--timeout 600]
+    python bench/mutation_score.py prepare WORK --sample 100 --seed 1 --workers 2 [--timeout 600] [--sglang-tests PATH]
     python bench/mutation_score.py exec WORK        # runs what is pending; rerun to resume
     python bench/mutation_score.py report WORK      # WORK/score.md, WORK/score.json, WORK/survivors.md
 
@@ -14,7 +14,9 @@ and runs the session through cosmic-ray's http distributor; more machines join
 by running ``cosmic-ray http-worker`` in their own copy and being listed in
 WORK/cosmic-ray.toml's worker-urls. Each mutant's test command is
 bench/mutation_kill.py: the gate, restricted to the properties that drive the
-mutated file. ``report`` tabulates killed / survived / timed-out / out-of-step /
+mutated file; a survivor's outputs are then compared with the pristine copy's
+(bench/mutation_equiv.py), and, with ``--sglang-tests PATH``, SGLang's own unit
+tests from that checkout judge the same mutant (bench/sglang_tests.py). ``report`` tabulates killed / survived / timed-out / out-of-step /
 error / suspected-equivalent per file and per operator, and writes the
 survivors' diffs (bench/mutation_table.py).
 """
@@ -126,7 +128,30 @@ def in_scope(item, package: Path, functions: dict[str, list[str]], cache: dict) 
     return ranges is None or any(lo <= m.start_pos[0] <= hi for lo, hi in ranges)
 
 
-def prepare(work: Path, sample: int, seed: int, workers: int, timeout: float, scope: str, port: int) -> None:
+def baselines(work: Path, files: dict[str, list[str]], sglang_tests: Path | None) -> None:
+    """What a mutant is compared with, taken on the pristine copy in worker-0 before any mutant runs:
+    two recordings of the gate properties' outputs on the fixed cases (what differs between them is
+    run-to-run noise, never compared), and, given an SGLang checkout, which of its tests each
+    driven file has that pass unmutated."""
+    copy = work / "worker-0"
+    props = sorted({p for ps in files.values() for p in ps})
+    env = dict(os.environ, PYTHONPATH=str(HARNESS_ROOT), PYTHONDONTWRITEBYTECODE="1", TRITON_INTERPRET="1")
+    env.pop("SGLANG_USE_CPU_ENGINE", None)
+    for k in range(2):
+        out = work / f"pristine-outputs-{k}.json"
+        subprocess.run([sys.executable, "-W", "ignore", str(HERE / "mutation_equiv.py"), "record", str(out),
+                        "--checkout", str(copy), "--properties", ",".join(props)], cwd=copy, env=env, check=True)
+    if sglang_tests is not None:
+        import sglang_tests as judge
+        driven = json.loads((work / "driven.json").read_text())
+        driven["sglang_tests"] = judge.select(sglang_tests, list(files), copy)
+        (work / "driven.json").write_text(json.dumps(driven, indent=1))
+        kept = sum(map(len, driven["sglang_tests"].values()))
+        print(f"mutation_score: {kept} SGLang test file(s) import a driven file and pass unmutated")
+
+
+def prepare(work: Path, sample: int, seed: int, workers: int, timeout: float, scope: str, port: int,
+            sglang_tests: Path | None = None) -> None:
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkerOutcome, WorkResult
 
@@ -139,6 +164,7 @@ def prepare(work: Path, sample: int, seed: int, workers: int, timeout: float, sc
     for k in range(workers):
         mirror(package, work / f"worker-{k}" / "python" / "sglang", {Path(f) for f in files})
     cfg = write_config(work, list(files), workers, timeout, port)
+    baselines(work, files, sglang_tests)
     cosmic_ray("init", str(cfg), str(work / "session.sqlite"), cwd=work / "worker-0", check=True)
     with use_db(str(work / "session.sqlite"), WorkDB.Mode.open) as db:
         items = list(db.work_items)
@@ -189,10 +215,16 @@ def main(argv=None) -> int:
     ap.add_argument("--scope", choices=["functions", "files"], default="functions",
                     help="sample mutants inside the functions vmfuzz surface lists as driven (default), "
                          "or anywhere in the driven files")
+    ap.add_argument("--sglang-tests", type=Path, metavar="PATH",
+                    help="an SGLang checkout (or its test/ folder) whose own unit tests judge the same mutants, "
+                         "side by side with the gate; never copied here")
     args = ap.parse_args(argv)
     work = args.work.resolve()
+    if args.sglang_tests is not None and not args.sglang_tests.is_dir():
+        sys.exit(f"mutation_score: --sglang-tests {args.sglang_tests}: not a directory")
     if args.step in ("prepare", "all"):
-        prepare(work, args.sample, args.seed, args.workers, args.timeout, args.scope, args.port)
+        prepare(work, args.sample, args.seed, args.workers, args.timeout, args.scope, args.port,
+                args.sglang_tests.resolve() if args.sglang_tests else None)
     if args.step in ("exec", "all"):
         execute(work)
     if args.step in ("report", "all"):

@@ -7,13 +7,19 @@ Each sampled mutant is one of:
 - timed-out: the gate ran past the per-mutant timeout;
 - out-of-step: the gate exited 3 (vmfuzz could not check this code: never a kill);
 - error: the gate exited 2, or cosmic-ray could not run the mutant (never a kill);
-- suspected-equivalent: a survivor whose diff touches only what cannot change the mask:
-  a log or warning call, an assert's message, a docstring or comment. Reported
-  apart from the survivors, and still listed with them in survivors.md.
+- suspected-equivalent: a survivor whose outputs on the gate's fixed cases (the
+  boundary seeds and the deep corpus) are byte-identical to the pristine copy's
+  everywhere the gate's properties look (``vmfuzz-equiv: identical``, written by
+  bench/mutation_kill.py through bench/mutation_equiv.py). A survivor whose
+  outputs differ is a real gap of the gate, listed with the buffer that differs;
+  one whose outputs were not compared counts as survived.
 
-Mutants whose module output is byte-identical on the corpus would be a stronger
-equivalence test; it is not run (it would need every driven function's outputs
-recorded per mutant).
+A kill is credited to a property only through a ``vmfuzz-origin:`` line naming
+it with a property's own effect; a kill whose origins are all the mutant
+raising, crashing or hanging is its own column; a kill with no origin credits
+nothing. The diff-text heuristic this replaced (only a log line, an assert's
+message or a string changed) is gone: every mutant it matched produces
+identical outputs, so the behaviour check finds all of them and more.
 """
 
 from __future__ import annotations
@@ -25,27 +31,15 @@ from pathlib import Path
 
 OUTCOMES = ("killed", "survived", "suspected-equivalent", "timed-out", "out-of-step", "error")
 EXIT_LINE = re.compile(r"vmfuzz-kill: exit (-?\d+)")
-# lines whose change cannot reach the mask: logging, warnings, assert messages, strings alone
-INERT = re.compile(r"^\s*(logger\.|log\.|logging\.|warnings\.warn|print\(|#|\"\"\"|'''|[rfbu]?[\"'].*[\"'],?\s*$)")
+EQUIV_LINE = re.compile(r"^vmfuzz-equiv: (.*)$", re.M)
+TESTS_LINE = re.compile(r"^vmfuzz-sglang-tests: (.*)$", re.M)
+CPU_LINE = re.compile(r"^vmfuzz-cpu: ([\d.]+) s gate; examples (\d+|None)", re.M)
+RAISING = ("raise", "crash", "hang")
 
 
-def changed_lines(diff: str) -> list[str]:
-    return [ln[1:] for ln in (diff or "").splitlines()
-            if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
-
-
-def suspected_equivalent(diff: str) -> bool:
-    lines = changed_lines(diff)
-    if not lines:
-        return True
-    return all(INERT.match(ln) or re.match(r"^\s*assert .*,\s*[rfbu]?[\"']", ln) and _same_condition(lines)
-               for ln in lines)
-
-
-def _same_condition(lines: list[str]) -> bool:
-    """An assert whose condition is unchanged (only its message differs)."""
-    conds = {ln.split(",")[0].strip() for ln in lines if ln.strip().startswith("assert ")}
-    return len(conds) == 1
+def line(pattern: re.Pattern, output: str | None) -> str | None:
+    m = pattern.search(output or "")
+    return m.group(1).strip() if m else None
 
 
 def classify(result) -> str:
@@ -56,7 +50,8 @@ def classify(result) -> str:
     m = EXIT_LINE.search(result.output or "")
     code = int(m.group(1)) if m else None
     if code == 0:
-        return "suspected-equivalent" if suspected_equivalent(result.diff) else "survived"
+        equiv = line(EQUIV_LINE, result.output) or ""
+        return "suspected-equivalent" if equiv.startswith("identical") else "survived"
     if code == 1:
         return "killed"
     if code == 3:
@@ -76,7 +71,7 @@ def killed_by(output: str) -> str:
     origins = [json.loads(m) for m in ORIGIN_LINE.findall(output or "")]
     if not origins:
         return "unknown"
-    if any(o.get("effect") not in ("raise", "crash", "hang") for o in origins):
+    if any(o.get("effect") not in RAISING for o in origins):
         return "a property's check"
     return "the mutant raising"
 
@@ -84,60 +79,134 @@ def killed_by(output: str) -> str:
 def killing_properties(output: str) -> list[str]:
     """The properties a kill is credited to: those named by a non-raise origin."""
     origins = [json.loads(m) for m in ORIGIN_LINE.findall(output or "")]
-    return sorted({o["property"] for o in origins if o.get("effect") not in ("raise", "crash", "hang")})
+    return sorted({o["property"] for o in origins if o.get("effect") not in RAISING and o.get("property")})
+
+
+def mutant_row(job: str, m, result) -> dict:
+    """One sampled mutant as the tables read it: its fate, who killed it, what its outputs showed,
+    SGLang's tests' verdict and the gate's CPU time."""
+    outcome, out = classify(result), result.output
+    cpu = CPU_LINE.search(out or "")
+    return {"job": job, "file": str(m.module_path).removeprefix("python/sglang/"),
+            "operator": m.operator_name.split("/")[-1], "line": m.start_pos[0], "outcome": outcome,
+            "diff": result.diff or "",
+            "killed_by": killed_by(out) if outcome == "killed" else None,
+            "properties": killing_properties(out) if outcome == "killed" else [],
+            "equiv": line(EQUIV_LINE, out) if outcome in ("survived", "suspected-equivalent") else None,
+            "sglang_tests": line(TESTS_LINE, out),
+            "gate_cpu_s": float(cpu.group(1)) if cpu else None,
+            "examples": int(cpu.group(2)) if cpu and cpu.group(2) != "None" else None,
+            "exit_line": (EXIT_LINE.search(out or "") or [None])[0]}
 
 
 def rows(work: Path):
     from cosmic_ray.work_db import WorkDB, use_db
     with use_db(str(work / "session.sqlite"), WorkDB.Mode.open) as db:
         for item, result in db.completed_work_items:
-            if result.worker_outcome == "skipped":
-                continue
-            m = item.mutations[0]
-            file = str(m.module_path).removeprefix("python/sglang/")
-            yield {"job": item.job_id, "file": file, "operator": m.operator_name.split("/")[-1],
-                   "line": m.start_pos[0], "outcome": classify(result), "diff": result.diff or "",
-                   "killed_by": killed_by(result.output) if classify(result) == "killed" else None,
-                   "exit_line": (EXIT_LINE.search(result.output or "") or [None])[0]}
+            if result.worker_outcome != "skipped":
+                yield mutant_row(item.job_id, item.mutations[0], result)
+
+
+COLUMNS = ("killed", "by a check", "by raising", "survived", "suspected-equivalent", "timed-out", "out-of-step",
+           "error")
+
+
+def _column(r: dict) -> list[str]:
+    """The columns a mutant counts in: its outcome, and a kill's split by who killed it."""
+    extra = {"a property's check": ["by a check"], "the mutant raising": ["by raising"]}.get(r["killed_by"], [])
+    return [r["outcome"], *extra]
 
 
 def _table(title: str, counts: dict[str, Counter]) -> list[str]:
-    out = [f"| {title} | " + " | ".join(OUTCOMES) + " | score |", "|---" * (len(OUTCOMES) + 2) + "|"]
+    out = [f"| {title} | " + " | ".join(COLUMNS) + " | score |", "|---" * (len(COLUMNS) + 2) + "|"]
     for key in sorted(counts):
         c = counts[key]
         judged = c["killed"] + c["survived"]
         score = f"{c['killed'] / judged:.0%}" if judged else "-"
-        out.append(f"| `{key}` | " + " | ".join(str(c[o]) for o in OUTCOMES) + f" | {score} |")
+        out.append(f"| `{key}` | " + " | ".join(str(c[o]) for o in COLUMNS) + f" | {score} |")
     return out
 
 
-def report(work: Path) -> dict:
-    done = list(rows(work))
-    plan = json.loads((work / "plan.json").read_text())
+def headline(total: Counter, done: list[dict]) -> list[str]:
+    """The sentence a maintainer can quote, and the gate's throughput."""
+    non_equivalent = total["killed"] + total["survived"]
+    by_check = total["by a check"]
+    out = ["## Headline", ""]
+    if non_equivalent:
+        out.append(f"**The gate kills {by_check / non_equivalent:.0%} of non-equivalent mutants by a property's "
+                   f"check** ({by_check} killed by a property's check / ({total['killed']} killed + "
+                   f"{total['survived']} survived with outputs not shown identical); "
+                   f"{total['by raising']} more only by the mutant raising or crashing.")
+    else:
+        out.append("No mutant was judged (none killed, none survived).")
+    unrun = sum(r["outcome"] == "suspected-equivalent" and "never ran" in (r["equiv"] or "") for r in done)
+    if unrun:
+        out += ["", f"{unrun} of the {total['suspected-equivalent']} suspected-equivalent mutants never ran their "
+                    f"mutated line on the fixed cases (identical because unreached, not shown equivalent); "
+                    f"counted as survivors the figure is {by_check / (non_equivalent + unrun):.0%}."]
+    cpus = [r["gate_cpu_s"] for r in done if r["gate_cpu_s"] is not None]
+    if cpus and sum(cpus) > 0:
+        kills = sum(r["outcome"] == "killed" for r in done if r["gate_cpu_s"] is not None)
+        examples = [r["examples"] for r in done if r["gate_cpu_s"] is not None and r["examples"] is not None]
+        out += ["", f"Throughput: {kills / (sum(cpus) / 60):.2f} kills per CPU-minute of the gate "
+                    f"({kills} kills, {sum(cpus):.0f} CPU s (user+sys) over {len(cpus)} gate runs)"
+                + (f"; {sum(examples) / sum(cpus):.1f} property examples per CPU-second" if examples else "")
+                + "."]
+    return out + [""]
+
+
+def side_by_side(done: list[dict]) -> list[str]:
+    """Each mutant's fate under the gate and under SGLang's own tests."""
+    out = ["## The gate beside SGLang's own tests", "",
+           "| mutant | gate | killing properties | outputs vs pristine | SGLang's tests |", "|---|---|---|---|---|"]
+    for r in done:
+        gate = r["outcome"] + (f" ({r['killed_by']})" if r["killed_by"] else "")
+        out.append(f"| `{r['file']}:{r['line']}` {r['operator']} | {gate} | {', '.join(r['properties']) or '-'} "
+                   f"| {r['equiv'] or '-'} | {r['sglang_tests'] or 'not run: no checkout given'} |")
+    tests = Counter((r["sglang_tests"] or "not run").split(" ")[0].rstrip(":") for r in done)
+    out += ["", "SGLang's tests: " + ", ".join(f"{n} {k}" for k, n in sorted(tests.items())) + ".", ""]
+    return out
+
+
+def survivor_notes(done: list[dict]) -> list[str]:
+    surv = ["# Surviving mutants (where the gate is blind)", ""]
+    for r in done:
+        if r["outcome"] in ("survived", "suspected-equivalent"):
+            what = r["outcome"] if r["outcome"] != "survived" else f"survived; outputs {r['equiv'] or 'not compared'}"
+            surv += [f"## {r['file']}:{r['line']} {r['operator']} ({what})", "", "```diff", r["diff"].strip(),
+                     "```", ""]
+    return surv
+
+
+def render(done: list[dict], plan: dict) -> tuple[list[str], dict]:
+    """score.md's lines and score.json's data from the mutants' rows."""
     by_file, by_op, total = defaultdict(Counter), defaultdict(Counter), Counter()
     for r in done:
-        by_file[r["file"]][r["outcome"]] += 1
-        by_op[r["operator"]][r["outcome"]] += 1
-        total[r["outcome"]] += 1
+        for col in _column(r):
+            by_file[r["file"]][col] += 1
+            by_op[r["operator"]][col] += 1
+            total[col] += 1
     judged = total["killed"] + total["survived"]
     head = (f"{len(done)} of {plan['sample']} sampled mutants run (seed {plan['seed']}; {plan.get('in_scope', plan['of'])} in scope ({plan.get('scope', 'files')}), {plan['of']} in the driven files); "
             + ", ".join(f"{total[o]} {o}" for o in OUTCOMES)
             + (f"; score killed / (killed + survived) = {total['killed'] / judged:.0%}" if judged else ""))
     by_killer = Counter(r["killed_by"] for r in done if r["killed_by"])
     killers = "Killed by: " + ", ".join(f"{n} {k}" for k, n in sorted(by_killer.items())) + "."
-    md = [f"# Mutation score of `vmfuzz gate --target sglang`", "", head, "", killers, "",
-          *_table("file", by_file), "", *_table("operator", by_op), ""]
+    md = ["# Mutation score of `vmfuzz gate --target sglang`", "", head, "", *headline(total, done), killers, "",
+          *_table("file", by_file), "", *_table("operator", by_op), "", *side_by_side(done)]
+    data = {"headline": head, "total": dict(total), "killed_by": dict(by_killer),
+            "by_file": {k: dict(v) for k, v in by_file.items()}, "by_operator": {k: dict(v) for k, v in by_op.items()},
+            "mutants": done}
+    return md, data
+
+
+def report(work: Path) -> dict:
+    done = list(rows(work))
+    md, data = render(done, json.loads((work / "plan.json").read_text()))
     (work / "score.md").write_text("\n".join(md))
-    surv = ["# Surviving mutants (where the gate is blind)", ""]
-    for r in done:
-        if r["outcome"] in ("survived", "suspected-equivalent"):
-            surv += [f"## {r['file']}:{r['line']} {r['operator']} ({r['outcome']})", "", "```diff", r["diff"].strip(),
-                     "```", ""]
-    (work / "survivors.md").write_text("\n".join(surv))
-    data = {"headline": head, "total": dict(total), "killed_by": dict(by_killer), "by_file": {k: dict(v) for k, v in by_file.items()},
-            "by_operator": {k: dict(v) for k, v in by_op.items()},
-            "mutants": [{k: v for k, v in r.items()} for r in done]}
+    (work / "survivors.md").write_text("\n".join(survivor_notes(done)))
     (work / "score.json").write_text(json.dumps(data, indent=1))
-    print(head)
+    print(data["headline"])
+    print("\n".join(headline(Counter(data["total"]), done)[2:]).strip())
     print(f"tables: {work / 'score.md'}; survivors' diffs: {work / 'survivors.md'}")
     return data

@@ -18,7 +18,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import mutation_kill  # noqa: E402
 import mutation_score  # noqa: E402
-from mutation_table import classify, killed_by, killing_properties, suspected_equivalent  # noqa: E402
+import mutation_equiv  # noqa: E402
+import sglang_tests  # noqa: E402
+from mutation_table import classify, killed_by, killing_properties, mutant_row, render  # noqa: E402
 
 pytest.importorskip("cosmic_ray")
 from cosmic_ray.work_item import WorkerOutcome, WorkResult  # noqa: E402
@@ -30,7 +32,11 @@ LOG_DIFF = "--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-    logger.info('a %d', 1 + 2)
 @pytest.mark.parametrize("output, diff, outcome", [
     ("vmfuzz-kill: exit 1 in 3s", CODE_DIFF, "killed"),
     ("vmfuzz-kill: exit 0 in 3s", CODE_DIFF, "survived"),
-    ("vmfuzz-kill: exit 0 in 3s", LOG_DIFF, "suspected-equivalent"),
+    # equivalence is read from the outputs, never from the diff's text
+    ("vmfuzz-kill: exit 0 in 3s\nvmfuzz-equiv: identical (812 outputs compared)", CODE_DIFF, "suspected-equivalent"),
+    ("vmfuzz-kill: exit 0 in 3s\nvmfuzz-equiv: differs: verify ->.tree_mask (3 outputs; first x)", LOG_DIFF,
+     "survived"),
+    ("vmfuzz-kill: exit 0 in 3s", LOG_DIFF, "survived"),  # outputs not compared: never equivalent
     ("vmfuzz-kill: exit 3 in 3s", CODE_DIFF, "out-of-step"),  # could not check: never a kill
     ("vmfuzz-kill: exit 2 in 3s", CODE_DIFF, "error"),
     ("timeout", CODE_DIFF, "timed-out"),
@@ -39,11 +45,6 @@ LOG_DIFF = "--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-    logger.info('a %d', 1 + 2)
 def test_a_gates_exit_is_read_as_its_outcome(output, diff, outcome):
     result = WorkResult(worker_outcome=WorkerOutcome.NORMAL, output=output, diff=diff)
     assert classify(result) == outcome
-
-
-def test_only_inert_lines_are_suspected_equivalent():
-    assert suspected_equivalent(LOG_DIFF)
-    assert not suspected_equivalent(CODE_DIFF)
 
 
 def test_the_copy_cosmic_ray_edits_is_never_the_installed_file(tmp_path):
@@ -92,3 +93,147 @@ def test_a_kill_by_the_mutant_raising_is_told_apart_from_a_property_s_check():
 def test_a_run_with_no_output_credits_nothing():
     assert killed_by("") == "unknown" and killed_by(None) == "unknown"
     assert killing_properties("vmfuzz-kill: exit 1 in 3.0s") == []
+
+
+PROPS = ["no-oob-write", "reader-agreement", "packed-mask", "allocation-soundness"]
+
+
+@pytest.fixture(scope="module")
+def pristine():
+    from harness.targets import resolve
+    return [mutation_equiv.record(resolve("reference"), PROPS) for _ in range(2)]
+
+
+@pytest.mark.parametrize("variant, buffer", [
+    ("row-offset", "verify ->.tree_mask"),  # the tree kernel writes every row d cells late
+    ("pack-msb-first", "pack_mask ->.buffer"),  # the packed reader view
+    ("eager-indptr-no-draft-span", "read_eager ->.indptr"),  # the Triton reader's metadata
+    ("alloc-wrong-d", "allocation_call ->.mask.buffer"),  # an allocation site's call
+])
+def test_a_survivor_whose_outputs_differ_names_the_buffer(pristine, variant, buffer):
+    """Outputs on the gate's fixed cases, byte for byte, against the pristine copy's (here the
+    reference target stands for SGLang and a known-bad variant for a mutant)."""
+    from harness.targets import resolve
+    mutant = mutation_equiv.record(resolve("reference+" + variant), PROPS)
+    diffs = mutation_equiv.differences(pristine, mutant, PROPS)
+    assert diffs and buffer in {mutation_equiv.buffer_of(k) for k in diffs}
+    line = mutation_equiv.verdict(diffs, len(mutant))
+    assert line.startswith("differs: ") and buffer in line
+
+
+def test_unchanged_outputs_are_suspected_equivalent(pristine):
+    from harness.targets import resolve
+    again = mutation_equiv.record(resolve("reference"), PROPS)
+    assert mutation_equiv.differences(pristine, again, PROPS) == []
+    assert mutation_equiv.verdict([], len(again)).startswith("identical")
+    # a property the mutated file does not drive is not compared
+    other = dict(again, **{k: "x" for k in again if k.startswith("packed-mask ")})
+    assert mutation_equiv.differences(pristine, other, ["reader-agreement"]) == []
+    assert mutation_equiv.differences(pristine, other, ["packed-mask"])
+
+
+def test_what_differs_between_pristine_runs_is_never_compared():
+    a, t = "packed-mask case0 call1:pack_mask ->.indptr", "packed-mask case0 call1:pack_mask ->.buffer"
+    runs = [{a: "1", t: "5"}, {a: "1", t: "6"}]
+    assert mutation_equiv.differences(runs, {a: "1", t: "7"}, ["packed-mask"]) == []
+    assert mutation_equiv.differences(runs, {a: "2", t: "7"}, ["packed-mask"]) == [a]
+    # a call the pristine copy never made is a difference too
+    extra = "packed-mask case0 call2:pack_mask ->.indptr"
+    assert mutation_equiv.differences(runs, {**runs[0], extra: "1"}, ["packed-mask"]) == [extra]
+
+
+def _fake_sglang(root: Path, value: int) -> Path:
+    pkg = root / "python" / "sglang" / "srt"
+    pkg.mkdir(parents=True)
+    (root / "python" / "sglang" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "mask.py").write_text(f"def width():\n    return {value}\n")
+    return root
+
+
+def test_sglang_s_own_tests_judge_the_same_mutant(tmp_path):
+    """A fake checkout: one test that imports the mutated module and fails on the mutant, one that
+    fails unmutated (a GPU test, say: never used), one about another module (not selected)."""
+    tests = tmp_path / "checkout" / "test"
+    tests.mkdir(parents=True)
+    (tests / "test_mask.py").write_text("from sglang.srt.mask import width\n\n"
+                                        "def test_width():\n    assert width() == 8\n")
+    (tests / "test_needs_gpu.py").write_text("from sglang.srt import mask\n\n"
+                                             "def test_gpu():\n    assert False, 'no GPU'\n")
+    (tests / "test_other.py").write_text("import sglang.srt.other\n\ndef test_x():\n    pass\n")
+    pristine, mutant = _fake_sglang(tmp_path / "pristine", 8), _fake_sglang(tmp_path / "mutant", 9)
+    chosen = sglang_tests.select(tests, ["srt/mask.py"], pristine)
+    assert chosen == {"srt/mask.py": [str(tests / "test_mask.py")]}
+    assert sglang_tests.verdict(chosen, ["srt/mask.py"], mutant).startswith("killed")
+    assert sglang_tests.verdict(chosen, ["srt/mask.py"], pristine).startswith("survived")
+    assert sglang_tests.verdict(None, ["srt/mask.py"], mutant) == "not run: no checkout given"
+    assert sglang_tests.verdict(chosen, ["srt/other.py"], mutant).startswith("not run")
+
+
+def _row(output: str, job: str = "j", file: str = "srt/a.py", operator: str = "core/NumberReplacer"):
+    from types import SimpleNamespace
+    m = SimpleNamespace(module_path=f"python/sglang/{file}", operator_name=operator, start_pos=(3, 0))
+    return mutant_row(job, m, WorkResult(worker_outcome=WorkerOutcome.NORMAL, output=output, diff=CODE_DIFF))
+
+
+CHECKED = 'vmfuzz-origin: {"effect": "wrong", "property": "reader-agreement"}\n'
+CRASHED = 'vmfuzz-origin: {"effect": "crash", "property": "routing"}\n'
+
+
+def test_the_headline_counts_property_kills_over_non_equivalent_mutants():
+    done = [_row("vmfuzz-kill: exit 1 in 9s\nvmfuzz-cpu: 30.00 s gate; examples 600\n" + CHECKED),
+            _row("vmfuzz-kill: exit 1 in 9s\nvmfuzz-cpu: 30.00 s gate; examples 600\n" + CRASHED),
+            _row("vmfuzz-kill: exit 1 in 9s\nvmfuzz-cpu: 30.00 s gate; examples 600\n"),  # no origin: no credit
+            _row("vmfuzz-kill: exit 0 in 9s\nvmfuzz-cpu: 30.00 s gate; examples 600\n"
+                 "vmfuzz-equiv: differs: read_eager ->.qo_indptr (2 outputs; first x)"),
+            _row("vmfuzz-kill: exit 0 in 9s\nvmfuzz-cpu: 30.00 s gate; examples 600\n"
+                 "vmfuzz-equiv: identical (90 outputs compared)\nvmfuzz-sglang-tests: killed (1 test file(s): 1 failed)"),
+            _row("vmfuzz-kill: exit 0 in 9s\nvmfuzz-equiv: identical (90 outputs compared); "
+                 "the mutated line never ran on these cases")]
+    md, data = render(done, {"sample": 6, "seed": 1, "of": 9})
+    text = "\n".join(md)
+    # 1 by a check / (3 killed + 1 survived non-equivalent); the equivalent one is left out
+    assert "The gate kills 25% of non-equivalent mutants by a property's check" in text
+    assert data["total"]["by a check"] == 1 and data["total"]["by raising"] == 1
+    assert data["total"]["suspected-equivalent"] == 2
+    # the one whose mutated line never ran is identical because unreached: the second figure counts it
+    assert "1 of the 2 suspected-equivalent mutants never ran" in text and "the figure is 20%" in text
+    assert "3 kills, 150 CPU s" in text and "1.20 kills per CPU-minute" in text
+    assert "20.0 property examples per CPU-second" in text
+    assert [r["properties"] for r in done[:3]] == [["reader-agreement"], [], []]
+    assert "killed (1 test file(s)" in text and "not run: no checkout given" in text
+    assert "differs: read_eager ->.qo_indptr" in text
+
+
+def test_a_mutated_line_that_never_runs_is_told_apart(tmp_path, monkeypatch):
+    """The equivalence recording watches the mutated lines: identical outputs from a line that
+    never ran are not evidence of equivalence."""
+    (tmp_path / "m.py").write_text("def f(x):\n    if x:\n        return 1\n    return 2\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import m
+        hit = mutation_equiv.watch({str(tmp_path / "m.py"): {3}})
+        m.f(False)
+        assert not hit["ran"]
+        m.f(True)
+        sys.settrace(None)
+        assert hit["ran"]
+    finally:
+        sys.settrace(None)
+        sys.path.remove(str(tmp_path))
+    pkg, copy = tmp_path / "pkg", tmp_path / "copy" / "python" / "sglang"
+    pkg.mkdir(), copy.mkdir(parents=True)
+    (pkg / "a.py").write_text("a\nb\nc\nd\n")
+    (copy / "a.py").write_text("a\nB\nc\nd\n")
+    monkeypatch.chdir(tmp_path / "copy")
+    assert mutation_kill.mutated_lines({"package": str(pkg)}, "a.py") == [2]
+
+
+def test_the_gate_s_cpu_time_is_its_children_s(tmp_path):
+    before = mutation_kill.children_cpu()
+    import subprocess
+    subprocess.run([sys.executable, "-c", "sum(range(3_000_000))"], check=True)
+    assert mutation_kill.children_cpu() > before
+    (tmp_path / "summary.json").write_text(json.dumps({"counts": {"examples": 412}}))
+    assert mutation_kill.examples(tmp_path / "summary.json") == 412
+    assert mutation_kill.examples(tmp_path / "missing.json") is None
