@@ -179,11 +179,24 @@ def test_nightly_history_is_plotted_in_headless_chromium(nightly, tmp_path):
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_shared_run_shows_its_time_once():
-    from harness.report.html_sections import seconds_cells
-    props = [{"name": n, "seconds": 10.0} for n in ("no-oob-write", "fallback-equivalence", "reference-agreement")]
-    props.append({"name": "routing", "seconds": 4.0})
-    cells = seconds_cells(props)
-    assert cells["no-oob-write"] == "30.0 (one shared run of 3 properties)"
-    assert cells["fallback-equivalence"] == cells["reference-agreement"] == "in the shared run (no-oob-write)"
-    assert cells["routing"] == "4.0"
+def test_a_shared_run_shows_its_time_once(report):
+    """The three properties searched together: one row with the run's time, each member "shared",
+    even when a member's finding left the later rounds to the others (unequal shares)."""
+    s = json.loads((report / "summary.json").read_text())
+    members = [p for p in s["properties"] if p.get("shared_run")]
+    assert [p["name"] for p in members] == ["no-oob-write", "capacity-soundness", "capacity-liveness"]
+    assert {p["shared_run"] for p in members} == {"shared:no-oob-write,capacity-soundness,capacity-liveness"}
+    total = sum(p["seconds"] for p in members)
+    # the shares add up to the run, never to a multiple of it
+    assert total <= s["timings"]["search_seconds"] + 0.01
+    html = (report / "report.html").read_text()
+    rows = re.findall(r'<tr class="shared-run" data-seconds="([\d.]+)">(.*?)</tr>', html)
+    assert len(rows) == 1 and abs(float(rows[0][0]) - total) < 0.01, rows
+    assert f"<td>{total:.1f}</td>" in rows[0][1]
+    table = html[html.index("<h2>Properties</h2>"):]
+    for p in members:
+        row = re.search(rf'<tr><td>{p["name"]}</td>.*?</tr>', table).group(0)
+        assert '<td class="shared"' in row and f'<td>{p["seconds"]:.1f}</td>' not in row, row
+    md = (report / "summary.md").read_text()
+    assert md.count("Shared run of") == 1 and f"{total:.1f} s" in md
+    assert all(f"| {p['name']} | {p['status']} | {p['examples']} | shared |" in md for p in members)

@@ -29,7 +29,7 @@ from harness.model.errors import HarnessError, OutOfStep
 from harness.model.origin import Origin
 from harness.model.repro_file import dump, from_case
 from harness.properties import PROPERTIES, Property, PropertyFailure, shared_group
-from harness.properties.shared import group_members
+from harness.properties.shared import group_members, group_name
 
 
 MIN_SHARE = 1.0  # seconds any property gets under a time budget
@@ -371,7 +371,7 @@ def search_shared(target, props: list[Property], *, seed: int, max_examples: int
                                   path_margins=list(res.path_margins), bs_ratio=res.bs_ratio.copy(), rounds=1,
                                   reached=dict(res.reached), corpus=list(res.corpus),
                                   corpus_seconds=res.corpus_seconds / len(members),
-                                  cut_short=res.cut_short, planned=res.planned)
+                                  cut_short=res.cut_short, planned=res.planned, shared_run=group_name(members))
             totals[n].merge(part)
             if not res.skipped:
                 searched.add(n)

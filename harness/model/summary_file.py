@@ -56,6 +56,9 @@ class PropertyResult(_Strict):
     deep_seconds: float = 0.0
     #: seconds spent at each bound step of a stepped (nightly) search, widest last
     seconds_by_bound_step: list[float] = []
+    #: the shared run (``shared:A,B,...``) this property was judged on: ``seconds`` is its
+    #: share of that run; the run's time is the sum of its members' seconds
+    shared_run: Union[str, None] = None
 
 
 class FindingGroup(_Strict):

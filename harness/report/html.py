@@ -226,10 +226,8 @@ def report_html(s: dict, folder: Path | None = None) -> str:
     """The page of ``s``, written into ``folder``: the repro paths relative to it are read from there."""
     c = s["counts"]
     verdict = "FAILED" if c["findings"] else ("could not check" if c.get("could_not_check") else "passed")
-    from harness.report.html_sections import coverage_html, groups_html, history_html, seconds_cells
-    secs = seconds_cells(s["properties"])
-    rows = "".join(f'<tr><td>{escape(p["name"])}</td><td class="{p["status"]}">{p["status"]}</td>'
-                   f'<td>{p["examples"]}</td><td>{escape(secs[p["name"]])}</td></tr>' for p in s["properties"])
+    from harness.report.html_sections import coverage_html, groups_html, history_html, property_rows
+    rows = property_rows(s["properties"])
     versions = ", ".join(f"{escape(k)} {escape(str(v))}" for k, v in s["versions"].items())
     dep = ""
     if s.get("deployment"):

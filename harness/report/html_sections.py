@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from html import escape
 
-from harness.properties.shared import ORDER as SHARED_ORDER
+from harness.report.summary import shared_runs
+
 
 
 def groups_html(s: dict, picture) -> str:
@@ -58,23 +59,31 @@ def coverage_html(s: dict) -> str:
     return f'<h2 id="coverage">What the search covered</h2><table class="coverage">{body}</table>'
 
 
-def seconds_cells(props: list[dict]) -> dict[str, str]:
-    """Each property's time; the shared run's members show its time once, not each.
+def property_rows(props: list[dict]) -> str:
+    """The properties table's rows; a shared run's time once, on its own row, its members "shared".
 
-    The drafting properties are judged on one run of each case: each member's
-    seconds are an equal share of that run, the same number for each. The first
-    member shows the run's whole time, the others point to it.
+    The drafting properties are judged on one run of each case: a member's
+    seconds are its share of that run (equal shares a round; a member that
+    failed leaves the later rounds to the others), so the run's time is the
+    sum of its members' and no member's own.
     """
-    shared = [p for p in props if p["name"] in SHARED_ORDER]
-    same = len(shared) > 1 and len({p["seconds"] for p in shared}) == 1 and shared[0]["seconds"] > 0
-    out = {p["name"]: f"{p['seconds']:.1f}" for p in props}
-    if same:
-        first = shared[0]
-        total = sum(p["seconds"] for p in shared)  # each member carries an equal share of the run
-        out[first["name"]] = f"{total:.1f} (one shared run of {len(shared)} properties)"
-        for p in shared[1:]:
-            out[p["name"]] = f"in the shared run ({first['name']})"
-    return out
+    runs = shared_runs(props)
+    out, shown = [], set()
+    for p in props:
+        run = p.get("shared_run")
+        if run and run not in shown:
+            shown.add(run)
+            members = runs[run]
+            total = sum(m["seconds"] for m in members)
+            names = ", ".join(m["name"] for m in members)
+            out.append(f'<tr class="shared-run" data-seconds="{total:.3f}"><td>shared run of {len(members)} '
+                       f'properties</td><td colspan="2">{escape(names)}: each case run once, every one judged '
+                       f'on it</td><td>{total:.1f}</td></tr>')
+        secs = (f'<td class="shared" title="its share: {p["seconds"]:.1f} s">shared</td>' if run
+                else f'<td>{p["seconds"]:.1f}</td>')
+        out.append(f'<tr><td>{escape(p["name"])}</td><td class="{p["status"]}">{p["status"]}</td>'
+                   f'<td>{p["examples"]}</td>{secs}</tr>')
+    return "".join(out)
 
 
 def line_chart(chart_id: str, title: str, points: list[tuple[str, float]], note: str = "",
