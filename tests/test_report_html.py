@@ -200,3 +200,47 @@ def test_a_shared_run_shows_its_time_once(report):
     md = (report / "summary.md").read_text()
     assert md.count("Shared run of") == 1 and f"{total:.1f} s" in md
     assert all(f"| {p['name']} | {p['status']} | {p['examples']} | shared |" in md for p in members)
+
+
+def _repro(folder, name, config, batches, prop):
+    (folder / "findings").mkdir(exist_ok=True)
+    (folder / "findings" / name).write_text(json.dumps({"target": "reference+pr33127", "property": prop,
+                                                        "config": config, "batches": batches}))
+    return f"findings/{name}"
+
+
+def test_a_groups_picture_is_its_own_repro_not_a_members_words(tmp_path):
+    """The group's minimal repro is a 3-cell buffer; a member's finding (its own, larger case)
+    says "8 cells" in its words. The picture is the 3-cell one, from the repro and the origin alone."""
+    from functools import partial
+    from harness.report.html import buffer_picture
+    from harness.report.html_sections import groups_html
+    base = {"mode": "FULL_MASK", "max_bs": 1, "max_context_len": 2, "topk": 1, "spec_steps": 1, "is_read": True}
+    small = _repro(tmp_path, "capacity-soundness.json", {**base, "num_draft_tokens": 1}, [{"seq_lens": [2]},
+                                                                                         {"seq_lens": [1, 2]}],
+                   "capacity-soundness")
+    large = _repro(tmp_path, "no-oob-write.json", {**base, "num_draft_tokens": 2}, [{"seq_lens": [2, 2]}],
+                   "no-oob-write")
+    origin = {"effect": "overrun", "writer": "verify step", "buffer": "tree_mask", "side": "above",
+              "cell": "request past the buffer's capacity"}
+    s = {"counts": {"findings": 2},
+         "groups": [{"signature": "overrun tree_mask above", "count": 2, "properties": ["capacity-soundness",
+                     "no-oob-write"], "repro": small, "repro_property": "capacity-soundness", "detail": "d",
+                     "members": [large, small], "origin": {"property": "capacity-soundness", **origin}}],
+         "findings": [{"property": "no-oob-write", "kind": "property", "repro": large,
+                       "origin": {"property": "no-oob-write", **origin},
+                       "detail": "out-of-bounds write on the reused buffer (bs 2, max_bs 1): tree_mask: 4 cell(s) "
+                                 "written at offsets [10, 16) outside its 8 cells (back redzone, request 1)"},
+                      {"property": "capacity-soundness", "kind": "property", "repro": small, "detail": "short",
+                       "origin": {"property": "capacity-soundness", **origin}}]}
+    html = groups_html(s, partial(buffer_picture, folder=tmp_path))
+    # FULL_MASK, max_bs 1, context 2, d 1: 3 cells; its second batch [1, 2] needs 1*3 + 1*2 = 5
+    assert 'class="buffer"' in html and "2 requests need 5 cells of its 3" in html, html
+    assert "cell(s) in [3, 5)" in html and "buffer end: cell 3" in html
+    assert "8 cells" not in html and "[10, 16)" not in html
+    # reworded members change nothing: the picture never reads a finding's words
+    s["findings"][0]["detail"] = "something else entirely"
+    assert groups_html(s, partial(buffer_picture, folder=tmp_path)) == html
+    # an origin that is no overrun of the mask above its end is not drawn, whatever the words
+    s["groups"][0]["origin"] = {"property": "capacity-soundness", "effect": "wrong", "buffer": "tree_mask"}
+    assert 'class="buffer"' not in groups_html(s, partial(buffer_picture, folder=tmp_path))

@@ -15,14 +15,11 @@ def groups_html(s: dict, picture) -> str:
     groups = s.get("groups") or []
     if not groups:
         return ""
-    by_repro = {f["repro"]: (i, f) for i, f in enumerate(s["findings"])}
     out = [f'<h2 id="groups">{len(groups)} finding group{"" if len(groups) == 1 else "s"} '
            f'(one per cause; {s["counts"]["findings"]} findings in all)</h2>']
     for k, g in enumerate(groups):
-        # the buffer picture of the first member that wrote out of bounds (the repro may only
-        # have found the buffer short); ids apart from the findings list's own pictures
-        pic = next((p for p in (picture(by_repro[r][1], 1000 + k) for r in [g["repro"]] + g.get("members", [])
-                                if r in by_repro) if p), "")
+        # drawn from the group's own minimal repro and origin; ids apart from the findings list's
+        pic = picture(g, 1000 + k)
         server = "" if g.get("server_valid", True) else " (note: no server runs this config)"
         out.append(f'<div class="finding group" data-signature="{escape(g["signature"])}">'
                    f'<h3>{escape(g["signature"])}</h3>'
