@@ -244,3 +244,23 @@ def test_a_groups_picture_is_its_own_repro_not_a_members_words(tmp_path):
     # an origin that is no overrun of the mask above its end is not drawn, whatever the words
     s["groups"][0]["origin"] = {"property": "capacity-soundness", "effect": "wrong", "buffer": "tree_mask"}
     assert 'class="buffer"' not in groups_html(s, partial(buffer_picture, folder=tmp_path))
+
+
+def test_known_findings_are_listed_with_their_status(report):
+    """The known entries summary.md lists (name, property, status, release range) are on the page too."""
+    from harness.report.html import report_html
+    from harness.report.summary import summary_md
+    s = json.loads((report / "summary.json").read_text())
+    assert 'id="known"' not in report_html(s, report)  # none known: no section
+    s["known_findings"] = [
+        {"name": "policy-behind-router", "property": "routing", "sglang": ">=0.5.19,<=0.5.23",
+         "reason": "decides for the router's class", "status": "reproduces", "detail": "d",
+         "repro": "findings/known-policy-behind-router.json"},
+        {"name": "old-one", "property": "routing", "sglang": ">=0.5.17,<=0.5.22", "reason": "fixed upstream",
+         "status": "no longer reproduces", "detail": "d", "repro": "known/old-one.json"}]
+    html = report_html(s, report)
+    section = html[html.index('<h2 id="known">'):]
+    rows = re.findall(r"<tr><td><code>(.*?)</code></td><td>(.*?)</td><td>(.*?)</td>", section)
+    assert rows == [("policy-behind-router", "routing", "reproduces"), ("old-one", "routing", "no longer reproduces")]
+    md = summary_md(s)
+    assert all(f"`{k['name']}` ({k['property']}" in md and k["status"] in md for k in s["known_findings"])

@@ -226,7 +226,8 @@ def report_html(s: dict, folder: Path | None = None) -> str:
     """The page of ``s``, written into ``folder``: the repro paths relative to it are read from there."""
     c = s["counts"]
     verdict = "FAILED" if c["findings"] else ("could not check" if c.get("could_not_check") else "passed")
-    from harness.report.html_sections import coverage_html, groups_html, history_html, property_rows
+    from harness.report.html_sections import (coverage_html, gate_html, groups_html, history_html, known_html,
+                                              property_rows)
     rows = property_rows(s["properties"])
     versions = ", ".join(f"{escape(k)} {escape(str(v))}" for k, v in s["versions"].items())
     dep = ""
@@ -250,6 +251,8 @@ def report_html(s: dict, folder: Path | None = None) -> str:
 {c['held']} held / {c['failed']} failed / {c['skipped']} skipped, {s['timings']['total_seconds']:.0f}s. {versions}</p>
 {dep}
 {findings}
+{gate_html(s)}
+{known_html(s)}
 <h2>Properties</h2><table><tr><th>property</th><th>status</th><th>examples</th><th>seconds</th></tr>{rows}</table>
 <h2>What the search reached</h2><p class="note">{charts_note}</p>
 <div class="charts">{''.join(_charts(s))}</div>

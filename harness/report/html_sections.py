@@ -30,6 +30,51 @@ def groups_html(s: dict, picture) -> str:
     return "".join(out)
 
 
+def gate_html(s: dict) -> str:
+    """A gate's files: what the change touched, which of those triggered it, which a property that
+    ran went through (exercised) and which it did not (not driven, and why): a green gate has not
+    tested its not-driven files."""
+    g = s.get("gate")
+    if not g:
+        return ""
+    why = g.get("why_not_driven") or {}
+
+    def files(paths, reason=False):
+        if not paths:
+            return "none"
+        return "<ul>" + "".join(f"<li><code>{escape(p)}</code>"
+                                + (f": {escape(why[p])}" if reason and why.get(p) else "") + "</li>"
+                                for p in paths) + "</ul>"
+    rows = [("changed", files(g.get("changed") or [])),
+            ("triggered the gate (name verify-mask code)", files(g.get("triggered") or [])),
+            ("exercised (a property that ran goes through it)", files(g.get("exercised") or [])),
+            ('<span class="failed">not driven</span> (triggered, not tested)', files(g.get("not_driven") or [], True))]
+    rows += [("out of step", "<ul>" + "".join(f"<li>{escape(w)}</li>" for w in g["out_of_step"]) + "</ul>")
+             ] if g.get("out_of_step") else []
+    if g.get("checkout"):
+        rows.append(("SGLang checkout tested", f"<code>{escape(g['checkout'])}</code>"))
+    body = "".join(f'<tr><th>{a}</th><td>{b}</td></tr>' for a, b in rows)
+    untested = len(g.get("not_driven") or [])
+    note = (f'<p class="note">{untested} triggering file(s) not driven: a passing gate has not tested '
+            f'{"it" if untested == 1 else "them"}.</p>' if untested else "")
+    return f'<h2 id="gate">Gate: the changed files</h2><table class="gate">{body}</table>{note}'
+
+
+def known_html(s: dict) -> str:
+    """The known findings (``known/``: upstream's to fix) and whether each still reproduces."""
+    known = s.get("known_findings") or []
+    if not known:
+        return ""
+    rows = "".join(f'<tr><td><code>{escape(k["name"])}</code></td><td>{escape(k["property"])}</td>'
+                   f'<td>{escape(k["status"])}</td><td>{escape(str(k.get("sglang", "")))}</td>'
+                   f'<td>{escape(k.get("reason", ""))}</td>'
+                   f'<td>{"<code>" + escape(k["repro"]) + "</code>" if k.get("repro") else ""}</td></tr>'
+                   for k in known)
+    return (f'<h2 id="known">Known findings (upstream\'s to fix; <code>known/</code>)</h2><table class="known">'
+            f'<tr><th>name</th><th>property</th><th>status</th><th>sglang</th><th>why</th><th>repro</th></tr>'
+            f'{rows}</table>')
+
+
 def _items(classes: dict, prefix: str) -> list[str]:
     return sorted(f"{k.removeprefix(prefix)} ({v:,})" for k, v in classes.items() if k.startswith(prefix))
 
