@@ -205,7 +205,7 @@ def _reached(results) -> dict:
 def summary_md(s: dict) -> str:
     c = s["counts"]
     dep_failed = any(((s.get("deployment") or {}).get(p) or {}).get("ok") is False for p in ("routing", "allocation"))
-    failing = _failing(s)
+    failing = fails(s)
     verdict = "**FAILED**" if failing or dep_failed or s.get("interrupted") else "passed"
     if s.get("interrupted") and not failing:
         verdict = "**INTERRUPTED**"
@@ -279,7 +279,7 @@ def summary_md(s: dict) -> str:
     return "\n".join(lines)
 
 
-def _failing(s: dict) -> bool:
+def fails(s: dict) -> bool:
     """Does this summary fail (the exit code's rule): a new group, or a known one with --fail-on-known."""
     c = s["counts"]
     if "new_groups" not in c:  # a summary written before origins: every finding counted
