@@ -232,3 +232,12 @@ def conform(summary: dict, shape: type) -> None:
         msgspec.convert(summary, shape, strict=True)
     except msgspec.ValidationError as exc:
         raise SummaryError(f"summary.json does not match {shape.__name__}: {exc}") from None
+
+
+def shared_runs(props: list[dict]) -> dict[str, list[dict]]:
+    """The shared runs of a summary's properties (``shared_run``), each with its members in order."""
+    runs: dict[str, list[dict]] = {}
+    for p in props:
+        if p.get("shared_run"):
+            runs.setdefault(p["shared_run"], []).append(p)
+    return runs

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from html import escape
 
-from harness.report.summary import shared_runs
+from harness.model.summary_file import shared_runs
 
 
 

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness.model.summary_file import CommandSummary as CommandShape
-from harness.model.summary_file import RunSummary, SummaryError, conform
+from harness.model.summary_file import RunSummary, SummaryError, conform, shared_runs
 from harness.model.known_file import REPRODUCES
 from harness.report.findings import finding_record, findings_and_known, new_groups
 from harness.report.junit import command_junit, run_junit
@@ -96,15 +96,6 @@ def margin_bucket(m: float) -> str | None:
     if m == 0:
         return MARGIN_BUCKETS[3]
     return MARGIN_BUCKETS[4] if m <= 100 else MARGIN_BUCKETS[5]
-
-
-def shared_runs(props: list[dict]) -> dict[str, list[dict]]:
-    """The shared runs of a summary's properties (``shared_run``), each with its members in order."""
-    runs: dict[str, list[dict]] = {}
-    for p in props:
-        if p.get("shared_run"):
-            runs.setdefault(p["shared_run"], []).append(p)
-    return runs
 
 
 def shared_run_lines(props: list[dict]) -> list[str]:
