@@ -169,10 +169,18 @@ def test_ci_output_has_a_heartbeat_at_least_every_15_seconds_of_silence():
     for t in (130.0, 139.0):
         assert beat.tick(t) is None
     assert beat.tick(140.0) and len(said) == 2 and said[-1].endswith("40s elapsed")
-    # a fixed count (the pr profile): examples out of it, and the ETA they give
-    fixed = Heartbeat(said.append, total=360, clock=lambda: 0.0)
-    fixed.examples = 90
-    assert fixed.line(30.0).endswith("90 examples of 360, ETA 1m30s, 30s elapsed")
+    # a fixed count (the pr profile): the share of it done, and the ETA that gives
+    from harness.report.progress import FixedCount
+    count = FixedCount(12, 30)
+    fixed = Heartbeat(said.append, fixed=count, clock=lambda: 0.0)
+    count.searching(["a", "b", "c"])
+    for _ in range(30):  # a shared run of three: 90 of the 360 property-examples
+        count.example()
+        fixed.examples += 1
+    assert fixed.line(30.0).endswith("30 examples, 25% of the fixed count, ETA 1m30s, 30s elapsed")
+    for _ in range(20):  # its boundary cases on top of its count: never past its slots
+        count.example()
+    assert count.done == 90
 
 
 def test_a_stepped_nightly_under_ci_tells_the_heartbeat_its_step_and_property(monkeypatch, tmp_path):
@@ -205,8 +213,8 @@ def test_a_stepped_nightly_under_ci_tells_the_heartbeat_its_step_and_property(mo
     monkeypatch.setattr("dataclasses.asdict", lambda b: {"step": b})
     monkeypatch.setattr(session, "database_for", lambda *a: None)
     session._staged(plan, None, outcome, None, None, None, lambda r: None, names, ui)
-    assert lines[0].startswith("  heartbeat: bound step 1/2, capacity-liveness, 1 examples")
-    assert lines[-1].startswith("  heartbeat: bound step 2/2, routing, 4 examples")
+    assert lines[0].startswith("  heartbeat: bound step 1/2, capacity-liveness, 1 examples, budget left")
+    assert lines[-1].startswith("  heartbeat: bound step 2/2, routing, 4 examples, budget left")
     assert all(ln.endswith("20s elapsed") for ln in lines)
 
 

@@ -35,14 +35,39 @@ def _clock(seconds: float) -> str:
     return f"{m}m{sec:02d}s" if m else f"{sec}s"
 
 
+class FixedCount:
+    """Examples done of a fixed count (the pr profile): ``slots`` properties of ``per_slot`` each.
+    A shared run's example is one example of each property it judges; a slot never counts past its
+    size (a property's fixed boundary cases come on top of its ``per_slot``), and a property that
+    ends early (a finding) fills its slot."""
+
+    def __init__(self, slots: int, per_slot: int):
+        self.total, self.per_slot = slots * per_slot, per_slot
+        self.slot_start, self.in_slot, self.weight = 0, 0, 1
+
+    @property
+    def done(self) -> int:
+        return self.slot_start + self.in_slot
+
+    def searching(self, names: list[str]) -> None:
+        self.weight = len(names)
+
+    def example(self) -> None:
+        self.in_slot = min(self.in_slot + self.weight, self.per_slot * self.weight)
+
+    def advance(self, n: int = 1) -> None:
+        self.slot_start += n * self.per_slot
+        self.in_slot = max(0, self.in_slot - n * self.per_slot)
+
+
 class Heartbeat:
     """The line CI gets when nothing else was said for ``every`` seconds. ``clock`` is injectable
     (a test drives ``tick`` with its own times); ``start`` runs the ticks on a daemon thread, so a
     single example longer than ``every`` still gets its lines."""
 
-    def __init__(self, say, *, total: int | None = None, budget: float | None = None,
+    def __init__(self, say, *, fixed: FixedCount | None = None, budget: float | None = None,
                  every: float = HEARTBEAT_S, clock=time.monotonic):
-        self.say, self.total, self.budget, self.every, self.clock = say, total, budget, every, clock
+        self.say, self.fixed, self.budget, self.every, self.clock = say, fixed, budget, every, clock
         self.started = self.last = clock()
         self.examples, self.step, self.searching = 0, "", ""
         self._stop = threading.Event()
@@ -56,10 +81,11 @@ class Heartbeat:
         elapsed = now - self.started
         parts = [p for p in (self.step, self.searching) if p]
         done = f"{self.examples:,} examples"
-        if self.total:
-            done += f" of {self.total:,}"
-            if 0 < self.examples < self.total:  # the fixed count left, at the rate so far
-                done += f", ETA {_clock(elapsed * (self.total - self.examples) / self.examples)}"
+        if self.fixed is not None and self.fixed.total:
+            part, total = self.fixed.done, self.fixed.total
+            done += f", {100 * part // total}% of the fixed count"
+            if 0 < part < total:  # what is left of the fixed count, at the rate so far
+                done += f", ETA {_clock(elapsed * (total - part) / part)}"
         elif self.budget is not None:
             done += f", budget left {_clock(budget_left(self.budget, self.started, now))}"
         return f"  heartbeat: {', '.join(parts + [done])}, {_clock(elapsed)} elapsed"
@@ -93,12 +119,10 @@ class LineProgress:
 
     def __init__(self, slots: int, label: str, per_slot: int = 1, budget: float | None = None,
                  heartbeat: bool = False):
-        self.slots, self.done, self.weight = slots, 0, 1
+        self.slots, self.done = slots, 0
+        self.count = None if budget is not None else FixedCount(slots, per_slot)
         self._lock = threading.Lock()
-        self.heart = None
-        if heartbeat:
-            total = None if budget is not None else slots * per_slot
-            self.heart = Heartbeat(self._say, total=total, budget=budget).start()
+        self.heart = Heartbeat(self._say, fixed=self.count, budget=budget).start() if heartbeat else None
 
     def _say(self, line: str) -> None:
         with self._lock:  # the heartbeat's thread and the run's never split a line
@@ -118,15 +142,19 @@ class LineProgress:
         """The properties the search turns to now (a shared run judges several on each example)."""
         if self.heart is not None:
             self.heart.searching = names[0] if len(names) == 1 else f"shared run of {len(names)} properties"
-        self.weight = len(names)
+        if self.count is not None:
+            self.count.searching(names)
 
     def example(self) -> None:
         if self.heart is not None:
-            # a shared run's example is one example of each property it judges: the fixed count's unit
-            self.heart.examples += self.weight if self.heart.total else 1
+            self.heart.examples += 1
+        if self.count is not None:
+            self.count.example()
 
     def advance(self, n: int = 1) -> None:
         self.done += n
+        if self.count is not None:
+            self.count.advance(n)
 
     def failed(self) -> None:
         pass
@@ -149,7 +177,7 @@ class BarProgress:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
         self.console = Console()
-        self.per_slot, self.slot_start, self.in_slot, self.weight = per_slot, 0, 0, 1
+        self.count = FixedCount(slots, per_slot)
         self.budget, self.started, self.examples = budget, time.monotonic(), 0
         self.bar_column = BarColumn(complete_style="green", finished_style="green")
         if budget is None:
@@ -176,25 +204,23 @@ class BarProgress:
         pass
 
     def searching(self, names: list[str]) -> None:
-        """A shared run's example is one example of each property it judges (the fixed count's unit)."""
-        self.weight = len(names)
+        self.count.searching(names)
 
     def example(self) -> None:
         self.examples += 1
         if self.budget is not None:
             self._tick()
         else:
-            self.in_slot = min(self.in_slot + self.weight, self.per_slot * self.weight)
-            self.bar.update(self.task, completed=self.slot_start + self.in_slot)
+            self.count.example()
+            self.bar.update(self.task, completed=self.count.done)
 
     def advance(self, n: int = 1) -> None:
         """``n`` properties finished: their slots full, whatever they counted."""
         if self.budget is not None:
             self._tick()
             return
-        self.slot_start += n * self.per_slot
-        self.in_slot = max(0, self.in_slot - n * self.per_slot)
-        self.bar.update(self.task, completed=self.slot_start + self.in_slot)
+        self.count.advance(n)
+        self.bar.update(self.task, completed=self.count.done)
 
     def failed(self) -> None:
         """A finding: the bar turns red for the rest of the run."""
