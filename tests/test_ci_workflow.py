@@ -135,16 +135,21 @@ def test_one_comment_is_found_by_its_marker_and_edited():
     assert "gh pr comment" not in WORKFLOW.read_text()
 
 
+def _db_steps(job: dict) -> list[dict]:
+    return [st for st in job["steps"] if (st.get("with") or {}).get("path") == ".vmfuzz-db"]
+
+
 def test_the_nightly_saves_its_cache_whatever_the_exit_code_and_the_gate_only_restores():
     jobs = workflow()["jobs"]
     uses = {name: [st.get("uses", "") for st in job["steps"]] for name, job in jobs.items()}
     assert not any(u.startswith("actions/cache@") for u in uses["gate"] + uses["nightly"])
-    assert any(u.startswith("actions/cache/restore@") for u in uses["gate"])
-    assert not any(u.startswith("actions/cache/save@") for u in uses["gate"])
-    [save] = [st for st in jobs["nightly"]["steps"] if st.get("uses", "").startswith("actions/cache/save@")]
+    db = {name: [st["uses"] for st in _db_steps(jobs[name])] for name in ("gate", "nightly")}
+    assert any(u.startswith("actions/cache/restore@") for u in db["gate"])
+    assert not any(u.startswith("actions/cache/save@") for u in db["gate"])
+    [save] = [st for st in _db_steps(jobs["nightly"]) if st["uses"].startswith("actions/cache/save@")]
     assert save["if"] == "always()"
     names = [st.get("name", st.get("uses")) for st in jobs["nightly"]["steps"]]
-    assert names.index("vmfuzz nightly") < names.index(save["uses"])
+    assert names.index("vmfuzz nightly") < jobs["nightly"]["steps"].index(save)
 
 
 def test_versions_come_from_the_project():
@@ -165,3 +170,59 @@ def test_the_nightly_shards_cover_every_property_once_and_are_merged():
     assert merge["needs"] == "nightly" and "always()" in merge["if"]
     assert merge["permissions"] == {"contents": "read"}
     assert any("vmfuzz merge shards/*" in st.get("run", "") for st in merge["steps"])
+
+
+#: what goes into the venv, each pinned by one of these files
+PIN_FILES = ("pyproject.toml", "scripts/bootstrap.sh", "scripts/install_sglang.sh", "scripts/sglang-pins/*")
+
+
+@pytest.mark.parametrize("job", ["gate", "nightly"])
+def test_the_venv_is_restored_before_the_install_keyed_on_every_pin_and_saved_after_it(job):
+    steps = workflow()["jobs"][job]["steps"]
+    venv = [i for i, st in enumerate(steps) if (st.get("with") or {}).get("path") == ".vmfuzz/.venv"]
+    installs = [i for i, st in enumerate(steps) if "bootstrap.sh" in st.get("run", "")
+                or "install_sglang.sh" in st.get("run", "")]
+    [restore, save] = venv
+    assert steps[restore]["uses"].startswith("actions/cache/restore@")
+    assert steps[save]["uses"].startswith("actions/cache/save@")
+    assert restore < min(installs) and max(installs) < save
+    key = steps[restore]["with"]["key"]
+    hashed = re.search(r"hashFiles\((.*?)\)", key).group(1)
+    for pin in PIN_FILES:  # each pin file of this checkout, as the job sees it under .vmfuzz/
+        assert f"'.vmfuzz/{pin}'" in hashed, pin
+        assert list(ROOT.glob(pin)), f"{pin} is not in the project: the key hashes nothing"
+    assert "'python/pyproject.toml'" in hashed  # SGLang's release picks the pins
+    assert "steps.python.outputs.python-version" in key  # the venv links to that interpreter
+    assert steps[save]["with"]["key"] == "${{ steps.venv.outputs.cache-primary-key }}"
+    assert steps[save]["if"].startswith("steps.venv.outputs.cache-hit != 'true'")
+
+
+def _step_script(job: str, name: str) -> str:
+    [st] = [st for st in workflow()["jobs"][job]["steps"] if st.get("name") == name]
+    return st["run"].replace("${{ matrix.shard }}", "1")
+
+
+@pytest.mark.parametrize("job, name", [("nightly", "vmfuzz nightly"), ("nightly-merge", "vmfuzz merge")])
+@pytest.mark.parametrize("code, red", [(0, False), (1, True), (2, True), (3, False), (130, True)])
+def test_the_nightly_is_red_only_for_a_new_group_or_a_broken_setup(tmp_path, job, name, code, red):
+    """The step's own shell, as the runner runs it (bash -e), with vmfuzz answering ``code``:
+    exit 1 (a new group) and 2 (bad set-up) are red, 3 (could not check) a warning and green."""
+    fake = f"#!/bin/sh\nexit {code}\n"
+    for where in (tmp_path / "bin", tmp_path / ".vmfuzz" / ".venv" / "bin"):
+        where.mkdir(parents=True)
+        (where / "vmfuzz").write_text(fake)
+        (where / "vmfuzz").chmod(0o755)
+    r = subprocess.run(["bash", "-e", "-c", _step_script(job, name)], cwd=tmp_path, capture_output=True, text=True,
+                       env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"}, timeout=60)
+    assert (r.returncode != 0) == red, (r.returncode, r.stdout, r.stderr)
+    assert r.returncode in (0, code)
+    assert ("::warning" in r.stdout) == (code == 3)
+    # a known finding exits 0 from the CLI: the workflow never opts in to failing on one
+    runs = [st.get("run", "") for j in workflow()["jobs"].values() for st in j["steps"]]
+    assert not any("--fail-on-known" in r for r in runs)
+
+
+def test_the_header_states_the_measured_per_pr_cost_and_labels_the_estimate():
+    header = WORKFLOW.read_text().split("\nname:")[0]
+    assert re.search(r"took \d+(\.\d)? s wall", header) and "measured" in header.lower()
+    assert "ESTIMATE" in header and "cache hit" in header

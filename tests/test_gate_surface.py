@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
+from html import escape
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -289,9 +291,22 @@ def test_gate_summary_lists_exercised_apart_from_triggered(tmp_path):
     assert f"gate: {len(g['triggered'])} changed file(s) touch verify-mask code; exercised: none; " \
            f"triggered only (not driven): {', '.join(g['triggered'])}" in r.stdout
     assert "triggered only (not driven)" in (rep / "summary.md").read_text()
-    # a run (not a gate) has no gate object
+    # report.html says the same, file by file: each list under its own heading, a not-driven file with why
+    html = (rep / "report.html").read_text()
+    section = html[html.index('<h2 id="gate">'):]
+    section = section[:section.index("</table>")]
+    cells = dict(re.findall(r"<tr><th>(.*?)</th><td>(.*?)</td></tr>", section))
+    heads = {re.sub("<[^>]+>", "", k).split(" (")[0]: v for k, v in cells.items()}
+    assert all(f"<code>{p}</code>" in heads["changed"] for p in g["changed"])
+    assert all(f"<code>{p}</code>" in heads["triggered the gate"] for p in g["triggered"])
+    assert "docs/x.md" not in heads["triggered the gate"]
+    assert heads["exercised"] == "none"
+    assert all(f"<li><code>{p}</code>: {escape(g['why_not_driven'][p])}</li>" in heads["not driven"]
+               for p in g["not_driven"])
+    # a run (not a gate) has no gate object, and its page no gate section
     run = vmfuzz("run", "--max-examples", "2", "--property", "capacity-liveness", "--report-dir", str(tmp_path / "run"))
     assert run.returncode == 0 and json.loads((tmp_path / "run" / "summary.json").read_text())["gate"] is None
+    assert 'id="gate"' not in (tmp_path / "run" / "report.html").read_text()
 
 
 # -- vmfuzz surface ----------------------------------------------------------------

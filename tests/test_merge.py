@@ -170,3 +170,16 @@ def test_one_cause_found_by_several_shards_is_one_group():
         (2, ["reference-agreement", "trivial-path"], ["findings/d.json", "findings/e.json"])]
     # the repro a server could run wins over the first shard's one it could not
     assert joined[0]["repro"] == "findings/b.json" and joined[0]["server_valid"] is True
+
+
+def test_shards_whose_only_findings_are_known_merge_to_exit_0(runs, tmp_path, capsys):
+    """Each shard exits 0 when its groups are all known (known/): so does their merge, as the CI
+    nightly-merge job runs it (the same shards with their groups new: exit 1, the first test)."""
+    def all_known(s):
+        for g in s["groups"]:
+            g["known"] = "upstream-entry"
+        s["counts"]["new_groups"] = 0
+    folders = [_copy(f, tmp_path / f"s{i}", all_known) for i, f in enumerate(_shards(runs))]
+    assert sum(_summary(f)["counts"]["findings"] for f in folders) > 0
+    code, out, err = _vmfuzz(capsys, "merge", *folders, "--report-dir", tmp_path / "m")
+    assert code == 0, out + err

@@ -179,11 +179,88 @@ def test_nightly_history_is_plotted_in_headless_chromium(nightly, tmp_path):
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_shared_run_shows_its_time_once():
-    from harness.report.html_sections import seconds_cells
-    props = [{"name": n, "seconds": 10.0} for n in ("no-oob-write", "fallback-equivalence", "reference-agreement")]
-    props.append({"name": "routing", "seconds": 4.0})
-    cells = seconds_cells(props)
-    assert cells["no-oob-write"] == "30.0 (one shared run of 3 properties)"
-    assert cells["fallback-equivalence"] == cells["reference-agreement"] == "in the shared run (no-oob-write)"
-    assert cells["routing"] == "4.0"
+def test_a_shared_run_shows_its_time_once(report):
+    """The three properties searched together: one row with the run's time, each member "shared",
+    even when a member's finding left the later rounds to the others (unequal shares)."""
+    s = json.loads((report / "summary.json").read_text())
+    members = [p for p in s["properties"] if p.get("shared_run")]
+    assert [p["name"] for p in members] == ["no-oob-write", "capacity-soundness", "capacity-liveness"]
+    assert {p["shared_run"] for p in members} == {"shared:no-oob-write,capacity-soundness,capacity-liveness"}
+    total = sum(p["seconds"] for p in members)
+    # the shares add up to the run, never to a multiple of it
+    assert total <= s["timings"]["search_seconds"] + 0.01
+    html = (report / "report.html").read_text()
+    rows = re.findall(r'<tr class="shared-run" data-seconds="([\d.]+)">(.*?)</tr>', html)
+    assert len(rows) == 1 and abs(float(rows[0][0]) - total) < 0.01, rows
+    assert f"<td>{total:.1f}</td>" in rows[0][1]
+    table = html[html.index("<h2>Properties</h2>"):]
+    for p in members:
+        row = re.search(rf'<tr><td>{p["name"]}</td>.*?</tr>', table).group(0)
+        assert '<td class="shared"' in row and f'<td>{p["seconds"]:.1f}</td>' not in row, row
+    md = (report / "summary.md").read_text()
+    assert md.count("Shared run of") == 1 and f"{total:.1f} s" in md
+    assert all(f"| {p['name']} | {p['status']} | {p['examples']} | shared |" in md for p in members)
+
+
+def _repro(folder, name, config, batches, prop):
+    (folder / "findings").mkdir(exist_ok=True)
+    (folder / "findings" / name).write_text(json.dumps({"target": "reference+pr33127", "property": prop,
+                                                        "config": config, "batches": batches}))
+    return f"findings/{name}"
+
+
+def test_a_groups_picture_is_its_own_repro_not_a_members_words(tmp_path):
+    """The group's minimal repro is a 3-cell buffer; a member's finding (its own, larger case)
+    says "8 cells" in its words. The picture is the 3-cell one, from the repro and the origin alone."""
+    from functools import partial
+    from harness.report.html import buffer_picture
+    from harness.report.html_sections import groups_html
+    base = {"mode": "FULL_MASK", "max_bs": 1, "max_context_len": 2, "topk": 1, "spec_steps": 1, "is_read": True}
+    small = _repro(tmp_path, "capacity-soundness.json", {**base, "num_draft_tokens": 1}, [{"seq_lens": [2]},
+                                                                                         {"seq_lens": [1, 2]}],
+                   "capacity-soundness")
+    large = _repro(tmp_path, "no-oob-write.json", {**base, "num_draft_tokens": 2}, [{"seq_lens": [2, 2]}],
+                   "no-oob-write")
+    origin = {"effect": "overrun", "writer": "verify step", "buffer": "tree_mask", "side": "above",
+              "cell": "request past the buffer's capacity"}
+    s = {"counts": {"findings": 2},
+         "groups": [{"signature": "overrun tree_mask above", "count": 2, "properties": ["capacity-soundness",
+                     "no-oob-write"], "repro": small, "repro_property": "capacity-soundness", "detail": "d",
+                     "members": [large, small], "origin": {"property": "capacity-soundness", **origin}}],
+         "findings": [{"property": "no-oob-write", "kind": "property", "repro": large,
+                       "origin": {"property": "no-oob-write", **origin},
+                       "detail": "out-of-bounds write on the reused buffer (bs 2, max_bs 1): tree_mask: 4 cell(s) "
+                                 "written at offsets [10, 16) outside its 8 cells (back redzone, request 1)"},
+                      {"property": "capacity-soundness", "kind": "property", "repro": small, "detail": "short",
+                       "origin": {"property": "capacity-soundness", **origin}}]}
+    html = groups_html(s, partial(buffer_picture, folder=tmp_path))
+    # FULL_MASK, max_bs 1, context 2, d 1: 3 cells; its second batch [1, 2] needs 1*3 + 1*2 = 5
+    assert 'class="buffer"' in html and "2 requests need 5 cells of its 3" in html, html
+    assert "cell(s) in [3, 5)" in html and "buffer end: cell 3" in html
+    assert "8 cells" not in html and "[10, 16)" not in html
+    # reworded members change nothing: the picture never reads a finding's words
+    s["findings"][0]["detail"] = "something else entirely"
+    assert groups_html(s, partial(buffer_picture, folder=tmp_path)) == html
+    # an origin that is no overrun of the mask above its end is not drawn, whatever the words
+    s["groups"][0]["origin"] = {"property": "capacity-soundness", "effect": "wrong", "buffer": "tree_mask"}
+    assert 'class="buffer"' not in groups_html(s, partial(buffer_picture, folder=tmp_path))
+
+
+def test_known_findings_are_listed_with_their_status(report):
+    """The known entries summary.md lists (name, property, status, release range) are on the page too."""
+    from harness.report.html import report_html
+    from harness.report.summary import summary_md
+    s = json.loads((report / "summary.json").read_text())
+    assert 'id="known"' not in report_html(s, report)  # none known: no section
+    s["known_findings"] = [
+        {"name": "policy-behind-router", "property": "routing", "sglang": ">=0.5.19,<=0.5.23",
+         "reason": "decides for the router's class", "status": "reproduces", "detail": "d",
+         "repro": "findings/known-policy-behind-router.json"},
+        {"name": "old-one", "property": "routing", "sglang": ">=0.5.17,<=0.5.22", "reason": "fixed upstream",
+         "status": "no longer reproduces", "detail": "d", "repro": "known/old-one.json"}]
+    html = report_html(s, report)
+    section = html[html.index('<h2 id="known">'):]
+    rows = re.findall(r"<tr><td><code>(.*?)</code></td><td>(.*?)</td><td>(.*?)</td>", section)
+    assert rows == [("policy-behind-router", "routing", "reproduces"), ("old-one", "routing", "no longer reproduces")]
+    md = summary_md(s)
+    assert all(f"`{k['name']}` ({k['property']}" in md and k["status"] in md for k in s["known_findings"])

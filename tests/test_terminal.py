@@ -148,3 +148,91 @@ def test_bisect_says_each_revision_while_the_search_runs(tmp_path):
         bisect._subject = monkey
     assert [ln for _, ln in said] == [f"  {'a' * 12} good subject: held", f"  {'b' * 12} bad  subject: held"]
     assert said[0][0] - t0 < 1.4 and ended - said[0][0] > 1.0  # the first was said long before the end
+
+
+def test_ci_output_has_a_heartbeat_at_least_every_15_seconds_of_silence():
+    """Driven by an injected clock: a line when 15 s passed with nothing said, naming the bound
+    step, the property, the examples done and the time elapsed; a line said resets it."""
+    from harness.report.progress import HEARTBEAT_S, Heartbeat
+    now = [100.0]
+    said = []
+    beat = Heartbeat(said.append, budget=3600, clock=lambda: now[0])
+    beat.step, beat.searching, beat.examples = "bound step 3/3", "routing", 41
+    for t in (105.0, 114.9):
+        now[0] = t
+        assert beat.tick() is None
+    now[0] = 100.0 + HEARTBEAT_S
+    assert beat.tick() == said[-1]
+    assert said == ["  heartbeat: bound step 3/3, routing, 41 examples, budget left 59m45s, 15s elapsed"]
+    now[0] = 125.0
+    beat.heard()  # a property's line was printed at 125 s
+    for t in (130.0, 139.0):
+        assert beat.tick(t) is None
+    assert beat.tick(140.0) and len(said) == 2 and said[-1].endswith("40s elapsed")
+    # a fixed count (the pr profile): the share of it done, and the ETA that gives
+    from harness.report.progress import FixedCount
+    count = FixedCount(12, 30)
+    fixed = Heartbeat(said.append, fixed=count, clock=lambda: 0.0)
+    count.searching(["a", "b", "c"])
+    for _ in range(30):  # a shared run of three: 90 of the 360 property-examples
+        count.example()
+        fixed.examples += 1
+    assert fixed.line(30.0).endswith("30 examples, 25% of the fixed count, ETA 1m30s, 30s elapsed")
+    for _ in range(20):  # its boundary cases on top of its count: never past its slots
+        count.example()
+    assert count.done == 90
+
+
+def test_a_stepped_nightly_under_ci_tells_the_heartbeat_its_step_and_property(monkeypatch, tmp_path):
+    """The session says each bound step and each search to the progress, and the examples counted."""
+    from types import SimpleNamespace
+
+    from harness.engine import session
+    from harness.engine.results import PropertyResult
+    from harness.report.progress import LineProgress
+
+    monkeypatch.setenv("CI", "true")
+    ui = LineProgress(2, "x", per_slot=5, budget=60, heartbeat=True)
+    ui.heart.stop()  # ticked here by hand, never by the thread
+    lines = []
+    ui.heart.say = lines.append
+
+    def campaign(target, *, bounds, properties, on_result, on_example, on_slot, **_):
+        for name in properties:
+            on_slot([name])
+            on_example()
+            lines.append(ui.heart.line(ui.heart.started + 20))
+            on_result(PropertyResult(name, examples=1, rounds=1))
+
+    monkeypatch.setattr(session, "run_campaign", campaign)
+    names = ["capacity-liveness", "routing"]
+    plan = SimpleNamespace(bounds_steps=("narrow", "wide"), bounds=None, seed=1, max_examples=5,
+                           findings_dir=tmp_path, device="cpu", profile=SimpleNamespace(database=None, rounds=True),
+                           db_dir=None, db_url=None, share=True, properties=names)
+    outcome = SimpleNamespace(bounds_used=[], results=[])
+    monkeypatch.setattr("dataclasses.asdict", lambda b: {"step": b})
+    monkeypatch.setattr(session, "database_for", lambda *a: None)
+    session._staged(plan, None, outcome, None, None, None, lambda r: None, names, ui)
+    assert lines[0].startswith("  heartbeat: bound step 1/2, capacity-liveness, 1 examples, budget left")
+    assert lines[-1].startswith("  heartbeat: bound step 2/2, routing, 4 examples, budget left")
+    assert all(ln.endswith("20s elapsed") for ln in lines)
+
+
+def test_the_fixed_count_bar_counts_a_shared_runs_example_once_per_property_it_judges():
+    """pr/gate: the bar (and its ETA) is examples done of the fixed count; a shared run's example
+    is one example of each of its properties, so six shared properties do not read as one."""
+    from harness.report import progress as pg
+    bar = pg.BarProgress(7, "x", per_slot=10)
+    try:
+        bar.searching(["a", "b", "c", "d", "e", "f"])
+        for _ in range(5):
+            bar.example()
+        assert bar.bar.tasks[0].total == 70 and bar.bar.tasks[0].completed == 30  # half of six slots
+        for _ in range(6):
+            bar.advance()
+        assert bar.bar.tasks[0].completed == 60
+        bar.searching(["routing"])
+        bar.example()
+        assert bar.bar.tasks[0].completed == 61
+    finally:
+        bar.close()

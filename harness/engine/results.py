@@ -67,6 +67,9 @@ class PropertyResult:
     step_seconds: list[float] = field(default_factory=list)
     #: in a worker: why its shared example database went local (its parent says it, once a run)
     lost_database: str | None = None
+    #: the shared run it was judged on (``shared.group_name`` of its first round's members):
+    #: its ``seconds`` are its share of that run, whose time the reports show once
+    shared_run: str | None = None
 
     @property
     def findings(self) -> list[Finding]:
@@ -132,6 +135,7 @@ class PropertyResult:
         note_reached(self.reached, other.reached)
         self.corpus += [c for c in other.corpus if c not in self.corpus]
         self.corpus_seconds += other.corpus_seconds
+        self.shared_run = self.shared_run or other.shared_run
         n = max(len(self.step_seconds), len(other.step_seconds))
         mine, theirs = (self.step_seconds + [0.0] * n)[:n], (other.step_seconds + [0.0] * n)[:n]
         self.step_seconds = [a + b for a, b in zip(mine, theirs)]

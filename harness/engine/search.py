@@ -29,7 +29,7 @@ from harness.model.errors import HarnessError, OutOfStep
 from harness.model.origin import Origin
 from harness.model.repro_file import dump, from_case
 from harness.properties import PROPERTIES, Property, PropertyFailure, shared_group
-from harness.properties.shared import group_members
+from harness.properties.shared import group_members, group_name
 
 
 MIN_SHARE = 1.0  # seconds any property gets under a time budget
@@ -263,8 +263,9 @@ def run_campaign(target, *, seed: int, max_examples: int, bounds: Bounds, findin
                  time_budget: float | None = None, check: Callable | None = None,
                  strategies: dict | None = None, rounds: bool = True,
                  on_result: Callable[[PropertyResult], None] = lambda r: None,
-                 share: bool = True, on_example: Callable[[], None] | None = None) -> list[PropertyResult]:
-    """Every property in turn, in this process.
+                 share: bool = True, on_example: Callable[[], None] | None = None,
+                 on_slot: Callable[[list[str]], None] | None = None) -> list[PropertyResult]:
+    """Every property in turn, in this process; ``on_slot(names)`` as each search begins.
 
     With ``rounds``, ``time_budget`` is shared out evenly (each property searches
     its share); without, it is only a cap on the whole run. With ``share``, the
@@ -288,6 +289,8 @@ def run_campaign(target, *, seed: int, max_examples: int, bounds: Bounds, findin
             # members' shares together.
             deadline = time.monotonic() + max(MIN_SHARE, left * len(slot) / (len(names) - done))
         done += len(slot)
+        if on_slot is not None:
+            on_slot(slot)
         if len(slot) > 1:
             out = search_shared(target, [PROPERTIES[n] for n in slot], seed=seed, max_examples=max_examples,
                                 bounds=bounds, findings_dir=findings_dir, device=device, database=database,
@@ -371,7 +374,7 @@ def search_shared(target, props: list[Property], *, seed: int, max_examples: int
                                   path_margins=list(res.path_margins), bs_ratio=res.bs_ratio.copy(), rounds=1,
                                   reached=dict(res.reached), corpus=list(res.corpus),
                                   corpus_seconds=res.corpus_seconds / len(members),
-                                  cut_short=res.cut_short, planned=res.planned)
+                                  cut_short=res.cut_short, planned=res.planned, shared_run=group_name(members))
             totals[n].merge(part)
             if not res.skipped:
                 searched.add(n)

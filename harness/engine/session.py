@@ -8,6 +8,7 @@ and in memory, even when the search was cut short.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import sys
 import time
@@ -304,7 +305,7 @@ def _search_here(plan: RunPlan, target, outcome: RunOutcome, budget, done, names
     check, strategies = _searcher(plan, target)
     before = LAUNCHES.snapshot()
     try:
-        _staged(plan, target, outcome, budget, check, strategies, done, names, ui.example)
+        _staged(plan, target, outcome, budget, check, strategies, done, names, ui)
     finally:
         if check is not None:
             check.close()
@@ -336,27 +337,24 @@ def _search_pool(plan: RunPlan, target, outcome: RunOutcome, budget, done, names
                                case, plan.seed, plan.findings_dir)
         done(PropertyResult(death.name, examples=examples, faults=[finding]))
 
-    import dataclasses
     # Each worker walks the plan's bound steps itself (``search_stepped``).
-    outcome.bounds_used.extend(dataclasses.asdict(b) for b in (tuple(plan.bounds_steps) or (plan.bounds,))
-                               if b is not None)
+    outcome.bounds_used.extend(dataclasses.asdict(b) for b in (tuple(plan.bounds_steps) or (plan.bounds,)) if b)
     spread(_pool_search, [(n, (plan, n, share, end)) for n in names], plan.workers, done, died)
     order = {n: i for i, n in enumerate(plan.properties)}
     outcome.results.sort(key=lambda r: order[r.prop])
 
 
 def _staged(plan: RunPlan, target, outcome: RunOutcome, budget, check, strategies, done, names,
-            on_example=None) -> None:
+            ui=None) -> None:
     """The campaign in this process, once per step of ``plan.bounds_steps`` (or once at ``plan.bounds``).
 
     Each step searches the properties that have not failed yet with an equal
     share of the budget left; a property's result is the sum over the steps.
     """
-    import dataclasses
     steps = tuple(plan.bounds_steps) or (plan.bounds,)
     common = dict(seed=plan.seed, max_examples=plan.max_examples, findings_dir=plan.findings_dir,
                   device=plan.device, database=database_for(plan.profile.database, plan.db_dir, plan.db_url), check=check, strategies=strategies,
-                  rounds=plan.profile.rounds, share=plan.share, on_example=on_example)
+                  rounds=plan.profile.rounds, share=plan.share, on_example=ui and ui.example, on_slot=ui and ui.searching)
     if len(steps) == 1:
         outcome.bounds_used.append(dataclasses.asdict(steps[0]))
         run_campaign(target, bounds=steps[0], properties=names, time_budget=budget,
@@ -385,6 +383,8 @@ def _staged(plan: RunPlan, target, outcome: RunOutcome, budget, check, strategie
             # a fixed-count search's cap is the whole run's, never a step's share
             share *= step_share(i, len(steps)) if plan.profile.rounds else 1.0
         outcome.bounds_used.append(dataclasses.asdict(bounds))
+        if ui is not None:
+            ui.stepping(i + 1, len(steps))
 
         def stepped(res, i=i, last=i == len(steps) - 1):
             res.step_seconds = [0.0] * i + [res.seconds]  # steps it sat out (failed before) took none

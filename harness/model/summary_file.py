@@ -56,6 +56,9 @@ class PropertyResult(_Strict):
     deep_seconds: float = 0.0
     #: seconds spent at each bound step of a stepped (nightly) search, widest last
     seconds_by_bound_step: list[float] = []
+    #: the shared run (``shared:A,B,...``) this property was judged on: ``seconds`` is its
+    #: share of that run; the run's time is the sum of its members' seconds
+    shared_run: Union[str, None] = None
 
 
 class FindingGroup(_Strict):
@@ -229,3 +232,12 @@ def conform(summary: dict, shape: type) -> None:
         msgspec.convert(summary, shape, strict=True)
     except msgspec.ValidationError as exc:
         raise SummaryError(f"summary.json does not match {shape.__name__}: {exc}") from None
+
+
+def shared_runs(props: list[dict]) -> dict[str, list[dict]]:
+    """The shared runs of a summary's properties (``shared_run``), each with its members in order."""
+    runs: dict[str, list[dict]] = {}
+    for p in props:
+        if p.get("shared_run"):
+            runs.setdefault(p["shared_run"], []).append(p)
+    return runs

@@ -9,7 +9,6 @@ the cells written past its end -- and every chart says what it counts.
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from functools import partial
 from html import escape
@@ -114,54 +113,53 @@ def _charts(s: dict) -> list[str]:
 
 # -- the buffer picture of an out-of-bounds write ------------------------------------
 
-_OOB = re.compile(r"(\d+) cell\(s\) written at offsets \[(-?\d+), (-?\d+)\) outside its (\d+) cells")
-_BS = re.compile(r"\(bs (\d+), max_bs (\d+)\)")
+#: the overruns a picture of the preallocated mask can show: the verify step's write of it
+DRAWN = {"effect": "overrun", "writer": "verify step", "buffer": "tree_mask", "side": "above"}
 
 
 def _overflow_case(f: dict, folder: Path | None = None):
-    """(config, seq_lens, written_lo, written_hi, capacity) of a no-oob-write finding, or None.
+    """(config, mode, step, seq_lens, capacity, need) of a mask overrun, from the record's own repro
+    file and typed origin (a group, or a finding): never from its words. None when not drawable.
     A relative repro path is the report folder's (``folder``)."""
-    from harness.model.layouts import TreeMaskMode, worst_case_size
-    m = _OOB.search(f["detail"])
-    if f["property"] not in ("no-oob-write", "multi-step-reuse") or not m:
+    from harness.model.layouts import PREALLOCATED_LAYOUTS, TreeMaskMode, logical_size, worst_case_size
+    origin = f.get("origin") or {}
+    if any(origin.get(k) != v for k, v in DRAWN.items()) or not f.get("repro"):
         return None
     try:
         repro = json.loads((Path(folder or ".") / f["repro"]).read_text())
-    except (OSError, ValueError):
-        return None
-    cfg = repro.get("config") or {}
-    batches = repro.get("batches") or []
-    if not batches:
-        return None
-    want = _BS.search(f["detail"])
-    batch = next((b for b in batches if want and len(b["seq_lens"]) == int(want.group(1))),
-                 max(batches, key=lambda b: len(b["seq_lens"])))
-    cells, lo, hi, cap = int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4))
-    try:
+        cfg, batches = repro["config"], repro["batches"]
         mode = TreeMaskMode[cfg["mode"]]
-        worst_case_size(mode, 1, cfg["num_draft_tokens"], cfg["max_context_len"])
-    except (KeyError, ValueError, TypeError):
+        d = int(cfg["num_draft_tokens"])
+        lens = [[int(x) for x in b["seq_lens"]] for b in batches]
+        capacity = worst_case_size(mode, int(cfg["max_bs"]), d, int(cfg["max_context_len"]))
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    return cfg, mode, list(batch["seq_lens"]), cells, lo, hi, cap
+    if mode not in PREALLOCATED_LAYOUTS or not lens:
+        return None
+    needs = [logical_size(mode, s, d) for s in lens]
+    step = origin.get("step")
+    if not (isinstance(step, int) and 0 <= step < len(lens)):
+        # the step the origin names, else the first batch that needs more than the buffer holds
+        step = next((i for i, n in enumerate(needs) if n > capacity), max(range(len(lens)), key=needs.__getitem__))
+    return cfg, mode, step, lens[step], capacity, needs[step]
 
 
 def buffer_picture(f: dict, index: int, folder: Path | None = None) -> str:
-    """The buffer as a strip of cells: its end, each request's block, and the cells written outside it."""
+    """The buffer as a strip of cells: its end, each request's block, and the cells the batch
+    needs past the end -- drawn from the repro's config and batch by the layout arithmetic."""
     from harness.model.layouts import request_extents
     case = _overflow_case(f, folder)
     if case is None:
         return ""
-    cfg, mode, seq_lens, cells, lo, hi, cap = case
-    d = cfg["num_draft_tokens"]
-    extents = request_extents(mode, seq_lens, d)
-    first = min(0, lo)
-    last = max(cap, hi, max(e.stop for e in extents))
+    cfg, mode, step, seq_lens, cap, need = case
+    extents = request_extents(mode, seq_lens, cfg["num_draft_tokens"])
+    last = max(cap, need)
     width, left, right = 900, 130, 20
-    scale = (width - left - right) / max(1, last - first)
-    x = lambda cell: left + (cell - first) * scale  # noqa: E731
-    rows = {"buffer": 46, "requests": 86, "written outside": 126}
+    scale = (width - left - right) / max(1, last)
+    x = lambda cell: left + cell * scale  # noqa: E731
+    rows = {"buffer": 46, "requests": 86, "past the end": 126}
     height = 196
-    title = f"{mode.name} buffer, max_bs {cfg['max_bs']}: {len(seq_lens)} requests written into {cap} cells"
+    title = f"{mode.name} buffer, max_bs {cfg['max_bs']}: {len(seq_lens)} requests need {need} cells of its {cap}"
     parts = _svg_open(f"buffer-{index}", title, width, height, cls="buffer")
     parts.append(f'<text x="8" y="18" class="ctitle">{escape(title)}</text>')
     for name, y in rows.items():
@@ -171,25 +169,27 @@ def buffer_picture(f: dict, index: int, folder: Path | None = None) -> str:
     shades = ("#3f6fb5", "#7fa3d6")
     for e in extents:
         w = max(1.0, (e.stop - e.start) * scale)
-        past = e.stop > cap
-        parts.append(f'<rect class="req{" past" if past else ""}" x="{x(e.start):.1f}" y="{rows["requests"]}" '
-                     f'width="{w:.1f}" height="26" fill="{shades[e.request % 2]}">'
+        parts.append(f'<rect class="req{" past" if e.stop > cap else ""}" x="{x(e.start):.1f}" '
+                     f'y="{rows["requests"]}" width="{w:.1f}" height="26" fill="{shades[e.request % 2]}">'
                      f'<title>request {e.request}: seq_len {seq_lens[e.request]}, cells [{e.start}, {e.stop})</title></rect>')
         if w > 34:
             parts.append(f'<text x="{x(e.start) + 4:.1f}" y="{rows["requests"] + 17}" class="lbl inv">'
                          f'req {e.request}</text>')
-    parts.append(f'<rect class="oob" x="{x(lo):.1f}" y="{rows["written outside"]}" '
-                 f'width="{max(2.0, (hi - lo) * scale):.1f}" height="26"/>'
-                 f'<text x="{x(lo) + 4:.1f}" y="{rows["written outside"] + 17}" class="lbl inv">'
-                 f'{cells} cell(s) in [{lo}, {hi})</text>')
+    if need > cap:
+        parts.append(f'<rect class="oob" x="{x(cap):.1f}" y="{rows["past the end"]}" '
+                     f'width="{max(2.0, (need - cap) * scale):.1f}" height="26"/>'
+                     f'<text x="{x(cap) + 4:.1f}" y="{rows["past the end"] + 17}" class="lbl inv">'
+                     f'{need - cap} cell(s) in [{cap}, {need})</text>')
     end = x(cap)
-    parts.append(f'<line class="end" x1="{end:.1f}" y1="34" x2="{end:.1f}" y2="{rows["written outside"] + 34}"/>'
-                 f'<text x="{end + 4:.1f}" y="{rows["written outside"] + 48}" class="lbl endlbl">'
+    parts.append(f'<line class="end" x1="{end:.1f}" y1="34" x2="{end:.1f}" y2="{rows["past the end"] + 34}"/>'
+                 f'<text x="{end + 4:.1f}" y="{rows["past the end"] + 48}" class="lbl endlbl">'
                  f'buffer end: cell {cap}</text>')
     parts.append("</svg>")
     who = ", ".join(f"request {e.request} [{e.start}, {e.stop})" for e in extents)
-    return ("".join(parts) + f'<p class="note">{escape(who)}. Red: the {cells} cell(s) the kernel wrote '
-            f'in [{lo}, {hi}), outside the {cap}-cell buffer (its redzone caught them).</p>')
+    past = (f"Red: the {need - cap} cell(s) in [{cap}, {need}) the batch needs past the {cap}-cell buffer's end."
+            if need > cap else "The batch fits the buffer: the stray write is the writer's, not the batch's size.")
+    return ("".join(parts) + f'<p class="note">From <code>{escape(str(f["repro"]))}</code>, batch {step}: '
+            f'{escape(who)}. {past}</p>')
 
 
 CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1180px}
@@ -226,10 +226,9 @@ def report_html(s: dict, folder: Path | None = None) -> str:
     """The page of ``s``, written into ``folder``: the repro paths relative to it are read from there."""
     c = s["counts"]
     verdict = "FAILED" if c["findings"] else ("could not check" if c.get("could_not_check") else "passed")
-    from harness.report.html_sections import coverage_html, groups_html, history_html, seconds_cells
-    secs = seconds_cells(s["properties"])
-    rows = "".join(f'<tr><td>{escape(p["name"])}</td><td class="{p["status"]}">{p["status"]}</td>'
-                   f'<td>{p["examples"]}</td><td>{escape(secs[p["name"]])}</td></tr>' for p in s["properties"])
+    from harness.report.html_sections import (coverage_html, gate_html, groups_html, history_html, known_html,
+                                              property_rows)
+    rows = property_rows(s["properties"])
     versions = ", ".join(f"{escape(k)} {escape(str(v))}" for k, v in s["versions"].items())
     dep = ""
     if s.get("deployment"):
@@ -252,6 +251,8 @@ def report_html(s: dict, folder: Path | None = None) -> str:
 {c['held']} held / {c['failed']} failed / {c['skipped']} skipped, {s['timings']['total_seconds']:.0f}s. {versions}</p>
 {dep}
 {findings}
+{gate_html(s)}
+{known_html(s)}
 <h2>Properties</h2><table><tr><th>property</th><th>status</th><th>examples</th><th>seconds</th></tr>{rows}</table>
 <h2>What the search reached</h2><p class="note">{charts_note}</p>
 <div class="charts">{''.join(_charts(s))}</div>

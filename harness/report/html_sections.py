@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from html import escape
 
-from harness.properties.shared import ORDER as SHARED_ORDER
+from harness.model.summary_file import shared_runs
+
 
 
 def groups_html(s: dict, picture) -> str:
@@ -14,14 +15,11 @@ def groups_html(s: dict, picture) -> str:
     groups = s.get("groups") or []
     if not groups:
         return ""
-    by_repro = {f["repro"]: (i, f) for i, f in enumerate(s["findings"])}
     out = [f'<h2 id="groups">{len(groups)} finding group{"" if len(groups) == 1 else "s"} '
            f'(one per cause; {s["counts"]["findings"]} findings in all)</h2>']
     for k, g in enumerate(groups):
-        # the buffer picture of the first member that wrote out of bounds (the repro may only
-        # have found the buffer short); ids apart from the findings list's own pictures
-        pic = next((p for p in (picture(by_repro[r][1], 1000 + k) for r in [g["repro"]] + g.get("members", [])
-                                if r in by_repro) if p), "")
+        # drawn from the group's own minimal repro and origin; ids apart from the findings list's
+        pic = picture(g, 1000 + k)
         server = "" if g.get("server_valid", True) else " (note: no server runs this config)"
         out.append(f'<div class="finding group" data-signature="{escape(g["signature"])}">'
                    f'<h3>{escape(g["signature"])}</h3>'
@@ -30,6 +28,51 @@ def groups_html(s: dict, picture) -> str:
                    f'<p>minimal repro ({escape(g["repro_property"])}): <code>{escape(g["repro"])}</code>{server} '
                    f'&middot; <code>vmfuzz replay {escape(g["repro"])}</code></p></div>')
     return "".join(out)
+
+
+def gate_html(s: dict) -> str:
+    """A gate's files: what the change touched, which of those triggered it, which a property that
+    ran went through (exercised) and which it did not (not driven, and why): a green gate has not
+    tested its not-driven files."""
+    g = s.get("gate")
+    if not g:
+        return ""
+    why = g.get("why_not_driven") or {}
+
+    def files(paths, reason=False):
+        if not paths:
+            return "none"
+        return "<ul>" + "".join(f"<li><code>{escape(p)}</code>"
+                                + (f": {escape(why[p])}" if reason and why.get(p) else "") + "</li>"
+                                for p in paths) + "</ul>"
+    rows = [("changed", files(g.get("changed") or [])),
+            ("triggered the gate (name verify-mask code)", files(g.get("triggered") or [])),
+            ("exercised (a property that ran goes through it)", files(g.get("exercised") or [])),
+            ('<span class="failed">not driven</span> (triggered, not tested)', files(g.get("not_driven") or [], True))]
+    rows += [("out of step", "<ul>" + "".join(f"<li>{escape(w)}</li>" for w in g["out_of_step"]) + "</ul>")
+             ] if g.get("out_of_step") else []
+    if g.get("checkout"):
+        rows.append(("SGLang checkout tested", f"<code>{escape(g['checkout'])}</code>"))
+    body = "".join(f'<tr><th>{a}</th><td>{b}</td></tr>' for a, b in rows)
+    untested = len(g.get("not_driven") or [])
+    note = (f'<p class="note">{untested} triggering file(s) not driven: a passing gate has not tested '
+            f'{"it" if untested == 1 else "them"}.</p>' if untested else "")
+    return f'<h2 id="gate">Gate: the changed files</h2><table class="gate">{body}</table>{note}'
+
+
+def known_html(s: dict) -> str:
+    """The known findings (``known/``: upstream's to fix) and whether each still reproduces."""
+    known = s.get("known_findings") or []
+    if not known:
+        return ""
+    rows = "".join(f'<tr><td><code>{escape(k["name"])}</code></td><td>{escape(k["property"])}</td>'
+                   f'<td>{escape(k["status"])}</td><td>{escape(str(k.get("sglang", "")))}</td>'
+                   f'<td>{escape(k.get("reason", ""))}</td>'
+                   f'<td>{"<code>" + escape(k["repro"]) + "</code>" if k.get("repro") else ""}</td></tr>'
+                   for k in known)
+    return (f'<h2 id="known">Known findings (upstream\'s to fix; <code>known/</code>)</h2><table class="known">'
+            f'<tr><th>name</th><th>property</th><th>status</th><th>sglang</th><th>why</th><th>repro</th></tr>'
+            f'{rows}</table>')
 
 
 def _items(classes: dict, prefix: str) -> list[str]:
@@ -58,23 +101,31 @@ def coverage_html(s: dict) -> str:
     return f'<h2 id="coverage">What the search covered</h2><table class="coverage">{body}</table>'
 
 
-def seconds_cells(props: list[dict]) -> dict[str, str]:
-    """Each property's time; the shared run's members show its time once, not each.
+def property_rows(props: list[dict]) -> str:
+    """The properties table's rows; a shared run's time once, on its own row, its members "shared".
 
-    The drafting properties are judged on one run of each case: each member's
-    seconds are an equal share of that run, the same number for each. The first
-    member shows the run's whole time, the others point to it.
+    The drafting properties are judged on one run of each case: a member's
+    seconds are its share of that run (equal shares a round; a member that
+    failed leaves the later rounds to the others), so the run's time is the
+    sum of its members' and no member's own.
     """
-    shared = [p for p in props if p["name"] in SHARED_ORDER]
-    same = len(shared) > 1 and len({p["seconds"] for p in shared}) == 1 and shared[0]["seconds"] > 0
-    out = {p["name"]: f"{p['seconds']:.1f}" for p in props}
-    if same:
-        first = shared[0]
-        total = sum(p["seconds"] for p in shared)  # each member carries an equal share of the run
-        out[first["name"]] = f"{total:.1f} (one shared run of {len(shared)} properties)"
-        for p in shared[1:]:
-            out[p["name"]] = f"in the shared run ({first['name']})"
-    return out
+    runs = shared_runs(props)
+    out, shown = [], set()
+    for p in props:
+        run = p.get("shared_run")
+        if run and run not in shown:
+            shown.add(run)
+            members = runs[run]
+            total = sum(m["seconds"] for m in members)
+            names = ", ".join(m["name"] for m in members)
+            out.append(f'<tr class="shared-run" data-seconds="{total:.3f}"><td>shared run of {len(members)} '
+                       f'properties</td><td colspan="2">{escape(names)}: each case run once, every one judged '
+                       f'on it</td><td>{total:.1f}</td></tr>')
+        secs = (f'<td class="shared" title="its share: {p["seconds"]:.1f} s">shared</td>' if run
+                else f'<td>{p["seconds"]:.1f}</td>')
+        out.append(f'<tr><td>{escape(p["name"])}</td><td class="{p["status"]}">{p["status"]}</td>'
+                   f'<td>{p["examples"]}</td>{secs}</tr>')
+    return "".join(out)
 
 
 def line_chart(chart_id: str, title: str, points: list[tuple[str, float]], note: str = "",

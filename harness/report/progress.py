@@ -7,13 +7,22 @@ property can take most of a run). With one, the run ends when the budget is
 spent however many examples it gets through (a nightly searches round after
 round), so the bar and the ETA follow the clock against the budget, and the
 examples are a count, never a fraction of a guessed total.
+
+Under CI a run can be silent for minutes (an example at a nightly's widest
+bounds takes tens of seconds in the Triton interpreter), and a silent job is
+what a runner's no-output watchdog kills. So CI output has a heartbeat: a line
+whenever nothing was printed for ``HEARTBEAT_S`` seconds, with the bound step,
+the property being searched, the examples done and the time elapsed.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
-from harness.report.terminal import interactive
+from harness.report.terminal import in_ci, interactive
+
+HEARTBEAT_S = 15.0
 
 
 def budget_left(budget: float, started: float, now: float | None = None) -> float:
@@ -21,26 +30,138 @@ def budget_left(budget: float, started: float, now: float | None = None) -> floa
     return max(0.0, budget - ((time.monotonic() if now is None else now) - started))
 
 
-class LineProgress:
-    """CI output: every line stands alone."""
+def _clock(seconds: float) -> str:
+    m, sec = divmod(int(seconds), 60)
+    return f"{m}m{sec:02d}s" if m else f"{sec}s"
 
-    def __init__(self, slots: int, label: str, per_slot: int = 1, budget: float | None = None):
-        self.slots, self.done = slots, 0
 
-    def log(self, line: str) -> None:
-        print(line, flush=True)
+class FixedCount:
+    """Examples done of a fixed count (the pr profile): ``slots`` properties of ``per_slot`` each.
+    A shared run's example is one example of each property it judges; a slot never counts past its
+    size (a property's fixed boundary cases come on top of its ``per_slot``), and a property that
+    ends early (a finding) fills its slot."""
+
+    def __init__(self, slots: int, per_slot: int):
+        self.total, self.per_slot = slots * per_slot, per_slot
+        self.slot_start, self.in_slot, self.weight = 0, 0, 1
+
+    @property
+    def done(self) -> int:
+        return self.slot_start + self.in_slot
+
+    def searching(self, names: list[str]) -> None:
+        self.weight = len(names)
 
     def example(self) -> None:
-        pass
+        self.in_slot = min(self.in_slot + self.weight, self.per_slot * self.weight)
+
+    def advance(self, n: int = 1) -> None:
+        self.slot_start += n * self.per_slot
+        self.in_slot = max(0, self.in_slot - n * self.per_slot)
+
+
+class Heartbeat:
+    """The line CI gets when nothing else was said for ``every`` seconds. ``clock`` is injectable
+    (a test drives ``tick`` with its own times); ``start`` runs the ticks on a daemon thread, so a
+    single example longer than ``every`` still gets its lines."""
+
+    def __init__(self, say, *, fixed: FixedCount | None = None, budget: float | None = None,
+                 every: float = HEARTBEAT_S, clock=time.monotonic):
+        self.say, self.fixed, self.budget, self.every, self.clock = say, fixed, budget, every, clock
+        self.started = self.last = clock()
+        self.examples, self.step, self.searching = 0, "", ""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def heard(self) -> None:
+        """A line was printed: the next heartbeat is due ``every`` seconds from now."""
+        self.last = self.clock()
+
+    def line(self, now: float) -> str:
+        elapsed = now - self.started
+        parts = [p for p in (self.step, self.searching) if p]
+        done = f"{self.examples:,} examples"
+        if self.fixed is not None and self.fixed.total:
+            part, total = self.fixed.done, self.fixed.total
+            done += f", {100 * part // total}% of the fixed count"
+            if 0 < part < total:  # what is left of the fixed count, at the rate so far
+                done += f", ETA {_clock(elapsed * (total - part) / part)}"
+        elif self.budget is not None:
+            done += f", budget left {_clock(budget_left(self.budget, self.started, now))}"
+        return f"  heartbeat: {', '.join(parts + [done])}, {_clock(elapsed)} elapsed"
+
+    def tick(self, now: float | None = None) -> str | None:
+        """Says the heartbeat when one is due; returns the line said, if any."""
+        now = self.clock() if now is None else now
+        if now - self.last < self.every:
+            return None
+        self.last = now
+        text = self.line(now)
+        self.say(text)
+        return text
+
+    def start(self) -> "Heartbeat":
+        def beat():
+            while not self._stop.wait(1.0):
+                self.tick()
+        self._thread = threading.Thread(target=beat, name="vmfuzz-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+class LineProgress:
+    """CI output: every line stands alone; under CI a heartbeat keeps a silent search heard."""
+
+    def __init__(self, slots: int, label: str, per_slot: int = 1, budget: float | None = None,
+                 heartbeat: bool = False):
+        self.slots, self.done = slots, 0
+        self.count = None if budget is not None else FixedCount(slots, per_slot)
+        self._lock = threading.Lock()
+        self.heart = Heartbeat(self._say, fixed=self.count, budget=budget).start() if heartbeat else None
+
+    def _say(self, line: str) -> None:
+        with self._lock:  # the heartbeat's thread and the run's never split a line
+            print(line, flush=True)
+
+    def log(self, line: str) -> None:
+        self._say(line)
+        if self.heart is not None:
+            self.heart.heard()
+
+    def stepping(self, i: int, n: int) -> None:
+        """Bound step ``i`` (1-based) of ``n`` begins."""
+        if self.heart is not None:
+            self.heart.step = f"bound step {i}/{n}"
+
+    def searching(self, names: list[str]) -> None:
+        """The properties the search turns to now (a shared run judges several on each example)."""
+        if self.heart is not None:
+            self.heart.searching = names[0] if len(names) == 1 else f"shared run of {len(names)} properties"
+        if self.count is not None:
+            self.count.searching(names)
+
+    def example(self) -> None:
+        if self.heart is not None:
+            self.heart.examples += 1
+        if self.count is not None:
+            self.count.example()
 
     def advance(self, n: int = 1) -> None:
         self.done += n
+        if self.count is not None:
+            self.count.advance(n)
 
     def failed(self) -> None:
         pass
 
     def close(self) -> None:
-        pass
+        if self.heart is not None:
+            self.heart.stop()
 
 
 class BarProgress:
@@ -56,7 +177,7 @@ class BarProgress:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
         self.console = Console()
-        self.per_slot, self.slot_start, self.in_slot = per_slot, 0, 0
+        self.count = FixedCount(slots, per_slot)
         self.budget, self.started, self.examples = budget, time.monotonic(), 0
         self.bar_column = BarColumn(complete_style="green", finished_style="green")
         if budget is None:
@@ -79,22 +200,27 @@ class BarProgress:
         spent = min(time.monotonic() - self.started, self.budget)
         self.bar.update(self.task, completed=spent, examples=self.examples)
 
+    def stepping(self, i: int, n: int) -> None:
+        pass
+
+    def searching(self, names: list[str]) -> None:
+        self.count.searching(names)
+
     def example(self) -> None:
         self.examples += 1
         if self.budget is not None:
             self._tick()
-        elif self.in_slot < self.per_slot:
-            self.in_slot += 1
-            self.bar.update(self.task, completed=self.slot_start + self.in_slot)
+        else:
+            self.count.example()
+            self.bar.update(self.task, completed=self.count.done)
 
     def advance(self, n: int = 1) -> None:
-        """``n`` properties finished."""
+        """``n`` properties finished: their slots full, whatever they counted."""
         if self.budget is not None:
             self._tick()
             return
-        self.slot_start += n * self.per_slot
-        self.in_slot = 0
-        self.bar.update(self.task, completed=self.slot_start)
+        self.count.advance(n)
+        self.bar.update(self.task, completed=self.count.done)
 
     def failed(self) -> None:
         """A finding: the bar turns red for the rest of the run."""
@@ -123,5 +249,6 @@ def _BudgetLeft(owner: BarProgress):
 def progress(slots: int, label: str, per_slot: int = 1, budget: float | None = None):
     """A bar on a terminal, plain lines otherwise; the search calls its ``example()`` per example.
     ``budget``: the run's time budget in seconds (its ETA), None when it ends on examples."""
-    kind = BarProgress if interactive() else LineProgress
-    return kind(slots, label, per_slot, budget)
+    if interactive():
+        return BarProgress(slots, label, per_slot, budget)
+    return LineProgress(slots, label, per_slot, budget, heartbeat=in_ci())

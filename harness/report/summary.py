@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness.model.summary_file import CommandSummary as CommandShape
-from harness.model.summary_file import RunSummary, SummaryError, conform
+from harness.model.summary_file import RunSummary, SummaryError, conform, shared_runs
 from harness.model.known_file import REPRODUCES
 from harness.report.findings import finding_record, findings_and_known, new_groups
 from harness.report.junit import command_junit, run_junit
@@ -98,6 +98,13 @@ def margin_bucket(m: float) -> str | None:
     return MARGIN_BUCKETS[4] if m <= 100 else MARGIN_BUCKETS[5]
 
 
+def shared_run_lines(props: list[dict]) -> list[str]:
+    """Each shared run's time, once: its members' seconds are shares of it, never each its own."""
+    return [f"\nShared run of {', '.join(m['name'] for m in members)}: "
+            f"{sum(m['seconds'] for m in members):.1f} s (each case run once, every one judged on it)."
+            for members in shared_runs(props).values()]
+
+
 def build_summary(outcome) -> dict:
     plan = outcome.plan
     props, classes, margins = [], Counter(), Counter()
@@ -118,6 +125,7 @@ def build_summary(outcome) -> dict:
             "deep_seconds": round(getattr(r, "corpus_seconds", 0.0), 3),
             # one entry per bound step searched (summary "bounds"); one step: all its time
             "seconds_by_bound_step": [round(x, 3) for x in getattr(r, "step_seconds", [])] or [round(r.seconds, 3)],
+            **({"shared_run": r.shared_run} if getattr(r, "shared_run", None) else {}),
             **({"not_driven": r.not_driven} if r.not_driven else {}),
             **({"out_of_step": r.out_of_step} if getattr(r, "out_of_step", None) else {}),
         })
@@ -188,7 +196,7 @@ def _reached(results) -> dict:
 def summary_md(s: dict) -> str:
     c = s["counts"]
     dep_failed = any(((s.get("deployment") or {}).get(p) or {}).get("ok") is False for p in ("routing", "allocation"))
-    failing = _failing(s)
+    failing = fails(s)
     verdict = "**FAILED**" if failing or dep_failed or s.get("interrupted") else "passed"
     if s.get("interrupted") and not failing:
         verdict = "**INTERRUPTED**"
@@ -223,7 +231,9 @@ def summary_md(s: dict) -> str:
         line = gate_line(s["gate"], quote="`")
         lines += [f"G{line[1:]} (of {len(s['gate']['changed'])} changed)", ""]
     lines += ["| property | status | examples | seconds |", "|---|---|---:|---:|"]
-    lines += [f"| {p['name']} | {p['status']} | {p['examples']} | {p['seconds']:.1f} |" for p in s["properties"]]
+    lines += [f"| {p['name']} | {p['status']} | {p['examples']} | "
+              + ("shared |" if p.get("shared_run") else f"{p['seconds']:.1f} |") for p in s["properties"]]
+    lines += shared_run_lines(s["properties"])
     lines += [f"\n- `{p['name']}` out of step: {p['out_of_step']}" for p in s["properties"] if p.get("out_of_step")]
     for w in s.get("warnings", []) + (s.get("gate") or {}).get("warnings", []):
         lines += [f"\n- warning: {w}"]
@@ -260,7 +270,7 @@ def summary_md(s: dict) -> str:
     return "\n".join(lines)
 
 
-def _failing(s: dict) -> bool:
+def fails(s: dict) -> bool:
     """Does this summary fail (the exit code's rule): a new group, or a known one with --fail-on-known."""
     c = s["counts"]
     if "new_groups" not in c:  # a summary written before origins: every finding counted
