@@ -23,6 +23,7 @@ from harness.model.oracle import expected
 from harness.model.origin import BEYOND_CAPACITY
 from harness.properties.kit import (VERIFY_STEP, Difference, Observation, capacity_of, fail, fail_overrun,
                                     first_difference, locator, reused_mask)
+from harness.properties.fa3_reads import check_fa3
 from harness.properties.reader_metadata import metadata_mismatch
 from harness.model.readers import captured_bs, reader_config
 from harness.guard.shadow import ShadowHeap, describe_all
@@ -138,6 +139,7 @@ def _fresh_reads(target, obs: Observation, config: Config, rc: Config, batch: Ba
     _stray(heap, rc, batch, "the eager reader", stage="eager")
     _judge(view, rc, batch, want, "eager", stage="eager")
     _kv_driven(obs, view)
+    check_fa3(target, obs, rc, batch, out, want)
     reads = {"eager": _indptr(view, batch), "step": out}
     if batch.bs > rc.max_bs:
         return reads  # past the captured max_bs the server runs eagerly: no graph to replay

@@ -257,6 +257,15 @@ class SglangTarget:
     def pack_mask(self, config: Config, batch: Batch, step_mask, buffer):
         return readers.pack_mask(config, batch, step_mask, buffer)
 
+    def read_fa3_verify(self, config: Config, batch: Batch, step: StepOutput):
+        """FlashAttention's eager topk > 1 verify metadata over the step's mask (``fa3_reader``)."""
+        from harness.targets.sglang import fa3_reader
+        return fa3_reader.read_verify(config, batch, step)
+
+    def fa3_not_driven(self) -> str | None:
+        from harness.targets.sglang import fa3_reader
+        return fa3_reader.not_driven()
+
     def shape_constants(self):
         """The widths the code under test is built around (the deep boundary corpus's sizes)."""
         from harness.targets.sglang.shapes import shape_constants

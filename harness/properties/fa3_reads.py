@@ -1,0 +1,135 @@
+"""reader-agreement's judgement of FlashAttention's topk > 1 verify metadata, against the tree's meaning.
+
+FA3 splits a topk > 1 verify in two passes and merges them (``model.fa3_reads``).
+What each must hold is worked out here from seq_lens and the oracle's trees
+(``oracle.tree_facts``: node x sees itself and its ancestors), never from
+FA3's arithmetic:
+
+- prefix pass, row b (request b): its d query rows at ``cu_seqlens_q[b] = b * d``,
+  ``cache_seqlens[b] = s_b``, ``cu_seqlens_k`` the running sum of those, and
+  the first s_b page-table entries the KV slots of its tokens 0 .. s_b - 1;
+- expand pass, row b * d + x (request b's draft node x, the query token at
+  that place of the verify input): one query row, ``cache_seqlens`` = the number
+  of tree nodes x sees, ``cu_seqlens_k`` the running sum, and the first that many
+  page-table entries the KV slots of those nodes (node j is request b's token
+  s_b + j). FA3 promises them first in the row, in node order; attention over
+  them does not depend on their order, so they are judged as a set (each once).
+
+Slots come from the stand-in request-to-token table (``fa3_reads.table_slot``),
+requests in pool slots ``readers.pool_slots``. Judged only where the step's mask
+is the oracle's: a wrong mask is reference-agreement's finding, and FA3 would
+rightly read it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.model.config import Batch, Config
+from harness.model.fa3_reads import Fa3Pass, table_slot
+from harness.model.oracle import expected, tree_facts
+from harness.model.readers import pool_slots
+from harness.model.trees import trees_of
+from harness.properties.kit import Difference, Observation, fail
+
+#: who extracts the per-node KV from the mask
+WRITER = "FlashAttentionBackend.init_forward_metadata"
+
+
+def visible_nodes(config: Config, batch: Batch) -> list[list[list[int]]]:
+    """[b][x]: the tree nodes request b's node x may see (itself and its ancestors), in node order."""
+    if config.trivial:
+        return [[[0]] for _ in range(batch.bs)]
+    out = []
+    for tree in trees_of(config, batch):
+        rows = tree_facts(tree, config.topk, config.d)[0]
+        out.append([[j for j, seen in enumerate(row) if seen] for row in rows])
+    return out
+
+
+def _ints(t, n: int | None = None) -> list[int]:
+    flat = [] if t is None else [int(v) for v in t.reshape(-1).cpu().tolist()]
+    return flat if n is None else flat[:n]
+
+
+def _running_sum(lengths: list[int]) -> list[int]:
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return out
+
+
+def _pass_mismatch(got: Fa3Pass, lengths: list[int], slots: list[list[int]], rows_of: list[str],
+                   queries: int, where: str, cell: str) -> Difference | None:
+    """The first entry of one pass that is not its meaning: row r reads ``queries`` query rows and,
+    first in its page table, exactly the KV slots ``slots[r]`` (``lengths[r]`` of them)."""
+    n = len(lengths)
+    seqlens = _ints(got.cache_seqlens)
+    if seqlens[:n] != lengths:
+        r = next((i for i in range(n) if i >= len(seqlens) or seqlens[i] != lengths[i]))
+        have = seqlens[r] if r < len(seqlens) else "no entry"
+        return Difference(f"{where}: cache_seqlens of {rows_of[r]} is {have}, but it sees {lengths[r]} KV tokens",
+                          buffer="cache_seqlens", cell=cell)
+    for name, want in (("cu_seqlens_q", _running_sum([queries] * n)), ("cu_seqlens_k", _running_sum(lengths))):
+        have = _ints(getattr(got, name), n + 1)
+        if have != want:
+            r = next((i for i in range(n + 1) if i >= len(have) or have[i] != want[i]))
+            what = "query rows" if name == "cu_seqlens_q" else "KV tokens"
+            return Difference(f"{where}: {name}[{r}] is {have[r] if r < len(have) else 'missing'}, but the rows "
+                              f"before {rows_of[r] if r < n else 'the end'} hold {want[r]} {what} "
+                              f"({name} {have}, want {want})", buffer=name, cell=cell)
+    if got.max_seq_len_q is None or int(got.max_seq_len_q) < queries:
+        return Difference(f"{where}: max_seq_len_q is {got.max_seq_len_q!r}, below the {queries} query rows "
+                          "each row has", buffer="max_seq_len_q", cell=cell)
+    table = got.page_table
+    if table is None or table.dim() != 2 or table.shape[0] < n:
+        return Difference(f"{where}: page_table has shape {None if table is None else tuple(table.shape)}, "
+                          f"not a row for each of {n}", buffer="page_table", cell=cell)
+    for r in range(n):
+        have = _ints(table[r], lengths[r])
+        if sorted(have) != sorted(slots[r]):
+            return Difference(f"{where}: the first {lengths[r]} page-table entries of {rows_of[r]} are KV slots "
+                              f"{have}, but it reads {sorted(slots[r])}", buffer="page_table", cell=cell)
+    return None
+
+
+def fa3_mismatch(view, config: Config, batch: Batch) -> Difference | None:
+    """The first metadata entry of FA3's split verify that is not what ``batch`` must read."""
+    d, pools = config.d, pool_slots(batch.bs)
+    where = (f"FA3 topk > 1 verify, eager (seq_lens {list(batch.seq_lens)}, d {d}, topk {config.topk}, "
+             f"pool slots {pools})")
+    prefix = _pass_mismatch(
+        view.prefix, list(batch.seq_lens),
+        [[table_slot(pools[b], t, config) for t in range(s)] for b, s in enumerate(batch.seq_lens)],
+        [f"request {b}" for b in range(batch.bs)], d, where + ", prefix pass", "prefix row")
+    if prefix:
+        return prefix
+    seen = visible_nodes(config, batch)
+    rows = [(b, x) for b in range(batch.bs) for x in range(d)]
+    return _pass_mismatch(
+        view.expand, [len(seen[b][x]) for b, x in rows],
+        [[table_slot(pools[b], batch.seq_lens[b] + j, config) for j in seen[b][x]] for b, x in rows],
+        [f"request {b}'s node {x} (expand row {b * d + x}, sees nodes {seen[b][x]})" for b, x in rows],
+        1, where + ", expand pass", "tree node row")
+
+
+def check_fa3(target, obs: Observation, config: Config, batch: Batch, step, written: torch.Tensor) -> None:
+    """Fail reader-agreement unless FA3's topk > 1 verify metadata gives each request its prefix and
+    each draft node exactly the tree nodes it may see. ``written``: the step's mask as it wrote it."""
+    if config.topk <= 1:
+        return
+    read = getattr(target, "read_fa3_verify", None)
+    why = "not driven by this target" if read is None else getattr(target, "fa3_not_driven", lambda: None)()
+    if why:
+        obs.classes.add(f"fa3 topk>1 verify: {why}")
+        return
+    oracle = expected(config, batch).tree_mask
+    n = oracle.numel()
+    mine = written.reshape(-1)[:n]
+    if mine.numel() < n or not torch.equal(mine.cpu().view(torch.uint8), oracle.view(torch.uint8)):
+        obs.classes.add("fa3 topk>1 verify: not judged, the step's mask is not the oracle's")
+        return
+    diff = fa3_mismatch(read(config, batch, step), config, batch)
+    if diff:
+        fail("reader-agreement", diff, writer=WRITER, stage="eager")
+    obs.classes.add("fa3 topk>1 verify")
