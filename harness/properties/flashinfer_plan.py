@@ -41,8 +41,9 @@ def _mask_mismatch(read: PlanRead, oracle: torch.Tensor, where: str) -> Differen
     n = oracle.numel()
     got = read.values.reshape(-1)
     if got.numel() < n:
-        return Difference(f"{read.name} holds {got.numel()} cells, the batch's region needs {n} ({where})",
-                          buffer=read.name, cell="length")
+        return Difference(f"{read.name} holds {got.numel()} cells, the batch's region needs {n}: the packing "
+                          f"reads past it ({where})", buffer=read.name, effect="overrun", side="above",
+                          cell="read past the mask")
     bad = torch.nonzero(got[:n].view(torch.uint8).cpu() != oracle.reshape(-1).view(torch.uint8).cpu()).flatten()
     if bad.numel():
         return Difference(f"{read.name}: {bad.numel()} of the batch's {n} cells differ from the oracle's, first "
@@ -66,6 +67,6 @@ def judge_plan(view, config: Config, batch: Batch, oracle: torch.Tensor) -> bool
         else:
             diff = _read_mismatch(read, _wanted(want, batch, read.quantity), where)
         if diff:
-            fail("packed-mask", Difference(f"handed to FlashInfer's verify plan by {read.writer}: {diff}",
-                                           buffer=diff.buffer, cell=diff.cell), writer=read.writer)
+            fail("packed-mask", f"handed to FlashInfer's verify plan by {read.writer}: {diff}",
+                 **diff.origin_fields(), writer=read.writer)
     return True

@@ -76,6 +76,11 @@ _PLAN_ARGS = {"qo_indptr": "qo_indptr", "kv_indptr": "kv_indptr", "kv_len_arr": 
               "total_num_rows": "total_num_rows", "batch_size": "batch_size", "page_size": "page_size"}
 
 
+#: the order a hop's arrays are judged in
+_ORDER = ("batch_size", "total_num_rows", "page_size", "qo_indptr", "kv_indptr", "kv_lens", "kv_last_page_len",
+          "kv_indices", "custom_mask")
+
+
 def _held(value) -> torch.Tensor:
     """A copy of what was handed on, as it was then (a later hop must not change what an earlier one handed)."""
     if isinstance(value, torch.Tensor):
@@ -118,7 +123,9 @@ class _Hops:
         out += [PlanRead(PLANNER, f"plan({name})", _PLAN_ARGS[name], value) for name, value in self.plan_args.items()]
         out += [PlanRead(PLANNER, name, quantity, _held(getattr(wrapper, name)))
                 for name, quantity in _WRAPPER_BUFFERS.items()]
-        return out
+        # Within a hop, the indptrs before the arrays they index: a wrong indptr misplaces the rest.
+        hop = {GENERATOR: 0, CALLER: 1, PLANNER: 2}
+        return sorted(out, key=lambda r: (hop[r.writer], _ORDER.index(r.quantity)))
 
     def _generated_as(self, name: str, value) -> str:
         """What a returned array is: the fast_prefill_plan parameter it was handed to as it is, else its place."""
