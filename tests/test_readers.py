@@ -240,11 +240,13 @@ def test_sglang_readers_are_sglangs_own(sglang_target):
     replay = sglang_target.read_replay(mask, FULL, Batch((3, 5)), step, heap)
     assert replay.mask.data_ptr() == mask.buffer.data_ptr()  # replay reads the backend's own buffer
     assert replay.indptr.tolist() == [0, 4 * (3 + 4), 4 * (3 + 4) + 4 * (5 + 4)]
-    paths = {path for path, _, _ in readers.SURFACE}
+    from harness.targets.sglang import flashinfer
+    surface = readers.SURFACE + flashinfer.SURFACE
+    paths = {path for path, _, _ in surface}
     assert {"srt/layers/attention/triton_backend.py", "srt/layers/attention/flashinfer_backend.py",
             "kernels/ops/speculative/pack_verify_mask.py"} <= paths
     import importlib
-    for path, function, props in readers.SURFACE:
+    for path, function, props in surface:
         assert set(props) <= set(PROPERTIES), (path, function)
         # Each entry names a function this SGLang has, where the entry says.
         obj = importlib.import_module("sglang." + path.removesuffix(".py").replace("/", "."))
@@ -275,6 +277,7 @@ def test_replay_copies_a_fallback_steps_mask_into_the_backends_buffer(spec, requ
 TRITON = "srt/layers/attention/triton_backend.py"
 FLASHINFER = "srt/layers/attention/flashinfer_backend.py"
 PACK = "kernels/ops/speculative/pack_verify_mask.py"
+EAGLE_INFO = "srt/speculative/eagle_info.py"
 
 #: name -> (edits, the property that must catch it); each a bug a reviewer could plausibly miss.
 ALTERATIONS = {
@@ -311,6 +314,12 @@ ALTERATIONS = {
     # Byte counts rounded down: rows overlap and the tail runs past the total.
     "packed-lengths-floor": ([([FLASHINFER], r"packed_lengths = \(kv_lens_host \* uniform_verify_width \+ 7\) // 8",
                                "packed_lengths = kv_lens_host * uniform_verify_width // 8")], "packed-mask"),
+    # FlashInfer's KV gather takes each request's place in the batch for its request-pool slot.
+    "flashinfer-kv-gather-batch-order": ([([EAGLE_INFO], r"(total_tokens = [^\n]*\n[^\n]*\n\s*translator\."
+                                                         r"pack_read_stream\(\n\s*plan,\n\s*)"
+                                                         r"req_pool_indices=req_pool_indices,",
+                                           r"\1req_pool_indices=torch.arange(batch_size, device=device),")],
+                                         "packed-mask"),
     # The host-side check on the total dropped as redundant.
     "pack-assert-dropped": ([([FLASHINFER], r"assert int\(packed_indptr\[-1\]\) <= self\._custom_mask_buf\.numel\(\)",
                               "pass")], "packed-mask"),

@@ -9,7 +9,9 @@ through its own index arithmetic. Two readers of SGLang 0.5.23 (docs/sglang-targ
   into the backend's own preallocated buffer;
 - FlashInfer's cuda-graph verify packs the mask to bits (row b's kv_len_b * d
   cells, LSB first, at byte ``packed_indptr[b]``) into its preallocated
-  custom-mask buffer, refusing on the host a batch whose total does not fit.
+  custom-mask buffer, refusing on the host a batch whose total does not fit;
+  its plan is handed each request's query rows, KV rows (the prefix and the
+  draft tokens) and KV slots (``expected_plan``).
 
 This module holds what every target hands back from those seams; the embedded
 model of the readers is ``harness.targets.reference.readers``.
@@ -46,12 +48,32 @@ class ReaderView:
     max_extend_len: int = field(kw_only=True)
 
 
+@dataclass(frozen=True)
+class PlanRead:
+    """One array on the way to FlashInfer's verify plan, as it was handed on.
+
+    ``quantity`` says what it must hold (``expected_plan``'s field: qo_indptr,
+    kv_indptr, kv_lens, kv_indices, kv_last_page_len, or custom_mask); ``name``
+    is what the code under test calls it there; ``writer`` who produced it.
+    """
+
+    writer: str
+    name: str
+    quantity: str
+    values: torch.Tensor
+
+
 @dataclass
 class PackedView:
     """A bit-packed mask: request b's bytes start at ``buffer[indptr[b]]``."""
 
     buffer: torch.Tensor  # uint8, the whole preallocated packed buffer
     indptr: torch.Tensor  # bs + 1 byte offsets, as the reader will read them
+    #: what the plan was handed, upstream first (None: this target does not drive the plan)
+    plan: list[PlanRead] | None = field(default=None, kw_only=True)
+    #: redzone hits of the plan's KV gather, and the function whose gather it was
+    plan_overruns: list = field(default_factory=list, kw_only=True)
+    plan_gatherer: str = field(default="", kw_only=True)
 
 
 class PackRefused(AssertionError):
@@ -173,3 +195,32 @@ def expected_reads(config: Config, batch: Batch, rows: int | None = None) -> Exp
         mask_indptr=_cumsum([d * (s + d) for s in seq]),
         kv_indices=[kv_slot(slots[b], t, config.max_context_len) for b in range(real) for t in range(seq[b])],
         max_extend_len=d)
+
+
+@dataclass(frozen=True)
+class ExpectedPlan:
+    """What FlashInfer's cuda-graph verify plan must be handed for a batch (page size 1)."""
+
+    qo_indptr: list[int]
+    kv_lens: list[int]
+    kv_indptr: list[int]
+    kv_indices: list[int]
+    kv_last_page_len: list[int]
+
+
+def plan_kv_span(config: Config) -> int:
+    """Tokens a request's KV row can hold in the verify plan: its prefix and the d draft tokens."""
+    return config.max_context_len + config.d
+
+
+def expected_plan(config: Config, batch: Batch) -> ExpectedPlan:
+    """Request b reads d query rows and the KV of its s_b prefix tokens and its d draft tokens (pages of
+    one token, so each last page holds one), the requests one after another, from its own pool slot."""
+    d = config.d
+    lens = [s + d for s in batch.seq_lens]
+    slots = pool_slots(batch.bs)
+    span = plan_kv_span(config)
+    return ExpectedPlan(
+        qo_indptr=_cumsum([d] * batch.bs), kv_lens=lens, kv_indptr=_cumsum(lens),
+        kv_indices=[kv_slot(slots[b], t, span) for b in range(batch.bs) for t in range(lens[b])],
+        kv_last_page_len=[1] * batch.bs)

@@ -101,7 +101,8 @@ PROPERTIES: dict[str, Property] = {p.name: p for p in (
              "each draft node exactly the tree nodes it may see", needs=("read_eager", "read_replay"),
              layouts=("FULL_MASK",), steps=True),
     Property("packed-mask", packed_mask, "bit packing stays in its buffer and yields the mask, LSB first, "
-             "where the reader looks", needs=("pack_mask",), layouts=("FULL_MASK",)),
+             "where the reader looks; FlashInfer's plan is handed request b's own query rows, KV rows and KV "
+             "slots", needs=("pack_mask",), layouts=("FULL_MASK",)),
 )}
 
 from harness.properties.allocation import allocation_soundness  # noqa: E402 - after Property

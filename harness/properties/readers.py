@@ -24,6 +24,7 @@ from harness.model.origin import BEYOND_CAPACITY
 from harness.properties.kit import (VERIFY_STEP, Difference, Observation, capacity_of, fail, fail_overrun,
                                     first_difference, locator, reused_mask)
 from harness.properties.fa3_reads import check_fa3
+from harness.properties.flashinfer_plan import judge_plan
 from harness.properties.reader_metadata import metadata_mismatch
 from harness.model.readers import captured_bs, reader_config
 from harness.guard.shadow import ShadowHeap, describe_all
@@ -305,6 +306,9 @@ def packed_mask(target, config: Config, batches: list[Batch], device="cpu") -> O
                          effect="unsound", writer="host-side check", buffer="packed_mask",
                          cell="admitted an overflow")
                 continue
+            # The plan's arrays first: a wrong kv_indptr also misplaces the packing, and is the cause.
+            judged = judge_plan(view, rc, batch, oracle)
+            obs.classes.add("flashinfer plan: " + ("judged" if judged else "not driven by this target"))
             diff = _packed_mismatch(view, rc, batch, starts, rows, writer_ok)
             if diff:
                 fail("packed-mask", diff, writer=PACKER)

@@ -11,8 +11,8 @@ import torch
 
 from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode, logical_size
-from harness.model.readers import (PackedView, PackRefused, ReaderView, capture_seq_len, captured_bs, kv_slot,
-                                   pool_slots)
+from harness.model.readers import (PackedView, PackRefused, PlanRead, ReaderView, capture_seq_len, captured_bs,
+                                   kv_slot, plan_kv_span, pool_slots)
 
 
 def _rows_per_request(batch: Batch, d: int, device) -> torch.Tensor:
@@ -82,7 +82,21 @@ def model_pack(config: Config, batch: Batch, step_mask: torch.Tensor, buffer: to
         bits[:n] = flat[lo:lo + n].view(torch.uint8).long()
         packed = (bits.view(-1, 8) * weights).sum(1).to(torch.uint8)
         buffer[int(starts[b]):int(starts[b + 1])] = packed
-    return PackedView(buffer, starts)
+    return PackedView(buffer, starts, plan=_model_plan(config, batch, step_mask, dev))
+
+
+def _model_plan(config: Config, batch: Batch, step_mask: torch.Tensor, dev) -> list[PlanRead]:
+    """What the model hands FlashInfer's plan: each request's d query rows, its prefix and draft tokens' KV."""
+    d = config.d
+    kv_lens = torch.tensor(batch.seq_lens, dtype=torch.int32, device=dev) + d
+    kv_indptr = _indptr(kv_lens).to(torch.int32)
+    slots = pool_slots(batch.bs)
+    kv_indices = torch.tensor([kv_slot(slots[b], t, plan_kv_span(config)) for b in range(batch.bs)
+                               for t in range(int(kv_lens[b]))], dtype=torch.int32, device=dev)
+    arrays = {"qo_indptr": torch.arange(0, (batch.bs + 1) * d, d, dtype=torch.int32, device=dev),
+              "kv_indptr": kv_indptr, "kv_lens": kv_lens, "kv_indices": kv_indices,
+              "kv_last_page_len": torch.ones(batch.bs, dtype=torch.int32, device=dev), "custom_mask": step_mask}
+    return [PlanRead("model plan", name, name, values) for name, values in arrays.items()]
 
 
 class ModelServerReader:

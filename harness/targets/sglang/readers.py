@@ -1,4 +1,4 @@
-"""SGLang's mask readers, driven with stand-ins: the Triton backend's mask_indptr and FlashInfer's packing.
+"""SGLang's mask readers, driven with stand-ins: the Triton backend's mask_indptr and metadata.
 
 Triton attention (``TritonAttnBackend``): the instance is made by its own
 ``__init__`` over a stand-in model runner (a request pool the size of the
@@ -19,15 +19,7 @@ kv_indices, max_extend_len, mask_indptr and the mask.
 A replay runs in the smallest captured graph that holds the batch
 (``readers.captured_bs``), padded up with requests at the fill length.
 
-FlashInfer: ``FlashInferIndicesUpdaterPrefill.call_begin_forward`` runs over a
-stand-in updater and a cuda-graph prefill wrapper whose ``begin_forward`` is
-SGLang's ``fast_prefill_plan`` bound to it, with a real ``EagleVerifyInput``.
-So SGLang's own code computes the KV indptr (``generate_attn_arg_prefill``),
-the host KV lengths, ``packed_lengths``/``packed_indptr``, the host-side assert
-on the total, and launches ``pack_verify_mask_into`` (Triton; the interpreter
-on CPU) into the wrapper's custom-mask buffer -- the redzoned buffer the
-property hands in. FlashInfer's own ``plan`` is not run (``_cached_module`` is a
-stand-in): the packing happens before it.
+FlashInfer's verify plan and packing: ``flashinfer``.
 """
 
 from __future__ import annotations
@@ -41,14 +33,12 @@ import torch
 
 from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode, logical_size
-from harness.model.readers import PackedView, ReaderView, capture_seq_len, captured_bs, pool_slots, stale_kv_indices
+from harness.model.readers import ReaderView, capture_seq_len, captured_bs, pool_slots, stale_kv_indices
 from harness.guard.shadow import ShadowHeap
 from harness.targets.sglang.binding import bound
 from harness.targets.sglang.kv_ids import GathersKvSlots
 from harness.targets.sglang.loader import _quiet_import
-from harness.targets.sglang.seams import TranslatesNothing, call_with, unset_by_harness
-
-FLASHINFER = "srt/layers/attention/flashinfer_backend.py"
+from harness.targets.sglang.seams import unset_by_harness
 
 #: What this module drives: (path under the sglang package, function, properties).
 SURFACE = (
@@ -64,12 +54,6 @@ SURFACE = (
      ("reader-agreement",)),
     ("srt/layers/attention/triton_backend.py", "TritonAttnBackend._init_forward_metadata_out_graph",
      ("reader-agreement",)),
-    ("srt/layers/attention/flashinfer_backend.py", "FlashInferIndicesUpdaterPrefill.call_begin_forward",
-     ("packed-mask",)),
-    ("srt/layers/attention/flashinfer_backend.py", "fast_prefill_plan", ("packed-mask",)),
-    ("srt/speculative/eagle_info.py", "EagleVerifyInput.generate_attn_arg_prefill", ("packed-mask",)),
-    ("kernels/ops/speculative/pack_verify_mask.py", "pack_verify_mask_into", ("packed-mask",)),
-    ("kernels/ops/speculative/pack_verify_mask.py", "_pack_verify_mask_kernel", ("packed-mask",)),
 )
 
 _MODULES = {
@@ -91,9 +75,6 @@ def modules() -> SimpleNamespace:
             except Exception as exc:  # any failure in SGLang's import chain: this reader cannot run here
                 raise ImportError(f"{name}: {type(exc).__name__}: {exc}") from None
     return SimpleNamespace(**found)
-
-
-_Translator = TranslatesNothing
 
 
 def _seq_lens(batch: Batch, dev) -> torch.Tensor:
@@ -280,72 +261,3 @@ class ServerReader:
         with _stand_in_checked(self.backend):
             self.backend.init_forward_metadata_out_graph(replay, in_capture=False)
         return _view(self.graphs[graph_bs], self.backend, graph_bs)
-
-
-# -- FlashInfer packing ---------------------------------------------------------------
-
-def _graph_wrapper(m, bs: int, kv_tokens: int, buffer: torch.Tensor, dev):
-    """A cuda-graph prefill wrapper for ``bs`` requests: the state ``fast_prefill_plan`` reads and refreshes."""
-    wrapper = SimpleNamespace(
-        device=dev, is_cuda_graph_enabled=True, _backend="fa2", _cached_module=SimpleNamespace(plan=lambda *args: None),
-        _max_total_num_rows=None,
-        _qo_indptr_buf=torch.zeros(bs + 1, dtype=torch.int32, device=dev),
-        _paged_kv_indptr_buf=torch.zeros(bs + 1, dtype=torch.int32, device=dev),
-        _paged_kv_last_page_len_buf=torch.zeros(bs, dtype=torch.int32, device=dev),
-        _paged_kv_indices_buf=torch.zeros(max(1, kv_tokens), dtype=torch.int32, device=dev),
-        _mask_indptr_buf=torch.zeros(bs + 1, dtype=torch.int32, device=dev),
-        _custom_mask_buf=buffer,
-        _float_workspace_buffer=None, _int_workspace_buffer=None, _pin_memory_int_workspace_buffer=None,
-    )
-    wrapper.begin_forward = functools.partial(m.flashinfer_backend.fast_prefill_plan, wrapper)
-    return wrapper
-
-
-def pack_mask(config: Config, batch: Batch, step_mask: torch.Tensor, buffer: torch.Tensor) -> PackedView:
-    """FlashInfer's cuda-graph verify plan over ``step_mask``, packing into ``buffer``."""
-    m = modules()
-    dev, d, bs = buffer.device, config.d, batch.bs
-    seq_lens = _seq_lens(batch, dev)
-    seq_sum = int(sum(batch.seq_lens))
-    spec_info = m.eagle_info.EagleVerifyInput(
-        draft_token=None, custom_mask=step_mask, positions=None, retrieve_index=None, retrieve_next_token=None,
-        retrieve_next_sibling=None, retrieve_cum_len=None, spec_steps=config.spec_steps, topk=config.topk,
-        draft_token_num=d, capture_hidden_mode=m.forward_info.CaptureHiddenMode.FULL, seq_lens_sum=seq_sum,
-        seq_lens_cpu=seq_lens.cpu())
-    wrapper = _graph_wrapper(m, bs, seq_sum + d * bs, buffer, dev)
-    updater = SimpleNamespace(
-        attn_backend=SimpleNamespace(kv_index_translator=_Translator(), dq_paged_kernel_lens=None),
-        kv_last_page_len=torch.ones(bs, dtype=torch.int32, device=dev), num_qo_heads=1, num_kv_heads=1,
-        head_dim=8, q_data_type=torch.float16, data_type=torch.float16, _swa_kv_pool=None)
-    # By SGLang's own parameter names; ``plan`` only where this SGLang takes it.
-    call_with(m.flashinfer_backend.FlashInferIndicesUpdaterPrefill.call_begin_forward,
-              "FlashInferIndicesUpdaterPrefill.call_begin_forward", FLASHINFER, updater,
-              wrapper_ragged=None, wrapper_paged=wrapper,
-              req_pool_indices=torch.arange(bs, dtype=torch.long, device=dev), paged_kernel_lens=seq_lens,
-              paged_kernel_lens_sum=seq_sum, seq_lens=seq_lens, prefix_lens=None, kv_start_idx=None,
-              kv_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=dev),
-              qo_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=dev), use_ragged=False,
-              spec_info=spec_info, seq_lens_cpu=seq_lens.cpu(), plan=None)
-    return PackedView(wrapper._custom_mask_buf, wrapper._mask_indptr_buf)
-
-
-def packing_not_driven() -> str | None:
-    """Why packed-mask cannot be driven on this SGLang (None: it can), read from its code.
-
-    SGLang packs an EAGLE verify mask itself only where its cuda-graph capture
-    installs ``fast_prefill_plan`` for EAGLE target-verify wrappers; elsewhere
-    the packing happens inside FlashInfer's own plan, which is not SGLang's code.
-    """
-    import inspect
-    import re
-    try:
-        text = inspect.getsource(modules().flashinfer_backend)
-    except (ImportError, OSError, TypeError) as exc:
-        return f"{FLASHINFER} cannot be read here ({type(exc).__name__}: {exc})"
-    # each place a wrapper gets the fast plan, with the condition (the `if` block) leading to it
-    for install in re.finditer(r"partial\(\s*fast_prefill_plan", text):
-        head = text.rfind("\n        if", 0, install.start())
-        if "EAGLE_VERIFY" in text[head:install.start()]:
-            return None
-    return (f"{FLASHINFER} installs fast_prefill_plan for no EAGLE target-verify wrapper: its verify mask is "
-            "packed inside FlashInfer's own plan, not SGLang's code")

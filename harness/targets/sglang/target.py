@@ -26,7 +26,7 @@ from harness.guard.tree_write import KernelCall
 from harness.model.outputs import StepOutput
 from harness.guard.shadow import ShadowHeap
 from harness.targets.sglang.binding import bound as _bound
-from harness.targets.sglang import call_sites, readers, writers
+from harness.targets.sglang import call_sites, flashinfer, readers, writers
 from harness.targets.sglang.loader import Sglang, imported_sglang
 from harness.targets.sglang.seams import (ALLOCATOR_SYNONYMS, OutOfStep, Sentinel, bind, call_by_quantity, call_with,
                                           require_taken, where)
@@ -124,7 +124,7 @@ class SglangTarget:
         if prop == "chain-writer" and self.sglang.build_chain_tree is None:
             return "this SGLang has no build_chain_tree (kernels/ops/speculative/eagle.py): no chain writer to check"
         if prop == "packed-mask":
-            return readers.packing_not_driven()
+            return flashinfer.packing_not_driven()
         return None
 
     def site_fits(self, site: str, mask, bs: int) -> bool:
@@ -243,7 +243,7 @@ class SglangTarget:
             yield {"wrapper": wrapped, "kernel": kernel[0][2] if kernel else None,
                    "chain": chain[0][2] if chain else None}
 
-    # -- readers (sglang/readers.py; seams of reader-agreement and packed-mask) --
+    # -- readers (sglang/readers.py, sglang/flashinfer.py; seams of reader-agreement and packed-mask) --
     def read_eager(self, config: Config, batch: Batch, step: StepOutput, heap: ShadowHeap):
         return readers.read_eager(config, batch, step, heap)
 
@@ -255,7 +255,7 @@ class SglangTarget:
         return readers.ServerReader(mask, config, pool, heap)
 
     def pack_mask(self, config: Config, batch: Batch, step_mask, buffer):
-        return readers.pack_mask(config, batch, step_mask, buffer)
+        return flashinfer.pack_mask(config, batch, step_mask, buffer)
 
     def read_fa3_verify(self, config: Config, batch: Batch, step: StepOutput):
         """FlashAttention's eager topk > 1 verify metadata over the step's mask (``fa3_reader``)."""

@@ -1,0 +1,222 @@
+"""FlashInfer's cuda-graph verify plan, driven with stand-ins: what it is handed, and its packing.
+
+``FlashInferIndicesUpdaterPrefill.call_begin_forward`` runs over a stand-in
+updater and a cuda-graph prefill wrapper whose ``begin_forward`` is SGLang's
+``fast_prefill_plan`` bound to it, with a real ``EagleVerifyInput``. So SGLang's
+own code computes the query and KV indptrs and gathers the KV slots
+(``generate_attn_arg_prefill``), the host copies, ``packed_lengths``/
+``packed_indptr``, the host-side assert on the total, and launches
+``pack_verify_mask_into`` (Triton; the interpreter on CPU) into the wrapper's
+custom-mask buffer -- the redzoned buffer the property hands in.
+
+The KV-index translator is ``kv_ids.GathersKvSlots``: each (request, token)
+gets a distinct slot from a stand-in request-to-token table, written through a
+shadow heap, so a gather of the wrong request's slots shows in the values and
+one past its buffer in a redzone. FlashInfer's own ``plan`` is not run
+(``_cached_module`` is a stand-in): it records the host arrays it is handed,
+bound to the names of FlashInfer's plan parameters. The view then carries what
+was handed on at each hop, upstream first (``PlanRead``): what
+``generate_attn_arg_prefill`` returned, what ``call_begin_forward`` passed to
+``fast_prefill_plan`` (by its parameter names), what that passed to ``plan``,
+and the wrapper's device buffers it refreshed.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from types import SimpleNamespace
+
+import torch
+
+from harness.guard.shadow import ShadowHeap
+from harness.model.config import Batch, Config
+from harness.model.readers import PackedView, PlanRead, plan_kv_span, pool_slots, stale_kv_indices
+from harness.targets.sglang.kv_ids import GathersKvSlots
+from harness.targets.sglang.readers import modules
+from harness.model.errors import OutOfStep
+from harness.targets.sglang.seams import bind, call_with
+
+FLASHINFER = "srt/layers/attention/flashinfer_backend.py"
+EAGLE_INFO = "srt/speculative/eagle_info.py"
+
+#: What this module drives: (path under the sglang package, function, properties).
+SURFACE = (
+    (FLASHINFER, "FlashInferIndicesUpdaterPrefill.call_begin_forward", ("packed-mask",)),
+    (FLASHINFER, "fast_prefill_plan", ("packed-mask",)),
+    (EAGLE_INFO, "EagleVerifyInput.generate_attn_arg_prefill", ("packed-mask",)),
+    ("kernels/ops/speculative/pack_verify_mask.py", "pack_verify_mask_into", ("packed-mask",)),
+    ("kernels/ops/speculative/pack_verify_mask.py", "_pack_verify_mask_kernel", ("packed-mask",)),
+)
+
+#: who hands each array on
+GENERATOR = "EagleVerifyInput.generate_attn_arg_prefill"
+CALLER = "FlashInferIndicesUpdaterPrefill.call_begin_forward"
+PLANNER = "fast_prefill_plan"
+
+#: what generate_attn_arg_prefill returns, in the order its call site unpacks it
+_GENERATED = ("kv_indices", "kv_indptr", "qo_indptr", "custom_mask")
+#: fast_prefill_plan's parameters that carry the layout -> what each must hold
+_PLAN_INPUTS = {"qo_indptr": "qo_indptr", "paged_kv_indptr": "kv_indptr", "paged_kv_indices": "kv_indices",
+                "paged_kv_last_page_len": "kv_last_page_len", "custom_mask": "custom_mask",
+                "qo_indptr_host": "qo_indptr", "kv_indptr_host": "kv_indptr", "kv_lens_host": "kv_lens"}
+#: the wrapper's cuda-graph input buffers fast_prefill_plan refreshes -> what each must hold
+_WRAPPER_BUFFERS = {"_qo_indptr_buf": "qo_indptr", "_paged_kv_indptr_buf": "kv_indptr",
+                    "_paged_kv_indices_buf": "kv_indices", "_paged_kv_last_page_len_buf": "kv_last_page_len"}
+
+
+def _flashinfer_plan(float_workspace_buffer, int_workspace_buffer, pin_memory_int_workspace_buffer, qo_indptr,
+                     kv_indptr, kv_len_arr, total_num_rows, batch_size, num_qo_heads, num_kv_heads, page_size,
+                     enable_cuda_graph, *rest):
+    """The leading parameters of FlashInfer's prefill ``plan`` (its positional ABI): what each argument is."""
+
+
+#: FlashInfer plan's host arrays and counts -> what each must hold
+_PLAN_ARGS = {"qo_indptr": "qo_indptr", "kv_indptr": "kv_indptr", "kv_len_arr": "kv_lens",
+              "total_num_rows": "total_num_rows", "batch_size": "batch_size", "page_size": "page_size"}
+
+
+#: the order a hop's arrays are judged in
+_ORDER = ("batch_size", "total_num_rows", "page_size", "qo_indptr", "kv_indptr", "kv_lens", "kv_last_page_len",
+          "kv_indices", "custom_mask")
+
+
+def _held(value) -> torch.Tensor:
+    """A copy of what was handed on, as it was then (a later hop must not change what an earlier one handed)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    return torch.tensor([int(value)])
+
+
+class _Hops:
+    """What each hop on the way to the plan handed on, recorded as the calls are made."""
+
+    def __init__(self):
+        self.generated: tuple | None = None
+        self.planned: dict | None = None
+        self.plan_args: dict | None = None
+
+    def record_generated(self, fn):
+        def generate(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            self.generated = tuple(out)
+            return out
+        return generate
+
+    def record_plan(self, *args, **kwargs):
+        if kwargs:
+            raise OutOfStep("_cached_module.plan", FLASHINFER, f"called with keywords {sorted(kwargs)}: "
+                            "vmfuzz reads FlashInfer's plan arguments by position")
+        got = bind(_flashinfer_plan, "_cached_module.plan", FLASHINFER, *args).arguments
+        self.plan_args = {name: _held(got[name]) for name in _PLAN_ARGS}
+
+    def reads(self, wrapper) -> list[PlanRead]:
+        if self.planned is None or self.plan_args is None:
+            raise OutOfStep(PLANNER, FLASHINFER, "call_begin_forward never reached FlashInfer's plan: nothing "
+                            "it was handed can be judged")
+        out = []
+        if self.generated is not None:
+            out += [PlanRead(GENERATOR, name, self._generated_as(name, value), _held(value))
+                    for name, value in zip(_GENERATED, self.generated) if isinstance(value, torch.Tensor)]
+        out += [PlanRead(CALLER, name, _PLAN_INPUTS[name], held)
+                for name, (held, _) in self.planned.items()]
+        out += [PlanRead(PLANNER, f"plan({name})", _PLAN_ARGS[name], value) for name, value in self.plan_args.items()]
+        out += [PlanRead(PLANNER, name, quantity, _held(getattr(wrapper, name)))
+                for name, quantity in _WRAPPER_BUFFERS.items()]
+        # Within a hop, the indptrs before the arrays they index: a wrong indptr misplaces the rest.
+        hop = {GENERATOR: 0, CALLER: 1, PLANNER: 2}
+        return sorted(out, key=lambda r: (hop[r.writer], _ORDER.index(r.quantity)))
+
+    def _generated_as(self, name: str, value) -> str:
+        """What a returned array is: the fast_prefill_plan parameter it was handed to as it is, else its place."""
+        for param, (_, passed) in self.planned.items():
+            if passed is value:
+                return _PLAN_INPUTS[param]
+        return name
+
+
+class _RecordingPlan(functools.partial):
+    """``fast_prefill_plan`` bound to the wrapper, as SGLang's capture installs it (``.func`` is SGLang's
+    own), recording each layout argument by ``fast_prefill_plan``'s own parameter names."""
+
+    def __call__(self, *args, **kwargs):
+        got = bind(self.func, PLANNER, FLASHINFER, *self.args, *args, **kwargs).arguments
+        missing = [n for n in _PLAN_INPUTS if n not in got and n != "custom_mask"]
+        if missing:
+            raise OutOfStep(PLANNER, FLASHINFER, f"the call names no {', '.join(missing)}")
+        self.keywords["_hops"].planned = {n: (_held(got[n]), got[n]) for n in _PLAN_INPUTS
+                                          if isinstance(got.get(n), torch.Tensor)}
+        own = {k: v for k, v in self.keywords.items() if k != "_hops"}
+        return self.func(*self.args, *args, **{**own, **kwargs})
+
+
+def _graph_wrapper(m, bs: int, kv_tokens: int, buffer: torch.Tensor, dev, heap: ShadowHeap, hops: _Hops):
+    """A cuda-graph prefill wrapper for ``bs`` requests: the state ``fast_prefill_plan`` reads and refreshes."""
+    kv_indices = heap.alloc("_paged_kv_indices_buf", max(1, kv_tokens), torch.int32, redzone_cells=64)
+    kv_indices.copy_(stale_kv_indices(kv_indices.numel(), dev))
+    wrapper = SimpleNamespace(
+        device=dev, is_cuda_graph_enabled=True, _backend="fa2", _cached_module=SimpleNamespace(plan=hops.record_plan),
+        _max_total_num_rows=None,
+        _qo_indptr_buf=torch.full((bs + 1,), -7, dtype=torch.int32, device=dev),
+        _paged_kv_indptr_buf=torch.full((bs + 1,), -7, dtype=torch.int32, device=dev),
+        _paged_kv_last_page_len_buf=torch.full((bs,), -7, dtype=torch.int32, device=dev),
+        _paged_kv_indices_buf=kv_indices,
+        _mask_indptr_buf=torch.zeros(bs + 1, dtype=torch.int32, device=dev),
+        _custom_mask_buf=buffer,
+        _float_workspace_buffer=None, _int_workspace_buffer=None, _pin_memory_int_workspace_buffer=None,
+    )
+    wrapper.begin_forward = _RecordingPlan(m.flashinfer_backend.fast_prefill_plan, wrapper, _hops=hops)
+    return wrapper
+
+
+def pack_mask(config: Config, batch: Batch, step_mask: torch.Tensor, buffer: torch.Tensor) -> PackedView:
+    """FlashInfer's cuda-graph verify plan over ``step_mask``, packing into ``buffer``."""
+    m = modules()
+    dev, d, bs = buffer.device, config.d, batch.bs
+    seq_lens = torch.tensor(batch.seq_lens, dtype=torch.long, device=dev)
+    seq_sum = int(sum(batch.seq_lens))
+    spec_info = m.eagle_info.EagleVerifyInput(
+        draft_token=None, custom_mask=step_mask, positions=None, retrieve_index=None, retrieve_next_token=None,
+        retrieve_next_sibling=None, retrieve_cum_len=None, spec_steps=config.spec_steps, topk=config.topk,
+        draft_token_num=d, capture_hidden_mode=m.forward_info.CaptureHiddenMode.FULL, seq_lens_sum=seq_sum,
+        seq_lens_cpu=seq_lens.cpu())
+    hops, heap = _Hops(), ShadowHeap(dev)
+    spec_info.generate_attn_arg_prefill = hops.record_generated(spec_info.generate_attn_arg_prefill)
+    wrapper = _graph_wrapper(m, bs, seq_sum + d * bs, buffer, dev, heap, hops)
+    # Each (request, token) its own slot, room for its prefix and draft tokens; stray writes land in redzones.
+    translator = GathersKvSlots(heap, plan_kv_span(config))
+    updater = SimpleNamespace(
+        attn_backend=SimpleNamespace(kv_index_translator=translator, dq_paged_kernel_lens=None),
+        kv_last_page_len=torch.ones(max(bs, config.max_bs), dtype=torch.int32, device=dev), num_qo_heads=1,
+        num_kv_heads=1, head_dim=8, q_data_type=torch.float16, data_type=torch.float16, _swa_kv_pool=None)
+    # By SGLang's own parameter names; ``plan`` only where this SGLang takes it.
+    call_with(m.flashinfer_backend.FlashInferIndicesUpdaterPrefill.call_begin_forward, CALLER, FLASHINFER, updater,
+              wrapper_ragged=None, wrapper_paged=wrapper,
+              req_pool_indices=torch.tensor(pool_slots(bs), dtype=torch.long, device=dev),
+              paged_kernel_lens=seq_lens, paged_kernel_lens_sum=seq_sum, seq_lens=seq_lens, prefix_lens=None,
+              kv_start_idx=None, kv_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=dev),
+              qo_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=dev), use_ragged=False,
+              spec_info=spec_info, seq_lens_cpu=seq_lens.cpu(), plan=None)
+    return PackedView(wrapper._custom_mask_buf, wrapper._mask_indptr_buf, plan=hops.reads(wrapper),
+                      plan_overruns=heap.check(), plan_gatherer=GENERATOR if hops.generated is not None else CALLER)
+
+
+def packing_not_driven() -> str | None:
+    """Why packed-mask cannot be driven on this SGLang (None: it can), read from its code.
+
+    SGLang packs an EAGLE verify mask itself only where its cuda-graph capture
+    installs ``fast_prefill_plan`` for EAGLE target-verify wrappers; elsewhere
+    the packing happens inside FlashInfer's own plan, which is not SGLang's code.
+    """
+    import re
+    try:
+        text = inspect.getsource(modules().flashinfer_backend)
+    except (ImportError, OSError, TypeError) as exc:
+        return f"{FLASHINFER} cannot be read here ({type(exc).__name__}: {exc})"
+    # each place a wrapper gets the fast plan, with the condition (the `if` block) leading to it
+    for install in re.finditer(r"partial\(\s*fast_prefill_plan", text):
+        head = text.rfind("\n        if", 0, install.start())
+        if "EAGLE_VERIFY" in text[head:install.start()]:
+            return None
+    return (f"{FLASHINFER} installs fast_prefill_plan for no EAGLE target-verify wrapper: its verify mask is "
+            "packed inside FlashInfer's own plan, not SGLang's code")
