@@ -158,6 +158,7 @@ class _StubFinder:
 
     def __init__(self, roots: tuple[str, ...]):
         self.roots = roots
+        self.made: list[str] = []
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname.partition(".")[0] not in self.roots:
@@ -166,6 +167,7 @@ class _StubFinder:
         return spec_from_loader(fullname, self, is_package=True)
 
     def create_module(self, spec):
+        self.made.append(spec.name)
         return _stub_module(spec.name)
 
     def exec_module(self, module):
@@ -184,8 +186,8 @@ def _extensions_stubbed_again(module: str):
         yield
     finally:
         sys.meta_path.remove(finder)
-        for name in [n for n in sys.modules if n.partition(".")[0] in roots]:
-            del sys.modules[name]
+        for name in finder.made:
+            sys.modules.pop(name, None)
 
 
 def _forget_stubbed(before: set, stubbed: list[str]) -> None:
