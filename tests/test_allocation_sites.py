@@ -86,7 +86,8 @@ ALTERATIONS = {
          r"\1max_bs=self.q_indptr_decode.numel() - 2,")],
 }
 
-#: Behaviour-preserving refactors of the same code: each must be driven (exit 0).
+#: Behaviour-preserving refactors of the same code: each must be driven (exit 0). Before the
+#: backends were built by ``__init__``, the first two were a false finding or out of step.
 REFACTORS = {
     # the verify width hoisted into __init__ under another name
     "fa-verify-width-hoisted-into-init": [
@@ -94,12 +95,13 @@ REFACTORS = {
          r"\1        self._verify_width = self.speculative_num_draft_tokens\n"),
         (FA, _FA_VERIFY_MASK_CALL + r"num_draft_tokens=self\.speculative_num_draft_tokens,",
          r"\1num_draft_tokens=self._verify_width,")],
-    # the context length set by a module-level helper of the backend's module
-    "fa-context-set-by-a-module-helper": [
-        (FA, r"self\.max_context_len = model_runner\.model_config\.context_len\n",
-         "_init_context(self, model_runner)\n"),
-        (FA, r"\Z", "\n\ndef _init_context(backend, model_runner):\n"
-                    "    backend.max_context_len = model_runner.model_config.context_len\n")],
+    # the verify width set by a module-level helper, under another name
+    "fa-verify-width-set-by-a-module-helper": [
+        (FA, r"(        self\.speculative_step_id = speculative_step_id\n)", r"\1        _init_verify_width(self)\n"),
+        (FA, _FA_VERIFY_MASK_CALL + r"num_draft_tokens=self\.speculative_num_draft_tokens,",
+         r"\1num_draft_tokens=self.verify_width,"),
+        (FA, r"\Z", "\n\ndef _init_verify_width(backend):\n"
+                    "    backend.verify_width = get_spec().speculative_num_draft_tokens\n")],
     # the backend's verify state kept in slots
     "trtllm-backend-gains-slots": [
         (TRTLLM_MLA, r"(class TRTLLMMLABackend\(FlashInferMLAAttnBackend\):\n)",
