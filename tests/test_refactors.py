@@ -65,7 +65,7 @@ REFACTORS = {
          (TRTLLM_MLA, r"self\.num_draft_tokens\b", "self.draft_width"),
          (TRTLLM_MLA, r"\Z", "\n\ndef _init_draft_width(backend):\n"
                               "    backend.draft_width = get_spec().speculative_num_draft_tokens\n")],
-        ("allocation-soundness",), {0, 3}, "draft_width"),
+        ("allocation-soundness",), {0}, ""),
     # a value the reader path computed in place, hoisted into TritonAttnBackend.__init__
     "reader-value-hoisted-into-init": (
         [(TRITON, r"(        self\.forward_metadata: ForwardMetadata = None\n)",

@@ -98,9 +98,8 @@ def test_sglang_allocation_sites_record_their_own_arguments(sglang_target):
     call = sglang_target.allocation_call("triton", numbers)
     assert (call.max_bs, call.max_context_len, call.num_draft_tokens, call.is_read) == (8, 4096, 4, True)
     assert call.mask.buffer.device.type == "meta" and call.mask.buffer.numel() == 8 * 4 * (4096 + 4)
-    for name, why in sites.items():
-        if why is not None:  # a site the host cannot drive says why, in one line
-            assert "\n" not in why and name == "flashmla", (name, why)
+    # every site is driven on a CPU host, FlashMLA's too (its "cuda" scratch on meta)
+    assert all(why is None for why in sites.values()), sites
 
 
 def test_no_drivable_site_fails_rather_than_holds():

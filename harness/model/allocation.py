@@ -56,8 +56,13 @@ def reads_mask(backend: str, topk: int) -> bool:
     """Does this backend's target-verify attention read the tree mask?
 
     triton always does; flashattention only for trees (topk > 1: a chain is
-    causal, no mask needed); the MLA, DeepSeek-V4 and Qwen sparse backends run
-    verify kernels that take no mask.
+    causal, no mask needed; both its metadata paths extract the mask only then).
+    The others run verify kernels that take no mask: flashmla handles every
+    target-verify metadata branch itself with FlashMLA's kernel and never falls
+    through to its FlashInfer-MLA parent's mask read; trtllm_mla excludes
+    target verify from every parent dispatch and runs the trtllm-gen kernel;
+    the DeepSeek-V4 backends' verify metadata never extracts the mask; the Qwen
+    sparse backend verifies chains only (topk 1), through its sparse kernels.
     """
     if backend == "triton":
         return True

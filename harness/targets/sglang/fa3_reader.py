@@ -1,7 +1,7 @@
 """FlashAttention's topk > 1 target-verify metadata, driven with stand-ins.
 
 ``FlashAttentionBackend`` is made by its own ``__init__`` over the stand-in
-target model runner the Triton reader uses (``allocation._model_runner``),
+target model runner the allocation sites use (``backend_init.model_runner``),
 with the server-wide config it reads bound for the call, its module imported
 with the CUDA-only extensions stubbed (``allocation._with_extensions_stubbed``;
 ``__init__`` imports ``sgl_kernel.flash_attn`` itself, stubbed the same way
@@ -103,22 +103,16 @@ def _stubbing_missing(call, tries: int = 4):
 def backend(config: Config, pool: int, dev):
     """A ``FlashAttentionBackend`` made by its own ``__init__`` for a server with ``config``'s numbers,
     a dense MHA model at page size 1 and a request pool ``pool`` deep."""
-    from harness.targets.sglang.allocation import _model_runner, _server_context, _server_lookups
+    from harness.targets.sglang import backend_init
 
     mod = module()
     numbers = ServerNumbers(pool, config.max_context_len, config.d, config.topk, config.spec_steps)
-    spec, exec_, parallel, schedule = _server_context(numbers)
-    # What FA3's __init__ reads of the server beyond what Triton's does: no context or data parallelism.
-    parallel = SimpleNamespace(**vars(parallel), attn_cp_size=1, enable_prefill_cp=False, attn_dp_enabled=False)
-    runner = _model_runner(numbers, exec_, schedule, dev)
-    runner.model_config.hf_text_config = SimpleNamespace(num_attention_heads=8)
-    runner.model_config.is_local_attention_model = False
+    # The allocation sites' stand-in server (its arguments where ModelRunner carries them), with
+    # the KV cache dtype FA3 picks its kernel by and a request table of distinct slots.
+    runner = backend_init.model_runner(numbers, dev)
     runner.kv_cache_dtype_str = "bfloat16"
     runner.req_to_token_pool = SimpleNamespace(size=pool, req_to_token=_table(config, pool, dev))
-    context = [(mod, "get_spec", lambda: spec), *_server_lookups(mod, exec_, parallel, schedule)]
-    context += [(mod, name, value) for name, value in (
-        ("get_model", lambda: SimpleNamespace(is_embedding=False)),
-        ("get_memory", lambda: SimpleNamespace(disable_radix_cache=False))) if hasattr(mod, name)]
+    context = backend_init.lookups_bound(mod, mod.FlashAttentionBackend, numbers)
     try:
         with bound(*context):
             return _stubbing_missing(lambda: mod.FlashAttentionBackend(runner))

@@ -1,0 +1,225 @@
+"""The allocating backends, each built by its own ``__init__`` for a server's numbers.
+
+A stand-in target model runner carries the server's arguments where SGLang's
+``ModelRunner`` carries them: ``server_args`` (cuda_graph_max_bs, the
+speculative options), ``model_config.context_len``, the request pool, the KV
+cache dtype, and the runtime-context lookups (``get_spec``, ``get_exec``, ...)
+answer from the same arguments. So whatever a backend derives from them --
+its ``max_context_len``, its draft width, the draft-runner flag -- is derived
+by SGLang's own code, and a wrong derivation there reaches the allocation
+check. Everything is on the meta device: nothing is allocated.
+
+What ``__init__`` does that only a CUDA host can (JIT builds, FlashInfer
+wrappers, device queries, pinned host buffers) is bound, for the call, to an
+inert stand-in listed in ``CUDA_ONLY`` with why it cannot change the mask's
+size. A name the stand-in lacks that this SGLang's ``__init__`` reads is out of
+step (exit 3), never a finding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from types import SimpleNamespace
+
+import torch
+
+from harness.model.allocation import ServerNumbers
+from harness.model.errors import OutOfStep
+from harness.targets.sglang.binding import bound
+from harness.targets.sglang.seams import TranslatesNothing, where
+
+#: Model-family probes the constructor asks of the model config; the stand-in
+#: model is a plain dense one, so each answers "not this family". Releases
+#: name them differently (one ``mambaish_config`` from 0.5.18 on, three
+#: family probes before), so each is bound where the module has it.
+_FAMILY_PROBES = ("mambaish_config", "hybrid_gdn_config", "kimi_linear_config", "linear_attn_model_spec")
+
+#: The runtime-context lookups a backend module may go through.
+_LOOKUPS = ("get_spec", "get_exec", "get_parallel", "get_schedule", "get_model", "get_memory", "get_disagg",
+            "get_platform", "get_buffer")
+
+
+def server_args(n: ServerNumbers) -> SimpleNamespace:
+    """The arguments a server started with ``n`` has, under ServerArgs' own names."""
+    return SimpleNamespace(
+        cuda_graph_max_bs=n.max_bs, max_running_requests=n.max_bs, context_length=n.context_len,
+        speculative_algorithm="EAGLE", speculative_num_draft_tokens=n.num_draft_tokens,
+        speculative_eagle_topk=n.topk, speculative_num_steps=n.spec_steps, page_size=1,
+        triton_attention_num_kv_splits=8, triton_attention_split_tile_size=None, enable_lean_attention=None,
+        enable_deterministic_inference=False, chunked_prefill_size=8192, disable_chunked_prefix_cache=False,
+        flashinfer_mla_disable_ragged=False, disable_radix_cache=False, is_embedding=False,
+        disaggregation_mode="null", enable_two_batch_overlap=False)
+
+
+def _context(args: SimpleNamespace) -> dict[str, object]:
+    """Each runtime-context lookup's answer, read from ``args`` as SGLang's config bags read server_args:
+    a single-GPU server, no data/context/decode parallelism."""
+    spec = SimpleNamespace(**{k: getattr(args, k) for k in (
+        "speculative_algorithm", "speculative_num_draft_tokens", "speculative_eagle_topk", "speculative_num_steps")})
+    exec_ = SimpleNamespace(
+        kernel=SimpleNamespace(enable_lean_attention=args.enable_lean_attention,
+                               triton_attention_num_kv_splits=args.triton_attention_num_kv_splits,
+                               triton_attention_split_tile_size=args.triton_attention_split_tile_size,
+                               flashinfer_mla_disable_ragged=args.flashinfer_mla_disable_ragged),
+        dllm=SimpleNamespace(dllm_algorithm=None),
+        overlap=SimpleNamespace(enable_two_batch_overlap=args.enable_two_batch_overlap),
+        deterministic=SimpleNamespace(enable_deterministic_inference=args.enable_deterministic_inference))
+    parallel = SimpleNamespace(attn_dcp_size=1, attn_dcp_rank=0, attn_tp_size=1, attn_cp_size=1, dcp_enabled=False,
+                               dcp_size=1, dcp_rank=0, enable_prefill_cp=False, attn_dp_enabled=False)
+    schedule = SimpleNamespace(chunked_prefill_size=args.chunked_prefill_size, page_size=args.page_size,
+                               disable_chunked_prefix_cache=args.disable_chunked_prefix_cache)
+    answers = {"get_spec": spec, "get_exec": exec_, "get_parallel": parallel, "get_schedule": schedule,
+               "get_model": SimpleNamespace(is_embedding=args.is_embedding),
+               "get_memory": SimpleNamespace(disable_radix_cache=args.disable_radix_cache),
+               "get_disagg": SimpleNamespace(disaggregation_mode=args.disaggregation_mode),
+               "get_platform": SimpleNamespace(is_sm100=False)}
+    lookups: dict[str, object] = {name: (lambda v=v: v) for name, v in answers.items()}
+    # a named process-wide buffer: made fresh (on meta) for each backend built here
+    lookups["get_buffer"] = lambda name, make: make()
+    return lookups
+
+
+def model_runner(n: ServerNumbers, device="meta") -> SimpleNamespace:
+    """A target model runner of a server started with ``n``, on ``device`` (meta: nothing is allocated).
+
+    The model is a small dense one that also answers the MLA shape questions
+    (kv_lora_rank, ...) the MLA backends ask; its request pool is ``max_bs``
+    deep, the least a server capturing ``max_bs`` has.
+    """
+    args = server_args(n)
+    model_config = SimpleNamespace(
+        context_len=args.context_length, attention_arch=None, get_max_num_attention_heads=lambda: 8,
+        get_num_kv_heads=lambda *a: 8, num_attention_heads=8, v_head_dim=64, swa_v_head_dim=64, head_dim=64,
+        is_encoder_decoder=False, is_local_attention_model=False, kv_lora_rank=512, qk_nope_head_dim=128,
+        qk_rope_head_dim=64, scaling=1.0, hf_text_config=SimpleNamespace(num_attention_heads=8), hf_config=None)
+    pool = SimpleNamespace(size=args.max_running_requests,
+                           req_to_token=torch.zeros(args.max_running_requests, 1, dtype=torch.int32, device=device))
+    kv_pool = SimpleNamespace(start_layer=0, get_value_buffer=lambda layer: torch.empty(1, 8, 64, device="meta"))
+    return SimpleNamespace(
+        server_args=args, model_config=model_config, req_to_token_pool=pool, token_to_kv_pool=kv_pool,
+        token_to_kv_pool_allocator=None, sliding_window_size=None, page_size=args.page_size,
+        kv_index_translator=TranslatesNothing(), is_draft_worker=False, spec_algorithm=None,
+        decode_num_tokens_per_req=lambda: args.speculative_num_draft_tokens, device=device, gpu_id=0,
+        dtype=torch.bfloat16, kv_cache_dtype=torch.bfloat16, kv_cache_dtype_str="auto",
+        max_running_requests=args.max_running_requests)
+
+
+class HostTorch:
+    """``torch`` as a module's set-up sees it on a CUDA host, allocating on meta instead.
+
+    Device-pinned or ``device="cuda"`` buffers go to the meta device (their size
+    is what the set-up computed), and the device query answers one SM.
+    """
+
+    _MAKERS = ("zeros", "empty", "full", "ones", "arange")
+    cuda = SimpleNamespace(get_device_properties=lambda *a: SimpleNamespace(multi_processor_count=1),
+                           is_available=lambda: False)
+
+    def __getattr__(self, name):
+        real = getattr(torch, name)
+        if name not in self._MAKERS:
+            return real
+
+        def on_meta(*args, **kwargs):
+            kwargs.pop("pin_memory", None)
+            if str(kwargs.get("device", "meta")).startswith(("cuda", "cpu")):
+                kwargs["device"] = "meta"
+            return real(*args, **kwargs)
+        return on_meta
+
+
+def _meta_counter(device, num_q_heads, max_batch_size):
+    return torch.zeros(1, dtype=torch.uint8, device="meta")
+
+
+#: backend -> (module under sglang.srt.layers.attention, name, stand-in, why it cannot change the mask's size):
+#: what its ``__init__`` does that needs a CUDA host. A name this release lacks is out of step (``bound``).
+CUDA_ONLY: dict[str, tuple[tuple[str, str, object, str], ...]] = {
+    "flashinfer_mla": (
+        ("flashinfer_mla_backend", "BatchMLAPagedAttentionWrapper", lambda *a, **k: None,
+         "FlashInfer's MLA wrappers (not installed): kernels' plans, not the mask"),
+        ("flashinfer_mla_backend", "BatchPrefillWithRaggedKVCacheWrapper", lambda *a, **k: None,
+         "FlashInfer's ragged prefill wrapper (not installed): prefill only"),
+        ("flashinfer_mla_backend", "torch", HostTorch(), "pinned host buffers of the fast prefill plan"),
+        # the MLP-sync alignment of the indptr buffers: 1 on a single-GPU server without two-batch overlap
+        ("flashinfer_mla_backend", "get_cuda_graph_max_batch_size", lambda size: size,
+         "sizes the FlashInfer indptr buffers, not the verify mask"),
+    ),
+    "trtllm_mla": (
+        ("trtllm_mla_backend", "_jit_fixup_module", lambda *a: None, "a JIT build of a prefill fix-up kernel"),
+        ("trtllm_mla_backend", "make_persistent_multi_ctas_kv_counter_buffer", _meta_counter,
+         "asks FlashInfer for the GPU's SM count to size a decode counter"),
+        ("trtllm_mla_backend", "can_use_set_mla_kv_concat_q", lambda *a: False,
+         "asks the GPU's compute capability for a fused KV write"),
+        ("trtllm_mla_backend", "can_use_set_mla_kv_concat_q_fp8", lambda *a: False,
+         "asks the GPU's compute capability for a fused fp8 KV write"),
+    ),
+    # its cuda-graph set-up allocates on a hard-coded "cuda" and asks the GPU's SM count before its call
+    "flashmla": (("flashmla_backend", "torch", HostTorch(), "device='cuda' scratch and the SM count query"),),
+}
+
+#: backend -> the CUDA_ONLY groups its class's ``__init__`` chain goes through
+CHAINS: dict[str, tuple[str, ...]] = {"trtllm_mla": ("flashinfer_mla", "trtllm_mla"),
+                                      "flashmla": ("flashinfer_mla", "flashmla")}
+
+
+def cuda_only(name: str, own) -> list[tuple]:
+    """The (module, attribute, stand-in, may_add) bindings that stand in for backend ``name``'s CUDA-only
+    work; ``own``: the backend's module as loaded (a stubbed import leaves it out of ``sys.modules``)."""
+    import importlib
+    out = []
+    for group in CHAINS.get(name, ()):
+        for module, attr, value, _ in CUDA_ONLY[group]:
+            path = "sglang.srt.layers.attention." + module
+            mod = own if own.__name__ == path else importlib.import_module(path)
+            # FlashInfer's names are absent where it is not installed: SGLang's module still refers to them
+            out.append((mod, attr, value, attr.startswith("Batch")))
+    return out
+
+
+def _modules_of(mod, cls) -> list:
+    """The modules ``cls``'s ``__init__`` chain is defined in, ``mod`` (its own, which a stubbed import
+    leaves out of ``sys.modules``) first."""
+    seen = [mod]
+    for klass in cls.__mro__[1:]:
+        mod = sys.modules.get(klass.__module__)
+        if mod is not None and mod.__name__.startswith("sglang.") and mod not in seen:
+            seen.append(mod)
+    return seen
+
+
+def lookups_bound(mod, cls, n: ServerNumbers) -> list[tuple]:
+    """The runtime-context lookups and family probes, bound where ``cls``'s modules (``mod``, its own,
+    first) import them."""
+    answers = _context(server_args(n))
+    answers.update({probe: (lambda config: None) for probe in _FAMILY_PROBES})
+    return [(m, name, value) for m in _modules_of(mod, cls) for name, value in answers.items() if hasattr(m, name)]
+
+
+def built_by_init(mod, cls, n: ServerNumbers, device="meta", name: str | None = None, stubs=()):
+    """``cls`` made by its own ``__init__`` over a stand-in target model runner of a server started with ``n``.
+
+    ``name`` (the harness's backend name) selects the CUDA-only stand-ins;
+    ``stubs``: a context manager factory that puts back the stubbed extension
+    modules ``mod`` was imported with, for the imports ``__init__`` makes.
+    What the stand-in runner lacks that this SGLang's ``__init__`` reads is out of step.
+    """
+    runner = model_runner(n, device)
+    with contextlib.ExitStack() as stack:
+        for enter in stubs:
+            stack.enter_context(enter())
+        stack.enter_context(bound(*lookups_bound(mod, cls, n), *cuda_only(name or "", mod)))
+        try:
+            return cls(runner)
+        except AttributeError as exc:
+            if getattr(exc, "obj", 0) is None or isinstance(getattr(exc, "obj", None), SimpleNamespace):
+                raise OutOfStep(f"{cls.__name__}.__init__", where(cls),
+                                f"reads {exc.name!r} from a stand-in vmfuzz built: {exc}") from None
+            raise
+        except (ValueError, RuntimeError) as exc:
+            # a runtime-context lookup this release makes where vmfuzz binds none, or a call into a
+            # stubbed CUDA extension: what vmfuzz stands in for is out of step, not the backend wrong
+            if "not published" in str(exc) or "stub of a CUDA extension" in str(exc):
+                raise OutOfStep(f"{cls.__name__}.__init__", where(cls), str(exc)) from None
+            raise
