@@ -25,6 +25,7 @@ _PKG = {
                          "    def area(self):\n        return self.size ** 2\n\n\n"
                          "def helper():\n    return 2\n"),
     "constants.py": "LIMIT = 3\n",  # nothing to run beyond its import: not required
+    "stubs.py": 'class Shape:\n    def area(self):\n        """Its area."""\n\n    def sides(self):\n        ...\n',
 }
 
 _CONFTEST = """
@@ -40,7 +41,7 @@ def pytest_configure(config):
 
 _TESTS = """
 import pytest
-import pkg.constants, pkg.imported_only, pkg.used
+import pkg.constants, pkg.imported_only, pkg.stubs, pkg.used
 
 def test_used():
     assert pkg.used.used() == 1

@@ -5,8 +5,9 @@ inside a test, in the test's own process (setup, call and teardown; cProfile's
 call records, on the test's thread). Its module body and class bodies do not
 count: they run at import. Comprehensions and lambdas do not count either
 (their names start with ``<``; at module level they run at import too). A
-module that defines no function at all (a package's ``__init__``, ``__main__``)
-has nothing to run beyond its import and is not required. Code run in a
+module that defines no function with a body (a package's ``__init__``,
+``__main__``, a Protocol whose methods are only docstrings) has nothing to run
+beyond its import and is not required. Code run in a
 subprocess (the CLI as a user runs it) is not seen: a module only a subprocess
 reaches must also be exercised by an in-process test.
 
@@ -30,15 +31,23 @@ _CO_OPTIMIZED = 0x1  # a function's code object; module and class bodies lack it
 
 
 def required_modules(root: Path, folders: list[str]) -> dict[str, str]:
-    """Module name -> its file, for every module under ``folders`` that defines a function."""
+    """Module name -> its file, for every module under ``folders`` that defines a function with a body."""
     found = {}
     for folder in folders:
         for path in sorted((root / folder).rglob("*.py")):
             tree = ast.parse(path.read_text())
-            if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(tree)):
+            if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and _has_body(n) for n in ast.walk(tree)):
                 rel = path.relative_to(root).with_suffix("")
                 found[".".join(rel.parts)] = str(path.resolve())
     return found
+
+
+def _has_body(fn) -> bool:
+    """More than a docstring, ``...`` or ``pass``: a stub (a Protocol's method) has nothing to run."""
+    return any(not isinstance(st, ast.Pass)
+               and not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant)
+                        and (st.value.value is Ellipsis or isinstance(st.value.value, str)))
+               for st in fn.body)
 
 
 def touched_files(profiler: cProfile.Profile) -> set[str]:
