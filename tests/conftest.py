@@ -32,17 +32,6 @@ def _checkout_reports_untouched():
     assert after <= before, f"tests wrote into {reports}: {sorted(p.name for p in after - before)[:5]}"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(items):
-    """Tests that import SGLang in the test process share one worker (``--dist loadgroup``):
-    the import (about 30 s) is paid once, not once per worker."""
-    for item in items:
-        params = getattr(item, "callspec", None)
-        by_param = params is not None and any(v == "sglang" for v in params.params.values() if isinstance(v, str))
-        if "sglang_target" in item.fixturenames or by_param:
-            item.add_marker(pytest.mark.xdist_group("sglang"))
-
-
 def pytest_addoption(parser):
     touched.addoption(parser)
 
