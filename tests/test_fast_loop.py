@@ -1,7 +1,7 @@
-"""The fast loop's promise: every module of the harness has a test that runs it (tests/touched.py).
+"""The fast loop's promise: every module of the harness has a fast test that runs it (tests/touched.py).
 
-The check itself runs at the end of every whole-suite or ``-m "not slow"``
-session; these tests show it can fail, on a small project of its own.
+The check itself runs at the end of every ``pytest -m "not slow"`` session;
+these tests show it can fail, on a small project of its own.
 """
 
 from __future__ import annotations
@@ -81,14 +81,15 @@ def test_the_fast_loop_fails_naming_a_module_no_test_ran(tmp_path, args):
     assert "1 passed" in r.stdout and "untouched modules: no test ran a function of pkg.imported_only " in r.stdout
 
 
-def test_the_whole_suite_passes_once_a_test_runs_it(tmp_path):
-    assert _pytest(_project(tmp_path)).returncode == 0  # the slow test runs Box.area
+def test_the_fast_loop_passes_once_a_fast_test_runs_it(tmp_path):
     extra = "\n\ndef test_helper():\n    assert pkg.imported_only.helper() == 2\n"
     r = _pytest(_project(tmp_path / "b", extra), "-m", "not slow")
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("args", [("-k", "used"), ("checks/test_pkg.py",), ("-m", "slow")])
+#: the whole suite (no -m) is not judged either: it runs every fast test, so it touches what they touch
+@pytest.mark.parametrize("args", [("-k", "used", "-m", "not slow"), ("checks/test_pkg.py", "-m", "not slow"),
+                                  ("-m", "slow"), ()], ids=["-k", "a-path", "-m-slow", "the-whole-suite"])
 def test_a_chosen_subset_is_not_judged(tmp_path, args):
     r = _pytest(_project(tmp_path), *args)
     assert r.returncode == 0 and "untouched" not in r.stdout, r.stdout + r.stderr

@@ -11,10 +11,12 @@ beyond its import and is not required. Code run in a
 subprocess (the CLI as a user runs it) is not seen: a module only a subprocess
 reaches must also be exercised by an in-process test.
 
-When a run collects every test (no paths, no ``-k``, no ``--deselect``) with no
-marker expression or ``-m "not slow"``, the session fails if a required module
-under the folders given to ``register`` was never touched, naming it. Under xdist each
-worker sends its set to the controller, which joins them.
+The fast loop (``-m "not slow"`` over every test: no paths, no ``-k``, no
+``--deselect``) fails if a required module under the folders given to
+``register`` was never touched, naming it. Only that loop is judged (and
+profiled: cProfile makes in-process tests up to about 1.5x slower): the whole
+suite runs every fast test too, so what the fast loop touches it touches. Under
+xdist each worker sends its set to the controller, which joins them.
 ``--touched-report FILE`` writes, per test, the modules it touched (JSON).
 """
 
@@ -67,11 +69,15 @@ class TouchedModules:
         self.by_file = {f: m for m, f in self.required.items()}
         self.touched: set[str] = set()
         self.per_test: dict[str, list[str]] = {}
-        self.checks = _collects_everything(config)
+        self.checks = _is_the_fast_loop(config)
+        self.profiles = self.checks or bool(config.getoption("touched_report"))
         self.missing: list[str] = []
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item):
+        if not self.profiles:
+            yield
+            return
         profiler = cProfile.Profile()
         profiler.enable()
         try:
@@ -109,11 +115,11 @@ class TouchedModules:
                 "(tests/touched.py says what counts)", red=True)
 
 
-def _collects_everything(config: pytest.Config) -> bool:
-    """No paths, no -k, no --deselect, no marker expression but "not slow": the fast loop or the whole suite."""
+def _is_the_fast_loop(config: pytest.Config) -> bool:
+    """``-m "not slow"`` with no paths, no -k and no --deselect."""
     opt = config.option
     return (config.args_source != pytest.Config.ArgsSource.ARGS and not opt.keyword and not opt.deselect
-            and opt.markexpr.strip() in ("", "not slow"))
+            and opt.markexpr.strip() == "not slow")
 
 
 def addoption(parser: pytest.Parser) -> None:
