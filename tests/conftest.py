@@ -3,6 +3,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests import touched
 from tests.helpers import ROOT, sglang_or_skip
 
 # Property tests are plain Hypothesis tests; profiles keep them quick by default
@@ -31,8 +32,14 @@ def _checkout_reports_untouched():
     assert after <= before, f"tests wrote into {reports}: {sorted(p.name for p in after - before)[:5]}"
 
 
+def pytest_addoption(parser):
+    touched.addoption(parser)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a whole campaign in a subprocess (tens of seconds)")
+    # the fast loop (-m "not slow") runs a function of every module: tests/touched.py
+    touched.register(config, ["harness", "strategies"])
 
 
 @pytest.fixture(scope="module")

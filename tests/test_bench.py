@@ -13,7 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import bench  # noqa: E402
 
 
-@pytest.mark.parametrize("range_name", sorted(bench.RANGES))
+# the sparse range's 200 draws take seconds: its draws are the slow loop's
+@pytest.mark.parametrize("range_name", [pytest.param(r, marks=pytest.mark.slow) if r == "sparse" else r
+                                        for r in sorted(bench.RANGES)])
 def test_naive_cases_are_valid_and_uniform_over_the_bounds(range_name):
     bounds = bench.RANGES[range_name]
     rng = random.Random(0)

@@ -25,6 +25,7 @@ def test_reference_holds_every_property(name):
 
 
 @pytest.mark.parametrize("variant", list(CATALOGUE))
+@pytest.mark.slow
 def test_every_variant_is_caught_by_a_seeded_run(variant, tmp_path, capsys):
     code = main(["run", "--target", f"reference+{variant}", "--seed", "1", "--report-dir", str(tmp_path)])
     out = capsys.readouterr().out

@@ -75,6 +75,7 @@ CASES = {"repro": ("reference+pr33127", "capacity-liveness"), "known": ("review_
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.slow
 def test_a_checkouts_own_known_and_repro_do_not_change_the_verdict(tmp_path, case):
     target, prop = CASES[case]
     env = _plugin_env(tmp_path)
@@ -91,6 +92,7 @@ def test_a_checkouts_own_known_and_repro_do_not_change_the_verdict(tmp_path, cas
     assert verdicts["clean"] == verdicts["pr"]
 
 
+@pytest.mark.slow
 def test_the_command_line_names_more_known_findings_and_repros(tmp_path):
     """What CI names explicitly does count: the broad entry excuses the defect when given with --known."""
     env = _plugin_env(tmp_path)
@@ -136,6 +138,7 @@ def _bad_repos(tmp_path: Path) -> dict[str, Path]:
             "no such path": tmp_path / "missing"}
 
 
+@pytest.mark.slow
 def test_a_repo_that_is_no_sglang_checkout_is_one_line_exit_2(tmp_path):
     changed = tmp_path / "changed.txt"
     changed.write_text("python/sglang/srt/layers/attention/verify_mask.py\n")
@@ -150,6 +153,20 @@ def test_a_repo_that_is_no_sglang_checkout_is_one_line_exit_2(tmp_path):
             assert r.stderr.strip().splitlines() == [
                 f"vmfuzz {command}: --repo {repo} is not an SGLang checkout ({why})"], (argv, r.stderr)
             assert not (tmp_path / "rep").exists()
+
+
+def test_bisect_refuses_a_repo_that_is_no_sglang_checkout_before_any_git(tmp_path, capsys):
+    """The fast loop's run of the bisect command, in this process (the test above runs every command
+    as a user does, in a subprocess, and is slow)."""
+    from harness.cli import main
+
+    missing = tmp_path / "missing"
+    argv = ["bisect", str(ROOT / "repro" / "pr33127" / "pr33127.json"), "--repo", str(missing),
+            "--good", "HEAD~1", "--bad", "HEAD", "--report-dir", str(tmp_path / "rep")]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"vmfuzz bisect: --repo {missing} is not an SGLang checkout (no such path)"]
+    assert not (tmp_path / "rep").exists()
 
 
 def _saved(folder: Path, name: str, body) -> Path:
@@ -171,6 +188,7 @@ BAD_FILES = {
 
 @pytest.mark.parametrize("option", ["--repros", "--repro-root"])
 @pytest.mark.parametrize("bad", sorted(BAD_FILES))
+@pytest.mark.slow
 def test_a_saved_repro_that_is_no_valid_repro_is_exit_2_naming_it(tmp_path, bad, option):
     path = _saved(tmp_path / "mine", "bad", BAD_FILES[bad])
     r = vmfuzz("gate", "--target", "reference", "--property", "capacity-liveness", option, str(tmp_path / "mine"),
@@ -182,6 +200,7 @@ def test_a_saved_repro_that_is_no_valid_repro_is_exit_2_naming_it(tmp_path, bad,
 
 
 @pytest.mark.parametrize("option", ["--repros", "--repro-root"])
+@pytest.mark.slow
 def test_a_saved_repro_the_target_cannot_drive_is_could_not_check_everywhere(tmp_path, option):
     path = _saved(tmp_path / "mine", "routing", {"target": "reference", "property": "routing", "config": CONFIG,
                                                  "batches": [{"seq_lens": [4, 1]}]})

@@ -86,6 +86,7 @@ def test_every_property_gets_deep_cases_it_takes(name):
             b.validate(config)
 
 
+@pytest.mark.slow
 def test_sglang_sizes_come_from_its_source(sglang_target):
     k = sglang_target.shape_constants()
     assert k.pack_block_bytes == 256 and k.packed_widths[:2] == (8, 16), k

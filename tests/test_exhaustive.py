@@ -27,6 +27,7 @@ def small_bounds(monkeypatch):
     monkeypatch.setitem(exhaustive.BOUNDS, "num_draft_tokens", 3)
 
 
+@pytest.mark.slow
 def test_reference_holds(small_bounds):
     report = run_exhaustive(resolve("reference"), workers=2)
     assert report.ok
@@ -34,6 +35,7 @@ def test_reference_holds(small_bounds):
 
 
 @pytest.mark.parametrize("variant", list(CATALOGUE))
+@pytest.mark.slow
 def test_every_catalogued_variant_is_caught_with_a_replayable_repro(variant, tmp_path, small_bounds):
     spec = f"reference+{variant}"
     report = run_exhaustive(resolve(spec), findings_dir=tmp_path, stop_at_first=True, workers=2)

@@ -7,6 +7,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from harness.cli.parser import build_parser
 from tests.helpers import ROOT, vmfuzz
 
@@ -51,6 +53,7 @@ def test_surface_refuses_a_report_dir_it_cannot_use(tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_a_run_without_report_dir_writes_under_the_tests_own_folder(tmp_path):
     """conftest puts each test in its own folder, so the checkout's reports/ is left alone."""
     assert Path.cwd() == tmp_path
@@ -58,6 +61,7 @@ def test_a_run_without_report_dir_writes_under_the_tests_own_folder(tmp_path):
     assert [p.parent.name for p in (tmp_path / "reports").glob("*/summary.json")] != []
 
 
+@pytest.mark.slow
 def test_the_gate_defaults_to_sglang_and_without_it_says_so_in_one_line_exit_2(tmp_path):
     """A gate on the reference model tests no SGLang code, so sglang is the default; where
     SGLang cannot be imported (hidden here by a package that refuses to import) that is bad input."""

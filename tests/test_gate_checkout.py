@@ -114,6 +114,7 @@ def test_the_gate_passes_the_good_revision_of_the_checkout(repo, tmp_path):
     assert summary["counts"]["findings"] == 0 and summary["counts"]["held"] == 1, summary["counts"]
 
 
+@pytest.mark.slow
 def test_a_checkout_whose_sglang_does_not_import_is_refused(repo, tmp_path):
     branch(repo, "pr-broken", "verify_mask: comment, and a half-finished refactor",
            sglang_repo.CLEAN, sglang_repo.BREAKS_IMPORT)
@@ -128,6 +129,7 @@ def test_a_checkout_whose_sglang_does_not_import_is_refused(repo, tmp_path):
     assert "half-finished refactor" in proc.stderr and "install_sglang" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_an_sglang_imported_from_elsewhere_first_is_refused(repo, tmp_path):
     stub = tmp_path / "elsewhere"
     (stub / "sglang").mkdir(parents=True)
@@ -141,6 +143,7 @@ def test_an_sglang_imported_from_elsewhere_first_is_refused(repo, tmp_path):
     assert f"already imported from {stub / 'sglang'}" in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_a_docs_only_change_in_the_checkout_never_imports_sglang(repo, tmp_path):
     branch(repo, "pr-docs", "docs: speculative decoding flags", touch="docs/speculative_decoding.md")
     proc, out = gate(repo, tmp_path / "report")

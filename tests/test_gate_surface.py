@@ -99,6 +99,7 @@ def test_every_file_of_the_installed_sglang_naming_mask_code_triggers(package, t
                                Checkout(root=empty)) == []
 
 
+@pytest.mark.slow
 def test_a_new_file_naming_verify_mask_triggers_without_editing_the_list(tmp_path):
     repo, base = _repo(tmp_path, {"python/sglang/srt/layers/attention/old.py": "x = 1\n"})
     new = "python/sglang/srt/layers/attention/new_router.py"
@@ -165,6 +166,7 @@ def test_a_hostile_base_is_one_line_exit_2_and_never_an_option(tmp_path, rev):
     assert "Traceback" not in r.stderr and not Path("/tmp/vmfuzz-pwned").exists()
 
 
+@pytest.mark.slow
 def test_a_hostile_repo_or_list_name_is_one_line_exit_2(tmp_path):
     for argv in (["--base", "HEAD", "--repo", str(tmp_path / "no\nsuch")],
                  ["--changed-files", str(tmp_path / "x"), "--repo", str(tmp_path / "no\nsuch")],
@@ -253,6 +255,7 @@ def test_rows_say_driven_only_when_the_property_runs_and_the_code_is_there(tmp_p
 
 # -- the gate's coverage summary ----------------------------------------------------
 
+@pytest.mark.slow
 def test_coverage_counts_a_file_exercised_only_when_a_property_through_it_ran(package, tmp_path):
     from harness.targets.sglang.target import SglangTarget  # its seams, without importing SGLang
     changed = ["python/sglang/srt/speculative/eagle_utils.py", "python/sglang/srt/layers/attention/verify_mask.py",
@@ -275,6 +278,7 @@ def test_coverage_counts_a_file_exercised_only_when_a_property_through_it_ran(pa
     assert gate_coverage("sglang", SglangTarget, changed, triggered, undriven, package)["exercised"] == []
 
 
+@pytest.mark.slow
 def test_gate_summary_lists_exercised_apart_from_triggered(tmp_path):
     listed = tmp_path / "changed.txt"
     listed.write_text("python/sglang/srt/layers/attention/verify_mask.py\n"
@@ -311,13 +315,14 @@ def test_gate_summary_lists_exercised_apart_from_triggered(tmp_path):
 
 # -- vmfuzz surface ----------------------------------------------------------------
 
-def test_surface_of_the_reference_target_says_it_runs_no_sglang_code():
-    r = vmfuzz("surface", "--target", "reference", "--json")
-    assert r.returncode == 0, r.stderr
-    rep = json.loads(r.stdout)
+def test_surface_of_the_reference_target_says_it_runs_no_sglang_code(capsys, tmp_path):
+    from harness.cli import main  # in this process: the fast loop's run of the surface command
+
+    assert main(["surface", "--target", "reference", "--json", "--report-dir", str(tmp_path / "a")]) == 0
+    rep = json.loads(capsys.readouterr().out)
     assert rep["runs_sglang"] is False and all(row["driven"] for row in rep["rows"]) and len(rep["rows"]) >= 7
-    text = vmfuzz("surface", "--target", "reference").stdout
-    assert "runs no SGLang code" in text
+    assert main(["surface", "--target", "reference", "--report-dir", str(tmp_path / "b")]) == 0
+    assert "runs no SGLang code" in capsys.readouterr().out
 
 
 def test_surface_of_an_unavailable_target_is_one_line_exit_2():
@@ -325,6 +330,7 @@ def test_surface_of_an_unavailable_target_is_one_line_exit_2():
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_surface_on_sglang_lists_the_driven_parts_and_a_new_file_as_not_driven(package, tmp_path):
     site = altered_copy(tmp_path, [(["srt/layers/attention/verify_mask.py"], r"\Z", "\n# altered copy\n")],
                         "new router")
@@ -353,6 +359,7 @@ def test_surface_on_sglang_lists_the_driven_parts_and_a_new_file_as_not_driven(p
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+@pytest.mark.slow
 def test_the_gate_reads_git_paths_with_odd_names_safely(tmp_path):
     odd = "python/sglang/srt/we ird\n-name.py"
     repo, base = _repo(tmp_path, {"a.txt": "x\n"})

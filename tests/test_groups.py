@@ -110,6 +110,7 @@ def test_server_problem_names_what_no_server_has():
     assert "spec_steps + 1" in server_problem(chain)
 
 
+@pytest.mark.slow
 def test_planted_regression_is_one_group_everywhere(tmp_path):
     rep = tmp_path / "rep"
     r = vmfuzz("run", "--target", "reference+fits-off-by-one", "--seed", "1", "--report-dir", str(rep))
@@ -134,6 +135,7 @@ def test_planted_regression_is_one_group_everywhere(tmp_path):
     assert vmfuzz("replay", str(rep / g["repro"]), "--report-dir", str(tmp_path / "replay")).returncode == 1
 
 
+@pytest.mark.slow
 def test_planted_regression_in_sglang_is_one_group(tmp_path):
     """The same on the installed SGLang's real code: four properties see it, one group is shown."""
     sglang_or_skip()
@@ -150,6 +152,7 @@ def test_planted_regression_in_sglang_is_one_group(tmp_path):
     assert (rep / "report.html").read_text().count('class="finding group"') == 1
 
 
+@pytest.mark.slow
 def test_minimize_keeps_a_config_a_server_could_have(tmp_path):
     """A large failing case shrinks to a still-failing one with context >= the draft (it used to end at 0)."""
     config = Config(TreeMaskMode.FULL_MASK, max_bs=4, max_context_len=64, num_draft_tokens=4, topk=2, spec_steps=3)
@@ -175,6 +178,7 @@ def two_runs(tmp_path_factory):
     return base
 
 
+@pytest.mark.slow
 def test_compare_names_the_fixed_group(two_runs, tmp_path):
     r = vmfuzz("compare", str(two_runs / "failing"), str(two_runs / "fixed"), "--report-dir", str(tmp_path / "a"))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -194,6 +198,7 @@ def test_compare_names_the_fixed_group(two_runs, tmp_path):
     assert same.returncode == 0 and "still failing  overrun tree_mask above" in same.stdout
 
 
+@pytest.mark.slow
 def test_compare_refuses_a_directory_without_reports(two_runs, tmp_path):
     (tmp_path / "empty").mkdir()
     r = vmfuzz("compare", str(tmp_path / "empty"), str(two_runs / "fixed"), "--report-dir", str(tmp_path / "r"))
@@ -229,6 +234,7 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.mark.parametrize("variant", ["fits-off-by-one", "unfilled-prefix", "hybrid-decode-mask"])
+@pytest.mark.slow
 def test_rewording_every_message_changes_no_group_compare_or_known_match(variant, tmp_path):
     """Groups, compare and known matching read origins: a run whose every finding message is
     reworded groups the same, compares as "still failing" (nothing new, nothing fixed)."""
@@ -305,6 +311,7 @@ def test_readmes_crash_report_minimizes_to_its_overrun_or_says_it_does_not_repro
 @pytest.mark.parametrize("origin,why", [({"property": "x", "effect": "bogus"}, "is not one of"),
                                         ({"property": "x", "effect": "overrun", "step": 10 ** 30}, "outside 0..64"),
                                         ("garbage", "Expected `object | null`")])
+@pytest.mark.slow
 def test_a_repro_with_a_bad_origin_is_one_line_exit_2(origin, why, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"config": {"mode": "FULL_MASK", "max_bs": 2, "max_context_len": 4,

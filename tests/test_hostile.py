@@ -132,6 +132,7 @@ def test_deployment_with_many_running_requests_holds_on_reference(tmp_path, runn
     assert "cannot write out of range" in r.stdout
 
 
+@pytest.mark.slow
 def test_cyclic_tree_is_refused_not_blamed_on_the_target(tmp_path):
     cyc = repro(mode="QLEN_ONLY", is_read=True, topk=2, spec_steps=3, num_draft_tokens=4,
                 batches=[{"seq_lens": [4], "top_scores_index": [[2, 3, 4]], "parent_list": [[-1, 4, 2, 2, 3]]}])
@@ -142,6 +143,7 @@ def test_cyclic_tree_is_refused_not_blamed_on_the_target(tmp_path):
 
 # -- fails open -----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_gate_never_passes_a_revision_to_git_as_an_option(tmp_path):
     target = tmp_path / "X"
     refused(vmfuzz(tmp_path, "gate", "--target", "reference", f"--base=--output={target}", "--report-dir", tmp_path / "r"), "--base")
@@ -150,6 +152,7 @@ def test_gate_never_passes_a_revision_to_git_as_an_option(tmp_path):
             "not a commit")
 
 
+@pytest.mark.slow
 def test_gate_with_an_unreadable_saved_repro_exits_2_before_the_search(tmp_path):
     root = tmp_path / "repros"
     (root / "broken").mkdir(parents=True)
@@ -175,12 +178,14 @@ def test_junit_stays_valid_xml_when_a_finding_carries_control_characters(tmp_pat
 @pytest.mark.parametrize("spec", ["sys:exit", "builtins:exit", "os:abort", "os:system", "time:sleep",
                                   "harness.cli:main", "tests.plugins:ExitOnConstruction",
                                   "tests.plugins:BadVersions"])
+@pytest.mark.slow
 def test_a_plugin_that_is_not_a_target_is_refused_before_anything_is_called(tmp_path, spec):
     refused(vmfuzz(tmp_path, "run", "--target", spec, "--report-dir", tmp_path / "r"), spec)
 
 
 @pytest.mark.parametrize("command", [["selftest"], ["verify-policy"], ["exhaustive"],
                                      ["gate", "--changed-files", "CHANGED"]])
+@pytest.mark.slow
 def test_every_command_refuses_a_callable_plugin(tmp_path, command):
     changed = write(tmp_path, "changed.txt", "python/sglang/srt/layers/attention/verify_mask.py\n")
     argv = [changed if a == "CHANGED" else a for a in command]
@@ -207,6 +212,7 @@ def test_a_plugin_that_exits_raises_recurses_or_returns_junk_is_a_finding(tmp_pa
     assert found and words in found[0].read_text()
 
 
+@pytest.mark.slow
 def test_a_plugin_that_exits_outside_a_property_check_is_exit_2_never_0(tmp_path):
     refused(vmfuzz(tmp_path, "verify-policy", "--target", "tests.plugins:ExitingFits",
                    "--report-dir", tmp_path / "r"), "exit")
@@ -226,6 +232,7 @@ def test_a_plugin_that_exits_outside_a_property_check_is_exit_2_never_0(tmp_path
           spec_steps=8, batches=[{"seq_lens": [16000] * 16}] * 16), "MAX_CASE_CELLS"),
     (dict(max_bs=2**64), "max_bs"),
 ])
+@pytest.mark.slow
 def test_resource_bombs_in_a_repro_exit_2_naming_the_limit(tmp_path, changes, words):
     refused(vmfuzz(tmp_path, "replay", write(tmp_path, "bomb.json", repro(**changes)), timeout=60), words)
 
@@ -243,6 +250,7 @@ def test_a_huge_arithmetic_repro_replays_without_allocating(tmp_path):
     (dict(cuda_graph_max_bs=10**12), "MAX_REQUESTS"),
     (dict(topk=10**9), "MAX_TOPK"),
 ])
+@pytest.mark.slow
 def test_resource_bombs_in_a_deployment_exit_2(tmp_path, changes, words):
     dep = write(tmp_path, "dep.json", deployment(**changes))
     refused(vmfuzz(tmp_path, "run", "--deployment", dep, "--report-dir", tmp_path / "r", timeout=60), words)
@@ -260,6 +268,7 @@ def test_a_deployment_with_a_huge_context_gets_its_verdict_by_arithmetic(tmp_pat
 
 # -- input that is not a regular file ---------------------------------------------------
 
+@pytest.mark.slow
 def test_inputs_that_are_not_regular_files_are_refused(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -276,6 +285,7 @@ def test_inputs_that_are_not_regular_files_are_refused(tmp_path):
 
 # -- unusable output places ---------------------------------------------------------------
 
+@pytest.mark.slow
 def test_unusable_output_places_are_refused_before_the_search(tmp_path):
     afile = write(tmp_path, "afile", "x")
     refused(vmfuzz(tmp_path, "run", "--report-dir", afile), "--report-dir")

@@ -122,6 +122,7 @@ def test_a_full_disk_leaves_reports_whole_or_absent_and_the_fallback_holds_them(
         subprocess.run(["umount", str(tiny)], capture_output=True)
 
 
+@pytest.mark.slow
 def test_a_repro_naming_a_plugin_imports_nothing(tmp_path):
     zen = write(tmp_path, "zen.json", repro(target="this:s"))
     for command in ("replay", "minimize"):
@@ -130,6 +131,7 @@ def test_a_repro_naming_a_plugin_imports_nothing(tmp_path):
         assert "Zen of Python" not in r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_a_report_dir_holding_another_runs_reports_is_refused_unless_overwrite(tmp_path):
     good = write(tmp_path, "good.json", repro())
     assert vmfuzz(tmp_path, "replay", good, "--report-dir", tmp_path / "r").returncode == 0
@@ -149,6 +151,7 @@ def test_a_report_dir_symlinked_to_the_users_folder_is_resolved_and_refused(tmp_
     assert (mine / "summary.md").read_text() == "my own notes\n"
 
 
+@pytest.mark.slow
 def test_repeated_keys_are_refused(tmp_path):
     body = json.dumps(repro()).replace('"max_bs": 1', '"max_bs": 1, "max_bs": 2')
     refused(vmfuzz(tmp_path, "replay", write(tmp_path, "dup.json", body)), "'max_bs'", "more than once")

@@ -55,6 +55,7 @@ def _vmfuzz(capsys, *args) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+@pytest.mark.slow
 def test_groups_are_joined_across_shards_and_compare_sees_every_new_cause(runs, tmp_path, capsys):
     code, out, err = _vmfuzz(capsys, "merge", *_shards(runs), "--report-dir", tmp_path / "m")
     assert code == 1, out + err

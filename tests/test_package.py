@@ -127,6 +127,7 @@ def test_the_wheel_carries_the_saved_repros_and_known_findings(installed):
     assert {f"harness/schemas/{p.name}" for p in (ROOT / "harness" / "schemas").glob("*.schema.json")} <= names
 
 
+@pytest.mark.slow
 def test_a_gate_from_the_installed_wheel_replays_the_saved_repro_and_fails(installed, tmp_path):
     """Only capacity-liveness is searched, and it holds on pr33127: exit 1 is the saved repro's."""
     bin_dir = installed.parents[1] / "venv" / "bin"
@@ -147,6 +148,7 @@ def test_a_gate_from_the_installed_wheel_replays_the_saved_repro_and_fails(insta
     assert summary["warnings"] == [] and "no saved repro" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_gate_that_finds_no_saved_repro_says_so(tmp_path):
     (tmp_path / "changed.txt").write_text(VERIFY_MASK + "\n")
     (tmp_path / "empty").mkdir()

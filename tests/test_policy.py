@@ -25,6 +25,7 @@ def test_reference_policy_holds(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("variant", ["pr33127", "fits-off-by-one", "full-no-draft-span"])
+@pytest.mark.slow
 def test_capacity_variants_are_refuted_with_a_replayable_repro(variant, tmp_path, capsys):
     spec = f"reference+{variant}"
     assert main(["verify-policy", "--target", spec, "--report-dir", str(tmp_path)]) == 1

@@ -43,6 +43,7 @@ def test_pristine_reference_passes_and_writes_nothing(tmp_path):
     assert not (tmp_path / "rep").exists()
 
 
+@pytest.mark.slow
 def test_sglang_target_brings_its_bounds_budget_and_isolation(tmp_path):
     from harness.targets import TargetUnavailable, resolve
     try:

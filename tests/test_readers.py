@@ -214,6 +214,7 @@ def test_sglang_holds_on_edge_batches(sglang_target, name):
 
 
 @pytest.mark.parametrize("name", READER_PROPERTIES)
+@pytest.mark.slow
 def test_sglang_holds_on_generated_cases(sglang_target, name, tmp_path):
     res = run_property(sglang_target, PROPERTIES[name], seed=5, max_examples=15, bounds=sglang_target.bounds,
                        findings_dir=tmp_path)
@@ -221,6 +222,7 @@ def test_sglang_holds_on_generated_cases(sglang_target, name, tmp_path):
 
 
 @pytest.mark.parametrize("variant", sorted(READER_VARIANTS))
+@pytest.mark.slow
 def test_reader_variant_is_caught_over_sglang(sglang_target, variant, tmp_path):
     res = run_property(resolve(f"sglang+{variant}"), PROPERTIES[READER_VARIANTS[variant]], seed=3,
                        max_examples=10, bounds=sglang_target.bounds, findings_dir=tmp_path)
@@ -328,6 +330,7 @@ ALTERATIONS = {
 
 
 @pytest.mark.parametrize("alteration", [None, *ALTERATIONS], ids=lambda a: a or "unaltered")
+@pytest.mark.slow
 def test_altered_sglang_reader_is_caught(sglang_target, alteration, tmp_path):
     edits, prop = ALTERATIONS[alteration] if alteration else ([], None)
     site = altered_copy(tmp_path, edits, alteration)

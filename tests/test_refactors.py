@@ -168,6 +168,7 @@ STILL_FALSE: dict[str, str] = {}
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=STILL_FALSE[n], strict=True))
                                   if n in STILL_FALSE else n for n in REFACTORS])
+@pytest.mark.slow
 def test_a_refactor_is_driven_or_out_of_step_never_a_finding(sglang_target, name, tmp_path):
     edits, props, allowed, words = REFACTORS[name]
     proc, out = _run(tmp_path, edits, props, name)
@@ -185,6 +186,7 @@ def test_a_refactor_is_driven_or_out_of_step_never_a_finding(sglang_target, name
 
 
 @pytest.mark.parametrize("name", list(BUGS))
+@pytest.mark.slow
 def test_a_bug_on_a_refactor_is_still_caught_by_its_property(sglang_target, name, tmp_path):
     edits, props, catcher = BUGS[name]
     proc, out = _run(tmp_path, edits, props, name)
@@ -194,6 +196,7 @@ def test_a_bug_on_a_refactor_is_still_caught_by_its_property(sglang_target, name
     assert not any(f["detail"].startswith("target raised") for f in summary["findings"]), out
 
 
+@pytest.mark.slow
 def test_the_pristine_copy_passes(sglang_target, tmp_path):
     proc, out = _run(tmp_path, [], ("no-oob-write", "trivial-path", "chain-writer"), None)
     assert proc.returncode == 0, out
@@ -211,6 +214,7 @@ _DEFAULT_LAYOUT_MOVED = [
 ]
 
 
+@pytest.mark.slow
 def test_the_pp_default_layout_follows_its_function_when_it_moves(sglang_target, tmp_path):
     # The pp rebuild's fallback step has no mask, so it takes the device's default layout: on this
     # host FULL_MASK unless vmfuzz chose the case's QLEN_ONLY, whose cells it then compares.

@@ -140,6 +140,7 @@ def nightly(tmp_path_factory):
     return base
 
 
+@pytest.mark.slow
 def test_a_nightly_appends_one_record(nightly):
     lines = (nightly / "db" / "history.jsonl").read_text().splitlines()
     assert len(lines) == 4
@@ -156,6 +157,7 @@ def test_history_is_bounded(tmp_path):
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (apt-get install chromium)")
+@pytest.mark.slow
 def test_nightly_history_is_plotted_in_headless_chromium(nightly, tmp_path):
     rep = nightly / "rep"
     page = tmp_path / "probe.html"

@@ -39,7 +39,7 @@ def _targets(request):
     return resolve("reference") if request.param == "reference" else request.getfixturevalue("sglang_target")
 
 
-@pytest.fixture(params=["reference", "sglang"])
+@pytest.fixture(params=["reference", pytest.param("sglang", marks=pytest.mark.slow)])
 def target(request):
     return _targets(request)
 

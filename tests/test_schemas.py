@@ -32,6 +32,7 @@ def test_the_schemas_are_generated_from_the_structs_and_current():
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.slow
 def test_a_runs_summary_its_findings_repros_and_a_minimized_deployment_validate(tmp_path):
     rep = tmp_path / "rep"
     r = vmfuzz("run", "--target", "reference+pr33127", "--seed", "1", "--max-examples", "5",
@@ -63,6 +64,7 @@ def test_a_skipped_gates_summary_validates(tmp_path):
     ("repro", lambda d: d.update(extra=1)),
     ("summary", lambda d: d["counts"].pop("findings")),
 ])
+@pytest.mark.slow
 def test_the_schemas_refuse_a_planted_mistake(tmp_path, name, planted):
     rep = tmp_path / "rep"
     vmfuzz("run", "--target", "reference+pr33127", "--seed", "1", "--max-examples", "3",

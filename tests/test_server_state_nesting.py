@@ -61,6 +61,7 @@ def test_reader_agreement_takes_several_batches():
 
 
 @pytest.mark.parametrize("alteration", [None, *ALTERATIONS])
+@pytest.mark.slow
 def test_gate_catches_server_state_and_nesting_bugs(sglang_target, tmp_path, alteration):
     prop, edits = ALTERATIONS[alteration] if alteration else (None, [])
     site = altered_copy(tmp_path, edits, alteration)

@@ -223,6 +223,7 @@ CAUGHT_BY = {
 PROPS = ("--property", "no-oob-write", "--property", "reference-agreement", "--property", "chain-writer")
 
 @pytest.mark.parametrize("alteration", [None, *ALTERATIONS], ids=lambda a: a or "unaltered")
+@pytest.mark.slow
 def test_altered_copy_is_caught_by_run(sglang_target, alteration, tmp_path):
     site = altered_copy(tmp_path, ALTERATIONS[alteration] if alteration else [], alteration)
     proc, out = run_on_copy(site, tmp_path, "run", "--target", "sglang", "--seed", "1", "--max-examples", "8", *PROPS,
@@ -249,6 +250,7 @@ GATE_CAUGHT_BY = {
 
 
 @pytest.mark.parametrize("alteration", ["pp-buffer-unconditional", "chain-row-stride-off-by-one"])
+@pytest.mark.slow
 def test_altered_copy_is_caught_by_the_gate(sglang_target, alteration, tmp_path):
     site = altered_copy(tmp_path, ALTERATIONS[alteration], alteration)
     changed = tmp_path / "changed.txt"

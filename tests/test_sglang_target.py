@@ -38,6 +38,7 @@ def _seams(target):
 
 # -- the target on the installed SGLang ------------------------------------------
 
+@pytest.mark.slow
 def test_properties_hold_on_sglang(sglang_target, tmp_path):
     results = run_campaign(sglang_target, seed=7, max_examples=5, bounds=sglang_target.bounds,
                            findings_dir=tmp_path)
@@ -69,6 +70,7 @@ CHEAPEST_FIRST = ("capacity-soundness", "capacity-liveness", "allocation-soundne
 
 
 @pytest.mark.parametrize("variant", sorted(CATALOGUE))
+@pytest.mark.slow
 def test_every_variant_is_caught_over_sglang(sglang_target, variant, tmp_path):
     target = resolve(f"sglang+{variant}")
     for name in CHEAPEST_FIRST:
@@ -190,6 +192,7 @@ ALTERED_COPY_PROPERTIES = ("--property", "capacity-soundness", "--property", "no
 
 
 @pytest.mark.parametrize("alteration", [None, *ALTERATIONS], ids=lambda a: a or "unaltered")
+@pytest.mark.slow
 def test_altered_sglang_copy_is_caught(sglang_target, alteration, tmp_path):
     site = altered_copy(tmp_path, ALTERATIONS[alteration] if alteration else [], alteration)
     proc, out = run_on_copy(site, tmp_path, "run", "--target", "sglang", "--seed", "1", "--max-examples", "25",

@@ -44,6 +44,7 @@ def test_the_split_is_by_property_and_covers_each_once():
     (("run", "--profile", "nightly", "--db", "redis://127.0.0.1:1/0"), "cannot use the Redis server"),
     (("merge", "no-such-folder"), "no summary.json"),
 ])
+@pytest.mark.slow
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
     proc = vmfuzz(*args, cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -120,6 +121,7 @@ class _Monitor(threading.Thread):
         return self.lines
 
 
+@pytest.mark.slow
 def test_shards_share_one_redis_database_and_merge_to_the_single_runs_verdicts(tmp_path, redis_url):
     import redis
     # each shard in its own folder, as on its own machine: only Redis is shared
@@ -169,6 +171,7 @@ def test_shards_share_one_redis_database_and_merge_to_the_single_runs_verdicts(t
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
+@pytest.mark.slow
 def test_a_redis_server_that_dies_mid_night_loses_nothing(tmp_path, redis_server, workers):
     url, server = redis_server
     # the target kills the server at its first buffer: the run started with it, the search goes on without

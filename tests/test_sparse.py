@@ -55,6 +55,7 @@ def _lazy_case(case):
     return config, _lazy(steps)
 
 
+@pytest.mark.slow
 def test_off_its_condition_a_sparse_variant_is_the_pristine_target():
     # Why the naive search may skip the checks of cases no variant fires on.
     small = bench.Bounds(max_bs=4, max_context_len=4, num_draft_tokens=9, topk=4, spec_steps=6, overshoot=2)

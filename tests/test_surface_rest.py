@@ -204,6 +204,7 @@ ALTERATIONS = {
 
 
 @pytest.mark.parametrize("alteration", [None, *ALTERATIONS], ids=lambda a: a or "unaltered")
+@pytest.mark.slow
 def test_altered_copy_is_caught(sglang_target, alteration, tmp_path):
     edits, prop = ALTERATIONS[alteration] if alteration else ([], None)
     props = [prop] if prop else ["no-oob-write", "routing", "allocation-soundness"]

@@ -71,6 +71,7 @@ NIGHT = {"started": "2026-11-01T02:00:00+00:00", "target": "reference", "groups"
     json.dumps({**NIGHT, "groups": "three"}).encode() + b"\n",  # a wrong type: report.html plots it
     json.dumps({**NIGHT, "started": 20261102}).encode() + b"\n",
 ])
+@pytest.mark.slow
 def test_a_damaged_history_is_set_aside_and_the_nights_reports_are_written(tmp_path, damage):
     db = tmp_path / "db"
     db.mkdir()

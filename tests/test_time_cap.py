@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 
+import pytest
+
 from tests.helpers import vmfuzz
 
 SLOW = "tests.plugins:SlowTarget"
@@ -49,6 +51,7 @@ def _says_could_not_check(proc, summary: dict, rep) -> None:
     assert int(suite.get("errors")) == len(cut) and int(suite.get("failures")) == 0
 
 
+@pytest.mark.slow
 def test_a_pr_search_its_cap_cuts_short_could_not_check_naming_how_far_each_got(tmp_path):
     # 0.05 s an allocation: the three searches need well over 20 s, the cap is 2 s
     proc, summary, rep = _pr(tmp_path, "cut", SLOW, "--time-budget", "2", slow="0.05")
@@ -61,6 +64,7 @@ def test_pr_time_budget_0_01_is_exit_3_never_held(tmp_path):
     _says_could_not_check(proc, summary, rep)
 
 
+@pytest.mark.slow
 def test_a_slow_machine_gets_the_fast_ones_verdict_and_counts_or_could_not_check(tmp_path):
     """Slowed down with room under its cap, pr runs exactly the fast run's examples to the
     same verdict; slowed past its cap it says could not check, never held on fewer."""
@@ -75,6 +79,7 @@ def test_a_slow_machine_gets_the_fast_ones_verdict_and_counts_or_could_not_check
     _says_could_not_check(capped, capped_summary, rep)
 
 
+@pytest.mark.slow
 def test_a_budget_spent_before_a_search_is_could_not_check_not_held(tmp_path):
     # dev searches in rounds: a 1 s share is less than the boundary cases' sleeps (0.3 s an allocation)
     rep = tmp_path / "r"

@@ -165,6 +165,7 @@ def test_pr_replays_saved_repros_and_expects_them_to_hold_on_the_fixed_target(tm
     assert load(broken.finding.path).target == "reference+fits-off-by-one"
 
 
+@pytest.mark.slow
 def test_selftest_prints_the_kill_matrix(tmp_path):
     r = vmfuzz("selftest", "--variant", "row-offset", "--variant", "full-no-draft-span", "--max-examples", "10")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -199,6 +200,7 @@ def test_output_is_line_oriented_under_ci(monkeypatch):
 
 
 @pytest.mark.parametrize("spec,can", [("reference+pr33127", True), ("reference", False)])
+@pytest.mark.slow
 def test_deployment_scoped_run_answers_whether_it_can_write_out_of_range(tmp_path, spec, can):
     rep = tmp_path / "rep"
     r = vmfuzz("run", "--deployment", str(ROOT / "examples" / "deployment-pr33127.json"), "--target", spec,
@@ -220,6 +222,7 @@ def test_plugin_targets_take_variants_and_are_named_by_their_spec():
     assert type(t).__name__ == "RaisingTarget" and t.fits.__name__ == "pre_fix_fits"
 
 
+@pytest.mark.slow
 def test_a_target_that_raises_is_a_finding_not_a_crash_of_the_harness(tmp_path):
     rep = tmp_path / "rep"
     r = vmfuzz("run", "--target", "tests.plugins:RaisingTarget", "--seed", "1", "--max-examples", "40",
@@ -239,6 +242,7 @@ def test_a_target_that_raises_is_a_finding_not_a_crash_of_the_harness(tmp_path):
     ["run", "--time-budget", "-1"],
     ["gate", "--target", "reference", "--base", "no-such-revision-xyz", "--repo", str(ROOT)],
 ])
+@pytest.mark.slow
 def test_bad_input_is_one_line_on_stderr_and_exit_2(argv):
     r = vmfuzz(*argv)
     assert r.returncode == 2, r.stdout + r.stderr
