@@ -59,6 +59,7 @@ def test_an_allocator_that_hands_out_no_mask_fails_the_asking_property():
     assert again.value.origin.cause() == origin.cause()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alteration", [None, *ALTERATIONS])
 def test_the_allocators_layout_choice_is_judged_not_replaced(sglang_target, tmp_path, alteration):
     site = altered_copy(tmp_path, ALTERATIONS[alteration] if alteration else [], alteration)

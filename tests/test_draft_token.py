@@ -101,6 +101,7 @@ ALTERATIONS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alteration", list(ALTERATIONS))
 def test_wrapper_tokens_out_of_order_are_caught_by_reference_agreement(sglang_target, alteration, tmp_path):
     site = altered_copy(tmp_path, ALTERATIONS[alteration], alteration)

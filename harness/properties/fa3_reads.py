@@ -65,13 +65,21 @@ def _pass_mismatch(got: Fa3Pass, lengths: list[int], slots: list[list[int]], row
     first in its page table, exactly the KV slots ``slots[r]`` (``lengths[r]`` of them)."""
     n = len(lengths)
     seqlens = _ints(got.cache_seqlens)
+    # FA's varlen kernels take the batch from these lengths: an extra entry is a row that reads
+    # past the queries, a missing one a row never attended.
+    if len(seqlens) != n and seqlens[:n] == lengths:
+        return Difference(f"{where}: cache_seqlens has {len(seqlens)} entries for {n} rows",
+                          buffer="cache_seqlens", effect="wrong", cell=f"{cell} count")
     if seqlens[:n] != lengths:
         r = next((i for i in range(n) if i >= len(seqlens) or seqlens[i] != lengths[i]))
         have = seqlens[r] if r < len(seqlens) else "no entry"
         return Difference(f"{where}: cache_seqlens of {rows_of[r]} is {have}, but it sees {lengths[r]} KV tokens",
                           buffer="cache_seqlens", cell=cell)
     for name, want in (("cu_seqlens_q", _running_sum([queries] * n)), ("cu_seqlens_k", _running_sum(lengths))):
-        have = _ints(getattr(got, name), n + 1)
+        have = _ints(getattr(got, name))
+        if have[:n + 1] == want and len(have) != n + 1:
+            return Difference(f"{where}: {name} has {len(have)} entries for {n} rows ({name} {have})",
+                              buffer=name, cell=f"{cell} count")
         if have != want:
             r = next((i for i in range(n + 1) if i >= len(have) or have[i] != want[i]))
             what = "query rows" if name == "cu_seqlens_q" else "KV tokens"
