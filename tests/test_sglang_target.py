@@ -56,6 +56,8 @@ def test_pr33127_reproduces_minimal_full_mask_repro(sglang_target, tmp_path):
     assert rc == 1
     repro = json.loads((tmp_path / "findings" / "no-oob-write.json").read_text())
     assert repro["target"] == "sglang+pr33127"
+    # the overrun itself, seen by the redzone: not a raise of the target
+    assert (repro["origin"]["property"], repro["origin"]["effect"]) == ("no-oob-write", "overrun"), repro["origin"]
     assert repro["config"]["mode"] == "FULL_MASK"
     assert repro["config"]["max_bs"] == 1
     assert [len(b["seq_lens"]) for b in repro["batches"]] == [2]
