@@ -66,7 +66,8 @@ def _context(args: SimpleNamespace) -> dict[str, object]:
         overlap=SimpleNamespace(enable_two_batch_overlap=args.enable_two_batch_overlap),
         deterministic=SimpleNamespace(enable_deterministic_inference=args.enable_deterministic_inference))
     parallel = SimpleNamespace(attn_dcp_size=1, attn_dcp_rank=0, attn_tp_size=1, attn_cp_size=1, dcp_enabled=False,
-                               dcp_size=1, dcp_rank=0, enable_prefill_cp=False, attn_dp_enabled=False)
+                               dcp_size=1, dcp_rank=0, enable_prefill_cp=False, attn_dp_enabled=False,
+                               enable_dp_attention=False)
     schedule = SimpleNamespace(chunked_prefill_size=args.chunked_prefill_size, page_size=args.page_size,
                                disable_chunked_prefix_cache=args.disable_chunked_prefix_cache)
     answers = {"get_spec": spec, "get_exec": exec_, "get_parallel": parallel, "get_schedule": schedule,
@@ -100,6 +101,9 @@ def model_runner(n: ServerNumbers, device="meta") -> SimpleNamespace:
         server_args=args, model_config=model_config, req_to_token_pool=pool, token_to_kv_pool=kv_pool,
         token_to_kv_pool_allocator=None, sliding_window_size=None, page_size=args.page_size,
         kv_index_translator=TranslatesNothing(), is_draft_worker=False, spec_algorithm=None,
+        # a single-GPU server's parallel sizes where older releases read them off the runner
+        # (0.5.21: attn_cp_size; 0.5.17-0.5.20: a ``ps`` bag), as get_parallel answers today
+        attn_cp_size=1, ps=SimpleNamespace(attn_cp_size=1, tp_size=1, attn_tp_size=1, dp_size=1),
         decode_num_tokens_per_req=lambda: args.speculative_num_draft_tokens, device=device, gpu_id=0,
         dtype=torch.bfloat16, kv_cache_dtype=torch.bfloat16, kv_cache_dtype_str="auto",
         max_running_requests=args.max_running_requests)
@@ -174,7 +178,10 @@ def cuda_only(name: str, own) -> list[tuple]:
             path = "sglang.srt.layers.attention." + module
             mod = own if own.__name__ == path else importlib.import_module(path)
             # FlashInfer's names are absent where it is not installed: SGLang's module still refers to them
-            out.append((mod, attr, value, attr.startswith("Batch")))
+            may_add = attr.startswith("Batch")
+            # a CUDA-only step an older release does not have needs no stand-in: its __init__ cannot reach it
+            if may_add or hasattr(mod, attr):
+                out.append((mod, attr, value, may_add))
     return out
 
 
