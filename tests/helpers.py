@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -29,9 +28,10 @@ def sglang_or_skip():
 def vmfuzz(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None):
     """In the test's own folder unless told (conftest puts each test in one): a run without
     --report-dir writes its reports there, not into the checkout's reports/."""
+    from tests import zygote
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "CI": "true", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd or Path.cwd(), env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return zygote.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd or Path.cwd(), env=full_env,
+                      timeout=timeout)
 
 
 def held_or_only_known(proc, out: str, report_dir) -> None:

@@ -67,15 +67,15 @@ def run_on_copy(site: Path, tmp_path: Path, *cli_args: str, timeout: float = 600
     Fails the test if the installed package, not the copy, was imported.
     """
     import os
-    import subprocess
     import sys
 
+    from tests import zygote
     root = Path(__file__).resolve().parent.parent
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(root)]), PYTHONDONTWRITEBYTECODE="1",
                TRITON_INTERPRET="1")
     env.pop("SGLANG_USE_CPU_ENGINE", None)
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", _CLI_ON_COPY, *cli_args],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=timeout)
+    proc = zygote.run([sys.executable, "-W", "ignore", "-c", _CLI_ON_COPY, *cli_args], env=env, cwd=tmp_path,
+                      timeout=timeout)
     out = proc.stdout + proc.stderr
     assert f"sglang from {site}" in out, out
     return proc, out

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from harness.engine.changes import sglang_checkout
+from tests import zygote
 from tests import sglang_repo
 from tests.helpers import sglang_or_skip
 
@@ -58,8 +58,7 @@ def gate(repo: Path, report: Path, *extra: str, program: str = CLI, before: tupl
     """The gate run from inside the checkout (or from ``cwd``, pointed at it with ``--repo``)."""
     cmd = [sys.executable, "-c", program, *before, "gate", "--target", "sglang", *change,
            "--report-dir", str(report), *extra]
-    proc = subprocess.run(cmd, cwd=cwd or repo, env=harness_only_env(), capture_output=True, text=True,
-                          timeout=900)
+    proc = zygote.run(cmd, cwd=cwd or repo, env=harness_only_env(), timeout=900)
     return proc, proc.stdout + proc.stderr
 
 

@@ -23,6 +23,7 @@ import pytest
 from harness.engine.results import PropertyResult
 from harness.engine.changes import Checkout, installed_sglang, triggers, touches_verify_mask
 from harness.engine.surface import Entry, declared, gate_coverage, grep_package, sglang_rows
+from tests import zygote
 from tests.helpers import ROOT, vmfuzz
 from tests.sglang_copies import altered_copy
 
@@ -336,9 +337,8 @@ def test_surface_on_sglang_lists_the_driven_parts_and_a_new_file_as_not_driven(p
                         "new router")
     (site / "sglang/srt/layers/attention/new_router.py").write_text(
         "class NewRouter:\n    @property\n    def verify_mask(self):\n        return self.child.verify_mask\n")
-    r = subprocess.run([sys.executable, "-m", "harness.cli", "surface", "--target", "sglang", "--json"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"})
+    r = zygote.run([sys.executable, "-m", "harness.cli", "surface", "--target", "sglang", "--json"],
+                   cwd=tmp_path, timeout=600, env={**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"})
     if r.returncode == 2 and not REQUIRE:
         pytest.skip(f"sglang target unavailable: {r.stderr.strip()}")
     assert r.returncode == 0, r.stderr

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import zygote
 from tests import sglang_repo
 from tests.helpers import sglang_or_skip
 
@@ -82,8 +83,8 @@ def test_install_sglang_refuses_a_folder_that_is_not_a_checkout(tmp_path):
 
 
 def gate(repo: Path, report: Path, *extra: str):
-    proc = subprocess.run([sys.executable, "-c", CLI, *workflow_gate_args(report), *extra],
-                          cwd=repo, env=checkout_env(repo), capture_output=True, text=True, timeout=600)
+    proc = zygote.run([sys.executable, "-c", CLI, *workflow_gate_args(report), *extra],
+                      cwd=repo, env=checkout_env(repo), timeout=600)
     return proc, proc.stdout + proc.stderr
 
 
@@ -111,12 +112,12 @@ def test_regression_pr_fails_the_gate_with_a_repro(repo, tmp_path):
 
     # The repro is replayable against the same checkout, and held on the pristine one.
     path = str(tmp_path / "report" / "findings" / "capacity-soundness.json")
-    replay = subprocess.run([sys.executable, "-c", CLI, "replay", path, "--isolate", "off"], cwd=repo,
-                            env=checkout_env(repo), capture_output=True, text=True, timeout=600)
+    replay = zygote.run([sys.executable, "-c", CLI, "replay", path, "--isolate", "off"], cwd=repo,
+                        env=checkout_env(repo), timeout=600)
     assert replay.returncode == 1, replay.stdout + replay.stderr
     sglang_repo.git(repo, "checkout", "-q", "main")
-    replay = subprocess.run([sys.executable, "-c", CLI, "replay", path, "--isolate", "off"], cwd=repo,
-                            env=checkout_env(repo), capture_output=True, text=True, timeout=600)
+    replay = zygote.run([sys.executable, "-c", CLI, "replay", path, "--isolate", "off"], cwd=repo,
+                        env=checkout_env(repo), timeout=600)
     assert replay.returncode == 0, replay.stdout + replay.stderr
 
 

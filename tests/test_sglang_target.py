@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode
 from harness.properties import PROPERTIES
 from harness.targets import CATALOGUE, resolve
+from tests import zygote
 from tests.sglang_copies import altered_copy, assert_caught_by, run_on_copy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,8 +122,8 @@ def test_unavailable_sglang_exits_2_with_one_line(tmp_path):
     broken.mkdir()
     (broken / "__init__.py").write_text("raise ImportError('this sglang is broken on purpose')\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--target", "sglang", "--seed", "1"],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    proc = zygote.run([sys.executable, "-m", "harness.cli", "run", "--target", "sglang", "--seed", "1"],
+                      env=env, cwd=tmp_path, timeout=300)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr

@@ -1,0 +1,63 @@
+"""A run forked from the test zygote is what a cold ``python`` run would be: same exit status,
+output, argv, working directory, environment and import path, and nothing of SGLang preloaded."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests import zygote
+from tests.helpers import ROOT
+
+PROGRAM = ("import os, sys\n"
+           "print(os.getcwd()); print(os.environ.get('VMFUZZ_PROBE')); print(sys.argv[1:])\n"
+           "print('sglang' in sys.modules, 'torch' in sys.modules)\n"
+           "import probe_site_module; print(probe_site_module.WHERE)\n"
+           "sys.stderr.write('to stderr\\n'); sys.exit(int(sys.argv[1]))")
+
+
+@pytest.fixture()
+def site(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "probe_site_module.py").write_text("WHERE = 'from the test site'\n")
+    return site
+
+
+def both(argv, **kw):
+    forked = zygote.run(argv, **kw)
+    cold = subprocess.run(argv, capture_output=True, text=True, **kw)
+    return forked, cold
+
+
+def test_a_forked_run_matches_a_cold_one(tmp_path, site):
+    env = {**os.environ, "VMFUZZ_PROBE": "seen", "PYTHONPATH": str(site)}
+    forked, cold = both([sys.executable, "-W", "ignore", "-c", PROGRAM, "3", "two words"], env=env, cwd=tmp_path,
+                        timeout=120)
+    assert (forked.returncode, forked.stderr) == (cold.returncode, cold.stderr) == (3, "to stderr\n")
+    lines = forked.stdout.splitlines()
+    assert lines[:3] == [str(tmp_path), "seen", "[\'3\', \'two words\']"]
+    assert lines[4] == "from the test site"
+    # the only difference allowed: torch is already imported in the forked run, never SGLang
+    assert lines[3].split()[0] == cold.stdout.splitlines()[3].split()[0] == "False"
+
+
+def test_a_module_run_and_a_raise_match(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    forked, cold = both([sys.executable, "-m", "harness.cli", "--help"], env=env, cwd=tmp_path, timeout=120)
+    assert (forked.returncode, forked.stdout) == (cold.returncode, cold.stdout)
+    forked, cold = both([sys.executable, "-c", "raise ValueError('boom')"], env=env, cwd=tmp_path, timeout=120)
+    assert forked.returncode == cold.returncode == 1
+    assert "ValueError: boom" in forked.stderr and "Traceback" in forked.stderr
+
+
+def test_a_run_past_its_timeout_is_killed(tmp_path):
+    with pytest.raises(subprocess.TimeoutExpired):
+        zygote.run([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"],
+                   cwd=tmp_path, timeout=3)
+    # the zygote serves the next run
+    again = zygote.run([sys.executable, "-c", "print('next')"], cwd=tmp_path, timeout=60)
+    assert again.stdout == "next\n"
