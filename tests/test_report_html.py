@@ -266,3 +266,59 @@ def test_known_findings_are_listed_with_their_status(report):
     assert rows == [("policy-behind-router", "routing", "reproduces"), ("old-one", "routing", "no longer reproduces")]
     md = summary_md(s)
     assert all(f"`{k['name']}` ({k['property']}" in md and k["status"] in md for k in s["known_findings"])
+
+
+def _group(repro: str, origin: dict, detail: str = "d") -> dict:
+    return {"signature": "s", "count": 1, "properties": [origin["property"]], "repro": repro,
+            "repro_property": origin["property"], "detail": detail, "members": [repro], "origin": origin}
+
+
+#: FULL_MASK, d 3, seq_lens [2, 1]: request 0's rows are 2 + 3 cells wide at [0, 15), request 1's
+#: 1 + 3 at [15, 27); a row's first seq_len cells are its prefix columns
+PREFIX_COLUMNS = ["0-2", "5-7", "10-12", "15-16", "19-20", "23-24"]
+
+
+def test_a_wrong_groups_picture_marks_the_cells_of_the_class_its_origin_names(tmp_path):
+    from harness.report.html import buffer_picture
+    from harness.report.html_sections import groups_html
+    config = {"mode": "FULL_MASK", "max_bs": 2, "max_context_len": 4, "num_draft_tokens": 3, "topk": 1,
+              "spec_steps": 2}
+    one = _repro(tmp_path, "one.json", config, [{"seq_lens": [2, 1]}], "fallback-equivalence")
+    origin = {"property": "fallback-equivalence", "effect": "wrong", "writer": "verify step", "buffer": "tree_mask",
+              "cell": "prefix column"}
+    draw = lambda groups: groups_html({"counts": {"findings": len(groups)}, "groups": groups},  # noqa: E731
+                                      lambda g, i: buffer_picture(g, i, folder=tmp_path))
+    html = draw([_group(one, origin, detail="first at cell 999 (request 7)")])
+    assert html.count('<svg class="buffer wrong"') == 1, html
+    assert re.findall(r'class="oob wrong-cell"[^>]*data-cells="([\d-]+)"', html) == PREFIX_COLUMNS
+    assert "999" not in html.split("</h3>", 1)[1].split("<svg", 1)[1]  # the words are never drawn from
+    # the chain writer's and a reader's wording of the same class mark the same cells
+    for named in ("prefix column (vs the tree kernel)", "read prefix column"):
+        again = draw([_group(one, {**origin, "cell": named})])
+        assert re.findall(r'data-cells="([\d-]+)"', again) == PREFIX_COLUMNS, named
+    # a tree cell that should be hidden: the chain's upper triangle, row by row (tree columns 2-4 of request 0)
+    hidden = draw([_group(one, {**origin, "cell": "tree cell that should be hidden"})])
+    assert re.findall(r'data-cells="([\d-]+)"', hidden)[:2] == ["3-5", "9-10"]
+    # no cell, a class that names no cell of the mask, another buffer: nothing is drawn
+    for other in ({**origin, "cell": ""}, {**origin, "cell": "reuse"},
+                  {**origin, "buffer": "positions", "cell": "value"}):
+        assert '<svg class="buffer' not in draw([_group(one, other)]), other
+    # two batches: the origin's step says which is drawn, and without one nothing is
+    two = _repro(tmp_path, "two.json", config, [{"seq_lens": [4]}, {"seq_lens": [2, 1]}], "fallback-equivalence")
+    assert '<svg class="buffer' not in draw([_group(two, origin)])
+    stepped = draw([_group(two, {**origin, "step": 1})])
+    assert re.findall(r'data-cells="([\d-]+)"', stepped) == PREFIX_COLUMNS
+
+
+def test_an_overrun_before_the_start_is_marked_left_of_cell_0(tmp_path):
+    from harness.report.html import buffer_picture
+    config = {"mode": "QLEN_ONLY", "max_bs": 2, "max_context_len": 4, "num_draft_tokens": 2, "topk": 1,
+              "spec_steps": 1}
+    rep = _repro(tmp_path, "below.json", config, [{"seq_lens": [1, 1]}], "no-oob-write")
+    origin = {"property": "no-oob-write", "effect": "overrun", "writer": "verify step", "buffer": "tree_mask",
+              "side": "below", "cell": "request the buffer was sized for"}
+    html = buffer_picture(_group(rep, origin), 0, folder=tmp_path)
+    oob = re.search(r'<rect class="oob" x="([\d.]+)"[^>]*width="([\d.]+)"', html)
+    start = re.search(r'<rect class="buf" x="([\d.]+)"', html)
+    assert oob and start and float(oob.group(1)) + float(oob.group(2)) <= float(start.group(1)), html
+    assert "before the start" in html and "buffer start: cell 0" in html
