@@ -206,7 +206,37 @@ def _child(job: dict, base_path: list[str]) -> None:
             exec(compile(target, "<string>", "exec"), main.__dict__)
     except SystemExit as stop:
         code = stop.code
-    raise SystemExit(code)  # Python's own shutdown: threads joined, atexit run, streams flushed
+    except KeyboardInterrupt:
+        import traceback
+        traceback.print_exc()
+        _leave(None, signal_number=2)  # as a cold Python dies of an uncaught Ctrl-C
+    except BaseException:  # noqa: BLE001 - what a cold Python does with an uncaught exception
+        import traceback
+        traceback.print_exc()
+        code = 1
+    _leave(code)
+
+
+def _leave(code, signal_number: int | None = None) -> None:
+    """Python's exit, less the interpreter's teardown: a cold run that never imported a
+    preloaded package (sentencepiece's SWIG types) must not warn about it at teardown."""
+    import atexit
+    import signal
+    import threading
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    threading._shutdown()  # joins the run's non-daemon threads, as interpreter exit does
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if signal_number is not None:
+        signal.signal(signal_number, signal.SIG_DFL)
+        os.kill(os.getpid(), signal_number)
+    os._exit((code or 0) & 0xFF)
 
 
 if __name__ == "__main__":
