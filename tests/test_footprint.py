@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode
@@ -85,3 +86,47 @@ def test_a_footprint_too_large_to_allocate_is_judged_not_raised():
     assert (o.property, o.effect, o.writer, o.buffer) == ("allocation-soundness", "wrong", "tree_mask_numel",
                                                           "tree_mask"), o
     assert "2^" in str(failed.value)
+
+
+# -- the chain writer's own allocation (build_chain_tree with no buffer) -------------------
+
+EAGLE = ("kernels/ops/speculative/eagle.py",)
+_CHAIN_ALLOC = r"\(bs \* width \* width,\), dtype=torch\.bool"
+
+
+class _OneCellMore:
+    """The reference target whose chain writer allocates one cell more than its chains take."""
+
+    def __init__(self, target):
+        self._target = target
+
+    def __getattr__(self, name):
+        return getattr(self._target, name)
+
+    def chain_write(self, inputs, buffer, heap, **kw):
+        out = self._target.chain_write(inputs, buffer, heap, **kw)
+        if buffer is None:
+            out.tree_mask = torch.cat([out.tree_mask.reshape(-1), out.tree_mask.new_zeros(1)])
+        return out
+
+
+def test_the_chain_writers_own_allocation_is_judged_by_its_size():
+    config = Config(TreeMaskMode.QLEN_ONLY, 2, 16, 4, 1, 3)
+    target = _OneCellMore(resolve("reference"))
+    with pytest.raises(PropertyFailure) as failed:
+        PROPERTIES["chain-writer"].check(target, config, [Batch((3, 5))])
+    o = failed.value.origin
+    assert (o.property, o.effect, o.writer, o.buffer) == ("chain-writer", "wrong", "chain writer", "tree_mask"), o
+
+
+@pytest.mark.slow
+def test_a_chain_allocation_one_cell_too_large_is_caught_by_chain_writer(sglang_target, tmp_path):
+    site = altered_copy(tmp_path, [(EAGLE, _CHAIN_ALLOC, "(bs * width * width + 1,), dtype=torch.bool")],
+                        "chain-footprint-one-cell-more")
+    proc, out = run_on_copy(site, tmp_path, "run", "--target", "sglang", "--seed", "1", "--max-examples", "3",
+                            "--isolate", "off", "--property", "chain-writer", "--report-dir", str(tmp_path / "report"))
+    assert proc.returncode == 1, out
+    assert_caught_by(tmp_path / "report", "chain-writer", out=out)
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert any((f.get("origin") or {}).get("effect") == "wrong" and "own allocation" in f["detail"]
+               for f in summary["findings"]), summary["findings"]
