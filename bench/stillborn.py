@@ -164,6 +164,58 @@ def applied(pristine: str, diff: str) -> tuple[str, list[int]]:
     return out, lines
 
 
+def _pristine_launches(work: Path, package: Path, properties: list[str]) -> Path:
+    """The launches the gate's properties make on the installed (pristine) SGLang: a kernel mutated in its
+    body is launched with the same arguments, so these are its types too."""
+    import subprocess
+    import tempfile
+    path = work / "pristine-launches.jsonl"
+    if path.exists():
+        return path
+    cmd = [sys.executable, "-W", "ignore", str(Path(__file__)), str(path), "run", "--target", "sglang", "--seed", "1",
+           "--max-examples", "2", "--isolate", "off", "--report-dir", tempfile.mkdtemp(prefix="vmfuzz-stillborn-")]
+    for p in properties:
+        cmd += ["--property", p]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent), TRITON_INTERPRET="1")
+    env.pop("SGLANG_USE_CPU_ENGINE", None)
+    subprocess.run(cmd, env=env, capture_output=True, cwd=tempfile.mkdtemp(prefix="vmfuzz-stillborn-"))
+    return path
+
+
+def rescore(work: Path) -> int:
+    """A finished run's kills by the mutant raising inside a Triton kernel, judged stillborn or not after
+    the fact: a ``vmfuzz-stillborn:`` line is added to each one's stored output. Returns how many were judged."""
+    import tempfile
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkResult
+    from mutation_table import classify, killed_by
+
+    driven = json.loads((work / "driven.json").read_text())
+    package = Path(driven["package"])
+    with use_db(str(work / "session.sqlite"), WorkDB.Mode.open) as db:
+        todo = []
+        for item, result in db.completed_work_items:
+            out = result.output or ""
+            if (result.worker_outcome != "normal" or classify(result) != "killed" or "vmfuzz-stillborn:" in out
+                    or killed_by(out) != "the mutant raising"):
+                continue
+            rel = str(item.mutations[0].module_path).removeprefix("python/sglang/")
+            source, lines = applied((package / rel).read_text(), result.diff or "")
+            if any(lo <= n <= hi for lo, hi in jit_kernel_lines(source).values() for n in lines):
+                todo.append((item, result, rel, source, lines))
+        if not todo:
+            return 0
+        recorded = _pristine_launches(work, package, sorted({p for t in todo for p in driven["files"][t[2]]}))
+        for item, result, rel, source, lines in todo:
+            mutant = Path(tempfile.mkdtemp(prefix="vmfuzz-stillborn-")) / Path(rel).name
+            mutant.write_text(source)
+            said = verdict(mutant, package / rel, launches(recorded, package / rel), lines)
+            db.set_result(item.job_id, WorkResult(worker_outcome=result.worker_outcome, test_outcome=result.test_outcome,
+                                                  diff=result.diff, output=(result.output or "")
+                                                  + f"\nvmfuzz-stillborn: {said}\n"))
+    return len(todo)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print(__doc__.strip().splitlines()[-1], file=sys.stderr)
