@@ -14,7 +14,8 @@ from there: ``vmfuzz-kill: exit N``.
 After the exit line, each on its own line so no tail cut loses it:
 ``vmfuzz-cpu:`` the gate's own user+sys CPU seconds and its example count (the
 score's throughput); ``vmfuzz-origin:`` each typed origin of what killed it;
-``vmfuzz-equiv:`` for a survivor, its outputs against the pristine copy's on the
+``vmfuzz-stillborn:`` for a kill by the mutant raising in a Triton kernel, whether
+Triton's own frontend refuses the mutated kernel (bench/stillborn.py); ``vmfuzz-equiv:`` for a survivor, its outputs against the pristine copy's on the
 gate's fixed cases (bench/mutation_equiv.py); ``vmfuzz-sglang-tests:`` SGLang's
 own tests on the same mutant, where prepare was given a checkout
 (bench/sglang_tests.py).
@@ -55,7 +56,10 @@ def main(argv: list[str]) -> int:
         return 2
     properties = sorted({p for rel in changed for p in driven["files"][rel]})
     Path("changed.txt").write_text("".join(f"python/sglang/{rel}\n" for rel in changed))
-    cmd = [sys.executable, "-W", "ignore", "-m", "harness", "gate", "--target", "sglang", "--repo", ".",
+    Path("launches.jsonl").unlink(missing_ok=True)
+    # the gate, with each Triton kernel launch's argument types recorded for the stillborn verdict
+    cmd = [sys.executable, "-W", "ignore", str(HERE / "stillborn.py"), "launches.jsonl", "gate", "--target", "sglang",
+           "--repo", ".",
            "--changed-files", "changed.txt", "--report-dir", "gate-report", "--overwrite",
            # an empty example database: each mutant is scored on the gate alone,
            # not on what earlier mutants' searches saved
@@ -75,6 +79,8 @@ def main(argv: list[str]) -> int:
     # the score credits a property only through these lines, first, so no tail cut can lose them
     for origin in killing_origins(summary):
         print("vmfuzz-origin: " + json.dumps(origin, sort_keys=True))
+    if proc.returncode == 1 and all(o.get("effect") in ("raise", "crash", "hang") for o in killing_origins(summary)):
+        print("vmfuzz-stillborn: " + stillborn_verdict(driven, changed), flush=True)
     if proc.returncode == 0:
         watch = [f"python/sglang/{rel}:{','.join(map(str, mutated_lines(driven, rel)))}" for rel in changed]
         print("vmfuzz-equiv: " + equivalence(Path(argv[0]).parent, properties, env, watch), flush=True)
@@ -82,6 +88,18 @@ def main(argv: list[str]) -> int:
     print("vmfuzz-sglang-tests: " + sglang_tests.verdict(driven.get("sglang_tests"), changed, Path(".")), flush=True)
     print((proc.stdout + proc.stderr)[-4000:])
     return proc.returncode
+
+
+def stillborn_verdict(driven: dict, changed: list[str]) -> str:
+    """Whether Triton's frontend refuses a mutated kernel the gate launched (bench/stillborn.py)."""
+    import stillborn
+    said = []
+    for rel in changed:
+        mine = Path("python") / "sglang" / rel
+        said.append(stillborn.verdict(mine, Path(driven["package"]) / rel,
+                                      stillborn.launches(Path("launches.jsonl"), mine), mutated_lines(driven, rel)))
+    refused = [s for s in said if s.startswith("refused")]
+    return refused[0] if refused else "; ".join(said)
 
 
 def children_cpu() -> float:

@@ -3,6 +3,7 @@
     python bench/mutation_score.py prepare WORK --sample 100 --seed 1 --workers 2 [--timeout 600] [--sglang-tests PATH]
     python bench/mutation_score.py exec WORK        # runs what is pending; rerun to resume
     python bench/mutation_score.py report WORK      # WORK/score.md, WORK/score.json, WORK/survivors.md
+    python bench/mutation_score.py stillborn WORK   # a finished run's raising kernel mutants judged by Triton's compiler, then report
 
 ``prepare`` asks ``vmfuzz surface --target sglang`` which files are driven and by
 which properties, builds one copy of the installed SGLang per worker (a folder laid
@@ -205,7 +206,7 @@ def execute(work: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="mutation_score.py")
-    ap.add_argument("step", choices=["prepare", "exec", "report", "all"])
+    ap.add_argument("step", choices=["prepare", "exec", "report", "stillborn", "all"])
     ap.add_argument("work", type=Path)
     ap.add_argument("--sample", type=int, default=100)
     ap.add_argument("--seed", type=int, default=1)
@@ -227,7 +228,10 @@ def main(argv=None) -> int:
                 args.sglang_tests.resolve() if args.sglang_tests else None)
     if args.step in ("exec", "all"):
         execute(work)
-    if args.step in ("report", "all"):
+    if args.step == "stillborn":
+        import stillborn
+        print(f"mutation_score: {stillborn.rescore(work)} kill(s) by raising in a Triton kernel judged by its compiler")
+    if args.step in ("report", "stillborn", "all"):
         from mutation_table import report
         report(work)
     return 0

@@ -7,6 +7,9 @@ Each sampled mutant is one of:
 - timed-out: the gate ran past the per-mutant timeout;
 - out-of-step: the gate exited 3 (vmfuzz could not check this code: never a kill);
 - error: the gate exited 2, or cosmic-ray could not run the mutant (never a kill);
+- stillborn: killed only by the mutant raising, in a Triton kernel that Triton's own
+  frontend refuses to compile for a GPU (``vmfuzz-stillborn: refused``, bench/stillborn.py):
+  the mutant never runs anywhere, so it is neither a kill nor a survivor;
 - suspected-equivalent: a survivor whose outputs on the gate's fixed cases (the
   boundary seeds and the deep corpus) are byte-identical to the pristine copy's
   everywhere the gate's properties look (``vmfuzz-equiv: identical``, written by
@@ -29,9 +32,10 @@ import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
-OUTCOMES = ("killed", "survived", "suspected-equivalent", "timed-out", "out-of-step", "error")
+OUTCOMES = ("killed", "survived", "suspected-equivalent", "timed-out", "out-of-step", "error", "stillborn")
 EXIT_LINE = re.compile(r"vmfuzz-kill: exit (-?\d+)")
 EQUIV_LINE = re.compile(r"^vmfuzz-equiv: (.*)$", re.M)
+STILLBORN_LINE = re.compile(r"^vmfuzz-stillborn: (.*)$", re.M)
 TESTS_LINE = re.compile(r"^vmfuzz-sglang-tests: (.*)$", re.M)
 CPU_LINE = re.compile(r"^vmfuzz-cpu: ([\d.]+) s gate; examples (\d+|None)", re.M)
 RAISING = ("raise", "crash", "hang")
@@ -53,7 +57,8 @@ def classify(result) -> str:
         equiv = line(EQUIV_LINE, result.output) or ""
         return "suspected-equivalent" if equiv.startswith("identical") else "survived"
     if code == 1:
-        return "killed"
+        refused = (line(STILLBORN_LINE, result.output) or "").startswith("refused")
+        return "stillborn" if refused and killed_by(result.output) == "the mutant raising" else "killed"
     if code == 3:
         return "out-of-step"
     return "error"
@@ -93,6 +98,7 @@ def mutant_row(job: str, m, result) -> dict:
             "killed_by": killed_by(out) if outcome == "killed" else None,
             "properties": killing_properties(out) if outcome == "killed" else [],
             "equiv": line(EQUIV_LINE, out) if outcome in ("survived", "suspected-equivalent") else None,
+            "stillborn": line(STILLBORN_LINE, out),
             "sglang_tests": line(TESTS_LINE, out),
             "gate_cpu_s": float(cpu.group(1)) if cpu else None,
             "examples": int(cpu.group(2)) if cpu and cpu.group(2) != "None" else None,
@@ -108,7 +114,7 @@ def rows(work: Path):
 
 
 COLUMNS = ("killed", "by a check", "by raising", "survived", "suspected-equivalent", "timed-out", "out-of-step",
-           "error")
+           "error", "stillborn")
 
 
 def _column(r: dict) -> list[str]:
@@ -139,6 +145,10 @@ def headline(total: Counter, done: list[dict]) -> list[str]:
                    f"{total['by raising']} more only by the mutant raising or crashing.")
     else:
         out.append("No mutant was judged (none killed, none survived).")
+    if total["stillborn"]:
+        out += ["", f"{total['stillborn']} stillborn mutant(s) left out of both figures: each raised in a Triton "
+                    "kernel that Triton's compiler refuses (its frontend, lowering to TTIR for a CUDA GPU), so it "
+                    "never runs anywhere."]
     unrun = sum(r["outcome"] == "suspected-equivalent" and "never ran" in (r["equiv"] or "") for r in done)
     if unrun:
         out += ["", f"{unrun} of the {total['suspected-equivalent']} suspected-equivalent mutants never ran their "

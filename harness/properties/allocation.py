@@ -11,7 +11,12 @@ the target drives runs its set-up for those numbers, and its call to
   (``harness.model.allocation.reads_mask``),
 
 and the mask it got must admit the captured max_bs and hold, for every batch it
-admits, every request at the context limit. Arithmetic and meta-device
+admits, every request at the context limit, in exactly the cells its layout
+needs for the numbers it was asked with. Before any site runs, the target's
+footprint function (SGLang's ``tree_mask_numel``) is asked for the case's
+batch sizes in each preallocated layout and must equal the layout arithmetic
+(``harness.model.layouts``): a footprint too large to allocate is judged as a
+footprint, not reported as the allocation raising. Arithmetic and meta-device
 allocations only: it holds at production scale as cheaply as at small scale.
 Sites the target cannot drive are named in the observed classes ("not driven:
 NAME"), never counted as held; a target that drives none fails the case.
@@ -21,13 +26,41 @@ from __future__ import annotations
 
 from harness.model.allocation import ServerNumbers, reads_mask
 from harness.model.config import Batch, Config
-from harness.model.layouts import worst_case_size
-from harness.model.origin import BEYOND_CAPACITY
+from harness.model.layouts import PREALLOCATED_LAYOUTS, worst_case_size
+from harness.model.origin import ALLOCATOR, BEYOND_CAPACITY
 from harness.properties.kit import Observation, fail
 
 NAME = "allocation-soundness"
 #: who sized the mask: a backend's cuda-graph set-up calling maybe_create_verify_mask
 SITE = "allocation site"
+#: who says how many cells a preallocated mask takes: the target's ``numel`` seam
+FOOTPRINT = "tree_mask_numel"
+
+
+def _cells(n: int) -> str:
+    # A shifted footprint runs to millions of digits, more than Python will print.
+    return f"{n} cells" if n.bit_length() <= 64 else f"about 2^{n.bit_length() - 1} cells"
+
+
+def _footprint_differs(at: str, got: int, want: int, why: str, writer: str = FOOTPRINT) -> None:
+    over = got > want
+    fail(NAME, f"{at} is {_cells(got)}, {why} needs {_cells(want)}: "
+                + ("memory no batch uses" if over else "a batch fits admits writes past the buffer"),
+         effect="wrong" if over else "unsound", writer=writer, buffer="tree_mask",
+         cell="footprint over the layout's" if over else "footprint under the layout's")
+
+
+def check_footprint(target, config: Config, batches: list[Batch]) -> None:
+    """The target's footprint for the case's batch sizes, in each preallocated layout, against the
+    layout arithmetic; asked before any allocation, so a footprint no allocator accepts is still judged."""
+    d, context = config.num_draft_tokens, config.max_context_len
+    for bs in sorted({1, config.max_bs, *(batch.bs for batch in batches)}):
+        for mode in PREALLOCATED_LAYOUTS:
+            got = int(target.numel(mode, bs, d, context))
+            want = worst_case_size(mode, bs, d, context)
+            if got != want:
+                _footprint_differs(f"{FOOTPRINT}({mode.name}, bs={bs}, d={d}, max_context_len={context})",
+                                   got, want, f"the layout of {bs} requests at the context limit")
 
 
 def check_site(target, backend: str, numbers: ServerNumbers) -> float:
@@ -67,8 +100,13 @@ def check_site(target, backend: str, numbers: ServerNumbers) -> float:
     if not target.fits(mask, numbers.max_bs):
         fail(NAME, f"{at}, for {server}: the mask does not admit the captured max_bs {numbers.max_bs}",
              effect="unsound", cell="refused the captured max_bs", **site)
-    worst = worst_case_size(mask.mode, mask.max_bs, numbers.num_draft_tokens, numbers.context_len)
     cap = mask.buffer.numel()
+    if isinstance(call.max_context_len, int) and isinstance(call.num_draft_tokens, int):
+        asked = worst_case_size(mask.mode, mask.max_bs, call.num_draft_tokens, call.max_context_len)
+        if cap != asked:  # the allocator sized its buffer for other numbers than it was asked with
+            _footprint_differs(f"{at}: its {mask.mode.name} mask for max_bs {mask.max_bs}", cap, asked,
+                               "the layout of those numbers", writer=ALLOCATOR)
+    worst = worst_case_size(mask.mode, mask.max_bs, numbers.num_draft_tokens, numbers.context_len)
     if worst > cap:
         fail(NAME, f"{at}, for {server}: the {cap}-cell {mask.mode.name} mask admits {mask.max_bs} requests, "
                     f"which need {worst} cells at the context limit ({worst - cap} past its end)",
@@ -79,6 +117,7 @@ def check_site(target, backend: str, numbers: ServerNumbers) -> float:
 def allocation_soundness(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
     obs = Observation()
     numbers = ServerNumbers.of(config)
+    check_footprint(target, config, batches)
     sites = target.allocating_backends()
     driven = [name for name, why in sites.items() if why is None]
     for name, why in sites.items():

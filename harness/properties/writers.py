@@ -75,6 +75,12 @@ def chain_writer(target, config: Config, batches: list[Batch], device="cpu") -> 
                 fail_overrun("chain-writer", f"out-of-bounds write by the chain writer into {label} "
                                              f"(bs {batch.bs}, w {w}): " + describe_all(violations), violations,
                              writer=CHAIN_WRITER, capacity_bs=config.max_bs if buf is not None else batch.bs)
+            if buf is None and out.tree_mask.numel() > batch.bs * w * w:
+                # Its own allocation, seen as returned. One too small never returns:
+                # build_chain_tree's own assert on the size raises first.
+                fail("chain-writer", f"the chain writer's own allocation holds {out.tree_mask.numel()} cells, "
+                                     f"bs {batch.bs} chains of width {w} need {batch.bs * w * w}",
+                     effect="wrong", writer=CHAIN_WRITER, buffer="tree_mask", cell="footprint over the layout's")
             if buf is not None and not out.reused:
                 fail("chain-writer", "the chain writer was given the preallocated buffer and returned another",
                      effect="unsound", writer=CHAIN_WRITER, buffer="tree_mask", cell="reuse")
