@@ -76,7 +76,9 @@ def run(tests: list[str], copy: Path, timeout: float = TIMEOUT) -> tuple[int, st
     """pytest over ``tests`` (files or node ids), stopping at the first failure: (pytest's exit, its last line)."""
     code, out = _pytest(["-x", *tests], copy, _file(tests[0]).parent if tests else Path.cwd(), timeout)
     lines = [ln for ln in out.splitlines() if ln.strip()]
-    return code, lines[-1] if lines else ""
+    # pytest's own tally, not a warning printed at interpreter exit after it
+    tally = [ln for ln in lines if re.search(r"\b(passed|failed|errors?|no tests ran)\b in [\d.]+s", ln)]
+    return code, (tally or lines or [""])[-1].strip("= ")
 
 
 def passing(path: Path, copy: Path, timeout: float = TIMEOUT) -> list[str]:
