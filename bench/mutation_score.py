@@ -224,6 +224,8 @@ def rejudge(work: Path, tests: Path) -> dict[str, str]:
     if dirty:
         sys.exit(f"mutation_score: {copy} is not pristine ({', '.join(dirty)} differ from the installed "
                  f"package): is an exec still running there?")
+    # a stop mid-mutant unwinds through use_mutation, which puts the pristine file back
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     start, cpu = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
     chosen = judge.select(tests, list(driven["files"]), copy)
     driven["sglang_tests"] = chosen
