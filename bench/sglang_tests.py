@@ -77,7 +77,7 @@ def run(tests: list[str], copy: Path, timeout: float = TIMEOUT) -> tuple[int, st
     code, out = _pytest(["-x", *tests], copy, _file(tests[0]).parent if tests else Path.cwd(), timeout)
     lines = [ln for ln in out.splitlines() if ln.strip()]
     # pytest's own tally, not a warning printed at interpreter exit after it
-    tally = [ln for ln in lines if re.search(r"\b(passed|failed|errors?|no tests ran)\b in [\d.]+s", ln)]
+    tally = [ln for ln in lines if re.search(r"(\d+ \w+|no tests ran)\b.* in [\d.]+s\b", ln)]
     return code, (tally or lines or [""])[-1].strip("= ")
 
 
