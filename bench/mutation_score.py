@@ -235,7 +235,8 @@ def rejudge(work: Path, tests: Path) -> dict[str, str]:
     if out.exists() and {k: v for k, v in json.loads(out.read_text()).items() if k != "verdicts"} == \
             {k: v for k, v in state.items() if k != "verdicts"}:
         state["verdicts"] = json.loads(out.read_text())["verdicts"]
-    print(f"mutation_score: {sum(map(len, chosen.values()))} SGLang test(s) import a driven file and pass unmutated")
+    print(f"mutation_score: {len({t for ts in chosen.values() for t in ts})} SGLang test(s) import a driven file "
+          f"and pass unmutated")
     with use_db(str(work / "session.sqlite"), WorkDB.Mode.open) as db:
         items = [item for item, result in db.completed_work_items if result.worker_outcome != "skipped"]
     for item in items:
