@@ -163,7 +163,8 @@ def side_by_side(done: list[dict]) -> list[str]:
         gate = r["outcome"] + (f" ({r['killed_by']})" if r["killed_by"] else "")
         out.append(f"| `{r['file']}:{r['line']}` {r['operator']} | {gate} | {', '.join(r['properties']) or '-'} "
                    f"| {r['equiv'] or '-'} | {r['sglang_tests'] or 'not run: no checkout given'} |")
-    tests = Counter((r["sglang_tests"] or "not run").split(" ")[0].rstrip(":") for r in done)
+    tests = Counter("not run" if (r["sglang_tests"] or "not run").startswith("not run")
+                    else r["sglang_tests"].split(" ")[0].rstrip(":") for r in done)
     out += ["", "SGLang's tests: " + ", ".join(f"{n} {k}" for k, n in sorted(tests.items())) + ".", ""]
     if tests["killed"] + tests["survived"]:
         def tests_kill(rs):
