@@ -4,6 +4,7 @@
     python bench/mutation_score.py exec WORK        # runs what is pending; rerun to resume
     python bench/mutation_score.py report WORK      # WORK/score.md, WORK/score.json, WORK/survivors.md
     python bench/mutation_score.py stillborn WORK   # a finished run's raising kernel mutants judged by Triton's compiler, then report
+    python bench/mutation_score.py sglang-tests WORK --sglang-tests PATH   # only that column, gates not rerun
 
 ``prepare`` asks ``vmfuzz surface --target sglang`` which files are driven and by
 which properties, builds one copy of the installed SGLang per worker (a folder laid
@@ -17,7 +18,8 @@ WORK/cosmic-ray.toml's worker-urls. Each mutant's test command is
 bench/mutation_kill.py: the gate, restricted to the properties that drive the
 mutated file; a survivor's outputs are then compared with the pristine copy's
 (bench/mutation_equiv.py), and, with ``--sglang-tests PATH``, SGLang's own unit
-tests from that checkout judge the same mutant (bench/sglang_tests.py). ``report`` tabulates killed / survived / timed-out / out-of-step /
+tests from that checkout judge the same mutant (bench/sglang_tests.py); ``sglang-tests``
+fills that column alone for the mutants an earlier ``exec`` ran. ``report`` tabulates killed / survived / timed-out / out-of-step /
 error / suspected-equivalent per file and per operator, and writes the
 survivors' diffs (bench/mutation_table.py).
 """
@@ -204,9 +206,59 @@ def execute(work: Path) -> None:
             p.wait()
 
 
+def rejudge(work: Path, tests: Path) -> dict[str, str]:
+    """SGLang's tests on mutants an earlier exec already ran, the gates left alone: the tests are chosen
+    on worker-0's copy, each run mutant is written into that copy again (cosmic-ray's own operator and
+    occurrence), judged and put back. Verdicts go to WORK/sglang_tests.json after each mutant (a rerun
+    with the same checkout and choice resumes); ``report`` reads them over the exec's own lines."""
+    import resource
+
+    import cosmic_ray.plugins
+    import sglang_tests as judge
+    from cosmic_ray.mutating import use_mutation
+    from cosmic_ray.work_db import WorkDB, use_db
+
+    copy = work / "worker-0"
+    driven = json.loads((work / "driven.json").read_text())
+    dirty = [rel for rel in driven["files"]
+             if (copy / "python" / "sglang" / rel).read_bytes() != (Path(driven["package"]) / rel).read_bytes()]
+    if dirty:
+        sys.exit(f"mutation_score: {copy} is not pristine ({', '.join(dirty)} differ from the installed "
+                 f"package): is an exec still running there?")
+    # a stop mid-mutant unwinds through use_mutation, which puts the pristine file back
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    start, cpu = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    chosen = judge.select(tests, list(driven["files"]), copy)
+    driven["sglang_tests"] = chosen
+    (work / "driven.json").write_text(json.dumps(driven, indent=1))
+    out = work / "sglang_tests.json"
+    state = {"checkout": str(tests), "selected": chosen, "verdicts": {}}
+    if out.exists() and {k: v for k, v in json.loads(out.read_text()).items() if k != "verdicts"} == \
+            {k: v for k, v in state.items() if k != "verdicts"}:
+        state["verdicts"] = json.loads(out.read_text())["verdicts"]
+    print(f"mutation_score: {len({t for ts in chosen.values() for t in ts})} SGLang test(s) import a driven file "
+          f"and pass unmutated")
+    with use_db(str(work / "session.sqlite"), WorkDB.Mode.open) as db:
+        items = [item for item, result in db.completed_work_items if result.worker_outcome != "skipped"]
+    for item in items:
+        if item.job_id in state["verdicts"]:
+            continue
+        m = item.mutations[0]
+        operator = cosmic_ray.plugins.get_operator(m.operator_name)(**(m.operator_args or {}))
+        with use_mutation(copy / m.module_path, operator, m.occurrence) as (_, mutated):
+            state["verdicts"][item.job_id] = (
+                judge.verdict(chosen, [str(m.module_path).removeprefix("python/sglang/")], copy)
+                if mutated is not None else "error: cosmic-ray could not apply this mutant again")
+        out.write_text(json.dumps(state, indent=1))
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(f"mutation_score: SGLang's tests over {len(items)} mutants took {time.monotonic() - start:.0f}s wall, "
+          f"{use.ru_utime + use.ru_stime - cpu.ru_utime - cpu.ru_stime:.0f} CPU s (user+sys)")
+    return state["verdicts"]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="mutation_score.py")
-    ap.add_argument("step", choices=["prepare", "exec", "report", "stillborn", "all"])
+    ap.add_argument("step", choices=["prepare", "exec", "report", "stillborn", "all", "sglang-tests"])
     ap.add_argument("work", type=Path)
     ap.add_argument("--sample", type=int, default=100)
     ap.add_argument("--seed", type=int, default=1)
@@ -223,6 +275,12 @@ def main(argv=None) -> int:
     work = args.work.resolve()
     if args.sglang_tests is not None and not args.sglang_tests.is_dir():
         sys.exit(f"mutation_score: --sglang-tests {args.sglang_tests}: not a directory")
+    if args.step == "sglang-tests":
+        if args.sglang_tests is None:
+            sys.exit("mutation_score: sglang-tests needs --sglang-tests PATH (an SGLang checkout or its test/ folder)")
+        if not (work / "session.sqlite").is_file():
+            sys.exit(f"mutation_score: {work}: no session.sqlite (run prepare and exec first)")
+        rejudge(work, args.sglang_tests.resolve())
     if args.step in ("prepare", "all"):
         prepare(work, args.sample, args.seed, args.workers, args.timeout, args.scope, args.port,
                 args.sglang_tests.resolve() if args.sglang_tests else None)
@@ -231,7 +289,7 @@ def main(argv=None) -> int:
     if args.step == "stillborn":
         import stillborn
         print(f"mutation_score: {stillborn.rescore(work)} kill(s) by raising in a Triton kernel judged by its compiler")
-    if args.step in ("report", "stillborn", "all"):
+    if args.step in ("report", "stillborn", "all", "sglang-tests"):
         from mutation_table import report
         report(work)
     return 0

@@ -173,8 +173,17 @@ def side_by_side(done: list[dict]) -> list[str]:
         gate = r["outcome"] + (f" ({r['killed_by']})" if r["killed_by"] else "")
         out.append(f"| `{r['file']}:{r['line']}` {r['operator']} | {gate} | {', '.join(r['properties']) or '-'} "
                    f"| {r['equiv'] or '-'} | {r['sglang_tests'] or 'not run: no checkout given'} |")
-    tests = Counter((r["sglang_tests"] or "not run").split(" ")[0].rstrip(":") for r in done)
+    tests = Counter("not run" if (r["sglang_tests"] or "not run").startswith("not run")
+                    else r["sglang_tests"].split(" ")[0].rstrip(":") for r in done)
     out += ["", "SGLang's tests: " + ", ".join(f"{n} {k}" for k, n in sorted(tests.items())) + ".", ""]
+    if tests["killed"] + tests["survived"]:
+        def tests_kill(rs):
+            return sum((r["sglang_tests"] or "").startswith("killed") for r in rs)
+        gate_killed = [r for r in done if r["outcome"] == "killed"]
+        alive = [r for r in done if r["outcome"] in ("survived", "suspected-equivalent")]
+        out += [f"Of the {len(gate_killed)} mutants the gate kills, SGLang's tests kill {tests_kill(gate_killed)}; "
+                f"of the {len(alive)} it leaves alive (survived or suspected-equivalent), they kill "
+                f"{tests_kill(alive)}.", ""]
     return out
 
 
@@ -212,6 +221,12 @@ def render(done: list[dict], plan: dict) -> tuple[list[str], dict]:
 
 def report(work: Path) -> dict:
     done = list(rows(work))
+    # SGLang's tests judged after the exec (mutation_score.py sglang-tests): their verdicts win
+    rejudged = work / "sglang_tests.json"
+    if rejudged.exists():
+        verdicts = json.loads(rejudged.read_text())["verdicts"]
+        for r in done:
+            r["sglang_tests"] = verdicts.get(r["job"], r["sglang_tests"])
     md, data = render(done, json.loads((work / "plan.json").read_text()))
     (work / "score.md").write_text("\n".join(md))
     (work / "survivors.md").write_text("\n".join(survivor_notes(done)))

@@ -163,11 +163,42 @@ def test_sglang_s_own_tests_judge_the_same_mutant(tmp_path):
     (tests / "test_other.py").write_text("import sglang.srt.other\n\ndef test_x():\n    pass\n")
     pristine, mutant = _fake_sglang(tmp_path / "pristine", 8), _fake_sglang(tmp_path / "mutant", 9)
     chosen = sglang_tests.select(tests, ["srt/mask.py"], pristine)
-    assert chosen == {"srt/mask.py": [str(tests / "test_mask.py")]}
+    assert chosen == {"srt/mask.py": [f"{tests / 'test_mask.py'}::test_width"]}
     assert sglang_tests.verdict(chosen, ["srt/mask.py"], mutant).startswith("killed")
     assert sglang_tests.verdict(chosen, ["srt/mask.py"], pristine).startswith("survived")
     assert sglang_tests.verdict(None, ["srt/mask.py"], mutant) == "not run: no checkout given"
     assert sglang_tests.verdict(chosen, ["srt/other.py"], mutant).startswith("not run")
+
+
+def test_sglang_s_own_tests_judge_mutants_an_earlier_exec_ran(tmp_path):
+    """``mutation_score.py sglang-tests`` fills only that column of a finished run: each mutant is
+    written into worker-0 again, judged, and put back; the gate's own verdict is left as it was. A
+    test file whose other test fails unmutated (written for another release, say) still counts its
+    passing test."""
+    checkout = tmp_path / "checkout" / "test"
+    checkout.mkdir(parents=True)
+    (checkout / "test_mask.py").write_text("from sglang.srt.mask import width\n\n"
+                                           "def test_width():\n    assert width() == 8\n\n"
+                                           "def test_newer_signature():\n    assert width(3) == 8\n")
+    pristine = _fake_sglang(tmp_path / "pristine", 8) / "python" / "sglang"
+    work = tmp_path / "work"
+    mutation_score.mirror(pristine, work / "worker-0" / "python" / "sglang", {Path("srt/mask.py")})
+    (work / "driven.json").write_text(json.dumps({"package": str(pristine), "files": {"srt/mask.py": ["p"]}}))
+    (work / "plan.json").write_text(json.dumps({"sample": 1, "of": 2, "seed": 1}))
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import MutationSpec, WorkItem
+    with use_db(str(work / "session.sqlite"), WorkDB.Mode.create) as db:
+        db.add_work_item(WorkItem(job_id="j1", mutations=[MutationSpec(
+            module_path="python/sglang/srt/mask.py", operator_name="core/NumberReplacer", occurrence=0,
+            start_pos=(2, 11), end_pos=(2, 12))]))
+        db.set_result("j1", WorkResult(worker_outcome=WorkerOutcome.NORMAL, diff=CODE_DIFF, output=(
+            "vmfuzz-kill: exit 1 in 3s\n" + CHECKED + "vmfuzz-sglang-tests: " + sglang_tests.NOT_GIVEN)))
+    assert mutation_score.main(["sglang-tests", str(work), "--sglang-tests", str(checkout.parent)]) == 0
+    row, = json.loads((work / "score.json").read_text())["mutants"]
+    assert row["outcome"] == "killed" and row["properties"] == ["reader-agreement"]
+    assert row["sglang_tests"].startswith("killed (1 test(s) in 1 file(s)")
+    assert (work / "worker-0" / "python" / "sglang" / "srt" / "mask.py").read_text() == "def width():\n    return 8\n"
+    assert "SGLang's tests kill 1" in (work / "score.md").read_text()
 
 
 def _row(output: str, job: str = "j", file: str = "srt/a.py", operator: str = "core/NumberReplacer"):
