@@ -262,6 +262,11 @@ class SglangTarget:
         from harness.targets.sglang import fa3_reader
         return fa3_reader.read_verify(config, batch, step)
 
+    def read_fa3_replay(self, config: Config, batch: Batch, step: StepOutput):
+        """The same metadata in the cuda graph's buffers, replayed at the captured bs >= bs (``fa3_reader``)."""
+        from harness.targets.sglang import fa3_reader
+        return fa3_reader.read_replay(config, batch, step)
+
     def fa3_not_driven(self) -> str | None:
         from harness.targets.sglang import fa3_reader
         return fa3_reader.not_driven()
