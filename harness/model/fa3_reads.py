@@ -36,10 +36,13 @@ class Fa3Pass:
 @dataclass
 class Fa3Verify:
     """FA3's metadata for one topk > 1 TARGET_VERIFY batch: the prefix pass (a row per request)
-    and the expand pass (a row per (request, draft node), request-major)."""
+    and the expand pass (a row per (request, draft node), request-major); on a replay, padding
+    requests follow the batch's."""
 
     prefix: Fa3Pass
     expand: Fa3Pass
+    #: a cuda-graph replay's rows: the batch padded up to the captured graph's bs (None: eager)
+    graph_bs: int | None = None
 
 
 def table_width(config: Config) -> int:

@@ -15,8 +15,14 @@ FA3's arithmetic:
   s_b + j). FA3 promises them first in the row, in node order; attention over
   them does not depend on their order, so they are judged as a set (each once).
 
+A cuda-graph replay (bs <= max_bs) must give the same, in the buffers the
+captured graph reads: the batch padded up to the graph's bs (``readers.captured_bs``)
+by requests at the fill length, whose prefix rows are theirs exactly and whose
+expand rows (no tree was drafted for them) may read only their own draft
+tokens' slots: padding never reaches another request's KV.
+
 Slots come from the stand-in request-to-token table (``fa3_reads.table_slot``),
-requests in pool slots ``readers.pool_slots``. Judged only where the step's mask
+requests in pool slots ``readers.pool_slots`` (of the padded batch on a replay). Judged only where the step's mask
 is the oracle's: a wrong mask is reference-agreement's finding, and FA3 would
 rightly read it.
 """
@@ -28,12 +34,14 @@ import torch
 from harness.model.config import Batch, Config
 from harness.model.fa3_reads import Fa3Pass, table_slot
 from harness.model.oracle import expected, tree_facts
-from harness.model.readers import pool_slots
+from harness.model.readers import capture_seq_len, pool_slots
 from harness.model.trees import trees_of
 from harness.properties.kit import Difference, Observation, fail
 
 #: who extracts the per-node KV from the mask
 WRITER = "FlashAttentionBackend.init_forward_metadata"
+#: who refills the cuda graph's metadata buffers with it on a replay
+REPLAY_WRITER = "FlashAttentionBackend._apply_cuda_graph_metadata"
 
 
 def visible_nodes(config: Config, batch: Batch) -> list[list[list[int]]]:
@@ -59,66 +67,85 @@ def _running_sum(lengths: list[int]) -> list[int]:
     return out
 
 
-def _pass_mismatch(got: Fa3Pass, lengths: list[int], slots: list[list[int]], rows_of: list[str],
-                   queries: int, where: str, cell: str) -> Difference | None:
+def _pass_mismatch(got: Fa3Pass, lengths: list[int | None], slots: list[list[int]], rows_of: list[str],
+                   queries: int, where: str, cells: list[str]) -> Difference | None:
     """The first entry of one pass that is not its meaning: row r reads ``queries`` query rows and,
-    first in its page table, exactly the KV slots ``slots[r]`` (``lengths[r]`` of them)."""
+    first in its page table, exactly the KV slots ``slots[r]`` (``lengths[r]`` of them). A row of
+    length None is a replay's padding, whose tree no one drafted: it may read any of its own
+    request's ``slots[r]``, each once, but never another request's nor past them."""
     n = len(lengths)
     seqlens = _ints(got.cache_seqlens)
+    for r in range(min(n, len(seqlens))):
+        if lengths[r] is None and not 0 <= seqlens[r] <= len(slots[r]):
+            return Difference(f"{where}: cache_seqlens of {rows_of[r]} is {seqlens[r]}, but its request has only "
+                              f"{len(slots[r])} draft tokens", buffer="cache_seqlens", cell=cells[r])
+    free = {r for r, want in enumerate(lengths) if want is None}
+    # a padding row's count is its own to pick: the running sum must still run over it
+    lengths = [seqlens[r] if want is None and r < len(seqlens) else want for r, want in enumerate(lengths)]
     # FA's varlen kernels take the batch from these lengths: an extra entry is a row that reads
     # past the queries, a missing one a row never attended.
     if len(seqlens) != n and seqlens[:n] == lengths:
         return Difference(f"{where}: cache_seqlens has {len(seqlens)} entries for {n} rows",
-                          buffer="cache_seqlens", effect="wrong", cell=f"{cell} count")
+                          buffer="cache_seqlens", effect="wrong", cell=f"{cells[-1]} count")
     if seqlens[:n] != lengths:
         r = next((i for i in range(n) if i >= len(seqlens) or seqlens[i] != lengths[i]))
         have = seqlens[r] if r < len(seqlens) else "no entry"
         return Difference(f"{where}: cache_seqlens of {rows_of[r]} is {have}, but it sees {lengths[r]} KV tokens",
-                          buffer="cache_seqlens", cell=cell)
+                          buffer="cache_seqlens", cell=cells[r])
     for name, want in (("cu_seqlens_q", _running_sum([queries] * n)), ("cu_seqlens_k", _running_sum(lengths))):
         have = _ints(getattr(got, name))
         if have[:n + 1] == want and len(have) != n + 1:
             return Difference(f"{where}: {name} has {len(have)} entries for {n} rows ({name} {have})",
-                              buffer=name, cell=f"{cell} count")
+                              buffer=name, cell=f"{cells[-1]} count")
         if have != want:
             r = next((i for i in range(n + 1) if i >= len(have) or have[i] != want[i]))
             what = "query rows" if name == "cu_seqlens_q" else "KV tokens"
             return Difference(f"{where}: {name}[{r}] is {have[r] if r < len(have) else 'missing'}, but the rows "
                               f"before {rows_of[r] if r < n else 'the end'} hold {want[r]} {what} "
-                              f"({name} {have}, want {want})", buffer=name, cell=cell)
+                              f"({name} {have}, want {want})", buffer=name, cell=cells[min(r, n - 1)])
     if got.max_seq_len_q is None or int(got.max_seq_len_q) < queries:
         return Difference(f"{where}: max_seq_len_q is {got.max_seq_len_q!r}, below the {queries} query rows "
-                          "each row has", buffer="max_seq_len_q", cell=cell)
+                          "each row has", buffer="max_seq_len_q", cell=cells[0])
     table = got.page_table
     if table is None or table.dim() != 2 or table.shape[0] < n:
         return Difference(f"{where}: page_table has shape {None if table is None else tuple(table.shape)}, "
-                          f"not a row for each of {n}", buffer="page_table", cell=cell)
+                          f"not a row for each of {n}", buffer="page_table", cell=cells[0])
     for r in range(n):
         have = _ints(table[r], lengths[r])
-        if sorted(have) != sorted(slots[r]):
+        ok = (len(set(have)) == len(have) == lengths[r] and set(have) <= set(slots[r]) if r in free
+              else sorted(have) == sorted(slots[r]))
+        if not ok:
             return Difference(f"{where}: the first {lengths[r]} page-table entries of {rows_of[r]} are KV slots "
-                              f"{have}, but it reads {sorted(slots[r])}", buffer="page_table", cell=cell)
+                              f"{have}, but it reads {sorted(slots[r])}", buffer="page_table", cell=cells[r])
     return None
 
 
 def fa3_mismatch(view, config: Config, batch: Batch) -> Difference | None:
-    """The first metadata entry of FA3's split verify that is not what ``batch`` must read."""
-    d, pools = config.d, pool_slots(batch.bs)
-    where = (f"FA3 topk > 1 verify, eager (seq_lens {list(batch.seq_lens)}, d {d}, topk {config.topk}, "
+    """The first metadata entry of FA3's split verify that is not what ``batch`` must read; on a
+    replay (``view.graph_bs``) the batch is padded up to the graph with requests at the fill length."""
+    d = config.d
+    rows = view.graph_bs or batch.bs
+    pad = rows - batch.bs
+    seq_lens = list(batch.seq_lens) + [capture_seq_len(config)] * pad
+    pools = pool_slots(rows)
+    path = f"cuda-graph replay, padded to {rows}" if view.graph_bs else "eager"
+    where = (f"FA3 topk > 1 verify, {path} (seq_lens {list(batch.seq_lens)}, d {d}, topk {config.topk}, "
              f"pool slots {pools})")
+    requests = [f"request {b}" if b < batch.bs else f"padding request {b}" for b in range(rows)]
     prefix = _pass_mismatch(
-        view.prefix, list(batch.seq_lens),
-        [[table_slot(pools[b], t, config) for t in range(s)] for b, s in enumerate(batch.seq_lens)],
-        [f"request {b}" for b in range(batch.bs)], d, where + ", prefix pass", "prefix row")
+        view.prefix, seq_lens, [[table_slot(pools[b], t, config) for t in range(s)] for b, s in enumerate(seq_lens)],
+        requests, d, where + ", prefix pass", ["prefix row"] * batch.bs + ["padding row"] * pad)
     if prefix:
         return prefix
     seen = visible_nodes(config, batch)
-    rows = [(b, x) for b in range(batch.bs) for x in range(d)]
+    nodes = [(b, x) for b in range(rows) for x in range(d)]
     return _pass_mismatch(
-        view.expand, [len(seen[b][x]) for b, x in rows],
-        [[table_slot(pools[b], batch.seq_lens[b] + j, config) for j in seen[b][x]] for b, x in rows],
-        [f"request {b}'s node {x} (expand row {b * d + x}, sees nodes {seen[b][x]})" for b, x in rows],
-        1, where + ", expand pass", "tree node row")
+        view.expand, [len(seen[b][x]) if b < batch.bs else None for b, x in nodes],
+        [[table_slot(pools[b], seq_lens[b] + j, config) for j in (seen[b][x] if b < batch.bs else range(d))]
+         for b, x in nodes],
+        [f"{requests[b]}'s node {x} (expand row {b * d + x}" + (f", sees nodes {seen[b][x]})" if b < batch.bs else ")")
+         for b, x in nodes],
+        1, where + ", expand pass", ["tree node row" if b < batch.bs else "padding row" for b, _ in nodes])
 
 
 def check_fa3(target, obs: Observation, config: Config, batch: Batch, step, written: torch.Tensor) -> None:
@@ -141,3 +168,12 @@ def check_fa3(target, obs: Observation, config: Config, batch: Batch, step, writ
     if diff:
         fail("reader-agreement", diff, writer=WRITER, stage="eager")
     obs.classes.add("fa3 topk>1 verify")
+    replay = getattr(target, "read_fa3_replay", None)
+    if replay is None or batch.bs > config.max_bs:
+        return  # past the captured max_bs the server runs eagerly: no graph to replay
+    view = replay(config, batch, step)
+    diff = fa3_mismatch(view, config, batch)
+    if diff:
+        fail("reader-agreement", diff, writer=REPLAY_WRITER, stage="replay")
+    obs.classes.add("fa3 topk>1 verify, cuda-graph replay"
+                    + (" padded to a captured bs" if (view.graph_bs or 0) > batch.bs else ""))

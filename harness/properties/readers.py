@@ -24,6 +24,7 @@ from harness.model.origin import BEYOND_CAPACITY
 from harness.properties.kit import (VERIFY_STEP, Difference, Observation, capacity_of, fail, fail_overrun,
                                     first_difference, locator, reused_mask)
 from harness.properties.fa3_reads import check_fa3
+from harness.properties.qsa_reads import check_qsa
 from harness.properties.flashinfer_plan import judge_plan
 from harness.properties.reader_metadata import metadata_mismatch
 from harness.model.readers import captured_bs, reader_config
@@ -141,6 +142,7 @@ def _fresh_reads(target, obs: Observation, config: Config, rc: Config, batch: Ba
     _judge(view, rc, batch, want, "eager", stage="eager")
     _kv_driven(obs, view)
     check_fa3(target, obs, rc, batch, out, want)
+    check_qsa(target, obs, rc, batch, out)
     reads = {"eager": _indptr(view, batch), "step": out}
     if batch.bs > rc.max_bs:
         return reads  # past the captured max_bs the server runs eagerly: no graph to replay

@@ -19,7 +19,6 @@ says which and why).
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import inspect
 
@@ -97,118 +96,8 @@ def built_by_init(mod, cls, n: ServerNumbers, device="meta"):
 
 
 #: Sites whose module imports CUDA-only extensions at load: imported with those
-#: stubbed (``_with_extensions_stubbed``) so their set-up can be driven on meta.
+#: stubbed (``backend_init.import_with_extensions_stubbed``) so their set-up can be driven on meta.
 STUBBED_IMPORT = ("flashattention", "flashmla")
-
-
-class _Absent:
-    """Stands for a name a CUDA extension would provide; calling it is a driver bug."""
-
-    def __init__(self, name: str):
-        self._name = name
-
-    def __call__(self, *args, **kwargs):
-        raise RuntimeError(f"{self._name} is a stub of a CUDA extension (not importable here); "
-                           "the allocation driver must not reach it")
-
-    def __getattr__(self, attr: str):
-        return _Absent(f"{self._name}.{attr}")
-
-
-def _stub_module(name: str):
-    import types
-    mod = types.ModuleType(name)
-    mod.__path__ = []  # a package, so ``from name.sub import x`` finds a stubbed ``sub`` too
-    mod.__getattr__ = lambda attr: _Absent(f"{name}.{attr}")
-    return mod
-
-
-def _with_extensions_stubbed(module: str, tries: int = 8):
-    """Import ``module`` with each missing extension module stubbed, then forget the
-    stubs and every module the import added that holds one (directly or through
-    another such module), so no later import finds a stub. The modules it added
-    that hold none stay imported: importing them again would run their
-    registrations (custom ops) twice. Returns the module object."""
-    import sys
-    before = set(sys.modules)
-    stubbed: list[str] = []
-    try:
-        for _ in range(tries):
-            try:
-                imported = importlib.import_module(module)
-                _STUBBED[module] = tuple(stubbed)
-                return imported
-            except ModuleNotFoundError as exc:
-                missing = exc.name
-                if not missing or missing.startswith("sglang") or missing in stubbed:
-                    raise
-                stubbed.append(missing)
-                sys.modules[missing] = _stub_module(missing)
-        raise ImportError(f"{module} still misses modules after stubbing {', '.join(stubbed)}")
-    finally:
-        _forget_stubbed(before, stubbed)
-
-
-#: module -> the extension modules it was imported with stubbed
-_STUBBED: dict[str, tuple[str, ...]] = {}
-
-
-class _StubFinder:
-    """Finds every module under ``roots`` as a stub, for the imports an ``__init__`` makes."""
-
-    def __init__(self, roots: tuple[str, ...]):
-        self.roots = roots
-        self.made: list[str] = []
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname.partition(".")[0] not in self.roots:
-            return None
-        from importlib.util import spec_from_loader
-        return spec_from_loader(fullname, self, is_package=True)
-
-    def create_module(self, spec):
-        self.made.append(spec.name)
-        return _stub_module(spec.name)
-
-    def exec_module(self, module):
-        pass
-
-
-@contextlib.contextmanager
-def _extensions_stubbed_again(module: str):
-    """The extension modules ``module`` was imported with stubbed are stubs again for the call, and
-    forgotten after it, as at import."""
-    import sys
-    roots = _STUBBED.get(module, ())
-    finder = _StubFinder(roots)
-    sys.meta_path.insert(0, finder)
-    try:
-        yield
-    finally:
-        sys.meta_path.remove(finder)
-        for name in finder.made:
-            sys.modules.pop(name, None)
-
-
-def _forget_stubbed(before: set, stubbed: list[str]) -> None:
-    import sys
-    added = {name: sys.modules[name] for name in set(sys.modules) - before}
-    tainted = {name for name in stubbed if name in added}
-    changed = True
-    while changed:  # a module holding a stub's name, or a tainted module, is tainted
-        changed = False
-        dropped = {id(added[n]) for n in tainted}
-        for name, mod in added.items():
-            if name in tainted:
-                continue
-            if any(isinstance(v, _Absent) or id(v) in dropped for v in list(vars(mod).values())):
-                tainted.add(name)
-                changed = True
-    for name in tainted:
-        mod = sys.modules.pop(name, None)
-        parent, _, leaf = name.rpartition(".")
-        if parent in sys.modules and getattr(sys.modules[parent], leaf, None) is mod:
-            delattr(sys.modules[parent], leaf)
 
 
 def load_sites() -> dict[str, object]:
@@ -217,7 +106,8 @@ def load_sites() -> dict[str, object]:
     for name, (module, cls) in SITES.items():
         try:
             path = "sglang.srt.layers.attention." + module
-            mod = _with_extensions_stubbed(path) if name in STUBBED_IMPORT else importlib.import_module(path)
+            stubbed = name in STUBBED_IMPORT
+            mod = backend_init.import_with_extensions_stubbed(path) if stubbed else importlib.import_module(path)
         except Exception as exc:  # any failure in its import chain means "not drivable here"
             sites[name] = f"{module}.py does not import here ({type(exc).__name__}: {exc})"
             continue
@@ -237,7 +127,7 @@ def allocation_call(target, name: str, numbers: ServerNumbers) -> AllocationCall
         raise ValueError(f"allocation site {name!r} is not driven here: {mod or 'unknown backend'}")
     cls = getattr(mod, SITES[name][1])
     if name in BUILT_BY_INIT:
-        stubs = [lambda: _extensions_stubbed_again(mod.__name__)] if name in STUBBED_IMPORT else []
+        stubs = [lambda: backend_init.extensions_stubbed_again(mod.__name__)] if name in STUBBED_IMPORT else []
         backend = backend_init.built_by_init(mod, cls, numbers, name=name, stubs=stubs)
     else:
         backend = cls.__new__(cls)

@@ -14,11 +14,17 @@ wrappers, device queries, pinned host buffers) is bound, for the call, to an
 inert stand-in listed in ``CUDA_ONLY`` with why it cannot change the mask's
 size. A name the stand-in lacks that this SGLang's ``__init__`` reads is out of
 step (exit 3), never a finding.
+
+A backend module that imports CUDA-only extension modules at load is imported
+with them stubbed (``import_with_extensions_stubbed``), and its ``__init__``'s
+own imports of them are stubs again for the call (``extensions_stubbed_again``):
+the allocation sites and the FA3 reader build their backends this one way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
 from types import SimpleNamespace
 
@@ -171,7 +177,6 @@ CHAINS: dict[str, tuple[str, ...]] = {"trtllm_mla": ("flashinfer_mla", "trtllm_m
 def cuda_only(name: str, own) -> list[tuple]:
     """The (module, attribute, stand-in, may_add) bindings that stand in for backend ``name``'s CUDA-only
     work; ``own``: the backend's module as loaded (a stubbed import leaves it out of ``sys.modules``)."""
-    import importlib
     out = []
     for group in CHAINS.get(name, ()):
         for module, attr, value, _ in CUDA_ONLY[group]:
@@ -230,3 +235,112 @@ def built_by_init(mod, cls, n: ServerNumbers, device="meta", name: str | None = 
             if "not published" in str(exc) or "stub of a CUDA extension" in str(exc):
                 raise OutOfStep(f"{cls.__name__}.__init__", where(cls), str(exc)) from None
             raise
+
+
+# -- CUDA-only extension modules, stubbed for an import or a call -------------------------
+
+class _Absent:
+    """Stands for a name a CUDA extension would provide; calling it is a driver bug."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self._name} is a stub of a CUDA extension (not importable here); "
+                           "the driver must not reach it")
+
+    def __getattr__(self, attr: str):
+        return _Absent(f"{self._name}.{attr}")
+
+
+def _stub_module(name: str):
+    import types
+    mod = types.ModuleType(name)
+    mod.__path__ = []  # a package, so ``from name.sub import x`` finds a stubbed ``sub`` too
+    mod.__getattr__ = lambda attr: _Absent(f"{name}.{attr}")
+    return mod
+
+
+def import_with_extensions_stubbed(module: str, tries: int = 8):
+    """Import ``module`` with each missing extension module stubbed, then forget the
+    stubs and every module the import added that holds one (directly or through
+    another such module), so no later import finds a stub. The modules it added
+    that hold none stay imported: importing them again would run their
+    registrations (custom ops) twice. Returns the module object."""
+    before = set(sys.modules)
+    stubbed: list[str] = []
+    try:
+        for _ in range(tries):
+            try:
+                imported = importlib.import_module(module)
+                _STUBBED[module] = tuple(stubbed)
+                return imported
+            except ModuleNotFoundError as exc:
+                missing = exc.name
+                if not missing or missing.startswith("sglang") or missing in stubbed:
+                    raise
+                stubbed.append(missing)
+                sys.modules[missing] = _stub_module(missing)
+        raise ImportError(f"{module} still misses modules after stubbing {', '.join(stubbed)}")
+    finally:
+        _forget_stubbed(before, stubbed)
+
+
+#: module -> the extension modules it was imported with stubbed
+_STUBBED: dict[str, tuple[str, ...]] = {}
+
+
+class _StubFinder:
+    """Finds every module under ``roots`` as a stub, for the imports an ``__init__`` makes."""
+
+    def __init__(self, roots: tuple[str, ...]):
+        self.roots = roots
+        self.made: list[str] = []
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.partition(".")[0] not in self.roots:
+            return None
+        from importlib.util import spec_from_loader
+        return spec_from_loader(fullname, self, is_package=True)
+
+    def create_module(self, spec):
+        self.made.append(spec.name)
+        return _stub_module(spec.name)
+
+    def exec_module(self, module):
+        pass
+
+
+@contextlib.contextmanager
+def extensions_stubbed_again(module: str):
+    """The extension modules ``module`` was imported with stubbed are stubs again for the call, and
+    forgotten after it, as at import."""
+    roots = _STUBBED.get(module, ())
+    finder = _StubFinder(roots)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for name in finder.made:
+            sys.modules.pop(name, None)
+
+
+def _forget_stubbed(before: set, stubbed: list[str]) -> None:
+    added = {name: sys.modules[name] for name in set(sys.modules) - before}
+    tainted = {name for name in stubbed if name in added}
+    changed = True
+    while changed:  # a module holding a stub's name, or a tainted module, is tainted
+        changed = False
+        dropped = {id(added[n]) for n in tainted}
+        for name, mod in added.items():
+            if name in tainted:
+                continue
+            if any(isinstance(v, _Absent) or id(v) in dropped for v in list(vars(mod).values())):
+                tainted.add(name)
+                changed = True
+    for name in tainted:
+        mod = sys.modules.pop(name, None)
+        parent, _, leaf = name.rpartition(".")
+        if parent in sys.modules and getattr(sys.modules[parent], leaf, None) is mod:
+            delattr(sys.modules[parent], leaf)

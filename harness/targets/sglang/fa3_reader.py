@@ -1,31 +1,37 @@
-"""FlashAttention's topk > 1 target-verify metadata, driven with stand-ins.
+"""FlashAttention's topk > 1 target-verify metadata, driven with stand-ins, eager and in cuda-graph replay.
 
 ``FlashAttentionBackend`` is made by its own ``__init__`` over the stand-in
 target model runner the allocation sites use (``backend_init.model_runner``),
 with the server-wide config it reads bound for the call, its module imported
-with the CUDA-only extensions stubbed (``allocation._with_extensions_stubbed``;
-``__init__`` imports ``sgl_kernel.flash_attn`` itself, stubbed the same way
-while it runs). So what ``__init__`` derives -- topk, the draft width, page
-size, context length, the request-to-token table it reads -- is SGLang's own.
-Its request-to-token table is the stand-in one of ``model.fa3_reads``: a
-distinct KV slot per (pool slot, token).
+with the CUDA-only extensions stubbed (``backend_init.import_with_extensions_stubbed``;
+``__init__`` imports ``sgl_kernel.flash_attn`` itself, a stub again while it
+runs). So what ``__init__`` derives -- topk, the draft width, page size,
+context length, the request-to-token table it reads -- is SGLang's own. Its
+request-to-token table is the stand-in one of ``model.fa3_reads``: a distinct
+KV slot per (pool slot, token).
 
-Then SGLang's ``init_forward_metadata`` runs for an eager TARGET_VERIFY batch
-whose spec info carries the step's mask. Everything it does there is torch on
-the host: the prefix pass's metadata, and the expand pass's, extracted from the
-mask (per (request, node) row: how many tree nodes it sees, and a page table
-with those nodes' slots first). The reader's view is both (``Fa3Verify``).
+Eager (``read_verify``): SGLang's ``init_forward_metadata`` runs for a
+TARGET_VERIFY batch whose spec info carries the step's mask. Everything it does
+there is torch on the host: the prefix pass's metadata, and the expand pass's,
+extracted from the mask (per (request, node) row: how many tree nodes it sees,
+and a page table with those nodes' slots first). The reader's view is both
+(``Fa3Verify``).
 
-Not driven: the cuda-graph path (``init_forward_metadata_out_graph`` and its
-replay through ``_apply_cuda_graph_metadata``), which keeps the expand metadata
-in buffers set up by ``init_cuda_graph_state``; page sizes other than 1; the
-sliding-window and local-attention variants.
+Cuda-graph replay (``read_replay``): the backend's own ``init_cuda_graph_state``
+(max_bs) sets up the graph buffers, ``init_forward_metadata_out_graph`` captures
+the graph the batch replays in (``readers.captured_bs``, requests at the fill
+length, as the graph runner passes them) and then replays the batch padded up
+to it: ``_apply_cuda_graph_metadata`` refills those buffers in place, the prefix
+page table through SGLang's Triton page-table kernel. The view is the metadata
+the capture bound, which is what the captured graph reads, padding rows too.
+
+Not driven: page sizes other than 1; the sliding-window and local-attention
+variants.
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 from types import SimpleNamespace
 
 import torch
@@ -34,7 +40,8 @@ from harness.model.allocation import ServerNumbers
 from harness.model.config import Batch, Config
 from harness.model.errors import OutOfStep
 from harness.model.fa3_reads import Fa3Pass, Fa3Verify, table_slot, table_width
-from harness.model.readers import pool_slots
+from harness.model.layouts import TreeMaskMode, logical_size
+from harness.model.readers import capture_seq_len, captured_bs, pool_slots
 from harness.targets.sglang.binding import bound
 
 FA3 = "srt/layers/attention/flashattention_backend.py"
@@ -44,23 +51,21 @@ _MODULE = "sglang.srt.layers.attention.flashattention_backend"
 SURFACE = (
     (FA3, "FlashAttentionBackend.__init__", ("reader-agreement",)),
     (FA3, "FlashAttentionBackend.init_forward_metadata", ("reader-agreement",)),
-)
-
-NOT_DRIVEN = (
-    (FA3, "FlashAttentionBackend._apply_cuda_graph_metadata",
-     "the topk > 1 verify's cuda-graph replay (expand metadata in buffers init_cuda_graph_state sets up) "
-     "is not driven yet; its eager init_forward_metadata is"),
+    (FA3, "FlashAttentionBackend.init_cuda_graph_state", ("reader-agreement",)),
+    (FA3, "FlashAttentionBackend.init_forward_metadata_out_graph", ("reader-agreement",)),
+    (FA3, "FlashAttentionBackend._bind_metadata_buffers", ("reader-agreement",)),
+    (FA3, "FlashAttentionBackend._apply_cuda_graph_metadata", ("reader-agreement",)),
 )
 
 
 @functools.lru_cache(maxsize=None)
 def module():
     """SGLang's FlashAttention backend module, imported once with its CUDA-only extensions stubbed."""
-    from harness.targets.sglang.allocation import _with_extensions_stubbed
+    from harness.targets.sglang.backend_init import import_with_extensions_stubbed
     from harness.targets.sglang.loader import _quiet_import
     with _quiet_import():
         try:
-            return _with_extensions_stubbed(_MODULE)
+            return import_with_extensions_stubbed(_MODULE)
         except Exception as exc:  # any failure in its import chain: this reader cannot run here
             raise ImportError(f"{_MODULE}: {type(exc).__name__}: {exc}") from None
 
@@ -81,25 +86,6 @@ def _table(config: Config, pool: int, dev) -> torch.Tensor:
     return rows.to(torch.int32).to(dev)
 
 
-def _stubbing_missing(call, tries: int = 4):
-    """``call()``, with each CUDA-only extension module it imports stubbed for the call, then unstubbed."""
-    from harness.targets.sglang.allocation import _stub_module
-    added: list[str] = []
-    try:
-        for _ in range(tries):
-            try:
-                return call()
-            except ModuleNotFoundError as exc:
-                if not exc.name or exc.name.startswith("sglang") or exc.name in sys.modules:
-                    raise
-                added.append(exc.name)
-                sys.modules[exc.name] = _stub_module(exc.name)
-        raise ImportError(f"FlashAttentionBackend.__init__ still misses modules after stubbing {added}")
-    finally:
-        for name in added:
-            sys.modules.pop(name, None)
-
-
 def backend(config: Config, pool: int, dev):
     """A ``FlashAttentionBackend`` made by its own ``__init__`` for a server with ``config``'s numbers,
     a dense MHA model at page size 1 and a request pool ``pool`` deep."""
@@ -115,7 +101,8 @@ def backend(config: Config, pool: int, dev):
     context = backend_init.lookups_bound(mod, mod.FlashAttentionBackend, numbers)
     try:
         with bound(*context):
-            return _stubbing_missing(lambda: mod.FlashAttentionBackend(runner))
+            with backend_init.extensions_stubbed_again(_MODULE):
+                return mod.FlashAttentionBackend(runner)
     except AttributeError as exc:
         if isinstance(getattr(exc, "obj", None), SimpleNamespace):
             raise OutOfStep("FlashAttentionBackend.__init__", FA3,
@@ -128,29 +115,67 @@ def _pass(meta) -> Fa3Pass:
                    meta.max_seq_len_q)
 
 
+def _verify_batch(mod, bs: int, seq_lens: list[int], custom_mask, positions, dev):
+    """A TARGET_VERIFY forward batch of ``bs`` rows whose spec info carries ``custom_mask``."""
+    lens = torch.tensor(seq_lens, dtype=torch.int64, device=dev)
+    return SimpleNamespace(
+        batch_size=bs, forward_mode=mod.ForwardMode.TARGET_VERIFY, seq_lens=lens, seq_lens_cpu=lens.cpu(),
+        seq_lens_sum=int(lens.sum()), positions=positions,
+        req_pool_indices=torch.tensor(pool_slots(bs), dtype=torch.int64, device=dev),
+        spec_info=SimpleNamespace(custom_mask=custom_mask, positions=positions),
+        out_cache_loc=None, encoder_lens=None, kv_loc_plan=None)
+
+
+def _run(call, forward_batch, what: str):
+    """``call(forward_batch)``; a read of a forward-batch field the stand-in lacks is out of step."""
+    try:
+        call(forward_batch)
+    except AttributeError as exc:
+        if getattr(exc, "obj", None) is forward_batch or getattr(exc, "obj", None) is forward_batch.spec_info:
+            raise OutOfStep(f"FlashAttentionBackend.{what}", FA3,
+                            f"reads {exc.name!r} of the forward batch, which vmfuzz's stand-in lacks") from None
+        raise
+
+
+def _expand(be, what: str):
+    expand = getattr(be, "forward_metadata_spec_decode_expand", None)
+    if expand is None:
+        raise OutOfStep(f"FlashAttentionBackend.{what}", FA3,
+                        "a topk > 1 TARGET_VERIFY batch left no expand metadata (forward_metadata_spec_decode_expand)"
+                        ", where vmfuzz reads the tree's per-node KV")
+    return expand
+
+
 def read_verify(config: Config, batch: Batch, step) -> Fa3Verify:
     """``FlashAttentionBackend.init_forward_metadata`` for an eager topk > 1 TARGET_VERIFY batch
     over the step's mask; requests sit in pool slots ``readers.pool_slots``."""
     mod = module()
     dev = step.tree_mask.device
     be = backend(config, max(config.max_bs, batch.bs), dev)
-    seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int64, device=dev)
-    forward_batch = SimpleNamespace(
-        batch_size=batch.bs, forward_mode=mod.ForwardMode.TARGET_VERIFY, seq_lens=seq_lens,
-        seq_lens_cpu=seq_lens.cpu(), seq_lens_sum=int(seq_lens.sum()),
-        req_pool_indices=torch.tensor(pool_slots(batch.bs), dtype=torch.int64, device=dev),
-        spec_info=SimpleNamespace(custom_mask=step.tree_mask, positions=step.positions),
-        out_cache_loc=None, encoder_lens=None, kv_loc_plan=None)
-    try:
-        be.init_forward_metadata(forward_batch)
-    except AttributeError as exc:
-        if getattr(exc, "obj", None) is forward_batch or getattr(exc, "obj", None) is forward_batch.spec_info:
-            raise OutOfStep("FlashAttentionBackend.init_forward_metadata", FA3,
-                            f"reads {exc.name!r} of the forward batch, which vmfuzz's stand-in lacks") from None
-        raise
-    expand = getattr(be, "forward_metadata_spec_decode_expand", None)
-    if expand is None:
-        raise OutOfStep("FlashAttentionBackend.init_forward_metadata", FA3,
-                        "a topk > 1 TARGET_VERIFY batch left no expand metadata (forward_metadata_spec_decode_expand)"
-                        ", where vmfuzz reads the tree's per-node KV")
-    return Fa3Verify(_pass(be.forward_metadata), _pass(expand))
+    _run(be.init_forward_metadata,
+         _verify_batch(mod, batch.bs, list(batch.seq_lens), step.tree_mask, step.positions, dev),
+         "init_forward_metadata")
+    return Fa3Verify(_pass(be.forward_metadata), _pass(_expand(be, "init_forward_metadata")))
+
+
+def read_replay(config: Config, batch: Batch, step) -> Fa3Verify:
+    """The batch (bs <= max_bs) through a cuda graph: buffers set up for ``config.max_bs``, the graph of
+    ``readers.captured_bs`` rows captured, then replayed with the batch padded up to it by requests
+    at the fill length, rows in pool slots ``readers.pool_slots`` of the padded batch. The view is
+    the metadata the capture bound (what the graph reads), padding rows included."""
+    mod = module()
+    dev = step.tree_mask.device
+    be = backend(config, config.max_bs, dev)
+    graph_bs, fill = captured_bs(batch.bs, config.max_bs), capture_seq_len(config)
+    be.init_cuda_graph_state(config.max_bs, config.max_bs * config.d)
+    # The graph runner's capture-time batch: every row at the fill length, an all-ones mask.
+    placeholder = torch.ones(logical_size(TreeMaskMode.FULL_MASK, [fill] * graph_bs, config.d),
+                             dtype=torch.bool, device=dev)
+    blank = torch.zeros(graph_bs * config.d, dtype=torch.int64, device=dev)
+    _run(lambda fb: be.init_forward_metadata_out_graph(fb, in_capture=True),
+         _verify_batch(mod, graph_bs, [fill] * graph_bs, placeholder, blank, dev), "init_forward_metadata_out_graph")
+    captured = (be.forward_metadata, _expand(be, "init_forward_metadata_out_graph"))
+    seq_lens = list(batch.seq_lens) + [fill] * (graph_bs - batch.bs)
+    _run(lambda fb: be.init_forward_metadata_out_graph(fb, in_capture=False),
+         _verify_batch(mod, graph_bs, seq_lens, step.tree_mask, step.positions, dev), "_apply_cuda_graph_metadata")
+    return Fa3Verify(_pass(captured[0]), _pass(captured[1]), graph_bs=graph_bs)

@@ -262,9 +262,23 @@ class SglangTarget:
         from harness.targets.sglang import fa3_reader
         return fa3_reader.read_verify(config, batch, step)
 
+    def read_fa3_replay(self, config: Config, batch: Batch, step: StepOutput):
+        """The same metadata in the cuda graph's buffers, replayed at the captured bs >= bs (``fa3_reader``)."""
+        from harness.targets.sglang import fa3_reader
+        return fa3_reader.read_replay(config, batch, step)
+
     def fa3_not_driven(self) -> str | None:
         from harness.targets.sglang import fa3_reader
         return fa3_reader.not_driven()
+
+    def read_qsa_verify(self, config: Config, batch: Batch, step: StepOutput):
+        """Qwen sparse attention's eager chain verify read (``qsa_reader``)."""
+        from harness.targets.sglang import qsa_reader
+        return qsa_reader.read_verify(config, batch, step)
+
+    def qsa_not_driven(self, config: Config) -> str | None:
+        from harness.targets.sglang import qsa_reader
+        return qsa_reader.not_driven(config)
 
     def shape_constants(self):
         """The widths the code under test is built around (the deep boundary corpus's sizes)."""

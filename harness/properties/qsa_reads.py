@@ -1,0 +1,77 @@
+"""reader-agreement's judgement of Qwen's sparse-attention (QSA) verify read, against the chain's meaning.
+
+QSA reads no mask (``model.qsa_reads``): verify row b * d + x attends causally
+over its request's first ``sequence_lengths`` tokens. What it must read is
+worked out here from seq_lens, d and the oracle's trees (node x sees itself
+and its ancestors): ``sequence_lengths`` = s_b + the nodes x sees, its pool slot
+request b's (``readers.pool_slots``), and its first that many token slots
+exactly request b's prefix and the draft tokens of the nodes it sees (node j is
+token s_b + j). Judged only where the step's positions are the oracle's: QSA
+takes its lengths from them, and a wrong position is reference-agreement's
+finding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.model.config import Batch, Config
+from harness.model.fa3_reads import table_slot
+from harness.model.oracle import expected
+from harness.model.readers import pool_slots
+from harness.properties.fa3_reads import visible_nodes
+from harness.properties.kit import Difference, Observation, fail
+
+#: who turns the verify batch into per-row reads
+WRITER = "QwenSparseAttnBackend.init_forward_metadata"
+
+
+def qsa_mismatch(view, config: Config, batch: Batch) -> Difference | None:
+    """The first verify row whose QSA read is not what ``batch`` must read."""
+    d, pools = config.d, pool_slots(batch.bs)
+    where = f"QSA verify, eager (seq_lens {list(batch.seq_lens)}, d {d}, pool slots {pools})"
+    seen = visible_nodes(config, batch)
+    rows = [(b, x) for b in range(batch.bs) for x in range(d if not config.trivial else 1)]
+    lengths = [int(v) for v in view.sequence_lengths.reshape(-1).tolist()]
+    owners = [int(v) for v in view.row_req_pool_indices.reshape(-1).tolist()]
+    for name, have in (("sequence_lengths", lengths), ("row_req_pool_indices", owners)):
+        if len(have) != len(rows):
+            return Difference(f"{where}: {name} has {len(have)} entries for {len(rows)} verify rows",
+                              buffer=name, cell="chain node row count")
+    table = view.token_slot_table
+    for r, (b, x) in enumerate(rows):
+        s = batch.seq_lens[b]
+        row = f"request {b}'s node {x} (verify row {r}, sees nodes {seen[b][x]})"
+        want = [table_slot(pools[b], t, config) for t in range(s)] + [table_slot(pools[b], s + j, config)
+                                                                       for j in seen[b][x]]
+        if lengths[r] != len(want):
+            return Difference(f"{where}: sequence_lengths of {row} is {lengths[r]}, but it sees {len(want)} tokens",
+                              buffer="sequence_lengths", cell="chain node row")
+        if owners[r] != pools[b]:
+            return Difference(f"{where}: {row} reads through pool slot {owners[r]}, request {b}'s is {pools[b]}",
+                              buffer="row_req_pool_indices", cell="chain node row")
+        have = [int(v) for v in table[r, :len(want)].tolist()] if r < table.shape[0] else []
+        if sorted(have) != sorted(want):
+            return Difference(f"{where}: the first {len(want)} token slots of {row} are {have}, but it reads "
+                              f"{sorted(want)}", buffer="token_slot_table", cell="chain node row")
+    return None
+
+
+def check_qsa(target, obs: Observation, config: Config, batch: Batch, step) -> None:
+    """Fail reader-agreement unless QSA's verify read gives each chain node exactly its request's prefix
+    and the nodes it may see."""
+    if config.topk != 1:
+        return
+    read = getattr(target, "read_qsa_verify", None)
+    why = "not driven by this target" if read is None else getattr(target, "qsa_not_driven", lambda c: None)(config)
+    if why:
+        obs.classes.add(f"qsa verify: {why}")
+        return
+    oracle = expected(config, batch).positions
+    if not torch.equal(step.positions.reshape(-1).cpu(), oracle):
+        obs.classes.add("qsa verify: not judged, the step's positions are not the oracle's")
+        return
+    diff = qsa_mismatch(read(config, batch, step), config, batch)
+    if diff:
+        fail("reader-agreement", diff, writer=WRITER, stage="eager")
+    obs.classes.add("qsa verify")
