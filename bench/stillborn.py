@@ -82,16 +82,20 @@ def jit_kernel_lines(source: str) -> dict[str, tuple[int, int]]:
 
 
 def _kernel(source: str, path: Path, name: str):
-    """The ``@triton.jit`` function ``name`` of ``source``, built by Triton's JIT (not its interpreter)."""
+    """The ``@triton.jit`` function ``name`` of ``source``, built by Triton's JIT (not its interpreter).
+
+    The interpreter switch is read when a kernel is decorated, so it is off for this
+    decoration only: every other kernel of the process stays as it was launched."""
     import importlib.util
-    os.environ.pop("TRITON_INTERPRET", None)
-    from triton import knobs  # the interpreter switch is read when a kernel is decorated
-    knobs.runtime.interpret = False
-    spec = importlib.util.spec_from_loader(f"_stillborn_{path.stem}", loader=None, origin=str(path))
-    module = importlib.util.module_from_spec(spec)
-    module.__file__ = str(path)
-    exec(compile(source, str(path), "exec"), module.__dict__)
-    return getattr(module, name)
+    from triton import knobs
+    with knobs.runtime.scope():  # puts the switch and its environment variable back as they were
+        os.environ.pop("TRITON_INTERPRET", None)
+        knobs.runtime.interpret = False
+        spec = importlib.util.spec_from_loader(f"_stillborn_{path.stem}", loader=None, origin=str(path))
+        module = importlib.util.module_from_spec(spec)
+        module.__file__ = str(path)
+        exec(compile(source, str(path), "exec"), module.__dict__)
+        return getattr(module, name)
 
 
 def compile_ttir(source: str, path: Path, launch: dict) -> str | None:

@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.engine.search import run_campaign, run_property
 from harness.model.config import Batch, Config
@@ -24,6 +26,7 @@ from harness.model.layouts import TreeMaskMode
 from harness.properties import PROPERTIES
 from harness.targets import CATALOGUE, resolve
 from tests import zygote
+from tests.helpers import sglang_or_skip
 from tests.sglang_copies import altered_copy, assert_caught_by, run_on_copy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,6 +131,22 @@ def test_unavailable_sglang_exits_2_with_one_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert "broken on purpose" in lines[0] and "install_sglang.sh" in lines[0]
+
+
+def test_triton_imported_before_the_interpreter_switch_is_one_line_exit_2(tmp_path):
+    """Triton's own library, decorated without the interpreter, would make SGLang's first kernel
+    launch raise mid-run: the target says so up front instead."""
+    sglang_or_skip()
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device runs the kernels compiled")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    program = "import sys, triton; from harness.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", program, "run", "--target", "sglang", "--seed", "1",
+                           "--max-examples", "1"], env=env, cwd=tmp_path, timeout=300, capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "TRITON_INTERPRET=1" in lines[0] and "triton was imported" in lines[0], proc.stderr
 
 
 # -- altered copies of the installed SGLang --------------------------------------

@@ -7,7 +7,6 @@ an offset changed by one compiles (it stays a raising kill where it raised).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

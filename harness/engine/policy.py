@@ -78,7 +78,8 @@ def check_config(target, config: Config, report: PolicyReport) -> None:
     try:
         mask = target.allocate(config, None)
     except AllocatorChose as chose:
-        _note(report, "capacity-soundness", config, config.max_bs, lambda: str(chose))
+        why = str(chose)  # the except clause unbinds ``chose`` when it ends
+        _note(report, "capacity-soundness", config, config.max_bs, lambda: why)
         return
     cap = mask.buffer.numel()
     d, ctx, max_bs = config.d, config.max_context_len, config.max_bs

@@ -87,6 +87,15 @@ def _quiet_import():
         logger.setLevel(level)
 
 
+def _triton_compiled_not_interpreted() -> bool:
+    """Triton decorates its own library (``tl.cdiv``, the reductions' combiners) when it is first
+    imported: imported without the interpreter switch, those stay compiled-only functions, and an
+    interpreted kernel that calls one raises at its first launch."""
+    standard = sys.modules.get("triton.language.standard")
+    cdiv = getattr(standard, "cdiv", None)
+    return cdiv is not None and type(cdiv).__name__ == "JITFunction"
+
+
 def import_sglang(kernel_choice: str) -> Sglang:
     if os.environ.get("SGLANG_USE_CPU_ENGINE"):
         # With it set, SGLang takes its CPU-engine branch and imports sgl_kernel's
@@ -98,6 +107,10 @@ def import_sglang(kernel_choice: str) -> Sglang:
         if "sglang.kernels.ops.speculative.spec_tree" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
             raise ImportError("SGLang's kernels were imported before TRITON_INTERPRET=1 was set; "
                               "no CUDA device here, so they cannot run")
+        if _triton_compiled_not_interpreted():
+            raise ImportError("triton was imported before TRITON_INTERPRET=1 was set, so its own library "
+                              "functions cannot run in the interpreter; set TRITON_INTERPRET=1 before "
+                              "anything imports triton (no CUDA device here)")
         os.environ["TRITON_INTERPRET"] = "1"
     names = {
         "verify_mask": "sglang.srt.layers.attention.verify_mask",
