@@ -136,14 +136,28 @@ def verdict(mutant: Path, pristine: Path, recorded: list[dict], mutated_lines: l
         return "not decided: the gate recorded no launch of " + ", ".join(sorted(kernels))
     for launch in ran:
         try:
-            if compile_ttir(clean, pristine, launch) is not None:
-                return f"not decided: the unmutated {launch['kernel']} does not compile with the recorded types"
-            refused = compile_ttir(source, mutant, launch)
+            pristine_refused, refused = _compiled_apart([(clean, pristine), (source, mutant)], launch)
         except Exception as exc:  # the compile itself could not run here: no verdict
             return f"not decided: compiling failed ({type(exc).__name__}: {str(exc)[:200]})"
+        if pristine_refused is not None:
+            return f"not decided: the unmutated {launch['kernel']} does not compile with the recorded types"
         if refused:
             return "refused: " + " ".join(refused.split())[:300]
     return "compiles"
+
+
+def _compiled_apart(sources: list[tuple[str, Path]], launch: dict) -> list[str | None]:
+    """``compile_ttir`` of each source in a fresh interpreter with Triton's interpreter off: a process
+    that has launched interpreted kernels has Triton's language patched for the interpreter, under
+    which the frontend cannot lower anything."""
+    import subprocess
+    job = json.dumps({"sources": [[text, str(path)] for text, path in sources], "launch": launch})
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-W", "ignore", __file__, "--compile"], input=job, env=env,
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}")
+    return json.loads(done.stdout)
 
 
 def applied(pristine: str, diff: str) -> tuple[str, list[int]]:
@@ -221,6 +235,10 @@ def rescore(work: Path) -> int:
 
 
 def main(argv: list[str]) -> int:
+    if argv == ["--compile"]:  # _compiled_apart's worker: a job on stdin, the refusals on stdout
+        job = json.loads(sys.stdin.read())
+        print(json.dumps([compile_ttir(text, Path(path), job["launch"]) for text, path in job["sources"]]))
+        return 0
     if len(argv) < 2:
         print(__doc__.strip().splitlines()[-1], file=sys.stderr)
         return 2

@@ -96,22 +96,27 @@ def _triton_compiled_not_interpreted() -> bool:
     return cdiv is not None and type(cdiv).__name__ == "JITFunction"
 
 
+def _interpret_kernels() -> None:
+    """No CUDA device: SGLang's Triton kernels run in Triton's interpreter. triton.jit picks
+    the interpreter at decoration time, i.e. when a kernel's module is imported, so the switch
+    must be set before SGLang's kernels, and Triton's own library, are imported."""
+    if "sglang.kernels.ops.speculative.spec_tree" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ImportError("SGLang's kernels were imported before TRITON_INTERPRET=1 was set; "
+                          "no CUDA device here, so they cannot run")
+    if _triton_compiled_not_interpreted():
+        raise ImportError("triton was imported before TRITON_INTERPRET=1 was set, so its own library "
+                          "functions cannot run in the interpreter; set TRITON_INTERPRET=1 before "
+                          "anything imports triton (no CUDA device here)")
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
 def import_sglang(kernel_choice: str) -> Sglang:
     if os.environ.get("SGLANG_USE_CPU_ENGINE"):
         # With it set, SGLang takes its CPU-engine branch and imports sgl_kernel's
         # CPU ops, which are not the code this target guards.
         raise ImportError("SGLANG_USE_CPU_ENGINE is set; unset it so SGLang's Triton/CUDA kernels load")
     if kernel_choice != "jit" and not torch.cuda.is_available():
-        # triton.jit picks the interpreter at decoration time, i.e. when SGLang's
-        # kernel module is imported: it must be in the environment before that.
-        if "sglang.kernels.ops.speculative.spec_tree" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ImportError("SGLang's kernels were imported before TRITON_INTERPRET=1 was set; "
-                              "no CUDA device here, so they cannot run")
-        if _triton_compiled_not_interpreted():
-            raise ImportError("triton was imported before TRITON_INTERPRET=1 was set, so its own library "
-                              "functions cannot run in the interpreter; set TRITON_INTERPRET=1 before "
-                              "anything imports triton (no CUDA device here)")
-        os.environ["TRITON_INTERPRET"] = "1"
+        _interpret_kernels()
     names = {
         "verify_mask": "sglang.srt.layers.attention.verify_mask",
         "eagle_utils": "sglang.srt.speculative.eagle_utils",
