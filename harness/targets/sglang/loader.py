@@ -108,6 +108,8 @@ def _interpret_kernels() -> None:
                           "functions cannot run in the interpreter; set TRITON_INTERPRET=1 before "
                           "anything imports triton (no CUDA device here)")
     os.environ["TRITON_INTERPRET"] = "1"
+    from harness.targets.sglang import interpreter_speed
+    interpreter_speed.install()
 
 
 def import_sglang(kernel_choice: str) -> Sglang:

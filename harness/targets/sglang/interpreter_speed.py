@@ -1,0 +1,51 @@
+"""Triton's interpreter, made cheaper where it recomputes a constant, never changed in what it does.
+
+On a host without CUDA every SGLang kernel runs in Triton's interpreter, and its
+launches are most of a run's time. Its ``_get_np_dtype`` (Triton 3.x) rebuilds
+a 19-entry dtype table on every call, about half a million calls in one gate:
+roughly a tenth of the search. ``install`` swaps in a lookup in that same table,
+built once, after checking that it answers exactly as the original for every
+type the table holds, pointers and blocks included. A Triton without that
+function, or one whose answers differ, is left as it is.
+"""
+
+from __future__ import annotations
+
+#: What this module drives: nothing of SGLang (it speeds up the tool that runs SGLang's kernels).
+SURFACE: tuple = ()
+
+
+def install() -> bool:
+    """True when the interpreter now uses the built-once table."""
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except Exception:  # noqa: BLE001 - no Triton (or no interpreter): nothing to speed up
+        return False
+    original = getattr(interpreter, "_get_np_dtype", None)
+    if original is None or getattr(original, "_vmfuzz_table", False):
+        return original is not None
+    names = ("int1", "float16", "float32", "float64", "int8", "uint8", "int16", "uint16", "int32", "uint32",
+             "int64", "uint64", "bfloat16", "float8e5", "float8e5b16", "float8e4nv", "float8e4b8", "float8e4b15")
+    try:
+        table = {getattr(tl, name): original(getattr(tl, name)) for name in names}
+        pointer = original(tl.pointer_type(tl.int32))
+    except Exception:  # noqa: BLE001 - a Triton whose table differs from the one read here
+        return False
+
+    def np_dtype(tt_dtype):
+        if isinstance(tt_dtype, tl.pointer_type):
+            return pointer
+        if isinstance(tt_dtype, tl.block_type):
+            element = tt_dtype.element_ty
+            return pointer if isinstance(element, tl.pointer_type) else table[element]
+        return table[tt_dtype]
+
+    probes = [*table, tl.pointer_type(tl.float16), tl.block_type(tl.int32, [4]),
+              tl.block_type(tl.pointer_type(tl.int8), [2, 2])]
+    if any(np_dtype(t) != original(t) for t in probes):
+        return False
+    np_dtype._vmfuzz_table = True
+    np_dtype.original = original  # what it stands for, kept so a test can hold it to the same answers
+    interpreter._get_np_dtype = np_dtype
+    return True
