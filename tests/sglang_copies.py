@@ -113,3 +113,24 @@ def _raised(detail: str, origin) -> bool:
 def assert_not_a_raise(detail: str, origin=None) -> None:
     """A finding made by the target raising checked nothing: it is never a catch."""
     assert not _raised(detail, origin), f"caught only by raising, not by a property: {detail}"
+
+
+def replay_on_copy(site: Path, tmp_path: Path, config: dict, seq_lens, prop: str):
+    """``vmfuzz replay`` of one case (``config``, one batch of ``seq_lens``) on the copy at ``site``,
+    checked by ``prop`` alone, in-process; returns (process, its output)."""
+    import json
+
+    repro = tmp_path / "case.json"
+    repro.write_text(json.dumps({"config": config, "batches": [{"seq_lens": list(seq_lens)}]}))
+    return run_on_copy(site, tmp_path, "replay", str(repro), "--target", "sglang", "--property", prop,
+                       "--isolate", "off", "--report-dir", str(tmp_path / "report"))
+
+
+def failed_check_origin(report_dir: Path, out: str = "") -> dict:
+    """The origin of a replay's one check, which must have failed as a property's own check (not a raise)."""
+    import json
+
+    [check] = json.loads((Path(report_dir) / "summary.json").read_text())["checks"]
+    assert (check["status"], check["kind"]) == ("failed", "property"), out
+    assert_not_a_raise(check["detail"], check["origin"])
+    return check["origin"]

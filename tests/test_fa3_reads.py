@@ -12,7 +12,6 @@ caught through the CLI, while a refactor that keeps the meaning holds.
 from __future__ import annotations
 
 import copy
-import json
 
 import pytest
 import torch
@@ -26,7 +25,7 @@ from harness.properties import PROPERTIES, PropertyFailure
 from harness.properties.fa3_reads import WRITER, check_fa3, fa3_mismatch, visible_nodes
 from harness.properties.kit import Observation
 from harness.targets import resolve
-from tests.sglang_copies import altered_copy, assert_not_a_raise, run_on_copy
+from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_copy
 
 TREE = Config(TreeMaskMode.FULL_MASK, 2, 8, 4, 2, 3, True, "eagle")
 BATCH = Batch((3, 5))
@@ -193,14 +192,9 @@ REFACTOR = [(FA3, r"keys = torch\.where\(\n\s+mask, col_indices, col_indices \+ 
 
 
 def _replay(tmp_path, edits, name):
-    site = altered_copy(tmp_path, edits, name)
-    repro = tmp_path / "fa3-topk2.json"
-    repro.write_text(json.dumps({
-        "config": {"mode": "FULL_MASK", "max_bs": 2, "max_context_len": 8, "num_draft_tokens": 4, "topk": 2,
-                   "spec_steps": 3},
-        "batches": [{"seq_lens": [3, 5]}]}))
-    return run_on_copy(site, tmp_path, "replay", str(repro), "--target", "sglang", "--property",
-                       "reader-agreement", "--isolate", "off", "--report-dir", str(tmp_path / "report"))
+    config = {"mode": "FULL_MASK", "max_bs": 2, "max_context_len": 8, "num_draft_tokens": 4, "topk": 2,
+              "spec_steps": 3}
+    return replay_on_copy(altered_copy(tmp_path, edits, name), tmp_path, config, (3, 5), "reader-agreement")
 
 
 @pytest.mark.slow
@@ -208,11 +202,7 @@ def _replay(tmp_path, edits, name):
 def test_altered_fa3_extraction_is_caught_by_reader_agreement(sglang_target, alteration, tmp_path):
     proc, out = _replay(tmp_path, ALTERATIONS[alteration], alteration)
     assert proc.returncode == 1, out
-    # A replay's summary holds its one check, the finding's origin with it.
-    [check] = json.loads((tmp_path / "report" / "summary.json").read_text())["checks"]
-    assert (check["status"], check["kind"]) == ("failed", "property"), out
-    assert_not_a_raise(check["detail"], check["origin"])
-    o = check["origin"]
+    o = failed_check_origin(tmp_path / "report", out)  # a replay's summary holds its one check
     assert (o["property"], o["effect"], o["writer"]) == ("reader-agreement", "wrong", WRITER), out
     assert o["buffer"] == CAUGHT_IN[alteration], out
 

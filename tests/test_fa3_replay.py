@@ -13,7 +13,6 @@ code are caught through the CLI, and a refactor of it holds.
 from __future__ import annotations
 
 import copy
-import json
 
 import pytest
 import torch
@@ -24,7 +23,7 @@ from harness.model.layouts import TreeMaskMode
 from harness.properties import PropertyFailure
 from harness.properties.fa3_reads import REPLAY_WRITER, check_fa3, fa3_mismatch
 from harness.properties.kit import Observation
-from tests.sglang_copies import altered_copy, assert_not_a_raise, run_on_copy
+from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_copy
 from tests.test_fa3_reads import FA3, _i32, _step
 
 REPLAY = Config(TreeMaskMode.FULL_MASK, 4, 8, 4, 2, 3, True, "eagle")
@@ -179,14 +178,9 @@ REFACTOR = [(FA3, r"keys = torch\.where\(\n\s+mask,\n\s+col_indices,\n\s+col_ind
 
 def _replay(tmp_path, edits, name):
     """The padded case (three requests in a graph of four) replayed on an altered copy."""
-    site = altered_copy(tmp_path, edits, name)
-    repro = tmp_path / "fa3-topk2-replay.json"
-    repro.write_text(json.dumps({
-        "config": {"mode": "FULL_MASK", "max_bs": 4, "max_context_len": 8, "num_draft_tokens": 4, "topk": 2,
-                   "spec_steps": 3},
-        "batches": [{"seq_lens": list(BATCH.seq_lens)}]}))
-    return run_on_copy(site, tmp_path, "replay", str(repro), "--target", "sglang", "--property",
-                       "reader-agreement", "--isolate", "off", "--report-dir", str(tmp_path / "report"))
+    config = {"mode": "FULL_MASK", "max_bs": 4, "max_context_len": 8, "num_draft_tokens": 4, "topk": 2,
+              "spec_steps": 3}
+    return replay_on_copy(altered_copy(tmp_path, edits, name), tmp_path, config, BATCH.seq_lens, "reader-agreement")
 
 
 @pytest.mark.slow
@@ -194,10 +188,7 @@ def _replay(tmp_path, edits, name):
 def test_altered_fa3_replay_is_caught_by_reader_agreement(sglang_target, alteration, tmp_path):
     proc, out = _replay(tmp_path, ALTERATIONS[alteration], alteration)
     assert proc.returncode == 1, out
-    [check] = json.loads((tmp_path / "report" / "summary.json").read_text())["checks"]
-    assert (check["status"], check["kind"]) == ("failed", "property"), out
-    assert_not_a_raise(check["detail"], check["origin"])
-    o = check["origin"]
+    o = failed_check_origin(tmp_path / "report", out)
     assert (o["property"], o["effect"], o["writer"], o["stage"]) == (
         "reader-agreement", "wrong", REPLAY_WRITER, "replay"), out
     assert (o["buffer"], o["cell"]) == CAUGHT_IN[alteration], out

@@ -11,7 +11,6 @@ are caught through the CLI, and a refactor that keeps the meaning holds.
 from __future__ import annotations
 
 import copy
-import json
 
 import pytest
 import torch
@@ -23,7 +22,7 @@ from harness.properties import PROPERTIES, PropertyFailure
 from harness.properties.kit import Observation
 from harness.properties.qsa_reads import WRITER, check_qsa, qsa_mismatch
 from harness.targets import resolve
-from tests.sglang_copies import altered_copy, assert_not_a_raise, run_on_copy
+from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_copy
 from tests.test_fa3_reads import _step
 
 CHAIN = Config(TreeMaskMode.FULL_MASK, 2, 8, 3, 1, 2, True, "eagle")
@@ -114,14 +113,9 @@ REFACTOR = [(QSA, _ROWS, ").view(-1, 1).expand(-1, num_rows // batch_size).resha
 
 
 def _replay(tmp_path, edits, name):
-    site = altered_copy(tmp_path, edits, name)
-    repro = tmp_path / "qsa-chain.json"
-    repro.write_text(json.dumps({
-        "config": {"mode": "FULL_MASK", "max_bs": 2, "max_context_len": 8, "num_draft_tokens": 3, "topk": 1,
-                   "spec_steps": 2},
-        "batches": [{"seq_lens": list(BATCH.seq_lens)}]}))
-    return run_on_copy(site, tmp_path, "replay", str(repro), "--target", "sglang", "--property",
-                       "reader-agreement", "--isolate", "off", "--report-dir", str(tmp_path / "report"))
+    config = {"mode": "FULL_MASK", "max_bs": 2, "max_context_len": 8, "num_draft_tokens": 3, "topk": 1,
+              "spec_steps": 2}
+    return replay_on_copy(altered_copy(tmp_path, edits, name), tmp_path, config, BATCH.seq_lens, "reader-agreement")
 
 
 @pytest.mark.slow
@@ -129,10 +123,7 @@ def _replay(tmp_path, edits, name):
 def test_altered_qsa_read_is_caught_by_reader_agreement(sglang_target, alteration, tmp_path):
     proc, out = _replay(tmp_path, ALTERATIONS[alteration], alteration)
     assert proc.returncode == 1, out
-    [check] = json.loads((tmp_path / "report" / "summary.json").read_text())["checks"]
-    assert (check["status"], check["kind"]) == ("failed", "property"), out
-    assert_not_a_raise(check["detail"], check["origin"])
-    o = check["origin"]
+    o = failed_check_origin(tmp_path / "report", out)
     assert (o["property"], o["effect"], o["writer"], o["buffer"]) == (
         "reader-agreement", "wrong", WRITER, CAUGHT_IN[alteration]), out
 
