@@ -42,6 +42,12 @@ class _Client:
     def __init__(self):
         self.proc: subprocess.Popen | None = None
 
+    def discard(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
     def _start(self) -> subprocess.Popen:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         env.update(TRITON_INTERPRET="1", VMFUZZ_ZYGOTE_PRELOAD=str(_preload_list()))
@@ -102,8 +108,8 @@ def run(argv: list, *, env: dict | None = None, cwd: Path | None = None, timeout
         return subprocess.run(argv, env=env, cwd=cwd, timeout=timeout, capture_output=True, text=True)
     try:
         return _CLIENT.run(argv, env=env, cwd=cwd, timeout=timeout)
-    except (RuntimeError, BrokenPipeError, OSError, KeyError, json.JSONDecodeError):
-        _CLIENT.proc = None  # a broken zygote: this run goes cold, the next one starts a new zygote
+    except (RuntimeError, OSError, KeyError, json.JSONDecodeError):
+        _CLIENT.discard()  # a broken zygote: this run goes cold, the next one starts a new zygote
         return subprocess.run(argv, env=env, cwd=cwd, timeout=timeout, capture_output=True, text=True)
 
 
