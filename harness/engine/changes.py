@@ -288,6 +288,11 @@ def triggers(paths: list[str], checkout: Checkout | None = None, package=_AUTO) 
         if _matches_pattern(path):
             out.append(Trigger(path, "pattern"))
             continue
+        if sglang_relative(path) in NAMED_FOR_THE_WORKFLOW:
+            # A file a property drives may name no mask code at all (the pp relay): the gate
+            # starts on exactly the files the workflow starts it for, never skips one of them.
+            out.append(Trigger(path, "driven or named (listed)"))
+            continue
         if not path.endswith(CODE_SUFFIXES):
             continue
         # The text after the change, then the text before it: a change that
