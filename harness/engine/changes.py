@@ -63,9 +63,10 @@ VERIFY_MASK_PATTERNS = (
 )
 
 #: SGLang 0.5.23's files (sglang-relative) that name verify-mask code (``MASK_CODE``) or that
-#: a property drives (``vmfuzz surface``) and that no pattern above matches. The gate's text
-#: rule finds them by reading them, but a workflow's ``paths:`` filter decides before anything
-#: is read, so it names them; tests/test_ci_workflow.py checks none is missing.
+#: a property drives (``vmfuzz surface``) and that no pattern above matches. A workflow's
+#: ``paths:`` filter decides before anything is read, so it names them, and the gate triggers
+#: on each of them too (a driven file may name no mask code); tests/test_ci_workflow.py checks
+#: none is missing.
 NAMED_FOR_THE_WORKFLOW = (
     "kernels/jit/include/sgl_kernel/speculative/eagle.cuh",
     "kernels/ops/speculative/__init__.py",
