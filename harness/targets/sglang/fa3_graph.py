@@ -47,7 +47,7 @@ class _AskedTorch:
         if name in ("zeros", "empty", "ones"):
             return lambda *size, **kw: self._made(real, _as_shape(size), (), kw)
         if name == "full":
-            return lambda size, fill, **kw: self._made(real, _as_shape((size,)), (fill,), kw)
+            return lambda size, *fill, **kw: self._made(real, _as_shape((size,)), fill, kw)
         return real
 
     @staticmethod
