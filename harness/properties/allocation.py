@@ -16,7 +16,9 @@ needs for the numbers it was asked with. Before any site runs, the target's
 footprint function (SGLang's ``tree_mask_numel``) is asked for the case's
 batch sizes in each preallocated layout and must equal the layout arithmetic
 (``harness.model.layouts``): a footprint too large to allocate is judged as a
-footprint, not reported as the allocation raising. Arithmetic and meta-device
+footprint, not reported as the allocation raising. FlashAttention's
+cuda-graph metadata buffers (``harness.model.fa3_graph``) are judged the same
+way, each at least what the captured max_bs binds. Arithmetic and meta-device
 allocations only: it holds at production scale as cheaply as at small scale.
 Sites the target cannot drive are named in the observed classes ("not driven:
 NAME"), never counted as held; a target that drives none fails the case.
@@ -25,6 +27,8 @@ NAME"), never counted as held; a target that drives none fails the case.
 from __future__ import annotations
 
 from harness.model.allocation import ServerNumbers, reads_mask
+from harness.model.fa3_graph import DIMENSIONS, graph_needs, short_dimension
+from harness.model.fa3_graph import WRITER as FA3_GRAPH
 from harness.model.config import Batch, Config
 from harness.model.layouts import PREALLOCATED_LAYOUTS, worst_case_size
 from harness.model.origin import ALLOCATOR, BEYOND_CAPACITY
@@ -114,10 +118,33 @@ def check_site(target, backend: str, numbers: ServerNumbers) -> float:
     return float(worst - cap)
 
 
+def check_fa3_graph(target, obs: Observation, numbers: ServerNumbers) -> None:
+    """FlashAttention's cuda-graph metadata buffers, as its ``init_cuda_graph_state(max_bs, ...)`` sized
+    them, against what a graph of the captured max_bs binds (``harness.model.fa3_graph``); run before the
+    sites, so a size the real set-up refuses (it raises there) is judged as the size it is."""
+    why = target.allocating_backends().get("flashattention", "no such site")
+    read = getattr(target, "fa3_graph_buffers", None)
+    if read is None or why is not None:
+        obs.classes.add(f"fa3 cuda-graph buffers: not driven ({why or 'not by this target'})")
+        return
+    needs = graph_needs(numbers)
+    server = (f"a server capturing max_bs {numbers.max_bs}, context {numbers.context_len}, "
+              f"num_draft_tokens {numbers.num_draft_tokens}, topk {numbers.topk}")
+    for name, got in read(numbers, list(needs)).items():
+        short = short_dimension(got, needs[name])
+        if short is not None:
+            unit = DIMENSIONS[name.rsplit(".", 1)[1]][short]
+            fail(NAME, f"{FA3_GRAPH}: {name} is {list(got)}, {server} needs at least {list(needs[name])}: "
+                        f"{unit} too few, so a captured batch's metadata runs past it",
+                 effect="unsound", writer=FA3_GRAPH, buffer=name, cell=f"{unit} too few")
+    obs.classes.add("fa3 cuda-graph buffers")
+
+
 def allocation_soundness(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
     obs = Observation()
     numbers = ServerNumbers.of(config)
     check_footprint(target, config, batches)
+    check_fa3_graph(target, obs, numbers)
     sites = target.allocating_backends()
     driven = [name for name, why in sites.items() if why is None]
     for name, why in sites.items():

@@ -119,8 +119,9 @@ def load_sites() -> dict[str, object]:
     return sites
 
 
-def allocation_call(target, name: str, numbers: ServerNumbers) -> AllocationCall:
-    """Run backend ``name``'s cuda-graph set-up for ``numbers`` and record its verify-mask call."""
+def site_backend(target, name: str, numbers: ServerNumbers):
+    """(module, class, backend): backend ``name`` of a server started with ``numbers``, made as its
+    set-up is driven here (``BUILT_BY_INIT`` by its own ``__init__``, the others given its attributes)."""
     sites = target._allocation_sites()
     mod = sites.get(name)
     if mod is None or isinstance(mod, str):
@@ -133,6 +134,12 @@ def allocation_call(target, name: str, numbers: ServerNumbers) -> AllocationCall
         backend = cls.__new__(cls)
         for attr, value in _attributes(name, numbers).items():
             object.__setattr__(backend, attr, value)
+    return mod, cls, backend
+
+
+def allocation_call(target, name: str, numbers: ServerNumbers) -> AllocationCall:
+    """Run backend ``name``'s cuda-graph set-up for ``numbers`` and record its verify-mask call."""
+    mod, cls, backend = site_backend(target, name, numbers)
     real = mod.maybe_create_verify_mask
     calls: list[AllocationCall] = []
 

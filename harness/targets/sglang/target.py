@@ -329,4 +329,9 @@ class SglangTarget:
         from harness.targets.sglang.allocation import allocation_call
         return allocation_call(self, backend, numbers)
 
+    def fa3_graph_buffers(self, numbers, names) -> dict[str, tuple[int, ...]]:
+        """The shapes FlashAttention's cuda-graph set-up asks for its metadata buffers (``fa3_graph``)."""
+        from harness.targets.sglang import fa3_graph
+        return fa3_graph.graph_buffers(self, numbers, names)
+
 

@@ -1,0 +1,67 @@
+"""What FlashAttention's cuda-graph set-up must preallocate for a server's numbers.
+
+``FlashAttentionBackend.init_cuda_graph_state(max_bs, ...)`` sizes, once, the
+metadata buffers every captured graph binds slices of: for a batch of ``bs <=
+max_bs`` a replay binds rows ``[:bs]`` (``[:bs + 1]`` of a running sum) and the
+page-table columns its requests' pages fill. A buffer sized for fewer is a
+replay that binds a short slice (the graph then reads and writes past what the
+metadata says) or a capture that raises. So each must have at least the shape
+the captured max batch needs, worked out here from the server's numbers alone
+(max_bs B, the draft width d, topk k, the context length C; page size 1, the
+only one driven, so a request's pages are its C tokens):
+
+- ``target_verify_metadata`` (a chain's verify, topk 1): a row per request, a
+  running sum over B + 1, C pages a row. Judged at every topk: the set-up
+  allocates it for every drafting server, its size does not depend on topk, so
+  one too small is wrong for the chain server of the same numbers.
+- ``target_verify_metadata_topk_normal`` (a tree's prefix pass, topk > 1): the same.
+- ``target_verify_metadata_topk_expand`` (a tree's expand pass): a row per
+  (request, draft node), B * d of them, each over at most the d draft nodes.
+- ``draft_decode_metadata_topk_normal`` / ``_topk_expand`` (topk > 1): the
+  draft runner's decode graphs of the same captured max batch, preallocated by
+  the same set-up for the same B: a row per request, and a row per (request,
+  branch), B * k, each over at least the one token a branch drafts per step
+  (its width grows with the draft step, which is the draft runner's, not the
+  server's). Judged because the verify replay's buffers are only half of what
+  this one preallocation sizes for B: a too-small draft buffer is the same bug.
+
+Larger than needed is never a finding: over-allocation costs memory, not soundness.
+"""
+
+from __future__ import annotations
+
+from harness.model.allocation import ServerNumbers
+
+#: the backend's set-up that sizes these buffers
+WRITER = "FlashAttentionBackend.init_cuda_graph_state"
+
+#: a buffer's key in its dict -> which dimension means what, for the finding's words
+DIMENSIONS = {"cache_seqlens": ("rows",), "cu_seqlens_q": ("entries",), "cu_seqlens_k": ("entries",),
+              "page_table": ("rows", "columns")}
+
+
+def _metadata(rows: int, columns: int) -> dict[str, tuple[int, ...]]:
+    """A pass of ``rows`` attention rows, each over at most ``columns`` pages: its lengths, the two
+    running sums (one entry more than rows) and its page table."""
+    return {"cache_seqlens": (rows,), "cu_seqlens_q": (rows + 1,), "cu_seqlens_k": (rows + 1,),
+            "page_table": (rows, columns)}
+
+
+def graph_needs(n: ServerNumbers) -> dict[str, tuple[int, ...]]:
+    """"dict.key" -> the least shape each buffer needs for a graph of ``n.max_bs`` requests."""
+    b, d, k, pages = n.max_bs, n.num_draft_tokens, n.topk, n.context_len
+    dicts = {"target_verify_metadata": _metadata(b, pages)}
+    if k > 1:
+        dicts["target_verify_metadata_topk_normal"] = _metadata(b, pages)
+        dicts["target_verify_metadata_topk_expand"] = _metadata(b * d, d)
+        dicts["draft_decode_metadata_topk_normal"] = _metadata(b, pages)
+        dicts["draft_decode_metadata_topk_expand"] = _metadata(b * k, 1)
+    return {f"{name}.{key}": shape for name, buffers in dicts.items() for key, shape in buffers.items()}
+
+
+def short_dimension(got: tuple[int, ...], need: tuple[int, ...]) -> int | None:
+    """The first dimension of ``got`` smaller than ``need``'s (a missing one counts as 0); None: it holds."""
+    for i, want in enumerate(need):
+        if (got[i] if i < len(got) else 0) < want:
+            return i
+    return None

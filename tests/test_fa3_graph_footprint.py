@@ -1,0 +1,136 @@
+"""``allocation-soundness`` judges FlashAttention's cuda-graph metadata buffers by their size.
+
+``FlashAttentionBackend.init_cuda_graph_state(max_bs, ...)`` preallocates, once,
+the metadata every captured graph binds slices of. One sized for fewer rows or
+columns than the captured max_bs needs is the bug class the verify mask's own
+allocation check exists for; before this check such a buffer surfaced only as
+SGLang raising later (a negative dimension, an ``arange`` that refuses its
+bounds), never as a property's catch. Two mutants of the last mutation run are
+the altered copies here: each must be an allocation-soundness finding with a
+non-raise origin naming the buffer, even on a server whose real set-up raises on it.
+The pristine copy holds under ``tests/test_routers_allocation.py``'s unaltered
+allocation-soundness run (not repeated here).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.model.allocation import ServerNumbers
+from harness.model.fa3_graph import WRITER, graph_needs
+from harness.properties.allocation import check_fa3_graph
+from harness.properties.kit import Observation, PropertyFailure
+from harness.targets import resolve
+from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_copy, run_on_copy
+
+FA3 = ("srt/layers/attention/flashattention_backend.py",)
+TREE = ServerNumbers(max_bs=4, context_len=64, num_draft_tokens=5, topk=2, spec_steps=3)
+
+
+def test_what_a_tree_servers_graph_needs():
+    needs = graph_needs(TREE)
+    assert needs["target_verify_metadata.page_table"] == (4, 64)
+    assert needs["target_verify_metadata_topk_normal.cu_seqlens_q"] == (5,)
+    assert needs["target_verify_metadata_topk_expand.cache_seqlens"] == (20,)
+    assert needs["target_verify_metadata_topk_expand.page_table"] == (20, 5)
+    assert needs["draft_decode_metadata_topk_normal.cu_seqlens_q"] == (5,)
+    assert needs["draft_decode_metadata_topk_expand.cu_seqlens_k"] == (9,)
+    # a chain server's verify binds only the chain buffers
+    assert {n.split(".")[0] for n in graph_needs(ServerNumbers(4, 64, 5, 1, 4))} == {"target_verify_metadata"}
+
+
+class _Sized:
+    """The reference target, with FlashAttention's set-up sizing its buffers as ``shapes`` say."""
+
+    def __init__(self, shapes):
+        self._target, self.shapes = resolve("reference"), shapes
+
+    def __getattr__(self, name):
+        return getattr(self._target, name)
+
+    def fa3_graph_buffers(self, numbers, names):
+        return {name: self.shapes.get(name, graph_needs(numbers)[name]) for name in names}
+
+
+@pytest.mark.parametrize("buffer, shape, cell", [
+    ("target_verify_metadata_topk_normal.page_table", (4, 63), "columns too few"),
+    ("target_verify_metadata_topk_expand.cu_seqlens_q", (20,), "entries too few"),
+    ("draft_decode_metadata_topk_expand.page_table", (7, 9), "rows too few"),
+])
+def test_a_buffer_too_small_for_the_captured_max_bs_is_unsound(buffer, shape, cell):
+    with pytest.raises(PropertyFailure) as failed:
+        check_fa3_graph(_Sized({buffer: shape}), Observation(), TREE)
+    o = failed.value.origin
+    assert (o.property, o.effect, o.writer, o.buffer, o.cell) == ("allocation-soundness", "unsound", WRITER,
+                                                                  buffer, cell), o
+
+
+def test_a_larger_buffer_holds_and_the_reference_target_says_it_does_not_drive_it():
+    obs = Observation()
+    check_fa3_graph(_Sized({"target_verify_metadata.page_table": (8, 4096)}), obs, TREE)
+    assert obs.classes == {"fa3 cuda-graph buffers"}
+    obs = Observation()
+    check_fa3_graph(resolve("reference"), obs, TREE)
+    assert obs.classes == {"fa3 cuda-graph buffers: not driven (not by this target)"}
+
+
+def test_sglangs_own_set_up_is_read_at_production_scale_and_left_as_found(sglang_target):
+    from harness.targets.sglang import fa3_reader
+    big = ServerNumbers(max_bs=160, context_len=131072, num_draft_tokens=8, topk=4, spec_steps=3)
+    shapes = sglang_target.fa3_graph_buffers(big, list(graph_needs(big)))
+    assert shapes["target_verify_metadata_topk_expand.page_table"] == (1280, 8)
+    assert shapes["draft_decode_metadata_topk_normal.cu_seqlens_q"] == (161,)
+    obs = Observation()
+    check_fa3_graph(sglang_target, obs, big)
+    assert obs.classes == {"fa3 cuda-graph buffers"}
+    mod = fa3_reader.module()
+    assert mod.torch is torch and mod.maybe_create_verify_mask.__module__ == "sglang.srt.layers.attention.verify_mask"
+
+
+# -- altered copies: the mutation run's two FA3 mutants killed only by raising -----------------
+
+_PAGES = r"max_num_pages = \(self\.max_context_len \+ self\.page_size - 1\) // self\.page_size"
+_DRAFT_Q = r"(\"cu_seqlens_q\": torch\.arange\(\n\s+0,\n\s+)max_bs \* self\.topk \+ 1,(\n\s+step=self\.topk,)"
+
+#: name -> (edit, a server, a batch, the buffer and cell the finding must name); the second server's
+#: real set-up raises on the short buffer
+MUTANTS = {
+    # line 2432: every max_num_pages-wide page table two pages short (none at context 2, negative below)
+    "page-count-subtracts-page-size": (
+        (FA3, _PAGES, "max_num_pages = (self.max_context_len - self.page_size - 1) // self.page_size"),
+        {"mode": "FULL_MASK", "max_bs": 2, "max_context_len": 2, "num_draft_tokens": 2, "topk": 1, "spec_steps": 1},
+        [1], "target_verify_metadata.page_table", "columns too few"),
+    # line 2491: the draft decode's query running sum max_bs - topk + 1 long; arange refuses it past topk - 1
+    "draft-decode-query-sum-short": (
+        (FA3, _DRAFT_Q, r"\1max_bs - self.topk + 1,\2"),
+        {"mode": "FULL_MASK", "max_bs": 1, "max_context_len": 64, "num_draft_tokens": 4, "topk": 3,
+         "spec_steps": 3},
+        [5], "draft_decode_metadata_topk_normal.cu_seqlens_q", "entries too few"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(MUTANTS))
+def test_a_short_fa3_graph_buffer_is_caught_by_its_size_not_by_sglang_raising(sglang_target, name, tmp_path):
+    edit, config, seq_lens, buffer, cell = MUTANTS[name]
+    proc, out = replay_on_copy(altered_copy(tmp_path, [edit], name), tmp_path, config, seq_lens,
+                               "allocation-soundness")
+    assert proc.returncode == 1, out
+    o = failed_check_origin(tmp_path / "report", out)
+    assert (o["property"], o["effect"], o["writer"], o["buffer"], o["cell"]) == (
+        "allocation-soundness", "unsound", WRITER, buffer, cell), out
+
+
+#: the same sizes computed other ways: never a finding
+REFACTOR = [(FA3, _PAGES, "max_num_pages = -(-self.max_context_len // self.page_size)"),
+            (FA3, _DRAFT_Q, r"\1self.topk * (max_bs + 1) - self.topk + 1,\2")]
+
+
+@pytest.mark.slow
+def test_the_same_fa3_graph_sizes_computed_another_way_hold(sglang_target, tmp_path):
+    site = altered_copy(tmp_path, REFACTOR, "fa3-graph-sizes-refactored")
+    proc, out = run_on_copy(site, tmp_path, "run", "--target", "sglang", "--seed", "1", "--max-examples", "10",
+                            "--isolate", "off", "--property", "allocation-soundness",
+                            "--report-dir", str(tmp_path / "report"))
+    assert proc.returncode == 0, out
