@@ -93,9 +93,9 @@ def test_sglang_sizes_come_from_its_source(sglang_target):
     assert "BLOCK= in" in k.source and "packed_dtypes in" in k.source, k.source
 
 
-def _gate(tmp_path, site):
+def _gate(tmp_path, site, *args: str):
     report = tmp_path / "report"
-    proc, out = run_on_copy(site, tmp_path, "gate", "--target", "sglang", "--report-dir", str(report))
+    proc, out = run_on_copy(site, tmp_path, "gate", "--target", "sglang", "--report-dir", str(report), *args)
     return proc, out, report
 
 
@@ -104,10 +104,18 @@ def _gate(tmp_path, site):
 def test_the_gate_catches_deep_bugs_through_their_property(sglang_target, name, tmp_path):
     edits, caught_by = ALTERATIONS[name] if name else ([], None)
     site = altered_copy(tmp_path, edits, name)
-    proc, out, report = _gate(tmp_path, site)
+    if name is None:
+        # The pristine copy's gate for every gate-on-a-copy test (test_gate_catches_parts' too): run as
+        # on a PR that changed verify_mask.py, it must pass.
+        changed = tmp_path / "changed.txt"
+        changed.write_text("python/sglang/srt/layers/attention/verify_mask.py\n")
+        proc, out, report = _gate(tmp_path, site, "--changed-files", str(changed))
+    else:
+        proc, out, report = _gate(tmp_path, site)
     summary = json.loads((report / "summary.json").read_text())
     if name is None:
         assert proc.returncode == 0, out
+        assert "python/sglang/srt/layers/attention/verify_mask.py" in summary["gate"]["exercised"], summary["gate"]
         deep = summary["deep_boundary_corpus"]
         assert deep["runs"] > 0 and any("long row before short" in c for c in deep["cases"]), deep
         assert "Deep boundary corpus" in (report / "summary.md").read_text()

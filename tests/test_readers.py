@@ -25,7 +25,7 @@ from harness.properties.readers import packed_bytes
 from harness.model.readers import expected_reads, reader_config
 from harness.guard.shadow import ShadowHeap
 from harness.targets import resolve
-from tests.sglang_copies import altered_copy, assert_caught_by, assert_not_a_raise, run_on_copy
+from tests.sglang_copies import altered_copy, assert_caught_by, assert_not_a_raise, run_cases, run_on_copy
 
 READER_PROPERTIES = ("reader-agreement", "packed-mask")
 #: variant -> the reader property that must catch it
@@ -329,7 +329,7 @@ ALTERATIONS = {
 
 
 
-@pytest.mark.parametrize("alteration", [None, *ALTERATIONS], ids=lambda a: a or "unaltered")
+@pytest.mark.parametrize("alteration", run_cases(ALTERATIONS), ids=lambda a: a or "unaltered")
 @pytest.mark.slow
 def test_altered_sglang_reader_is_caught(sglang_target, alteration, tmp_path):
     edits, prop = ALTERATIONS[alteration] if alteration else ([], None)

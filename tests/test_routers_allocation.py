@@ -26,7 +26,7 @@ from harness.model.routing import ROUTERS, SPEC_MODES, Child, verify_child
 from harness.guard.shadow import ShadowHeap
 from harness.targets import CATALOGUE, resolve
 from tests.helpers import held_or_only_known
-from tests.sglang_copies import altered_copy, assert_caught_by, assert_not_a_raise, run_on_copy
+from tests.sglang_copies import altered_copy, assert_caught_by, assert_not_a_raise, run_cases, run_on_copy
 
 ROOT = Path(__file__).resolve().parent.parent
 OURS = ("routing", "allocation-soundness")
@@ -247,7 +247,7 @@ ALTERATIONS = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("alteration", [None, *ALTERATIONS], ids=lambda a: a or "unaltered")
+@pytest.mark.parametrize("alteration", run_cases(ALTERATIONS), ids=lambda a: a or "unaltered")
 def test_altered_router_or_allocation_site_is_caught(sglang_target, alteration, tmp_path):
     site = altered_copy(tmp_path, ALTERATIONS[alteration] if alteration else [], alteration)
     proc, out = run_on_copy(site, tmp_path, "run", "--target", "sglang", "--seed", "1", "--max-examples", "10",

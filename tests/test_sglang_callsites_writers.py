@@ -26,7 +26,7 @@ from harness.model.repro_file import ReproError, dump, from_case, load, to_case
 from harness.guard.shadow import ShadowHeap
 from harness.targets import CATALOGUE, resolve
 from strategies import chain_configs, configs, trivial_configs
-from tests.sglang_copies import altered_copy, assert_caught_by, run_on_copy
+from tests.sglang_copies import altered_copy, assert_caught_by, run_cases, run_on_copy
 
 
 CHAIN = Config(TreeMaskMode.QLEN_ONLY, 2, 6, 3, 1, 2, True, "chain")
@@ -222,7 +222,7 @@ CAUGHT_BY = {
 #: The properties a copy runs: the guard, the oracle through every call site, and the direct writer.
 PROPS = ("--property", "no-oob-write", "--property", "reference-agreement", "--property", "chain-writer")
 
-@pytest.mark.parametrize("alteration", [None, *ALTERATIONS], ids=lambda a: a or "unaltered")
+@pytest.mark.parametrize("alteration", run_cases(ALTERATIONS), ids=lambda a: a or "unaltered")
 @pytest.mark.slow
 def test_altered_copy_is_caught_by_run(sglang_target, alteration, tmp_path):
     site = altered_copy(tmp_path, ALTERATIONS[alteration] if alteration else [], alteration)

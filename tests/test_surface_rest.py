@@ -18,7 +18,7 @@ from harness.engine.surface import NO_DRIVER, Row, Undriven, known_reason, not_d
 from harness.targets import CATALOGUE, resolve
 from strategies import configs
 from tests.helpers import held_or_only_known
-from tests.sglang_copies import altered_copy, run_on_copy
+from tests.sglang_copies import altered_copy, run_cases, run_on_copy
 
 FULL, QLEN = TreeMaskMode.FULL_MASK, TreeMaskMode.QLEN_ONLY
 FROZEN = "srt/speculative/frozen_kv_mtp_worker_v2.py"
@@ -203,7 +203,7 @@ ALTERATIONS = {
 
 
 
-@pytest.mark.parametrize("alteration", [None, *ALTERATIONS], ids=lambda a: a or "unaltered")
+@pytest.mark.parametrize("alteration", run_cases(ALTERATIONS), ids=lambda a: a or "unaltered")
 @pytest.mark.slow
 def test_altered_copy_is_caught(sglang_target, alteration, tmp_path):
     edits, prop = ALTERATIONS[alteration] if alteration else ([], None)
