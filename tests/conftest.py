@@ -49,17 +49,6 @@ def pytest_configure(config):
     touched.register(config, ["harness", "strategies"])
 
 
-#: Modules whose tests take minutes each (bisects over a stand-in history, a release's venv install).
-#: xdist hands each worker a contiguous share of the collection and a worker that runs dry steals
-#: the other's last tests: started last, one of these would leave the other worker idle for its
-#: whole length, so they are collected first.
-LONGEST_FIRST = ("tests/test_release_matrix.py", "tests/test_bisect.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: not item.nodeid.startswith(LONGEST_FIRST))  # stable: order kept otherwise
-
-
 @pytest.fixture(scope="module")
 def sglang_target():
     """SGLang's real code behind the target protocol; skips (or, in CI, fails) where it cannot load.
