@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from harness.model import limits
+from tests import zygote
 
 ROOT = Path(__file__).resolve().parents[1]
 MEMORY_CAP = 3 << 30  # address space: RSS stays well below; a 6.9 GB bomb dies at once
@@ -46,10 +47,10 @@ def _env(tmp_path, extra=None):
             **(extra or {})}
 
 
-def vmfuzz(tmp_path, *args, timeout=TIMEOUT, env=None, **kw):
-    return subprocess.run([sys.executable, "-m", "harness.cli", *map(str, args)], cwd=tmp_path,
-                          env=_env(tmp_path, env), capture_output=True, text=True, timeout=timeout,
-                          preexec_fn=_cap, **kw)
+def vmfuzz(tmp_path, *args, timeout=TIMEOUT, env=None):
+    """The CLI under the memory cap, forked from the test zygote (tests/zygote.py) with the cap applied."""
+    return zygote.run([sys.executable, "-m", "harness.cli", *map(str, args)], cwd=tmp_path,
+                      env=_env(tmp_path, env), timeout=timeout, address_space=MEMORY_CAP)
 
 
 def no_traceback(r) -> None:

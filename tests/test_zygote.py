@@ -61,3 +61,22 @@ def test_a_run_past_its_timeout_is_killed(tmp_path):
     # the zygote serves the next run
     again = zygote.run([sys.executable, "-c", "print('next')"], cwd=tmp_path, timeout=60)
     assert again.stdout == "next\n"
+
+
+
+def test_a_capped_run_is_refused_what_a_capped_cold_run_is_refused():
+    """tests/test_hostile.py's memory cap holds in a forked run as in a cold one: an allocation
+    under the cap succeeds in both, one past it is refused in both."""
+    import resource
+    cap = 3 << 30
+    program = ("import sys\ntry:\n    block = bytearray(int(sys.argv[1]) << 20)\nexcept MemoryError:\n"
+               "    sys.exit(7)\nprint(len(block) >> 20)")
+
+    def capped():
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    for mib, want in ((256, 0), (4096, 7)):
+        argv = [sys.executable, "-c", program, str(mib)]
+        forked = zygote.run(argv, cwd=ROOT, timeout=120, address_space=cap)
+        cold = subprocess.run(argv, cwd=ROOT, timeout=120, capture_output=True, text=True, preexec_fn=capped)
+        assert forked.returncode == cold.returncode == want, (mib, forked.stderr, cold.stderr)

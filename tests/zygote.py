@@ -54,7 +54,7 @@ class _Client:
         return subprocess.Popen([sys.executable, "-W", "ignore", __file__], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, env=env, cwd=ROOT, text=True, bufsize=1)
 
-    def run(self, argv: list[str], *, env: dict, cwd: Path, timeout: float | None):
+    def run(self, argv: list[str], *, env: dict, cwd: Path, timeout: float | None, address_space: int | None):
         if self.proc is None or self.proc.poll() is not None:
             self.proc = self._start()
             if _reply(self.proc, 600).get("ready") is not True:
@@ -62,7 +62,8 @@ class _Client:
         with tempfile.TemporaryDirectory(prefix="zygote-") as io_dir:
             out, err = Path(io_dir) / "out", Path(io_dir) / "err"
             self.proc.stdin.write(json.dumps({"argv": [str(a) for a in argv], "env": env, "cwd": str(cwd),
-                                              "out": str(out), "err": str(err)}) + "\n")
+                                              "out": str(out), "err": str(err),
+                                              "address_space": address_space}) + "\n")
             self.proc.stdin.flush()
             pid = _reply(self.proc, 60)["pid"]
             try:
@@ -98,19 +99,29 @@ def _read(path: Path) -> str:
 _CLIENT = _Client()
 
 
-def run(argv: list, *, env: dict | None = None, cwd: Path | None = None, timeout: float | None = None):
+def run(argv: list, *, env: dict | None = None, cwd: Path | None = None, timeout: float | None = None,
+        address_space: int | None = None):
     """``subprocess.run(argv, capture_output=True, text=True, ...)`` for ``argv`` =
-    ``[sys.executable, ("-W", "ignore")?, "-m" MODULE | "-c" CODE, *args]``, forked from the zygote."""
+    ``[sys.executable, ("-W", "ignore")?, "-m" MODULE | "-c" CODE, *args]``, forked from the zygote.
+    ``address_space``: the run's RLIMIT_AS in bytes (a cold run gets it before exec, a forked one
+    before it starts; the preloaded packages already count, as they would once a cold run imported them)."""
     argv = [str(a) for a in argv]
     env = dict(os.environ if env is None else env)
     cwd = Path(cwd or Path.cwd())
+    cold = dict(env=env, cwd=cwd, timeout=timeout, capture_output=True, text=True,
+                preexec_fn=None if address_space is None else lambda: _cap(address_space))
     if not enabled() or argv[0] != sys.executable:
-        return subprocess.run(argv, env=env, cwd=cwd, timeout=timeout, capture_output=True, text=True)
+        return subprocess.run(argv, **cold)
     try:
-        return _CLIENT.run(argv, env=env, cwd=cwd, timeout=timeout)
+        return _CLIENT.run(argv, env=env, cwd=cwd, timeout=timeout, address_space=address_space)
     except (RuntimeError, OSError, KeyError, json.JSONDecodeError):
         _CLIENT.discard()  # a broken zygote: this run goes cold, the next one starts a new zygote
-        return subprocess.run(argv, env=env, cwd=cwd, timeout=timeout, capture_output=True, text=True)
+        return subprocess.run(argv, **cold)
+
+
+def _cap(address_space: int) -> None:
+    import resource
+    resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
 
 
 def _preload_list() -> Path:
@@ -185,6 +196,8 @@ def _child(job: dict, base_path: list[str]) -> None:
     sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8")
     sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
                                                    errors="backslashreplace", line_buffering=True)
+    if job.get("address_space"):
+        _cap(job["address_space"])
     os.chdir(job["cwd"])
     os.environ.clear()
     os.environ.update(job["env"])
