@@ -30,7 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 REPRO = ROOT / "repro" / "pr33127" / "pr33127.json"
 
 N_COMMITS = 18
-PLANTED = 13  # the commit (1-based, after the base) that brings the regression back
+#: the commit (1-based, after the base) that brings the regression back: one before the last, so a
+#: search from the commit before it to main is one step past the ends (the SIGKILL test's rerun)
+PLANTED = 17
 UNIMPORTABLE = (9, 10)  # import sglang fails on these two, repaired by the next
 
 #: Files the unrelated commits touch in turn: comments only, the code unchanged.
@@ -258,7 +260,7 @@ def test_sigkill_at_any_moment_leaves_the_checkout_byte_for_byte_and_the_rerun_r
     # A tag with the branch's name (same commit) must not leave the user detached either.
     sglang_repo.git(repo, "tag", "main", "main")
     try:
-        # A short range past the unimportable commits: recovery is what this rerun checks, and the
+        # The shortest range holding the planted commit: recovery is what this rerun checks, and the
         # whole history's search is test_bisect_names_the_planted_commit_and_skips_the_unimportable's.
         proc, out = bisect(repo, tmp_path / "final", "--good", shas[PLANTED - 1], "--bad", "main")
         assert proc.returncode == 1, out
