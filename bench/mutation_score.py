@@ -131,6 +131,19 @@ def in_scope(item, package: Path, functions: dict[str, list[str]], cache: dict) 
     return ranges is None or any(lo <= m.start_pos[0] <= hi for lo, hi in ranges)
 
 
+def mutation_key(item) -> tuple:
+    """What a work item's mutation is (file, place, operator, occurrence): cosmic-ray's job ids are
+    random per ``init``, so a sample drawn in their order differed between runs of one seed."""
+    m = item.mutations[0]
+    return (str(m.module_path), tuple(m.start_pos), tuple(m.end_pos), m.operator_name, m.occurrence)
+
+
+def sample_jobs(pool: list, seed: int, sample: int) -> set[str]:
+    """The job ids of ``sample`` items of ``pool``, the same mutations for the same seed and pool."""
+    ordered = sorted(pool, key=mutation_key)
+    return {item.job_id for item in random.Random(seed).sample(ordered, min(sample, len(ordered)))}
+
+
 def baselines(work: Path, files: dict[str, list[str]], sglang_tests: Path | None) -> None:
     """What a mutant is compared with, taken on the pristine copy in worker-0 before any mutant runs:
     two recordings of the gate properties' outputs on the fixed cases (what differs between them is
@@ -173,9 +186,8 @@ def prepare(work: Path, sample: int, seed: int, workers: int, timeout: float, sc
         items = list(db.work_items)
         ids = sorted(item.job_id for item in items)
         cache: dict = {}
-        pool = sorted(item.job_id for item in items
-                      if scope == "files" or in_scope(item, package, functions, cache))
-        chosen = set(random.Random(seed).sample(pool, min(sample, len(pool))))
+        pool = [item for item in items if scope == "files" or in_scope(item, package, functions, cache)]
+        chosen = sample_jobs(pool, seed, sample)
         db.set_multiple_results([i for i in ids if i not in chosen],
                                 WorkResult(worker_outcome=WorkerOutcome.SKIPPED, output="not sampled"))
     (work / "plan.json").write_text(json.dumps({"sample": len(chosen), "of": len(ids), "in_scope": len(pool),

@@ -268,3 +268,21 @@ def test_the_gate_s_cpu_time_is_its_children_s(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"counts": {"examples": 412}}))
     assert mutation_kill.examples(tmp_path / "summary.json") == 412
     assert mutation_kill.examples(tmp_path / "missing.json") is None
+
+
+def test_one_seed_samples_the_same_mutations_whatever_job_ids_init_gave_them():
+    """cosmic-ray gives each mutation a random job id per ``init``: the sample follows the mutations."""
+    import random
+    import uuid
+    from types import SimpleNamespace
+
+    def items(rng):
+        made = [SimpleNamespace(job_id=uuid.UUID(int=rng.getrandbits(128)).hex, mutations=[SimpleNamespace(
+                    module_path=Path(f"python/sglang/f{i % 3}.py"), start_pos=(i, 4), end_pos=(i, 9),
+                    operator_name="core/NumberReplacer", occurrence=i % 2)]) for i in range(200)]
+        return made, {it.job_id: mutation_score.mutation_key(it) for it in made}
+
+    (first, key1), (second, key2) = items(random.Random(1)), items(random.Random(2))
+    a = {key1[j] for j in mutation_score.sample_jobs(first, 1, 20)}
+    b = {key2[j] for j in mutation_score.sample_jobs(second, 1, 20)}
+    assert len(a) == 20 and a == b
