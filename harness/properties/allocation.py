@@ -118,11 +118,11 @@ def check_site(target, backend: str, numbers: ServerNumbers) -> float:
     return float(worst - cap)
 
 
-def check_fa3_graph(target, obs: Observation, numbers: ServerNumbers) -> None:
+def check_fa3_graph(target, obs: Observation, numbers: ServerNumbers, sites: dict | None = None) -> None:
     """FlashAttention's cuda-graph metadata buffers, as its ``init_cuda_graph_state(max_bs, ...)`` sized
     them, against what a graph of the captured max_bs binds (``harness.model.fa3_graph``); run before the
     sites, so a size the real set-up refuses (it raises there) is judged as the size it is."""
-    why = target.allocating_backends().get("flashattention", "no such site")
+    why = (target.allocating_backends() if sites is None else sites).get("flashattention", "no such site")
     read = getattr(target, "fa3_graph_buffers", None)
     if read is None or why is not None:
         obs.classes.add(f"fa3 cuda-graph buffers: not driven ({why or 'not by this target'})")
@@ -144,8 +144,8 @@ def allocation_soundness(target, config: Config, batches: list[Batch], device="c
     obs = Observation()
     numbers = ServerNumbers.of(config)
     check_footprint(target, config, batches)
-    check_fa3_graph(target, obs, numbers)
     sites = target.allocating_backends()
+    check_fa3_graph(target, obs, numbers, sites)
     driven = [name for name, why in sites.items() if why is None]
     for name, why in sites.items():
         if why is not None:
