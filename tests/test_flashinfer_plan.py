@@ -107,6 +107,12 @@ ALTERATIONS = {
     "custom-mask-one-short": ([(EAGLE_INFO, r"return kv_indices, cum_kv_seq_len, qo_indptr, self\.custom_mask\n",
                                 "return kv_indices, cum_kv_seq_len, qo_indptr, self.custom_mask[: mask_numel - 1]\n")],
                               ("EagleVerifyInput.generate_attn_arg_prefill", "custom_mask", "overrun")),
+    # The length the mask must cover taken as d**3 per request for d**2: a mask that already covers the
+    # batch is padded into a fresh copy on every verify step (a mutation run's survivor: no cell it read
+    # changed, so only the reuse decision shows it).
+    "custom-mask-grown-although-it-fits": ([(EAGLE_INFO, r"\(self\.draft_token_num\*\*2\) \* batch_size",
+                                             "(self.draft_token_num**3) * batch_size")],
+                                           ("EagleVerifyInput.generate_attn_arg_prefill", "custom_mask", "wrong")),
 }
 
 #: the same arrays computed another way, locals renamed: must still hold
@@ -114,7 +120,10 @@ REFACTOR = [(FLASHINFER, r"kv_indptr_host = torch\.zeros\(bs \+ 1, dtype=torch\.
                          r"\s*kv_indptr_host\[1:\] = torch\.cumsum\(seq_lens_cpu_i32, dim=0\)",
              "kv_indptr_host = torch.nn.functional.pad(torch.cumsum(seq_lens_cpu_i32, dim=0), (1, 0))"
              ".to(torch.int32)"),
-            (EAGLE_INFO, r"\bcum_kv_seq_len\b", "kv_bounds")]
+            (EAGLE_INFO, r"\bcum_kv_seq_len\b", "kv_bounds"),
+            # handed on as a view of the region it covers: the same storage, no copy
+            (EAGLE_INFO, r"return kv_indices, kv_bounds, qo_indptr, self\.custom_mask\n",
+             "return kv_indices, kv_bounds, qo_indptr, self.custom_mask[:mask_numel]\n")]
 
 
 def _altered(edits) -> types.SimpleNamespace:

@@ -74,6 +74,10 @@ class PackedView:
     #: redzone hits of the plan's KV gather, and the function whose gather it was
     plan_overruns: list = field(default_factory=list, kw_only=True)
     plan_gatherer: str = field(default="", kw_only=True)
+    #: (cells handed in, cells handed on) when the plan's mask is a new tensor, not the mask the verify
+    #: step handed in (None: handed on in place, or not driven). Growing is the fallback for a mask too
+    #: short for the batch; growing one that already covers it copies the whole mask every verify step.
+    mask_regrown: tuple[int, int] | None = field(default=None, kw_only=True)
 
 
 class PackRefused(AssertionError):

@@ -60,6 +60,13 @@ def judge_plan(view, config: Config, batch: Batch, oracle: torch.Tensor) -> bool
     if view.plan_overruns:
         fail_overrun("packed-mask", f"the KV gather for FlashInfer's plan wrote outside its buffer ({where}): "
                      + describe_all(view.plan_overruns), view.plan_overruns, writer=view.plan_gatherer)
+    if view.mask_regrown and view.mask_regrown[0] >= oracle.numel():
+        cells_in, cells_on = view.mask_regrown
+        # The same reuse-if-it-fits decision as fits(): growing is the fallback for a short mask only.
+        fail("packed-mask", f"{view.plan_gatherer} handed FlashInfer's plan a new {cells_on}-cell mask although the "
+                            f"{cells_in} cells handed in already cover the batch's {oracle.numel()}-cell region: "
+                            f"a copy of the whole mask every verify step ({where})",
+             effect="wrong", writer=view.plan_gatherer, buffer="custom_mask", cell="grew a mask that fits")
     want = expected_plan(config, batch)
     for read in view.plan:
         if read.quantity == "custom_mask":

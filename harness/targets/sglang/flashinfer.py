@@ -95,11 +95,19 @@ class _Hops:
         self.generated: tuple | None = None
         self.planned: dict | None = None
         self.plan_args: dict | None = None
+        self.mask_regrown: tuple[int, int] | None = None
 
-    def record_generated(self, fn):
+    def record_generated(self, spec_info):
+        fn = spec_info.generate_attn_arg_prefill
+
         def generate(*args, **kwargs):
+            handed_in = spec_info.custom_mask
             out = fn(*args, **kwargs)
             self.generated = tuple(out)
+            handed_on = self.generated[_GENERATED.index("custom_mask")] if len(self.generated) == 4 else None
+            if isinstance(handed_in, torch.Tensor) and isinstance(handed_on, torch.Tensor) and (
+                    handed_on.untyped_storage().data_ptr() != handed_in.untyped_storage().data_ptr()):
+                self.mask_regrown = (handed_in.numel(), handed_on.numel())
             return out
         return generate
 
@@ -181,7 +189,7 @@ def pack_mask(config: Config, batch: Batch, step_mask: torch.Tensor, buffer: tor
         draft_token_num=d, capture_hidden_mode=m.forward_info.CaptureHiddenMode.FULL, seq_lens_sum=seq_sum,
         seq_lens_cpu=seq_lens.cpu())
     hops, heap = _Hops(), ShadowHeap(dev)
-    spec_info.generate_attn_arg_prefill = hops.record_generated(spec_info.generate_attn_arg_prefill)
+    spec_info.generate_attn_arg_prefill = hops.record_generated(spec_info)
     wrapper = _graph_wrapper(m, bs, seq_sum + d * bs, buffer, dev, heap, hops)
     # Each (request, token) its own slot, room for its prefix and draft tokens; stray writes land in redzones.
     translator = GathersKvSlots(heap, plan_kv_span(config))
@@ -198,7 +206,8 @@ def pack_mask(config: Config, batch: Batch, step_mask: torch.Tensor, buffer: tor
               qo_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=dev), use_ragged=False,
               spec_info=spec_info, seq_lens_cpu=seq_lens.cpu(), plan=None)
     return PackedView(wrapper._custom_mask_buf, wrapper._mask_indptr_buf, plan=hops.reads(wrapper),
-                      plan_overruns=heap.check(), plan_gatherer=GENERATOR if hops.generated is not None else CALLER)
+                      plan_overruns=heap.check(), plan_gatherer=GENERATOR if hops.generated is not None else CALLER,
+                      mask_regrown=hops.mask_regrown)
 
 
 def packing_not_driven() -> str | None:
