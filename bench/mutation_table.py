@@ -143,6 +143,12 @@ def headline(total: Counter, done: list[dict]) -> list[str]:
                    f"check** ({by_check} killed by a property's check / ({total['killed']} killed + "
                    f"{total['survived']} survived with outputs not shown identical); "
                    f"{total['by raising']} more only by the mutant raising or crashing.")
+        ran_on = non_equivalent - total["by raising"]
+        if total["by raising"] and ran_on:
+            # Not the headline: a raise is the gate's kill but no property's, and a maintainer asks both
+            # how often the gate stops a bad change and how often a property saw what went wrong.
+            out += ["", f"Of the {ran_on} non-equivalent mutants that did not raise (a raise leaves no output for "
+                        f"any check to judge), the properties caught {by_check / ran_on:.0%} ({by_check}/{ran_on})."]
     else:
         out.append("No mutant was judged (none killed, none survived).")
     if total["stillborn"]:

@@ -225,6 +225,8 @@ def test_the_headline_counts_property_kills_over_non_equivalent_mutants():
     text = "\n".join(md)
     # 1 by a check / (3 killed + 1 survived non-equivalent); the equivalent one is left out
     assert "The gate kills 25% of non-equivalent mutants by a property's check" in text
+    # the crash set aside (no output to judge), the no-origin kill kept: 1 of 3
+    assert "Of the 3 non-equivalent mutants that did not raise" in text and "caught 33% (1/3)" in text
     assert data["total"]["by a check"] == 1 and data["total"]["by raising"] == 1
     assert data["total"]["suspected-equivalent"] == 2
     # the one whose mutated line never ran is identical because unreached: the second figure counts it
