@@ -270,7 +270,7 @@ def rejudge(work: Path, tests: Path) -> dict[str, str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="mutation_score.py")
-    ap.add_argument("step", choices=["prepare", "exec", "report", "stillborn", "all", "sglang-tests"])
+    ap.add_argument("step", choices=["prepare", "exec", "report", "stillborn", "all", "sglang-tests", "nightly"])
     ap.add_argument("work", type=Path)
     ap.add_argument("--sample", type=int, default=100)
     ap.add_argument("--seed", type=int, default=1)
@@ -283,6 +283,10 @@ def main(argv=None) -> int:
     ap.add_argument("--sglang-tests", type=Path, metavar="PATH",
                     help="an SGLang checkout (or its test/ folder) whose own unit tests judge the same mutants, "
                          "side by side with the gate; never copied here")
+    ap.add_argument("--budget", type=float, default=600.0,
+                    help="nightly: seconds of `vmfuzz run --profile nightly` a mutant gets")
+    ap.add_argument("--mutants", choices=["survived", "non-equivalent"], default="survived",
+                    help="nightly: the gate's survivors (default), or every killed and surviving mutant")
     args = ap.parse_args(argv)
     work = args.work.resolve()
     if args.sglang_tests is not None and not args.sglang_tests.is_dir():
@@ -293,6 +297,13 @@ def main(argv=None) -> int:
         if not (work / "session.sqlite").is_file():
             sys.exit(f"mutation_score: {work}: no session.sqlite (run prepare and exec first)")
         rejudge(work, args.sglang_tests.resolve())
+    if args.step == "nightly":
+        if not (work / "score.json").is_file():
+            sys.exit(f"mutation_score: {work}: no score.json (run exec and report first)")
+        if args.budget <= 0:
+            sys.exit(f"mutation_score: --budget {args.budget:g}: must be a positive number of seconds")
+        import mutation_nightly
+        mutation_nightly.rejudge(work, args.budget, args.seed, args.mutants)
     if args.step in ("prepare", "all"):
         prepare(work, args.sample, args.seed, args.workers, args.timeout, args.scope, args.port,
                 args.sglang_tests.resolve() if args.sglang_tests else None)
@@ -301,7 +312,7 @@ def main(argv=None) -> int:
     if args.step == "stillborn":
         import stillborn
         print(f"mutation_score: {stillborn.rescore(work)} kill(s) by raising in a Triton kernel judged by its compiler")
-    if args.step in ("report", "stillborn", "all", "sglang-tests"):
+    if args.step in ("report", "stillborn", "all", "sglang-tests", "nightly"):
         from mutation_table import report
         report(work)
     return 0

@@ -234,6 +234,11 @@ def report(work: Path) -> dict:
         for r in done:
             r["sglang_tests"] = verdicts.get(r["job"], r["sglang_tests"])
     md, data = render(done, json.loads((work / "plan.json").read_text()))
+    # a nightly run after the exec (mutation_score.py nightly): its own section, the gate's figures untouched
+    nightly = json.loads((work / "nightly.json").read_text()) if (work / "nightly.json").exists() else None
+    from mutation_nightly import section
+    md += section(done, nightly)
+    data["nightly"] = nightly
     (work / "score.md").write_text("\n".join(md))
     (work / "survivors.md").write_text("\n".join(survivor_notes(done)))
     (work / "score.json").write_text(json.dumps(data, indent=1))

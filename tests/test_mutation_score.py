@@ -288,3 +288,62 @@ def test_one_seed_samples_the_same_mutations_whatever_job_ids_init_gave_them():
     a = {key1[j] for j in mutation_score.sample_jobs(first, 1, 20)}
     b = {key2[j] for j in mutation_score.sample_jobs(second, 1, 20)}
     assert len(a) == 20 and a == b
+
+
+def _summary(path: Path, *origins: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"groups": [{"origin": o, "known": False} for o in origins]}))
+    return path
+
+
+def test_a_nightly_s_verdict_is_read_from_its_origins(tmp_path):
+    import mutation_nightly as nightly
+    checked = _summary(tmp_path / "a.json", {"property": "packed-mask", "effect": "wrong"},
+                       {"property": "routing", "effect": "raise"})
+    raised = _summary(tmp_path / "b.json", {"property": "routing", "effect": "raise"})
+    assert nightly.verdict(1, checked) == {"verdict": "killed (a property's check)", "properties": ["packed-mask"],
+                                           "exit": 1}
+    assert nightly.verdict(1, raised)["verdict"] == "killed (the mutant raising)"
+    assert nightly.verdict(1, tmp_path / "none.json")["verdict"].startswith("error")  # no output credits nothing
+    assert nightly.verdict(0, raised)["verdict"] == "survived"
+    assert nightly.verdict(3, raised)["verdict"] == "could not check (exit 3)"
+
+
+def test_a_nightly_judges_the_gate_s_survivors_on_the_mutated_copy(tmp_path, monkeypatch):
+    """``mutation_score.py nightly`` runs only the gate's survivors by default, each with its mutant written
+    into worker-0 again and put back after; it resumes, and its section sits beside the gate's figures."""
+    import mutation_nightly as nightly
+    pristine = _fake_sglang(tmp_path / "pristine", 8) / "python" / "sglang"
+    work = tmp_path / "work"
+    mutation_score.mirror(pristine, work / "worker-0" / "python" / "sglang", {Path("srt/mask.py")})
+    (work / "driven.json").write_text(json.dumps({"package": str(pristine), "files": {"srt/mask.py": ["p"]}}))
+    (work / "plan.json").write_text(json.dumps({"sample": 2, "of": 2, "seed": 1}))
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import MutationSpec, WorkItem
+    with use_db(str(work / "session.sqlite"), WorkDB.Mode.create) as db:
+        for job, output in (("j1", "vmfuzz-kill: exit 0 in 3s\nvmfuzz-equiv: differs: read_eager ->.x (1 outputs)"),
+                            ("j2", "vmfuzz-kill: exit 1 in 3s\n" + CHECKED)):
+            db.add_work_item(WorkItem(job_id=job, mutations=[MutationSpec(
+                module_path="python/sglang/srt/mask.py", operator_name="core/NumberReplacer", occurrence=0,
+                start_pos=(2, 11), end_pos=(2, 12))]))
+            db.set_result(job, WorkResult(worker_outcome=WorkerOutcome.NORMAL, diff=CODE_DIFF, output=output))
+    assert mutation_score.main(["report", str(work)]) == 0
+    seen = []
+
+    def fake_run(copy, rel, properties, budget, seed, scratch):
+        seen.append(((copy / "python" / "sglang" / rel).read_text(), properties, budget, seed))
+        return nightly.verdict(1, _summary(scratch / "report" / "summary.json",
+                                           {"property": "p", "effect": "wrong"}))
+
+    monkeypatch.setattr(nightly, "run_one", fake_run)
+    assert mutation_score.main(["nightly", str(work), "--budget", "5", "--seed", "4"]) == 0
+    assert seen == [("def width():\n    return 9\n", ["p"], 5.0, 4)]  # the survivor only, mutated
+    assert (work / "worker-0" / "python" / "sglang" / "srt" / "mask.py").read_text() == "def width():\n    return 8\n"
+    state = json.loads((work / "nightly.json").read_text())
+    assert state["verdicts"]["j1"]["verdict"] == "killed (a property's check)" and "j2" not in state["verdicts"]
+    md = (work / "score.md").read_text()
+    assert "A 5-second nightly (seed 4)" in md and "Of the gate's 1 survivor(s) run, the nightly killed 1" in md
+    assert mutation_score.main(["nightly", str(work), "--budget", "5", "--seed", "4"]) == 0
+    assert len(seen) == 1  # resumed: nothing run twice
+    with pytest.raises(SystemExit, match="must be a positive"):
+        mutation_score.main(["nightly", str(work), "--budget", "0"])

@@ -1,0 +1,143 @@
+"""A nightly as a third judge of mutants the gate already ran: what a longer search adds.
+
+``mutation_score.py nightly WORK --budget S`` writes each chosen mutant into
+worker-0's copy again (cosmic-ray's own operator and occurrence, as the
+SGLang-tests column does), runs ``vmfuzz run --target sglang --profile nightly
+--time-budget S`` on it (the copy first on the path, a fresh example database and
+report directory per mutant, the properties that drive the mutated file, as the
+gate was given), reads what killed it from the run's summary.json origins (never
+its words), and puts the file back. Verdicts go to WORK/nightly.json after each
+mutant, so a rerun with the same budget and seed resumes.
+
+By default only the gate's survivors are run: a nightly costs its whole budget on
+a mutant it cannot kill, so the survivors are where it can add something for its
+cost. ``--mutants non-equivalent`` runs every killed and surviving mutant, which is
+what a nightly's own score needs (about S seconds each).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mutation_kill import HARNESS_ROOT, killing_origins
+
+CHOICES = ("survived", "non-equivalent")
+RAISING = ("raise", "crash", "hang")
+
+
+def chosen(work: Path, which: str) -> list[dict]:
+    """The mutants to run, as score.json's rows (report must have run)."""
+    rows = json.loads((work / "score.json").read_text())["mutants"]
+    keep = ("survived",) if which == "survived" else ("survived", "killed")
+    return [r for r in rows if r["outcome"] in keep]
+
+
+def verdict(code: int, summary: Path) -> dict:
+    """What the nightly said of one mutant, from its exit and its summary's typed origins."""
+    origins = killing_origins(summary)
+    props = sorted({o["property"] for o in origins if o.get("effect") not in RAISING and o.get("property")})
+    if code == 1 and props:
+        said = "killed (a property's check)"
+    elif code == 1 and origins:
+        said = "killed (the mutant raising)"
+    elif code == 0:
+        said = "survived"
+    elif code == 3:
+        said = "could not check (exit 3)"
+    else:
+        said = f"error (exit {code}{', no origin' if code == 1 else ''})"
+    return {"verdict": said, "properties": props, "exit": code}
+
+
+def run_one(copy: Path, rel: str, properties: list[str], budget: float, seed: int, scratch: Path) -> dict:
+    """The nightly on ``copy`` as it is now (mutated by the caller)."""
+    for d in ("report", "db"):
+        shutil.rmtree(scratch / d, ignore_errors=True)
+    cmd = [sys.executable, "-W", "ignore", "-m", "harness", "run", "--target", "sglang", "--profile", "nightly",
+           "--time-budget", str(budget), "--workers", "2", "--seed", str(seed), "--db", str(scratch / "db"),
+           "--report-dir", str(scratch / "report"), "--overwrite"]
+    for p in properties:
+        cmd += ["--property", p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(copy.resolve() / "python"), str(HARNESS_ROOT)]),
+               PYTHONDONTWRITEBYTECODE="1", TRITON_INTERPRET="1")
+    env.pop("SGLANG_USE_CPU_ENGINE", None)
+    start = time.monotonic()
+    # a budget is the run's own; the margin covers the import and the report before it is called a hang
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=scratch, timeout=budget * 1.5 + 300)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        return {"verdict": "error (ran past its budget by half)", "properties": [], "exit": None,
+                "wall_s": round(time.monotonic() - start)}
+    out = verdict(code, scratch / "report" / "summary.json")
+    out["wall_s"] = round(time.monotonic() - start)
+    return out
+
+
+def rejudge(work: Path, budget: float, seed: int, which: str) -> dict:
+    """Run the nightly on the chosen mutants; WORK/nightly.json after each one."""
+    import cosmic_ray.plugins
+    from cosmic_ray.mutating import use_mutation
+    from cosmic_ray.work_db import WorkDB, use_db
+
+    copy = work / "worker-0"
+    driven = json.loads((work / "driven.json").read_text())
+    dirty = [rel for rel in driven["files"]
+             if (copy / "python" / "sglang" / rel).read_bytes() != (Path(driven["package"]) / rel).read_bytes()]
+    if dirty:
+        sys.exit(f"mutation_score: {copy} is not pristine ({', '.join(dirty)} differ from the installed "
+                 f"package): is an exec still running there?")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # use_mutation puts the pristine file back
+    out = work / "nightly.json"
+    state = {"budget": budget, "seed": seed, "verdicts": {}}
+    if out.exists():
+        old = json.loads(out.read_text())
+        if (old.get("budget"), old.get("seed")) == (budget, seed):
+            state["verdicts"] = old["verdicts"]
+    rows = {r["job"]: r for r in chosen(work, which)}
+    with use_db(str(work / "session.sqlite"), WorkDB.Mode.open) as db:
+        items = [item for item, _ in db.completed_work_items if item.job_id in rows]
+    scratch = work / "nightly-scratch"
+    scratch.mkdir(exist_ok=True)
+    print(f"mutation_score: a {budget:.0f}s nightly on {len(items)} mutant(s) ({which}), seed {seed}")
+    for item in items:
+        if item.job_id in state["verdicts"]:
+            continue
+        m = item.mutations[0]
+        rel = str(m.module_path).removeprefix("python/sglang/")
+        operator = cosmic_ray.plugins.get_operator(m.operator_name)(**(m.operator_args or {}))
+        with use_mutation(copy / m.module_path, operator, m.occurrence) as (_, mutated):
+            said = (run_one(copy, rel, sorted(driven["files"][rel]), budget, seed, scratch) if mutated is not None
+                    else {"verdict": "error: cosmic-ray could not apply this mutant again", "properties": []})
+        said["gate"] = rows[item.job_id]["outcome"]
+        state["verdicts"][item.job_id] = said
+        print(f"mutation_score: {rel}:{m.start_pos[0]} {m.operator_name.split('/')[-1]}: {said['verdict']}", flush=True)
+        out.write_text(json.dumps(state, indent=1))
+    return state
+
+
+def section(done: list[dict], state: dict | None) -> list[str]:
+    """score.md's lines for the nightly, beside the gate's verdicts."""
+    if not state or not state.get("verdicts"):
+        return []
+    verdicts = state["verdicts"]
+    out = [f"## A {state['budget']:.0f}-second nightly (seed {state['seed']}) beside the gate", "",
+           "| mutant | gate | nightly | nightly's killing properties |", "|---|---|---|---|"]
+    for r in done:
+        v = verdicts.get(r["job"])
+        if v:
+            out.append(f"| `{r['file']}:{r['line']}` {r['operator']} | {r['outcome']} | {v['verdict']} "
+                       f"| {', '.join(v['properties']) or '-'} |")
+    ran = [v for v in verdicts.values()]
+    survivors = [v for v in ran if v.get("gate") == "survived"]
+    caught = sum(v["verdict"] == "killed (a property's check)" for v in survivors)
+    out += ["", f"Of the gate's {len(survivors)} survivor(s) run, the nightly killed {caught} by a property's check.",
+            ""]
+    return out
