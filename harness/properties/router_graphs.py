@@ -67,7 +67,7 @@ def _check_graph_state(where, runners: tuple[str, ...], states: tuple) -> None:
     for leaf in runners:
         if leaf not in reached:
             fail(NAME, f"{where}: the router's cuda-graph set-up (max_bs {CAPTURE[0]}, max_num_tokens "
-                        f"{CAPTURE[1]}) reaches {', '.join(sorted(reached)) or 'no child'}, but never the "
+                        f"{CAPTURE[1]}) reaches {', '.join(sorted(reached)) or 'no child'}, not the "
                         f"{leaf} child, which runs TARGET_VERIFY in the captured graph: its graph state (and "
                         "any mask it reads) is never set up",
                  buffer="cuda-graph state", cell="graph set-up", **_origin(where, leaf))
