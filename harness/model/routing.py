@@ -50,6 +50,46 @@ def verify_child(router: str, spec_mode: str) -> str:
     return "full"  # linear-attention layers read no tree mask
 
 
+def verify_runners(router: str, spec_mode: str) -> tuple[str, ...]:
+    """The roles of every child whose attention runs in a TARGET_VERIFY forward: the verify
+    child, and a hybrid-linear router's linear child too (its layers run in the same forward,
+    reading the tree links it keeps itself, not the mask). Each must get the cuda-graph
+    replay's fix-up of its verify buffers, and its cuda-graph state at capture."""
+    role = verify_child(router, spec_mode)
+    return (role, "linear") if router == "hybrid-linear" else (role,)
+
+
+def verify_leaves(router: str, spec_mode: str, children: dict) -> tuple[str, ...]:
+    """``verify_runners`` down to the leaves (qualified roles) under a router over ``children``."""
+    out: list[str] = []
+    for role in verify_runners(router, spec_mode):
+        child = children[role]
+        out.extend(verify_leaves(child.router, spec_mode, child.children) if isinstance(child, Nest)
+                   else (child.role,))
+    return tuple(out)
+
+
+#: Routers that hand a cuda-graph replay's verify-buffer fix-up (after the draft, on the plan
+#: stream) on to their children. TBO keeps the attention-backend base's, which raises
+#: NotImplementedError: a plan-stream server over TBO stops loudly rather than replay stale buffers.
+FIXUP_ROUTERS: tuple[str, ...] = ("hybrid", "hybrid-linear", "dots-swa")
+
+#: What a router is handed to fix a replay's verify buffers up (``cuda_graph_bs``), and to set up
+#: its cuda-graph state (``max_bs``, ``max_num_tokens``): distinct numbers, so a swapped or
+#: dropped argument shows in what the children record.
+FIXUP_GRAPH_BS = 5
+CAPTURE = (6, 24)
+
+
+class _FixupSpec:
+    def __repr__(self) -> str:
+        return "the spec_info handed to the router"
+
+
+#: The ``spec_info`` handed to a router's fix-up: each child must be handed this very object.
+FIXUP_SPEC = _FixupSpec()
+
+
 @dataclass
 class Child:
     """One backend under a router: the mask it allocated and the context it was sized for.
@@ -161,6 +201,12 @@ class Routing:
     dflash_custom_mask: bool | None = None
     #: every leaf a TARGET_VERIFY forward reached, in order; None: not observed
     verify_served: tuple[str, ...] | None = None
+    #: (leaf, spec_info, cuda_graph_bs) for every leaf a replay's verify-buffer fix-up reached, in
+    #: order (handed ``FIXUP_SPEC`` and ``FIXUP_GRAPH_BS``); None: not observed
+    fixups: tuple | None = None
+    #: (leaf, max_bs, max_num_tokens) for every leaf the router's cuda-graph set-up reached (handed
+    #: ``CAPTURE``); None: not observed
+    graph_states: tuple | None = None
 
 
 def tbo_verify_split(bs: int) -> int:

@@ -15,7 +15,10 @@ Per router and mode:
   unknown;
 - one verify step through the call site, with the router as the attention
   backend, writes inside its buffers, into that child's buffer when the batch
-  fits it (and into no other child's), and gives the oracle's outputs.
+  fits it (and into no other child's), and gives the oracle's outputs;
+- the router's cuda-graph set-up and a replay's verify-buffer fix-up reach
+  every child that runs TARGET_VERIFY, with the router's own arguments, and
+  the fix-up no other child (``harness.properties.router_graphs``).
 
 Steps that would repeat one already run (the same handed mask, reported
 context and length-sum policy) are skipped: their inputs are identical. The
@@ -43,6 +46,7 @@ from harness.properties.kit import (VERIFY_STEP, Observation, PropertyFailure, a
 from harness.model.routing import (NESTINGS, ROUTERS, SPEC_MODES, Child, dflash_needs_custom_mask, leaves,
                                    nested_children, nested_verify_leaf, verify_child)
 from harness.guard.shadow import ShadowHeap, describe_all
+from harness.properties.router_graphs import check_graphs
 from harness.properties.tbo_replay import check_tbo_replay
 
 NAME = "routing"
@@ -146,6 +150,7 @@ def _check_router(target, obs: Observation, config: Config, batch: Batch, heap: 
         fail(NAME, f"{where}: dispatches the TARGET_VERIFY forward to the {r.serves_verify} child, "
                     f"but hands out the {role} child's mask",
              effect="unsound", writer="router", buffer="verify_mask", cell="dispatch", **where.origin)
+    check_graphs(obs, where, label, children, r)
     if r.dflash_resolves is not None:
         _check_dflash(target, obs, where, label, role, r.dflash_resolves)
         if r.dflash_resolves == role and r.dflash_custom_mask is not None:

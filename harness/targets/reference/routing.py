@@ -5,14 +5,16 @@ A model of the routers' code, not of the fact ``routing`` checks them against
 its children that, like SGLang's, dispatches a forward by its forward mode,
 answers ``verify_mask`` and ``max_context_len`` its own way and derives
 ``needs_cpu_seq_lens`` from its children. What the router dispatches a
-TARGET_VERIFY forward to is observed by running one; DFlash's policy is a
-separate function that unwraps routers by their own rules.
+TARGET_VERIFY forward to is observed by running one, and so are the children a
+cuda-graph set-up and a replay's verify-buffer fix-up reach; DFlash's policy is
+a separate function that unwraps routers by their own rules.
 """
 
 from __future__ import annotations
 
 from harness.model.layouts import TreeMaskMode, request_extents
-from harness.model.routing import CAUSAL_VERIFY_BACKENDS, Child, Nest, ReplayView, Routing
+from harness.model.routing import (CAPTURE, CAUSAL_VERIFY_BACKENDS, FIXUP_GRAPH_BS, FIXUP_ROUTERS, FIXUP_SPEC, Child,
+                                   Nest, ReplayView, Routing)
 
 
 class _ChildBackend:
@@ -20,14 +22,20 @@ class _ChildBackend:
 
     needs_cpu_seq_lens = False
 
-    def __init__(self, child: Child, served: list[str]):
+    def __init__(self, child: Child, served: list[str], graphs: dict):
         self.role, self.verify_mask, self._served = child.role, child.verify_mask, served
-        self.backend = child.backend
+        self.backend, self._graphs = child.backend, graphs
         if child.max_context_len is not None:  # linear-attention backends carry none
             self.max_context_len = child.max_context_len
 
     def forward(self, forward_mode: str) -> None:
         self._served.append(self.role)
+
+    def fixup(self, spec_info, cuda_graph_bs) -> None:
+        self._graphs["fixups"].append((self.role, spec_info, cuda_graph_bs))
+
+    def init_graph(self, max_bs: int, max_num_tokens: int) -> None:
+        self._graphs["graph_states"].append((self.role, max_bs, max_num_tokens))
 
 
 class _Hybrid:
@@ -50,6 +58,14 @@ class _Hybrid:
     def forward(self, forward_mode: str) -> None:
         self.select(forward_mode).forward(forward_mode)
 
+    def fixup(self, spec_info, cuda_graph_bs) -> None:
+        self.select("target_verify").fixup(spec_info, cuda_graph_bs)
+
+    def init_graph(self, max_bs: int, max_num_tokens: int) -> None:
+        self.decode.init_graph(max_bs, max_num_tokens)
+        if not self.verify_on_decode:  # verification on prefill captures that child too
+            self.prefill.init_graph(max_bs, max_num_tokens)
+
     @property
     def verify_mask(self):
         return self.select("target_verify").verify_mask
@@ -71,6 +87,10 @@ class _Tbo:
     def forward(self, forward_mode: str) -> None:
         self.primary.forward(forward_mode)  # a verify forward is one batch: no split
 
+    def init_graph(self, max_bs: int, max_num_tokens: int) -> None:
+        for backend in (self.primary, *self.children):
+            backend.init_graph(max_bs, max_num_tokens)
+
     @property
     def verify_mask(self):
         return self.primary.verify_mask
@@ -88,6 +108,14 @@ class _HybridLinear:
     def forward(self, forward_mode: str, full_attention_layer: bool = True) -> None:
         (self.full_attn_backend if full_attention_layer else self.linear_attn_backend).forward(forward_mode)
 
+    def fixup(self, spec_info, cuda_graph_bs) -> None:
+        for backend in (self.full_attn_backend, self.linear_attn_backend):
+            backend.fixup(spec_info, cuda_graph_bs)
+
+    def init_graph(self, max_bs: int, max_num_tokens: int) -> None:
+        for backend in (self.full_attn_backend, self.linear_attn_backend):
+            backend.init_graph(max_bs, max_num_tokens)
+
     @property
     def verify_mask(self):
         return self.full_attn_backend.verify_mask
@@ -103,6 +131,12 @@ class _DotsSwa:
 
     def forward(self, forward_mode: str) -> None:
         self.backend.forward(forward_mode)
+
+    def fixup(self, spec_info, cuda_graph_bs) -> None:
+        self.backend.fixup(spec_info, cuda_graph_bs)
+
+    def init_graph(self, max_bs: int, max_num_tokens: int) -> None:
+        self.backend.init_graph(max_bs, max_num_tokens)
 
     @property
     def verify_mask(self):
@@ -150,11 +184,17 @@ def model_route(router: str, spec_mode: str, children: dict, context_len: int) -
     """The router of kind ``router`` over ``children`` (routers themselves where a child is a
     ``Nest``): what it hands out, reports and dispatches to."""
     served: list[str] = []
-    backend = _build(router, spec_mode, _kids(spec_mode, children, context_len, served), context_len)
+    graphs: dict = {"fixups": [], "graph_states": []}
+    backend = _build(router, spec_mode, _kids(spec_mode, children, context_len, served, graphs), context_len)
     backend.forward("target_verify")
+    backend.init_graph(*CAPTURE)
+    if router in FIXUP_ROUTERS:  # TBO has no fix-up of its own to hand on
+        backend.fixup(FIXUP_SPEC, FIXUP_GRAPH_BS)
     return Routing(router, spec_mode, backend, backend.verify_mask, getattr(backend, "max_context_len", None),
                    served[0] if served else None, bool(backend.needs_cpu_seq_lens),
-                   *dflash_policy_resolves(backend), tuple(served))
+                   *dflash_policy_resolves(backend), tuple(served),
+                   fixups=tuple(graphs["fixups"]) if router in FIXUP_ROUTERS else None,
+                   graph_states=tuple(graphs["graph_states"]))
 
 
 def model_tbo_replay(d: int, seq_lens) -> tuple[ReplayView, list]:
@@ -176,7 +216,8 @@ def model_tbo_replay(d: int, seq_lens) -> tuple[ReplayView, list]:
     return view(0, bs), [view(lo, hi) if hi > lo else None for lo, hi in ((0, split), (split, bs))]
 
 
-def _kids(spec_mode: str, children: dict, context_len: int, served: list) -> dict:
-    return {role: _build(child.router, spec_mode, _kids(spec_mode, child.children, context_len, served), context_len)
-            if isinstance(child, Nest) else _ChildBackend(child, served)
+def _kids(spec_mode: str, children: dict, context_len: int, served: list, graphs: dict) -> dict:
+    return {role: _build(child.router, spec_mode, _kids(spec_mode, child.children, context_len, served, graphs),
+                         context_len)
+            if isinstance(child, Nest) else _ChildBackend(child, served, graphs)
             for role, child in children.items()}

@@ -6,7 +6,10 @@ constructed with their own ``__init__`` over children that each hold a
 different verify mask (and the context they were sized for). What is read back
 is what the call site reads: the ``verify_mask`` property and
 ``max_context_len``; and which child a TARGET_VERIFY forward is dispatched to
-(``forward_extend``, the path target verify takes). A verify step then runs
+(``forward_extend``, the path target verify takes); which children a cuda-graph
+replay's verify-buffer fix-up (``update_verify_buffers_to_fill_after_draft``)
+reaches, and which get their cuda-graph state (``init_cuda_graph_state``), with
+what arguments. A verify step then runs
 SGLang's call site with the router itself as the model runner's attention
 backend and the batch's length sum unknown, as under overlap scheduling, so a
 FULL_MASK fallback is sized from the context the router reports.
@@ -27,7 +30,8 @@ import torch
 
 from harness.model.config import Batch, Config
 from harness.model.outputs import StepOutput
-from harness.model.routing import ROUTERS, Child, Nest, ReplayView, Routing, check_args
+from harness.model.routing import (CAPTURE, FIXUP_GRAPH_BS, FIXUP_ROUTERS, FIXUP_SPEC, ROUTERS, Child, Nest,
+                                   ReplayView, Routing, check_args)
 from harness.targets.sglang.binding import bound
 from harness.model.trees import draft_tokens, tree_tensors
 
@@ -39,10 +43,13 @@ SURFACE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (_ATTN + "hybrid_attn_backend.py", "HybridAttnBackend.verify_mask", ("routing",)),
     (_ATTN + "hybrid_attn_backend.py", "HybridAttnBackend._select_backend", ("routing",)),
     (_ATTN + "hybrid_attn_backend.py", "HybridAttnBackend.forward_extend", ("routing",)),
+    (_ATTN + "hybrid_attn_backend.py", "HybridAttnBackend.update_verify_buffers_to_fill_after_draft", ("routing",)),
+    (_ATTN + "hybrid_attn_backend.py", "HybridAttnBackend.init_cuda_graph_state", ("routing",)),
     (_ATTN + "tbo_backend.py", "TboAttnBackend.__init__", ("routing",)),
     (_ATTN + "tbo_backend.py", "TboAttnBackend.verify_mask", ("routing",)),
     (_ATTN + "tbo_backend.py", "TboAttnBackend.__getattr__", ("routing",)),
     (_ATTN + "tbo_backend.py", "TboAttnBackend.forward_extend", ("routing",)),
+    (_ATTN + "tbo_backend.py", "TboAttnBackend.init_cuda_graph_state", ("routing",)),
     # a TARGET_VERIFY cuda-graph replay split across the overlap children
     (_ATTN + "tbo_backend.py", "TboAttnBackend.init_forward_metadata_out_graph", ("routing",)),
     (_ATTN + "tbo_backend.py", "TboAttnBackend._dispatch_children_from_replay_view", ("routing",)),
@@ -50,9 +57,15 @@ SURFACE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (_ATTN + "hybrid_linear_attn_backend.py", "HybridLinearAttnBackend.__init__", ("routing",)),
     (_ATTN + "hybrid_linear_attn_backend.py", "HybridLinearAttnBackend.verify_mask", ("routing",)),
     (_ATTN + "hybrid_linear_attn_backend.py", "HybridLinearAttnBackend.forward_extend", ("routing",)),
+    (_ATTN + "hybrid_linear_attn_backend.py", "HybridLinearAttnBackend.update_verify_buffers_to_fill_after_draft",
+     ("routing",)),
+    (_ATTN + "hybrid_linear_attn_backend.py", "HybridLinearAttnBackend.init_cuda_graph_state", ("routing",)),
     (_ATTN + "dots_hybrid_backend.py", "DotsSWAMLAAttnBackend.__init__", ("routing",)),
     (_ATTN + "dots_hybrid_backend.py", "DotsSWAMLAAttnBackend.verify_mask", ("routing",)),
     (_ATTN + "dots_hybrid_backend.py", "DotsSWAMLAAttnBackend.forward_extend", ("routing",)),
+    (_ATTN + "dots_hybrid_backend.py", "DotsSWAMLAAttnBackend.update_verify_buffers_to_fill_after_draft",
+     ("routing",)),
+    (_ATTN + "dots_hybrid_backend.py", "DotsSWAMLAAttnBackend.init_cuda_graph_state", ("routing",)),
     # DFlash's custom-mask policy, resolved over each router to the backend it names
     ("srt/speculative/dflash_utils.py", "resolve_dflash_verify_mask_policy", ("routing",)),
     # the call site, with the router as model_runner.attn_backend and the length sum unknown
@@ -88,7 +101,8 @@ class ChildBackend:
     """A stand-in attention backend: only what the routers read of a child.
 
     ``forward_extend`` records that this child was asked to run a forward, which
-    is how the router's TARGET_VERIFY dispatch is observed.
+    is how the router's TARGET_VERIFY dispatch is observed; the cuda-graph fix-up
+    and set-up record what this child was handed.
     """
 
     needs_cpu_seq_lens = False
@@ -99,15 +113,22 @@ class ChildBackend:
     req_to_token_pool = None
     kv_index_translator = None
 
-    def __init__(self, child: Child, served: list[str]):
+    def __init__(self, child: Child, served: list[str], graphs: dict | None = None):
         self.role = child.role
         self.verify_mask = child.verify_mask
         if child.max_context_len is not None:
             self.max_context_len = child.max_context_len
         self._served = served
+        self._graphs = {"fixups": [], "graph_states": []} if graphs is None else graphs
 
     def forward_extend(self, *args, **kwargs):
         self._served.append(self.role)
+
+    def update_verify_buffers_to_fill_after_draft(self, spec_info, cuda_graph_bs):
+        self._graphs["fixups"].append((self.role, spec_info, cuda_graph_bs))
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        self._graphs["graph_states"].append((self.role, max_bs, max_num_tokens))
 
     def supports_prefill_graph_extend(self) -> bool:
         return False
@@ -125,30 +146,57 @@ def build(sg, router: str, spec_mode: str, children: dict, context_len: int) -> 
     check_args(router, spec_mode, children)
     served: list[str] = []
     made: dict = {}
-    backend = _router(router, spec_mode, _kids(sg, router, spec_mode, children, context_len, served, made),
+    graphs: dict = {"fixups": [], "graph_states": []}
+    backend = _router(router, spec_mode, _kids(sg, router, spec_mode, children, context_len, served, made, graphs),
                       context_len)
     forward_batch = SimpleNamespace(forward_mode=sg.forward_info.ForwardMode.TARGET_VERIFY)
     backend.forward_extend(q=None, k=None, v=None, layer=SimpleNamespace(layer_id=_FULL_LAYER),
                            forward_batch=forward_batch)
     resolved, custom_mask = _dflash_resolves(backend, made)
+    fixed_up = _drive_graphs(router, spec_mode, backend)
     return Routing(router, spec_mode, backend, backend.verify_mask, getattr(backend, "max_context_len", None),
                    served[0] if served else None, bool(getattr(backend, "needs_cpu_seq_lens", True)),
-                   resolved, custom_mask, tuple(served))
+                   resolved, custom_mask, tuple(served), fixups=tuple(graphs["fixups"]) if fixed_up else None,
+                   graph_states=tuple(graphs["graph_states"]))
 
 
-def _kids(sg, router: str, spec_mode: str, children: dict, context_len: int, served: list, made: dict) -> dict:
+def _drive_graphs(router: str, spec_mode: str, backend) -> bool:
+    """The router's cuda-graph set-up, then a replay's fix-up of the verify buffers after the draft
+    (where it hands one on): what reaches each leaf is recorded by the leaf. False: no fix-up run
+    (a release whose backends have none has no plan stream to fix up after)."""
+    fixes = router in FIXUP_ROUTERS and hasattr(type(backend), "update_verify_buffers_to_fill_after_draft")
+    with bound(*_hybrid_lookups(spec_mode)):
+        backend.init_cuda_graph_state(*CAPTURE)
+        if fixes:
+            backend.update_verify_buffers_to_fill_after_draft(FIXUP_SPEC, FIXUP_GRAPH_BS)
+    return fixes
+
+
+def _hybrid_lookups(spec_mode: str) -> list:
+    """The server-wide lookups the hybrid router makes, bound to an EAGLE server in ``spec_mode``
+    without a diffusion LLM; only those this release's module has."""
+    mod, _ = _class("hybrid")
+    spec = SimpleNamespace(speculative_attention_mode=spec_mode, speculative_algorithm="EAGLE",
+                           dllm_algorithm=None)
+    answers = {"get_spec": lambda: spec,
+               "get_exec": lambda: SimpleNamespace(dllm=SimpleNamespace(dllm_algorithm=None))}
+    return [(mod, name, answer) for name, answer in answers.items() if hasattr(mod, name)]
+
+
+def _kids(sg, router: str, spec_mode: str, children: dict, context_len: int, served: list, made: dict,
+          graphs: dict) -> dict:
     """The backends under a router: a stand-in per leaf, SGLang's own router per ``Nest``."""
     kids = {}
     for role in ROUTERS[router]:
         child = children[role]
         if isinstance(child, Nest):
-            inner = _kids(sg, child.router, spec_mode, child.children, context_len, served, made)
+            inner = _kids(sg, child.router, spec_mode, child.children, context_len, served, made, graphs)
             kids[role] = _router(child.router, spec_mode, inner, context_len)
         else:
             # One class per role (named after the backend it stands for, where it stands for one),
             # so a policy that answers with a class name names the child.
             kids[role] = made[child.role] = _role_class(child.backend or f"ChildBackend[{child.role}]")(
-                child, served)
+                child, served, graphs)
     return kids
 
 
@@ -156,14 +204,14 @@ def _router(router: str, spec_mode: str, kids: dict, context_len: int):
     """SGLang's router class of kind ``router``, constructed by its own ``__init__`` over ``kids``."""
     mod, cls = _class(router)
     if router == "hybrid":
-        spec = SimpleNamespace(speculative_attention_mode=spec_mode, speculative_algorithm="EAGLE")
+        spec = SimpleNamespace(speculative_attention_mode=spec_mode, speculative_algorithm="EAGLE",
+                               dllm_algorithm=None)
         # The mode is read from the server's spec (get_spec(), 0.5.23) or, in older
         # releases, from the model runner's server_args: both carry it.
         runner = SimpleNamespace(kv_cache_dtype=torch.bfloat16, token_to_kv_pool=None, req_to_token_pool=None,
-                                 kv_index_translator=None, server_args=spec,
+                                 kv_index_translator=None, server_args=spec, dllm_config=None,
                                  model_config=SimpleNamespace(context_len=context_len))
-        lookup = [(mod, "get_spec", lambda: spec)] if hasattr(mod, "get_spec") else []
-        with bound(*lookup):
+        with bound(*_hybrid_lookups(spec_mode)):
             return cls(runner, kids["prefill"], kids["decode"])
     if router == "tbo":
         return cls(kids["primary"], [kids["tbo-child-0"], kids["tbo-child-1"]])
@@ -315,10 +363,4 @@ NOT_DRIVEN: tuple[tuple[str, str, str], ...] = (
      "graph capture, to choose whether the captured DFlash verify input carries the runner's own "
      "capture-time custom_mask (sized (max_bs*fill + max_tokens)*tokens per request in base_runner, "
      "not a VerifyMask); the capture needs a model runner and CUDA graphs"),
-    (_ATTN + "hybrid_attn_backend.py", "HybridAttnBackend.update_verify_buffers_to_fill_after_draft",
-     "the cuda-graph replay fix-up of a child's verify buffers is not run"),
-    (_ATTN + "hybrid_attn_backend.py", "HybridAttnBackend.init_cuda_graph_state",
-     "which children capture graphs (and so allocate a mask) is not run"),
-    (_ATTN + "hybrid_linear_attn_backend.py", "HybridLinearAttnBackend.update_verify_buffers_to_fill_after_draft",
-     "the cuda-graph replay fix-up is not run"),
 )
