@@ -9,6 +9,15 @@ exactly request b's prefix and the draft tokens of the nodes it sees (node j is
 token s_b + j). Judged only where the step's positions are the oracle's: QSA
 takes its lengths from them, and a wrong position is reference-agreement's
 finding.
+
+A cuda-graph replay (bs <= max_bs) must give the real rows the same, in the
+buffers the captured graph reads, requests in pool slots ``readers.pool_slots``
+of the batch padded up to the graph's bs. A padding row's read is discarded,
+so it is held only to this: it reads through a pool slot of the padded batch
+and no further than the tokens that slot's request holds (its prefix and d
+draft tokens; a padding request's prefix is the fill length), in order from
+its first. SGLang's host replay points every padding row at the first request's
+slot, one token long: inside that request, so it holds.
 """
 
 from __future__ import annotations
@@ -18,20 +27,43 @@ import torch
 from harness.model.config import Batch, Config
 from harness.model.fa3_reads import table_slot
 from harness.model.oracle import expected
-from harness.model.readers import pool_slots
+from harness.model.readers import capture_seq_len, pool_slots
 from harness.properties.fa3_reads import visible_nodes
 from harness.properties.kit import Difference, Observation, fail
 
 #: who turns the verify batch into per-row reads
 WRITER = "QwenSparseAttnBackend.init_forward_metadata"
+#: who refills the cuda graph's per-row buffers on a replay
+REPLAY_WRITER = "QwenSparseAttnBackend._replay_cuda_graph_metadata"
+
+
+def _padding_read(r: int, length: int, owner: int, have: list[int], config: Config, holds: dict,
+                  where: str) -> Difference | None:
+    """Padding row ``r``'s read: through a pool slot of the padded batch, within what its request holds."""
+    row = f"padding row {r}"
+    if owner not in holds:
+        return Difference(f"{where}: {row} reads through pool slot {owner}, which no request of the padded "
+                          f"batch holds", buffer="row_req_pool_indices", cell="padding row")
+    if not 0 <= length <= holds[owner]:
+        return Difference(f"{where}: {row} reads {length} tokens of the request in pool slot {owner}, which "
+                          f"holds {holds[owner]}", buffer="sequence_lengths", cell="padding row")
+    want = [table_slot(owner, t, config) for t in range(length)]
+    if have != want:
+        return Difference(f"{where}: the first {length} token slots of {row} are {have}, but pool slot "
+                          f"{owner}'s first tokens are {want}", buffer="token_slot_table", cell="padding row")
+    return None
 
 
 def qsa_mismatch(view, config: Config, batch: Batch) -> Difference | None:
-    """The first verify row whose QSA read is not what ``batch`` must read."""
-    d, pools = config.d, pool_slots(batch.bs)
-    where = f"QSA verify, eager (seq_lens {list(batch.seq_lens)}, d {d}, pool slots {pools})"
+    """The first verify row whose QSA read is not what ``batch`` must read (on a replay, padded up to
+    ``view.graph_bs`` requests at the fill length)."""
+    d, graph = config.d, view.graph_bs or batch.bs
+    pools = pool_slots(graph)
+    path = f"cuda-graph replay, padded to {graph}" if view.graph_bs else "eager"
+    where = f"QSA verify, {path} (seq_lens {list(batch.seq_lens)}, d {d}, pool slots {pools})"
     seen = visible_nodes(config, batch)
-    rows = [(b, x) for b in range(batch.bs) for x in range(d if not config.trivial else 1)]
+    per = d if not config.trivial else 1
+    rows = [(b, x) for b in range(graph) for x in range(per)]
     lengths = [int(v) for v in view.sequence_lengths.reshape(-1).tolist()]
     owners = [int(v) for v in view.row_req_pool_indices.reshape(-1).tolist()]
     for name, have in (("sequence_lengths", lengths), ("row_req_pool_indices", owners)):
@@ -39,7 +71,15 @@ def qsa_mismatch(view, config: Config, batch: Batch) -> Difference | None:
             return Difference(f"{where}: {name} has {len(have)} entries for {len(rows)} verify rows",
                               buffer=name, cell="chain node row count")
     table = view.token_slot_table
+    fill = capture_seq_len(config)
+    holds = {p: (batch.seq_lens[b] if b < batch.bs else fill) + per for b, p in enumerate(pools)}
     for r, (b, x) in enumerate(rows):
+        have = [int(v) for v in table[r, :max(lengths[r], 0)].tolist()] if r < table.shape[0] else []
+        if b >= batch.bs:
+            diff = _padding_read(r, lengths[r], owners[r], have, config, holds, where)
+            if diff:
+                return diff
+            continue
         s = batch.seq_lens[b]
         row = f"request {b}'s node {x} (verify row {r}, sees nodes {seen[b][x]})"
         want = [table_slot(pools[b], t, config) for t in range(s)] + [table_slot(pools[b], s + j, config)
@@ -50,7 +90,6 @@ def qsa_mismatch(view, config: Config, batch: Batch) -> Difference | None:
         if owners[r] != pools[b]:
             return Difference(f"{where}: {row} reads through pool slot {owners[r]}, request {b}'s is {pools[b]}",
                               buffer="row_req_pool_indices", cell="chain node row")
-        have = [int(v) for v in table[r, :len(want)].tolist()] if r < table.shape[0] else []
         if sorted(have) != sorted(want):
             return Difference(f"{where}: the first {len(want)} token slots of {row} are {have}, but it reads "
                               f"{sorted(want)}", buffer="token_slot_table", cell="chain node row")
@@ -75,3 +114,11 @@ def check_qsa(target, obs: Observation, config: Config, batch: Batch, step) -> N
     if diff:
         fail("reader-agreement", diff, writer=WRITER, stage="eager")
     obs.classes.add("qsa verify")
+    replay = getattr(target, "read_qsa_replay", None)
+    if replay is None or batch.bs > config.max_bs:
+        return  # past the captured max_bs the server runs eagerly: no graph to replay
+    view = replay(config, batch, step)
+    diff = qsa_mismatch(view, config, batch)
+    if diff:
+        fail("reader-agreement", diff, writer=REPLAY_WRITER, stage="replay")
+    obs.classes.add("qsa verify, cuda-graph replay" + (" padded to a captured bs" if view.graph_bs > batch.bs else ""))

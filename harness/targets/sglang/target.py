@@ -276,6 +276,11 @@ class SglangTarget:
         from harness.targets.sglang import qsa_reader
         return qsa_reader.read_verify(config, batch, step)
 
+    def read_qsa_replay(self, config: Config, batch: Batch, step: StepOutput):
+        """The same read from the cuda graph's buffers, replayed at the captured bs >= bs (``qsa_reader``)."""
+        from harness.targets.sglang import qsa_reader
+        return qsa_reader.read_replay(config, batch, step)
+
     def qsa_not_driven(self, config: Config) -> str | None:
         from harness.targets.sglang import qsa_reader
         return qsa_reader.not_driven(config)
