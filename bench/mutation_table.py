@@ -8,7 +8,8 @@ Each sampled mutant is one of:
 - out-of-step: the gate exited 3 (vmfuzz could not check this code: never a kill);
 - error: the gate exited 2, or cosmic-ray could not run the mutant (never a kill);
 - stillborn: killed only by the mutant raising, in a Triton kernel that Triton's own
-  frontend refuses to compile for a GPU (``vmfuzz-stillborn: refused``, bench/stillborn.py):
+  frontend refuses to compile for a GPU (``vmfuzz-stillborn: refused``, bench/stillborn.py),
+  or a file Python's compiler refuses (the gate cannot import it):
   the mutant never runs anywhere, so it is neither a kill nor a survivor;
 - suspected-equivalent: a survivor whose outputs on the gate's fixed cases (the
   boundary seeds and the deep corpus) are byte-identical to the pristine copy's
@@ -61,6 +62,9 @@ def classify(result) -> str:
         return "stillborn" if refused and killed_by(result.output) == "the mutant raising" else "killed"
     if code == 3:
         return "out-of-step"
+    # a mutant Python itself will not compile (the gate cannot import it: exit 2) never runs anywhere
+    if code == 2 and (line(STILLBORN_LINE, result.output) or "").startswith("refused"):
+        return "stillborn"
     return "error"
 
 
@@ -152,9 +156,11 @@ def headline(total: Counter, done: list[dict]) -> list[str]:
     else:
         out.append("No mutant was judged (none killed, none survived).")
     if total["stillborn"]:
-        out += ["", f"{total['stillborn']} stillborn mutant(s) left out of both figures: each raised in a Triton "
-                    "kernel that Triton's compiler refuses (its frontend, lowering to TTIR for a CUDA GPU), so it "
-                    "never runs anywhere."]
+        python = sum(r["outcome"] == "stillborn" and "Python's compiler" in (r["stillborn"] or "") for r in done)
+        out += ["", f"{total['stillborn']} stillborn mutant(s) left out of both figures, each never running "
+                    f"anywhere: {total['stillborn'] - python} raised in a Triton kernel that Triton's compiler "
+                    f"refuses (its frontend, lowering to TTIR for a CUDA GPU); in {python}, Python's own compiler "
+                    "refuses the mutated file."]
     unrun = sum(r["outcome"] == "suspected-equivalent" and "never ran" in (r["equiv"] or "") for r in done)
     if unrun:
         out += ["", f"{unrun} of the {total['suspected-equivalent']} suspected-equivalent mutants never ran their "

@@ -160,6 +160,16 @@ def _compiled_apart(sources: list[tuple[str, Path]], launch: dict) -> list[str |
     return json.loads(done.stdout)
 
 
+def python_refuses(source: str, name: str) -> str | None:
+    """``refused: WHY`` when Python's own compiler refuses a mutated file (cosmic-ray turns the ``*`` of a
+    keyword-only marker into ``<<``, say): no release could ship it, so it is stillborn, not an error."""
+    try:
+        compile(source, name, "exec")
+    except SyntaxError as exc:
+        return f"refused (Python's compiler: {type(exc).__name__} at line {exc.lineno}: {exc.msg})"
+    return None
+
+
 def applied(pristine: str, diff: str) -> tuple[str, list[int]]:
     """``pristine`` with a mutant's unified diff (as cosmic-ray stores it) applied, and the mutated lines."""
     out, lines, hunks = pristine, [], []
@@ -211,18 +221,30 @@ def rescore(work: Path) -> int:
     driven = json.loads((work / "driven.json").read_text())
     package = Path(driven["package"])
     with use_db(str(work / "session.sqlite"), WorkDB.Mode.open) as db:
-        todo = []
+        todo, judged = [], 0
         for item, result in db.completed_work_items:
             out = result.output or ""
-            if (result.worker_outcome != "normal" or classify(result) != "killed" or "vmfuzz-stillborn:" in out
-                    or killed_by(out) != "the mutant raising"):
+            if result.worker_outcome != "normal" or "vmfuzz-stillborn:" in out or not (
+                    classify(result) == "error" or killed_by(out) == "the mutant raising"):
                 continue
             rel = str(item.mutations[0].module_path).removeprefix("python/sglang/")
-            source, lines = applied((package / rel).read_text(), result.diff or "")
+            try:
+                source, lines = applied((package / rel).read_text(), result.diff or "")
+            except (OSError, ValueError):  # the diff no longer applies to the installed file: undecided
+                continue
+            said = python_refuses(source, rel)
+            if said:  # whether the gate could not import it (exit 2) or a property raised importing it
+                db.set_result(item.job_id, WorkResult(
+                    worker_outcome=result.worker_outcome, test_outcome=result.test_outcome, diff=result.diff,
+                    output=out + f"\nvmfuzz-stillborn: {said}\n"))
+                judged += 1
+                continue
+            if classify(result) != "killed":
+                continue
             if any(lo <= n <= hi for lo, hi in jit_kernel_lines(source).values() for n in lines):
                 todo.append((item, result, rel, source, lines))
         if not todo:
-            return 0
+            return judged
         recorded = _pristine_launches(work, package, sorted({p for t in todo for p in driven["files"][t[2]]}))
         for item, result, rel, source, lines in todo:
             mutant = Path(tempfile.mkdtemp(prefix="vmfuzz-stillborn-")) / Path(rel).name
@@ -231,7 +253,7 @@ def rescore(work: Path) -> int:
             db.set_result(item.job_id, WorkResult(worker_outcome=result.worker_outcome, test_outcome=result.test_outcome,
                                                   diff=result.diff, output=(result.output or "")
                                                   + f"\nvmfuzz-stillborn: {said}\n"))
-    return len(todo)
+    return judged + len(todo)
 
 
 def main(argv: list[str]) -> int:

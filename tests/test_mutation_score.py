@@ -347,3 +347,39 @@ def test_a_nightly_judges_the_gate_s_survivors_on_the_mutated_copy(tmp_path, mon
     assert len(seen) == 1  # resumed: nothing run twice
     with pytest.raises(SystemExit, match="must be a positive"):
         mutation_score.main(["nightly", str(work), "--budget", "0"])
+
+
+def test_a_mutant_python_will_not_compile_is_stillborn_not_an_error(tmp_path):
+    """cosmic-ray can turn a keyword-only ``*`` into ``<<``: the gate cannot import the copy (exit 2). Judged
+    after the fact by Python's own compiler, it is stillborn (out of the score); a mutant that compiles and
+    still made the gate exit 2 stays an error."""
+    import stillborn
+    pkg = tmp_path / "pkg" / "srt"
+    pkg.mkdir(parents=True)
+    (pkg / "a.py").write_text("def f(\n    x,\n    *,\n    y,\n):\n    return x\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "driven.json").write_text(json.dumps({"package": str(tmp_path / "pkg"), "files": {"srt/a.py": ["p"]}}))
+    (work / "plan.json").write_text(json.dumps({"sample": 2, "of": 2, "seed": 1}))
+    refused = "--- a/a.py\n+++ b/a.py\n@@ -3,1 +3,1 @@\n-    *,\n+    <<,\n"
+    compiles = "--- a/a.py\n+++ b/a.py\n@@ -6,1 +6,1 @@\n-    return x\n+    return y\n"
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import MutationSpec, WorkItem
+    with use_db(str(work / "session.sqlite"), WorkDB.Mode.create) as db:
+        for job, diff in (("j1", refused), ("j2", compiles)):
+            db.add_work_item(WorkItem(job_id=job, mutations=[MutationSpec(
+                module_path="python/sglang/srt/a.py", operator_name="core/ReplaceBinaryOperator_Mul_LShift",
+                occurrence=0, start_pos=(3, 4), end_pos=(3, 5))]))
+            db.set_result(job, WorkResult(worker_outcome=WorkerOutcome.NORMAL, diff=diff,
+                                          output="vmfuzz-kill: exit 2 in 3s; file srt/a.py"))
+    assert stillborn.rescore(work) == 1
+    with use_db(str(work / "session.sqlite"), WorkDB.Mode.open) as db:
+        outcomes = {item.job_id: classify(result) for item, result in db.completed_work_items}
+    assert outcomes == {"j1": "stillborn", "j2": "error"}
+    md, _ = render([r for r in mutation_score_rows(work)], {"sample": 2, "seed": 1, "of": 2})
+    assert "0 raised in a Triton kernel" in "\n".join(md) and "in 1, Python's own compiler refuses" in "\n".join(md)
+
+
+def mutation_score_rows(work):
+    from mutation_table import rows
+    return list(rows(work))
