@@ -85,6 +85,18 @@ class AllocatorChose(Exception):
         super().__init__(f"{call} returned {made}, where this server's verify mask is {want}")
 
 
+#: The Triton backend's per-request index pointers, allocated once by its ``__init__`` for every batch
+#: the request pool can hold (and read at TARGET_VERIFY beside the mask): bs + 1 offsets for up to
+#: pool-size requests, so each needs pool + 1 entries whatever the code under test computes.
+TRITON_INDPTRS = ("kv_indptr", "qo_indptr", "mask_indptr")
+TRITON_INIT = "TritonAttnBackend.__init__"
+
+
+def indptr_entries(pool: int) -> int:
+    """Entries a per-request index pointer needs for a request pool ``pool`` deep."""
+    return pool + 1
+
+
 @dataclass(frozen=True)
 class ServerNumbers:
     """What a server is started with that the mask must cover."""

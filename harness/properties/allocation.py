@@ -18,7 +18,9 @@ batch sizes in each preallocated layout and must equal the layout arithmetic
 (``harness.model.layouts``): a footprint too large to allocate is judged as a
 footprint, not reported as the allocation raising. FlashAttention's
 cuda-graph metadata buffers (``harness.model.fa3_graph``) are judged the same
-way, each at least what the captured max_bs binds. Arithmetic and meta-device
+way, each at least what the captured max_bs binds, and so are the Triton
+backend's per-request index pointers (``kv_indptr``, ``qo_indptr``,
+``mask_indptr``: pool + 1 entries each). Arithmetic and meta-device
 allocations only: it holds at production scale as cheaply as at small scale.
 Sites the target cannot drive are named in the observed classes ("not driven:
 NAME"), never counted as held; a target that drives none fails the case.
@@ -26,7 +28,7 @@ NAME"), never counted as held; a target that drives none fails the case.
 
 from __future__ import annotations
 
-from harness.model.allocation import ServerNumbers, reads_mask
+from harness.model.allocation import TRITON_INIT, ServerNumbers, indptr_entries, reads_mask
 from harness.model.fa3_graph import DIMENSIONS, graph_needs, short_dimension
 from harness.model.fa3_graph import WRITER as FA3_GRAPH
 from harness.model.config import Batch, Config
@@ -140,12 +142,32 @@ def check_fa3_graph(target, obs: Observation, numbers: ServerNumbers, sites: dic
     obs.classes.add("fa3 cuda-graph buffers")
 
 
+def check_triton_indptrs(target, obs: Observation, numbers: ServerNumbers, sites: dict) -> None:
+    """The Triton backend's per-request index pointers, as its ``__init__`` sized them, against the batches
+    its request pool holds (``harness.model.allocation.indptr_entries``): one too short is written past, or
+    refuses a batch the server runs, the first time a full pool verifies."""
+    why = sites.get("triton", "no such site")
+    read = getattr(target, "triton_indptr_buffers", None)
+    if read is None or why is not None:
+        obs.classes.add(f"triton index pointers: not driven ({why or 'not by this target'})")
+        return
+    pool, want = numbers.max_bs, indptr_entries(numbers.max_bs)
+    for name, shape in read(numbers).items():
+        got = shape[0] if shape else 0
+        if got < want:
+            fail(NAME, f"{TRITON_INIT}: {name} has {got} entries, a request pool {pool} deep needs {want} "
+                        f"(bs + 1 offsets for up to {pool} requests): a full batch's pointers run past it",
+                 effect="unsound", writer=TRITON_INIT, buffer=name, cell="entries too few")
+    obs.classes.add("triton index pointers")
+
+
 def allocation_soundness(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
     obs = Observation()
     numbers = ServerNumbers.of(config)
     check_footprint(target, config, batches)
     sites = target.allocating_backends()
     check_fa3_graph(target, obs, numbers, sites)
+    check_triton_indptrs(target, obs, numbers, sites)
     driven = [name for name, why in sites.items() if why is None]
     for name, why in sites.items():
         if why is not None:

@@ -24,7 +24,8 @@ import inspect
 
 import torch
 
-from harness.model.allocation import ALLOCATING_BACKENDS, AllocationCall, ServerNumbers
+from harness.model.allocation import (ALLOCATING_BACKENDS, TRITON_INDPTRS, TRITON_INIT, AllocationCall,
+                                      ServerNumbers)
 from harness.model.errors import OutOfStep
 from harness.targets.sglang import backend_init
 from harness.targets.sglang.binding import bound
@@ -174,6 +175,18 @@ def allocation_call(target, name: str, numbers: ServerNumbers) -> AllocationCall
         raise OutOfStep(f"{SITES[name][1]}.init_cuda_graph_state", _ATTN + SITES[name][0] + ".py",
                         "it returned without calling maybe_create_verify_mask, the call vmfuzz records")
     return calls[0]
+
+
+def triton_indptr_buffers(target, numbers: ServerNumbers) -> dict[str, tuple[int, ...]]:
+    """The shapes of the Triton backend's per-request index pointers (``TRITON_INDPTRS``) as its own
+    ``__init__`` made them, on meta, for a server with ``numbers`` (request pool ``numbers.max_bs`` deep)."""
+    _, cls, backend = site_backend(target, "triton", numbers)
+    missing = [name for name in TRITON_INDPTRS if not isinstance(getattr(backend, name, None), torch.Tensor)]
+    if missing:
+        raise OutOfStep(TRITON_INIT, _ATTN + SITES["triton"][0] + ".py",
+                        f"a target runner's {cls.__name__} has no {', '.join(missing)} tensor, where vmfuzz reads "
+                        "the per-request index pointers it allocates")
+    return {name: tuple(getattr(backend, name).shape) for name in TRITON_INDPTRS}
 
 
 #: (sglang-relative path, what, why not driven): the other allocation sites.

@@ -339,4 +339,9 @@ class SglangTarget:
         from harness.targets.sglang import fa3_graph
         return fa3_graph.graph_buffers(self, numbers, names)
 
+    def triton_indptr_buffers(self, numbers) -> dict[str, tuple[int, ...]]:
+        """The shapes of the per-request index pointers the Triton backend's ``__init__`` allocates."""
+        from harness.targets.sglang.allocation import triton_indptr_buffers
+        return triton_indptr_buffers(self, numbers)
+
 
