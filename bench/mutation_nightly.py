@@ -77,8 +77,21 @@ def run_one(copy: Path, rel: str, properties: list[str], budget: float, seed: in
         return {"verdict": "error (ran past its budget by half)", "properties": [], "exit": None,
                 "wall_s": round(time.monotonic() - start)}
     out = verdict(code, scratch / "report" / "summary.json")
+    imported = _imported_from(scratch / "report" / "summary.json")
+    if imported is not None and Path(imported).resolve() != (copy / "python" / "sglang").resolve():
+        # a verdict on the installed package says nothing of the mutant
+        out = {"verdict": f"error (the run imported SGLang from {imported}, not the mutated copy)",
+               "properties": [], "exit": code}
     out["wall_s"] = round(time.monotonic() - start)
     return out
+
+
+def _imported_from(summary: Path) -> str | None:
+    """The SGLang package the run imported, as its summary.json records it (None: not recorded)."""
+    try:
+        return json.loads(summary.read_text())["versions"]["sglang path"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def rejudge(work: Path, budget: float, seed: int, which: str) -> dict:

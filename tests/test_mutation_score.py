@@ -383,3 +383,26 @@ def test_a_mutant_python_will_not_compile_is_stillborn_not_an_error(tmp_path):
 def mutation_score_rows(work):
     from mutation_table import rows
     return list(rows(work))
+
+
+def test_a_nightly_that_imported_the_installed_package_judges_nothing(tmp_path, monkeypatch):
+    """The verdict counts only if the run imported the mutated copy (summary.json's ``sglang path``)."""
+    import subprocess
+    import mutation_nightly as nightly
+    copy = tmp_path / "worker-0"
+    (copy / "python" / "sglang").mkdir(parents=True)
+
+    def fake_run(cmd, **kwargs):
+        report = Path(cmd[cmd.index("--report-dir") + 1])
+        report.mkdir(parents=True, exist_ok=True)
+        (report / "summary.json").write_text(json.dumps({
+            "versions": {"sglang path": str(imported)},
+            "groups": [{"origin": {"property": "p", "effect": "wrong"}, "known": False}]}))
+        return subprocess.CompletedProcess(cmd, 1, "", "")
+
+    monkeypatch.setattr(nightly.subprocess, "run", fake_run)
+    imported = tmp_path / "site-packages" / "sglang"
+    said = nightly.run_one(copy, "srt/a.py", ["p"], 5.0, 1, tmp_path)
+    assert said["verdict"].startswith("error (the run imported SGLang from") and said["properties"] == []
+    imported = copy / "python" / "sglang"
+    assert nightly.run_one(copy, "srt/a.py", ["p"], 5.0, 1, tmp_path)["verdict"] == "killed (a property's check)"
