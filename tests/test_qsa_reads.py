@@ -15,7 +15,7 @@ import copy
 import pytest
 import torch
 
-from harness.model.config import Batch, Config
+from harness.model.config import Batch, Config, DraftTree
 from harness.model.layouts import TreeMaskMode
 from harness.model.qsa_reads import QsaVerify
 from harness.properties import PROPERTIES, PropertyFailure
@@ -96,6 +96,17 @@ def test_sglangs_own_read_is_the_meaning(sglang_target):
     assert qsa_mismatch(view, CHAIN, BATCH) is None
     obs = PROPERTIES["reader-agreement"].check(sglang_target, CHAIN, [BATCH, Batch((0, 8))])
     assert "qsa verify" in obs.classes
+
+
+def test_a_topk_one_tree_no_server_drafts_is_not_judged_as_a_qsa_read(sglang_target):
+    """A wide seed once drew topk 1, spec_steps 3, d 3 with a draft that skips step 2 (``top_scores_index``
+    [0, 2]): SGLang reads a topk-1 draft as a chain because its server sets d = spec_steps + 1, so on
+    unaltered SGLang that case was a false finding. Such a config is a kernel case, not a deployment."""
+    config = Config(TreeMaskMode.FULL_MASK, 1, 8, 3, 1, 3, True, "eagle")
+    skipping = Batch((0,), (DraftTree((0, 2), (-1, 0, 1)),))
+    obs = PROPERTIES["reader-agreement"].check(sglang_target, config, [Batch((0,)), skipping])
+    assert "qsa verify: not judged, no server runs this config" in obs.classes
+    assert "qsa verify" not in obs.classes
 
 
 QSA = ["srt/layers/attention/qwen_sparse_attn_backend.py"]
