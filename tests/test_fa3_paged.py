@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-import torch
 
 from harness.model.config import Batch, Config
 from harness.model.fa3_reads import prefix_pages, table_slot

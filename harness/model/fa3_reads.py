@@ -52,8 +52,6 @@ class Fa3Verify:
     expand: Fa3Pass
     #: a cuda-graph replay's rows: the batch padded up to the captured graph's bs (None: eager)
     graph_bs: int | None = None
-    #: tokens per KV page of the server the metadata was made for
-    page_size: int = 1
 
 
 def table_width(config: Config) -> int:
