@@ -37,11 +37,13 @@ def _i32(rows) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int32)
 
 
-def _right_view() -> Fa3Verify:
+def _right_view(page_size: int = 1) -> Fa3Verify:
     """By hand: request 0 sits in pool slot 1 (KV slots 200 + token), request 1 in pool slot 0 (100 + token);
-    node j of request b is its token s_b + j. Entries past a row's length are anything: here invisible nodes."""
-    prefix = Fa3Pass(_i32([3, 5]), _i32([0, 4, 8]), _i32([0, 3, 8]),
-                     _i32([[200, 201, 202, 0, 0], [100, 101, 102, 103, 104]]), 4)
+    node j of request b is its token s_b + j. Entries past a row's length are anything: here invisible nodes.
+    At page size 4 the prefix pass lists pages: request 0's tokens 0-2 lie in page 50 (slots 200-203),
+    request 1's tokens 0-4 in pages 25 and 26 (slots 100-107)."""
+    table = {1: [[200, 201, 202, 0, 0], [100, 101, 102, 103, 104]], 4: [[50, 0], [25, 26]]}[page_size]
+    prefix = Fa3Pass(_i32([3, 5]), _i32([0, 4, 8]), _i32([0, 3, 8]), _i32(table), 4)
     rows = [[203, 204, 205, 206], [203, 204, 205, 206], [203, 205, 204, 206], [203, 204, 206, 205],
             [105, 106, 107, 108], [105, 106, 107, 108], [105, 107, 106, 108], [105, 106, 108, 107]]
     expand = Fa3Pass(_i32([1, 2, 2, 3] * 2), _i32(list(range(9))), _i32([0, 1, 3, 5, 8, 9, 11, 13, 16]),
@@ -100,13 +102,13 @@ def test_each_slip_is_a_typed_difference(slip):
 
 
 class _Reads:
-    """A target whose FA3 seam hands back ``view``."""
+    """A target whose FA3 seam hands back ``view`` on a server of page size 1, ``paged`` on a paged one."""
 
-    def __init__(self, view):
-        self.view = view
+    def __init__(self, view, paged=None):
+        self.view, self.paged = view, paged
 
-    def read_fa3_verify(self, config, batch, step):
-        return self.view
+    def read_fa3_verify(self, config, batch, step, page_size=1):
+        return self.view if page_size == 1 else self.paged
 
 
 def _step(config: Config, batch: Batch) -> StepOutput:
@@ -128,8 +130,8 @@ def test_a_wrong_read_fails_reader_agreement_with_the_backend_as_writer():
 
 def test_judged_only_for_topk_above_one_a_right_mask_and_a_target_that_reads():
     step, obs = _step(TREE, BATCH), Observation()
-    check_fa3(_Reads(_right_view()), obs, TREE, BATCH, step, step.tree_mask)
-    assert obs.classes == {"fa3 topk>1 verify"}
+    check_fa3(_Reads(_right_view(), _right_view(4)), obs, TREE, BATCH, step, step.tree_mask)
+    assert obs.classes == {"fa3 topk>1 verify", "fa3 topk>1 verify, page size 4"}
     wrong = step.tree_mask.clone()
     wrong[-1] = ~wrong[-1]  # the writer's mistake is reference-agreement's, not the reader's
     obs = Observation()

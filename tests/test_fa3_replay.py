@@ -37,11 +37,15 @@ def _tree_rows(base: int) -> list[list[int]]:
             [base, base + 2, base + 1, base + 3], [base, base + 1, base + 3, base + 2]]
 
 
-def _right_replay() -> Fa3Verify:
+#: the graph's four requests' prefix pages at page size 4 (pool slot p: slots 100 * (p + 1) + token, pages of 4)
+PAGED_PREFIX = [[100, 0], [75, 76], [50, 0], [25, 0]]
+
+
+def _right_replay(page_size: int = 1) -> Fa3Verify:
     """By hand: the graph's four rows sit in pool slots 3, 2, 1, 0 (KV slot 100 * (pool + 1) + token); the
     padding request has seq_len 1 and here sees all four of its draft tokens."""
     table = [[400, 401, 402, 0, 0, 0, 0, 0], [300, 301, 302, 303, 304, 0, 0, 0],
-             [200, 201, 0, 0, 0, 0, 0, 0], [100, 0, 0, 0, 0, 0, 0, 0]]
+             [200, 201, 0, 0, 0, 0, 0, 0], [100, 0, 0, 0, 0, 0, 0, 0]] if page_size == 1 else PAGED_PREFIX
     prefix = Fa3Pass(_i32([3, 5, 2, 1]), _i32([0, 4, 8, 12, 16]), _i32([0, 3, 8, 10, 11]), _i32(table), 4)
     counts = [1, 2, 2, 3] * 3 + [4] * 4
     running = [0]
@@ -92,25 +96,26 @@ def test_a_replay_slip_is_a_typed_difference_naming_padding_rows(slip):
 
 
 class _Replays:
-    """A target whose eager FA3 seam is right and whose replay seam hands back ``view``."""
+    """A target whose eager FA3 seam is right and whose replay seam hands back ``view`` (on a paged
+    server: both right)."""
 
     def __init__(self, eager, view):
         self.eager, self.view = eager, view
         self.replayed = []
 
-    def read_fa3_verify(self, config, batch, step):
-        return self.eager
+    def read_fa3_verify(self, config, batch, step, page_size=1):
+        return self.eager if page_size == 1 else _eager_view(page_size)
 
-    def read_fa3_replay(self, config, batch, step):
-        self.replayed.append(batch.bs)
-        return self.view
+    def read_fa3_replay(self, config, batch, step, page_size=1):
+        self.replayed.append((batch.bs, page_size))
+        return self.view if page_size == 1 else _right_replay(page_size)
 
 
-def _eager_view() -> Fa3Verify:
+def _eager_view(page_size: int = 1) -> Fa3Verify:
     """The eager metadata of BATCH: pool slots 2, 1, 0 (KV slots 300 + t, 200 + t, 100 + t)."""
     right = _right_replay()
-    prefix = Fa3Pass(_i32([3, 5, 2]), _i32([0, 4, 8, 12]), _i32([0, 3, 8, 10]),
-                     right.prefix.page_table[:3] - 100, 4)
+    table = right.prefix.page_table[:3] - 100 if page_size == 1 else _i32([[75, 0], [50, 51], [25, 0]])
+    prefix = Fa3Pass(_i32([3, 5, 2]), _i32([0, 4, 8, 12]), _i32([0, 3, 8, 10]), table, 4)
     e = right.expand
     expand = Fa3Pass(e.cache_seqlens[:12], e.cu_seqlens_q[:13], e.cu_seqlens_k[:13], e.page_table[:12] - 100, 1)
     return Fa3Verify(prefix, expand)
@@ -132,10 +137,12 @@ def test_replayed_only_up_to_max_bs_and_classed_padded():
     target, obs = _Replays(_eager_view(), _right_replay()), Observation()
     step = _step(REPLAY, BATCH)
     check_fa3(target, obs, REPLAY, BATCH, step, step.tree_mask)
-    assert obs.classes == {"fa3 topk>1 verify", "fa3 topk>1 verify, cuda-graph replay padded to a captured bs"}
+    assert obs.classes == {"fa3 topk>1 verify", "fa3 topk>1 verify, cuda-graph replay padded to a captured bs",
+                           "fa3 topk>1 verify, page size 4",
+                           "fa3 topk>1 verify, cuda-graph replay padded to a captured bs, page size 4"}
     small = Config(TreeMaskMode.FULL_MASK, 2, 8, 4, 2, 3, True, "eagle")  # bs 3 > max_bs 2: eager only
     check_fa3(target, Observation(), small, BATCH, step, step.tree_mask)
-    assert target.replayed == [3]
+    assert target.replayed == [(3, 1), (3, 4)]
 
 
 # -- SGLang's FlashAttention backend -------------------------------------------------

@@ -9,6 +9,15 @@ from the mask; this module holds both passes' metadata as a target hands it
 back (``Fa3Verify``) and the KV slot each (request, token) has in the stand-in
 request-to-token table a target builds, so a reader of the wrong request, token
 or row shows.
+
+At a page size P > 1 the KV cache is paged and the prefix pass's page table
+lists pages, not slots: the first ceil(s_b / P) entries of row b are the pages
+that hold request b's tokens 0 .. s_b - 1, in order (page j holds tokens
+j * P .. j * P + P - 1, so it is the slot of token j * P, divided by P), its
+``cache_seqlens`` still s_b tokens. The expand pass reads the cache as pages of
+one token whatever P is: its page table holds the draft nodes' KV slots, as at
+P = 1. The stand-in table is page-contiguous, as a paged allocator gives: each
+request's pages start at a multiple of P, token t at that base + t.
 """
 
 from __future__ import annotations
@@ -50,7 +59,17 @@ def table_width(config: Config) -> int:
     return config.max_context_len + config.d
 
 
-def table_slot(pool_slot: int, token: int, config: Config) -> int:
+def table_slot(pool_slot: int, token: int, config: Config, page_size: int = 1) -> int:
     """The KV slot the stand-in table holds for ``token`` of the request in ``pool_slot``: distinct
-    per (request, token) for every token a verify reads, its draft tokens past the context too."""
-    return kv_slot(pool_slot, token, table_width(config))
+    per (request, token) for every token a verify reads, its draft tokens past the context too. At a
+    ``page_size`` > 1 each request's slots start on a page boundary, so its tokens fill whole pages
+    of their own."""
+    first = kv_slot(pool_slot, 0, table_width(config))
+    return -(-first // page_size) * page_size + token
+
+
+def prefix_pages(pool_slot: int, seq_len: int, config: Config, page_size: int) -> list[int]:
+    """The pages holding tokens 0 .. ``seq_len`` - 1 of the request in ``pool_slot``, in token order:
+    at page size 1 their KV slots."""
+    return [table_slot(pool_slot, j * page_size, config, page_size) // page_size
+            for j in range(-(-seq_len // page_size))]

@@ -21,6 +21,13 @@ by requests at the fill length, whose prefix rows are theirs exactly and whose
 expand rows (no tree was drafted for them) may read only their own draft
 tokens' slots: padding never reaches another request's KV.
 
+Each is judged at page size 1 and at ``PAGE_SIZE`` tokens a page, over a
+server built for it: there the prefix pass's first ceil(s_b / P) page-table
+entries must be request b's pages in token order (``fa3_reads.prefix_pages``),
+the full ones as a set, but a part-read last page last, since a row's last
+entry is the one read only up to ``cache_seqlens``; the counts stay in tokens and
+the expand pass is as at page size 1 (it reads the cache a token a page).
+
 Slots come from the stand-in request-to-token table (``fa3_reads.table_slot``),
 requests in pool slots ``readers.pool_slots`` (of the padded batch on a replay). Judged only where the step's mask
 is the oracle's: a wrong mask is reference-agreement's finding, and FA3 would
@@ -32,7 +39,7 @@ from __future__ import annotations
 import torch
 
 from harness.model.config import Batch, Config
-from harness.model.fa3_reads import Fa3Pass, table_slot
+from harness.model.fa3_reads import Fa3Pass, prefix_pages, table_slot
 from harness.model.oracle import expected, tree_facts
 from harness.model.readers import capture_seq_len, pool_slots
 from harness.model.trees import trees_of
@@ -42,6 +49,9 @@ from harness.properties.kit import Difference, Observation, fail
 WRITER = "FlashAttentionBackend.init_forward_metadata"
 #: who refills the cuda graph's metadata buffers with it on a replay
 REPLAY_WRITER = "FlashAttentionBackend._apply_cuda_graph_metadata"
+#: the paged server's page size: small, so the strategies' contexts (up to 64) span several pages
+#: and a part-read last page is common
+PAGE_SIZE = 4
 
 
 def visible_nodes(config: Config, batch: Batch) -> list[list[list[int]]]:
@@ -67,12 +77,21 @@ def _running_sum(lengths: list[int]) -> list[int]:
     return out
 
 
+def _pages_right(have: list[int], want: list[int], length: int, page_size: int) -> bool:
+    """Does a row of ``length`` tokens read its pages ``want`` as ``have`` lists them? Attention over whole
+    pages does not depend on their order; a part-read page must stay last, where the length cuts it."""
+    if length % page_size:
+        return have[-1:] == want[-1:] and sorted(have[:-1]) == sorted(want[:-1])
+    return sorted(have) == sorted(want)
+
+
 def _pass_mismatch(got: Fa3Pass, lengths: list[int | None], slots: list[list[int]], rows_of: list[str],
-                   queries: int, where: str, cells: list[str]) -> Difference | None:
-    """The first entry of one pass that is not its meaning: row r reads ``queries`` query rows and,
-    first in its page table, exactly the KV slots ``slots[r]`` (``lengths[r]`` of them). A row of
-    length None is a replay's padding, whose tree no one drafted: it may read any of its own
-    request's ``slots[r]``, each once, but never another request's nor past them."""
+                   queries: int, where: str, cells: list[str], page_size: int = 1) -> Difference | None:
+    """The first entry of one pass that is not its meaning: row r reads ``queries`` query rows and
+    ``lengths[r]`` KV tokens, held first in its page table by exactly the pages ``slots[r]`` of
+    ``page_size`` tokens (at 1: KV slots). A row of length None is a replay's padding, whose tree no
+    one drafted: it may read any of its own request's ``slots[r]``, each once, but never another
+    request's nor past them."""
     n = len(lengths)
     seqlens = _ints(got.cache_seqlens)
     for r in range(min(n, len(seqlens))):
@@ -111,37 +130,42 @@ def _pass_mismatch(got: Fa3Pass, lengths: list[int | None], slots: list[list[int
         return Difference(f"{where}: page_table has shape {None if table is None else tuple(table.shape)}, "
                           f"not a row for each of {n}", buffer="page_table", cell=cells[0])
     for r in range(n):
-        have = _ints(table[r], lengths[r])
+        entries = -(-lengths[r] // page_size)
+        have = _ints(table[r], entries)
         ok = (len(set(have)) == len(have) == lengths[r] and set(have) <= set(slots[r]) if r in free
-              else sorted(have) == sorted(slots[r]))
+              else len(have) == entries and _pages_right(have, slots[r], lengths[r], page_size))
         if not ok:
-            return Difference(f"{where}: the first {lengths[r]} page-table entries of {rows_of[r]} are KV slots "
-                              f"{have}, but it reads {sorted(slots[r])}", buffer="page_table", cell=cells[r])
+            what = (f"KV slots {have}, but it reads {sorted(slots[r])}" if page_size == 1 else
+                    f"pages {have}, but its {lengths[r]} tokens lie in pages {slots[r]} ({page_size} a page)")
+            return Difference(f"{where}: the first {entries} page-table entries of {rows_of[r]} are {what}",
+                              buffer="page_table", cell=cells[r])
     return None
 
 
-def fa3_mismatch(view, config: Config, batch: Batch) -> Difference | None:
-    """The first metadata entry of FA3's split verify that is not what ``batch`` must read; on a
-    replay (``view.graph_bs``) the batch is padded up to the graph with requests at the fill length."""
+def fa3_mismatch(view, config: Config, batch: Batch, page_size: int = 1) -> Difference | None:
+    """The first metadata entry of FA3's split verify that is not what ``batch`` must read on a server
+    of ``page_size`` tokens a page; on a replay (``view.graph_bs``) the batch is padded up to the graph
+    with requests at the fill length."""
     d = config.d
     rows = view.graph_bs or batch.bs
     pad = rows - batch.bs
     seq_lens = list(batch.seq_lens) + [capture_seq_len(config)] * pad
     pools = pool_slots(rows)
     path = f"cuda-graph replay, padded to {rows}" if view.graph_bs else "eager"
-    where = (f"FA3 topk > 1 verify, {path} (seq_lens {list(batch.seq_lens)}, d {d}, topk {config.topk}, "
+    paged = f", page size {page_size}" if page_size > 1 else ""
+    where = (f"FA3 topk > 1 verify, {path}{paged} (seq_lens {list(batch.seq_lens)}, d {d}, topk {config.topk}, "
              f"pool slots {pools})")
     requests = [f"request {b}" if b < batch.bs else f"padding request {b}" for b in range(rows)]
     prefix = _pass_mismatch(
-        view.prefix, seq_lens, [[table_slot(pools[b], t, config) for t in range(s)] for b, s in enumerate(seq_lens)],
-        requests, d, where + ", prefix pass", ["prefix row"] * batch.bs + ["padding row"] * pad)
+        view.prefix, seq_lens, [prefix_pages(pools[b], s, config, page_size) for b, s in enumerate(seq_lens)],
+        requests, d, where + ", prefix pass", ["prefix row"] * batch.bs + ["padding row"] * pad, page_size)
     if prefix:
         return prefix
     seen = visible_nodes(config, batch)
     nodes = [(b, x) for b in range(rows) for x in range(d)]
     return _pass_mismatch(
         view.expand, [len(seen[b][x]) if b < batch.bs else None for b, x in nodes],
-        [[table_slot(pools[b], seq_lens[b] + j, config) for j in (seen[b][x] if b < batch.bs else range(d))]
+        [[table_slot(pools[b], seq_lens[b] + j, config, page_size) for j in (seen[b][x] if b < batch.bs else range(d))]
          for b, x in nodes],
         [f"{requests[b]}'s node {x} (expand row {b * d + x}" + (f", sees nodes {seen[b][x]})" if b < batch.bs else ")")
          for b, x in nodes],
@@ -164,16 +188,23 @@ def check_fa3(target, obs: Observation, config: Config, batch: Batch, step, writ
     if mine.numel() < n or not torch.equal(mine.cpu().view(torch.uint8), oracle.view(torch.uint8)):
         obs.classes.add("fa3 topk>1 verify: not judged, the step's mask is not the oracle's")
         return
-    diff = fa3_mismatch(read(config, batch, step), config, batch)
+    for page_size in (1, PAGE_SIZE):
+        _judge_at(target, obs, config, batch, step, page_size)
+
+
+def _judge_at(target, obs: Observation, config: Config, batch: Batch, step, page_size: int) -> None:
+    """Eager, then (up to max_bs) in a cuda-graph replay, on a server of ``page_size`` tokens a page."""
+    paged = f", page size {page_size}" if page_size > 1 else ""
+    diff = fa3_mismatch(target.read_fa3_verify(config, batch, step, page_size), config, batch, page_size)
     if diff:
         fail("reader-agreement", diff, writer=WRITER, stage="eager")
-    obs.classes.add("fa3 topk>1 verify")
+    obs.classes.add("fa3 topk>1 verify" + paged)
     replay = getattr(target, "read_fa3_replay", None)
     if replay is None or batch.bs > config.max_bs:
         return  # past the captured max_bs the server runs eagerly: no graph to replay
-    view = replay(config, batch, step)
-    diff = fa3_mismatch(view, config, batch)
+    view = replay(config, batch, step, page_size)
+    diff = fa3_mismatch(view, config, batch, page_size)
     if diff:
         fail("reader-agreement", diff, writer=REPLAY_WRITER, stage="replay")
     obs.classes.add("fa3 topk>1 verify, cuda-graph replay"
-                    + (" padded to a captured bs" if (view.graph_bs or 0) > batch.bs else ""))
+                    + (" padded to a captured bs" if (view.graph_bs or 0) > batch.bs else "") + paged)

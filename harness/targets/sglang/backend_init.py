@@ -46,12 +46,13 @@ _LOOKUPS = ("get_spec", "get_exec", "get_parallel", "get_schedule", "get_model",
             "get_platform", "get_buffer")
 
 
-def server_args(n: ServerNumbers) -> SimpleNamespace:
-    """The arguments a server started with ``n`` has, under ServerArgs' own names."""
+def server_args(n: ServerNumbers, page_size: int = 1) -> SimpleNamespace:
+    """The arguments a server started with ``n`` (and KV pages of ``page_size`` tokens) has, under
+    ServerArgs' own names."""
     return SimpleNamespace(
         cuda_graph_max_bs=n.max_bs, max_running_requests=n.max_bs, context_length=n.context_len,
         speculative_algorithm="EAGLE", speculative_num_draft_tokens=n.num_draft_tokens,
-        speculative_eagle_topk=n.topk, speculative_num_steps=n.spec_steps, page_size=1,
+        speculative_eagle_topk=n.topk, speculative_num_steps=n.spec_steps, page_size=page_size,
         triton_attention_num_kv_splits=8, triton_attention_split_tile_size=None, enable_lean_attention=None,
         enable_deterministic_inference=False, chunked_prefill_size=8192, disable_chunked_prefix_cache=False,
         flashinfer_mla_disable_ragged=False, disable_radix_cache=False, is_embedding=False,
@@ -87,14 +88,15 @@ def _context(args: SimpleNamespace) -> dict[str, object]:
     return lookups
 
 
-def model_runner(n: ServerNumbers, device="meta") -> SimpleNamespace:
-    """A target model runner of a server started with ``n``, on ``device`` (meta: nothing is allocated).
+def model_runner(n: ServerNumbers, device="meta", page_size: int = 1) -> SimpleNamespace:
+    """A target model runner of a server started with ``n``, its KV in pages of ``page_size`` tokens, on
+    ``device`` (meta: nothing is allocated).
 
     The model is a small dense one that also answers the MLA shape questions
     (kv_lora_rank, ...) the MLA backends ask; its request pool is ``max_bs``
     deep, the least a server capturing ``max_bs`` has.
     """
-    args = server_args(n)
+    args = server_args(n, page_size)
     model_config = SimpleNamespace(
         context_len=args.context_length, attention_arch=None, get_max_num_attention_heads=lambda: 8,
         get_num_kv_heads=lambda *a: 8, num_attention_heads=8, v_head_dim=64, swa_v_head_dim=64, head_dim=64,
@@ -201,10 +203,10 @@ def _modules_of(mod, cls) -> list:
     return seen
 
 
-def lookups_bound(mod, cls, n: ServerNumbers) -> list[tuple]:
+def lookups_bound(mod, cls, n: ServerNumbers, page_size: int = 1) -> list[tuple]:
     """The runtime-context lookups and family probes, bound where ``cls``'s modules (``mod``, its own,
     first) import them."""
-    answers = _context(server_args(n))
+    answers = _context(server_args(n, page_size))
     answers.update({probe: (lambda config: None) for probe in _FAMILY_PROBES})
     return [(m, name, value) for m in _modules_of(mod, cls) for name, value in answers.items() if hasattr(m, name)]
 

@@ -8,7 +8,12 @@ with the CUDA-only extensions stubbed (``backend_init.import_with_extensions_stu
 runs). So what ``__init__`` derives -- topk, the draft width, page size,
 context length, the request-to-token table it reads -- is SGLang's own. Its
 request-to-token table is the stand-in one of ``model.fa3_reads``: a distinct
-KV slot per (pool slot, token).
+KV slot per (pool slot, token), each request's slots starting on a page.
+
+Each read is for a server of a given page size (the judge asks for 1 and a
+larger one). At a page size above 1 the eager path turns the prefix pass's
+table of slots into one of pages (its strided gather), the replay's Triton
+page-table kernel writes pages, and the expand pass keeps KV slots.
 
 Eager (``read_verify``): SGLang's ``init_forward_metadata`` runs for a
 TARGET_VERIFY batch whose spec info carries the step's mask. Everything it does
@@ -25,8 +30,7 @@ to it: ``_apply_cuda_graph_metadata`` refills those buffers in place, the prefix
 page table through SGLang's Triton page-table kernel. The view is the metadata
 the capture bound, which is what the captured graph reads, padding rows too.
 
-Not driven: page sizes other than 1; the sliding-window and local-attention
-variants.
+Not driven: the sliding-window and local-attention variants.
 """
 
 from __future__ import annotations
@@ -79,26 +83,27 @@ def not_driven() -> str | None:
     return None if hasattr(mod, "FlashAttentionBackend") else f"{FA3} has no FlashAttentionBackend"
 
 
-def _table(config: Config, pool: int, dev) -> torch.Tensor:
+def _table(config: Config, pool: int, dev, page_size: int) -> torch.Tensor:
     """The stand-in request-to-token table: row p holds the KV slots of the request in pool slot p."""
     tokens = torch.arange(table_width(config), dtype=torch.int64)
-    rows = torch.stack([torch.tensor([table_slot(p, int(t), config) for t in tokens]) for p in range(pool)])
+    rows = torch.stack([torch.tensor([table_slot(p, int(t), config, page_size) for t in tokens])
+                        for p in range(pool)])
     return rows.to(torch.int32).to(dev)
 
 
-def backend(config: Config, pool: int, dev):
+def backend(config: Config, pool: int, dev, page_size: int = 1):
     """A ``FlashAttentionBackend`` made by its own ``__init__`` for a server with ``config``'s numbers,
-    a dense MHA model at page size 1 and a request pool ``pool`` deep."""
+    a dense MHA model, KV pages of ``page_size`` tokens and a request pool ``pool`` deep."""
     from harness.targets.sglang import backend_init
 
     mod = module()
     numbers = ServerNumbers(pool, config.max_context_len, config.d, config.topk, config.spec_steps)
     # The allocation sites' stand-in server (its arguments where ModelRunner carries them), with
     # the KV cache dtype FA3 picks its kernel by and a request table of distinct slots.
-    runner = backend_init.model_runner(numbers, dev)
+    runner = backend_init.model_runner(numbers, dev, page_size)
     runner.kv_cache_dtype_str = "bfloat16"
-    runner.req_to_token_pool = SimpleNamespace(size=pool, req_to_token=_table(config, pool, dev))
-    context = backend_init.lookups_bound(mod, mod.FlashAttentionBackend, numbers)
+    runner.req_to_token_pool = SimpleNamespace(size=pool, req_to_token=_table(config, pool, dev, page_size))
+    context = backend_init.lookups_bound(mod, mod.FlashAttentionBackend, numbers, page_size)
     try:
         with bound(*context):
             with backend_init.extensions_stubbed_again(_MODULE):
@@ -146,26 +151,28 @@ def _expand(be, what: str):
     return expand
 
 
-def read_verify(config: Config, batch: Batch, step) -> Fa3Verify:
+def read_verify(config: Config, batch: Batch, step, page_size: int = 1) -> Fa3Verify:
     """``FlashAttentionBackend.init_forward_metadata`` for an eager topk > 1 TARGET_VERIFY batch
-    over the step's mask; requests sit in pool slots ``readers.pool_slots``."""
+    over the step's mask, on a server of ``page_size`` tokens a page; requests sit in pool slots
+    ``readers.pool_slots``."""
     mod = module()
     dev = step.tree_mask.device
-    be = backend(config, max(config.max_bs, batch.bs), dev)
+    be = backend(config, max(config.max_bs, batch.bs), dev, page_size)
     _run(be.init_forward_metadata,
          _verify_batch(mod, batch.bs, list(batch.seq_lens), step.tree_mask, step.positions, dev),
          "init_forward_metadata")
     return Fa3Verify(_pass(be.forward_metadata), _pass(_expand(be, "init_forward_metadata")))
 
 
-def read_replay(config: Config, batch: Batch, step) -> Fa3Verify:
+def read_replay(config: Config, batch: Batch, step, page_size: int = 1) -> Fa3Verify:
     """The batch (bs <= max_bs) through a cuda graph: buffers set up for ``config.max_bs``, the graph of
     ``readers.captured_bs`` rows captured, then replayed with the batch padded up to it by requests
     at the fill length, rows in pool slots ``readers.pool_slots`` of the padded batch. The view is
-    the metadata the capture bound (what the graph reads), padding rows included."""
+    the metadata the capture bound (what the graph reads), padding rows included; the server's KV
+    pages hold ``page_size`` tokens."""
     mod = module()
     dev = step.tree_mask.device
-    be = backend(config, config.max_bs, dev)
+    be = backend(config, config.max_bs, dev, page_size)
     graph_bs, fill = captured_bs(batch.bs, config.max_bs), capture_seq_len(config)
     be.init_cuda_graph_state(config.max_bs, config.max_bs * config.d)
     # The graph runner's capture-time batch: every row at the fill length, an all-ones mask.

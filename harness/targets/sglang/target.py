@@ -257,15 +257,16 @@ class SglangTarget:
     def pack_mask(self, config: Config, batch: Batch, step_mask, buffer):
         return flashinfer.pack_mask(config, batch, step_mask, buffer)
 
-    def read_fa3_verify(self, config: Config, batch: Batch, step: StepOutput):
-        """FlashAttention's eager topk > 1 verify metadata over the step's mask (``fa3_reader``)."""
+    def read_fa3_verify(self, config: Config, batch: Batch, step: StepOutput, page_size: int = 1):
+        """FlashAttention's eager topk > 1 verify metadata over the step's mask, KV pages of ``page_size``
+        tokens (``fa3_reader``)."""
         from harness.targets.sglang import fa3_reader
-        return fa3_reader.read_verify(config, batch, step)
+        return fa3_reader.read_verify(config, batch, step, page_size)
 
-    def read_fa3_replay(self, config: Config, batch: Batch, step: StepOutput):
+    def read_fa3_replay(self, config: Config, batch: Batch, step: StepOutput, page_size: int = 1):
         """The same metadata in the cuda graph's buffers, replayed at the captured bs >= bs (``fa3_reader``)."""
         from harness.targets.sglang import fa3_reader
-        return fa3_reader.read_replay(config, batch, step)
+        return fa3_reader.read_replay(config, batch, step, page_size)
 
     def fa3_not_driven(self) -> str | None:
         from harness.targets.sglang import fa3_reader
