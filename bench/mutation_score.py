@@ -300,7 +300,7 @@ def main(argv=None) -> int:
     if args.step == "nightly":
         if not (work / "score.json").is_file():
             sys.exit(f"mutation_score: {work}: no score.json (run exec and report first)")
-        if args.budget <= 0:
+        if not 0 < args.budget < float("inf"):  # nan and inf too: a budget is a number of seconds
             sys.exit(f"mutation_score: --budget {args.budget:g}: must be a positive number of seconds")
         import mutation_nightly
         mutation_nightly.rejudge(work, args.budget, args.seed, args.mutants)
