@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -100,14 +99,9 @@ def rejudge(work: Path, budget: float, seed: int, which: str) -> dict:
     from cosmic_ray.mutating import use_mutation
     from cosmic_ray.work_db import WorkDB, use_db
 
-    copy = work / "worker-0"
-    driven = json.loads((work / "driven.json").read_text())
-    dirty = [rel for rel in driven["files"]
-             if (copy / "python" / "sglang" / rel).read_bytes() != (Path(driven["package"]) / rel).read_bytes()]
-    if dirty:
-        sys.exit(f"mutation_score: {copy} is not pristine ({', '.join(dirty)} differ from the installed "
-                 f"package): is an exec still running there?")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # use_mutation puts the pristine file back
+    from mutation_score import pristine_copy
+
+    copy, driven = pristine_copy(work)
     out = work / "nightly.json"
     state = {"budget": budget, "seed": seed, "verdicts": {}}
     if out.exists():

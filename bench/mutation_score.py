@@ -218,6 +218,21 @@ def execute(work: Path) -> None:
             p.wait()
 
 
+def pristine_copy(work: Path) -> tuple[Path, dict]:
+    """worker-0's copy, for writing an exec's mutants into again one at a time, and driven.json; exits if
+    a driven file there is not the installed one. A stop mid-mutant from then on unwinds through
+    cosmic-ray's ``use_mutation``, which puts the pristine file back."""
+    copy = work / "worker-0"
+    driven = json.loads((work / "driven.json").read_text())
+    dirty = [rel for rel in driven["files"]
+             if (copy / "python" / "sglang" / rel).read_bytes() != (Path(driven["package"]) / rel).read_bytes()]
+    if dirty:
+        sys.exit(f"mutation_score: {copy} is not pristine ({', '.join(dirty)} differ from the installed "
+                 f"package): is an exec still running there?")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    return copy, driven
+
+
 def rejudge(work: Path, tests: Path) -> dict[str, str]:
     """SGLang's tests on mutants an earlier exec already ran, the gates left alone: the tests are chosen
     on worker-0's copy, each run mutant is written into that copy again (cosmic-ray's own operator and
@@ -230,15 +245,7 @@ def rejudge(work: Path, tests: Path) -> dict[str, str]:
     from cosmic_ray.mutating import use_mutation
     from cosmic_ray.work_db import WorkDB, use_db
 
-    copy = work / "worker-0"
-    driven = json.loads((work / "driven.json").read_text())
-    dirty = [rel for rel in driven["files"]
-             if (copy / "python" / "sglang" / rel).read_bytes() != (Path(driven["package"]) / rel).read_bytes()]
-    if dirty:
-        sys.exit(f"mutation_score: {copy} is not pristine ({', '.join(dirty)} differ from the installed "
-                 f"package): is an exec still running there?")
-    # a stop mid-mutant unwinds through use_mutation, which puts the pristine file back
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    copy, driven = pristine_copy(work)
     start, cpu = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
     chosen = judge.select(tests, list(driven["files"]), copy)
     driven["sglang_tests"] = chosen

@@ -170,6 +170,25 @@ def test_sglang_s_own_tests_judge_the_same_mutant(tmp_path):
     assert sglang_tests.verdict(chosen, ["srt/other.py"], mutant).startswith("not run")
 
 
+def _finished_run(tmp_path: Path, outputs: dict[str, str]) -> Path:
+    """A WORK directory as an exec leaves it: worker-0's pristine copy of a one-file fake SGLang (``width``
+    returns 8) and one NumberReplacer mutant of it (8 -> 9) per job, each with the kill command's output."""
+    pristine = _fake_sglang(tmp_path / "pristine", 8) / "python" / "sglang"
+    work = tmp_path / "work"
+    mutation_score.mirror(pristine, work / "worker-0" / "python" / "sglang", {Path("srt/mask.py")})
+    (work / "driven.json").write_text(json.dumps({"package": str(pristine), "files": {"srt/mask.py": ["p"]}}))
+    (work / "plan.json").write_text(json.dumps({"sample": len(outputs), "of": 2, "seed": 1}))
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import MutationSpec, WorkItem
+    with use_db(str(work / "session.sqlite"), WorkDB.Mode.create) as db:
+        for job, output in outputs.items():
+            db.add_work_item(WorkItem(job_id=job, mutations=[MutationSpec(
+                module_path="python/sglang/srt/mask.py", operator_name="core/NumberReplacer", occurrence=0,
+                start_pos=(2, 11), end_pos=(2, 12))]))
+            db.set_result(job, WorkResult(worker_outcome=WorkerOutcome.NORMAL, diff=CODE_DIFF, output=output))
+    return work
+
+
 def test_sglang_s_own_tests_judge_mutants_an_earlier_exec_ran(tmp_path):
     """``mutation_score.py sglang-tests`` fills only that column of a finished run: each mutant is
     written into worker-0 again, judged, and put back; the gate's own verdict is left as it was. A
@@ -180,19 +199,8 @@ def test_sglang_s_own_tests_judge_mutants_an_earlier_exec_ran(tmp_path):
     (checkout / "test_mask.py").write_text("from sglang.srt.mask import width\n\n"
                                            "def test_width():\n    assert width() == 8\n\n"
                                            "def test_newer_signature():\n    assert width(3) == 8\n")
-    pristine = _fake_sglang(tmp_path / "pristine", 8) / "python" / "sglang"
-    work = tmp_path / "work"
-    mutation_score.mirror(pristine, work / "worker-0" / "python" / "sglang", {Path("srt/mask.py")})
-    (work / "driven.json").write_text(json.dumps({"package": str(pristine), "files": {"srt/mask.py": ["p"]}}))
-    (work / "plan.json").write_text(json.dumps({"sample": 1, "of": 2, "seed": 1}))
-    from cosmic_ray.work_db import WorkDB, use_db
-    from cosmic_ray.work_item import MutationSpec, WorkItem
-    with use_db(str(work / "session.sqlite"), WorkDB.Mode.create) as db:
-        db.add_work_item(WorkItem(job_id="j1", mutations=[MutationSpec(
-            module_path="python/sglang/srt/mask.py", operator_name="core/NumberReplacer", occurrence=0,
-            start_pos=(2, 11), end_pos=(2, 12))]))
-        db.set_result("j1", WorkResult(worker_outcome=WorkerOutcome.NORMAL, diff=CODE_DIFF, output=(
-            "vmfuzz-kill: exit 1 in 3s\n" + CHECKED + "vmfuzz-sglang-tests: " + sglang_tests.NOT_GIVEN)))
+    work = _finished_run(tmp_path, {"j1": "vmfuzz-kill: exit 1 in 3s\n" + CHECKED + "vmfuzz-sglang-tests: "
+                                           + sglang_tests.NOT_GIVEN})
     assert mutation_score.main(["sglang-tests", str(work), "--sglang-tests", str(checkout.parent)]) == 0
     row, = json.loads((work / "score.json").read_text())["mutants"]
     assert row["outcome"] == "killed" and row["properties"] == ["reader-agreement"]
@@ -313,20 +321,8 @@ def test_a_nightly_judges_the_gate_s_survivors_on_the_mutated_copy(tmp_path, mon
     """``mutation_score.py nightly`` runs only the gate's survivors by default, each with its mutant written
     into worker-0 again and put back after; it resumes, and its section sits beside the gate's figures."""
     import mutation_nightly as nightly
-    pristine = _fake_sglang(tmp_path / "pristine", 8) / "python" / "sglang"
-    work = tmp_path / "work"
-    mutation_score.mirror(pristine, work / "worker-0" / "python" / "sglang", {Path("srt/mask.py")})
-    (work / "driven.json").write_text(json.dumps({"package": str(pristine), "files": {"srt/mask.py": ["p"]}}))
-    (work / "plan.json").write_text(json.dumps({"sample": 2, "of": 2, "seed": 1}))
-    from cosmic_ray.work_db import WorkDB, use_db
-    from cosmic_ray.work_item import MutationSpec, WorkItem
-    with use_db(str(work / "session.sqlite"), WorkDB.Mode.create) as db:
-        for job, output in (("j1", "vmfuzz-kill: exit 0 in 3s\nvmfuzz-equiv: differs: read_eager ->.x (1 outputs)"),
-                            ("j2", "vmfuzz-kill: exit 1 in 3s\n" + CHECKED)):
-            db.add_work_item(WorkItem(job_id=job, mutations=[MutationSpec(
-                module_path="python/sglang/srt/mask.py", operator_name="core/NumberReplacer", occurrence=0,
-                start_pos=(2, 11), end_pos=(2, 12))]))
-            db.set_result(job, WorkResult(worker_outcome=WorkerOutcome.NORMAL, diff=CODE_DIFF, output=output))
+    work = _finished_run(tmp_path, {"j1": "vmfuzz-kill: exit 0 in 3s\nvmfuzz-equiv: differs: read_eager ->.x (1 outputs)",
+                                    "j2": "vmfuzz-kill: exit 1 in 3s\n" + CHECKED})
     assert mutation_score.main(["report", str(work)]) == 0
     seen = []
 
