@@ -12,7 +12,9 @@ mutant, so a rerun with the same budget and seed resumes.
 By default only the gate's survivors are run: a nightly costs its whole budget on
 a mutant it cannot kill, so the survivors are where it can add something for its
 cost. ``--mutants non-equivalent`` runs every killed and surviving mutant, which is
-what a nightly's own score needs (about S seconds each).
+what a nightly's own score needs (about S seconds each); ``--mutants never-ran``
+the suspected-equivalents whose mutated line the gate never reached. ``--limit K``
+draws K of them (with ``--seed``).
 """
 
 from __future__ import annotations
@@ -27,15 +29,24 @@ from pathlib import Path
 
 from mutation_kill import HARNESS_ROOT, killing_origins
 
-CHOICES = ("survived", "non-equivalent")
+CHOICES = ("survived", "non-equivalent", "never-ran")
 RAISING = ("raise", "crash", "hang")
 
 
-def chosen(work: Path, which: str) -> list[dict]:
-    """The mutants to run, as score.json's rows (report must have run)."""
+def chosen(work: Path, which: str, limit: int | None = None, seed: int = 1) -> list[dict]:
+    """The mutants to run, as score.json's rows (report must have run); ``limit`` of them drawn with
+    ``seed`` when there are more. ``never-ran``: suspected-equivalents whose mutated line the gate's fixed
+    cases never reached, where a longer search could show what they change."""
+    import random
     rows = json.loads((work / "score.json").read_text())["mutants"]
-    keep = ("survived",) if which == "survived" else ("survived", "killed")
-    return [r for r in rows if r["outcome"] in keep]
+    if which == "never-ran":
+        out = [r for r in rows if r["outcome"] == "suspected-equivalent" and "never ran" in (r["equiv"] or "")]
+    else:
+        keep = ("survived",) if which == "survived" else ("survived", "killed")
+        out = [r for r in rows if r["outcome"] in keep]
+    if limit is not None and len(out) > limit:
+        out = sorted(random.Random(seed).sample(sorted(out, key=lambda r: r["job"]), limit), key=lambda r: r["job"])
+    return out
 
 
 def verdict(code: int, summary: Path) -> dict:
@@ -93,7 +104,7 @@ def _imported_from(summary: Path) -> str | None:
         return None
 
 
-def rejudge(work: Path, budget: float, seed: int, which: str) -> dict:
+def rejudge(work: Path, budget: float, seed: int, which: str, limit: int | None = None) -> dict:
     """Run the nightly on the chosen mutants; WORK/nightly.json after each one."""
     import cosmic_ray.plugins
     from cosmic_ray.mutating import use_mutation
@@ -108,7 +119,7 @@ def rejudge(work: Path, budget: float, seed: int, which: str) -> dict:
         old = json.loads(out.read_text())
         if (old.get("budget"), old.get("seed")) == (budget, seed):
             state["verdicts"] = old["verdicts"]
-    rows = {r["job"]: r for r in chosen(work, which)}
+    rows = {r["job"]: r for r in chosen(work, which, limit, seed)}
     with use_db(str(work / "session.sqlite"), WorkDB.Mode.open) as db:
         items = [item for item, _ in db.completed_work_items if item.job_id in rows]
     scratch = work / "nightly-scratch"
@@ -142,9 +153,9 @@ def section(done: list[dict], state: dict | None) -> list[str]:
         if v:
             out.append(f"| `{r['file']}:{r['line']}` {r['operator']} | {r['outcome']} | {v['verdict']} "
                        f"| {', '.join(v['properties']) or '-'} |")
-    ran = [v for v in verdicts.values()]
-    survivors = [v for v in ran if v.get("gate") == "survived"]
-    caught = sum(v["verdict"] == "killed (a property's check)" for v in survivors)
-    out += ["", f"Of the gate's {len(survivors)} survivor(s) run, the nightly killed {caught} by a property's check.",
-            ""]
-    return out
+    for gate, what in (("survived", "survivor(s)"), ("suspected-equivalent", "suspected-equivalent(s)")):
+        ran = [v for v in verdicts.values() if v.get("gate") == gate]
+        caught = sum(v["verdict"] == "killed (a property's check)" for v in ran)
+        if ran:
+            out += ["", f"Of the gate's {len(ran)} {what} run, the nightly killed {caught} by a property's check."]
+    return out + [""]

@@ -292,8 +292,10 @@ def main(argv=None) -> int:
                          "side by side with the gate; never copied here")
     ap.add_argument("--budget", type=float, default=600.0,
                     help="nightly: seconds of `vmfuzz run --profile nightly` a mutant gets")
-    ap.add_argument("--mutants", choices=["survived", "non-equivalent"], default="survived",
-                    help="nightly: the gate's survivors (default), or every killed and surviving mutant")
+    ap.add_argument("--mutants", choices=["survived", "non-equivalent", "never-ran"], default="survived",
+                    help="nightly: the gate's survivors (default), every killed and surviving mutant, or the "
+                         "suspected-equivalents whose mutated line the gate never reached")
+    ap.add_argument("--limit", type=int, default=None, help="nightly: at most this many of them, drawn with --seed")
     args = ap.parse_args(argv)
     work = args.work.resolve()
     if args.sglang_tests is not None and not args.sglang_tests.is_dir():
@@ -310,7 +312,9 @@ def main(argv=None) -> int:
         if not 0 < args.budget < float("inf"):  # nan and inf too: a budget is a number of seconds
             sys.exit(f"mutation_score: --budget {args.budget:g}: must be a positive number of seconds")
         import mutation_nightly
-        mutation_nightly.rejudge(work, args.budget, args.seed, args.mutants)
+        if args.limit is not None and args.limit < 1:
+            sys.exit(f"mutation_score: --limit {args.limit}: must be at least 1")
+        mutation_nightly.rejudge(work, args.budget, args.seed, args.mutants, args.limit)
     if args.step in ("prepare", "all"):
         prepare(work, args.sample, args.seed, args.workers, args.timeout, args.scope, args.port,
                 args.sglang_tests.resolve() if args.sglang_tests else None)

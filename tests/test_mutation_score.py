@@ -402,3 +402,21 @@ def test_a_nightly_that_imported_the_installed_package_judges_nothing(tmp_path, 
     assert said["verdict"].startswith("error (the run imported SGLang from") and said["properties"] == []
     imported = copy / "python" / "sglang"
     assert nightly.run_one(copy, "srt/a.py", ["p"], 5.0, 1, tmp_path)["verdict"] == "killed (a property's check)"
+
+
+def test_a_nightly_can_run_a_seeded_few_of_the_mutants_the_gate_never_reached(tmp_path):
+    import mutation_nightly as nightly
+    work = tmp_path / "work"
+    work.mkdir()
+    rows = [{"job": f"j{k}", "outcome": "suspected-equivalent",
+             "equiv": "identical (9 outputs compared)" + ("; the mutated line never ran on these cases" if k % 2 else "")}
+            for k in range(8)] + [{"job": "s", "outcome": "survived", "equiv": "differs: x"}]
+    (work / "score.json").write_text(json.dumps({"mutants": rows}))
+    unreached = [r["job"] for r in nightly.chosen(work, "never-ran")]
+    assert unreached == ["j1", "j3", "j5", "j7"]
+    few = [r["job"] for r in nightly.chosen(work, "never-ran", limit=2, seed=3)]
+    assert len(few) == 2 and set(few) <= set(unreached) and few == [r["job"] for r in
+                                                                  nightly.chosen(work, "never-ran", 2, 3)]
+    assert [r["job"] for r in nightly.chosen(work, "survived", limit=5)] == ["s"]
+    with pytest.raises(SystemExit, match="at least 1"):
+        mutation_score.main(["nightly", str(work), "--limit", "0"])
