@@ -81,12 +81,8 @@ def main(argv: list[str]) -> int:
         print("vmfuzz-origin: " + json.dumps(origin, sort_keys=True))
     if proc.returncode == 1 and all(o.get("effect") in ("raise", "crash", "hang") for o in killing_origins(summary)):
         print("vmfuzz-stillborn: " + stillborn_verdict(driven, changed), flush=True)
-    if proc.returncode == 2:  # the gate could not import the copy: a mutant Python refuses is stillborn
-        import stillborn
-        said = [s for rel in changed
-                if (s := stillborn.python_refuses((Path("python") / "sglang" / rel).read_text(), rel))]
-        if said:
-            print("vmfuzz-stillborn: " + said[0], flush=True)
+    if proc.returncode == 2 and (refused := python_refusal(changed)):  # the gate could not import the copy
+        print("vmfuzz-stillborn: " + refused, flush=True)
     if proc.returncode == 0:
         watch = [f"python/sglang/{rel}:{','.join(map(str, mutated_lines(driven, rel)))}" for rel in changed]
         print("vmfuzz-equiv: " + equivalence(Path(argv[0]).parent, properties, env, watch), flush=True)
@@ -99,16 +95,26 @@ def main(argv: list[str]) -> int:
 def stillborn_verdict(driven: dict, changed: list[str]) -> str:
     """Whether Triton's frontend refuses a mutated kernel the gate launched (bench/stillborn.py)."""
     import stillborn
+    refused = python_refusal(changed)
+    if refused:  # a property raised importing it: no Triton kernel to judge
+        return refused
     said = []
     for rel in changed:
         mine = Path("python") / "sglang" / rel
-        refused = stillborn.python_refuses(mine.read_text(), rel)
-        if refused:  # a property raised importing it: no Triton kernel to judge
-            return refused
         said.append(stillborn.verdict(mine, Path(driven["package"]) / rel,
                                       stillborn.launches(Path("launches.jsonl"), mine), mutated_lines(driven, rel)))
     refused = [s for s in said if s.startswith("refused")]
     return refused[0] if refused else "; ".join(said)
+
+
+def python_refusal(changed: list[str]) -> str | None:
+    """``refused: WHY`` for the first mutated file Python's own compiler refuses (stillborn), else None."""
+    import stillborn
+    for rel in changed:
+        refused = stillborn.python_refuses((Path("python") / "sglang" / rel).read_text(), rel)
+        if refused:
+            return refused
+    return None
 
 
 def children_cpu() -> float:
