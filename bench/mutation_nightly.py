@@ -15,6 +15,14 @@ cost. ``--mutants non-equivalent`` runs every killed and surviving mutant, which
 what a nightly's own score needs (about S seconds each); ``--mutants never-ran``
 the suspected-equivalents whose mutated line the gate never reached. ``--limit K``
 draws K of them (with ``--seed``).
+
+``--first-finding`` stops each mutant's nightly (SIGTERM: it writes its reports)
+as soon as its first finding is saved. A kill needs only one finding, so a killed
+mutant costs its seconds to that finding rather than the whole budget, which is
+what makes a nightly's score over every non-equivalent mutant affordable. Its
+cost: when a raise is found first, a property that would have caught the mutant
+later is not asked, so the by-a-check figure is a lower bound; killed-or-not is
+exact.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -53,21 +62,24 @@ def verdict(code: int, summary: Path) -> dict:
     """What the nightly said of one mutant, from its exit and its summary's typed origins."""
     origins = killing_origins(summary)
     props = sorted({o["property"] for o in origins if o.get("effect") not in RAISING and o.get("property")})
-    if code == 1 and props:
+    # 143: SIGTERM, sent at the first finding under --first-finding; the reports are still written
+    if code in (1, 143) and props:
         said = "killed (a property's check)"
-    elif code == 1 and origins:
+    elif code in (1, 143) and origins:
         said = "killed (the mutant raising)"
     elif code == 0:
         said = "survived"
     elif code == 3:
         said = "could not check (exit 3)"
     else:
-        said = f"error (exit {code}{', no origin' if code == 1 else ''})"
+        said = f"error (exit {code}{', no origin' if code in (1, 143) else ''})"
     return {"verdict": said, "properties": props, "exit": code}
 
 
-def run_one(copy: Path, rel: str, properties: list[str], budget: float, seed: int, scratch: Path) -> dict:
-    """The nightly on ``copy`` as it is now (mutated by the caller)."""
+def run_one(copy: Path, rel: str, properties: list[str], budget: float, seed: int, scratch: Path,
+            first_finding: bool = False) -> dict:
+    """The nightly on ``copy`` as it is now (mutated by the caller); with ``first_finding``, stopped
+    once a finding is saved in its report's findings folder."""
     for d in ("report", "db"):
         shutil.rmtree(scratch / d, ignore_errors=True)
     cmd = [sys.executable, "-W", "ignore", "-m", "harness", "run", "--target", "sglang", "--profile", "nightly",
@@ -80,10 +92,10 @@ def run_one(copy: Path, rel: str, properties: list[str], budget: float, seed: in
     env.pop("SGLANG_USE_CPU_ENGINE", None)
     start = time.monotonic()
     # a budget is the run's own; the margin covers the import and the report before it is called a hang
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=scratch, timeout=budget * 1.5 + 300)
-        code = proc.returncode
-    except subprocess.TimeoutExpired:
+    code = _wait(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, env=env,
+                                  cwd=scratch),
+                 start + budget * 1.5 + 300, scratch / "report" / "findings" if first_finding else None)
+    if code is None:
         return {"verdict": "error (ran past its budget by half)", "properties": [], "exit": None,
                 "wall_s": round(time.monotonic() - start)}
     out = verdict(code, scratch / "report" / "summary.json")
@@ -96,6 +108,22 @@ def run_one(copy: Path, rel: str, properties: list[str], budget: float, seed: in
     return out
 
 
+def _wait(proc: subprocess.Popen, until: float, findings: Path | None) -> int | None:
+    """The run's exit status; None (and the run killed) past ``until``. A finding saved in ``findings``
+    sends SIGTERM once, after which the run writes its reports and exits 143."""
+    stopping = False
+    while proc.poll() is None:
+        if time.monotonic() > until:
+            proc.kill()
+            proc.wait()
+            return None
+        if findings is not None and not stopping and any(findings.glob("*.json")):
+            proc.send_signal(signal.SIGTERM)
+            stopping = True
+        time.sleep(0.5)
+    return proc.returncode
+
+
 def _imported_from(summary: Path) -> str | None:
     """The SGLang package the run imported, as its summary.json records it (None: not recorded)."""
     try:
@@ -104,7 +132,8 @@ def _imported_from(summary: Path) -> str | None:
         return None
 
 
-def rejudge(work: Path, budget: float, seed: int, which: str, limit: int | None = None) -> dict:
+def rejudge(work: Path, budget: float, seed: int, which: str, limit: int | None = None,
+            first_finding: bool = False) -> dict:
     """Run the nightly on the chosen mutants; WORK/nightly.json after each one."""
     import cosmic_ray.plugins
     from cosmic_ray.mutating import use_mutation
@@ -114,17 +143,18 @@ def rejudge(work: Path, budget: float, seed: int, which: str, limit: int | None 
 
     copy, driven = pristine_copy(work)
     out = work / "nightly.json"
-    state = {"budget": budget, "seed": seed, "verdicts": {}}
+    state = {"budget": budget, "seed": seed, "first_finding": first_finding, "verdicts": {}}
     if out.exists():
         old = json.loads(out.read_text())
-        if (old.get("budget"), old.get("seed")) == (budget, seed):
+        if (old.get("budget"), old.get("seed"), old.get("first_finding", False)) == (budget, seed, first_finding):
             state["verdicts"] = old["verdicts"]
     rows = {r["job"]: r for r in chosen(work, which, limit, seed)}
     with use_db(str(work / "session.sqlite"), WorkDB.Mode.open) as db:
         items = [item for item, _ in db.completed_work_items if item.job_id in rows]
     scratch = work / "nightly-scratch"
     scratch.mkdir(exist_ok=True)
-    print(f"mutation_score: a {budget:.0f}s nightly on {len(items)} mutant(s) ({which}), seed {seed}")
+    print(f"mutation_score: a {budget:.0f}s nightly on {len(items)} mutant(s) ({which}), seed {seed}"
+          + (", each stopped at its first finding" if first_finding else ""))
     for item in items:
         if item.job_id in state["verdicts"]:
             continue
@@ -132,7 +162,8 @@ def rejudge(work: Path, budget: float, seed: int, which: str, limit: int | None 
         rel = str(m.module_path).removeprefix("python/sglang/")
         operator = cosmic_ray.plugins.get_operator(m.operator_name)(**(m.operator_args or {}))
         with use_mutation(copy / m.module_path, operator, m.occurrence) as (_, mutated):
-            said = (run_one(copy, rel, sorted(driven["files"][rel]), budget, seed, scratch) if mutated is not None
+            said = (run_one(copy, rel, sorted(driven["files"][rel]), budget, seed, scratch, first_finding)
+                    if mutated is not None
                     else {"verdict": "error: cosmic-ray could not apply this mutant again", "properties": []})
         said["gate"] = rows[item.job_id]["outcome"]
         state["verdicts"][item.job_id] = said
@@ -146,16 +177,27 @@ def section(done: list[dict], state: dict | None) -> list[str]:
     if not state or not state.get("verdicts"):
         return []
     verdicts = state["verdicts"]
-    out = [f"## A {state['budget']:.0f}-second nightly (seed {state['seed']}) beside the gate", "",
-           "| mutant | gate | nightly | nightly's killing properties |", "|---|---|---|---|"]
+    stopped = ", each stopped at its first finding" if state.get("first_finding") else ""
+    out = [f"## A {state['budget']:.0f}-second nightly (seed {state['seed']}{stopped}) beside the gate", "",
+           "| mutant | gate | nightly | nightly's killing properties | seconds |", "|---|---|---|---|---|"]
     for r in done:
         v = verdicts.get(r["job"])
         if v:
             out.append(f"| `{r['file']}:{r['line']}` {r['operator']} | {r['outcome']} | {v['verdict']} "
-                       f"| {', '.join(v['properties']) or '-'} |")
+                       f"| {', '.join(v['properties']) or '-'} | {v.get('wall_s', '-')} |")
     for gate, what in (("survived", "survivor(s)"), ("suspected-equivalent", "suspected-equivalent(s)")):
         ran = [v for v in verdicts.values() if v.get("gate") == gate]
         caught = sum(v["verdict"] == "killed (a property's check)" for v in ran)
         if ran:
             out += ["", f"Of the gate's {len(ran)} {what} run, the nightly killed {caught} by a property's check."]
+    ran = [v for v in verdicts.values() if v.get("gate") in ("killed", "survived")]
+    if ran:
+        checked = sum(v["verdict"] == "killed (a property's check)" for v in ran)
+        raised = sum(v["verdict"] == "killed (the mutant raising)" for v in ran)
+        out += ["", f"**Of the {len(ran)} non-equivalent mutants run, the nightly killed {checked + raised} "
+                    f"({100 * (checked + raised) // len(ran)}%)**: {checked} by a property's check "
+                    f"({100 * checked // len(ran)}%), {raised} only by the mutant raising."]
+        if stopped:
+            out.append("Each run stopped at its first finding: where a raise came first, a later property's "
+                       "catch was not asked for, so the by-a-check figure is a lower bound.")
     return out + [""]

@@ -296,6 +296,9 @@ def main(argv=None) -> int:
                     help="nightly: the gate's survivors (default), every killed and surviving mutant, or the "
                          "suspected-equivalents whose mutated line the gate never reached")
     ap.add_argument("--limit", type=int, default=None, help="nightly: at most this many of them, drawn with --seed")
+    ap.add_argument("--first-finding", action="store_true",
+                    help="nightly: stop each mutant's run at its first saved finding (a kill costs its time to "
+                         "that finding, not the whole budget)")
     args = ap.parse_args(argv)
     work = args.work.resolve()
     if args.sglang_tests is not None and not args.sglang_tests.is_dir():
@@ -314,7 +317,7 @@ def main(argv=None) -> int:
         import mutation_nightly
         if args.limit is not None and args.limit < 1:
             sys.exit(f"mutation_score: --limit {args.limit}: must be at least 1")
-        mutation_nightly.rejudge(work, args.budget, args.seed, args.mutants, args.limit)
+        mutation_nightly.rejudge(work, args.budget, args.seed, args.mutants, args.limit, args.first_finding)
     if args.step in ("prepare", "all"):
         prepare(work, args.sample, args.seed, args.workers, args.timeout, args.scope, args.port,
                 args.sglang_tests.resolve() if args.sglang_tests else None)

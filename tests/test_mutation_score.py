@@ -326,7 +326,7 @@ def test_a_nightly_judges_the_gate_s_survivors_on_the_mutated_copy(tmp_path, mon
     assert mutation_score.main(["report", str(work)]) == 0
     seen = []
 
-    def fake_run(copy, rel, properties, budget, seed, scratch):
+    def fake_run(copy, rel, properties, budget, seed, scratch, first_finding):
         seen.append(((copy / "python" / "sglang" / rel).read_text(), properties, budget, seed))
         return nightly.verdict(1, _summary(scratch / "report" / "summary.json",
                                            {"property": "p", "effect": "wrong"}))
@@ -339,6 +339,7 @@ def test_a_nightly_judges_the_gate_s_survivors_on_the_mutated_copy(tmp_path, mon
     assert state["verdicts"]["j1"]["verdict"] == "killed (a property's check)" and "j2" not in state["verdicts"]
     md = (work / "score.md").read_text()
     assert "A 5-second nightly (seed 4)" in md and "Of the gate's 1 survivor(s) run, the nightly killed 1" in md
+    assert "Of the 1 non-equivalent mutants run, the nightly killed 1 (100%)**: 1 by a property's check" in md
     assert mutation_score.main(["nightly", str(work), "--budget", "5", "--seed", "4"]) == 0
     assert len(seen) == 1  # resumed: nothing run twice
     with pytest.raises(SystemExit, match="must be a positive"):
@@ -381,27 +382,70 @@ def mutation_score_rows(work):
     return list(rows(work))
 
 
+class _FakeNightly:
+    """``subprocess.Popen`` for a nightly: writes its summary (importing ``imported``) after ``finds_at``
+    polls, a finding file at ``finds_at``; exits 143 on SIGTERM, else ``code`` after ``runs`` polls."""
+
+    def __init__(self, imported, code=1, finds_at=None, runs=3):
+        self.imported, self.code, self.finds_at, self.runs, self.started = imported, code, finds_at, runs, []
+
+    def __call__(self, cmd, **kwargs):
+        fake = self
+        report = Path(cmd[cmd.index("--report-dir") + 1])
+
+        class Proc:
+            polls, returncode, signals = 0, None, []
+
+            def poll(self):
+                self.polls += 1
+                if fake.finds_at is not None and self.polls >= fake.finds_at:
+                    (report / "findings").mkdir(parents=True, exist_ok=True)
+                    (report / "findings" / "f.json").write_text("{}")
+                if self.signals or self.polls >= fake.runs:
+                    report.mkdir(parents=True, exist_ok=True)
+                    (report / "summary.json").write_text(json.dumps({
+                        "versions": {"sglang path": str(fake.imported)},
+                        "groups": [{"origin": {"property": "p", "effect": "wrong"}, "known": False}]}))
+                    self.returncode = 143 if self.signals else fake.code
+                return self.returncode
+
+            def send_signal(self, sig):
+                self.signals.append(sig)
+
+        proc = Proc()
+        self.started.append(proc)
+        return proc
+
+
 def test_a_nightly_that_imported_the_installed_package_judges_nothing(tmp_path, monkeypatch):
     """The verdict counts only if the run imported the mutated copy (summary.json's ``sglang path``)."""
-    import subprocess
     import mutation_nightly as nightly
     copy = tmp_path / "worker-0"
     (copy / "python" / "sglang").mkdir(parents=True)
-
-    def fake_run(cmd, **kwargs):
-        report = Path(cmd[cmd.index("--report-dir") + 1])
-        report.mkdir(parents=True, exist_ok=True)
-        (report / "summary.json").write_text(json.dumps({
-            "versions": {"sglang path": str(imported)},
-            "groups": [{"origin": {"property": "p", "effect": "wrong"}, "known": False}]}))
-        return subprocess.CompletedProcess(cmd, 1, "", "")
-
-    monkeypatch.setattr(nightly.subprocess, "run", fake_run)
-    imported = tmp_path / "site-packages" / "sglang"
+    monkeypatch.setattr(nightly.time, "sleep", lambda s: None)
+    monkeypatch.setattr(nightly.subprocess, "Popen", _FakeNightly(tmp_path / "site-packages" / "sglang"))
     said = nightly.run_one(copy, "srt/a.py", ["p"], 5.0, 1, tmp_path)
     assert said["verdict"].startswith("error (the run imported SGLang from") and said["properties"] == []
-    imported = copy / "python" / "sglang"
+    monkeypatch.setattr(nightly.subprocess, "Popen", _FakeNightly(copy / "python" / "sglang"))
     assert nightly.run_one(copy, "srt/a.py", ["p"], 5.0, 1, tmp_path)["verdict"] == "killed (a property's check)"
+
+
+def test_a_nightly_stopped_at_its_first_finding_is_judged_by_that_finding(tmp_path, monkeypatch):
+    """``--first-finding`` sends SIGTERM once a finding is saved; the reports the run then writes (exit 143)
+    judge it. Without the flag the same run goes on to its own end."""
+    import signal
+    import mutation_nightly as nightly
+    copy = tmp_path / "worker-0"
+    (copy / "python" / "sglang").mkdir(parents=True)
+    monkeypatch.setattr(nightly.time, "sleep", lambda s: None)
+    fake = _FakeNightly(copy / "python" / "sglang", finds_at=2, runs=50)
+    monkeypatch.setattr(nightly.subprocess, "Popen", fake)
+    said = nightly.run_one(copy, "srt/a.py", ["p"], 5.0, 1, tmp_path, first_finding=True)
+    assert said["verdict"] == "killed (a property's check)" and said["exit"] == 143
+    assert fake.started[0].signals == [signal.SIGTERM] and fake.started[0].polls < 50
+    said = nightly.run_one(copy, "srt/a.py", ["p"], 5.0, 1, tmp_path)
+    assert fake.started[1].signals == [] and fake.started[1].polls == 50 and said["exit"] == 1
+    assert nightly.verdict(143, tmp_path / "none.json")["verdict"] == "error (exit 143, no origin)"
 
 
 def test_a_nightly_can_run_a_seeded_few_of_the_mutants_the_gate_never_reached(tmp_path):
