@@ -59,8 +59,18 @@ def chosen(work: Path, which: str, limit: int | None = None, seed: int = 1) -> l
 
 
 def verdict(code: int, summary: Path) -> dict:
-    """What the nightly said of one mutant, from its exit and its summary's typed origins."""
+    """What the nightly said of one mutant, from its exit and the typed origins of its summary and of the
+    findings saved beside it. A run stopped at its first finding (143) can end before its summary lists a
+    finding a worker had already saved; the saved file's own origin still names it. Known findings are
+    never saved (a property records them as a class), so a saved file is always a new finding."""
     origins = killing_origins(summary)
+    for saved in sorted((summary.parent / "findings").glob("*.json")):
+        try:
+            origin = json.loads(saved.read_text()).get("origin")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(origin, dict):
+            origins.append(origin)
     props = sorted({o["property"] for o in origins if o.get("effect") not in RAISING and o.get("property")})
     # 143: SIGTERM, sent at the first finding under --first-finding; the reports are still written
     if code in (1, 143) and props:

@@ -448,6 +448,22 @@ def test_a_nightly_stopped_at_its_first_finding_is_judged_by_that_finding(tmp_pa
     assert nightly.verdict(143, tmp_path / "none.json")["verdict"] == "error (exit 143, no origin)"
 
 
+def test_a_finding_saved_before_the_stopped_run_listed_it_still_judges(tmp_path):
+    """SIGTERM can land while the parent has not yet collected a worker's finding: the summary lists no
+    group, and the saved repro's own typed origin is what the run found (a crash here, never a check)."""
+    import mutation_nightly as nightly
+    summary = _summary(tmp_path / "report" / "summary.json")
+    assert nightly.verdict(143, summary)["verdict"] == "error (exit 143, no origin)"
+    (tmp_path / "report" / "findings").mkdir()
+    (tmp_path / "report" / "findings" / "p-target-crash.json").write_text(json.dumps(
+        {"property": "p", "origin": {"property": "p", "effect": "crash"}}))
+    (tmp_path / "report" / "findings" / "note.json").write_text("not json")
+    assert nightly.verdict(143, summary) == {"verdict": "killed (the mutant raising)", "properties": [], "exit": 143}
+    (tmp_path / "report" / "findings" / "q.json").write_text(json.dumps(
+        {"property": "q", "origin": {"property": "q", "effect": "wrong"}}))
+    assert nightly.verdict(143, summary)["properties"] == ["q"]
+
+
 def test_a_nightly_can_run_a_seeded_few_of_the_mutants_the_gate_never_reached(tmp_path):
     import mutation_nightly as nightly
     work = tmp_path / "work"
