@@ -113,6 +113,11 @@ ALTERATIONS = {
     "custom-mask-grown-although-it-fits": ([(EAGLE_INFO, r"\(self\.draft_token_num\*\*2\) \* batch_size",
                                              "(self.draft_token_num**3) * batch_size")],
                                            ("EagleVerifyInput.generate_attn_arg_prefill", "custom_mask", "wrong")),
+    # The query rows' end shifted out (a mutation run's kill that was only a raise): the indptr handed on is
+    # empty and fast_prefill_plan raises copying it. The array handed on before the raise is the cause.
+    "qo-indptr-empty-then-plan-raises": ([(EAGLE_INFO, r"\(1 \+ batch_size\) \* self\.draft_token_num,",
+                                           "(1 >> batch_size) * self.draft_token_num,")],
+                                         ("EagleVerifyInput.generate_attn_arg_prefill", "qo_indptr", "wrong")),
 }
 
 #: the same arrays computed another way, locals renamed: must still hold
@@ -163,6 +168,14 @@ def test_altered_sglang_plan_is_caught(sglang_target, monkeypatch, alteration):
     assert_not_a_raise(caught.value.detail, origin)
     assert (origin.property, origin.effect, origin.writer, origin.buffer) == (
         "packed-mask", effect, writer, buffer), caught.value
+
+
+def test_a_plan_that_raises_after_right_arrays_stays_a_raise(sglang_target, monkeypatch):
+    """Only what was handed on before a raise is judged: when it was all right, the raise itself is passed
+    on (never a property's catch), and the wrapper buffers the raising plan never refreshed are not blamed."""
+    edits = [(FLASHINFER, r"self\._qo_indptr_buf\.copy_\(qo_indptr,", "self._qo_indptr_buf.copy_(qo_indptr[1:],")]
+    with pytest.raises(RuntimeError, match="must match the size"):
+        _check_on(sglang_target, monkeypatch, edits)
 
 
 @pytest.mark.parametrize("edits", [[], REFACTOR], ids=["unaltered", "refactor"])

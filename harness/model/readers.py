@@ -78,6 +78,10 @@ class PackedView:
     #: step handed in (None: handed on in place, or not driven). Growing is the fallback for a mask too
     #: short for the batch; growing one that already covers it copies the whole mask every verify step.
     mask_regrown: tuple[int, int] | None = field(default=None, kw_only=True)
+    #: what a later hop raised after the earlier ones handed their arrays on (None: the plan was made).
+    #: Those arrays are judged before the raise is passed on: a wrong one is the raise's cause, and a
+    #: finding naming the hop that handed it on says where, which the raise cannot.
+    raised: Exception | None = field(default=None, kw_only=True)
 
 
 class PackRefused(AssertionError):

@@ -292,6 +292,9 @@ def packed_mask(target, config: Config, batches: list[Batch], device="cpu") -> O
                                          f"{capacity}-byte buffer: {exc}",
                          effect="unsound", writer="host-side check", buffer="packed_mask", cell="refused a fit")
                 view = None
+            if view is not None and view.raised is not None:
+                judge_plan(view, rc, batch, oracle)  # what was handed on before the raise, upstream first
+                raise view.raised  # every array handed on was right: the raise is the finding
             violations = pheap.check()
             if violations:
                 why = "" if capacity == total else f" (needs {total}: the host-side check did not refuse)"

@@ -118,8 +118,10 @@ class _Hops:
         got = bind(_flashinfer_plan, "_cached_module.plan", FLASHINFER, *args).arguments
         self.plan_args = {name: _held(got[name]) for name in _PLAN_ARGS}
 
-    def reads(self, wrapper) -> list[PlanRead]:
-        if self.planned is None or self.plan_args is None:
+    def reads(self, wrapper, finished: bool = True) -> list[PlanRead]:
+        """Each hop's arrays; unless ``finished``, only those handed on before a hop raised (the wrapper's
+        buffers are refreshed last, so a raise leaves them as they were)."""
+        if finished and (self.planned is None or self.plan_args is None):
             raise OutOfStep(PLANNER, FLASHINFER, "call_begin_forward never reached FlashInfer's plan: nothing "
                             "it was handed can be judged")
         out = []
@@ -127,17 +129,19 @@ class _Hops:
             out += [PlanRead(GENERATOR, name, self._generated_as(name, value), _held(value))
                     for name, value in zip(_GENERATED, self.generated) if isinstance(value, torch.Tensor)]
         out += [PlanRead(CALLER, name, _PLAN_INPUTS[name], held)
-                for name, (held, _) in self.planned.items()]
-        out += [PlanRead(PLANNER, f"plan({name})", _PLAN_ARGS[name], value) for name, value in self.plan_args.items()]
-        out += [PlanRead(PLANNER, name, quantity, _held(getattr(wrapper, name)))
-                for name, quantity in _WRAPPER_BUFFERS.items()]
+                for name, (held, _) in (self.planned or {}).items()]
+        out += [PlanRead(PLANNER, f"plan({name})", _PLAN_ARGS[name], value)
+                for name, value in (self.plan_args or {}).items()]
+        if finished:
+            out += [PlanRead(PLANNER, name, quantity, _held(getattr(wrapper, name)))
+                    for name, quantity in _WRAPPER_BUFFERS.items()]
         # Within a hop, the indptrs before the arrays they index: a wrong indptr misplaces the rest.
         hop = {GENERATOR: 0, CALLER: 1, PLANNER: 2}
         return sorted(out, key=lambda r: (hop[r.writer], _ORDER.index(r.quantity)))
 
     def _generated_as(self, name: str, value) -> str:
         """What a returned array is: the fast_prefill_plan parameter it was handed to as it is, else its place."""
-        for param, (_, passed) in self.planned.items():
+        for param, (_, passed) in (self.planned or {}).items():
             if passed is value:
                 return _PLAN_INPUTS[param]
         return name
@@ -197,17 +201,26 @@ def pack_mask(config: Config, batch: Batch, step_mask: torch.Tensor, buffer: tor
         attn_backend=SimpleNamespace(kv_index_translator=translator, dq_paged_kernel_lens=None),
         kv_last_page_len=torch.ones(max(bs, config.max_bs), dtype=torch.int32, device=dev), num_qo_heads=1,
         num_kv_heads=1, head_dim=8, q_data_type=torch.float16, data_type=torch.float16, _swa_kv_pool=None)
-    # By SGLang's own parameter names; ``plan`` only where this SGLang takes it.
-    call_with(m.flashinfer_backend.FlashInferIndicesUpdaterPrefill.call_begin_forward, CALLER, FLASHINFER, updater,
-              wrapper_ragged=None, wrapper_paged=wrapper,
-              req_pool_indices=torch.tensor(pool_slots(bs), dtype=torch.long, device=dev),
-              paged_kernel_lens=seq_lens, paged_kernel_lens_sum=seq_sum, seq_lens=seq_lens, prefix_lens=None,
-              kv_start_idx=None, kv_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=dev),
-              qo_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=dev), use_ragged=False,
-              spec_info=spec_info, seq_lens_cpu=seq_lens.cpu(), plan=None)
-    return PackedView(wrapper._custom_mask_buf, wrapper._mask_indptr_buf, plan=hops.reads(wrapper),
+    try:
+        # By SGLang's own parameter names; ``plan`` only where this SGLang takes it.
+        call_with(m.flashinfer_backend.FlashInferIndicesUpdaterPrefill.call_begin_forward, CALLER, FLASHINFER,
+                  updater, wrapper_ragged=None, wrapper_paged=wrapper,
+                  req_pool_indices=torch.tensor(pool_slots(bs), dtype=torch.long, device=dev),
+                  paged_kernel_lens=seq_lens, paged_kernel_lens_sum=seq_sum, seq_lens=seq_lens, prefix_lens=None,
+                  kv_start_idx=None, kv_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=dev),
+                  qo_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=dev), use_ragged=False,
+                  spec_info=spec_info, seq_lens_cpu=seq_lens.cpu(), plan=None)
+    except (AssertionError, OutOfStep):
+        raise  # the host-side check's refusal is judged as one; vmfuzz out of step is exit 3
+    except Exception as exc:
+        if hops.generated is None:
+            raise  # nothing was handed on yet
+        raised = exc
+    else:
+        raised = None
+    return PackedView(wrapper._custom_mask_buf, wrapper._mask_indptr_buf, plan=hops.reads(wrapper, raised is None),
                       plan_overruns=heap.check(), plan_gatherer=GENERATOR if hops.generated is not None else CALLER,
-                      mask_regrown=hops.mask_regrown)
+                      mask_regrown=hops.mask_regrown, raised=raised)
 
 
 def packing_not_driven() -> str | None:
