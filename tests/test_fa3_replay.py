@@ -21,7 +21,7 @@ from harness.model.config import Batch, Config
 from harness.model.fa3_reads import Fa3Pass, Fa3Verify
 from harness.model.layouts import TreeMaskMode
 from harness.properties import PropertyFailure
-from harness.properties.fa3_reads import REPLAY_WRITER, check_fa3, fa3_mismatch
+from harness.properties.fa3_reads import CAPTURE_WRITER, REPLAY_WRITER, check_fa3, fa3_mismatch
 from harness.properties.kit import Observation
 from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_copy
 from tests.test_fa3_reads import FA3, _i32, _step
@@ -133,6 +133,26 @@ def test_a_wrong_replay_fails_reader_agreement_at_the_replay_stage():
         "reader-agreement", "wrong", REPLAY_WRITER, "page_table", "padding row", "replay")
 
 
+def test_a_replay_that_raises_is_judged_by_what_its_capture_bound_first():
+    """A replay that raised leaves the spans its capture bound: one a row short is reader-agreement's finding
+    at stage capture (the cause); when every span is right, the raise itself is passed on, never a catch."""
+    step = _step(REPLAY, BATCH)
+    view = _right_replay()
+    view.raised = RuntimeError("The size of tensor a (3) must match the size of tensor b (4)")
+    view.prefix = Fa3Pass(view.prefix.cache_seqlens, view.prefix.cu_seqlens_q, view.prefix.cu_seqlens_k[:4],
+                          view.prefix.page_table, 4)
+    with pytest.raises(PropertyFailure) as caught:
+        check_fa3(_Replays(_eager_view(), view), Observation(), REPLAY, BATCH, step, step.tree_mask)
+    o = caught.value.origin
+    assert (o.property, o.effect, o.writer, o.buffer, o.cell, o.stage) == (
+        "reader-agreement", "wrong", CAPTURE_WRITER, "cu_seqlens_k", "captured span", "capture")
+    assert "over 4 entries, its 4 rows need 5" in caught.value.detail
+    right = _right_replay()
+    right.raised = RuntimeError("raised after a right capture")
+    with pytest.raises(RuntimeError, match="after a right capture"):
+        check_fa3(_Replays(_eager_view(), right), Observation(), REPLAY, BATCH, step, step.tree_mask)
+
+
 def test_replayed_only_up_to_max_bs_and_classed_padded():
     target, obs = _Replays(_eager_view(), _right_replay()), Observation()
     step = _step(REPLAY, BATCH)
@@ -199,6 +219,18 @@ def test_altered_fa3_replay_is_caught_by_reader_agreement(sglang_target, alterat
     assert (o["property"], o["effect"], o["writer"], o["stage"]) == (
         "reader-agreement", "wrong", REPLAY_WRITER, "replay"), out
     assert (o["buffer"], o["cell"]) == CAUGHT_IN[alteration], out
+
+
+@pytest.mark.slow
+def test_a_capture_that_binds_a_short_running_sum_is_caught_before_the_replay_raises(sglang_target, tmp_path):
+    """The tree's prefix pass bound ``cu_seqlens_k[: bs]`` at capture (a mutation run's kill that was only a
+    raise: the replay's refill then fails on the shape). The span the graph reads is judged first."""
+    edits = [(FA3, r'("cu_seqlens_k"\n\s*\]\[: bs) \+ 1\]', r"\1 * 1]")]
+    proc, out = _replay(tmp_path, edits, "capture-cu-seqlens-k-one-short")
+    assert proc.returncode == 1, out
+    o = failed_check_origin(tmp_path / "report", out)
+    assert (o["property"], o["effect"], o["writer"], o["stage"], o["buffer"], o["cell"]) == (
+        "reader-agreement", "wrong", CAPTURE_WRITER, "capture", "cu_seqlens_k", "captured span"), out
 
 
 @pytest.mark.slow

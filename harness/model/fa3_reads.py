@@ -52,6 +52,10 @@ class Fa3Verify:
     expand: Fa3Pass
     #: a cuda-graph replay's rows: the batch padded up to the captured graph's bs (None: eager)
     graph_bs: int | None = None
+    #: what the replay raised after the capture bound these buffers (None: it ran). Only what the capture
+    #: bound is judged then (the rows each buffer spans): a wrong span is the raise's cause, and a
+    #: finding that names it says where, which the raise cannot
+    raised: Exception | None = None
 
 
 def table_width(config: Config) -> int:

@@ -49,6 +49,8 @@ from harness.properties.kit import Difference, Observation, fail
 WRITER = "FlashAttentionBackend.init_forward_metadata"
 #: who refills the cuda graph's metadata buffers with it on a replay
 REPLAY_WRITER = "FlashAttentionBackend._apply_cuda_graph_metadata"
+#: who binds the slices of those buffers the captured graph reads
+CAPTURE_WRITER = "FlashAttentionBackend.init_forward_metadata_out_graph"
 #: the paged server's page size: small, so the strategies' contexts (up to 64) span several pages
 #: and a part-read last page is common
 PAGE_SIZE = 4
@@ -172,6 +174,28 @@ def fa3_mismatch(view, config: Config, batch: Batch, page_size: int = 1) -> Diff
         1, where + ", expand pass", ["tree node row" if b < batch.bs else "padding row" for b, _ in nodes])
 
 
+def captured_span_mismatch(view, config: Config) -> Difference | None:
+    """The first buffer the capture bound over the wrong number of rows: the prefix pass a row per
+    request of the graph, the expand pass one per (request, draft node), each running sum one entry
+    more, a page-table row for each (more rows are never read). The values are the replay's to fill."""
+    rows = view.graph_bs
+    where = f"FA3 topk > 1 verify, cuda graph captured at bs {rows} (d {config.d}, topk {config.topk})"
+    for name, got, n in (("prefix pass", view.prefix, rows), ("expand pass", view.expand, rows * config.d)):
+        spans = {"cache_seqlens": (n, got.cache_seqlens), "cu_seqlens_q": (n + 1, got.cu_seqlens_q),
+                 "cu_seqlens_k": (n + 1, got.cu_seqlens_k)}
+        for buffer, (want, t) in spans.items():
+            have = None if t is None else t.reshape(-1).numel()
+            if have != want:
+                return Difference(f"{where}, {name}: the graph reads {buffer} over {have} entries, its {n} rows "
+                                  f"need {want}", buffer=buffer, cell="captured span")
+        table = got.page_table
+        if table is None or table.dim() != 2 or table.shape[0] < n:
+            return Difference(f"{where}, {name}: the graph reads a page_table of shape "
+                              f"{None if table is None else tuple(table.shape)}, not a row for each of {n}",
+                              buffer="page_table", cell="captured span")
+    return None
+
+
 def check_fa3(target, obs: Observation, config: Config, batch: Batch, step, written: torch.Tensor) -> None:
     """Fail reader-agreement unless FA3's topk > 1 verify metadata gives each request its prefix and
     each draft node exactly the tree nodes it may see. ``written``: the step's mask as it wrote it."""
@@ -203,6 +227,11 @@ def _judge_at(target, obs: Observation, config: Config, batch: Batch, step, page
     if replay is None or batch.bs > config.max_bs:
         return  # past the captured max_bs the server runs eagerly: no graph to replay
     view = replay(config, batch, step, page_size)
+    if view.raised is not None:
+        diff = captured_span_mismatch(view, config)
+        if diff:
+            fail("reader-agreement", diff, writer=CAPTURE_WRITER, stage="capture")
+        raise view.raised  # the capture bound every span right: the replay's raise is the finding
     diff = fa3_mismatch(view, config, batch, page_size)
     if diff:
         fail("reader-agreement", diff, writer=REPLAY_WRITER, stage="replay")
