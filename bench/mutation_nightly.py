@@ -131,7 +131,9 @@ def _wait(proc: subprocess.Popen, until: float, findings: Path | None) -> int | 
             proc.send_signal(signal.SIGTERM)
             stopping = True
         time.sleep(0.5)
-    return proc.returncode
+    # A run past its own signal handling (its reports written, or not yet started) dies of the SIGTERM
+    # itself: the same stop, judged by what it saved
+    return 143 if stopping and proc.returncode == -signal.SIGTERM else proc.returncode
 
 
 def _imported_from(summary: Path) -> str | None:

@@ -384,10 +384,11 @@ def mutation_score_rows(work):
 
 class _FakeNightly:
     """``subprocess.Popen`` for a nightly: writes its summary (importing ``imported``) after ``finds_at``
-    polls, a finding file at ``finds_at``; exits 143 on SIGTERM, else ``code`` after ``runs`` polls."""
+    polls, a finding file at ``finds_at``; exits ``on_term`` on SIGTERM, else ``code`` after ``runs`` polls."""
 
-    def __init__(self, imported, code=1, finds_at=None, runs=3):
+    def __init__(self, imported, code=1, finds_at=None, runs=3, on_term=143):
         self.imported, self.code, self.finds_at, self.runs, self.started = imported, code, finds_at, runs, []
+        self.on_term = on_term  # 143: its handler wrote the reports; -15: the signal itself ended it
 
     def __call__(self, cmd, **kwargs):
         fake = self
@@ -406,7 +407,7 @@ class _FakeNightly:
                     (report / "summary.json").write_text(json.dumps({
                         "versions": {"sglang path": str(fake.imported)},
                         "groups": [{"origin": {"property": "p", "effect": "wrong"}, "known": False}]}))
-                    self.returncode = 143 if self.signals else fake.code
+                    self.returncode = (fake.on_term if self.signals else fake.code)
                 return self.returncode
 
             def send_signal(self, sig):
@@ -446,6 +447,11 @@ def test_a_nightly_stopped_at_its_first_finding_is_judged_by_that_finding(tmp_pa
     said = nightly.run_one(copy, "srt/a.py", ["p"], 5.0, 1, tmp_path)
     assert fake.started[1].signals == [] and fake.started[1].polls == 50 and said["exit"] == 1
     assert nightly.verdict(143, tmp_path / "none.json")["verdict"] == "error (exit 143, no origin)"
+    # a run already past its signal handling when the SIGTERM came dies of it: the same stop
+    monkeypatch.setattr(nightly.subprocess, "Popen", _FakeNightly(copy / "python" / "sglang", finds_at=2, runs=50,
+                                                                 on_term=-signal.SIGTERM))
+    said = nightly.run_one(copy, "srt/a.py", ["p"], 5.0, 1, tmp_path, first_finding=True)
+    assert said["verdict"] == "killed (a property's check)" and said["exit"] == 143
 
 
 def test_a_finding_saved_before_the_stopped_run_listed_it_still_judges(tmp_path):
