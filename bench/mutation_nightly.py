@@ -27,6 +27,7 @@ exact.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -58,19 +59,43 @@ def chosen(work: Path, which: str, limit: int | None = None, seed: int = 1) -> l
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def _known() -> tuple:
+    """The shipped known findings that apply to the installed SGLang (the mutants' release)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from harness.engine.known import applicable, default_known_root, entries
+    try:
+        installed = version("sglang")
+    except PackageNotFoundError:
+        return ()  # no release: no known finding applies
+    return tuple(k for _, k in applicable(entries(default_known_root()), {"sglang": installed}))
+
+
+def saved_origins(findings: Path) -> list[dict]:
+    """The typed origins of the findings a run saved in ``findings``, upstream's known defects left out: a
+    run replays each known finding first and saves what reproduces (``known-NAME.json``), which says
+    nothing of a mutant. Matched on the origin's fields, as the run itself excuses them."""
+    import msgspec
+
+    from harness.model.origin import Origin
+    out = []
+    for saved in sorted(findings.glob("*.json")):
+        try:
+            origin = json.loads(saved.read_text()).get("origin")
+            typed = msgspec.convert(origin, Origin)
+        except (OSError, ValueError, AttributeError, msgspec.ValidationError):
+            continue
+        if not any(k.matches(typed) for k in _known()):
+            out.append(origin)
+    return out
+
+
 def verdict(code: int, summary: Path) -> dict:
     """What the nightly said of one mutant, from its exit and the typed origins of its summary and of the
     findings saved beside it. A run stopped at its first finding (143) can end before its summary lists a
-    finding a worker had already saved; the saved file's own origin still names it. Known findings are
-    never saved (a property records them as a class), so a saved file is always a new finding."""
-    origins = killing_origins(summary)
-    for saved in sorted((summary.parent / "findings").glob("*.json")):
-        try:
-            origin = json.loads(saved.read_text()).get("origin")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if isinstance(origin, dict):
-            origins.append(origin)
+    finding a worker had already saved; the saved file's own origin still names it."""
+    origins = killing_origins(summary) + saved_origins(summary.parent / "findings")
     props = sorted({o["property"] for o in origins if o.get("effect") not in RAISING and o.get("property")})
     # 143: SIGTERM, sent at the first finding under --first-finding; the reports are still written
     if code in (1, 143) and props:
@@ -119,15 +144,15 @@ def run_one(copy: Path, rel: str, properties: list[str], budget: float, seed: in
 
 
 def _wait(proc: subprocess.Popen, until: float, findings: Path | None) -> int | None:
-    """The run's exit status; None (and the run killed) past ``until``. A finding saved in ``findings``
-    sends SIGTERM once, after which the run writes its reports and exits 143."""
+    """The run's exit status; None (and the run killed) past ``until``. A new finding saved in ``findings``
+    (not a known one's replay) sends SIGTERM once, after which the run writes its reports and exits 143."""
     stopping = False
     while proc.poll() is None:
         if time.monotonic() > until:
             proc.kill()
             proc.wait()
             return None
-        if findings is not None and not stopping and any(findings.glob("*.json")):
+        if findings is not None and not stopping and saved_origins(findings):
             proc.send_signal(signal.SIGTERM)
             stopping = True
         time.sleep(0.5)

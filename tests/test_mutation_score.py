@@ -401,7 +401,8 @@ class _FakeNightly:
                 self.polls += 1
                 if fake.finds_at is not None and self.polls >= fake.finds_at:
                     (report / "findings").mkdir(parents=True, exist_ok=True)
-                    (report / "findings" / "f.json").write_text("{}")
+                    (report / "findings" / "f.json").write_text(json.dumps(
+                        {"property": "p", "origin": {"property": "p", "effect": "wrong"}}))
                 if self.signals or self.polls >= fake.runs:
                     report.mkdir(parents=True, exist_ok=True)
                     (report / "summary.json").write_text(json.dumps({
@@ -452,6 +453,49 @@ def test_a_nightly_stopped_at_its_first_finding_is_judged_by_that_finding(tmp_pa
                                                                  on_term=-signal.SIGTERM))
     said = nightly.run_one(copy, "srt/a.py", ["p"], 5.0, 1, tmp_path, first_finding=True)
     assert said["verdict"] == "killed (a property's check)" and said["exit"] == 143
+
+
+def test_a_known_finding_s_replay_neither_stops_a_nightly_nor_kills(tmp_path, monkeypatch):
+    """A run replays upstream's known findings first and saves what reproduces: that says nothing of the
+    mutant, so it must not stop the run at its first finding, nor count as what killed it."""
+    import signal
+    import mutation_nightly as nightly
+    from harness.engine.known import default_known_root, entries
+    monkeypatch.setattr(nightly, "_known", lambda: tuple(k for _, k in entries(default_known_root())))
+    findings = tmp_path / "report" / "findings"
+    findings.mkdir(parents=True)
+    # what a 0.5.23 run saves replaying known/dflash-policy-behind-dots-wrapper.json
+    (findings / "known-dflash-policy-behind-dots-wrapper.json").write_text(json.dumps({"origin": {
+        "property": "routing", "effect": "unsound", "writer": "dflash policy", "router": "dots-swa", "role": "wrapped",
+        "spec_mode": "prefill", "resolved": "DotsSWAMLAAttnBackend"}}))
+    summary = _summary(tmp_path / "report" / "summary.json")
+    assert nightly.saved_origins(findings) == []
+    assert nightly.verdict(143, summary)["verdict"] == "error (exit 143, no origin)"
+
+    class Running:
+        """A run that ends by itself after 5 polls, or at once after a signal."""
+
+        def __init__(self):
+            self.returncode, self.signals, self.polls = None, [], 0
+
+        def poll(self):
+            self.polls += 1
+            if self.signals or self.polls >= 5:
+                self.returncode = 0
+            return self.returncode
+
+        def send_signal(self, sig):
+            self.signals.append(sig)
+
+    monkeypatch.setattr(nightly.time, "sleep", lambda s: None)
+    proc = Running()
+    assert nightly._wait(proc, float("inf"), findings) == 0 and proc.signals == []
+    (findings / "routing.json").write_text(json.dumps(
+        {"origin": {"property": "routing", "effect": "wrong", "writer": "hybrid router"}}))
+    assert nightly.saved_origins(findings) == [{"property": "routing", "effect": "wrong", "writer": "hybrid router"}]
+    proc = Running()
+    nightly._wait(proc, float("inf"), findings)
+    assert proc.signals == [signal.SIGTERM]
 
 
 def test_a_finding_saved_before_the_stopped_run_listed_it_still_judges(tmp_path):
