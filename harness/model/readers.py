@@ -46,6 +46,26 @@ class ReaderView:
     #: the whole buffer the KV gather wrote (None: this target's gather is not driven)
     kv_indices: torch.Tensor | None = field(kw_only=True)
     max_extend_len: int = field(kw_only=True)
+    #: what a sliding-window server's backend holds beside these (None: built without a window)
+    window: "WindowView | None" = field(default=None, kw_only=True)
+
+
+@dataclass(frozen=True)
+class WindowView:
+    """The sliding-window half of the Triton backend's verify metadata, for a server with window ``size``.
+
+    Its sliding-window layers read request b's last min(s_b, size) prefix tokens:
+    the KV slots ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``, whose mask cells
+    start at column ``kv_offsets[b]`` of each of the request's mask rows. So a
+    wrong offset makes those layers read another token's mask column, though the
+    full layers read right.
+    """
+
+    size: int
+    kv_indptr: torch.Tensor | None  # None: the backend made no window metadata, which is wrong here
+    #: the whole buffer the window's KV gather wrote (None: this target's gather is not driven)
+    kv_indices: torch.Tensor | None
+    kv_offsets: torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -203,6 +223,41 @@ def expected_reads(config: Config, batch: Batch, rows: int | None = None) -> Exp
         mask_indptr=_cumsum([d * (s + d) for s in seq]),
         kv_indices=[kv_slot(slots[b], t, config.max_context_len) for b in range(real) for t in range(seq[b])],
         max_extend_len=d)
+
+
+def sliding_window(batch: Batch) -> int:
+    """The window a batch's sliding-window read is judged with: its median prefix length less one, at
+    least 1, so some requests' windows start inside their prefix and others hold the whole of it."""
+    return max(1, sorted(batch.seq_lens)[batch.bs // 2] - 1)
+
+
+@dataclass(frozen=True)
+class ExpectedWindow:
+    """What a sliding-window read must hold: row r's last min(s_r, size) prefix tokens (``ExpectedReads``'s
+    rows; a padding row may be empty or its own length, as there)."""
+
+    real: int
+    rows: int
+    seq_lens: tuple[int, ...]
+    size: int
+    window_kv_indptr: list[int]
+    window_kv_offsets: list[int]  # the first windowed token of each row, which is its first mask column
+    window_kv_indices: list[int]  # the real requests' windowed slots, in order
+
+    def row_lengths(self, pointer: str) -> list[int]:
+        p = getattr(self, pointer)
+        return [p[r + 1] - p[r] for r in range(self.rows)]
+
+
+def expected_window(want: ExpectedReads, size: int, max_context_len: int) -> ExpectedWindow:
+    """Row r reads its tokens [s_r - min(s_r, size), s_r): the last ``size`` of its prefix, or all of it."""
+    lens = [min(s, size) for s in want.seq_lens]
+    slots = pool_slots(want.rows)
+    return ExpectedWindow(
+        want.real, want.rows, want.seq_lens, size, window_kv_indptr=_cumsum(lens),
+        window_kv_offsets=[s - n for s, n in zip(want.seq_lens, lens)],
+        window_kv_indices=[kv_slot(slots[b], t, max_context_len) for b in range(want.real)
+                           for t in range(want.seq_lens[b] - lens[b], want.seq_lens[b])])
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ max_extend_len, mask_indptr) is compared with ``readers.expected_reads``, which
 the harness works out from seq_lens, d and bs alone: request b reads its d
 query rows, the KV slots of its s_b prefix tokens, and d x (s_b + d) mask cells,
 one request after another. A replay's padding rows may be empty or at their
-fill length, never reaching into a real request's cells or past a buffer.
+fill length, never reaching into a real request's cells or past a buffer. A
+sliding-window server's backend also holds each request's window (``WindowView``):
+its last min(s_b, W) prefix tokens' slots, and the mask column they start at.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from __future__ import annotations
 from bisect import bisect_right
 
 from harness.model.config import Batch, Config
-from harness.model.readers import ExpectedReads, ReaderView, expected_reads, kv_slot_stride, pool_slots
+from harness.model.readers import (ExpectedReads, ReaderView, WindowView, expected_reads,
+                                   expected_window, kv_slot_stride, pool_slots)
 from harness.properties.kit import Difference
 
 #: what one entry of each pointer array counts
-_UNITS = {"qo_indptr": "query rows", "kv_indptr": "KV tokens", "mask_indptr": "mask cells"}
+_UNITS = {"qo_indptr": "query rows", "kv_indptr": "KV tokens", "mask_indptr": "mask cells",
+          "window_kv_indptr": "windowed KV tokens"}
 
 
 def metadata_mismatch(view: ReaderView, config: Config, batch: Batch, rows: int | None,
@@ -34,7 +38,29 @@ def metadata_mismatch(view: ReaderView, config: Config, batch: Batch, rows: int 
                                  capacity, where)
         if diff:
             return diff
-    return _slot_mismatch(view, want, config.max_context_len, where)
+    diff = _slot_mismatch(view.kv_indices, "kv_indices", want.kv_indices, want.kv_indptr, want.rows,
+                          config.max_context_len, where)
+    if diff is None and view.window is not None:
+        diff = _sliding_window_mismatch(view.window, want, config, where)
+    return diff
+
+
+def _sliding_window_mismatch(window: WindowView, full: ExpectedReads, config: Config,
+                             where: str) -> Difference | None:
+    """The window's pointers, each real request's first windowed mask column, and its windowed KV slots."""
+    want = expected_window(full, window.size, config.max_context_len)
+    cells = None if window.kv_indices is None else window.kv_indices.numel()
+    diff = _pointer_mismatch("window_kv_indptr", window.kv_indptr, want, cells, where)
+    if diff:
+        return diff
+    got = [] if window.kv_offsets is None else [int(v) for v in window.kv_offsets.reshape(-1)[:want.real].cpu().tolist()]
+    for b, (have, first) in enumerate(zip(got + [None] * (want.real - len(got)), want.window_kv_offsets)):
+        if have != first:
+            return Difference(f"{where}: window_kv_offsets gives request {b} (s_b {want.seq_lens[b]}) the first "
+                              f"windowed mask column {have}, but its window starts at prefix token {first}",
+                              buffer="window_kv_offsets", cell="request window")
+    return _slot_mismatch(window.kv_indices, "window_kv_indices", want.window_kv_indices, want.window_kv_indptr,
+                          want.rows, config.max_context_len, where)
 
 
 def _pointer_mismatch(name: str, tensor, want: ExpectedReads, capacity: int | None, where: str) -> Difference | None:
@@ -68,21 +94,22 @@ def _slot_words(slot: int, max_context_len: int) -> str:
     return f"token {slot % stride} of the request in pool slot {slot // stride - 1}"
 
 
-def _slot_mismatch(view: ReaderView, want: ExpectedReads, max_context_len: int, where: str) -> Difference | None:
-    """Each real request's KV window holds its own prefix tokens' slots, in order."""
-    if view.kv_indices is None:
+def _slot_mismatch(indices, name: str, want: list[int], indptr: list[int], rows: int, max_context_len: int,
+                   where: str) -> Difference | None:
+    """Each real request's KV window in ``indices`` holds its own tokens' slots (``want``), in order."""
+    if indices is None:
         return None
-    n = len(want.kv_indices)
-    got = view.kv_indices.reshape(-1)
+    n = len(want)
+    got = indices.reshape(-1)
     if got.numel() < n:
-        return Difference(f"{where}: kv_indices holds {got.numel()} ids, the batch's prefix tokens are {n}",
-                          buffer="kv_indices", effect="overrun", side="above", cell="slot")
+        return Difference(f"{where}: {name} holds {got.numel()} ids, the batch's tokens read are {n}",
+                          buffer=name, effect="overrun", side="above", cell="slot")
     have = [int(v) for v in got[:n].cpu().tolist()]
-    for i, (h, w) in enumerate(zip(have, want.kv_indices)):
+    for i, (h, w) in enumerate(zip(have, want)):
         if h != w:
-            b = bisect_right(want.kv_indptr, i) - 1
-            return Difference(f"{where}: kv_indices[{i}] (request {b}'s token {i - want.kv_indptr[b]}) is {h}, "
+            b = bisect_right(indptr, i) - 1
+            return Difference(f"{where}: {name}[{i}] (request {b}'s entry {i - indptr[b]}) is {h}, "
                               f"{_slot_words(h, max_context_len)}; request {b} sits in pool slot "
-                              f"{pool_slots(want.rows)[b]}, whose token is in KV slot {w}",
-                              buffer="kv_indices", cell="slot")
+                              f"{pool_slots(rows)[b]}, whose token is in KV slot {w}",
+                              buffer=name, cell="slot")
     return None

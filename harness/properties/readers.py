@@ -27,7 +27,7 @@ from harness.properties.fa3_reads import check_fa3
 from harness.properties.qsa_reads import check_qsa
 from harness.properties.flashinfer_plan import judge_plan
 from harness.properties.reader_metadata import metadata_mismatch
-from harness.model.readers import captured_bs, reader_config
+from harness.model.readers import captured_bs, reader_config, sliding_window
 from harness.guard.shadow import ShadowHeap, describe_all
 
 #: who reads the mask: the Triton backend's index arithmetic (eager metadata, graph replay)
@@ -105,7 +105,7 @@ def _stray(heap: ShadowHeap, config: Config, batch: Batch, what: str, **where) -
     violations = heap.check(_locate(config, batch))
     if violations:
         copy = violations[0].buffer == "tree_mask"
-        doing = "copied the step's mask out of bounds" if copy else "wrote KV ids outside kv_indices"
+        doing = "copied the step's mask out of bounds" if copy else f"wrote outside {violations[0].buffer}"
         fail_overrun("reader-agreement", f"{what} {doing} (bs {batch.bs}, max_bs {config.max_bs}): "
                      + describe_all(violations), violations, writer="cuda-graph replay copy" if copy else READER,
                      capacity_bs=config.max_bs, **where)
@@ -141,6 +141,7 @@ def _fresh_reads(target, obs: Observation, config: Config, rc: Config, batch: Ba
     _stray(heap, rc, batch, "the eager reader", stage="eager")
     _judge(view, rc, batch, want, "eager", stage="eager")
     _kv_driven(obs, view)
+    _windowed(target, obs, rc, batch, out, want, heap, None)
     check_fa3(target, obs, rc, batch, out, want)
     check_qsa(target, obs, rc, batch, out)
     reads = {"eager": _indptr(view, batch), "step": out}
@@ -152,8 +153,27 @@ def _fresh_reads(target, obs: Observation, config: Config, rc: Config, batch: Ba
         obs.classes.add("replay padded to a captured bs")
     _stray(heap, rc, batch, "cuda-graph replay", stage="replay")
     _judge(view, rc, batch, want, "cuda-graph replay", stage="replay")
+    _windowed(target, obs, rc, batch, out, want, heap, mask)
     reads["cuda-graph replay"] = _indptr(view, batch)
     return reads
+
+
+def _windowed(target, obs: Observation, rc: Config, batch: Batch, out, want, heap: ShadowHeap, mask) -> None:
+    """The same read on a server whose model reads a sliding window (``readers.sliding_window``): every
+    output judged as above, and beside them each request's window (its slots, and the mask column it
+    starts at). ``mask``: the replay's, None: eager."""
+    path, stage = ("cuda-graph replay", "replay") if mask is not None else ("eager", "eager")
+    read = getattr(target, "read_window_replay" if mask is not None else "read_window_eager", None)
+    if read is None:
+        obs.classes.add("sliding-window read: not driven by this target")
+        return
+    size = sliding_window(batch)
+    view = read(*(() if mask is None else (mask,)), rc, batch, out, heap, size)
+    _stray(heap, rc, batch, f"the {path} reader of a sliding-window server", stage=stage)
+    _judge(view, rc, batch, want, f"{path} (sliding window {size})", stage=stage)
+    windows = "its windows' KV ids" if view.window is not None and view.window.kv_indices is not None else ""
+    obs.classes.add(f"sliding-window read {stage}" + (f", {windows}" if windows else "")
+                    + (", some windows inside the prefix" if max(batch.seq_lens) > size else ""))
 
 
 def _kv_driven(obs: Observation, view) -> None:

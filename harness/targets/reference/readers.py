@@ -11,7 +11,7 @@ import torch
 
 from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode, logical_size
-from harness.model.readers import (PackedView, PackRefused, PlanRead, ReaderView, capture_seq_len, captured_bs,
+from harness.model.readers import (PackedView, PackRefused, PlanRead, ReaderView, WindowView, capture_seq_len, captured_bs,
                                    kv_slot, plan_kv_span, pool_slots)
 
 
@@ -27,11 +27,23 @@ def _indptr(lengths: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _view(config: Config, batch: Batch, mask: torch.Tensor, rows: int | None = None) -> ReaderView:
+def _window(config: Config, seq: torch.Tensor, size: int) -> WindowView:
+    """A sliding-window layer reads each request's last ``size`` prefix tokens (all, if fewer), from the mask
+    column of the first of them."""
+    lens = seq.clamp(max=size)
+    slots = pool_slots(seq.numel())
+    ids = [kv_slot(slots[b], t, config.max_context_len) for b, (s, n) in enumerate(zip(seq.tolist(), lens.tolist()))
+           for t in range(s - n, s)]
+    return WindowView(size, _indptr(lens), torch.tensor(ids, dtype=torch.int64, device=seq.device), seq - lens)
+
+
+def _view(config: Config, batch: Batch, mask: torch.Tensor, rows: int | None = None,
+          window: int | None = None) -> ReaderView:
     """The metadata for ``batch``, padded to ``rows`` requests at the fill length for a replay.
 
     Every request, padding too, reads d query rows, its own prefix tokens' KV
-    slots and d x (s + d) mask cells, one request after another.
+    slots and d x (s + d) mask cells, one request after another; on a server
+    with a sliding ``window``, also the window of its prefix.
     """
     d, dev, real = config.d, mask.device, batch.bs
     padded = Batch(tuple(batch.seq_lens) + (capture_seq_len(config),) * ((rows or real) - real))
@@ -43,15 +55,17 @@ def _view(config: Config, batch: Batch, mask: torch.Tensor, rows: int | None = N
                               device=dev)
     return ReaderView(mask, _indptr(_rows_per_request(padded, d, dev)), rows,
                       qo_indptr=_indptr(torch.full((padded.bs,), d, dtype=torch.long, device=dev)),
-                      kv_indptr=kv_indptr, kv_indices=kv_indices, max_extend_len=d)
+                      kv_indptr=kv_indptr, kv_indices=kv_indices, max_extend_len=d,
+                      window=None if window is None else _window(config, seq, window))
 
 
-def model_read_eager(config: Config, batch: Batch, step_mask: torch.Tensor) -> ReaderView:
+def model_read_eager(config: Config, batch: Batch, step_mask: torch.Tensor, window: int | None = None) -> ReaderView:
     """Eager verify reads the step's own mask where it lies."""
-    return _view(config, batch, step_mask)
+    return _view(config, batch, step_mask, window=window)
 
 
-def model_read_replay(mask, config: Config, batch: Batch, step_mask: torch.Tensor, reused: bool) -> ReaderView:
+def model_read_replay(mask, config: Config, batch: Batch, step_mask: torch.Tensor, reused: bool,
+                      window: int | None = None) -> ReaderView:
     """Capture, the step, then replay, which copies the step's mask into the preallocated buffer."""
     buffer = mask.buffer
     # Capture left a placeholder mask of ones for max_bs requests at the fill length.
@@ -62,7 +76,7 @@ def model_read_replay(mask, config: Config, batch: Batch, step_mask: torch.Tenso
     else:
         n = step_mask.numel()
         buffer[:n].copy_(step_mask.to(buffer.device).view(-1))
-    return _view(config, batch, buffer, captured_bs(batch.bs, mask.max_bs))
+    return _view(config, batch, buffer, captured_bs(batch.bs, mask.max_bs), window)
 
 
 def model_pack(config: Config, batch: Batch, step_mask: torch.Tensor, buffer: torch.Tensor) -> PackedView:

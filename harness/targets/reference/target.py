@@ -173,6 +173,13 @@ class ReferenceTarget:
     def read_replay(self, mask: VerifyMask, config: Config, batch: Batch, step: StepOutput, heap: ShadowHeap):
         return readers.model_read_replay(mask, config, batch, step.tree_mask, step.reused)
 
+    def read_window_eager(self, config: Config, batch: Batch, step: StepOutput, heap: ShadowHeap, window: int):
+        return readers.model_read_eager(config, batch, step.tree_mask, window)
+
+    def read_window_replay(self, mask: VerifyMask, config: Config, batch: Batch, step: StepOutput, heap: ShadowHeap,
+                           window: int):
+        return readers.model_read_replay(mask, config, batch, step.tree_mask, step.reused, window)
+
     def reader_session(self, mask: VerifyMask, config: Config, pool: int, heap: ShadowHeap):
         """The readers a server keeps for a case's batches (``readers.ModelServerReader``)."""
         return readers.ModelServerReader(mask, config, pool)

@@ -88,9 +88,11 @@ def _context(args: SimpleNamespace) -> dict[str, object]:
     return lookups
 
 
-def model_runner(n: ServerNumbers, device="meta", page_size: int = 1) -> SimpleNamespace:
+def model_runner(n: ServerNumbers, device="meta", page_size: int = 1,
+                 sliding_window_size: int | None = None) -> SimpleNamespace:
     """A target model runner of a server started with ``n``, its KV in pages of ``page_size`` tokens, on
-    ``device`` (meta: nothing is allocated).
+    ``device`` (meta: nothing is allocated); ``sliding_window_size``: a model whose every layer reads a
+    window of that many tokens over one ordinary KV pool (no hybrid SWA pool).
 
     The model is a small dense one that also answers the MLA shape questions
     (kv_lora_rank, ...) the MLA backends ask; its request pool is ``max_bs``
@@ -107,7 +109,7 @@ def model_runner(n: ServerNumbers, device="meta", page_size: int = 1) -> SimpleN
     kv_pool = SimpleNamespace(start_layer=0, get_value_buffer=lambda layer: torch.empty(1, 8, 64, device="meta"))
     return SimpleNamespace(
         server_args=args, model_config=model_config, req_to_token_pool=pool, token_to_kv_pool=kv_pool,
-        token_to_kv_pool_allocator=None, sliding_window_size=None, page_size=args.page_size,
+        token_to_kv_pool_allocator=None, sliding_window_size=sliding_window_size, page_size=args.page_size,
         kv_index_translator=TranslatesNothing(), is_draft_worker=False, spec_algorithm=None,
         # a single-GPU server's parallel sizes where older releases read them off the runner
         # (0.5.21: attn_cp_size; 0.5.17-0.5.20: a ``ps`` bag), as get_parallel answers today
@@ -211,15 +213,17 @@ def lookups_bound(mod, cls, n: ServerNumbers, page_size: int = 1) -> list[tuple]
     return [(m, name, value) for m in _modules_of(mod, cls) for name, value in answers.items() if hasattr(m, name)]
 
 
-def built_by_init(mod, cls, n: ServerNumbers, device="meta", name: str | None = None, stubs=()):
-    """``cls`` made by its own ``__init__`` over a stand-in target model runner of a server started with ``n``.
+def built_by_init(mod, cls, n: ServerNumbers, device="meta", name: str | None = None, stubs=(),
+                  sliding_window_size: int | None = None):
+    """``cls`` made by its own ``__init__`` over a stand-in target model runner of a server started with ``n``
+    (its model windowed to ``sliding_window_size`` tokens, if given).
 
     ``name`` (the harness's backend name) selects the CUDA-only stand-ins;
     ``stubs``: a context manager factory that puts back the stubbed extension
     modules ``mod`` was imported with, for the imports ``__init__`` makes.
     What the stand-in runner lacks that this SGLang's ``__init__`` reads is out of step.
     """
-    runner = model_runner(n, device)
+    runner = model_runner(n, device, sliding_window_size=sliding_window_size)
     with contextlib.ExitStack() as stack:
         for enter in stubs:
             stack.enter_context(enter())

@@ -36,6 +36,8 @@ class GathersKvSlots(TranslatesNothing):
     def __init__(self, heap: ShadowHeap, max_context_len: int):
         super().__init__()
         self.heap, self.max_context_len = heap, max_context_len
+        #: where this gather wrote (``out``'s data pointers): a buffer it never wrote is not judged for ids
+        self.gathered_into: set[int] = set()
 
     def pack_read_stream(self, *args, **kwargs):
         self.calls.append("pack_read_stream")
@@ -50,6 +52,7 @@ class GathersKvSlots(TranslatesNothing):
             raise OutOfStep("KVIndexTranslator.pack_read_stream", TRANSLATOR,
                             f"the call names no {', '.join(missing)}" if missing else
                             "the call remaps ids (token_mapping), which the stand-in gather does not")
+        self.gathered_into.add(got["out"].data_ptr())
         _gather(self.heap, got["out"], got["req_pool_indices"], got["seq_lens"], got["indptr"],
                 got.get("kv_start_idx"), self.max_context_len)
         return True  # the stand-in's slots are final ids
@@ -74,4 +77,6 @@ def _gather(heap: ShadowHeap, out: torch.Tensor, pool: torch.Tensor, seq_lens: t
             ids = (int(slots[b]) + 1) * stride + tokens
             heap.store(buf, int(rows[b]) + tokens - int(first[b]), ids.to(buf.dtype))
 
-    heap.run_kernel(gather, {"kv_indices": out}, {"kv_indices": max(64, int(seq_lens.sum()))})
+    # a gather from a start token is a sliding window's: a stray write names that buffer
+    name = "kv_indices" if start is None else "window_kv_indices"
+    heap.run_kernel(lambda t: gather({"kv_indices": t[name]}), {name: out}, {name: max(64, int(seq_lens.sum()))})

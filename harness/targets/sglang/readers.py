@@ -33,7 +33,7 @@ import torch
 
 from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode, logical_size
-from harness.model.readers import ReaderView, capture_seq_len, captured_bs, pool_slots, stale_kv_indices
+from harness.model.readers import ReaderView, WindowView, capture_seq_len, captured_bs, pool_slots, stale_kv_indices
 from harness.guard.shadow import ShadowHeap
 from harness.targets.sglang.binding import bound
 from harness.targets.sglang.kv_ids import GathersKvSlots
@@ -54,6 +54,7 @@ SURFACE = (
      ("reader-agreement",)),
     ("srt/layers/attention/triton_backend.py", "TritonAttnBackend._init_forward_metadata_out_graph",
      ("reader-agreement",)),
+    ("srt/layers/attention/triton_backend.py", "update_sliding_window_buffer", ("reader-agreement",)),
 )
 
 _MODULES = {
@@ -118,9 +119,12 @@ def _stand_in_checked(backend):
         raise
 
 
-def triton_backend(mask, config: Config, pool: int, dev, heap: ShadowHeap, graphs: bool):
+def triton_backend(mask, config: Config, pool: int, dev, heap: ShadowHeap, graphs: bool,
+                   window: int | None = None):
     """A ``TritonAttnBackend`` made by its own ``__init__`` for a server with ``config``'s numbers and a
     request pool ``pool`` deep, then given what its cuda-graph set-up would: the KV-id buffer and ``mask``.
+    ``window``: its model reads a sliding window of that many tokens, so the set-up also gives it the
+    window's KV-id and mask-offset buffers (redzoned, holding no slot id or offset yet).
 
     So what ``__init__`` derives (indptr buffers, draft width, context length)
     is SGLang's own, wherever it now sets it and however the class stores it
@@ -133,7 +137,8 @@ def triton_backend(mask, config: Config, pool: int, dev, heap: ShadowHeap, graph
 
     m = modules()
     numbers = ServerNumbers(pool, config.max_context_len, config.d, config.topk, config.spec_steps)
-    backend = built_by_init(m.triton_backend, m.triton_backend.TritonAttnBackend, numbers, dev)
+    backend = built_by_init(m.triton_backend, m.triton_backend.TritonAttnBackend, numbers, dev,
+                            sliding_window_size=window)
     max_num_tokens = config.max_bs * config.d
     kv_cells = max(1, max_num_tokens * config.max_context_len)
     # What init_cuda_graph_state would set (the KV-id buffer it sizes so, the mask it allocates).
@@ -143,6 +148,8 @@ def triton_backend(mask, config: Config, pool: int, dev, heap: ShadowHeap, graph
     else:
         kv_indices = torch.zeros(kv_cells, dtype=torch.int64, device=dev)
     backend.cuda_graph_kv_indices = kv_indices
+    if graphs and window:
+        _window_buffers(backend, config, heap, max_num_tokens * window, dev)
     backend._verify_mask = mask
     # The stand-in runner's translator packs nothing: this one gathers distinct slots per request.
     backend.kv_index_translator = GathersKvSlots(heap, config.max_context_len)
@@ -155,6 +162,19 @@ def triton_backend(mask, config: Config, pool: int, dev, heap: ShadowHeap, graph
     return backend
 
 
+def _window_buffers(backend, config: Config, heap: ShadowHeap, cells: int, dev) -> None:
+    """What ``init_cuda_graph_state`` gives a sliding-window backend: room for max_num_tokens windows of
+    KV ids, and an offset per request. Stale (negative) until the replay writes them, so an entry the
+    replay leaves unwritten is never read as right."""
+    ids = heap.alloc("window_kv_indices", max(1, cells), torch.int64, redzone_cells=max(64, cells // config.d))
+    ids.copy_(stale_kv_indices(ids.numel(), dev))
+    offsets = heap.alloc("window_kv_offsets", config.max_bs, torch.int32, redzone_cells=64)
+    offsets.fill_(-1)
+    backend.cuda_graph_window_kv_indices = ids
+    backend.cuda_graph_window_kv_offsets = offsets
+    backend.cuda_graph_window_num_kv_splits = torch.ones(config.max_bs * config.d, dtype=torch.int32, device=dev)
+
+
 def _verify_batch(m, batch_size: int, seq_lens: torch.Tensor, custom_mask, d: int):
     spec_info = SimpleNamespace(custom_mask=custom_mask, num_tokens_per_req=d)
     return SimpleNamespace(
@@ -164,26 +184,37 @@ def _verify_batch(m, batch_size: int, seq_lens: torch.Tensor, custom_mask, d: in
         kv_loc_plan=None, encoder_lens=None, out_cache_loc=None)
 
 
-def _view(meta, backend, graph_bs: int | None = None) -> ReaderView:
-    """What the metadata holds; KV indices only where the gather went through the stand-in's gather."""
-    calls = backend.kv_index_translator.calls
-    gathered = "pack_read_stream" in calls  # the stand-in gathered: its slots are what to judge
+def _view(meta, backend, graph_bs: int | None = None, window: int | None = None) -> ReaderView:
+    """What the metadata holds; KV indices only where the gather went through the stand-in's gather.
+    ``window``: the server's sliding window, whose metadata is then read (a backend that made none
+    holds None there, which is judged as missing)."""
+    gathered = backend.kv_index_translator.gathered_into  # the stand-in's slots are what to judge
+    if window:
+        ids = getattr(meta, "window_kv_indices", None)
+        window = WindowView(window, getattr(meta, "window_kv_indptr", None), ids if _in(ids, gathered) else None,
+                            getattr(meta, "window_kv_offsets", None))
     return ReaderView(meta.custom_mask, meta.mask_indptr, graph_bs, qo_indptr=meta.qo_indptr,
-                      kv_indptr=meta.kv_indptr, kv_indices=meta.kv_indices if gathered else None,
-                      max_extend_len=meta.max_extend_len)
+                      kv_indptr=meta.kv_indptr,
+                      kv_indices=meta.kv_indices if _in(meta.kv_indices, gathered) else None,
+                      max_extend_len=meta.max_extend_len, window=window or None)
 
 
-def read_eager(config: Config, batch: Batch, step, heap: ShadowHeap) -> ReaderView:
-    """``TritonAttnBackend.init_forward_metadata`` for an eager TARGET_VERIFY batch."""
+def _in(t, gathered: set[int]) -> bool:
+    return t is not None and t.data_ptr() in gathered
+
+
+def read_eager(config: Config, batch: Batch, step, heap: ShadowHeap, window: int | None = None) -> ReaderView:
+    """``TritonAttnBackend.init_forward_metadata`` for an eager TARGET_VERIFY batch (on a server whose
+    model reads a sliding ``window``, if given)."""
     m = modules()
     dev = step.tree_mask.device
-    backend = triton_backend(None, config, max(config.max_bs, batch.bs), dev, heap, graphs=False)
+    backend = triton_backend(None, config, max(config.max_bs, batch.bs), dev, heap, graphs=False, window=window)
     with _stand_in_checked(backend):
         backend.init_forward_metadata(_verify_batch(m, batch.bs, _seq_lens(batch, dev), step.tree_mask, config.d))
-    return _view(backend.forward_metadata, backend)
+    return _view(backend.forward_metadata, backend, window=window)
 
 
-def read_replay(mask, config: Config, batch: Batch, step, heap: ShadowHeap) -> ReaderView:
+def read_replay(mask, config: Config, batch: Batch, step, heap: ShadowHeap, window: int | None = None) -> ReaderView:
     """Capture the graph ``batch`` replays in over ``mask``, let the step write, replay the batch.
 
     The graph's batch size is the smallest captured size >= bs; the replay pads
@@ -193,7 +224,7 @@ def read_replay(mask, config: Config, batch: Batch, step, heap: ShadowHeap) -> R
     buf = mask.buffer
     dev = buf.device
     graph_bs = captured_bs(batch.bs, config.max_bs)
-    backend = triton_backend(mask, config, max(config.max_bs, batch.bs), dev, heap, graphs=True)
+    backend = triton_backend(mask, config, max(config.max_bs, batch.bs), dev, heap, graphs=True, window=window)
     fill = capture_seq_len(config)
     # The graph runner's capture-time mask: all ones, max_bs requests at the fill length.
     placeholder = torch.ones(logical_size(TreeMaskMode.FULL_MASK, [fill] * config.max_bs, config.d),
@@ -212,7 +243,7 @@ def read_replay(mask, config: Config, batch: Batch, step, heap: ShadowHeap) -> R
     replay = _verify_batch(m, graph_bs, torch.cat([_seq_lens(batch, dev), padding]), custom_mask, config.d)
     with _stand_in_checked(backend):
         backend.init_forward_metadata_out_graph(replay, in_capture=False)
-    return _view(backend.forward_metadata, backend, graph_bs)
+    return _view(backend.forward_metadata, backend, graph_bs, window)
 
 
 class ServerReader:

@@ -250,6 +250,15 @@ class SglangTarget:
     def read_replay(self, mask, config: Config, batch: Batch, step: StepOutput, heap: ShadowHeap):
         return readers.read_replay(mask, config, batch, step, heap)
 
+    def read_window_eager(self, config: Config, batch: Batch, step: StepOutput, heap: ShadowHeap, window: int):
+        """The eager read on a server whose model reads a sliding ``window`` of tokens (``readers``)."""
+        return readers.read_eager(config, batch, step, heap, window)
+
+    def read_window_replay(self, mask, config: Config, batch: Batch, step: StepOutput, heap: ShadowHeap,
+                           window: int):
+        """The replay read on a server whose model reads a sliding ``window`` of tokens (``readers``)."""
+        return readers.read_replay(mask, config, batch, step, heap, window)
+
     def reader_session(self, mask, config: Config, pool: int, heap: ShadowHeap):
         """One Triton backend for a case's batches, graphs captured once (``readers.ServerReader``)."""
         return readers.ServerReader(mask, config, pool, heap)
