@@ -44,12 +44,12 @@ class Fa3Pass:
 
 @dataclass
 class Fa3Verify:
-    """FA3's metadata for one topk > 1 TARGET_VERIFY batch: the prefix pass (a row per request)
-    and the expand pass (a row per (request, draft node), request-major); on a replay, padding
-    requests follow the batch's."""
+    """FA3's metadata for one TARGET_VERIFY batch: at topk > 1 the prefix pass (a row per request)
+    and the expand pass (a row per (request, draft node), request-major), at topk 1 one causal
+    pass; on a replay, padding requests follow the batch's."""
 
-    prefix: Fa3Pass
-    expand: Fa3Pass
+    prefix: Fa3Pass  # at topk 1 the one causal pass: a row per request over its prefix and draft tokens
+    expand: Fa3Pass | None  # None: topk 1, no tree to expand
     #: a cuda-graph replay's rows: the batch padded up to the captured graph's bs (None: eager)
     graph_bs: int | None = None
     #: what the replay raised after the capture bound these buffers (None: it ran). Only what the capture

@@ -97,8 +97,10 @@ PROPERTIES: dict[str, Property] = {p.name: p for p in (
              "== the tree kernel on the same chain", chain=True, needs=("chain_write", "chain_kernel")),
     Property("reader-agreement", reader_agreement, "the Triton verify metadata (mask/qo/kv indptr, kv_indices, "
              "max_extend_len) gives request b exactly its own cells, query rows and KV slots (eager and cuda-graph "
-             "replay, fresh and through one server's backend); FA3's topk>1 prefix and per-node expand metadata gives "
-             "each draft node exactly the tree nodes it may see", needs=("read_eager", "read_replay"),
+             "replay, fresh and through one server's backend; on a sliding-window server also each request's window "
+             "and the mask column it starts at); FA3's topk>1 prefix and per-node expand metadata gives "
+             "each draft node exactly the tree nodes it may see, its topk-1 causal pass each request its prefix "
+             "and draft", needs=("read_eager", "read_replay"),
              layouts=("FULL_MASK",), steps=True),
     Property("packed-mask", packed_mask, "bit packing stays in its buffer and yields the mask, LSB first, "
              "where the reader looks; FlashInfer's plan is handed request b's own query rows, KV rows and KV "

@@ -43,6 +43,7 @@ from harness.model.fa3_reads import Fa3Pass, prefix_pages, table_slot
 from harness.model.oracle import expected, tree_facts
 from harness.model.readers import capture_seq_len, pool_slots
 from harness.model.trees import trees_of
+from harness.model.validate import server_problem
 from harness.properties.kit import Difference, Observation, fail
 
 #: who extracts the per-node KV from the mask
@@ -155,9 +156,15 @@ def fa3_mismatch(view, config: Config, batch: Batch, page_size: int = 1) -> Diff
     pools = pool_slots(rows)
     path = f"cuda-graph replay, padded to {rows}" if view.graph_bs else "eager"
     paged = f", page size {page_size}" if page_size > 1 else ""
-    where = (f"FA3 topk > 1 verify, {path}{paged} (seq_lens {list(batch.seq_lens)}, d {d}, topk {config.topk}, "
+    where = (f"{label(config)}, {path}{paged} (seq_lens {list(batch.seq_lens)}, d {d}, topk {config.topk}, "
              f"pool slots {pools})")
     requests = [f"request {b}" if b < batch.bs else f"padding request {b}" for b in range(rows)]
+    if config.topk <= 1:
+        # one causal pass: request b's d query rows over its prefix and its own d draft tokens
+        return _pass_mismatch(
+            view.prefix, [s + d for s in seq_lens],
+            [prefix_pages(pools[b], s + d, config, page_size) for b, s in enumerate(seq_lens)],
+            requests, d, where + ", causal pass", ["chain row"] * batch.bs + ["padding row"] * pad, page_size)
     prefix = _pass_mismatch(
         view.prefix, seq_lens, [prefix_pages(pools[b], s, config, page_size) for b, s in enumerate(seq_lens)],
         requests, d, where + ", prefix pass", ["prefix row"] * batch.bs + ["padding row"] * pad, page_size)
@@ -179,8 +186,10 @@ def captured_span_mismatch(view, config: Config) -> Difference | None:
     request of the graph, the expand pass one per (request, draft node), each running sum one entry
     more, a page-table row for each (more rows are never read). The values are the replay's to fill."""
     rows = view.graph_bs
-    where = f"FA3 topk > 1 verify, cuda graph captured at bs {rows} (d {config.d}, topk {config.topk})"
-    for name, got, n in (("prefix pass", view.prefix, rows), ("expand pass", view.expand, rows * config.d)):
+    where = f"{label(config)}, cuda graph captured at bs {rows} (d {config.d}, topk {config.topk})"
+    passes = [("prefix pass", view.prefix, rows)] + ([("expand pass", view.expand, rows * config.d)]
+                                                     if view.expand is not None else [])
+    for name, got, n in passes:
         spans = {"cache_seqlens": (n, got.cache_seqlens), "cu_seqlens_q": (n + 1, got.cu_seqlens_q),
                  "cu_seqlens_k": (n + 1, got.cu_seqlens_k)}
         for buffer, (want, t) in spans.items():
@@ -196,21 +205,36 @@ def captured_span_mismatch(view, config: Config) -> Difference | None:
     return None
 
 
+def label(config: Config) -> str:
+    """What a finding calls FA3's read of ``config``'s verify."""
+    return "FA3 topk > 1 verify" if config.topk > 1 else "FA3 topk 1 verify"
+
+
+def _class(config: Config) -> str:
+    """What an observed class calls it."""
+    return "fa3 topk>1 verify" if config.topk > 1 else "fa3 topk 1 verify"
+
+
 def check_fa3(target, obs: Observation, config: Config, batch: Batch, step, written: torch.Tensor) -> None:
-    """Fail reader-agreement unless FA3's topk > 1 verify metadata gives each request its prefix and
-    each draft node exactly the tree nodes it may see. ``written``: the step's mask as it wrote it."""
-    if config.topk <= 1:
-        return
+    """Fail reader-agreement unless FA3's verify metadata gives each request its prefix and each draft
+    node exactly the tree nodes it may see (at topk 1: its chain, causally). ``written``: the step's
+    mask as it wrote it."""
+    name = _class(config)
     read = getattr(target, "read_fa3_verify", None)
     why = "not driven by this target" if read is None else getattr(target, "fa3_not_driven", lambda: None)()
+    if config.topk <= 1 and not why and server_problem(config):
+        # a topk-1 server drafts spec_steps + 1 tokens (SGLang sets it): any other d is no deployment
+        why = "not judged, no server runs this config"
     if why:
-        obs.classes.add(f"fa3 topk>1 verify: {why}")
+        obs.classes.add(f"{name}: {why}")
         return
     oracle = expected(config, batch).tree_mask
     n = oracle.numel()
     mine = written.reshape(-1)[:n]
-    if mine.numel() < n or not torch.equal(mine.cpu().view(torch.uint8), oracle.view(torch.uint8)):
-        obs.classes.add("fa3 topk>1 verify: not judged, the step's mask is not the oracle's")
+    # a chain's read is causal and takes nothing from the mask: only a tree's is judged on the oracle's mask
+    if config.topk > 1 and (mine.numel() < n or not torch.equal(mine.cpu().view(torch.uint8),
+                                                                 oracle.view(torch.uint8))):
+        obs.classes.add(f"{name}: not judged, the step's mask is not the oracle's")
         return
     for page_size in (1, PAGE_SIZE):
         _judge_at(target, obs, config, batch, step, page_size)
@@ -219,13 +243,18 @@ def check_fa3(target, obs: Observation, config: Config, batch: Batch, step, writ
 def _judge_at(target, obs: Observation, config: Config, batch: Batch, step, page_size: int) -> None:
     """Eager, then (up to max_bs) in a cuda-graph replay, on a server of ``page_size`` tokens a page."""
     paged = f", page size {page_size}" if page_size > 1 else ""
+    name = _class(config)
     diff = fa3_mismatch(target.read_fa3_verify(config, batch, step, page_size), config, batch, page_size)
     if diff:
         fail("reader-agreement", diff, writer=WRITER, stage="eager")
-    obs.classes.add("fa3 topk>1 verify" + paged)
+    obs.classes.add(name + paged)
     replay = getattr(target, "read_fa3_replay", None)
     if replay is None or batch.bs > config.max_bs:
         return  # past the captured max_bs the server runs eagerly: no graph to replay
+    why = getattr(target, "fa3_replay_not_driven", lambda c: None)(config)
+    if why:
+        obs.classes.add(f"{name}, cuda-graph replay: {why}")
+        return
     view = replay(config, batch, step, page_size)
     if view.raised is not None:
         diff = captured_span_mismatch(view, config)
@@ -235,5 +264,5 @@ def _judge_at(target, obs: Observation, config: Config, batch: Batch, step, page
     diff = fa3_mismatch(view, config, batch, page_size)
     if diff:
         fail("reader-agreement", diff, writer=REPLAY_WRITER, stage="replay")
-    obs.classes.add("fa3 topk>1 verify, cuda-graph replay"
+    obs.classes.add(f"{name}, cuda-graph replay"
                     + (" padded to a captured bs" if (view.graph_bs or 0) > batch.bs else "") + paged)

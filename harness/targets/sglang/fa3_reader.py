@@ -1,4 +1,8 @@
-"""FlashAttention's topk > 1 target-verify metadata, driven with stand-ins, eager and in cuda-graph replay.
+"""FlashAttention's target-verify metadata, driven with stand-ins, eager and in cuda-graph replay.
+
+A topk > 1 verify is split in a prefix pass and an expand pass read off the
+mask; a chain (topk 1) is one causal pass over each request's prefix and its d
+draft tokens, reading no mask.
 
 ``FlashAttentionBackend`` is made by its own ``__init__`` over the stand-in
 target model runner the allocation sites use (``backend_init.model_runner``),
@@ -36,6 +40,7 @@ Not driven: the sliding-window and local-attention variants.
 from __future__ import annotations
 
 import functools
+import os
 from types import SimpleNamespace
 
 import torch
@@ -81,6 +86,15 @@ def not_driven() -> str | None:
     except ImportError as exc:
         return f"{FA3} does not import here ({exc})"
     return None if hasattr(mod, "FlashAttentionBackend") else f"{FA3} has no FlashAttentionBackend"
+
+
+def replay_not_driven(config: Config) -> str | None:
+    """Why a replay of ``config``'s verify is not driven here (None: it is). A chain's capture fills its
+    metadata through SGLang's decode-metadata Triton kernel, which reads a loaded value as a Python
+    number: the interpreter refuses that, a GPU does not."""
+    if config.topk <= 1 and os.environ.get("TRITON_INTERPRET") == "1":
+        return "not driven, its decode-metadata kernel does not run under the Triton interpreter"
+    return None
 
 
 def _table(config: Config, pool: int, dev, page_size: int) -> torch.Tensor:
@@ -151,8 +165,13 @@ def _expand(be, what: str):
     return expand
 
 
+def _expand_pass(be, config: Config, what: str) -> Fa3Pass | None:
+    """The expand pass of a topk > 1 verify; a chain (topk 1) is one causal pass, with none."""
+    return _pass(_expand(be, what)) if config.topk > 1 else None
+
+
 def read_verify(config: Config, batch: Batch, step, page_size: int = 1) -> Fa3Verify:
-    """``FlashAttentionBackend.init_forward_metadata`` for an eager topk > 1 TARGET_VERIFY batch
+    """``FlashAttentionBackend.init_forward_metadata`` for an eager TARGET_VERIFY batch (topk > 1: two passes)
     over the step's mask, on a server of ``page_size`` tokens a page; requests sit in pool slots
     ``readers.pool_slots``."""
     mod = module()
@@ -161,7 +180,7 @@ def read_verify(config: Config, batch: Batch, step, page_size: int = 1) -> Fa3Ve
     _run(be.init_forward_metadata,
          _verify_batch(mod, batch.bs, list(batch.seq_lens), step.tree_mask, step.positions, dev),
          "init_forward_metadata")
-    return Fa3Verify(_pass(be.forward_metadata), _pass(_expand(be, "init_forward_metadata")))
+    return Fa3Verify(_pass(be.forward_metadata), _expand_pass(be, config, "init_forward_metadata"))
 
 
 def read_replay(config: Config, batch: Batch, step, page_size: int = 1) -> Fa3Verify:
@@ -181,7 +200,7 @@ def read_replay(config: Config, batch: Batch, step, page_size: int = 1) -> Fa3Ve
     blank = torch.zeros(graph_bs * config.d, dtype=torch.int64, device=dev)
     _run(lambda fb: be.init_forward_metadata_out_graph(fb, in_capture=True),
          _verify_batch(mod, graph_bs, [fill] * graph_bs, placeholder, blank, dev), "init_forward_metadata_out_graph")
-    captured = (be.forward_metadata, _expand(be, "init_forward_metadata_out_graph"))
+    captured = (be.forward_metadata, _expand_pass(be, config, "init_forward_metadata_out_graph"))
     seq_lens = list(batch.seq_lens) + [fill] * (graph_bs - batch.bs)
     try:
         _run(lambda fb: be.init_forward_metadata_out_graph(fb, in_capture=False),
@@ -189,5 +208,5 @@ def read_replay(config: Config, batch: Batch, step, page_size: int = 1) -> Fa3Ve
     except OutOfStep:
         raise
     except Exception as exc:  # judged by what the capture bound first (Fa3Verify.raised)
-        return Fa3Verify(_pass(captured[0]), _pass(captured[1]), graph_bs=graph_bs, raised=exc)
-    return Fa3Verify(_pass(captured[0]), _pass(captured[1]), graph_bs=graph_bs)
+        return Fa3Verify(_pass(captured[0]), captured[1], graph_bs=graph_bs, raised=exc)
+    return Fa3Verify(_pass(captured[0]), captured[1], graph_bs=graph_bs)

@@ -281,6 +281,10 @@ class SglangTarget:
         from harness.targets.sglang import fa3_reader
         return fa3_reader.not_driven()
 
+    def fa3_replay_not_driven(self, config: Config) -> str | None:
+        from harness.targets.sglang import fa3_reader
+        return fa3_reader.replay_not_driven(config)
+
     def read_qsa_verify(self, config: Config, batch: Batch, step: StepOutput):
         """Qwen sparse attention's eager chain verify read (``qsa_reader``)."""
         from harness.targets.sglang import qsa_reader
