@@ -228,7 +228,7 @@ def expected_reads(config: Config, batch: Batch, rows: int | None = None) -> Exp
 def sliding_window(batch: Batch) -> int:
     """The window a batch's sliding-window read is judged with: its median prefix length less one, at
     least 1, so some requests' windows start inside their prefix and others hold the whole of it."""
-    return max(1, sorted(batch.seq_lens)[batch.bs // 2] - 1)
+    return max(1, sorted(batch.seq_lens)[batch.bs // 2] - 1) if batch.bs else 1
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ import torch
 
 from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode, logical_size
-from harness.model.readers import (PackedView, PackRefused, PlanRead, ReaderView, WindowView, capture_seq_len, captured_bs,
-                                   kv_slot, plan_kv_span, pool_slots)
+from harness.model.readers import (PackedView, PackRefused, PlanRead, ReaderView, WindowView, capture_seq_len,
+                                   captured_bs, kv_slot, plan_kv_span, pool_slots)
 
 
 def _rows_per_request(batch: Batch, d: int, device) -> torch.Tensor:
@@ -32,8 +32,8 @@ def _window(config: Config, seq: torch.Tensor, size: int) -> WindowView:
     column of the first of them."""
     lens = seq.clamp(max=size)
     slots = pool_slots(seq.numel())
-    ids = [kv_slot(slots[b], t, config.max_context_len) for b, (s, n) in enumerate(zip(seq.tolist(), lens.tolist()))
-           for t in range(s - n, s)]
+    ids = [kv_slot(slots[b], t, config.max_context_len)
+           for b, (s, n) in enumerate(zip(seq.tolist(), lens.tolist())) for t in range(s - n, s)]
     return WindowView(size, _indptr(lens), torch.tensor(ids, dtype=torch.int64, device=seq.device), seq - lens)
 
 
