@@ -244,9 +244,7 @@ class ExpectedWindow:
     window_kv_offsets: list[int]  # the first windowed token of each row, which is its first mask column
     window_kv_indices: list[int]  # the real requests' windowed slots, in order
 
-    def row_lengths(self, pointer: str) -> list[int]:
-        p = getattr(self, pointer)
-        return [p[r + 1] - p[r] for r in range(self.rows)]
+    row_lengths = ExpectedReads.row_lengths  # the same rows: each one's own length in a pointer's units
 
 
 def expected_window(want: ExpectedReads, size: int, max_context_len: int) -> ExpectedWindow:

@@ -53,8 +53,9 @@ def _sliding_window_mismatch(window: WindowView, full: ExpectedReads, config: Co
     diff = _pointer_mismatch("window_kv_indptr", window.kv_indptr, want, cells, where)
     if diff:
         return diff
-    got = [] if window.kv_offsets is None else [int(v) for v in window.kv_offsets.reshape(-1)[:want.real].cpu().tolist()]
-    for b, (have, first) in enumerate(zip(got + [None] * (want.real - len(got)), want.window_kv_offsets)):
+    got = [] if window.kv_offsets is None else window.kv_offsets.reshape(-1)[:want.real].cpu().tolist()
+    for b in range(want.real):
+        have, first = (int(got[b]) if b < len(got) else None), want.window_kv_offsets[b]
         if have != first:
             return Difference(f"{where}: window_kv_offsets gives request {b} (s_b {want.seq_lens[b]}) the first "
                               f"windowed mask column {have}, but its window starts at prefix token {first}",
