@@ -271,27 +271,25 @@ def test_rows_say_driven_only_when_the_property_runs_and_the_code_is_there(tmp_p
 
 # -- the gate's coverage summary ----------------------------------------------------
 
-@pytest.mark.slow
-def test_coverage_counts_a_file_exercised_only_when_a_property_through_it_ran(package, tmp_path):
-    from harness.targets.sglang.target import SglangTarget  # its seams, without importing SGLang
-    changed = ["python/sglang/srt/speculative/eagle_utils.py", "python/sglang/srt/layers/attention/verify_mask.py",
-               "python/sglang/srt/layers/attention/tbo_backend.py", "harness/x.py", "docs/a.md"]
-    triggered = changed[:4]
-    only_capacity = [PropertyResult("capacity-soundness", examples=9), PropertyResult("no-oob-write", skipped=True)]
-    g = gate_coverage("sglang", SglangTarget, changed, triggered, only_capacity, package)
-    assert g["exercised"] == ["python/sglang/srt/layers/attention/verify_mask.py"]
-    assert g["not_driven"] == [changed[0], changed[2], changed[3]]
-    assert g["why_not_driven"][changed[0]].startswith("its properties did not run")
-    assert g["why_not_driven"][changed[3]] == "not an SGLang file"
-    ran = [PropertyResult("no-oob-write", examples=5)]
-    assert gate_coverage("sglang+pr33127", SglangTarget, changed, triggered, ran, package)["exercised"] == changed[:2]
-    # a copy whose wrapper is gone: the declaration alone does not make eagle_utils.py exercised
-    site = altered_copy(tmp_path, [(["srt/speculative/eagle_utils.py"], r"build_tree_kernel_efficient\b",
-                                    "build_tree_kernel_renamed")], "renamed wrapper")
-    assert gate_coverage("sglang", SglangTarget, changed, triggered, ran, site / "sglang")["exercised"] == [changed[1]]
-    # a property reported not driven ran nothing, whatever it counted
-    undriven = [PropertyResult("no-oob-write", examples=5, not_driven="needs x")]
-    assert gate_coverage("sglang", SglangTarget, changed, triggered, undriven, package)["exercised"] == []
+def test_coverage_counts_a_file_exercised_only_from_what_was_measured(package):
+    # A property that is declared to drive a file and ran examples does not make the file
+    # exercised: only its changed lines measured running under a property do.
+    from harness.engine.diff_coverage import measure
+    changed = ["python/sglang/srt/layers/attention/verify_mask.py", "harness/x.py", "docs/a.md"]
+    triggered = changed[:2]
+    text = (package / "srt/layers/attention/verify_mask.py").read_text()
+    ran_everything = [PropertyResult("no-oob-write", examples=9), PropertyResult("capacity-soundness", examples=9)]
+    unmeasured = gate_coverage("sglang", None, changed, triggered, ran_everything)
+    assert unmeasured["exercised"] == [] and unmeasured["why_not_driven"][changed[0]] == "not measured"
+    assert unmeasured["why_not_driven"][changed[1]] == "not an SGLang file"
+    fits = {"VerifyMask.fits": "no-oob-write"}
+    nothing_ran = measure(changed[0], text, "/x", None, fits, {})
+    g = gate_coverage("sglang", None, changed, triggered, ran_everything, lines={changed[0]: nothing_ran})
+    assert g["exercised"] == [] and g["could_not_check"] == [f"{changed[0]}: VerifyMask.fits never ran (no-oob-write)"]
+    body = [n for n, line in enumerate(text.splitlines(), 1) if "return bs <= self.max_bs" in line]
+    fits_ran = measure(changed[0], text, "/x", None, fits, {body[0]: {"no-oob-write"}})
+    assert gate_coverage("sglang", None, changed, triggered, [], lines={changed[0]: fits_ran})["exercised"] == changed[:1]
+    assert gate_coverage("reference", None, changed, triggered, ran_everything)["exercised"] == []
 
 
 @pytest.mark.slow

@@ -28,7 +28,8 @@ def run(args) -> int:
     repo = args.repo if args.repo is not None else "."
     try:
         if args.changed_files:
-            changed, checkout = changed_from_file(args.changed_files), checkout_at(repo)
+            checkout = checkout_at(repo)
+            changed = changed_from_file(args.changed_files, checkout.root)
         elif args.base:
             changed, checkout = changed_since(args.base, repo)
         else:
@@ -48,19 +49,105 @@ def run(args) -> int:
     plan_, target = plan(args, command="gate", profile_name="pr")
     if runs_sglang(args.target):
         _say_code_under_test(sglang_root)
+    tracing = None
+    if changed is not None and runs_sglang(args.target):
+        tracing = _start_tracing(hits, checkout)
 
     def coverage(outcome):
         from harness.engine.surface import gate_coverage
         where = {"checkout": str(sglang_root) if sglang_root else None}
         try:
-            cov = gate_coverage(args.target, target, changed, hits, outcome.results)
+            lines = _measured_lines(target, tracing) if tracing is not None else None
+            cov = gate_coverage(args.target, target, changed, hits, outcome.results, lines=lines)
         except (ValueError, ImportError, OSError) as exc:
             # The reports are still written; the gate claims no coverage it cannot show.
             why = f"surface unavailable: {type(exc).__name__}: {exc}"
             cov = {"changed": changed, "triggered": hits, "exercised": [], "not_driven": hits,
-                   "why_not_driven": {p: why for p in hits}}
+                   "why_not_driven": {p: why for p in hits},
+                   "could_not_check": [f"the changed lines could not be measured: {why}"]}
         return {**cov, **where, **out_of_step_coverage(hits, outcome)}
-    return execute_and_report(plan_, target, coverage if changed is not None else None, verbose=args.verbose)
+    try:
+        return execute_and_report(plan_, target, coverage if changed is not None else None, verbose=args.verbose)
+    finally:
+        if tracing is not None:
+            _end_tracing(tracing)
+
+
+class _Tracing:
+    """What the gate traces: each triggered path's file in the loaded SGLang and its changed lines."""
+
+    def __init__(self, folder, files: dict, changed_lines: dict, untraced: dict):
+        self.folder = folder
+        self.files = files  # listed path -> absolute file traced
+        self.changed_lines = changed_lines  # listed path -> frozenset of lines, or None (no diff)
+        self.untraced = untraced  # listed path -> why it cannot be traced
+
+
+def _start_tracing(hits: list[str], checkout) -> _Tracing:
+    """Switches line recording on for the triggered SGLang Python files, here and in every worker."""
+    import tempfile
+    from harness.engine import line_trace
+    from harness.engine.changes import changed_lines, sglang_relative
+    from harness.engine.surface import known_reason, loaded_package
+    package = loaded_package()
+    files, lines, untraced = {}, {}, {}
+    for path in hits:
+        rel = sglang_relative(path)
+        if rel is None:
+            continue
+        real = package / rel
+        if not rel.endswith(".py"):
+            untraced[path] = f"not driven: {known_reason(rel)}"
+            continue
+        if not real.is_file():
+            untraced[path] = "not in the SGLang under test (deleted or moved)"
+            continue
+        files[path] = real.resolve()
+        lines[path] = changed_lines(checkout, path) if checkout is not None else None
+    folder = Path(tempfile.mkdtemp(prefix="vmfuzz-lines-"))
+    # Both spellings: a module imported through a symlinked folder runs under the link's name.
+    names = {str(package / sglang_relative(p)) for p in files} | {str(f) for f in files.values()}
+    line_trace.start(folder, sorted(names))
+    return _Tracing(folder, files, lines, untraced)
+
+
+def _end_tracing(tracing: _Tracing) -> None:
+    import shutil
+    from harness.engine import line_trace
+    line_trace.stop()
+    shutil.rmtree(tracing.folder, ignore_errors=True)
+
+
+def _measured_lines(target, tracing: _Tracing) -> dict:
+    """Listed path -> ``diff_coverage.FileLines``: what ran of each triggered file, and under what."""
+    from harness.engine import line_trace
+    from harness.engine.changes import sglang_relative
+    from harness.engine.diff_coverage import measure, read_text, untraced
+    from harness.engine.surface import loaded_package, sglang_rows
+    line_trace.flush()
+    ran = line_trace.merged(tracing.folder)
+    rows = sglang_rows(target, loaded_package())
+    out = {}
+    for path, why in tracing.untraced.items():
+        out[path] = untraced(path, why)
+    for path, real in tracing.files.items():
+        rel = sglang_relative(path)
+        mask_functions = {}
+        for r in rows:
+            if r.file == rel and r.function:
+                said = ", ".join(r.driven_by) if r.driven else f"not driven: {r.why}"
+                mask_functions[r.function] = (mask_functions[r.function] + "; " + said
+                                              if r.function in mask_functions else said)
+        text = read_text(real)
+        if text is None:
+            out[path] = untraced(path, "could not be read back after the run")
+            continue
+        try:
+            out[path] = measure(path, text, str(real), tracing.changed_lines.get(path), mask_functions,
+                                ran.get(str(real), {}))
+        except SyntaxError as exc:
+            out[path] = untraced(path, f"not driven: it does not parse ({exc.msg}, line {exc.lineno})")
+    return out
 
 
 def out_of_step_coverage(hits: list[str], outcome) -> dict:

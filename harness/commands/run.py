@@ -220,6 +220,15 @@ def _out_of_step(outcome) -> bool:
     return bool(stuck)
 
 
+def _lines_unchecked(outcome) -> bool:
+    """The gate's measured lines: a changed line on the mask's path that no property ran,
+    a mask-path function never entered, a file this machine cannot run. Each is a line."""
+    stuck = (outcome.gate or {}).get("could_not_check") or []
+    for line in stuck:
+        print(f"vmfuzz: could not check: {line}", file=sys.stderr)
+    return bool(stuck)
+
+
 def _say_deployment(d: dict) -> None:
     print(f"deployment {d['label']}: {'CAN' if d['can_write_out_of_range'] else 'cannot'} "
           f"write out of range: {d['why']}")
@@ -283,6 +292,8 @@ def _verdict(plan_, target, outcome, summary: dict, written: Path) -> int:
         return EXIT_USAGE  # the reports are not where CI looks for them: not a pass
     if _out_of_step(outcome):
         return EXIT_OUT_OF_STEP
+    if _lines_unchecked(outcome):
+        return EXIT_COULD_NOT_CHECK
     if outcome.deployment and any((outcome.deployment.get(p) or {}).get("ok") is False
                                   for p in ("routing", "allocation")):
         print(f"the deployment's routing or allocation fails (recorded in {written}/summary.json)")
@@ -298,6 +309,12 @@ def _verdict(plan_, target, outcome, summary: dict, written: Path) -> int:
         print(paint(unchecked_line(summary), "could not check"))
         return EXIT_COULD_NOT_CHECK
     undriven = [r.prop for r in outcome.results if r.not_driven]
+    if undriven and len(undriven) == len(outcome.results):
+        # Nothing was judged: "0 properties held" is not a pass.
+        print(f"vmfuzz: could not check: none of the {plural(len(undriven), 'selected property', 'selected properties')} "
+              f"could be driven on {target.name} (" + "; ".join(f"{r.prop}: {r.not_driven}" for r in outcome.results)
+              + ")", file=sys.stderr)
+        return EXIT_COULD_NOT_CHECK
     if undriven:
         held = len(outcome.results) - len(undriven)
         print(f"{plural(held, 'property', 'properties')} {paint('held')}; "

@@ -26,11 +26,16 @@ def _serve(target, conn) -> None:
     # A forked child must not reuse the parent's intra-op thread pool (the
     # reason torch's own DataLoader workers run single-threaded).
     torch.set_num_threads(1)
+    from harness.engine import line_trace
     while True:
         try:
-            prop_name, config, batches, device = conn.recv()
+            task = conn.recv()
         except EOFError:
+            task = None
+        if task is None:  # asked to end (or the parent is gone): keep what ran
+            line_trace.flush()
             return
+        prop_name, config, batches, device = task
         before = LAUNCHES.snapshot()
 
         def spent():  # this check's kernel launches and their seconds, for the parent's count
@@ -38,7 +43,8 @@ def _serve(target, conn) -> None:
             return now[0] - before[0], now[1] - before[1]
 
         try:
-            obs = lookup(prop_name).check(target, config, batches, device)
+            with line_trace.judging(prop_name):
+                obs = lookup(prop_name).check(target, config, batches, device)
             conn.send(("ok", sorted(obs.classes), obs.margin, dict(obs.path_margins),
                        {n: sorted(c) for n, c in getattr(obs, "by_property", {}).items()}, spent()))
         except PropertyFailure as exc:
@@ -92,6 +98,12 @@ class IsolatedChecker:
 
     def close(self) -> None:
         if self._proc is not None:
+            # Asked, not killed: the worker writes its record of the lines it ran first.
+            try:
+                self._conn.send(None)
+                self._proc.join(5)
+            except (OSError, ValueError):
+                pass
             self._discard()
 
     def __call__(self, prop, config, batches, device="cpu") -> Observation:

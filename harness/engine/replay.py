@@ -60,4 +60,6 @@ def replay(repro: Repro, target, device: str = "cpu", *, isolate: bool = False,
         from harness.engine.isolation import IsolatedChecker
         with IsolatedChecker(target, timeout) as check:
             return [check(p, config, batches, device) for p in driven]
-    return [p.check(target, config, batches, device) for p in driven]
+    from harness.engine.line_trace import direct_check
+    check = direct_check(target)
+    return [check(p, config, batches, device) for p in driven]

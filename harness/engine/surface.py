@@ -293,28 +293,21 @@ def render(rep: dict) -> str:
 
 # -- what a gate run exercised --------------------------------------------------
 
-def exercised_files(spec: str, target, results, package: Path | None = None) -> dict[str, tuple[str, ...]]:
-    """sglang-relative file -> the properties that ran through it in ``results``, per the
-    surface rows of ``package`` (default: the SGLang the target loaded)."""
-    if not runs_sglang(spec):
-        return {}
-    ran = {r.prop for r in results if not r.not_driven and (r.examples > 0 or r.findings)}
-    out: dict[str, set[str]] = {}
-    for row in sglang_rows(target, package or loaded_package()):
-        if hits := ran.intersection(row.driven_by):
-            out.setdefault(row.file, set()).update(hits)
-    return {f: tuple(sorted(p)) for f, p in out.items()}
-
-
 def gate_coverage(spec: str, target, changed: list[str], triggered: list[str], results,
-                  package: Path | None = None) -> dict:
-    """The gate object of summary.json: which triggered files a property actually ran through."""
-    runs = exercised_files(spec, target, results, package)
-    declared_files = {e.file for e in declared()} if runs_sglang(spec) else set()
-    exercised, not_driven, why = [], [], {}
+                  package: Path | None = None, lines: dict | None = None) -> dict:
+    """The gate object of summary.json: which triggered files a property actually ran through.
+
+    ``lines``: path -> ``diff_coverage.FileLines``, what the gate measured of each triggered
+    file. With it, "exercised" is the measurement's: the file's changed lines on the mask's
+    path ran inside a property's check. Without it (a target that runs no SGLang code) no file
+    is exercised.
+    """
+    lines = lines or {}
+    exercised, not_driven, why, stuck = [], [], {}, []
     for path in triggered:
         rel = sglang_relative(path)
-        if rel in runs:
+        measured = lines.get(path)
+        if measured is not None and measured.exercised:
             exercised.append(path)
             continue
         not_driven.append(path)
@@ -322,9 +315,35 @@ def gate_coverage(spec: str, target, changed: list[str], triggered: list[str], r
             why[path] = f"target {spec} runs its own model, not SGLang's code"
         elif rel is None:
             why[path] = "not an SGLang file"
-        elif rel in declared_files:
-            why[path] = "its properties did not run (budget spent, not driven on this target, or code not found)"
+        elif measured is None:
+            why[path] = "not measured"
         else:
-            why[path] = known_reason(rel)
+            why[path], blocking = _why_not_exercised(measured)
+            stuck += blocking
     return {"changed": list(changed), "triggered": list(triggered), "exercised": exercised,
-            "not_driven": not_driven, "why_not_driven": why}
+            "not_driven": not_driven, "why_not_driven": why,
+            "lines": [m.as_dict() for m in lines.values()], "could_not_check": stuck}
+
+
+def _why_not_exercised(measured) -> tuple[str, list[str]]:
+    """(why a measured file is not exercised, the could-not-check lines it gives: exit 3)."""
+    from harness.engine.diff_coverage import spans
+    from harness.report.terminal import shown
+    name = shown(measured.path)
+    if measured.traced is None:
+        return measured.why_untraced, [f"{name}: {measured.why_untraced}"] if measured.why_untraced.startswith(
+            "not driven") else []
+    stuck = []
+    if measured.never_ran:
+        whys = sorted(set(measured.why_never.values()))
+        word = "line" if len(measured.never_ran) == 1 else "lines"
+        stuck.append(f"{name} {word} {spans(measured.never_ran)} never ran ({'; '.join(whys)})")
+    for qual, f in measured.functions.items():
+        if not f["entered"]:
+            stuck.append(f"{name}: {qual} never ran ({f['driven_by']})")
+    if stuck:
+        return "; ".join(stuck), stuck
+    if measured.outside and not measured.judged:
+        return (f"its changed lines ({spans(measured.outside)}) are outside what the gate judges "
+                "(no mask-path function holds them and no property ran them)"), []
+    return "no changed line on the mask's path ran under a property", []

@@ -85,6 +85,8 @@ def _serve(conn, case_dir: str) -> None:
                 conn.send(("raise", RuntimeError(f"{type(answer[1]).__name__}: {answer[1]}"[:2000])))
             except OSError:
                 break
+    from harness.engine import line_trace
+    line_trace.flush()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     # A plug-in's non-daemon thread must not keep a finished worker alive.

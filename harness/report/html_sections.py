@@ -47,10 +47,19 @@ def gate_html(s: dict) -> str:
                                 for p in paths) + "</ul>"
     rows = [("changed", files(g.get("changed") or [])),
             ("triggered the gate (name verify-mask code)", files(g.get("triggered") or [])),
-            ("exercised (a property that ran goes through it)", files(g.get("exercised") or [])),
+            ("exercised (its changed lines ran under a property)", files(g.get("exercised") or [])),
             ('<span class="failed">not driven</span> (triggered, not tested)', files(g.get("not_driven") or [], True))]
     rows += [("out of step", "<ul>" + "".join(f"<li>{escape(w)}</li>" for w in g["out_of_step"]) + "</ul>")
              ] if g.get("out_of_step") else []
+    from harness.report.terminal import changed_line_rows
+    measured = changed_line_rows(g)
+    if measured:
+        rows.append(("changed lines (measured: which property ran each, which none did)", "<ul>" + "".join(
+            f'<li><code>{escape(path)}</code>: <span class="{"held" if verdict == "exercised" else "failed"}">'
+            f'{escape(verdict)}</span>: {escape(detail)}</li>' for path, verdict, detail in measured) + "</ul>"))
+    if g.get("could_not_check"):
+        rows.append(('<span class="failed">could not check</span>',
+                     "<ul>" + "".join(f"<li>{escape(w)}</li>" for w in g["could_not_check"]) + "</ul>"))
     if g.get("checkout"):
         rows.append(("SGLang checkout tested", f"<code>{escape(g['checkout'])}</code>"))
     body = "".join(f'<tr><th>{a}</th><td>{b}</td></tr>' for a, b in rows)

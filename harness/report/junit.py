@@ -115,6 +115,14 @@ def run_junit(s: dict) -> str:
                 k["status"] == REPRODUCES and s.get("fail_on_known")) else None,
                  kind="known", message=f"{k['status']}: {k['reason']}", text=k["detail"])
             for k in s["known_findings"]]))
+    if (s.get("gate") or {}).get("lines"):
+        from harness.report.terminal import changed_line_rows
+        stuck = s["gate"].get("could_not_check") or []
+        suites.append(Suite("vmfuzz.gate.changed-lines", [
+            Case(path, outcome=None if verdict == "exercised" else
+                 ("error" if any(line.startswith(path) for line in stuck) else "skipped"),
+                 message=detail if verdict == "exercised" else f"{verdict}: {detail}")
+            for path, verdict, detail in changed_line_rows(s["gate"])]))
     if s["replays"]:
         suites.append(Suite("vmfuzz.replays", [
             Case(r["repro"], outcome=replay_outcome(r), message=r["detail"] or "")

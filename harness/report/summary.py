@@ -28,7 +28,7 @@ from harness.report.findings import finding_record, findings_and_known, new_grou
 from harness.report.junit import command_junit, run_junit
 from harness.report.replays import could_not_check, replay_lines
 from harness.report.repro_paths import relative_to_folder
-from harness.report.terminal import gate_line
+from harness.report.terminal import changed_line_rows, gate_line, shown
 from harness.report.unchecked import UNCHECKED, cap_line, status as _status, time_cap, unchecked_line
 
 
@@ -230,6 +230,12 @@ def summary_md(s: dict) -> str:
     if s.get("gate"):
         line = gate_line(s["gate"], quote="`")
         lines += [f"G{line[1:]} (of {len(s['gate']['changed'])} changed)", ""]
+        measured = changed_line_rows(s["gate"])
+        if measured:
+            lines += ["| changed file | verdict | lines, and the property that ran each |", "|---|---|---|"]
+            lines += [f"| `{shown(path)}` | {verdict} | {detail} |" for path, verdict, detail in measured]
+            lines += [f"\n- could not check: {w}" for w in s["gate"].get("could_not_check") or []]
+            lines += [""]
     lines += ["| property | status | examples | seconds |", "|---|---|---:|---:|"]
     lines += [f"| {p['name']} | {p['status']} | {p['examples']} | "
               + ("shared |" if p.get("shared_run") else f"{p['seconds']:.1f} |") for p in s["properties"]]

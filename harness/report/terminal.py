@@ -71,3 +71,37 @@ def gate_line(gate: dict, quote: str = "") -> str:
         return ", ".join(f"{quote}{shown(p)}{quote}" for p in paths) or "none"
     return (f"gate: {len(gate['triggered'])} changed file(s) touch verify-mask code; "
             f"exercised: {names(gate['exercised'])}; triggered only (not driven): {names(gate['not_driven'])}")
+
+
+def changed_line_rows(gate: dict) -> list[tuple[str, str, str]]:
+    """(file, verdict, detail) per measured changed file: which lines each property ran, which
+    none did, which lie outside what the gate judges. summary.md, junit.xml and report.html
+    all read these rows."""
+    from harness.engine.diff_coverage import spans
+    rows = []
+    for f in gate.get("lines") or []:
+        parts = []
+        if f.get("traced") is None:
+            rows.append((f["path"], "not measured", f.get("why_untraced") or "not traceable"))
+            continue
+        by_prop: dict[str, list[int]] = {}
+        for line, props in (f.get("judged") or {}).items():
+            for p in props:
+                by_prop.setdefault(p, []).append(int(line))
+        if f.get("changed_lines") is None:
+            parts.append("no diff known: each mask-path function must be entered")
+        else:
+            parts.append(f"changed statements {spans(f['changed_lines']) or 'none'}")
+        parts += [f"{p} ran {spans(ls)}" for p, ls in sorted(by_prop.items())]
+        if f.get("never_ran"):
+            whys = sorted(set((f.get("why_never_ran") or {}).values()))
+            parts.append(f"NEVER RAN {spans(f['never_ran'])} ({'; '.join(whys)})")
+        if f.get("outside"):
+            parts.append(f"outside what the gate judges {spans(f['outside'])}")
+        if f.get("at_import"):
+            parts.append(f"at import {spans(f['at_import'])}")
+        for qual, fn in (f.get("functions") or {}).items():
+            state = f"entered, {fn['ran']}/{fn['statements']} statements ran" if fn["entered"] else "NEVER ENTERED"
+            parts.append(f"{qual}: {state}")
+        rows.append((f["path"], "exercised" if f.get("exercised") else "not exercised", "; ".join(parts)))
+    return rows

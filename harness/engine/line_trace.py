@@ -1,0 +1,136 @@
+"""Which changed lines of the code under review ran, and under which property.
+
+The gate's "exercised" is measured, not declared: every process that runs a
+property's check records, with coverage.py, the lines of the changed SGLang
+files that executed, each under a dynamic context naming the property whose
+check was running (a shared group's name stands for its members). The records
+land as coverage data files in one folder and are merged by the parent
+(``merged``), the way ``coverage combine`` joins parallel runs.
+
+Only the changed files are traced (``include``), so a run pays for the lines it
+is asked about, not for the whole of SGLang and torch.
+
+The parent switches it on for its children through the environment, so a
+forked checker and a spawned ``--workers`` process record alike without being
+handed anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+
+#: The folder the records go to; set by the gate, read by every process that runs checks.
+DIR_ENV = "VMFUZZ_LINE_TRACE_DIR"
+#: The absolute paths of the files to trace, os.pathsep-joined.
+FILES_ENV = "VMFUZZ_LINE_TRACE_FILES"
+#: The context of lines that ran outside any property's check (imports, the harness's set-up).
+NO_PROPERTY = ""
+
+#: Seconds between saves of a long-lived worker's record: a worker killed for a hang
+#: loses at most this much of what it ran (its case is a finding either way).
+SAVE_EVERY = 5.0
+
+
+class _Recorder:
+    """This process's coverage measurement (one per pid: a forked child starts its own)."""
+
+    def __init__(self, folder: str, files: list[str]):
+        import coverage
+        self.pid = os.getpid()
+        self.cov = coverage.Coverage(data_file=os.path.join(folder, "lines"), data_suffix=True,
+                                     include=files, branch=False, config_file=False,
+                                     check_preimported=False)
+        self.cov.start()
+        self.last_save = time.monotonic()
+
+    def save(self) -> None:
+        self.cov.save()
+        self.last_save = time.monotonic()
+
+
+_recorder: _Recorder | None = None
+
+
+def _active() -> _Recorder | None:
+    global _recorder
+    folder, files = os.environ.get(DIR_ENV), os.environ.get(FILES_ENV)
+    if not folder or not files:
+        return None
+    if _recorder is not None and _recorder.pid != os.getpid():
+        # A fork carried the parent's tracer over; the parent saves its own lines, and
+        # this child's go to a file of its own.
+        with contextlib.suppress(Exception):
+            _recorder.cov.stop()
+        _recorder = None
+    if _recorder is None:
+        _recorder = _Recorder(folder, files.split(os.pathsep))
+    return _recorder
+
+
+@contextlib.contextmanager
+def judging(prop_name: str):
+    """Lines run inside are this property's (or shared group's) check's."""
+    rec = _active()
+    if rec is None:
+        yield
+        return
+    rec.cov.switch_context(prop_name)
+    try:
+        yield
+    finally:
+        rec.cov.switch_context(NO_PROPERTY)
+        if time.monotonic() - rec.last_save > SAVE_EVERY:
+            rec.save()
+
+
+def flush() -> None:
+    """Writes this process's record; a worker calls it before it ends."""
+    rec = _recorder
+    if rec is not None and rec.pid == os.getpid():
+        with contextlib.suppress(Exception):
+            rec.save()
+
+
+def start(folder: Path, files: list[Path]) -> None:
+    """Switches recording on for this process's future checks and for every child it starts."""
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ[DIR_ENV] = str(folder)
+    os.environ[FILES_ENV] = os.pathsep.join(str(f) for f in files)
+
+
+def stop() -> None:
+    """Saves this process's record and switches recording off for what follows."""
+    global _recorder
+    flush()
+    if _recorder is not None and _recorder.pid == os.getpid():
+        with contextlib.suppress(Exception):
+            _recorder.cov.stop()
+    _recorder = None
+    os.environ.pop(DIR_ENV, None)
+    os.environ.pop(FILES_ENV, None)
+
+
+def merged(folder: Path) -> dict[str, dict[int, set[str]]]:
+    """Every record under ``folder`` joined: absolute file -> line -> the contexts it ran under."""
+    import coverage
+    data = coverage.CoverageData(basename=str(folder / "merged"), no_disk=True)
+    for part in sorted(folder.glob("lines.*")):
+        one = coverage.CoverageData(basename=str(part))
+        one.read()
+        data.update(one)
+    out: dict[str, dict[int, set[str]]] = {}
+    for name in data.measured_files():
+        by_line = data.contexts_by_lineno(name)
+        out[os.path.realpath(name)] = {line: set(ctxs) for line, ctxs in by_line.items()}
+    return out
+
+
+def direct_check(target):
+    """``prop.check`` on ``target`` in this process, its lines recorded under the property."""
+    def check(prop, config, batches, device="cpu"):
+        with judging(prop.name):
+            return prop.check(target, config, batches, device)
+    return check

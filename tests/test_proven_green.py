@@ -1,0 +1,246 @@
+"""Green is measured, not declared.
+
+The gate calls a file exercised only when coverage.py saw its changed lines run
+inside a property's check; a changed line on the mask's path that no check ran
+is "could not check" (exit 3), naming the lines. The change it measures is the
+working tree against the base (uncommitted edits included), and a changed-files
+list cannot lose an entry to its spelling. A run that drove no property is
+never a pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from harness.engine.changes import ChangeError, changed_from_file, changed_since, hunk_lines, normalise_entry
+from harness.engine.diff_coverage import CPU_CANNOT_TAKE, measure, parse, spans
+from harness.engine.results import PropertyResult
+from harness.engine.surface import gate_coverage
+from tests.helpers import ROOT, vmfuzz
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
+                          env=env).stdout.strip()
+
+
+# -- change lists that cannot lose a file -----------------------------------------
+
+@pytest.mark.parametrize("spelling", [
+    "\ufeffpython/sglang/srt/layers/attention/verify_mask.py",  # a BOM glued to the first entry
+    "python\\sglang\\srt\\layers\\attention\\verify_mask.py",  # Windows separators
+    "./python/sglang/srt/layers/attention/verify_mask.py",
+    "python//sglang/./srt/layers/attention/verify_mask.py",
+])
+def test_a_changed_files_entry_is_normalised_whatever_its_spelling(tmp_path, spelling):
+    listed = tmp_path / "changed.txt"
+    listed.write_bytes((spelling + "\r\n").encode("utf-8"))
+    assert changed_from_file(str(listed), tmp_path) == ["python/sglang/srt/layers/attention/verify_mask.py"]
+
+
+def test_an_absolute_entry_inside_the_checkout_is_made_relative_and_one_outside_is_refused(tmp_path):
+    root = tmp_path / "checkout"
+    (root / "python").mkdir(parents=True)
+    inside = root / "python" / "x.py"
+    assert normalise_entry(str(inside), root) == "python/x.py"
+    assert normalise_entry(str(inside).replace("/", "\\"), root) == "python/x.py"
+    with pytest.raises(ChangeError, match="absolute path outside the checkout"):
+        normalise_entry("/etc/passwd", root)
+    with pytest.raises(ChangeError, match="does not name a file inside the checkout"):
+        normalise_entry("python/../../x.py", root)
+
+
+def test_the_gate_refuses_an_entry_it_cannot_place_naming_it(tmp_path):
+    listed = tmp_path / "changed.txt"
+    listed.write_text("python/sglang/srt/layers/attention/verify_mask.py\n/elsewhere/verify_mask.py\n")
+    r = vmfuzz("gate", "--target", "reference", "--changed-files", str(listed), "--report-dir", str(tmp_path / "r"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "/elsewhere/verify_mask.py" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_hunks_give_the_new_sides_lines_and_a_deletion_its_neighbours():
+    diff = "@@ -3,0 +4,2 @@\n+a\n+b\n@@ -10 +12 @@\n-x\n+y\n@@ -20,2 +21,0 @@\n-p\n-q\n"
+    assert sorted(hunk_lines(diff)) == [4, 5, 12, 21, 22]
+
+
+def test_base_sees_uncommitted_and_untracked_changes(tmp_path):
+    repo = tmp_path / "checkout"
+    (repo / "python").mkdir(parents=True)
+    _git(repo, "init", "-q", "-b", "main")
+    (repo / "python" / "a.py").write_text("x = 1\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "base")
+    base = _git(repo, "rev-parse", "HEAD")
+    assert changed_since(base, repo)[0] == []
+    (repo / "python" / "a.py").write_text("x = 2\n")  # unstaged
+    (repo / "python" / "new.py").write_text("y = 1\n")  # untracked
+    changed, checkout = changed_since(base, repo)
+    assert sorted(changed) == ["python/a.py", "python/new.py"]
+    from harness.engine.changes import changed_lines
+    assert changed_lines(checkout, "python/a.py") == frozenset({1})
+    assert changed_lines(checkout, "python/new.py") == frozenset({1, 2})  # every line of a new file
+
+
+# -- changed lines judged by measurement -------------------------------------------
+
+SOURCE = '''\
+import os
+
+LIMIT = 4
+
+
+class Mask:
+    def fits(self, bs):
+        """docstring"""
+        if _is_hip:
+            return bs < LIMIT
+        return bs <= LIMIT
+
+    def decode_only(self):
+        return 1
+
+
+def helper():
+    return 2
+'''
+
+
+def test_a_changed_line_on_the_mask_path_that_no_property_ran_is_named():
+    ran = {11: {"no-oob-write"}, 7: {""}}  # line 11 ran in a check; the def line only at import
+    m = measure("p.py", SOURCE, "/x/p.py", frozenset({3, 8, 10, 11, 14, 18}), {"Mask.fits": "no-oob-write"}, ran)
+    assert m.judged == {11: ["no-oob-write"]}
+    assert m.at_import == [3]  # a module constant: runs at import
+    assert m.never_ran == [10]  # the HIP branch of a mask-path function
+    assert m.why_never[10] == f"not driven: {CPU_CANNOT_TAKE['_is_hip']}"
+    assert m.outside == [14, 18]  # functions no surface row names, run by nothing
+    assert not m.exercised
+    m.path = "python/sglang/p.py"
+    g = gate_coverage("sglang", None, [m.path], [m.path], [], lines={m.path: m})
+    assert g["exercised"] == [] and g["not_driven"] == [m.path]
+    assert g["could_not_check"] == [f"python/sglang/p.py line 10 never ran (not driven: {CPU_CANNOT_TAKE['_is_hip']})"]
+
+
+def test_a_file_is_exercised_when_its_mask_path_lines_ran_under_a_property():
+    ran = {10: {"shared:no-oob-write+fallback-equivalence"}, 11: {"capacity-soundness"}}
+    m = measure("p.py", SOURCE, "/x/p.py", frozenset({10, 11}), {"Mask.fits": "no-oob-write"}, ran)
+    from harness.properties.shared import group_members, group_name
+    group = group_name(("no-oob-write", "fallback-equivalence"))
+    m2 = measure("p.py", SOURCE, "/x/p.py", frozenset({10}), {"Mask.fits": "no-oob-write"}, {10: {group}})
+    assert m2.judged == {10: sorted(group_members(group))}  # a shared group's lines are each member's
+    assert m.exercised and m.never_ran == [] and m.judged[11] == ["capacity-soundness"]
+    g = gate_coverage("sglang", None, ["p.py"], ["p.py"], [], lines={"p.py": m})
+    assert g["exercised"] == ["p.py"] and g["could_not_check"] == []
+
+
+def test_without_a_diff_every_mask_path_function_of_the_file_must_be_entered():
+    entered = measure("p.py", SOURCE, "/x/p.py", None, {"Mask.fits": "no-oob-write"}, {11: {"no-oob-write"}})
+    assert entered.exercised and entered.functions["Mask.fits"] == {
+        "entered": True, "statements": 3, "ran": 1, "driven_by": "no-oob-write"}
+    # entered only at import (the def line), or by no property: not exercised, and a could-not-check line
+    path = "python/sglang/p.py"
+    missed = measure(path, SOURCE, "/x/p.py", None, {"Mask.fits": "no-oob-write"}, {7: {""}, 11: {""}})
+    assert not missed.exercised
+    g = gate_coverage("sglang", None, [path], [path], [], lines={path: missed})
+    assert g["could_not_check"] == [f"{path}: Mask.fits never ran (no-oob-write)"]
+
+
+def test_statements_span_their_lines_and_headers_are_apart():
+    src = parse(SOURCE)
+    assert src.statement_at(8) is None  # a docstring runs nothing
+    assert src.statement_at(7).header and src.statement_at(10).conditions == ("_is_hip",)
+    assert src.statement_at(11).conditions == ()
+    assert src.resolve("Scheduler.decode_only") == ["Mask.decode_only"]  # a mixin spelt by its host
+    assert spans([3, 4, 5, 9]) == "3-5, 9"
+
+
+# -- a run that drove nothing ---------------------------------------------------
+
+def test_a_run_in_which_no_selected_property_was_driven_is_could_not_check(tmp_path):
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "no_route_plugin.py").write_text(
+        "from harness.targets import resolve\nno_router = resolve('reference')\nno_router.route = None\n")
+    r = vmfuzz("run", "--target", "no_route_plugin:no_router", "--property", "routing", "--seed", "1",
+               "--report-dir", str(tmp_path / "r"),
+               env={"PYTHONPATH": os.pathsep.join([str(ROOT), str(plugins)])})
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "could not check: none of the 1 selected property could be driven" in r.stderr
+
+
+# -- the gate on a checkout under review (SGLang) -------------------------------
+
+VERIFY_MASK = "srt/layers/attention/verify_mask.py"
+
+
+@pytest.fixture
+def checkout(tmp_path, sglang_target):
+    """A git checkout of the installed SGLang (symlinks, verify_mask.py a real file), committed."""
+    from importlib.util import find_spec
+
+    from tests.sglang_copies import _mirror
+    package = Path(find_spec("sglang").origin).parent
+    repo = tmp_path / "sglang-checkout"
+    (repo / "python").mkdir(parents=True)
+    _mirror(package, repo / "python" / "sglang", package, {Path(VERIFY_MASK): (package / VERIFY_MASK).read_text()})
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "base")
+    return repo
+
+
+def _edit(repo: Path, old: str, new: str) -> None:
+    path = repo / "python" / "sglang" / VERIFY_MASK
+    text = path.read_text()
+    assert old in text, f"{old!r} is no longer in {VERIFY_MASK}"
+    path.write_text(text.replace(old, new, 1))
+
+
+def _gate(repo: Path, tmp_path: Path):
+    reports = tmp_path / "reports"
+    r = vmfuzz("gate", "--target", "sglang", "--base", "HEAD", "--repo", str(repo), "--report-dir", str(reports),
+               timeout=600)
+    assert (reports / "summary.json").is_file(), f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    summary = json.loads((reports / "summary.json").read_text())
+    return r, summary
+
+
+@pytest.mark.slow
+def test_an_uncommitted_off_by_one_is_caught_not_skipped(checkout, tmp_path):
+    # Before: --base compared the base with HEAD only, so this was a skip and exit 0.
+    _edit(checkout, "return bs <= self.max_bs", "return bs <= self.max_bs + 1")
+    r, summary = _gate(checkout, tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "capacity-soundness" in {f["property"] for f in summary["findings"]}
+
+
+@pytest.mark.slow
+def test_a_changed_line_no_property_ran_is_could_not_check_and_a_judged_one_is_judged(checkout, tmp_path):
+    # A refactor of two lines: one in fits (every search runs it), one in tree_mask_numel's
+    # refusal of the bit-packed layout (which no allocation asks it to size).
+    _edit(checkout, "return bs <= self.max_bs", "return not bs > self.max_bs")
+    _edit(checkout, 'raise NotImplementedError(f"Invalid tree mask: {mode=}")',
+          'raise NotImplementedError(f"Invalid tree mask: mode={mode!r}")')
+    r, summary = _gate(checkout, tmp_path)
+    [lines] = summary["gate"]["lines"]
+    assert lines["changed_lines"] and len(lines["changed_lines"]) == 2, lines
+    [fits_line] = [int(k) for k in lines["judged"]]
+    assert "capacity-soundness" in lines["judged"][str(fits_line)]
+    [refusal] = lines["never_ran"]
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert f"verify_mask.py line {refusal} never ran (tree_mask_numel: " in r.stderr
+    assert summary["gate"]["exercised"] == [] and summary["gate"]["could_not_check"]
+
+
+@pytest.mark.slow
+def test_a_refactor_whose_lines_all_ran_is_exercised(checkout, tmp_path):
+    _edit(checkout, "return bs <= self.max_bs", "return not bs > self.max_bs")
+    r, summary = _gate(checkout, tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert summary["gate"]["exercised"] == [f"python/sglang/{VERIFY_MASK}"]
