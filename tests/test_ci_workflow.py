@@ -130,9 +130,17 @@ def test_only_the_gate_job_may_write_and_the_workflow_reads():
 
 
 def test_one_comment_is_found_by_its_marker_and_edited():
-    [step] = [st for st in workflow()["jobs"]["gate"]["steps"] if "gh api" in st.get("run", "")]
+    [step] = [st for st in workflow()["jobs"]["gate"]["steps"] if "MARKER" in (st.get("env") or {})]
     assert step["env"]["MARKER"].startswith("<!--") and "-X PATCH" in step["run"]
     assert "gh pr comment" not in WORKFLOW.read_text()
+
+
+def test_exit_3_is_a_neutral_check_naming_the_lines_never_a_pass_on_a_fork():
+    steps = workflow()["jobs"]["gate"]["steps"]
+    [gate] = [st for st in steps if st.get("id") == "gate"]
+    assert 'echo "rc=$rc" >> "$GITHUB_OUTPUT"' in gate["run"] and 'exit "$rc"' in gate["run"]
+    [neutral] = [st for st in steps if "conclusion=neutral" in st.get("run", "")]
+    assert "steps.gate.outputs.rc == '3'" in neutral["if"] and "could_not_check" in neutral["run"]
 
 
 def _db_steps(job: dict) -> list[dict]:
