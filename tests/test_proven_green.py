@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine.changes import ChangeError, changed_from_file, changed_since, hunk_lines, normalise_entry
+from harness.engine.change_paths import hunk_lines, normalise_entry
+from harness.engine.changes import ChangeError, changed_from_file, changed_since
 from harness.engine.diff_coverage import CPU_CANNOT_TAKE, measure, parse, spans
 from harness.engine.results import PropertyResult
 from harness.engine.surface import gate_coverage
@@ -83,7 +84,7 @@ def test_base_sees_uncommitted_and_untracked_changes(tmp_path):
     (repo / "python" / "new.py").write_text("y = 1\n")  # untracked
     changed, checkout = changed_since(base, repo)
     assert sorted(changed) == ["python/a.py", "python/new.py"]
-    from harness.engine.changes import changed_lines
+    from harness.engine.change_paths import changed_lines
     assert changed_lines(checkout, "python/a.py") == frozenset({1})
     assert changed_lines(checkout, "python/new.py") == frozenset({1, 2})  # every line of a new file
 
@@ -244,3 +245,46 @@ def test_a_refactor_whose_lines_all_ran_is_exercised(checkout, tmp_path):
     r, summary = _gate(checkout, tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert summary["gate"]["exercised"] == [f"python/sglang/{VERIFY_MASK}"]
+
+
+# -- the ledger of promised sub-checks -----------------------------------------------
+
+#: The reference model, its eager reader gathering KV ids through "a kernel vmfuzz does not
+#: recognise": the view comes back without them, so reader-agreement cannot judge them.
+UNRECOGNISED_GATHER = '''
+import dataclasses
+from harness.targets import resolve
+
+blind = resolve("reference")
+_read = blind.read_eager
+blind.read_eager = lambda *a, **k: dataclasses.replace(_read(*a, **k), kv_indices=None)
+'''
+
+
+def test_a_sub_check_no_case_judged_is_not_held_and_the_gate_cannot_check(tmp_path):
+    from harness.properties import sub_checks_not_driven
+    from harness.properties.kit import Observation, ledger, sub_check_done, sub_check_skipped
+    obs = Observation()
+    sub_check_done(obs, "mask cells")
+    sub_check_skipped(obs, "kv_indices", "gathered elsewhere")
+    assert ledger(("mask cells", "kv_indices", "windows"), obs.classes) == {
+        "mask cells": "done", "kv_indices": "not driven (gathered elsewhere)", "windows": "not driven (never reached)"}
+    assert sub_checks_not_driven("capacity-soundness", obs.classes) == {}  # it promises none
+
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "gather_plugin.py").write_text(UNRECOGNISED_GATHER)
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(plugins)])}
+    r = vmfuzz("run", "--target", "gather_plugin:blind", "--property", "reader-agreement", "--seed", "1",
+               "--max-examples", "10", "--report-dir", str(tmp_path / "run"), env=env)
+    assert r.returncode == 0, r.stdout + r.stderr  # nothing changed under review: said, not failed
+    assert "held in part" in r.stdout and "sub-check kv_indices: not driven" in r.stdout, r.stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    [prop] = summary["properties"]
+    assert prop["sub_checks"]["kv_indices"].startswith("not driven") and prop["sub_checks"]["kv_indptr"] == "done"
+    listed = tmp_path / "changed.txt"
+    listed.write_text("python/sglang/srt/layers/attention/triton_backend.py\n")
+    g = vmfuzz("gate", "--target", "gather_plugin:blind", "--changed-files", str(listed),
+               "--report-dir", str(tmp_path / "gate"), env=env)
+    assert g.returncode == 3, g.stdout + g.stderr
+    assert "reader-agreement's sub-check kv_indices was not judged" in g.stderr

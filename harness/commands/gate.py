@@ -65,6 +65,7 @@ def run(args) -> int:
             cov = {"changed": changed, "triggered": hits, "exercised": [], "not_driven": hits,
                    "why_not_driven": {p: why for p in hits},
                    "could_not_check": [f"the changed lines could not be measured: {why}"]}
+        cov["could_not_check"] = cov.get("could_not_check", []) + sub_check_gaps(hits, outcome, cov)
         return {**cov, **where, **out_of_step_coverage(hits, outcome)}
     try:
         return execute_and_report(plan_, target, coverage if changed is not None else None, verbose=args.verbose)
@@ -87,7 +88,8 @@ def _start_tracing(hits: list[str], checkout) -> _Tracing:
     """Switches line recording on for the triggered SGLang Python files, here and in every worker."""
     import tempfile
     from harness.engine import line_trace
-    from harness.engine.changes import changed_lines, sglang_relative
+    from harness.engine.change_paths import changed_lines
+    from harness.engine.changes import sglang_relative
     from harness.engine.surface import known_reason, loaded_package
     package = loaded_package()
     files, lines, untraced = {}, {}, {}
@@ -147,6 +149,35 @@ def _measured_lines(target, tracing: _Tracing) -> dict:
                                 ran.get(str(real), {}))
         except SyntaxError as exc:
             out[path] = untraced(path, f"not driven: it does not parse ({exc.msg}, line {exc.lineno})")
+    return out
+
+
+def sub_check_gaps(hits: list[str], outcome, cov: dict) -> list[str]:
+    """A promised sub-check no case judged, of a property that judges a changed file: could not check.
+
+    "Judges" is measured where the lines were (the property ran a changed line or entered a
+    changed mask-path function), else declared (the surface names the property for the file).
+    """
+    from harness.engine.changes import sglang_relative
+    from harness.engine.surface import declared
+    from harness.properties import sub_checks_not_driven
+    touched = {sglang_relative(p): p for p in hits}
+    out = []
+    for r in outcome.results:
+        if r.findings or r.not_driven:
+            continue
+        gaps = sub_checks_not_driven(r.prop, r.classes)
+        if not gaps:
+            continue
+        files = [f["path"] for f in cov.get("lines") or []
+                 if any(r.prop in props for props in (f.get("judged") or {}).values())
+                 or any(fn["entered"] and r.prop in fn["driven_by"] for fn in (f.get("functions") or {}).values())]
+        files += [touched[e.file] for e in declared() if e.file in touched and r.prop in e.properties]
+        if files:
+            name, why = next(iter(gaps.items()))
+            out.append(f"{r.prop}'s sub-check {name} was not judged ({why}), and {r.prop} judges the changed "
+                       f"{sorted(set(files))[0]}" + (f" (and {len(gaps) - 1} more sub-check(s))" if len(gaps) > 1
+                                                     else ""))
     return out
 
 

@@ -160,12 +160,17 @@ def show_result(res, log, *, verbose: bool = False) -> None:
     if res.not_driven and not res.findings:
         log(f"  {res.prop:<22} {paint('not driven')}: {res.not_driven}")
         return
-    status = "FAILED" if res.findings else ("could not check" if res.unchecked else "held")
+    from harness.properties import sub_checks_not_driven
+    gaps = sub_checks_not_driven(res.prop, res.classes) if not res.findings and not res.unchecked else {}
+    status = "FAILED" if res.findings else ("could not check" if res.unchecked else
+                                            "held in part" if gaps else "held")
     # cut short: how far it got of the count a full search runs
     count = plural(res.examples, 'example')
     if res.unchecked:
         count = f"{res.examples:,}/{res.planned:,} examples" if res.planned else "not started"
     log(f"  {res.prop:<22} {paint(status, width=7)} {count:>14} {res.seconds:6.1f}s")
+    for name, why in gaps.items():
+        log(f"      sub-check {name}: {why}")
     if res.classes:
         log("      " + classes_line(res.classes, verbose))
     if res.corpus:

@@ -341,47 +341,8 @@ def changed_from_file(path: str, root: Path | str | None = None) -> list[str]:
     # Names as the filesystem spells them (undecodable bytes kept), so they can be read back.
     text = os.fsdecode(data)
     entries = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    from harness.engine.change_paths import normalise_entry
     return list(dict.fromkeys(normalise_entry(e, root, path) for e in entries))
-
-
-def normalise_entry(entry: str, root: Path | str | None, listed_in: str = "--changed-files") -> str:
-    """A changed-files entry as a path relative to the checkout, with forward slashes.
-
-    Lists come from every CI system there is: Windows separators, ``./`` prefixes
-    and absolute paths inside the checkout all name a file the gate must see. A
-    path that still names nothing inside the checkout (absolute elsewhere, or
-    climbing out with ``..``) is refused, never dropped: a dropped file is a
-    change the gate silently did not test.
-    """
-    path = entry.replace("\\", "/")
-    if re.match(r"^[A-Za-z]:/", path) or path.startswith("/"):
-        real_root = None
-        if root is not None:
-            try:
-                real_root = Path(root).resolve()
-            except (OSError, RuntimeError, ValueError):
-                real_root = None
-        rel = None
-        if real_root is not None and path.startswith("/"):
-            for candidate in (Path(path), _resolved(path)):
-                if candidate is not None and candidate.is_relative_to(real_root):
-                    rel = candidate.relative_to(real_root).as_posix()
-                    break
-        if rel is None:
-            raise ChangeError(f"{listed_in}: entry {shown(entry)} is an absolute path outside the checkout "
-                              f"{shown(str(root) if root is not None else '.')}; list paths relative to it")
-        path = rel
-    parts = [p for p in path.split("/") if p not in ("", ".")]
-    if not parts or ".." in parts:
-        raise ChangeError(f"{listed_in}: entry {shown(entry)} does not name a file inside the checkout")
-    return "/".join(parts)
-
-
-def _resolved(path: str) -> Path | None:
-    try:
-        return Path(path).resolve()
-    except (OSError, RuntimeError, ValueError):
-        return None
 
 
 def checkout_at(repo: str | Path) -> Checkout:
@@ -418,49 +379,3 @@ def changed_since(rev: str, repo: str | Path = ".") -> tuple[list[str], Checkout
     new = _git(top, "ls-files", "--others", "--exclude-standard", "-z")
     paths = [p for p in out.split("\0") if p.strip()] + [p for p in new.split("\0") if p.strip()]
     return list(dict.fromkeys(paths)), Checkout(root=top, base=base)
-
-
-# -- the changed lines ------------------------------------------------------------
-
-_HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,(\d+))? @@")
-
-
-def hunk_lines(diff: str) -> frozenset[int]:
-    """The new side's line numbers a ``git diff -U0`` touches.
-
-    A pure deletion has no new line; the lines either side of the gap are what
-    now runs in the deleted code's place, so they stand for it.
-    """
-    lines: set[int] = set()
-    for row in diff.splitlines():
-        m = _HUNK.match(row)
-        if not m:
-            continue
-        start, count = int(m.group(1)), int(m.group(2) or 1)
-        if count == 0:
-            lines.update(n for n in (start, start + 1) if n > 0)
-        else:
-            lines.update(range(start, start + count))
-    return frozenset(lines)
-
-
-def changed_lines(checkout: Checkout, path: str) -> frozenset[int] | None:
-    """The lines of ``path`` (relative to ``checkout.root``) that differ from ``checkout.base``
-    in the working tree; every line of a file git does not track; None when no diff is known
-    (no base) or the file is gone."""
-    if checkout.root is None or checkout.base is None:
-        return None
-    real = _inside(checkout.root, path)
-    if real is None:
-        return None
-    tracked = _git(checkout.root, "ls-files", "-z", "--", path)
-    if not tracked.strip("\0"):
-        try:
-            with open(real, "rb") as f:
-                count = f.read(READ_CAP).count(b"\n") + 1
-        except OSError:
-            return None
-        return frozenset(range(1, count + 1))
-    diff = _git(checkout.root, "diff", "-U0", "--no-color", "--no-renames", "--no-ext-diff",
-                checkout.base, "--", path)
-    return hunk_lines(diff)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.engine.line_trace import NO_PROPERTY
+from harness.report.terminal import spans  # noqa: F401 - re-exported: the gate's messages use it
 
 #: Branches this machine cannot take, keyed by the branch's condition as the source
 #: spells it (``ast.unparse``), each with why. Read from this table only: a change
@@ -177,21 +178,6 @@ class FileLines:
                 "why_never_ran": {str(k): v for k, v in sorted(self.why_never.items())},
                 "functions": self.functions,
                 **({"why_untraced": self.why_untraced} if self.why_untraced else {})}
-
-
-def spans(lines: list[int]) -> str:
-    """``[3, 4, 5, 9]`` -> ``3-5, 9``."""
-    out, run = [], []
-    for n in sorted(lines):
-        if run and n == run[-1] + 1:
-            run.append(n)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [n]
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ", ".join(out)
 
 
 def _properties(contexts: set[str]) -> list[str]:

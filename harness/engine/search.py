@@ -17,7 +17,7 @@ from typing import Callable
 from hypothesis import HealthCheck, Phase, event, example, given, seed as hseed, settings
 from hypothesis import target as hypothesis_target
 
-from harness.engine import line_trace
+from harness.engine.line_trace import direct_check
 from harness.engine.database import KeyedDatabase
 from harness.engine.failures import failure_of, raise_place
 from harness.engine.results import Finding, PropertyResult
@@ -55,7 +55,7 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
     result = PropertyResult(prop.name, rounds=1)
     state = {"case": None, "failed": False, "out_of_step": None, "cause": None}
     faulted = set() if faulted is None else faulted
-    run_check = check or line_trace.direct_check(target)
+    run_check = check or direct_check(target)
     db = KeyedDatabase(database, prop.name) if database is not None else None
 
     @_settings(max_examples, db)
@@ -344,7 +344,7 @@ def search_shared(target, props: list[Property], *, seed: int, max_examples: int
     """
     totals = {p.name: PropertyResult(p.name) for p in props}
     active = [p.name for p in props]
-    run_check = check or line_trace.direct_check(target)
+    run_check = check or direct_check(target)
     rnd, faulted, searched = 0, set(), set()
     while active:
         if rnd and deadline is not None and time.monotonic() >= deadline:

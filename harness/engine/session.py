@@ -15,10 +15,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.engine import line_trace
 from harness.engine.database import database_for
 from harness.engine.results import PropertyResult
-from harness.engine.search import MIN_SHARE, run_campaign
+from harness.engine.search import MIN_SHARE, direct_check, run_campaign
 from harness.engine.steps import never_searched, search_stepped, step_share, summed
 from harness.model.bounds import Bounds
 from harness.engine.profiles import Profile
@@ -146,7 +145,7 @@ def _pool_search(plan: RunPlan, name: str, share: float | None, end: float | Non
     _attach_known(plan, target)
     check, strategies = _searcher(plan, target)
     own = check  # closed below; the noting wrapper only lets the parent name a dead worker's case
-    check = remembering(check or line_trace.direct_check(target))
+    check = remembering(check or direct_check(target))
     deadline = None
     if share is not None:
         # Wall-clock ``end`` is shared by every worker: the slot's share, but never past the run's end.

@@ -51,6 +51,8 @@ class PropertyResult(_Strict):
     planned: int = 0
     not_driven: Union[str, None] = None
     out_of_step: Union[str, None] = None
+    #: the ledger of the sub-checks the property promises: each "done", or why no case judged it
+    sub_checks: dict[str, str] = {}
     #: the deep boundary corpus's cases this property ran before its search, and their time
     deep_cases: list[str] = []
     deep_seconds: float = 0.0

@@ -48,6 +48,8 @@ class Property:
     chain: bool = False  # runs on the chain writer's configs (QLEN_ONLY, topk 1, d = spec_steps + 1)
     #: layouts its cases are drawn in (None: every preallocated layout)
     layouts: tuple[str, ...] | None = None
+    #: the sub-checks it promises (``kit.ledger``): "held" needs each one judged on some case
+    promises: tuple[str, ...] = ()
 
     def applies(self, config) -> bool:
         """Are ``config``'s cases this property's? (d = 1 or not, its layouts, a chain for the chain writer)"""
@@ -101,10 +103,11 @@ PROPERTIES: dict[str, Property] = {p.name: p for p in (
              "and the mask column it starts at); FA3's topk>1 prefix and per-node expand metadata gives "
              "each draft node exactly the tree nodes it may see, its topk-1 causal pass each request its prefix "
              "and draft", needs=("read_eager", "read_replay"),
-             layouts=("FULL_MASK",), steps=True),
+             layouts=("FULL_MASK",), steps=True,
+             promises=("mask cells", "qo_indptr", "kv_indptr", "kv_indices", "sliding windows", "server state")),
     Property("packed-mask", packed_mask, "bit packing stays in its buffer and yields the mask, LSB first, "
              "where the reader looks; FlashInfer's plan is handed request b's own query rows, KV rows and KV "
-             "slots", needs=("pack_mask",), layouts=("FULL_MASK",)),
+             "slots", needs=("pack_mask",), layouts=("FULL_MASK",), promises=("packing", "flashinfer plan")),
 )}
 
 from harness.properties.allocation import allocation_soundness  # noqa: E402 - after Property
@@ -130,6 +133,19 @@ def shared_group(names) -> Property:
                                                                                names),
                     "judged together on one run of each case", steps=True,
                     needs=tuple(dict.fromkeys(s for n in names for s in PROPERTIES[n].needs)))
+
+
+def sub_checks(name: str, classes) -> dict[str, str]:
+    """The ledger of property ``name`` over the classes its cases reached (empty: it promises none)."""
+    from harness.properties.kit import ledger
+    prop = PROPERTIES.get(name)
+    return ledger(prop.promises, classes) if prop is not None and prop.promises else {}
+
+
+def sub_checks_not_driven(name: str, classes) -> dict[str, str]:
+    """The promised sub-checks of ``name`` that no case judged, and why."""
+    from harness.properties.kit import DONE
+    return {k: v for k, v in sub_checks(name, classes).items() if v != DONE}
 
 
 def named(name: str) -> Property:

@@ -265,3 +265,34 @@ def known_as(target, origin: Origin) -> str | None:
         if known.matches(origin):
             return known.name
     return None
+
+
+# -- the ledger of promised sub-checks ----------------------------------------------
+
+#: A sub-check's entry among an observation's classes. Classes already travel from every
+#: worker, shard and saved run to the reports, so the ledger rides on them.
+SUB_CHECK = "sub-check "
+DONE = "done"
+
+
+def sub_check_done(obs: Observation, name: str) -> None:
+    """``name`` was judged on this case."""
+    obs.classes.add(f"{SUB_CHECK}{name}: {DONE}")
+
+
+def sub_check_skipped(obs: Observation, name: str, why: str) -> None:
+    """``name`` could not be judged on this case, and why (a reader that produced nothing to judge)."""
+    obs.classes.add(f"{SUB_CHECK}{name}: not driven ({why})")
+
+
+def ledger(promises: tuple[str, ...], classes) -> dict[str, str]:
+    """Each promised sub-check -> "done" if any case judged it, else why none did.
+
+    A promise no case mentions is "never reached": the property ran no case that gets that far.
+    """
+    out = {}
+    for name in promises:
+        head = f"{SUB_CHECK}{name}: "
+        said = sorted(c[len(head):] for c in classes if c.startswith(head))
+        out[name] = DONE if DONE in said else ("; ".join(said) if said else "not driven (never reached)")
+    return out

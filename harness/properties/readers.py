@@ -22,7 +22,7 @@ from harness.model.layouts import TreeMaskMode, logical_size, request_extents
 from harness.model.oracle import expected
 from harness.model.origin import BEYOND_CAPACITY
 from harness.properties.kit import (VERIFY_STEP, Difference, Observation, capacity_of, fail, fail_overrun,
-                                    first_difference, locator, reused_mask)
+                                    first_difference, locator, reused_mask, sub_check_done, sub_check_skipped)
 from harness.properties.fa3_reads import check_fa3
 from harness.properties.qsa_reads import check_qsa
 from harness.properties.flashinfer_plan import judge_plan
@@ -121,6 +121,7 @@ def reader_agreement(target, config: Config, batches: list[Batch], device="cpu")
     session = getattr(target, "reader_session", None)
     if session is None:
         obs.classes.add("server state: not driven by this target")
+        sub_check_skipped(obs, "server state", "this target keeps no backend across batches")
         return obs
     _server_reads(target, obs, rc, batches, fresh, device)
     return obs
@@ -140,7 +141,7 @@ def _fresh_reads(target, obs: Observation, config: Config, rc: Config, batch: Ba
     view = target.read_eager(rc, batch, out, heap)
     _stray(heap, rc, batch, "the eager reader", stage="eager")
     _judge(view, rc, batch, want, "eager", stage="eager")
-    _kv_driven(obs, view)
+    _judged(obs, view)
     _windowed(target, obs, rc, batch, out, want, heap, None)
     check_fa3(target, obs, rc, batch, out, want)
     check_qsa(target, obs, rc, batch, out)
@@ -166,19 +167,27 @@ def _windowed(target, obs: Observation, rc: Config, batch: Batch, out, want, hea
     read = getattr(target, "read_window_replay" if mask is not None else "read_window_eager", None)
     if read is None:
         obs.classes.add("sliding-window read: not driven by this target")
+        sub_check_skipped(obs, "sliding windows", "this target reads no sliding window")
         return
     size = sliding_window(batch)
     view = read(*(() if mask is None else (mask,)), rc, batch, out, heap, size)
     _stray(heap, rc, batch, f"the {path} reader of a sliding-window server", stage=stage)
     _judge(view, rc, batch, want, f"{path} (sliding window {size})", stage=stage)
     windows = "its windows' KV ids" if view.window is not None and view.window.kv_indices is not None else ""
+    sub_check_done(obs, "sliding windows")
     obs.classes.add(f"sliding-window read {stage}" + (f", {windows}" if windows else "")
                     + (", some windows inside the prefix" if max(batch.seq_lens) > size else ""))
 
 
-def _kv_driven(obs: Observation, view) -> None:
+def _judged(obs: Observation, view) -> None:
+    """The ledger after a read that ``_judge`` passed: what it judged, and the KV ids it could not."""
+    for name in ("mask cells", "qo_indptr", "kv_indptr"):
+        sub_check_done(obs, name)
     if view.kv_indices is None:
         obs.classes.add("kv_indices: gathered by a kernel vmfuzz does not drive on this SGLang")
+        sub_check_skipped(obs, "kv_indices", "gathered by a kernel vmfuzz does not drive on this SGLang")
+    else:
+        sub_check_done(obs, "kv_indices")
 
 
 def _indptr(view, batch: Batch) -> list[int]:
@@ -221,6 +230,7 @@ def _server_reads(target, obs: Observation, rc: Config, batches: list[Batch], fr
                      effect="wrong", writer=READER, buffer="mask_indptr", cell="state left by earlier batches", **at)
             _judge(view, rc, batch, want, where, **at)
             obs.classes.add(f"server state: {path}" + (" after an earlier batch" if i else ""))
+            sub_check_done(obs, "server state")
 
 
 # -- packed-mask -----------------------------------------------------------------
@@ -334,7 +344,12 @@ def packed_mask(target, config: Config, batches: list[Batch], device="cpu") -> O
             # The plan's arrays first: a wrong kv_indptr also misplaces the packing, and is the cause.
             judged = judge_plan(view, rc, batch, oracle)
             obs.classes.add("flashinfer plan: " + ("judged" if judged else "not driven by this target"))
+            if judged:
+                sub_check_done(obs, "flashinfer plan")
+            else:
+                sub_check_skipped(obs, "flashinfer plan", "this target builds no FlashInfer plan")
             diff = _packed_mismatch(view, rc, batch, starts, rows, writer_ok)
             if diff:
                 fail("packed-mask", diff, writer=PACKER)
+            sub_check_done(obs, "packing")
     return obs

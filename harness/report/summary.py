@@ -28,6 +28,7 @@ from harness.report.findings import finding_record, findings_and_known, new_grou
 from harness.report.junit import command_junit, run_junit
 from harness.report.replays import could_not_check, replay_lines
 from harness.report.repro_paths import relative_to_folder
+from harness.properties import sub_checks
 from harness.report.terminal import changed_line_rows, gate_line, shown
 from harness.report.unchecked import UNCHECKED, cap_line, status as _status, time_cap, unchecked_line
 
@@ -128,6 +129,7 @@ def build_summary(outcome) -> dict:
             **({"shared_run": r.shared_run} if getattr(r, "shared_run", None) else {}),
             **({"not_driven": r.not_driven} if r.not_driven else {}),
             **({"out_of_step": r.out_of_step} if getattr(r, "out_of_step", None) else {}),
+            **({"sub_checks": sub_checks(r.prop, r.classes)} if sub_checks(r.prop, r.classes) else {}),
         })
     replays = [{"repro": str(o.path), "property": o.property, "recorded_target": o.recorded_target,
                 "source": o.source, "status": o.status, "detail": o.detail, "still_fails_on_recorded": o.teeth,

@@ -73,11 +73,25 @@ def gate_line(gate: dict, quote: str = "") -> str:
             f"exercised: {names(gate['exercised'])}; triggered only (not driven): {names(gate['not_driven'])}")
 
 
+def spans(lines: list[int]) -> str:
+    """``[3, 4, 5, 9]`` -> ``3-5, 9``."""
+    out, run = [], []
+    for n in sorted(lines):
+        if run and n == run[-1] + 1:
+            run.append(n)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [n]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ", ".join(out)
+
+
 def changed_line_rows(gate: dict) -> list[tuple[str, str, str]]:
     """(file, verdict, detail) per measured changed file: which lines each property ran, which
     none did, which lie outside what the gate judges. summary.md, junit.xml and report.html
     all read these rows."""
-    from harness.engine.diff_coverage import spans
     rows = []
     for f in gate.get("lines") or []:
         parts = []

@@ -1,0 +1,101 @@
+"""A change's entries and lines as CI lists and git diffs spell them.
+
+``normalise_entry`` turns whatever a CI system wrote into a changed-files list
+into a path relative to the checkout, or refuses it by name; ``changed_lines``
+asks git which lines of a file the working tree changed since the base, for
+the gate's measurement of what ran (``diff_coverage``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from harness.engine.changes import READ_CAP, ChangeError, Checkout, _git, _inside
+from harness.report.terminal import shown
+
+
+def normalise_entry(entry: str, root: Path | str | None, listed_in: str = "--changed-files") -> str:
+    """A changed-files entry as a path relative to the checkout, with forward slashes.
+
+    Lists come from every CI system there is: Windows separators, ``./`` prefixes
+    and absolute paths inside the checkout all name a file the gate must see. A
+    path that still names nothing inside the checkout (absolute elsewhere, or
+    climbing out with ``..``) is refused, never dropped: a dropped file is a
+    change the gate silently did not test.
+    """
+    path = entry.replace("\\", "/")
+    if re.match(r"^[A-Za-z]:/", path) or path.startswith("/"):
+        real_root = None
+        if root is not None:
+            try:
+                real_root = Path(root).resolve()
+            except (OSError, RuntimeError, ValueError):
+                real_root = None
+        rel = None
+        if real_root is not None and path.startswith("/"):
+            for candidate in (Path(path), _resolved(path)):
+                if candidate is not None and candidate.is_relative_to(real_root):
+                    rel = candidate.relative_to(real_root).as_posix()
+                    break
+        if rel is None:
+            raise ChangeError(f"{listed_in}: entry {shown(entry)} is an absolute path outside the checkout "
+                              f"{shown(str(root) if root is not None else '.')}; list paths relative to it")
+        path = rel
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        raise ChangeError(f"{listed_in}: entry {shown(entry)} does not name a file inside the checkout")
+    return "/".join(parts)
+
+
+def _resolved(path: str) -> Path | None:
+    try:
+        return Path(path).resolve()
+    except (OSError, RuntimeError, ValueError):
+        return None
+
+
+
+
+_HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,(\d+))? @@")
+
+
+def hunk_lines(diff: str) -> frozenset[int]:
+    """The new side's line numbers a ``git diff -U0`` touches.
+
+    A pure deletion has no new line; the lines either side of the gap are what
+    now runs in the deleted code's place, so they stand for it.
+    """
+    lines: set[int] = set()
+    for row in diff.splitlines():
+        m = _HUNK.match(row)
+        if not m:
+            continue
+        start, count = int(m.group(1)), int(m.group(2) or 1)
+        if count == 0:
+            lines.update(n for n in (start, start + 1) if n > 0)
+        else:
+            lines.update(range(start, start + count))
+    return frozenset(lines)
+
+
+def changed_lines(checkout: Checkout, path: str) -> frozenset[int] | None:
+    """The lines of ``path`` (relative to ``checkout.root``) that differ from ``checkout.base``
+    in the working tree; every line of a file git does not track; None when no diff is known
+    (no base) or the file is gone."""
+    if checkout.root is None or checkout.base is None:
+        return None
+    real = _inside(checkout.root, path)
+    if real is None:
+        return None
+    tracked = _git(checkout.root, "ls-files", "-z", "--", path)
+    if not tracked.strip("\0"):
+        try:
+            with open(real, "rb") as f:
+                count = f.read(READ_CAP).count(b"\n") + 1
+        except OSError:
+            return None
+        return frozenset(range(1, count + 1))
+    diff = _git(checkout.root, "diff", "-U0", "--no-color", "--no-renames", "--no-ext-diff",
+                checkout.base, "--", path)
+    return hunk_lines(diff)
