@@ -55,12 +55,17 @@ def main(argv: list[str]) -> int:
         print("vmfuzz-kill: exit 2 (no driven file differs from the installed package: nothing was mutated)")
         return 2
     properties = sorted({p for rel in changed for p in driven["files"][rel]})
-    Path("changed.txt").write_text("".join(f"python/sglang/{rel}\n" for rel in changed))
     Path("launches.jsonl").unlink(missing_ok=True)
-    # the gate, with each Triton kernel launch's argument types recorded for the stillborn verdict
+    # The gate, with each Triton kernel launch's argument types recorded for the stillborn verdict.
+    # A copy that prepare committed is judged on its diff (the mutated lines: exit 3 when no property
+    # ran them); an older one on its changed files.
+    if Path(".git").exists():
+        change = ["--base", "HEAD"]
+    else:
+        Path("changed.txt").write_text("".join(f"python/sglang/{rel}\n" for rel in changed))
+        change = ["--changed-files", "changed.txt"]
     cmd = [sys.executable, "-W", "ignore", str(HERE / "stillborn.py"), "launches.jsonl", "gate", "--target", "sglang",
-           "--repo", ".",
-           "--changed-files", "changed.txt", "--report-dir", "gate-report", "--overwrite",
+           "--repo", ".", *change, "--report-dir", "gate-report", "--overwrite",
            # an empty example database: each mutant is scored on the gate alone,
            # not on what earlier mutants' searches saved
            "--db", "no-db"]
@@ -79,6 +84,7 @@ def main(argv: list[str]) -> int:
     # the score credits a property only through these lines, first, so no tail cut can lose them
     for origin in killing_origins(summary):
         print("vmfuzz-origin: " + json.dumps(origin, sort_keys=True))
+    print("vmfuzz-lines: " + json.dumps(mutated_line_verdict(summary, driven, changed), sort_keys=True), flush=True)
     if proc.returncode == 1 and all(o.get("effect") in ("raise", "crash", "hang") for o in killing_origins(summary)):
         print("vmfuzz-stillborn: " + stillborn_verdict(driven, changed), flush=True)
     if proc.returncode == 2 and (refused := python_refusal(changed)):  # the gate could not import the copy
@@ -167,6 +173,32 @@ def equivalence(work: Path, properties: list[str], env: dict, watch: list[str] =
     if "mutated line ran: no" in proc.stdout:
         said += "; the mutated line never ran on these cases"
     return said
+
+
+def mutated_line_verdict(summary: Path, driven: dict, changed: list[str]) -> dict:
+    """What the gate measured of the mutated statements (its summary's ``gate.lines``): which
+    properties ran them, whether none did on the mask's path (``never_ran``), or whether they lie
+    outside what the gate judges (``outside``). Empty when the gate measured nothing."""
+    try:
+        lines = json.loads(summary.read_text()).get("gate", {}).get("lines") or []
+    except (OSError, ValueError, AttributeError):
+        return {}
+    out = {"never_ran": False, "outside": False, "at_import": False, "judged_by": [], "measured": False}
+    for rel in changed:
+        record = next((f for f in lines if f.get("path") == f"python/sglang/{rel}"), None)
+        if record is None or record.get("changed_lines") is None:
+            continue
+        firsts = sorted(record["changed_lines"])
+        for n in mutated_lines(driven, rel):
+            first = max((f for f in firsts if f <= n), default=None)
+            if first is None:
+                continue
+            out["measured"] = True
+            out["never_ran"] |= first in record.get("never_ran", [])
+            out["outside"] |= first in record.get("outside", [])
+            out["at_import"] |= first in record.get("at_import", [])
+            out["judged_by"] = sorted(set(out["judged_by"]) | set(record.get("judged", {}).get(str(first), [])))
+    return out
 
 
 def killing_origins(summary: Path) -> list[dict]:

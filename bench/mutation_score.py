@@ -97,6 +97,22 @@ def mirror(src: Path, dst: Path, real: set[Path], rel: Path = Path()) -> None:
             (dst / entry.name).symlink_to(entry)
 
 
+#: What a mutant's gate and its judges write into a worker's copy: never part of the change.
+COPY_OUTPUTS = ("gate-report/", "changed.txt", "launches.jsonl", "mutant-outputs.json", "*.sqlite", "*.log",
+                "no-db/", "__pycache__/")
+
+
+def commit_pristine(copy: Path) -> None:
+    """The copy as a git checkout whose one commit is the pristine package: the gate is then run
+    with ``--base HEAD`` and knows the mutated lines from the working tree's diff, so a mutant on a
+    line no property ran is its exit 3 ("never ran"), never a survivor."""
+    (copy / ".gitignore").write_text("".join(f"{p}\n" for p in COPY_OUTPUTS))
+    env = dict(os.environ, GIT_AUTHOR_NAME="vmfuzz", GIT_AUTHOR_EMAIL="vmfuzz@localhost",
+               GIT_COMMITTER_NAME="vmfuzz", GIT_COMMITTER_EMAIL="vmfuzz@localhost")
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "pristine"]):
+        subprocess.run(["git", "-C", str(copy), *args], check=True, capture_output=True, env=env)
+
+
 def write_config(work: Path, files: list[str], workers: int, timeout: float, port: int) -> Path:
     urls = ", ".join(f"'http://localhost:{port + k}'" for k in range(workers))
     modules = ", ".join(f"'python/sglang/{f}'" for f in files)
@@ -179,6 +195,7 @@ def prepare(work: Path, sample: int, seed: int, workers: int, timeout: float, sc
     (work / "driven.json").write_text(json.dumps({"package": str(package), "files": files}, indent=1))
     for k in range(workers):
         mirror(package, work / f"worker-{k}" / "python" / "sglang", {Path(f) for f in files})
+        commit_pristine(work / f"worker-{k}")
     cfg = write_config(work, list(files), workers, timeout, port)
     baselines(work, files, sglang_tests)
     cosmic_ray("init", str(cfg), str(work / "session.sqlite"), cwd=work / "worker-0", check=True)

@@ -3,7 +3,12 @@
 Each sampled mutant is one of:
 
 - killed: the gate exited 1 (a property failed, or a saved repro);
-- survived: the gate exited 0;
+- survived (**false green**): the gate exited 0 on a mutated line a property ran or that lies on
+  the mask's path, and its outputs were not shown identical;
+- not-exercised: the gate exited 3 because no property ran the mutated line on the mask's path
+  (its diff coverage, ``vmfuzz-lines: never_ran``): the gate said it could not check, never a pass;
+- off-path: the gate exited 0 and measured the mutated line outside what it judges (a function no
+  surface row names, run by no property: decode or prefill only): out of scope, counted apart;
 - timed-out: the gate ran past the per-mutant timeout;
 - out-of-step: the gate exited 3 (vmfuzz could not check this code: never a kill);
 - error: the gate exited 2, or cosmic-ray could not run the mutant (never a kill);
@@ -33,11 +38,13 @@ import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
-OUTCOMES = ("killed", "survived", "suspected-equivalent", "timed-out", "out-of-step", "error", "stillborn")
+OUTCOMES = ("killed", "survived", "suspected-equivalent", "not-exercised", "off-path", "timed-out", "out-of-step",
+            "error", "stillborn")
 EXIT_LINE = re.compile(r"vmfuzz-kill: exit (-?\d+)")
 EQUIV_LINE = re.compile(r"^vmfuzz-equiv: (.*)$", re.M)
 STILLBORN_LINE = re.compile(r"^vmfuzz-stillborn: (.*)$", re.M)
 TESTS_LINE = re.compile(r"^vmfuzz-sglang-tests: (.*)$", re.M)
+LINES_LINE = re.compile(r"^vmfuzz-lines: (\{.*\})$", re.M)
 CPU_LINE = re.compile(r"^vmfuzz-cpu: ([\d.]+) s gate; examples (\d+|None)", re.M)
 RAISING = ("raise", "crash", "hang")
 
@@ -54,18 +61,30 @@ def classify(result) -> str:
         return "timed-out"
     m = EXIT_LINE.search(result.output or "")
     code = int(m.group(1)) if m else None
+    measured = measured_lines(result.output)
     if code == 0:
+        if measured.get("outside") and not measured.get("judged_by"):
+            return "off-path"
         equiv = line(EQUIV_LINE, result.output) or ""
         return "suspected-equivalent" if equiv.startswith("identical") else "survived"
     if code == 1:
         refused = (line(STILLBORN_LINE, result.output) or "").startswith("refused")
         return "stillborn" if refused and killed_by(result.output) == "the mutant raising" else "killed"
     if code == 3:
-        return "out-of-step"
+        return "not-exercised" if measured.get("never_ran") else "out-of-step"
     # a mutant Python itself will not compile (the gate cannot import it: exit 2) never runs anywhere
     if code == 2 and (line(STILLBORN_LINE, result.output) or "").startswith("refused"):
         return "stillborn"
     return "error"
+
+
+def measured_lines(output: str | None) -> dict:
+    """What the gate measured of the mutated line (bench/mutation_kill.py's ``vmfuzz-lines:``)."""
+    said = line(LINES_LINE, output)
+    try:
+        return json.loads(said) if said else {}
+    except ValueError:
+        return {}
 
 
 #: one typed origin of what killed the mutant, printed first by bench/mutation_kill.py
@@ -102,6 +121,7 @@ def mutant_row(job: str, m, result) -> dict:
             "killed_by": killed_by(out) if outcome == "killed" else None,
             "properties": killing_properties(out) if outcome == "killed" else [],
             "equiv": line(EQUIV_LINE, out) if outcome in ("survived", "suspected-equivalent") else None,
+            "lines": measured_lines(out),
             "stillborn": line(STILLBORN_LINE, out),
             "sglang_tests": line(TESTS_LINE, out),
             "gate_cpu_s": float(cpu.group(1)) if cpu else None,
@@ -117,8 +137,8 @@ def rows(work: Path):
                 yield mutant_row(item.job_id, item.mutations[0], result)
 
 
-COLUMNS = ("killed", "by a check", "by raising", "survived", "suspected-equivalent", "timed-out", "out-of-step",
-           "error", "stillborn")
+COLUMNS = ("killed", "by a check", "by raising", "survived", "suspected-equivalent", "not-exercised", "off-path",
+           "timed-out", "out-of-step", "error", "stillborn")
 
 
 def _column(r: dict) -> list[str]:
@@ -142,6 +162,13 @@ def headline(total: Counter, done: list[dict]) -> list[str]:
     non_equivalent = total["killed"] + total["survived"]
     by_check = total["by a check"]
     out = ["## Headline", ""]
+    on_path = sum(total[c] for c in ("killed", "survived", "suspected-equivalent", "not-exercised"))
+    if on_path:
+        out += [f"**False green: {total['survived']} of {on_path} mutants on the mask's path "
+                f"({total['survived'] / on_path:.0%})**: the gate exited 0 although the mutant ran under a "
+                f"property and its outputs were not shown identical. {total['not-exercised']} exited 3 (a "
+                f"mutated line no property ran, named by the gate), {total['off-path']} lie off the mask's path "
+                "(counted apart).", ""]
     if non_equivalent:
         out.append(f"**The gate kills {by_check / non_equivalent:.0%} of non-equivalent mutants by a property's "
                    f"check** ({by_check} killed by a property's check / ({total['killed']} killed + "

@@ -38,6 +38,14 @@ LOG_DIFF = "--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-    logger.info('a %d', 1 + 2)
      "survived"),
     ("vmfuzz-kill: exit 0 in 3s", LOG_DIFF, "survived"),  # outputs not compared: never equivalent
     ("vmfuzz-kill: exit 3 in 3s", CODE_DIFF, "out-of-step"),  # could not check: never a kill
+    # the gate measured the mutated line: no property ran it (exit 3), or it lies off the mask's path
+    ('vmfuzz-kill: exit 3 in 3s\nvmfuzz-lines: {"never_ran": true, "outside": false, "judged_by": []}', CODE_DIFF,
+     "not-exercised"),
+    ('vmfuzz-kill: exit 0 in 3s\nvmfuzz-lines: {"never_ran": false, "outside": true, "judged_by": []}', CODE_DIFF,
+     "off-path"),
+    # a line a property ran is on the path wherever it lies: its survivor is a false green
+    ('vmfuzz-kill: exit 0 in 3s\nvmfuzz-lines: {"never_ran": false, "outside": true, "judged_by": ["routing"]}',
+     CODE_DIFF, "survived"),
     ("vmfuzz-kill: exit 2 in 3s", CODE_DIFF, "error"),
     ("timeout", CODE_DIFF, "timed-out"),
     ("Traceback ...", CODE_DIFF, "error"),  # the kill command itself broke: not a kill
@@ -244,6 +252,8 @@ def test_the_headline_counts_property_kills_over_non_equivalent_mutants():
     assert [r["properties"] for r in done[:3]] == [["reader-agreement"], [], []]
     assert "killed (1 test file(s)" in text and "not run: no checkout given" in text
     assert "differs: read_eager ->.qo_indptr" in text
+    # the headline a maintainer quotes: the survivor with differing outputs is the one false green
+    assert "**False green: 1 of 6 mutants on the mask's path (17%)**" in text
 
 
 def test_a_mutated_line_that_never_runs_is_told_apart(tmp_path, monkeypatch):
@@ -530,3 +540,26 @@ def test_a_nightly_can_run_a_seeded_few_of_the_mutants_the_gate_never_reached(tm
     assert [r["job"] for r in nightly.chosen(work, "survived", limit=5)] == ["s"]
     with pytest.raises(SystemExit, match="at least 1"):
         mutation_score.main(["nightly", str(work), "--limit", "0"])
+
+
+def test_the_mutated_lines_are_read_from_the_gate_s_measurement(tmp_path, monkeypatch):
+    """``vmfuzz-lines``: the gate's own record of the mutated statement (never run, off the path, or
+    which properties ran it), matched to the statement holding the mutated line."""
+    monkeypatch.chdir(tmp_path)
+    pristine = tmp_path / "pristine"
+    (pristine / "srt").mkdir(parents=True)
+    (tmp_path / "python" / "sglang" / "srt").mkdir(parents=True)
+    src = "def f(x):\n    y = (x +\n         1)\n    return y\n"
+    (pristine / "srt" / "a.py").write_text(src)
+    (tmp_path / "python" / "sglang" / "srt" / "a.py").write_text(src.replace("1)", "2)"))
+    driven = {"package": str(pristine), "files": {"srt/a.py": ["routing"]}}
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"gate": {"lines": [{"path": "python/sglang/srt/a.py", "changed_lines": [2],
+                                                       "never_ran": [2], "outside": [], "at_import": [],
+                                                       "judged": {}}]}}))
+    got = mutation_kill.mutated_line_verdict(summary, driven, ["srt/a.py"])
+    assert got["measured"] and got["never_ran"] and not got["outside"]  # line 3 belongs to the statement at 2
+    summary.write_text(json.dumps({"gate": {"lines": [{"path": "python/sglang/srt/a.py", "changed_lines": [2],
+                                                       "never_ran": [], "judged": {"2": ["routing"]}}]}}))
+    assert mutation_kill.mutated_line_verdict(summary, driven, ["srt/a.py"])["judged_by"] == ["routing"]
+    assert mutation_kill.mutated_line_verdict(tmp_path / "none.json", driven, ["srt/a.py"]) == {}
