@@ -80,6 +80,8 @@ def test_a_missing_dependency_or_a_harness_raise_is_out_of_step():
     rewrapped = _raised_in(MODULE, "try:\n    import a_cuda_only_extension_xyz\n"
                                    "except ImportError:\n    raise ImportError('needs the CUDA extension')\n")
     assert isinstance(decide(MODULE, rewrapped), OutOfStep)
+    # the line names the file whose import failed, not only the module vmfuzz asked for
+    assert decide("sglang.srt.speculative.eagle_worker_v2", rewrapped).file == "srt/layers/attention/some_backend.py"
     # raised by code outside SGLang (a harness stand-in, a library)
     harness = _raised_in("harness.targets.sglang.backend_init", "raise RuntimeError('stub called')\n",
                          "/x/harness/targets/sglang/backend_init.py")

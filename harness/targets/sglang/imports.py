@@ -78,9 +78,21 @@ def _innermost_frame(exc: BaseException):
     return found
 
 
+def _innermost_sglang_module(exc: BaseException) -> str | None:
+    """The module of SGLang whose code ran last before ``exc`` (the file that made the failing import)."""
+    tb, found = exc.__traceback__, None
+    while tb is not None:
+        name = tb.tb_frame.f_globals.get("__name__")
+        if _in_package(name) and name != PACKAGE:
+            found = name
+        tb = tb.tb_next
+    return found
+
+
 def decide(module: str, exc: BaseException) -> Exception:
     """What ``exc``, raised while ``module`` (a module of the sglang package) was imported, is."""
-    seam, file = f"import {module}", relative_file(module)
+    # the file named is the one whose import failed, when SGLang's chain got that far
+    seam, file = f"import {module}", relative_file(_innermost_sglang_module(exc) or module)
     if isinstance(exc, ModuleNotFoundError) and exc.name and (module + ".").startswith(exc.name + "."):
         # the module itself, or a package above it, is not there: this release has no such file
         return NotInRelease(module, exc.name)
