@@ -135,8 +135,9 @@ class ChildBackend:
 
 
 def _class(router: str):
+    from harness.targets.sglang.imports import sglang_module
     module, name = _MODULES[router]
-    mod = importlib.import_module(module)
+    mod = sglang_module(module)  # its raise on import: a stage-import finding, or out of step (imports.decide)
     return mod, getattr(mod, name)
 
 
