@@ -12,7 +12,9 @@ import os
 import sys
 
 from harness.engine import signals
-from harness.model.errors import EXIT_OUT_OF_STEP, EXIT_USAGE, HarnessError, OutOfStep, UsageError, out_of_step_line
+from harness.engine.failures import ImportRaised
+from harness.model.errors import (EXIT_FINDING, EXIT_OUT_OF_STEP, EXIT_USAGE, HarnessError, OutOfStep, UsageError,
+                                  out_of_step_line)
 from harness.model.repro_file import ReproError
 
 
@@ -50,6 +52,9 @@ def guarded(main, argv) -> int:
     except OutOfStep as exc:
         print(out_of_step_line(exc), file=sys.stderr)
         return EXIT_OUT_OF_STEP
+    except ImportRaised as exc:  # the code under test raised while loading: its fault, not bad input
+        print(f"vmfuzz: finding: {exc.detail()} (stage import; {exc.type_name} at {exc.frame})", file=sys.stderr)
+        return EXIT_FINDING
     except HarnessError as exc:
         print(f"vmfuzz: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -46,6 +46,25 @@ def resolve_target(spec: str):
         raise UsageError(f"vmfuzz: target {spec!r} unavailable: {exc}") from None
 
 
+#: the "property" a finding made while the target was being built carries: no property ran yet
+LOADING = "target load"
+
+
+def import_finding(args, command: str, spec: str, exc) -> int:
+    """SGLang's own code raised while the target imported it (``ImportRaised``): no property can run on
+    code a server could not load either, so that raise is the command's finding (effect raise, stage
+    import), written to the report folder like any other; exit 1."""
+    from harness.model.errors import EXIT_FINDING
+    from harness.model.origin import encode
+    from harness.report.summary import Check, CommandSummary
+    origin = exc.origin(LOADING)
+    print(f"vmfuzz {command}: FAILED: {exc.detail()}", flush=True)
+    check = Check(f"import {exc.module}", "failed", exc.detail(), kind=origin.kind(), origin=encode(origin))
+    write_command_report(CommandSummary(command, spec, [check], headline=f"finding: {origin.label()} "
+                                        f"(stage import: {exc.module} does not load)"), report_dir_of(args))
+    return EXIT_FINDING
+
+
 def repro_target(given: str | None, recorded: str, default: str):
     """The target a repro is replayed on: ``--target``, else the one it records.
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.commands.common import report_dir_of, sglang_checkout_at, write_command_report
+from harness.commands.common import import_finding, report_dir_of, sglang_checkout_at, write_command_report
 from harness.commands.run import execute_and_report, plan
 from harness.model.errors import EXIT_OK, UsageError
 
@@ -43,10 +43,14 @@ def run(args) -> int:
             return _skip(args, changed)
         print(f"vmfuzz gate: {len(hits)} changed file(s) touch verify-mask code: {', '.join(map(shown, hits[:5]))}"
               + (" ..." if len(hits) > 5 else ""))
+    from harness.engine.failures import ImportRaised
     sglang_root = sglang_checkout(repo) if runs_sglang(args.target) else None
-    if sglang_root is not None:
-        _import_checkout(sglang_root)
-    plan_, target = plan(args, command="gate", profile_name="pr")
+    try:
+        if sglang_root is not None:
+            _import_checkout(sglang_root)
+        plan_, target = plan(args, command="gate", profile_name="pr")
+    except ImportRaised as exc:  # the code under review does not load: that is the finding
+        return import_finding(args, "gate", args.target, exc)
     if runs_sglang(args.target):
         _say_code_under_test(sglang_root)
     tracing = None

@@ -24,8 +24,13 @@ from harness.report.terminal import classes_line, paint, plural
 
 
 def run(args) -> int:
-    plan_, target = plan(args, seed=args.seed, max_examples=args.max_examples, time_budget=args.time_budget,
-                         deployment_file=args.deployment)
+    from harness.commands.common import import_finding
+    from harness.engine.failures import ImportRaised
+    try:
+        plan_, target = plan(args, seed=args.seed, max_examples=args.max_examples, time_budget=args.time_budget,
+                             deployment_file=args.deployment)
+    except ImportRaised as exc:  # the code under test does not load: that is the finding
+        return import_finding(args, "run", args.target, exc)
     return execute_and_report(plan_, target, verbose=args.verbose)
 
 

@@ -35,6 +35,8 @@ def _child(args) -> int:
     sys.path.insert(0, str(python_dir))
     from harness.engine.replay import replay
     from harness.model.repro_file import ReproError, load
+    from harness.engine.failures import ImportRaised
+    from harness.model.errors import OutOfStep
     from harness.targets import TargetUnavailable, resolve
 
     repro = load(args.repro)
@@ -44,13 +46,14 @@ def _child(args) -> int:
         where = Path(sglang.__file__).resolve()
         if python_dir not in where.parents:
             raise TargetUnavailable(f"sglang imports from {where}, not from this checkout")
-    except (TargetUnavailable, ImportError) as exc:
+    except (TargetUnavailable, ImportError, ImportRaised, OutOfStep) as exc:
+        # a revision whose SGLang does not load (its own raise, or a dependency this host lacks)
+        # cannot replay the repro: skipped, never blamed for a bug it was not seen to have
         # the install hint that comes with an unavailable target is no help for an old revision
         why = (str(exc).splitlines() or [type(exc).__name__])[0].split("; install it with")[0]
         _emit(args, "skip", why)
         return SKIP
     from harness.engine.failures import failure_of
-    from harness.model.errors import OutOfStep
     try:
         replay(repro, target, isolate=False, prop=args.property)
     except ReproError:

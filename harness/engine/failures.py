@@ -38,6 +38,30 @@ class TargetRaised(Exception):
         return (TargetRaised, (self.type_name, str(self).split(": ", 1)[-1], self.frame))
 
 
+class ImportRaised(Exception):
+    """The code under test raised while one of its modules was imported: a server could not load it.
+
+    Decided where the module is imported (``harness.targets.sglang.imports``),
+    before any property is known, so it carries the raise itself (type, the
+    innermost frame of the code under test, the module being imported) and
+    becomes a finding of whichever property met it: effect raise, stage import.
+    It crosses a worker's pipe as itself.
+    """
+
+    def __init__(self, module: str, type_name: str, frame: str, message: str):
+        super().__init__(f"importing {module} raised {type_name}: {message}")
+        self.module, self.type_name, self.frame, self.message = module, type_name, frame, message
+
+    def __reduce__(self):
+        return (ImportRaised, (self.module, self.type_name, self.frame, self.message))
+
+    def origin(self, prop: str) -> Origin:
+        return Origin(prop, "raise", stage="import", exc_type=self.type_name, frame=self.frame)
+
+    def detail(self) -> str:
+        return f"target raised {self.type_name} while {self.module} was imported: {self.message}"
+
+
 def raise_place(exc: BaseException | None) -> str:
     """``file:function`` of the innermost frame outside vmfuzz (the code under test raised there)."""
     tb, place = getattr(exc, "__traceback__", None), ""
@@ -65,6 +89,8 @@ def failure_of(prop: str, exc: BaseException) -> tuple[Origin, str]:
     """(origin, detail) of what a check of ``prop`` ended with (a failure, a fault or a raise)."""
     if isinstance(exc, PropertyFailure):
         return exc.origin, exc.detail
+    if isinstance(exc, ImportRaised):
+        return exc.origin(prop), exc.detail()
     if isinstance(exc, TargetFault):
         return Origin(prop, exc.kind.removeprefix("target-")), str(exc)
     return raise_origin(prop, exc), raise_detail(exc)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import signal
 
-from harness.engine.failures import TargetFault, TargetRaised, raise_place  # noqa: F401 - re-exported
+from harness.engine.failures import ImportRaised, TargetFault, TargetRaised, raise_place  # noqa: F401 - re-exported
 from harness.guard.tree_write import LAUNCHES
 from harness.model.errors import OutOfStep
 from harness.properties import Observation, PropertyFailure, lookup
@@ -51,6 +51,8 @@ def _serve(target, conn) -> None:
             conn.send(("fail", exc.origin, exc.detail, spent()))
         except OutOfStep as exc:  # the harness's seam, not the target: crosses as itself
             conn.send(("out-of-step", exc.seam, exc.file, exc.why, spent()))
+        except ImportRaised as exc:  # SGLang's code raised on import: its own origin (stage import), not its type
+            conn.send(("fail", exc.origin(prop_name), exc.detail(), spent()))
         except BaseException as exc:  # noqa: BLE001 - the target's own error (even exit()), reported as the property's
             try:
                 conn.send(("raise", type(exc).__name__, str(exc)[:4000], raise_place(exc), spent()))

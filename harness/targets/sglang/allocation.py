@@ -13,8 +13,9 @@ it records the arguments, runs SGLang's real allocator (meta device) and stops
 the set-up there, so the CUDA-only work after the mask is never reached.
 
 Not driven: ``__init__`` of the DeepSeek-V4 backends (``NOT_DRIVEN``), and the
-backends whose modules do not import without CUDA extensions (``load_sites``
-says which and why).
+backends whose module this release does not have (``load_sites`` says which). A
+module that is there but raises when imported is never left undriven: it is
+raised as ``imports.decide`` says (SGLang's own raise a finding, the rest out of step).
 """
 
 from __future__ import annotations
@@ -102,15 +103,21 @@ STUBBED_IMPORT = ("flashattention", "flashmla")
 
 
 def load_sites() -> dict[str, object]:
-    """harness name -> the imported module, or a string saying why it does not import here."""
+    """harness name -> the imported module, or a string saying why it is not driven here.
+
+    A site's module this release does not have is "not in this release"; any
+    other failure to import it is raised as ``imports.decide`` says (SGLang's own
+    raise a finding, the rest out of step), never a site quietly left undriven.
+    """
+    from harness.targets.sglang.imports import NotInRelease, sglang_module
     sites: dict[str, object] = {}
     for name, (module, cls) in SITES.items():
+        path = "sglang.srt.layers.attention." + module
+        importer = backend_init.import_with_extensions_stubbed if name in STUBBED_IMPORT else importlib.import_module
         try:
-            path = "sglang.srt.layers.attention." + module
-            stubbed = name in STUBBED_IMPORT
-            mod = backend_init.import_with_extensions_stubbed(path) if stubbed else importlib.import_module(path)
-        except Exception as exc:  # any failure in its import chain means "not drivable here"
-            sites[name] = f"{module}.py does not import here ({type(exc).__name__}: {exc})"
+            mod = sglang_module(path, importer)
+        except NotInRelease:
+            sites[name] = f"{module}.py is not in this release"
             continue
         if not hasattr(mod, cls) or not hasattr(mod, "maybe_create_verify_mask"):
             sites[name] = f"{module}.py has no {cls} calling maybe_create_verify_mask"

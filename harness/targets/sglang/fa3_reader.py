@@ -71,20 +71,21 @@ SURFACE = (
 def module():
     """SGLang's FlashAttention backend module, imported once with its CUDA-only extensions stubbed."""
     from harness.targets.sglang.backend_init import import_with_extensions_stubbed
+    from harness.targets.sglang.imports import sglang_module
     from harness.targets.sglang.loader import _quiet_import
     with _quiet_import():
-        try:
-            return import_with_extensions_stubbed(_MODULE)
-        except Exception as exc:  # any failure in its import chain: this reader cannot run here
-            raise ImportError(f"{_MODULE}: {type(exc).__name__}: {exc}") from None
+        # each failure as imports.decide says: not in this release, SGLang's own raise, or out of step
+        return sglang_module(_MODULE, import_with_extensions_stubbed)
 
 
 def not_driven() -> str | None:
-    """Why the FA3 reader cannot run here (None: it can)."""
+    """Why the FA3 reader cannot run here (None: it can). Only a release without the file is a reason;
+    a file that raises when imported is raised (a finding, or out of step), never "not driven"."""
+    from harness.targets.sglang.imports import NotInRelease
     try:
         mod = module()
-    except ImportError as exc:
-        return f"{FA3} does not import here ({exc})"
+    except NotInRelease as exc:
+        return f"{FA3} is not in this release ({exc})"
     return None if hasattr(mod, "FlashAttentionBackend") else f"{FA3} has no FlashAttentionBackend"
 
 

@@ -183,6 +183,7 @@ def _graph_wrapper(m, bs: int, kv_tokens: int, buffer: torch.Tensor, dev, heap: 
 
 def pack_mask(config: Config, batch: Batch, step_mask: torch.Tensor, buffer: torch.Tensor) -> PackedView:
     """FlashInfer's cuda-graph verify plan over ``step_mask``, packing into ``buffer``."""
+    probed()
     m = modules()
     dev, d, bs = buffer.device, config.d, batch.bs
     seq_lens = torch.tensor(batch.seq_lens, dtype=torch.long, device=dev)
@@ -223,22 +224,134 @@ def pack_mask(config: Config, batch: Batch, step_mask: torch.Tensor, buffer: tor
                       mask_regrown=hops.mask_regrown, raised=raised)
 
 
+#: The switch a server sets to plan EAGLE's verify on the host (and so pack its mask in SGLang's own
+#: code): the deployment packed-mask models. Set only while the capture runs, then put back.
+HOST_PLAN_SWITCH = "SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLAN"
+PACK_MODULE = "sglang.kernels.ops.speculative.pack_verify_mask"
+
+
+class _StandInWrapper:
+    """Stands for FlashInfer's cuda-graph prefill wrapper (not importable without CUDA): made by SGLang's
+    own wrapper factory, it keeps what it was made with; its ``begin_forward`` is FlashInfer's own
+    until SGLang's capture swaps it, which is what the probe looks for."""
+
+    made: list = []
+
+    def __init__(self, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+        type(self).made.append(self)
+
+    def begin_forward(self, *args, **kwargs):
+        """FlashInfer's own plan: the capture's first plan() goes through the updater stand-in instead."""
+
+
+def _capture_attributes(bs: int, dev) -> dict:
+    """What a FlashInfer backend's ``__init__`` and cuda-graph set-up give it, for a server with one paged
+    full-attention wrapper on the fa2 prefill backend and a bf16 KV cache (where SGLang plans on the host)."""
+    tokens = 64
+    return dict(
+        device=dev, num_wrappers=1, prefill_backend="fa2", dispatch_reason=None, use_sliding_window_kv_pool=False,
+        flashinfer_kv_cache_dtype=torch.bfloat16, workspace_buffer=torch.empty(8, dtype=torch.uint8, device=dev),
+        cuda_graph_custom_mask=torch.zeros(tokens * tokens, dtype=torch.uint8, device=dev),
+        cuda_graph_qk_indptr=[torch.zeros(bs + 1, dtype=torch.int32, device=dev)],
+        cuda_graph_qo_indptr=[torch.zeros(bs + 1, dtype=torch.int32, device=dev)],
+        kv_indptr=[torch.zeros(bs + 1, dtype=torch.int32, device=dev)],
+        cuda_graph_kv_indices=[torch.zeros(tokens, dtype=torch.int32, device=dev)],
+        kv_last_page_len=torch.ones(bs, dtype=torch.int32, device=dev),
+        prefill_cuda_graph_metadata={}, decode_cuda_graph_metadata={}, draft_extend_cuda_graph_metadata={},
+        full_cg_prefill_wrappers=None,
+        # the first plan() of a capture: FlashInfer's own, not the fast plan; it plans nothing here
+        indices_updater_prefill=SimpleNamespace(update=lambda *args, **kwargs: None))
+
+
+def _capture_installs_fast_plan(m, topk: int) -> bool:
+    """Whether SGLang's cuda-graph capture of an EAGLE TARGET_VERIFY batch (``topk``) swaps a prefill
+    wrapper's plan for ``fast_prefill_plan``, found by running the capture and looking at the wrappers."""
+    import os
+
+    from harness.targets.sglang.binding import bound
+    from harness.targets.sglang.seams import unset_by_harness
+    mod = m.flashinfer_backend
+    cls = mod.FlashInferAttnBackend
+    bs, d, dev = 2, 3, torch.device("cpu")
+    seq_lens = torch.tensor([4, 5], dtype=torch.long)
+    spec_info = m.eagle_info.EagleVerifyInput(
+        draft_token=None, custom_mask=torch.ones(int(seq_lens.sum()) * d + d * d * bs, dtype=torch.bool),
+        positions=None, retrieve_index=None, retrieve_next_token=None, retrieve_next_sibling=None,
+        retrieve_cum_len=None, spec_steps=2, topk=topk, draft_token_num=d,
+        capture_hidden_mode=m.forward_info.CaptureHiddenMode.FULL, seq_lens_sum=int(seq_lens.sum()),
+        seq_lens_cpu=seq_lens.clone())
+    batch = SimpleNamespace(
+        batch_size=bs, req_pool_indices=torch.arange(bs), seq_lens=seq_lens, seq_lens_cpu=seq_lens.clone(),
+        seq_lens_sum=int(seq_lens.sum()), encoder_lens=None, forward_mode=m.forward_info.ForwardMode.TARGET_VERIFY,
+        spec_info=spec_info, positions=torch.zeros(bs * d, dtype=torch.long), kv_loc_plan=None, out_cache_loc=None)
+    backend = cls.__new__(cls)
+    for attr, value in _capture_attributes(bs, dev).items():
+        object.__setattr__(backend, attr, value)
+    _StandInWrapper.made = []
+    saved = os.environ.get(HOST_PLAN_SWITCH)
+    os.environ[HOST_PLAN_SWITCH] = "true"
+    try:
+        with bound((mod, "BatchPrefillWithPagedKVCacheWrapper", _StandInWrapper, True)):
+            call_with(cls.init_forward_metadata_out_graph, "FlashInferAttnBackend.init_forward_metadata_out_graph",
+                      FLASHINFER, backend, batch, in_capture=True)
+    except AttributeError as exc:
+        unset_by_harness(exc, backend, cls, "FlashInferAttnBackend stand-in", FLASHINFER)
+        raise
+    finally:
+        if saved is None:
+            os.environ.pop(HOST_PLAN_SWITCH, None)
+        else:
+            os.environ[HOST_PLAN_SWITCH] = saved
+    made = _StandInWrapper.made
+    if not made:
+        raise OutOfStep("FlashInferAttnBackend.init_forward_metadata_out_graph", FLASHINFER,
+                        "its TARGET_VERIFY capture made no prefill wrapper through "
+                        "BatchPrefillWithPagedKVCacheWrapper, where vmfuzz looks for the plan it installs")
+    fast = mod.fast_prefill_plan
+    return any(getattr(w.begin_forward, "func", None) is fast or getattr(w.begin_forward, "__func__", None) is fast
+               for w in made)
+
+
+#: the probe's answer, or what it raised (re-raised inside packed-mask's check), once per process
+_PROBED: dict = {}
+
+
 def packing_not_driven() -> str | None:
-    """Why packed-mask cannot be driven on this SGLang (None: it can), read from its code.
+    """Why packed-mask cannot be driven on this SGLang (None: it can), found by running its code.
 
     SGLang packs an EAGLE verify mask itself only where its cuda-graph capture
-    installs ``fast_prefill_plan`` for EAGLE target-verify wrappers; elsewhere
-    the packing happens inside FlashInfer's own plan, which is not SGLang's code.
+    installs ``fast_prefill_plan`` on a TARGET_VERIFY wrapper; elsewhere the
+    packing happens inside FlashInfer's own plan, which is not SGLang's code.
+    So the capture is run (``_capture_installs_fast_plan``) and its wrappers are
+    looked at, wherever the code that swaps them now lives. A capture that
+    raises, or a module that does not load, is not a reason: it is left to
+    packed-mask's check, which meets it (``probed``) as a finding or out of step.
     """
-    import re
+    from harness.targets.sglang.imports import NotInRelease, sglang_module
     try:
-        text = inspect.getsource(modules().flashinfer_backend)
-    except (ImportError, OSError, TypeError) as exc:
-        return f"{FLASHINFER} cannot be read here ({type(exc).__name__}: {exc})"
-    # each place a wrapper gets the fast plan, with the condition (the `if` block) leading to it
-    for install in re.finditer(r"partial\(\s*fast_prefill_plan", text):
-        head = text.rfind("\n        if", 0, install.start())
-        if "EAGLE_VERIFY" in text[head:install.start()]:
+        sglang_module(PACK_MODULE)
+        m = modules()
+    except NotInRelease as exc:
+        return f"this SGLang packs no verify mask in its own code ({exc})"
+    except Exception:  # noqa: BLE001 - the check meets it again (imports are decided once)
+        return None
+    if not hasattr(m.flashinfer_backend, "fast_prefill_plan"):
+        return f"{FLASHINFER} has no fast_prefill_plan: its verify mask is packed inside FlashInfer's own plan"
+    if "installed" not in _PROBED and "raised" not in _PROBED:
+        try:
+            _PROBED["installed"] = any(_capture_installs_fast_plan(m, topk) for topk in (1, 2))
+        except Exception as exc:  # noqa: BLE001 - kept for the check, which raises it where it is judged
+            _PROBED["raised"] = exc
             return None
-    return (f"{FLASHINFER} installs fast_prefill_plan for no EAGLE target-verify wrapper: its verify mask is "
-            "packed inside FlashInfer's own plan, not SGLang's code")
+    if "raised" in _PROBED or _PROBED["installed"]:
+        return None
+    return (f"{FLASHINFER}'s cuda-graph capture installs fast_prefill_plan on no EAGLE target-verify wrapper: "
+            "its verify mask is packed inside FlashInfer's own plan, not SGLang's code")
+
+
+def probed() -> None:
+    """Raise what the capture probe raised, if it did: packed-mask then could not learn whether SGLang packs."""
+    raised = _PROBED.get("raised")
+    if raised is not None:
+        raise raised

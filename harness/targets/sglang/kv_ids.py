@@ -10,7 +10,6 @@ shows in what the reader reads or in the buffer's redzone.
 
 from __future__ import annotations
 
-import importlib
 
 import torch
 
@@ -41,8 +40,10 @@ class GathersKvSlots(TranslatesNothing):
 
     def pack_read_stream(self, *args, **kwargs):
         self.calls.append("pack_read_stream")
+        from harness.targets.sglang.imports import sglang_module
         try:
-            real = importlib.import_module("sglang." + TRANSLATOR.removesuffix(".py").replace("/", "."))
+            # a translator module that raises on import is decided there (a finding, or out of step)
+            real = sglang_module("sglang." + TRANSLATOR.removesuffix(".py").replace("/", "."))
             fn = real.KVIndexTranslator.pack_read_stream
         except (ImportError, AttributeError) as exc:
             raise OutOfStep("KVIndexTranslator.pack_read_stream", TRANSLATOR, f"not found ({exc})") from None

@@ -20,6 +20,8 @@ from types import SimpleNamespace
 
 import torch
 
+from harness.model.errors import OutOfStep
+
 #: Finding modules drives no verify-mask code by itself (see call_sites, writers, target).
 SURFACE: tuple = ()
 
@@ -47,11 +49,8 @@ class Sglang(SimpleNamespace):
         """
         if getattr(self, "_pp", None) is None:
             with _quiet_import():
-                try:
-                    module = importlib.import_module("sglang.srt.managers.scheduler_pp_mixin")
-                    relay = importlib.import_module("sglang.srt.speculative.pp_spec_relay")
-                except Exception as exc:
-                    raise RuntimeError(f"the pp call site cannot be imported here: {type(exc).__name__}: {exc}")
+                module = _call_site_module("sglang.srt.managers.scheduler_pp_mixin", "the pp call site")
+                relay = _call_site_module("sglang.srt.speculative.pp_spec_relay", "the pp call site")
             self._pp = SimpleNamespace(module=module, mixin=module.SchedulerPPMixin,
                                        relay=relay.PPSpecRelayInput)
         return self._pp
@@ -61,15 +60,22 @@ class Sglang(SimpleNamespace):
         scheduler and TP worker stacks, which a run that never draws it need not pay for)."""
         if getattr(self, "_frozen", None) is None:
             with _quiet_import():
-                try:
-                    module = importlib.import_module("sglang.srt.speculative.frozen_kv_mtp_worker_v2")
-                    info = importlib.import_module("sglang.srt.speculative.frozen_kv_mtp_info")
-                except Exception as exc:
-                    raise RuntimeError(f"the frozen-KV MTP call site cannot be imported here: "
-                                       f"{type(exc).__name__}: {exc}")
+                what = "the frozen-KV MTP call site"
+                module = _call_site_module("sglang.srt.speculative.frozen_kv_mtp_worker_v2", what)
+                info = _call_site_module("sglang.srt.speculative.frozen_kv_mtp_info", what)
             self._frozen = SimpleNamespace(module=module, worker=module.FrozenKVMTPDraftWorker,
                                            draft_input=info.FrozenKVMTPDraftInput)
         return self._frozen
+
+
+def _call_site_module(name: str, what: str):
+    """A call site's module (``imports.sglang_module``: SGLang's own raise is a finding, anything else
+    out of step); one this release lacks was never offered as a call site, so asking is out of step."""
+    from harness.targets.sglang.imports import NotInRelease, relative_file, sglang_module
+    try:
+        return sglang_module(name)
+    except NotInRelease as exc:
+        raise OutOfStep(what, relative_file(name), str(exc)) from None
 
 
 @contextlib.contextmanager
@@ -126,22 +132,29 @@ def import_sglang(kernel_choice: str) -> Sglang:
         "worker_v2": "sglang.srt.speculative.eagle_worker_v2",
         "forward_info": "sglang.srt.model_executor.forward_batch_info",
     }
+    from harness.targets.sglang.imports import NotInRelease, sglang_module
     mods = {}
     with _quiet_import():
+        try:
+            # The package itself not loading is no SGLang here (exit 2); what its modules raise is
+            # decided by where (imports.decide): SGLang's own code a finding, anything else out of step.
+            importlib.import_module("sglang")
+        except Exception as exc:  # noqa: BLE001 - one line: SGLang is not available here
+            raise ImportError(f"sglang: {type(exc).__name__}: {exc}") from None
         for key, name in names.items():
             try:
-                mods[key] = importlib.import_module(name)
-            except Exception as exc:  # any failure in SGLang's import chain means "not usable here"
-                raise ImportError(f"{name}: {type(exc).__name__}: {exc}") from None
+                mods[key] = sglang_module(name)
+            except NotInRelease as exc:  # not an SGLang with the modules this target drives
+                raise ImportError(str(exc)) from None
     try:
-        spec_tree = importlib.import_module("sglang.kernels.ops.speculative.spec_tree")
-    except Exception:
+        spec_tree = sglang_module("sglang.kernels.ops.speculative.spec_tree")
+    except NotInRelease:
         spec_tree = None
     try:
         # The chain writer (build_chain_tree) and its Triton kernel; absent
         # before SGLang grew the chain branch.
-        chain_mod = importlib.import_module("sglang.kernels.ops.speculative.eagle")
-    except Exception:
+        chain_mod = sglang_module("sglang.kernels.ops.speculative.eagle")
+    except NotInRelease:
         chain_mod = None
     sg = Sglang(**mods, spec_tree=spec_tree, chain_module=chain_mod)
     sg.build_chain_tree = getattr(chain_mod, "build_chain_tree", None)

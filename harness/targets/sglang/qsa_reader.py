@@ -28,7 +28,6 @@ compression, pending-ring slots: not the verify mask's meaning).
 from __future__ import annotations
 
 import functools
-import importlib
 from types import SimpleNamespace
 
 import torch
@@ -60,22 +59,22 @@ SURFACE = (
 @functools.lru_cache(maxsize=None)
 def module():
     """SGLang's QSA backend module (it imports without CUDA extensions)."""
+    from harness.targets.sglang.imports import sglang_module
     from harness.targets.sglang.loader import _quiet_import
     with _quiet_import():
-        try:
-            return importlib.import_module(_MODULE)
-        except Exception as exc:  # any failure in its import chain: this reader cannot run here
-            raise ImportError(f"{_MODULE}: {type(exc).__name__}: {exc}") from None
+        # each failure as imports.decide says: not in this release, SGLang's own raise, or out of step
+        return sglang_module(_MODULE)
 
 
 def not_driven(config: Config) -> str | None:
     """Why QSA's verify read is not driven for ``config`` (None: it is)."""
     if config.topk != 1:
         return "QSA verifies chains only (topk 1)"
+    from harness.targets.sglang.imports import NotInRelease
     try:
         mod = module()
-    except ImportError as exc:
-        return f"{QSA} does not import here ({exc})"
+    except NotInRelease as exc:  # only a missing file is a reason; a raising one is raised
+        return f"{QSA} is not in this release ({exc})"
     return None if hasattr(mod, "QwenSparseAttnBackend") else f"{QSA} has no QwenSparseAttnBackend"
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 from types import SimpleNamespace
 
 import torch
@@ -68,13 +67,10 @@ _MODULES = {
 @functools.lru_cache(maxsize=None)
 def modules() -> SimpleNamespace:
     """SGLang's reader modules, imported on first use (the core properties never need them)."""
-    found = {}
+    from harness.targets.sglang.imports import sglang_module
     with _quiet_import():
-        for key, name in _MODULES.items():
-            try:
-                found[key] = importlib.import_module(name)
-            except Exception as exc:  # any failure in SGLang's import chain: this reader cannot run here
-                raise ImportError(f"{name}: {type(exc).__name__}: {exc}") from None
+        # each failure as imports.decide says: not in this release, SGLang's own raise, or out of step
+        found = {key: sglang_module(name) for key, name in _MODULES.items()}
     return SimpleNamespace(**found)
 
 

@@ -135,8 +135,9 @@ class ChildBackend:
 
 
 def _class(router: str):
+    from harness.targets.sglang.imports import sglang_module
     module, name = _MODULES[router]
-    mod = importlib.import_module(module)
+    mod = sglang_module(module)  # its raise on import: a stage-import finding, or out of step (imports.decide)
     return mod, getattr(mod, name)
 
 
@@ -245,11 +246,13 @@ def _dflash_resolves(backend, kids: dict) -> tuple[str | None, bool | None]:
     from harness.model.errors import OutOfStep
     if find_spec(_DFLASH) is None:
         return None, None  # an SGLang without DFlash: nothing there to observe
+    from harness.targets.sglang.imports import sglang_module
     try:
-        dflash = importlib.import_module(_DFLASH)
-    except Exception as exc:  # present but not importable here: its policy goes unchecked
+        # SGLang's own raise is a finding (imports.decide); anything else is out of step, as here
+        dflash = sglang_module(_DFLASH, importlib.import_module)
+    except OutOfStep as exc:  # present but not importable here: its policy goes unchecked
         raise OutOfStep("resolve_dflash_verify_mask_policy", "srt/speculative/dflash_utils.py",
-                        f"DFlash's policy module does not import here ({type(exc).__name__}: {exc}), so "
+                        f"DFlash's policy module does not import here ({exc.why}), so "
                         "vmfuzz cannot check what it resolves each router to") from None
     resolve = getattr(dflash, "resolve_dflash_verify_mask_policy", None)
     if resolve is None:
