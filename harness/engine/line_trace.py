@@ -45,6 +45,8 @@ class _Recorder:
                                      check_preimported=False)
         self.cov.start()
         self.last_save = time.monotonic()
+        self.files = {os.path.realpath(f) for f in files}
+        _pause_in_other_kernels(self)
 
     def save(self) -> None:
         self.cov.save()
@@ -52,6 +54,36 @@ class _Recorder:
 
 
 _recorder: _Recorder | None = None
+
+
+def _pause_in_other_kernels(rec: _Recorder) -> None:
+    """Tracing pauses while Triton's interpreter runs a kernel from a file nobody changed.
+
+    On Python 3.11 any trace function makes the whole interpreter run its slow,
+    unspecialised path, and on a CPU host SGLang's kernels run in Triton's
+    interpreter: most of a gate's time, and none of it in the changed files unless
+    a kernel's own file changed. A kernel whose file is traced runs traced, so its
+    lines are measured; the host code around every launch always is.
+    """
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except Exception:  # noqa: BLE001 - no Triton (the reference target): nothing runs in it
+        return
+    original = getattr(InterpretedFunction.run, "_vmfuzz_original", InterpretedFunction.run)
+
+    def run(self, *args, **kwargs):
+        active = _recorder
+        code = getattr(getattr(self, "fn", None), "__code__", None)
+        if active is None or active.pid != os.getpid() or code is None \
+                or os.path.realpath(code.co_filename) in active.files:
+            return original(self, *args, **kwargs)
+        active.cov.stop()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            active.cov.start()
+    run._vmfuzz_original = original
+    InterpretedFunction.run = run
 
 
 def _active() -> _Recorder | None:
