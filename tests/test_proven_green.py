@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -288,3 +289,63 @@ def test_a_sub_check_no_case_judged_is_not_held_and_the_gate_cannot_check(tmp_pa
                "--report-dir", str(tmp_path / "gate"), env=env)
     assert g.returncode == 3, g.stdout + g.stderr
     assert "reader-agreement's sub-check kv_indices was not judged" in g.stderr
+
+
+# -- the recording itself ------------------------------------------------------------
+
+KERNEL = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_one(ptr, n: tl.constexpr):
+    i = tl.arange(0, n)
+    tl.store(ptr + i, tl.load(ptr + i) + 1)
+'''
+
+HOST = '''
+import torch
+import kern_a
+import kern_b
+
+
+def step():
+    x = torch.zeros(4, dtype=torch.int32)
+    kern_a.add_one[(1,)](x, 4)
+    after_a = int(x.sum())
+    kern_b.add_one[(1,)](x, 4)
+    return after_a + int(x.sum())
+'''
+
+DRIVE = '''
+import json, sys
+from pathlib import Path
+from harness.engine import line_trace
+here = Path(sys.argv[1])
+sys.path.insert(0, str(here))
+line_trace.start(here / "rec", [here / "host.py", here / "kern_b.py"])
+import host
+with line_trace.judging("no-oob-write"):
+    assert host.step() == 12
+line_trace.stop()
+print(json.dumps({Path(f).name: {n: sorted(c) for n, c in lines.items()}
+                  for f, lines in line_trace.merged(here / "rec").items()}))
+'''
+
+
+def test_lines_are_recorded_under_the_property_and_kernels_of_unchanged_files_run_untraced(tmp_path):
+    pytest.importorskip("triton")
+    (tmp_path / "kern_a.py").write_text(KERNEL)
+    (tmp_path / "kern_b.py").write_text(KERNEL)
+    (tmp_path / "host.py").write_text(HOST)
+    (tmp_path / "drive.py").write_text(DRIVE)
+    r = subprocess.run([sys.executable, str(tmp_path / "drive.py"), str(tmp_path)], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ran = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(ran) == {"host.py", "kern_b.py"}  # kern_a.py is traced by nobody
+    # the host frame is still measured after an untraced kernel's launch returns (lines 8-12)
+    assert sorted(map(int, ran["host.py"])) == [8, 9, 10, 11, 12]
+    assert all(ctx == ["no-oob-write"] for ctx in ran["host.py"].values())
+    assert {8, 9} <= set(map(int, ran["kern_b.py"]))  # a changed kernel's own body is measured

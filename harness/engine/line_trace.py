@@ -77,11 +77,16 @@ def _pause_in_other_kernels(rec: _Recorder) -> None:
         if active is None or active.pid != os.getpid() or code is None \
                 or os.path.realpath(code.co_filename) in active.files:
             return original(self, *args, **kwargs)
-        active.cov.stop()
+        # The collector's own pause keeps its tracer, so the frames that launched the kernel go on
+        # being measured after it (a stop and start would hand them to a new, blind tracer).
+        collector = getattr(active.cov, "_collector", None)
+        if collector is None or not hasattr(collector, "pause") or not hasattr(collector, "resume"):
+            return original(self, *args, **kwargs)
+        collector.pause()
         try:
             return original(self, *args, **kwargs)
         finally:
-            active.cov.start()
+            collector.resume()
     run._vmfuzz_original = original
     InterpretedFunction.run = run
 
