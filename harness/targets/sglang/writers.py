@@ -26,11 +26,14 @@ from harness.targets.sglang.seams import Sentinel, bind, by_quantity, default_of
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
 _TREE = ("no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse",
          "trivial-path", "chain-writer")  # trivial-path: the pp rebuild's one-node tree
+_CHAIN = ("chain-writer", "no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse")
 SURFACE = (
     ("srt/speculative/eagle_utils.py", "build_tree_kernel_efficient", _TREE),
     ("kernels/ops/speculative/spec_tree.py", "sgl_build_tree_kernel_triton", _TREE),
-    ("kernels/ops/speculative/eagle.py", "build_chain_tree",
-     ("chain-writer", "no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse")),
+    # the kernels themselves: their bodies run in Triton's interpreter, so the gate measures their lines
+    ("kernels/ops/speculative/spec_tree.py", "sgl_build_tree_kernel_efficient_triton", _TREE),
+    ("kernels/ops/speculative/eagle.py", "build_chain_tree", _CHAIN),
+    ("kernels/ops/speculative/eagle.py", "_build_chain_tree_kernel", _CHAIN),
 )
 
 #: (sglang-relative path, what, why not driven): the writers' neighbours no property reaches.
