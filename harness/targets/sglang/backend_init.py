@@ -116,6 +116,7 @@ def model_runner(n: ServerNumbers, device="meta", page_size: int = 1,
     return SimpleNamespace(
         server_args=args, model_config=model_config, req_to_token_pool=pool, token_to_kv_pool=kv_pool,
         token_to_kv_pool_allocator=None, sliding_window_size=sliding_window_size, page_size=args.page_size,
+        attention_chunk_size=None,  # no chunked local attention (model_config.is_local_attention_model)
         kv_index_translator=TranslatesNothing(), is_draft_worker=False, spec_algorithm=None,
         # a single-GPU server's parallel sizes where older releases read them off the runner
         # (0.5.21: attn_cp_size; 0.5.17-0.5.20: a ``ps`` bag), as get_parallel answers today
