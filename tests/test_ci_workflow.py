@@ -245,3 +245,43 @@ def test_the_header_states_the_measured_per_pr_cost_and_labels_the_estimate():
     header = WORKFLOW.read_text().split("\nname:")[0]
     assert re.search(r"took \d+(\.\d)? s wall", header) and "measured" in header.lower()
     assert "ESTIMATE" in header and "cache hit" in header
+
+
+def test_the_release_matrix_runs_nightly_on_every_pinned_release_read_only(tmp_path):
+    """release-list's own shell, run over this checkout as .vmfuzz, lists every scripts/sglang-pins/V.txt;
+    release-matrix runs scripts/release_matrix.sh on each of them, one leg each, on the schedule only."""
+    import json
+    jobs = workflow()["jobs"]
+    listing, matrix = jobs["release-list"], jobs["release-matrix"]
+    for job in (listing, matrix):
+        assert job["if"] == "github.event_name == 'schedule'" and job["permissions"] == {"contents": "read"}
+    [step] = [st for st in listing["steps"] if st.get("id") == "list"]
+    (tmp_path / ".vmfuzz").symlink_to(ROOT)
+    out = tmp_path / "github_output"
+    r = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=tmp_path, capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "GITHUB_OUTPUT": str(out)}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    key, _, value = out.read_text().strip().partition("=")
+    pinned = sorted((p.stem for p in (ROOT / "scripts" / "sglang-pins").glob("[0-9]*.txt")),
+                    key=lambda v: tuple(int(x) for x in v.split(".")))
+    assert key == "releases" and json.loads(value) == pinned and len(pinned) >= 7
+    assert listing["outputs"]["releases"] == "${{ steps.list.outputs.releases }}"
+    assert matrix["needs"] == "release-list" and matrix["strategy"]["fail-fast"] is False
+    assert matrix["strategy"]["matrix"]["release"] == "${{ fromJSON(needs.release-list.outputs.releases) }}"
+    [leg] = [st for st in matrix["steps"] if "release_matrix.sh" in st.get("run", "")]
+    assert leg["env"]["RELEASE"] == "${{ matrix.release }}" and '"$RELEASE"' in leg["run"]
+
+
+@pytest.mark.parametrize("code", [0, 1, 2])
+def test_a_release_below_the_bar_makes_its_leg_red(tmp_path, code):
+    """The leg's own shell with release_matrix.sh answering ``code``: red unless it exits 0."""
+    [step] = [st for st in workflow()["jobs"]["release-matrix"]["steps"] if "release_matrix.sh" in st.get("run", "")]
+    script = tmp_path / ".vmfuzz" / "scripts" / "release_matrix.sh"
+    script.parent.mkdir(parents=True)
+    script.write_text(f"echo \"$@\" > \"$GITHUB_WORKSPACE/args\"\nexit {code}\n")
+    env = {"PATH": "/usr/bin:/bin", "RUNNER_TEMP": str(tmp_path / "tmp"), "GITHUB_WORKSPACE": str(tmp_path),
+           "RELEASE": "0.5.17"}
+    r = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=tmp_path, capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert r.returncode == code, (r.stdout, r.stderr)
+    assert (tmp_path / "args").read_text().split()[-1] == "0.5.17"

@@ -46,6 +46,12 @@ _LOOKUPS = ("get_spec", "get_exec", "get_parallel", "get_schedule", "get_model",
             "get_platform", "get_buffer")
 
 
+#: A single-GPU server's parallelism options, under ServerArgs' names: read off ``server_args`` by some
+#: releases (0.5.17's FA3 ``__init__``: whether to precompute the scheduler metadata) and answered by
+#: ``get_parallel`` in others, the same values either way.
+SINGLE_GPU = {"enable_prefill_cp": False, "enable_dp_attention": False}
+
+
 def server_args(n: ServerNumbers, page_size: int = 1) -> SimpleNamespace:
     """The arguments a server started with ``n`` (and KV pages of ``page_size`` tokens) has, under
     ServerArgs' own names."""
@@ -56,7 +62,7 @@ def server_args(n: ServerNumbers, page_size: int = 1) -> SimpleNamespace:
         triton_attention_num_kv_splits=8, triton_attention_split_tile_size=None, enable_lean_attention=None,
         enable_deterministic_inference=False, chunked_prefill_size=8192, disable_chunked_prefix_cache=False,
         flashinfer_mla_disable_ragged=False, disable_radix_cache=False, is_embedding=False,
-        disaggregation_mode="null", enable_two_batch_overlap=False)
+        disaggregation_mode="null", enable_two_batch_overlap=False, **SINGLE_GPU)
 
 
 def _context(args: SimpleNamespace) -> dict[str, object]:
@@ -73,8 +79,8 @@ def _context(args: SimpleNamespace) -> dict[str, object]:
         overlap=SimpleNamespace(enable_two_batch_overlap=args.enable_two_batch_overlap),
         deterministic=SimpleNamespace(enable_deterministic_inference=args.enable_deterministic_inference))
     parallel = SimpleNamespace(attn_dcp_size=1, attn_dcp_rank=0, attn_tp_size=1, attn_cp_size=1, dcp_enabled=False,
-                               dcp_size=1, dcp_rank=0, enable_prefill_cp=False, attn_dp_enabled=False,
-                               enable_dp_attention=False)
+                               dcp_size=1, dcp_rank=0, attn_dp_enabled=False,
+                               **{k: getattr(args, k) for k in SINGLE_GPU})
     schedule = SimpleNamespace(chunked_prefill_size=args.chunked_prefill_size, page_size=args.page_size,
                                disable_chunked_prefix_cache=args.disable_chunked_prefix_cache)
     answers = {"get_spec": spec, "get_exec": exec_, "get_parallel": parallel, "get_schedule": schedule,
@@ -110,6 +116,7 @@ def model_runner(n: ServerNumbers, device="meta", page_size: int = 1,
     return SimpleNamespace(
         server_args=args, model_config=model_config, req_to_token_pool=pool, token_to_kv_pool=kv_pool,
         token_to_kv_pool_allocator=None, sliding_window_size=sliding_window_size, page_size=args.page_size,
+        attention_chunk_size=None,  # no chunked local attention (model_config.is_local_attention_model)
         kv_index_translator=TranslatesNothing(), is_draft_worker=False, spec_algorithm=None,
         # a single-GPU server's parallel sizes where older releases read them off the runner
         # (0.5.21: attn_cp_size; 0.5.17-0.5.20: a ``ps`` bag), as get_parallel answers today

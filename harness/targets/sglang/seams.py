@@ -219,12 +219,25 @@ class _Nothing:
 
 
 class _NoKvView:
-    """A KV-id view with no fields: each one read is None."""
+    """A KV-id view with no fields: each one read is ``_NoKvField``."""
 
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
-        return None
+        return _NoKvField()
+
+
+class _NoKvField:
+    """A field of the KV-id view, or a method of it: false as a flag, and, called (0.5.19's
+    ``sliding_window_read_ids()`` before a window's gather), an empty table of ids, a tensor to hand
+    the KV gather vmfuzz stands in for, which reads none of it."""
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __call__(self, *args, **kwargs):
+        import torch
+        return torch.empty((0, 0), dtype=torch.int32)
 
 
 def unset_by_harness(exc: AttributeError, standin, cls, seam: str, file: str) -> None:
