@@ -349,3 +349,18 @@ def test_lines_are_recorded_under_the_property_and_kernels_of_unchanged_files_ru
     assert sorted(map(int, ran["host.py"])) == [8, 9, 10, 11, 12]
     assert all(ctx == ["no-oob-write"] for ctx in ran["host.py"].values())
     assert {8, 9} <= set(map(int, ran["kern_b.py"]))  # a changed kernel's own body is measured
+
+
+def test_a_process_that_cannot_record_says_so_and_its_check_still_runs(tmp_path, monkeypatch):
+    """coverage missing in a worker is the harness's own failure: never the check's raise (a finding on
+    SGLang), and the gate reads it as could not check."""
+    from harness.engine import line_trace
+    monkeypatch.setitem(sys.modules, "coverage", None)  # import coverage -> ImportError
+    monkeypatch.setattr(line_trace, "_recorder", None)
+    line_trace.start(tmp_path / "rec", [tmp_path / "x.py"])
+    try:
+        with line_trace.judging("no-oob-write"):
+            ran = True
+    finally:
+        line_trace.stop()
+    assert ran and line_trace.failures(tmp_path / "rec")[0].startswith(("ImportError", "ModuleNotFoundError"))

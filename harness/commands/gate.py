@@ -110,6 +110,11 @@ def _start_tracing(hits: list[str], checkout) -> _Tracing:
             continue
         files[path] = real.resolve()
         lines[path] = changed_lines(checkout, path) if checkout is not None else None
+    try:
+        import coverage  # noqa: F401 - the measurement's tool: without it no line can be shown to run
+    except ImportError:
+        raise UsageError("vmfuzz gate: coverage (coverage.py) is not installed, so the gate cannot measure "
+                         "which changed lines ran; reinstall vmfuzz (bash scripts/bootstrap.sh)") from None
     folder = Path(tempfile.mkdtemp(prefix="vmfuzz-lines-"))
     # Both spellings: a module imported through a symlinked folder runs under the link's name.
     names = {str(package / sglang_relative(p)) for p in files} | {str(f) for f in files.values()}
@@ -131,6 +136,9 @@ def _measured_lines(target, tracing: _Tracing) -> dict:
     from harness.engine.diff_coverage import measure, read_text, untraced
     from harness.engine.surface import loaded_package, sglang_rows
     line_trace.flush()
+    broken = line_trace.failures(tracing.folder)
+    if broken:
+        raise OSError(f"a worker could not record its lines ({broken[0]})")
     ran = line_trace.merged(tracing.folder)
     rows = sglang_rows(target, loaded_package())
     out = {}

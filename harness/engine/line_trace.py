@@ -103,8 +103,26 @@ def _active() -> _Recorder | None:
             _recorder.cov.stop()
         _recorder = None
     if _recorder is None:
-        _recorder = _Recorder(folder, files.split(os.pathsep))
+        try:
+            _recorder = _Recorder(folder, files.split(os.pathsep))
+        except Exception as exc:  # noqa: BLE001 - the harness's own tool, never the code under test's
+            # Nothing is recorded from here on, so every changed line reads as never run: the gate
+            # says it could not check. The check itself goes on; its verdict is SGLang's.
+            os.environ.pop(DIR_ENV, None)
+            os.environ.pop(FILES_ENV, None)
+            _write_failure(folder, exc)
+            return None
     return _recorder
+
+
+def _write_failure(folder: str, exc: Exception) -> None:
+    with contextlib.suppress(OSError):
+        Path(folder, f"failed.{os.getpid()}").write_text(f"{type(exc).__name__}: {exc}")
+
+
+def failures(folder: Path) -> list[str]:
+    """Why a process could not record (coverage missing, an unwritable folder), one line each."""
+    return sorted({p.read_text() for p in folder.glob("failed.*")})
 
 
 @contextlib.contextmanager
