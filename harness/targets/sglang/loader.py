@@ -155,12 +155,14 @@ def import_sglang(kernel_choice: str) -> Sglang:
             raise ImportError(f"{owner.__name__} has no {attr} (not an SGLang with a preallocated verify mask)")
     sg.VerifyMask = vm.VerifyMask
     sg.Mode = getattr(vm, "TreeMaskMode", None) or eu.TreeMaskMode
-    sg.fields = set(sg.VerifyMask.__struct_fields__)
+    # By field names only: whether SGLang declares the struct with msgspec, dataclasses or a plain
+    # class is its choice (seams.replaced copies it through whichever it is).
+    sg.fields = set(fields_of(sg.VerifyMask, "VerifyMask", "srt/layers/attention/verify_mask.py"))
     sg.fits = sg.VerifyMask.fits
     sg.fits_takes_d, sg.fits_problem = _fits_shape(sg.fits)
     sg.numel = vm.tree_mask_numel
     sg.maybe_create = vm.maybe_create_verify_mask
-    sg.entry = _kernel_entry(eu)
+    sg.entry, sg.entry_fn = _kernel_entry(eu)
     # The call site calls the wrapper through its own module global when it
     # imported it by name, else through eagle_utils.
     sg.wrapper_owner = sg.call_site if hasattr(sg.call_site, "build_tree_kernel_efficient") else eu
@@ -184,6 +186,11 @@ def import_sglang(kernel_choice: str) -> Sglang:
         + ("kernels/ops/speculative/spec_tree.py" if spec_tree else "srt/speculative/eagle_utils.py")
         + " for vmfuzz to launch")
     return sg
+
+
+def fields_of(cls, seam, file):
+    from harness.targets.sglang.seams import fields_of as of
+    return of(cls, seam, file)
 
 
 def _fits_shape(fits) -> tuple[bool, str | None]:
@@ -216,26 +223,38 @@ def _chain_launch(module, chain) -> str | None:
     return None
 
 
-def _kernel_entry(eu) -> str | None:
-    """The global through which ``build_tree_kernel_efficient`` hands over to the kernel.
+def _kernel_entry(eu) -> tuple[str | None, object]:
+    """(name, function) through which ``build_tree_kernel_efficient`` hands over to the kernel.
 
-    Read from the wrapper's own code (the globals it names), so a renamed or
-    re-exported entry is still found: a known name, or a callable whose
-    signature names the kernel's output buffers.
+    Found by following the calls the wrapper's code makes (``seams.follow_calls``),
+    so an entry reached through a helper of its module, or renamed on import, is
+    still found: a known name, or a function whose signature names the kernel's
+    output buffers. The function is None where this host never defines the
+    entry an older wrapper names (its CUDA import failed).
     """
-    wrapper = inspect.unwrap(eu.build_tree_kernel_efficient)
-    names = getattr(getattr(wrapper, "__code__", None), "co_names", ())
-    for name in names:
-        if name in KERNEL_ENTRIES and (name == "sgl_build_tree_kernel_efficient" or hasattr(eu, name)):
-            return name
-    for name in names:
-        value = getattr(eu, name, None)
+    from harness.targets.sglang.seams import follow_calls
+
+    def known(name, value):
+        return name in KERNEL_ENTRIES and (name == "sgl_build_tree_kernel_efficient" or value is not None
+                                           or hasattr(eu, name))
+
+    def writes_the_tree(name, value):
         if not inspect.isfunction(value):
-            continue
-        params = set(inspect.signature(value).parameters)
-        if {"tree_mask", "positions", "retrieve_next_sibling"} <= params:
-            return name
-    return None
+            return False
+        try:
+            params = set(inspect.signature(value).parameters)
+        except (TypeError, ValueError):
+            return False
+        return {"tree_mask", "positions", "retrieve_next_sibling"} <= params
+
+    wrapper = eu.build_tree_kernel_efficient
+    found = follow_calls(wrapper, known) or follow_calls(wrapper, writes_the_tree)
+    if found is None:
+        return None, None
+    name, value, _ = found
+    if value is None:
+        value = getattr(eu, name, None)
+    return name, value
 
 
 def sg_version() -> str:

@@ -149,18 +149,244 @@ def with_quantity(bound: inspect.BoundArguments, quantity: str, value, synonyms:
     return bound
 
 
-def call_with(fn, seam: str, file: str, /, *args, **named):
-    """Call ``fn`` with ``args`` and those of ``named`` its signature takes; a required
-    parameter ``named`` lacks is out of step (found before the call, never inside it)."""
-    params = signature(fn, seam, file).parameters
-    takes_any = any(p.kind == p.VAR_KEYWORD for p in params.values())
-    kwargs = {k: v for k, v in named.items() if k in params or takes_any}
+def _aliases() -> dict[str, set[str]]:
+    """Each parameter name SGLang has used -> every name it has used for that same quantity."""
+    out: dict[str, set[str]] = {}
+    for table in (SYNONYMS, ALLOCATOR_SYNONYMS):
+        for names in table.values():
+            for name in names:
+                out.setdefault(name, {name}).update(names)
+    return out
+
+
+_ALIASES = _aliases()
+
+
+def _given_as(param: str, given: dict) -> str | None:
+    if param in given:
+        return param
+    for name in _ALIASES.get(param, ()):
+        if name in given:
+            return name
+    return None
+
+
+def call_with(fn, seam: str, file: str, /, *receiver, **named):
+    """Call ``fn`` (a function or a class) handing each of ``named`` to the parameter its own
+    signature names for it (a release's other name for the same quantity counts too).
+
+    Values go in as keywords whatever SGLang's parameter kind, so a ``*`` added to
+    a signature changes nothing; only a positional-only parameter is filled by
+    position. ``receiver`` is for ``self`` of a function read off a class, the one
+    argument a method is always handed first. Values ``fn`` takes no parameter for
+    are left out, unless it takes ``**kwargs``. A required parameter vmfuzz has no
+    value for is out of step, named with its file, found before the call: a
+    harness call that does not bind is never the target's raise.
+    """
+    sig = signature(fn, seam, file)
+    given = dict(named)
+    args, kwargs = list(receiver), {}
+    positional_open = True
+    for i, param in enumerate(sig.parameters.values()):
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        if i < len(receiver):
+            if param.kind is param.KEYWORD_ONLY:
+                raise OutOfStep(seam, file, f"{_name(fn)}{sig} takes {param.name} by keyword only, where vmfuzz "
+                                "hands it the receiver")
+            continue
+        key = _given_as(param.name, given)
+        if key is None:
+            if param.default is param.empty:
+                raise OutOfStep(seam, file, f"{_name(fn)}{sig} requires {param.name}, which vmfuzz cannot "
+                                "supply")
+            positional_open = positional_open and param.kind is not param.POSITIONAL_ONLY
+            continue
+        value = given.pop(key)
+        if param.kind is param.POSITIONAL_ONLY:
+            if not positional_open:
+                raise OutOfStep(seam, file, f"{_name(fn)}{sig} takes {param.name} by position after a "
+                                "positional-only parameter vmfuzz leaves at its default")
+            args.append(value)
+        else:
+            kwargs[param.name] = value
+    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        kwargs.update(given)
     try:
-        inspect.signature(fn).bind(*args, **kwargs)
+        sig.bind(*args, **kwargs)
     except TypeError as exc:
-        raise OutOfStep(seam, file, f"{getattr(fn, '__qualname__', fn)}{_sig(fn)} does not take what vmfuzz "
-                        f"passes: {exc}") from None
+        raise OutOfStep(seam, file, f"{_name(fn)}{sig} does not take what vmfuzz passes: {exc}") from None
     return fn(*args, **kwargs)
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
+
+
+# -- structs by their fields --------------------------------------------------------------
+
+def fields_of(cls, seam: str, file: str) -> tuple[str, ...]:
+    """The field names of ``cls``, however it declares them (msgspec, dataclass, attrs, a named
+    tuple, or a plain class's constructor parameters)."""
+    import dataclasses
+    for attr in ("__struct_fields__", "_fields"):
+        names = getattr(cls, attr, None)
+        if isinstance(names, tuple):
+            return names
+    if dataclasses.is_dataclass(cls):
+        return tuple(f.name for f in dataclasses.fields(cls))
+    attrs = getattr(cls, "__attrs_attrs__", None)
+    if attrs is not None:
+        return tuple(a.name for a in attrs)
+    params = signature(cls, seam, file).parameters.values()
+    return tuple(p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+
+
+def replaced(obj, seam: str, file: str, **changes):
+    """A copy of ``obj`` with ``changes``, made the way its type makes copies.
+
+    SGLang chooses its struct's library; vmfuzz relies on its field names only.
+    A type none of these can copy, or a copy that does not hold what was put in,
+    is out of step: the harness could not build the input it meant to.
+    """
+    import dataclasses
+    cls = type(obj)
+    if hasattr(cls, "__struct_fields__"):
+        import msgspec
+        out = msgspec.structs.replace(obj, **changes)
+    elif dataclasses.is_dataclass(cls):
+        try:
+            out = dataclasses.replace(obj, **changes)
+        except (TypeError, ValueError) as exc:
+            raise OutOfStep(seam, file, f"{cls.__name__} cannot be copied with {', '.join(changes)} changed: "
+                            f"{exc}") from None
+    elif hasattr(cls, "__attrs_attrs__"):
+        import attrs
+        out = attrs.evolve(obj, **changes)
+    elif hasattr(obj, "_replace") and hasattr(cls, "_fields"):
+        out = obj._replace(**changes)
+    else:
+        values = {}
+        for name in fields_of(cls, seam, file):
+            if name in changes:
+                values[name] = changes[name]
+            elif hasattr(obj, name):
+                values[name] = getattr(obj, name)
+        out = call_with(cls, seam, file, **values)
+    for name, value in changes.items():
+        if getattr(out, name, None) is not value:
+            raise OutOfStep(seam, file, f"a copy of {cls.__name__} made by its own constructor does not hold "
+                            f"the {name} vmfuzz gave it")
+    return out
+
+
+# -- a name patched wherever it is visible ------------------------------------------------
+
+_HOLDERS: dict = {}
+
+
+def holders(obj, prefix: str = "sglang") -> list[tuple]:
+    """(module, global name) for every loaded ``prefix`` module holding ``obj`` itself: where it is
+    defined and wherever it was imported, under any name. A patch at one of them only would leave
+    code that reaches it through another unpatched."""
+    import sys
+    key = (id(obj), len(sys.modules))
+    hit = _HOLDERS.get(key)
+    if hit is not None and hit[0] is obj:
+        return hit[1]
+    out = []
+    for mod_name, mod in list(sys.modules.items()):
+        if mod is None or not (mod_name == prefix or mod_name.startswith(prefix + ".")):
+            continue
+        try:
+            items = list(vars(mod).items())
+        except TypeError:
+            continue
+        out.extend((mod, name) for name, value in items if value is obj)
+    if len(_HOLDERS) > 64:
+        _HOLDERS.clear()
+    _HOLDERS[key] = (obj, out)
+    return out
+
+
+def patches_everywhere(obj, value, *also: tuple) -> list[tuple]:
+    """(owner, name, value) binding ``value`` in every place ``obj`` is held (``holders``), and at
+    ``also``'s (owner, name[, may_add]) where it is not held yet."""
+    out, seen = [], set()
+    for owner, name in holders(obj) if obj is not None else []:
+        out.append((owner, name, value))
+        seen.add((id(owner), name))
+    for owner, name, *may_add in also:
+        if (id(owner), name) not in seen:
+            out.append((owner, name, value, *may_add))
+            seen.add((id(owner), name))
+    return out
+
+
+def lookup_patches(modules, answers: dict) -> list[tuple]:
+    """Stand-ins for server-wide lookups (name -> answer) that code in ``modules`` makes, bound in
+    every module holding the real function: whether the code imported it by name or reaches
+    it through the module that defines it (``runtime_context.get_spec()``)."""
+    import types
+    out: list[tuple] = []
+    seen: set = set()
+    for name, answer in answers.items():
+        reals = []
+        for mod in modules:
+            candidates = [getattr(mod, name, None)] + [getattr(v, name, None) for v in vars(mod).values()
+                                                        if isinstance(v, types.ModuleType)]
+            reals.extend(c for c in candidates if callable(c) and all(c is not r for r in reals))
+        for real in reals:
+            for owner, attr, value in patches_everywhere(real, answer):
+                if (id(owner), attr) not in seen:
+                    seen.add((id(owner), attr))
+                    out.append((owner, attr, value))
+    return out
+
+
+def raised_in(exc: BaseException, fn) -> bool:
+    """Whether ``exc`` was raised from inside ``fn``'s own code (or code it called)."""
+    code = getattr(inspect.unwrap(fn), "__code__", None) if fn is not None else None
+    tb = exc.__traceback__
+    while tb is not None and code is not None:
+        if tb.tb_frame.f_code is code:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def follow_calls(fn, match, depth: int = 3, prefix: str = "sglang."):
+    """The first (name, value, globals' module name) ``match(name, value)`` accepts among the globals
+    ``fn``'s code names, then those of the ``prefix`` functions it calls, breadth first, ``depth``
+    calls deep: a launch moved into a helper is still found where it now is."""
+    import types
+    queue, seen = [(inspect.unwrap(fn), 0)], set()
+    while queue:
+        func, level = queue.pop(0)
+        code = getattr(func, "__code__", None)
+        if code is None or id(code) in seen:
+            continue
+        seen.add(id(code))
+        glb = getattr(func, "__globals__", {})
+        names = _code_names(code)
+        for name in names:
+            if match(name, glb.get(name)):
+                return name, glb.get(name), glb.get("__name__")
+        if level >= depth:
+            continue
+        for name in names:
+            value = glb.get(name)
+            if isinstance(value, types.FunctionType) and (value.__module__ or "").startswith(prefix):
+                queue.append((value, level + 1))
+    return None
+
+
+def _code_names(code) -> list[str]:
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            names.extend(n for n in _code_names(const) if n not in names)
+    return names
 
 
 class Sentinel:
