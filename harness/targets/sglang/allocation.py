@@ -29,8 +29,8 @@ from harness.model.allocation import (ALLOCATING_BACKENDS, TRITON_INDPTRS, TRITO
 from harness.model.errors import OutOfStep
 from harness.targets.sglang import backend_init
 from harness.targets.sglang.binding import bound
-from harness.targets.sglang.seams import (ALLOCATOR_SYNONYMS, TranslatesNothing, quantities_of_call, unset_by_harness,
-                                          with_quantity)
+from harness.targets.sglang.seams import (ALLOCATOR_SYNONYMS, TranslatesNothing, call_method, quantities_of_call,
+                                          unset_by_harness, with_quantity)
 
 _ATTN = "srt/layers/attention/"
 
@@ -165,7 +165,8 @@ def allocation_call(target, name: str, numbers: ServerNumbers) -> AllocationCall
                *backend_init.cuda_only(name, mod)]
     with bound(*patches):
         try:
-            backend.init_cuda_graph_state(numbers.max_bs, numbers.max_bs * numbers.num_draft_tokens)
+            call_method(backend, "init_cuda_graph_state", max_bs=numbers.max_bs,
+                        max_num_tokens=numbers.max_bs * numbers.num_draft_tokens)
         except _Allocated:
             pass
         except AttributeError as exc:

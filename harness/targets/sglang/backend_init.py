@@ -33,7 +33,7 @@ import torch
 from harness.model.allocation import ServerNumbers
 from harness.model.errors import OutOfStep
 from harness.targets.sglang.binding import bound
-from harness.targets.sglang.seams import TranslatesNothing, lookup_patches, where
+from harness.targets.sglang.seams import TranslatesNothing, call_with, lookup_patches, where
 
 #: Model-family probes the constructor asks of the model config; the stand-in
 #: model is a plain dense one, so each answers "not this family". Releases
@@ -231,7 +231,7 @@ def built_by_init(mod, cls, n: ServerNumbers, device="meta", name: str | None = 
             stack.enter_context(enter())
         stack.enter_context(bound(*lookups_bound(mod, cls, n), *cuda_only(name or "", mod)))
         try:
-            return cls(runner)
+            return call_with(cls, f"{cls.__name__}.__init__", where(cls), model_runner=runner)
         except AttributeError as exc:
             if getattr(exc, "obj", 0) is None or isinstance(getattr(exc, "obj", None), SimpleNamespace):
                 raise OutOfStep(f"{cls.__name__}.__init__", where(cls),

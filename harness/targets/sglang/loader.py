@@ -145,8 +145,7 @@ def import_sglang(kernel_choice: str) -> Sglang:
         chain_mod = None
     sg = Sglang(**mods, spec_tree=spec_tree, chain_module=chain_mod)
     sg.build_chain_tree = getattr(chain_mod, "build_chain_tree", None)
-    sg.chain_launch_name = _chain_launch(chain_mod, sg.build_chain_tree)
-    sg.chain_launch = getattr(chain_mod, sg.chain_launch_name, None) if sg.chain_launch_name else None
+    sg.chain_launch_name, sg.chain_launch = _chain_launch(sg.build_chain_tree)
     vm, eu = sg.verify_mask, sg.eagle_utils
     for owner, attr in ((vm, "VerifyMask"), (vm, "maybe_create_verify_mask"), (vm, "tree_mask_numel"),
                         (eu, "build_tree_kernel_efficient"), (sg.call_site, "build_eagle_verify_input"),
@@ -212,15 +211,17 @@ def _fits_shape(fits) -> tuple[bool, str | None]:
                      if unknown else None)
 
 
-def _chain_launch(module, chain) -> str | None:
-    """The Triton kernel ``build_chain_tree`` launches, found among the globals its code names
-    (a renamed kernel is still found): a ``kernel[grid](...)`` JIT function of its module."""
-    names = getattr(getattr(inspect.unwrap(chain), "__code__", None), "co_names", ()) if chain else ()
-    for name in names:
-        value = getattr(module, name, None)
-        if callable(getattr(value, "__getitem__", None)) and inspect.isfunction(getattr(value, "fn", None)):
-            return name
-    return None
+def _chain_launch(chain) -> tuple[str | None, object]:
+    """(name, kernel): the Triton kernel ``build_chain_tree`` launches, found by following the calls
+    its code makes (a renamed kernel, or a launch moved into a helper, is still found): a
+    ``kernel[grid](...)`` JIT function."""
+    from harness.targets.sglang.seams import follow_calls
+
+    def launches(name, value):
+        return callable(getattr(value, "__getitem__", None)) and inspect.isfunction(getattr(value, "fn", None))
+
+    found = follow_calls(chain, launches) if chain else None
+    return (found[0], found[1]) if found else (None, None)
 
 
 def _kernel_entry(eu) -> tuple[str | None, object]:

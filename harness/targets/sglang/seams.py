@@ -149,10 +149,16 @@ def with_quantity(bound: inspect.BoundArguments, quantity: str, value, synonyms:
     return bound
 
 
+#: what the harness hands SGLang's constructors -> the parameter names its classes give it
+CONSTRUCTOR_SYNONYMS: dict[str, tuple[str, ...]] = {
+    "model_runner": ("model_runner", "runner"),
+}
+
+
 def _aliases() -> dict[str, set[str]]:
     """Each parameter name SGLang has used -> every name it has used for that same quantity."""
     out: dict[str, set[str]] = {}
-    for table in (SYNONYMS, ALLOCATOR_SYNONYMS):
+    for table in (SYNONYMS, ALLOCATOR_SYNONYMS, CONSTRUCTOR_SYNONYMS):
         for names in table.values():
             for name in names:
                 out.setdefault(name, {name}).update(names)
@@ -217,6 +223,11 @@ def call_with(fn, seam: str, file: str, /, *receiver, **named):
     except TypeError as exc:
         raise OutOfStep(seam, file, f"{_name(fn)}{sig} does not take what vmfuzz passes: {exc}") from None
     return fn(*args, **kwargs)
+
+
+def call_method(obj, method: str, /, **named):
+    """``obj.method`` called by its parameters' names (``call_with``), the seam named after it."""
+    return call_with(getattr(obj, method), f"{type(obj).__name__}.{method}", where(type(obj)), **named)
 
 
 def _name(fn) -> str:
@@ -324,23 +335,20 @@ def patches_everywhere(obj, value, *also: tuple) -> list[tuple]:
 
 
 def lookup_patches(modules, answers: dict) -> list[tuple]:
-    """Stand-ins for server-wide lookups (name -> answer) that code in ``modules`` makes, bound in
-    every module holding the real function: whether the code imported it by name or reaches
-    it through the module that defines it (``runtime_context.get_spec()``)."""
+    """Stand-ins for server-wide lookups (name -> answer) that code in ``modules`` makes: bound where
+    those modules imported the function by name, and in each module they hold that defines one
+    (code reaching it as ``runtime_context.get_spec()``). Other importers keep the real one:
+    SGLang's helpers elsewhere rely on it answering "not published" outside a server."""
     import types
     out: list[tuple] = []
     seen: set = set()
     for name, answer in answers.items():
-        reals = []
         for mod in modules:
-            candidates = [getattr(mod, name, None)] + [getattr(v, name, None) for v in vars(mod).values()
-                                                        if isinstance(v, types.ModuleType)]
-            reals.extend(c for c in candidates if callable(c) and all(c is not r for r in reals))
-        for real in reals:
-            for owner, attr, value in patches_everywhere(real, answer):
-                if (id(owner), attr) not in seen:
-                    seen.add((id(owner), attr))
-                    out.append((owner, attr, value))
+            owners = [mod] + [v for v in vars(mod).values() if isinstance(v, types.ModuleType)]
+            for owner in owners:
+                if callable(getattr(owner, name, None)) and (id(owner), name) not in seen:
+                    seen.add((id(owner), name))
+                    out.append((owner, name, answer))
     return out
 
 

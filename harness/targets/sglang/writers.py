@@ -127,7 +127,8 @@ def chain_kernel_patches(sg, chain_kernel, heap) -> list[tuple]:
         return []
     launch = _GuardedChainLaunch(chain_kernel, heap, sg.chain_launch)
     launch._seam, launch._file = sg.chain_launch_name, where(sg.chain_module)
-    return [(sg.chain_module, sg.chain_launch_name, Sentinel(launch, launch._seam, launch._file))]
+    # wherever the kernel is held, so a launch from a helper (of this module or another) is guarded too
+    return patches_everywhere(sg.chain_launch, Sentinel(launch, launch._seam, launch._file))
 
 
 def relaunch_chain(sg, call: ChainCall) -> None:
