@@ -174,6 +174,12 @@ BINDING_REFACTORS = {
          (EAGLE_UTILS, r"\Z", "\n\ndef _write_tree(parents, chosen, lens, outs, shape, layout):\n"
                               "    build_tree_kernel_efficient_func(parents, chosen, lens, *outs, *shape, layout)\n")],
         ("no-oob-write", "reference-agreement"), {0}, ""),
+    # the entry captured in a partial at import: no module global vmfuzz can bind leads to it, so the
+    # write cannot be guarded -- out of step, never the CPU dispatch's raise judged as SGLang's
+    "tree-kernel-captured-at-import": (
+        [(EAGLE_UTILS, r"    build_tree_kernel_efficient_func\(\n", "    _captured_tree_kernel(\n"),
+         (EAGLE_UTILS, r"\Z", "\n\n_captured_tree_kernel = partial(build_tree_kernel_efficient_func)\n")],
+        ("no-oob-write",), {3}, "build_tree_kernel_efficient"),
 }
 REFACTORS.update(BINDING_REFACTORS)
 

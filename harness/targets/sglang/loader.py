@@ -20,6 +20,8 @@ from types import SimpleNamespace
 
 import torch
 
+from harness.targets.sglang.seams import fields_of, follow_calls
+
 #: Finding modules drives no verify-mask code by itself (see call_sites, writers, target).
 SURFACE: tuple = ()
 
@@ -187,11 +189,6 @@ def import_sglang(kernel_choice: str) -> Sglang:
     return sg
 
 
-def fields_of(cls, seam, file):
-    from harness.targets.sglang.seams import fields_of as of
-    return of(cls, seam, file)
-
-
 def _fits_shape(fits) -> tuple[bool, str | None]:
     """(takes the draft width, why it cannot be bound): read from ``fits``'s parameters by name.
 
@@ -215,8 +212,6 @@ def _chain_launch(chain) -> tuple[str | None, object]:
     """(name, kernel): the Triton kernel ``build_chain_tree`` launches, found by following the calls
     its code makes (a renamed kernel, or a launch moved into a helper, is still found): a
     ``kernel[grid](...)`` JIT function."""
-    from harness.targets.sglang.seams import follow_calls
-
     def launches(name, value):
         return callable(getattr(value, "__getitem__", None)) and inspect.isfunction(getattr(value, "fn", None))
 
@@ -233,8 +228,6 @@ def _kernel_entry(eu) -> tuple[str | None, object]:
     output buffers. The function is None where this host never defines the
     entry an older wrapper names (its CUDA import failed).
     """
-    from harness.targets.sglang.seams import follow_calls
-
     def known(name, value):
         return name in KERNEL_ENTRIES and (name == "sgl_build_tree_kernel_efficient" or value is not None
                                            or hasattr(eu, name))
@@ -249,7 +242,7 @@ def _kernel_entry(eu) -> tuple[str | None, object]:
         return {"tree_mask", "positions", "retrieve_next_sibling"} <= params
 
     wrapper = eu.build_tree_kernel_efficient
-    found = follow_calls(wrapper, known) or follow_calls(wrapper, writes_the_tree)
+    found = follow_calls(wrapper, known, writes_the_tree)
     if found is None:
         return None, None
     name, value, _ = found

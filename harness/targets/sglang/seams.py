@@ -352,21 +352,32 @@ def lookup_patches(modules, answers: dict) -> list[tuple]:
     return out
 
 
-def raised_in(exc: BaseException, fn) -> bool:
-    """Whether ``exc`` was raised from inside ``fn``'s own code (or code it called)."""
-    code = getattr(inspect.unwrap(fn), "__code__", None) if fn is not None else None
+def raised_in(exc: BaseException, *where) -> bool:
+    """Whether ``exc`` was raised from inside one of ``where`` -- a function's own code, or any code
+    of a module -- or from code they called."""
+    import types
+    codes, files = set(), set()
+    for w in where:
+        if isinstance(w, types.ModuleType):
+            if getattr(w, "__file__", None):
+                files.add(w.__file__)
+        elif w is not None and getattr(inspect.unwrap(w), "__code__", None) is not None:
+            codes.add(inspect.unwrap(w).__code__)
     tb = exc.__traceback__
-    while tb is not None and code is not None:
-        if tb.tb_frame.f_code is code:
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code in codes or code.co_filename in files:
             return True
         tb = tb.tb_next
     return False
 
 
-def follow_calls(fn, match, depth: int = 3, prefix: str = "sglang."):
-    """The first (name, value, globals' module name) ``match(name, value)`` accepts among the globals
-    ``fn``'s code names, then those of the ``prefix`` functions it calls, breadth first, ``depth``
-    calls deep: a launch moved into a helper is still found where it now is."""
+def follow_calls(fn, *matches, depth: int = 3, prefix: str = "sglang."):
+    """The first (name, value, globals' module name) one of ``matches(name, value)`` accepts among the
+    globals ``fn``'s code names, then those of the ``prefix`` functions it calls, breadth first,
+    ``depth`` calls deep: a launch moved into a helper is still found where it now is. Within one
+    function the matches are tried in order; a function is searched whole before any it calls, so
+    the search never walks into the entry it is looking for."""
     import types
     queue, seen = [(inspect.unwrap(fn), 0)], set()
     while queue:
@@ -377,9 +388,10 @@ def follow_calls(fn, match, depth: int = 3, prefix: str = "sglang."):
         seen.add(id(code))
         glb = getattr(func, "__globals__", {})
         names = _code_names(code)
-        for name in names:
-            if match(name, glb.get(name)):
-                return name, glb.get(name), glb.get("__name__")
+        for match in matches:
+            for name in names:
+                if match(name, glb.get(name)):
+                    return name, glb.get(name), glb.get("__name__")
         if level >= depth:
             continue
         for name in names:

@@ -378,7 +378,9 @@ def _unguarded_write(exc: Exception, sg, kernel: list) -> None:
         raise OutOfStep("build_tree_kernel_efficient", writers.EAGLE_UTILS,
                         "no kernel entry found along the calls it makes, for vmfuzz to guard; it raised "
                         f"{type(exc).__name__}: {exc}") from None
-    if not kernel[0][2].calls and raised_in(exc, getattr(sg, "entry_fn", None)):
+    # Only the guard launches SGLang's tree kernels: their module's code running before it was
+    # reached means the wrapper got there some way vmfuzz did not bind.
+    if not kernel[0][2].calls and raised_in(exc, getattr(sg, "entry_fn", None), sg.spec_tree):
         raise OutOfStep(kernel[0][2].seam, writers.EAGLE_UTILS,
                         "the wrapper reached the kernel entry by a path vmfuzz did not bind, and its unguarded "
                         f"dispatch raised {type(exc).__name__}: {exc}") from None
