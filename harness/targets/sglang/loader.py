@@ -161,6 +161,7 @@ def import_sglang(kernel_choice: str) -> Sglang:
     sg.fields = set(fields_of(sg.VerifyMask, "VerifyMask", "srt/layers/attention/verify_mask.py"))
     sg.fits = sg.VerifyMask.fits
     sg.fits_takes_d, sg.fits_problem = _fits_shape(sg.fits)
+    sg.fits_names = _fits_names(sg.fits)
     sg.numel = vm.tree_mask_numel
     sg.maybe_create = vm.maybe_create_verify_mask
     sg.entry, sg.entry_fn = _kernel_entry(eu)
@@ -206,6 +207,15 @@ def _fits_shape(fits) -> tuple[bool, str | None]:
     unknown = rest[1:] if takes_d else rest
     return takes_d, (f"VerifyMask.fits also requires {', '.join(unknown)}, which vmfuzz cannot supply"
                      if unknown else None)
+
+
+def _fits_names(fits) -> tuple[str | None, str | None]:
+    """(batch size, draft width): the names ``fits`` gives its first two required parameters after
+    ``self``, so vmfuzz hands them over by name (a ``*`` before them changes nothing)."""
+    params = list(inspect.signature(fits).parameters.values())[1:]
+    required = [p.name for p in params
+                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)] + [None, None]
+    return required[0], required[1]
 
 
 def _chain_launch(chain) -> tuple[str | None, object]:

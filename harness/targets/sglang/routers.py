@@ -35,7 +35,7 @@ from harness.model.routing import (CAPTURE, FIXUP_GRAPH_BS, FIXUP_ROUTERS, FIXUP
                                    ReplayView, Routing, check_args)
 from harness.model.errors import OutOfStep
 from harness.targets.sglang.binding import bound
-from harness.targets.sglang.seams import call_with, lookup_patches, where
+from harness.targets.sglang.seams import call_method, call_with, lookup_patches, where
 from harness.model.trees import draft_tokens, tree_tensors
 
 _ATTN = "srt/layers/attention/"
@@ -153,8 +153,8 @@ def build(sg, router: str, spec_mode: str, children: dict, context_len: int) -> 
     backend = _router(router, spec_mode, _kids(sg, router, spec_mode, children, context_len, served, made, graphs),
                       context_len)
     forward_batch = SimpleNamespace(forward_mode=sg.forward_info.ForwardMode.TARGET_VERIFY)
-    backend.forward_extend(q=None, k=None, v=None, layer=SimpleNamespace(layer_id=_FULL_LAYER),
-                           forward_batch=forward_batch)
+    call_method(backend, "forward_extend", q=None, k=None, v=None, layer=SimpleNamespace(layer_id=_FULL_LAYER),
+                forward_batch=forward_batch)
     resolved, custom_mask = _dflash_resolves(backend, made)
     fixed_up = _drive_graphs(router, spec_mode, backend)
     return Routing(router, spec_mode, backend, backend.verify_mask, getattr(backend, "max_context_len", None),
@@ -283,7 +283,8 @@ def _dflash_resolves(backend, kids: dict) -> tuple[str | None, bool | None]:
     resolve = getattr(dflash, "resolve_dflash_verify_mask_policy", None)
     if resolve is None:
         return None, None
-    name, custom_mask = resolve(backend)
+    name, custom_mask = call_with(resolve, "resolve_dflash_verify_mask_policy", "srt/speculative/dflash_utils.py",
+                                  attn_backend=backend)
     roles = {type(kid).__name__: role for role, kid in kids.items()}
     return roles.get(name, name), custom_mask
 
@@ -373,11 +374,8 @@ def verify_routed(target, routing: Routing, config: Config, batch: Batch, heap) 
     sel, par = tree_tensors(config, batch, dev)
     from harness.targets.sglang.seams import require_taken
     with target._routed(heap, mask) as taken:
-        vi = sg.call_site.build_eagle_verify_input(
-            forward_batch, SimpleNamespace(bonus_tokens=chain.bonus_tokens), par, sel,
-            draft_tokens(config, batch, dev)[1], None, target_worker=target_worker, topk=config.topk,
-            num_steps=config.spec_steps,
-            num_draft_tokens=config.d, tree_mask_mode=sg.Mode(int(config.mode)), device=str(dev))
+        vi = call_sites.verify_input_call(sg, forward_batch, SimpleNamespace(bonus_tokens=chain.bonus_tokens), par,
+                                          sel, draft_tokens(config, batch, dev)[1], target_worker, config, dev)
     require_taken(taken, "routed eagle")
     reused = mask is not None and vi.custom_mask.data_ptr() == mask.buffer.data_ptr()
     return StepOutput(vi.custom_mask, vi.positions, vi.retrieve_index, vi.retrieve_next_token,

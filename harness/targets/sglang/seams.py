@@ -121,15 +121,9 @@ def default_of(fn, quantity: str, seam: str, file: str, otherwise):
 def call_by_quantity(fn, seam: str, file: str, values: dict, synonyms: dict = SYNONYMS):
     """Call ``fn`` with ``values`` (quantity -> value), each under the name ``fn``'s signature gives it."""
     quantity_of = _names(synonyms)
-    kwargs = {}
-    for name, param in signature(fn, seam, file).parameters.items():
-        q = quantity_of.get(name)
-        if q is not None and q in values:
-            kwargs[name] = values[q]
-        elif param.default is param.empty and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise OutOfStep(seam, file, f"{getattr(fn, '__qualname__', fn)} requires {name}, which vmfuzz "
-                            "cannot supply")
-    return fn(**kwargs)
+    named = {name: values[quantity_of[name]] for name in signature(fn, seam, file).parameters
+             if quantity_of.get(name) in values}
+    return call_with(fn, seam, file, **named)
 
 
 def quantities_of_call(fn, seam: str, file: str, args: tuple, kwargs: dict, synonyms: dict):

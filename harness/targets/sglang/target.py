@@ -97,9 +97,11 @@ class SglangTarget:
         # Bound by fits's own parameters (loader._fits_shape): options with defaults keep them.
         if self.sglang.fits_problem:
             raise OutOfStep("VerifyMask.fits", VERIFY_MASK, self.sglang.fits_problem)
+        bs_name, d_name = self.sglang.fits_names
+        named = {bs_name: bs}
         if self.sglang.fits_takes_d:
-            return bool(self.sglang.fits(mask, bs, self._draft_tokens.get(id(mask), 0)))
-        return bool(self.sglang.fits(mask, bs))
+            named[d_name] = self._draft_tokens.get(id(mask), 0)
+        return bool(call_with(self.sglang.fits, "VerifyMask.fits", VERIFY_MASK, mask, **named))
 
     def fill_prefix(self, mask, reused: bool) -> bool:
         # What SGLang's call site asked its wrapper for; a variant overrides it.
