@@ -171,7 +171,8 @@ def test_a_launch_one_call_deeper_is_found_by_following_calls():
     assert found is not None and found[0] == "launch_kernel" and found[1] is ns["launch_kernel"]
     assert seams.follow_calls(ns["wrapper"], lambda name, value: name == "launch_kernel", depth=0) is None
     # a function is searched whole, by each match in turn, before the functions it calls
-    either = seams.follow_calls(ns["wrapper"], lambda name, value: name == "_missing", lambda name, value: name == "_helper")
+    either = seams.follow_calls(ns["wrapper"], lambda name, value: name == "_missing",
+                                lambda name, value: name == "_helper")
     assert either is not None and either[0] == "_helper"
 
 

@@ -29,8 +29,8 @@ from harness.model.allocation import (ALLOCATING_BACKENDS, TRITON_INDPTRS, TRITO
 from harness.model.errors import OutOfStep
 from harness.targets.sglang import backend_init
 from harness.targets.sglang.binding import bound
-from harness.targets.sglang.seams import (ALLOCATOR_SYNONYMS, TranslatesNothing, call_method, quantities_of_call,
-                                          unset_by_harness, with_quantity)
+from harness.targets.sglang.seams import (ALLOCATOR_SYNONYMS, TranslatesNothing, call_method, lookup_patches,
+                                          quantities_of_call, reached, unset_by_harness, with_quantity)
 
 _ATTN = "srt/layers/attention/"
 
@@ -112,7 +112,7 @@ def load_sites() -> dict[str, object]:
         except Exception as exc:  # any failure in its import chain means "not drivable here"
             sites[name] = f"{module}.py does not import here ({type(exc).__name__}: {exc})"
             continue
-        if not hasattr(mod, cls) or not hasattr(mod, "maybe_create_verify_mask"):
+        if not hasattr(mod, cls) or reached(mod, "maybe_create_verify_mask") is None:
             sites[name] = f"{module}.py has no {cls} calling maybe_create_verify_mask"
             continue
         sites[name] = mod if name in DRIVERS else (f"{module}.py imports, but no driver for its set-up "
@@ -141,7 +141,7 @@ def site_backend(target, name: str, numbers: ServerNumbers):
 def allocation_call(target, name: str, numbers: ServerNumbers) -> AllocationCall:
     """Run backend ``name``'s cuda-graph set-up for ``numbers`` and record its verify-mask call."""
     mod, cls, backend = site_backend(target, name, numbers)
-    real = mod.maybe_create_verify_mask
+    real = reached(mod, "maybe_create_verify_mask")
     calls: list[AllocationCall] = []
 
     def recording(*args, **kwargs):
@@ -161,7 +161,9 @@ def allocation_call(target, name: str, numbers: ServerNumbers) -> AllocationCall
         raise _Allocated
 
     # the set-up reads the server-wide config and does the CUDA-only work __init__ did: the same stand-ins
-    patches = [(mod, "maybe_create_verify_mask", recording), *backend_init.lookups_bound(mod, cls, numbers),
+    # bound where the backend reaches the allocator: its import, or the module it calls it through
+    patches = [*lookup_patches([mod], {"maybe_create_verify_mask": recording}),
+               *backend_init.lookups_bound(mod, cls, numbers),
                *backend_init.cuda_only(name, mod)]
     with bound(*patches):
         try:

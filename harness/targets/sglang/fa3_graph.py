@@ -24,7 +24,7 @@ from harness.model.errors import OutOfStep
 from harness.targets.sglang import backend_init
 from harness.targets.sglang.allocation import SITES, site_backend
 from harness.targets.sglang.binding import bound
-from harness.targets.sglang.seams import call_method
+from harness.targets.sglang.seams import call_method, lookup_patches
 
 SITE = "flashattention"
 _FILE = "srt/layers/attention/" + SITES[SITE][0] + ".py"
@@ -72,7 +72,8 @@ class _AskedTorch:
 def _shapes(target, numbers: ServerNumbers) -> dict[str, tuple[int, ...]]:
     """"dict.key" -> asked shape, of every tensor in a dict the set-up left on the backend."""
     mod, cls, backend = site_backend(target, SITE, numbers)
-    patches = [(mod, "torch", _AskedTorch()), (mod, "maybe_create_verify_mask", lambda *a, **k: None),
+    patches = [(mod, "torch", _AskedTorch()),
+               *lookup_patches([mod], {"maybe_create_verify_mask": lambda *a, **k: None}),
                *backend_init.lookups_bound(mod, cls, numbers), *backend_init.cuda_only(SITE, mod)]
     with bound(*patches):
         call_method(backend, "init_cuda_graph_state", max_bs=numbers.max_bs,

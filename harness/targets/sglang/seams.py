@@ -328,6 +328,17 @@ def patches_everywhere(obj, value, *also: tuple) -> list[tuple]:
     return out
 
 
+def reached(mod, name: str):
+    """The function ``name`` that code in ``mod`` can call: its own global, or one a module it holds
+    defines (``verify_mask.maybe_create_verify_mask(...)``); None when neither has one."""
+    import types
+    for owner in [mod] + [v for v in vars(mod).values() if isinstance(v, types.ModuleType)]:
+        fn = getattr(owner, name, None)
+        if callable(fn):
+            return fn
+    return None
+
+
 def lookup_patches(modules, answers: dict) -> list[tuple]:
     """Stand-ins for server-wide lookups (name -> answer) that code in ``modules`` makes: bound where
     those modules imported the function by name, and in each module they hold that defines one
