@@ -16,7 +16,7 @@ import msgspec
 import pytest
 
 from harness.model.errors import OutOfStep
-from harness.targets.sglang import seams
+from harness.targets.sglang import reach, seams, structs
 
 
 def test_a_keyword_only_parameter_is_handed_its_value_by_name():
@@ -102,9 +102,9 @@ class _Plain:
 @pytest.mark.parametrize("cls", [_Struct, _Frozen, _Plain])
 def test_a_mask_struct_is_read_and_copied_by_its_fields_whatever_its_library(cls):
     mask = cls(buffer="old", mode=1, max_bs=4, is_read=False)
-    assert seams.fields_of(cls, "VerifyMask", "v.py")[:4] == ("buffer", "mode", "max_bs", "is_read")
+    assert structs.fields_of(cls, "VerifyMask", "v.py")[:4] == ("buffer", "mode", "max_bs", "is_read")
     new = object()
-    copy = seams.replaced(mask, "VerifyMask", "v.py", buffer=new)
+    copy = structs.replaced(mask, "VerifyMask", "v.py", buffer=new)
     assert type(copy) is cls and copy.buffer is new
     assert (copy.mode, copy.max_bs, copy.is_read) == (1, 4, False)
     assert mask.buffer == "old"
@@ -120,7 +120,7 @@ def test_a_type_that_cannot_be_copied_is_out_of_step():
             return "fixed"
 
     with pytest.raises(OutOfStep, match="buffer"):
-        seams.replaced(Sealed(1), "VerifyMask", "v.py", buffer=2)
+        structs.replaced(Sealed(1), "VerifyMask", "v.py", buffer=2)
 
 
 def _module(name: str, **attrs) -> types.ModuleType:
@@ -139,12 +139,12 @@ def test_a_lookup_reached_through_its_module_is_bound_there(monkeypatch):
     for mod in (home, by_name, through_module):
         monkeypatch.setitem(sys.modules, mod.__name__, mod)
     answer = lambda: "spec"  # noqa: E731
-    assert {(m.__name__, n) for m, n, _ in seams.lookup_patches([by_name], {"get_spec": answer})} \
+    assert {(m.__name__, n) for m, n, _ in reach.lookup_patches([by_name], {"get_spec": answer})} \
         == {("sglang.fake_router_a", "get_spec")}
-    assert {(m.__name__, n) for m, n, _ in seams.lookup_patches([through_module], {"get_spec": answer})} \
+    assert {(m.__name__, n) for m, n, _ in reach.lookup_patches([through_module], {"get_spec": answer})} \
         == {("sglang.fake_runtime_context", "get_spec")}
     # a release without the lookup binds nothing
-    assert seams.lookup_patches([through_module], {"get_exec": answer}) == []
+    assert reach.lookup_patches([through_module], {"get_exec": answer}) == []
 
 
 def test_a_function_is_patched_wherever_it_is_held(monkeypatch):
@@ -156,7 +156,7 @@ def test_a_function_is_patched_wherever_it_is_held(monkeypatch):
     elsewhere = _module("not_sglang.other", entry=entry)
     for mod in (home, user, elsewhere):
         monkeypatch.setitem(sys.modules, mod.__name__, mod)
-    got = {(m.__name__, n) for m, n, *_ in seams.patches_everywhere(entry, "guard")}
+    got = {(m.__name__, n) for m, n, *_ in reach.patches_everywhere(entry, "guard")}
     assert got == {("sglang.fake_kernels", "entry"), ("sglang.fake_wrapper", "_renamed")}
 
 
@@ -167,11 +167,11 @@ def test_a_launch_one_call_deeper_is_found_by_following_calls():
          "def wrapper(x):\n    return _helper(x)\n", ns)
     for fn in ("launch_kernel", "_helper", "wrapper"):
         ns[fn].__module__ = "sglang.fake_utils"
-    found = seams.follow_calls(ns["wrapper"], lambda name, value: name == "launch_kernel")
+    found = reach.follow_calls(ns["wrapper"], lambda name, value: name == "launch_kernel")
     assert found is not None and found[0] == "launch_kernel" and found[1] is ns["launch_kernel"]
-    assert seams.follow_calls(ns["wrapper"], lambda name, value: name == "launch_kernel", depth=0) is None
+    assert reach.follow_calls(ns["wrapper"], lambda name, value: name == "launch_kernel", depth=0) is None
     # a function is searched whole, by each match in turn, before the functions it calls
-    either = seams.follow_calls(ns["wrapper"], lambda name, value: name == "_missing",
+    either = reach.follow_calls(ns["wrapper"], lambda name, value: name == "_missing",
                                 lambda name, value: name == "_helper")
     assert either is not None and either[0] == "_helper"
 
@@ -185,5 +185,5 @@ def test_a_raise_from_inside_a_function_is_told_from_one_outside_it():
 
     with pytest.raises(NameError) as info:
         outer()
-    assert seams.raised_in(info.value, inner)
-    assert not seams.raised_in(RuntimeError("elsewhere"), inner)
+    assert reach.raised_in(info.value, inner)
+    assert not reach.raised_in(RuntimeError("elsewhere"), inner)

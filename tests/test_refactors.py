@@ -138,7 +138,7 @@ REFACTORS = {
 TBO = ["srt/layers/attention/tbo_backend.py"]
 HYBRID = ["srt/layers/attention/hybrid_attn_backend.py"]
 
-#: The binding refactors (issue 36): each reshapes how SGLang is called or what type it hands back,
+#: The binding refactors: each reshapes how SGLang is called or what type it hands back,
 #: never what it computes. vmfuzz must bind by names and behaviour, not by position, import style,
 #: struct library or the depth at which a launch happens.
 BINDING_REFACTORS = {

@@ -206,7 +206,7 @@ def _allocating(**change):
             import torch
 
             from harness.model.layouts import worst_case_size
-            from harness.targets.sglang.seams import replaced
+            from harness.targets.sglang.structs import replaced
 
             call = allocation_call(backend, numbers)
             call = dataclasses.replace(call, **{k: f(call) for k, f in change.items()})

@@ -29,8 +29,9 @@ from harness.model.allocation import (ALLOCATING_BACKENDS, TRITON_INDPTRS, TRITO
 from harness.model.errors import OutOfStep
 from harness.targets.sglang import backend_init
 from harness.targets.sglang.binding import bound
-from harness.targets.sglang.seams import (ALLOCATOR_SYNONYMS, TranslatesNothing, call_method, lookup_patches,
-                                          quantities_of_call, reached, unset_by_harness, with_quantity)
+from harness.targets.sglang.reach import lookup_patches, reached
+from harness.targets.sglang.seams import (ALLOCATOR_SYNONYMS, TranslatesNothing, call_method, quantities_of_call,
+                                          unset_by_harness, with_quantity)
 
 _ATTN = "srt/layers/attention/"
 

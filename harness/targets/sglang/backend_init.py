@@ -33,7 +33,8 @@ import torch
 from harness.model.allocation import ServerNumbers
 from harness.model.errors import OutOfStep
 from harness.targets.sglang.binding import bound
-from harness.targets.sglang.seams import TranslatesNothing, call_with, lookup_patches, where
+from harness.targets.sglang.reach import lookup_patches
+from harness.targets.sglang.seams import TranslatesNothing, call_with, where
 
 #: Model-family probes the constructor asks of the model config; the stand-in
 #: model is a plain dense one, so each answers "not this family". Releases

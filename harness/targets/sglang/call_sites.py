@@ -37,7 +37,8 @@ from harness.guard.chain_write import chain_inputs
 from harness.model.config import Batch, Config
 from harness.model.errors import OutOfStep
 from harness.targets.sglang.binding import bound
-from harness.targets.sglang.seams import call_method, call_with, lookup_patches, where
+from harness.targets.sglang.reach import lookup_patches
+from harness.targets.sglang.seams import call_method, call_with, where
 from harness.model.trees import draft_tokens, tree_tensors
 
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.

@@ -24,7 +24,8 @@ from harness.model.errors import OutOfStep
 from harness.targets.sglang import backend_init
 from harness.targets.sglang.allocation import SITES, site_backend
 from harness.targets.sglang.binding import bound
-from harness.targets.sglang.seams import call_method, lookup_patches
+from harness.targets.sglang.reach import lookup_patches
+from harness.targets.sglang.seams import call_method
 
 SITE = "flashattention"
 _FILE = "srt/layers/attention/" + SITES[SITE][0] + ".py"

@@ -20,7 +20,8 @@ from types import SimpleNamespace
 
 import torch
 
-from harness.targets.sglang.seams import fields_of, follow_calls
+from harness.targets.sglang.reach import follow_calls
+from harness.targets.sglang.structs import fields_of
 
 #: Finding modules drives no verify-mask code by itself (see call_sites, writers, target).
 SURFACE: tuple = ()
@@ -157,7 +158,7 @@ def import_sglang(kernel_choice: str) -> Sglang:
     sg.VerifyMask = vm.VerifyMask
     sg.Mode = getattr(vm, "TreeMaskMode", None) or eu.TreeMaskMode
     # By field names only: whether SGLang declares the struct with msgspec, dataclasses or a plain
-    # class is its choice (seams.replaced copies it through whichever it is).
+    # class is its choice (structs.replaced copies it through whichever it is).
     sg.fields = set(fields_of(sg.VerifyMask, "VerifyMask", "srt/layers/attention/verify_mask.py"))
     sg.fits = sg.VerifyMask.fits
     sg.fits_takes_d, sg.fits_problem = _fits_shape(sg.fits)
@@ -232,7 +233,7 @@ def _chain_launch(chain) -> tuple[str | None, object]:
 def _kernel_entry(eu) -> tuple[str | None, object]:
     """(name, function) through which ``build_tree_kernel_efficient`` hands over to the kernel.
 
-    Found by following the calls the wrapper's code makes (``seams.follow_calls``),
+    Found by following the calls the wrapper's code makes (``reach.follow_calls``),
     so an entry reached through a helper of its module, or renamed on import, is
     still found: a known name, or a function whose signature names the kernel's
     output buffers. The function is None where this host never defines the

@@ -38,7 +38,8 @@ from harness.guard.shadow import ShadowHeap
 from harness.targets.sglang.binding import bound
 from harness.targets.sglang.kv_ids import GathersKvSlots
 from harness.targets.sglang.loader import _quiet_import
-from harness.targets.sglang.seams import call_method, patches_everywhere, unset_by_harness
+from harness.targets.sglang.reach import patches_everywhere
+from harness.targets.sglang.seams import call_method, unset_by_harness
 
 #: What this module drives: (path under the sglang package, function, properties).
 SURFACE = (

@@ -35,7 +35,8 @@ from harness.model.routing import (CAPTURE, FIXUP_GRAPH_BS, FIXUP_ROUTERS, FIXUP
                                    ReplayView, Routing, check_args)
 from harness.model.errors import OutOfStep
 from harness.targets.sglang.binding import bound
-from harness.targets.sglang.seams import call_method, call_with, lookup_patches, where
+from harness.targets.sglang.reach import lookup_patches
+from harness.targets.sglang.seams import call_method, call_with, where
 from harness.model.trees import draft_tokens, tree_tensors
 
 _ATTN = "srt/layers/attention/"

@@ -27,9 +27,10 @@ from harness.guard.shadow import ShadowHeap
 from harness.targets.sglang.binding import bound as _bound
 from harness.targets.sglang import call_sites, flashinfer, readers, writers
 from harness.targets.sglang.loader import Sglang, imported_sglang
+from harness.targets.sglang.reach import patches_everywhere, raised_in
 from harness.targets.sglang.seams import (ALLOCATOR_SYNONYMS, OutOfStep, Sentinel, bind, call_by_quantity, call_with,
-                                          patches_everywhere, raised_in, replaced, require_taken,
-                                          where)
+                                          require_taken, where)
+from harness.targets.sglang.structs import replaced
 
 VERIFY_MASK = "srt/layers/attention/verify_mask.py"
 

@@ -19,7 +19,8 @@ from harness.guard.chain_write import ChainCall, guarded_chain_write
 from harness.guard.tree_write import KernelCall, guarded_write
 from harness.model.layouts import TreeMaskMode
 from harness.model.errors import OutOfStep
-from harness.targets.sglang.seams import Sentinel, bind, by_quantity, default_of, patches_everywhere, where
+from harness.targets.sglang.reach import patches_everywhere
+from harness.targets.sglang.seams import Sentinel, bind, by_quantity, default_of, where
 
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
 _TREE = ("no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse",
