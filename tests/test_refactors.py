@@ -135,6 +135,75 @@ REFACTORS = {
         ("reader-agreement",), {0}, ""),
 }
 
+TBO = ["srt/layers/attention/tbo_backend.py"]
+HYBRID = ["srt/layers/attention/hybrid_attn_backend.py"]
+
+#: The binding refactors: each reshapes how SGLang is called or what type it hands back,
+#: never what it computes. vmfuzz must bind by names and behaviour, not by position, import style,
+#: struct library or the depth at which a launch happens.
+BINDING_REFACTORS = {
+    # the TBO router's overlap children and the chain writer's buffer become keyword-only; SGLang's
+    # own callers (init_new, the call site) already pass them by name, or are made to
+    "keyword-only-tbo-router": (
+        [(TBO, r"def __init__\(self, primary: AttentionBackend, children:",
+          "def __init__(self, primary: AttentionBackend, *, children:")],
+        ("routing",), {0}, ""),
+    "keyword-only-chain-writer": (
+        [(CHAIN_WRITER, r"(def build_chain_tree\(\n\s*bonus_tokens,\n\s*draft_tokens,\n\s*seq_lens,\n)",
+          r"\1    *,\n"),
+         (CALL_SITE, r"(build_chain_tree\(\n\s*draft_input\.bonus_tokens,\n\s*draft_tokens,\n\s*batch\.seq_lens,"
+                     r"\n\s*)tree_mask_buf,", r"\1tree_mask_buf=tree_mask_buf,")],
+        ("chain-writer", "no-oob-write"), {0}, ""),
+    # the hybrid router reads the server's spec through the module that defines the lookup
+    "router-looks-up-through-its-module": (
+        [(HYBRID, r"from sglang\.srt\.runtime_context import \(\n\s*get_exec,\n\s*get_spec,\n\)",
+          "from sglang.srt import runtime_context\nfrom sglang.srt.runtime_context import get_exec"),
+         (HYBRID, r"\bget_spec\(\)", "runtime_context.get_spec()")],
+        ("routing",), {0}, ""),
+    # the mask's struct becomes a frozen dataclass with the same fields and the same fits
+    "verify-mask-is-a-frozen-dataclass": (
+        [(VERIFY_MASK, r"class VerifyMask\(msgspec\.Struct, frozen=True\):",
+          "@dataclasses.dataclass(frozen=True)\nclass VerifyMask:"),
+         (VERIFY_MASK, r"\nimport msgspec\n", "\nimport dataclasses\n")],
+        ("no-oob-write", "capacity-soundness", "fallback-equivalence"), {0}, ""),
+    # the wrapper hands its outputs to a helper of its module, which launches the kernel
+    "tree-kernel-launched-one-call-deeper": (
+        [(EAGLE_UTILS, _POSITIONAL_KERNEL_CALL,
+          "_write_tree(parent_list, top_scores_index, seq_lens, (tree_mask, positions, retrieve_index, "
+          "retrieve_next_token, retrieve_next_sibling), (topk, spec_steps, num_verify_tokens), tree_mask_mode)"),
+         (EAGLE_UTILS, r"\Z", "\n\ndef _write_tree(parents, chosen, lens, outs, shape, layout):\n"
+                              "    build_tree_kernel_efficient_func(parents, chosen, lens, *outs, *shape,\n"
+                              "                                     layout)\n")],
+        ("no-oob-write", "reference-agreement"), {0}, ""),
+    # the entry captured in a partial at import: no module global vmfuzz can bind leads to it, so the
+    # write cannot be guarded -- out of step, never the CPU dispatch's raise judged as SGLang's
+    "tree-kernel-captured-at-import": (
+        [(EAGLE_UTILS, r"    build_tree_kernel_efficient_func\(\n", "    _captured_tree_kernel(\n"),
+         (EAGLE_UTILS, r"\Z", "\n\n_captured_tree_kernel = partial(build_tree_kernel_efficient_func)\n")],
+        ("no-oob-write",), {3}, "build_tree_kernel_efficient"),
+}
+REFACTORS.update(BINDING_REFACTORS)
+
+#: an allocation site that calls the allocator through the module defining it, not a name it imported
+_ALLOCATOR_THROUGH_ITS_MODULE = [
+    (TRITON, r"from sglang\.srt\.layers\.attention\.verify_mask import VerifyMask, maybe_create_verify_mask",
+     "from sglang.srt.layers.attention import verify_mask as _verify_mask\n"
+     "from sglang.srt.layers.attention.verify_mask import VerifyMask"),
+    (TRITON, r"= maybe_create_verify_mask\(", "= _verify_mask.maybe_create_verify_mask("),
+]
+
+
+@pytest.mark.slow
+def test_an_allocation_site_reaching_the_allocator_through_its_module_is_still_driven(sglang_target, tmp_path):
+    # Held is not enough: a site vmfuzz stopped driving leaves the property held over the others.
+    proc, out = _run(tmp_path, _ALLOCATOR_THROUGH_ITS_MODULE, ("allocation-soundness",), "allocator-through-module")
+    assert proc.returncode == 0, out
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    (prop,) = summary["properties"]
+    assert prop["status"] == "held", out
+    assert not [c for c in prop["classes"] if c.startswith("not driven") or ": not driven" in c], prop["classes"]
+
+
 #: name -> (edits, properties, the property that must catch it): a bug on top of a refactor
 BUGS = {
     "fits-option-and-admits-one-more": (

@@ -203,17 +203,17 @@ def _allocating(**change):
         def altered(backend, numbers):
             import dataclasses
 
-            import msgspec
             import torch
 
             from harness.model.layouts import worst_case_size
+            from harness.targets.sglang.structs import replaced
 
             call = allocation_call(backend, numbers)
             call = dataclasses.replace(call, **{k: f(call) for k, f in change.items()})
             if call.mask is not None:
                 n = worst_case_size(call.mask.mode, call.max_bs, call.num_draft_tokens, call.max_context_len)
-                call.mask = msgspec.structs.replace(
-                    call.mask, max_bs=call.max_bs,
+                call.mask = replaced(
+                    call.mask, "VerifyMask", "srt/layers/attention/verify_mask.py", max_bs=call.max_bs,
                     buffer=torch.empty(n, dtype=call.mask.buffer.dtype, device="meta"))
             return call
         return altered

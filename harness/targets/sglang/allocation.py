@@ -30,8 +30,9 @@ from harness.model.allocation import (ALLOCATING_BACKENDS, TRITON_INDPTRS, TRITO
 from harness.model.errors import OutOfStep
 from harness.targets.sglang import backend_init
 from harness.targets.sglang.binding import bound
-from harness.targets.sglang.seams import (ALLOCATOR_SYNONYMS, TranslatesNothing, quantities_of_call, unset_by_harness,
-                                          with_quantity)
+from harness.targets.sglang.reach import lookup_patches, reached
+from harness.targets.sglang.seams import (ALLOCATOR_SYNONYMS, TranslatesNothing, call_method, quantities_of_call,
+                                          unset_by_harness, with_quantity)
 
 _ATTN = "srt/layers/attention/"
 
@@ -119,7 +120,7 @@ def load_sites() -> dict[str, object]:
         except NotInRelease:
             sites[name] = f"{module}.py is not in this release"
             continue
-        if not hasattr(mod, cls) or not hasattr(mod, "maybe_create_verify_mask"):
+        if not hasattr(mod, cls) or reached(mod, "maybe_create_verify_mask") is None:
             sites[name] = f"{module}.py has no {cls} calling maybe_create_verify_mask"
             continue
         sites[name] = mod if name in DRIVERS else (f"{module}.py imports, but no driver for its set-up "
@@ -148,7 +149,7 @@ def site_backend(target, name: str, numbers: ServerNumbers):
 def allocation_call(target, name: str, numbers: ServerNumbers) -> AllocationCall:
     """Run backend ``name``'s cuda-graph set-up for ``numbers`` and record its verify-mask call."""
     mod, cls, backend = site_backend(target, name, numbers)
-    real = mod.maybe_create_verify_mask
+    real = reached(mod, "maybe_create_verify_mask")
     calls: list[AllocationCall] = []
 
     def recording(*args, **kwargs):
@@ -168,11 +169,14 @@ def allocation_call(target, name: str, numbers: ServerNumbers) -> AllocationCall
         raise _Allocated
 
     # the set-up reads the server-wide config and does the CUDA-only work __init__ did: the same stand-ins
-    patches = [(mod, "maybe_create_verify_mask", recording), *backend_init.lookups_bound(mod, cls, numbers),
+    # bound where the backend reaches the allocator: its import, or the module it calls it through
+    patches = [*lookup_patches([mod], {"maybe_create_verify_mask": recording}),
+               *backend_init.lookups_bound(mod, cls, numbers),
                *backend_init.cuda_only(name, mod)]
     with bound(*patches):
         try:
-            backend.init_cuda_graph_state(numbers.max_bs, numbers.max_bs * numbers.num_draft_tokens)
+            call_method(backend, "init_cuda_graph_state", max_bs=numbers.max_bs,
+                        max_num_tokens=numbers.max_bs * numbers.num_draft_tokens)
         except _Allocated:
             pass
         except AttributeError as exc:

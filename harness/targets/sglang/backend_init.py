@@ -33,7 +33,8 @@ import torch
 from harness.model.allocation import ServerNumbers
 from harness.model.errors import OutOfStep
 from harness.targets.sglang.binding import bound
-from harness.targets.sglang.seams import TranslatesNothing, where
+from harness.targets.sglang.reach import lookup_patches
+from harness.targets.sglang.seams import TranslatesNothing, call_with, where
 
 #: Model-family probes the constructor asks of the model config; the stand-in
 #: model is a plain dense one, so each answers "not this family". Releases
@@ -217,7 +218,9 @@ def lookups_bound(mod, cls, n: ServerNumbers, page_size: int = 1) -> list[tuple]
     first) import them."""
     answers = _context(server_args(n, page_size))
     answers.update({probe: (lambda config: None) for probe in _FAMILY_PROBES})
-    return [(m, name, value) for m in _modules_of(mod, cls) for name, value in answers.items() if hasattr(m, name)]
+    # wherever the real lookup is held: a module that calls ``runtime_context.get_spec()`` goes through
+    # the function's home, not a name it imported
+    return lookup_patches(_modules_of(mod, cls), answers)
 
 
 def built_by_init(mod, cls, n: ServerNumbers, device="meta", name: str | None = None, stubs=(),
@@ -236,7 +239,7 @@ def built_by_init(mod, cls, n: ServerNumbers, device="meta", name: str | None = 
             stack.enter_context(enter())
         stack.enter_context(bound(*lookups_bound(mod, cls, n), *cuda_only(name or "", mod)))
         try:
-            return cls(runner)
+            return call_with(cls, f"{cls.__name__}.__init__", where(cls), model_runner=runner)
         except AttributeError as exc:
             if getattr(exc, "obj", 0) is None or isinstance(getattr(exc, "obj", None), SimpleNamespace):
                 raise OutOfStep(f"{cls.__name__}.__init__", where(cls),

@@ -37,7 +37,8 @@ from harness.guard.chain_write import chain_inputs
 from harness.model.config import Batch, Config
 from harness.model.errors import OutOfStep
 from harness.targets.sglang.binding import bound
-from harness.targets.sglang.seams import where
+from harness.targets.sglang.reach import lookup_patches
+from harness.targets.sglang.seams import call_method, call_with, where
 from harness.model.trees import draft_tokens, tree_tensors
 
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
@@ -142,11 +143,19 @@ def build_verify_input(sg, mask, config: Config, batch: Batch, dev):
     if config.call_site == "chain" and not forward_batch.seq_lens.is_cuda:
         forward_batch.seq_lens = forward_batch.seq_lens.as_subclass(_SeenAsCuda)
     sel, par = tree_tensors(config, batch, dev)
-    return sg.call_site.build_eagle_verify_input(
-        forward_batch, SimpleNamespace(bonus_tokens=chain.bonus_tokens), par, sel,
-        draft_tokens(config, batch, dev)[1], None,
-        target_worker=target_worker, topk=config.topk, num_steps=config.spec_steps,
-        num_draft_tokens=config.d, tree_mask_mode=sg.Mode(int(config.mode)), device=str(dev))
+    return verify_input_call(sg, forward_batch, SimpleNamespace(bonus_tokens=chain.bonus_tokens), par, sel,
+                             draft_tokens(config, batch, dev)[1], target_worker, config, dev)
+
+
+def verify_input_call(sg, forward_batch, draft_input, parent_list, top_scores_index, drafted, target_worker,
+                      config: Config, dev):
+    """``build_eagle_verify_input``, each argument handed by the parameter name SGLang gives it."""
+    fn = sg.call_site.build_eagle_verify_input
+    return call_with(fn, "build_eagle_verify_input", "srt/speculative/eagle_worker_common.py",
+                     batch=forward_batch, draft_input=draft_input, parent_list=parent_list,
+                     top_scores_index=top_scores_index, draft_tokens=drafted, draft_probs=None,
+                     target_worker=target_worker, topk=config.topk, num_steps=config.spec_steps,
+                     num_draft_tokens=config.d, tree_mask_mode=sg.Mode(int(config.mode)), device=str(dev))
 
 
 def trivial(sg, forward_batch, target_worker, config: Config, dev):
@@ -160,7 +169,7 @@ def trivial(sg, forward_batch, target_worker, config: Config, dev):
                         ("topk", config.topk), ("device", str(dev))):
         with contextlib.suppress(AttributeError):
             setattr(worker, attr, value)
-    return worker._build_trivial_verify_input(forward_batch)
+    return call_method(worker, "_build_trivial_verify_input", batch=forward_batch)
 
 
 def pp_rebuild(sg, forward_batch, target_worker, chain, config: Config, batch: Batch, dev):
@@ -188,8 +197,11 @@ def pp_rebuild(sg, forward_batch, target_worker, chain, config: Config, batch: B
     layout = sg.Mode(int(config.mode))
     chosen = [(owner, name, lambda: layout)
               for owner, name in default_layout_holders(sg, pp.mixin._pp_spec_rebuild_verify_input)]
-    with bound((pp.module, "get_spec", lambda: spec), *chosen):
-        scheduler._pp_spec_rebuild_verify_input(forward_batch)
+    # where the rebuild reaches get_spec (its import, or its home module); none found is out of step
+    # (``bound`` says so), as the rebuild reads the draft shape from it
+    asked = lookup_patches([pp.module], {"get_spec": lambda: spec}) or [(pp.module, "get_spec", lambda: spec)]
+    with bound(*asked, *chosen):
+        call_method(scheduler, "_pp_spec_rebuild_verify_input", batch=forward_batch)
     return forward_batch.spec_info
 
 
@@ -295,4 +307,4 @@ def frozen_kv_mtp_draft(sg, forward_batch, chain, config: Config, batch: Batch, 
     draft_batch = SimpleNamespace(init_new=lambda *a, **k: SimpleNamespace(
         capture_hidden_mode=fz.module.CaptureHiddenMode.LAST))
     with bound((fz.module, "ForwardBatch", draft_batch)):
-        return worker.draft(forward_batch)
+        return call_method(worker, "draft", batch=forward_batch)

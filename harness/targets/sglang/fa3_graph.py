@@ -24,6 +24,8 @@ from harness.model.errors import OutOfStep
 from harness.targets.sglang import backend_init
 from harness.targets.sglang.allocation import SITES, site_backend
 from harness.targets.sglang.binding import bound
+from harness.targets.sglang.reach import lookup_patches
+from harness.targets.sglang.seams import call_method
 
 SITE = "flashattention"
 _FILE = "srt/layers/attention/" + SITES[SITE][0] + ".py"
@@ -71,10 +73,12 @@ class _AskedTorch:
 def _shapes(target, numbers: ServerNumbers) -> dict[str, tuple[int, ...]]:
     """"dict.key" -> asked shape, of every tensor in a dict the set-up left on the backend."""
     mod, cls, backend = site_backend(target, SITE, numbers)
-    patches = [(mod, "torch", _AskedTorch()), (mod, "maybe_create_verify_mask", lambda *a, **k: None),
+    patches = [(mod, "torch", _AskedTorch()),
+               *lookup_patches([mod], {"maybe_create_verify_mask": lambda *a, **k: None}),
                *backend_init.lookups_bound(mod, cls, numbers), *backend_init.cuda_only(SITE, mod)]
     with bound(*patches):
-        backend.init_cuda_graph_state(numbers.max_bs, numbers.max_bs * numbers.num_draft_tokens)
+        call_method(backend, "init_cuda_graph_state", max_bs=numbers.max_bs,
+                    max_num_tokens=numbers.max_bs * numbers.num_draft_tokens)
     return {f"{name}.{key}": getattr(t, _ASKED, tuple(t.shape))
             for name, buffers in vars(backend).items() if isinstance(buffers, dict)
             for key, t in buffers.items() if isinstance(key, str) and isinstance(t, torch.Tensor)}

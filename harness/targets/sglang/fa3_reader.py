@@ -52,6 +52,7 @@ from harness.model.fa3_reads import Fa3Pass, Fa3Verify, table_slot, table_width
 from harness.model.layouts import TreeMaskMode, logical_size
 from harness.model.readers import capture_seq_len, captured_bs, pool_slots
 from harness.targets.sglang.binding import bound
+from harness.targets.sglang.seams import call_method, call_with
 
 FA3 = "srt/layers/attention/flashattention_backend.py"
 _MODULE = "sglang.srt.layers.attention.flashattention_backend"
@@ -122,7 +123,8 @@ def backend(config: Config, pool: int, dev, page_size: int = 1):
     try:
         with bound(*context):
             with backend_init.extensions_stubbed_again(_MODULE):
-                return mod.FlashAttentionBackend(runner)
+                return call_with(mod.FlashAttentionBackend, "FlashAttentionBackend.__init__", FA3,
+                                 model_runner=runner)
     except AttributeError as exc:
         if isinstance(getattr(exc, "obj", None), SimpleNamespace):
             raise OutOfStep("FlashAttentionBackend.__init__", FA3,
@@ -194,17 +196,17 @@ def read_replay(config: Config, batch: Batch, step, page_size: int = 1) -> Fa3Ve
     dev = step.tree_mask.device
     be = backend(config, config.max_bs, dev, page_size)
     graph_bs, fill = captured_bs(batch.bs, config.max_bs), capture_seq_len(config)
-    be.init_cuda_graph_state(config.max_bs, config.max_bs * config.d)
+    call_method(be, "init_cuda_graph_state", max_bs=config.max_bs, max_num_tokens=config.max_bs * config.d)
     # The graph runner's capture-time batch: every row at the fill length, an all-ones mask.
     placeholder = torch.ones(logical_size(TreeMaskMode.FULL_MASK, [fill] * graph_bs, config.d),
                              dtype=torch.bool, device=dev)
     blank = torch.zeros(graph_bs * config.d, dtype=torch.int64, device=dev)
-    _run(lambda fb: be.init_forward_metadata_out_graph(fb, in_capture=True),
+    _run(lambda fb: call_method(be, "init_forward_metadata_out_graph", forward_batch=fb, in_capture=True),
          _verify_batch(mod, graph_bs, [fill] * graph_bs, placeholder, blank, dev), "init_forward_metadata_out_graph")
     captured = (be.forward_metadata, _expand_pass(be, config, "init_forward_metadata_out_graph"))
     seq_lens = list(batch.seq_lens) + [fill] * (graph_bs - batch.bs)
     try:
-        _run(lambda fb: be.init_forward_metadata_out_graph(fb, in_capture=False),
+        _run(lambda fb: call_method(be, "init_forward_metadata_out_graph", forward_batch=fb, in_capture=False),
              _verify_batch(mod, graph_bs, seq_lens, step.tree_mask, step.positions, dev), "_apply_cuda_graph_metadata")
     except OutOfStep:
         raise

@@ -21,6 +21,8 @@ from types import SimpleNamespace
 import torch
 
 from harness.model.errors import OutOfStep
+from harness.targets.sglang.reach import follow_calls
+from harness.targets.sglang.structs import fields_of
 
 #: Finding modules drives no verify-mask code by itself (see call_sites, writers, target).
 SURFACE: tuple = ()
@@ -158,8 +160,7 @@ def import_sglang(kernel_choice: str) -> Sglang:
         chain_mod = None
     sg = Sglang(**mods, spec_tree=spec_tree, chain_module=chain_mod)
     sg.build_chain_tree = getattr(chain_mod, "build_chain_tree", None)
-    sg.chain_launch_name = _chain_launch(chain_mod, sg.build_chain_tree)
-    sg.chain_launch = getattr(chain_mod, sg.chain_launch_name, None) if sg.chain_launch_name else None
+    sg.chain_launch_name, sg.chain_launch = _chain_launch(sg.build_chain_tree)
     vm, eu = sg.verify_mask, sg.eagle_utils
     for owner, attr in ((vm, "VerifyMask"), (vm, "maybe_create_verify_mask"), (vm, "tree_mask_numel"),
                         (eu, "build_tree_kernel_efficient"), (sg.call_site, "build_eagle_verify_input"),
@@ -168,12 +169,15 @@ def import_sglang(kernel_choice: str) -> Sglang:
             raise ImportError(f"{owner.__name__} has no {attr} (not an SGLang with a preallocated verify mask)")
     sg.VerifyMask = vm.VerifyMask
     sg.Mode = getattr(vm, "TreeMaskMode", None) or eu.TreeMaskMode
-    sg.fields = set(sg.VerifyMask.__struct_fields__)
+    # By field names only: whether SGLang declares the struct with msgspec, dataclasses or a plain
+    # class is its choice (structs.replaced copies it through whichever it is).
+    sg.fields = set(fields_of(sg.VerifyMask, "VerifyMask", "srt/layers/attention/verify_mask.py"))
     sg.fits = sg.VerifyMask.fits
     sg.fits_takes_d, sg.fits_problem = _fits_shape(sg.fits)
+    sg.fits_names = _fits_names(sg.fits)
     sg.numel = vm.tree_mask_numel
     sg.maybe_create = vm.maybe_create_verify_mask
-    sg.entry = _kernel_entry(eu)
+    sg.entry, sg.entry_fn = _kernel_entry(eu)
     # The call site calls the wrapper through its own module global when it
     # imported it by name, else through eagle_utils.
     sg.wrapper_owner = sg.call_site if hasattr(sg.call_site, "build_tree_kernel_efficient") else eu
@@ -218,37 +222,56 @@ def _fits_shape(fits) -> tuple[bool, str | None]:
                      if unknown else None)
 
 
-def _chain_launch(module, chain) -> str | None:
-    """The Triton kernel ``build_chain_tree`` launches, found among the globals its code names
-    (a renamed kernel is still found): a ``kernel[grid](...)`` JIT function of its module."""
-    names = getattr(getattr(inspect.unwrap(chain), "__code__", None), "co_names", ()) if chain else ()
-    for name in names:
-        value = getattr(module, name, None)
-        if callable(getattr(value, "__getitem__", None)) and inspect.isfunction(getattr(value, "fn", None)):
-            return name
-    return None
+def _fits_names(fits) -> tuple[str | None, str | None]:
+    """(batch size, draft width): the names ``fits`` gives its first two required parameters after
+    ``self``, so vmfuzz hands them over by name (a ``*`` before them changes nothing)."""
+    params = list(inspect.signature(fits).parameters.values())[1:]
+    required = [p.name for p in params
+                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)] + [None, None]
+    return required[0], required[1]
 
 
-def _kernel_entry(eu) -> str | None:
-    """The global through which ``build_tree_kernel_efficient`` hands over to the kernel.
+def _chain_launch(chain) -> tuple[str | None, object]:
+    """(name, kernel): the Triton kernel ``build_chain_tree`` launches, found by following the calls
+    its code makes (a renamed kernel, or a launch moved into a helper, is still found): a
+    ``kernel[grid](...)`` JIT function."""
+    def launches(name, value):
+        return callable(getattr(value, "__getitem__", None)) and inspect.isfunction(getattr(value, "fn", None))
 
-    Read from the wrapper's own code (the globals it names), so a renamed or
-    re-exported entry is still found: a known name, or a callable whose
-    signature names the kernel's output buffers.
+    found = follow_calls(chain, launches) if chain else None
+    return (found[0], found[1]) if found else (None, None)
+
+
+def _kernel_entry(eu) -> tuple[str | None, object]:
+    """(name, function) through which ``build_tree_kernel_efficient`` hands over to the kernel.
+
+    Found by following the calls the wrapper's code makes (``reach.follow_calls``),
+    so an entry reached through a helper of its module, or renamed on import, is
+    still found: a known name, or a function whose signature names the kernel's
+    output buffers. The function is None where this host never defines the
+    entry an older wrapper names (its CUDA import failed).
     """
-    wrapper = inspect.unwrap(eu.build_tree_kernel_efficient)
-    names = getattr(getattr(wrapper, "__code__", None), "co_names", ())
-    for name in names:
-        if name in KERNEL_ENTRIES and (name == "sgl_build_tree_kernel_efficient" or hasattr(eu, name)):
-            return name
-    for name in names:
-        value = getattr(eu, name, None)
+    def known(name, value):
+        return name in KERNEL_ENTRIES and (name == "sgl_build_tree_kernel_efficient" or value is not None
+                                           or hasattr(eu, name))
+
+    def writes_the_tree(name, value):
         if not inspect.isfunction(value):
-            continue
-        params = set(inspect.signature(value).parameters)
-        if {"tree_mask", "positions", "retrieve_next_sibling"} <= params:
-            return name
-    return None
+            return False
+        try:
+            params = set(inspect.signature(value).parameters)
+        except (TypeError, ValueError):
+            return False
+        return {"tree_mask", "positions", "retrieve_next_sibling"} <= params
+
+    wrapper = eu.build_tree_kernel_efficient
+    found = follow_calls(wrapper, known, writes_the_tree)
+    if found is None:
+        return None, None
+    name, value, _ = found
+    if value is None:
+        value = getattr(eu, name, None)
+    return name, value
 
 
 def sg_version() -> str:

@@ -39,6 +39,7 @@ from harness.model.fa3_reads import table_slot, table_width
 from harness.model.qsa_reads import QsaVerify
 from harness.model.readers import capture_seq_len, captured_bs, pool_slots
 from harness.targets.sglang.binding import bound
+from harness.targets.sglang.seams import call_method, call_with
 
 QSA = "srt/layers/attention/qwen_sparse_attn_backend.py"
 _MODULE = "sglang.srt.layers.attention.qwen_sparse_attn_backend"
@@ -103,7 +104,7 @@ def backend(config: Config, pool: int, dev):
                          dtype=torch.int32, device=dev)
     runner.req_to_token_pool = SimpleNamespace(size=pool, req_to_token=table)
     with bound(*backend_init.lookups_bound(mod, cls, numbers)):
-        return cls(runner), numbers
+        return call_with(cls, f"{cls.__name__}.__init__", QSA, model_runner=runner), numbers
 
 
 class _UnpinnedTorch:
@@ -190,11 +191,11 @@ def read_replay(config: Config, batch: Batch, step) -> QsaVerify:
                            num_padding=graph_bs - batch.bs)
     with bound(*backend_init.lookups_bound(mod, mod.QwenSparseAttnBackend, numbers)):
         with bound((mod, "torch", _UnpinnedTorch())):
-            be.init_cuda_graph_state(config.max_bs, config.max_bs * config.d)
-        _run(lambda fb: be.init_forward_metadata_out_graph(fb, in_capture=True), capture,
+            call_method(be, "init_cuda_graph_state", max_bs=config.max_bs, max_num_tokens=config.max_bs * config.d)
+        _run(lambda fb: call_method(be, "init_forward_metadata_out_graph", forward_batch=fb, in_capture=True), capture,
              "init_forward_metadata_out_graph")
         captured = be.forward_metadata
-        _run(lambda fb: be.init_forward_metadata_out_graph(fb, in_capture=False), replay,
+        _run(lambda fb: call_method(be, "init_forward_metadata_out_graph", forward_batch=fb, in_capture=False), replay,
              "_replay_cuda_graph_metadata")
     return QsaVerify(captured.sequence_lengths, captured.row_req_pool_indices,
                      _graph_gather(be, captured.row_req_pool_indices), graph_bs=graph_bs)

@@ -37,7 +37,8 @@ from harness.guard.shadow import ShadowHeap
 from harness.targets.sglang.binding import bound
 from harness.targets.sglang.kv_ids import GathersKvSlots
 from harness.targets.sglang.loader import _quiet_import
-from harness.targets.sglang.seams import unset_by_harness
+from harness.targets.sglang.reach import patches_everywhere
+from harness.targets.sglang.seams import call_method, unset_by_harness
 
 #: What this module drives: (path under the sglang package, function, properties).
 SURFACE = (
@@ -104,7 +105,9 @@ _KV_GATHER = "create_flashinfer_kv_indices_triton"
 def _stand_in_checked(backend):
     """An attribute the backend's own code sets but the stand-in lacks is vmfuzz out of step."""
     module = modules().triton_backend
-    gather = ([(module, _KV_GATHER, _KvGatherNothing(backend.kv_index_translator.calls))]
+    # bound wherever the gather is held, so a launch moved into a helper of another module is stood in too
+    gather = (patches_everywhere(getattr(module, _KV_GATHER), _KvGatherNothing(backend.kv_index_translator.calls),
+                                 (module, _KV_GATHER))
               if hasattr(module, _KV_GATHER) else [])
     try:
         with bound(*gather):
@@ -206,7 +209,8 @@ def read_eager(config: Config, batch: Batch, step, heap: ShadowHeap, window: int
     dev = step.tree_mask.device
     backend = triton_backend(None, config, max(config.max_bs, batch.bs), dev, heap, graphs=False, window=window)
     with _stand_in_checked(backend):
-        backend.init_forward_metadata(_verify_batch(m, batch.bs, _seq_lens(batch, dev), step.tree_mask, config.d))
+        call_method(backend, "init_forward_metadata",
+                    forward_batch=_verify_batch(m, batch.bs, _seq_lens(batch, dev), step.tree_mask, config.d))
     return _view(backend.forward_metadata, backend, window=window)
 
 
@@ -229,7 +233,7 @@ def read_replay(mask, config: Config, batch: Batch, step, heap: ShadowHeap, wind
     capture = _verify_batch(m, graph_bs, torch.full((graph_bs,), fill, dtype=torch.long, device=dev),
                             placeholder, config.d)
     with _stand_in_checked(backend):
-        backend.init_forward_metadata_out_graph(capture, in_capture=True)
+        call_method(backend, "init_forward_metadata_out_graph", forward_batch=capture, in_capture=True)
     # The step's writes land after capture; a reused step wrote the buffer itself.
     if step.reused:
         buf.copy_(step.tree_mask.to(dev).view(buf.shape))
@@ -238,7 +242,7 @@ def read_replay(mask, config: Config, batch: Batch, step, heap: ShadowHeap, wind
         custom_mask = step.tree_mask.to(dev)
     replay = _verify_batch(m, graph_bs, torch.cat([_seq_lens(batch, dev), padding]), custom_mask, config.d)
     with _stand_in_checked(backend):
-        backend.init_forward_metadata_out_graph(replay, in_capture=False)
+        call_method(backend, "init_forward_metadata_out_graph", forward_batch=replay, in_capture=False)
     return _view(backend.forward_metadata, backend, graph_bs, window)
 
 
@@ -267,14 +271,15 @@ class ServerReader:
             capture = _verify_batch(m, graph_bs, torch.full((graph_bs,), fill, dtype=torch.long, device=dev),
                                     placeholder, config.d)
             with _stand_in_checked(self.backend):
-                self.backend.init_forward_metadata_out_graph(capture, in_capture=True)
+                call_method(self.backend, "init_forward_metadata_out_graph", forward_batch=capture, in_capture=True)
             self.graphs[graph_bs] = self.backend.forward_metadata
 
     def eager(self, batch: Batch, step) -> ReaderView:
         dev = step.tree_mask.device
         with _stand_in_checked(self.backend):
-            self.backend.init_forward_metadata(_verify_batch(modules(), batch.bs, _seq_lens(batch, dev),
-                                                             step.tree_mask, self.config.d))
+            call_method(self.backend, "init_forward_metadata",
+                        forward_batch=_verify_batch(modules(), batch.bs, _seq_lens(batch, dev), step.tree_mask,
+                                                    self.config.d))
         return _view(self.backend.forward_metadata, self.backend)
 
     def replay(self, batch: Batch, step) -> ReaderView:
@@ -286,5 +291,5 @@ class ServerReader:
         replay = _verify_batch(modules(), graph_bs, torch.cat([_seq_lens(batch, dev), padding]), custom_mask,
                                self.config.d)
         with _stand_in_checked(self.backend):
-            self.backend.init_forward_metadata_out_graph(replay, in_capture=False)
+            call_method(self.backend, "init_forward_metadata_out_graph", forward_batch=replay, in_capture=False)
         return _view(self.graphs[graph_bs], self.backend, graph_bs)

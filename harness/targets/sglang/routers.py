@@ -21,6 +21,7 @@ graphs) are bound for the construction only.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 from types import SimpleNamespace
@@ -32,7 +33,10 @@ from harness.model.config import Batch, Config
 from harness.model.outputs import StepOutput
 from harness.model.routing import (CAPTURE, FIXUP_GRAPH_BS, FIXUP_ROUTERS, FIXUP_SPEC, ROUTERS, Child, Nest,
                                    ReplayView, Routing, check_args)
+from harness.model.errors import OutOfStep
 from harness.targets.sglang.binding import bound
+from harness.targets.sglang.reach import lookup_patches
+from harness.targets.sglang.seams import call_method, call_with, where
 from harness.model.trees import draft_tokens, tree_tensors
 
 _ATTN = "srt/layers/attention/"
@@ -151,8 +155,8 @@ def build(sg, router: str, spec_mode: str, children: dict, context_len: int) -> 
     backend = _router(router, spec_mode, _kids(sg, router, spec_mode, children, context_len, served, made, graphs),
                       context_len)
     forward_batch = SimpleNamespace(forward_mode=sg.forward_info.ForwardMode.TARGET_VERIFY)
-    backend.forward_extend(q=None, k=None, v=None, layer=SimpleNamespace(layer_id=_FULL_LAYER),
-                           forward_batch=forward_batch)
+    call_method(backend, "forward_extend", q=None, k=None, v=None, layer=SimpleNamespace(layer_id=_FULL_LAYER),
+                forward_batch=forward_batch)
     resolved, custom_mask = _dflash_resolves(backend, made)
     fixed_up = _drive_graphs(router, spec_mode, backend)
     return Routing(router, spec_mode, backend, backend.verify_mask, getattr(backend, "max_context_len", None),
@@ -166,22 +170,28 @@ def _drive_graphs(router: str, spec_mode: str, backend) -> bool:
     (where it hands one on): what reaches each leaf is recorded by the leaf. False: no fix-up run
     (a release whose backends have none has no plan stream to fix up after)."""
     fixes = router in FIXUP_ROUTERS and hasattr(type(backend), "update_verify_buffers_to_fill_after_draft")
-    with bound(*_hybrid_lookups(spec_mode)):
-        backend.init_cuda_graph_state(*CAPTURE)
+    name, file = type(backend).__name__, where(type(backend))
+    with bound(*_hybrid_lookups(spec_mode)), _lookups_taken(f"{name}.init_cuda_graph_state", file):
+        max_bs, max_num_tokens = CAPTURE
+        call_with(backend.init_cuda_graph_state, f"{name}.init_cuda_graph_state", file, max_bs=max_bs,
+                  max_num_tokens=max_num_tokens)
         if fixes:
-            backend.update_verify_buffers_to_fill_after_draft(FIXUP_SPEC, FIXUP_GRAPH_BS)
+            call_with(backend.update_verify_buffers_to_fill_after_draft,
+                      f"{name}.update_verify_buffers_to_fill_after_draft", file, spec_info=FIXUP_SPEC,
+                      cuda_graph_bs=FIXUP_GRAPH_BS)
     return fixes
 
 
 def _hybrid_lookups(spec_mode: str) -> list:
     """The server-wide lookups the hybrid router makes, bound to an EAGLE server in ``spec_mode``
-    without a diffusion LLM; only those this release's module has."""
+    without a diffusion LLM; only those this release has, bound wherever the real function is held
+    (imported by name, or reached through the module that defines it)."""
     mod, _ = _class("hybrid")
     spec = SimpleNamespace(speculative_attention_mode=spec_mode, speculative_algorithm="EAGLE",
                            dllm_algorithm=None)
     answers = {"get_spec": lambda: spec,
                "get_exec": lambda: SimpleNamespace(dllm=SimpleNamespace(dllm_algorithm=None))}
-    return [(mod, name, answer) for name, answer in answers.items() if hasattr(mod, name)]
+    return lookup_patches([mod], answers)
 
 
 def _kids(sg, router: str, spec_mode: str, children: dict, context_len: int, served: list, made: dict,
@@ -202,8 +212,10 @@ def _kids(sg, router: str, spec_mode: str, children: dict, context_len: int, ser
 
 
 def _router(router: str, spec_mode: str, kids: dict, context_len: int):
-    """SGLang's router class of kind ``router``, constructed by its own ``__init__`` over ``kids``."""
+    """SGLang's router class of kind ``router``, constructed by its own ``__init__`` over ``kids``,
+    each handed by the parameter name the constructor gives it (``seams.call_with``)."""
     mod, cls = _class(router)
+    seam, file = f"{cls.__name__}.__init__", where(cls)
     if router == "hybrid":
         spec = SimpleNamespace(speculative_attention_mode=spec_mode, speculative_algorithm="EAGLE",
                                dllm_algorithm=None)
@@ -212,18 +224,36 @@ def _router(router: str, spec_mode: str, kids: dict, context_len: int):
         runner = SimpleNamespace(kv_cache_dtype=torch.bfloat16, token_to_kv_pool=None, req_to_token_pool=None,
                                  kv_index_translator=None, server_args=spec, dllm_config=None,
                                  model_config=SimpleNamespace(context_len=context_len))
-        with bound(*_hybrid_lookups(spec_mode)):
-            return cls(runner, kids["prefill"], kids["decode"])
+        with bound(*_hybrid_lookups(spec_mode)), _lookups_taken(seam, file):
+            return call_with(cls, seam, file, model_runner=runner, prefill_backend=kids["prefill"],
+                             decode_backend=kids["decode"])
     if router == "tbo":
-        return cls(kids["primary"], [kids["tbo-child-0"], kids["tbo-child-1"]])
+        with _lookups_taken(seam, file):
+            return call_with(cls, seam, file, primary=kids["primary"],
+                             children=[kids["tbo-child-0"], kids["tbo-child-1"]])
     if router == "dots-swa":
-        return cls(kids["wrapped"])
-    # A server-wide lookup only some releases' constructor makes (0.5.21 has none):
-    # where the module has no such function, the constructor cannot call it.
-    lookup = [(mod, "check_cuda_graph_backend", lambda *a, **k: False)] \
-        if hasattr(mod, "check_cuda_graph_backend") else []
-    with bound(*lookup):
-        return cls(kids["full"], kids["linear"], [_FULL_LAYER])
+        with _lookups_taken(seam, file):
+            return call_with(cls, seam, file, backend=kids["wrapped"])
+    # A server-wide lookup only some releases' constructor makes (0.5.21 has none): bound
+    # wherever this release holds it, none where it has no such function.
+    lookup = lookup_patches([mod], {"check_cuda_graph_backend": lambda *a, **k: False})
+    with bound(*lookup), _lookups_taken(seam, file):
+        return call_with(cls, seam, file, full_attn_backend=kids["full"], linear_attn_backend=kids["linear"],
+                         full_attn_layers=[_FULL_LAYER])
+
+
+@contextlib.contextmanager
+def _lookups_taken(seam: str, file: str):
+    """A server-wide lookup the constructor made that vmfuzz's stand-ins did not answer reached the
+    real one, which finds no server: vmfuzz out of step with where the lookup now is, not a
+    routing defect."""
+    try:
+        yield
+    except (ValueError, RuntimeError) as exc:
+        if "not published" in str(exc):
+            raise OutOfStep(seam, file, f"the constructor made a server-wide lookup vmfuzz does not stand in "
+                            f"for: {exc}") from None
+        raise
 
 
 _ROLE_CLASSES: dict[str, type] = {}
@@ -257,7 +287,8 @@ def _dflash_resolves(backend, kids: dict) -> tuple[str | None, bool | None]:
     resolve = getattr(dflash, "resolve_dflash_verify_mask_policy", None)
     if resolve is None:
         return None, None
-    name, custom_mask = resolve(backend)
+    name, custom_mask = call_with(resolve, "resolve_dflash_verify_mask_policy", "srt/speculative/dflash_utils.py",
+                                  attn_backend=backend)
     roles = {type(kid).__name__: role for role, kid in kids.items()}
     return roles.get(name, name), custom_mask
 
@@ -310,7 +341,7 @@ def tbo_replay(sg, config: Config, batch: Batch) -> tuple[ReplayView, list]:
     _, cls = _class("tbo")
     seen: dict = {}
     primary, *children = (_ReplayChild(role, seen) for role in ROUTERS["tbo"])
-    backend = cls(primary, children)
+    backend = call_with(cls, f"{cls.__name__}.__init__", where(cls), primary=primary, children=children)
     bs, d = batch.bs, config.d
     seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int64)
     mask_cells = sum((s + d) * d for s in batch.seq_lens)
@@ -322,7 +353,8 @@ def tbo_replay(sg, config: Config, batch: Batch) -> tuple[ReplayView, list]:
         seq_lens_sum=int(seq_lens.sum()), seq_lens_cpu=seq_lens.clone(), encoder_lens=None,
         out_cache_loc=torch.arange(bs * d) + 500, kv_loc_plan=None, kv_loc_cols=None, spec_info=spec,
         max_seq_len_override=None)
-    backend.init_forward_metadata_out_graph(view, in_capture=False)
+    call_with(backend.init_forward_metadata_out_graph, f"{cls.__name__}.init_forward_metadata_out_graph", where(cls),
+              forward_batch=view, in_capture=False)
     return _view(view), [seen.get(role) for role in ROUTERS["tbo"][1:]]
 
 
@@ -346,11 +378,8 @@ def verify_routed(target, routing: Routing, config: Config, batch: Batch, heap) 
     sel, par = tree_tensors(config, batch, dev)
     from harness.targets.sglang.seams import require_taken
     with target._routed(heap, mask) as taken:
-        vi = sg.call_site.build_eagle_verify_input(
-            forward_batch, SimpleNamespace(bonus_tokens=chain.bonus_tokens), par, sel,
-            draft_tokens(config, batch, dev)[1], None, target_worker=target_worker, topk=config.topk,
-            num_steps=config.spec_steps,
-            num_draft_tokens=config.d, tree_mask_mode=sg.Mode(int(config.mode)), device=str(dev))
+        vi = call_sites.verify_input_call(sg, forward_batch, SimpleNamespace(bonus_tokens=chain.bonus_tokens), par,
+                                          sel, draft_tokens(config, batch, dev)[1], target_worker, config, dev)
     require_taken(taken, "routed eagle")
     reused = mask is not None and vi.custom_mask.data_ptr() == mask.buffer.data_ptr()
     return StepOutput(vi.custom_mask, vi.positions, vi.retrieve_index, vi.retrieve_next_token,

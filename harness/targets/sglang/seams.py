@@ -121,15 +121,9 @@ def default_of(fn, quantity: str, seam: str, file: str, otherwise):
 def call_by_quantity(fn, seam: str, file: str, values: dict, synonyms: dict = SYNONYMS):
     """Call ``fn`` with ``values`` (quantity -> value), each under the name ``fn``'s signature gives it."""
     quantity_of = _names(synonyms)
-    kwargs = {}
-    for name, param in signature(fn, seam, file).parameters.items():
-        q = quantity_of.get(name)
-        if q is not None and q in values:
-            kwargs[name] = values[q]
-        elif param.default is param.empty and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise OutOfStep(seam, file, f"{getattr(fn, '__qualname__', fn)} requires {name}, which vmfuzz "
-                            "cannot supply")
-    return fn(**kwargs)
+    named = {name: values[quantity_of[name]] for name in signature(fn, seam, file).parameters
+             if quantity_of.get(name) in values}
+    return call_with(fn, seam, file, **named)
 
 
 def quantities_of_call(fn, seam: str, file: str, args: tuple, kwargs: dict, synonyms: dict):
@@ -149,18 +143,89 @@ def with_quantity(bound: inspect.BoundArguments, quantity: str, value, synonyms:
     return bound
 
 
-def call_with(fn, seam: str, file: str, /, *args, **named):
-    """Call ``fn`` with ``args`` and those of ``named`` its signature takes; a required
-    parameter ``named`` lacks is out of step (found before the call, never inside it)."""
-    params = signature(fn, seam, file).parameters
-    takes_any = any(p.kind == p.VAR_KEYWORD for p in params.values())
-    kwargs = {k: v for k, v in named.items() if k in params or takes_any}
+#: what the harness hands SGLang's constructors -> the parameter names its classes give it
+CONSTRUCTOR_SYNONYMS: dict[str, tuple[str, ...]] = {
+    "model_runner": ("model_runner", "runner"),
+}
+
+
+def _aliases() -> dict[str, set[str]]:
+    """Each parameter name SGLang has used -> every name it has used for that same quantity."""
+    out: dict[str, set[str]] = {}
+    for table in (SYNONYMS, ALLOCATOR_SYNONYMS, CONSTRUCTOR_SYNONYMS):
+        for names in table.values():
+            for name in names:
+                out.setdefault(name, {name}).update(names)
+    return out
+
+
+_ALIASES = _aliases()
+
+
+def _given_as(param: str, given: dict) -> str | None:
+    if param in given:
+        return param
+    for name in _ALIASES.get(param, ()):
+        if name in given:
+            return name
+    return None
+
+
+def call_with(fn, seam: str, file: str, /, *receiver, **named):
+    """Call ``fn`` (a function or a class) handing each of ``named`` to the parameter its own
+    signature names for it (a release's other name for the same quantity counts too).
+
+    Values go in as keywords whatever SGLang's parameter kind, so a ``*`` added to
+    a signature changes nothing; only a positional-only parameter is filled by
+    position. ``receiver`` is for ``self`` of a function read off a class, the one
+    argument a method is always handed first. Values ``fn`` takes no parameter for
+    are left out, unless it takes ``**kwargs``. A required parameter vmfuzz has no
+    value for is out of step, named with its file, found before the call: a
+    harness call that does not bind is never the target's raise.
+    """
+    sig = signature(fn, seam, file)
+    given = dict(named)
+    args, kwargs = list(receiver), {}
+    positional_open = True
+    for i, param in enumerate(sig.parameters.values()):
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        if i < len(receiver):
+            if param.kind is param.KEYWORD_ONLY:
+                raise OutOfStep(seam, file, f"{_name(fn)}{sig} takes {param.name} by keyword only, where vmfuzz "
+                                "hands it the receiver")
+            continue
+        key = _given_as(param.name, given)
+        if key is None:
+            if param.default is param.empty:
+                raise OutOfStep(seam, file, f"{_name(fn)}{sig} requires {param.name}, which vmfuzz cannot "
+                                "supply")
+            positional_open = positional_open and param.kind is not param.POSITIONAL_ONLY
+            continue
+        value = given.pop(key)
+        if param.kind is param.POSITIONAL_ONLY:
+            if not positional_open:
+                raise OutOfStep(seam, file, f"{_name(fn)}{sig} takes {param.name} by position after a "
+                                "positional-only parameter vmfuzz leaves at its default")
+            args.append(value)
+        else:
+            kwargs[param.name] = value
+    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        kwargs.update(given)
     try:
-        inspect.signature(fn).bind(*args, **kwargs)
+        sig.bind(*args, **kwargs)
     except TypeError as exc:
-        raise OutOfStep(seam, file, f"{getattr(fn, '__qualname__', fn)}{_sig(fn)} does not take what vmfuzz "
-                        f"passes: {exc}") from None
+        raise OutOfStep(seam, file, f"{_name(fn)}{sig} does not take what vmfuzz passes: {exc}") from None
     return fn(*args, **kwargs)
+
+
+def call_method(obj, method: str, /, **named):
+    """``obj.method`` called by its parameters' names (``call_with``), the seam named after it."""
+    return call_with(getattr(obj, method), f"{type(obj).__name__}.{method}", where(type(obj)), **named)
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
 
 
 class Sentinel:

@@ -14,7 +14,6 @@ import dataclasses
 import inspect
 import os
 
-import msgspec
 import torch
 
 import harness
@@ -28,8 +27,10 @@ from harness.guard.shadow import ShadowHeap
 from harness.targets.sglang.binding import bound as _bound
 from harness.targets.sglang import call_sites, flashinfer, readers, writers
 from harness.targets.sglang.loader import Sglang, imported_sglang
+from harness.targets.sglang.reach import patches_everywhere, raised_in
 from harness.targets.sglang.seams import (ALLOCATOR_SYNONYMS, OutOfStep, Sentinel, bind, call_by_quantity, call_with,
                                           require_taken, where)
+from harness.targets.sglang.structs import replaced
 
 VERIFY_MASK = "srt/layers/attention/verify_mask.py"
 
@@ -97,9 +98,11 @@ class SglangTarget:
         # Bound by fits's own parameters (loader._fits_shape): options with defaults keep them.
         if self.sglang.fits_problem:
             raise OutOfStep("VerifyMask.fits", VERIFY_MASK, self.sglang.fits_problem)
+        bs_name, d_name = self.sglang.fits_names
+        named = {bs_name: bs}
         if self.sglang.fits_takes_d:
-            return bool(self.sglang.fits(mask, bs, self._draft_tokens.get(id(mask), 0)))
-        return bool(self.sglang.fits(mask, bs))
+            named[d_name] = self._draft_tokens.get(id(mask), 0)
+        return bool(call_with(self.sglang.fits, "VerifyMask.fits", VERIFY_MASK, mask, **named))
 
     def fill_prefix(self, mask, reused: bool) -> bool:
         # What SGLang's call site asked its wrapper for; a variant overrides it.
@@ -162,7 +165,7 @@ class SglangTarget:
                                  f"is_read={config.is_read})")
         if heap is not None:
             guarded = heap.alloc("tree_mask", vm.buffer.numel(), vm.buffer.dtype)
-            vm = msgspec.structs.replace(vm, buffer=guarded)
+            vm = replaced(vm, "VerifyMask", VERIFY_MASK, buffer=guarded)
         if len(self._draft_tokens) > 4096:
             self._draft_tokens.clear()
         self._draft_tokens[id(vm)] = config.d
@@ -193,9 +196,10 @@ class SglangTarget:
             raise OutOfStep("build_chain_tree", where(chain), "no Triton kernel launch found among the globals "
                             "it names, for vmfuzz to guard")
         with _bound(*patches):
-            outputs = call_with(chain, "build_chain_tree", where(chain), inputs.bonus_tokens, inputs.draft_tokens,
-                                inputs.seq_lens, buffer, req_pool_indices=inputs.req_pool_indices,
-                                req_to_token=inputs.req_to_token, with_mrope=with_mrope)
+            outputs = call_with(chain, "build_chain_tree", where(chain), bonus_tokens=inputs.bonus_tokens,
+                                draft_tokens=inputs.draft_tokens, seq_lens=inputs.seq_lens, tree_mask_buf=buffer,
+                                req_pool_indices=inputs.req_pool_indices, req_to_token=inputs.req_to_token,
+                                with_mrope=with_mrope)
         patches[0][2].require("build_chain_tree returned without launching the kernel vmfuzz guards "
                               "(_build_chain_tree_kernel)")
         return ChainOutput.of(outputs, buffer)
@@ -226,19 +230,24 @@ class SglangTarget:
                     params.arguments["fill_prefix_mask"] = bool(target.fill_prefix(mask, True))
                 finally:
                     target._callsite_fill = None
-            return wrapper(*params.args, **params.kwargs)
+            try:
+                return wrapper(*params.args, **params.kwargs)
+            except Exception as exc:
+                _unguarded_write(exc, sg, kernel)
+                raise
 
         wrapped = Sentinel(wrapper_router, "build_tree_kernel_efficient", writers.EAGLE_UTILS)
+        # The wrapper wherever a call site may reach it: imported by name, through eagle_utils
+        # (the pp rebuild imports it at call time), or under another name.
         patches = [(sg.VerifyMask, "fits", fits_router),
-                   (sg.wrapper_owner, "build_tree_kernel_efficient", wrapped)]
-        if sg.wrapper_owner is not sg.eagle_utils:
-            # The pp rebuild imports the wrapper from eagle_utils at call time.
-            patches.append((sg.eagle_utils, "build_tree_kernel_efficient", wrapped))
+                   *patches_everywhere(wrapper, wrapped,
+                                       (sg.wrapper_owner, "build_tree_kernel_efficient"),
+                                       (sg.eagle_utils, "build_tree_kernel_efficient"))]
+        chain = writers.chain_kernel_patches(sg, target.chain_kernel, heap)
         if target._site == "frozen_kv_mtp":
             # The frozen-KV MTP worker imported the wrapper by name at its own import.
             patches.append((sg.frozen().module, "build_tree_kernel_efficient", wrapped))
         kernel = writers.tree_kernel_patches(sg, target.kernel, heap)
-        chain = writers.chain_kernel_patches(sg, target.chain_kernel, heap)
         with _bound(*patches, *kernel, *chain):
             yield {"wrapper": wrapped, "kernel": kernel[0][2] if kernel else None,
                    "chain": chain[0][2] if chain else None}
@@ -359,3 +368,22 @@ class SglangTarget:
         return triton_indptr_buffers(self, numbers)
 
 
+def _unguarded_write(exc: Exception, sg, kernel: list) -> None:
+    """Out of step when the wrapper raised on a path vmfuzz's guard never stood on.
+
+    With no kernel entry found, or the real entry running although every place
+    that holds it was bound to the guard, SGLang's device dispatch ran on a host
+    it was not built for: what it raised is the harness's doing, not SGLang's.
+    """
+    if isinstance(exc, OutOfStep):
+        return
+    if not kernel:
+        raise OutOfStep("build_tree_kernel_efficient", writers.EAGLE_UTILS,
+                        "no kernel entry found along the calls it makes, for vmfuzz to guard; it raised "
+                        f"{type(exc).__name__}: {exc}") from None
+    # Only the guard launches SGLang's tree kernels: their module's code running before it was
+    # reached means the wrapper got there some way vmfuzz did not bind.
+    if not kernel[0][2].calls and raised_in(exc, getattr(sg, "entry_fn", None), sg.spec_tree):
+        raise OutOfStep(kernel[0][2].seam, writers.EAGLE_UTILS,
+                        "the wrapper reached the kernel entry by a path vmfuzz did not bind, and its unguarded "
+                        f"dispatch raised {type(exc).__name__}: {exc}") from None

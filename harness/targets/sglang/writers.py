@@ -15,12 +15,11 @@ redzoned stand-ins (``guarded_chain_write``) and then runs the target's
 
 from __future__ import annotations
 
-import sys
-
 from harness.guard.chain_write import ChainCall, guarded_chain_write
 from harness.guard.tree_write import KernelCall, guarded_write
 from harness.model.layouts import TreeMaskMode
 from harness.model.errors import OutOfStep
+from harness.targets.sglang.reach import patches_everywhere
 from harness.targets.sglang.seams import Sentinel, bind, by_quantity, default_of, where
 
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
@@ -64,7 +63,7 @@ def kernel_signature_of(sg):
     """The function whose parameter names read a call of the kernel entry: the entry itself
     where this host defines it, else the Triton kernel it stands for (a CPU host never
     defines the CUDA entry an older wrapper names)."""
-    entry = getattr(sg.eagle_utils, sg.entry, None) if sg.entry else None
+    entry = getattr(sg, "entry_fn", None) if sg.entry else None
     return entry if callable(entry) and not isinstance(entry, Sentinel) else (sg.triton or sg.jit)
 
 
@@ -96,21 +95,11 @@ def tree_kernel_patches(sg, kernel, heap) -> list[tuple]:
         guarded_write(kernel, call, [int(s) for s in seq.tolist()])
 
     sentinel = Sentinel(kernel_entry, seam, EAGLE_UTILS)
-    # An older wrapper names the CUDA entry even where this host never defined it.
-    patches = [(sg.eagle_utils, sg.entry, sentinel, True)]
-    # The entry is bound where it is defined too: a wrapper that reaches it
-    # through its home module, not the name eagle_utils imported, still goes
-    # through the guard instead of the platform kernel this host lacks.
-    home = _home_module(getattr(sg.eagle_utils, sg.entry, None), sg.entry)
-    if home is not None and home is not sg.eagle_utils:
-        patches.append((home, sg.entry, sentinel, False))
-    return patches
-
-
-def _home_module(entry, name: str):
-    """The module that defines ``entry`` under ``name``, if it holds that very object."""
-    home = sys.modules.get(getattr(entry, "__module__", None) or "")
-    return home if home is not None and getattr(home, name, None) is entry else None
+    # Bound wherever the entry is held -- where it is defined and every module that imported it,
+    # under any name -- so a wrapper that reaches it through a helper, its home module or a
+    # renamed import still goes through the guard. An older wrapper names the CUDA entry even
+    # where this host never defined it: bound by that name in eagle_utils too.
+    return patches_everywhere(getattr(sg, "entry_fn", None), sentinel, (sg.eagle_utils, sg.entry, True))
 
 
 class _GuardedChainLaunch:
@@ -142,7 +131,8 @@ def chain_kernel_patches(sg, chain_kernel, heap) -> list[tuple]:
         return []
     launch = _GuardedChainLaunch(chain_kernel, heap, sg.chain_launch)
     launch._seam, launch._file = sg.chain_launch_name, where(sg.chain_module)
-    return [(sg.chain_module, sg.chain_launch_name, Sentinel(launch, launch._seam, launch._file))]
+    # wherever the kernel is held, so a launch from a helper (of this module or another) is guarded too
+    return patches_everywhere(sg.chain_launch, Sentinel(launch, launch._seam, launch._file))
 
 
 def relaunch_chain(sg, call: ChainCall) -> None:
