@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from harness.model.errors import ImportRaised  # noqa: F401 - re-exported: raised by the target layer
 from harness.model.origin import Origin
 from harness.properties.kit import PropertyFailure
 
@@ -36,30 +37,6 @@ class TargetRaised(Exception):
 
     def __reduce__(self):
         return (TargetRaised, (self.type_name, str(self).split(": ", 1)[-1], self.frame))
-
-
-class ImportRaised(Exception):
-    """The code under test raised while one of its modules was imported: a server could not load it.
-
-    Decided where the module is imported (``harness.targets.sglang.imports``),
-    before any property is known, so it carries the raise itself (type, the
-    innermost frame of the code under test, the module being imported) and
-    becomes a finding of whichever property met it: effect raise, stage import.
-    It crosses a worker's pipe as itself.
-    """
-
-    def __init__(self, module: str, type_name: str, frame: str, message: str):
-        super().__init__(f"importing {module} raised {type_name}: {message}")
-        self.module, self.type_name, self.frame, self.message = module, type_name, frame, message
-
-    def __reduce__(self):
-        return (ImportRaised, (self.module, self.type_name, self.frame, self.message))
-
-    def origin(self, prop: str) -> Origin:
-        return Origin(prop, "raise", stage="import", exc_type=self.type_name, frame=self.frame)
-
-    def detail(self) -> str:
-        return f"target raised {self.type_name} while {self.module} was imported: {self.message}"
 
 
 def raise_place(exc: BaseException | None) -> str:

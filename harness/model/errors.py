@@ -38,3 +38,28 @@ class OutOfStep(Exception):
 def out_of_step_line(exc: "OutOfStep | str") -> str:
     """The one line a command prints when it could not check (exit 3)."""
     return f"vmfuzz: could not check: vmfuzz is out of step with this SGLang: {exc}"
+
+
+class ImportRaised(Exception):
+    """The code under test raised while one of its modules was imported: a server could not load it.
+
+    Decided where the module is imported (``harness.targets.sglang.imports``),
+    before any property is known, so it carries the raise itself (type, the
+    innermost frame of the code under test, the module being imported) and
+    becomes a finding of whichever property met it: effect raise, stage import.
+    It crosses a worker's pipe as itself.
+    """
+
+    def __init__(self, module: str, type_name: str, frame: str, message: str):
+        super().__init__(f"importing {module} raised {type_name}: {message}")
+        self.module, self.type_name, self.frame, self.message = module, type_name, frame, message
+
+    def __reduce__(self):
+        return (ImportRaised, (self.module, self.type_name, self.frame, self.message))
+
+    def origin(self, prop: str):
+        from harness.model.origin import Origin
+        return Origin(prop, "raise", stage="import", exc_type=self.type_name, frame=self.frame)
+
+    def detail(self) -> str:
+        return f"target raised {self.type_name} while {self.module} was imported: {self.message}"

@@ -28,7 +28,7 @@ from __future__ import annotations
 import importlib
 import os
 
-from harness.engine.failures import ImportRaised
+from harness.model.errors import ImportRaised
 from harness.model.errors import OutOfStep
 
 PACKAGE = "sglang"
