@@ -391,7 +391,8 @@ def test_the_gate_reads_git_paths_with_odd_names_safely(tmp_path):
 
 
 def test_a_changed_files_list_is_capped_and_keeps_undecodable_names(tmp_path):
-    from harness.engine.changes import ChangeError, LIST_CAP, changed_from_file
+    from harness.engine.change_paths import LIST_CAP, changed_from_file
+    from harness.engine.changes import ChangeError
     from harness.report.terminal import shown
     listed = tmp_path / "changed.txt"
     listed.write_bytes(b"# comment\npython/sglang/srt/caf\xe9.py\n\n")

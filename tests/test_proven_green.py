@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine.change_paths import hunk_lines, normalise_entry
-from harness.engine.changes import ChangeError, changed_from_file, changed_since
+from harness.engine.change_paths import changed_from_file, hunk_lines, normalise_entry
+from harness.engine.changes import ChangeError, changed_since
 from harness.engine.diff_coverage import CPU_CANNOT_TAKE, measure, parse, spans
 from harness.engine.results import PropertyResult
 from harness.engine.surface import gate_coverage

@@ -19,7 +19,8 @@ from harness.model.errors import EXIT_OK, UsageError
 def run(args) -> int:
     # Nothing here imports SGLang before the change is known to touch the mask:
     # a docs-only change is a skip that costs seconds.
-    from harness.engine.changes import (ChangeError, changed_from_file, changed_since, checkout_at, sglang_checkout,
+    from harness.engine.change_paths import changed_from_file
+    from harness.engine.changes import (ChangeError, changed_since, checkout_at, sglang_checkout,
                                         touches_verify_mask)
     from harness.engine.surface import runs_sglang
     from harness.report.terminal import shown

@@ -1,6 +1,6 @@
 """A change's entries and lines as CI lists and git diffs spell them.
 
-``normalise_entry`` turns whatever a CI system wrote into a changed-files list
+``changed_from_file`` reads a changed-files list; ``normalise_entry`` turns whatever a CI system wrote into a changed-files list
 into a path relative to the checkout, or refuses it by name; ``changed_lines``
 asks git which lines of a file the working tree changed since the base, for
 the gate's measurement of what ran (``diff_coverage``).
@@ -11,8 +11,38 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import os
+
 from harness.engine.changes import READ_CAP, ChangeError, Checkout, _git, _inside
 from harness.report.terminal import shown
+
+
+#: Bytes of a --changed-files list; a real PR's list is kilobytes.
+LIST_CAP = 16 << 20
+
+
+def changed_from_file(path: str, root: Path | str | None = None) -> list[str]:
+    """One changed path per line, each normalised against ``root`` (``normalise_entry``).
+    Only a regular file is read: a FIFO with no writer would block the gate forever,
+    and /dev/zero never ends."""
+    from harness.model.validate import LimitError, read_input
+    try:
+        data = read_input(path, "--changed-files")
+    except LimitError as exc:
+        raise ChangeError(shown(str(exc))) from None
+    if len(data) > LIST_CAP:
+        raise ChangeError(f"--changed-files {shown(str(path))}: longer than {LIST_CAP >> 20} MiB")
+    if b"\0" in data:
+        raise ChangeError(f"--changed-files {shown(str(path))} holds NUL bytes, so it is not UTF-8 text "
+                          "of one path per line")
+    # A list saved by a Windows editor starts with a byte-order mark that would glue
+    # itself to the first path and make it match nothing.
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    # Names as the filesystem spells them (undecodable bytes kept), so they can be read back.
+    text = os.fsdecode(data)
+    entries = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    return list(dict.fromkeys(normalise_entry(e, root, path) for e in entries))
 
 
 def normalise_entry(entry: str, root: Path | str | None, listed_in: str = "--changed-files") -> str:

@@ -316,35 +316,6 @@ def touches_verify_mask(paths: list[str], checkout: Checkout | None = None, pack
 
 # -- listing the change ---------------------------------------------------------
 
-#: Bytes of a --changed-files list; a real PR's list is kilobytes.
-LIST_CAP = 16 << 20
-
-
-def changed_from_file(path: str, root: Path | str | None = None) -> list[str]:
-    """One changed path per line, each normalised against ``root`` (``normalise_entry``).
-    Only a regular file is read: a FIFO with no writer would block the gate forever,
-    and /dev/zero never ends."""
-    from harness.model.validate import LimitError, read_input
-    try:
-        data = read_input(path, "--changed-files")
-    except LimitError as exc:
-        raise ChangeError(shown(str(exc))) from None
-    if len(data) > LIST_CAP:
-        raise ChangeError(f"--changed-files {shown(str(path))}: longer than {LIST_CAP >> 20} MiB")
-    if b"\0" in data:
-        raise ChangeError(f"--changed-files {shown(str(path))} holds NUL bytes, so it is not UTF-8 text "
-                          "of one path per line")
-    # A list saved by a Windows editor starts with a byte-order mark that would glue
-    # itself to the first path and make it match nothing.
-    if data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]
-    # Names as the filesystem spells them (undecodable bytes kept), so they can be read back.
-    text = os.fsdecode(data)
-    entries = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
-    from harness.engine.change_paths import normalise_entry
-    return list(dict.fromkeys(normalise_entry(e, root, path) for e in entries))
-
-
 def checkout_at(repo: str | Path) -> Checkout:
     """The checkout for ``--changed-files``: the folder the paths are relative to."""
     root = Path(repo)

@@ -195,6 +195,17 @@ def _reached(results) -> dict:
     return out
 
 
+def _changed_lines_md(gate: dict) -> list[str]:
+    """The gate's measured lines: one row per changed file, then each could-not-check line."""
+    measured = changed_line_rows(gate)
+    if not measured:
+        return []
+    out = ["| changed file | verdict | lines, and the property that ran each |", "|---|---|---|"]
+    out += [f"| `{shown(path)}` | {verdict} | {detail} |" for path, verdict, detail in measured]
+    out += [f"\n- could not check: {w}" for w in gate.get("could_not_check") or []]
+    return out + [""]
+
+
 def summary_md(s: dict) -> str:
     c = s["counts"]
     dep_failed = any(((s.get("deployment") or {}).get(p) or {}).get("ok") is False for p in ("routing", "allocation"))
@@ -231,13 +242,7 @@ def summary_md(s: dict) -> str:
         lines += [""] if any(d.get(p) for p in ("routing", "allocation")) else []
     if s.get("gate"):
         line = gate_line(s["gate"], quote="`")
-        lines += [f"G{line[1:]} (of {len(s['gate']['changed'])} changed)", ""]
-        measured = changed_line_rows(s["gate"])
-        if measured:
-            lines += ["| changed file | verdict | lines, and the property that ran each |", "|---|---|---|"]
-            lines += [f"| `{shown(path)}` | {verdict} | {detail} |" for path, verdict, detail in measured]
-            lines += [f"\n- could not check: {w}" for w in s["gate"].get("could_not_check") or []]
-            lines += [""]
+        lines += [f"G{line[1:]} (of {len(s['gate']['changed'])} changed)", "", *_changed_lines_md(s["gate"])]
     lines += ["| property | status | examples | seconds |", "|---|---|---:|---:|"]
     lines += [f"| {p['name']} | {p['status']} | {p['examples']} | "
               + ("shared |" if p.get("shared_run") else f"{p['seconds']:.1f} |") for p in s["properties"]]

@@ -183,15 +183,7 @@ def import_sglang(kernel_choice: str) -> Sglang:
     sg.wrapper_owner = sg.call_site if hasattr(sg.call_site, "build_tree_kernel_efficient") else eu
     sg.triton = (getattr(spec_tree, "sgl_build_tree_kernel_triton", None) if spec_tree else None) \
         or getattr(eu, "sgl_build_tree_kernel_triton", None)
-    sg.jit = None
-    if torch.cuda.is_available():
-        for mod, attr in (("sglang.kernels.ops.speculative.tree", "build_tree_kernel_efficient"),
-                          ("sgl_kernel", "build_tree_kernel_efficient")):
-            try:
-                sg.jit = getattr(importlib.import_module(mod), attr)
-                break
-            except Exception:
-                continue
+    sg.jit = _jit_tree_kernel() if torch.cuda.is_available() else None
     if kernel_choice == "jit" and sg.jit is None:
         raise ImportError("VMFUZZ_SGLANG_KERNEL=jit needs a CUDA device and SGLang's JIT tree kernel")
     # A Triton tree wrapper not found where vmfuzz looks (renamed, moved) is vmfuzz out of
@@ -201,6 +193,17 @@ def import_sglang(kernel_choice: str) -> Sglang:
         + ("kernels/ops/speculative/spec_tree.py" if spec_tree else "srt/speculative/eagle_utils.py")
         + " for vmfuzz to launch")
     return sg
+
+
+def _jit_tree_kernel():
+    """The JIT CUDA tree kernel (a CUDA host only), from whichever package this SGLang keeps it in."""
+    for mod, attr in (("sglang.kernels.ops.speculative.tree", "build_tree_kernel_efficient"),
+                      ("sgl_kernel", "build_tree_kernel_efficient")):
+        try:
+            return getattr(importlib.import_module(mod), attr)
+        except Exception:  # noqa: BLE001 - the next place it may live
+            continue
+    return None
 
 
 def _fits_shape(fits) -> tuple[bool, str | None]:

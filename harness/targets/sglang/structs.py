@@ -47,9 +47,8 @@ def replaced(obj, seam: str, file: str, **changes):
         except (TypeError, ValueError) as exc:
             raise OutOfStep(seam, file, f"{cls.__name__} cannot be copied with {', '.join(changes)} changed: "
                             f"{exc}") from None
-    elif hasattr(cls, "__attrs_attrs__"):
-        import attrs
-        out = attrs.evolve(obj, **changes)
+    elif hasattr(cls, "__attrs_attrs__") and (evolve := _attrs_evolve()) is not None:
+        out = evolve(obj, **changes)
     elif hasattr(obj, "_replace") and hasattr(cls, "_fields"):
         out = obj._replace(**changes)
     else:
@@ -65,3 +64,13 @@ def replaced(obj, seam: str, file: str, **changes):
             raise OutOfStep(seam, file, f"a copy of {cls.__name__} made by its own constructor does not hold "
                             f"the {name} vmfuzz gave it")
     return out
+
+
+def _attrs_evolve():
+    """attrs' own copy-with-changes, from the attrs that made the class (vmfuzz does not depend on it)."""
+    import sys
+    for name in ("attrs", "attr"):
+        evolve = getattr(sys.modules.get(name), "evolve", None)
+        if evolve is not None:
+            return evolve
+    return None
