@@ -364,3 +364,18 @@ def test_a_process_that_cannot_record_says_so_and_its_check_still_runs(tmp_path,
     finally:
         line_trace.stop()
     assert ran and line_trace.failures(tmp_path / "rec")[0].startswith(("ImportError", "ModuleNotFoundError"))
+
+
+def test_a_decode_branch_of_a_mask_path_function_is_named_outside_not_could_not_check():
+    src = ("def init_forward_metadata(forward_mode, bs):\n"
+           "    if forward_mode.is_decode_or_idle():\n"
+           "        cu = bs + 1\n"
+           "    elif forward_mode.is_target_verify():\n"
+           "        cu = bs * 2\n"
+           "    if not (forward_mode.is_target_verify()):\n"
+           "        cu = 0\n"
+           "    return cu\n")
+    m = measure("python/sglang/b.py", src, "/x/b.py", frozenset({3, 5, 7}),
+                {"init_forward_metadata": "reader-agreement"}, {})
+    assert m.outside == [3, 7] and m.never_ran == [5]  # only the verify branch is the gate's to vouch for
+    assert m.why_outside[3] == "off the mask's path: runs only when forward_mode.is_decode_or_idle()"

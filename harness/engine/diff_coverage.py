@@ -22,6 +22,7 @@ reported, not required.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +45,27 @@ CPU_CANNOT_TAKE = {
     "_is_cpu": "CPU-engine branch: needs SGLANG_USE_CPU_ENGINE, whose kernels are not the code under test",
     "is_cpu()": "CPU-engine branch: needs SGLANG_USE_CPU_ENGINE, whose kernels are not the code under test",
 }
+
+
+#: Branches off the mask's path inside a mask-path function: a backend's one metadata method
+#: serves every forward mode, and only its target-verify branch reads the mask. Keyed, like
+#: ``CPU_CANNOT_TAKE``, by the branch's condition as the source spells it, and shipped here:
+#: each is a mode test that is False for TARGET_VERIFY (a branch under it never runs for a
+#: verify step), or a test that there is no speculative input at all.
+OFF_MASK_PATH = re.compile(
+    r"^(?:\w+\.)*forward_mode\.(?:is_decode_or_idle|is_decode|is_idle|is_draft_extend|is_draft_extend_v2|"
+    r"is_dllm_extend|is_prefill|is_mixed)\(\)$"
+    r"|^not \(?(?:\w+\.)*forward_mode\.is_target_verify\(\)\)?$"
+    r"|^(?:\w+\.)*encoder_lens is not None$"
+    r"|^(?:\w+\.)*spec_info is None$|^not \(?(?:\w+\.)*spec_info is not None\)?$")
+
+
+def off_mask_path(conditions: tuple[str, ...]) -> str | None:
+    """Why a branch under these conditions is not on the mask's path (``OFF_MASK_PATH``), or None."""
+    for cond in conditions:
+        if OFF_MASK_PATH.match(cond):
+            return f"off the mask's path: runs only when {cond}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -160,6 +182,7 @@ class FileLines:
     never_ran: list[int] = field(default_factory=list)  # required, run by no property
     functions: dict[str, dict] = field(default_factory=dict)  # mask-path function -> entered, coverage
     why_never: dict[int, str] = field(default_factory=dict)  # what would drive a line, where known
+    why_outside: dict[int, str] = field(default_factory=dict)  # a mask-path function's off-path branch
     why_untraced: str = ""
 
     @property
@@ -176,6 +199,7 @@ class FileLines:
                 "judged": {str(k): v for k, v in sorted(self.judged.items())},
                 "at_import": self.at_import, "outside": self.outside, "never_ran": self.never_ran,
                 "why_never_ran": {str(k): v for k, v in sorted(self.why_never.items())},
+                "why_outside": {str(k): v for k, v in sorted(self.why_outside.items())},
                 "functions": self.functions,
                 **({"why_untraced": self.why_untraced} if self.why_untraced else {})}
 
@@ -255,6 +279,9 @@ def measure(path: str, text: str, traced: str, changed: frozenset[int] | None,
             out.at_import.append(s.first)
         elif home is None:
             out.outside.append(s.first)
+        elif (off := off_mask_path(s.conditions)) is not None:
+            out.outside.append(s.first)
+            out.why_outside[s.first] = off
         else:
             touched.add(home)
             out.never_ran.append(s.first)
