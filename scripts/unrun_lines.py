@@ -1,0 +1,87 @@
+"""Which lines of the mask's path the gate never runs on the installed SGLang, and under what branch.
+
+    python scripts/unrun_lines.py [--work DIR] [--out FILE]
+
+Lays the installed SGLang out as a checkout in which every file is new (so every
+line counts as changed), runs ``vmfuzz gate --target sglang --base HEAD`` on it,
+and tabulates what the gate measured: each mask-path statement no property ran,
+grouped by its function and the innermost branch condition it sits under (the
+condition no case the gate ran made true), and the off-path branches it named.
+docs/sglang-target.md keeps the table for the release vmfuzz is written against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from importlib.util import find_spec
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def checkout_of_everything(work: Path) -> Path:
+    """A git checkout whose one commit is empty and whose python/sglang is the installed package."""
+    package = Path(find_spec("sglang").origin).parent
+    repo = work / "checkout"
+    shutil.copytree(package, repo / "python" / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
+    env = dict(os.environ, GIT_AUTHOR_NAME="vmfuzz", GIT_AUTHOR_EMAIL="vmfuzz@localhost",
+               GIT_COMMITTER_NAME="vmfuzz", GIT_COMMITTER_EMAIL="vmfuzz@localhost")
+    for args in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "empty"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=env)
+    return repo
+
+
+def table(summary: dict) -> list[str]:
+    from harness.engine.diff_coverage import parse
+    from harness.report.terminal import spans
+    out = ["| file (sglang/) | function | branch never taken on the gate's cases | statements | lines |",
+           "|---|---|---|---:|---|"]
+    off = []
+    for record in (summary.get("gate") or {}).get("lines") or []:
+        if not record.get("traced"):
+            continue
+        rel = record["path"].split("python/sglang/", 1)[-1]
+        source = parse(Path(record["traced"]).read_text(encoding="utf-8", errors="replace"))
+        groups: dict[tuple[str, str], list[int]] = {}
+        for n in record.get("never_ran") or []:
+            st = source.statement_at(n)
+            cond = (st.conditions[-1] if st and st.conditions else "(no branch: the function never ran, or left before this line)")
+            groups.setdefault((st.function if st else "?", cond), []).append(n)
+        for (fn, cond), lines in sorted(groups.items()):
+            out.append(f"| `{rel}` | `{fn}` | `{cond}` | {len(lines)} | {spans(lines)} |")
+        off += [f"{rel}:{n}" for n in (record.get("why_outside") or {})]
+    return out + ["", f"{len(off)} statements of mask-path functions named off the mask's path "
+                      "(other forward modes; `diff_coverage.OFF_MASK_PATH`)."]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="unrun_lines.py")
+    ap.add_argument("--work", type=Path, default=None, help="where the checkout and the report go")
+    ap.add_argument("--out", type=Path, default=None, help="also write the table to FILE")
+    args = ap.parse_args(argv)
+    work = args.work or Path(tempfile.mkdtemp(prefix="vmfuzz-unrun-"))
+    repo = checkout_of_everything(work)
+    report = work / "report"
+    proc = subprocess.run([sys.executable, "-m", "harness", "gate", "--target", "sglang", "--base", "HEAD",
+                           "--repo", str(repo), "--report-dir", str(report)],
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True)
+    if not (report / "summary.json").is_file():
+        sys.exit(f"unrun_lines: the gate wrote no summary (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+    lines = table(json.loads((report / "summary.json").read_text()))
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        args.out.write_text(text)
+    print(text, end="")
+    print(f"unrun_lines: the gate exited {proc.returncode}; its reports are in {report}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
