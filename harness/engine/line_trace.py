@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -65,9 +66,13 @@ def _pause_in_other_kernels(rec: _Recorder) -> None:
     a kernel's own file changed. A kernel whose file is traced runs traced, so its
     lines are measured; the host code around every launch always is.
     """
+    if "triton" not in sys.modules:
+        # Never the first to import Triton: it must be imported after TRITON_INTERPRET is set
+        # (the sglang loader's job), and a target that has not imported it launches nothing.
+        return
     try:
         from triton.runtime.interpreter import InterpretedFunction
-    except Exception:  # noqa: BLE001 - no Triton (the reference target): nothing runs in it
+    except Exception:  # noqa: BLE001 - a Triton without the interpreter: nothing runs in it
         return
     original = getattr(InterpretedFunction.run, "_vmfuzz_original", InterpretedFunction.run)
 
