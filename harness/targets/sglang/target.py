@@ -149,7 +149,12 @@ class SglangTarget:
         # The host's read layout is the config's: a read FULL_MASK config models a
         # GPU server, a read QLEN_ONLY one a CPU (intel_amx) server. SGLang's own
         # allocator then picks the layout; what it picks is judged, never replaced.
-        host_layout = [(owner, name, lambda: mode)
+        asked = []  # whether SGLang consulted the imitated host at all
+
+        def host_default():
+            asked.append(True)
+            return mode
+        host_layout = [(owner, name, host_default)
                        for owner, name in call_sites.default_layout_holders(sg, sg.maybe_create)]
         with _bound((sg.verify_mask, "tree_mask_numel", numel_router), *host_layout):
             # By the allocator's own parameter names (a renamed keyword binds through its synonyms).
@@ -158,6 +163,14 @@ class SglangTarget:
                               is_read=config.is_read)
             vm = call_by_quantity(sg.maybe_create, "maybe_create_verify_mask", VERIFY_MASK, quantities,
                                   ALLOCATOR_SYNONYMS)
+        if vm is not None and vm.mode != mode and config.is_read and not asked:
+            # The allocator picked a read mask's layout without asking the host vmfuzz imitates: a
+            # value SGLang computed at import (from the real host), or a lookup vmfuzz did not bind.
+            # Its answer is this machine's, not the server's: the harness's miss, never a finding.
+            raise OutOfStep(call_sites.DEFAULT_LAYOUT, VERIFY_MASK,
+                            f"maybe_create_verify_mask chose {sg.Mode(vm.mode).name} for a read mask without "
+                            f"calling the {call_sites.DEFAULT_LAYOUT} vmfuzz imitates the server's host with "
+                            "(decided at import, or through a name vmfuzz does not bind)")
         if vm is None or vm.mode != mode:
             raise AllocatorChose(None if vm is None else sg.Mode(vm.mode).name, mode.name,
                                  f"maybe_create_verify_mask(max_bs={config.max_bs}, "
