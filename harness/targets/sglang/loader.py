@@ -13,6 +13,8 @@ import importlib
 import inspect
 import logging
 import os
+import re
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -315,4 +317,36 @@ def imported_sglang() -> tuple[str, Path]:
             version = importlib.import_module("sglang.version").__version__
         except Exception:  # noqa: BLE001 - only describes what was imported
             version = None
-    return (str(version) if version else "unknown"), Path(list(sglang.__path__)[0]).absolute()
+    where = Path(list(sglang.__path__)[0]).absolute()
+    return code_version(where, str(version) if version else None)[0], where
+
+
+def code_version(package: Path, imported: str | None) -> tuple[str, str]:
+    """(the version of the code in ``package``, where that was read), from that code itself.
+
+    A package built or installed carries a generated ``_version.py``, and its
+    ``__version__`` is its own. A git checkout has none, and SGLang then falls back
+    to the installed wheel's metadata: a checkout of newer code would be labelled
+    with an older release (and excused by that release's known findings). There
+    the checkout's own ``git describe`` decides: a tag, or past it ``TAG.postN+gSHA``
+    (newer than the tag, so a range closed at the tag no longer applies). With
+    neither the version is unknown, and no known entry with a closed range applies.
+    """
+    if (package / "_version.py").is_file():
+        return imported or "unknown", "the package's generated _version.py"
+    root = next((p for p in (package.parent, package.parent.parent) if (p / ".git").exists()), None)
+    if root is None:
+        return imported or "unknown", "the package's __version__ (no checkout around it)"
+    try:
+        out = subprocess.run(["git", "-C", str(root), "describe", "--tags", "--long", "--dirty", "--match", "v[0-9]*"],
+                             capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        out = None
+    m = re.fullmatch(r"v(\d[\w.]*)-(\d+)-g([0-9a-f]+)(-dirty)?", out.stdout.strip()) if out and out.returncode == 0 \
+        else None
+    if m is None:
+        return "unknown", f"the checkout at {root} has no generated version file and no release tag git can describe"
+    tag, past, sha, dirty = m.group(1), int(m.group(2)), m.group(3), bool(m.group(4))
+    if past == 0 and not dirty:
+        return tag, f"git describe in the checkout at {root}"
+    return f"{tag}.post{past}+g{sha}{'.dirty' if dirty else ''}", f"git describe in the checkout at {root}"

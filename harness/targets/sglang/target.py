@@ -328,8 +328,10 @@ class SglangTarget:
 
     def versions(self) -> dict[str, str]:
         import triton
+        from harness.targets.sglang.loader import code_version
         version, path = imported_sglang()
-        return {"sglang": version, "sglang path": str(path), "triton": triton.__version__, "torch": torch.__version__,
+        return {"sglang": version, "sglang path": str(path), "sglang version from": code_version(path, version)[1],
+                "triton": triton.__version__, "torch": torch.__version__,
                 "kernel": self.kernel_choice + (" (interpreter)" if os.environ.get("TRITON_INTERPRET") == "1" else ""),
                 "call sites": ", ".join(self.call_sites),
                 "vmfuzz": harness.__version__}
