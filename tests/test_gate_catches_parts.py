@@ -76,4 +76,24 @@ def test_the_gate_catches_a_bad_edit_to_each_part(sglang_target, part, tmp_path)
     assert proc.returncode == 1, out
     assert "FAILED" in proc.stdout, out
     assert_caught_by(tmp_path / "report", *caught_by, out=out)
-    assert f"python/sglang/{edited[0]}" in summary["gate"]["exercised"], summary["gate"]
+    # Measured, not declared: the mask-path function holding the edit ran under a property. (The file
+    # as a whole need not be "exercised": the finding ends its property's search, so functions after
+    # the failing step may never run, and a changed-files list without a diff asks for all of them.)
+    holders = _functions_holding_the_edit(edited[0], pkg, summary)
+    assert holders and all(f["entered"] for f in holders.values()), (holders, summary["gate"])
+
+
+def _functions_holding_the_edit(rel: str, pkg: Path, summary: dict) -> dict:
+    """The gate's measured mask-path functions of ``rel`` that hold a line the alteration changed."""
+    import difflib
+    from importlib.util import find_spec
+
+    from harness.engine.diff_coverage import parse
+    pristine = (Path(find_spec("sglang").origin).parent / rel).read_text().splitlines()
+    altered = (pkg / rel).read_text()
+    changed = {j + 1 for tag, _, _, j1, j2 in difflib.SequenceMatcher(None, pristine, altered.splitlines())
+               .get_opcodes() if tag != "equal" for j in range(j1, max(j2, j1 + 1))}
+    functions = parse(altered).functions
+    (measured,) = [f for f in summary["gate"]["lines"] if f["path"] == f"python/sglang/{rel}"]
+    return {q: f for q, f in measured["functions"].items()
+            if any(functions[q][0] <= n <= functions[q][1] for n in changed)}

@@ -71,7 +71,10 @@ def test_gate_catches_server_state_and_nesting_bugs(sglang_target, tmp_path, alt
     changed = tmp_path / "changed.txt"
     files = [f for files, _, _ in edits for f in files] if edits else _TRITON + _TBO
     changed.write_text("".join(f"python/sglang/{f}\n" for f in files))
-    props = [a for p in ([prop] if prop else ["reader-agreement", "routing"]) for a in ("--property", p)]
+    # The pristine copy names every property that drives the two files: with a changed-files list (no
+    # diff) each mask-path function of theirs must run, allocation-soundness's init_cuda_graph_state too.
+    props = [a for p in ([prop] if prop else ["reader-agreement", "routing", "allocation-soundness"])
+             for a in ("--property", p)]
     proc, out = run_on_copy(site, tmp_path, "gate", "--target", "sglang", "--changed-files", str(changed), *props,
                             "--db", str(tmp_path / "db"), "--report-dir", str(tmp_path / "report"), timeout=400)
     if alteration is None:

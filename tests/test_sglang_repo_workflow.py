@@ -59,8 +59,11 @@ WORKFLOW = ROOT / "examples" / "sglang-verify-mask-gate.yml"
 
 def workflow_gate_args(report: Path) -> list[str]:
     """The workflow's own gate command, its base branch and report folder made local."""
-    line = next(ln.strip() for ln in WORKFLOW.read_text().splitlines() if ln.strip().startswith("run: vmfuzz gate"))
-    args = shlex.split(line.removeprefix("run: vmfuzz ").replace("origin/${{ github.base_ref }}", "main"))
+    # the gate step's script: its vmfuzz line, before the workflow's own handling of the exit status
+    line = next(ln.strip() for ln in WORKFLOW.read_text().splitlines()
+                if ln.strip().removeprefix("run: ").startswith("vmfuzz gate"))
+    line = line.removeprefix("run: ").split(" || ")[0]
+    args = shlex.split(line.removeprefix("vmfuzz ").replace("origin/${{ github.base_ref }}", "main"))
     return [str(report) if prev == "--report-dir" else a for prev, a in zip([None, *args], args)]
 
 

@@ -17,7 +17,6 @@ import os
 import torch
 
 import harness
-from harness.model.allocation import AllocatorChose
 from harness.model.bounds import Bounds
 from harness.guard.chain_write import ChainCall, ChainInputs, ChainOutput
 from harness.model.config import Batch, Config
@@ -25,10 +24,10 @@ from harness.guard.tree_write import KernelCall
 from harness.model.outputs import StepOutput
 from harness.guard.shadow import ShadowHeap
 from harness.targets.sglang.binding import bound as _bound
-from harness.targets.sglang import call_sites, flashinfer, readers, writers
+from harness.targets.sglang import call_sites, flashinfer, imitated_host, readers, writers
 from harness.targets.sglang.loader import Sglang, imported_sglang
-from harness.targets.sglang.reach import patches_everywhere, raised_in
-from harness.targets.sglang.seams import (ALLOCATOR_SYNONYMS, OutOfStep, Sentinel, bind, call_by_quantity, call_with,
+from harness.targets.sglang.reach import patches_everywhere
+from harness.targets.sglang.seams import (OutOfStep, Sentinel, bind, call_by_quantity, call_with,
                                           require_taken, where)
 from harness.targets.sglang.structs import replaced
 
@@ -142,40 +141,8 @@ class SglangTarget:
 
     # -- composite -----------------------------------------------------------
     def allocate(self, config: Config, heap: ShadowHeap | None):
-        sg = self.sglang
-        mode = sg.Mode(int(config.mode))
-        device = "meta"  # SGLang sizes it; the cells come from the heap below
         numel_router = lambda m, bs, d, mcl: self.numel(m, bs, d, mcl)  # noqa: E731
-        # The host's read layout is the config's: a read FULL_MASK config models a
-        # GPU server, a read QLEN_ONLY one a CPU (intel_amx) server. SGLang's own
-        # allocator then picks the layout; what it picks is judged, never replaced.
-        asked = []  # whether SGLang consulted the imitated host at all
-
-        def host_default():
-            asked.append(True)
-            return mode
-        host_layout = [(owner, name, host_default)
-                       for owner, name in call_sites.default_layout_holders(sg, sg.maybe_create)]
-        with _bound((sg.verify_mask, "tree_mask_numel", numel_router), *host_layout):
-            # By the allocator's own parameter names (a renamed keyword binds through its synonyms).
-            quantities = dict(is_draft_runner=False, skip_prefill=False, max_bs=config.max_bs,
-                              max_context_len=config.max_context_len, d=config.d, device=device,
-                              is_read=config.is_read)
-            vm = call_by_quantity(sg.maybe_create, "maybe_create_verify_mask", VERIFY_MASK, quantities,
-                                  ALLOCATOR_SYNONYMS)
-        if vm is not None and vm.mode != mode and config.is_read and not asked:
-            # The allocator picked a read mask's layout without asking the host vmfuzz imitates: a
-            # value SGLang computed at import (from the real host), or a lookup vmfuzz did not bind.
-            # Its answer is this machine's, not the server's: the harness's miss, never a finding.
-            raise OutOfStep(call_sites.DEFAULT_LAYOUT, VERIFY_MASK,
-                            f"maybe_create_verify_mask chose {sg.Mode(vm.mode).name} for a read mask without "
-                            f"calling the {call_sites.DEFAULT_LAYOUT} vmfuzz imitates the server's host with "
-                            "(decided at import, or through a name vmfuzz does not bind)")
-        if vm is None or vm.mode != mode:
-            raise AllocatorChose(None if vm is None else sg.Mode(vm.mode).name, mode.name,
-                                 f"maybe_create_verify_mask(max_bs={config.max_bs}, "
-                                 f"max_context_len={config.max_context_len}, num_draft_tokens={config.d}, "
-                                 f"is_read={config.is_read})")
+        vm = imitated_host.allocate(self.sglang, config, numel_router)
         if heap is not None:
             guarded = heap.alloc("tree_mask", vm.buffer.numel(), vm.buffer.dtype)
             vm = replaced(vm, "VerifyMask", VERIFY_MASK, buffer=guarded)
@@ -246,7 +213,7 @@ class SglangTarget:
             try:
                 return wrapper(*params.args, **params.kwargs)
             except Exception as exc:
-                _unguarded_write(exc, sg, kernel)
+                writers.unguarded_write(exc, sg, kernel)
                 raise
 
         wrapped = Sentinel(wrapper_router, "build_tree_kernel_efficient", writers.EAGLE_UTILS)
@@ -382,23 +349,3 @@ class SglangTarget:
         from harness.targets.sglang.allocation import triton_indptr_buffers
         return triton_indptr_buffers(self, numbers)
 
-
-def _unguarded_write(exc: Exception, sg, kernel: list) -> None:
-    """Out of step when the wrapper raised on a path vmfuzz's guard never stood on.
-
-    With no kernel entry found, or the real entry running although every place
-    that holds it was bound to the guard, SGLang's device dispatch ran on a host
-    it was not built for: what it raised is the harness's doing, not SGLang's.
-    """
-    if isinstance(exc, OutOfStep):
-        return
-    if not kernel:
-        raise OutOfStep("build_tree_kernel_efficient", writers.EAGLE_UTILS,
-                        "no kernel entry found along the calls it makes, for vmfuzz to guard; it raised "
-                        f"{type(exc).__name__}: {exc}") from None
-    # Only the guard launches SGLang's tree kernels: their module's code running before it was
-    # reached means the wrapper got there some way vmfuzz did not bind.
-    if not kernel[0][2].calls and raised_in(exc, getattr(sg, "entry_fn", None), sg.spec_tree):
-        raise OutOfStep(kernel[0][2].seam, writers.EAGLE_UTILS,
-                        "the wrapper reached the kernel entry by a path vmfuzz did not bind, and its unguarded "
-                        f"dispatch raised {type(exc).__name__}: {exc}") from None

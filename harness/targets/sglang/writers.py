@@ -19,7 +19,7 @@ from harness.guard.chain_write import ChainCall, guarded_chain_write
 from harness.guard.tree_write import KernelCall, guarded_write
 from harness.model.layouts import TreeMaskMode
 from harness.model.errors import OutOfStep
-from harness.targets.sglang.reach import patches_everywhere
+from harness.targets.sglang.reach import patches_everywhere, raised_in
 from harness.targets.sglang.seams import Sentinel, bind, by_quantity, default_of, where
 
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
@@ -144,3 +144,24 @@ def relaunch_chain(sg, call: ChainCall) -> None:
     # Strides and the batch size stay as build_chain_tree computed them: the
     # stand-ins have the shapes of the buffers they replace.
     sg.chain_launch[grid](**named)
+
+
+def unguarded_write(exc: Exception, sg, kernel: list) -> None:
+    """Out of step when the wrapper raised on a path vmfuzz's guard never stood on.
+
+    With no kernel entry found, or the real entry running although every place
+    that holds it was bound to the guard, SGLang's device dispatch ran on a host
+    it was not built for: what it raised is the harness's doing, not SGLang's.
+    """
+    if isinstance(exc, OutOfStep):
+        return
+    if not kernel:
+        raise OutOfStep("build_tree_kernel_efficient", EAGLE_UTILS,
+                        "no kernel entry found along the calls it makes, for vmfuzz to guard; it raised "
+                        f"{type(exc).__name__}: {exc}") from None
+    # Only the guard launches SGLang's tree kernels: their module's code running before it was
+    # reached means the wrapper got there some way vmfuzz did not bind.
+    if not kernel[0][2].calls and raised_in(exc, getattr(sg, "entry_fn", None), sg.spec_tree):
+        raise OutOfStep(kernel[0][2].seam, EAGLE_UTILS,
+                        "the wrapper reached the kernel entry by a path vmfuzz did not bind, and its unguarded "
+                        f"dispatch raised {type(exc).__name__}: {exc}") from None
