@@ -45,6 +45,8 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a whole campaign in a subprocess (tens of seconds)")
+    config.addinivalue_line("markers", "release: installs an older SGLang release in a venv of its own (minutes); "
+                            "CI leaves it to scripts/release_matrix.sh, whose 0.5.21 column runs the same gate")
     # the fast loop (-m "not slow") runs a function of every module: tests/touched.py
     touched.register(config, ["harness", "strategies"])
 

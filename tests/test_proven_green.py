@@ -205,9 +205,12 @@ def _edit(repo: Path, old: str, new: str) -> None:
 
 
 def _gate(repo: Path, tmp_path: Path):
+    # One property, the one that judges fits: with a diff only the functions a change touches must run,
+    # so the verdict is the same as the whole gate's in a fraction of its time (the whole gate on a
+    # changed verify_mask.py is timed in PERFORMANCE.md; a pristine whole gate is test_deep_corpus's).
     reports = tmp_path / "reports"
     r = vmfuzz("gate", "--target", "sglang", "--base", "HEAD", "--repo", str(repo), "--report-dir", str(reports),
-               timeout=600)
+               "--property", "capacity-soundness", timeout=600)
     assert (reports / "summary.json").is_file(), f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
     summary = json.loads((reports / "summary.json").read_text())
     return r, summary
