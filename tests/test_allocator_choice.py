@@ -75,3 +75,53 @@ def test_the_allocators_layout_choice_is_judged_not_replaced(sglang_target, tmp_
     assert len(summary["groups"]) == 1, summary["groups"]
     assert all(f["origin"]["writer"] == ALLOCATOR and f["origin"]["cell"] == "another layout"
                for f in summary["findings"]), summary["findings"]
+
+
+#: An allocator of our own over SGLang's struct and sizing: its read layout is taken from the host once,
+#: when its module is imported (``{choice}`` is filled in per case).
+_ALLOCATOR_MODULE = '''
+import torch
+from sglang.srt.layers.attention.verify_mask import VerifyMask, tree_mask_numel
+from sglang.srt.speculative.eagle_utils import TreeMaskMode, default_tree_mask_mode
+
+_LAYOUT_OF_THIS_HOST = default_tree_mask_mode()
+
+
+def maybe_create_verify_mask(*, is_draft_runner, skip_prefill, max_bs, max_context_len, num_draft_tokens,
+                             device, is_read):
+    mode = {choice}
+    cells = tree_mask_numel(mode, max_bs, num_draft_tokens, max_context_len)
+    return VerifyMask(buffer=torch.zeros(cells, dtype=torch.bool, device=device), mode=mode, max_bs=max_bs,
+                      is_read=is_read)
+'''
+
+
+@pytest.mark.parametrize("follows_the_host", [True, False])
+def test_a_layout_read_at_import_is_read_again_on_the_imitated_host(sglang_target, tmp_path, follows_the_host):
+    import importlib.util
+    import sys
+    from types import SimpleNamespace
+
+    from harness.model.allocation import AllocatorChose
+    from harness.targets.sglang import imitated_host
+    sg = sglang_target.sglang
+    here = sg.eagle_utils.default_tree_mask_mode()  # this machine's answer
+    # the layout this machine's host does not answer: only the imitation can make the allocator pick it
+    other = sg.Mode.FULL_MASK if here == sg.Mode.QLEN_ONLY else sg.Mode.QLEN_ONLY
+    # computed at import from the host, or this machine's answer written in as a constant (ignores the host)
+    chosen = "_LAYOUT_OF_THIS_HOST" if follows_the_host else f"TreeMaskMode.{here.name}"
+    (tmp_path / "host_at_import.py").write_text(
+        _ALLOCATOR_MODULE.replace("{choice}", f"{chosen} if is_read else TreeMaskMode.QLEN_ONLY"))
+    spec = importlib.util.spec_from_file_location(f"host_at_import_{follows_the_host}", tmp_path / "host_at_import.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    fake = SimpleNamespace(**{**vars(sg), "maybe_create": module.maybe_create_verify_mask, "verify_mask": module})
+    config = Config(TreeMaskMode(int(other)), 2, 8, 4, 2, 2)
+    numel = lambda m, bs, d, mcl: int(sg.numel(m, bs, d, mcl))  # noqa: E731
+    if follows_the_host:
+        vm = imitated_host.allocate(fake, config, numel)
+        assert (vm.mode, type(vm)) == (other, sg.VerifyMask)
+    else:
+        with pytest.raises(AllocatorChose):
+            imitated_host.allocate(fake, config, numel)
