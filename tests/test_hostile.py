@@ -348,6 +348,21 @@ def test_an_interrupt_ends_with_its_code_reports_written_and_no_traceback(tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1])
+def test_a_hang_up_quit_or_user_signal_ends_a_nightly_as_sigterm_does(tmp_path, sig):
+    # Before: each killed the process where it stood, with no report. (Like SIGTERM's, a night cut short
+    # adds to last-failures but is no night of the history: it would read as a night that reached less.)
+    r = _interrupt(tmp_path, sig, ["run", "--profile", "nightly", "--time-budget", "120", "--workers", "2",
+                                   "--db", tmp_path / "db", "--report-dir", tmp_path / "r"], "vmfuzz run:")
+    no_traceback(r)
+    assert r.returncode == 143, (r.stdout, r.stderr)
+    assert f"interrupted by {sig.name}" in r.stderr, r.stderr
+    for name in ("summary.json", "summary.md", "junit.xml", "report.html"):
+        assert (tmp_path / "r" / name).is_file(), name
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["interrupted"] is True
+
+
+@pytest.mark.slow
 def test_ctrl_c_during_the_nightly_replay_keeps_last_failures(tmp_path):
     last = tmp_path / "db" / "last-failures"
     last.mkdir(parents=True)

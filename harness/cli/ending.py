@@ -47,7 +47,7 @@ def guarded(main, argv) -> int:
         print(msg if msg.startswith("vmfuzz") else f"vmfuzz: {msg}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
-        print("vmfuzz: interrupted (findings written so far are kept)", file=sys.stderr)
+        print(f"vmfuzz: interrupted by {signals.name()} (findings written so far are kept)", file=sys.stderr)
         return signals.exit_code(exc)
     except OutOfStep as exc:
         print(out_of_step_line(exc), file=sys.stderr)

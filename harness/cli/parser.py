@@ -28,7 +28,7 @@ EPILOG = """exit codes:
        ran out first (the pr cap; a budget spent before a property's search):
        the last line names each property and its examples of its fixed count
   130  interrupted by Ctrl-C (findings so far are kept, reports cover what ran)
-  143  stopped by SIGTERM (the same)
+  143  stopped by SIGTERM, SIGHUP, SIGQUIT or SIGUSR1 (the same)
 
 Each command writes summary.json, summary.md and junit.xml to --report-dir
 (default reports/<UTC timestamp>-<pid>/). `vmfuzz COMMAND --help` for its options."""

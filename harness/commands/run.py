@@ -280,8 +280,9 @@ def _say_groups(groups: list[dict]) -> None:
 
 def _verdict(plan_, target, outcome, summary: dict, written: Path) -> int:
     if outcome.interrupted:
-        from harness.engine.signals import exit_code
-        print("vmfuzz: interrupted (findings written so far are kept, reports cover what ran)", file=sys.stderr)
+        from harness.engine.signals import exit_code, name
+        print(f"vmfuzz: interrupted by {name()} (findings written so far are kept, reports cover what ran)",
+              file=sys.stderr)
         return exit_code()
     from harness.report.unchecked import cap_line, unchecked_line
     if cap_line(summary):

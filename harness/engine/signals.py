@@ -3,8 +3,11 @@
 Ctrl-C reaches the whole process group: this process turns it into
 ``KeyboardInterrupt`` (exit 130), SIGTERM into ``Terminated`` (exit 143), and
 both are remembered, so an interrupt that a library swallowed still ends the
-run as interrupted. Worker and isolated child processes ignore both: the
-parent stops them and writes the reports.
+run as interrupted. SIGHUP (a closed terminal or ssh session), SIGQUIT and
+SIGUSR1 (a batch system's warning) would otherwise kill the process where it
+stands, with no report and the failures' record not updated: they end a run
+as SIGTERM does, exit 143. Worker and isolated child processes ignore them
+all: the parent stops them and writes the reports.
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ class Terminated(KeyboardInterrupt):
 
 _received: int | None = None
 
+#: Signals that end a run as SIGTERM does (exit 143, reports written).
+ENDING = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
+
 
 def _on_signal(signum, frame) -> None:
     global _received
     _received = signum
-    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+    raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
 
 
 def install():
@@ -35,13 +41,14 @@ def install():
     _received = None
     hook = sys.unraisablehook
     sys.unraisablehook = _unraisable
-    return signal.signal(signal.SIGINT, _on_signal), signal.signal(signal.SIGTERM, _on_signal), hook
+    return {signum: signal.signal(signum, _on_signal) for signum in (signal.SIGINT, *ENDING)}, hook
 
 
 def restore(previous) -> None:
-    signal.signal(signal.SIGINT, previous[0])
-    signal.signal(signal.SIGTERM, previous[1])
-    sys.unraisablehook = previous[2]
+    handlers, hook = previous
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
+    sys.unraisablehook = hook
 
 
 def _unraisable(info) -> None:
@@ -55,7 +62,7 @@ def _unraisable(info) -> None:
 def check() -> None:
     """Raise the pending interrupt again, for one a library swallowed."""
     if _received is not None:
-        raise Terminated() if _received == signal.SIGTERM else KeyboardInterrupt()
+        raise KeyboardInterrupt() if _received == signal.SIGINT else Terminated()
 
 
 def received() -> int | None:
@@ -64,9 +71,16 @@ def received() -> int | None:
 
 
 def exit_code(exc: BaseException | None = None) -> int:
-    if isinstance(exc, Terminated) or _received == signal.SIGTERM:
+    if isinstance(exc, Terminated) or _received in ENDING:
         return 143
     return 130
+
+
+def name() -> str:
+    """The signal that ended the run, as its man page names it ("Ctrl-C" for SIGINT)."""
+    if _received is None or _received == signal.SIGINT:
+        return "Ctrl-C"
+    return signal.Signals(_received).name
 
 
 def from_user(exc: BaseException) -> bool:
@@ -78,9 +92,12 @@ def ignore_in_child() -> None:
     """For a worker or an isolated child: the parent handles interrupts and stops it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # A hang-up reaches the whole process group; the parent ends its workers itself.
+    for signum in ENDING[1:]:
+        signal.signal(signum, signal.SIG_IGN)
     # Started under ``held()``: a Ctrl-C that arrived meanwhile is now dropped,
     # and the parent's SIGTERM (how it stops a worker) takes effect.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, *ENDING})
 
 
 @contextlib.contextmanager
@@ -92,7 +109,7 @@ def held():
     printing a KeyboardInterrupt traceback from a half-started worker. In this
     process the held signal is delivered on leaving.
     """
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, *ENDING})
     try:
         yield
     finally:
