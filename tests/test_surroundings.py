@@ -131,3 +131,30 @@ def test_ctrl_c_in_selftest_writes_the_judged_variants_and_exits_130(tmp_path, m
     assert s["interrupted"] is True and list(s["kill_matrix"]) == ["fits-off-by-one"]
     assert {c["name"]: c["status"] for c in s["checks"]} == {"fits-off-by-one": "caught", "row-offset": "skipped"}
     assert (tmp_path / "r" / "junit.xml").is_file() and (tmp_path / "r" / "summary.md").is_file()
+
+
+def test_the_history_is_read_and_rewritten_under_the_databases_lock(tmp_path):
+    """Another nightly holding the lock (updating last-failures, or its own night) holds this
+    night's rewrite back until it is done, so neither rewrites the file from a stale read."""
+    import fcntl
+    import threading
+
+    from harness.engine.history import append_night
+    db = tmp_path / "db"
+    db.mkdir()
+    (db / "history.jsonl").write_text(json.dumps(NIGHT) + "\n")
+    holder = open(db / ".lock", "a")
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (append_night(db, {**NIGHT, "examples": 1}), done.set()))
+    thread.start()
+    try:
+        assert not done.wait(1.0), "the history was rewritten while another process held the lock"
+        # what the other process wrote meanwhile is read, not overwritten
+        (db / "history.jsonl").write_text(json.dumps(NIGHT) + "\n" + json.dumps({**NIGHT, "examples": 2}) + "\n")
+    finally:
+        holder.close()
+    thread.join(30)
+    assert done.is_set()
+    nights = [json.loads(line) for line in (db / "history.jsonl").read_text().splitlines()]
+    assert [n["examples"] for n in nights] == [900, 2, 1]

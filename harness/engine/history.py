@@ -95,22 +95,45 @@ def load(db_dir: Path, warn=print) -> list[dict]:
     return nights
 
 
+class locked:
+    """An exclusive ``flock`` on ``DIR/.lock`` while the database is updated: a second
+    nightly waits for the first's update instead of interleaving with it."""
+
+    def __init__(self, db_dir: Path):
+        self.path = Path(db_dir) / ".lock"
+
+    def __enter__(self):
+        import fcntl
+        self.fh = open(self.path, "a")
+        fcntl.flock(self.fh, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        self.fh.close()  # closing releases the lock
+        return False
+
+
 def append_night(db_dir: Path, record: dict, keep: int = KEEP, warn=print) -> list[dict]:
     """Adds ``record`` and keeps the last ``keep`` nights; returns them (this one last).
 
-    Written to a temporary file and renamed over the old one: readers never see half a file.
-    A database directory that cannot be written loses the history, not the night's reports.
+    Read, set aside when damaged, and rewritten under the database's lock: two nightlies
+    ending together would otherwise each rewrite the file from what it read, and one night
+    would be lost. Written to a temporary file and renamed over the old one: readers never
+    see half a file. A database directory that cannot be written loses the history, not
+    the night's reports.
     """
-    nights = (load(db_dir, warn) + [record])[-keep:]
     path = Path(db_dir) / NAME
     tmp = path.with_name(f".{NAME}.{os.getpid()}.tmp")
+    nights = [record]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write("".join(json.dumps(n, sort_keys=True) + "\n" for n in nights))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        with locked(db_dir):
+            nights = (load(db_dir, warn) + [record])[-keep:]
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write("".join(json.dumps(n, sort_keys=True) + "\n" for n in nights))
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         warn(f"history not kept in {path}: {exc.strerror or exc}")

@@ -23,6 +23,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from harness.engine.history import locked
+
 #: kept cases past this go to quarantine (the least-failed first): a nightly replays them all
 MAX_LAST_FAILURES = 64
 #: the nights file: {kept file name: nights it has failed}
@@ -64,7 +66,7 @@ def keep_failures(db_dir: Path, outcome, log=None) -> None:
                 if o.source == "last run" and not getattr(o, "set_aside", None)}
     try:
         keep.mkdir(parents=True, exist_ok=True)
-        with _locked(db_dir):
+        with locked(db_dir):
             _merge(db_dir, keep, found, replayed, outcome.interrupted, log or (lambda line: None))
     except OSError as exc:
         print(f"vmfuzz: could not update {keep}: {exc.strerror or exc} (this run's findings are in its report "
@@ -143,7 +145,7 @@ def heal(db_dir: Path, log=print) -> None:
     if not keep.is_dir():
         return
     try:
-        with _locked(db_dir):
+        with locked(db_dir):
             for path in sorted(keep.glob("replay-*.json")):  # any other name is left as it is
                 try:
                     body = path.read_bytes()
@@ -168,21 +170,3 @@ def _write_whole(path: Path, body: bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-
-
-class _locked:
-    """An exclusive ``flock`` on ``DIR/.lock`` while the database is updated: a second
-    nightly waits for the first's update instead of interleaving with it."""
-
-    def __init__(self, db_dir: Path):
-        self.path = Path(db_dir) / ".lock"
-
-    def __enter__(self):
-        import fcntl
-        self.fh = open(self.path, "a")
-        fcntl.flock(self.fh, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        self.fh.close()  # closing releases the lock
-        return False
