@@ -4,6 +4,7 @@ file, the user's Ctrl-C. (Redis killed mid-run, for real: tests/test_shard.py.)"
 from __future__ import annotations
 
 import json
+import os
 import signal
 
 import pytest
@@ -158,3 +159,41 @@ def test_the_history_is_read_and_rewritten_under_the_databases_lock(tmp_path):
     assert done.is_set()
     nights = [json.loads(line) for line in (db / "history.jsonl").read_text().splitlines()]
     assert [n["examples"] for n in nights] == [900, 2, 1]
+
+
+def test_a_fifo_or_link_among_the_saved_examples_is_skipped_never_opened(tmp_path, capsys):
+    import threading
+
+    from harness.engine.database import database_for
+    db = database_for("write", tmp_path)
+    db.save(b"k", b"v0")
+    folder = db._key_path(b"k")
+    os.mkfifo(folder / "a-fifo")  # no writer: opening it for reading would block forever
+    (folder / "a-link").symlink_to("/dev/zero")  # endless
+    got = []
+    reader = threading.Thread(target=lambda: got.extend(db.fetch(b"k")), daemon=True)
+    reader.start()
+    reader.join(20)
+    assert not reader.is_alive(), "fetching the examples blocked on the FIFO"
+    assert got == [b"v0"]
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 2 and "a-fifo skipped (not a regular file)" in err, err
+
+
+def test_a_fifo_in_place_of_the_history_or_the_nights_file_is_set_aside_never_opened(tmp_path):
+    import threading
+
+    from harness.engine.history import append_night
+    from harness.engine.nightly import _read_nights
+    db = tmp_path / "db"
+    db.mkdir()
+    os.mkfifo(db / "history.jsonl")
+    os.mkfifo(db / "nights.json")
+    said = []
+    done = threading.Thread(target=lambda: said.append((append_night(db, NIGHT, warn=said.append),
+                                                        _read_nights(db, said.append))), daemon=True)
+    done.start()
+    done.join(20)
+    assert not done.is_alive(), "a FIFO in the database blocked the night's end"
+    assert any("not a regular file" in str(w) for w in said), said
+    assert [json.loads(line) for line in (db / "history.jsonl").read_text().splitlines()] == [NIGHT]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from pathlib import Path
 
@@ -30,6 +32,54 @@ class KeyedDatabase(ExampleDatabase):
 
     def move(self, src, dest, value):
         self.inner.move(self.prefix + src, self.prefix + dest, value)
+
+
+class RegularFilesDatabase(DirectoryBasedExampleDatabase):
+    """Hypothesis's folder database, reading regular files only.
+
+    A FIFO among the examples (left by a tool, or planted) would block the search on
+    its open forever, past every time cap, and a device file could be endless: each
+    entry is opened without blocking and without following a link, and anything but
+    a regular file is skipped, said once per entry on stderr, never read.
+    """
+
+    def fetch(self, key):
+        folder = self._key_path(key)
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            return
+        for name in names:
+            path = folder / name
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+            except OSError as exc:
+                if os.path.islink(path):
+                    _skipped(path, "a symbolic link")
+                elif exc.errno not in (2,):  # gone meanwhile: nothing to say
+                    _skipped(path, exc.strerror or str(exc))
+                continue
+            try:
+                mode = os.fstat(fd).st_mode
+                if not stat.S_ISREG(mode):
+                    _skipped(path, "not a regular file")
+                    continue
+                with os.fdopen(fd, "rb", closefd=False) as fh:
+                    yield fh.read()
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+
+
+_said: set[str] = set()
+
+
+def _skipped(path: Path, why: str) -> None:
+    if str(path) not in _said:
+        _said.add(str(path))
+        print(f"vmfuzz: warning: example database entry {path} skipped ({why}): never read", file=sys.stderr,
+              flush=True)
 
 
 #: ``--db`` values naming a Redis server instead of a folder
@@ -117,7 +167,7 @@ class FallbackDatabase(ExampleDatabase):
         return list(getattr(self.active, op)(*args) or ())
 
     def _go_local(self, exc: Exception) -> None:
-        self.active, self.went_local = DirectoryBasedExampleDatabase(str(self.local)), True
+        self.active, self.went_local = RegularFilesDatabase(str(self.local)), True
         why = " ".join(str(exc).split()) or type(exc).__name__
         note_lost(f"the Redis example database {self.url} stopped answering ({why[:200]}); the run went on "
                   f"with a local one in {self.local}")
@@ -146,5 +196,5 @@ def database_for(mode: str, db_dir: Path, url: str | None = None):
         path = Path(db_dir) / "hypothesis"
         if mode == "read" and not path.is_dir():
             return None
-        db = DirectoryBasedExampleDatabase(str(path))
+        db = RegularFilesDatabase(str(path))
     return ReadOnlyDatabase(db) if mode == "read" else db

@@ -51,14 +51,16 @@ def _problem(rec) -> str | None:
 
 def read_nights(path: Path) -> tuple[list[dict], str | None]:
     """The nights in the file at ``path``, oldest first, and what is wrong with it (None: nothing)."""
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
+    from harness.model.validate import LimitError, read_input
+    if not os.path.lexists(path):
         return [], None
-    except OSError as exc:
-        return [], f"cannot be read ({exc.strerror or exc})"
+    try:
+        body = read_input(path, "history")  # a regular file only: a FIFO would block the night's end
+        text = body.decode("utf-8")
+    except LimitError as exc:
+        return [], str(exc)
     except UnicodeDecodeError as exc:
-        text, bad = path.read_bytes().decode("utf-8", errors="replace"), f"byte {exc.start} is not UTF-8"
+        text, bad = body.decode("utf-8", errors="replace"), f"byte {exc.start} is not UTF-8"
     else:
         bad = None
     nights = []

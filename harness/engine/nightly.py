@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from harness.engine.history import locked
+from harness.model.validate import read_input
 
 #: kept cases past this go to quarantine (the least-failed first): a nightly replays them all
 MAX_LAST_FAILURES = 64
@@ -124,10 +125,10 @@ def _read_nights(db_dir: Path, log) -> dict:
     """The nights file, or a fresh count: a database from an older harness has none, a
     damaged one is healed (said once), never crashed on."""
     path = db_dir / NIGHTS
-    try:
-        data = json.loads(path.read_bytes())
-    except FileNotFoundError:
+    if not path.exists():
         return {}
+    try:
+        data = json.loads(read_input(path, "the nights file"))  # a regular file only: a FIFO would block
     except (OSError, ValueError) as exc:
         log(f"  {path} could not be read ({exc}); counting nights afresh")
         return {}
@@ -148,7 +149,7 @@ def heal(db_dir: Path, log=print) -> None:
         with locked(db_dir):
             for path in sorted(keep.glob("replay-*.json")):  # any other name is left as it is
                 try:
-                    body = path.read_bytes()
+                    body = read_input(path, "a saved failure")  # a regular file only: a FIFO would block
                     prop = json.loads(body).get("property", "")
                 except (OSError, ValueError, AttributeError):
                     continue  # replay finds it unreadable and sets it aside, as for any other
