@@ -197,3 +197,24 @@ def test_a_fifo_in_place_of_the_history_or_the_nights_file_is_set_aside_never_op
     assert not done.is_alive(), "a FIFO in the database blocked the night's end"
     assert any("not a regular file" in str(w) for w in said), said
     assert [json.loads(line) for line in (db / "history.jsonl").read_text().splitlines()] == [NIGHT]
+
+
+def test_a_saved_failure_that_could_not_be_replayed_stays_only_one_that_held_drops_out(tmp_path):
+    from types import SimpleNamespace
+
+    from harness.engine.nightly import keep_failures
+    db = tmp_path / "db"
+    keep = db / "last-failures"
+    keep.mkdir(parents=True)
+    for name in ("held.json", "out-of-step.json", "failed.json"):
+        (keep / name).write_text("{}")
+    replays = [SimpleNamespace(path=keep / "held.json", source="last run", status="held", detail="", finding=None),
+               SimpleNamespace(path=keep / "out-of-step.json", source="last run", status="out of step",
+                               detail="vmfuzz is out of step with this SGLang: a seam", finding=None),
+               SimpleNamespace(path=keep / "failed.json", source="last run", status="failed", detail="x",
+                               finding=None)]
+    said = []
+    keep_failures(db, SimpleNamespace(results=[], replays=replays, interrupted=False), said.append)
+    # before: every replay that was not set aside counted as replayed and held, and was deleted
+    assert sorted(p.name for p in keep.iterdir()) == ["failed.json", "out-of-step.json"]
+    assert any("kept out-of-step.json" in line and "out of step" in line for line in said), said

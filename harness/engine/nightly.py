@@ -57,18 +57,26 @@ def set_aside(db_dir: Path, outcomes: list, log=print) -> None:
 def keep_failures(db_dir: Path, outcome, log=None) -> None:
     """Merge this run's findings into last-failures; the replayed cases that held drop out.
 
-    An interrupted run only adds. A case this run did not replay (another nightly
-    sharing the database kept it meanwhile) is left alone.
+    Only a replay that ran to the end and held drops its case: one out of step with
+    the code, not driven here, or unreadable was never checked, so it stays (said
+    with its reason), however long that lasts. An interrupted run only adds. A case
+    this run did not replay (another nightly sharing the database kept it
+    meanwhile) is left alone.
     """
     keep = db_dir / "last-failures"
+    log = log or (lambda line: None)
     found = [f for r in outcome.results for f in r.findings]
     found += [o.finding for o in outcome.replays if o.finding and not getattr(o, "set_aside", None)]
-    replayed = {Path(o.path).name for o in outcome.replays
-                if o.source == "last run" and not getattr(o, "set_aside", None)}
+    last_run = [o for o in outcome.replays if o.source == "last run" and not getattr(o, "set_aside", None)]
+    replayed = {Path(o.path).name for o in last_run if o.status == "held"}
+    for o in last_run:
+        if o.status not in ("held", "failed"):
+            log(f"  kept {Path(o.path).name} in last-failures: not replayed to the end ({o.status}: "
+                f"{' '.join(str(o.detail).split())[:200]})")
     try:
         keep.mkdir(parents=True, exist_ok=True)
         with locked(db_dir):
-            _merge(db_dir, keep, found, replayed, outcome.interrupted, log or (lambda line: None))
+            _merge(db_dir, keep, found, replayed, outcome.interrupted, log)
     except OSError as exc:
         print(f"vmfuzz: could not update {keep}: {exc.strerror or exc} (this run's findings are in its report "
               "directory)", file=sys.stderr)
