@@ -319,3 +319,36 @@ def test_a_repro_with_a_bad_origin_is_one_line_exit_2(origin, why, tmp_path):
                                "batches": [{"seq_lens": [4, 1]}], "origin": origin}))
     r = vmfuzz("replay", str(bad), "--report-dir", str(tmp_path / "r"))
     assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_known_entry_labels_a_group_only_when_it_names_every_member(tmp_path):
+    """A wrong output of the writer that overran a buffer joins the overrun's group; the group is
+    known only if the entry names that member too. Otherwise it is new: the verdict, new_groups and a
+    merge of the run's shards all say so."""
+    from types import SimpleNamespace
+
+    from harness.engine.results import Finding, PropertyResult
+    from harness.engine.session import RunOutcome
+    from harness.model.config import Config
+    from harness.model.layouts import TreeMaskMode
+    from harness.model.origin import Origin
+    from harness.report.findings import new_groups
+    from harness.report.merge import join_groups
+    overrun = Origin("no-oob-write", "overrun", writer="tree kernel", buffer="tree_mask", side="above",
+                     cell="past the end")
+    wrong = Origin("reference-agreement", "wrong", writer="tree kernel", buffer="tree_mask", cell="prefix column")
+    config = Config(TreeMaskMode.FULL_MASK, 2, 8, 4, 2, 2)
+    found = [Finding(o.property, "x", tmp_path / f"{o.effect}.json", config, [], origin=o) for o in (overrun, wrong)]
+    results = [PropertyResult(f.prop, finding=f) for f in found]
+    entry = SimpleNamespace(name="the-overrun", matches=lambda origin: origin == overrun)
+    outcome = RunOutcome(SimpleNamespace(fail_on_known=False), "t", {}, "", results=results,
+                         known=[SimpleNamespace(entry=entry, status="reproduces", reproduces=True)])
+    [group] = outcome.groups
+    assert len(group["members"]) == 2, group  # the join rule folded the wrong output in
+    assert group["known"] is None and new_groups(outcome) == 1 and outcome.failed
+    # the overrun alone is the known entry's group
+    only = RunOutcome(SimpleNamespace(fail_on_known=False), "t", {}, "", results=results[:1], known=outcome.known)
+    assert only.groups[0]["known"] == "the-overrun" and new_groups(only) == 0 and not only.failed
+    # a merge of a shard where it is known and one where it is not: not known
+    shard = {**group, "known": "the-overrun"}
+    assert join_groups([{"groups": [shard]}, {"groups": [group]}])[0]["known"] is None

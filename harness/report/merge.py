@@ -164,6 +164,9 @@ def join_groups(summaries: list[dict]) -> list[dict]:
                 out[group_id(g)] = {**g, "properties": list(g["properties"]), "members": list(g["members"])}
                 continue
             have["count"] += g["count"]
+            # known only when every shard's members are that entry's cause (harness.engine.session)
+            if have.get("known") != g.get("known"):
+                have["known"] = None
             have["properties"] = sorted(set(have["properties"]) | set(g["properties"]))
             have["members"] = list(dict.fromkeys(have["members"] + g["members"]))
             if g.get("server_valid") and not have.get("server_valid"):
