@@ -130,3 +130,33 @@ def test_known_findings_never_redden_a_command(sglang_target, tmp_path):
     assert rep.returncode == 0 and rep.stdout.startswith("known routing"), rep.stdout + rep.stderr
     assert run_cli("replay", str(repro), "--target", "sglang", "--fail-on-known",
                    "--report-dir", str(tmp_path / "replay2")).returncode == 1
+
+
+def test_a_known_cause_is_uninteresting_and_the_search_finds_the_next_cause_of_the_property(tmp_path):
+    """Two defects in one property: one a known entry names, one new. The search goes on past
+    the known one (noted among the classes) and ends on the new one, in the same example count.
+    Before, the first failure of any cause ended every property's search but routing's."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from harness.engine.search import run_property
+    from harness.model.bounds import Bounds
+    from harness.model.origin import Origin
+    from harness.properties import PROPERTIES, PropertyFailure
+    from harness.properties.kit import Observation
+    from harness.targets import resolve
+
+    def check(target, config, batches, device="cpu"):
+        if config.max_bs >= 2:  # most cases: the known cause
+            raise PropertyFailure(Origin("capacity-soundness", "unsound", writer="fits", cell="known one"), "a")
+        if config.num_draft_tokens >= 3:
+            raise PropertyFailure(Origin("capacity-soundness", "unsound", writer="fits", cell="new one"), "b")
+        return Observation()
+
+    prop = dataclasses.replace(PROPERTIES["capacity-soundness"], check=check)
+    target = resolve("reference")
+    target.known_findings = (SimpleNamespace(name="the-known-one", matches=lambda o: o.cell == "known one"),)
+    result = run_property(target, prop, seed=5, max_examples=200, findings_dir=tmp_path,
+                          bounds=Bounds(max_bs=4, max_context_len=16, num_draft_tokens=6, topk=2, spec_steps=2))
+    assert result.finding is not None and result.finding.origin.cell == "new one", result.finding
+    assert result.classes["known finding the-known-one"] >= 1, result.classes

@@ -96,6 +96,14 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
             failure = _as_failure(exc)
             if failure is None:
                 raise  # a real Ctrl-C
+            known = None if state["failed"] else known_cause(target, prop, failure)
+            if known is not None:
+                # A known cause is uninteresting to the search: noted, and Hypothesis goes on looking,
+                # so a second, new cause in this property is still found (the entry's own replay says
+                # whether it reproduces).
+                result.classes[f"known finding {known}"] += 1
+                event(f"known finding {known}")
+                return
             if not _same_finding(prop, failure, state, result, start):
                 return
             if failure is exc:
@@ -123,6 +131,12 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
         result.finding = _ending(exc, prop, state, lambda origin, detail: _record(
             target, origin, detail, state["case"], seed, findings_dir))
     return result.counted(time.perf_counter() - start, len(explicit), max_examples)
+
+
+def known_cause(target, prop: Property, failure: BaseException) -> str | None:
+    """The known entry (``known/``) this failure's cause is, if the run attached one to the target."""
+    from harness.properties.kit import known_as
+    return known_as(target, failure_of(_owner(prop, failure), failure)[0])
 
 
 def _same_finding(prop: Property, failure: BaseException, state: dict, result: PropertyResult,
@@ -360,6 +374,8 @@ def search_shared(target, props: list[Property], *, seed: int, max_examples: int
             try:
                 return run_check(shared_group(names), config, steps, dev)
             except PropertyFailure as exc:
+                if state["failed"] is None and known_cause(target, shared_group(names), exc) is not None:
+                    raise  # uninteresting to the search (run_property): no member's search narrows to it
                 state["failed"] = state["failed"] or exc.prop
                 raise
 
