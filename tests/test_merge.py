@@ -126,6 +126,12 @@ def _status(s):
     ((1, 2, 3), lambda s: s["versions"].update(sglang="0.5.22"), "differ in SGLang version"),
     ((1, 2, 3), _set(target="reference"), "differ in target"),
     ((1, 2, 3), _set(shard=None), "not a shard"),
+    ((1, 2, 3), _set(max_examples=11), "differ in examples per property"),
+    ((1, 2, 3), lambda s: s["bounds"][0].update(max_bs=99), "differ in bounds"),
+    # a shard of another --property selection (its one property is one already run by shard 1)
+    ((1, 2, 3), lambda s: s.update(properties=[{**s["properties"][0], "name": "capacity-liveness"}]),
+     "different property selections"),
+    ((1, 2, 3), lambda s: s.update(properties=s["properties"] * 3), "different property selections"),
 ])
 def test_a_set_that_is_not_every_shard_of_one_finished_run_is_refused(runs, tmp_path, capsys, which, change, says):
     folders = [_copy(_shards(runs)[k - 1], tmp_path / f"s{i}", change if i == len(which) - 1 else None)
@@ -184,3 +190,27 @@ def test_shards_whose_only_findings_are_known_merge_to_exit_0(runs, tmp_path, ca
     assert sum(_summary(f)["counts"]["findings"] for f in folders) > 0
     code, out, err = _vmfuzz(capsys, "merge", *folders, "--report-dir", tmp_path / "m")
     assert code == 0, out + err
+
+
+def test_every_summary_field_has_a_merge_rule():
+    """A field added to summary.json must say how shards join it: never copied from shard 1 unseen."""
+    from harness.model.summary_file import RunSummary
+    from harness.report.merge import FIELDS
+    assert set(FIELDS) == set(RunSummary.__struct_fields__), set(FIELDS) ^ set(RunSummary.__struct_fields__)
+
+
+def test_the_shards_numbers_are_added_not_copied_from_the_first(runs, tmp_path, capsys):
+    def numbers(k):
+        def change(s):
+            s["deep_boundary_corpus"] = {"cases": [f"case {k}"], "runs": k, "seconds": 1.0, "sized_from": "x"}
+            s["overflow_margin_by_path"] = {"reuse": {"0": k}, "fallback": {"1..100": 10 * k}}
+            s["kernel"] = {"launches": k, "kernel_seconds": 1.0, "search_seconds": 2.0, "kernel_share": 0.5}
+        return change
+    folders = [_copy(f, tmp_path / f"s{k}", numbers(k)) for k, f in enumerate(_shards(runs), 1)]
+    code, out, err = _vmfuzz(capsys, "merge", *folders, "--report-dir", tmp_path / "m")
+    assert code == 1, out + err
+    merged = _summary(tmp_path / "m")
+    assert merged["deep_boundary_corpus"]["runs"] == 6 and len(merged["deep_boundary_corpus"]["cases"]) == 3
+    assert merged["overflow_margin_by_path"] == {"reuse": {"0": 6}, "fallback": {"1..100": 60}}
+    assert merged["kernel"]["launches"] == 6 and merged["kernel"]["kernel_share"] == 0.5
+    assert merged["started"] == min(_summary(f)["started"] for f in folders)

@@ -1,8 +1,9 @@
 """``vmfuzz merge``: the reports of a sharded run (``--shard K/N``) joined into one.
 
 The folders are checked first: every shard K of one N, each once, all with the
-same target, seed, profile, harness and SGLang versions, none interrupted and
-none with a status this code does not know. Anything else is refused (one
+same target, seed, profile, versions, examples per property, device, bounds and
+property selection, none interrupted and none with a status this code does not
+know. Anything else is refused (one
 line): a merge that silently dropped a shard, or joined two different runs,
 would read as a night on which fewer things failed.
 
@@ -13,7 +14,7 @@ summaries are joined: properties side by side (a property two shards both ran
 is failed if either failed, with their examples and seconds added), finding
 groups by cause (counts added, members and properties joined), findings,
 replays and known findings listed once, counts recomputed from the joined
-lists. The merged summary is written with the same writers as a single run's
+lists, and every number by its meaning (``FIELDS`` names how each field joins). The merged summary is written with the same writers as a single run's
 (summary.md, junit.xml, report.html), so CI reads a sharded nightly as it reads
 one run.
 """
@@ -70,7 +71,13 @@ def _unknown_status(s: dict) -> str | None:
 SAME = (("target", lambda s: s.get("target")), ("seed (give every shard the same --seed)", lambda s: s.get("seed")),
         ("profile", lambda s: s.get("profile")),
         ("vmfuzz version", lambda s: (s.get("versions") or {}).get("vmfuzz")),
-        ("SGLang version", lambda s: (s.get("versions") or {}).get("sglang")))
+        ("SGLang version", lambda s: (s.get("versions") or {}).get("sglang")),
+        # every version but where it was installed (each runner has its own paths)
+        ("versions", lambda s: {k: v for k, v in (s.get("versions") or {}).items() if "path" not in k}),
+        ("examples per property (--max-examples)", lambda s: s.get("max_examples")),
+        ("device", lambda s: s.get("device")),
+        ("bounds (--bounds)", lambda s: (s.get("bounds") or [None])[0]),
+        ("--fail-on-known", lambda s: bool(s.get("fail_on_known"))))
 
 
 def check_shards(shards: list[tuple[Path, dict]]) -> list[tuple[int, int]]:
@@ -106,6 +113,7 @@ def check_shards(shards: list[tuple[Path, dict]]) -> list[tuple[int, int]]:
         raise MergeError(f"shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
                          f"{'are' if len(missing) > 1 else 'is'} missing (given: "
                          + ", ".join(f"{k}/{n}" for k, _ in sorted(split)) + ")")
+    _same_selection(shards, split, n)
     return split
 
 
@@ -151,6 +159,27 @@ def _join_property(a: dict, b: dict) -> dict:
 def group_id(g: dict) -> str:
     """A group's cause: its ``key`` (the origin's cause) where the summary has one, else its signature."""
     return g.get("key") or g["signature"]
+
+
+def _same_selection(shards: list[tuple[Path, dict]], split: list[tuple[int, int]], n: int) -> None:
+    """Shard K runs every N-th property of the run's selection from the (K-1)-th (``engine.shard``):
+    shards of one selection hold disjoint properties, in counts that interleave back into it.
+    Shards run with different ``--property`` selections do not, and are refused."""
+    names = {k: [p.get("name") for p in s["properties"]] for (k, _), (_, s) in zip(split, shards)}
+    seen: dict[str, int] = {}
+    for k, props in sorted(names.items()):
+        for name in props:
+            if name in seen:
+                raise MergeError(f"the shards ran different property selections: {name} ran in shard "
+                                 f"{seen[name]}/{n} and in shard {k}/{n} (give every shard the same --property)")
+            seen[name] = k
+    total = sum(len(v) for v in names.values())
+    for k, props in names.items():
+        if len(props) != len(range(k - 1, total, n)):
+            raise MergeError("the shards ran different property selections: "
+                             + ", ".join(f"shard {kk}/{n} ran {len(v)}" for kk, v in sorted(names.items()))
+                             + f" of {total} properties, which no --shard split of one selection gives "
+                             "(give every shard the same --property)")
 
 
 def join_groups(summaries: list[dict]) -> list[dict]:
@@ -204,6 +233,13 @@ def merge_summaries(summaries: list[dict]) -> dict:
               "boundary_classes": dict(sum((Counter(s.get("boundary_classes", {})) for s in summaries), Counter())),
               "overflow_margin": {b: sum(s.get("overflow_margin", {}).get(b, 0) for s in summaries)
                                   for b in MARGIN_BUCKETS},
+              "overflow_margin_by_path": _sum_nested([s.get("overflow_margin_by_path") or {} for s in summaries]),
+              "deep_boundary_corpus": _join_corpus([s.get("deep_boundary_corpus") for s in summaries]),
+              "reached": {k: max(s.get("reached", {}).get(k, 0) for s in summaries)
+                          for k in dict.fromkeys(k for s in summaries for k in s.get("reached", {}))},
+              "kernel": _join_kernel([s.get("kernel") for s in summaries]),
+              "time_cap": _join_cap([s.get("time_cap") for s in summaries]),
+              "started": min(s["started"] for s in summaries),
               "warnings": [w for s in summaries for w in s.get("warnings", [])],
               "timings": {"replay_seconds": sum(s["timings"]["replay_seconds"] for s in summaries),
                           "search_seconds": sum(s["timings"]["search_seconds"] for s in summaries),
@@ -220,6 +256,58 @@ def merge_summaries(summaries: list[dict]) -> dict:
         "new_groups": sum(g.get("known") is None for g in groups)
         + sum(k["status"] == DIFFERENT for k in known)}
     return merged
+
+
+def _sum_nested(parts: list[dict]) -> dict:
+    out: dict = {}
+    for part in parts:
+        for path, buckets in part.items():
+            into = out.setdefault(path, {})
+            for bucket, count in buckets.items():
+                into[bucket] = into.get(bucket, 0) + count
+    return out
+
+
+def _join_corpus(parts: list) -> dict | None:
+    """Each shard ran the deep corpus for its own properties: cases joined, runs and seconds added."""
+    parts = [p for p in parts if p]
+    if not parts:
+        return None
+    return {"cases": list(dict.fromkeys(c for p in parts for c in p["cases"])), "runs": sum(p["runs"] for p in parts),
+            "seconds": round(sum(p["seconds"] for p in parts), 3), "sized_from": parts[0]["sized_from"]}
+
+
+def _join_kernel(parts: list) -> dict | None:
+    parts = [p for p in parts if p]
+    if not parts:
+        return None
+    out = {k: sum(p.get(k, 0) for p in parts) for k in ("launches", "kernel_seconds", "search_seconds")}
+    out["kernel_seconds"], out["search_seconds"] = round(out["kernel_seconds"], 3), round(out["search_seconds"], 3)
+    out["kernel_share"] = round(out["kernel_seconds"] / out["search_seconds"], 4) if out["search_seconds"] else 0.0
+    return out
+
+
+def _join_cap(parts: list) -> dict | None:
+    """The shards ran side by side under one cap: the merged run used what its slowest shard did."""
+    parts = [p for p in parts if p]
+    if not parts:
+        return None
+    return {"cap_seconds": parts[0]["cap_seconds"], "used_seconds": max(p["used_seconds"] for p in parts),
+            "reached": any(p["reached"] for p in parts)}
+
+
+#: How every field of a run's summary.json (``harness.model.summary_file.RunSummary``) is joined.
+#: "same": every shard holds the same value (``SAME`` checks it, or it is one run's by nature);
+#: "joined": ``merge_summaries`` computes it from every shard. A field this table lacks fails
+#: tests/test_merge.py: a new field is never copied from shard 1 unseen.
+FIELDS = {
+    **dict.fromkeys(("command", "target", "profile", "seed", "max_examples", "time_budget", "workers", "isolation",
+                     "device", "versions", "fail_on_known", "bounds", "deployment", "gate", "history"), "same"),
+    **dict.fromkeys(("interrupted", "started", "counts", "properties", "boundary_classes", "overflow_margin",
+                     "overflow_margin_by_path", "findings", "replays", "known_findings", "timings", "reached",
+                     "kernel", "warnings", "groups", "deep_boundary_corpus", "shard", "shards", "time_cap"),
+                    "joined"),
+}
 
 
 def write_merged(merged: dict, report_dir: Path) -> None:
