@@ -14,7 +14,8 @@ summaries are joined: properties side by side (a property two shards both ran
 is failed if either failed, with their examples and seconds added), finding
 groups by cause (counts added, members and properties joined), findings,
 replays and known findings listed once, counts recomputed from the joined
-lists, and every number by its meaning (``FIELDS`` names how each field joins). The merged summary is written with the same writers as a single run's
+lists, and every number by its meaning (``FIELDS`` names how each field
+joins). The merged summary is written with the same writers as a single run's
 (summary.md, junit.xml, report.html), so CI reads a sharded nightly as it reads
 one run.
 """
