@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import msgspec
 
+from harness.engine.cases import boundary_cases
+from harness.model.bounds import Bounds
 from harness.model.config import Batch, Config, ConfigError, num_candidates, site_takes
 from harness.model.layouts import TreeMaskMode
 from harness.model.shapes import ShapeConstants, model_constants
@@ -111,3 +113,14 @@ def deep_cases(prop: Property, bounds, k: ShapeConstants) -> list[DeepCase]:
         batches = [first, Batch(lens[::-1], trees)] if prop.steps and lens[0] > lens[-1] else [first]
         out.append((f"{label}, spec_steps={steps} [{mode.name}]", config, batches))
     return out
+
+
+def fixed_cases(target, prop: Property, bounds: Bounds, strategy) -> tuple[list, dict]:
+    """The cases run before the search, boundary then deep, and {case key: deep label or None}."""
+    if strategy is not None:  # a deployment-scoped search keeps to its deployment: no corpus outside it
+        return [], {}
+    corpus = deep_cases(prop, bounds, constants_of(target))
+    explicit = boundary_cases(prop, bounds) + [(c, s) for _, c, s in corpus]
+    fixed = {case_key(c, s): None for c, s in explicit}
+    fixed.update({case_key(c, s): label for label, c, s in corpus})
+    return explicit, fixed

@@ -71,3 +71,22 @@ def failure_of(prop: str, exc: BaseException) -> tuple[Origin, str]:
     if isinstance(exc, TargetFault):
         return Origin(prop, exc.kind.removeprefix("target-")), str(exc)
     return raise_origin(prop, exc), raise_detail(exc)
+
+
+def known_cause(target, prop: str, failure: BaseException) -> str | None:
+    """The known entry (``known/``) that names this failure's cause, if the run attached one to ``target``."""
+    from harness.properties.kit import known_as
+    return known_as(target, failure_of(prop, failure)[0])
+
+
+def passed_over_as_known(target, prop: str, failure: BaseException, result) -> bool:
+    """A known cause is uninteresting to the search: noted among ``result``'s classes, and Hypothesis
+    goes on looking, so a second, new cause of the property is still found (the entry's own replay
+    says whether it reproduces)."""
+    from hypothesis import event
+    name = known_cause(target, prop, failure)
+    if name is None:
+        return False
+    result.classes[f"known finding {name}"] += 1
+    event(f"known finding {name}")
+    return True

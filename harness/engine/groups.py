@@ -65,6 +65,12 @@ class FindingGroup:
         valid = [f for f in self.findings if f.config is not None and server_problem(f.config) is None]
         return min(valid or self.findings, key=case_size)
 
+    def known_as(self, known_name) -> str | None:
+        """The known entry naming every member (``known_name(origin)``); None when any member is not
+        that entry's cause: a wrong output folded into a known overrun's group is still new."""
+        names = {known_name(f.origin) for f in self.findings}
+        return names.pop() if len(names) == 1 and None not in names else None
+
     def as_dict(self) -> dict:
         from harness.model.origin import encode
         from harness.model.validate import server_problem

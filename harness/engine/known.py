@@ -105,3 +105,4 @@ def replay_known(found: list[tuple[Path, Known]], target, *, findings_dir: Path 
 
 __all__ = ["KnownOutcome", "ReproError", "applicable", "attach", "default_known_root", "entries", "replay_known",
            "shipped_known_name"]
+

@@ -19,10 +19,10 @@ from hypothesis import target as hypothesis_target
 
 from harness.engine.line_trace import direct_check
 from harness.engine.database import KeyedDatabase
-from harness.engine.failures import failure_of, raise_place
+from harness.engine.failures import failure_of, known_cause, passed_over_as_known, raise_place
 from harness.engine.results import Finding, PropertyResult
-from harness.engine.cases import boundary_cases, cases
-from harness.engine.deep_corpus import case_key, constants_of, deep_cases
+from harness.engine.cases import cases
+from harness.engine.deep_corpus import case_key, fixed_cases
 from harness.engine.isolation import TargetFault, TargetRaised
 from harness.engine.signals import check as interrupt_check
 from harness.model.bounds import Bounds
@@ -62,8 +62,7 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
     @hseed(seed)
     @given(strategy if strategy is not None else cases(prop, bounds))
     def search(case):
-        # Past the deadline, skip new examples; never while shrinking a failure,
-        # or Hypothesis would see the failing example stop failing.
+        # Past the deadline, skip new examples; never while shrinking (the failure would stop failing).
         config, steps = case
         key = case_key(config, steps) if fixed and not state["failed"] else None
         # The corpus is a fixed cost run whatever the budget: only the search is cut short.
@@ -96,13 +95,7 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
             failure = _as_failure(exc)
             if failure is None:
                 raise  # a real Ctrl-C
-            known = None if state["failed"] else known_cause(target, prop, failure)
-            if known is not None:
-                # A known cause is uninteresting to the search: noted, and Hypothesis goes on looking,
-                # so a second, new cause in this property is still found (the entry's own replay says
-                # whether it reproduces).
-                result.classes[f"known finding {known}"] += 1
-                event(f"known finding {known}")
+            if not state["failed"] and passed_over_as_known(target, _owner(prop, failure), failure, result):
                 return
             if not _same_finding(prop, failure, state, result, start):
                 return
@@ -118,7 +111,7 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
         if math.isfinite(obs.margin):  # a case that wrote no step has no margin to report
             hypothesis_target(obs.margin, label="overflow margin (cells)")
 
-    explicit, fixed = _fixed_cases(target, prop, bounds, strategy)
+    explicit, fixed = fixed_cases(target, prop, bounds, strategy)
     for case in reversed(explicit):
         search = example(case)(search)
     start = time.perf_counter()
@@ -131,12 +124,6 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
         result.finding = _ending(exc, prop, state, lambda origin, detail: _record(
             target, origin, detail, state["case"], seed, findings_dir))
     return result.counted(time.perf_counter() - start, len(explicit), max_examples)
-
-
-def known_cause(target, prop: Property, failure: BaseException) -> str | None:
-    """The known entry (``known/``) this failure's cause is, if the run attached one to the target."""
-    from harness.properties.kit import known_as
-    return known_as(target, failure_of(_owner(prop, failure), failure)[0])
 
 
 def _same_finding(prop: Property, failure: BaseException, state: dict, result: PropertyResult,
@@ -159,17 +146,6 @@ def _settings(max_examples: int, db):
                     # one large config for hundreds of examples (measured on the sparse
                     # benchmark, PERFORMANCE.md); the margin is still recorded.
                     phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
-
-
-def _fixed_cases(target, prop: Property, bounds: Bounds, strategy) -> tuple[list, dict]:
-    """The cases run before the search, boundary then deep, and {case key: deep label or None}."""
-    if strategy is not None:  # a deployment-scoped search keeps to its deployment: no corpus outside it
-        return [], {}
-    corpus = deep_cases(prop, bounds, constants_of(target))
-    explicit = boundary_cases(prop, bounds) + [(c, s) for _, c, s in corpus]
-    fixed = {case_key(c, s): None for c, s in explicit}
-    fixed.update({case_key(c, s): label for label, c, s in corpus})
-    return explicit, fixed
 
 
 def _as_failure(exc: BaseException) -> BaseException | None:
@@ -374,7 +350,7 @@ def search_shared(target, props: list[Property], *, seed: int, max_examples: int
             try:
                 return run_check(shared_group(names), config, steps, dev)
             except PropertyFailure as exc:
-                if state["failed"] is None and known_cause(target, shared_group(names), exc) is not None:
+                if state["failed"] is None and known_cause(target, exc.prop, exc) is not None:
                     raise  # uninteresting to the search (run_property): no member's search narrows to it
                 state["failed"] = state["failed"] or exc.prop
                 raise

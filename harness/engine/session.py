@@ -112,13 +112,7 @@ class RunOutcome:
         """The findings grouped by cause (harness.engine.groups), first found first; a group that is
         a known entry says which (``known``), and is listed, not counted as new."""
         from harness.engine.groups import group_findings
-        return [{**g.as_dict(), "known": self.group_known_name(g)} for g in group_findings(self.all_findings)]
-
-    def group_known_name(self, group) -> str | None:
-        """The known entry naming every member of ``group``; None when any member is not that
-        entry's cause (a wrong output folded into a known overrun's group is still new)."""
-        names = {self.known_name(f.origin) for f in group.findings}
-        return names.pop() if len(names) == 1 and None not in names else None
+        return [{**g.as_dict(), "known": g.known_as(self.known_name)} for g in group_findings(self.all_findings)]
 
     @property
     def out_of_step(self) -> list[tuple[str, str]]:
