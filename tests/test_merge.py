@@ -214,3 +214,37 @@ def test_the_shards_numbers_are_added_not_copied_from_the_first(runs, tmp_path, 
     assert merged["overflow_margin_by_path"] == {"reuse": {"0": 6}, "fallback": {"1..100": 60}}
     assert merged["kernel"]["launches"] == 6 and merged["kernel"]["kernel_share"] == 0.5
     assert merged["started"] == min(_summary(f)["started"] for f in folders)
+
+
+def test_compare_refuses_runs_of_another_profile_or_target(runs, tmp_path, capsys):
+    held = _copy(runs / "before", tmp_path / "held")
+    for change, says in ((_set(profile="nightly"), "ran profile"), (_set(target="sglang+fits-off-by-one"), "ran target")):
+        other = _copy(_shards(runs)[1], tmp_path / f"other-{says[4:]}", change)
+        code, out, err = _vmfuzz(capsys, "compare", held, other, "--report-dir", tmp_path / f"c-{says[4:]}")
+        assert code == 2 and says in err and len(err.strip().splitlines()) == 1, out + err
+
+
+def test_compare_calls_a_group_fixed_only_where_the_later_run_searched_its_property_as_long(runs, tmp_path, capsys):
+    failing = _copy(_shards(runs)[1], tmp_path / "failing")  # shard 2: one property, failed
+    [group] = _summary(failing)["groups"]
+    [prop] = group["properties"]
+
+    searched = next(p["examples"] for p in _summary(failing)["properties"] if p["name"] == prop)
+
+    def fewer(s):
+        for p in s["properties"]:
+            if p["name"] == prop:
+                p["examples"] = searched - 1
+
+    def without(s):
+        s["properties"] = [p for p in s["properties"] if p["name"] != prop]
+    for i, (change, word) in enumerate(((None, "fixed"), (fewer, "not rechecked"), (without, "not rechecked"))):
+        later = _copy(runs / "before", tmp_path / f"later{i}", change)
+        code, out, err = _vmfuzz(capsys, "compare", failing, later, "--report-dir", tmp_path / f"c{i}")
+        assert code == 0, out + err
+        line = next(ln for ln in out.splitlines() if group["signature"] in ln)
+        assert line.split()[:len(word.split())] == word.split(), (word, out)
+    # and a group of a property the earlier run never searched is not compared, nor new
+    code, out, err = _vmfuzz(capsys, "compare", _copy(runs / "before", tmp_path / "a", without), failing,
+                             "--report-dir", tmp_path / "c-new")
+    assert code == 0 and "not compared" in out and "NEW" not in out, out + err

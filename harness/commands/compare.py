@@ -4,7 +4,11 @@ Groups are matched by their origin's key (one per cause, harness.engine.groups),
 never by their words: a group only in B is new, one only in A is fixed, one in
 both is still failing; a group B lists as a known finding (known/) is not new.
 An interrupted run, or a summary written before findings had typed origins, is
-refused (exit 2): its groups cannot say what was fixed. Then the classes reached
+refused (exit 2): its groups cannot say what was fixed; so are runs of another
+target or profile. Groups are compared on the properties both runs searched: a
+group is fixed only where B searched its property with at least as many
+examples as A (else "not rechecked"), and one whose property A never searched
+is "not compared"; each side's other properties are named. Then the classes reached
 (gained, lost), the examples and the bounds. Exit 1 when B has a new group: a
 nightly compared with the last one fails only on what is new.
 """
@@ -59,11 +63,42 @@ def groups_of(s: dict, where: str = "") -> dict[str, dict]:
     return {g["key"]: g for g in groups}
 
 
+def _alike(a: dict, b: dict, names: tuple[str, str]) -> None:
+    """Runs of another target or profile found other things by design: refused, one line. A
+    variant of the target (``sglang+...``) stands for other code under test: it is comparable."""
+    for what, read in (("target", lambda s: str(s.get("target")).split("+")[0]), ("profile", lambda s: s.get("profile"))):
+        if read(a) != read(b):
+            raise UsageError(f"vmfuzz compare: {names[0]} ran {what} {a.get(what)!r} and {names[1]} {what} "
+                             f"{b.get(what)!r}: what one found and the other did not says nothing of a fix; "
+                             f"compare two runs of one {what}")
+
+
+def _ran(s: dict) -> dict[str, dict]:
+    """property -> its entry, for the properties a run searched (held or failed)."""
+    return {p["name"]: p for p in s.get("properties", []) if p.get("status") in ("held", "failed")}
+
+
 def changes(a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> dict:
+    """Groups are compared on the properties both runs searched. A group only in A is fixed only
+    where B searched one of its properties with at least as many examples; otherwise it is "not
+    rechecked". A group whose properties the other run never searched is "not compared"."""
     ga, gb = groups_of(a, names[0]), groups_of(b, names[1])
+    ra, rb = _ran(a), _ran(b)
+
+    def ran_in(props, run) -> bool:
+        return any(p in run for p in props)
+
+    def rechecked(g) -> bool:
+        return any(p in rb and rb[p].get("examples", 0) >= ra.get(p, {}).get("examples", 0) for p in g["properties"])
+    only_a = [ga[k] for k in ga if k not in gb]
+    only_b = [gb[k] for k in gb if k not in ga]
     ca = {k for k, v in a.get("boundary_classes", {}).items() if v}
     cb = {k for k, v in b.get("boundary_classes", {}).items() if v}
-    return {"new": [gb[k] for k in gb if k not in ga], "fixed": [ga[k] for k in ga if k not in gb],
+    return {"new": [g for g in only_b if ran_in(g["properties"], ra)],
+            "fixed": [g for g in only_a if rechecked(g)],
+            "not_rechecked": [g for g in only_a if not rechecked(g)],
+            "not_compared": [g for g in only_b if not ran_in(g["properties"], ra)],
+            "only_in": [sorted(set(ra) - set(rb)), sorted(set(rb) - set(ra))],
             "still_failing": [gb[k] for k in gb if k in ga],
             "classes_gained": sorted(cb - ca), "classes_lost": sorted(ca - cb),
             "examples": [a["counts"]["examples"], b["counts"]["examples"]],
@@ -76,12 +111,16 @@ def _shape(d: dict | None) -> str:
 
 
 def _print(c: dict) -> None:
-    for key, word in (("new", "NEW"), ("fixed", "fixed"), ("still_failing", "still failing")):
+    for key, word in (("new", "NEW"), ("fixed", "fixed"), ("still_failing", "still failing"),
+                      ("not_rechecked", "not rechecked"), ("not_compared", "not compared")):
         for g in c[key]:
             props = ", ".join(g.get("properties", []))
             print(f"  {word:<14} {g['signature']} ({g.get('count', 1)} finding(s), {props}): {g.get('repro', '')}")
-    if not (c["new"] or c["fixed"] or c["still_failing"]):
+    if not (c["new"] or c["fixed"] or c["still_failing"] or c["not_rechecked"] or c["not_compared"]):
         print("  no finding groups in either run")
+    for side, props in zip("AB", c["only_in"]):
+        if props:
+            print(f"  only {side} searched {', '.join(props)}: compared on the properties both searched")
     print(f"  classes        {len(c['classes_gained'])} gained, {len(c['classes_lost'])} lost"
           + "".join(f"\n    + {k}" for k in c["classes_gained"]) + "".join(f"\n    - {k}" for k in c["classes_lost"]))
     ea, eb = c["examples"]
@@ -95,6 +134,7 @@ def run(args) -> int:
     a, b = _summary(args.a), _summary(args.b)
     _comparable(args.a, a)
     _comparable(args.b, b)
+    _alike(a, b, (args.a, args.b))
     c = changes(a, b, (args.a, args.b))
     print(f"vmfuzz compare: {args.a} ({a.get('target')}) -> {args.b} ({b.get('target')})")
     _print(c)
@@ -103,6 +143,10 @@ def run(args) -> int:
     summary.checks += [Check(g["signature"], "held", "fixed: failed in A, not in B") for g in c["fixed"]]
     summary.checks += [Check(g["signature"], "held", "still failing (in A too: not new)", repro=g.get("repro"))
                        for g in c["still_failing"]]
+    summary.checks += [Check(g["signature"], "skipped", "failed in A; B did not search its property with as many "
+                             "examples: not called fixed") for g in c["not_rechecked"]]
+    summary.checks += [Check(g["signature"], "skipped", "in B only, and A never searched its property: not "
+                             "compared", repro=g.get("repro")) for g in c["not_compared"]]
     summary.headline = (f"{len(c['new'])} new, {len(c['fixed'])} fixed, {len(c['still_failing'])} still failing "
                         "finding group(s)")
     write_command_report(summary, report_dir_of(args))
