@@ -72,7 +72,9 @@ def _finding(tmp_path: Path, n: int) -> SimpleNamespace:
 
 
 def _outcome(found, replayed=(), interrupted=False):
-    replays = [SimpleNamespace(path=p, source="last run", finding=None, set_aside=None) for p in replayed]
+    # each replayed case failed again (the tests list it among the findings too)
+    replays = [SimpleNamespace(path=p, source="last run", finding=None, set_aside=None, status="failed", detail="")
+               for p in replayed]
     return SimpleNamespace(results=[SimpleNamespace(findings=list(found))], replays=replays,
                            interrupted=interrupted)
 
