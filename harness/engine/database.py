@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import sys
@@ -56,7 +57,7 @@ class RegularFilesDatabase(DirectoryBasedExampleDatabase):
             except OSError as exc:
                 if os.path.islink(path):
                     _skipped(path, "a symbolic link")
-                elif exc.errno not in (2,):  # gone meanwhile: nothing to say
+                elif exc.errno != errno.ENOENT:  # gone meanwhile: nothing to say
                     _skipped(path, exc.strerror or str(exc))
                 continue
             try:
