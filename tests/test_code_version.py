@@ -23,14 +23,15 @@ def _git(repo: Path, *args: str) -> None:
     subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=env)
 
 
-def _checkout(tmp_path: Path) -> Path:
+def _checkout(tmp_path: Path, tag: str | None = "v0.5.23") -> Path:
     repo = tmp_path / "sglang"
     (repo / "python" / "sglang").mkdir(parents=True)
     (repo / "python" / "sglang" / "__init__.py").write_text("")
     _git(repo, "init", "-q")
     _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "release")
-    _git(repo, "tag", "v0.5.23")
+    _git(repo, "commit", "-qm", "release" if tag else "untagged")
+    if tag:
+        _git(repo, "tag", tag)
     return repo
 
 
@@ -53,12 +54,7 @@ def test_a_checkout_past_the_tag_is_newer_so_a_range_closed_at_the_tag_no_longer
 
 
 def test_a_checkout_without_a_tag_is_unknown_and_no_closed_range_applies(tmp_path):
-    repo = tmp_path / "sglang"
-    (repo / "python" / "sglang").mkdir(parents=True)
-    (repo / "python" / "sglang" / "__init__.py").write_text("")
-    _git(repo, "init", "-q")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "untagged")
+    repo = _checkout(tmp_path, tag=None)
     version, where = code_version(repo / "python" / "sglang", "0.5.23")
     assert version == "unknown" and "no release tag" in where
     assert not _applies(">=0.5.19,<=0.5.23", version)
