@@ -41,7 +41,7 @@ def allocate(sg, config: Config, numel_router):
     vm = _ask(sg.maybe_create, sg.verify_mask, config, numel_router,
               [(owner, name, host_default) for owner, name in holders])
     if vm is not None and vm.mode != mode and config.is_read and not asked:
-        again = _imported_on_host(sg, sg.maybe_create, mode, holders)
+        again = _imported_on_host(sg.maybe_create, mode, holders)
         copy = _ask(getattr(again, sg.maybe_create.__name__), again, config, numel_router, [])
         # The copy is SGLang's own allocator on the imitated host; the mask it made goes on as
         # the struct the rest of SGLang knows (its class in the copy is another object).
@@ -66,7 +66,7 @@ def _ask(allocator, module, config: Config, numel_router, host):
 _COPIES: dict[tuple[str, int], object] = {}
 
 
-def _imported_on_host(sg, allocator, mode, holders):
+def _imported_on_host(allocator, mode, holders):
     module = sys.modules.get(getattr(allocator, "__module__", ""))
     file = getattr(module, "__file__", None)
     if not file:

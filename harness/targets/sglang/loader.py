@@ -304,7 +304,13 @@ def import_from_checkout(python_dir: Path) -> None:
 
 
 def imported_sglang() -> tuple[str, Path]:
-    """The SGLang this process imported: its own ``__version__`` and its folder.
+    """The SGLang this process imported: its own version (``code_version``) and its folder."""
+    version, where, _ = imported_sglang_and_source()
+    return version, where
+
+
+def imported_sglang_and_source() -> tuple[str, Path, str]:
+    """The SGLang this process imported: its version, its folder, and where the version was read.
 
     Never the distribution's metadata: that names whatever pip installed last,
     while a checkout or an altered copy first on the path is what actually runs.
@@ -318,7 +324,8 @@ def imported_sglang() -> tuple[str, Path]:
         except Exception:  # noqa: BLE001 - only describes what was imported
             version = None
     where = Path(list(sglang.__path__)[0]).absolute()
-    return code_version(where, str(version) if version else None)[0], where
+    version, source = code_version(where, str(version) if version else None)
+    return version, where, source
 
 
 def code_version(package: Path, imported: str | None) -> tuple[str, str]:

@@ -25,13 +25,13 @@ from harness.model.outputs import StepOutput
 from harness.guard.shadow import ShadowHeap
 from harness.targets.sglang.binding import bound as _bound
 from harness.targets.sglang import call_sites, flashinfer, imitated_host, readers, writers
-from harness.targets.sglang.loader import Sglang, imported_sglang
+from harness.targets.sglang.imitated_host import VERIFY_MASK
+from harness.targets.sglang.loader import Sglang
 from harness.targets.sglang.reach import patches_everywhere
 from harness.targets.sglang.seams import (OutOfStep, Sentinel, bind, call_by_quantity, call_with,
                                           require_taken, where)
 from harness.targets.sglang.structs import replaced
 
-VERIFY_MASK = "srt/layers/attention/verify_mask.py"
 
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
 _ALL = ("no-oob-write", "fallback-equivalence", "reference-agreement", "capacity-soundness",
@@ -295,9 +295,9 @@ class SglangTarget:
 
     def versions(self) -> dict[str, str]:
         import triton
-        from harness.targets.sglang.loader import code_version
-        version, path = imported_sglang()
-        return {"sglang": version, "sglang path": str(path), "sglang version from": code_version(path, version)[1],
+        from harness.targets.sglang.loader import imported_sglang_and_source
+        version, path, source = imported_sglang_and_source()  # one git describe, not one per field
+        return {"sglang": version, "sglang path": str(path), "sglang version from": source,
                 "triton": triton.__version__, "torch": torch.__version__,
                 "kernel": self.kernel_choice + (" (interpreter)" if os.environ.get("TRITON_INTERPRET") == "1" else ""),
                 "call sites": ", ".join(self.call_sites),
