@@ -15,8 +15,8 @@ After the exit line, each on its own line so no tail cut loses it:
 ``vmfuzz-cpu:`` the gate's own user+sys CPU seconds and its example count (the
 score's throughput); ``vmfuzz-origin:`` each typed origin of what killed it;
 ``vmfuzz-stillborn:`` for a kill by the mutant raising in a Triton kernel, whether
-Triton's own frontend refuses the mutated kernel (bench/stillborn.py); ``vmfuzz-equiv:`` for a survivor, its outputs against the pristine copy's on the
-gate's fixed cases (bench/mutation_equiv.py); ``vmfuzz-sglang-tests:`` SGLang's
+Triton's own frontend refuses the mutated kernel (bench/stillborn.py); ``vmfuzz-equiv:`` for a survivor, what the gate handed its checks on every example it ran
+against the pristine code's, recorded by the gate itself (bench/mutation_equiv.py); ``vmfuzz-sglang-tests:`` SGLang's
 own tests on the same mutant, where prepare was given a checkout
 (bench/sglang_tests.py).
 
@@ -36,8 +36,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 HARNESS_ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-#: seconds the outputs of a survivor may take to record (an import and the fixed cases)
-EQUIV_TIMEOUT = 900.0
 
 
 def mutated_files(driven: dict) -> list[str]:
@@ -73,8 +71,13 @@ def main(argv: list[str]) -> int:
         cmd += ["--property", p]
     env = dict(os.environ, PYTHONPATH=str(HARNESS_ROOT), PYTHONDONTWRITEBYTECODE="1", TRITON_INTERPRET="1")
     env.pop("SGLANG_USE_CPU_ENGINE", None)
+    outputs = Path("gate-outputs").resolve()
+    import shutil
+    shutil.rmtree(outputs, ignore_errors=True)
+    outputs.mkdir()
     start, cpu = time.monotonic(), children_cpu()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    # the gate records what it hands every check: a survivor's equivalence is judged on its own run
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(env, VMFUZZ_OUTPUT_RECORD_DIR=str(outputs)))
     cpu = children_cpu() - cpu
     print(f"vmfuzz-kill: exit {proc.returncode} in {time.monotonic() - start:.1f}s; file {', '.join(changed)}; "
           f"properties {', '.join(properties)}")
@@ -90,8 +93,9 @@ def main(argv: list[str]) -> int:
     if proc.returncode == 2 and (refused := python_refusal(changed)):  # the gate could not import the copy
         print("vmfuzz-stillborn: " + refused, flush=True)
     if proc.returncode == 0:
-        watch = [f"python/sglang/{rel}:{','.join(map(str, mutated_lines(driven, rel)))}" for rel in changed]
-        print("vmfuzz-equiv: " + equivalence(Path(argv[0]).parent, properties, env, watch), flush=True)
+        import mutation_equiv
+        print("vmfuzz-equiv: " + mutation_equiv.compare(Path(argv[0]).resolve().parent, properties, changed, env,
+                                                        outputs), flush=True)
     import sglang_tests
     print("vmfuzz-sglang-tests: " + sglang_tests.verdict(driven.get("sglang_tests"), changed, Path(".")), flush=True)
     print((proc.stdout + proc.stderr)[-4000:])
@@ -148,31 +152,6 @@ def mutated_lines(driven: dict, rel: str) -> list[int]:
         if op != "equal":
             out.extend(range(j1 + 1, max(j2, j1 + 1) + 1))
     return out
-
-
-def equivalence(work: Path, properties: list[str], env: dict, watch: list[str] = ()) -> str:
-    """A survivor's outputs on the gate's fixed cases against the pristine copy's (recorded by prepare)."""
-    import mutation_equiv
-    pristine = sorted(work.glob("pristine-outputs-*.json"))
-    if len(pristine) < 2:
-        return "not checked (no pristine recordings beside driven.json: run prepare again)"
-    cmd = [sys.executable, "-W", "ignore", str(HERE / "mutation_equiv.py"), "record", "mutant-outputs.json",
-           "--checkout", ".", "--properties", ",".join(properties)]
-    for w in watch:
-        cmd += ["--watch", w]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=EQUIV_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        return f"not checked (recording ran past {EQUIV_TIMEOUT:.0f}s)"
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"not checked (recording failed: {last[:200]})"
-    runs = [json.loads(p.read_text()) for p in pristine]
-    mutant = json.loads(Path("mutant-outputs.json").read_text())
-    said = mutation_equiv.verdict(mutation_equiv.differences(runs, mutant, properties), len(mutant))
-    if "mutated line ran: no" in proc.stdout:
-        said += "; the mutated line never ran on these cases"
-    return said
 
 
 def mutated_line_verdict(summary: Path, driven: dict, changed: list[str]) -> dict:

@@ -45,12 +45,12 @@ RAISING = ("raise", "crash", "hang")
 
 def chosen(work: Path, which: str, limit: int | None = None, seed: int = 1) -> list[dict]:
     """The mutants to run, as score.json's rows (report must have run); ``limit`` of them drawn with
-    ``seed`` when there are more. ``never-ran``: suspected-equivalents whose mutated line the gate's fixed
-    cases never reached, where a longer search could show what they change."""
+    ``seed`` when there are more. ``never-ran``: mutants whose mutated line no property of the gate ran (its
+    exit 3, not-exercised), where a longer search could show what they change."""
     import random
     rows = json.loads((work / "score.json").read_text())["mutants"]
     if which == "never-ran":
-        out = [r for r in rows if r["outcome"] == "suspected-equivalent" and "never ran" in (r["equiv"] or "")]
+        out = [r for r in rows if r["outcome"] == "not-exercised"]
     else:
         keep = ("survived",) if which == "survived" else ("survived", "killed")
         out = [r for r in rows if r["outcome"] in keep]

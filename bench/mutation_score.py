@@ -16,9 +16,9 @@ and runs the session through cosmic-ray's http distributor; more machines join
 by running ``cosmic-ray http-worker`` in their own copy and being listed in
 WORK/cosmic-ray.toml's worker-urls. Each mutant's test command is
 bench/mutation_kill.py: the gate, restricted to the properties that drive the
-mutated file; a survivor's outputs are then compared with the pristine copy's
-(bench/mutation_equiv.py), and, with ``--sglang-tests PATH``, SGLang's own unit
-tests from that checkout judge the same mutant (bench/sglang_tests.py); ``sglang-tests``
+mutated file; what a survivor's gate handed its checks is then compared with the
+pristine code's, both recorded by the gate during its run (bench/mutation_equiv.py),
+and, with ``--sglang-tests PATH``, SGLang's own unit tests from that checkout judge the same mutant (bench/sglang_tests.py); ``sglang-tests``
 fills that column alone for the mutants an earlier ``exec`` ran. ``report`` tabulates killed / survived / timed-out / out-of-step /
 error / suspected-equivalent per file and per operator, and writes the
 survivors' diffs (bench/mutation_table.py).
@@ -161,18 +161,10 @@ def sample_jobs(pool: list, seed: int, sample: int) -> set[str]:
 
 
 def baselines(work: Path, files: dict[str, list[str]], sglang_tests: Path | None) -> None:
-    """What a mutant is compared with, taken on the pristine copy in worker-0 before any mutant runs:
-    two recordings of the gate properties' outputs on the fixed cases (what differs between them is
-    run-to-run noise, never compared), and, given an SGLang checkout, which of its tests each
-    driven file has that pass unmutated."""
+    """Given an SGLang checkout, which of its tests each driven file has that pass unmutated. (What a
+    survivor's outputs are compared with is recorded by the pristine gate itself, the first time a
+    survivor needs it: bench/mutation_equiv.py.)"""
     copy = work / "worker-0"
-    props = sorted({p for ps in files.values() for p in ps})
-    env = dict(os.environ, PYTHONPATH=str(HARNESS_ROOT), PYTHONDONTWRITEBYTECODE="1", TRITON_INTERPRET="1")
-    env.pop("SGLANG_USE_CPU_ENGINE", None)
-    for k in range(2):
-        out = work / f"pristine-outputs-{k}.json"
-        subprocess.run([sys.executable, "-W", "ignore", str(HERE / "mutation_equiv.py"), "record", str(out),
-                        "--checkout", str(copy), "--properties", ",".join(props)], cwd=copy, env=env, check=True)
     if sglang_tests is not None:
         import sglang_tests as judge
         driven = json.loads((work / "driven.json").read_text())

@@ -16,10 +16,10 @@ Each sampled mutant is one of:
   frontend refuses to compile for a GPU (``vmfuzz-stillborn: refused``, bench/stillborn.py),
   or a file Python's compiler refuses (the gate cannot import it):
   the mutant never runs anywhere, so it is neither a kill nor a survivor;
-- suspected-equivalent: a survivor whose outputs on the gate's fixed cases (the
-  boundary seeds and the deep corpus) are byte-identical to the pristine copy's
-  everywhere the gate's properties look (``vmfuzz-equiv: identical``, written by
-  bench/mutation_kill.py through bench/mutation_equiv.py). A survivor whose
+- suspected-equivalent: a survivor whose gate handed its checks byte-identical
+  outputs to the pristine code's, on every example both gate runs checked
+  (``vmfuzz-equiv: identical``, recorded by the gate itself and compared by
+  bench/mutation_equiv.py; older runs compared the fixed cases replayed after it). A survivor whose
   outputs differ is a real gap of the gate, listed with the buffer that differs;
   one whose outputs were not compared counts as survived.
 

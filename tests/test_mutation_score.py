@@ -106,48 +106,76 @@ def test_a_run_with_no_output_credits_nothing():
 PROPS = ["no-oob-write", "reader-agreement", "packed-mask", "allocation-soundness"]
 
 
-@pytest.fixture(scope="module")
-def pristine():
+def _gate_record(folder: Path, target_name: str, properties=PROPS, examples: int = 6) -> dict:
+    """What a gate records (``output_record`` switched on through the environment, as the bench does):
+    each property's search, its checks run through the same ``direct_check`` the gate uses."""
+    from harness.engine import output_record
+    from harness.engine.search import run_property
+    from harness.model.bounds import Bounds
+    from harness.properties import PROPERTIES
     from harness.targets import resolve
-    return [mutation_equiv.record(resolve("reference"), PROPS) for _ in range(2)]
+    target = resolve(target_name)
+    old = os.environ.get(output_record.DIR_ENV)
+    os.environ[output_record.DIR_ENV] = str(folder)
+    try:
+        for name in properties:
+            run_property(target, PROPERTIES[name], seed=7, max_examples=examples, bounds=Bounds(),
+                         findings_dir=folder / "findings")
+        output_record.flush()
+    finally:
+        os.environ.pop(output_record.DIR_ENV)
+        if old is not None:
+            os.environ[output_record.DIR_ENV] = old
+        output_record._record = None
+    return output_record.merged(folder)
 
 
-@pytest.mark.parametrize("variant, buffer", [
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    return [_gate_record(tmp_path_factory.mktemp(f"pristine{k}"), "reference") for k in range(2)]
+
+
+@pytest.mark.parametrize("variant, field", [
     ("row-offset", "verify ->.tree_mask"),  # the tree kernel writes every row d cells late
     ("pack-msb-first", "pack_mask ->.buffer"),  # the packed reader view
     ("eager-indptr-no-draft-span", "read_eager ->.indptr"),  # the Triton reader's metadata
-    ("alloc-wrong-d", "allocation_call ->.mask.buffer"),  # an allocation site's call
 ])
-def test_a_survivor_whose_outputs_differ_names_the_buffer(pristine, variant, buffer):
-    """Outputs on the gate's fixed cases, byte for byte, against the pristine copy's (here the
+def test_a_survivor_whose_outputs_differ_names_the_output(pristine, variant, field, tmp_path):
+    """What the gate handed its checks, recorded during its run, against the pristine code's (here the
     reference target stands for SGLang and a known-bad variant for a mutant)."""
-    from harness.targets import resolve
-    mutant = mutation_equiv.record(resolve("reference+" + variant), PROPS)
-    diffs = mutation_equiv.differences(pristine, mutant, PROPS)
-    assert diffs and buffer in {mutation_equiv.buffer_of(k) for k in diffs}
-    line = mutation_equiv.verdict(diffs, len(mutant))
-    assert line.startswith("differs: ") and buffer in line
+    from harness.engine import output_record
+    mutant = _gate_record(tmp_path, "reference+" + variant)
+    diffs, compared = output_record.differences(pristine, mutant)
+    assert compared and diffs and field in {mutation_equiv.field_of(k) for k in diffs}, diffs[:5]
+    line = mutation_equiv.verdict(diffs, compared)
+    assert line.startswith("differs: ") and mutation_equiv.field_of(diffs[0]) in line and f"of {compared} " in line
 
 
-def test_unchanged_outputs_are_suspected_equivalent(pristine):
-    from harness.targets import resolve
-    again = mutation_equiv.record(resolve("reference"), PROPS)
-    assert mutation_equiv.differences(pristine, again, PROPS) == []
-    assert mutation_equiv.verdict([], len(again)).startswith("identical")
-    # a property the mutated file does not drive is not compared
-    other = dict(again, **{k: "x" for k in again if k.startswith("packed-mask ")})
-    assert mutation_equiv.differences(pristine, other, ["reader-agreement"]) == []
-    assert mutation_equiv.differences(pristine, other, ["packed-mask"])
+def test_unchanged_outputs_are_suspected_equivalent_over_every_example(pristine, tmp_path):
+    from harness.engine import output_record
+    again = _gate_record(tmp_path, "reference")
+    diffs, compared = output_record.differences(pristine, again)
+    assert diffs == [] and compared == len(pristine[0])
+    # every example of every property is on the record, each case under its own digest
+    cases = {" ".join(k.split(" ", 2)[:2]) for k in again}
+    assert {c.split(" ")[0] for c in cases} == set(PROPS) and len(cases) > len(PROPS) * 3
+    assert mutation_equiv.verdict([], compared).startswith("identical")
+    assert mutation_equiv.verdict([], 0).startswith("not checked")
 
 
 def test_what_differs_between_pristine_runs_is_never_compared():
-    a, t = "packed-mask case0 call1:pack_mask ->.indptr", "packed-mask case0 call1:pack_mask ->.buffer"
-    runs = [{a: "1", t: "5"}, {a: "1", t: "6"}]
-    assert mutation_equiv.differences(runs, {a: "1", t: "7"}, ["packed-mask"]) == []
-    assert mutation_equiv.differences(runs, {a: "2", t: "7"}, ["packed-mask"]) == [a]
-    # a call the pristine copy never made is a difference too
-    extra = "packed-mask case0 call2:pack_mask ->.indptr"
-    assert mutation_equiv.differences(runs, {**runs[0], extra: "1"}, ["packed-mask"]) == [extra]
+    from harness.engine import output_record
+    a, t = "packed-mask c0 call1:pack_mask ->.indptr", "packed-mask c0 call1:pack_mask ->.buffer"
+    runs = [{a: ["1"], t: ["5"]}, {a: ["1"], t: ["6"]}]
+    assert output_record.differences(runs, {a: ["1"], t: ["7"]}) == ([], 1)
+    assert output_record.differences(runs, {a: ["2"], t: ["7"]}) == ([a], 1)
+    # a call the pristine copy never made, in a case both checked, is a difference too
+    extra = "packed-mask c0 call2:pack_mask ->.indptr"
+    assert output_record.differences(runs, {**runs[0], extra: ["1"]}) == ([extra], 1)
+    # a case only one run checked is not compared; one answer seen twice differently is noise
+    other = "packed-mask c9 call1:pack_mask ->.indptr"
+    assert output_record.differences(runs, {a: ["1"], other: ["3"]}) == ([], 1)
+    assert output_record.differences([{a: ["1", "2"]}, {a: ["1", "2"]}], {a: ["3"]}) == ([], 0)
 
 
 def _fake_sglang(root: Path, value: int) -> Path:
@@ -256,22 +284,7 @@ def test_the_headline_counts_property_kills_over_non_equivalent_mutants():
     assert "**False green: 1 of 6 mutants on the mask's path (17%)**" in text
 
 
-def test_a_mutated_line_that_never_runs_is_told_apart(tmp_path, monkeypatch):
-    """The equivalence recording watches the mutated lines: identical outputs from a line that
-    never ran are not evidence of equivalence."""
-    (tmp_path / "m.py").write_text("def f(x):\n    if x:\n        return 1\n    return 2\n")
-    sys.path.insert(0, str(tmp_path))
-    try:
-        import m
-        hit = mutation_equiv.watch({str(tmp_path / "m.py"): {3}})
-        m.f(False)
-        assert not hit["ran"]
-        m.f(True)
-        sys.settrace(None)
-        assert hit["ran"]
-    finally:
-        sys.settrace(None)
-        sys.path.remove(str(tmp_path))
+def test_the_mutated_lines_are_read_from_the_copy(tmp_path, monkeypatch):
     pkg, copy = tmp_path / "pkg", tmp_path / "copy" / "python" / "sglang"
     pkg.mkdir(), copy.mkdir(parents=True)
     (pkg / "a.py").write_text("a\nb\nc\nd\n")
@@ -528,8 +541,9 @@ def test_a_nightly_can_run_a_seeded_few_of_the_mutants_the_gate_never_reached(tm
     import mutation_nightly as nightly
     work = tmp_path / "work"
     work.mkdir()
-    rows = [{"job": f"j{k}", "outcome": "suspected-equivalent",
-             "equiv": "identical (9 outputs compared)" + ("; the mutated line never ran on these cases" if k % 2 else "")}
+    # the gate itself names a mutated line no property ran (exit 3, not-exercised)
+    rows = [{"job": f"j{k}", "outcome": "not-exercised" if k % 2 else "suspected-equivalent",
+             "equiv": None if k % 2 else "identical (9 outputs compared)"}
             for k in range(8)] + [{"job": "s", "outcome": "survived", "equiv": "differs: x"}]
     (work / "score.json").write_text(json.dumps({"mutants": rows}))
     unreached = [r["job"] for r in nightly.chosen(work, "never-ran")]

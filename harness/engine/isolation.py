@@ -26,7 +26,7 @@ def _serve(target, conn) -> None:
     # A forked child must not reuse the parent's intra-op thread pool (the
     # reason torch's own DataLoader workers run single-threaded).
     torch.set_num_threads(1)
-    from harness.engine import line_trace
+    from harness.engine import line_trace, output_record
     while True:
         try:
             task = conn.recv()
@@ -34,6 +34,7 @@ def _serve(target, conn) -> None:
             task = None
         if task is None:  # asked to end (or the parent is gone): keep what ran
             line_trace.flush()
+            output_record.flush()
             return
         prop_name, config, batches, device = task
         before = LAUNCHES.snapshot()
@@ -44,7 +45,8 @@ def _serve(target, conn) -> None:
 
         try:
             with line_trace.judging(prop_name):
-                obs = lookup(prop_name).check(target, config, batches, device)
+                obs = output_record.check_recorded(lookup(prop_name).check, target, prop_name, config, batches,
+                                                   device)
             conn.send(("ok", sorted(obs.classes), obs.margin, dict(obs.path_margins),
                        {n: sorted(c) for n, c in getattr(obs, "by_property", {}).items()}, spent()))
         except PropertyFailure as exc:

@@ -85,8 +85,9 @@ def _serve(conn, case_dir: str) -> None:
                 conn.send(("raise", RuntimeError(f"{type(answer[1]).__name__}: {answer[1]}"[:2000])))
             except OSError:
                 break
-    from harness.engine import line_trace
+    from harness.engine import line_trace, output_record
     line_trace.flush()
+    output_record.flush()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     # A plug-in's non-daemon thread must not keep a finished worker alive.
