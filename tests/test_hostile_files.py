@@ -5,6 +5,7 @@ symlinked --report-dir, a repro naming a plug-in, repeated keys."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -185,3 +186,60 @@ def test_a_file_size_limit_leaves_every_report_whole_or_absent(tmp_path):
     if (tmp_path / "r" / "junit.xml").exists():
         __import__("xml.etree.ElementTree").etree.ElementTree.parse(tmp_path / "r" / "junit.xml")
     assert not [p.name for p in (tmp_path / "r").iterdir() if p.name.endswith(".tmp")]
+
+
+def _full_tmpfs(tmp_path, free_kib: int) -> Path:
+    """A 160 KiB tmpfs with ``free_kib`` left, or a skip where no tmpfs can be mounted."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160k", "tmpfs", str(disk)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    (disk / "tmp").mkdir()
+    (disk / "fill").write_bytes(b"\0" * ((160 - free_kib) * 1024))
+    return disk
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("free_kib", [0, 12])
+def test_a_disk_that_fills_keeps_every_finding_and_leaves_no_temporary(tmp_path, free_kib):
+    """Report folder, fallback and temp dir all on one disk that fills during the run: the findings
+    saved before stay, each one that no longer fits goes to stderr whole, the exit is the finding's 1
+    (never 2, bad input), and no half-written temporary is left anywhere."""
+    disk = _full_tmpfs(tmp_path, free_kib)
+    try:
+        env = {"XDG_CACHE_HOME": str(disk / "cache"), "TMPDIR": str(disk / "tmp")}
+        r = vmfuzz(tmp_path, "run", "--target", "reference+pr33127", "--max-examples", "30",
+                   "--report-dir", disk / "r", "--db", disk / "db", env=env)
+        no_traceback(r)
+        assert r.returncode == 1, r.stderr[-2000:]
+        assert not [p for p in disk.rglob("*") if p.name.endswith(".tmp")]
+        saved = {p.stem for p in (disk / "r" / "findings").glob("*.json")} if (disk / "r" / "findings").is_dir() \
+            else set()
+        on_stderr = set(re.findall(r"cannot write \S+/findings/(\S+)\.json \(No space left on device\) nor a "
+                                   r"fallback copy", r.stderr))
+        assert on_stderr or free_kib, r.stderr[-2000:]
+        for stem in on_stderr:
+            assert f'"property": "{stem}"' in r.stderr  # the repro itself, whole
+        failed = set(re.findall(r"^\s+(\S+)\s+FAILED", r.stdout, re.M))
+        kept = saved | on_stderr
+        assert failed and all(any(k == f or k.startswith(f + "-") for k in kept) for f in failed), (failed, kept)
+        for stem in saved:
+            json.loads((disk / "r" / "findings" / f"{stem}.json").read_text())  # whole, never cut short
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+@pytest.mark.slow
+def test_a_passing_run_whose_reports_fit_nowhere_could_not_check(tmp_path):
+    disk = _full_tmpfs(tmp_path, 0)
+    try:
+        env = {"XDG_CACHE_HOME": str(disk / "cache"), "TMPDIR": str(disk / "tmp")}
+        r = vmfuzz(tmp_path, "run", "--target", "reference", "--max-examples", "5",
+                   "--report-dir", disk / "r", "--db", disk / "db", env=env)
+        no_traceback(r)
+        assert r.returncode == 3, r.stderr[-2000:]  # held, but nobody can read that it did: not a pass
+        assert "the reports could not be written to" in r.stderr
+        assert not [p for p in disk.rglob("*") if p.name.endswith(".tmp")]
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)

@@ -151,3 +151,33 @@ def _running(pids) -> list[int]:
         if state not in ("Z", "X"):
             alive.append(pid)
     return alive
+
+
+_HOLDER = ("import sys, time; from pathlib import Path; from harness.commands.report_claim import claim; "
+           "Path(sys.argv[1]).mkdir(parents=True, exist_ok=True); claim(Path(sys.argv[1])); "
+           "print('held', flush=True); time.sleep(120)")
+
+
+@pytest.mark.parametrize("command", [
+    ["run", "--target", "reference", "--property", "capacity-soundness", "--max-examples", "3", "--isolate", "off"],
+    ["surface", "--target", "reference"],
+])
+def test_a_report_folder_another_run_holds_is_refused_and_free_once_it_ends(tmp_path, command):
+    """Two runs started on one new --report-dir: the second is refused before any work (exit 2,
+    one line), whatever the folder holds; once the first ends, however it ended, the folder is free."""
+    from tests.test_hostile import refused
+    report = tmp_path / "report"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(report)], env=_env(tmp_path), cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        r = vmfuzz(tmp_path, *command, "--report-dir", report)
+        refused(r, "--report-dir", "in use by another vmfuzz run", f"pid {holder.pid}")
+        assert sorted(p.name for p in report.iterdir()) == [".vmfuzz-claim"]
+    finally:
+        holder.kill()
+        holder.wait()
+    r = vmfuzz(tmp_path, *command, "--report-dir", report)
+    no_traceback(r)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (report / "summary.json").is_file()

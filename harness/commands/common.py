@@ -180,7 +180,7 @@ def check_places(args, profile) -> Path:
     A finding must never be lost to an output place that was broken from the
     start, and a gate must never pass over a saved repro it cannot read.
     """
-    report_dir = usable(report_dir_of(args), "--report-dir")
+    report_dir = claimed_report_dir(args)
     if profile.database == "write" or profile.replay_last_failures:
         db = local_db_dir(args)
         usable(db, "--db")
@@ -326,6 +326,13 @@ def own_report_dir(path: Path, overwrite: bool) -> Path:
     return path if real == path.absolute() else real
 
 
+def claimed_report_dir(args) -> Path:
+    """The report folder, created, proven writable and claimed for this run alone (exit 2 if another
+    run holds it): called once the command's input is known good, before any work."""
+    from harness.commands.report_claim import claim
+    return claim(usable(report_dir_of(args), "--report-dir"))
+
+
 def check_report_dir(args) -> None:
     """Before any work: a report folder refused at the end would cost the whole run."""
     if hasattr(args, "report_dir"):
@@ -345,7 +352,8 @@ def write_command_report(summary, report_dir: Path) -> Path:
 
 
 def write_reports_somewhere(write, outcome, report_dir: Path):
-    """Reports into ``report_dir``, or, when it broke mid-run, into a fallback place (said on stderr)."""
+    """Reports into ``report_dir``, or, when it broke mid-run, into a fallback place (said on stderr);
+    returns (summary, where they went: None when nowhere could hold them)."""
     try:
         return write(outcome, report_dir), report_dir
     except OSError as exc:
@@ -359,7 +367,7 @@ def write_reports_somewhere(write, outcome, report_dir: Path):
             from harness.report.summary import build_summary
             print(f"vmfuzz: cannot write reports to {report_dir} ({exc.strerror or exc}) nor to {where} "
                   f"({again.strerror or again}); the findings' repros are on disk", file=sys.stderr)
-            return build_summary(outcome), report_dir
+            return build_summary(outcome), None
         print(f"vmfuzz: cannot write reports to {report_dir} ({exc.strerror or exc}); wrote them to {where}",
               file=sys.stderr)
         return summary, where

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from harness.commands.common import check_workers, findings_dir, report_dir_of, resolve_target, write_command_report
+from harness.commands.common import check_workers, claimed_report_dir, findings_dir, resolve_target, write_command_report
 from harness.model.errors import EXIT_FINDING, EXIT_OK
 
 
@@ -13,7 +13,7 @@ def run(args) -> int:
     from harness.report.summary import Check, CommandSummary
     check_workers(args.workers)
     target = resolve_target(args.target)
-    report_dir = report_dir_of(args)
+    report_dir = claimed_report_dir(args)
     report = run_exhaustive(target, findings_dir=findings_dir(report_dir), workers=args.workers,
                             echo=lambda s: print(s, flush=True))
     summary = CommandSummary("exhaustive", target.name, seconds=report.seconds,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from harness.commands.common import report_dir_of
+from harness.commands.common import claimed_report_dir
 from harness.model.errors import EXIT_FINDING, EXIT_OK, EXIT_OUT_OF_STEP, UsageError
 
 
@@ -21,7 +21,7 @@ def run(args) -> int:
         split = check_shards(shards)
     except MergeError as exc:
         raise UsageError(f"vmfuzz merge: {exc}") from None
-    report_dir = report_dir_of(args)
+    report_dir = claimed_report_dir(args)
     merged = merge_summaries(relocate(shards, split, report_dir))
     write_merged(merged, report_dir)
     c = merged["counts"]

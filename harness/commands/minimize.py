@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from harness.commands.common import (check_device, check_property_names, repro_target, report_dir_of, resolve_target,
+from harness.commands.common import (check_device, check_property_names, repro_target, claimed_report_dir, resolve_target,
                                      write_command_report)
 from harness.model.errors import EXIT_FINDING, EXIT_OK, UsageError
 
@@ -23,7 +23,7 @@ def run(args) -> int:
     case, fault, target, order, keep = _load(args)
     # Default output under the report folder: minimizing a file in the repository
     # must not leave an untracked file beside it.
-    report_dir = report_dir_of(args)
+    report_dir = claimed_report_dir(args)
     summary = CommandSummary("minimize", target.name, extra={"input": args.file})
     t0 = time.monotonic()
     limited, tried = [], []

@@ -18,7 +18,7 @@ from harness.commands.common import (check_device, check_places, check_property_
 from harness.engine.profiles import PROFILES
 from harness.model import limits
 from harness.model.bounds import Bounds
-from harness.model.errors import (EXIT_COULD_NOT_CHECK, EXIT_FINDING, EXIT_OK, EXIT_OUT_OF_STEP, EXIT_USAGE,
+from harness.model.errors import (EXIT_COULD_NOT_CHECK, EXIT_FINDING, EXIT_OK, EXIT_OUT_OF_STEP,
                                   UsageError, out_of_step_line)
 from harness.report.terminal import classes_line, paint, plural
 
@@ -205,7 +205,8 @@ def execute_and_report(plan_, target, gate=None, *, verbose: bool = False) -> in
     summary, written = write_reports_somewhere(write_reports, outcome, plan_.report_dir)
     if outcome.deployment:
         _say_deployment(outcome.deployment)
-    print(f"reports: {written}/ (summary.json, summary.md, junit.xml, report.html)")
+    print(f"reports: {written}/ (summary.json, summary.md, junit.xml, report.html)" if written
+          else "reports: none written (see above)")
     return _verdict(plan_, target, outcome, summary, written)
 
 
@@ -300,7 +301,9 @@ def _verdict(plan_, target, outcome, summary: dict, written: Path) -> int:
               f"written under {where}; replay a group's repro with: vmfuzz replay FILE")
         return EXIT_FINDING
     if written != plan_.report_dir:
-        return EXIT_USAGE  # the reports are not where CI looks for them: not a pass
+        # the reports are not where CI looks for them (stderr said where, if anywhere): not a pass
+        print("vmfuzz: could not check: the reports could not be written to " + str(plan_.report_dir), file=sys.stderr)
+        return EXIT_COULD_NOT_CHECK
     if _out_of_step(outcome):
         return EXIT_OUT_OF_STEP
     if _lines_unchecked(outcome):

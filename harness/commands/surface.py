@@ -10,13 +10,13 @@ import json
 import sys
 import time
 
-from harness.commands.common import report_dir_of, resolve_target, usable
+from harness.commands.common import claimed_report_dir, resolve_target
 from harness.model.errors import EXIT_OK
 
 
 def run(args) -> int:
     from harness.engine.surface import render, report
-    report_dir = usable(report_dir_of(args), "--report-dir")
+    report_dir = claimed_report_dir(args)
     t0 = time.monotonic()
     target = resolve_target(args.target)
     rep = report(args.target, target)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.commands.common import findings_dir, report_dir_of, resolve_target, write_command_report
+from harness.commands.common import claimed_report_dir, findings_dir, resolve_target, write_command_report
 from harness.model.errors import EXIT_FINDING, EXIT_OK
 
 
@@ -10,7 +10,7 @@ def run(args) -> int:
     from harness.engine.policy import verify_policy
     from harness.report.summary import Check, CommandSummary
     target = resolve_target(args.target)
-    report_dir = report_dir_of(args)
+    report_dir = claimed_report_dir(args)
     report = verify_policy(target, findings_dir=findings_dir(report_dir))
     print(f"vmfuzz verify-policy: target {target.name}: {report.configs:,} configurations, "
           f"{report.checks:,} batch sizes checked in {report.seconds:.1f}s")

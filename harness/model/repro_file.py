@@ -142,14 +142,21 @@ def dump(repro: Repro, path: str | Path) -> Path:
     if data["config"].get("call_site") == "eagle":
         data["config"].pop("call_site")  # the default call site: the file reads as before
     body = msgspec.json.format(msgspec.json.encode(data), indent=2) + b"\n"
+    import sys
     try:
         return _write(path, body)
     except OSError as exc:
         from harness.model.validate import fallback_dir
-        spare = fallback_dir()
-        where = _write(spare / path.name if not (spare / path.name).exists()
-                       else spare / f"{path.stem}-{len(list(spare.iterdir()))}{path.suffix}", body)
-        import sys
+        try:
+            spare = fallback_dir()
+            where = _write(spare / path.name if not (spare / path.name).exists()
+                           else spare / f"{path.stem}-{len(list(spare.iterdir()))}{path.suffix}", body)
+        except OSError as again:
+            # Every disk this process can write is full: the finding stands (its exit is 1) and the
+            # repro itself goes to stderr, where a CI log keeps it.
+            print(f"vmfuzz: cannot write {path} ({exc.strerror or exc}) nor a fallback copy "
+                  f"({again.strerror or again}); the repro follows:\n{body.decode()}", file=sys.stderr, end="")
+            return path
         print(f"vmfuzz: cannot write {path} ({exc.strerror or exc}); the repro is at {where}", file=sys.stderr)
         return where
 
@@ -157,6 +164,10 @@ def dump(repro: Repro, path: str | Path) -> Path:
 def _write(path: Path, body: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(body)
-    tmp.replace(path)  # a finding on disk is whole or absent, never half-written
+    try:
+        tmp.write_bytes(body)
+        tmp.replace(path)  # a finding on disk is whole or absent, never half-written
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a half-written temporary is no finding: the caller writes it elsewhere
+        raise
     return path
