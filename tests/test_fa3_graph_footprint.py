@@ -40,6 +40,24 @@ def test_what_a_tree_servers_graph_needs():
     assert {n.split(".")[0] for n in graph_needs(ServerNumbers(4, 64, 5, 1, 4))} == {"target_verify_metadata"}
 
 
+def test_the_footprint_is_judged_at_page_sizes_that_divide_the_context_and_that_do_not():
+    from harness.model.fa3_graph import CASE_PAGE_SIZES, page_sizes
+    assert graph_needs(TREE, 4)["target_verify_metadata.page_table"] == (4, 16)
+    assert graph_needs(TREE, 64)["target_verify_metadata_topk_normal.page_table"] == (4, 1)
+    assert graph_needs(ServerNumbers(4, 12, 5, 2, 3), 8)["draft_decode_metadata_topk_normal.page_table"] == (4, 2)
+    # the expand pass reads a token a page whatever the server's page size
+    assert graph_needs(TREE, 16)["target_verify_metadata_topk_expand.page_table"] == (20, 5)
+    drawn = {page_sizes(ServerNumbers(b, 64, 5, 2, 3))[2] for b in range(1, 9)}
+    assert drawn == set(CASE_PAGE_SIZES) and all(page_sizes(TREE)[:2] == (1, 4) for _ in drawn)
+
+
+def test_sglangs_own_set_up_at_every_page_size_holds(sglang_target):
+    from harness.model.fa3_graph import CASE_PAGE_SIZES
+    for page_size in (1, 4, *CASE_PAGE_SIZES):
+        shapes = sglang_target.fa3_graph_buffers(TREE, list(graph_needs(TREE)), page_size=page_size)
+        assert shapes["target_verify_metadata.page_table"] == (4, -(-64 // page_size)), page_size
+
+
 class _Sized:
     """The reference target, with FlashAttention's set-up sizing its buffers as ``shapes`` say."""
 
@@ -49,8 +67,9 @@ class _Sized:
     def __getattr__(self, name):
         return getattr(self._target, name)
 
-    def fa3_graph_buffers(self, numbers, names):
-        return {name: self.shapes.get(name, graph_needs(numbers)[name]) for name in names}
+    def fa3_graph_buffers(self, numbers, names, page_size=1):
+        shapes = self.shapes if page_size == 1 else {}
+        return {name: shapes.get(name, graph_needs(numbers, page_size)[name]) for name in names}
 
 
 @pytest.mark.parametrize("buffer, shape, cell", [
@@ -96,6 +115,12 @@ _DRAFT_Q = r"(\"cu_seqlens_q\": torch\.arange\(\n\s+0,\n\s+)max_bs \* self\.topk
 #: name -> (edit, a server, a batch, the buffer and cell the finding must name); the second server's
 #: real set-up raises on the short buffer
 MUTANTS = {
+    # the page count rounded down: the same at a token a page and wherever P divides C; at context 12
+    # the case's page size is 8, and the last, part-read page has no column
+    "page-count-rounds-down": (
+        (FA3, _PAGES, "max_num_pages = self.max_context_len // self.page_size"),
+        {"mode": "FULL_MASK", "max_bs": 1, "max_context_len": 12, "num_draft_tokens": 4, "topk": 1, "spec_steps": 3},
+        [5], "target_verify_metadata.page_table", "columns too few"),
     # line 2432: every max_num_pages-wide page table two pages short (none at context 2, negative below)
     "page-count-subtracts-page-size": (
         (FA3, _PAGES, "max_num_pages = (self.max_context_len - self.page_size - 1) // self.page_size"),
@@ -123,7 +148,7 @@ def test_a_short_fa3_graph_buffer_is_caught_by_its_size_not_by_sglang_raising(sg
 
 
 #: the same sizes computed other ways: never a finding
-REFACTOR = [(FA3, _PAGES, "max_num_pages = -(-self.max_context_len // self.page_size)"),
+REFACTOR = [(FA3, _PAGES, "max_num_pages = (self.max_context_len - 1) // self.page_size + 1"),
             (FA3, _DRAFT_Q, r"\1self.topk * (max_bs + 1) - self.topk + 1,\2")]
 
 

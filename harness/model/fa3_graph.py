@@ -7,16 +7,17 @@ page-table columns its requests' pages fill. A buffer sized for fewer is a
 replay that binds a short slice (the graph then reads and writes past what the
 metadata says) or a capture that raises. So each must have at least the shape
 the captured max batch needs, worked out here from the server's numbers alone
-(max_bs B, the draft width d, topk k, the context length C; page size 1, the
-only one driven, so a request's pages are its C tokens):
+(max_bs B, the draft width d, topk k, the context length C, KV pages of P
+tokens, so a request's context spans ceil(C / P) pages):
 
 - ``target_verify_metadata`` (a chain's verify, topk 1): a row per request, a
-  running sum over B + 1, C pages a row. Judged at every topk: the set-up
+  running sum over B + 1, ceil(C / P) pages a row. Judged at every topk: the set-up
   allocates it for every drafting server, its size does not depend on topk, so
   one too small is wrong for the chain server of the same numbers.
 - ``target_verify_metadata_topk_normal`` (a tree's prefix pass, topk > 1): the same.
 - ``target_verify_metadata_topk_expand`` (a tree's expand pass): a row per
-  (request, draft node), B * d of them, each over at most the d draft nodes.
+  (request, draft node), B * d of them, each over at most the d draft nodes
+  (it reads the cache a token a page, whatever P).
 - ``draft_decode_metadata_topk_normal`` / ``_topk_expand`` (topk > 1): the
   draft runner's decode graphs of the same captured max batch, preallocated by
   the same set-up for the same B: a row per request, and a row per (request,
@@ -47,9 +48,22 @@ def _metadata(rows: int, columns: int) -> dict[str, tuple[int, ...]]:
             "page_table": (rows, columns)}
 
 
-def graph_needs(n: ServerNumbers) -> dict[str, tuple[int, ...]]:
-    """"dict.key" -> the least shape each buffer needs for a graph of ``n.max_bs`` requests."""
-    b, d, k, pages = n.max_bs, n.num_draft_tokens, n.topk, n.context_len
+#: the page sizes every case's footprint is judged at: a token a page, and the paged reads' size
+FIXED_PAGE_SIZES = (1, 4)
+#: one more per case, drawn by the case's numbers, so page arithmetic is judged where P divides
+#: nothing, divides C, and exceeds C
+CASE_PAGE_SIZES = (2, 8, 16, 64)
+
+
+def page_sizes(n: ServerNumbers) -> tuple[int, ...]:
+    """The page sizes the footprint of a server started with ``n`` is judged at."""
+    return FIXED_PAGE_SIZES + (CASE_PAGE_SIZES[(n.max_bs + n.context_len + n.num_draft_tokens) % 4],)
+
+
+def graph_needs(n: ServerNumbers, page_size: int = 1) -> dict[str, tuple[int, ...]]:
+    """"dict.key" -> the least shape each buffer needs for a graph of ``n.max_bs`` requests, KV pages
+    of ``page_size`` tokens."""
+    b, d, k, pages = n.max_bs, n.num_draft_tokens, n.topk, -(-n.context_len // page_size)
     dicts = {"target_verify_metadata": _metadata(b, pages)}
     if k > 1:
         dicts["target_verify_metadata_topk_normal"] = _metadata(b, pages)

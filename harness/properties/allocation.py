@@ -29,7 +29,7 @@ NAME"), never counted as held; a target that drives none fails the case.
 from __future__ import annotations
 
 from harness.model.allocation import TRITON_INIT, ServerNumbers, indptr_entries, reads_mask
-from harness.model.fa3_graph import DIMENSIONS, graph_needs, short_dimension
+from harness.model.fa3_graph import DIMENSIONS, graph_needs, page_sizes, short_dimension
 from harness.model.fa3_graph import WRITER as FA3_GRAPH
 from harness.model.config import Batch, Config
 from harness.model.layouts import PREALLOCATED_LAYOUTS, worst_case_size
@@ -129,16 +129,17 @@ def check_fa3_graph(target, obs: Observation, numbers: ServerNumbers, sites: dic
     if read is None or why is not None:
         obs.classes.add(f"fa3 cuda-graph buffers: not driven ({why or 'not by this target'})")
         return
-    needs = graph_needs(numbers)
-    server = (f"a server capturing max_bs {numbers.max_bs}, context {numbers.context_len}, "
-              f"num_draft_tokens {numbers.num_draft_tokens}, topk {numbers.topk}")
-    for name, got in read(numbers, list(needs)).items():
-        short = short_dimension(got, needs[name])
-        if short is not None:
-            unit = DIMENSIONS[name.rsplit(".", 1)[1]][short]
-            fail(NAME, f"{FA3_GRAPH}: {name} is {list(got)}, {server} needs at least {list(needs[name])}: "
-                        f"{unit} too few, so a captured batch's metadata runs past it",
-                 effect="unsound", writer=FA3_GRAPH, buffer=name, cell=f"{unit} too few")
+    for page_size in page_sizes(numbers):
+        needs = graph_needs(numbers, page_size)
+        server = (f"a server capturing max_bs {numbers.max_bs}, context {numbers.context_len}, "
+                  f"num_draft_tokens {numbers.num_draft_tokens}, topk {numbers.topk}, page size {page_size}")
+        for name, got in read(numbers, list(needs), page_size=page_size).items():
+            short = short_dimension(got, needs[name])
+            if short is not None:
+                unit = DIMENSIONS[name.rsplit(".", 1)[1]][short]
+                fail(NAME, f"{FA3_GRAPH}: {name} is {list(got)}, {server} needs at least {list(needs[name])}: "
+                            f"{unit} too few, so a captured batch's metadata runs past it",
+                     effect="unsound", writer=FA3_GRAPH, buffer=name, cell=f"{unit} too few")
     obs.classes.add("fa3 cuda-graph buffers")
 
 

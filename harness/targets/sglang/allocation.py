@@ -128,9 +128,10 @@ def load_sites() -> dict[str, object]:
     return sites
 
 
-def site_backend(target, name: str, numbers: ServerNumbers):
-    """(module, class, backend): backend ``name`` of a server started with ``numbers``, made as its
-    set-up is driven here (``BUILT_BY_INIT`` by its own ``__init__``, the others given its attributes)."""
+def site_backend(target, name: str, numbers: ServerNumbers, page_size: int = 1):
+    """(module, class, backend): backend ``name`` of a server started with ``numbers`` (its KV in pages of
+    ``page_size`` tokens), made as its set-up is driven here (``BUILT_BY_INIT`` by its own ``__init__``,
+    the others given its attributes)."""
     sites = target._allocation_sites()
     mod = sites.get(name)
     if mod is None or isinstance(mod, str):
@@ -138,7 +139,7 @@ def site_backend(target, name: str, numbers: ServerNumbers):
     cls = getattr(mod, SITES[name][1])
     if name in BUILT_BY_INIT:
         stubs = [lambda: backend_init.extensions_stubbed_again(mod.__name__)] if name in STUBBED_IMPORT else []
-        backend = backend_init.built_by_init(mod, cls, numbers, name=name, stubs=stubs)
+        backend = backend_init.built_by_init(mod, cls, numbers, name=name, stubs=stubs, page_size=page_size)
     else:
         backend = cls.__new__(cls)
         for attr, value in _attributes(name, numbers).items():

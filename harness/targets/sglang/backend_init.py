@@ -224,20 +224,20 @@ def lookups_bound(mod, cls, n: ServerNumbers, page_size: int = 1) -> list[tuple]
 
 
 def built_by_init(mod, cls, n: ServerNumbers, device="meta", name: str | None = None, stubs=(),
-                  sliding_window_size: int | None = None):
+                  sliding_window_size: int | None = None, page_size: int = 1):
     """``cls`` made by its own ``__init__`` over a stand-in target model runner of a server started with ``n``
-    (its model windowed to ``sliding_window_size`` tokens, if given).
+    (its model windowed to ``sliding_window_size`` tokens, if given; its KV in pages of ``page_size`` tokens).
 
     ``name`` (the harness's backend name) selects the CUDA-only stand-ins;
     ``stubs``: a context manager factory that puts back the stubbed extension
     modules ``mod`` was imported with, for the imports ``__init__`` makes.
     What the stand-in runner lacks that this SGLang's ``__init__`` reads is out of step.
     """
-    runner = model_runner(n, device, sliding_window_size=sliding_window_size)
+    runner = model_runner(n, device, page_size=page_size, sliding_window_size=sliding_window_size)
     with contextlib.ExitStack() as stack:
         for enter in stubs:
             stack.enter_context(enter())
-        stack.enter_context(bound(*lookups_bound(mod, cls, n), *cuda_only(name or "", mod)))
+        stack.enter_context(bound(*lookups_bound(mod, cls, n, page_size), *cuda_only(name or "", mod)))
         try:
             return call_with(cls, f"{cls.__name__}.__init__", where(cls), model_runner=runner)
         except AttributeError as exc:

@@ -70,12 +70,12 @@ class _AskedTorch:
 
 
 @functools.lru_cache(maxsize=256)
-def _shapes(target, numbers: ServerNumbers) -> dict[str, tuple[int, ...]]:
+def _shapes(target, numbers: ServerNumbers, page_size: int) -> dict[str, tuple[int, ...]]:
     """"dict.key" -> asked shape, of every tensor in a dict the set-up left on the backend."""
-    mod, cls, backend = site_backend(target, SITE, numbers)
+    mod, cls, backend = site_backend(target, SITE, numbers, page_size)
     patches = [(mod, "torch", _AskedTorch()),
                *lookup_patches([mod], {"maybe_create_verify_mask": lambda *a, **k: None}),
-               *backend_init.lookups_bound(mod, cls, numbers), *backend_init.cuda_only(SITE, mod)]
+               *backend_init.lookups_bound(mod, cls, numbers, page_size), *backend_init.cuda_only(SITE, mod)]
     with bound(*patches):
         call_method(backend, "init_cuda_graph_state", max_bs=numbers.max_bs,
                     max_num_tokens=numbers.max_bs * numbers.num_draft_tokens)
@@ -84,10 +84,11 @@ def _shapes(target, numbers: ServerNumbers) -> dict[str, tuple[int, ...]]:
             for key, t in buffers.items() if isinstance(key, str) and isinstance(t, torch.Tensor)}
 
 
-def graph_buffers(target, numbers: ServerNumbers, names) -> dict[str, tuple[int, ...]]:
+def graph_buffers(target, numbers: ServerNumbers, names, page_size: int = 1) -> dict[str, tuple[int, ...]]:
     """The shape ``init_cuda_graph_state(numbers.max_bs, ...)`` asked for each buffer in ``names``
-    ("dict.key"); one it did not make is out of step (renamed or moved), not a finding."""
-    shapes = _shapes(target, numbers)
+    ("dict.key") on a server whose KV pages hold ``page_size`` tokens; one it did not make is out of
+    step (renamed or moved), not a finding."""
+    shapes = _shapes(target, numbers, page_size)
     missing = [name for name in names if name not in shapes]
     if missing:
         raise OutOfStep(f"{SITES[SITE][1]}.init_cuda_graph_state", _FILE,

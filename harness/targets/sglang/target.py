@@ -339,10 +339,11 @@ class SglangTarget:
         from harness.targets.sglang.allocation import allocation_call
         return allocation_call(self, backend, numbers)
 
-    def fa3_graph_buffers(self, numbers, names) -> dict[str, tuple[int, ...]]:
-        """The shapes FlashAttention's cuda-graph set-up asks for its metadata buffers (``fa3_graph``)."""
+    def fa3_graph_buffers(self, numbers, names, page_size: int = 1) -> dict[str, tuple[int, ...]]:
+        """The shapes FlashAttention's cuda-graph set-up asks for its metadata buffers (``fa3_graph``)
+        on a server whose KV pages hold ``page_size`` tokens."""
         from harness.targets.sglang import fa3_graph
-        return fa3_graph.graph_buffers(self, numbers, names)
+        return fa3_graph.graph_buffers(self, numbers, names, page_size)
 
     def triton_indptr_buffers(self, numbers) -> dict[str, tuple[int, ...]]:
         """The shapes of the per-request index pointers the Triton backend's ``__init__`` allocates."""
