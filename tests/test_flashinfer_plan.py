@@ -118,6 +118,11 @@ ALTERATIONS = {
     "qo-indptr-empty-then-plan-raises": ([(EAGLE_INFO, r"\(1 \+ batch_size\) \* self\.draft_token_num,",
                                            "(1 >> batch_size) * self.draft_token_num,")],
                                          ("EagleVerifyInput.generate_attn_arg_prefill", "qo_indptr", "wrong")),
+    # fast_prefill_plan's default window turned from none (-1) to 0 tokens: every value the plan's arrays hold
+    # is right, yet each query row of a server without a sliding window would see only itself. The plan's
+    # thirteenth-on arguments were never judged before.
+    "plan-window-default-zero": ([(FLASHINFER, r"(causal: bool = False,\n\s+window_left: int = )-1,", r"\g<1>0,")],
+                                 ("fast_prefill_plan", "plan(window_left)", "wrong")),
 }
 
 #: the same arrays computed another way, locals renamed: must still hold

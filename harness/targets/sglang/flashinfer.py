@@ -67,18 +67,22 @@ _WRAPPER_BUFFERS = {"_qo_indptr_buf": "qo_indptr", "_paged_kv_indptr_buf": "kv_i
 
 def _flashinfer_plan(float_workspace_buffer, int_workspace_buffer, pin_memory_int_workspace_buffer, qo_indptr,
                      kv_indptr, kv_len_arr, total_num_rows, batch_size, num_qo_heads, num_kv_heads, page_size,
-                     enable_cuda_graph, *rest):
-    """The leading parameters of FlashInfer's prefill ``plan`` (its positional ABI): what each argument is."""
+                     enable_cuda_graph, head_dim_qk, head_dim_vo, causal, window_left, *rest):
+    """The parameters of FlashInfer's prefill ``plan`` (its positional ABI) up to the last that changes which
+    cells a query row attends to (``window_left``): what each argument is. ``causal`` only bounds the work
+    the scheduler plans (a tree's visible cells all lie inside a causal bound, and a custom mask decides
+    the rest); the others (split sizes, colocated CTAs, a uniform query length) schedule the work too."""
 
 
 #: FlashInfer plan's host arrays and counts -> what each must hold
 _PLAN_ARGS = {"qo_indptr": "qo_indptr", "kv_indptr": "kv_indptr", "kv_len_arr": "kv_lens",
-              "total_num_rows": "total_num_rows", "batch_size": "batch_size", "page_size": "page_size"}
+              "total_num_rows": "total_num_rows", "batch_size": "batch_size", "page_size": "page_size",
+              "window_left": "window_left"}
 
 
 #: the order a hop's arrays are judged in
-_ORDER = ("batch_size", "total_num_rows", "page_size", "qo_indptr", "kv_indptr", "kv_lens", "kv_last_page_len",
-          "kv_indices", "custom_mask")
+_ORDER = ("batch_size", "total_num_rows", "page_size", "window_left", "qo_indptr", "kv_indptr", "kv_lens",
+          "kv_last_page_len", "kv_indices", "custom_mask")
 
 
 def _held(value) -> torch.Tensor:
