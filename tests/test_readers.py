@@ -25,7 +25,8 @@ from harness.properties.readers import packed_bytes
 from harness.model.readers import expected_reads, reader_config
 from harness.guard.shadow import ShadowHeap
 from harness.targets import resolve
-from tests.sglang_copies import altered_copy, assert_caught_by, assert_not_a_raise, run_cases, run_on_copy
+from tests.sglang_copies import (altered_copy, assert_caught_by, assert_not_a_raise, failed_check_origin, replay_on_copy,
+                                 run_cases, run_on_copy)
 
 READER_PROPERTIES = ("reader-agreement", "packed-mask")
 #: variant -> the reader property that must catch it
@@ -345,3 +346,26 @@ def test_altered_sglang_reader_is_caught(sglang_target, alteration, tmp_path):
         assert f"{prop}" in proc.stdout and "FAILED" in proc.stdout, out
         assert "target raised" not in out, out
         assert_caught_by(tmp_path / "report", prop, out=out)
+
+
+_UNKNOWN_SUM = r"(if seq_lens_sum is None:\n\s+seq_lens_sum = )bs \* self\.max_context_len"
+_OVERLAP_CASE = {"mode": "FULL_MASK", "max_bs": 2, "max_context_len": 16, "num_draft_tokens": 4, "topk": 1,
+                 "spec_steps": 3}
+
+
+@pytest.mark.slow
+def test_the_overlap_scheduler_s_unknown_length_sum_is_read_and_judged(sglang_target, tmp_path):
+    """The overlap scheduler never copies a batch's total length to the host: the Triton reader then sizes
+    its KV gather from the context limit. Sized from the batch size alone, request 1's KV slots are gathered
+    past the end of a too-short buffer: a reader-agreement catch on the overlap read, never SGLang raising;
+    the same size computed another way holds."""
+    triton = ("srt/layers/attention/triton_backend.py",)
+    short = altered_copy(tmp_path / "short", [(triton, _UNKNOWN_SUM, r"\1bs")], "unknown-sum-from-bs")
+    proc, out = replay_on_copy(short, tmp_path / "short", _OVERLAP_CASE, [5, 9], "reader-agreement")
+    assert proc.returncode == 1, out
+    o = failed_check_origin(tmp_path / "short" / "report", out)
+    assert (o["property"], o["effect"], o["buffer"]) == ("reader-agreement", "overrun", "kv_indices"), o
+    same = altered_copy(tmp_path / "same", [(triton, _UNKNOWN_SUM, r"\1self.max_context_len * bs")],
+                        "unknown-sum-refactored")
+    proc, out = replay_on_copy(same, tmp_path / "same", _OVERLAP_CASE, [5, 9], "reader-agreement")
+    assert proc.returncode == 0, out

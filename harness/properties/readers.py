@@ -142,6 +142,7 @@ def _fresh_reads(target, obs: Observation, config: Config, rc: Config, batch: Ba
     _stray(heap, rc, batch, "the eager reader", stage="eager")
     _judge(view, rc, batch, want, "eager", stage="eager")
     _judged(obs, view)
+    _overlapped(target, obs, rc, batch, out, want, heap)
     _windowed(target, obs, rc, batch, out, want, heap, None)
     check_fa3(target, obs, rc, batch, out, want)
     check_qsa(target, obs, rc, batch, out)
@@ -157,6 +158,20 @@ def _fresh_reads(target, obs: Observation, config: Config, rc: Config, batch: Ba
     _windowed(target, obs, rc, batch, out, want, heap, mask)
     reads["cuda-graph replay"] = _indptr(view, batch)
     return reads
+
+
+def _overlapped(target, obs: Observation, rc: Config, batch: Batch, out, want, heap: ShadowHeap) -> None:
+    """The eager read again, as the overlap scheduler hands the batch: it never copies the batch's total
+    length to the host, so the reader sizes its KV gather without it. Request b's cells, rows and slots
+    must not depend on which scheduler ran."""
+    read = getattr(target, "read_eager_overlapped", None)
+    if read is None:
+        obs.classes.add("overlap scheduler: not driven by this target")
+        return
+    view = read(rc, batch, out, heap)
+    _stray(heap, rc, batch, "the eager reader under the overlap scheduler", stage="eager")
+    _judge(view, rc, batch, want, "eager, overlap scheduler (seq_lens_sum unknown)", stage="eager")
+    obs.classes.add("overlap scheduler: seq_lens_sum unknown")
 
 
 def _windowed(target, obs: Observation, rc: Config, batch: Batch, out, want, heap: ShadowHeap, mask) -> None:

@@ -174,11 +174,12 @@ def _window_buffers(backend, config: Config, heap: ShadowHeap, cells: int, dev) 
     backend.cuda_graph_window_num_kv_splits = torch.ones(config.max_bs * config.d, dtype=torch.int32, device=dev)
 
 
-def _verify_batch(m, batch_size: int, seq_lens: torch.Tensor, custom_mask, d: int):
+def _verify_batch(m, batch_size: int, seq_lens: torch.Tensor, custom_mask, d: int, sum_known: bool = True):
+    """``sum_known=False``: the overlap scheduler's batch, whose ``seq_lens_sum`` it never copied to the host."""
     spec_info = SimpleNamespace(custom_mask=custom_mask, num_tokens_per_req=d)
     return SimpleNamespace(
         batch_size=batch_size, forward_mode=m.forward_info.ForwardMode.TARGET_VERIFY, spec_info=spec_info,
-        seq_lens=seq_lens, seq_lens_sum=int(seq_lens.sum()),
+        seq_lens=seq_lens, seq_lens_sum=int(seq_lens.sum()) if sum_known else None,
         req_pool_indices=torch.tensor(pool_slots(batch_size), dtype=torch.long, device=seq_lens.device),
         kv_loc_plan=None, encoder_lens=None, out_cache_loc=None)
 
@@ -202,15 +203,18 @@ def _in(t, gathered: set[int]) -> bool:
     return t is not None and t.data_ptr() in gathered
 
 
-def read_eager(config: Config, batch: Batch, step, heap: ShadowHeap, window: int | None = None) -> ReaderView:
+def read_eager(config: Config, batch: Batch, step, heap: ShadowHeap, window: int | None = None,
+               sum_known: bool = True) -> ReaderView:
     """``TritonAttnBackend.init_forward_metadata`` for an eager TARGET_VERIFY batch (on a server whose
-    model reads a sliding ``window``, if given)."""
+    model reads a sliding ``window``, if given; with ``sum_known=False``, as the overlap scheduler hands
+    the batch, its total length unknown on the host)."""
     m = modules()
     dev = step.tree_mask.device
     backend = triton_backend(None, config, max(config.max_bs, batch.bs), dev, heap, graphs=False, window=window)
     with _stand_in_checked(backend):
         call_method(backend, "init_forward_metadata",
-                    forward_batch=_verify_batch(m, batch.bs, _seq_lens(batch, dev), step.tree_mask, config.d))
+                    forward_batch=_verify_batch(m, batch.bs, _seq_lens(batch, dev), step.tree_mask, config.d,
+                                                sum_known))
     return _view(backend.forward_metadata, backend, window=window)
 
 

@@ -239,6 +239,10 @@ class SglangTarget:
     def read_replay(self, mask, config: Config, batch: Batch, step: StepOutput, heap: ShadowHeap):
         return readers.read_replay(mask, config, batch, step, heap)
 
+    def read_eager_overlapped(self, config: Config, batch: Batch, step: StepOutput, heap: ShadowHeap):
+        """The eager read as the overlap scheduler hands it: ``seq_lens_sum`` unknown (``readers``)."""
+        return readers.read_eager(config, batch, step, heap, sum_known=False)
+
     def read_window_eager(self, config: Config, batch: Batch, step: StepOutput, heap: ShadowHeap, window: int):
         """The eager read on a server whose model reads a sliding ``window`` of tokens (``readers``)."""
         return readers.read_eager(config, batch, step, heap, window)
