@@ -71,7 +71,9 @@ def _record_pristine(run: Path, properties: list[str], changed: list[str], env: 
         proc = subprocess.run(gate_command(properties, ["--changed-files", str(listed)], run / "report"),
                               cwd=cwd, capture_output=True, text=True,
                               env=dict(env, **{"VMFUZZ_OUTPUT_RECORD_DIR": str(run)}))
-    if proc.returncode != 0:
+    # Exit 3 is a gate that ran and could not vouch for some lines (listed by name, with no diff to
+    # narrow them): what it checked is recorded all the same. A finding or a refusal is no baseline.
+    if proc.returncode not in (0, 3):
         last = (proc.stdout + proc.stderr).strip().splitlines() or ["no output"]
         return f"not checked (the pristine gate exited {proc.returncode}: {last[-1][:200]})"
     (run / "done").write_text("")

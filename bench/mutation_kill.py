@@ -181,12 +181,14 @@ def mutated_line_verdict(summary: Path, driven: dict, changed: list[str]) -> dic
 
 
 def killing_origins(summary: Path) -> list[dict]:
-    """The origins of the new finding groups and of the failing saved-repro replays (known ones left out)."""
+    """The origins of the new finding groups and of a command's failed checks (known groups left out)."""
     try:
         s = json.loads(summary.read_text())
     except (OSError, ValueError):
         return []
     out = [g["origin"] for g in s.get("groups", []) if g.get("origin") and not g.get("known")]
+    # a command's own checks: the code under test that does not import (stage import) is such a finding
+    out += [c["origin"] for c in s.get("checks", []) if c.get("status") == "failed" and c.get("origin")]
     return out
 
 

@@ -577,3 +577,13 @@ def test_the_mutated_lines_are_read_from_the_gate_s_measurement(tmp_path, monkey
                                                        "never_ran": [], "judged": {"2": ["routing"]}}]}}))
     assert mutation_kill.mutated_line_verdict(summary, driven, ["srt/a.py"])["judged_by"] == ["routing"]
     assert mutation_kill.mutated_line_verdict(tmp_path / "none.json", driven, ["srt/a.py"]) == {}
+
+
+def test_a_kill_by_code_that_does_not_import_is_read_from_the_command_s_checks(tmp_path):
+    """The gate's import finding is a command summary: its failed check's origin is what killed the mutant
+    (so a file Python refuses is told stillborn, not "unknown")."""
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"command": "gate", "checks": [
+        {"status": "failed", "origin": {"property": "import", "effect": "raise", "stage": "import"}},
+        {"status": "held", "origin": {"property": "x", "effect": "wrong"}}]}))
+    assert mutation_kill.killing_origins(summary) == [{"property": "import", "effect": "raise", "stage": "import"}]
