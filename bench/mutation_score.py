@@ -284,9 +284,40 @@ def rejudge(work: Path, tests: Path) -> dict[str, str]:
     return state["verdicts"]
 
 
+def rerun(work: Path, outcomes: set[str]) -> int:
+    """The kill command again, with this harness, on the mutants whose last verdict is in ``outcomes``
+    (score.json's): after a fix, the survivors are rescored without re-running the sample. Each is
+    written into worker-0's copy (cosmic-ray's own operator and occurrence) and put back; its new
+    output replaces the old in the session, so ``report`` tabulates it."""
+    import cosmic_ray.plugins
+    from cosmic_ray.mutating import use_mutation
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
+
+    copy, _ = pristine_copy(work)
+    jobs = {r["job"] for r in json.loads((work / "score.json").read_text())["mutants"] if r["outcome"] in outcomes}
+    shutil.rmtree(work / "pristine-gate", ignore_errors=True)  # the equivalence baseline of this harness
+    with use_db(str(work / "session.sqlite"), WorkDB.Mode.open) as db:
+        items = [(item, result) for item, result in db.completed_work_items if item.job_id in jobs]
+        for item, old in items:
+            m = item.mutations[0]
+            operator = cosmic_ray.plugins.get_operator(m.operator_name)(**(m.operator_args or {}))
+            with use_mutation(copy / m.module_path, operator, m.occurrence) as (_, mutated):
+                if mutated is None:
+                    continue
+                proc = subprocess.run([sys.executable, str(HERE / "mutation_kill.py"), str(work / "driven.json")],
+                                      cwd=copy, capture_output=True, text=True)
+            db.set_result(item.job_id, WorkResult(
+                worker_outcome=WorkerOutcome.NORMAL, output=proc.stdout + proc.stderr, diff=old.diff,
+                test_outcome=TestOutcome.KILLED if proc.returncode else TestOutcome.SURVIVED))
+            print(f"mutation_score: {item.job_id} {(proc.stdout.splitlines() or ['no output'])[0]}", flush=True)
+    return len(items)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="mutation_score.py")
-    ap.add_argument("step", choices=["prepare", "exec", "report", "stillborn", "all", "sglang-tests", "nightly"])
+    ap.add_argument("step", choices=["prepare", "exec", "report", "stillborn", "all", "sglang-tests", "nightly",
+                                     "rerun"])
     ap.add_argument("work", type=Path)
     ap.add_argument("--sample", type=int, default=100)
     ap.add_argument("--seed", type=int, default=1)
@@ -305,6 +336,8 @@ def main(argv=None) -> int:
                     help="nightly: the gate's survivors (default), every killed and surviving mutant, or the "
                          "suspected-equivalents whose mutated line the gate never reached")
     ap.add_argument("--limit", type=int, default=None, help="nightly: at most this many of them, drawn with --seed")
+    ap.add_argument("--outcomes", default="survived",
+                    help="rerun: the verdicts (score.json's, comma-separated) whose mutants are scored again")
     ap.add_argument("--first-finding", action="store_true",
                     help="nightly: stop each mutant's run at its first saved finding (a kill costs its time to "
                          "that finding, not the whole budget)")
@@ -335,7 +368,11 @@ def main(argv=None) -> int:
     if args.step == "stillborn":
         import stillborn
         print(f"mutation_score: {stillborn.rescore(work)} kill(s) by raising in a Triton kernel judged by its compiler")
-    if args.step in ("report", "stillborn", "all", "sglang-tests", "nightly"):
+    if args.step == "rerun":
+        if not (work / "score.json").is_file():
+            sys.exit(f"mutation_score: {work}: no score.json (run exec and report first)")
+        print(f"mutation_score: {rerun(work, set(args.outcomes.split(',')))} mutant(s) scored again")
+    if args.step in ("report", "stillborn", "all", "sglang-tests", "nightly", "rerun"):
         from mutation_table import report
         report(work)
     return 0
