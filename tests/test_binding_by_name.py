@@ -187,3 +187,59 @@ def test_a_raise_from_inside_a_function_is_told_from_one_outside_it():
         outer()
     assert reach.raised_in(info.value, inner)
     assert not reach.raised_in(RuntimeError("elsewhere"), inner)
+
+
+def _fake_sglang_module(tmp_path, name: str, source: str):
+    """A module outside vmfuzz's folder, as SGLang's code is."""
+    import importlib.util
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_HELPERS = '''
+def dispatch(x):
+    raise RuntimeError("Found no NVIDIA driver on your system")
+
+def direct(x):
+    return dispatch(x)
+
+class Holder:
+    pass
+
+held = Holder()
+held.dispatch = dispatch
+
+def through_another_holder(x):
+    return held.dispatch(x)
+
+def own_bug(x):
+    return [][x]
+'''
+
+
+def test_a_raise_from_the_real_function_a_stand_in_was_bound_for_is_out_of_step(tmp_path):
+    """SGLang reaching the real function by a holder vmfuzz did not bind: the stand-in was never
+    consulted, so the real one's raise is vmfuzz out of step, naming the seam; never SGLang's finding."""
+    from harness.model.errors import OutOfStep
+    from harness.targets.sglang.binding import bound
+    m = _fake_sglang_module(tmp_path, "fake_sglang_bypass", _HELPERS)
+    with bound((m, "dispatch", lambda x: x)):
+        assert m.direct(3) == 3  # the bound name: the stand-in answers
+    with pytest.raises(OutOfStep) as out, bound((m, "dispatch", lambda x: x)):
+        m.through_another_holder(3)
+    assert out.value.seam == "dispatch" and "never consulted" in out.value.why
+    assert "Found no NVIDIA driver" in out.value.why
+
+
+def test_sglang_s_own_raise_and_a_stand_in_handing_on_to_the_real_one_stay_raises(tmp_path):
+    from harness.targets.sglang.binding import bound
+    m = _fake_sglang_module(tmp_path, "fake_sglang_own", _HELPERS)
+    real = m.dispatch
+    with pytest.raises(IndexError), bound((m, "dispatch", lambda x: x)):
+        m.own_bug(0)  # a raise in code no stand-in was bound for: SGLang's own
+    with pytest.raises(RuntimeError, match="NVIDIA"), bound((m, "dispatch", lambda x: real(x))):
+        m.direct(1)  # vmfuzz's stand-in consults the real one on purpose: the raise is the real one's

@@ -3,15 +3,63 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import types
 
 from harness.model.errors import OutOfStep
 
 _MISSING = object()
+#: the harness's own package folder: a frame here is vmfuzz's, not SGLang's
+HARNESS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))) + os.sep
 
 
 def _file(owner) -> str:
     from harness.targets.sglang.seams import where
     return where(owner)
+
+
+def _code_of(value):
+    """The code object a bound callable runs (a function's, a method's, a Triton kernel's Python body)."""
+    for candidate in (value, getattr(value, "__func__", None), getattr(value, "fn", None)):
+        code = getattr(candidate, "__code__", None)
+        if isinstance(code, types.CodeType):
+            return code
+    return None
+
+
+def stand_in_bypassed(exc: BaseException, saved) -> tuple[str, object] | None:
+    """(attr, owner) of a binding the raise went around: SGLang's own code called the real function that
+    vmfuzz stood in for, by a name or a holder vmfuzz did not bind, and the raise came from inside it.
+
+    Decided from the traceback, never the message: a frame running the original's code whose caller is
+    SGLang's (not a vmfuzz stand-in that hands on to the original on purpose) means the stand-in was
+    never consulted on that path, so what the original did there (a CUDA dispatch on a CPU host, a
+    lookup with nothing published) is vmfuzz out of step, not SGLang's finding.
+    """
+    originals, stand_ins = {}, set()
+    for owner, attr, old in saved:
+        code = _code_of(old) if old is not _MISSING else None
+        if code is not None:
+            originals.setdefault(code, (attr, owner))
+        stand_in = _code_of(getattr(owner, attr, None))
+        if stand_in is not None:
+            stand_ins.add(stand_in)
+    if isinstance(exc, OutOfStep) or not originals:
+        return None
+    frames, tb = [], exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code)
+        tb = tb.tb_next
+    for i in range(1, len(frames)):
+        # reached through a stand-in (it hands on to the real one on purpose) or from vmfuzz's own code
+        consulted = _is_harness(frames[i - 1].co_filename) or any(f in stand_ins for f in frames[:i])
+        if frames[i] in originals and not consulted:
+            return originals[frames[i]]
+    return None
+
+
+def _is_harness(filename: str) -> bool:
+    return HARNESS_DIR in os.path.realpath(filename)
 
 
 @contextlib.contextmanager
@@ -33,7 +81,16 @@ def bound(*patches):
                                 "for vmfuzz to bind")
             saved.append((owner, attr, old))
             setattr(owner, attr, value)
-        yield
+        try:
+            yield
+        except BaseException as exc:
+            bypassed = stand_in_bypassed(exc, saved)
+            if bypassed is not None:
+                attr, owner = bypassed
+                raise OutOfStep(attr, _file(owner), f"SGLang's code reached the real {attr} by a way vmfuzz did "
+                                f"not bind, so its stand-in was never consulted, and it raised "
+                                f"{type(exc).__name__}: {str(exc)[:300]}") from exc
+            raise
     finally:
         for owner, attr, old in reversed(saved):
             if old is _MISSING:
