@@ -160,3 +160,24 @@ def test_a_known_cause_is_uninteresting_and_the_search_finds_the_next_cause_of_t
                           bounds=Bounds(max_bs=4, max_context_len=16, num_draft_tokens=6, topk=2, spec_steps=2))
     assert result.finding is not None and result.finding.origin.cell == "new one", result.finding
     assert result.classes["known finding the-known-one"] >= 1, result.classes
+
+
+def test_junit_shows_a_reproducing_known_finding_skipped_with_its_reason_never_a_plain_pass():
+    import xml.etree.ElementTree as ET
+
+    from harness.model.known_file import GONE, REPRODUCES
+    from harness.report.junit import run_junit
+    finding = {"known": "dflash-policy", "kind": "property", "detail": "d", "repro": "r.json"}
+    summary = {"target": "sglang", "fail_on_known": False, "replays": [], "gate": None,
+               "properties": [{"name": "routing", "seconds": 1.0, "status": "failed", "findings": [finding]},
+                              {"name": "no-oob-write", "seconds": 1.0, "status": "held", "findings": []}],
+               "known_findings": [{"name": "dflash-policy", "status": REPRODUCES, "reason": "upstream's", "detail": "d"},
+                                  {"name": "old", "status": GONE, "reason": "fixed upstream", "detail": ""}]}
+    root = ET.fromstring(run_junit(summary))
+    cases = {(c.get("classname"), c.get("name")): c for c in root.iter("testcase")}
+    routing = cases[("vmfuzz.sglang", "routing")].find("skipped")
+    assert routing is not None and routing.get("message") == "known finding(s): dflash-policy"
+    known = cases[("vmfuzz.known", "dflash-policy")].find("skipped")
+    assert known is not None and known.get("message") == f"{REPRODUCES}: upstream's"
+    assert list(cases[("vmfuzz.known", "old")]) == [] and list(cases[("vmfuzz.sglang", "no-oob-write")]) == []
+    assert root.get("failures") == "0"
