@@ -35,6 +35,13 @@ def _counts(summary: dict) -> dict:
     return {p["name"]: (p["status"], p["examples"]) for p in summary["properties"]}
 
 
+def _page_says_why(rep, last: str) -> None:
+    """report.html's verdict is "could not check" and it says why, in the words of the run's last line."""
+    import html
+    page = html.unescape((rep / "report.html").read_text())
+    assert ">could not check</span></h1>" in page and last in page, last
+
+
 def _says_could_not_check(proc, summary: dict, rep) -> None:
     """Exit 3; the last line, summary.json, summary.md and junit.xml all say could not check,
     naming each cut-short property's examples of its fixed count, and none says held."""
@@ -47,6 +54,7 @@ def _says_could_not_check(proc, summary: dict, rep) -> None:
         assert p["examples"] < p["planned"] and f"{p['name']} {p['examples']}/{p['planned']} examples" in last, last
     assert summary["time_cap"]["reached"] is True
     assert "**COULD NOT CHECK**" in (rep / "summary.md").read_text()
+    _page_says_why(rep, last)
     suite = ET.parse(rep / "junit.xml").getroot().find("testsuite")
     assert int(suite.get("errors")) == len(cut) and int(suite.get("failures")) == 0
 
@@ -89,6 +97,7 @@ def test_a_budget_spent_before_a_search_is_could_not_check_not_held(tmp_path):
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("could not check: the time budget of 1 s ran out") and "trivial-path" in last, last
     assert json.loads((rep / "summary.json").read_text())["properties"][0]["status"] == "could not check"
+    _page_says_why(rep, last)
 
 
 def test_a_budget_below_the_first_bound_step_is_never_all_0_held(tmp_path):

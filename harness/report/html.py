@@ -139,8 +139,16 @@ def _findings_html(s: dict, picture) -> str:
 
 def report_html(s: dict, folder: Path | None = None) -> str:
     """The page of ``s``, written into ``folder``: the repro paths relative to it are read from there."""
+    from harness.report.replays import could_not_check
+    from harness.report.unchecked import cap_line, unchecked_line
     c = s["counts"]
-    verdict = "FAILED" if c["findings"] else ("could not check" if c.get("could_not_check") else "passed")
+    # the same reasons summary.md gives, so a page that says "could not check" always says why
+    why = could_not_check(s) or ("the time ran out" if unchecked_line(s) else "") or (
+        "not every property could be checked" if c.get("could_not_check") else "")
+    verdict = "FAILED" if c["findings"] else ("could not check" if why else "passed")
+    said = [unchecked_line(s) or f"could not check: {why}", cap_line(s)]
+    reason = "" if c["findings"] or not why else (
+        '<p class="note"><b>' + "</b><br>".join(escape(line) for line in said if line) + "</p>")
     from harness.report.html_sections import (coverage_html, gate_html, groups_html, history_html, known_html,
                                               property_rows)
     rows = property_rows(s["properties"])
@@ -164,6 +172,7 @@ def report_html(s: dict, folder: Path | None = None) -> str:
 <h1>vmfuzz {escape(s['command'])} on <code>{escape(s['target'])}</code>: <span class="{'failed' if c['findings'] else ('held' if verdict == 'passed' else 'skipped')}">{verdict}</span></h1>
 <p>profile <b>{escape(s['profile'])}</b>, seed <b>{s['seed']}</b>, {c['examples']:,} examples,
 {c['held']} held / {c['failed']} failed / {c['skipped']} skipped, {s['timings']['total_seconds']:.0f}s. {versions}</p>
+{reason}
 {dep}
 {findings}
 {gate_html(s)}
