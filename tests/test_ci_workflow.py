@@ -94,6 +94,25 @@ def test_the_filter_admits_every_file_the_surface_drives():
     assert not missed, f"the workflow's paths filter skips PRs that touch only these driven files: {missed}"
 
 
+def test_the_filter_admits_every_sglang_module_the_harness_imports_by_name():
+    """A PR that changes only a module vmfuzz imports (the forward modes, a call site's input class) can
+    change what the gate judges: it must reach the gate."""
+    import re
+    from importlib.util import find_spec
+    named = set()
+    for source in (ROOT / "harness").rglob("*.py"):
+        named |= set(re.findall(r'"(sglang\.(?:srt|kernels)\.\w[\w.]*\w)"', source.read_text()))
+    assert len(named) > 15, named
+    files = []
+    for name in sorted(named):
+        spec = find_spec(name) if find_spec("sglang") is not None else None
+        rel = (Path(spec.origin).relative_to(Path(find_spec("sglang").origin).parent).as_posix() if spec and spec.origin
+               else name.removeprefix("sglang.").replace(".", "/") + ".py")
+        files.append(rel)
+    missed = [f for f in files if not _admitted(f"python/sglang/{f}")]
+    assert not missed, f"the workflow's paths filter skips PRs that touch only these imported modules: {missed}"
+
+
 def test_the_filter_admits_every_file_of_the_installed_sglang_that_triggers_the_gate():
     """Whatever file the gate's text rule (MASK_CODE) would fire on: a PR touching only it must reach the gate."""
     import os
@@ -285,3 +304,30 @@ def test_a_release_below_the_bar_makes_its_leg_red(tmp_path, code):
                        env=env, timeout=60)
     assert r.returncode == code, (r.stdout, r.stderr)
     assert (tmp_path / "args").read_text().split()[-1] == "0.5.17"
+
+
+def test_no_checkout_keeps_credentials_and_no_third_party_action_is_pinned_by_tag_alone():
+    """The gate job runs the PR's code: a token left in .git would be the PR's to read. An action outside
+    GitHub's own (``actions/``) runs with the job's token: pinned by commit, or not used."""
+    steps = [(name, step) for name, job in workflow()["jobs"].items() for step in job.get("steps", [])]
+    checkouts = [(name, step) for name, step in steps if step.get("uses", "").startswith("actions/checkout@")]
+    assert len(checkouts) >= 4
+    leaky = [name for name, step in checkouts if (step.get("with") or {}).get("persist-credentials") is not False]
+    assert not leaky, f"checkouts that keep the token in .git: {leaky}"
+    loose = [step["uses"] for _, step in steps if "uses" in step and not step["uses"].startswith("actions/")
+             and not re.fullmatch(r"[^@]+@[0-9a-f]{40}", step["uses"])]
+    assert not loose, f"third-party actions pinned by a tag, not a commit: {loose}"
+
+
+def test_every_job_installs_a_cpu_torch():
+    """bootstrap.sh installs its torch pin from VMFUZZ_TORCH_INDEX; a stock runner's PyPI torch is the CUDA
+    build (torch plus 16 nvidia/cuda wheels, a 5.5 GB venv), so the workflow names the CPU index for every
+    job that bootstraps, and no step overrides it."""
+    wf = workflow()
+    assert wf["env"]["VMFUZZ_TORCH_INDEX"] == "https://download.pytorch.org/whl/cpu"
+    for name, job in wf["jobs"].items():
+        for step in job.get("steps", []):
+            if "bootstrap.sh" in step.get("run", ""):
+                assert "VMFUZZ_TORCH_INDEX" not in (step.get("env") or {}) | (job.get("env") or {}), name
+                assert "VMFUZZ_TORCH=" not in step["run"], name
+    assert "installs the torch it pins from\n# VMFUZZ_TORCH_INDEX" in WORKFLOW.read_text()

@@ -82,8 +82,10 @@ NAMED_FOR_THE_WORKFLOW = (
     "srt/layers/attention/qwen_sparse_attn_backend.py",
     "srt/layers/attention/tbo_backend.py",
     "srt/layers/attention/trtllm_mla_backend.py",
+    "srt/model_executor/forward_batch_info.py",  # imported by the harness: the forward modes it hands in
     "srt/model_executor/runner/decode_cuda_graph_runner.py",
     "srt/speculative/dflash_utils.py",
+    "srt/speculative/frozen_kv_mtp_info.py",  # imported by the harness: the frozen-KV MTP call site's input
     "srt/speculative/frozen_kv_mtp_worker_v2.py",
     "srt/speculative/pp_spec_relay.py",  # driven (the pipeline-parallel relay), names no mask code
 )
