@@ -51,6 +51,15 @@ def test_run_output_under_ci_is_plain_and_counts_right(tmp_path):
     assert "capacity-liveness held" in r.stdout and "1 properties" not in r.stdout
 
 
+def test_a_nightly_s_header_says_its_count_is_per_round_until_the_budget_is_spent(tmp_path):
+    """A nightly searches round after round: "500 examples per property" would promise a count it never
+    stops at (and a short budget may not reach)."""
+    r = vmfuzz("run", "--profile", "nightly", "--time-budget", "2", "--property", "capacity-liveness",
+               "--db", str(tmp_path / "db"), "--report-dir", str(tmp_path / "r"))
+    assert r.returncode in (0, 3), r.stderr
+    assert "rounds of 500 examples per property until the budget is spent, budget 2s" in r.stdout, r.stdout
+
+
 def test_a_run_whose_budget_ran_out_never_says_all_held(tmp_path):
     """The pr profile's budget is a safety cap: a property it stops short of its fixed count
     could not be checked (exit 3), and the last line names it instead of counting it held."""

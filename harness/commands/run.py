@@ -193,9 +193,11 @@ def execute_and_report(plan_, target, gate=None, *, verbose: bool = False) -> in
     from harness.report.terminal import gate_line
 
     budget = f", budget {plan_.time_budget:g}s" if plan_.time_budget else ""
+    # a searching profile's count is per round: it searches round after round until its budget is spent
+    count = (f"rounds of {plural(plan_.max_examples, 'example')} per property until the budget is spent"
+             if plan_.profile.rounds and plan_.time_budget else f"{plural(plan_.max_examples, 'example')} per property")
     print(f"vmfuzz {plan_.command}: target {target.name}, seed {plan_.seed}, profile {plan_.profile.name}, "
-          f"{plural(plan_.max_examples, 'example')} per property{budget}, {plural(plan_.workers, 'worker')}"
-          f"{', isolated' if plan_.isolate else ''}", flush=True)
+          f"{count}{budget}, {plural(plan_.workers, 'worker')}{', isolated' if plan_.isolate else ''}", flush=True)
     outcome = execute(plan_, target, partial(show_result, verbose=verbose))
     from harness.engine.deep_corpus import constants_of
     outcome.shape_constants = constants_of(target).source
