@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 
+import pytest
+
 from harness.report import terminal
 from harness.report.terminal import classes_line
 from tests.helpers import vmfuzz
@@ -245,3 +247,33 @@ def test_the_fixed_count_bar_counts_a_shared_runs_example_once_per_property_it_j
         assert bar.bar.tasks[0].completed == 61
     finally:
         bar.close()
+
+
+@pytest.mark.slow
+def test_at_a_terminal_the_wait_for_sglang_s_import_is_said_first(sglang_target, tmp_path):
+    """The first ~15-25 s of an SGLang command is its import: a person at a terminal is told so at once."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+    main, tty = pty.openpty()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--target", "sglang", "--property",
+                             "capacity-liveness", "--max-examples", "1", "--isolate", "off",
+                             "--report-dir", str(tmp_path / "r")], stdout=tty, stderr=subprocess.PIPE, env=env)
+    os.close(tty)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(main, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    assert proc.wait(timeout=300) == 0, proc.stderr.read()
+    lines = out.decode(errors="replace").splitlines()
+    assert lines[0].startswith("vmfuzz: importing SGLang"), lines[:3]
+    assert lines[1].startswith("vmfuzz run: target sglang"), lines[:3]

@@ -40,6 +40,10 @@ def quiet_dependency_warnings() -> None:
 
 def resolve_target(spec: str):
     from harness.targets import TargetUnavailable, resolve
+    if sys.stdout.isatty() and spec.split("+", 1)[0] == "sglang":
+        # importing SGLang is most of a short command's time: a person at a terminal sees why it waits
+        # (a CI log has the timed lines after it; its stdout is not a terminal)
+        print("vmfuzz: importing SGLang (the code under test; about 10-30 s) ...", flush=True)
     try:
         return resolve(spec)
     except TargetUnavailable as exc:
