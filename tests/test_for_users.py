@@ -75,3 +75,23 @@ def test_the_gate_defaults_to_sglang_and_without_it_says_so_in_one_line_exit_2(t
     assert r.returncode == 2, r.stdout + r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert "target 'sglang' unavailable" in r.stderr
+
+
+@pytest.mark.slow
+def test_readme_s_minimize_walkthrough_runs_as_written(sglang_target, tmp_path):
+    """The README's crash report and its replay and minimize lines, as a user copies them: the replay fails
+    (exit 1), minimize writes a smaller repro that keeps the finding's origin."""
+    import re
+    text = (ROOT / "README.md").read_text()
+    section = text.split("### Minimizing a failure", 1)[1].split("###", 1)[0]
+    block = re.search(r"\n    (\{\"config\".*?\]\}\]\})\n", section, re.S).group(1)
+    (tmp_path / "crash.json").write_text("\n".join(line.strip() for line in block.splitlines()))
+    lines = [line.strip().split("  #")[0].strip() for line in section.splitlines()
+             if line.strip().startswith(("vmfuzz replay", "vmfuzz minimize"))]
+    assert len(lines) == 2, lines
+    replay = vmfuzz(*lines[0].split()[1:], "--report-dir", str(tmp_path / "r1"), cwd=tmp_path)
+    assert replay.returncode == 1, replay.stdout + replay.stderr
+    minimize = vmfuzz(*lines[1].split()[1:], "--report-dir", str(tmp_path / "r2"), cwd=tmp_path)
+    assert minimize.returncode == 1, minimize.stdout + minimize.stderr
+    small = json.loads((tmp_path / "min.json").read_text())
+    assert sum(sum(b["seq_lens"]) for b in small["batches"]) < 9 * 4096 and small["origin"]["effect"] == "overrun"
