@@ -141,6 +141,28 @@ def test_minimize_stops_where_no_single_simplification_keeps_failing():
         assert cand is None or fails(cand) is None
 
 
+def test_minimize_lowers_linked_values_together():
+    """README's crash (max_bs 8, nine requests at context 4096, d 4 over 3 steps): the capture and the batch
+    past it shrink together (8 and 9 -> 1 and 2), and the draft's width with its steps (a chain's width is
+    steps + 1: neither lowers alone), down to what the same overrun needs."""
+    from harness.engine.shrink import minimize
+    from harness.properties import PROPERTIES, PropertyFailure
+    from harness.targets import resolve
+    target, prop = resolve("reference+pr33127"), PROPERTIES["no-oob-write"]
+
+    def fails(case):
+        try:
+            prop.check(target, case[0], case[1])
+        except PropertyFailure as exc:
+            return exc.detail
+        return None
+
+    start = (Config(TreeMaskMode.FULL_MASK, 8, 4096, 4, 1, 3), [Batch((4096,) * 9)])
+    (config, steps), _, _ = minimize(start, fails)
+    assert (config.max_bs, steps[0].bs, config.num_draft_tokens, config.spec_steps) == (1, 2, 2, 1), config
+    assert config.max_context_len <= 2
+
+
 def test_plain_repro_file_keeps_the_documented_keys_and_fault_round_trips(tmp_path):
     config = Config(TreeMaskMode.QLEN_ONLY, 2, 8, 2, 1, 1)
     plain = dump(from_case("reference", "no-oob-write", config, [Batch((1, 2))]), tmp_path / "a.json")

@@ -54,6 +54,11 @@ def _drop_requests(b: Batch) -> Iterator[Batch]:
         size //= 2
 
 
+def _first(b: Batch, n: int) -> Batch:
+    """The batch's first ``n`` requests."""
+    return Batch(b.seq_lens[:n], None if b.trees is None else b.trees[:n])
+
+
 def candidates(case: Case) -> Iterator[Case]:
     config, steps = case
     if len(steps) > 1:
@@ -64,11 +69,30 @@ def candidates(case: Case) -> Iterator[Case]:
             yield config, steps[:i] + [smaller] + steps[i + 1:]
     for m in _lower(config.max_bs, 1):
         yield _with(config, max_bs=m), steps
+        # linked: the captured max_bs and each batch's size past it lowered together, so a batch
+        # that overflows the capture by k requests still does (max_bs 8, bs 9 -> max_bs 1, bs 2)
+        if any(b.bs > config.max_bs for b in steps):
+            yield _with(config, max_bs=m), [_first(b, b.bs - (config.max_bs - m)) if b.bs > config.max_bs else b
+                                             for b in steps]
     longest = max(max(b.seq_lens) for b in steps)
     for c in dict.fromkeys([longest] + _lower(config.max_context_len, 0)):
         if c < config.max_context_len:
             yield _with(config, max_context_len=c), [
                 Batch(tuple(min(s, c) for s in b.seq_lens), b.trees) for b in steps]
+    # the draft's shape before the lengths: a smaller d or fewer steps is a simpler case at any
+    # length, while lengths lowered first can leave a case that fails only at the wider draft
+    if not config.trivial:
+        simple = [Batch(b.seq_lens) for b in steps]  # a new tree shape: simplest trees
+        for d in _lower(config.d, 2):
+            yield _with(config, num_draft_tokens=d), simple
+        for k in _lower(config.topk, 1):
+            yield _with(config, topk=k), simple
+        for s in _lower(config.spec_steps, 1):
+            yield _with(config, spec_steps=s), simple
+            # linked: a draft's width is bounded by its steps (a chain's is steps + 1), so neither
+            # lowers alone; the context that must hold a verify pass follows in a later step
+            for d in _lower(config.d, 2):
+                yield _with(config, num_draft_tokens=d, spec_steps=s), simple
     for i, b in enumerate(steps):
         if any(b.seq_lens):
             yield config, steps[:i] + [Batch((0,) * b.bs, b.trees)] + steps[i + 1:]
@@ -79,14 +103,6 @@ def candidates(case: Case) -> Iterator[Case]:
     for i, b in enumerate(steps):
         if b.trees is not None:
             yield config, steps[:i] + [Batch(b.seq_lens)] + steps[i + 1:]
-    if not config.trivial:
-        simple = [Batch(b.seq_lens) for b in steps]  # a new tree shape: simplest trees
-        for d in _lower(config.d, 2):
-            yield _with(config, num_draft_tokens=d), simple
-        for k in _lower(config.topk, 1):
-            yield _with(config, topk=k), simple
-        for s in _lower(config.spec_steps, 1):
-            yield _with(config, spec_steps=s), simple
 
 
 def minimize(case: Case, still_fails: Callable[[Case], str | None], *, on_step=lambda case, detail: None
