@@ -58,6 +58,9 @@ def test_report_is_self_contained(report):
     assert html.index('class="finding group"') < html.index('id="findings"')
     for fact in ("bounds searched", "kernel-time share", "call sites reached", "routers reached"):
         assert fact in html, fact
+    # what was reached reads as a list, one item a line, never one cell of commas
+    reached = re.search(r"<th>call sites reached</th><td>(.*?)</td>", html).group(1)
+    assert reached == "none" or (reached.startswith('<ul class="reached"><li>') and ", " not in reached), reached
     assert "examples per property" not in html
     # the finding comes first, with its buffer picture
     assert html.index('class="finding group"') < html.index('class="charts"')

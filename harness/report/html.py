@@ -119,7 +119,8 @@ table{border-collapse:collapse;margin:12px 0}td,th{border:1px solid #ccc;padding
 .buffer{border:1px solid #ddd;background:#fff;max-width:100%;height:auto}
 .buf{fill:#eee;stroke:#444;stroke-width:1.5}.oob{fill:#d32f2f}.wrong-cell{stroke:#7f0000;stroke-width:.5}.req.past{stroke:#d32f2f;stroke-width:2}
 .end{stroke:#d32f2f;stroke-width:2;stroke-dasharray:5 3}.endlbl{fill:#b00020;font-weight:bold}.inv{fill:#fff}
-code{background:#f2f2f2;padding:1px 3px}"""
+code{background:#f2f2f2;padding:1px 3px}
+ul.reached{margin:0;padding-left:18px;columns:2;column-gap:24px;font-size:13px}"""
 
 
 def _findings_html(s: dict, picture) -> str:

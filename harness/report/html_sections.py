@@ -88,6 +88,16 @@ def _items(classes: dict, prefix: str) -> list[str]:
     return sorted(f"{k.removeprefix(prefix)} ({v:,})" for k, v in classes.items() if k.startswith(prefix))
 
 
+def _cell(value) -> str:
+    """A coverage cell: words as they are, a list one item a line (a dozen routers read as a list, not a
+    wall of commas)."""
+    if isinstance(value, str):
+        return escape(value)
+    if not value:
+        return "none"
+    return '<ul class="reached">' + "".join(f"<li>{escape(item)}</li>" for item in value) + "</ul>"
+
+
 def coverage_html(s: dict) -> str:
     """What summary.md states too: the bounds searched, the kernel's share, what was reached."""
     rows = []
@@ -101,12 +111,12 @@ def coverage_html(s: dict) -> str:
         rows.append(("kernel-time share", f"{100 * k['kernel_share']:.0f}% of the search "
                      f"({k['launches']} launches, {k['kernel_seconds']:.1f}s of {k['search_seconds']:.1f}s)"))
     classes = s.get("boundary_classes") or {}
-    rows.append(("call sites reached", ", ".join(_items(classes, "call site ")) or "none"))
-    rows.append(("allocation sites reached", ", ".join(_items(classes, "site ")) or "none"))
+    rows.append(("call sites reached", _items(classes, "call site ")))
+    rows.append(("allocation sites reached", _items(classes, "site ")))
     routing = next((p for p in s["properties"] if p["name"] == "routing"), None)
-    routers = sorted(f"{k} ({v:,})" for k, v in (routing or {}).get("classes", {}).items() if " -> " in k)
-    rows.append(("routers reached", ", ".join(routers) or "none"))
-    body = "".join(f'<tr><th>{escape(a)}</th><td>{escape(b)}</td></tr>' for a, b in rows)
+    rows.append(("routers reached", sorted(f"{k} ({v:,})" for k, v in (routing or {}).get("classes", {}).items()
+                                           if " -> " in k)))
+    body = "".join(f'<tr><th>{escape(a)}</th><td>{_cell(b)}</td></tr>' for a, b in rows)
     return f'<h2 id="coverage">What the search covered</h2><table class="coverage">{body}</table>'
 
 
