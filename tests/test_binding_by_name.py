@@ -243,3 +243,7 @@ def test_sglang_s_own_raise_and_a_stand_in_handing_on_to_the_real_one_stay_raise
         m.own_bug(0)  # a raise in code no stand-in was bound for: SGLang's own
     with pytest.raises(RuntimeError, match="NVIDIA"), bound((m, "dispatch", lambda x: real(x))):
         m.direct(1)  # vmfuzz's stand-in consults the real one on purpose: the raise is the real one's
+    m.dispatch = lambda x: (_ for _ in ()).throw(KeyboardInterrupt())
+    m.held.dispatch = m.dispatch
+    with pytest.raises(KeyboardInterrupt), bound((m, "dispatch", lambda x: x)):
+        m.through_another_holder(1)  # an interrupt inside the real one is the user's, never out of step

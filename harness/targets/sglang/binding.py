@@ -27,7 +27,7 @@ def _code_of(value):
     return None
 
 
-def stand_in_bypassed(exc: BaseException, saved) -> tuple[str, object] | None:
+def stand_in_bypassed(exc: Exception, saved) -> tuple[str, object] | None:
     """(attr, owner) of a binding the raise went around: SGLang's own code called the real function that
     vmfuzz stood in for, by a name or a holder vmfuzz did not bind, and the raise came from inside it.
 
@@ -83,7 +83,7 @@ def bound(*patches):
             setattr(owner, attr, value)
         try:
             yield
-        except BaseException as exc:
+        except Exception as exc:  # an interrupt or an exit is never a seam's: it passes as itself
             bypassed = stand_in_bypassed(exc, saved)
             if bypassed is not None:
                 attr, owner = bypassed
