@@ -95,3 +95,15 @@ def test_readme_s_minimize_walkthrough_runs_as_written(sglang_target, tmp_path):
     assert minimize.returncode == 1, minimize.stdout + minimize.stderr
     small = json.loads((tmp_path / "min.json").read_text())
     assert sum(sum(b["seq_lens"]) for b in small["batches"]) < 9 * 4096 and small["origin"]["effect"] == "overrun"
+
+
+def test_the_missing_sglang_hint_names_only_what_this_installation_has(tmp_path):
+    """From a source checkout: its own installer, by its path. From a wheel (no scripts/ beside the
+    package): a pip line that keeps CUDA torch out, and where the installer lives; never a script the
+    user does not have."""
+    from harness.targets.sglang.loader import INSTALLER, install_hint
+    assert INSTALLER == ROOT / "scripts" / "install_sglang.sh" and INSTALLER.is_file()
+    assert f"bash {INSTALLER}" in install_hint()
+    wheel = install_hint(tmp_path / "scripts" / "install_sglang.sh")
+    assert "pip install --no-deps sglang==0.5.23" in wheel and "bash " not in wheel
+    assert "has no scripts/" in wheel

@@ -29,8 +29,21 @@ from harness.targets.sglang.structs import fields_of
 #: Finding modules drives no verify-mask code by itself (see call_sites, writers, target).
 SURFACE: tuple = ()
 
-INSTALL_HINT = ("install it with `bash scripts/install_sglang.sh` "
-                "(sglang==0.5.23 --no-deps plus its CPU import chain, into .venv)")
+#: the installer a vmfuzz source checkout has beside its harness package (a wheel ships none)
+INSTALLER = Path(__file__).resolve().parents[3] / "scripts" / "install_sglang.sh"
+
+
+def install_hint(installer: Path = INSTALLER) -> str:
+    """How to get SGLang for this target, naming only what this installation has."""
+    if installer.is_file():
+        return (f"install it with `bash {installer}` "
+                "(sglang==0.5.23 --no-deps plus its CPU import chain, into vmfuzz's .venv)")
+    return ("install sglang==0.5.23 with `pip install --no-deps sglang==0.5.23` (its own requirements pull a "
+            "CUDA torch), then the modules its import needs; a vmfuzz source checkout's "
+            "scripts/install_sglang.sh does both (this installation of vmfuzz has no scripts/)")
+
+
+INSTALL_HINT = install_hint()
 
 #: Where the wrapper hands over to the kernel, by the names releases used:
 #: 0.5.23 dispatches through a function imported from spec_tree; older wheels
