@@ -172,11 +172,9 @@ def _imported_from(summary: Path) -> str | None:
 def rejudge(work: Path, budget: float, seed: int, which: str, limit: int | None = None,
             first_finding: bool = False) -> dict:
     """Run the nightly on the chosen mutants; WORK/nightly.json after each one."""
-    import cosmic_ray.plugins
-    from cosmic_ray.mutating import use_mutation
     from cosmic_ray.work_db import WorkDB, use_db
 
-    from mutation_score import pristine_copy
+    from mutation_score import mutant_written, pristine_copy
 
     copy, driven = pristine_copy(work)
     out = work / "nightly.json"
@@ -197,10 +195,8 @@ def rejudge(work: Path, budget: float, seed: int, which: str, limit: int | None 
             continue
         m = item.mutations[0]
         rel = str(m.module_path).removeprefix("python/sglang/")
-        operator = cosmic_ray.plugins.get_operator(m.operator_name)(**(m.operator_args or {}))
-        with use_mutation(copy / m.module_path, operator, m.occurrence) as (_, mutated):
-            said = (run_one(copy, rel, sorted(driven["files"][rel]), budget, seed, scratch, first_finding)
-                    if mutated is not None
+        with mutant_written(copy, item) as applied:
+            said = (run_one(copy, rel, sorted(driven["files"][rel]), budget, seed, scratch, first_finding) if applied
                     else {"verdict": "error: cosmic-ray could not apply this mutant again", "properties": []})
         said["gate"] = rows[item.job_id]["outcome"]
         state["verdicts"][item.job_id] = said

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import json
 import os
 import random
@@ -242,6 +243,23 @@ def pristine_copy(work: Path) -> tuple[Path, dict]:
     return copy, driven
 
 
+def mutant_written(copy: Path, item):
+    """Work item ``item``'s mutant written into ``copy`` again, cosmic-ray's own operator and occurrence,
+    for the ``with`` block; yields whether it applied (False: cosmic-ray could not apply it again). The
+    pristine file is put back after, whatever the block did."""
+    import cosmic_ray.plugins
+    from cosmic_ray.mutating import use_mutation
+    m = item.mutations[0]
+    operator = cosmic_ray.plugins.get_operator(m.operator_name)(**(m.operator_args or {}))
+    return _applied(use_mutation(copy / m.module_path, operator, m.occurrence))
+
+
+@contextlib.contextmanager
+def _applied(mutation):
+    with mutation as (_, mutated):
+        yield mutated is not None
+
+
 def rejudge(work: Path, tests: Path) -> dict[str, str]:
     """SGLang's tests on mutants an earlier exec already ran, the gates left alone: the tests are chosen
     on worker-0's copy, each run mutant is written into that copy again (cosmic-ray's own operator and
@@ -249,9 +267,7 @@ def rejudge(work: Path, tests: Path) -> dict[str, str]:
     with the same checkout and choice resumes); ``report`` reads them over the exec's own lines."""
     import resource
 
-    import cosmic_ray.plugins
     import sglang_tests as judge
-    from cosmic_ray.mutating import use_mutation
     from cosmic_ray.work_db import WorkDB, use_db
 
     copy, driven = pristine_copy(work)
@@ -271,12 +287,10 @@ def rejudge(work: Path, tests: Path) -> dict[str, str]:
     for item in items:
         if item.job_id in state["verdicts"]:
             continue
-        m = item.mutations[0]
-        operator = cosmic_ray.plugins.get_operator(m.operator_name)(**(m.operator_args or {}))
-        with use_mutation(copy / m.module_path, operator, m.occurrence) as (_, mutated):
-            state["verdicts"][item.job_id] = (
-                judge.verdict(chosen, [str(m.module_path).removeprefix("python/sglang/")], copy)
-                if mutated is not None else "error: cosmic-ray could not apply this mutant again")
+        rel = str(item.mutations[0].module_path).removeprefix("python/sglang/")
+        with mutant_written(copy, item) as applied:
+            state["verdicts"][item.job_id] = (judge.verdict(chosen, [rel], copy) if applied
+                                              else "error: cosmic-ray could not apply this mutant again")
         out.write_text(json.dumps(state, indent=1))
     use = resource.getrusage(resource.RUSAGE_CHILDREN)
     print(f"mutation_score: SGLang's tests over {len(items)} mutants took {time.monotonic() - start:.0f}s wall, "
@@ -289,8 +303,6 @@ def rerun(work: Path, outcomes: set[str]) -> int:
     (score.json's): after a fix, the survivors are rescored without re-running the sample. Each is
     written into worker-0's copy (cosmic-ray's own operator and occurrence) and put back; its new
     output replaces the old in the session, so ``report`` tabulates it."""
-    import cosmic_ray.plugins
-    from cosmic_ray.mutating import use_mutation
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
 
@@ -300,10 +312,8 @@ def rerun(work: Path, outcomes: set[str]) -> int:
     with use_db(str(work / "session.sqlite"), WorkDB.Mode.open) as db:
         items = [(item, result) for item, result in db.completed_work_items if item.job_id in jobs]
         for item, old in items:
-            m = item.mutations[0]
-            operator = cosmic_ray.plugins.get_operator(m.operator_name)(**(m.operator_args or {}))
-            with use_mutation(copy / m.module_path, operator, m.occurrence) as (_, mutated):
-                if mutated is None:
+            with mutant_written(copy, item) as applied:
+                if not applied:
                     continue
                 proc = subprocess.run([sys.executable, str(HERE / "mutation_kill.py"), str(work / "driven.json")],
                                       cwd=copy, capture_output=True, text=True)

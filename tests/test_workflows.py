@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import xml.etree.ElementTree as ET
 
@@ -115,19 +116,25 @@ def test_minimize_full_mask_deployment_ends_at_max_bs_1_and_two_requests(tmp_pat
     assert vmfuzz("replay", str(out), "--target", "reference").returncode == 0
 
 
+@functools.lru_cache(maxsize=None)
+def _pr33127():
+    from harness.targets import resolve
+    return resolve("reference+pr33127")
+
+
+def _pr33127_fails(case):
+    """The minimizer's question on the reference model with the PR's bug: no-oob-write's detail, or None."""
+    from harness.properties import PROPERTIES, PropertyFailure
+    try:
+        PROPERTIES["no-oob-write"].check(_pr33127(), case[0], case[1])
+    except PropertyFailure as exc:
+        return exc.detail
+    return None
+
+
 def test_minimize_stops_where_no_single_simplification_keeps_failing():
     from harness.engine.shrink import _valid, candidates, minimize
-    from harness.properties import PROPERTIES, PropertyFailure
-    from harness.targets import resolve
-
-    target, prop = resolve("reference+pr33127"), PROPERTIES["no-oob-write"]
-
-    def fails(case):
-        try:
-            prop.check(target, case[0], case[1])
-        except PropertyFailure as exc:
-            return exc.detail
-        return None
+    fails = _pr33127_fails
 
     start = (Config(TreeMaskMode.FULL_MASK, 3, 20, 3, 2, 2), [Batch((20, 19, 5, 20, 0, 18))])
     (config, steps), _, _ = minimize(start, fails)
@@ -146,16 +153,7 @@ def test_minimize_lowers_linked_values_together():
     past it shrink together (8 and 9 -> 1 and 2), and the draft's width with its steps (a chain's width is
     steps + 1: neither lowers alone), down to what the same overrun needs."""
     from harness.engine.shrink import minimize
-    from harness.properties import PROPERTIES, PropertyFailure
-    from harness.targets import resolve
-    target, prop = resolve("reference+pr33127"), PROPERTIES["no-oob-write"]
-
-    def fails(case):
-        try:
-            prop.check(target, case[0], case[1])
-        except PropertyFailure as exc:
-            return exc.detail
-        return None
+    fails = _pr33127_fails
 
     start = (Config(TreeMaskMode.FULL_MASK, 8, 4096, 4, 1, 3), [Batch((4096,) * 9)])
     (config, steps), _, _ = minimize(start, fails)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from harness.commands.common import check_workers, claimed_report_dir, findings_dir, resolve_target, write_command_report
+from harness.commands.common import (check_workers, claimed_report_dir, findings_dir, resolve_target,
+                                     write_command_report)
 from harness.model.errors import EXIT_FINDING, EXIT_OK
 
 

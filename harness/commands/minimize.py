@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from harness.commands.common import (check_device, check_property_names, repro_target, claimed_report_dir, resolve_target,
-                                     write_command_report)
+from harness.commands.common import (check_device, check_property_names, claimed_report_dir, repro_target,
+                                     resolve_target, write_command_report)
 from harness.model.errors import EXIT_FINDING, EXIT_OK, UsageError
 
 

@@ -105,4 +105,3 @@ def replay_known(found: list[tuple[Path, Known]], target, *, findings_dir: Path 
 
 __all__ = ["KnownOutcome", "ReproError", "applicable", "attach", "default_known_root", "entries", "replay_known",
            "shipped_known_name"]
-

@@ -16,11 +16,14 @@ def unreplayed(replays: list[dict]) -> list[dict]:
 
 
 def could_not_check(s: dict) -> str:
-    """summary.md's reason a run that found nothing is still no pass ("" when it is one)."""
+    """summary.md's and report.html's reason a run that found nothing is still no pass ("" when it is one)."""
+    from harness.report.unchecked import unchecked_line
     if unreplayed(s["replays"]):
         return "a saved repro could not be replayed"
     if s["counts"].get("out_of_step") or any(r["status"] == "out of step" for r in s["replays"]):
         return "vmfuzz is out of step with the target"
+    if unchecked_line(s):
+        return "the time ran out"
     return ""
 
 

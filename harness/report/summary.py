@@ -215,8 +215,6 @@ def summary_md(s: dict) -> str:
         verdict = "**INTERRUPTED**"
     elif verdict == "passed" and could_not_check(s):
         verdict = f"**COULD NOT CHECK** ({could_not_check(s)})"
-    elif verdict == "passed" and unchecked_line(s):
-        verdict = "**COULD NOT CHECK** (the time ran out)"
     lines = [f"### vmfuzz {s['command']}: {verdict} on `{s['target']}`", "",
              f"profile `{s['profile']}`, seed `{s['seed']}`, {c['examples']} examples, "
              f"{c['held']} held / {c['failed']} failed / {c['skipped']} skipped"
