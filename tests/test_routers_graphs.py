@@ -44,6 +44,12 @@ ALTERATIONS = {
         [([_HYBRID], r"speculative_algorithm is not None and self\.spec_attn_is_prefill",
           "speculative_algorithm is not None and self.spec_attn_is_decode")],
         {**_SET_UP, "router": "hybrid", "role": "prefill", "spec_mode": "prefill"}),
+    # the prefill child's graph state set up whatever the mode: in decode mode it runs in no graph,
+    # and its graph buffers (its verify mask among them) are allocated for nothing
+    "hybrid-prefill-graph-state-every-mode": (
+        [([_HYBRID], r"get_spec\(\)\.speculative_algorithm is not None and self\.spec_attn_is_prefill",
+          "get_spec().speculative_algorithm is not None")],
+        {**_SET_UP, "router": "hybrid", "role": "prefill", "spec_mode": "decode"}),
     "hybrid-linear-fixup-drops-cuda-graph-bs": (
         [([_LINEAR], _LINEAR_FIXUP, "spec_info=spec_info, cuda_graph_bs=None")],
         {**_REPLAY, "router": "hybrid-linear", "role": "full", "buffer": "cuda_graph_bs"}),
@@ -114,3 +120,11 @@ def test_reference_fixup_misrouted_is_caught(fixups, role, buffer):
 def test_reference_verify_child_without_its_graph_state_is_caught(states):
     target = _layered(_hybrid_prefill(lambda r: dataclasses.replace(r, graph_states=states)))
     _caught(target, {**_SET_UP, "router": "hybrid", "role": "prefill"})
+
+
+def test_reference_graph_state_for_a_child_in_no_graph_is_caught():
+    # verification on the decode child: the prefill child runs in no captured graph
+    both = (("decode", 6, 24), ("prefill", 6, 24))
+    target = _layered(lambda r: dataclasses.replace(r, graph_states=both)
+                      if (r.router, r.spec_mode) == ("hybrid", "decode") else r)
+    _caught(target, {**_SET_UP, "router": "hybrid", "role": "prefill", "spec_mode": "decode"})

@@ -69,6 +69,29 @@ def verify_leaves(router: str, spec_mode: str, children: dict) -> tuple[str, ...
     return tuple(out)
 
 
+
+def graph_runners(router: str, spec_mode: str) -> tuple[str, ...]:
+    """The roles of every child whose attention runs in some captured cuda graph: the decode
+    graphs and the TARGET_VERIFY ones. Only these may get cuda-graph state at capture: the state
+    of a mask-reading child includes a verify mask preallocated for the captured max batch, so
+    one set up for graphs it never replays holds that buffer for nothing. A hybrid's prefill
+    child runs in a graph only when it runs verification; TBO's overlap children may be split
+    into the decode graphs, and both of a hybrid-linear router's children run in every forward."""
+    if router == "hybrid":
+        return ("decode", "prefill") if spec_mode == "prefill" else ("decode",)
+    verify_child(router, spec_mode)  # validates the router and the mode
+    return ROUTERS[router]
+
+
+def graph_leaves(router: str, spec_mode: str, children: dict) -> tuple[str, ...]:
+    """``graph_runners`` down to the leaves (qualified roles) under a router over ``children``."""
+    out: list[str] = []
+    for role in graph_runners(router, spec_mode):
+        child = children[role]
+        out.extend(graph_leaves(child.router, spec_mode, child.children) if isinstance(child, Nest)
+                   else (child.role,))
+    return tuple(out)
+
 #: Routers that hand a cuda-graph replay's verify-buffer fix-up (after the draft, on the plan
 #: stream) on to their children. TBO keeps the attention-backend base's, which raises
 #: NotImplementedError: a plan-stream server over TBO stops loudly rather than replay stale buffers.

@@ -16,7 +16,7 @@ a child that runs no verify recomputes buffers nothing reads.
 
 from __future__ import annotations
 
-from harness.model.routing import CAPTURE, FIXUP_GRAPH_BS, FIXUP_SPEC, verify_leaves
+from harness.model.routing import CAPTURE, FIXUP_GRAPH_BS, FIXUP_SPEC, graph_leaves, verify_leaves
 from harness.properties.kit import Observation, fail
 
 NAME = "routing"
@@ -31,6 +31,7 @@ def check_graphs(obs: Observation, where, label: str, children: dict, r) -> None
         obs.classes.add(f"{label}: replay fix-up -> {', '.join(runners)}")
     if r.graph_states is not None:
         _check_graph_state(where, runners, r.graph_states)
+        _check_graph_state_reach(where, graph_leaves(r.router, r.spec_mode, children), r.graph_states)
         obs.classes.add(f"{label}: cuda-graph state -> {', '.join(runners)}")
 
 
@@ -76,4 +77,17 @@ def _check_graph_state(where, runners: tuple[str, ...], states: tuple) -> None:
             fail(NAME, f"{where}: the router's cuda-graph set-up is handed max_bs {CAPTURE[0]} and "
                         f"max_num_tokens {CAPTURE[1]}, but sets the {leaf} child, which runs TARGET_VERIFY, "
                         f"up with {max_bs} and {max_num_tokens}: the captured verify outgrows its buffers",
+                 buffer="cuda-graph state", cell="graph set-up", **_origin(where, leaf))
+
+
+def _check_graph_state_reach(where, graph_runners: tuple[str, ...], states: tuple) -> None:
+    """A child that runs in no captured graph (neither decode nor TARGET_VERIFY) gets no graph state:
+    set up, it preallocates its graph buffers (a verify mask for the captured max batch among them,
+    when it reads one) for graphs that never replay it."""
+    for leaf in dict.fromkeys(leaf for leaf, _, _ in states):
+        if leaf not in graph_runners:
+            fail(NAME, f"{where}: the router's cuda-graph set-up reaches the {leaf} child, which runs in "
+                        f"no captured graph (those are {', '.join(graph_runners)}): its graph buffers, a "
+                        "verify mask sized for the captured max batch among them, are allocated for graphs "
+                        "that never replay it",
                  buffer="cuda-graph state", cell="graph set-up", **_origin(where, leaf))
