@@ -7,7 +7,7 @@ from harness.model.errors import EXIT_FINDING, UsageError
 
 
 def run(args) -> int:
-    from harness.engine.bisect import BisectError, bisect
+    from harness.engine.regression.bisect import BisectError, bisect
     from harness.report.summary import Check, CommandSummary
 
     if args.timeout <= 0:

@@ -198,7 +198,7 @@ def check_places(args, profile) -> Path:
     if profile.replay_repros:
         for root in repro_roots(args):
             check_saved_repros(root)
-    from harness.engine.known import entries
+    from harness.engine.regression.known import entries
     entries(*known_roots(args))  # an unreadable entry is one line now, not a stop mid-run
     return report_dir
 
@@ -206,14 +206,14 @@ def check_places(args, profile) -> Path:
 def repro_roots(args) -> tuple[Path, ...]:
     """Where saved repros come from: ``--repro-root`` or the ones vmfuzz ships, then each
     ``--repros DIR``. Never the working directory: in CI that is the checkout under review."""
-    from harness.engine.regressions import default_repro_root
+    from harness.engine.regression.regressions import default_repro_root
     first = Path(args.repro_root) if getattr(args, "repro_root", None) else default_repro_root()
     return (first, *(Path(d) for d in getattr(args, "repros", None) or ()))
 
 
 def known_roots(args) -> tuple[Path, ...]:
     """Where known findings come from: the ones vmfuzz ships, then each ``--known DIR``."""
-    from harness.engine.known import default_known_root
+    from harness.engine.regression.known import default_known_root
     return (default_known_root(), *(Path(d) for d in getattr(args, "known", None) or ()))
 
 
@@ -223,8 +223,8 @@ def local_db_dir(args) -> Path:
     anchored = getattr(args, "db_folder", None)
     if anchored is not None:
         return Path(anchored)
-    from harness.engine.database import shared_url
-    from harness.engine.profiles import DEFAULT_DB_DIR
+    from harness.engine.search.database import shared_url
+    from harness.engine.campaign.profiles import DEFAULT_DB_DIR
     return Path(DEFAULT_DB_DIR if shared_url(args.db) else args.db)
 
 
@@ -241,8 +241,8 @@ def anchor_paths(args) -> None:
     the reports, the database or the findings, nor make a relative ``--report-dir``
     land on another run's summary that was never checked for.
     """
-    from harness.engine.database import shared_url
-    from harness.engine.profiles import DEFAULT_DB_DIR
+    from harness.engine.search.database import shared_url
+    from harness.engine.campaign.profiles import DEFAULT_DB_DIR
 
     def anchored(value):
         if isinstance(value, list):
@@ -261,7 +261,7 @@ def anchor_paths(args) -> None:
 
 def check_shared_db(value: str, profile) -> str | None:
     """``--db redis://...`` reachable before the search (one line, exit 2); None for a folder."""
-    from harness.engine.database import SharedDatabaseError, redis_database, shared_url
+    from harness.engine.search.database import SharedDatabaseError, redis_database, shared_url
     url = shared_url(value)
     if url and profile.database != "none":
         try:
@@ -272,8 +272,8 @@ def check_shared_db(value: str, profile) -> str | None:
 
 
 def check_saved_repros(root: Path) -> None:
-    from harness.engine.regressions import saved_repros
-    from harness.engine.replay import FAULTS, properties_for
+    from harness.engine.regression.regressions import saved_repros
+    from harness.engine.regression.replay import FAULTS, properties_for
     from harness.model.repro_file import ReproError, load
     from harness.properties import named
     if root.exists() and not root.is_dir():

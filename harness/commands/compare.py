@@ -1,6 +1,6 @@
 """``vmfuzz compare A B``: what changed between two runs' report directories.
 
-Groups are matched by their origin's key (one per cause, harness.engine.groups),
+Groups are matched by their origin's key (one per cause, harness.engine.campaign.groups),
 never by their words: a group only in B is new, one only in A is fixed, one in
 both is still failing; a group B lists as a known finding (known/) is not new.
 An interrupted run, or a summary written before findings had typed origins, is

@@ -10,7 +10,7 @@ from harness.model.errors import EXIT_FINDING, EXIT_OK
 
 
 def run(args) -> int:
-    from harness.engine.exhaustive import run_exhaustive
+    from harness.engine.search.exhaustive import run_exhaustive
     from harness.report.summary import Check, CommandSummary
     check_workers(args.workers)
     target = resolve_target(args.target)
@@ -32,7 +32,7 @@ def run(args) -> int:
         summary.headline = f"interrupted: {len(finished)} of {len(PROPERTIES)} properties checked"
     write_command_report(summary, report_dir)
     if report.interrupted:
-        from harness.engine.signals import exit_code
+        from harness.engine.core.signals import exit_code
         print("vmfuzz: interrupted (reports cover the properties that finished)", file=sys.stderr)
         return exit_code()
     return EXIT_OK if report.ok else EXIT_FINDING

@@ -19,10 +19,10 @@ from harness.model.errors import EXIT_OK, UsageError
 def run(args) -> int:
     # Nothing here imports SGLang before the change is known to touch the mask:
     # a docs-only change is a skip that costs seconds.
-    from harness.engine.change_paths import changed_from_file
-    from harness.engine.changes import (ChangeError, changed_since, checkout_at, sglang_checkout,
+    from harness.engine.campaign.change_paths import changed_from_file
+    from harness.engine.campaign.changes import (ChangeError, changed_since, checkout_at, sglang_checkout,
                                         touches_verify_mask)
-    from harness.engine.surface import runs_sglang
+    from harness.engine.campaign.surface import runs_sglang
     from harness.report.terminal import shown
     if args.repo is not None and runs_sglang(args.target):
         sglang_checkout_at(args.repo, "gate")
@@ -44,7 +44,7 @@ def run(args) -> int:
             return _skip(args, changed)
         print(f"vmfuzz gate: {len(hits)} changed file(s) touch verify-mask code: {', '.join(map(shown, hits[:5]))}"
               + (" ..." if len(hits) > 5 else ""))
-    from harness.engine.failures import ImportRaised
+    from harness.engine.core.failures import ImportRaised
     sglang_root = sglang_checkout(repo) if runs_sglang(args.target) else None
     try:
         if sglang_root is not None:
@@ -59,7 +59,7 @@ def run(args) -> int:
         tracing = _start_tracing(hits, checkout)
 
     def coverage(outcome):
-        from harness.engine.surface import gate_coverage
+        from harness.engine.campaign.surface import gate_coverage
         where = {"checkout": str(sglang_root) if sglang_root else None}
         try:
             lines = _measured_lines(target, tracing) if tracing is not None else None
@@ -92,10 +92,10 @@ class _Tracing:
 def _start_tracing(hits: list[str], checkout) -> _Tracing:
     """Switches line recording on for the triggered SGLang Python files, here and in every worker."""
     import tempfile
-    from harness.engine import line_trace
-    from harness.engine.change_paths import changed_lines
-    from harness.engine.changes import sglang_relative
-    from harness.engine.surface import known_reason, loaded_package
+    from harness.engine.core import line_trace
+    from harness.engine.campaign.change_paths import changed_lines
+    from harness.engine.campaign.changes import sglang_relative
+    from harness.engine.campaign.surface import known_reason, loaded_package
     package = loaded_package()
     files, lines, untraced = {}, {}, {}
     for path in hits:
@@ -125,17 +125,17 @@ def _start_tracing(hits: list[str], checkout) -> _Tracing:
 
 def _end_tracing(tracing: _Tracing) -> None:
     import shutil
-    from harness.engine import line_trace
+    from harness.engine.core import line_trace
     line_trace.stop()
     shutil.rmtree(tracing.folder, ignore_errors=True)
 
 
 def _measured_lines(target, tracing: _Tracing) -> dict:
     """Listed path -> ``diff_coverage.FileLines``: what ran of each triggered file, and under what."""
-    from harness.engine import line_trace
-    from harness.engine.changes import sglang_relative
-    from harness.engine.diff_coverage import measure, read_text, untraced
-    from harness.engine.surface import loaded_package, sglang_rows
+    from harness.engine.core import line_trace
+    from harness.engine.campaign.changes import sglang_relative
+    from harness.engine.campaign.diff_coverage import measure, read_text, untraced
+    from harness.engine.campaign.surface import loaded_package, sglang_rows
     line_trace.flush()
     broken = line_trace.failures(tracing.folder)
     if broken:
@@ -171,8 +171,8 @@ def sub_check_gaps(hits: list[str], outcome, cov: dict) -> list[str]:
     "Judges" is measured where the lines were (the property ran a changed line or entered a
     changed mask-path function), else declared (the surface names the property for the file).
     """
-    from harness.engine.changes import sglang_relative
-    from harness.engine.surface import declared
+    from harness.engine.campaign.changes import sglang_relative
+    from harness.engine.campaign.surface import declared
     from harness.properties import sub_checks_not_driven
     touched = {sglang_relative(p): p for p in hits}
     out = []
@@ -200,8 +200,8 @@ def out_of_step_coverage(hits: list[str], outcome) -> dict:
     A check vmfuzz could not make on code the change does not touch does not
     stop the gate, but it is never silent: it is a warning in the summary.
     """
-    from harness.engine.changes import sglang_relative
-    from harness.engine.surface import declared
+    from harness.engine.campaign.changes import sglang_relative
+    from harness.engine.campaign.surface import declared
     from harness.properties import PROPERTIES
     touched = {sglang_relative(p) for p in hits}
     files: dict[str, set[str]] = {}

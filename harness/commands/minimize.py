@@ -82,8 +82,8 @@ def _load(args):
     """(case, fault, target, property names in the order tried) from a repro or deployment file."""
     from harness.model.deployment_file import DeploymentError, is_deployment
     from harness.model.deployment_file import loads as loads_deployment
-    from harness.engine.replay import DEFAULT_TARGET, properties_for
-    from harness.engine.shrink import DEPLOYMENT_ORDER
+    from harness.engine.regression.replay import DEFAULT_TARGET, properties_for
+    from harness.engine.regression.shrink import DEPLOYMENT_ORDER
     from harness.model.repro_file import decode, to_case
     from harness.model.validate import LimitError, read_input
     try:
@@ -109,8 +109,8 @@ def _load(args):
 def _shrink(args, prop, target, case, fault, summary, report_dir: Path, keep=None):
     """Shrinks ``case`` for ``prop`` if it fails it (with ``keep``'s cause, when given) with a new
     finding; the minimized repro's path, else None (a known finding is listed, not minimized)."""
-    from harness.engine.known import shipped_known_name
-    from harness.engine.shrink import checker, describe, minimize
+    from harness.engine.regression.known import shipped_known_name
+    from harness.engine.regression.shrink import checker, describe, minimize
     from harness.model.origin import encode
     from harness.model.repro_file import dump, from_case
     from harness.report.summary import Check

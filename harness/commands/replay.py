@@ -15,7 +15,7 @@ from harness.report.terminal import status_word
 
 
 def run(args) -> int:
-    from harness.engine.replay import DEFAULT_TARGET
+    from harness.engine.regression.replay import DEFAULT_TARGET
     from harness.report.summary import CommandSummary
 
     check_timeout(args.example_timeout)
@@ -49,8 +49,8 @@ def run(args) -> int:
 
 def _load(args):
     """The repro to replay and its properties, from a repro file or a deployment file."""
-    from harness.engine.replay import properties_for
-    from harness.engine.shrink import DEPLOYMENT_ORDER
+    from harness.engine.regression.replay import properties_for
+    from harness.engine.regression.shrink import DEPLOYMENT_ORDER
     from harness.model.deployment_file import DeploymentError, is_deployment
     from harness.model.deployment_file import loads as loads_deployment
     from harness.model.repro_file import ReproError, decode, from_case, to_case
@@ -76,11 +76,11 @@ def _load(args):
 
 
 def _check(args, repro, target, prop, isolate: bool):
-    from harness.engine.failures import failure_of
-    from harness.engine.known import shipped_known_name
-    from harness.engine.isolation import TargetFault
-    from harness.engine.replay import replay
-    from harness.engine.signals import from_user
+    from harness.engine.core.failures import failure_of
+    from harness.engine.regression.known import shipped_known_name
+    from harness.engine.core.isolation import TargetFault
+    from harness.engine.regression.replay import replay
+    from harness.engine.core.signals import from_user
     from harness.model.origin import encode
     from harness.model.repro_file import ReproError
     from harness.properties import PropertyFailure

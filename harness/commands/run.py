@@ -15,7 +15,7 @@ from pathlib import Path
 from harness.commands.common import (check_device, check_places, check_property_names, check_run_options,
                                      check_shared_db, isolated, known_roots, local_db_dir, repro_roots,
                                      resolve_target, write_reports_somewhere)
-from harness.engine.profiles import PROFILES
+from harness.engine.campaign.profiles import PROFILES
 from harness.model import limits
 from harness.model.bounds import Bounds
 from harness.model.errors import (EXIT_COULD_NOT_CHECK, EXIT_FINDING, EXIT_OK, EXIT_OUT_OF_STEP,
@@ -25,7 +25,7 @@ from harness.report.terminal import classes_line, paint, plural
 
 def run(args) -> int:
     from harness.commands.common import import_finding
-    from harness.engine.failures import ImportRaised
+    from harness.engine.core.failures import ImportRaised
     try:
         plan_, target = plan(args, seed=args.seed, max_examples=args.max_examples, time_budget=args.time_budget,
                              deployment_file=args.deployment)
@@ -41,7 +41,7 @@ def plan(args, *, command: str = "run", profile_name: str | None = None, seed=No
     The keyword arguments stand in for options ``gate`` does not have.
     """
     from harness.model.deployment_file import DeploymentError, load
-    from harness.engine.session import RunPlan
+    from harness.engine.campaign.session import RunPlan
     from harness.properties import PROPERTIES
 
     profile = PROFILES[profile_name or args.profile]
@@ -93,7 +93,7 @@ def _shard(args, properties: list[str], profile):
     text = getattr(args, "shard", None)
     if text is None:
         return properties, profile
-    from harness.engine.shard import parse_shard, shard_properties
+    from harness.engine.campaign.shard import parse_shard, shard_properties
     try:
         k, n = parse_shard(text, len(properties))
     except ValueError as exc:
@@ -188,7 +188,7 @@ def show_result(res, log, *, verbose: bool = False) -> None:
 
 def execute_and_report(plan_, target, gate=None, *, verbose: bool = False) -> int:
     """``gate(outcome) -> dict``: the gate's coverage, computed from what ran, for the reports."""
-    from harness.engine.session import execute
+    from harness.engine.campaign.session import execute
     from harness.report.summary import write_reports
     from harness.report.terminal import gate_line
 
@@ -199,7 +199,7 @@ def execute_and_report(plan_, target, gate=None, *, verbose: bool = False) -> in
     print(f"vmfuzz {plan_.command}: target {target.name}, seed {plan_.seed}, profile {plan_.profile.name}, "
           f"{count}{budget}, {plural(plan_.workers, 'worker')}{', isolated' if plan_.isolate else ''}", flush=True)
     outcome = execute(plan_, target, partial(show_result, verbose=verbose))
-    from harness.engine.deep_corpus import constants_of
+    from harness.engine.search.deep_corpus import constants_of
     outcome.shape_constants = constants_of(target).source
     if gate is not None:
         outcome.gate = gate(outcome)
@@ -255,7 +255,7 @@ def _say_deployment(d: dict) -> None:
 def _say_known(plan_, outcome) -> None:
     """Known findings (upstream's defects): listed by every command, failing only with --fail-on-known;
     one whose replay ran and held is said retired, one that fails another way is a finding."""
-    from harness.engine.known import DIFFERENT, GONE, REPRODUCES
+    from harness.engine.regression.known import DIFFERENT, GONE, REPRODUCES
     for o in outcome.known:
         k = o.entry
         if o.status == GONE:
@@ -283,7 +283,7 @@ def _say_groups(groups: list[dict]) -> None:
 
 def _verdict(plan_, target, outcome, summary: dict, written: Path) -> int:
     if outcome.interrupted:
-        from harness.engine.signals import exit_code, name
+        from harness.engine.core.signals import exit_code, name
         print(f"vmfuzz: interrupted by {name()} (findings written so far are kept, reports cover what ran)",
               file=sys.stderr)
         return exit_code()

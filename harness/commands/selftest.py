@@ -14,7 +14,7 @@ from harness.model.errors import EXIT_FINDING, EXIT_OK, UsageError
 
 
 def _word(cell) -> str:
-    from harness.engine.kill_matrix import KNOWN, NOT_DRIVEN, RAISED
+    from harness.engine.regression.kill_matrix import KNOWN, NOT_DRIVEN, RAISED
     if cell is None:
         return "-"
     return {NOT_DRIVEN: "n/d", RAISED: "raised", KNOWN: "known"}.get(cell, f"{cell} ex")
@@ -33,7 +33,7 @@ def render(matrix: dict[str, dict]) -> str:
 
 
 def run(args) -> int:
-    from harness.engine.kill_matrix import caught, kill_matrix, variant_driven
+    from harness.engine.regression.kill_matrix import caught, kill_matrix, variant_driven
     from harness.targets import CATALOGUE
     check_selftest_options(args)
     check_device(args.device)
@@ -49,7 +49,7 @@ def run(args) -> int:
         kill_matrix(target, variants, seed=args.seed, max_examples=args.max_examples,
                     device=args.device, log=lambda s: print(s, flush=True), into=matrix)
     except KeyboardInterrupt:
-        from harness.engine.signals import exit_code, received
+        from harness.engine.core.signals import exit_code, received
         if received() is None:
             raise  # the target raised it, no signal came: not an interrupt of the selftest
         print(render(matrix))
@@ -79,7 +79,7 @@ def run(args) -> int:
 def _report(args, target_name: str, matrix: dict[str, dict], interrupted: list[str] | None = None) -> None:
     """One testcase per variant: caught (passes), survived (fails) or not driven (skipped);
     ``interrupted``: the run was, and these variants are left unjudged (skipped)."""
-    from harness.engine.kill_matrix import caught, variant_driven
+    from harness.engine.regression.kill_matrix import caught, variant_driven
     from harness.properties import PROPERTIES
     from harness.report.summary import Check, CommandSummary
 

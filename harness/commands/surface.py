@@ -15,7 +15,7 @@ from harness.model.errors import EXIT_OK
 
 
 def run(args) -> int:
-    from harness.engine.surface import render, report
+    from harness.engine.campaign.surface import render, report
     report_dir = claimed_report_dir(args)
     t0 = time.monotonic()
     target = resolve_target(args.target)

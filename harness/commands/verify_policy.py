@@ -7,7 +7,7 @@ from harness.model.errors import EXIT_FINDING, EXIT_OK
 
 
 def run(args) -> int:
-    from harness.engine.policy import verify_policy
+    from harness.engine.search.policy import verify_policy
     from harness.report.summary import Check, CommandSummary
     target = resolve_target(args.target)
     report_dir = claimed_report_dir(args)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import os
 
-from harness.engine.changes import READ_CAP, ChangeError, Checkout, _git, _inside
+from harness.engine.campaign.changes import READ_CAP, ChangeError, Checkout, _git, _inside
 from harness.report.terminal import shown
 
 
