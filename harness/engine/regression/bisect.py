@@ -288,7 +288,7 @@ def _check_ends(wt: Path, repo: Path, step: list[str], env: dict, ends, log: Pat
 
 def _search(place: Place, repro_path: str, good_sha: str, bad_sha: str, step_args: list[str], echo) -> str:
     """Both ends checked, then ``git bisect run``, all in our worktree; returns its output."""
-    harness_root = str(Path(__file__).resolve().parents[2])  # harness/engine/ -> the checkout
+    harness_root = str(Path(__file__).resolve().parents[3])  # harness/engine/regression/ -> the checkout
     place.scratch.mkdir(parents=True)
     # The repro may live inside the checkout: a copy outside survives every checkout.
     repro_copy = place.scratch / "repro.json"

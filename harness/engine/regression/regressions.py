@@ -48,7 +48,7 @@ def default_repro_root() -> Path:
 
 def shipped(folder: str) -> Path:
     """A top-level data folder of vmfuzz (``repro``, ``known``) wherever the harness runs from."""
-    package = Path(__file__).resolve().parents[1]  # harness/engine/ -> harness/
+    package = Path(__file__).resolve().parents[2]  # harness/engine/regression/ -> harness/
     installed = package / "shipped" / folder
     return installed if installed.is_dir() else package.parent / folder
 
