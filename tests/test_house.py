@@ -31,6 +31,7 @@ def test_layers_contract_holds(lint):
     r = lint(ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "harness layers KEPT" in r.stdout
+    assert "engine rooms KEPT" in r.stdout
 
 
 @pytest.mark.parametrize("module,upward", [("harness/model/layouts.py", "harness.cli"),
@@ -44,6 +45,19 @@ def test_contract_breaks_on_a_planted_upward_import(lint, tmp_path, module, upwa
     planted.write_text(planted.read_text() + f"\n\ndef _planted():\n    import {upward}  # noqa\n")
     r = lint(tmp_path)
     assert r.returncode != 0 and "harness layers BROKEN" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("module,upward", [("harness/engine/search/search.py", "harness.engine.regression.known"),
+                                           ("harness/engine/core/isolation.py", "harness.engine.search.results"),
+                                           ("harness/engine/regression/replay.py", "harness.engine.campaign.session")])
+def test_engine_rooms_break_on_a_planted_upward_import(lint, tmp_path, module, upward):
+    for part in ("harness", "strategies"):
+        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    planted = tmp_path / module
+    planted.write_text(planted.read_text() + f"\n\ndef _planted():\n    import {upward}  # noqa\n")
+    r = lint(tmp_path)
+    assert r.returncode != 0 and "engine rooms BROKEN" in r.stdout, r.stdout + r.stderr
 
 
 def _sources():
