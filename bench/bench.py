@@ -48,8 +48,8 @@ import torch
 from hypothesis import HealthCheck, Phase, example, given, seed as hseed, settings, strategies as st
 from hypothesis import target as hypothesis_target
 
-from harness.engine.cases import boundary_cases, cases
-from harness.engine.search import run_property
+from harness.engine.search.cases import boundary_cases, cases
+from harness.engine.search.search import run_property
 from harness.model.bounds import Bounds
 from harness.model.config import Batch, Config, num_candidates
 from harness.model.layouts import TreeMaskMode, logical_size

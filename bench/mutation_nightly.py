@@ -64,7 +64,7 @@ def _known() -> tuple:
     """The shipped known findings that apply to the installed SGLang (the mutants' release)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from harness.engine.known import applicable, default_known_root, entries
+    from harness.engine.regression.known import applicable, default_known_root, entries
     try:
         installed = version("sglang")
     except PackageNotFoundError:

@@ -24,7 +24,7 @@ def _cell(text) -> str:
 
 
 def not_driven() -> str:
-    from harness.engine.surface import not_driven as entries
+    from harness.engine.campaign.surface import not_driven as entries
     lines = [HEADER.format(source="the NOT_DRIVEN tables of harness/targets/sglang/"),
              "# What the sglang target does not drive", "",
              "Each row is a part of SGLang's mask path that no property drives, and why. "

@@ -39,7 +39,7 @@ def checkout_of_everything(work: Path) -> Path:
 
 
 def table(summary: dict) -> list[str]:
-    from harness.engine.diff_coverage import parse
+    from harness.engine.campaign.diff_coverage import parse
     from harness.report.terminal import spans
     out = ["| file (sglang/) | function | branch never taken on the gate's cases | statements | lines |",
            "|---|---|---|---:|---|"]

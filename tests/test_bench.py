@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine.search import run_property
+from harness.engine.search.search import run_property
 from harness.model.bounds import Bounds
 from harness.properties import PROPERTIES, PropertyFailure
 from harness.targets import resolve

@@ -6,8 +6,8 @@ import pytest
 
 from harness.model.bounds import Bounds
 from harness.cli import main
-from harness.engine.profiles import PROFILES
-from harness.engine.session import RunPlan, execute
+from harness.engine.campaign.profiles import PROFILES
+from harness.engine.campaign.session import RunPlan, execute
 from harness.targets import resolve
 
 

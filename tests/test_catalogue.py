@@ -3,7 +3,7 @@
 import pytest
 from hypothesis import given
 
-from harness.engine.cases import cases
+from harness.engine.search.cases import cases
 from harness.model.bounds import Bounds
 from harness.cli import main
 from harness.properties import PROPERTIES

@@ -19,8 +19,8 @@ import pytest
 from harness.model.origin import Origin
 
 from harness.cli import main
-from harness.engine.kill_matrix import NOT_DRIVEN, RAISED, caught, kill_matrix
-from harness.engine.results import Finding, PropertyResult
+from harness.engine.regression.kill_matrix import NOT_DRIVEN, RAISED, caught, kill_matrix
+from harness.engine.search.results import Finding, PropertyResult
 from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode
 from harness.properties import PROPERTIES, PropertyFailure
@@ -80,7 +80,7 @@ def _result(prop: str, origin: Origin, kind: str = "property") -> PropertyResult
 
 def test_a_raise_or_another_propertys_failure_is_not_a_catch():
     """Read from the finding's origin: its effect and its property, never its words."""
-    from harness.engine.kill_matrix import KNOWN, _cell
+    from harness.engine.regression.kill_matrix import KNOWN, _cell
     handed = Origin("routing", "unsound", writer="router", buffer="verify_mask", router="hybrid")
     assert _cell(_result("routing", handed), "routing") == 3
     raised = Origin("routing", "raise", exc_type="AttributeError", frame="sglang/x.py:route")
@@ -93,7 +93,7 @@ def test_a_raise_or_another_propertys_failure_is_not_a_catch():
 
 
 def test_a_known_finding_is_never_a_variants_catch():
-    from harness.engine.kill_matrix import KNOWN, _cell
+    from harness.engine.regression.kill_matrix import KNOWN, _cell
     from harness.model.known_file import decode
     policy = Origin("routing", "unsound", writer="dflash policy", router="dots-swa", role="decode",
                     spec_mode="decode", resolved="DotsSWAMLAAttnBackend")
@@ -153,7 +153,7 @@ def test_allocation_would_reject_the_reference_if_the_fact_were_wrong(monkeypatc
 def test_shared_members_report_only_the_batches_they_judged(tmp_path):
     from hypothesis import strategies as st
 
-    from harness.engine.search import run_property
+    from harness.engine.search.search import run_property
     from harness.model.bounds import Bounds
     from harness.properties import shared_group
 

@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-import harness.engine.exhaustive
+import harness.engine.search.exhaustive
 from harness.cli import main
 from tests.helpers import ROOT
 
@@ -39,8 +39,8 @@ def _reports(d):
 @pytest.fixture
 def small_exhaustive(monkeypatch):
     """The enumeration cut to a handful of configurations: what is tested here is the report."""
-    every = harness.engine.exhaustive.configs()
-    monkeypatch.setattr(harness.engine.exhaustive, "configs", lambda: every[:: max(1, len(every) // 6)])
+    every = harness.engine.search.exhaustive.configs()
+    monkeypatch.setattr(harness.engine.search.exhaustive, "configs", lambda: every[:: max(1, len(every) // 6)])
 
 
 CASES = {

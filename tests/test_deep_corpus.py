@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from harness.engine.deep_corpus import deep_cases
+from harness.engine.search.deep_corpus import deep_cases
 from harness.model.bounds import Bounds
 from harness.model.shapes import BITS_PER_BYTE, ShapeConstants, model_constants
 from harness.model.oracle import tree_facts

@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from harness.engine.search import run_property
+from harness.engine.search.search import run_property
 from harness.guard.shadow import ShadowHeap
 from harness.model.bounds import Bounds
 from harness.model.config import Batch, Config

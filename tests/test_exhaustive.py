@@ -1,8 +1,8 @@
 import pytest
 
-from harness.engine import exhaustive
+from harness.engine.search import exhaustive
 from harness.cli import main
-from harness.engine.exhaustive import batches_of, configs, run_exhaustive, tree_shapes
+from harness.engine.search.exhaustive import batches_of, configs, run_exhaustive, tree_shapes
 from harness.model.repro_file import load
 from harness.targets import CATALOGUE, resolve
 from harness.model.trees import has_detached

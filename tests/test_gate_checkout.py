@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine.changes import sglang_checkout
+from harness.engine.campaign.changes import sglang_checkout
 from tests import zygote
 from tests import sglang_repo
 from tests.helpers import sglang_or_skip

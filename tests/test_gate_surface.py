@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine.results import PropertyResult
-from harness.engine.changes import Checkout, installed_sglang, triggers, touches_verify_mask
-from harness.engine.surface import Entry, declared, gate_coverage, grep_package, sglang_rows
+from harness.engine.search.results import PropertyResult
+from harness.engine.campaign.changes import Checkout, installed_sglang, triggers, touches_verify_mask
+from harness.engine.campaign.surface import Entry, declared, gate_coverage, grep_package, sglang_rows
 from tests import zygote
 from tests.helpers import ROOT, vmfuzz
 from tests.sglang_copies import altered_copy
@@ -145,7 +145,7 @@ def test_a_file_that_loses_or_is_deleted_with_its_mask_code_triggers(tmp_path):
     # a bad PR that drops the capacity check: the file no longer names the mask
     (repo / dropper).write_text("if True:\n    pass\n")
     _commit(repo)
-    from harness.engine.changes import changed_since
+    from harness.engine.campaign.changes import changed_since
     changed, checkout = changed_since(base, repo)
     assert sorted(changed) == sorted([holder, dropper, plain])
     why = {t.path: t.why for t in triggers(changed, checkout, package=None)}
@@ -274,7 +274,7 @@ def test_rows_say_driven_only_when_the_property_runs_and_the_code_is_there(tmp_p
 def test_coverage_counts_a_file_exercised_only_from_what_was_measured(package):
     # A property that is declared to drive a file and ran examples does not make the file
     # exercised: only its changed lines measured running under a property do.
-    from harness.engine.diff_coverage import measure
+    from harness.engine.campaign.diff_coverage import measure
     changed = ["python/sglang/srt/layers/attention/verify_mask.py", "harness/x.py", "docs/a.md"]
     triggered = changed[:2]
     text = (package / "srt/layers/attention/verify_mask.py").read_text()
@@ -379,7 +379,7 @@ def test_the_gate_reads_git_paths_with_odd_names_safely(tmp_path):
     (repo / "python/sglang/srt").mkdir(parents=True)
     (repo / odd).write_text("TreeMaskMode\n")
     _commit(repo)
-    from harness.engine.changes import changed_since
+    from harness.engine.campaign.changes import changed_since
     changed, checkout = changed_since(base, repo)
     assert changed == [odd] and touches_verify_mask(changed, checkout, package=None) == [odd]
     r = vmfuzz("gate", "--target", "reference", "--base", base, "--repo", str(repo), "--report-dir", str(tmp_path / "rep"))
@@ -391,8 +391,8 @@ def test_the_gate_reads_git_paths_with_odd_names_safely(tmp_path):
 
 
 def test_a_changed_files_list_is_capped_and_keeps_undecodable_names(tmp_path):
-    from harness.engine.change_paths import LIST_CAP, changed_from_file
-    from harness.engine.changes import ChangeError
+    from harness.engine.campaign.change_paths import LIST_CAP, changed_from_file
+    from harness.engine.campaign.changes import ChangeError
     from harness.report.terminal import shown
     listed = tmp_path / "changed.txt"
     listed.write_bytes(b"# comment\npython/sglang/srt/caf\xe9.py\n\n")
@@ -404,10 +404,10 @@ def test_a_changed_files_list_is_capped_and_keeps_undecodable_names(tmp_path):
 
 
 def test_sglang_free_helpers_stay_sglang_free():
-    # The gate's skip path must not pay SGLang's import: harness.engine.changes imports neither.
+    # The gate's skip path must not pay SGLang's import: harness.engine.campaign.changes imports neither.
     code = textwrap.dedent("""
         import sys
-        import harness.engine.changes, harness.engine.surface
+        import harness.engine.campaign.changes, harness.engine.campaign.surface
         print(sorted(m for m in ('sglang', 'torch') if m in sys.modules))
     """)
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,

@@ -10,8 +10,8 @@ import pytest
 
 import msgspec
 
-from harness.engine.groups import group_findings, signature
-from harness.engine.results import Finding
+from harness.engine.campaign.groups import group_findings, signature
+from harness.engine.search.results import Finding
 from harness.model.origin import BEYOND_CAPACITY, WITHIN_CAPACITY, Origin
 from harness.properties.kit import mask_cell_class
 from harness.model.config import Batch, Config
@@ -208,7 +208,7 @@ def test_compare_refuses_a_directory_without_reports(two_runs, tmp_path):
 
 def test_raise_place_is_the_innermost_frame_outside_vmfuzz(tmp_path):
     import importlib.util
-    from harness.engine.failures import raise_place
+    from harness.engine.core.failures import raise_place
     src = tmp_path / "kernel_mod.py"
     src.write_text("def fill(x):\n    return inner(x)\n\ndef inner(x):\n    raise ValueError(x)\n")
     spec = importlib.util.spec_from_file_location("kernel_mod", src)
@@ -264,7 +264,7 @@ def test_minimizing_keeps_the_findings_origin():
     case of the finding: the minimizer keeps the overrun and never drifts into the raise."""
     from types import SimpleNamespace
 
-    from harness.engine.shrink import checker, minimize
+    from harness.engine.regression.shrink import checker, minimize
     from harness.properties.kit import fail
 
     def check(target, config, batches, device="cpu"):
@@ -327,8 +327,8 @@ def test_a_known_entry_labels_a_group_only_when_it_names_every_member(tmp_path):
     merge of the run's shards all say so."""
     from types import SimpleNamespace
 
-    from harness.engine.results import Finding, PropertyResult
-    from harness.engine.session import RunOutcome
+    from harness.engine.search.results import Finding, PropertyResult
+    from harness.engine.campaign.session import RunOutcome
     from harness.model.config import Config
     from harness.model.layouts import TreeMaskMode
     from harness.model.origin import Origin

@@ -516,8 +516,8 @@ def test_mutated_repro_and_deployment_files_keep_the_contract(tmp_path_factory, 
 # -- in-process seams ------------------------------------------------------------------------------------------
 
 def test_an_interrupt_a_library_swallowed_still_ends_the_search(tmp_path, monkeypatch):
-    from harness.engine import signals
-    from harness.engine.search import run_property
+    from harness.engine.core import signals
+    from harness.engine.search.search import run_property
     from harness.model.bounds import Bounds
     from harness.properties import PROPERTIES
     from harness.targets import resolve
@@ -531,7 +531,7 @@ def test_an_interrupt_a_library_swallowed_still_ends_the_search(tmp_path, monkey
 def test_an_error_while_generating_is_the_harness_s_never_a_finding(tmp_path):
     from hypothesis.errors import InvalidArgument
 
-    from harness.engine.search import run_property
+    from harness.engine.search.search import run_property
     from harness.model.bounds import Bounds
     from harness.model.errors import HarnessError
     from harness.properties import PROPERTIES

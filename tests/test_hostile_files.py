@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.engine import nightly
+from harness.engine.campaign import nightly
 from tests.test_hostile import ROOT, deployment, no_traceback, refused, repro, vmfuzz, write
 
 FAILING = ["--target", "reference+pr33127", "--property", "no-oob-write", "--max-examples", "5"]

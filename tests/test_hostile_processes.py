@@ -107,7 +107,7 @@ def test_a_case_noted_while_it_runs_is_gone_once_it_answered(tmp_path, monkeypat
     a case that answered is no longer "the case it died on"."""
     import pickle
 
-    from harness.engine import workers
+    from harness.engine.campaign import workers
     monkeypatch.setattr(workers, "_case_file", tmp_path / "p.case")
     seen = []
 

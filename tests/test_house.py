@@ -31,19 +31,25 @@ def test_layers_contract_holds(lint):
     r = lint(ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "harness layers KEPT" in r.stdout
+    assert "engine rooms KEPT" in r.stdout
 
 
-@pytest.mark.parametrize("module,upward", [("harness/model/layouts.py", "harness.cli"),
-                                           ("harness/guard/shadow.py", "harness.properties"),
-                                           ("strategies/trees.py", "harness.engine.search")])
-def test_contract_breaks_on_a_planted_upward_import(lint, tmp_path, module, upward):
+@pytest.mark.parametrize("module,upward,contract", [
+    ("harness/model/layouts.py", "harness.cli", "harness layers"),
+    ("harness/guard/shadow.py", "harness.properties", "harness layers"),
+    ("strategies/trees.py", "harness.engine.core.failures", "harness layers"),
+    # the engine's rooms: each imports only the rooms below it
+    ("harness/engine/search/search.py", "harness.engine.regression.known", "engine rooms"),
+    ("harness/engine/core/isolation.py", "harness.engine.search.results", "engine rooms"),
+    ("harness/engine/regression/replay.py", "harness.engine.campaign.session", "engine rooms")])
+def test_contract_breaks_on_a_planted_upward_import(lint, tmp_path, module, upward, contract):
     for part in ("harness", "strategies"):
         shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     planted = tmp_path / module
     planted.write_text(planted.read_text() + f"\n\ndef _planted():\n    import {upward}  # noqa\n")
     r = lint(tmp_path)
-    assert r.returncode != 0 and "harness layers BROKEN" in r.stdout, r.stdout + r.stderr
+    assert r.returncode != 0 and f"{contract} BROKEN" in r.stdout, r.stdout + r.stderr
 
 
 def _sources():

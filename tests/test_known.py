@@ -8,7 +8,7 @@ import json
 import msgspec
 import pytest
 
-from harness.engine.known import applicable, attach, default_known_root, entries
+from harness.engine.regression.known import applicable, attach, default_known_root, entries
 from harness.model.config import Batch, Config
 from harness.model.known_file import Known, decode
 from harness.model.layouts import TreeMaskMode
@@ -139,7 +139,7 @@ def test_a_known_cause_is_uninteresting_and_the_search_finds_the_next_cause_of_t
     import dataclasses
     from types import SimpleNamespace
 
-    from harness.engine.search import run_property
+    from harness.engine.search.search import run_property
     from harness.model.bounds import Bounds
     from harness.model.origin import Origin
     from harness.properties import PROPERTIES, PropertyFailure

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from hypothesis import find, settings
 
-from harness.engine.results import PropertyResult
-from harness.engine.steps import step_weight
+from harness.engine.search.results import PropertyResult
+from harness.engine.campaign.steps import step_weight
 from harness.model.config import Config
 from harness.model.layouts import TreeMaskMode
 from harness.report.summary import summary_md

@@ -34,7 +34,7 @@ def _raised_in(module_name: str, code: str, filename: str = "/x/sglang/srt/layer
 
 
 def test_sglang_code_raising_at_import_is_a_finding_at_its_own_frame():
-    from harness.engine.failures import ImportRaised, failure_of
+    from harness.engine.core.failures import ImportRaised, failure_of
     from harness.targets.sglang.imports import decide
     decided = decide(MODULE, _raised_in(MODULE, "x = name_not_defined\n"))
     assert isinstance(decided, ImportRaised), decided
@@ -45,7 +45,7 @@ def test_sglang_code_raising_at_import_is_a_finding_at_its_own_frame():
 
 
 def test_a_syntax_error_in_an_sglang_file_is_a_finding():
-    from harness.engine.failures import ImportRaised
+    from harness.engine.core.failures import ImportRaised
     from harness.targets.sglang.imports import decide
     try:
         compile("def broken(:\n", "/x/sglang/srt/layers/attention/some_backend.py", "exec")
@@ -56,7 +56,7 @@ def test_a_syntax_error_in_an_sglang_file_is_a_finding():
 
 
 def test_a_failing_sibling_import_inside_sglang_is_a_finding():
-    from harness.engine.failures import ImportRaised
+    from harness.engine.core.failures import ImportRaised
     from harness.targets.sglang.imports import decide
     exc = _raised_in(MODULE, "raise ImportError(\"cannot import name 'gone' from 'sglang.srt.utils'\", "
                              "name='sglang.srt.utils')\n")
@@ -92,7 +92,7 @@ def test_a_missing_dependency_or_a_harness_raise_is_out_of_step():
 def test_a_decided_raise_is_the_same_for_every_caller_and_crosses_a_pipe():
     import pickle
 
-    from harness.engine.failures import ImportRaised
+    from harness.engine.core.failures import ImportRaised
     from harness.targets.sglang.imports import sglang_module
     calls = []
 

@@ -5,7 +5,7 @@ import pytest
 from harness.cli import main
 from harness.model.config import Config
 from harness.model.layouts import TreeMaskMode
-from harness.engine.policy import grid, verify_policy
+from harness.engine.search.policy import grid, verify_policy
 from harness.model.repro_file import load
 from harness.targets import resolve
 

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine.change_paths import changed_from_file, hunk_lines, normalise_entry
-from harness.engine.changes import ChangeError, changed_since
-from harness.engine.diff_coverage import CPU_CANNOT_TAKE, measure, parse, spans
-from harness.engine.results import PropertyResult
-from harness.engine.surface import gate_coverage
+from harness.engine.campaign.change_paths import changed_from_file, hunk_lines, normalise_entry
+from harness.engine.campaign.changes import ChangeError, changed_since
+from harness.engine.campaign.diff_coverage import CPU_CANNOT_TAKE, measure, parse, spans
+from harness.engine.search.results import PropertyResult
+from harness.engine.campaign.surface import gate_coverage
 from tests.helpers import ROOT, vmfuzz
 
 
@@ -85,7 +85,7 @@ def test_base_sees_uncommitted_and_untracked_changes(tmp_path):
     (repo / "python" / "new.py").write_text("y = 1\n")  # untracked
     changed, checkout = changed_since(base, repo)
     assert sorted(changed) == ["python/a.py", "python/new.py"]
-    from harness.engine.change_paths import changed_lines
+    from harness.engine.campaign.change_paths import changed_lines
     assert changed_lines(checkout, "python/a.py") == frozenset({1})
     assert changed_lines(checkout, "python/new.py") == frozenset({1, 2})  # every line of a new file
 
@@ -324,7 +324,7 @@ def step():
 DRIVE = '''
 import json, sys
 from pathlib import Path
-from harness.engine import line_trace
+from harness.engine.core import line_trace
 here = Path(sys.argv[1])
 sys.path.insert(0, str(here))
 line_trace.start(here / "rec", [here / "host.py", here / "kern_b.py"])
@@ -357,7 +357,7 @@ def test_lines_are_recorded_under_the_property_and_kernels_of_unchanged_files_ru
 def test_a_process_that_cannot_record_says_so_and_its_check_still_runs(tmp_path, monkeypatch):
     """coverage missing in a worker is the harness's own failure: never the check's raise (a finding on
     SGLang), and the gate reads it as could not check."""
-    from harness.engine import line_trace
+    from harness.engine.core import line_trace
     monkeypatch.setitem(sys.modules, "coverage", None)  # import coverage -> ImportError
     monkeypatch.setattr(line_trace, "_recorder", None)
     line_trace.start(tmp_path / "rec", [tmp_path / "x.py"])

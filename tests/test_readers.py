@@ -15,8 +15,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from harness.engine.cases import cases
-from harness.engine.search import run_property
+from harness.engine.search.cases import cases
+from harness.engine.search.search import run_property
 from harness.model.bounds import Bounds
 from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode

@@ -152,7 +152,7 @@ def test_a_nightly_appends_one_record(nightly):
 
 
 def test_history_is_bounded(tmp_path):
-    from harness.engine.history import append_night, load
+    from harness.engine.campaign.history import append_night, load
     for i in range(7):
         append_night(tmp_path, {"started": str(i)}, keep=5)
     assert [n["started"] for n in load(tmp_path)] == ["2", "3", "4", "5", "6"]

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from harness.model.allocation import ServerNumbers
-from harness.engine.search import run_property
+from harness.engine.search.search import run_property
 from harness.model.bounds import Bounds
 from harness.cli import main
 from harness.model.config import Batch, Config
@@ -110,7 +110,7 @@ def test_no_drivable_site_fails_rather_than_holds():
 
 
 def test_a_target_without_the_seams_gets_them_not_driven(tmp_path):
-    from harness.engine.search import search_property
+    from harness.engine.search.search import search_property
     from harness.targets.reference import ReferenceTarget
 
     class CoreOnly(ReferenceTarget):

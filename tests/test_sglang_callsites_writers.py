@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis.errors import InvalidArgument
 
-from harness.engine.cases import boundary_cases
+from harness.engine.search.cases import boundary_cases
 from harness.model.bounds import Bounds
 from harness.model.config import CALL_SITES, Batch, Config, ConfigError
 from harness.model.layouts import TreeMaskMode
@@ -122,7 +122,7 @@ def test_boundary_corpus_meets_every_call_site():
 def test_a_call_site_sglang_lacks_is_never_drawn(sglang_target):
     from types import SimpleNamespace
 
-    from harness.engine.cases import cases
+    from harness.engine.search.cases import cases
     from harness.targets.sglang.call_sites import available
     assert sglang_target.call_sites == ("eagle", "chain", "pp", "frozen_kv_mtp")
     no_chain = SimpleNamespace(build_chain_tree=None, call_site=SimpleNamespace())
@@ -185,7 +185,7 @@ def test_modules_are_left_as_found(sglang_target):
 
 @pytest.mark.parametrize("variant", ["pp-reuse-unchecked", "chain-row-offset"])
 def test_new_variants_are_caught_over_sglang(sglang_target, variant, tmp_path):
-    from harness.engine.search import run_property
+    from harness.engine.search.search import run_property
     target = CATALOGUE[variant].layer(sglang_target)
     for name in ("no-oob-write", "chain-writer", "reference-agreement"):
         res = run_property(target, PROPERTIES[name], seed=3, max_examples=6, bounds=sglang_target.bounds,

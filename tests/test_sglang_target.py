@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.engine.search import run_campaign, run_property
+from harness.engine.search.search import run_campaign, run_property
 from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode
 from harness.properties import PROPERTIES

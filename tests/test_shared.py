@@ -5,14 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine.search import run_campaign, shareable
+from harness.engine.search.search import run_campaign, shareable
 from harness.model.bounds import Bounds
 from harness.model.config import Batch, Config
 from harness.guard.tree_write import LAUNCHES
 from harness.model.layouts import TreeMaskMode
 from harness.properties import PROPERTIES, PropertyFailure, lookup, shared_group
 from harness.properties.shared import ORDER, judge
-from harness.engine.replay import replay
+from harness.engine.regression.replay import replay
 from harness.model.repro_file import load
 from harness.targets import resolve
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from harness.model.config import Batch, Config, ConfigError
 from harness.model.layouts import TreeMaskMode
 from harness.properties import PROPERTIES
-from harness.engine.surface import NO_DRIVER, Row, Undriven, known_reason, not_driven, sglang_rows
+from harness.engine.campaign.surface import NO_DRIVER, Row, Undriven, known_reason, not_driven, sglang_rows
 from harness.targets import CATALOGUE, resolve
 from strategies import configs
 from tests.helpers import held_or_only_known
@@ -82,7 +82,7 @@ def test_dflash_policy_resolves_to_the_verify_child_except_behind_dots(sglang_ta
 
 
 def test_routing_fails_on_the_dots_policy_unless_it_is_known_and_then_checks_the_rest(sglang_target):
-    from harness.engine.known import applicable, attach, default_known_root, entries
+    from harness.engine.regression.known import applicable, attach, default_known_root, entries
     from harness.properties import PropertyFailure
 
     config, batches = Config(FULL, 2, 4, 3, 2, 2, True), [Batch((4, 1))]
@@ -103,7 +103,7 @@ def test_routing_fails_on_the_dots_policy_unless_it_is_known_and_then_checks_the
 
 
 def test_dflash_variant_is_caught_by_routing_on_reference(tmp_path):
-    from harness.engine.search import run_property
+    from harness.engine.search.search import run_property
     from harness.model.bounds import Bounds
 
     assert "dflash-policy-prefill" in CATALOGUE
@@ -149,7 +149,7 @@ def test_not_driven_entries_are_rows_even_beside_a_driven_function(tmp_path):
     (pkg / "srt").mkdir(parents=True)
     (pkg / "srt" / "a.py").write_text("def f(): return VerifyMask\ndef g(): return VerifyMask\n")
     (pkg / "srt" / "b.py").write_text("VerifyMask\n")
-    from harness.engine.surface import Entry
+    from harness.engine.campaign.surface import Entry
 
     target = resolve("reference")
     rows = sglang_rows(target, pkg, entries=[Entry("srt/a.py", "f", ("no-oob-write",), "m")],
@@ -169,7 +169,7 @@ def test_every_not_driven_entry_is_well_formed():
 
 
 def test_no_sglang_file_is_left_without_a_driver_or_a_reason(sglang_target):
-    from harness.engine.surface import loaded_package
+    from harness.engine.campaign.surface import loaded_package
 
     rows = sglang_rows(sglang_target, loaded_package())
     files = {r.file for r in rows if r.in_grep}

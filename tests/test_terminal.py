@@ -102,8 +102,8 @@ def test_a_staged_search_says_each_property_the_moment_it_is_final(monkeypatch, 
     (or is not driven) is not searched again, so its line must not wait for the last."""
     from types import SimpleNamespace
 
-    from harness.engine import session
-    from harness.engine.results import Finding, PropertyResult
+    from harness.engine.campaign import session
+    from harness.engine.search.results import Finding, PropertyResult
     from harness.model.origin import Origin
 
     said, steps_run = [], []
@@ -142,7 +142,7 @@ def test_bisect_says_each_revision_while_the_search_runs(tmp_path):
     import json
     import time
 
-    from harness.engine import bisect
+    from harness.engine.regression import bisect
 
     log = tmp_path / "steps.jsonl"
     script = "; ".join(f"echo '{json.dumps({'commit': c * 40, 'verdict': v, 'detail': 'held'})}' >> {log}; sleep 1.5"
@@ -198,8 +198,8 @@ def test_a_stepped_nightly_under_ci_tells_the_heartbeat_its_step_and_property(mo
     """The session says each bound step and each search to the progress, and the examples counted."""
     from types import SimpleNamespace
 
-    from harness.engine import session
-    from harness.engine.results import PropertyResult
+    from harness.engine.campaign import session
+    from harness.engine.search.results import PropertyResult
     from harness.report.progress import LineProgress
 
     monkeypatch.setenv("CI", "true")

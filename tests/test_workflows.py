@@ -86,7 +86,7 @@ def test_gate_on_documentation_only_exits_at_once_and_says_why(tmp_path):
 
 
 def test_gate_recognises_verify_mask_paths():
-    from harness.engine.changes import touches_verify_mask
+    from harness.engine.campaign.changes import touches_verify_mask
     hits = touches_verify_mask(["python/sglang/srt/layers/attention/verify_mask.py",
                                 "python/sglang/srt/speculative/eagle_worker_v2.py",
                                 "python/sglang/srt/managers/scheduler_pp_mixin.py",
@@ -133,7 +133,7 @@ def _pr33127_fails(case):
 
 
 def test_minimize_stops_where_no_single_simplification_keeps_failing():
-    from harness.engine.shrink import _valid, candidates, minimize
+    from harness.engine.regression.shrink import _valid, candidates, minimize
     fails = _pr33127_fails
 
     start = (Config(TreeMaskMode.FULL_MASK, 3, 20, 3, 2, 2), [Batch((20, 19, 5, 20, 0, 18))])
@@ -152,7 +152,7 @@ def test_minimize_lowers_linked_values_together():
     """README's crash (max_bs 8, nine requests at context 4096, d 4 over 3 steps): the capture and the batch
     past it shrink together (8 and 9 -> 1 and 2), and the draft's width with its steps (a chain's width is
     steps + 1: neither lowers alone), down to what the same overrun needs."""
-    from harness.engine.shrink import minimize
+    from harness.engine.regression.shrink import minimize
     fails = _pr33127_fails
 
     start = (Config(TreeMaskMode.FULL_MASK, 8, 4096, 4, 1, 3), [Batch((4096,) * 9)])
@@ -170,7 +170,7 @@ def test_plain_repro_file_keeps_the_documented_keys_and_fault_round_trips(tmp_pa
 
 
 def test_pr_replays_saved_repros_and_expects_them_to_hold_on_the_fixed_target(tmp_path):
-    from harness.engine.regressions import replay_saved, saved_repros
+    from harness.engine.regression.regressions import replay_saved, saved_repros
     from harness.targets import resolve
 
     root = tmp_path / "repro"
@@ -194,7 +194,7 @@ def test_selftest_prints_the_kill_matrix(tmp_path):
 
 def test_deployment_verdict_is_exact_arithmetic():
     from harness.model.deployment_file import Deployment
-    from harness.engine.deployment import capacity_verdict
+    from harness.engine.search.deployment import capacity_verdict
     from harness.targets import resolve
 
     dep = Deployment(cuda_graph_max_bs=8, max_running_requests=48, context_length=4096,

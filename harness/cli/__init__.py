@@ -8,7 +8,8 @@ from __future__ import annotations
 from harness.cli.ending import guarded, leave
 from harness.cli.parser import build_parser
 from harness.commands import COMMANDS
-from harness.commands.common import anchor_paths, check_report_dir, prepare_process
+from harness.commands.common import prepare_process
+from harness.commands.request import request_of
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,8 +21,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(argv: list[str] | None) -> int:
-    args = build_parser().parse_args(argv)
-    anchor_paths(args)
-    check_report_dir(args)
+    # read once, checked once: every command gets its typed request, never argparse's namespace
+    request = request_of(build_parser().parse_args(argv))
     prepare_process()
-    return COMMANDS[args.command](args)
+    return COMMANDS[request.command](request)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness.engine.profiles import DEFAULT_DB_DIR, PROFILES
+from harness.engine.campaign.profiles import DEFAULT_DB_DIR, PROFILES
 from harness.model.errors import UsageError
 
 

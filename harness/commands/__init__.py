@@ -1,4 +1,4 @@
-"""One module per command, each ``run(args) -> int`` returning its exit code."""
+"""One module per command, each ``run(request) -> int`` (its typed request, ``harness.commands.request``) returning its exit code."""
 
 from harness.commands import (bisect, compare, exhaustive, gate, merge, minimize, replay, run, selftest, surface,
                               targets, verify_policy)

@@ -2,27 +2,26 @@
 
 from __future__ import annotations
 
-from harness.commands.common import report_dir_of, sglang_checkout_at, write_command_report
+from harness.commands.common import sglang_checkout_at, write_command_report
+from harness.commands.request import BisectRequest
 from harness.model.errors import EXIT_FINDING, UsageError
 
 
-def run(args) -> int:
-    from harness.engine.bisect import BisectError, bisect
+def run(request: BisectRequest) -> int:
+    from harness.engine.regression.bisect import BisectError, bisect
     from harness.report.summary import Check, CommandSummary
 
-    if args.timeout <= 0:
-        raise UsageError("vmfuzz: --timeout must be positive")
     # each revision's own python/sglang is what is replayed: without one, the installed SGLang would be
-    sglang_checkout_at(args.repo, "bisect")
-    print(f"vmfuzz bisect: {args.repro} on {args.target}, good {args.good}, bad {args.bad}, in {args.repo}",
-          flush=True)
+    sglang_checkout_at(request.repo, "bisect")
+    print(f"vmfuzz bisect: {request.repro} on {request.target}, good {request.good}, bad {request.bad}, "
+          f"in {request.repo}", flush=True)
     try:
-        res = bisect(args.repro, args.repo, args.good, args.bad, target=args.target, prop=args.property,
-                     timeout=args.timeout, echo=lambda s: print(s, flush=True))
+        res = bisect(str(request.repro), str(request.repo), request.good, request.bad, target=request.target,
+                     prop=request.property, timeout=request.timeout, echo=lambda s: print(s, flush=True))
     except BisectError as exc:
         raise UsageError(f"vmfuzz bisect: {exc}") from None
-    summary = CommandSummary("bisect", args.target, seconds=res.seconds,
-                             extra={"repro": args.repro, "repo": args.repo, "first_bad": res.first_bad,
+    summary = CommandSummary("bisect", request.target, seconds=res.seconds,
+                             extra={"repro": str(request.repro), "repo": str(request.repo), "first_bad": res.first_bad,
                                     "subject": res.subject, "finding": res.detail, "property": res.property,
                                     "candidates": res.candidates, "cleaned": res.cleaned})
     status = {"good": "held", "bad": "failed", "skip": "skipped"}
@@ -39,5 +38,5 @@ def run(args) -> int:
             print(f"  {sha}")
     if res.detail:
         print(f"  finding ({res.property or 'property'}): {res.detail}")
-    write_command_report(summary, report_dir_of(args))
+    write_command_report(summary, request.report_dir)
     return EXIT_FINDING

@@ -11,10 +11,10 @@ import os
 import sys
 from pathlib import Path
 
-from harness.model import limits
+import msgspec
+
 from harness.model.errors import UsageError
-from harness.model.validate import LimitError, number, usable_dir
-from harness.report.summary import default_report_dir
+from harness.model.validate import LimitError, usable_dir
 
 
 def prepare_process() -> None:
@@ -54,7 +54,7 @@ def resolve_target(spec: str):
 LOADING = "target load"
 
 
-def import_finding(args, command: str, spec: str, exc) -> int:
+def import_finding(exc, command: str, spec: str, report_dir: Path) -> int:
     """SGLang's own code raised while the target imported it (``ImportRaised``): no property can run on
     code a server could not load either, so that raise is the command's finding (effect raise, stage
     import), written to the report folder like any other; exit 1."""
@@ -65,7 +65,7 @@ def import_finding(args, command: str, spec: str, exc) -> int:
     print(f"vmfuzz {command}: FAILED: {exc.detail()}", flush=True)
     check = Check(f"import {exc.module}", "failed", exc.detail(), kind=origin.kind(), origin=encode(origin))
     write_command_report(CommandSummary(command, spec, [check], headline=f"finding: {origin.label()} "
-                                        f"(stage import: {exc.module} does not load)"), report_dir_of(args))
+                                        f"(stage import: {exc.module} does not load)"), report_dir)
     return EXIT_FINDING
 
 
@@ -84,7 +84,7 @@ def repro_target(given: str | None, recorded: str, default: str):
     return resolve_target(spec)
 
 
-def sglang_checkout_at(repo: str, command: str) -> Path:
+def sglang_checkout_at(repo: Path, command: str) -> Path:
     """``--repo`` as given: an SGLang checkout (``python/sglang/__init__.py`` in it), or one line (exit 2).
 
     Anything else -- a folder without it, a file, a missing path -- would leave the
@@ -117,151 +117,61 @@ def isolated(choice: str, spec: str) -> bool:
     return not spec.split("+")[0] == "reference"
 
 
-def check_property_names(names) -> None:
-    """Every property a user named exists: one line listing the known ones otherwise."""
-    from harness.properties import named
-    for name in names:
-        try:
-            named(name)
-        except ValueError as exc:
-            raise UsageError(f"vmfuzz: {exc}") from None
-
-
-def _usage(exc: Exception) -> UsageError:
-    return UsageError(f"vmfuzz: {exc}")
-
-
-def check_timeout(value) -> None:
-    try:
-        number("--example-timeout", value, low=limits.MIN_EXAMPLE_TIMEOUT, high=limits.MAX_EXAMPLE_TIMEOUT)
-    except LimitError as exc:
-        raise _usage(exc) from None
-
-
-def check_workers(value) -> None:
-    try:
-        number("--workers", value, low=1, high=limits.MAX_WORKERS)
-    except LimitError as exc:
-        raise _usage(exc) from None
-
-
-def check_run_options(args, properties) -> int:
-    """Every number run and gate take: finite, in range. Returns the workers to use:
-    no more than there is work for."""
-    try:
-        number("--max-examples", getattr(args, "max_examples", None), low=1, high=limits.MAX_EXAMPLES)
-        number("--time-budget", getattr(args, "time_budget", None), low=0, high=limits.MAX_TIME_BUDGET,
-               low_open=True)
-        number("--seed", getattr(args, "seed", None), low=0, high=limits.MAX_SEED)
-        number("--workers", args.workers, low=1, high=limits.MAX_WORKERS)
-        number("--example-timeout", args.example_timeout, low=limits.MIN_EXAMPLE_TIMEOUT,
-               high=limits.MAX_EXAMPLE_TIMEOUT)
-    except LimitError as exc:
-        raise _usage(exc) from None
-    # More workers than properties would only start idle processes.
-    return min(args.workers, max(1, len(properties)))
-
-
-def check_selftest_options(args) -> None:
-    try:
-        number("--max-examples", args.max_examples, low=1, high=limits.MAX_EXAMPLES)
-        number("--seed", args.seed, low=0, high=limits.MAX_SEED)
-    except LimitError as exc:
-        raise _usage(exc) from None
-
-
 def usable(path: Path, what: str) -> Path:
     try:
         return usable_dir(path, what)
     except LimitError as exc:
-        raise _usage(exc) from None
+        raise UsageError(f"vmfuzz: {exc}") from None
 
 
-def check_places(args, profile) -> Path:
+class Places(msgspec.Struct, frozen=True, kw_only=True):
+    """The places a run reads and writes, from its request: checked before the search (``check_places``)."""
+    report_dir: Path
+    db_folder: Path
+    repros: tuple[Path, ...] = ()
+    known: tuple[Path, ...] = ()
+    #: where saved repros come from: ``--repro-root`` or the ones vmfuzz ships, then each
+    #: ``--repros DIR``; never the working directory: in CI that is the checkout under review
+    repro_roots: tuple[Path, ...] = ()
+    #: where known findings come from: the ones vmfuzz ships, then each ``--known DIR``
+    known_roots: tuple[Path, ...] = ()
+
+    @classmethod
+    def of(cls, request) -> Places:
+        from harness.engine.regression.known import default_known_root
+        from harness.engine.regression.regressions import default_repro_root
+        return cls(report_dir=request.report_dir, db_folder=request.db_folder, repros=request.repros,
+                   known=request.known, repro_roots=(request.repro_root or default_repro_root(), *request.repros),
+                   known_roots=(default_known_root(), *request.known))
+
+
+def check_places(places: Places, profile) -> Path:
     """The report directory, the database, the saved repros and the known findings, checked
-    before the search.
+    before the search; returns the report directory, claimed.
 
     A finding must never be lost to an output place that was broken from the
     start, and a gate must never pass over a saved repro it cannot read.
     """
-    report_dir = claimed_report_dir(args)
+    report_dir = claimed_report_dir(places.report_dir)
     if profile.database == "write" or profile.replay_last_failures:
-        db = local_db_dir(args)
-        usable(db, "--db")
+        usable(places.db_folder, "--db")
         if profile.replay_last_failures:
-            usable(db / "last-failures", "--db's last-failures")
-    named = [("--repros", d) for d in getattr(args, "repros", None) or ()]
-    for option, folder in named + [("--known", d) for d in getattr(args, "known", None) or ()]:
+            usable(places.db_folder / "last-failures", "--db's last-failures")
+    for option, folder in [("--repros", d) for d in places.repros] + [("--known", d) for d in places.known]:
         # A folder CI names that is not there is a guard that silently went missing.
-        if not Path(folder).is_dir():
+        if not folder.is_dir():
             raise UsageError(f"vmfuzz: {option} {folder}: not a directory")
     if profile.replay_repros:
-        for root in repro_roots(args):
+        for root in places.repro_roots:
             check_saved_repros(root)
-    from harness.engine.known import entries
-    entries(*known_roots(args))  # an unreadable entry is one line now, not a stop mid-run
+    from harness.engine.regression.known import entries
+    entries(*places.known_roots)  # an unreadable entry is one line now, not a stop mid-run
     return report_dir
-
-
-def repro_roots(args) -> tuple[Path, ...]:
-    """Where saved repros come from: ``--repro-root`` or the ones vmfuzz ships, then each
-    ``--repros DIR``. Never the working directory: in CI that is the checkout under review."""
-    from harness.engine.regressions import default_repro_root
-    first = Path(args.repro_root) if getattr(args, "repro_root", None) else default_repro_root()
-    return (first, *(Path(d) for d in getattr(args, "repros", None) or ()))
-
-
-def known_roots(args) -> tuple[Path, ...]:
-    """Where known findings come from: the ones vmfuzz ships, then each ``--known DIR``."""
-    from harness.engine.known import default_known_root
-    return (default_known_root(), *(Path(d) for d in getattr(args, "known", None) or ()))
-
-
-def local_db_dir(args) -> Path:
-    """The folder for the database's files: ``--db`` itself, or the default one beside a Redis URL,
-    as ``anchor_paths`` fixed it before any target code ran."""
-    anchored = getattr(args, "db_folder", None)
-    if anchored is not None:
-        return Path(anchored)
-    from harness.engine.database import shared_url
-    from harness.engine.profiles import DEFAULT_DB_DIR
-    return Path(DEFAULT_DB_DIR if shared_url(args.db) else args.db)
-
-
-#: the options (argparse dests) that name a file or folder, read or written
-PATH_OPTIONS = ("report_dir", "db", "changed_files", "repo", "repro_root", "repros", "known", "deployment",
-                "file", "output", "repro", "dirs", "a", "b")
-
-
-def anchor_paths(args) -> None:
-    """Every path the command line names, made absolute against the directory vmfuzz started in.
-
-    Called before any target code is imported: a checkout whose ``sglang/__init__.py``
-    calls ``os.chdir``, or a plug-in that changes directory on import, must not move
-    the reports, the database or the findings, nor make a relative ``--report-dir``
-    land on another run's summary that was never checked for.
-    """
-    from harness.engine.database import shared_url
-    from harness.engine.profiles import DEFAULT_DB_DIR
-
-    def anchored(value):
-        if isinstance(value, list):
-            return [anchored(v) for v in value]
-        return os.path.abspath(value) if isinstance(value, str) and value else value
-
-    for dest in PATH_OPTIONS:
-        value = getattr(args, dest, None)
-        if dest == "db" and isinstance(value, str) and shared_url(value):
-            continue  # a Redis URL is no path; its local files go to the default folder, anchored below
-        if value is not None:
-            setattr(args, dest, anchored(value))
-    if isinstance(getattr(args, "db", None), str):
-        args.db_folder = args.db if not shared_url(args.db) else os.path.abspath(DEFAULT_DB_DIR)
 
 
 def check_shared_db(value: str, profile) -> str | None:
     """``--db redis://...`` reachable before the search (one line, exit 2); None for a folder."""
-    from harness.engine.database import SharedDatabaseError, redis_database, shared_url
+    from harness.engine.search.database import SharedDatabaseError, redis_database, shared_url
     url = shared_url(value)
     if url and profile.database != "none":
         try:
@@ -272,8 +182,8 @@ def check_shared_db(value: str, profile) -> str | None:
 
 
 def check_saved_repros(root: Path) -> None:
-    from harness.engine.regressions import saved_repros
-    from harness.engine.replay import FAULTS, properties_for
+    from harness.engine.regression.regressions import saved_repros
+    from harness.engine.regression.replay import FAULTS, properties_for
     from harness.model.repro_file import ReproError, load
     from harness.properties import named
     if root.exists() and not root.is_dir():
@@ -294,53 +204,11 @@ def check_saved_repros(root: Path) -> None:
                              + (msg if str(path) not in msg else msg.split(": ", 1)[-1])) from None
 
 
-#: what a run leaves in its report folder: one of these there means another run's reports
-REPORT_FILES = ("summary.json", "summary.md", "junit.xml", "report.html", "findings")
-
-
-def report_dir_of(args) -> Path:
-    """The command's report folder: ``--report-dir`` (checked once, see ``own_report_dir``),
-    else a fresh timestamped one. The same folder for every later call in the command."""
-    chosen = getattr(args, "chosen_report_dir", None)
-    if chosen is None:
-        given = getattr(args, "report_dir", None)
-        # absolute: target code that changes directory must not move the reports (anchor_paths)
-        chosen = (own_report_dir(Path(given), getattr(args, "overwrite", False)) if given
-                  else Path(os.path.abspath(default_report_dir())))
-        args.chosen_report_dir = chosen
-    return chosen
-
-
-def own_report_dir(path: Path, overwrite: bool) -> Path:
-    """``path`` resolved (a symlink is its target), refused when it already holds a run's
-    reports: their summary would be replaced and the two runs' findings mixed.
-    ``--overwrite`` says the user means it."""
-    try:
-        real = path.resolve()
-    except (OSError, RuntimeError) as exc:  # a symlink loop
-        raise UsageError(f"vmfuzz: --report-dir {path}: cannot resolve it ({exc})") from None
-    if not overwrite and real.is_dir():
-        held = [n for n in REPORT_FILES if os.path.lexists(real / n)]
-        if held:
-            where = path if real == path.absolute() else f"{path} (-> {real})"
-            raise UsageError(f"vmfuzz: --report-dir {where} already holds reports ({', '.join(held)}); "
-                             "choose a new directory, or pass --overwrite to replace them")
-    # The user's own spelling where no link is involved; the real folder where one is,
-    # so a link retargeted mid-run cannot move half of the reports elsewhere.
-    return path if real == path.absolute() else real
-
-
-def claimed_report_dir(args) -> Path:
+def claimed_report_dir(report_dir: Path) -> Path:
     """The report folder, created, proven writable and claimed for this run alone (exit 2 if another
     run holds it): called once the command's input is known good, before any work."""
     from harness.commands.report_claim import claim
-    return claim(usable(report_dir_of(args), "--report-dir"))
-
-
-def check_report_dir(args) -> None:
-    """Before any work: a report folder refused at the end would cost the whole run."""
-    if hasattr(args, "report_dir"):
-        report_dir_of(args)
+    return claim(usable(report_dir, "--report-dir"))
 
 
 def findings_dir(report_dir: Path) -> Path:

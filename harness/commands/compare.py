@@ -1,6 +1,6 @@
 """``vmfuzz compare A B``: what changed between two runs' report directories.
 
-Groups are matched by their origin's key (one per cause, harness.engine.groups),
+Groups are matched by their origin's key (one per cause, harness.engine.campaign.groups),
 never by their words: a group only in B is new, one only in A is fixed, one in
 both is still failing; a group B lists as a known finding (known/) is not new.
 An interrupted run, or a summary written before findings had typed origins, is
@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.commands.common import report_dir_of, write_command_report
+from harness.commands.common import write_command_report
+from harness.commands.request import CompareRequest
 from harness.model.errors import EXIT_FINDING, EXIT_OK, UsageError
 
 
@@ -129,16 +130,17 @@ def _print(c: dict) -> None:
     print(f"  reached        {_shape(c['reached'][0])} -> {_shape(c['reached'][1])}")
 
 
-def run(args) -> int:
+def run(request: CompareRequest) -> int:
     from harness.report.summary import Check, CommandSummary
-    a, b = _summary(args.a), _summary(args.b)
-    _comparable(args.a, a)
-    _comparable(args.b, b)
-    _alike(a, b, (args.a, args.b))
-    c = changes(a, b, (args.a, args.b))
-    print(f"vmfuzz compare: {args.a} ({a.get('target')}) -> {args.b} ({b.get('target')})")
+    a_dir, b_dir = str(request.a), str(request.b)
+    a, b = _summary(a_dir), _summary(b_dir)
+    _comparable(a_dir, a)
+    _comparable(b_dir, b)
+    _alike(a, b, (a_dir, b_dir))
+    c = changes(a, b, (a_dir, b_dir))
+    print(f"vmfuzz compare: {a_dir} ({a.get('target')}) -> {b_dir} ({b.get('target')})")
     _print(c)
-    summary = CommandSummary("compare", b.get("target", "?"), extra={"a": args.a, "b": args.b, "changes": c})
+    summary = CommandSummary("compare", b.get("target", "?"), extra={"a": a_dir, "b": b_dir, "changes": c})
     summary.checks += [Check(g["signature"], "failed", "new in B", repro=g.get("repro")) for g in c["new"]]
     summary.checks += [Check(g["signature"], "held", "fixed: failed in A, not in B") for g in c["fixed"]]
     summary.checks += [Check(g["signature"], "held", "still failing (in A too: not new)", repro=g.get("repro"))
@@ -149,6 +151,6 @@ def run(args) -> int:
                              "compared", repro=g.get("repro")) for g in c["not_compared"]]
     summary.headline = (f"{len(c['new'])} new, {len(c['fixed'])} fixed, {len(c['still_failing'])} still failing "
                         "finding group(s)")
-    write_command_report(summary, report_dir_of(args))
+    write_command_report(summary, request.report_dir)
     print(summary.headline)
     return EXIT_FINDING if any(not g.get("known") for g in c["new"]) else EXIT_OK

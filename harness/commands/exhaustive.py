@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import sys
 
-from harness.commands.common import (check_workers, claimed_report_dir, findings_dir, resolve_target,
+from harness.commands.common import (claimed_report_dir, findings_dir, resolve_target,
                                      write_command_report)
+from harness.commands.request import EnumerateRequest
 from harness.model.errors import EXIT_FINDING, EXIT_OK
 
 
-def run(args) -> int:
-    from harness.engine.exhaustive import run_exhaustive
+def run(request: EnumerateRequest) -> int:
+    from harness.engine.search.exhaustive import run_exhaustive
     from harness.report.summary import Check, CommandSummary
-    check_workers(args.workers)
-    target = resolve_target(args.target)
-    report_dir = claimed_report_dir(args)
-    report = run_exhaustive(target, findings_dir=findings_dir(report_dir), workers=args.workers,
+    target = resolve_target(request.target)
+    report_dir = claimed_report_dir(request.report_dir)
+    report = run_exhaustive(target, findings_dir=findings_dir(report_dir), workers=request.workers,
                             echo=lambda s: print(s, flush=True))
     summary = CommandSummary("exhaustive", target.name, seconds=report.seconds,
                              extra={"interrupted": report.interrupted})
@@ -32,7 +32,7 @@ def run(args) -> int:
         summary.headline = f"interrupted: {len(finished)} of {len(PROPERTIES)} properties checked"
     write_command_report(summary, report_dir)
     if report.interrupted:
-        from harness.engine.signals import exit_code
+        from harness.engine.core.signals import exit_code
         print("vmfuzz: interrupted (reports cover the properties that finished)", file=sys.stderr)
         return exit_code()
     return EXIT_OK if report.ok else EXIT_FINDING

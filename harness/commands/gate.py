@@ -9,74 +9,83 @@ refusal (exit 2), never a verdict on code that was not tested.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
-from harness.commands.common import import_finding, report_dir_of, sglang_checkout_at, write_command_report
+from harness.commands.common import import_finding, sglang_checkout_at, write_command_report
+from harness.commands.request import RunRequest
 from harness.commands.run import execute_and_report, plan
 from harness.model.errors import EXIT_OK, UsageError
 
 
-def run(args) -> int:
+def run(request: RunRequest) -> int:
     # Nothing here imports SGLang before the change is known to touch the mask:
     # a docs-only change is a skip that costs seconds.
-    from harness.engine.change_paths import changed_from_file
-    from harness.engine.changes import (ChangeError, changed_since, checkout_at, sglang_checkout,
-                                        touches_verify_mask)
-    from harness.engine.surface import runs_sglang
-    from harness.report.terminal import shown
-    if args.repo is not None and runs_sglang(args.target):
-        sglang_checkout_at(args.repo, "gate")
-    repo = args.repo if args.repo is not None else "."
-    try:
-        if args.changed_files:
-            checkout = checkout_at(repo)
-            changed = changed_from_file(args.changed_files, checkout.root)
-        elif args.base:
-            changed, checkout = changed_since(args.base, repo)
-        else:
-            changed, checkout = None, None
-    except ChangeError as exc:
-        raise UsageError(f"vmfuzz gate: {exc}") from None
+    from harness.engine.campaign.surface import runs_sglang
+    sglang = runs_sglang(request.target)
+    if request.repo is not None and sglang:
+        sglang_checkout_at(request.repo, "gate")
+    repo = request.repo or Path(".")
+    changed, checkout = _changes(request.changed_files, request.base, repo)
     hits = None
     if changed is not None:
+        from harness.engine.campaign.changes import touches_verify_mask
+        from harness.report.terminal import shown
         hits = touches_verify_mask(changed, checkout)
         if not hits:
-            return _skip(args, changed)
+            return _skip(request.target, changed, request.report_dir)
         print(f"vmfuzz gate: {len(hits)} changed file(s) touch verify-mask code: {', '.join(map(shown, hits[:5]))}"
               + (" ..." if len(hits) > 5 else ""))
-    from harness.engine.failures import ImportRaised
-    sglang_root = sglang_checkout(repo) if runs_sglang(args.target) else None
+    from harness.engine.campaign.changes import sglang_checkout
+    from harness.engine.core.failures import ImportRaised
+    sglang_root = sglang_checkout(repo) if sglang else None
     try:
         if sglang_root is not None:
             _import_checkout(sglang_root)
-        plan_, target = plan(args, command="gate", profile_name="pr")
+        plan_, target = plan(request)
     except ImportRaised as exc:  # the code under review does not load: that is the finding
-        return import_finding(args, "gate", args.target, exc)
-    if runs_sglang(args.target):
+        return import_finding(exc, "gate", request.target, request.report_dir)
+    if sglang:
         _say_code_under_test(sglang_root)
-    tracing = None
-    if changed is not None and runs_sglang(args.target):
-        tracing = _start_tracing(hits, checkout)
-
-    def coverage(outcome):
-        from harness.engine.surface import gate_coverage
-        where = {"checkout": str(sglang_root) if sglang_root else None}
-        try:
-            lines = _measured_lines(target, tracing) if tracing is not None else None
-            cov = gate_coverage(args.target, target, changed, hits, outcome.results, lines=lines)
-        except (ValueError, ImportError, OSError) as exc:
-            # The reports are still written; the gate claims no coverage it cannot show.
-            why = f"surface unavailable: {type(exc).__name__}: {exc}"
-            cov = {"changed": changed, "triggered": hits, "exercised": [], "not_driven": hits,
-                   "why_not_driven": {p: why for p in hits},
-                   "could_not_check": [f"the changed lines could not be measured: {why}"]}
-        cov["could_not_check"] = cov.get("could_not_check", []) + sub_check_gaps(hits, outcome, cov)
-        return {**cov, **where, **out_of_step_coverage(hits, outcome)}
+    tracing = _start_tracing(hits, checkout) if changed is not None and sglang else None
+    coverage = partial(_coverage, request.target, target, changed, hits, sglang_root, tracing)
     try:
-        return execute_and_report(plan_, target, coverage if changed is not None else None, verbose=args.verbose)
+        return execute_and_report(plan_, target, coverage if changed is not None else None, verbose=request.verbose)
     finally:
         if tracing is not None:
             _end_tracing(tracing)
+
+
+def _changes(changed_files: Path | None, base: str | None, repo: Path):
+    """(the changed paths, the checkout they are in); (None, None) when the gate was given no change."""
+    from harness.engine.campaign.change_paths import changed_from_file
+    from harness.engine.campaign.changes import ChangeError, changed_since, checkout_at
+    try:
+        if changed_files:
+            checkout = checkout_at(repo)
+            return changed_from_file(changed_files, checkout.root), checkout
+        if base:
+            return changed_since(base, repo)
+    except ChangeError as exc:
+        raise UsageError(f"vmfuzz gate: {exc}") from None
+    return None, None
+
+
+def _coverage(spec: str, target, changed, hits, sglang_root, tracing, outcome) -> dict:
+    """The gate's coverage, computed from what ran, for the reports."""
+    from harness.engine.campaign.surface import gate_coverage
+    where = {"checkout": str(sglang_root) if sglang_root else None}
+    try:
+        lines = _measured_lines(target, tracing) if tracing is not None else None
+        cov = gate_coverage(spec, target, changed, hits, outcome.results, lines=lines)
+    except (ValueError, ImportError, OSError) as exc:
+        # The reports are still written; the gate claims no coverage it cannot show.
+        why = f"surface unavailable: {type(exc).__name__}: {exc}"
+        cov = {"changed": changed, "triggered": hits, "exercised": [], "not_driven": hits,
+               "why_not_driven": {p: why for p in hits},
+               "could_not_check": [f"the changed lines could not be measured: {why}"]}
+    cov["could_not_check"] = cov.get("could_not_check", []) + sub_check_gaps(hits, outcome, cov)
+    return {**cov, **where, **out_of_step_coverage(hits, outcome)}
 
 
 class _Tracing:
@@ -92,10 +101,10 @@ class _Tracing:
 def _start_tracing(hits: list[str], checkout) -> _Tracing:
     """Switches line recording on for the triggered SGLang Python files, here and in every worker."""
     import tempfile
-    from harness.engine import line_trace
-    from harness.engine.change_paths import changed_lines
-    from harness.engine.changes import sglang_relative
-    from harness.engine.surface import known_reason, loaded_package
+    from harness.engine.core import line_trace
+    from harness.engine.campaign.change_paths import changed_lines
+    from harness.engine.campaign.changes import sglang_relative
+    from harness.engine.campaign.surface import known_reason, loaded_package
     package = loaded_package()
     files, lines, untraced = {}, {}, {}
     for path in hits:
@@ -125,17 +134,17 @@ def _start_tracing(hits: list[str], checkout) -> _Tracing:
 
 def _end_tracing(tracing: _Tracing) -> None:
     import shutil
-    from harness.engine import line_trace
+    from harness.engine.core import line_trace
     line_trace.stop()
     shutil.rmtree(tracing.folder, ignore_errors=True)
 
 
 def _measured_lines(target, tracing: _Tracing) -> dict:
     """Listed path -> ``diff_coverage.FileLines``: what ran of each triggered file, and under what."""
-    from harness.engine import line_trace
-    from harness.engine.changes import sglang_relative
-    from harness.engine.diff_coverage import measure, read_text, untraced
-    from harness.engine.surface import loaded_package, sglang_rows
+    from harness.engine.core import line_trace
+    from harness.engine.campaign.changes import sglang_relative
+    from harness.engine.campaign.diff_coverage import measure, read_text, untraced
+    from harness.engine.campaign.surface import loaded_package, sglang_rows
     line_trace.flush()
     broken = line_trace.failures(tracing.folder)
     if broken:
@@ -171,8 +180,8 @@ def sub_check_gaps(hits: list[str], outcome, cov: dict) -> list[str]:
     "Judges" is measured where the lines were (the property ran a changed line or entered a
     changed mask-path function), else declared (the surface names the property for the file).
     """
-    from harness.engine.changes import sglang_relative
-    from harness.engine.surface import declared
+    from harness.engine.campaign.changes import sglang_relative
+    from harness.engine.campaign.surface import declared
     from harness.properties import sub_checks_not_driven
     touched = {sglang_relative(p): p for p in hits}
     out = []
@@ -200,8 +209,8 @@ def out_of_step_coverage(hits: list[str], outcome) -> dict:
     A check vmfuzz could not make on code the change does not touch does not
     stop the gate, but it is never silent: it is a warning in the summary.
     """
-    from harness.engine.changes import sglang_relative
-    from harness.engine.surface import declared
+    from harness.engine.campaign.changes import sglang_relative
+    from harness.engine.campaign.surface import declared
     from harness.properties import PROPERTIES
     touched = {sglang_relative(p) for p in hits}
     files: dict[str, set[str]] = {}
@@ -250,10 +259,10 @@ def _say_code_under_test(root: Path | None) -> None:
     print(f"vmfuzz gate: code under test: sglang {version} from {shown(str(where))} ({whose})", flush=True)
 
 
-def _skip(args, changed: list[str]) -> int:
+def _skip(spec: str, changed: list[str], report_dir: Path) -> int:
     from harness.report.summary import Check, CommandSummary
     why = f"none of the {len(changed)} changed file(s) touches verify-mask code"
     print(f"vmfuzz gate: skipped: {why}")
-    write_command_report(CommandSummary("gate", args.target, [Check("gate", "skipped", why)],
-                                        headline=f"skipped: {why}", extra={"changed": changed}), report_dir_of(args))
+    write_command_report(CommandSummary("gate", spec, [Check("gate", "skipped", why)],
+                                        headline=f"skipped: {why}", extra={"changed": changed}), report_dir)
     return EXIT_OK

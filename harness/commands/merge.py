@@ -8,24 +8,24 @@ are not every shard of one finished run.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from harness.commands.common import claimed_report_dir
+from harness.commands.request import MergeRequest
 from harness.model.errors import EXIT_FINDING, EXIT_OK, EXIT_OUT_OF_STEP, UsageError
 
 
-def run(args) -> int:
+def run(request: MergeRequest) -> int:
     from harness.report.merge import MergeError, check_shards, merge_summaries, read_summary, relocate, write_merged
     try:
-        shards = [(Path(d), read_summary(Path(d))) for d in args.dirs]
+        shards = [(d, read_summary(d)) for d in request.dirs]
         split = check_shards(shards)
     except MergeError as exc:
         raise UsageError(f"vmfuzz merge: {exc}") from None
-    report_dir = claimed_report_dir(args)
+    report_dir = claimed_report_dir(request.report_dir)
     merged = merge_summaries(relocate(shards, split, report_dir))
     write_merged(merged, report_dir)
     c = merged["counts"]
-    print(f"vmfuzz merge: {len(args.dirs)} shard(s) ({', '.join(merged['shards'])}): {c['properties']} properties, "
+    print(f"vmfuzz merge: {len(request.dirs)} shard(s) ({', '.join(merged['shards'])}): {c['properties']} properties, "
           f"{c['held']} held, {c['failed']} failed, {c['findings']} finding(s) in {c['groups']} group(s)")
     print(f"reports: {report_dir}/ (summary.json, summary.md, junit.xml, report.html; findings/)")
     from harness.report.summary import fails

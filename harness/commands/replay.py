@@ -8,32 +8,31 @@ import sys
 import time
 from pathlib import Path
 
-from harness.commands.common import (check_device, check_timeout, isolated, repro_target, report_dir_of,
-                                     write_command_report)
+from harness.commands.common import check_device, isolated, repro_target, write_command_report
+from harness.commands.request import ReplayRequest
 from harness.model.errors import EXIT_FINDING, EXIT_OK, EXIT_OUT_OF_STEP, OutOfStep, UsageError, out_of_step_line
 from harness.report.terminal import status_word
 
 
-def run(args) -> int:
-    from harness.engine.replay import DEFAULT_TARGET
+def run(request: ReplayRequest) -> int:
+    from harness.engine.regression.replay import DEFAULT_TARGET
     from harness.report.summary import CommandSummary
 
-    check_timeout(args.example_timeout)
-    repro, props = _load(args)
-    check_device(args.device)
-    target = repro_target(args.target, repro.target, DEFAULT_TARGET)
-    isolate = isolated(args.isolate, target.name)
-    summary = CommandSummary("replay", target.name, extra={"repro": args.file})
+    repro, props = _load(request.file, request.property)
+    check_device(request.device)
+    target = repro_target(request.target, repro.target, DEFAULT_TARGET)
+    isolate = isolated(request.isolate, target.name)
+    summary = CommandSummary("replay", target.name, extra={"repro": str(request.file)})
     t0 = time.monotonic()
     for prop in props:
         t = time.monotonic()
-        check = _check(args, repro, target, prop, isolate)
+        check = _check(request, repro, target, prop, isolate)
         check.seconds = time.monotonic() - t
         summary.checks.append(check)
         print(f"{status_word(check.status)} {check.name} on {target.name}"
               f"{f': {check.detail}' if check.detail else ''}", flush=True)
     summary.seconds = time.monotonic() - t0
-    write_command_report(summary, report_dir_of(args))
+    write_command_report(summary, request.report_dir)
     if summary.failed:
         return EXIT_FINDING
     stuck = [c for c in summary.checks if c.kind == "out-of-step"]
@@ -42,51 +41,51 @@ def run(args) -> int:
         return EXIT_OUT_OF_STEP
     if not any(c.status in ("held", "known") for c in summary.checks):
         # Nothing was checked: exit 0 would read as "held".
-        raise UsageError(f"vmfuzz replay: {args.file}: no property could be replayed on {target.name} "
+        raise UsageError(f"vmfuzz replay: {request.file}: no property could be replayed on {target.name} "
                          f"({summary.checks[0].detail if summary.checks else 'none applies'})")
     return EXIT_OK
 
 
-def _load(args):
+def _load(file: Path, prop: str | None):
     """The repro to replay and its properties, from a repro file or a deployment file."""
-    from harness.engine.replay import properties_for
-    from harness.engine.shrink import DEPLOYMENT_ORDER
+    from harness.engine.regression.replay import properties_for
+    from harness.engine.regression.shrink import DEPLOYMENT_ORDER
     from harness.model.deployment_file import DeploymentError, is_deployment
     from harness.model.deployment_file import loads as loads_deployment
     from harness.model.repro_file import ReproError, decode, from_case, to_case
     from harness.model.validate import LimitError, read_input
     from harness.properties import PROPERTIES
     try:
-        data = read_input(args.file, "repro file")  # read once: a pipe has no second reading
+        data = read_input(file, "repro file")  # read once: a pipe has no second reading
     except LimitError as exc:
         raise ReproError(str(exc)) from None
     if not is_deployment(data):
-        repro = decode(data, Path(args.file))
-        return repro, properties_for(repro, args.property)
+        repro = decode(data, file)
+        return repro, properties_for(repro, prop)
     try:
-        dep = loads_deployment(data, args.file)
+        dep = loads_deployment(data, str(file))
         # no target and no property: the command line's, else the deployment's properties below
         repro = from_case("", "", dep.config(), [dep.observed()])
     except DeploymentError as exc:
         raise UsageError(f"vmfuzz: {exc}") from None
-    if args.property:
-        return repro, properties_for(repro, args.property)
+    if prop:
+        return repro, properties_for(repro, prop)
     config, _ = to_case(repro)  # the limits of a replayed case, as a repro file's
     return repro, [PROPERTIES[n] for n in DEPLOYMENT_ORDER if PROPERTIES[n].applies(config)]
 
 
-def _check(args, repro, target, prop, isolate: bool):
-    from harness.engine.failures import failure_of
-    from harness.engine.known import shipped_known_name
-    from harness.engine.isolation import TargetFault
-    from harness.engine.replay import replay
-    from harness.engine.signals import from_user
+def _check(request, repro, target, prop, isolate: bool):
+    from harness.engine.core.failures import failure_of
+    from harness.engine.regression.known import shipped_known_name
+    from harness.engine.core.isolation import TargetFault
+    from harness.engine.regression.replay import replay
+    from harness.engine.core.signals import from_user
     from harness.model.origin import encode
     from harness.model.repro_file import ReproError
     from harness.properties import PropertyFailure
     from harness.report.summary import Check
     try:
-        replay(repro, target, args.device, isolate=isolate, timeout=args.example_timeout, prop=prop.name)
+        replay(repro, target, request.device, isolate=isolate, timeout=request.example_timeout, prop=prop.name)
     except OutOfStep as exc:  # vmfuzz's seam no longer fits the code: could not check, not a finding
         return Check(prop.name, "error", str(exc), "out-of-step")
     except ReproError as exc:  # the target cannot drive this property
@@ -100,8 +99,8 @@ def _check(args, repro, target, prop, isolate: bool):
         if repro.origin is not None and repro.origin.cause() != origin.cause():
             detail = f"fails differently from its recorded origin ({repro.origin.label()}): {detail}"
         known = shipped_known_name(target, origin)
-        status = "known" if known and not args.fail_on_known else "failed"
+        status = "known" if known and not request.fail_on_known else "failed"
         if known:
             detail = f"known finding {known}: {detail}"
-        return Check(prop.name, status, detail, kind, args.file, origin=encode(origin))
+        return Check(prop.name, status, detail, kind, str(request.file), origin=encode(origin))
     return Check(prop.name, "held")

@@ -12,149 +12,73 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from harness.commands.common import (check_device, check_places, check_property_names, check_run_options,
-                                     check_shared_db, isolated, known_roots, local_db_dir, repro_roots,
-                                     resolve_target, write_reports_somewhere)
-from harness.engine.profiles import PROFILES
-from harness.model import limits
+from harness.commands.common import (Places, check_device, check_places, check_shared_db, isolated, resolve_target,
+                                     write_reports_somewhere)
+from harness.commands.request import RunRequest
+from harness.engine.campaign.profiles import PROFILES
 from harness.model.bounds import Bounds
 from harness.model.errors import (EXIT_COULD_NOT_CHECK, EXIT_FINDING, EXIT_OK, EXIT_OUT_OF_STEP,
                                   UsageError, out_of_step_line)
 from harness.report.terminal import classes_line, paint, plural
 
 
-def run(args) -> int:
+def run(request: RunRequest) -> int:
     from harness.commands.common import import_finding
-    from harness.engine.failures import ImportRaised
+    from harness.engine.core.failures import ImportRaised
     try:
-        plan_, target = plan(args, seed=args.seed, max_examples=args.max_examples, time_budget=args.time_budget,
-                             deployment_file=args.deployment)
+        plan_, target = plan(request)
     except ImportRaised as exc:  # the code under test does not load: that is the finding
-        return import_finding(args, "run", args.target, exc)
-    return execute_and_report(plan_, target, verbose=args.verbose)
+        return import_finding(exc, request.command, request.target, request.report_dir)
+    return execute_and_report(plan_, target, verbose=request.verbose)
 
 
-def plan(args, *, command: str = "run", profile_name: str | None = None, seed=None, max_examples=None,
-         time_budget=None, deployment_file=None):
-    """Checks the arguments shared by run and gate; returns (plan, target).
-
-    The keyword arguments stand in for options ``gate`` does not have.
-    """
+def plan(request: RunRequest):
+    """What run and gate share: the request's plan, and its target."""
     from harness.model.deployment_file import DeploymentError, load
-    from harness.engine.session import RunPlan
-    from harness.properties import PROPERTIES
+    from harness.engine.campaign.session import RunPlan
 
-    profile = PROFILES[profile_name or args.profile]
-    properties = getattr(args, "properties", None) or list(PROPERTIES)
-    check_property_names(properties)
-    properties, profile = _shard(args, properties, profile)
-    workers = check_run_options(args, properties)
+    profile = PROFILES[request.profile]
+    if request.shard is not None and request.shard[0] > 1:
+        # saved repros and last failures are shard 1's: every shard replaying them would report each N times
+        profile = dataclasses.replace(profile, replay_repros=False, replay_last_failures=False)
     deployment = None
-    if deployment_file:
+    if request.deployment:
         try:
-            deployment = load(deployment_file)
+            deployment = load(request.deployment)
         except DeploymentError as exc:
             raise UsageError(f"vmfuzz: {exc}") from None
-    check_device(args.device)
-    target = resolve_target(args.target)
+    check_device(request.device)
+    target = resolve_target(request.target)
+    seed = request.seed
     if seed is None:
         seed = profile.fixed_seed if profile.fixed_seed is not None else random.SystemRandom().randrange(2**31)
     # A slow target (sglang runs its kernel in the Triton interpreter) carries
     # its own example budget per profile and size ceiling.
     own_budget = getattr(target, "budget", {}).get(profile.name)
-    report_dir = check_places(args, profile)
-    db_url = check_shared_db(args.db, profile)
-    run_plan = RunPlan(target=args.target, profile=profile, seed=seed,
-                       max_examples=max_examples or min(profile.max_examples, own_budget or profile.max_examples),
-                       time_budget=time_budget if time_budget is not None else profile.time_budget,
-                       report_dir=report_dir,
-                       properties=properties, workers=workers, device=args.device, db_dir=local_db_dir(args),
-                       db_url=db_url, shard=getattr(args, "shard", None),
-                       isolate=isolated(args.isolate, args.target),
+    places = Places.of(request)
+    report_dir = check_places(places, profile)
+    db_url = check_shared_db(request.db, profile)
+    run_plan = RunPlan(target=request.target, profile=profile, seed=seed,
+                       max_examples=request.max_examples or min(profile.max_examples, own_budget or profile.max_examples),
+                       time_budget=request.time_budget if request.time_budget is not None else profile.time_budget,
+                       report_dir=report_dir, properties=list(request.properties), workers=request.workers,
+                       device=request.device, db_dir=request.db_folder, db_url=db_url,
+                       shard=f"{request.shard[0]}/{request.shard[1]}" if request.shard else None,
+                       isolate=isolated(request.isolate, request.target),
                        # Production shapes in the Triton interpreter take tens of seconds a
                        # case: a slow target names its own limit per profile.
-                       example_timeout=args.example_timeout
+                       example_timeout=request.example_timeout
                        or getattr(target, "example_timeout", {}).get(profile.name) or 30.0,
-                       deployment=deployment, command=command,
-                       repro_roots=repro_roots(args), known_roots=known_roots(args),
-                       fail_on_known=args.fail_on_known,
-                       bounds=getattr(target, "bounds", None) or Bounds(), share=getattr(args, "share", True))
-    user_bounds = getattr(args, "bounds", None)
-    if user_bounds is not None:
-        run_plan.bounds = parse_bounds(user_bounds, run_plan.bounds)
+                       deployment=deployment, command=request.command,
+                       repro_roots=places.repro_roots, known_roots=places.known_roots,
+                       fail_on_known=request.fail_on_known,
+                       bounds=getattr(target, "bounds", None) or Bounds(), share=request.share)
+    if request.bounds is not None:
+        run_plan.bounds = request.bounds.over(run_plan.bounds)
     else:
         # A slow target widens its bounds step by step where the profile's budget allows.
         run_plan.bounds_steps = tuple(getattr(target, "bounds_ladder", {}).get(profile.name, ()))
     return run_plan, target
-
-
-def _shard(args, properties: list[str], profile):
-    """``--shard K/N``: this shard's properties, and its profile (only shard 1 replays saved repros)."""
-    text = getattr(args, "shard", None)
-    if text is None:
-        return properties, profile
-    from harness.engine.shard import parse_shard, shard_properties
-    try:
-        k, n = parse_shard(text, len(properties))
-    except ValueError as exc:
-        raise UsageError(f"vmfuzz: {exc}") from None
-    args.shard = f"{k}/{n}"
-    if k > 1:
-        profile = dataclasses.replace(profile, replay_repros=False, replay_last_failures=False)
-    return shard_properties(properties, k, n), profile
-
-
-#: ``--bounds`` keys: Bounds fields, and the short names a person types
-BOUND_KEYS = {"max_bs": "max_bs", "context": "max_context_len", "max_context_len": "max_context_len",
-              "d": "num_draft_tokens", "num_draft_tokens": "num_draft_tokens", "topk": "topk",
-              "spec_steps": "spec_steps", "overshoot": "overshoot"}
-BOUND_FLOORS = {"num_draft_tokens": 2}
-
-
-def parse_bounds(text: str, base: Bounds) -> Bounds:
-    """``k=v,...`` over ``base``; a bad key or value is one UsageError line."""
-    changes = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, eq, value = part.partition("=")
-        field = BOUND_KEYS.get(key.strip())
-        if field is None or not eq:
-            raise UsageError(f"vmfuzz: --bounds {text!r}: {part!r} is not KEY=VALUE with KEY one of "
-                             f"{', '.join(sorted(BOUND_KEYS))}")
-        try:
-            n = int(value)
-        except ValueError:
-            raise UsageError(f"vmfuzz: --bounds {text!r}: {key.strip()} must be an integer, got {value!r}") from None
-        if field in changes:  # last-one-wins would silently drop what the user wrote first
-            raise UsageError(f"vmfuzz: --bounds {text!r}: {key.strip()} is given more than once")
-        floor = BOUND_FLOORS.get(field, 1)
-        if n < floor:
-            raise UsageError(f"vmfuzz: --bounds {text!r}: {key.strip()} must be at least {floor}, got {n}")
-        changes[field] = n
-    if not changes:
-        raise UsageError(f"vmfuzz: --bounds {text!r}: give at least one KEY=VALUE")
-    bounds = dataclasses.replace(base, **changes)
-    _check_bounds_limits(text, bounds)
-    return bounds
-
-
-def _check_bounds_limits(text: str, bounds: Bounds) -> None:
-    """The limits of harness/model/limits.py hold for searched cases too: a ceiling whose
-    largest case would allocate past MAX_BUFFER_CELLS is refused before the search,
-    never left to fail with a MemoryError that would read as the target's finding."""
-    for field, cap, name in (("num_draft_tokens", limits.MAX_DRAFT_TOKENS, "MAX_DRAFT_TOKENS"),
-                             ("topk", limits.MAX_TOPK, "MAX_TOPK"), ("spec_steps", limits.MAX_SPEC_STEPS, "MAX_SPEC_STEPS"),
-                             ("max_bs", limits.MAX_SEARCH_REQUESTS, "MAX_SEARCH_REQUESTS")):
-        if getattr(bounds, field) > cap:
-            raise UsageError(f"vmfuzz: --bounds {text!r}: {field} {getattr(bounds, field)} is over {name} "
-                             f"({cap}, harness/model/limits.py)")
-    # the largest step a search draws: a FULL_MASK fallback for 2 * max_bs + overshoot
-    # requests, every one at the context limit
-    d = bounds.num_draft_tokens
-    cells = (2 * bounds.max_bs + bounds.overshoot) * d * (bounds.max_context_len + d)
-    if cells > limits.MAX_BUFFER_CELLS:
-        raise UsageError(f"vmfuzz: --bounds {text!r}: its largest case needs a {cells}-cell buffer, over "
-                         f"MAX_BUFFER_CELLS ({limits.MAX_BUFFER_CELLS}, harness/model/limits.py); "
-                         "lower max_bs, context or d")
 
 
 def show_result(res, log, *, verbose: bool = False) -> None:
@@ -188,7 +112,7 @@ def show_result(res, log, *, verbose: bool = False) -> None:
 
 def execute_and_report(plan_, target, gate=None, *, verbose: bool = False) -> int:
     """``gate(outcome) -> dict``: the gate's coverage, computed from what ran, for the reports."""
-    from harness.engine.session import execute
+    from harness.engine.campaign.session import execute
     from harness.report.summary import write_reports
     from harness.report.terminal import gate_line
 
@@ -199,7 +123,7 @@ def execute_and_report(plan_, target, gate=None, *, verbose: bool = False) -> in
     print(f"vmfuzz {plan_.command}: target {target.name}, seed {plan_.seed}, profile {plan_.profile.name}, "
           f"{count}{budget}, {plural(plan_.workers, 'worker')}{', isolated' if plan_.isolate else ''}", flush=True)
     outcome = execute(plan_, target, partial(show_result, verbose=verbose))
-    from harness.engine.deep_corpus import constants_of
+    from harness.engine.search.deep_corpus import constants_of
     outcome.shape_constants = constants_of(target).source
     if gate is not None:
         outcome.gate = gate(outcome)
@@ -255,7 +179,7 @@ def _say_deployment(d: dict) -> None:
 def _say_known(plan_, outcome) -> None:
     """Known findings (upstream's defects): listed by every command, failing only with --fail-on-known;
     one whose replay ran and held is said retired, one that fails another way is a finding."""
-    from harness.engine.known import DIFFERENT, GONE, REPRODUCES
+    from harness.engine.regression.known import DIFFERENT, GONE, REPRODUCES
     for o in outcome.known:
         k = o.entry
         if o.status == GONE:
@@ -283,7 +207,7 @@ def _say_groups(groups: list[dict]) -> None:
 
 def _verdict(plan_, target, outcome, summary: dict, written: Path) -> int:
     if outcome.interrupted:
-        from harness.engine.signals import exit_code, name
+        from harness.engine.core.signals import exit_code, name
         print(f"vmfuzz: interrupted by {name()} (findings written so far are kept, reports cover what ran)",
               file=sys.stderr)
         return exit_code()

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import sys
 
-from harness.commands.common import (check_device, check_selftest_options, report_dir_of, resolve_target,
-                                     write_command_report)
+from harness.commands.common import check_device, resolve_target, write_command_report
+from harness.commands.request import SelftestRequest
 from harness.model.errors import EXIT_FINDING, EXIT_OK, UsageError
 
 
 def _word(cell) -> str:
-    from harness.engine.kill_matrix import KNOWN, NOT_DRIVEN, RAISED
+    from harness.engine.regression.kill_matrix import KNOWN, NOT_DRIVEN, RAISED
     if cell is None:
         return "-"
     return {NOT_DRIVEN: "n/d", RAISED: "raised", KNOWN: "known"}.get(cell, f"{cell} ex")
@@ -32,28 +32,27 @@ def render(matrix: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def run(args) -> int:
-    from harness.engine.kill_matrix import caught, kill_matrix, variant_driven
+def run(request: SelftestRequest) -> int:
+    from harness.engine.regression.kill_matrix import caught, kill_matrix, variant_driven
     from harness.targets import CATALOGUE
-    check_selftest_options(args)
-    check_device(args.device)
-    target = resolve_target(args.target)
-    variants = args.variants or list(CATALOGUE)
+    check_device(request.device)
+    target = resolve_target(request.target)
+    variants = request.variants or list(CATALOGUE)
     for v in variants:
         if v not in CATALOGUE:
             raise UsageError(f"vmfuzz: unknown variant {v!r} (known: {', '.join(CATALOGUE)})")
-    print(f"vmfuzz selftest: {len(variants)} variant(s) over {target.name}, seed {args.seed}, "
-          f"up to {args.max_examples} examples per property", flush=True)
+    print(f"vmfuzz selftest: {len(variants)} variant(s) over {target.name}, seed {request.seed}, "
+          f"up to {request.max_examples} examples per property", flush=True)
     matrix: dict[str, dict] = {}
     try:
-        kill_matrix(target, variants, seed=args.seed, max_examples=args.max_examples,
-                    device=args.device, log=lambda s: print(s, flush=True), into=matrix)
+        kill_matrix(target, variants, seed=request.seed, max_examples=request.max_examples,
+                    device=request.device, log=lambda s: print(s, flush=True), into=matrix)
     except KeyboardInterrupt:
-        from harness.engine.signals import exit_code, received
+        from harness.engine.core.signals import exit_code, received
         if received() is None:
             raise  # the target raised it, no signal came: not an interrupt of the selftest
         print(render(matrix))
-        _report(args, target.name, matrix, interrupted=[v for v in variants if v not in matrix])
+        _report(request, target.name, matrix, interrupted=[v for v in variants if v not in matrix])
         print("vmfuzz: interrupted (reports cover the variants judged)", file=sys.stderr)
         return exit_code()
     print("kill matrix (examples needed to catch; - = survived that property; n/d = not driven on this "
@@ -70,21 +69,21 @@ def run(args) -> int:
         print(f"{len(survivors)} variant(s) survived every property: {', '.join(survivors)}")
     else:
         print(f"all {len(driven)} variants caught")
-    _report(args, target.name, matrix)
+    _report(request, target.name, matrix)
     if not driven:
         raise UsageError(f"vmfuzz selftest: no variant could be driven on {target.name}")
     return EXIT_FINDING if survivors else EXIT_OK
 
 
-def _report(args, target_name: str, matrix: dict[str, dict], interrupted: list[str] | None = None) -> None:
+def _report(request: SelftestRequest, target_name: str, matrix: dict[str, dict], interrupted: list[str] | None = None) -> None:
     """One testcase per variant: caught (passes), survived (fails) or not driven (skipped);
     ``interrupted``: the run was, and these variants are left unjudged (skipped)."""
-    from harness.engine.kill_matrix import caught, variant_driven
+    from harness.engine.regression.kill_matrix import caught, variant_driven
     from harness.properties import PROPERTIES
     from harness.report.summary import Check, CommandSummary
 
-    summary = CommandSummary("selftest", target_name, extra={"kill_matrix": matrix, "seed": args.seed,
-                                                            "max_examples": args.max_examples,
+    summary = CommandSummary("selftest", target_name, extra={"kill_matrix": matrix, "seed": request.seed,
+                                                            "max_examples": request.max_examples,
                                                             "interrupted": interrupted is not None})
     for v, row in matrix.items():
         by = [f"{p} ({n} ex)" for p, n in row.items() if caught(n)]
@@ -100,4 +99,4 @@ def _report(args, target_name: str, matrix: dict[str, dict], interrupted: list[s
     summary.headline = (f"{sum(c.status == 'caught' for c in summary.checks)} of {len(matrix)} variants caught"
                         + (f"; no variant exercises {', '.join(silent)}" if silent else "")
                         + (f"; interrupted: {len(unjudged)} variant(s) not judged" if interrupted is not None else ""))
-    write_command_report(summary, report_dir_of(args))
+    write_command_report(summary, request.report_dir)

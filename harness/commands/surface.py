@@ -11,30 +11,31 @@ import sys
 import time
 
 from harness.commands.common import claimed_report_dir, resolve_target
+from harness.commands.request import SurfaceRequest
 from harness.model.errors import EXIT_OK
 
 
-def run(args) -> int:
-    from harness.engine.surface import render, report
-    report_dir = claimed_report_dir(args)
+def run(request: SurfaceRequest) -> int:
+    from harness.engine.campaign.surface import render, report
+    report_dir = claimed_report_dir(request.report_dir)
     t0 = time.monotonic()
-    target = resolve_target(args.target)
-    rep = report(args.target, target)
+    target = resolve_target(request.target)
+    rep = report(request.target, target)
     rows = rep.pop("_rows")
     text = render({**rep, "_rows": rows})
-    print(json.dumps(rep, indent=2) if args.json else text)
-    _write_summary(args, rep, text.splitlines()[0], time.monotonic() - t0, report_dir)
+    print(json.dumps(rep, indent=2) if request.json else text)
+    _write_summary(request, rep, text.splitlines()[0], time.monotonic() - t0, report_dir)
     return EXIT_OK
 
 
-def _write_summary(args, rep: dict, headline: str, seconds: float, report_dir) -> None:
+def _write_summary(request: SurfaceRequest, rep: dict, headline: str, seconds: float, report_dir) -> None:
     from harness.report.summary import Check, CommandSummary, write_command_summary
     checks = [Check(f"{r['file']}: {r['function']}", "held" if r["driven"] else "skipped",
                     f"driven by {', '.join(r['driven_by'])}" if r["driven"] else (r["why"] or "not driven"))
               for r in rep["rows"]]
     extra = {k: v for k, v in rep.items() if k not in ("target", "rows")}
-    write_command_summary(CommandSummary("surface", args.target, checks, headline=headline, extra=extra,
+    write_command_summary(CommandSummary("surface", request.target, checks, headline=headline, extra=extra,
                                          seconds=seconds), report_dir)
     # stdout stays the JSON alone under --json
     print(f"reports: {report_dir}/ (summary.json, summary.md, junit.xml)",
-          file=sys.stderr if args.json else sys.stdout)
+          file=sys.stderr if request.json else sys.stdout)

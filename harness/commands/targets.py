@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from harness.commands.request import Request
 from harness.model.errors import EXIT_OK
 
 
-def run(args) -> int:
+def run(request: Request) -> int:
     from harness.targets import BUILTIN, CATALOGUE
     width = max(len(n) for n in list(BUILTIN) + [f"+{v}" for v in CATALOGUE])
     print("targets:")

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from harness.commands.common import claimed_report_dir, findings_dir, resolve_target, write_command_report
+from harness.commands.request import EnumerateRequest
 from harness.model.errors import EXIT_FINDING, EXIT_OK
 
 
-def run(args) -> int:
-    from harness.engine.policy import verify_policy
+def run(request: EnumerateRequest) -> int:
+    from harness.engine.search.policy import verify_policy
     from harness.report.summary import Check, CommandSummary
-    target = resolve_target(args.target)
-    report_dir = claimed_report_dir(args)
+    target = resolve_target(request.target)
+    report_dir = claimed_report_dir(request.report_dir)
     report = verify_policy(target, findings_dir=findings_dir(report_dir))
     print(f"vmfuzz verify-policy: target {target.name}: {report.configs:,} configurations, "
           f"{report.checks:,} batch sizes checked in {report.seconds:.1f}s")

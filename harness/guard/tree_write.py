@@ -89,7 +89,7 @@ class LaunchStats:
     Under the Triton interpreter the launches are the floor of a run's cost;
     everything else (generation, the guard, the call site, the checks) is the
     harness's overhead over that floor. An isolated worker sends its counts
-    back with every answer (``harness.engine.isolation``), so the parent's add up.
+    back with every answer (``harness.engine.core.isolation``), so the parent's add up.
     """
 
     def __init__(self):

@@ -53,7 +53,7 @@ class Repro(msgspec.Struct, forbid_unknown_fields=True):
     seed: int | None = None
     harness_version: str = ""
     #: "target-crash" / "target-hang": the target died or stopped answering on
-    #: this case (harness.engine.isolation); absent for a property's own failure.
+    #: this case (harness.engine.core.isolation); absent for a property's own failure.
     fault: str | None = None
     #: which failure it is, as typed fields (harness.model.origin): what minimize keeps, bisect
     #: tests and groups read. Absent in files written by hand or before origins: replay fills it in.

@@ -34,7 +34,7 @@ from harness.report.summary import MARGIN_BUCKETS, run_junit, summary_md, write_
 
 #: worst first: the joined status of a property two shards both ran
 STATUS_ORDER = ("failed", "out of step", "could not check", "held", "not driven", "skipped")
-#: the other statuses a run's summary holds (harness.engine.regressions, harness.report.summary)
+#: the other statuses a run's summary holds (harness.engine.regression.regressions, harness.report.summary)
 REPLAY_STATUSES = ("held", "failed", "error", "out of step")
 SHARD = re.compile(r"^(\d+)/(\d+)$")
 
@@ -163,7 +163,7 @@ def group_id(g: dict) -> str:
 
 
 def _same_selection(shards: list[tuple[Path, dict]], split: list[tuple[int, int]], n: int) -> None:
-    """Shard K runs every N-th property of the run's selection from the (K-1)-th (``engine.shard``):
+    """Shard K runs every N-th property of the run's selection from the (K-1)-th (``engine.campaign.shard``):
     shards of one selection hold disjoint properties, in counts that interleave back into it.
     Shards run with different ``--property`` selections do not, and are refused."""
     names = {k: [p.get("name") for p in s["properties"]] for (k, _), (_, s) in zip(split, shards)}
@@ -194,7 +194,7 @@ def join_groups(summaries: list[dict]) -> list[dict]:
                 out[group_id(g)] = {**g, "properties": list(g["properties"]), "members": list(g["members"])}
                 continue
             have["count"] += g["count"]
-            # known only when every shard's members are that entry's cause (harness.engine.session)
+            # known only when every shard's members are that entry's cause (harness.engine.campaign.session)
             if have.get("known") != g.get("known"):
                 have["known"] = None
             have["properties"] = sorted(set(have["properties"]) | set(g["properties"]))

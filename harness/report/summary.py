@@ -154,11 +154,11 @@ def build_summary(outcome) -> dict:
                    # what decides the exit: groups no known entry names, known entries failing differently
                    "new_groups": new_groups(outcome)},
         "fail_on_known": bool(getattr(plan, "fail_on_known", False)),
-        # one per cause (harness.engine.groups), first: what to read before the findings
+        # one per cause (harness.engine.campaign.groups), first: what to read before the findings
         "groups": list(getattr(outcome, "groups", [])),
         "properties": props,
         "boundary_classes": dict(sorted(classes.items())),
-        # production shapes run once per property before the search (harness.engine.deep_corpus)
+        # production shapes run once per property before the search (harness.engine.search.deep_corpus)
         "deep_boundary_corpus": {"cases": list(dict.fromkeys(c for p in props for c in p["deep_cases"])),
                                  "runs": sum(len(p["deep_cases"]) for p in props),
                                  # a shared group's time is split among its members: the sum is the whole

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, note, settings, strategies as st
 
-from harness.engine.cases import boundary_cases, cases
+from harness.engine.search.cases import boundary_cases, cases
 from harness.model.bounds import Bounds
-from harness.engine.isolation import IsolatedChecker, TargetFault
+from harness.engine.core.isolation import IsolatedChecker, TargetFault
 from harness.properties import PROPERTIES, PropertyFailure
 from harness.model.repro_file import dump, from_case
 from harness.targets import resolve

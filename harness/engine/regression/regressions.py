@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.engine.results import Finding
+from harness.engine.search.results import Finding
 from harness.model.origin import Origin
-from harness.engine.isolation import TargetFault
+from harness.engine.core.isolation import TargetFault
 from harness.model.errors import OutOfStep
 from harness.properties import PropertyFailure
 from harness.model.repro_file import ReproError, dump, load, to_case
@@ -33,7 +33,7 @@ class ReplayOutcome:
     finding: Finding | None = None
     #: the case could not be replayed: "target-raised", "target-hang" or "target-crash"
     fault: str | None = None
-    set_aside: Path | None = None  # where harness.engine.nightly moved it
+    set_aside: Path | None = None  # where harness.engine.campaign.nightly moved it
     origin: Origin | None = None
 
 
@@ -48,7 +48,7 @@ def default_repro_root() -> Path:
 
 def shipped(folder: str) -> Path:
     """A top-level data folder of vmfuzz (``repro``, ``known``) wherever the harness runs from."""
-    package = Path(__file__).resolve().parents[1]  # harness/engine/ -> harness/
+    package = Path(__file__).resolve().parents[2]  # harness/engine/regression/ -> harness/
     installed = package / "shipped" / folder
     return installed if installed.is_dir() else package.parent / folder
 
@@ -79,8 +79,8 @@ class Outcome:
 
 def outcome_of(repro, target, device: str, isolate: bool, timeout: float) -> Outcome:
     """A target that raises, exits or hangs is a failure, never fatal."""
-    from harness.engine.failures import failure_of
-    from harness.engine.replay import replay
+    from harness.engine.core.failures import failure_of
+    from harness.engine.regression.replay import replay
     prop = repro.property or "replay"
     try:
         replay(repro, target, device, isolate=isolate, timeout=timeout)
@@ -89,7 +89,7 @@ def outcome_of(repro, target, device: str, isolate: bool, timeout: float) -> Out
     except OutOfStep as exc:  # the harness's seam, not the target: could not check, never a finding
         return Outcome("out of step", str(exc))
     except KeyboardInterrupt as exc:
-        from harness.engine.signals import from_user
+        from harness.engine.core.signals import from_user
         if from_user(exc):
             raise
         origin, detail = failure_of(prop, exc)

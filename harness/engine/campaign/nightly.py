@@ -23,7 +23,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from harness.engine.history import locked
+from harness.engine.campaign.history import locked
 from harness.model.validate import read_input
 
 #: kept cases past this go to quarantine (the least-failed first): a nightly replays them all

@@ -51,15 +51,15 @@ def replay(repro: Repro, target, device: str = "cpu", *, isolate: bool = False,
         raise ReproError(f"unknown fault {repro.fault!r} (known: {', '.join(FAULTS)})")
     props = properties_for(repro, prop)
     config, batches = to_case(repro)
-    from harness.engine.search import not_driven_here
+    from harness.engine.search.search import not_driven_here
     driven = [p for p in props if not not_driven_here(target, p)]
     if not driven:
         raise ReproError(f"target {target.name} cannot drive {', '.join(p.name for p in props)} "
                          f"({not_driven_here(target, props[0])})")
     if isolate or repro.fault:
-        from harness.engine.isolation import IsolatedChecker
+        from harness.engine.core.isolation import IsolatedChecker
         with IsolatedChecker(target, timeout) as check:
             return [check(p, config, batches, device) for p in driven]
-    from harness.engine.line_trace import direct_check
+    from harness.engine.core.line_trace import direct_check
     check = direct_check(target)
     return [check(p, config, batches, device) for p in driven]

@@ -158,7 +158,7 @@ def checker(prop, target, device: str, fault: str | None, timeout: float, keep=N
     whose origin has the cause of ``keep`` (the repro's recorded origin), or else of the first
     failure seen, or None. A candidate failing another way is not a smaller case of this finding
     (ClusterFuzz keeps a crash state the same way), so minimizing never drifts to another bug."""
-    from harness.engine.failures import failure_of
+    from harness.engine.core.failures import failure_of
     wanted = {"cause": keep.cause() if keep is not None else None}
 
     def same(exc) -> Failed | None:
@@ -174,7 +174,7 @@ def checker(prop, target, device: str, fault: str | None, timeout: float, keep=N
             try:
                 prop.check(target, case[0], case[1], device)
             except KeyboardInterrupt as exc:
-                from harness.engine.signals import from_user
+                from harness.engine.core.signals import from_user
                 if from_user(exc):
                     raise
                 return same(exc)
@@ -187,7 +187,7 @@ def checker(prop, target, device: str, fault: str | None, timeout: float, keep=N
                 return same(exc)
             return None
         return still_fails, lambda: None
-    from harness.engine.isolation import IsolatedChecker, TargetFault
+    from harness.engine.core.isolation import IsolatedChecker, TargetFault
     iso = IsolatedChecker(target, timeout)
 
     def still_fails_isolated(case: Case) -> Failed | None:

@@ -11,7 +11,7 @@ The rows come from two places that must agree:
   to what it drives that it does not reach, and why: each is a row, and its
   reason is the file's reason when nothing drives the file;
 - what the code under test *contains*: every file of the loaded SGLang package
-  whose text names verify-mask code (``harness.engine.changes.MASK_CODE``; the same test
+  whose text names verify-mask code (``harness.engine.campaign.changes.MASK_CODE``; the same test
   the gate triggers on; test files excluded).
 
 A declared property counts as driving only if it is registered in
@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.engine.changes import READ_CAP, path_names_mask_code, sglang_relative
+from harness.engine.campaign.changes import READ_CAP, path_names_mask_code, sglang_relative
 
 #: The package whose modules declare SGLang's driven parts.
 DECLARING_PACKAGE = "harness.targets.sglang"
@@ -327,7 +327,7 @@ def gate_coverage(spec: str, target, changed: list[str], triggered: list[str], r
 
 def _why_not_exercised(measured) -> tuple[str, list[str]]:
     """(why a measured file is not exercised, the could-not-check lines it gives: exit 3)."""
-    from harness.engine.diff_coverage import spans
+    from harness.engine.campaign.diff_coverage import spans
     from harness.report.terminal import shown
     name = shown(measured.path)
     if measured.traced is None:

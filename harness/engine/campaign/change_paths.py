@@ -13,7 +13,7 @@ from pathlib import Path
 
 import os
 
-from harness.engine.changes import READ_CAP, ChangeError, Checkout, _git, _inside
+from harness.engine.campaign.changes import READ_CAP, ChangeError, Checkout, _git, _inside
 from harness.report.terminal import shown
 
 
@@ -21,7 +21,7 @@ from harness.report.terminal import shown
 LIST_CAP = 16 << 20
 
 
-def changed_from_file(path: str, root: Path | str | None = None) -> list[str]:
+def changed_from_file(path: str | Path, root: Path | str | None = None) -> list[str]:
     """One changed path per line, each normalised against ``root`` (``normalise_entry``).
     Only a regular file is read: a FIFO with no writer would block the gate forever,
     and /dev/zero never ends."""

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import time
 
-from harness.engine.database import database_for
-from harness.engine.results import PropertyResult
-from harness.engine.search import MIN_SHARE, search_property
+from harness.engine.search.database import database_for
+from harness.engine.search.results import PropertyResult
+from harness.engine.search.search import MIN_SHARE, search_property
 from harness.properties import PROPERTIES
 
 

@@ -1,6 +1,6 @@
 """One ``git bisect run`` step: replay a repro against the checked-out revision's SGLang.
 
-    python -m harness.engine.bisect_step --repo PATH --target T [--property P] REPRO
+    python -m harness.engine.regression.bisect_step --repo PATH --target T [--property P] REPRO
 
 Exit codes are git bisect's: 0 the repro held (good), 1 it failed (bad), 125
 this revision cannot be tested (SGLang does not import, or imports from
@@ -33,9 +33,9 @@ def _child(args) -> int:
     """Runs in the child, with the checkout first on sys.path."""
     python_dir = Path(args.repo).resolve() / "python"
     sys.path.insert(0, str(python_dir))
-    from harness.engine.replay import replay
+    from harness.engine.regression.replay import replay
     from harness.model.repro_file import ReproError, load
-    from harness.engine.failures import ImportRaised
+    from harness.engine.core.failures import ImportRaised
     from harness.model.errors import OutOfStep
     from harness.targets import TargetUnavailable, resolve
 
@@ -53,7 +53,7 @@ def _child(args) -> int:
         why = (str(exc).splitlines() or [type(exc).__name__])[0].split("; install it with")[0]
         _emit(args, "skip", why)
         return SKIP
-    from harness.engine.failures import failure_of
+    from harness.engine.core.failures import failure_of
     try:
         replay(repro, target, isolate=False, prop=args.property)
     except ReproError:
@@ -85,7 +85,7 @@ def _emit(args, verdict: str, detail: str, prop: str | None = None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.engine.bisect_step")
+    p = argparse.ArgumentParser(prog="python -m harness.engine.regression.bisect_step")
     p.add_argument("repro")
     p.add_argument("--repo", required=True)
     p.add_argument("--target", default="sglang")
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             return HARNESS_ERROR
     if _owner_gone():
         return ABORT
-    cmd = [sys.executable, "-m", "harness.engine.bisect_step", "--child", args.repro, "--repo", args.repo,
+    cmd = [sys.executable, "-m", "harness.engine.regression.bisect_step", "--child", args.repro, "--repo", args.repo,
            "--target", args.target] + (["--property", args.property] if args.property else [])
     rc = _watch(subprocess.Popen(cmd), args.timeout)
     if rc is None:

@@ -1,6 +1,6 @@
 """``vmfuzz bisect``: the first commit of an SGLang checkout on which a repro fails.
 
-``git bisect run`` drives ``harness.engine.bisect_step``, which replays the repro
+``git bisect run`` drives ``harness.engine.regression.bisect_step``, which replays the repro
 against each revision's own code (the checkout's ``python/`` first on the path).
 A revision whose SGLang does not import is skipped, never blamed. Both ends are
 checked before the search (the repro must hold at GOOD and fail at BAD), so a
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from harness.engine.bisect_step import BAD, GOOD, LOCK_ENV, SKIP
+from harness.engine.regression.bisect_step import BAD, GOOD, LOCK_ENV, SKIP
 
 #: Hooks belong to the user's own checkouts, and a background ``gc --auto`` would outlive the
 #: bisect in their repository: neither may start from a bisect's git commands.
@@ -232,7 +232,7 @@ def _run_group(cmd: list[str], cwd: Path, env: dict, poll=None) -> subprocess.Co
     ``poll()`` is called every half second while it runs, and once after."""
     import tempfile
 
-    from harness.engine.signals import held
+    from harness.engine.core.signals import held
 
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         with held():  # an interrupt between fork and here would otherwise leave the group unowned
@@ -288,7 +288,7 @@ def _check_ends(wt: Path, repo: Path, step: list[str], env: dict, ends, log: Pat
 
 def _search(place: Place, repro_path: str, good_sha: str, bad_sha: str, step_args: list[str], echo) -> str:
     """Both ends checked, then ``git bisect run``, all in our worktree; returns its output."""
-    harness_root = str(Path(__file__).resolve().parents[2])  # harness/engine/ -> the checkout
+    harness_root = str(Path(__file__).resolve().parents[3])  # harness/engine/regression/ -> the checkout
     place.scratch.mkdir(parents=True)
     # The repro may live inside the checkout: a copy outside survives every checkout.
     repro_copy = place.scratch / "repro.json"
@@ -297,7 +297,7 @@ def _search(place: Place, repro_path: str, good_sha: str, bad_sha: str, step_arg
     env = {**os.environ, "VMFUZZ_BISECT_LOG": str(log), LOCK_ENV: str(place.lock),
            "PYTHONPATH": os.pathsep.join(filter(None, [harness_root, os.environ.get("PYTHONPATH")]))}
     wt = place.worktree
-    step = [sys.executable, "-m", "harness.engine.bisect_step", str(repro_copy), "--repo", str(wt), *step_args]
+    step = [sys.executable, "-m", "harness.engine.regression.bisect_step", str(repro_copy), "--repo", str(wt), *step_args]
     _git(place.repo, "worktree", "add", "--quiet", "--detach", str(wt), bad_sha)
     _check_ends(wt, place.repo, step, env, ((bad_sha, BAD, "bad"), (good_sha, GOOD, "good")), log, echo)
     _git(wt, "bisect", "start", bad_sha, good_sha, "--")
@@ -327,8 +327,8 @@ def _answer(repo: Path, out: str, tested: list[Tested], result: BisectResult) ->
 
 def bisect(repro_path: str, repo: str, good: str, bad: str, *, target: str = "sglang",
            prop: str | None = None, timeout: float = 600.0, echo=print) -> BisectResult:
-    from harness.engine.replay import properties_for
-    from harness.engine.signals import held
+    from harness.engine.regression.replay import properties_for
+    from harness.engine.core.signals import held
     from harness.model.repro_file import load
 
     t0 = time.monotonic()

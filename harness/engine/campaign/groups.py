@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.engine.results import Finding
+from harness.engine.search.results import Finding
 from harness.model.origin import Origin, key_text
 
 

@@ -172,7 +172,7 @@ def _fails(prop: Property, target, config: Config, batches: list[Batch], device:
     except PropertyFailure as exc:
         return exc
     except (Exception, SystemExit) as exc:  # the target itself broke (even exit()): a finding, as in the campaign
-        from harness.engine.failures import failure_of
+        from harness.engine.core.failures import failure_of
         return PropertyFailure(*failure_of(prop.name, exc))
     return None
 
@@ -208,7 +208,7 @@ _worker_target = None
 def _init_worker(spec: str) -> None:
     import torch
 
-    from harness.engine.signals import ignore_in_child
+    from harness.engine.core.signals import ignore_in_child
     from harness.targets import resolve
     global _worker_target
     ignore_in_child()  # Ctrl-C reaches the whole group: the parent stops the pool
@@ -254,13 +254,13 @@ def run_exhaustive(target, *, findings_dir: Path | None = None, device: str = "c
         workers = 1  # a worker re-resolves the target by name; one that cannot checks here
     if workers > 1:
         import multiprocessing
-        from harness.engine.signals import held
+        from harness.engine.core.signals import held
         with held():
             pool = multiprocessing.get_context("fork").Pool(workers, _init_worker, (target.name,))
     try:
         _run(target, report, all_configs, properties, device, findings_dir, pool, stop_at_first, echo)
     except KeyboardInterrupt:
-        from harness.engine.signals import received
+        from harness.engine.core.signals import received
         if received() is None:
             raise  # the target raised it, no signal came: not an interrupt of the run
         report.interrupted = True

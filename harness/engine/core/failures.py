@@ -15,7 +15,7 @@ from harness.model.origin import Origin
 from harness.properties.kit import PropertyFailure
 
 #: vmfuzz's own package folder: frames inside it are the harness's, not the code under test's
-_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class TargetFault(Exception):

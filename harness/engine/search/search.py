@@ -17,14 +17,14 @@ from typing import Callable
 from hypothesis import HealthCheck, Phase, event, example, given, seed as hseed, settings
 from hypothesis import target as hypothesis_target
 
-from harness.engine.line_trace import direct_check
-from harness.engine.database import KeyedDatabase
-from harness.engine.failures import failure_of, known_cause, passed_over_as_known, raise_place
-from harness.engine.results import Finding, PropertyResult
-from harness.engine.cases import cases
-from harness.engine.deep_corpus import case_key, fixed_cases
-from harness.engine.isolation import TargetFault, TargetRaised
-from harness.engine.signals import check as interrupt_check
+from harness.engine.core.line_trace import direct_check
+from harness.engine.search.database import KeyedDatabase
+from harness.engine.core.failures import failure_of, known_cause, passed_over_as_known, raise_place
+from harness.engine.search.results import Finding, PropertyResult
+from harness.engine.search.cases import cases
+from harness.engine.search.deep_corpus import case_key, fixed_cases
+from harness.engine.core.isolation import TargetFault, TargetRaised
+from harness.engine.core.signals import check as interrupt_check
 from harness.model.bounds import Bounds
 from harness.model.errors import HarnessError, OutOfStep
 from harness.model.origin import Origin
@@ -151,7 +151,7 @@ def _settings(max_examples: int, db):
 def _as_failure(exc: BaseException) -> BaseException | None:
     """The failure a check's exception is; None for a real Ctrl-C. A target calling exit()
     (or raising KeyboardInterrupt) is a target that raised: shrunk like any failure."""
-    from harness.engine.signals import from_user
+    from harness.engine.core.signals import from_user
     if isinstance(exc, Exception):
         return exc
     if isinstance(exc, KeyboardInterrupt) and from_user(exc):

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.engine.line_trace import NO_PROPERTY
+from harness.engine.core.line_trace import NO_PROPERTY
 from harness.report.terminal import spans  # noqa: F401 - re-exported: the gate's messages use it
 
 #: Branches this machine cannot take, keyed by the branch's condition as the source

@@ -11,7 +11,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import signal
 
-from harness.engine.failures import ImportRaised, TargetFault, TargetRaised, raise_place  # noqa: F401 - re-exported
+from harness.engine.core.failures import ImportRaised, TargetFault, TargetRaised, raise_place  # noqa: F401 - re-exported
 from harness.guard.tree_write import LAUNCHES
 from harness.model.errors import OutOfStep
 from harness.properties import Observation, PropertyFailure, lookup
@@ -21,12 +21,12 @@ CRASH, HANG = "target-crash", "target-hang"
 
 def _serve(target, conn) -> None:
     import torch
-    from harness.engine.signals import ignore_in_child
+    from harness.engine.core.signals import ignore_in_child
     ignore_in_child()  # Ctrl-C reaches the whole group: the parent stops this worker
     # A forked child must not reuse the parent's intra-op thread pool (the
     # reason torch's own DataLoader workers run single-threaded).
     torch.set_num_threads(1)
-    from harness.engine import line_trace, output_record
+    from harness.engine.core import line_trace, output_record
     while True:
         try:
             task = conn.recv()
@@ -86,7 +86,7 @@ class IsolatedChecker:
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(target=_serve, args=(self.target, child), daemon=True)
-        from harness.engine.signals import held
+        from harness.engine.core.signals import held
         with held():
             self._proc.start()
         child.close()

@@ -45,7 +45,7 @@ def default_known_root() -> Path:
     it in an installed wheel), never ``./known``: in CI the working directory is the
     checkout under review, whose own entries must not excuse its defects. More come
     only from ``--known DIR`` on the command line."""
-    from harness.engine.regressions import shipped
+    from harness.engine.regression.regressions import shipped
     return shipped("known")
 
 
@@ -83,7 +83,7 @@ def replay_known(found: list[tuple[Path, Known]], target, *, findings_dir: Path 
     The other entries are attached while one replays, so a known defect met
     earlier in the same case does not stand in for this one.
     """
-    from harness.engine.regressions import outcome_of
+    from harness.engine.regression.regressions import outcome_of
     saved = getattr(target, "known_findings", None)
     out = []
     try:

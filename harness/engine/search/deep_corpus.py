@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import msgspec
 
-from harness.engine.cases import boundary_cases
+from harness.engine.search.cases import boundary_cases
 from harness.model.bounds import Bounds
 from harness.model.config import Batch, Config, ConfigError, num_candidates, site_takes
 from harness.model.layouts import TreeMaskMode
