@@ -4,7 +4,7 @@
 #
 #   release_matrix.sh [--dir DIR] [--out FILE] [--reuse] [RELEASE ...]
 #
-#   RELEASE       releases to run (default: every scripts/sglang-pins/V.txt, oldest first)
+#   RELEASE       releases to run (default: every scripts/sglang/pins/V.txt, oldest first)
 #   --dir DIR     where venvs, logs and report dirs go (default $VMFUZZ_RELEASES_DIR,
 #                 else /tmp/vmfuzz-releases): DIR/venv-V, DIR/logs/, DIR/reports/V/
 #   --out FILE    also write the table to FILE (default DIR/matrix.md)
@@ -27,7 +27,7 @@ set -euo pipefail
 die() { echo "release_matrix: $*" >&2; exit 2; }
 cd "$(dirname "$0")/.."
 ROOT=$(pwd -P)
-PINS=$ROOT/scripts/sglang-pins
+PINS=$ROOT/scripts/sglang/pins
 KNOWN=$(cd "$PINS" && ls [0-9]*.txt | sed 's/\.txt$//' | sort -V | paste -sd' ')
 DIR=${VMFUZZ_RELEASES_DIR:-/tmp/vmfuzz-releases}
 OUT=""

@@ -200,7 +200,7 @@ def test_the_nightly_shards_cover_every_property_once_and_are_merged():
 
 
 #: what goes into the venv, each pinned by one of these files
-PIN_FILES = ("pyproject.toml", "scripts/bootstrap.sh", "scripts/install_sglang.sh", "scripts/sglang-pins/*")
+PIN_FILES = ("pyproject.toml", "scripts/bootstrap.sh", "scripts/install_sglang.sh", "scripts/sglang/*", "scripts/sglang/pins/*")
 
 
 def _jobs_that_install_the_venv() -> list[str]:
@@ -267,7 +267,7 @@ def test_the_header_states_the_measured_per_pr_cost_and_labels_the_estimate():
 
 
 def test_the_release_matrix_runs_nightly_on_every_pinned_release_read_only(tmp_path):
-    """release-list's own shell, run over this checkout as .vmfuzz, lists every scripts/sglang-pins/V.txt;
+    """release-list's own shell, run over this checkout as .vmfuzz, lists every scripts/sglang/pins/V.txt;
     release-matrix runs scripts/release_matrix.sh on each of them, one leg each, on the schedule only."""
     import json
     jobs = workflow()["jobs"]
@@ -281,7 +281,7 @@ def test_the_release_matrix_runs_nightly_on_every_pinned_release_read_only(tmp_p
                        env={"PATH": "/usr/bin:/bin", "GITHUB_OUTPUT": str(out)}, timeout=60)
     assert r.returncode == 0, r.stderr
     key, _, value = out.read_text().strip().partition("=")
-    pinned = sorted((p.stem for p in (ROOT / "scripts" / "sglang-pins").glob("[0-9]*.txt")),
+    pinned = sorted((p.stem for p in (ROOT / "scripts" / "sglang" / "pins").glob("[0-9]*.txt")),
                     key=lambda v: tuple(int(x) for x in v.split(".")))
     assert key == "releases" and json.loads(value) == pinned and len(pinned) >= 7
     assert listing["outputs"]["releases"] == "${{ steps.list.outputs.releases }}"

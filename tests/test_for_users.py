@@ -97,13 +97,31 @@ def test_readme_s_minimize_walkthrough_runs_as_written(sglang_target, tmp_path):
     assert sum(sum(b["seq_lens"]) for b in small["batches"]) < 9 * 4096 and small["origin"]["effect"] == "overrun"
 
 
-def test_the_missing_sglang_hint_names_only_what_this_installation_has(tmp_path):
-    """From a source checkout: its own installer, by its path. From a wheel (no scripts/ beside the
-    package): a pip line that keeps CUDA torch out, and where the installer lives; never a script the
-    user does not have."""
-    from harness.targets.sglang.loader import INSTALLER, install_hint
-    assert INSTALLER == ROOT / "scripts" / "install_sglang.sh" and INSTALLER.is_file()
-    assert f"bash {INSTALLER}" in install_hint()
-    wheel = install_hint(tmp_path / "scripts" / "install_sglang.sh")
-    assert "pip install --no-deps sglang==0.5.23" in wheel and "bash " not in wheel
-    assert "has no scripts/" in wheel
+def test_the_missing_sglang_hint_names_only_what_this_installation_has():
+    """The hint names a command every installation has (a checkout's scripts/sglang and a wheel's
+    shipped copy are the same installer); only an installation that lost it gets a pip line that
+    keeps CUDA torch out, never a script the user does not have."""
+    from harness.targets.sglang.loader import install_hint, installer
+    assert installer() == ROOT / "scripts" / "sglang" / "install_sglang.sh"
+    assert "`vmfuzz install-sglang`" in install_hint() and "scripts/" not in install_hint()
+    lost = install_hint(None, look=False)
+    assert "pip install --no-deps sglang==0.5.23" in lost and "bash " not in lost and "scripts/" not in lost
+
+
+def test_install_sglang_refuses_an_unknown_release_in_one_line():
+    r = vmfuzz("install-sglang", "--version", "9.9.9", "--check")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "unknown sglang release '9.9.9'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_install_sglang_check_of_another_release_could_not_check():
+    """--check of a release other than the installed one installs nothing and exits 3, saying which."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        have = version("sglang")
+    except PackageNotFoundError:
+        have = None  # the script says "no sglang installed": a failed check all the same
+    other = "0.5.18" if have == "0.5.17" else "0.5.17"
+    r = vmfuzz("install-sglang", "--version", other, "--check")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert (f"not {other}" if have else "no sglang installed") in r.stderr and "the check failed" in r.stderr

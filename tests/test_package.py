@@ -29,7 +29,7 @@ from tests.helpers import ROOT, vmfuzz
 
 VERIFY_MASK = "python/sglang/srt/layers/attention/verify_mask.py"
 #: what pyproject.toml builds the wheel from
-BUILT_FROM = ("pyproject.toml", "README.md", "harness", "strategies", "repro", "known")
+BUILT_FROM = ("pyproject.toml", "README.md", "harness", "strategies", "repro", "known", "scripts")
 
 
 def _checkout_packages() -> set[str]:
@@ -86,7 +86,7 @@ def _clean_env() -> dict:
     return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {"CI": "true"}
 
 
-#: imported by the harness, yet installed apart: the sglang target's (scripts/install_sglang.sh)
+#: imported by the harness, yet installed apart: the sglang target's (vmfuzz install-sglang)
 INSTALLED_APART = {"sglang", "triton"}
 
 
@@ -125,6 +125,26 @@ def test_the_wheel_carries_the_saved_repros_and_known_findings(installed):
     assert {f"{p.replace('.', '/')}/__init__.py" for p in _checkout_packages()} <= names
     # and the JSON Schemas of the files vmfuzz reads and writes (tests/test_schemas.py)
     assert {f"harness/schemas/{p.name}" for p in (ROOT / "harness" / "schemas").glob("*.schema.json")} <= names
+    # and SGLang's installer with every release's pins, which `vmfuzz install-sglang` runs
+    shipped = "harness/shipped/sglang_install"
+    assert f"{shipped}/install_sglang.sh" in names
+    assert {f"{shipped}/pins/{p.name}" for p in (ROOT / "scripts" / "sglang" / "pins").glob("*.txt")} <= names
+
+
+def test_the_installed_wheel_installs_sglang_with_what_it_ships(installed, tmp_path):
+    """From a wheel (no checkout, no scripts/ folder, no .venv): the command finds its shipped
+    installer, which reads its shipped pins (an unknown release is refused naming the known ones,
+    exit 2, before anything is installed), and the missing-SGLang hint names that command."""
+    bin_dir = installed.parents[1] / "venv" / "bin"
+    proc = subprocess.run([str(bin_dir / "vmfuzz"), "install-sglang", "--version", "9.9.9", "--check"], cwd=tmp_path,
+                          env=_clean_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "unknown sglang release '9.9.9' (known: 0.5.17" in proc.stderr, proc.stderr
+    hint = subprocess.run([str(bin_dir / "python"), "-c", "from harness.targets.sglang.loader import install_hint, "
+                           "installer; print(installer()); print(install_hint())"], cwd=tmp_path, env=_clean_env(),
+                          capture_output=True, text=True, check=True).stdout.splitlines()
+    assert Path(hint[0]).is_relative_to(bin_dir.parent) and "shipped/sglang_install" in hint[0], hint
+    assert "`vmfuzz install-sglang`" in hint[1] and "scripts/" not in hint[1]
 
 
 @pytest.mark.slow

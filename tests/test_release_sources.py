@@ -37,7 +37,7 @@ from harness.targets.sglang.allocation import BUILT_BY_INIT, SITES
 from harness.targets.sglang.seams import TranslatesNothing
 from tests.helpers import REQUIRE_SGLANG, ROOT
 
-PINS = ROOT / "scripts" / "sglang-pins"
+PINS = ROOT / "scripts" / "sglang" / "pins"
 RELEASES = sorted((p.stem for p in PINS.glob("[0-9]*.txt")), key=lambda v: tuple(int(x) for x in v.split(".")))
 _ATTN = "sglang/srt/layers/attention/"
 NUMBERS = ServerNumbers(max_bs=4, context_len=64, num_draft_tokens=5, topk=2, spec_steps=3)

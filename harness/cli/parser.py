@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     _arithmetic(sub)
     _merge(sub)
     _compare(sub)
+    _install_sglang(sub)
     return p
 
 
@@ -227,3 +228,17 @@ def _compare(sub) -> None:
     cmp.add_argument("a", metavar="A", help="the earlier run's report directory (holds summary.json)")
     cmp.add_argument("b", metavar="B", help="the later run's report directory")
     _report_dir(cmp)
+
+
+def _install_sglang(sub) -> None:
+    ins = sub.add_parser("install-sglang", help="install SGLang for the sglang target, CPU-only, into this Python",
+                         formatter_class=argparse.RawDescriptionHelpFormatter,
+                         epilog="exit 0: installed (or already there), or --check found it importing;\n"
+                                "exit 2: an unknown release, or --from is no SGLang checkout (one line);\n"
+                                "exit 3: the install or the check failed (its last lines say why)")
+    ins.add_argument("--version", default=None, metavar="V",
+                     help="the SGLang release (default: the newest one vmfuzz has pins for)")
+    ins.add_argument("--from", default=None, metavar="PATH",
+                     help="an SGLang source checkout (PATH/python/sglang/), installed editable")
+    ins.add_argument("--check", action="store_true",
+                     help="install nothing: say whether the installed SGLang imports with every module vmfuzz drives")

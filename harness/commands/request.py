@@ -124,6 +124,13 @@ class CompareRequest(Request, frozen=True, kw_only=True):
     b: Path
 
 
+class InstallRequest(Request, frozen=True, kw_only=True):
+    """``install-sglang``: which release, or which SGLang checkout, and whether only to check."""
+    version: str | None = None
+    source: Path | None = None
+    check: bool = False
+
+
 def _usage(exc: Exception) -> UsageError:
     return UsageError(f"vmfuzz: {exc}")
 
@@ -239,6 +246,8 @@ READERS = {
     "merge": lambda a, r: MergeRequest(command=a.command, report_dir=r, dirs=_paths(a.dirs)),
     "compare": lambda a, r: CompareRequest(command=a.command, report_dir=r, a=_path(a.a), b=_path(a.b)),
     "targets": lambda a, r: Request(command=a.command),
+    "install-sglang": lambda a, r: InstallRequest(command=a.command, version=a.version,
+                                                  source=_path(getattr(a, "from")), check=a.check),
 }
 
 

@@ -29,18 +29,27 @@ from harness.targets.sglang.structs import fields_of
 #: Finding modules drives no verify-mask code by itself (see call_sites, writers, target).
 SURFACE: tuple = ()
 
-#: the installer a vmfuzz source checkout has beside its harness package (a wheel ships none)
-INSTALLER = Path(__file__).resolve().parents[3] / "scripts" / "install_sglang.sh"
+def installer() -> Path | None:
+    """SGLang's installer and its pins wherever vmfuzz runs from: a wheel carries them as
+    ``harness/shipped/sglang_install`` (pyproject.toml maps ``scripts/sglang`` there), a
+    source checkout has them in ``scripts/sglang``. None when this installation lost both."""
+    package = Path(__file__).resolve().parents[2]  # harness/targets/sglang/ -> harness/
+    for place in (package / "shipped" / "sglang_install", package.parent / "scripts" / "sglang"):
+        if (place / "install_sglang.sh").is_file():
+            return place / "install_sglang.sh"
+    return None
 
 
-def install_hint(installer: Path = INSTALLER) -> str:
-    """How to get SGLang for this target, naming only what this installation has."""
-    if installer.is_file():
-        return (f"install it with `bash {installer}` "
-                "(sglang==0.5.23 --no-deps plus its CPU import chain, into vmfuzz's .venv)")
+def install_hint(found: Path | None = None, *, look: bool = True) -> str:
+    """How to get SGLang for this target, naming only what this installation has: the command
+    runs the installer it ships (a wheel has no scripts/ folder to point at)."""
+    if found is None and look:
+        found = installer()
+    if found is not None:
+        return ("install it with `vmfuzz install-sglang` (sglang==0.5.23 --no-deps and its CPU import chain, "
+                "into this Python's environment; --version V for another release)")
     return ("install sglang==0.5.23 with `pip install --no-deps sglang==0.5.23` (its own requirements pull a "
-            "CUDA torch), then the modules its import needs; a vmfuzz source checkout's "
-            "scripts/install_sglang.sh does both (this installation of vmfuzz has no scripts/)")
+            "CUDA torch), then the modules its import needs (this installation of vmfuzz lost its installer)")
 
 
 INSTALL_HINT = install_hint()
