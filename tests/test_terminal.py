@@ -182,16 +182,17 @@ def test_ci_output_has_a_heartbeat_at_least_every_15_seconds_of_silence():
     assert beat.tick(140.0) and len(said) == 2 and said[-1].endswith("40s elapsed")
     # a fixed count (the pr profile): the share of it done, and the ETA that gives
     from harness.report.progress import FixedCount
-    count = FixedCount(12, 30)
+    count = FixedCount(12, 30, clock=lambda: 0.0)
     fixed = Heartbeat(said.append, fixed=count, clock=lambda: 0.0)
     count.searching(["a", "b", "c"])
     for _ in range(30):  # a shared run of three: 90 of the 360 property-examples
         count.example()
         fixed.examples += 1
+    # the rest at this search's measured rate (1 s per three property-examples)
     assert fixed.line(30.0).endswith("30 examples, 25% of the fixed count, ETA 1m30s, 30s elapsed")
-    for _ in range(20):  # its boundary cases on top of its count: never past its slots
+    for _ in range(20):  # its boundary cases on top of its count: counted, the total stretched
         count.example()
-    assert count.done == 90
+    assert count.done == 150 and count.total == 420
 
 
 def test_a_stepped_nightly_under_ci_tells_the_heartbeat_its_step_and_property(monkeypatch, tmp_path):
@@ -239,12 +240,12 @@ def test_the_fixed_count_bar_counts_a_shared_runs_example_once_per_property_it_j
         for _ in range(5):
             bar.example()
         assert bar.bar.tasks[0].total == 70 and bar.bar.tasks[0].completed == 30  # half of six slots
-        for _ in range(6):
+        for _ in range(6):  # they ended early (a finding): the plan takes what they ran
             bar.advance()
-        assert bar.bar.tasks[0].completed == 60
+        assert bar.bar.tasks[0].completed == 30 and bar.bar.tasks[0].total == 40
         bar.searching(["routing"])
         bar.example()
-        assert bar.bar.tasks[0].completed == 61
+        assert bar.bar.tasks[0].completed == 31
     finally:
         bar.close()
 
@@ -277,3 +278,43 @@ def test_at_a_terminal_the_wait_for_sglang_s_import_is_said_first(sglang_target,
     lines = out.decode(errors="replace").splitlines()
     assert lines[0].startswith("vmfuzz: importing SGLang"), lines[:3]
     assert lines[1].startswith("vmfuzz run: target sglang"), lines[:3]
+
+
+def test_the_fixed_count_ends_on_the_summary_s_total_and_its_eta_is_measured_per_property():
+    """The bar counts what the summary counts: boundary cases on top of a property's count, a
+    property cut short by a finding, one never driven. The ETA is the running property's own rate
+    for its rest and the finished ones' mean for those not begun; none before any rate exists."""
+    from harness.report.progress import FixedCount
+    now = [0.0]
+    count = FixedCount(4, 10, clock=lambda: now[0])
+    assert count.eta() is None  # nothing measured: no guess from the cap
+    count.searching(["slow"])
+    for _ in range(12):  # ten searched, two boundary cases: 1 s each
+        now[0] += 1.0
+        count.example()
+    assert (count.done, count.total) == (12, 42)
+    count.advance()
+    count.searching(["fast"])
+    for _ in range(5):  # 0.1 s each: its own rate for its five left, the mean for the two not begun
+        now[0] += 0.1
+        count.example()
+    assert count.eta() == pytest.approx(5 * 0.1 + 20 * 1.0)
+    count.advance()  # a finding ended it at five
+    count.searching(["found"])
+    count.advance()  # not driven: ran nothing
+    count.searching(["last"])
+    for _ in range(10):
+        now[0] += 0.5
+        count.example()
+    count.advance()
+    summary_examples = 12 + 5 + 0 + 10
+    assert count.done == count.total == summary_examples
+
+
+def test_a_pool_s_results_fill_the_fixed_count_with_what_they_ran():
+    """Workers report results, never single examples: each result's count is what the bar takes."""
+    from harness.report.progress import FixedCount
+    count = FixedCount(3, 10, clock=lambda: 0.0)
+    for ran in (12, 4, 0):
+        count.advance(examples=ran)
+    assert count.done == count.total == 16

@@ -36,28 +36,68 @@ def _clock(seconds: float) -> str:
 
 
 class FixedCount:
-    """Examples done of a fixed count (the pr profile): ``slots`` properties of ``per_slot`` each.
-    A shared run's example is one example of each property it judges; a slot never counts past its
-    size (a property's fixed boundary cases come on top of its ``per_slot``), and a property that
-    ends early (a finding) fills its slot."""
+    """Examples done of a fixed count (the pr profile), counted as the summary counts them.
 
-    def __init__(self, slots: int, per_slot: int):
-        self.total, self.per_slot = slots * per_slot, per_slot
-        self.slot_start, self.in_slot, self.weight = 0, 0, 1
+    ``slots`` properties of ``per_slot`` examples each is the plan. A shared run's example is one
+    example of each property it judges; a property's fixed boundary cases are examples too, so the
+    bar ends where the summary's total is. The plan is corrected as each property finishes: its
+    boundary cases come on top of its ``per_slot``, and one that ends early (a finding, not driven)
+    ran fewer. ``clock`` is injectable for tests."""
+
+    def __init__(self, slots: int, per_slot: int, clock=time.monotonic):
+        self.planned, self.per_slot, self.clock = slots * per_slot, per_slot, clock
+        self.finished, self.in_slot, self.weight = 0, 0, 1
+        self.slot_began: float | None = None
+        #: examples are said one by one (an in-process search); a pool's workers only report results
+        self.live = False
+        #: seconds per example of each finished search (a shared run is one), the ETA's measure
+        self.rates: list[float] = []
 
     @property
     def done(self) -> int:
-        return self.slot_start + self.in_slot
+        return self.finished + self.in_slot
+
+    @property
+    def total(self) -> int:
+        # a slot past its plan (its boundary cases) stretches the total rather than overfill the bar
+        return self.planned + max(0, self.in_slot - self.weight * self.per_slot)
 
     def searching(self, names: list[str]) -> None:
         self.weight = len(names)
+        self.slot_began = self.clock()
 
     def example(self) -> None:
-        self.in_slot = min(self.in_slot + self.weight, self.per_slot * self.weight)
+        if self.slot_began is None:
+            self.slot_began = self.clock()
+        self.in_slot += self.weight
+        self.live = True
 
-    def advance(self, n: int = 1) -> None:
-        self.slot_start += n * self.per_slot
-        self.in_slot = max(0, self.in_slot - n * self.per_slot)
+    def advance(self, n: int = 1, examples: int = 0) -> None:
+        """``n`` properties finished: the plan takes what they ran instead of what was planned.
+        ``examples``: what they ran, taken only where no example was said live (a pool's results)."""
+        if not self.live:
+            self.in_slot += examples
+        if self.in_slot and self.slot_began is not None:
+            self.rates.append((self.clock() - self.slot_began) / self.in_slot)
+        self.planned += self.in_slot - n * self.per_slot
+        self.finished += self.in_slot
+        self.in_slot, self.slot_began = 0, None
+
+    def eta(self, now: float | None = None) -> float | None:
+        """Seconds left, from measured rates: the running search's own rate for the rest of its slots,
+        the finished searches' mean for the properties not begun. None until one rate is measured
+        (a guess from the cap would be no measure at all)."""
+        now = self.clock() if now is None else now
+        current = None
+        if self.in_slot and self.slot_began is not None:
+            current = (now - self.slot_began) / self.in_slot
+        known = self.rates or ([current] if current is not None else [])
+        if not known:
+            return None
+        mean = sum(known) / len(known)
+        in_slot_left = max(0, self.weight * self.per_slot - self.in_slot)
+        later = max(0, self.planned - self.finished - max(self.in_slot, self.weight * self.per_slot))
+        return in_slot_left * (current if current is not None else mean) + later * mean
 
 
 class Heartbeat:
@@ -84,8 +124,9 @@ class Heartbeat:
         if self.fixed is not None and self.fixed.total:
             part, total = self.fixed.done, self.fixed.total
             done += f", {100 * part // total}% of the fixed count"
-            if 0 < part < total:  # what is left of the fixed count, at the rate so far
-                done += f", ETA {_clock(elapsed * (total - part) / part)}"
+            left = self.fixed.eta(now)
+            if left is not None and part < total:  # at the rates measured so far
+                done += f", ETA {_clock(left)}"
         elif self.budget is not None:
             done += f", budget left {_clock(budget_left(self.budget, self.started, now))}"
         return f"  heartbeat: {', '.join(parts + [done])}, {_clock(elapsed)} elapsed"
@@ -151,10 +192,10 @@ class LineProgress:
         if self.count is not None:
             self.count.example()
 
-    def advance(self, n: int = 1) -> None:
+    def advance(self, n: int = 1, examples: int = 0) -> None:
         self.done += n
         if self.count is not None:
-            self.count.advance(n)
+            self.count.advance(n, examples)
 
     def failed(self) -> None:
         pass
@@ -175,14 +216,14 @@ class BarProgress:
 
     def __init__(self, slots: int, label: str, per_slot: int = 1, budget: float | None = None):
         from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
         self.console = Console()
         self.count = FixedCount(slots, per_slot)
         self.budget, self.started, self.examples = budget, time.monotonic(), 0
         self.bar_column = BarColumn(complete_style="green", finished_style="green")
         if budget is None:
             columns = (TextColumn("{task.completed:,.0f}/{task.total:,.0f} examples"), TimeElapsedColumn(),
-                       TextColumn("ETA"), TimeRemainingColumn())
+                       _MeasuredLeft(self.count))
         else:
             columns = (TextColumn("{task.fields[examples]:,} examples"), TimeElapsedColumn(),
                        _BudgetLeft(self))
@@ -212,15 +253,15 @@ class BarProgress:
             self._tick()
         else:
             self.count.example()
-            self.bar.update(self.task, completed=self.count.done)
+            self.bar.update(self.task, completed=self.count.done, total=self.count.total)
 
-    def advance(self, n: int = 1) -> None:
-        """``n`` properties finished: their slots full, whatever they counted."""
+    def advance(self, n: int = 1, examples: int = 0) -> None:
+        """``n`` properties finished, having run ``examples`` (see ``FixedCount.advance``)."""
         if self.budget is not None:
             self._tick()
             return
-        self.count.advance(n)
-        self.bar.update(self.task, completed=self.count.done)
+        self.count.advance(n, examples)
+        self.bar.update(self.task, completed=self.count.done, total=self.count.total)
 
     def failed(self) -> None:
         """A finding: the bar turns red for the rest of the run."""
@@ -244,6 +285,22 @@ def _BudgetLeft(owner: BarProgress):
             return Text(f"ETA {dt.timedelta(seconds=round(left))} (budget)", style="progress.remaining")
 
     return BudgetLeft()
+
+
+def _MeasuredLeft(count: FixedCount):
+    """The ETA column of a fixed count: ``FixedCount.eta``, blank until a rate is measured."""
+    import datetime as dt
+
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class MeasuredLeft(ProgressColumn):
+        def render(self, task):
+            left = count.eta()
+            shown = "-:--:--" if left is None else str(dt.timedelta(seconds=round(left)))
+            return Text(f"ETA {shown}", style="progress.remaining")
+
+    return MeasuredLeft()
 
 
 def progress(slots: int, label: str, per_slot: int = 1, budget: float | None = None):

@@ -257,7 +257,7 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
             show(res, ui.log)
             if res.findings:
                 ui.failed()
-            ui.advance()
+            ui.advance(examples=res.examples)
             outcome.results.append(res)
 
         names = list(plan.properties)
