@@ -114,6 +114,27 @@ def test_install_sglang_refuses_an_unknown_release_in_one_line():
     assert "unknown sglang release '9.9.9'" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_install_sglang_maps_the_installers_exit_to_the_contract(capfd):
+    """In this process (the command's own code, not only its subprocess): the installer's usage
+    error stays 2, its failed check becomes 3 with a line that says so."""
+    from harness.commands.install_sglang import run
+    from harness.commands.request import InstallRequest
+    assert run(InstallRequest(command="install-sglang", version="9.9.9", check=True)) == 2
+    assert "unknown sglang release '9.9.9'" in capfd.readouterr().err
+    assert run(InstallRequest(command="install-sglang", version="0.0.1", check=True)) == 2
+    other = "0.5.18" if _installed_sglang() == "0.5.17" else "0.5.17"
+    assert run(InstallRequest(command="install-sglang", version=other, check=True)) == 3
+    assert "vmfuzz install-sglang: the check failed (installer exit" in capfd.readouterr().err
+
+
+def _installed_sglang() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        return None
+
+
 def test_install_sglang_check_of_another_release_could_not_check():
     """--check of a release other than the installed one installs nothing and exits 3, saying which."""
     from importlib.metadata import PackageNotFoundError, version
