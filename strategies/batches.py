@@ -8,9 +8,10 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from harness.model.config import Batch, Config
+from harness.model.trees import deepest
 from strategies._cached import BOOLEANS
 from strategies._validate import check_int
-from strategies.trees import deepest, draft_trees
+from strategies.trees import draft_trees
 
 
 def _check_config(config) -> Config:

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from harness.model.config import DraftTree, num_candidates
-from harness.model.trees import draft
+from harness.model.trees import deepest, draft
 from strategies._validate import check_int
 
 
@@ -54,11 +54,3 @@ def _draft_trees(topk: int, spec_steps: int, num_draft_tokens: int, adversarial:
     # has room): random costs spread the selection over the shallow levels, so
     # the last level -- the walk's bound -- is rarely reached otherwise.
     return st.one_of(drawn, st.just(deepest(topk, spec_steps, num_draft_tokens)))
-
-
-@lru_cache(maxsize=512)
-def deepest(topk: int, spec_steps: int, num_draft_tokens: int) -> DraftTree:
-    """Each kept node's first child free, every other child dear: a chain is selected first."""
-    costs = [0 if i < topk and i == 0 or i >= topk and (i - topk) % topk == 0 else 3
-             for i in range(num_candidates(topk, spec_steps))]
-    return draft(topk, spec_steps, num_draft_tokens, costs)

@@ -10,7 +10,7 @@ from harness.model.config import Batch, Config
 from harness.model.layouts import TreeMaskMode
 from harness.properties import PropertyFailure
 from harness.targets import resolve
-from strategies.trees import deepest
+from harness.model.trees import deepest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import bench  # noqa: E402

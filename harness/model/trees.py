@@ -54,6 +54,15 @@ def draft(topk: int, spec_steps: int, num_draft_tokens: int,
     return DraftTree(tuple(sorted(chosen)), tuple(parent_list))
 
 
+
+@lru_cache(maxsize=512)
+def deepest(topk: int, spec_steps: int, num_draft_tokens: int) -> DraftTree:
+    """Each kept node's first child free, every other child dear: a chain is selected first."""
+    costs = [0 if i < topk and i == 0 or i >= topk and (i - topk) % topk == 0 else 3
+             for i in range(num_candidates(topk, spec_steps))]
+    return draft(topk, spec_steps, num_draft_tokens, costs)
+
+
 @lru_cache(maxsize=256)
 def simplest(topk: int, spec_steps: int, num_draft_tokens: int) -> DraftTree:
     """The tree a hand-written repro gets: unit costs, no ties, breadth-first."""

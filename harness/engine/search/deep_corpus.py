@@ -24,7 +24,7 @@ from harness.model.config import Batch, Config, ConfigError, num_candidates, sit
 from harness.model.layouts import TreeMaskMode
 from harness.model.shapes import ShapeConstants, model_constants
 from harness.properties import Property
-from strategies.trees import deepest
+from harness.model.trees import deepest
 
 #: (label, config, steps): what the summary names and what the property runs
 DeepCase = tuple[str, Config, list[Batch]]
