@@ -8,6 +8,7 @@ from harness.model.bounds import Bounds
 from harness.cli import main
 from harness.engine.campaign.profiles import PROFILES
 from harness.engine.campaign.session import RunPlan, execute
+from harness.report.progress import progress
 from harness.targets import resolve
 
 
@@ -46,7 +47,7 @@ def test_a_widening_run_searches_each_step_and_reports_the_widest_reached(tmp_pa
     plan = RunPlan(target="reference", profile=PROFILES["dev"], seed=5, max_examples=30, time_budget=None,
                    report_dir=tmp_path, properties=["capacity-liveness", "reference-agreement"],
                    bounds_steps=(small, wide))
-    outcome = execute(plan, resolve("reference"), lambda res, log: None)
+    outcome = execute(plan, resolve("reference"), lambda res, log: None, progress(2, "reference"))
     assert [b["max_bs"] for b in outcome.bounds_used] == [1, 6]
     [liveness, agreement] = outcome.results
     assert liveness.examples >= 60 and liveness.rounds == 2

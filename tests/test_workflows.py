@@ -170,13 +170,13 @@ def test_plain_repro_file_keeps_the_documented_keys_and_fault_round_trips(tmp_pa
 
 
 def test_pr_replays_saved_repros_and_expects_them_to_hold_on_the_fixed_target(tmp_path):
-    from harness.engine.regression.regressions import replay_saved, saved_repros
+    from harness.engine.regression.regressions import read_saved, replay_saved, saved_repros
     from harness.targets import resolve
 
     root = tmp_path / "repro"
     config = Config(TreeMaskMode.FULL_MASK, 1, 0, 2, 1, 1)
     dump(from_case("reference+pr33127", "no-oob-write", config, [Batch((0, 0))]), root / "pr33127" / "case.json")
-    paths = saved_repros([root])
+    paths = read_saved(saved_repros([root]))
     [fixed] = replay_saved(paths, resolve("reference"), source="saved", findings_dir=tmp_path / "f")
     assert fixed.status == "held" and fixed.teeth is True and fixed.finding is None
     [broken] = replay_saved(paths, resolve("reference+fits-off-by-one"), source="saved",

@@ -11,8 +11,6 @@ import os
 import sys
 from pathlib import Path
 
-import msgspec
-
 from harness.model.errors import UsageError
 from harness.model.validate import LimitError, usable_dir
 
@@ -122,86 +120,6 @@ def usable(path: Path, what: str) -> Path:
         return usable_dir(path, what)
     except LimitError as exc:
         raise UsageError(f"vmfuzz: {exc}") from None
-
-
-class Places(msgspec.Struct, frozen=True, kw_only=True):
-    """The places a run reads and writes, from its request: checked before the search (``check_places``)."""
-    report_dir: Path
-    db_folder: Path
-    repros: tuple[Path, ...] = ()
-    known: tuple[Path, ...] = ()
-    #: where saved repros come from: ``--repro-root`` or the ones vmfuzz ships, then each
-    #: ``--repros DIR``; never the working directory: in CI that is the checkout under review
-    repro_roots: tuple[Path, ...] = ()
-    #: where known findings come from: the ones vmfuzz ships, then each ``--known DIR``
-    known_roots: tuple[Path, ...] = ()
-
-    @classmethod
-    def of(cls, request) -> Places:
-        from harness.engine.regression.known import default_known_root
-        from harness.engine.regression.regressions import default_repro_root
-        return cls(report_dir=request.report_dir, db_folder=request.db_folder, repros=request.repros,
-                   known=request.known, repro_roots=(request.repro_root or default_repro_root(), *request.repros),
-                   known_roots=(default_known_root(), *request.known))
-
-
-def check_places(places: Places, profile) -> Path:
-    """The report directory, the database, the saved repros and the known findings, checked
-    before the search; returns the report directory, claimed.
-
-    A finding must never be lost to an output place that was broken from the
-    start, and a gate must never pass over a saved repro it cannot read.
-    """
-    report_dir = claimed_report_dir(places.report_dir)
-    if profile.database == "write" or profile.replay_last_failures:
-        usable(places.db_folder, "--db")
-        if profile.replay_last_failures:
-            usable(places.db_folder / "last-failures", "--db's last-failures")
-    for option, folder in [("--repros", d) for d in places.repros] + [("--known", d) for d in places.known]:
-        # A folder CI names that is not there is a guard that silently went missing.
-        if not folder.is_dir():
-            raise UsageError(f"vmfuzz: {option} {folder}: not a directory")
-    if profile.replay_repros:
-        for root in places.repro_roots:
-            check_saved_repros(root)
-    from harness.engine.regression.known import entries
-    entries(*places.known_roots)  # an unreadable entry is one line now, not a stop mid-run
-    return report_dir
-
-
-def check_shared_db(value: str, profile) -> str | None:
-    """``--db redis://...`` reachable before the search (one line, exit 2); None for a folder."""
-    from harness.engine.search.database import SharedDatabaseError, redis_database, shared_url
-    url = shared_url(value)
-    if url and profile.database != "none":
-        try:
-            redis_database(url)
-        except SharedDatabaseError as exc:
-            raise UsageError(f"vmfuzz: {exc}") from None
-    return url
-
-
-def check_saved_repros(root: Path) -> None:
-    from harness.engine.regression.regressions import saved_repros
-    from harness.engine.regression.replay import FAULTS, properties_for
-    from harness.model.repro_file import ReproError, load
-    from harness.properties import named
-    if root.exists() and not root.is_dir():
-        raise UsageError(f"vmfuzz: repro root {root} is not a directory")
-    for path in saved_repros([root]):
-        try:
-            repro = load(path)
-            if repro.fault is not None and repro.fault not in FAULTS:
-                raise ReproError(f"unknown fault {repro.fault!r}")
-            try:
-                named(repro.property)  # a saved repro names the one property it guards
-            except ValueError as exc:
-                raise ReproError(str(exc)) from None
-            properties_for(repro)  # one that does not apply to the config would judge nothing
-        except ReproError as exc:
-            msg = str(exc)
-            raise UsageError(f"vmfuzz: saved repro {path} cannot be replayed: "
-                             + (msg if str(path) not in msg else msg.split(": ", 1)[-1])) from None
 
 
 def claimed_report_dir(report_dir: Path) -> Path:

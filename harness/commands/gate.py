@@ -14,7 +14,8 @@ from pathlib import Path
 
 from harness.commands.common import import_finding, sglang_checkout_at, write_command_report
 from harness.commands.request import RunRequest
-from harness.commands.run import execute_and_report, plan
+from harness.commands.planning import plan
+from harness.commands.run import execute_and_report
 from harness.model.errors import EXIT_OK, UsageError
 
 

@@ -1,22 +1,19 @@
 """``vmfuzz run``: search every property for a counterexample, then report.
 
-``plan`` and ``execute_and_report`` are shared with ``gate``, which is a run
-under the pr profile, taken only when the change touches mask code.
+``execute_and_report`` is shared with ``gate``, which is a run under the pr
+profile, taken only when the change touches mask code; both make their plan with
+``harness.commands.planning.plan``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import random
 import sys
 from functools import partial
 from pathlib import Path
 
-from harness.commands.common import (Places, check_device, check_places, check_shared_db, isolated, resolve_target,
-                                     write_reports_somewhere)
+from harness.commands.common import write_reports_somewhere
+from harness.commands.planning import plan
 from harness.commands.request import RunRequest
-from harness.engine.campaign.profiles import PROFILES
-from harness.model.bounds import Bounds
 from harness.model.errors import (EXIT_COULD_NOT_CHECK, EXIT_FINDING, EXIT_OK, EXIT_OUT_OF_STEP,
                                   UsageError, out_of_step_line)
 from harness.report.terminal import classes_line, paint, plural
@@ -30,55 +27,6 @@ def run(request: RunRequest) -> int:
     except ImportRaised as exc:  # the code under test does not load: that is the finding
         return import_finding(exc, request.command, request.target, request.report_dir)
     return execute_and_report(plan_, target, verbose=request.verbose)
-
-
-def plan(request: RunRequest):
-    """What run and gate share: the request's plan, and its target."""
-    from harness.model.deployment_file import DeploymentError, load
-    from harness.engine.campaign.session import RunPlan
-
-    profile = PROFILES[request.profile]
-    if request.shard is not None and request.shard[0] > 1:
-        # saved repros and last failures are shard 1's: every shard replaying them would report each N times
-        profile = dataclasses.replace(profile, replay_repros=False, replay_last_failures=False)
-    deployment = None
-    if request.deployment:
-        try:
-            deployment = load(request.deployment)
-        except DeploymentError as exc:
-            raise UsageError(f"vmfuzz: {exc}") from None
-    check_device(request.device)
-    target = resolve_target(request.target)
-    seed = request.seed
-    if seed is None:
-        seed = profile.fixed_seed if profile.fixed_seed is not None else random.SystemRandom().randrange(2**31)
-    # A slow target (sglang runs its kernel in the Triton interpreter) carries
-    # its own example budget per profile and size ceiling.
-    own_budget = getattr(target, "budget", {}).get(profile.name)
-    places = Places.of(request)
-    report_dir = check_places(places, profile)
-    db_url = check_shared_db(request.db, profile)
-    run_plan = RunPlan(target=request.target, profile=profile, seed=seed,
-                       max_examples=request.max_examples or min(profile.max_examples, own_budget or profile.max_examples),
-                       time_budget=request.time_budget if request.time_budget is not None else profile.time_budget,
-                       report_dir=report_dir, properties=list(request.properties), workers=request.workers,
-                       device=request.device, db_dir=request.db_folder, db_url=db_url,
-                       shard=f"{request.shard[0]}/{request.shard[1]}" if request.shard else None,
-                       isolate=isolated(request.isolate, request.target),
-                       # Production shapes in the Triton interpreter take tens of seconds a
-                       # case: a slow target names its own limit per profile.
-                       example_timeout=request.example_timeout
-                       or getattr(target, "example_timeout", {}).get(profile.name) or 30.0,
-                       deployment=deployment, command=request.command,
-                       repro_roots=places.repro_roots, known_roots=places.known_roots,
-                       fail_on_known=request.fail_on_known,
-                       bounds=getattr(target, "bounds", None) or Bounds(), share=request.share)
-    if request.bounds is not None:
-        run_plan.bounds = request.bounds.over(run_plan.bounds)
-    else:
-        # A slow target widens its bounds step by step where the profile's budget allows.
-        run_plan.bounds_steps = tuple(getattr(target, "bounds_ladder", {}).get(profile.name, ()))
-    return run_plan, target
 
 
 def show_result(res, log, *, verbose: bool = False) -> None:
@@ -113,6 +61,7 @@ def show_result(res, log, *, verbose: bool = False) -> None:
 def execute_and_report(plan_, target, gate=None, *, verbose: bool = False) -> int:
     """``gate(outcome) -> dict``: the gate's coverage, computed from what ran, for the reports."""
     from harness.engine.campaign.session import execute
+    from harness.report.progress import progress
     from harness.report.summary import write_reports
     from harness.report.terminal import gate_line
 
@@ -122,7 +71,10 @@ def execute_and_report(plan_, target, gate=None, *, verbose: bool = False) -> in
              if plan_.profile.rounds and plan_.time_budget else f"{plural(plan_.max_examples, 'example')} per property")
     print(f"vmfuzz {plan_.command}: target {target.name}, seed {plan_.seed}, profile {plan_.profile.name}, "
           f"{count}{budget}, {plural(plan_.workers, 'worker')}{', isolated' if plan_.isolate else ''}", flush=True)
-    outcome = execute(plan_, target, partial(show_result, verbose=verbose))
+    # made here, beside the lines it interleaves with, and handed down: the engine draws no screen of its own
+    ui = progress(len(plan_.properties), f"{target.name} ({plan_.profile.name})", per_slot=plan_.max_examples,
+                  budget=plan_.time_budget if plan_.profile.rounds else None)
+    outcome = execute(plan_, target, partial(show_result, verbose=verbose), ui)
     from harness.engine.search.deep_corpus import constants_of
     outcome.shape_constants = constants_of(target).source
     if gate is not None:

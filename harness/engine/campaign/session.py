@@ -39,10 +39,13 @@ class RunPlan:
     isolate: bool = False
     example_timeout: float = 30.0
     deployment: object = None  # harness.engine.search.deployment.Deployment
-    #: the folders saved repros and known findings are read from: the ones vmfuzz ships and
-    #: those the command line names, never the working directory (the code under review)
-    repro_roots: tuple[Path, ...] = ()
-    known_roots: tuple[Path, ...] = ()
+    #: the saved repros to replay first (harness.engine.regression.regressions.Saved) and the known
+    #: findings, (path, entry), as the plan read them: from the folders vmfuzz ships and those the
+    #: command line names, never the working directory (the code under review)
+    saved: tuple = ()
+    known: tuple = ()
+    #: what the plan could not do that is no finding (no saved repro to replay), said before any work
+    warnings: tuple[str, ...] = ()
     command: str = "run"
     bounds: Bounds = field(default_factory=Bounds)
     #: widening bounds searched in turn, each with an equal share of what is left
@@ -161,9 +164,9 @@ def _pool_search(plan: RunPlan, name: str, share: float | None, end: float | Non
 
 def _replays(plan: RunPlan, target, ui, out: list) -> list:
     """Fills ``out`` (the outcome's list) as replays finish: an interrupt keeps what ran."""
-    from harness.engine.regression.regressions import replay_saved, saved_repros
+    from harness.engine.regression.regressions import read_saved, replay_saved
     if plan.profile.replay_repros:
-        replay_saved(saved_repros(list(plan.repro_roots)), target, source="saved",
+        replay_saved(list(plan.saved), target, source="saved",
                      findings_dir=plan.findings_dir, device=plan.device, isolate=plan.isolate,
                      timeout=plan.example_timeout, out=out)
     if plan.profile.replay_last_failures:
@@ -173,7 +176,7 @@ def _replays(plan: RunPlan, target, ui, out: list) -> list:
         # Always in a watched worker: last night's case may be the one that hung.
         last_out: list = []
         try:
-            replay_saved(last, target, source="last run", findings_dir=plan.findings_dir,
+            replay_saved(read_saved(last), target, source="last run", findings_dir=plan.findings_dir,
                          device=plan.device, isolate=True, timeout=plan.example_timeout,
                          check_teeth=False, out=last_out)
         finally:
@@ -186,14 +189,6 @@ def _replays(plan: RunPlan, target, ui, out: list) -> list:
     return out
 
 
-def _warn_no_saved(plan: RunPlan, outcome: RunOutcome) -> None:
-    from harness.engine.regression.regressions import no_saved_repros
-    warning = no_saved_repros(list(plan.repro_roots)) if plan.profile.replay_repros else None
-    if warning:
-        outcome.warnings.append(warning)
-        print(f"vmfuzz: warning: {warning}", file=sys.stderr, flush=True)
-
-
 def _warn(outcome: RunOutcome, warnings: list[str]) -> None:
     for w in warnings:
         if w not in outcome.warnings:
@@ -202,16 +197,16 @@ def _warn(outcome: RunOutcome, warnings: list[str]) -> None:
 
 
 def _attach_known(plan: RunPlan, target) -> list:
-    from harness.engine.regression.known import applicable, attach, entries
-    found = applicable(entries(*plan.known_roots), dict(target.versions()))
+    from harness.engine.regression.known import applicable, attach
+    found = applicable(list(plan.known), dict(target.versions()))
     attach(target, found)
     return found
 
 
 def _known(plan: RunPlan, target, ui, out: list) -> None:
     """Known findings that apply to this SGLang: replayed plainly first, then attached for the search."""
-    from harness.engine.regression.known import applicable, entries, replay_known
-    found = [(p, k) for p, k in applicable(entries(*plan.known_roots), dict(target.versions()))
+    from harness.engine.regression.known import applicable, replay_known
+    found = [(p, k) for p, k in applicable(list(plan.known), dict(target.versions()))
              if k.repro.property in plan.properties]
     out += replay_known(found, target, findings_dir=plan.findings_dir,
                         device=plan.device, isolate=plan.isolate, timeout=plan.example_timeout)
@@ -230,10 +225,9 @@ def _keep_failures(plan: RunPlan, outcome: RunOutcome) -> None:
     keep_failures(plan.db_dir, outcome, print)
 
 
-def execute(plan: RunPlan, target, show) -> RunOutcome:
-    """``show(result)`` prints one property's result; returns everything for the reports."""
-    from harness.report.progress import progress
-
+def execute(plan: RunPlan, target, show, ui) -> RunOutcome:
+    """``show(result)`` prints one property's result, ``ui`` the progress (the caller's, closed here when the
+    search ends); returns everything for the reports."""
     t0 = time.monotonic()
     from harness import __version__
     from harness.engine.search.database import lost_shared_database, note_lost, start_afresh
@@ -241,10 +235,8 @@ def execute(plan: RunPlan, target, show) -> RunOutcome:
     # vmfuzz's own version on every target's record: vmfuzz merge refuses shards of two harnesses
     outcome = RunOutcome(plan, target.name, {**target.versions(), "vmfuzz": __version__},
                          dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
-    ui = progress(len(plan.properties), f"{target.name} ({plan.profile.name})", per_slot=plan.max_examples,
-                  budget=plan.time_budget if plan.profile.rounds else None)
     try:
-        _warn_no_saved(plan, outcome)
+        _warn(outcome, list(plan.warnings))
         _replays(plan, target, ui, outcome.replays)
         _known(plan, target, ui, outcome.known)
         outcome.replay_seconds = time.monotonic() - t0

@@ -18,7 +18,7 @@ from harness.model.origin import Origin
 from harness.engine.core.isolation import TargetFault
 from harness.model.errors import OutOfStep
 from harness.properties import PropertyFailure
-from harness.model.repro_file import ReproError, dump, load, to_case
+from harness.model.repro_file import Repro, ReproError, dump, load, to_case
 
 
 @dataclass
@@ -102,17 +102,38 @@ def outcome_of(repro, target, device: str, isolate: bool, timeout: float) -> Out
     return Outcome("held")
 
 
-def replay_saved(paths: list[Path], target, *, source: str, findings_dir: Path, device: str = "cpu",
+@dataclass(frozen=True)
+class Saved:
+    """A saved repro as read before its replay: the repro, or why it could not be read."""
+    path: Path
+    repro: Repro | None = None
+    error: str = ""
+
+
+def read_saved(paths: list[Path]) -> list[Saved]:
+    """Each file read once, up front: the plan carries them down to the replay, which reads nothing."""
+    out = []
+    for path in paths:
+        try:
+            out.append(Saved(path, load(path)))
+        except ReproError as exc:
+            out.append(Saved(path, error=str(exc)))
+    return out
+
+
+def replay_saved(saved: list[Saved], target, *, source: str, findings_dir: Path, device: str = "cpu",
                  isolate: bool = False, timeout: float = 30.0, check_teeth: bool = True,
                  out: list | None = None) -> list[ReplayOutcome]:
     """``out`` (default a new list) gets each outcome as it is known: an interrupt keeps those."""
     from harness.targets import TargetUnavailable, resolve
 
     out = [] if out is None else out
-    for path in paths:
+    for s in saved:
+        path, repro = s.path, s.repro
         o = ReplayOutcome(path, source)
         try:
-            repro = load(path)
+            if repro is None:
+                raise ReproError(s.error)
             o.property, o.recorded_target = repro.property, repro.target
             got = outcome_of(repro, target, device, isolate or bool(repro.fault), timeout)
             o.status, o.detail, o.fault, o.origin = got.status, got.detail, got.fault, got.origin

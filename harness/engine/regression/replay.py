@@ -28,6 +28,18 @@ def properties_for(repro: Repro, only: str | None = None) -> list[Property]:
     return [p for p in PROPERTIES.values() if p.applies(config)]
 
 
+def replayable(repro: Repro) -> None:
+    """A ``ReproError`` for a saved repro no replay could judge: an unknown fault, no property
+    (a saved repro names the one it guards), or one that does not apply to its config."""
+    if repro.fault is not None and repro.fault not in FAULTS:
+        raise ReproError(f"unknown fault {repro.fault!r}")
+    try:
+        named(repro.property)
+    except ValueError as exc:
+        raise ReproError(str(exc)) from None
+    properties_for(repro)  # one that does not apply to the config would judge nothing
+
+
 def _shape_of(prop: Property) -> str:
     """The configs ``prop`` judges, in a person's words."""
     need = ["num_draft_tokens 1" if prop.trivial else "num_draft_tokens >= 2"]

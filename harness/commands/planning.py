@@ -1,0 +1,153 @@
+"""``run`` and ``gate``'s request turned into a plan, before any work.
+
+Everything the engine needs from outside itself is read and checked here, once:
+the deployment file, the target, the report folder (claimed), the database, the
+saved repros and the known findings. The plan carries what was read down to the
+engine (the repros themselves, not the folders to read them from again), so the
+engine runs on typed values and never calls back up for a path, a check or a
+warning; a bad input is one ``UsageError`` line (exit 2) before the search.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+import msgspec
+
+from harness.commands.common import check_device, claimed_report_dir, isolated, resolve_target, usable
+from harness.commands.request import RunRequest
+from harness.engine.campaign.profiles import PROFILES
+from harness.engine.campaign.session import RunPlan
+from harness.model.bounds import Bounds
+from harness.model.errors import UsageError
+
+
+class Places(msgspec.Struct, frozen=True, kw_only=True):
+    """The places a run reads and writes, from its request: checked before the search (``check_places``)."""
+    report_dir: Path
+    db_folder: Path
+    repros: tuple[Path, ...] = ()
+    known: tuple[Path, ...] = ()
+    #: where saved repros come from: ``--repro-root`` or the ones vmfuzz ships, then each
+    #: ``--repros DIR``; never the working directory: in CI that is the checkout under review
+    repro_roots: tuple[Path, ...] = ()
+    #: where known findings come from: the ones vmfuzz ships, then each ``--known DIR``
+    known_roots: tuple[Path, ...] = ()
+
+    @classmethod
+    def of(cls, request) -> Places:
+        from harness.engine.regression.known import default_known_root
+        from harness.engine.regression.regressions import default_repro_root
+        return cls(report_dir=request.report_dir, db_folder=request.db_folder, repros=request.repros,
+                   known=request.known, repro_roots=(request.repro_root or default_repro_root(), *request.repros),
+                   known_roots=(default_known_root(), *request.known))
+
+
+def plan(request: RunRequest):
+    """What run and gate share: the request's plan, and its target."""
+    profile = PROFILES[request.profile]
+    if request.shard is not None and request.shard[0] > 1:
+        # saved repros and last failures are shard 1's: every shard replaying them would report each N times
+        profile = dataclasses.replace(profile, replay_repros=False, replay_last_failures=False)
+    deployment = _deployment(request.deployment)
+    check_device(request.device)
+    target = resolve_target(request.target)
+    seed = request.seed
+    if seed is None:
+        seed = profile.fixed_seed if profile.fixed_seed is not None else random.SystemRandom().randrange(2**31)
+    places = Places.of(request)
+    report_dir = check_places(places, profile)
+    saved, warnings = read_saved_repros(places.repro_roots) if profile.replay_repros else ((), ())
+    from harness.engine.regression.known import entries
+    known = tuple(entries(*places.known_roots))  # an unreadable entry is one line now, not a stop mid-run
+    db_url = check_shared_db(request.db, profile)
+    # A slow target (sglang runs its kernel in the Triton interpreter) carries
+    # its own example budget, case timeout, bounds and bound steps per profile.
+    own_budget = getattr(target, "budget", {}).get(profile.name)
+    run_plan = RunPlan(target=request.target, profile=profile, seed=seed,
+                       max_examples=request.max_examples or min(profile.max_examples, own_budget or profile.max_examples),
+                       time_budget=request.time_budget if request.time_budget is not None else profile.time_budget,
+                       report_dir=report_dir, properties=list(request.properties), workers=request.workers,
+                       device=request.device, db_dir=request.db_folder, db_url=db_url,
+                       shard=f"{request.shard[0]}/{request.shard[1]}" if request.shard else None,
+                       isolate=isolated(request.isolate, request.target),
+                       example_timeout=request.example_timeout
+                       or getattr(target, "example_timeout", {}).get(profile.name) or 30.0,
+                       deployment=deployment, command=request.command, saved=saved, known=known,
+                       warnings=warnings, fail_on_known=request.fail_on_known,
+                       bounds=getattr(target, "bounds", None) or Bounds(), share=request.share)
+    if request.bounds is not None:
+        run_plan.bounds = request.bounds.over(run_plan.bounds)
+    else:
+        run_plan.bounds_steps = tuple(getattr(target, "bounds_ladder", {}).get(profile.name, ()))
+    return run_plan, target
+
+
+def _deployment(path: Path | None):
+    """``--deployment FILE`` read, or None."""
+    if not path:
+        return None
+    from harness.model.deployment_file import DeploymentError, load
+    try:
+        return load(path)
+    except DeploymentError as exc:
+        raise UsageError(f"vmfuzz: {exc}") from None
+
+
+def check_places(places: Places, profile) -> Path:
+    """The report directory, the database and the folders named on the command line, checked
+    before the search; returns the report directory, claimed.
+
+    A finding must never be lost to an output place that was broken from the start.
+    """
+    report_dir = claimed_report_dir(places.report_dir)
+    if profile.database == "write" or profile.replay_last_failures:
+        usable(places.db_folder, "--db")
+        if profile.replay_last_failures:
+            usable(places.db_folder / "last-failures", "--db's last-failures")
+    for option, folder in [("--repros", d) for d in places.repros] + [("--known", d) for d in places.known]:
+        # A folder CI names that is not there is a guard that silently went missing.
+        if not folder.is_dir():
+            raise UsageError(f"vmfuzz: {option} {folder}: not a directory")
+    return report_dir
+
+
+def read_saved_repros(roots: tuple[Path, ...]) -> tuple[tuple, tuple[str, ...]]:
+    """(every saved repro under ``roots``, read; the warning when there is none).
+
+    A gate must never pass over a saved repro it cannot replay: one that does
+    not read, or names no property that applies to its config, is exit 2 now.
+    """
+    from harness.engine.regression.regressions import no_saved_repros, read_saved, saved_repros
+    from harness.engine.regression.replay import replayable
+    from harness.model.repro_file import ReproError
+    saved = []
+    for root in roots:
+        if root.exists() and not root.is_dir():
+            raise UsageError(f"vmfuzz: repro root {root} is not a directory")
+        for s in read_saved(saved_repros([root])):
+            try:
+                if s.repro is None:
+                    raise ReproError(s.error)
+                replayable(s.repro)
+            except ReproError as exc:
+                msg = str(exc)
+                raise UsageError(f"vmfuzz: saved repro {s.path} cannot be replayed: "
+                                 + (msg if str(s.path) not in msg else msg.split(": ", 1)[-1])) from None
+            saved.append(s)
+    warning = no_saved_repros(list(roots)) if not saved else None
+    return tuple(saved), (warning,) if warning else ()
+
+
+def check_shared_db(value: str, profile) -> str | None:
+    """``--db redis://...`` reachable before the search (one line, exit 2); None for a folder."""
+    from harness.engine.search.database import SharedDatabaseError, redis_database, shared_url
+    url = shared_url(value)
+    if url and profile.database != "none":
+        try:
+            redis_database(url)
+        except SharedDatabaseError as exc:
+            raise UsageError(f"vmfuzz: {exc}") from None
+    return url
