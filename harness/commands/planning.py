@@ -53,6 +53,7 @@ def plan(request: RunRequest):
         profile = dataclasses.replace(profile, replay_repros=False, replay_last_failures=False)
     deployment = _deployment(request.deployment)
     check_device(request.device)
+    isolate = isolated(request.isolate, request.target)
     target = resolve_target(request.target)
     seed = request.seed
     if seed is None:
@@ -60,8 +61,9 @@ def plan(request: RunRequest):
     places = Places.of(request)
     report_dir = check_places(places, profile)
     saved, warnings = read_saved_repros(places.repro_roots) if profile.replay_repros else ((), ())
-    from harness.engine.regression.known import entries
-    known = tuple(entries(*places.known_roots))  # an unreadable entry is one line now, not a stop mid-run
+    from harness.engine.regression.known import applying
+    # an unreadable entry is one line now, not a stop mid-run
+    known = tuple(applying(dict(target.versions()), *places.known_roots))
     db_url = check_shared_db(request.db, profile)
     # A slow target (sglang runs its kernel in the Triton interpreter) carries
     # its own example budget, case timeout, bounds and bound steps per profile.
@@ -72,7 +74,7 @@ def plan(request: RunRequest):
                        report_dir=report_dir, properties=list(request.properties), workers=request.workers,
                        device=request.device, db_dir=request.db_folder, db_url=db_url,
                        shard=f"{request.shard[0]}/{request.shard[1]}" if request.shard else None,
-                       isolate=isolated(request.isolate, request.target),
+                       isolate=isolate,
                        example_timeout=request.example_timeout
                        or getattr(target, "example_timeout", {}).get(profile.name) or 30.0,
                        deployment=deployment, command=request.command, saved=saved, known=known,
@@ -123,11 +125,13 @@ def read_saved_repros(roots: tuple[Path, ...]) -> tuple[tuple, tuple[str, ...]]:
     from harness.engine.regression.regressions import no_saved_repros, read_saved, saved_repros
     from harness.engine.regression.replay import replayable
     from harness.model.repro_file import ReproError
+    warning = no_saved_repros(list(roots))
     saved = []
     for root in roots:
         if root.exists() and not root.is_dir():
             raise UsageError(f"vmfuzz: repro root {root} is not a directory")
-        for s in read_saved(saved_repros([root])):
+        paths = saved_repros([root])
+        for s in read_saved(paths):
             try:
                 if s.repro is None:
                     raise ReproError(s.error)
@@ -137,7 +141,6 @@ def read_saved_repros(roots: tuple[Path, ...]) -> tuple[tuple, tuple[str, ...]]:
                 raise UsageError(f"vmfuzz: saved repro {s.path} cannot be replayed: "
                                  + (msg if str(s.path) not in msg else msg.split(": ", 1)[-1])) from None
             saved.append(s)
-    warning = no_saved_repros(list(roots)) if not saved else None
     return tuple(saved), (warning,) if warning else ()
 
 

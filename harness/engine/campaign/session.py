@@ -40,8 +40,9 @@ class RunPlan:
     example_timeout: float = 30.0
     deployment: object = None  # harness.engine.search.deployment.Deployment
     #: the saved repros to replay first (harness.engine.regression.regressions.Saved) and the known
-    #: findings, (path, entry), as the plan read them: from the folders vmfuzz ships and those the
-    #: command line names, never the working directory (the code under review)
+    #: findings that apply to the target's SGLang, (path, entry), as the plan read them: from the
+    #: folders vmfuzz ships and those the command line names, never the working directory (the
+    #: code under review)
     saved: tuple = ()
     known: tuple = ()
     #: what the plan could not do that is no finding (no saved repro to replay), said before any work
@@ -145,7 +146,8 @@ def _pool_search(plan: RunPlan, name: str, share: float | None, end: float | Non
     target = resolve(plan.target)
     from harness.engine.search.database import lost_shared_database, start_afresh
     start_afresh(quiet=True)
-    _attach_known(plan, target)
+    from harness.engine.regression.known import attach
+    attach(target, list(plan.known))
     check, strategies = _searcher(plan, target)
     own = check  # closed below; the noting wrapper only lets the parent name a dead worker's case
     check = remembering(check or direct_check(target))
@@ -196,18 +198,12 @@ def _warn(outcome: RunOutcome, warnings: list[str]) -> None:
             print(f"vmfuzz: warning: {w}", file=sys.stderr, flush=True)
 
 
-def _attach_known(plan: RunPlan, target) -> list:
-    from harness.engine.regression.known import applicable, attach
-    found = applicable(list(plan.known), dict(target.versions()))
-    attach(target, found)
-    return found
-
-
 def _known(plan: RunPlan, target, ui, out: list) -> None:
     """Known findings that apply to this SGLang: replayed plainly first, then attached for the search."""
-    from harness.engine.regression.known import applicable, replay_known
-    found = [(p, k) for p, k in applicable(list(plan.known), dict(target.versions()))
-             if k.repro.property in plan.properties]
+    from harness.engine.regression.known import attach, replay_known
+    found = [(p, k) for p, k in plan.known if k.repro.property in plan.properties]
+    # attached before the replays, which put back what they found: the search then sees every entry
+    attach(target, list(plan.known))
     out += replay_known(found, target, findings_dir=plan.findings_dir,
                         device=plan.device, isolate=plan.isolate, timeout=plan.example_timeout)
     from harness.engine.regression.known import DIFFERENT, GONE
@@ -216,7 +212,6 @@ def _known(plan: RunPlan, target, ui, out: list) -> None:
                  DIFFERENT: "FAILS DIFFERENTLY (a finding: its repro no longer shows the known origin)"
                  }.get(o.status, o.status)
         ui.log(f"  known finding {o.entry.name} ({o.entry.repro.property}, sglang {o.entry.sglang}): {state}")
-    _attach_known(plan, target)
 
 
 def _keep_failures(plan: RunPlan, outcome: RunOutcome) -> None:

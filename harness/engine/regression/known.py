@@ -59,6 +59,13 @@ def entries(*roots: Path) -> list[tuple[Path, Known]]:
     return out
 
 
+def applying(versions: dict, *roots: Path) -> list[tuple[Path, Known]]:
+    """The entries of ``roots`` (every one read: an unreadable one is a ReproError naming it)
+    whose range holds the SGLang of ``versions``: what a run replays and attaches."""
+    found = entries(*roots)
+    return [(p, k) for p, k in found if k.applies_to(versions.get("sglang"))]
+
+
 def shipped_known_name(target, origin) -> str | None:
     """The shipped entry (``known/``) that applies to ``target``'s SGLang and names ``origin``, if any:
     what ``replay`` and ``minimize`` label a failure with."""
@@ -103,5 +110,5 @@ def replay_known(found: list[tuple[Path, Known]], target, *, findings_dir: Path 
     return out
 
 
-__all__ = ["KnownOutcome", "ReproError", "applicable", "attach", "default_known_root", "entries", "replay_known",
+__all__ = ["KnownOutcome", "ReproError", "applicable", "applying", "attach", "default_known_root", "entries", "replay_known",
            "shipped_known_name"]

@@ -33,11 +33,9 @@ def replayable(repro: Repro) -> None:
     (a saved repro names the one it guards), or one that does not apply to its config."""
     if repro.fault is not None and repro.fault not in FAULTS:
         raise ReproError(f"unknown fault {repro.fault!r}")
-    try:
-        named(repro.property)
-    except ValueError as exc:
-        raise ReproError(str(exc)) from None
-    properties_for(repro)  # one that does not apply to the config would judge nothing
+    if not repro.property:  # properties_for would take every property that applies
+        raise ReproError("it names no property (a saved repro names the one it guards)")
+    properties_for(repro)  # an unknown one, or one that does not apply to the config and would judge nothing
 
 
 def _shape_of(prop: Property) -> str:
@@ -62,12 +60,13 @@ def replay(repro: Repro, target, device: str = "cpu", *, isolate: bool = False,
     if repro.fault is not None and repro.fault not in FAULTS:
         raise ReproError(f"unknown fault {repro.fault!r} (known: {', '.join(FAULTS)})")
     props = properties_for(repro, prop)
-    config, batches = to_case(repro)
     from harness.engine.search.search import not_driven_here
     driven = [p for p in props if not not_driven_here(target, p)]
     if not driven:
         raise ReproError(f"target {target.name} cannot drive {', '.join(p.name for p in props)} "
                          f"({not_driven_here(target, props[0])})")
+    # the case is built only for a property that can be driven (properties_for proved it builds)
+    config, batches = to_case(repro)
     if isolate or repro.fault:
         from harness.engine.core.isolation import IsolatedChecker
         with IsolatedChecker(target, timeout) as check:
