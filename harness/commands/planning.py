@@ -65,8 +65,9 @@ def plan(request: RunRequest):
     # an unreadable entry is one line now, not a stop mid-run
     known = tuple(applying(dict(target.versions()), *places.known_roots))
     db_url = check_shared_db(request.db, profile)
-    # A slow target (sglang runs its kernel in the Triton interpreter) carries
-    # its own example budget, case timeout, bounds and bound steps per profile.
+    # A slow target (sglang runs its kernel in the Triton interpreter, where a production
+    # shape takes tens of seconds a case) carries its own example budget, case timeout,
+    # bounds and bound steps per profile.
     own_budget = getattr(target, "budget", {}).get(profile.name)
     run_plan = RunPlan(target=request.target, profile=profile, seed=seed,
                        max_examples=request.max_examples or min(profile.max_examples, own_budget or profile.max_examples),
@@ -83,6 +84,7 @@ def plan(request: RunRequest):
     if request.bounds is not None:
         run_plan.bounds = request.bounds.over(run_plan.bounds)
     else:
+        # A slow target widens its bounds step by step where the profile's budget allows.
         run_plan.bounds_steps = tuple(getattr(target, "bounds_ladder", {}).get(profile.name, ()))
     return run_plan, target
 
