@@ -2,7 +2,7 @@
 this revision's own SGLang (never the zygote's, which has none), and no zygote or child left
 running once its owner is gone, even when the owner dies by SIGKILL.
 
-Skipped unless SGLang imports (``VMFUZZ_REQUIRE_SGLANG=1``: must run).
+The steps' tests are skipped unless SGLang imports (``VMFUZZ_REQUIRE_SGLANG=1``: must run).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def checkouts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def zygote_socket(checkouts):
-    with serving(_env(), probe_code=PROBE, probe_cwd=ROOT) as sock:
+    with serving(_env(), probe_code=PROBE) as sock:
         assert sock is not None, "the zygote did not start"
         yield sock
 
@@ -76,6 +76,7 @@ def _forked_only(watch):
     return checked
 
 
+@pytest.mark.slow
 def test_a_forked_step_gives_a_cold_steps_verdict_from_its_own_checkout(checkouts, zygote_socket, tmp_path,
                                                                         monkeypatch):
     good, bad = checkouts
@@ -89,6 +90,7 @@ def test_a_forked_step_gives_a_cold_steps_verdict_from_its_own_checkout(checkout
     assert "out-of-bounds write" in forked[1][1][0]["detail"], forked[1]
 
 
+@pytest.mark.slow
 def test_a_forked_run_imports_its_own_sglang_and_nothing_of_the_harness_from_the_zygote(checkouts, zygote_socket,
                                                                                       tmp_path):
     """The altered copy's code is what the child runs; the zygote had torch, never SGLang."""
@@ -130,7 +132,7 @@ OWNER = """
 import sys, time
 sys.path.insert(0, {root!r})
 from harness.engine.core.zygote_client import serving
-with serving(dict(__import__('os').environ), probe_code={probe!r}, probe_cwd={root!r}) as sock:
+with serving(dict(__import__('os').environ), probe_code={probe!r}) as sock:
     print(sock, flush=True)
     time.sleep(600)
 """
@@ -165,7 +167,8 @@ def _state(pid: int) -> str:
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds processes through /proc")
 @pytest.mark.parametrize("ending", ["block ends", "owner killed"])
 def test_no_zygote_or_forked_run_outlives_its_owner(tmp_path, ending):
-    owner = subprocess.Popen([sys.executable, "-c", OWNER.format(root=str(ROOT), probe=PROBE)],
+    # a small preload: what outlives the owner does not depend on what the zygote holds
+    owner = subprocess.Popen([sys.executable, "-c", OWNER.format(root=str(ROOT), probe="import json")],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env())
     try:
         sock = owner.stdout.readline().strip()

@@ -39,9 +39,23 @@ MESSAGE = 1 << 20
 
 def probe(code: str, *, cwd: Path, env: dict, cache_key: str) -> Path:
     """A file naming the modules a cold ``python -c code`` loads, probed once per ``cache_key``
-    (the interpreter and the installed SGLang: what the list depends on) and kept in the temp dir."""
-    import hashlib
+    (and the interpreter and installed SGLang it depends on) and kept in the temp dir."""
     import subprocess
+    path = probe_cache(cache_key)
+    if not path.exists():
+        listing = code + "\nimport sys\nprint('\\n'.join(sys.modules))"
+        got = subprocess.run([sys.executable, "-W", "ignore", "-c", listing], capture_output=True, text=True,
+                             cwd=cwd, env=env, timeout=600, preexec_fn=die_with_parent)
+        tmp = path.with_suffix(f".{os.getpid()}")
+        tmp.write_text(got.stdout)
+        if got.returncode:
+            return tmp  # what it loaded before it failed: preloaded this once, never kept
+        tmp.replace(path)  # whole or absent: concurrent probes race harmlessly
+    return path
+
+
+def probe_cache(cache_key: str) -> Path:
+    import hashlib
     import tempfile
     from importlib.util import find_spec
     try:
@@ -50,15 +64,7 @@ def probe(code: str, *, cwd: Path, env: dict, cache_key: str) -> Path:
     except Exception:  # noqa: BLE001 - no SGLang: the probe finds torch and the rest only
         sg_where = "none"
     key = f"{sys.executable}|{Path(sys.executable).stat().st_mtime}|{sg_where}|{cache_key}"
-    path = Path(tempfile.gettempdir()) / f"vmfuzz-zygote-preload-{hashlib.sha1(key.encode()).hexdigest()[:12]}.txt"
-    if not path.exists():
-        listing = code + "\nimport sys\nprint('\\n'.join(sys.modules))"
-        got = subprocess.run([sys.executable, "-W", "ignore", "-c", listing], capture_output=True, text=True,
-                             cwd=cwd, env=env, timeout=600)
-        tmp = path.with_suffix(f".{os.getpid()}")
-        tmp.write_text(got.stdout)
-        tmp.replace(path)  # whole or absent: concurrent probes race harmlessly
-    return path
+    return Path(tempfile.gettempdir()) / f"vmfuzz-zygote-preload-{hashlib.sha1(key.encode()).hexdigest()[:12]}.txt"
 
 
 def preload(listing: Path) -> None:
@@ -160,14 +166,14 @@ def leave(code, signal_number: int | None = None) -> None:
     os._exit((code or 0) & 0xFF)
 
 
-def _die_with_parent() -> None:
-    """Linux: the kernel kills this child when the zygote dies, even by SIGKILL."""
+def die_with_parent() -> None:
+    """Linux: the kernel kills this process when its parent dies, even by SIGKILL."""
     try:
         import ctypes
         import signal
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
-        pass  # elsewhere the client kills the run when the zygote's socket closes
+        pass  # elsewhere: a zygote ends when its stdin closes, a run when its step's socket does
 
 
 # ---- the socket server: the bisect's zygote ----------------------------------------------------
@@ -180,6 +186,7 @@ def serve(sock_path: str, listing: Path) -> None:
     import socket
     import threading
     owner = os.getppid()
+    die_with_parent()  # an owner killed while this preloads: not a moment longer
     preload(listing)
     base = base_path()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -217,7 +224,9 @@ def _accept(server, jobs: dict, base: list[str]) -> None:
     import socket
     conn, _ = server.accept()
     try:
+        conn.settimeout(10)  # a client that connects and sends nothing must not stall the others
         data, fds, _, _ = socket.recv_fds(conn, MESSAGE, 3)
+        conn.settimeout(None)
         job = json.loads(data)
     except (OSError, ValueError):
         conn.close()
@@ -230,7 +239,7 @@ def _accept(server, jobs: dict, base: list[str]) -> None:
     pid = os.fork()
     if pid == 0:
         try:
-            _die_with_parent()
+            die_with_parent()
             server.close()
             for other in jobs:
                 other.close()

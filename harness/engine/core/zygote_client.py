@@ -33,7 +33,7 @@ class Lost(Exception):
 
 
 @contextlib.contextmanager
-def serving(env: dict, *, probe_code: str, probe_cwd: Path, start_timeout: float = 600.0):
+def serving(env: dict, *, probe_code: str, start_timeout: float = 600.0):
     """A zygote for the duration of the block: yields its socket's path, or None when it could
     not start (the runs go cold). The zygote's session is killed on every way out of the block,
     and it ends itself if this process dies first (its stdin closes)."""
@@ -43,7 +43,8 @@ def serving(env: dict, *, probe_code: str, probe_cwd: Path, start_timeout: float
     proc = None
     try:
         try:
-            listing = zygote.probe(probe_code, cwd=probe_cwd, env=env, cache_key=probe_code)
+            # the probe works in the zygote's own folder: nothing it does is in the user's checkout
+            listing = zygote.probe(probe_code, cwd=where, env=env, cache_key=probe_code)
             # its own path only: the zygote imports nothing from a checkout
             proc = subprocess.Popen([sys.executable, "-W", "ignore", str(_SERVER), str(sock), str(listing)],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

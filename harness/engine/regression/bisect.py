@@ -300,7 +300,7 @@ def _search(place: Place, repro_path: str, good_sha: str, bad_sha: str, step_arg
     wt = place.worktree
     step = [sys.executable, "-m", "harness.engine.regression.bisect_step", str(repro_copy), "--repo", str(wt), *step_args]
     _git(place.repo, "worktree", "add", "--quiet", "--detach", str(wt), bad_sha)
-    with _zygote(env, place.scratch, step_args[1]) as sock:
+    with _zygote(env, step_args[1]) as sock:
         if sock:
             env[ZYGOTE_ENV] = sock
         _check_ends(wt, place.repo, step, env, ((bad_sha, BAD, "bad"), (good_sha, GOOD, "good")), log, echo)
@@ -312,7 +312,7 @@ def _search(place: Place, repro_path: str, good_sha: str, bad_sha: str, step_arg
     return run.stdout + run.stderr
 
 
-def _zygote(env: dict, cwd: Path, target: str):
+def _zygote(env: dict, target: str):
     """The steps' zygote (``harness.engine.core.zygote``): each step imports this revision's SGLang
     in a child forked from it, the third-party packages already there. ``VMFUZZ_BISECT_ZYGOTE=0``,
     or a zygote that cannot start, leaves every step cold, with the same verdicts."""
@@ -322,9 +322,13 @@ def _zygote(env: dict, cwd: Path, target: str):
 
     if os.environ.get("VMFUZZ_BISECT_ZYGOTE", "1") == "0":
         return contextlib.nullcontext(None)
-    probe = ("import harness.cli\nfrom harness.engine.regression import bisect_step, replay\n"
-             f"try:\n    from harness.targets import resolve\n    resolve({target!r})\nexcept Exception:\n    pass")
-    return serving(env, probe_code=probe, probe_cwd=cwd)
+    return serving(env, probe_code=zygote_probe(target))
+
+
+def zygote_probe(target: str) -> str:
+    """What a cold step imports besides the checkout's SGLang: the zygote preloads what this loads."""
+    return ("import harness.cli\nfrom harness.engine.regression import bisect_step, replay\n"
+            f"try:\n    from harness.targets import resolve\n    resolve({target!r})\nexcept Exception:\n    pass")
 
 
 def _answer(repo: Path, out: str, tested: list[Tested], result: BisectResult) -> None:
