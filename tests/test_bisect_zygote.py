@@ -192,3 +192,23 @@ def test_no_zygote_means_a_cold_step(monkeypatch):
     assert spawn([sys.executable, "-c", "pass"]) is None
     # a socket that is not there (a zygote that died): cold too
     assert spawn([sys.executable, "-c", "pass"], env={ZYGOTE_ENV: "/nonexistent/sock"}) is None
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds processes through /proc")
+def test_an_owner_killed_while_the_zygote_starts_leaves_nothing_running(tmp_path):
+    marker = f"probing-{os.getpid()}-{time.monotonic_ns()}"
+    slow_probe = f"import time\ntime.sleep(120)  # {marker}"
+    owner = subprocess.Popen([sys.executable, "-c", OWNER.format(root=str(ROOT), probe=slow_probe)],
+                             stdout=subprocess.PIPE, text=True, env={**_env(), "TMPDIR": str(tmp_path)})
+    try:
+        deadline = time.monotonic() + 120
+        # the owner's own command line holds the probe's code: the probe is the other one naming it
+        while not (probing := [p for p in _naming(marker) if p != owner.pid]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert probing, "the probe never started"
+        owner.kill()
+        owner.wait(60)
+        assert _gone(probing, within=30) == []
+    finally:
+        owner.kill()
+        owner.wait()
