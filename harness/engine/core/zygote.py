@@ -33,6 +33,8 @@ from pathlib import Path
 OWN = ("sglang", "harness", "tests", "bench", "scripts", "strategies", "__main__", "__mp_main__")
 #: the most one job message may carry (its argv and environment)
 MESSAGE = 1 << 20
+#: a forked child's status when it failed before it became the run (the client runs it again cold)
+UNBORN = 70
 
 
 # ---- what to preload ---------------------------------------------------------------------------
@@ -41,11 +43,11 @@ def probe(code: str, *, cwd: Path, env: dict, cache_key: str) -> Path:
     """A file naming the modules a cold ``python -c code`` loads, probed once per ``cache_key``
     (and the interpreter and installed SGLang it depends on) and kept in the temp dir."""
     import subprocess
-    path = probe_cache(cache_key)
+    path, me = probe_cache(cache_key), os.getpid()
     if not path.exists():
         listing = code + "\nimport sys\nprint('\\n'.join(sys.modules))"
         got = subprocess.run([sys.executable, "-W", "ignore", "-c", listing], capture_output=True, text=True,
-                             cwd=cwd, env=env, timeout=600, preexec_fn=die_with_parent)
+                             cwd=cwd, env=env, timeout=600, preexec_fn=lambda: die_with_parent(me))
         tmp = path.with_suffix(f".{os.getpid()}")
         tmp.write_text(got.stdout)
         if got.returncode:
@@ -166,14 +168,17 @@ def leave(code, signal_number: int | None = None) -> None:
     os._exit((code or 0) & 0xFF)
 
 
-def die_with_parent() -> None:
-    """Linux: the kernel kills this process when its parent dies, even by SIGKILL."""
+def die_with_parent(parent: int) -> None:
+    """Linux: the kernel kills this process when ``parent`` dies, even by SIGKILL; one that died
+    before the request was made (a fork is not scheduled at once) ends it here."""
     try:
         import ctypes
         import signal
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass  # elsewhere: a zygote ends when its stdin closes, a run when its step's socket does
+    if os.getppid() != parent:
+        os._exit(UNBORN)
 
 
 # ---- the socket server: the bisect's zygote ----------------------------------------------------
@@ -186,7 +191,7 @@ def serve(sock_path: str, listing: Path) -> None:
     import socket
     import threading
     owner = os.getppid()
-    die_with_parent()  # an owner killed while this preloads: not a moment longer
+    die_with_parent(owner)  # an owner killed while this preloads: not a moment longer
     preload(listing)
     base = base_path()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -236,10 +241,11 @@ def _accept(server, jobs: dict, base: list[str]) -> None:
             os.close(fd)
         conn.close()
         return
+    zygote = os.getpid()
     pid = os.fork()
     if pid == 0:
         try:
-            die_with_parent()
+            die_with_parent(zygote)
             server.close()
             for other in jobs:
                 other.close()
@@ -250,7 +256,7 @@ def _accept(server, jobs: dict, base: list[str]) -> None:
             streams()
             become(job["argv"], job["env"], job["cwd"], base)
         finally:
-            os._exit(70)  # become never returns; this is the fork's own failure
+            os._exit(UNBORN)  # become never returns: this is the fork failing, not the run
     for fd in fds:
         os.close(fd)
     jobs[conn] = pid

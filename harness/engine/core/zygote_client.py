@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from harness.engine.core.zygote import UNBORN
+
 #: where a step finds its owner's zygote (absent: none, run cold)
 ZYGOTE_ENV = "VMFUZZ_ZYGOTE_SOCKET"
 _SERVER = Path(__file__).resolve().with_name("zygote.py")
@@ -100,9 +102,12 @@ class Forked:
             self.kill()  # the zygote is gone; its child dies with it on Linux, elsewhere by this
             self.conn.close()
             raise Lost(f"the zygote went away while pid {self.pid} ran")
-        self.returncode = json.loads(data)["rc"]
+        rc = json.loads(data)["rc"]
         self.conn.close()
-        return self.returncode
+        if rc == UNBORN:  # a run that exits 70 itself just runs twice: its cold status is the answer
+            raise Lost(f"pid {self.pid} failed before it became the run")
+        self.returncode = rc
+        return rc
 
     def kill(self) -> None:
         try:
