@@ -212,3 +212,30 @@ def test_an_owner_killed_while_the_zygote_starts_leaves_nothing_running(tmp_path
     finally:
         owner.kill()
         owner.wait()
+
+
+def test_bisect_zygote_off_and_a_zygote_that_cannot_start_mean_cold_steps(monkeypatch):
+    from harness.engine.core import zygote_client
+    from harness.engine.regression import bisect as engine
+    monkeypatch.setenv("VMFUZZ_BISECT_ZYGOTE", "0")
+    with engine._zygote(_env(), "sglang") as sock:
+        assert sock is None
+    monkeypatch.setattr(zygote_client, "_SERVER", ROOT / "no-such-zygote.py")
+    with serving(_env(), probe_code="import json") as sock:
+        assert sock is None
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds processes through /proc")
+def test_a_zygote_lost_mid_run_says_so_and_its_run_dies_with_it(tmp_path):
+    """Lost is the step's cue to run the child again cold (bisect_step._replay)."""
+    from harness.engine.core.zygote_client import Lost
+    with serving(_env(), probe_code="import json") as sock:
+        assert sock is not None
+        (zygote,) = _naming(sock)
+        run = spawn([sys.executable, "-c", "import time; time.sleep(300)"], env={**_env(), ZYGOTE_ENV: sock},
+                    cwd=str(tmp_path))
+        assert run is not None
+        os.kill(zygote, signal.SIGKILL)
+        with pytest.raises(Lost):
+            run.wait(60)
+        assert _gone([run.pid], within=30) == []
