@@ -9,11 +9,11 @@ argv, environment, working directory, stdout and stderr, and exit status.
 It imports SGLang and the harness itself, from its own ``PYTHONPATH``
 (an altered copy, a checkout), exactly as a cold start would.
 
-SGLang is never preloaded: it registers configs with transformers and ops
-with torch at import, which a second import from an altered copy would
-collide with. What to preload is measured, not listed by hand: a cold probe
-imports the harness and SGLang once, and every module it loaded that lives in
-the venv or the standard library, outside SGLang, is preloaded.
+SGLang and the harness are never preloaded, and what is preloaded is measured,
+not listed by hand; both, how a child becomes the run and how it exits, are
+the harness's zygote core (``harness.engine.core.zygote``, which ``vmfuzz
+bisect`` forks its steps from too). This file is the tests' way to reach it:
+one zygote per xdist worker, fed jobs over a pipe, each run's output to files.
 
 ``VMFUZZ_TEST_ZYGOTE=0`` turns it off (every run a cold ``python``).
 """
@@ -29,7 +29,6 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-_OWN = ("sglang", "harness", "tests", "bench", "scripts", "__main__", "__mp_main__")
 
 
 def enabled() -> bool:
@@ -126,136 +125,53 @@ def _cap(address_space: int) -> None:
 
 def _preload_list() -> Path:
     """The measured preload list, probed once per venv and SGLang (shared by the xdist workers)."""
-    import hashlib
-    try:
-        from importlib.util import find_spec
-        sg = find_spec("sglang")
-        sg_where = str(Path(sg.origin).stat().st_mtime) if sg and sg.origin else "none"
-    except Exception:  # noqa: BLE001 - no SGLang: the probe preloads torch and the rest only
-        sg_where = "none"
-    key = hashlib.sha1(f"{sys.executable}|{Path(sys.executable).stat().st_mtime}|{sg_where}".encode()).hexdigest()[:12]
-    path = Path(tempfile.gettempdir()) / f"vmfuzz-zygote-preload-{key}.txt"
-    if not path.exists():
-        probe = ("import sys\nimport harness.cli\ntry:\n    from harness.targets import resolve\n"
-                 "    resolve('sglang')\nexcept Exception:\n    pass\nprint('\\n'.join(sys.modules))")
-        got = subprocess.run([sys.executable, "-W", "ignore", "-c", probe], capture_output=True, text=True,
-                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"},
-                             timeout=600)
-        tmp = path.with_suffix(f".{os.getpid()}")
-        tmp.write_text(got.stdout)
-        tmp.replace(path)
-    return path
+    from harness.engine.core import zygote as core
+    probe = ("import harness.cli\ntry:\n    from harness.targets import resolve\n"
+             "    resolve('sglang')\nexcept Exception:\n    pass")
+    return core.probe(probe, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"},
+                      cache_key="tests")
 
 
-# ---- the zygote: runs as its own process ------------------------------------------------------
+# ---- the zygote: runs as its own process, on the harness's zygote core ------------------------
 
-def _preload(listing: Path) -> None:
-    import importlib
-    import warnings
-    warnings.simplefilter("ignore")
-    for name in listing.read_text().split():
-        if name.split(".")[0] in _OWN or name in sys.modules:
-            continue
-        try:
-            importlib.import_module(name)
-        except BaseException:  # noqa: BLE001 - a module that only imports in SGLang's context: left cold
-            continue
-    warnings.resetwarnings()
+def _core():
+    """harness.engine.core.zygote loaded by its path: importing it as ``harness...`` would leave
+    the harness in the zygote's modules, and a run must import its own."""
+    import importlib.util
+    where = ROOT / "harness" / "engine" / "core" / "zygote.py"
+    spec = importlib.util.spec_from_file_location("vmfuzz_zygote_core", where)
+    core = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(core)
+    return core
 
 
 def _serve() -> None:
     import threading
-    _preload(Path(os.environ.pop("VMFUZZ_ZYGOTE_PRELOAD")))
-    # the interpreter's own path (stdlib, site-packages); the checkout comes from each job's PYTHONPATH
-    base_path = [p for p in sys.path[1:] if Path(p or ".").resolve() not in (ROOT, ROOT / "tests")]
+    core = _core()
+    core.preload(Path(os.environ.pop("VMFUZZ_ZYGOTE_PRELOAD")))
+    base = core.base_path(leave_out=(ROOT, ROOT / "tests"))
     reply = sys.stdout
     print(json.dumps({"ready": threading.active_count() == 1}), file=reply, flush=True)
     for line in sys.stdin:
         job = json.loads(line)
         pid = os.fork()
         if pid == 0:
-            _child(job, base_path)  # never returns
+            _child(core, job, base)  # never returns
         print(json.dumps({"pid": pid}), file=reply, flush=True)
         _, status = os.waitpid(pid, 0)
         rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         print(json.dumps({"rc": rc}), file=reply, flush=True)
 
 
-def _child(job: dict, base_path: list[str]) -> None:
-    """Becomes ``python [-W ignore] -m MODULE | -c CODE ARGS`` in the job's cwd and environment."""
-    import importlib
-    import io
-    import runpy
-    import types
-    import warnings
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
+def _child(core, job: dict, base: list[str]) -> None:
+    """Becomes the job's ``python`` run, its stdout and stderr the job's files."""
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     for fd, path in ((1, job["out"]), (2, job["err"])):
         os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
-    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
-    sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8")
-    sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
-                                                   errors="backslashreplace", line_buffering=True)
+    core.streams()
     if job.get("address_space"):
         _cap(job["address_space"])
-    os.chdir(job["cwd"])
-    os.environ.clear()
-    os.environ.update(job["env"])
-    argv = job["argv"][1:]
-    warnings.resetwarnings()
-    sys.warnoptions[:] = []
-    while argv[:1] == ["-W"]:
-        sys.warnoptions.append(argv[1])
-        warnings.simplefilter(argv[1])
-        argv = argv[2:]
-    sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
-    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    mode, target, args = argv[0], argv[1], argv[2:]
-    sys.path[:] = [job["cwd"] if mode == "-m" else ""] + extra + base_path
-    importlib.invalidate_caches()
-    main = types.ModuleType("__main__")
-    sys.modules["__main__"] = main
-    code = 0
-    try:
-        if mode == "-m":
-            sys.argv = [target, *args]
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = ["-c", *args]
-            exec(compile(target, "<string>", "exec"), main.__dict__)
-    except SystemExit as stop:
-        code = stop.code
-    except KeyboardInterrupt:
-        import traceback
-        traceback.print_exc()
-        _leave(None, signal_number=2)  # as a cold Python dies of an uncaught Ctrl-C
-    except BaseException:  # noqa: BLE001 - what a cold Python does with an uncaught exception
-        import traceback
-        traceback.print_exc()
-        code = 1
-    _leave(code)
-
-
-def _leave(code, signal_number: int | None = None) -> None:
-    """Python's exit, less the interpreter's teardown: a cold run that never imported a
-    preloaded package (sentencepiece's SWIG types) must not warn about it at teardown."""
-    import atexit
-    import signal
-    import threading
-    if code is not None and not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
-    threading._shutdown()  # joins the run's non-daemon threads, as interpreter exit does
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    if signal_number is not None:
-        signal.signal(signal_number, signal.SIG_DFL)
-        os.kill(os.getpid(), signal_number)
-    os._exit((code or 0) & 0xFF)
+    core.become(job["argv"], job["env"], job["cwd"], base)
 
 
 if __name__ == "__main__":

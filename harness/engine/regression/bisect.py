@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from harness.engine.core.zygote_client import ZYGOTE_ENV
 from harness.engine.regression.bisect_step import BAD, GOOD, LOCK_ENV, SKIP
 
 #: Hooks belong to the user's own checkouts, and a background ``gc --auto`` would outlive the
@@ -299,13 +300,35 @@ def _search(place: Place, repro_path: str, good_sha: str, bad_sha: str, step_arg
     wt = place.worktree
     step = [sys.executable, "-m", "harness.engine.regression.bisect_step", str(repro_copy), "--repo", str(wt), *step_args]
     _git(place.repo, "worktree", "add", "--quiet", "--detach", str(wt), bad_sha)
-    _check_ends(wt, place.repo, step, env, ((bad_sha, BAD, "bad"), (good_sha, GOOD, "good")), log, echo)
-    _git(wt, "bisect", "start", bad_sha, good_sha, "--")
-    echo("vmfuzz bisect: searching between them")
-    tail = _Tail(log, place.repo, echo)
-    tail.seen = len(_read_log(log))  # the two ends were said already
-    run = _run_group(["git", *_NO_HOOKS, "bisect", "run", *step], wt, env, poll=tail)
+    with _zygote(env, step_args[1]) as sock:
+        if sock:
+            env[ZYGOTE_ENV] = sock
+        _check_ends(wt, place.repo, step, env, ((bad_sha, BAD, "bad"), (good_sha, GOOD, "good")), log, echo)
+        _git(wt, "bisect", "start", bad_sha, good_sha, "--")
+        echo("vmfuzz bisect: searching between them")
+        tail = _Tail(log, place.repo, echo)
+        tail.seen = len(_read_log(log))  # the two ends were said already
+        run = _run_group(["git", *_NO_HOOKS, "bisect", "run", *step], wt, env, poll=tail)
     return run.stdout + run.stderr
+
+
+def _zygote(env: dict, target: str):
+    """The steps' zygote (``harness.engine.core.zygote``): each step imports this revision's SGLang
+    in a child forked from it, the third-party packages already there. ``VMFUZZ_BISECT_ZYGOTE=0``,
+    or a zygote that cannot start, leaves every step cold, with the same verdicts."""
+    import contextlib
+
+    from harness.engine.core.zygote_client import serving
+
+    if os.environ.get("VMFUZZ_BISECT_ZYGOTE", "1") == "0":
+        return contextlib.nullcontext(None)
+    return serving(env, probe_code=zygote_probe(target))
+
+
+def zygote_probe(target: str) -> str:
+    """What a cold step imports besides the checkout's SGLang: the zygote preloads what this loads."""
+    return ("import harness.cli\nfrom harness.engine.regression import bisect_step, replay\n"
+            f"try:\n    from harness.targets import resolve\n    resolve({target!r})\nexcept Exception:\n    pass")
 
 
 def _answer(repo: Path, out: str, tested: list[Tested], result: BisectResult) -> None:

@@ -8,7 +8,10 @@ somewhere other than this checkout) so git skips it rather than blaming it.
 
 The step runs the replay in a child process: a kernel that kills the process
 (a segfault, an abort) is the finding showing, and git must hear "bad", not a
-signal number that would abort the whole bisect. One JSON line per revision is
+signal number that would abort the whole bisect. The child is forked from the
+bisect's zygote when it has one (``harness.engine.core.zygote``: torch and the
+other third-party packages already imported, this revision's SGLang not), and
+started cold when it has none or the zygote fails it. One JSON line per revision is
 appended to ``$VMFUZZ_BISECT_LOG`` so the bisect can report what the first bad
 commit did.
 """
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         return ABORT
     cmd = [sys.executable, "-m", "harness.engine.regression.bisect_step", "--child", args.repro, "--repo", args.repo,
            "--target", args.target] + (["--property", args.property] if args.property else [])
-    rc = _watch(subprocess.Popen(cmd), args.timeout)
+    rc = _replay(cmd, args.timeout)
     if rc is None:
         _emit(args, "bad", f"target-hang: no verdict within {args.timeout:g}s")
         return BAD
@@ -117,6 +120,20 @@ def main(argv: list[str] | None = None) -> int:
     # anything else is the harness failing, not this revision: never blame it
     _emit(args, "skip", f"replay exited {rc}")
     return SKIP
+
+
+def _replay(cmd: list[str], timeout: float) -> int | None:
+    """The child's status, forked from the bisect's zygote when there is one (it starts in
+    about a fifth of the time), cold otherwise or when the zygote fails it: the same child either way."""
+    from harness.engine.core.zygote_client import Lost, spawn
+
+    forked = spawn(cmd)
+    if forked is not None:
+        try:
+            return _watch(forked, timeout)
+        except Lost:
+            pass
+    return _watch(subprocess.Popen(cmd), timeout)
 
 
 def _owner_gone() -> bool:
@@ -139,7 +156,7 @@ def _owner_gone() -> bool:
     return True
 
 
-def _watch(proc: subprocess.Popen, timeout: float) -> int | None:
+def _watch(proc, timeout: float) -> int | None:
     """The replay's exit status; None when it hung; ABORT when the owner died meanwhile,
     so that an orphaned ``git bisect run`` stops instead of going on without anyone."""
     deadline = time.monotonic() + timeout

@@ -1,0 +1,137 @@
+"""Starting a zygote (``harness.engine.core.zygote``) and running a process from it.
+
+The owner (``vmfuzz bisect``) starts one with ``serving()`` and hands its
+socket to the processes that run steps (``ZYGOTE_ENV``); a step runs its child
+with ``spawn()``, which passes the step's own stdin, stdout and stderr to the
+forked child over the socket, and gets back something ``subprocess.Popen``-like.
+Anything that goes wrong on the way (no zygote, one that did not start, one
+that died) gives ``None`` or ``Lost``: the caller then runs the same command
+cold, so the zygote changes how fast a run starts, never what it does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from harness.engine.core.zygote import UNBORN
+
+#: where a step finds its owner's zygote (absent: none, run cold)
+ZYGOTE_ENV = "VMFUZZ_ZYGOTE_SOCKET"
+_SERVER = Path(__file__).resolve().with_name("zygote.py")
+
+
+class Lost(Exception):
+    """The zygote went away before the run's status came back: run it again, cold."""
+
+
+@contextlib.contextmanager
+def serving(env: dict, *, probe_code: str, start_timeout: float = 600.0):
+    """A zygote for the duration of the block: yields its socket's path, or None when it could
+    not start (the runs go cold). The zygote's session is killed on every way out of the block,
+    and it ends itself if this process dies first (its stdin closes)."""
+    from harness.engine.core import zygote
+    where = Path(tempfile.mkdtemp(prefix="vmfuzz-zygote-"))  # short: a socket's path has ~100 bytes
+    sock = where / "sock"
+    proc = None
+    try:
+        try:
+            # the probe works in the zygote's own folder: nothing it does is in the user's checkout
+            listing = zygote.probe(probe_code, cwd=where, env=env, cache_key=probe_code)
+            # its own path only: the zygote imports nothing from a checkout
+            proc = subprocess.Popen([sys.executable, "-W", "ignore", str(_SERVER), str(sock), str(listing)],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    env={k: v for k, v in env.items() if k != "PYTHONPATH"}, cwd=where,
+                                    start_new_session=True)
+            ready = _line(proc.stdout, start_timeout)
+        except (OSError, subprocess.SubprocessError, ValueError):
+            ready = {}
+        yield str(sock) if ready.get("ready") is True else None
+    finally:
+        if proc is not None:
+            _end(proc)
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def _end(proc: subprocess.Popen) -> None:
+    try:
+        proc.stdin.close()  # asks it to go; the kill below makes sure
+    except OSError:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    proc.wait()
+    proc.stdout.close()
+
+
+def _line(stream, timeout: float) -> dict:
+    ready, _, _ = select.select([stream], [], [], timeout)
+    line = stream.readline() if ready else b""
+    return json.loads(line) if line.strip() else {}
+
+
+class Forked:
+    """A run forked from the zygote, waited on like ``subprocess.Popen`` (same exit statuses:
+    a signal's death is its negative number)."""
+
+    def __init__(self, conn: socket.socket, pid: int, argv: list[str]):
+        self.conn, self.pid, self.args, self.returncode = conn, pid, argv, None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is not None:
+            return self.returncode
+        ready, _, _ = select.select([self.conn], [], [], timeout)
+        if not ready:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        try:
+            data = self.conn.recv(4096)
+        except OSError:
+            data = b""
+        if not data:
+            self.kill()  # the zygote is gone; its child dies with it on Linux, elsewhere by this
+            self.conn.close()
+            raise Lost(f"the zygote went away while pid {self.pid} ran")
+        rc = json.loads(data)["rc"]
+        self.conn.close()
+        if rc == UNBORN:  # a run that exits 70 itself just runs twice: its cold status is the answer
+            raise Lost(f"pid {self.pid} failed before it became the run")
+        self.returncode = rc
+        return rc
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def spawn(argv: list[str], *, env: dict | None = None, cwd: str | None = None) -> Forked | None:
+    """``argv`` forked from the zygote named by ``$VMFUZZ_ZYGOTE_SOCKET``, with this process's
+    stdin, stdout and stderr; None when there is none to reach (run it cold)."""
+    env = dict(os.environ if env is None else env)
+    path = env.pop(ZYGOTE_ENV, None)
+    if not path or argv[:1] != [sys.executable]:
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        conn.settimeout(30)
+        conn.connect(path)
+        job = json.dumps({"argv": argv, "env": env, "cwd": cwd or os.getcwd()}).encode()
+        socket.send_fds(conn, [job], [0, 1, 2])
+        reply = json.loads(conn.recv(4096) or b"{}")
+        conn.settimeout(None)
+        return Forked(conn, int(reply["pid"]), argv)
+    except (OSError, ValueError, KeyError, TypeError):
+        conn.close()
+        return None
