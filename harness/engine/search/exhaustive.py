@@ -167,8 +167,10 @@ class ExhaustiveReport:
 
 
 def _fails(prop: Property, target, config: Config, batches: list[Batch], device: str) -> PropertyFailure | None:
+    from harness.engine.core.failures import consulted_check
     try:
-        prop.check(target, config, batches, device)
+        with consulted_check():
+            prop.check(target, config, batches, device)
     except PropertyFailure as exc:
         return exc
     except (Exception, SystemExit) as exc:  # the target itself broke (even exit()): a finding, as in the campaign
