@@ -127,6 +127,26 @@ def test_out_of_step_and_an_interrupt_cross_as_themselves():
         _raises(KeyboardInterrupt(), backend_read=False)
 
 
+@pytest.mark.parametrize("ran_by", ["exhaustive", "direct", "shrink"])
+def test_every_way_a_check_is_run_judges_it_in_the_one_place(ran_by):
+    from harness.engine.core.line_trace import direct_check
+    from harness.engine.regression.shrink import checker
+    from harness.engine.search import exhaustive
+    from harness.properties import Property
+
+    def check(target, config, batches, device="cpu"):
+        _backend()  # a call site that never reads the backend's mask, then raises
+        raise TypeError("boom")
+    prop = Property("no-oob-write", check, "a check whose stand-in goes unread")
+    with pytest.raises(OutOfStep, match="never read verify_mask"):
+        if ran_by == "exhaustive":
+            exhaustive._fails(prop, None, None, [], "cpu")
+        elif ran_by == "direct":
+            direct_check(None)(prop, None, [], "cpu")
+        else:
+            checker(prop, None, "cpu", None, 1.0)[0]((None, []))
+
+
 def test_a_check_inside_a_check_keeps_one_ledger():
     with consulted_check() as outer, consulted_check() as inner:
         assert inner is outer
