@@ -178,9 +178,9 @@ _CONFIG = {"mode": "FULL_MASK", "max_bs": 2, "max_context_len": 16, "num_draft_t
            "spec_steps": 2}
 
 
-def _replay(tmp_path, edits, name, call_site="eagle", seq_lens=(3, 5), prop="no-oob-write"):
+def _replay(tmp_path, edits, name, call_site="eagle", seq_lens=(3, 5), prop="no-oob-write", **config):
     site = altered_copy(tmp_path, edits, name)
-    return replay_on_copy(site, tmp_path, dict(_CONFIG, call_site=call_site), seq_lens, prop)
+    return replay_on_copy(site, tmp_path, dict(_CONFIG, call_site=call_site, **config), seq_lens, prop)
 
 
 def _out_of_step_line(proc) -> str:
@@ -209,6 +209,28 @@ def test_a_pp_rebuild_no_longer_asking_get_spec_is_out_of_step_not_a_finding(sgl
     proc, out = _replay(tmp_path, _PP_SPEC_FROM_SERVER_ARGS, "pp-spec-from-server-args", "pp")
     assert proc.returncode == 3, out
     assert "nor call of get_spec" in _out_of_step_line(proc), out
+
+
+#: the Triton reader asks the verify input for its mask through a method SGLang's input gains:
+#: vmfuzz's spec-info stand-in has none, so the mask it hands the reader is never read
+_READER_MASK_THROUGH_A_METHOD = [
+    (["srt/speculative/eagle_info.py"], r"(class EagleVerifyInput\(SpecInput\):\n)",
+     r"\1    def verify_custom_mask(self):\n        return self.custom_mask\n\n"),
+    (["srt/layers/attention/triton_backend.py"], r"(\n\s*)custom_mask = spec_info\.custom_mask\n",
+     r"\1custom_mask = spec_info.verify_custom_mask()\n"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("alteration", [None, "reader-mask-through-a-method"])
+def test_a_reader_no_longer_reading_the_mask_it_is_handed_is_out_of_step(sglang_target, tmp_path, alteration):
+    edits = _READER_MASK_THROUGH_A_METHOD if alteration else []
+    proc, out = _replay(tmp_path, edits, alteration, topk=1, prop="reader-agreement")
+    if alteration is None:
+        assert proc.returncode == 0, out
+        return
+    assert proc.returncode == 3, out
+    assert "verify spec info's custom_mask" in _out_of_step_line(proc), out
 
 
 @pytest.mark.slow
