@@ -8,9 +8,11 @@ exception type and the innermost frame of the code under test, never its text.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
-from harness.model.errors import ImportRaised  # noqa: F401 - re-exported: raised by the target layer
+from harness.model import consultation
+from harness.model.errors import ImportRaised, OutOfStep
 from harness.model.origin import Origin
 from harness.properties.kit import PropertyFailure
 
@@ -71,6 +73,55 @@ def failure_of(prop: str, exc: BaseException) -> tuple[Origin, str]:
     if isinstance(exc, TargetFault):
         return Origin(prop, exc.kind.removeprefix("target-")), str(exc)
     return raise_origin(prop, exc), raise_detail(exc)
+
+
+@contextlib.contextmanager
+def consulted_check():
+    """Runs one check with a ledger of the stand-ins it installs; what it ends with is judged here.
+
+    The one place that decides, for every target and property, whether a failure
+    is the code under test's: a raise or a property's failure met while a
+    load-bearing stand-in went unread (or after the code asked a stand-in for a
+    part it does not provide) was not computed from what the code itself
+    produced, so it crosses as ``OutOfStep`` naming that seam (exit 3), never as
+    a finding.
+    """
+    with consultation.ledger() as ledger:
+        try:
+            yield ledger
+        except (Exception, SystemExit) as exc:
+            out = out_of_step_of(exc, ledger)
+            if out is not None:
+                raise out from exc
+            raise
+
+
+def out_of_step_of(exc: BaseException, ledger: consultation.Ledger) -> OutOfStep | None:
+    """``exc`` as out of step, when its path crossed a stand-in that was not consulted; else None."""
+    if isinstance(exc, (OutOfStep, ImportRaised)):
+        return None  # already the harness's, or decided where the module was imported
+    ending = (f"a property failed ({str(exc)[:300]})" if isinstance(exc, PropertyFailure)
+              else f"it raised {type(exc).__name__}: {str(exc)[:300]}")
+    for asked in _chain(exc):
+        entry = ledger.of(getattr(asked, "obj", None)) if isinstance(asked, AttributeError) else None
+        if entry is not None:
+            return OutOfStep(entry.seam, entry.file, f"the code under test asked vmfuzz's stand-in for "
+                             f"{getattr(asked, 'name', '?')}, which it does not provide, and {ending}")
+    unread = ledger.never_consulted()
+    if not unread:
+        return None
+    first, also = unread[0], "".join(f"; nor {', '.join(e.unread())} of {e.seam}" for e in unread[1:])
+    return OutOfStep(first.seam, first.file, f"the code under test never read {', '.join(first.unread())} of "
+                     f"vmfuzz's stand-in{also}, so what it did was not computed from them, and {ending}")
+
+
+def _chain(exc: BaseException):
+    """``exc`` and the exceptions it was raised from or while handling, innermost last."""
+    seen = []
+    while exc is not None and exc not in seen:
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return seen
 
 
 def known_cause(target, prop: str, failure: BaseException) -> str | None:

@@ -163,6 +163,12 @@ def _active() -> _ProcessRecord | None:
 def check_recorded(check, target, prop_name: str, config, batches, device):
     """``check(target, config, batches, device)``, its target recorded when a record is switched on;
     how the check ended (held, or the exception's type) is one more leaf."""
+    from harness.engine.core.failures import consulted_check
+    with consulted_check():
+        return _check_recorded(check, target, prop_name, config, batches, device)
+
+
+def _check_recorded(check, target, prop_name: str, config, batches, device):
     record = _active()
     if record is None:
         return check(target, config, batches, device)

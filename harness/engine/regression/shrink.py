@@ -158,7 +158,7 @@ def checker(prop, target, device: str, fault: str | None, timeout: float, keep=N
     whose origin has the cause of ``keep`` (the repro's recorded origin), or else of the first
     failure seen, or None. A candidate failing another way is not a smaller case of this finding
     (ClusterFuzz keeps a crash state the same way), so minimizing never drifts to another bug."""
-    from harness.engine.core.failures import failure_of
+    from harness.engine.core.failures import consulted_check, failure_of
     wanted = {"cause": keep.cause() if keep is not None else None}
 
     def same(exc) -> Failed | None:
@@ -172,7 +172,8 @@ def checker(prop, target, device: str, fault: str | None, timeout: float, keep=N
     if fault is None:
         def still_fails(case: Case) -> Failed | None:
             try:
-                prop.check(target, case[0], case[1], device)
+                with consulted_check():
+                    prop.check(target, case[0], case[1], device)
             except KeyboardInterrupt as exc:
                 from harness.engine.core.signals import from_user
                 if from_user(exc):

@@ -45,6 +45,7 @@ from typing import Callable
 
 from harness.model.config import Batch, Config, ConfigError, DraftTree, num_candidates, site_takes
 from harness.model.layouts import TreeMaskMode
+from harness.model.errors import OutOfStep
 from harness.properties import PROPERTIES, Property, PropertyFailure
 from harness.model.repro_file import dump, from_case
 from harness.model.trees import draft, parents, simplest
@@ -167,10 +168,14 @@ class ExhaustiveReport:
 
 
 def _fails(prop: Property, target, config: Config, batches: list[Batch], device: str) -> PropertyFailure | None:
+    from harness.engine.core.failures import consulted_check
     try:
-        prop.check(target, config, batches, device)
+        with consulted_check():
+            prop.check(target, config, batches, device)
     except PropertyFailure as exc:
         return exc
+    except OutOfStep:
+        raise  # vmfuzz no longer fits the code: the command says so (exit 3), never a finding
     except (Exception, SystemExit) as exc:  # the target itself broke (even exit()): a finding, as in the campaign
         from harness.engine.core.failures import failure_of
         return PropertyFailure(*failure_of(prop.name, exc))

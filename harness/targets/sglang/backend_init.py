@@ -35,12 +35,16 @@ from harness.model.errors import OutOfStep
 from harness.targets.sglang.binding import bound
 from harness.targets.sglang.reach import lookup_patches
 from harness.targets.sglang.seams import TranslatesNothing, call_with, where
+from harness.targets.sglang.stand_in import StandIn, recorded
 
 #: Model-family probes the constructor asks of the model config; the stand-in
 #: model is a plain dense one, so each answers "not this family". Releases
 #: name them differently (one ``mambaish_config`` from 0.5.18 on, three
 #: family probes before), so each is bound where the module has it.
 _FAMILY_PROBES = ("mambaish_config", "hybrid_gdn_config", "kimi_linear_config", "linear_attn_model_spec")
+
+#: the files that define what the stand-ins below stand in for
+_CONTEXT, _RUNNER = "srt/runtime_context.py", "srt/model_executor/model_runner.py"
 
 #: The runtime-context lookups a backend module may go through.
 _LOOKUPS = ("get_spec", "get_exec", "get_parallel", "get_schedule", "get_model", "get_memory", "get_disagg",
@@ -53,10 +57,11 @@ _LOOKUPS = ("get_spec", "get_exec", "get_parallel", "get_schedule", "get_model",
 SINGLE_GPU = {"enable_prefill_cp": False, "enable_dp_attention": False}
 
 
-def server_args(n: ServerNumbers, page_size: int = 1) -> SimpleNamespace:
+def server_args(n: ServerNumbers, page_size: int = 1) -> StandIn:
     """The arguments a server started with ``n`` (and KV pages of ``page_size`` tokens) has, under
     ServerArgs' own names."""
-    return SimpleNamespace(
+    return StandIn(
+        "ServerArgs", "srt/server_args.py",
         cuda_graph_max_bs=n.max_bs, max_running_requests=n.max_bs, context_length=n.context_len,
         speculative_algorithm="EAGLE", speculative_num_draft_tokens=n.num_draft_tokens,
         speculative_eagle_topk=n.topk, speculative_num_steps=n.spec_steps, page_size=page_size,
@@ -66,37 +71,41 @@ def server_args(n: ServerNumbers, page_size: int = 1) -> SimpleNamespace:
         disaggregation_mode="null", enable_two_batch_overlap=False, **SINGLE_GPU)
 
 
-def _context(args: SimpleNamespace) -> dict[str, object]:
+def _context(args: StandIn) -> dict[str, object]:
     """Each runtime-context lookup's answer, read from ``args`` as SGLang's config bags read server_args:
     a single-GPU server, no data/context/decode parallelism."""
-    spec = SimpleNamespace(**{k: getattr(args, k) for k in (
+    spec = StandIn("get_spec()", _CONTEXT, **{k: getattr(args, k) for k in (
         "speculative_algorithm", "speculative_num_draft_tokens", "speculative_eagle_topk", "speculative_num_steps")})
-    exec_ = SimpleNamespace(
-        kernel=SimpleNamespace(enable_lean_attention=args.enable_lean_attention,
+    exec_ = StandIn(
+        "get_exec()", _CONTEXT,
+        kernel=StandIn("get_exec().kernel", _CONTEXT, enable_lean_attention=args.enable_lean_attention,
                                triton_attention_num_kv_splits=args.triton_attention_num_kv_splits,
                                triton_attention_split_tile_size=args.triton_attention_split_tile_size,
                                flashinfer_mla_disable_ragged=args.flashinfer_mla_disable_ragged),
-        dllm=SimpleNamespace(dllm_algorithm=None),
-        overlap=SimpleNamespace(enable_two_batch_overlap=args.enable_two_batch_overlap),
-        deterministic=SimpleNamespace(enable_deterministic_inference=args.enable_deterministic_inference))
-    parallel = SimpleNamespace(attn_dcp_size=1, attn_dcp_rank=0, attn_tp_size=1, attn_cp_size=1, dcp_enabled=False,
+        dllm=StandIn("get_exec().dllm", _CONTEXT, dllm_algorithm=None),
+        overlap=StandIn("get_exec().overlap", _CONTEXT, enable_two_batch_overlap=args.enable_two_batch_overlap),
+        deterministic=StandIn("get_exec().deterministic", _CONTEXT,
+                              enable_deterministic_inference=args.enable_deterministic_inference))
+    parallel = StandIn("get_parallel()", _CONTEXT,
+                       attn_dcp_size=1, attn_dcp_rank=0, attn_tp_size=1, attn_cp_size=1, dcp_enabled=False,
                                dcp_size=1, dcp_rank=0, attn_dp_enabled=False,
                                **{k: getattr(args, k) for k in SINGLE_GPU})
-    schedule = SimpleNamespace(chunked_prefill_size=args.chunked_prefill_size, page_size=args.page_size,
+    schedule = StandIn("get_schedule()", _CONTEXT,
+                       chunked_prefill_size=args.chunked_prefill_size, page_size=args.page_size,
                                disable_chunked_prefix_cache=args.disable_chunked_prefix_cache)
     answers = {"get_spec": spec, "get_exec": exec_, "get_parallel": parallel, "get_schedule": schedule,
-               "get_model": SimpleNamespace(is_embedding=args.is_embedding),
-               "get_memory": SimpleNamespace(disable_radix_cache=args.disable_radix_cache),
-               "get_disagg": SimpleNamespace(disaggregation_mode=args.disaggregation_mode),
-               "get_platform": SimpleNamespace(is_sm100=False)}
-    lookups: dict[str, object] = {name: (lambda v=v: v) for name, v in answers.items()}
+               "get_model": StandIn("get_model()", _CONTEXT, is_embedding=args.is_embedding),
+               "get_memory": StandIn("get_memory()", _CONTEXT, disable_radix_cache=args.disable_radix_cache),
+               "get_disagg": StandIn("get_disagg()", _CONTEXT, disaggregation_mode=args.disaggregation_mode),
+               "get_platform": StandIn("get_platform()", _CONTEXT, is_sm100=False)}
+    lookups: dict[str, object] = {name: recorded(lambda v=v: v, name, _CONTEXT) for name, v in answers.items()}
     # a named process-wide buffer: made fresh (on meta) for each backend built here
-    lookups["get_buffer"] = lambda name, make: make()
+    lookups["get_buffer"] = recorded(lambda name, make: make(), "get_buffer", _CONTEXT)
     return lookups
 
 
 def model_runner(n: ServerNumbers, device="meta", page_size: int = 1,
-                 sliding_window_size: int | None = None) -> SimpleNamespace:
+                 sliding_window_size: int | None = None) -> StandIn:
     """A target model runner of a server started with ``n``, its KV in pages of ``page_size`` tokens, on
     ``device`` (meta: nothing is allocated); ``sliding_window_size``: a model whose every layer reads a
     window of that many tokens over one ordinary KV pool (no hybrid SWA pool).
@@ -106,22 +115,26 @@ def model_runner(n: ServerNumbers, device="meta", page_size: int = 1,
     deep, the least a server capturing ``max_bs`` has.
     """
     args = server_args(n, page_size)
-    model_config = SimpleNamespace(
+    model_config = StandIn(
+        "ModelConfig", _RUNNER,
         context_len=args.context_length, attention_arch=None, get_max_num_attention_heads=lambda: 8,
         get_num_kv_heads=lambda *a: 8, num_attention_heads=8, v_head_dim=64, swa_v_head_dim=64, head_dim=64,
         is_encoder_decoder=False, is_local_attention_model=False, kv_lora_rank=512, qk_nope_head_dim=128,
-        qk_rope_head_dim=64, scaling=1.0, hf_text_config=SimpleNamespace(num_attention_heads=8), hf_config=None)
-    pool = SimpleNamespace(size=args.max_running_requests,
+        qk_rope_head_dim=64, scaling=1.0, hf_config=None,
+        hf_text_config=StandIn("hf_text_config", _RUNNER, num_attention_heads=8))
+    pool = StandIn("req_to_token_pool", _RUNNER, size=args.max_running_requests,
                            req_to_token=torch.zeros(args.max_running_requests, 1, dtype=torch.int32, device=device))
-    kv_pool = SimpleNamespace(start_layer=0, get_value_buffer=lambda layer: torch.empty(1, 8, 64, device="meta"))
-    return SimpleNamespace(
+    kv_pool = StandIn("token_to_kv_pool", _RUNNER, start_layer=0,
+                      get_value_buffer=lambda layer: torch.empty(1, 8, 64, device="meta"))
+    return StandIn(
+        "ModelRunner", _RUNNER,
         server_args=args, model_config=model_config, req_to_token_pool=pool, token_to_kv_pool=kv_pool,
         token_to_kv_pool_allocator=None, sliding_window_size=sliding_window_size, page_size=args.page_size,
         attention_chunk_size=None,  # no chunked local attention (model_config.is_local_attention_model)
         kv_index_translator=TranslatesNothing(), is_draft_worker=False, spec_algorithm=None,
         # a single-GPU server's parallel sizes where older releases read them off the runner
         # (0.5.21: attn_cp_size; 0.5.17-0.5.20: a ``ps`` bag), as get_parallel answers today
-        attn_cp_size=1, ps=SimpleNamespace(attn_cp_size=1, tp_size=1, attn_tp_size=1, dp_size=1),
+        attn_cp_size=1, ps=StandIn("ModelRunner.ps", _RUNNER, attn_cp_size=1, tp_size=1, attn_tp_size=1, dp_size=1),
         decode_num_tokens_per_req=lambda: args.speculative_num_draft_tokens, device=device, gpu_id=0,
         dtype=torch.bfloat16, kv_cache_dtype=torch.bfloat16, kv_cache_dtype_str="auto",
         max_running_requests=args.max_running_requests)

@@ -7,6 +7,7 @@ import os
 import types
 
 from harness.model.errors import OutOfStep
+from harness.targets.sglang.stand_in import recorded
 
 _MISSING = object()
 #: the harness's own package folder: a frame here is vmfuzz's, not SGLang's
@@ -62,9 +63,19 @@ def _is_harness(filename: str) -> bool:
     return HARNESS_DIR in os.path.realpath(filename)
 
 
+def _recorded(value, owner, attr: str):
+    """The patch noting each call in the running check's ledger (``stand_in.recorded``), once."""
+    if getattr(value, "consultation", None) is not None:
+        return value
+    return recorded(value, attr, getattr(owner, "__name__", None) or type(owner).__name__)
+
+
 @contextlib.contextmanager
 def bound(*patches):
     """Bind (owner, attr, value[, may_add]) for the duration; put back exactly what was there.
+
+    Each function bound notes its calls in the running check's ledger, so a driver
+    can ask which of a step's rebindings SGLang never went through.
 
     Binding a name the owner does not have would patch nothing SGLang's code
     goes through (the real code then runs unguarded): that is out of step,
@@ -80,7 +91,7 @@ def bound(*patches):
                 raise OutOfStep(attr, _file(owner), f"{getattr(owner, '__name__', owner)} has no {attr} "
                                 "for vmfuzz to bind")
             saved.append((owner, attr, old))
-            setattr(owner, attr, value)
+            setattr(owner, attr, _recorded(value, owner, attr))
         try:
             yield
         except Exception as exc:  # an interrupt or an exit is never a seam's: it passes as itself

@@ -29,7 +29,6 @@ import functools
 import importlib.util
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -39,6 +38,7 @@ from harness.model.errors import OutOfStep
 from harness.targets.sglang.binding import bound
 from harness.targets.sglang.reach import lookup_patches
 from harness.targets.sglang.seams import call_method, call_with, where
+from harness.targets.sglang.stand_in import StandIn, recorded
 from harness.model.trees import draft_tokens, tree_tensors
 
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
@@ -102,30 +102,48 @@ def _source_of(module: str) -> str:
         return ""
 
 
-def stand_ins(sg, mask, config: Config, batch: Batch, dev):
-    """(batch, target worker, chain inputs): only what SGLang's call sites read."""
+_FROZEN = "srt/speculative/frozen_kv_mtp_worker_v2.py"
+#: the SGLang file whose call site reads the backend's verify mask, by call site (d = 1 reads it in the worker)
+_READS_THE_MASK = {"eagle": "srt/speculative/eagle_worker_common.py", "chain": "srt/speculative/eagle_worker_common.py",
+                   "pp": "srt/managers/scheduler_pp_mixin.py", "trivial": "srt/speculative/eagle_worker_v2.py"}
+
+
+def stand_ins(sg, mask, config: Config, batch: Batch, dev, backend=None):
+    """(batch, target worker, chain inputs): only what SGLang's call sites read.
+
+    Every call site but the frozen-KV MTP draft (which hands the wrapper no buffer)
+    decides reuse from the backend's ``verify_mask``: there it is load-bearing, so a
+    call site that no longer reads it there is out of step, whatever it then does.
+    ``backend``: SGLang's own backend (a router) in the stand-in's place.
+    """
     bs = batch.bs
     chain = chain_inputs(batch.seq_lens, config.d, config.max_context_len, dev)
     seq_lens = chain.seq_lens
-    backend = SimpleNamespace(verify_mask=mask, max_context_len=config.max_context_len)
-    model_runner = SimpleNamespace(attn_backend=backend,
-                                   model_config=SimpleNamespace(context_len=config.max_context_len,
-                                                                # the chain branch then writes M-RoPE
-                                                                # positions too, under the guard
-                                                                model_is_mrope=not config.trivial))
-    target_worker = SimpleNamespace(model_runner=model_runner)
-    forward_batch = SimpleNamespace(
+    site = "trivial" if config.trivial and config.call_site == "eagle" else config.call_site
+    reads = _READS_THE_MASK.get(site)
+    backend = backend if backend is not None else StandIn(
+        "attention backend's verify_mask", reads or _FROZEN,
+                      load_bearing=("verify_mask",) if reads else (),
+                      verify_mask=mask, max_context_len=config.max_context_len)
+    model_runner = StandIn("model runner", reads or "", attn_backend=backend,
+                           model_config=StandIn("model config", "", context_len=config.max_context_len,
+                                                # the chain branch then writes M-RoPE
+                                                # positions too, under the guard
+                                                model_is_mrope=not config.trivial))
+    target_worker = StandIn("target worker", reads or "", model_runner=model_runner)
+    forward_batch = StandIn(
+        "ForwardBatch", "srt/model_executor/forward_batch_info.py",
         forward_mode=sg.forward_info.ForwardMode.DECODE,
         seq_lens=seq_lens,
         # The exact sum sizes the wrapper's FULL_MASK fallback tightly, so a
         # short fallback allocation overflows instead of hiding in slack.
         seq_lens_sum=int(sum(batch.seq_lens)),
         seq_lens_cpu=seq_lens.cpu(),
-        spec_info=SimpleNamespace(bonus_tokens=chain.bonus_tokens),
+        spec_info=StandIn("draft input", "srt/speculative/eagle_info.py", bonus_tokens=chain.bonus_tokens),
         multimodal_inputs=[None] * bs,
         req_pool_indices=chain.req_pool_indices,
-        req_to_token_pool=SimpleNamespace(req_to_token=chain.req_to_token),
-        reqs=[SimpleNamespace(rid=f"req{b}") for b in range(bs)],
+        req_to_token_pool=StandIn("req-to-token pool", "srt/mem_cache/memory_pool.py", req_to_token=chain.req_to_token),
+        reqs=[StandIn("Req", "srt/managers/schedule_batch.py", rid=f"req{b}") for b in range(bs)],
         batch_size=lambda: bs,
     )
     return forward_batch, target_worker, chain
@@ -143,7 +161,8 @@ def build_verify_input(sg, mask, config: Config, batch: Batch, dev):
     if config.call_site == "chain" and not forward_batch.seq_lens.is_cuda:
         forward_batch.seq_lens = forward_batch.seq_lens.as_subclass(_SeenAsCuda)
     sel, par = tree_tensors(config, batch, dev)
-    return verify_input_call(sg, forward_batch, SimpleNamespace(bonus_tokens=chain.bonus_tokens), par, sel,
+    return verify_input_call(sg, forward_batch, StandIn("draft input", "srt/speculative/eagle_worker_common.py",
+                                                        bonus_tokens=chain.bonus_tokens), par, sel,
                              draft_tokens(config, batch, dev)[1], target_worker, config, dev)
 
 
@@ -192,14 +211,16 @@ def pp_rebuild(sg, forward_batch, target_worker, chain, config: Config, batch: B
     scheduler = pp.mixin.__new__(pp.mixin)
     scheduler.device = str(dev)
     scheduler.tp_worker = target_worker
-    spec = SimpleNamespace(speculative_num_steps=config.spec_steps, speculative_num_draft_tokens=config.d,
-                           speculative_eagle_topk=config.topk)
+    spec = StandIn("server's speculative config", _READS_THE_MASK["pp"], speculative_num_steps=config.spec_steps,
+                   speculative_num_draft_tokens=config.d, speculative_eagle_topk=config.topk)
     layout = sg.Mode(int(config.mode))
     chosen = [(owner, name, lambda: layout)
               for owner, name in default_layout_holders(sg, pp.mixin._pp_spec_rebuild_verify_input)]
-    # where the rebuild reaches get_spec (its import, or its home module); none found is out of step
-    # (``bound`` says so), as the rebuild reads the draft shape from it
-    asked = lookup_patches([pp.module], {"get_spec": lambda: spec}) or [(pp.module, "get_spec", lambda: spec)]
+    # The rebuild reads the draft shape from get_spec: load-bearing, so a rebuild that takes it from
+    # elsewhere is out of step. Bound where it reaches get_spec (its import, or its home module);
+    # none found is out of step too (``bound`` says so).
+    get_spec = recorded(lambda: spec, "get_spec", _READS_THE_MASK["pp"], load_bearing=True)
+    asked = lookup_patches([pp.module], {"get_spec": get_spec}) or [(pp.module, "get_spec", get_spec)]
     with bound(*asked, *chosen):
         call_method(scheduler, "_pp_spec_rebuild_verify_input", batch=forward_batch)
     return forward_batch.spec_info
@@ -304,7 +325,7 @@ def frozen_kv_mtp_draft(sg, forward_batch, chain, config: Config, batch: Batch, 
     draft_input.bonus_tokens = chain.bonus_tokens
     forward_batch.spec_info = draft_input
     # The draft model's ForwardBatch: only the field the draft step asserts on.
-    draft_batch = SimpleNamespace(init_new=lambda *a, **k: SimpleNamespace(
-        capture_hidden_mode=fz.module.CaptureHiddenMode.LAST))
+    draft_batch = StandIn("ForwardBatch", _FROZEN, init_new=lambda *a, **k: StandIn(
+        "draft ForwardBatch", _FROZEN, capture_hidden_mode=fz.module.CaptureHiddenMode.LAST))
     with bound((fz.module, "ForwardBatch", draft_batch)):
         return call_method(worker, "draft", batch=forward_batch)

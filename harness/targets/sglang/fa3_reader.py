@@ -53,6 +53,7 @@ from harness.model.layouts import TreeMaskMode, logical_size
 from harness.model.readers import capture_seq_len, captured_bs, pool_slots
 from harness.targets.sglang.binding import bound
 from harness.targets.sglang.seams import call_method, call_with
+from harness.targets.sglang.stand_in import StandIn
 
 FA3 = "srt/layers/attention/flashattention_backend.py"
 _MODULE = "sglang.srt.layers.attention.flashattention_backend"
@@ -118,7 +119,8 @@ def backend(config: Config, pool: int, dev, page_size: int = 1):
     # the KV cache dtype FA3 picks its kernel by and a request table of distinct slots.
     runner = backend_init.model_runner(numbers, dev, page_size)
     runner.kv_cache_dtype_str = "bfloat16"
-    runner.req_to_token_pool = SimpleNamespace(size=pool, req_to_token=_table(config, pool, dev, page_size))
+    runner.req_to_token_pool = StandIn("req_to_token_pool", FA3, size=pool,
+                                       req_to_token=_table(config, pool, dev, page_size))
     context = backend_init.lookups_bound(mod, mod.FlashAttentionBackend, numbers, page_size)
     try:
         with bound(*context):
@@ -140,11 +142,12 @@ def _pass(meta) -> Fa3Pass:
 def _verify_batch(mod, bs: int, seq_lens: list[int], custom_mask, positions, dev):
     """A TARGET_VERIFY forward batch of ``bs`` rows whose spec info carries ``custom_mask``."""
     lens = torch.tensor(seq_lens, dtype=torch.int64, device=dev)
-    return SimpleNamespace(
+    return StandIn(
+        "ForwardBatch", FA3,
         batch_size=bs, forward_mode=mod.ForwardMode.TARGET_VERIFY, seq_lens=lens, seq_lens_cpu=lens.cpu(),
         seq_lens_sum=int(lens.sum()), positions=positions,
         req_pool_indices=torch.tensor(pool_slots(bs), dtype=torch.int64, device=dev),
-        spec_info=SimpleNamespace(custom_mask=custom_mask, positions=positions),
+        spec_info=StandIn("verify spec info", FA3, custom_mask=custom_mask, positions=positions),
         out_cache_loc=None, encoder_lens=None, kv_loc_plan=None)
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-from types import SimpleNamespace
 
 import torch
 
@@ -36,6 +35,7 @@ from harness.targets.sglang.kv_ids import GathersKvSlots
 from harness.targets.sglang.readers import modules
 from harness.model.errors import OutOfStep
 from harness.targets.sglang.seams import bind, call_with
+from harness.targets.sglang.stand_in import StandIn
 
 FLASHINFER = "srt/layers/attention/flashinfer_backend.py"
 EAGLE_INFO = "srt/speculative/eagle_info.py"
@@ -170,8 +170,10 @@ def _graph_wrapper(m, bs: int, kv_tokens: int, buffer: torch.Tensor, dev, heap: 
     """A cuda-graph prefill wrapper for ``bs`` requests: the state ``fast_prefill_plan`` reads and refreshes."""
     kv_indices = heap.alloc("_paged_kv_indices_buf", max(1, kv_tokens), torch.int32, redzone_cells=64)
     kv_indices.copy_(stale_kv_indices(kv_indices.numel(), dev))
-    wrapper = SimpleNamespace(
-        device=dev, is_cuda_graph_enabled=True, _backend="fa2", _cached_module=SimpleNamespace(plan=hops.record_plan),
+    wrapper = StandIn(
+        "BatchPrefillWithPagedKVCacheWrapper", FLASHINFER,
+        device=dev, is_cuda_graph_enabled=True, _backend="fa2",
+        _cached_module=StandIn("FlashInfer's cached module", FLASHINFER, plan=hops.record_plan),
         _max_total_num_rows=None,
         _qo_indptr_buf=torch.full((bs + 1,), -7, dtype=torch.int32, device=dev),
         _paged_kv_indptr_buf=torch.full((bs + 1,), -7, dtype=torch.int32, device=dev),
@@ -202,8 +204,10 @@ def pack_mask(config: Config, batch: Batch, step_mask: torch.Tensor, buffer: tor
     wrapper = _graph_wrapper(m, bs, seq_sum + d * bs, buffer, dev, heap, hops)
     # Each (request, token) its own slot, room for its prefix and draft tokens; stray writes land in redzones.
     translator = GathersKvSlots(heap, plan_kv_span(config))
-    updater = SimpleNamespace(
-        attn_backend=SimpleNamespace(kv_index_translator=translator, dq_paged_kernel_lens=None),
+    updater = StandIn(
+        "FlashInferIndicesUpdaterPrefill", FLASHINFER,
+        attn_backend=StandIn("FlashInferAttnBackend", FLASHINFER, kv_index_translator=translator,
+                             dq_paged_kernel_lens=None),
         kv_last_page_len=torch.ones(max(bs, config.max_bs), dtype=torch.int32, device=dev), num_qo_heads=1,
         num_kv_heads=1, head_dim=8, q_data_type=torch.float16, data_type=torch.float16, _swa_kv_pool=None)
     try:
@@ -265,7 +269,8 @@ def _capture_attributes(bs: int, dev) -> dict:
         prefill_cuda_graph_metadata={}, decode_cuda_graph_metadata={}, draft_extend_cuda_graph_metadata={},
         full_cg_prefill_wrappers=None,
         # the first plan() of a capture: FlashInfer's own, not the fast plan; it plans nothing here
-        indices_updater_prefill=SimpleNamespace(update=lambda *args, **kwargs: None))
+        indices_updater_prefill=StandIn("FlashInferIndicesUpdaterPrefill", FLASHINFER,
+                                        update=lambda *args, **kwargs: None))
 
 
 def _capture_installs_fast_plan(m, topk: int) -> bool:
@@ -285,7 +290,8 @@ def _capture_installs_fast_plan(m, topk: int) -> bool:
         retrieve_cum_len=None, spec_steps=2, topk=topk, draft_token_num=d,
         capture_hidden_mode=m.forward_info.CaptureHiddenMode.FULL, seq_lens_sum=int(seq_lens.sum()),
         seq_lens_cpu=seq_lens.clone())
-    batch = SimpleNamespace(
+    batch = StandIn(
+        "ForwardBatch", FLASHINFER,
         batch_size=bs, req_pool_indices=torch.arange(bs), seq_lens=seq_lens, seq_lens_cpu=seq_lens.clone(),
         seq_lens_sum=int(seq_lens.sum()), encoder_lens=None, forward_mode=m.forward_info.ForwardMode.TARGET_VERIFY,
         spec_info=spec_info, positions=torch.zeros(bs * d, dtype=torch.long), kv_loc_plan=None, out_cache_loc=None)

@@ -40,6 +40,7 @@ from harness.model.qsa_reads import QsaVerify
 from harness.model.readers import capture_seq_len, captured_bs, pool_slots
 from harness.targets.sglang.binding import bound
 from harness.targets.sglang.seams import call_method, call_with
+from harness.targets.sglang.stand_in import StandIn
 
 QSA = "srt/layers/attention/qwen_sparse_attn_backend.py"
 _MODULE = "sglang.srt.layers.attention.qwen_sparse_attn_backend"
@@ -96,13 +97,14 @@ def backend(config: Config, pool: int, dev):
     numbers = ServerNumbers(pool, config.max_context_len, config.d, config.topk, config.spec_steps)
     runner = backend_init.model_runner(numbers, dev)
     ratio = _compress_ratio(config.d)
-    runner.model_config.hf_text_config = SimpleNamespace(num_attention_heads=8, indexer_compress_ratio=ratio)
-    runner.token_to_kv_pool = SimpleNamespace(start_layer=0, qsa_compressed_page_size=ratio,
+    runner.model_config.hf_text_config = StandIn("hf_text_config", QSA, num_attention_heads=8,
+                                                 indexer_compress_ratio=ratio)
+    runner.token_to_kv_pool = StandIn("token_to_kv_pool", QSA, start_layer=0, qsa_compressed_page_size=ratio,
                                               qsa_compress_ratio=ratio, qsa_block_topk=8)
     tokens = table_width(config)
     table = torch.tensor([[table_slot(p, t, config) for t in range(tokens)] for p in range(pool)],
                          dtype=torch.int32, device=dev)
-    runner.req_to_token_pool = SimpleNamespace(size=pool, req_to_token=table)
+    runner.req_to_token_pool = StandIn("req_to_token_pool", QSA, size=pool, req_to_token=table)
     with bound(*backend_init.lookups_bound(mod, cls, numbers)):
         return call_with(cls, f"{cls.__name__}.__init__", QSA, model_runner=runner), numbers
 
@@ -123,16 +125,16 @@ class _UnpinnedTorch:
         return unpinned
 
 
-def _verify_batch(mod, config: Config, seq_lens: list[int], positions, dev, **extra) -> SimpleNamespace:
+def _verify_batch(mod, config: Config, seq_lens: list[int], positions, dev, **extra) -> StandIn:
     """A chain TARGET_VERIFY forward batch of ``len(seq_lens)`` requests in pool slots ``readers.pool_slots``."""
     lens = torch.tensor(seq_lens, dtype=torch.int64, device=dev)
     rows = positions.numel()
-    return SimpleNamespace(
-        forward_mode=mod.ForwardMode.TARGET_VERIFY, batch_size=len(seq_lens), seq_lens=lens,
+    return StandIn(
+        "ForwardBatch", QSA, forward_mode=mod.ForwardMode.TARGET_VERIFY, batch_size=len(seq_lens), seq_lens=lens,
         seq_lens_cpu=lens.cpu(), positions=positions, input_ids=torch.zeros(rows, dtype=torch.int64, device=dev),
         req_pool_indices=torch.tensor(pool_slots(len(seq_lens)), dtype=torch.int64, device=dev),
         out_cache_loc=torch.arange(rows, dtype=torch.int64, device=dev), extend_seq_lens=None,
-        mrope_positions=None, spec_info=SimpleNamespace(topk=1, draft_token_num=config.d), **extra)
+        mrope_positions=None, spec_info=StandIn("verify spec info", QSA, topk=1, draft_token_num=config.d), **extra)
 
 
 def _run(call, forward_batch, what: str) -> None:

@@ -39,6 +39,9 @@ from harness.targets.sglang.kv_ids import GathersKvSlots
 from harness.targets.sglang.loader import _quiet_import
 from harness.targets.sglang.reach import patches_everywhere
 from harness.targets.sglang.seams import call_method, unset_by_harness
+from harness.targets.sglang.stand_in import StandIn
+
+TRITON_FILE = "srt/layers/attention/triton_backend.py"
 
 #: What this module drives: (path under the sglang package, function, properties).
 SURFACE = (
@@ -174,10 +177,17 @@ def _window_buffers(backend, config: Config, heap: ShadowHeap, cells: int, dev) 
     backend.cuda_graph_window_num_kv_splits = torch.ones(config.max_bs * config.d, dtype=torch.int32, device=dev)
 
 
-def _verify_batch(m, batch_size: int, seq_lens: torch.Tensor, custom_mask, d: int, sum_known: bool = True):
-    """``sum_known=False``: the overlap scheduler's batch, whose ``seq_lens_sum`` it never copied to the host."""
-    spec_info = SimpleNamespace(custom_mask=custom_mask, num_tokens_per_req=d)
-    return SimpleNamespace(
+def _verify_batch(m, batch_size: int, seq_lens: torch.Tensor, custom_mask, d: int, sum_known: bool = True,
+                  capture: bool = False):
+    """``sum_known=False``: the overlap scheduler's batch, whose ``seq_lens_sum`` it never copied to the host.
+
+    The mask is what the reader is judged on, so outside a capture (whose metadata
+    is the placeholder's) the spec info's ``custom_mask`` is load-bearing."""
+    spec_info = StandIn("verify spec info's custom_mask", TRITON_FILE,
+                        load_bearing=() if capture else ("custom_mask",),
+                        custom_mask=custom_mask, num_tokens_per_req=d)
+    return StandIn(
+        "ForwardBatch", "srt/model_executor/forward_batch_info.py",
         batch_size=batch_size, forward_mode=m.forward_info.ForwardMode.TARGET_VERIFY, spec_info=spec_info,
         seq_lens=seq_lens, seq_lens_sum=int(seq_lens.sum()) if sum_known else None,
         req_pool_indices=torch.tensor(pool_slots(batch_size), dtype=torch.long, device=seq_lens.device),
@@ -235,7 +245,7 @@ def read_replay(mask, config: Config, batch: Batch, step, heap: ShadowHeap, wind
                              dtype=torch.bool, device=dev)
     padding = torch.full((graph_bs - batch.bs,), fill, dtype=torch.long, device=dev)
     capture = _verify_batch(m, graph_bs, torch.full((graph_bs,), fill, dtype=torch.long, device=dev),
-                            placeholder, config.d)
+                            placeholder, config.d, capture=True)
     with _stand_in_checked(backend):
         call_method(backend, "init_forward_metadata_out_graph", forward_batch=capture, in_capture=True)
     # The step's writes land after capture; a reused step wrote the buffer itself.
@@ -273,7 +283,7 @@ class ServerReader:
         self.graphs = {}
         for graph_bs in sorted({captured_bs(n, config.max_bs) for n in range(1, config.max_bs + 1)}, reverse=True):
             capture = _verify_batch(m, graph_bs, torch.full((graph_bs,), fill, dtype=torch.long, device=dev),
-                                    placeholder, config.d)
+                                    placeholder, config.d, capture=True)
             with _stand_in_checked(self.backend):
                 call_method(self.backend, "init_forward_metadata_out_graph", forward_batch=capture, in_capture=True)
             self.graphs[graph_bs] = self.backend.forward_metadata

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -36,10 +35,12 @@ from harness.model.routing import (CAPTURE, FIXUP_GRAPH_BS, FIXUP_ROUTERS, FIXUP
 from harness.model.errors import OutOfStep
 from harness.targets.sglang.binding import bound
 from harness.targets.sglang.reach import lookup_patches
-from harness.targets.sglang.seams import call_method, call_with, where
+from harness.targets.sglang.seams import call_method, call_with, require_taken, where
+from harness.targets.sglang.stand_in import StandIn
 from harness.model.trees import draft_tokens, tree_tensors
 
 _ATTN = "srt/layers/attention/"
+_CONTEXT, _CALL_SITE = "srt/runtime_context.py", "srt/speculative/eagle_worker_common.py"
 
 #: (sglang-relative path, what is driven, properties that drive it)
 SURFACE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -154,9 +155,10 @@ def build(sg, router: str, spec_mode: str, children: dict, context_len: int) -> 
     graphs: dict = {"fixups": [], "graph_states": []}
     backend = _router(router, spec_mode, _kids(sg, router, spec_mode, children, context_len, served, made, graphs),
                       context_len)
-    forward_batch = SimpleNamespace(forward_mode=sg.forward_info.ForwardMode.TARGET_VERIFY)
-    call_method(backend, "forward_extend", q=None, k=None, v=None, layer=SimpleNamespace(layer_id=_FULL_LAYER),
-                forward_batch=forward_batch)
+    at = where(type(backend))
+    call_method(backend, "forward_extend", q=None, k=None, v=None,
+                layer=StandIn("RadixAttention", at, layer_id=_FULL_LAYER),
+                forward_batch=StandIn("ForwardBatch", at, forward_mode=sg.forward_info.ForwardMode.TARGET_VERIFY))
     resolved, custom_mask = _dflash_resolves(backend, made)
     fixed_up = _drive_graphs(router, spec_mode, backend)
     return Routing(router, spec_mode, backend, backend.verify_mask, getattr(backend, "max_context_len", None),
@@ -187,10 +189,10 @@ def _hybrid_lookups(spec_mode: str) -> list:
     without a diffusion LLM; only those this release has, bound wherever the real function is held
     (imported by name, or reached through the module that defines it)."""
     mod, _ = _class("hybrid")
-    spec = SimpleNamespace(speculative_attention_mode=spec_mode, speculative_algorithm="EAGLE",
-                           dllm_algorithm=None)
-    answers = {"get_spec": lambda: spec,
-               "get_exec": lambda: SimpleNamespace(dllm=SimpleNamespace(dllm_algorithm=None))}
+    spec = StandIn("get_spec()", _CONTEXT, speculative_attention_mode=spec_mode, speculative_algorithm="EAGLE",
+                   dllm_algorithm=None)
+    exec_ = StandIn("get_exec()", _CONTEXT, dllm=StandIn("get_exec().dllm", _CONTEXT, dllm_algorithm=None))
+    answers = {"get_spec": lambda: spec, "get_exec": lambda: exec_}
     return lookup_patches([mod], answers)
 
 
@@ -217,13 +219,14 @@ def _router(router: str, spec_mode: str, kids: dict, context_len: int):
     mod, cls = _class(router)
     seam, file = f"{cls.__name__}.__init__", where(cls)
     if router == "hybrid":
-        spec = SimpleNamespace(speculative_attention_mode=spec_mode, speculative_algorithm="EAGLE",
-                               dllm_algorithm=None)
+        spec = StandIn("ServerArgs", file, speculative_attention_mode=spec_mode, speculative_algorithm="EAGLE",
+                       dllm_algorithm=None)
         # The mode is read from the server's spec (get_spec(), 0.5.23) or, in older
         # releases, from the model runner's server_args: both carry it.
-        runner = SimpleNamespace(kv_cache_dtype=torch.bfloat16, token_to_kv_pool=None, req_to_token_pool=None,
+        runner = StandIn("ModelRunner", file, kv_cache_dtype=torch.bfloat16, token_to_kv_pool=None,
+                         req_to_token_pool=None,
                                  kv_index_translator=None, server_args=spec, dllm_config=None,
-                                 model_config=SimpleNamespace(context_len=context_len))
+                         model_config=StandIn("ModelConfig", file, context_len=context_len))
         with bound(*_hybrid_lookups(spec_mode)), _lookups_taken(seam, file):
             return call_with(cls, seam, file, model_runner=runner, prefill_backend=kids["prefill"],
                              decode_backend=kids["decode"])
@@ -347,9 +350,9 @@ def tbo_replay(sg, config: Config, batch: Batch) -> tuple[ReplayView, list]:
     mask_cells = sum((s + d) * d for s in batch.seq_lens)
     spec = _VerifyInput(d, torch.arange(bs * d) + 1000, torch.arange(mask_cells) + 10_000, seq_lens.clone())
     mode = sg.forward_info.ForwardMode.TARGET_VERIFY
-    view = SimpleNamespace(
-        batch_size=bs, forward_mode=mode, actual_forward_mode=mode, input_ids=torch.arange(bs * d) + 100,
-        positions=None, req_pool_indices=torch.arange(bs) + 10, seq_lens=seq_lens.clone(),
+    view = StandIn(
+        "ForwardBatch", where(cls), batch_size=bs, forward_mode=mode, actual_forward_mode=mode, positions=None,
+        input_ids=torch.arange(bs * d) + 100, req_pool_indices=torch.arange(bs) + 10, seq_lens=seq_lens.clone(),
         seq_lens_sum=int(seq_lens.sum()), seq_lens_cpu=seq_lens.clone(), encoder_lens=None,
         out_cache_loc=torch.arange(bs * d) + 500, kv_loc_plan=None, kv_loc_cols=None, spec_info=spec,
         max_seq_len_override=None)
@@ -371,15 +374,14 @@ def verify_routed(target, routing: Routing, config: Config, batch: Batch, heap) 
     mask = routing.backend.verify_mask
     if mask is not None:
         target._draft_tokens[id(mask)] = config.d
-    forward_batch, target_worker, chain = call_sites.stand_ins(sg, mask, config, batch, dev)
-    target_worker.model_runner.attn_backend = routing.backend
+    forward_batch, target_worker, chain = call_sites.stand_ins(sg, mask, config, batch, dev, routing.backend)
     if not getattr(routing, "needs_cpu_seq_lens", False):
         forward_batch.seq_lens_sum = None
     sel, par = tree_tensors(config, batch, dev)
-    from harness.targets.sglang.seams import require_taken
     with target._routed(heap, mask) as taken:
-        vi = call_sites.verify_input_call(sg, forward_batch, SimpleNamespace(bonus_tokens=chain.bonus_tokens), par,
-                                          sel, draft_tokens(config, batch, dev)[1], target_worker, config, dev)
+        drafted = StandIn("draft input", _CALL_SITE, bonus_tokens=chain.bonus_tokens)
+        vi = call_sites.verify_input_call(sg, forward_batch, drafted, par, sel, draft_tokens(config, batch, dev)[1],
+                                          target_worker, config, dev)
     require_taken(taken, "routed eagle")
     reused = mask is not None and vi.custom_mask.data_ptr() == mask.buffer.data_ptr()
     return StepOutput(vi.custom_mask, vi.positions, vi.retrieve_index, vi.retrieve_next_token,

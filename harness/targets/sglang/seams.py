@@ -232,14 +232,18 @@ class Sentinel:
     """A patch that records being gone through: a patch not taken proves nothing was checked."""
 
     def __init__(self, fn, seam: str, file: str):
+        from harness.model import consultation
         self.fn, self.seam, self.file, self.calls = fn, seam, file, 0
+        self.consultation = consultation.register(seam, file)
 
     def __call__(self, *args, **kwargs):
         self.calls += 1
+        self.consultation.reads.add("call")
         return self.fn(*args, **kwargs)
 
     def __getitem__(self, grid):  # a Triton launch, ``kernel[grid](...)``
         self.calls += 1
+        self.consultation.reads.add("call")
         return self.fn[grid]
 
     def require(self, why: str) -> None:

@@ -1,0 +1,98 @@
+"""Stand-ins that record being consulted by SGLang's code.
+
+A stand-in object (a batch, a model runner, an attention backend, server
+args ...) is a ``StandIn``: a namespace that records each field SGLang's code
+reads, and each field it asks for and does not find. A patch the harness binds
+into SGLang's modules is ``recorded``: it notes being called. Both register
+in the running check's ledger (``harness.model.consultation``), and
+``engine.core.failures.consulted_check`` judges from it: a failure met while a
+load-bearing stand-in was never read, or after SGLang's code asked a stand-in
+for what it does not provide, is out of step naming the seam, never SGLang's.
+
+A stand-in is load-bearing where the check means something only if SGLang read
+it: the attention backend's ``verify_mask`` at a call site that decides reuse
+is one; a field a release may or may not read (``max_context_len``) is not.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import types
+
+from harness.model import consultation
+
+
+class StandIn(types.SimpleNamespace):
+    """A namespace standing in for a server object, recording what SGLang's code reads of it.
+
+    ``StandIn(seam, file, load_bearing=(...), **fields)``: ``seam`` names what it
+    stands in for, ``file`` the SGLang file that reads it, ``load_bearing`` the
+    fields that must be read for a failure to be SGLang's.
+    """
+
+    __slots__ = ("_consultation",)
+
+    def __init__(self, seam: str, file: str = "", /, *, load_bearing=(), **fields):
+        super().__init__(**fields)
+        unknown = set(load_bearing) - set(fields)
+        if unknown:  # a typo here would make the stand-in unconsultable: every check out of step
+            raise ValueError(f"{seam}: load-bearing {sorted(unknown)} are not among its fields")
+        object.__setattr__(self, "_consultation", consultation.register(seam, file, load_bearing, self))
+
+    def __getattribute__(self, name: str):
+        fields = object.__getattribute__(self, "__dict__")
+        if name in fields:
+            entry = object.__getattribute__(self, "_consultation")
+            # vmfuzz reading its own stand-in (to build the next one) is no consultation by SGLang
+            if name not in entry.load_bearing or not _read_by_harness():
+                entry.reads.add(name)
+        return object.__getattribute__(self, name)
+
+    def __getattr__(self, name: str):  # only a field it lacks: noted, then missed as ever
+        if not name.startswith("__"):
+            object.__getattribute__(self, "_consultation").lacking.add(name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}", name=name, obj=self)
+
+    def __repr__(self) -> str:
+        return f"StandIn[{object.__getattribute__(self, '_consultation').seam}]"
+
+
+#: vmfuzz's own package folder: a read from code there is vmfuzz's, not SGLang's
+_HARNESS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))) + os.sep
+
+
+def _read_by_harness() -> bool:
+    caller = sys._getframe(2).f_code.co_filename
+    return _HARNESS_DIR in caller and not caller.endswith("stand_in.py")
+
+
+def consultation_of(stand_in: StandIn) -> consultation.Consultation:
+    """What SGLang's code read of ``stand_in`` so far."""
+    return object.__getattribute__(stand_in, "_consultation")
+
+
+def recorded(patch, seam: str, file: str, *, load_bearing: bool = False):
+    """``patch`` (a function bound over SGLang's) noting each call in the running check's ledger.
+
+    A load-bearing patch never called while the check failed makes the failure out
+    of step. Anything but a plain function (a class, an instance) records itself
+    if it can, and is handed back as it is.
+    """
+    if not isinstance(patch, types.FunctionType):
+        return patch
+    entry = consultation.register(seam, file, ("call",) if load_bearing else ())
+
+    @functools.wraps(patch)
+    def consulted(*args, **kwargs):
+        entry.reads.add("call")
+        return patch(*args, **kwargs)
+    consulted.consultation = entry
+    return consulted
+
+
+def never_consulted() -> list[consultation.Consultation]:
+    """The running check's stand-ins and patches nothing read so far (empty outside a check)."""
+    ledger = consultation.current()
+    return ledger.unconsulted() if ledger is not None else []
