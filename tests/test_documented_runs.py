@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from tests import sglang_repo
 from tests.documented import BUDGET, ROOT, expected_exit, run_by
 from tests.helpers import sglang_or_skip, vmfuzz
 from tests.test_shard import redis_server  # noqa: F401 (a fixture: a real redis-server on a free port)
@@ -37,12 +36,6 @@ def only_reports(folder: Path) -> Path:
     return summary.parent
 
 
-@pytest.fixture(scope="module")
-def history(tmp_path_factory):
-    sglang_or_skip()
-    return sglang_repo.fits_history(tmp_path_factory.mktemp("sglang-history"))
-
-
 def test_readme_nightly_runs_every_step_of_a_night(tmp_path):
     sglang_or_skip()
     [nightly] = run_by("test_readme_nightly_runs_every_step_of_a_night")
@@ -54,8 +47,8 @@ def test_readme_nightly_runs_every_step_of_a_night(tmp_path):
     assert "could not check: the time budget" in out, out
 
 
-def test_gate_lines_run_in_a_checkout(history, tmp_path):
-    repo, _, _ = history
+def test_gate_lines_run_in_a_checkout(fits_history, tmp_path):
+    repo, _, _ = fits_history
     base, listed = run_by("test_gate_lines_run_in_a_checkout")
     assert "--base" in base.argv() and "--changed-files" in listed.argv()
     changed = tmp_path / "changed.txt"
@@ -75,8 +68,8 @@ def test_surface_runs_as_written(tmp_path):
     assert any(r["driven"] for r in rows) and any(not r["driven"] for r in rows), rows
 
 
-def test_workflows_bisect_names_the_commit_that_broke_fits(history, tmp_path):
-    repo, _, bad = history
+def test_workflows_bisect_names_the_commit_that_broke_fits(fits_history, tmp_path):
+    repo, _, bad = fits_history
     (tmp_path / "repro").symlink_to(ROOT / "repro")  # the line names the checkout's repro/ from its root
     [bisect] = run_by("test_workflows_bisect_names_the_commit_that_broke_fits")
     _, out = run(bisect, bisect.argv({"~/sglang": str(repo)}), tmp_path)

@@ -78,13 +78,12 @@ def test_the_gate_defaults_to_sglang_and_without_it_says_so_in_one_line_exit_2(t
 
 
 @pytest.mark.slow
-def test_readme_s_minimize_walkthrough_runs_as_written(sglang_target, tmp_path):
+def test_readme_s_minimize_walkthrough_runs_as_written(sglang_target, fits_history, tmp_path):
     """The README's crash report and its three lines, as a user copies them (read from the README through
     tests/documented.py): the replay fails (exit 1), minimize writes a smaller repro that keeps the
     finding's origin (exit 1), and bisect, given that repro, names the commit that broke ``fits``."""
     import re
 
-    from tests import sglang_repo
     from tests.documented import expected_exit, run_by
     text = (ROOT / "README.md").read_text()
     section = text.split("### Minimizing a failure", 1)[1].split("###", 1)[0]
@@ -97,7 +96,7 @@ def test_readme_s_minimize_walkthrough_runs_as_written(sglang_target, tmp_path):
         assert proc.returncode == expected_exit(cmd), cmd.where() + "\n" + proc.stdout + proc.stderr
     small = json.loads((tmp_path / "min.json").read_text())
     assert sum(sum(b["seq_lens"]) for b in small["batches"]) < 9 * 4096 and small["origin"]["effect"] == "overrun"
-    repo, good, bad = sglang_repo.fits_history(tmp_path / "history")
+    repo, good, bad = fits_history
     proc = vmfuzz(*bisect.argv({"~/sglang": str(repo), "GOOD": good, "BAD": bad}), cwd=tmp_path, timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == expected_exit(bisect), bisect.where() + "\n" + out
