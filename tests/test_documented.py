@@ -10,7 +10,7 @@ import pytest
 from harness.cli.parser import build_parser
 from harness.commands.request import Request, request_of
 from harness.model.errors import UsageError
-from tests.documented import LEDGER, PLACEHOLDERS, ROOT, commands_in, documented
+from tests.documented import DOCS, LEDGER, PLACEHOLDERS, ROOT, commands_in, documented
 
 
 def parse_problems(commands) -> list[str]:
@@ -36,10 +36,8 @@ def parse_problems(commands) -> list[str]:
 def test_every_documented_command_parses_into_its_request():
     commands = documented()
     assert parse_problems(commands) == []
-    # what the docs hold today, so a reader of this test knows the extraction found them all
-    names = sorted({c.argv()[0] for c in commands})
-    assert names == ["bisect", "compare", "gate", "merge", "minimize", "replay", "run", "surface"], names
-    assert len({c.text for c in commands}) == 15, [c.where() for c in commands]
+    # an extraction that found nothing would pass the line above: each doc shows several
+    assert all(sum(c.doc == doc for c in commands) >= 5 for doc in DOCS), [c.where() for c in commands]
 
 
 def test_output_samples_and_other_programs_are_not_commands():
