@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.documented import BUDGET, ROOT, expected_exit, run_by
+from tests.documented import BUDGET, NIGHTLY_BUDGET, ROOT, expected_exit, run_by
 from tests.helpers import sglang_or_skip, vmfuzz
 from tests.test_shard import redis_server  # noqa: F401 (a fixture: a real redis-server on a free port)
 
@@ -39,9 +39,9 @@ def only_reports(folder: Path) -> Path:
 def test_readme_nightly_runs_every_step_of_a_night(tmp_path):
     sglang_or_skip()
     [nightly] = run_by("test_readme_nightly_runs_every_step_of_a_night")
-    _, out = run(nightly, nightly.argv(options={"--time-budget": BUDGET, "--workers": "2"}), tmp_path)
+    _, out = run(nightly, nightly.argv(options={"--time-budget": NIGHTLY_BUDGET, "--workers": "1"}), tmp_path)
     s = json.loads((only_reports(tmp_path) / "summary.json").read_text())
-    assert (s["command"], s["target"], s["profile"], s["workers"]) == ("run", "sglang", "nightly", 2), out
+    assert (s["command"], s["target"], s["profile"], s["workers"]) == ("run", "sglang", "nightly", 1), out
     assert (only_reports(tmp_path) / "report.html").is_file()
     assert (tmp_path / ".vmfuzz-db" / "hypothesis").is_dir(), out  # the database a next night starts from
     assert "could not check: the time budget" in out, out
