@@ -62,3 +62,13 @@ def sglang_target():
     target = sglang_or_skip()
     attach(target, applicable(entries(default_known_root()), dict(target.versions())))
     return target
+
+
+@pytest.fixture(scope="session")
+def fits_history(tmp_path_factory):
+    """A stand-in SGLang checkout, ``main`` one commit (``fits`` admitting max_bs + 1) past
+    ``origin/main``: (repo, good sha, bad sha). Built once per worker: copying and committing
+    SGLang's tree costs tens of seconds, and the tests that use it leave its history as it was."""
+    from tests import sglang_repo
+    sglang_or_skip()
+    return sglang_repo.fits_history(tmp_path_factory.mktemp("fits-history"))

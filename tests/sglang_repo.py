@@ -92,3 +92,24 @@ def commit(repo: Path, message: str, *changes: tuple[str, str, str], touch: str 
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", message)
     return git(repo, "rev-parse", "HEAD")
+
+
+#: ``fits`` letting one request too many through (the ``fits-off-by-one`` variant's bug, in the code).
+OFF_BY_ONE = ("python/sglang/srt/layers/attention/verify_mask.py",
+              r"(\n\s+return bs <= self\.max_bs)\n", r"\1 + 1\n")
+
+
+def fits_history(root: Path) -> tuple[Path, str, str]:
+    """A checkout whose ``main`` is one commit past ``origin/main`` (tagged ``v0.5.17``): the
+    installed SGLang, then ``fits`` admitting max_bs + 1. Returns (repo, good sha, bad sha).
+    The reports and database a command writes inside it are ignored: a gate run there must not
+    count them as part of the change."""
+    repo = build(root)
+    git(repo, "config", "gc.auto", "0")  # thousands of loose objects: no background gc mid-test
+    with open(repo / ".gitignore", "a") as f:
+        f.write("reports/\n.vmfuzz-db/\n")
+    good = commit(repo, "ignore vmfuzz's reports")
+    git(repo, "tag", "v0.5.17")
+    git(repo, "update-ref", "refs/remotes/origin/main", good)
+    bad = commit(repo, "verify_mask: let one more request through", OFF_BY_ONE)
+    return repo, good, bad

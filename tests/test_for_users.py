@@ -78,23 +78,29 @@ def test_the_gate_defaults_to_sglang_and_without_it_says_so_in_one_line_exit_2(t
 
 
 @pytest.mark.slow
-def test_readme_s_minimize_walkthrough_runs_as_written(sglang_target, tmp_path):
-    """The README's crash report and its replay and minimize lines, as a user copies them: the replay fails
-    (exit 1), minimize writes a smaller repro that keeps the finding's origin."""
+def test_readme_s_minimize_walkthrough_runs_as_written(sglang_target, fits_history, tmp_path):
+    """The README's crash report and its three lines, as a user copies them (read from the README through
+    tests/documented.py): the replay fails (exit 1), minimize writes a smaller repro that keeps the
+    finding's origin (exit 1), and bisect, given that repro, names the commit that broke ``fits``."""
     import re
+
+    from tests.documented import expected_exit, run_by
     text = (ROOT / "README.md").read_text()
     section = text.split("### Minimizing a failure", 1)[1].split("###", 1)[0]
     block = re.search(r"\n    (\{\"config\".*?\]\}\]\})\n", section, re.S).group(1)
     (tmp_path / "crash.json").write_text("\n".join(line.strip() for line in block.splitlines()))
-    lines = [line.strip().split("  #")[0].strip() for line in section.splitlines()
-             if line.strip().startswith(("vmfuzz replay", "vmfuzz minimize"))]
-    assert len(lines) == 2, lines
-    replay = vmfuzz(*lines[0].split()[1:], "--report-dir", str(tmp_path / "r1"), cwd=tmp_path)
-    assert replay.returncode == 1, replay.stdout + replay.stderr
-    minimize = vmfuzz(*lines[1].split()[1:], "--report-dir", str(tmp_path / "r2"), cwd=tmp_path)
-    assert minimize.returncode == 1, minimize.stdout + minimize.stderr
+    replay, minimize, bisect = run_by("test_readme_s_minimize_walkthrough_runs_as_written")
+    assert [c.argv()[0] for c in (replay, minimize, bisect)] == ["replay", "minimize", "bisect"]
+    for cmd in (replay, minimize):
+        proc = vmfuzz(*cmd.argv(), cwd=tmp_path)
+        assert proc.returncode == expected_exit(cmd), cmd.where() + "\n" + proc.stdout + proc.stderr
     small = json.loads((tmp_path / "min.json").read_text())
     assert sum(sum(b["seq_lens"]) for b in small["batches"]) < 9 * 4096 and small["origin"]["effect"] == "overrun"
+    repo, good, bad = fits_history
+    proc = vmfuzz(*bisect.argv({"~/sglang": str(repo), "GOOD": good, "BAD": bad}), cwd=tmp_path, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == expected_exit(bisect), bisect.where() + "\n" + out
+    assert f"first bad commit: {bad} verify_mask: let one more request through" in out, out
 
 
 def test_the_missing_sglang_hint_names_only_what_this_installation_has():
