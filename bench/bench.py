@@ -48,15 +48,15 @@ import torch
 from hypothesis import HealthCheck, Phase, example, given, seed as hseed, settings, strategies as st
 from hypothesis import target as hypothesis_target
 
-from harness.engine.search.cases import boundary_cases, cases
-from harness.engine.search.search import run_property
-from harness.model.bounds import Bounds
-from harness.model.config import Batch, Config, num_candidates
-from harness.model.layouts import TreeMaskMode, logical_size
-from harness.properties import PROPERTIES
-from harness.guard.shadow import ShadowHeap
-from harness.targets import CATALOGUE, resolve
-from harness.model.trees import draft
+from vmfuzz.harness.engine.search.cases import boundary_cases, cases
+from vmfuzz.harness.engine.search.search import run_property
+from vmfuzz.harness.model.bounds import Bounds
+from vmfuzz.harness.model.config import Batch, Config, num_candidates
+from vmfuzz.harness.model.layouts import TreeMaskMode, logical_size
+from vmfuzz.harness.properties import PROPERTIES
+from vmfuzz.harness.guard.shadow import ShadowHeap
+from vmfuzz.harness.targets import CATALOGUE, resolve
+from vmfuzz.harness.model.trees import draft
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sparse  # noqa: E402  (bench/sparse.py: the sparse catalogue)

@@ -6,7 +6,7 @@ Not a test: it prints the two side by side (median of ``--runs``, wall seconds).
     PYTHONPATH=. python bench/bisect_step.py --repo PATH  # an SGLang checkout of your own
 
 A step is what ``git bisect run`` starts for each revision:
-``python -m harness.engine.regression.bisect_step REPRO --repo CHECKOUT``, whose
+``python -m vmfuzz.harness.engine.regression.bisect_step REPRO --repo CHECKOUT``, whose
 child imports that checkout's SGLang and replays the repro. Cold, the child
 imports everything; forked, torch, transformers and the rest are already in the
 zygote and only SGLang and the harness are imported. The zygote's own start
@@ -27,16 +27,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness.engine.core.zygote import probe_cache  # noqa: E402
-from harness.engine.core.zygote_client import ZYGOTE_ENV, serving  # noqa: E402
-from harness.engine.regression import bisect as bisect_engine  # noqa: E402
+from vmfuzz.harness.engine.core.zygote import probe_cache  # noqa: E402
+from vmfuzz.harness.engine.core.zygote_client import ZYGOTE_ENV, serving  # noqa: E402
+from vmfuzz.harness.engine.regression import bisect as bisect_engine  # noqa: E402
 
 REPRO = ROOT / "repro" / "pr33127" / "pr33127.json"
 
 
 def _step(repo: Path, env: dict) -> tuple[float, int]:
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "harness.engine.regression.bisect_step", str(REPRO),
+    proc = subprocess.run([sys.executable, "-m", "vmfuzz.harness.engine.regression.bisect_step", str(REPRO),
                            "--repo", str(repo), "--target", "sglang"], env=env, cwd=repo, capture_output=True)
     return time.perf_counter() - t0, proc.returncode
 

@@ -7,9 +7,9 @@ Not a test: it prints seconds (median of ``--repeat`` runs).
 - ``docs-only skip``: ``vmfuzz gate --changed-files`` on a docs-only change plus a
   source file that names no mask code, as a subprocess (what CI pays for a PR
   the gate skips; most of it is the CLI's torch import);
-- ``trigger, 29 files``: ``harness.engine.campaign.changes.triggers`` over every installed SGLang
+- ``trigger, 29 files``: ``vmfuzz.harness.engine.campaign.changes.triggers`` over every installed SGLang
   file that names verify-mask code, read from the installed package;
-- ``grep, whole package``: ``harness.engine.campaign.surface.grep_package`` (what ``vmfuzz
+- ``grep, whole package``: ``vmfuzz.harness.engine.campaign.surface.grep_package`` (what ``vmfuzz
   surface`` and the gate's coverage summary read).
 """
 
@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness.engine.campaign.changes import Checkout, installed_sglang, triggers  # noqa: E402
-from harness.engine.campaign.surface import grep_package  # noqa: E402
+from vmfuzz.harness.engine.campaign.changes import Checkout, installed_sglang, triggers  # noqa: E402
+from vmfuzz.harness.engine.campaign.surface import grep_package  # noqa: E402
 
 
 def timed(fn, repeat: int) -> float:
@@ -49,7 +49,7 @@ def main() -> None:
                           "python/sglang/srt/layers/quantization/fp8.py\n")
 
         def skip():
-            r = subprocess.run([sys.executable, "-m", "harness.cli", "gate", "--changed-files", str(listed)],
+            r = subprocess.run([sys.executable, "-m", "vmfuzz.harness.cli", "gate", "--changed-files", str(listed)],
                                cwd=ROOT, capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": ""})
             assert r.returncode == 0 and "skipped" in r.stdout, r.stdout + r.stderr
 

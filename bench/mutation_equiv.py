@@ -1,7 +1,7 @@
 """Is a surviving mutant equivalent? What the gate handed every check, against the pristine copy's.
 
 The gate records, during its own run, everything the target hands each
-property's check on every example it checks (``harness.engine.core.output_record``):
+property's check on every example it checks (``vmfuzz.harness.engine.core.output_record``):
 each call's result and its arguments after the call, one digest per leaf, keyed
 by the property, the case and the call. A survivor's record is compared with two
 records of the pristine code run through the same gate, seed and property
@@ -33,7 +33,7 @@ PRISTINE_RUNS = 2
 def gate_command(properties: list[str], change: list[str], report: Path) -> list[str]:
     """The gate as the bench runs it: one mutant's properties, no example database (each mutant
     is scored on the gate alone, not on what earlier searches saved)."""
-    cmd = [sys.executable, "-W", "ignore", "-m", "harness", "gate", "--target", "sglang", *change,
+    cmd = [sys.executable, "-W", "ignore", "-m", "vmfuzz", "gate", "--target", "sglang", *change,
            "--report-dir", str(report), "--overwrite", "--db", "no-db"]
     for p in properties:
         cmd += ["--property", p]
@@ -42,7 +42,7 @@ def gate_command(properties: list[str], change: list[str], report: Path) -> list
 
 def pristine_records(work: Path, properties: list[str], changed: list[str], env: dict) -> list[dict] | str:
     """The pristine code's records for ``properties`` (made now if missing), or why there are none."""
-    from harness.engine.core import output_record
+    from vmfuzz.harness.engine.core import output_record
     key = hashlib.sha256(",".join(sorted(properties)).encode()).hexdigest()[:12]
     folder = work / "pristine-gate" / key
     folder.mkdir(parents=True, exist_ok=True)
@@ -100,7 +100,7 @@ def verdict(diffs: list[str], compared: int) -> str:
 
 def compare(work: Path, properties: list[str], changed: list[str], env: dict, mutant: Path) -> str:
     """The ``vmfuzz-equiv:`` line of a survivor whose gate recorded into ``mutant``."""
-    from harness.engine.core import output_record
+    from vmfuzz.harness.engine.core import output_record
     pristine = pristine_records(work, properties, changed, env)
     if isinstance(pristine, str):
         return pristine

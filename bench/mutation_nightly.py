@@ -64,7 +64,7 @@ def _known() -> tuple:
     """The shipped known findings that apply to the installed SGLang (the mutants' release)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from harness.engine.regression.known import applicable, default_known_root, entries
+    from vmfuzz.harness.engine.regression.known import applicable, default_known_root, entries
     try:
         installed = version("sglang")
     except PackageNotFoundError:
@@ -78,7 +78,7 @@ def saved_origins(findings: Path) -> list[dict]:
     nothing of a mutant. Matched on the origin's fields, as the run itself excuses them."""
     import msgspec
 
-    from harness.model.origin import Origin
+    from vmfuzz.harness.model.origin import Origin
     out = []
     for saved in sorted(findings.glob("*.json")):
         try:
@@ -117,7 +117,7 @@ def run_one(copy: Path, rel: str, properties: list[str], budget: float, seed: in
     once a finding is saved in its report's findings folder."""
     for d in ("report", "db"):
         shutil.rmtree(scratch / d, ignore_errors=True)
-    cmd = [sys.executable, "-W", "ignore", "-m", "harness", "run", "--target", "sglang", "--profile", "nightly",
+    cmd = [sys.executable, "-W", "ignore", "-m", "vmfuzz", "run", "--target", "sglang", "--profile", "nightly",
            "--time-budget", str(budget), "--workers", "2", "--seed", str(seed), "--db", str(scratch / "db"),
            "--report-dir", str(scratch / "report"), "--overwrite"]
     for p in properties:

@@ -51,7 +51,7 @@ def driven_files() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     """sglang-relative file -> the properties that drive it, and file -> its driven functions
     ("" for a whole file), as ``vmfuzz surface`` reports them."""
     env = dict(os.environ, PYTHONPATH=str(HARNESS_ROOT))
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-m", "harness", "surface", "--target", "sglang",
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-m", "vmfuzz", "surface", "--target", "sglang",
                            "--json", "--report-dir", tempfile.mkdtemp(prefix="vmfuzz-surface-")],
                           capture_output=True, text=True, env=env)
     if proc.returncode != 0:

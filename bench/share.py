@@ -29,9 +29,9 @@ import json, sys, tempfile, time
 from pathlib import Path
 import torch
 torch.set_num_threads(1)
-from harness.targets import resolve
-from harness.engine.search.search import run_campaign
-from harness.model.bounds import Bounds
+from vmfuzz.harness.targets import resolve
+from vmfuzz.harness.engine.search.search import run_campaign
+from vmfuzz.harness.model.bounds import Bounds
 target_spec, seed, examples, share = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
 target = resolve(target_spec)
 cls = type(target)

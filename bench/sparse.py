@@ -30,11 +30,11 @@ from typing import Callable
 
 import torch
 
-from harness.model.bounds import Bounds
-from harness.model.config import Batch, Config, num_candidates
-from harness.model.layouts import TreeMaskMode
-from harness.targets.variants import Variant
-from harness.model.trees import draft, parents, simplest
+from vmfuzz.harness.model.bounds import Bounds
+from vmfuzz.harness.model.config import Batch, Config, num_candidates
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.targets.variants import Variant
+from vmfuzz.harness.model.trees import draft, parents, simplest
 
 #: The production range of the sparse benchmark: captured sizes up to 256,
 #: eager batches up to 2 * max_bs + 8, EAGLE's draft shapes up to d 16, topk 8,

@@ -265,7 +265,7 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip().splitlines()[-1], file=sys.stderr)
         return 2
     record(Path(argv[0]))
-    from harness.cli import main as vmfuzz
+    from vmfuzz.harness.cli import main as vmfuzz
     return vmfuzz(argv[1:])
 
 

@@ -1,7 +1,7 @@
-"""``python -m harness``: the same entry as the ``vmfuzz`` script."""
+"""``python -m vmfuzz``: the same entry as the ``vmfuzz`` script."""
 
 import sys
 
-from harness.cli import main
+from vmfuzz.harness.cli import main
 
 sys.exit(main())

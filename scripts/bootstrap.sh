@@ -27,4 +27,4 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
 fi
 echo "bootstrap: installing vmfuzz (editable), its dependencies and the test tools"
 "$VENV/bin/pip" install -q -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
-"$VENV/bin/python" -c "import harness, hypothesis, msgspec, torch; print('bootstrap: ready (torch', torch.__version__ + ')')"
+"$VENV/bin/python" -c "import vmfuzz.harness, hypothesis, msgspec, torch; print('bootstrap: ready (torch', torch.__version__ + ')')"

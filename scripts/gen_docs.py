@@ -24,7 +24,7 @@ def _cell(text) -> str:
 
 
 def not_driven() -> str:
-    from harness.engine.campaign.surface import not_driven as entries
+    from vmfuzz.harness.engine.campaign.surface import not_driven as entries
     lines = [HEADER.format(source="the NOT_DRIVEN tables of harness/targets/sglang/"),
              "# What the sglang target does not drive", "",
              "Each row is a part of SGLang's mask path that no property drives, and why. "
@@ -37,7 +37,7 @@ def not_driven() -> str:
 
 
 def limits() -> str:
-    from harness.model import limits as lim
+    from vmfuzz.harness.model import limits as lim
     lines = [HEADER.format(source="harness/model/limits.py"), "# Input limits", "",
              "Every size vmfuzz accepts from outside (repro files, deployment files, options). "
              "Past one, the input is refused with one line and exit 2.", "",
@@ -50,7 +50,7 @@ def limits() -> str:
 
 
 def variants() -> str:
-    from harness.targets.variants import CATALOGUE
+    from vmfuzz.harness.targets.variants import CATALOGUE
     lines = [HEADER.format(source="harness/targets/variants.py"), "# Known-bad variants", "",
              "Layer one over any target with `+NAME` (`vmfuzz run --target reference+pr33127`); "
              "`vmfuzz selftest` checks that a property catches each.", "",

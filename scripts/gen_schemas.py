@@ -3,7 +3,7 @@
     python scripts/gen_schemas.py           rewrite harness/schemas/*.schema.json
     python scripts/gen_schemas.py --check   exit 1 (naming the stale files) if any is out of date
 
-The structs are the contract (harness.model.repro_file.Repro, deployment_file.
+The structs are the contract (vmfuzz.harness.model.repro_file.Repro, deployment_file.
 Deployment, summary_file.RunSummary / CommandSummary); the schemas are what a
 tool in another language reads. The wheel ships them (pyproject.toml's
 package-data); tests/test_schemas.py checks they are current and that files the
@@ -31,9 +31,9 @@ def _schema(title: str, description: str, *types) -> dict:
 
 @functools.cache
 def schemas() -> dict[str, dict]:
-    from harness.model.deployment_file import Deployment
-    from harness.model.repro_file import Repro
-    from harness.model.summary_file import CommandSummary, RunSummary
+    from vmfuzz.harness.model.deployment_file import Deployment
+    from vmfuzz.harness.model.repro_file import Repro
+    from vmfuzz.harness.model.summary_file import CommandSummary, RunSummary
     return {
         "repro.schema.json": _schema("vmfuzz repro file", "One failing case: config and batches (docs/workflows.md).",
                                      Repro),

@@ -16,7 +16,7 @@ def write_or_check(tool: str, root: Path, out: Path, files: dict[str, Callable[[
     if argv not in ([], ["--check"]):
         print(f"usage: {tool}.py [--check]", file=sys.stderr)
         return 2
-    sys.path.insert(0, str(root))  # the builders import harness from this checkout
+    sys.path.insert(0, str(root))  # the builders import vmfuzz.harness from this checkout
     stale = []
     for name, build in files.items():
         path, text = out / name, build()

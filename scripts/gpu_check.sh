@@ -39,11 +39,11 @@ step() {  # step NAME SECONDS CMD...
 
 step "chain branch taken on its own with seq_lens on CUDA" 100 "$PY" -W ignore - <<'PY'
 import msgspec
-from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode
-from harness.properties import PROPERTIES
-from harness.guard.shadow import ShadowHeap
-from harness.targets import resolve
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.properties import PROPERTIES
+from vmfuzz.harness.guard.shadow import ShadowHeap
+from vmfuzz.harness.targets import resolve
 
 target = resolve("sglang")
 chain_calls, tree_calls = [], []
@@ -64,15 +64,15 @@ print("chain branch: taken", len(chain_calls), "times by build_eagle_verify_inpu
 PY
 
 step "native Triton: every property, every call site" 220 \
-    "$PY" -W ignore -m harness.cli run --target sglang --device cuda --seed 1 --max-examples 60 \
+    "$PY" -W ignore -m vmfuzz.harness.cli run --target sglang --device cuda --seed 1 --max-examples 60 \
     --time-budget 170 --report-dir "$OUT/triton"
 
 step "native Triton: the call-site and chain-writer variants are caught" 100 \
-    "$PY" -W ignore -m harness.cli selftest --target sglang --device cuda --max-examples 20 \
+    "$PY" -W ignore -m vmfuzz.harness.cli selftest --target sglang --device cuda --max-examples 20 \
     --variant pp-reuse-unchecked --variant chain-row-offset --variant row-offset
 
 step "JIT CUDA tree kernel: every property, every call site" 160 \
-    env VMFUZZ_SGLANG_KERNEL=jit "$PY" -W ignore -m harness.cli run --target sglang --device cuda --seed 1 \
+    env VMFUZZ_SGLANG_KERNEL=jit "$PY" -W ignore -m vmfuzz.harness.cli run --target sglang --device cuda --seed 1 \
     --max-examples 40 --time-budget 120 --report-dir "$OUT/jit"
 
 if [ "${#failed[@]}" -ne 0 ]; then

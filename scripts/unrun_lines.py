@@ -39,8 +39,8 @@ def checkout_of_everything(work: Path) -> Path:
 
 
 def table(summary: dict) -> list[str]:
-    from harness.engine.campaign.diff_coverage import parse
-    from harness.report.terminal import spans
+    from vmfuzz.harness.engine.campaign.diff_coverage import parse
+    from vmfuzz.harness.report.terminal import spans
     out = ["| file (sglang/) | function | branch never taken on the gate's cases | statements | lines |",
            "|---|---|---|---:|---|"]
     off = []
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="vmfuzz-unrun-"))
     repo = checkout_of_everything(work)
     report = work / "report"
-    proc = subprocess.run([sys.executable, "-m", "harness", "gate", "--target", "sglang", "--base", "HEAD",
+    proc = subprocess.run([sys.executable, "-m", "vmfuzz", "gate", "--target", "sglang", "--base", "HEAD",
                            "--repo", str(repo), "--report-dir", str(report)],
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True)
     if not (report / "summary.json").is_file():

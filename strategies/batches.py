@@ -7,16 +7,16 @@ from functools import lru_cache
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from harness.model.config import Batch, Config
-from harness.model.trees import deepest
-from strategies._cached import BOOLEANS
-from strategies._validate import check_int
-from strategies.trees import draft_trees
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.trees import deepest
+from vmfuzz.strategies._cached import BOOLEANS
+from vmfuzz.strategies._validate import check_int
+from vmfuzz.strategies.trees import draft_trees
 
 
 def _check_config(config) -> Config:
     if not isinstance(config, Config):
-        raise InvalidArgument(f"config={config!r} must be a harness.model.config.Config")
+        raise InvalidArgument(f"config={config!r} must be a vmfuzz.harness.model.config.Config")
     return config
 
 

@@ -7,10 +7,10 @@ from hypothesis import assume
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from harness.model.config import CALL_SITES, Config, num_candidates, site_takes
-from harness.model.layouts import PREALLOCATED_LAYOUTS, TreeMaskMode
-from strategies._cached import BOOLEANS, edgy_integers, sampled_from
-from strategies._validate import check_range
+from vmfuzz.harness.model.config import CALL_SITES, Config, num_candidates, site_takes
+from vmfuzz.harness.model.layouts import PREALLOCATED_LAYOUTS, TreeMaskMode
+from vmfuzz.strategies._cached import BOOLEANS, edgy_integers, sampled_from
+from vmfuzz.strategies._validate import check_range
 
 
 def _layouts(layouts) -> tuple[TreeMaskMode, ...]:
@@ -55,7 +55,7 @@ def configs(*, layouts=None, max_bs=(1, 8), max_context_len=(1, 64), num_draft_t
     Each numeric argument is an int or an inclusive ``(lo, hi)`` pair. ``layouts``
     is a subset of ``("FULL_MASK", "QLEN_ONLY")``; ``read`` pins ``is_read``
     (an unread mask is always QLEN_ONLY, as SGLang allocates it). ``call_sites``
-    is a subset of ``harness.model.config.CALL_SITES`` (default: all); "chain" is
+    is a subset of ``vmfuzz.harness.model.config.CALL_SITES`` (default: all); "chain" is
     drawn only for a config of the chain writer's shape.
 
     >>> configs(max_bs=(1, 4), layouts=["FULL_MASK"]).example()  # doctest: +SKIP

@@ -7,9 +7,9 @@ from functools import lru_cache
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from harness.model.config import DraftTree, num_candidates
-from harness.model.trees import deepest, draft
-from strategies._validate import check_int
+from vmfuzz.harness.model.config import DraftTree, num_candidates
+from vmfuzz.harness.model.trees import deepest, draft
+from vmfuzz.strategies._validate import check_int
 
 
 def draft_trees(topk: int, spec_steps: int, num_draft_tokens: int, *,

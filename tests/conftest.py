@@ -58,7 +58,7 @@ def sglang_target():
     With the known findings (``known/``) that apply to it attached, as a run attaches them:
     a property checked directly meets a known defect as a class, not a failure.
     """
-    from harness.engine.regression.known import applicable, attach, default_known_root, entries
+    from vmfuzz.harness.engine.regression.known import applicable, attach, default_known_root, entries
     target = sglang_or_skip()
     attach(target, applicable(entries(default_known_root()), dict(target.versions())))
     return target

@@ -16,7 +16,7 @@ def sglang_or_skip():
     """The ``sglang`` target, or skip with the reason (fail under VMFUZZ_REQUIRE_SGLANG=1)."""
     import pytest
 
-    from harness.targets import TargetUnavailable, resolve
+    from vmfuzz.harness.targets import TargetUnavailable, resolve
     try:
         return resolve("sglang")
     except TargetUnavailable as exc:
@@ -30,7 +30,7 @@ def vmfuzz(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict 
     --report-dir writes its reports there, not into the checkout's reports/."""
     from tests import zygote
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "CI": "true", **(env or {})}
-    return zygote.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd or Path.cwd(), env=full_env,
+    return zygote.run([sys.executable, "-m", "vmfuzz.harness.cli", *args], cwd=cwd or Path.cwd(), env=full_env,
                       timeout=timeout)
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import time
 
-from harness.model.bounds import Bounds
-from harness.targets.reference import ReferenceTarget
+from vmfuzz.harness.model.bounds import Bounds
+from vmfuzz.harness.targets.reference import ReferenceTarget
 
 
 def _past_capacity(mask, batch) -> bool:

@@ -74,7 +74,7 @@ def altered_copy(tmp_path: Path, edits, name: str | None = None) -> Path:
 #: Prints which sglang was imported, so a test can prove the copy (not the
 #: installed package) ran, then runs the CLI with the remaining arguments.
 _CLI_ON_COPY = ("import sys, sglang; print('sglang from', sglang.__file__); "
-                "from harness.cli import main; sys.exit(main(sys.argv[1:]))")
+                "from vmfuzz.harness.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
 def run_on_copy(site: Path, tmp_path: Path, *cli_args: str, timeout: float = 600):

@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from harness.model.allocation import ServerNumbers, reads_mask
+from vmfuzz.harness.model.allocation import ServerNumbers, reads_mask
 from tests.sglang_copies import altered_copy, assert_caught_by, run_on_copy
 
 _ATTN = "srt/layers/attention/"
@@ -26,7 +26,7 @@ _FA_VERIFY_MASK_CALL = r"(self\._verify_mask = maybe_create_verify_mask\(\n(?:.*
 
 
 def test_each_site_allocates_what_its_init_derived_from_the_servers_arguments(sglang_target):
-    from harness.targets.sglang.allocation import BUILT_BY_INIT
+    from vmfuzz.harness.targets.sglang.allocation import BUILT_BY_INIT
 
     sites = sglang_target.allocating_backends()
     assert {"flashmla", "trtllm_mla", "qwen_sparse", "flashattention"} <= set(BUILT_BY_INIT)
@@ -43,7 +43,7 @@ def test_the_stand_in_runner_leaves_the_process_as_found(sglang_target):
     """The construction's stubs and bindings are put back: no stubbed extension stays importable."""
     import sys
 
-    from harness.targets.sglang import backend_init
+    from vmfuzz.harness.targets.sglang import backend_init
 
     mods = {name: sys.modules.get("sglang.srt.layers.attention." + module)
             for group in backend_init.CUDA_ONLY.values() for module, name, _, _ in group}

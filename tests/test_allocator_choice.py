@@ -19,11 +19,11 @@ import json
 
 import pytest
 
-from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode
-from harness.model.origin import ALLOCATOR
-from harness.properties import PROPERTIES
-from harness.properties.kit import PropertyFailure
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.model.origin import ALLOCATOR
+from vmfuzz.harness.properties import PROPERTIES
+from vmfuzz.harness.properties.kit import PropertyFailure
 from tests.sglang_copies import altered_copy, assert_caught_by, run_on_copy
 
 _VERIFY_MASK = ["srt/layers/attention/verify_mask.py"]
@@ -42,7 +42,7 @@ class _ChoosesNothing:
     name = "chooses-nothing"
 
     def allocate(self, config, heap):
-        from harness.model.allocation import AllocatorChose
+        from vmfuzz.harness.model.allocation import AllocatorChose
         raise AllocatorChose(None, config.mode.name, "maybe_create_verify_mask(...)")
 
 
@@ -102,8 +102,8 @@ def test_a_layout_read_at_import_is_read_again_on_the_imitated_host(sglang_targe
     import sys
     from types import SimpleNamespace
 
-    from harness.model.allocation import AllocatorChose
-    from harness.targets.sglang import imitated_host
+    from vmfuzz.harness.model.allocation import AllocatorChose
+    from vmfuzz.harness.targets.sglang import imitated_host
     sg = sglang_target.sglang
     here = sg.eagle_utils.default_tree_mask_mode()  # this machine's answer
     # the layout this machine's host does not answer: only the imitation can make the allocator pick it

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine.search.search import run_property
-from harness.model.bounds import Bounds
-from harness.properties import PROPERTIES, PropertyFailure
-from harness.targets import resolve
+from vmfuzz.harness.engine.search.search import run_property
+from vmfuzz.harness.model.bounds import Bounds
+from vmfuzz.harness.properties import PROPERTIES, PropertyFailure
+from vmfuzz.harness.targets import resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import bench  # noqa: E402

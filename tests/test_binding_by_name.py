@@ -15,8 +15,8 @@ import types
 import msgspec
 import pytest
 
-from harness.model.errors import OutOfStep
-from harness.targets.sglang import reach, seams, structs
+from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.targets.sglang import reach, seams, structs
 
 
 def test_a_keyword_only_parameter_is_handed_its_value_by_name():
@@ -224,8 +224,8 @@ def own_bug(x):
 def test_a_raise_from_the_real_function_a_stand_in_was_bound_for_is_out_of_step(tmp_path):
     """SGLang reaching the real function by a holder vmfuzz did not bind: the stand-in was never
     consulted, so the real one's raise is vmfuzz out of step, naming the seam; never SGLang's finding."""
-    from harness.model.errors import OutOfStep
-    from harness.targets.sglang.binding import bound
+    from vmfuzz.harness.model.errors import OutOfStep
+    from vmfuzz.harness.targets.sglang.binding import bound
     m = _fake_sglang_module(tmp_path, "fake_sglang_bypass", _HELPERS)
     with bound((m, "dispatch", lambda x: x)):
         assert m.direct(3) == 3  # the bound name: the stand-in answers
@@ -236,7 +236,7 @@ def test_a_raise_from_the_real_function_a_stand_in_was_bound_for_is_out_of_step(
 
 
 def test_sglang_s_own_raise_and_a_stand_in_handing_on_to_the_real_one_stay_raises(tmp_path):
-    from harness.targets.sglang.binding import bound
+    from vmfuzz.harness.targets.sglang.binding import bound
     m = _fake_sglang_module(tmp_path, "fake_sglang_own", _HELPERS)
     real = m.dispatch
     with pytest.raises(IndexError), bound((m, "dispatch", lambda x: x)):

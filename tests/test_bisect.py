@@ -105,7 +105,7 @@ def snapshot(repo: Path) -> dict:
 def bisect(repo: Path, report: Path, *args: str):
     env = dict(os.environ, PYTHONPATH=str(ROOT), CI="true", TRITON_INTERPRET="1")
     env.pop("SGLANG_USE_CPU_ENGINE", None)
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "bisect", str(REPRO), "--repo", str(repo),
+    proc = subprocess.run([sys.executable, "-m", "vmfuzz.harness.cli", "bisect", str(REPRO), "--repo", str(repo),
                            "--report-dir", str(report), *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     return proc, proc.stdout + proc.stderr
@@ -169,7 +169,7 @@ def _start(repo: Path, report: Path, good: str, out: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT), CI="true", TRITON_INTERPRET="1")
     env.pop("SGLANG_USE_CPU_ENGINE", None)
     with open(out, "w") as f:
-        return subprocess.Popen([sys.executable, "-m", "harness.cli", "bisect", str(REPRO), "--repo", str(repo),
+        return subprocess.Popen([sys.executable, "-m", "vmfuzz.harness.cli", "bisect", str(REPRO), "--repo", str(repo),
                                  "--good", good, "--bad", "main", "--report-dir", str(report)],
                                 cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, text=True)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine.regression import bisect as engine
+from vmfuzz.harness.engine.regression import bisect as engine
 
 ENV = {**os.environ, "GIT_AUTHOR_NAME": "u", "GIT_AUTHOR_EMAIL": "u@example.invalid",
        "GIT_COMMITTER_NAME": "u", "GIT_COMMITTER_EMAIL": "u@example.invalid"}
@@ -77,7 +77,7 @@ def test_a_second_bisect_of_one_repository_is_refused_while_the_first_lives(repo
 
 
 def test_an_orphaned_step_sees_its_owner_gone(repo, monkeypatch):
-    from harness.engine.regression import bisect_step
+    from vmfuzz.harness.engine.regression import bisect_step
 
     place = engine.Place(repo)
     monkeypatch.setenv(bisect_step.LOCK_ENV, str(place.lock))

@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine.core.zygote_client import ZYGOTE_ENV, serving, spawn
-from harness.engine.regression import bisect_step
+from vmfuzz.harness.engine.core.zygote_client import ZYGOTE_ENV, serving, spawn
+from vmfuzz.harness.engine.regression import bisect_step
 from tests import sglang_repo
 from tests.helpers import sglang_or_skip
 
 ROOT = Path(__file__).resolve().parent.parent
 REPRO = ROOT / "repro" / "pr33127" / "pr33127.json"
-PROBE = "import harness.cli\ntry:\n    from harness.targets import resolve\n    resolve('sglang')\nexcept Exception:\n    pass"
+PROBE = "import vmfuzz.harness.cli\ntry:\n    from vmfuzz.harness.targets import resolve\n    resolve('sglang')\nexcept Exception:\n    pass"
 
 
 def _env() -> dict:
@@ -131,7 +131,7 @@ def _spawn_with_stdout(argv, stdout, env):
 OWNER = """
 import sys, time
 sys.path.insert(0, {root!r})
-from harness.engine.core.zygote_client import serving
+from vmfuzz.harness.engine.core.zygote_client import serving
 with serving(dict(__import__('os').environ), probe_code={probe!r}) as sock:
     print(sock, flush=True)
     time.sleep(600)
@@ -215,8 +215,8 @@ def test_an_owner_killed_while_the_zygote_starts_leaves_nothing_running(tmp_path
 
 
 def test_bisect_zygote_off_and_a_zygote_that_cannot_start_mean_cold_steps(monkeypatch):
-    from harness.engine.core import zygote_client
-    from harness.engine.regression import bisect as engine
+    from vmfuzz.harness.engine.core import zygote_client
+    from vmfuzz.harness.engine.regression import bisect as engine
     monkeypatch.setenv("VMFUZZ_BISECT_ZYGOTE", "0")
     with engine._zygote(_env(), "sglang") as sock:
         assert sock is None
@@ -228,7 +228,7 @@ def test_bisect_zygote_off_and_a_zygote_that_cannot_start_mean_cold_steps(monkey
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds processes through /proc")
 def test_a_zygote_lost_mid_run_says_so_and_its_run_dies_with_it(tmp_path):
     """Lost is the step's cue to run the child again cold (bisect_step._replay)."""
-    from harness.engine.core.zygote_client import Lost
+    from vmfuzz.harness.engine.core.zygote_client import Lost
     with serving(_env(), probe_code="import json") as sock:
         assert sock is not None
         (zygote,) = _naming(sock)

@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-from harness.model.bounds import Bounds
-from harness.cli import main
-from harness.engine.campaign.profiles import PROFILES
-from harness.engine.campaign.session import RunPlan, execute
-from harness.report.progress import progress
-from harness.targets import resolve
+from vmfuzz.harness.model.bounds import Bounds
+from vmfuzz.harness.cli import main
+from vmfuzz.harness.engine.campaign.profiles import PROFILES
+from vmfuzz.harness.engine.campaign.session import RunPlan, execute
+from vmfuzz.harness.report.progress import progress
+from vmfuzz.harness.targets import resolve
 
 
 @pytest.mark.parametrize("text, words", [
@@ -55,7 +55,7 @@ def test_a_widening_run_searches_each_step_and_reports_the_widest_reached(tmp_pa
 
 
 def test_sglang_nightly_widens_to_production_draft_shapes_and_pr_stays_small():
-    from harness.targets.sglang.target import SglangTarget
+    from vmfuzz.harness.targets.sglang.target import SglangTarget
     ladder = SglangTarget.bounds_ladder["nightly"]
     assert ladder[0] == SglangTarget.bounds and "pr" not in SglangTarget.bounds_ladder
     top = ladder[-1]

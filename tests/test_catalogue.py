@@ -3,11 +3,11 @@
 import pytest
 from hypothesis import given
 
-from harness.engine.search.cases import cases
-from harness.model.bounds import Bounds
-from harness.cli import main
-from harness.properties import PROPERTIES
-from harness.targets import CATALOGUE, resolve
+from vmfuzz.harness.engine.search.cases import cases
+from vmfuzz.harness.model.bounds import Bounds
+from vmfuzz.harness.cli import main
+from vmfuzz.harness.properties import PROPERTIES
+from vmfuzz.harness.targets import CATALOGUE, resolve
 
 REFERENCE = resolve("reference")
 

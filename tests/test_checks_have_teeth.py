@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from harness.model.origin import Origin
+from vmfuzz.harness.model.origin import Origin
 
-from harness.cli import main
-from harness.engine.regression.kill_matrix import NOT_DRIVEN, RAISED, caught, kill_matrix
-from harness.engine.search.results import Finding, PropertyResult
-from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode
-from harness.properties import PROPERTIES, PropertyFailure
-from harness.targets import CATALOGUE, resolve
+from vmfuzz.harness.cli import main
+from vmfuzz.harness.engine.regression.kill_matrix import NOT_DRIVEN, RAISED, caught, kill_matrix
+from vmfuzz.harness.engine.search.results import Finding, PropertyResult
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.properties import PROPERTIES, PropertyFailure
+from vmfuzz.harness.targets import CATALOGUE, resolve
 from tests.plugins import CoreOnlyTarget
 
 TREE = {"mode": "FULL_MASK", "max_bs": 2, "max_context_len": 16, "num_draft_tokens": 4, "topk": 2,
@@ -80,7 +80,7 @@ def _result(prop: str, origin: Origin, kind: str = "property") -> PropertyResult
 
 def test_a_raise_or_another_propertys_failure_is_not_a_catch():
     """Read from the finding's origin: its effect and its property, never its words."""
-    from harness.engine.regression.kill_matrix import KNOWN, _cell
+    from vmfuzz.harness.engine.regression.kill_matrix import KNOWN, _cell
     handed = Origin("routing", "unsound", writer="router", buffer="verify_mask", router="hybrid")
     assert _cell(_result("routing", handed), "routing") == 3
     raised = Origin("routing", "raise", exc_type="AttributeError", frame="sglang/x.py:route")
@@ -93,8 +93,8 @@ def test_a_raise_or_another_propertys_failure_is_not_a_catch():
 
 
 def test_a_known_finding_is_never_a_variants_catch():
-    from harness.engine.regression.kill_matrix import KNOWN, _cell
-    from harness.model.known_file import decode
+    from vmfuzz.harness.engine.regression.kill_matrix import KNOWN, _cell
+    from vmfuzz.harness.model.known_file import decode
     policy = Origin("routing", "unsound", writer="dflash policy", router="dots-swa", role="decode",
                     spec_mode="decode", resolved="DotsSWAMLAAttnBackend")
     entry = decode(json.dumps({
@@ -128,7 +128,7 @@ def test_a_variants_wrong_answer_is_what_the_property_rejects(variant):
 
 def test_routing_would_reject_the_reference_if_the_fact_were_wrong(monkeypatch):
     """The reference's routers decide by their own code: a wrong fact makes them disagree."""
-    import harness.properties.routers as routers
+    import vmfuzz.harness.properties.routers as routers
     real = routers.verify_child
     swapped = {"prefill": "decode", "decode": "prefill"}
     monkeypatch.setattr(routers, "verify_child",
@@ -139,7 +139,7 @@ def test_routing_would_reject_the_reference_if_the_fact_were_wrong(monkeypatch):
 
 @pytest.mark.parametrize("topk", [1, 2])
 def test_allocation_would_reject_the_reference_if_the_fact_were_wrong(monkeypatch, topk):
-    import harness.properties.allocation as allocation
+    import vmfuzz.harness.properties.allocation as allocation
     real = allocation.reads_mask
     monkeypatch.setattr(allocation, "reads_mask", lambda b, k: (not real(b, k)) if b == "flashattention" else
                         real(b, k))
@@ -153,9 +153,9 @@ def test_allocation_would_reject_the_reference_if_the_fact_were_wrong(monkeypatc
 def test_shared_members_report_only_the_batches_they_judged(tmp_path):
     from hypothesis import strategies as st
 
-    from harness.engine.search.search import run_property
-    from harness.model.bounds import Bounds
-    from harness.properties import shared_group
+    from vmfuzz.harness.engine.search.search import run_property
+    from vmfuzz.harness.model.bounds import Bounds
+    from vmfuzz.harness.properties import shared_group
 
     names = ("no-oob-write", "capacity-soundness", "capacity-liveness")
     case = (CONFIG, [Batch((1, 2))])  # no request at the context limit (8)

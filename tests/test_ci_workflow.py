@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.engine.campaign.changes import workflow_path_filters
+from vmfuzz.harness.engine.campaign.changes import workflow_path_filters
 from tests.helpers import ROOT
 
 WORKFLOW = ROOT / "examples" / "sglang-verify-mask-gate.yml"
@@ -77,7 +77,7 @@ def _github_glob(pattern: str) -> re.Pattern:
     "python/sglang/srt/layers/attention/verify_mask.pyi", "README.md",
 ])
 def test_the_filter_admits_exactly_the_paths_the_gate_matches(path):
-    from harness.engine.campaign.changes import _matches_pattern
+    from vmfuzz.harness.engine.campaign.changes import _matches_pattern
     admitted = any(_github_glob(p).fullmatch(path) for p in workflow_path_filters())
     assert admitted == _matches_pattern(path)
 
@@ -87,7 +87,7 @@ def _admitted(path: str) -> bool:
 
 
 def test_the_filter_admits_every_file_the_surface_drives():
-    from harness.engine.campaign.surface import declared
+    from vmfuzz.harness.engine.campaign.surface import declared
     driven = sorted({e.file for e in declared()})
     assert len(driven) > 20, driven
     missed = [f for f in driven if not _admitted(f"python/sglang/{f}")]
@@ -117,7 +117,7 @@ def test_the_filter_admits_every_file_of_the_installed_sglang_that_triggers_the_
     """Whatever file the gate's text rule (MASK_CODE) would fire on: a PR touching only it must reach the gate."""
     import os
 
-    from harness.engine.campaign.changes import CODE_SUFFIXES, installed_sglang, path_names_mask_code
+    from vmfuzz.harness.engine.campaign.changes import CODE_SUFFIXES, installed_sglang, path_names_mask_code
     from tests.helpers import REQUIRE_SGLANG
     package = installed_sglang()
     if package is None:

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
-from harness.model.repro_file import load
+from vmfuzz.harness.cli import main
+from vmfuzz.harness.model.repro_file import load
 
 ROOT = Path(__file__).resolve().parents[1]
 PR33127 = ROOT / "repro" / "pr33127" / "pr33127.json"
@@ -86,7 +86,7 @@ def test_seeded_run_on_the_regression_writes_the_minimal_repro(tmp_path, capsys)
 
 
 def test_targets_lists_every_variant_with_its_description(capsys):
-    from harness.targets import CATALOGUE
+    from vmfuzz.harness.targets import CATALOGUE
     assert main(["targets"]) == 0
     out = capsys.readouterr().out
     for v in CATALOGUE.values():

@@ -29,7 +29,7 @@ from tests.helpers import ROOT, vmfuzz
 #: ``no_router``: it cannot drive ``routing``. ``moves``: importing it changes directory.
 PLUGIN = '''
 import os
-from harness.targets import resolve
+from vmfuzz.harness.targets import resolve
 
 fake_sglang = resolve("reference+dflash-policy-prefill")
 _own = fake_sglang.versions
@@ -158,7 +158,7 @@ def test_a_repo_that_is_no_sglang_checkout_is_one_line_exit_2(tmp_path):
 def test_bisect_refuses_a_repo_that_is_no_sglang_checkout_before_any_git(tmp_path, capsys):
     """The fast loop's run of the bisect command, in this process (the test above runs every command
     as a user does, in a subprocess, and is slow)."""
-    from harness.cli import main
+    from vmfuzz.harness.cli import main
 
     missing = tmp_path / "missing"
     argv = ["bisect", str(ROOT / "repro" / "pr33127" / "pr33127.json"), "--repo", str(missing),
@@ -223,7 +223,7 @@ def test_a_saved_repro_out_of_step_stops_the_gate_whatever_the_change_touches():
     """Out of step on a check that drives no changed file is a warning; on a saved repro it is exit 3."""
     from types import SimpleNamespace
 
-    from harness.commands.gate import out_of_step_coverage
+    from vmfuzz.harness.commands.gate import out_of_step_coverage
     saved = str(ROOT / "repro" / "pr33127" / "pr33127.json")
     outcome = SimpleNamespace(out_of_step=[(saved, "fits in verify_mask.py: no longer there")])
     cov = out_of_step_coverage(["python/sglang/srt/layers/attention/tbo_backend.py"], outcome)

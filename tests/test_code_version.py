@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.targets.sglang.loader import code_version
+from vmfuzz.harness.targets.sglang.loader import code_version
 
 
 def _git(repo: Path, *args: str) -> None:
@@ -71,7 +71,7 @@ def _applies(spec: str, version: str) -> bool:
     """Whether a known entry with range ``spec`` applies to ``version`` (the entries' own rule)."""
     from types import SimpleNamespace
 
-    from harness.model.known_file import Known
+    from vmfuzz.harness.model.known_file import Known
     return Known.applies_to(SimpleNamespace(sglang=spec), version)
 
 

@@ -7,8 +7,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-import harness.engine.search.exhaustive
-from harness.cli import main
+import vmfuzz.harness.engine.search.exhaustive
+from vmfuzz.harness.cli import main
 from tests.helpers import ROOT
 
 REPRO = str(ROOT / "repro" / "pr33127" / "pr33127.json")
@@ -39,8 +39,8 @@ def _reports(d):
 @pytest.fixture
 def small_exhaustive(monkeypatch):
     """The enumeration cut to a handful of configurations: what is tested here is the report."""
-    every = harness.engine.search.exhaustive.configs()
-    monkeypatch.setattr(harness.engine.search.exhaustive, "configs", lambda: every[:: max(1, len(every) // 6)])
+    every = vmfuzz.harness.engine.search.exhaustive.configs()
+    monkeypatch.setattr(vmfuzz.harness.engine.search.exhaustive, "configs", lambda: every[:: max(1, len(every) // 6)])
 
 
 CASES = {
@@ -105,7 +105,7 @@ def test_hand_written_repro_needs_only_config_and_batches(tmp_path, capsys):
     s = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert s["target"] == "reference"
     # every property that applies to a drafting FULL_MASK config that is no chain, each one a testcase
-    from harness.properties import PROPERTIES
+    from vmfuzz.harness.properties import PROPERTIES
     assert [c["name"] for c in s["checks"]] == [n for n in PROPERTIES if n not in ("trivial-path", "chain-writer")]
     assert main(["replay", str(hand), "--target", "reference+pr33127", "--property", "capacity-soundness",
                  "--report-dir", str(tmp_path / "b")]) == 1

@@ -16,11 +16,11 @@ import json
 
 import pytest
 
-from harness.engine.search.deep_corpus import deep_cases
-from harness.model.bounds import Bounds
-from harness.model.shapes import BITS_PER_BYTE, ShapeConstants, model_constants
-from harness.model.oracle import tree_facts
-from harness.properties import PROPERTIES, shared_group
+from vmfuzz.harness.engine.search.deep_corpus import deep_cases
+from vmfuzz.harness.model.bounds import Bounds
+from vmfuzz.harness.model.shapes import BITS_PER_BYTE, ShapeConstants, model_constants
+from vmfuzz.harness.model.oracle import tree_facts
+from vmfuzz.harness.properties import PROPERTIES, shared_group
 from tests.sglang_copies import altered_copy, assert_caught_by, run_on_copy
 
 FLASHINFER = "srt/layers/attention/flashinfer_backend.py"

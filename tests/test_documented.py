@@ -7,9 +7,9 @@ import ast
 
 import pytest
 
-from harness.cli.parser import build_parser
-from harness.commands.request import Request, request_of
-from harness.model.errors import UsageError
+from vmfuzz.harness.cli.parser import build_parser
+from vmfuzz.harness.commands.request import Request, request_of
+from vmfuzz.harness.model.errors import UsageError
 from tests.documented import DOCS, LEDGER, PLACEHOLDERS, ROOT, commands_in, documented
 
 

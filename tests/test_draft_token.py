@@ -13,17 +13,17 @@ import json
 import pytest
 import torch
 
-from harness.engine.search.search import run_property
-from harness.guard.shadow import ShadowHeap
-from harness.model.bounds import Bounds
-from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode
-from harness.model.oracle import expected
-from harness.model.outputs import StepOutput
-from harness.model.trees import draft
-from harness.properties import PROPERTIES, PropertyFailure
-from harness.properties.kit import fail, first_difference
-from harness.targets import resolve
+from vmfuzz.harness.engine.search.search import run_property
+from vmfuzz.harness.guard.shadow import ShadowHeap
+from vmfuzz.harness.model.bounds import Bounds
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.model.oracle import expected
+from vmfuzz.harness.model.outputs import StepOutput
+from vmfuzz.harness.model.trees import draft
+from vmfuzz.harness.properties import PROPERTIES, PropertyFailure
+from vmfuzz.harness.properties.kit import fail, first_difference
+from vmfuzz.harness.targets import resolve
 from tests.sglang_copies import altered_copy, assert_caught_by, run_on_copy
 
 TREE = Config(TreeMaskMode.FULL_MASK, 2, 8, 4, 2, 3, True, "eagle")

@@ -1,11 +1,11 @@
 import pytest
 
-from harness.engine.search import exhaustive
-from harness.cli import main
-from harness.engine.search.exhaustive import batches_of, configs, run_exhaustive, tree_shapes
-from harness.model.repro_file import load
-from harness.targets import CATALOGUE, resolve
-from harness.model.trees import has_detached
+from vmfuzz.harness.engine.search import exhaustive
+from vmfuzz.harness.cli import main
+from vmfuzz.harness.engine.search.exhaustive import batches_of, configs, run_exhaustive, tree_shapes
+from vmfuzz.harness.model.repro_file import load
+from vmfuzz.harness.targets import CATALOGUE, resolve
+from vmfuzz.harness.model.trees import has_detached
 
 
 def test_enumeration_is_deterministic_and_covers_the_bounds():

@@ -18,11 +18,11 @@ import copy
 import pytest
 import torch
 
-from harness.model.config import Batch, Config
-from harness.model.fa3_reads import Fa3Pass, Fa3Verify
-from harness.model.layouts import TreeMaskMode
-from harness.properties import PROPERTIES
-from harness.properties.fa3_reads import WRITER, fa3_mismatch
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.fa3_reads import Fa3Pass, Fa3Verify
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.properties import PROPERTIES
+from vmfuzz.harness.properties.fa3_reads import WRITER, fa3_mismatch
 from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_copy
 
 #: a chain of 3 draft tokens after 2 steps (SGLang's own topk-1 width), max_bs 2, context 8
@@ -70,8 +70,8 @@ def test_each_slip_is_a_typed_difference(slip):
 # -- SGLang's FlashAttention backend -------------------------------------------------
 
 def test_sglangs_own_chain_metadata_is_the_meaning(sglang_target):
-    from harness.model.oracle import expected
-    from harness.model.outputs import StepOutput
+    from vmfuzz.harness.model.oracle import expected
+    from vmfuzz.harness.model.outputs import StepOutput
 
     want = expected(CHAIN, BATCH)
     step = StepOutput(want.tree_mask, want.positions, want.retrieve_index, want.retrieve_next_token,

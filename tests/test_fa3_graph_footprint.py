@@ -17,11 +17,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.model.allocation import ServerNumbers
-from harness.model.fa3_graph import WRITER, graph_needs
-from harness.properties.allocation import check_fa3_graph
-from harness.properties.kit import Observation, PropertyFailure
-from harness.targets import resolve
+from vmfuzz.harness.model.allocation import ServerNumbers
+from vmfuzz.harness.model.fa3_graph import WRITER, graph_needs
+from vmfuzz.harness.properties.allocation import check_fa3_graph
+from vmfuzz.harness.properties.kit import Observation, PropertyFailure
+from vmfuzz.harness.targets import resolve
 from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_copy, run_on_copy
 
 FA3 = ("srt/layers/attention/flashattention_backend.py",)
@@ -41,7 +41,7 @@ def test_what_a_tree_servers_graph_needs():
 
 
 def test_the_footprint_is_judged_at_page_sizes_that_divide_the_context_and_that_do_not():
-    from harness.model.fa3_graph import CASE_PAGE_SIZES, page_sizes
+    from vmfuzz.harness.model.fa3_graph import CASE_PAGE_SIZES, page_sizes
     assert graph_needs(TREE, 4)["target_verify_metadata.page_table"] == (4, 16)
     assert graph_needs(TREE, 64)["target_verify_metadata_topk_normal.page_table"] == (4, 1)
     assert graph_needs(ServerNumbers(4, 12, 5, 2, 3), 8)["draft_decode_metadata_topk_normal.page_table"] == (4, 2)
@@ -52,7 +52,7 @@ def test_the_footprint_is_judged_at_page_sizes_that_divide_the_context_and_that_
 
 
 def test_sglangs_own_set_up_at_every_page_size_holds(sglang_target):
-    from harness.model.fa3_graph import CASE_PAGE_SIZES
+    from vmfuzz.harness.model.fa3_graph import CASE_PAGE_SIZES
     for page_size in (1, 4, *CASE_PAGE_SIZES):
         shapes = sglang_target.fa3_graph_buffers(TREE, list(graph_needs(TREE)), page_size=page_size)
         assert shapes["target_verify_metadata.page_table"] == (4, -(-64 // page_size)), page_size
@@ -95,7 +95,7 @@ def test_a_larger_buffer_holds_and_the_reference_target_says_it_does_not_drive_i
 
 
 def test_sglangs_own_set_up_is_read_at_production_scale_and_left_as_found(sglang_target):
-    from harness.targets.sglang import fa3_reader
+    from vmfuzz.harness.targets.sglang import fa3_reader
     big = ServerNumbers(max_bs=160, context_len=131072, num_draft_tokens=8, topk=4, spec_steps=3)
     shapes = sglang_target.fa3_graph_buffers(big, list(graph_needs(big)))
     assert shapes["target_verify_metadata_topk_expand.page_table"] == (1280, 8)

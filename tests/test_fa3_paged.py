@@ -17,12 +17,12 @@ import copy
 
 import pytest
 
-from harness.model.config import Batch, Config
-from harness.model.fa3_reads import prefix_pages, table_slot
-from harness.model.layouts import TreeMaskMode
-from harness.properties import PropertyFailure
-from harness.properties.fa3_reads import REPLAY_WRITER, WRITER, check_fa3, fa3_mismatch
-from harness.properties.kit import Observation
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.fa3_reads import prefix_pages, table_slot
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.properties import PropertyFailure
+from vmfuzz.harness.properties.fa3_reads import REPLAY_WRITER, WRITER, check_fa3, fa3_mismatch
+from vmfuzz.harness.properties.kit import Observation
 from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_copy
 from tests.test_fa3_reads import BATCH, FA3, TREE, _i32, _Reads, _right_view, _step
 from tests.test_fa3_replay import BATCH as PADDED
@@ -91,7 +91,7 @@ def test_a_paged_slip_fails_reader_agreement_naming_the_page_size():
 # -- SGLang's FlashAttention backend -------------------------------------------------
 
 def test_sglangs_own_paged_metadata_is_the_meaning(sglang_target):
-    from harness.targets.sglang import fa3_reader
+    from vmfuzz.harness.targets.sglang import fa3_reader
 
     view = sglang_target.read_fa3_verify(TREE, BATCH, _step(TREE, BATCH), 4)
     assert fa3_mismatch(view, TREE, BATCH, 4) is None

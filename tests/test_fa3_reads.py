@@ -16,15 +16,15 @@ import copy
 import pytest
 import torch
 
-from harness.model.config import Batch, Config
-from harness.model.fa3_reads import Fa3Pass, Fa3Verify
-from harness.model.layouts import TreeMaskMode
-from harness.model.oracle import expected
-from harness.model.outputs import StepOutput
-from harness.properties import PROPERTIES, PropertyFailure
-from harness.properties.fa3_reads import WRITER, check_fa3, fa3_mismatch, visible_nodes
-from harness.properties.kit import Observation
-from harness.targets import resolve
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.fa3_reads import Fa3Pass, Fa3Verify
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.model.oracle import expected
+from vmfuzz.harness.model.outputs import StepOutput
+from vmfuzz.harness.properties import PROPERTIES, PropertyFailure
+from vmfuzz.harness.properties.fa3_reads import WRITER, check_fa3, fa3_mismatch, visible_nodes
+from vmfuzz.harness.properties.kit import Observation
+from vmfuzz.harness.targets import resolve
 from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_copy
 
 TREE = Config(TreeMaskMode.FULL_MASK, 2, 8, 4, 2, 3, True, "eagle")
@@ -149,7 +149,7 @@ def test_judged_on_a_right_mask_a_server_could_run_and_a_target_that_reads():
 # -- SGLang's FlashAttention backend -------------------------------------------------
 
 def test_sglangs_own_metadata_is_the_meaning(sglang_target):
-    from harness.targets.sglang import fa3_reader
+    from vmfuzz.harness.targets.sglang import fa3_reader
 
     view = sglang_target.read_fa3_verify(TREE, BATCH, _step(TREE, BATCH))
     want = _right_view()

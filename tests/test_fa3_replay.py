@@ -17,12 +17,12 @@ import copy
 import pytest
 import torch
 
-from harness.model.config import Batch, Config
-from harness.model.fa3_reads import Fa3Pass, Fa3Verify
-from harness.model.layouts import TreeMaskMode
-from harness.properties import PropertyFailure
-from harness.properties.fa3_reads import CAPTURE_WRITER, REPLAY_WRITER, check_fa3, fa3_mismatch
-from harness.properties.kit import Observation
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.fa3_reads import Fa3Pass, Fa3Verify
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.properties import PropertyFailure
+from vmfuzz.harness.properties.fa3_reads import CAPTURE_WRITER, REPLAY_WRITER, check_fa3, fa3_mismatch
+from vmfuzz.harness.properties.kit import Observation
 from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_copy
 from tests.test_fa3_reads import FA3, _i32, _step
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode
-from harness.model.readers import expected_plan
-from harness.properties import PROPERTIES, PropertyFailure
-from harness.targets import resolve
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.model.readers import expected_plan
+from vmfuzz.harness.properties import PROPERTIES, PropertyFailure
+from vmfuzz.harness.targets import resolve
 from tests.sglang_copies import assert_not_a_raise
 
 FULL = Config(TreeMaskMode.FULL_MASK, 2, 8, 4, 2, 2)
@@ -139,7 +139,7 @@ REFACTOR = [(FLASHINFER, r"kv_indptr_host = torch\.zeros\(bs \+ 1, dtype=torch\.
 def _altered(edits) -> types.SimpleNamespace:
     """SGLang's reader modules with ``edits`` applied, each edited module executed afresh from its altered
     source (the installed one untouched, nothing else reimported). An edit that no longer applies fails."""
-    from harness.targets.sglang import readers
+    from vmfuzz.harness.targets.sglang import readers
 
     found = dict(vars(readers.modules()))
     texts: dict[str, str] = {}
@@ -158,7 +158,7 @@ def _altered(edits) -> types.SimpleNamespace:
 
 
 def _check_on(sglang_target, monkeypatch, edits):
-    from harness.targets.sglang import flashinfer
+    from vmfuzz.harness.targets.sglang import flashinfer
 
     monkeypatch.setattr(flashinfer, "modules", lambda: _altered(edits))
     return PROPERTIES["packed-mask"].check(sglang_target, FULL, [BATCH])

@@ -1,7 +1,7 @@
 """``allocation-soundness`` judges the mask's footprint itself, before anything is allocated.
 
 SGLang's ``tree_mask_numel`` says how many cells a preallocated mask takes for
-``bs`` requests; the layout arithmetic (``harness.model.layouts``) says how many
+``bs`` requests; the layout arithmetic (``vmfuzz.harness.model.layouts``) says how many
 it must. A footprint that is too large (``<<`` for ``*``, one cell too many per
 request) wastes memory or asks for more than torch can allocate; one too small
 lets a batch ``fits`` admits write past the buffer. Either must be a finding of
@@ -15,11 +15,11 @@ import json
 import pytest
 import torch
 
-from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode
-from harness.properties import PROPERTIES
-from harness.properties.kit import PropertyFailure
-from harness.targets import resolve
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.properties import PROPERTIES
+from vmfuzz.harness.properties.kit import PropertyFailure
+from vmfuzz.harness.targets import resolve
 from tests.sglang_copies import altered_copy, assert_caught_by, run_on_copy
 
 VM = ("srt/layers/attention/verify_mask.py",)

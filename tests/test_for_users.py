@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli.parser import build_parser
+from vmfuzz.harness.cli.parser import build_parser
 from tests.helpers import ROOT, vmfuzz
 
 PR33127 = ROOT / "repro" / "pr33127" / "pr33127.json"
@@ -107,7 +107,7 @@ def test_the_missing_sglang_hint_names_only_what_this_installation_has():
     """The hint names a command every installation has (a checkout's scripts/sglang and a wheel's
     shipped copy are the same installer); only an installation that lost it gets a pip line that
     keeps CUDA torch out, never a script the user does not have."""
-    from harness.targets.sglang.loader import install_hint, installer
+    from vmfuzz.harness.targets.sglang.loader import install_hint, installer
     assert installer() == ROOT / "scripts" / "sglang" / "install_sglang.sh"
     assert "`vmfuzz install-sglang`" in install_hint() and "scripts/" not in install_hint()
     lost = install_hint(None, look=False)
@@ -123,8 +123,8 @@ def test_install_sglang_refuses_an_unknown_release_in_one_line():
 def test_install_sglang_maps_the_installers_exit_to_the_contract(capfd):
     """In this process (the command's own code, not only its subprocess): the installer's usage
     error stays 2, its failed check becomes 3 with a line that says so."""
-    from harness.commands.install_sglang import run
-    from harness.commands.request import InstallRequest
+    from vmfuzz.harness.commands.install_sglang import run
+    from vmfuzz.harness.commands.request import InstallRequest
     assert run(InstallRequest(command="install-sglang", version="9.9.9", check=True)) == 2
     assert "unknown sglang release '9.9.9'" in capfd.readouterr().err
     assert run(InstallRequest(command="install-sglang", version="0.0.1", check=True)) == 2

@@ -88,7 +88,7 @@ def _functions_holding_the_edit(rel: str, pkg: Path, summary: dict) -> dict:
     import difflib
     from importlib.util import find_spec
 
-    from harness.engine.campaign.diff_coverage import parse
+    from vmfuzz.harness.engine.campaign.diff_coverage import parse
     pristine = (Path(find_spec("sglang").origin).parent / rel).read_text().splitlines()
     altered = (pkg / rel).read_text()
     changed = {j + 1 for tag, _, _, j1, j2 in difflib.SequenceMatcher(None, pristine, altered.splitlines())

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine.campaign.changes import sglang_checkout
+from vmfuzz.harness.engine.campaign.changes import sglang_checkout
 from tests import zygote
 from tests import sglang_repo
 from tests.helpers import sglang_or_skip
@@ -33,7 +33,7 @@ OFF_BY_ONE = ("python/sglang/srt/layers/attention/verify_mask.py",
               r"(\n\s+return bs <= self\.max_bs)\n", r"\1 + 1\n")
 
 #: Runs the CLI, then says where the sglang it loaded came from (None: never imported).
-CLI = ("import sys; from harness.cli import main; rc = main(sys.argv[1:]); "
+CLI = ("import sys; from vmfuzz.harness.cli import main; rc = main(sys.argv[1:]); "
        "m = sys.modules.get('sglang'); print('sglang from', m and m.__file__, flush=True); sys.exit(rc)")
 
 #: The same, after an SGLang from elsewhere was imported first (a stub: importing it is free).

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine.search.results import PropertyResult
-from harness.engine.campaign.changes import Checkout, installed_sglang, triggers, touches_verify_mask
-from harness.engine.campaign.surface import Entry, declared, gate_coverage, grep_package, sglang_rows
+from vmfuzz.harness.engine.search.results import PropertyResult
+from vmfuzz.harness.engine.campaign.changes import Checkout, installed_sglang, triggers, touches_verify_mask
+from vmfuzz.harness.engine.campaign.surface import Entry, declared, gate_coverage, grep_package, sglang_rows
 from tests import zygote
 from tests.helpers import ROOT, vmfuzz
 from tests.sglang_copies import altered_copy
@@ -145,7 +145,7 @@ def test_a_file_that_loses_or_is_deleted_with_its_mask_code_triggers(tmp_path):
     # a bad PR that drops the capacity check: the file no longer names the mask
     (repo / dropper).write_text("if True:\n    pass\n")
     _commit(repo)
-    from harness.engine.campaign.changes import changed_since
+    from vmfuzz.harness.engine.campaign.changes import changed_since
     changed, checkout = changed_since(base, repo)
     assert sorted(changed) == sorted([holder, dropper, plain])
     why = {t.path: t.why for t in triggers(changed, checkout, package=None)}
@@ -166,7 +166,7 @@ def test_documentation_only_change_skips_without_importing_sglang(tmp_path):
     listed = tmp_path / "changed.txt"
     listed.write_text("docs/advanced_features/speculative_decoding.md\nREADME.md\n"
                       "python/sglang/srt/layers/quantization/fp8.py\n")
-    code = ("import sys; from harness.cli import main; rc = main(['gate', '--changed-files', sys.argv[1]]); "
+    code = ("import sys; from vmfuzz.harness.cli import main; rc = main(['gate', '--changed-files', sys.argv[1]]); "
             "print('sglang imported' if 'sglang' in sys.modules else 'sglang not imported'); sys.exit(rc)")
     r = subprocess.run([sys.executable, "-c", code, str(listed)], cwd=tmp_path, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
@@ -211,7 +211,7 @@ def test_hostile_paths_are_not_read_outside_the_checkout(tmp_path):
 # -- the surface collector --------------------------------------------------------
 
 def test_declared_parts_cover_the_existing_drivers_and_name_only_registered_properties():
-    from harness.properties import PROPERTIES
+    from vmfuzz.harness.properties import PROPERTIES
     entries = declared()
     where = {(e.file, e.function) for e in entries}
     assert {("srt/layers/attention/verify_mask.py", "maybe_create_verify_mask"),
@@ -244,8 +244,8 @@ def test_a_new_module_declaring_surface_is_collected_without_editing_the_collect
 
 
 def test_rows_say_driven_only_when_the_property_runs_and_the_code_is_there(tmp_path, monkeypatch):
-    from harness.properties import PROPERTIES, Property
-    from harness.targets.reference import ReferenceTarget
+    from vmfuzz.harness.properties import PROPERTIES, Property
+    from vmfuzz.harness.targets.reference import ReferenceTarget
     pkg = tmp_path / "sglang"
     for rel, text in {"srt/a.py": "def read(VerifyMask):\n    pass\n", "srt/undeclared.py": "tree_mask_buf = 1\n",
                       "kernels/jit/k.cuh": "TreeMaskMode m;\n", "srt/test_a.py": "VerifyMask\n",
@@ -274,7 +274,7 @@ def test_rows_say_driven_only_when_the_property_runs_and_the_code_is_there(tmp_p
 def test_coverage_counts_a_file_exercised_only_from_what_was_measured(package):
     # A property that is declared to drive a file and ran examples does not make the file
     # exercised: only its changed lines measured running under a property do.
-    from harness.engine.campaign.diff_coverage import measure
+    from vmfuzz.harness.engine.campaign.diff_coverage import measure
     changed = ["python/sglang/srt/layers/attention/verify_mask.py", "harness/x.py", "docs/a.md"]
     triggered = changed[:2]
     text = (package / "srt/layers/attention/verify_mask.py").read_text()
@@ -330,7 +330,7 @@ def test_gate_summary_lists_exercised_apart_from_triggered(tmp_path):
 # -- vmfuzz surface ----------------------------------------------------------------
 
 def test_surface_of_the_reference_target_says_it_runs_no_sglang_code(capsys, tmp_path):
-    from harness.cli import main  # in this process: the fast loop's run of the surface command
+    from vmfuzz.harness.cli import main  # in this process: the fast loop's run of the surface command
 
     assert main(["surface", "--target", "reference", "--json", "--report-dir", str(tmp_path / "a")]) == 0
     rep = json.loads(capsys.readouterr().out)
@@ -350,7 +350,7 @@ def test_surface_on_sglang_lists_the_driven_parts_and_a_new_file_as_not_driven(p
                         "new router")
     (site / "sglang/srt/layers/attention/new_router.py").write_text(
         "class NewRouter:\n    @property\n    def verify_mask(self):\n        return self.child.verify_mask\n")
-    r = zygote.run([sys.executable, "-m", "harness.cli", "surface", "--target", "sglang", "--json"],
+    r = zygote.run([sys.executable, "-m", "vmfuzz.harness.cli", "surface", "--target", "sglang", "--json"],
                    cwd=tmp_path, timeout=600, env={**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"})
     if r.returncode == 2 and not REQUIRE:
         pytest.skip(f"sglang target unavailable: {r.stderr.strip()}")
@@ -379,7 +379,7 @@ def test_the_gate_reads_git_paths_with_odd_names_safely(tmp_path):
     (repo / "python/sglang/srt").mkdir(parents=True)
     (repo / odd).write_text("TreeMaskMode\n")
     _commit(repo)
-    from harness.engine.campaign.changes import changed_since
+    from vmfuzz.harness.engine.campaign.changes import changed_since
     changed, checkout = changed_since(base, repo)
     assert changed == [odd] and touches_verify_mask(changed, checkout, package=None) == [odd]
     r = vmfuzz("gate", "--target", "reference", "--base", base, "--repo", str(repo), "--report-dir", str(tmp_path / "rep"))
@@ -391,9 +391,9 @@ def test_the_gate_reads_git_paths_with_odd_names_safely(tmp_path):
 
 
 def test_a_changed_files_list_is_capped_and_keeps_undecodable_names(tmp_path):
-    from harness.engine.campaign.change_paths import LIST_CAP, changed_from_file
-    from harness.engine.campaign.changes import ChangeError
-    from harness.report.terminal import shown
+    from vmfuzz.harness.engine.campaign.change_paths import LIST_CAP, changed_from_file
+    from vmfuzz.harness.engine.campaign.changes import ChangeError
+    from vmfuzz.harness.report.terminal import shown
     listed = tmp_path / "changed.txt"
     listed.write_bytes(b"# comment\npython/sglang/srt/caf\xe9.py\n\n")
     [name] = changed_from_file(str(listed))
@@ -404,10 +404,10 @@ def test_a_changed_files_list_is_capped_and_keeps_undecodable_names(tmp_path):
 
 
 def test_sglang_free_helpers_stay_sglang_free():
-    # The gate's skip path must not pay SGLang's import: harness.engine.campaign.changes imports neither.
+    # The gate's skip path must not pay SGLang's import: vmfuzz.harness.engine.campaign.changes imports neither.
     code = textwrap.dedent("""
         import sys
-        import harness.engine.campaign.changes, harness.engine.campaign.surface
+        import vmfuzz.harness.engine.campaign.changes, vmfuzz.harness.engine.campaign.surface
         print(sorted(m for m in ('sglang', 'torch') if m in sys.modules))
     """)
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,

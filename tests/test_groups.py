@@ -10,14 +10,14 @@ import pytest
 
 import msgspec
 
-from harness.engine.campaign.groups import group_findings, signature
-from harness.engine.search.results import Finding
-from harness.model.origin import BEYOND_CAPACITY, WITHIN_CAPACITY, Origin
-from harness.properties.kit import mask_cell_class
-from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode
-from harness.model.repro_file import from_case, dump
-from harness.model.validate import server_problem
+from vmfuzz.harness.engine.campaign.groups import group_findings, signature
+from vmfuzz.harness.engine.search.results import Finding
+from vmfuzz.harness.model.origin import BEYOND_CAPACITY, WITHIN_CAPACITY, Origin
+from vmfuzz.harness.properties.kit import mask_cell_class
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.model.repro_file import from_case, dump
+from vmfuzz.harness.model.validate import server_problem
 from tests.helpers import sglang_or_skip, vmfuzz
 
 CONFIG = Config(TreeMaskMode.FULL_MASK, max_bs=1, max_context_len=2, num_draft_tokens=2, topk=1, spec_steps=1)
@@ -208,7 +208,7 @@ def test_compare_refuses_a_directory_without_reports(two_runs, tmp_path):
 
 def test_raise_place_is_the_innermost_frame_outside_vmfuzz(tmp_path):
     import importlib.util
-    from harness.engine.core.failures import raise_place
+    from vmfuzz.harness.engine.core.failures import raise_place
     src = tmp_path / "kernel_mod.py"
     src.write_text("def fill(x):\n    return inner(x)\n\ndef inner(x):\n    raise ValueError(x)\n")
     spec = importlib.util.spec_from_file_location("kernel_mod", src)
@@ -223,12 +223,12 @@ def test_raise_place_is_the_innermost_frame_outside_vmfuzz(tmp_path):
 #: a driver that runs the CLI with every finding's words replaced: what reads origins cannot tell
 REWORDED = """
 import sys
-import harness.properties.kit as kit
+import vmfuzz.harness.properties.kit as kit
 original = kit.PropertyFailure.__init__
 def reworded(self, origin, detail):
     original(self, origin, "reworded " + "".join(reversed(str(detail))) + " 12345")
 kit.PropertyFailure.__init__ = reworded
-from harness.cli import main
+from vmfuzz.harness.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -264,8 +264,8 @@ def test_minimizing_keeps_the_findings_origin():
     case of the finding: the minimizer keeps the overrun and never drifts into the raise."""
     from types import SimpleNamespace
 
-    from harness.engine.regression.shrink import checker, minimize
-    from harness.properties.kit import fail
+    from vmfuzz.harness.engine.regression.shrink import checker, minimize
+    from vmfuzz.harness.properties.kit import fail
 
     def check(target, config, batches, device="cpu"):
         bs = batches[0].bs
@@ -327,13 +327,13 @@ def test_a_known_entry_labels_a_group_only_when_it_names_every_member(tmp_path):
     merge of the run's shards all say so."""
     from types import SimpleNamespace
 
-    from harness.engine.search.results import Finding, PropertyResult
-    from harness.engine.campaign.session import RunOutcome
-    from harness.model.config import Config
-    from harness.model.layouts import TreeMaskMode
-    from harness.model.origin import Origin
-    from harness.report.findings import new_groups
-    from harness.report.merge import join_groups
+    from vmfuzz.harness.engine.search.results import Finding, PropertyResult
+    from vmfuzz.harness.engine.campaign.session import RunOutcome
+    from vmfuzz.harness.model.config import Config
+    from vmfuzz.harness.model.layouts import TreeMaskMode
+    from vmfuzz.harness.model.origin import Origin
+    from vmfuzz.harness.report.findings import new_groups
+    from vmfuzz.harness.report.merge import join_groups
     overrun = Origin("no-oob-write", "overrun", writer="tree kernel", buffer="tree_mask", side="above",
                      cell="past the end")
     wrong = Origin("reference-agreement", "wrong", writer="tree kernel", buffer="tree_mask", cell="prefix column")

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from harness.cli.parser import REPORT_DIR_HELP, build_parser
-from harness.report.summary import default_report_dir
+from vmfuzz.harness.cli.parser import REPORT_DIR_HELP, build_parser
+from vmfuzz.harness.report.summary import default_report_dir
 from tests.helpers import ROOT
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from harness.model import limits
+from vmfuzz.harness.model import limits
 from tests import zygote
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def _env(tmp_path, extra=None):
 
 def vmfuzz(tmp_path, *args, timeout=TIMEOUT, env=None):
     """The CLI under the memory cap, forked from the test zygote (tests/zygote.py) with the cap applied."""
-    return zygote.run([sys.executable, "-m", "harness.cli", *map(str, args)], cwd=tmp_path,
+    return zygote.run([sys.executable, "-m", "vmfuzz.harness.cli", *map(str, args)], cwd=tmp_path,
                       env=_env(tmp_path, env), timeout=timeout, address_space=MEMORY_CAP)
 
 
@@ -177,7 +177,7 @@ def test_junit_stays_valid_xml_when_a_finding_carries_control_characters(tmp_pat
 # -- plug-ins that are not targets ------------------------------------------------------
 
 @pytest.mark.parametrize("spec", ["sys:exit", "builtins:exit", "os:abort", "os:system", "time:sleep",
-                                  "harness.cli:main", "tests.plugins:ExitOnConstruction",
+                                  "vmfuzz.harness.cli:main", "tests.plugins:ExitOnConstruction",
                                   "tests.plugins:BadVersions"])
 @pytest.mark.slow
 def test_a_plugin_that_is_not_a_target_is_refused_before_anything_is_called(tmp_path, spec):
@@ -317,7 +317,7 @@ def test_a_report_dir_that_breaks_mid_run_still_leaves_the_repro_on_disk_and_say
 # -- Ctrl-C and SIGTERM -------------------------------------------------------------------------
 
 def _interrupt(tmp_path, sig, args, wait_for: str, env=None):
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", *map(str, args)], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "vmfuzz.harness.cli", *map(str, args)], cwd=tmp_path,
                             env=_env(tmp_path, env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, preexec_fn=_cap)
     seen = ""
@@ -398,7 +398,7 @@ def test_an_interrupted_replay_is_its_signal_never_a_finding(tmp_path, sig, code
     (["--seed", "-1"], "--seed"),
 ])
 def test_bad_numbers_are_refused_in_process(tmp_path, capsys, argv, words):
-    from harness.cli import main
+    from vmfuzz.harness.cli import main
     assert main(["run", *argv, "--report-dir", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0], err
@@ -407,13 +407,13 @@ def test_bad_numbers_are_refused_in_process(tmp_path, capsys, argv, words):
 # -- collisions ---------------------------------------------------------------------------------------
 
 def test_default_report_dirs_are_unique_per_run(tmp_path, monkeypatch):
-    from harness.report.summary import default_report_dir
+    from vmfuzz.harness.report.summary import default_report_dir
     monkeypatch.chdir(tmp_path)
     first = default_report_dir()
     first.mkdir(parents=True)
     second = default_report_dir()
     assert second != first and str(os.getpid()) in first.name
-    other = subprocess.run([sys.executable, "-c", "from harness.report.summary import default_report_dir as d; print(d())"],
+    other = subprocess.run([sys.executable, "-c", "from vmfuzz.harness.report.summary import default_report_dir as d; print(d())"],
                            cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=60)
     assert other.stdout.strip() != str(first)
 
@@ -422,7 +422,7 @@ def test_default_report_dirs_are_unique_per_run(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_closed_stdout_ends_quietly_with_the_true_verdict(tmp_path):
-    args = [sys.executable, "-m", "harness.cli", "run", "--target", "reference+pr33127", "--seed", "1",
+    args = [sys.executable, "-m", "vmfuzz.harness.cli", "run", "--target", "reference+pr33127", "--seed", "1",
             "--max-examples", "10", "--property", "capacity-soundness", "--report-dir", str(tmp_path / "r")]
     proc = subprocess.Popen(args, cwd=ROOT, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             preexec_fn=_cap)
@@ -481,9 +481,9 @@ def _mutate(base, draw):
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(st.data())
 def test_mutated_repro_and_deployment_files_keep_the_contract(tmp_path_factory, data):
-    from harness.cli import main
-    from harness.model.deployment_file import DeploymentError, loads
-    from harness.model.validate import buffer_cells
+    from vmfuzz.harness.cli import main
+    from vmfuzz.harness.model.deployment_file import DeploymentError, loads
+    from vmfuzz.harness.model.validate import buffer_cells
 
     tmp = tmp_path_factory.mktemp("mut")
     mutated = _mutate(GOOD_REPRO, data.draw)
@@ -516,11 +516,11 @@ def test_mutated_repro_and_deployment_files_keep_the_contract(tmp_path_factory, 
 # -- in-process seams ------------------------------------------------------------------------------------------
 
 def test_an_interrupt_a_library_swallowed_still_ends_the_search(tmp_path, monkeypatch):
-    from harness.engine.core import signals
-    from harness.engine.search.search import run_property
-    from harness.model.bounds import Bounds
-    from harness.properties import PROPERTIES
-    from harness.targets import resolve
+    from vmfuzz.harness.engine.core import signals
+    from vmfuzz.harness.engine.search.search import run_property
+    from vmfuzz.harness.model.bounds import Bounds
+    from vmfuzz.harness.properties import PROPERTIES
+    from vmfuzz.harness.targets import resolve
     monkeypatch.setattr(signals, "_received", signal.SIGINT)  # the signal came; its exception was lost
     with pytest.raises(KeyboardInterrupt):
         run_property(resolve("reference"), PROPERTIES["no-oob-write"], seed=0, max_examples=5, bounds=Bounds(),
@@ -531,11 +531,11 @@ def test_an_interrupt_a_library_swallowed_still_ends_the_search(tmp_path, monkey
 def test_an_error_while_generating_is_the_harness_s_never_a_finding(tmp_path):
     from hypothesis.errors import InvalidArgument
 
-    from harness.engine.search.search import run_property
-    from harness.model.bounds import Bounds
-    from harness.model.errors import HarnessError
-    from harness.properties import PROPERTIES
-    from harness.targets import resolve
+    from vmfuzz.harness.engine.search.search import run_property
+    from vmfuzz.harness.model.bounds import Bounds
+    from vmfuzz.harness.model.errors import HarnessError
+    from vmfuzz.harness.properties import PROPERTIES
+    from vmfuzz.harness.targets import resolve
 
     def refuse(_):
         raise InvalidArgument("a strategy that can never generate a value")
@@ -547,8 +547,8 @@ def test_an_error_while_generating_is_the_harness_s_never_a_finding(tmp_path):
 
 
 def test_the_oracle_walk_ends_even_on_a_cyclic_tree_that_slipped_past_validation():
-    from harness.model.config import DraftTree
-    from harness.model.oracle import tree_facts
+    from vmfuzz.harness.model.config import DraftTree
+    from vmfuzz.harness.model.oracle import tree_facts
     cyclic = DraftTree((2, 3, 4), (-1, 4, 2, 2, 3))  # node 1 -> node 3 -> node 1 -> ...
     visible, depth, _, _ = tree_facts(cyclic, 2, 4)
     assert max(depth) <= 3

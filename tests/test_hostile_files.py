@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.engine.campaign import nightly
+from vmfuzz.harness.engine.campaign import nightly
 from tests.test_hostile import ROOT, deployment, no_traceback, refused, repro, vmfuzz, write
 
 FAILING = ["--target", "reference+pr33127", "--property", "no-oob-write", "--max-examples", "5"]
@@ -21,7 +21,7 @@ FAILING = ["--target", "reference+pr33127", "--property", "no-oob-write", "--max
 THIRTY_NIGHTS = """
 import json, sys
 from pathlib import Path
-from harness.cli import main
+from vmfuzz.harness.cli import main
 db, out = Path(sys.argv[1]), Path(sys.argv[2])
 rows = []
 for night in range(30):
@@ -172,7 +172,7 @@ def test_a_file_size_limit_leaves_every_report_whole_or_absent(tmp_path):
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (3072, 3072))
 
-    r = subprocess.run([sys.executable, "-m", "harness.cli", "run", *FAILING, "--report-dir", str(tmp_path / "r")],
+    r = subprocess.run([sys.executable, "-m", "vmfuzz.harness.cli", "run", *FAILING, "--report-dir", str(tmp_path / "r")],
                        cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=limit,
                        env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "CI": "true",
                             "XDG_CACHE_HOME": str(tmp_path / "cache")})

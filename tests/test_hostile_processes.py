@@ -63,7 +63,7 @@ def test_ctrl_c_with_a_plugin_thread_alive_ends_130_with_the_reports(tmp_path, w
 def _killed_worker_run(tmp_path, props, kill_tracker=False):
     """``run --workers 2`` on a target that SIGKILLs its own process; optionally the
     resource tracker is SIGKILLed as soon as it is up."""
-    args = [sys.executable, "-m", "harness.cli", "run", "--target", KILLER, "--seed", "1", "--max-examples", "30",
+    args = [sys.executable, "-m", "vmfuzz.harness.cli", "run", "--target", KILLER, "--seed", "1", "--max-examples", "30",
             "--workers", "2", "--isolate", "off", "--report-dir", str(tmp_path / "r")]
     for p in props:
         args += ["--property", p]
@@ -107,7 +107,7 @@ def test_a_case_noted_while_it_runs_is_gone_once_it_answered(tmp_path, monkeypat
     a case that answered is no longer "the case it died on"."""
     import pickle
 
-    from harness.engine.campaign import workers
+    from vmfuzz.harness.engine.campaign import workers
     monkeypatch.setattr(workers, "_case_file", tmp_path / "p.case")
     seen = []
 
@@ -121,7 +121,7 @@ def test_a_case_noted_while_it_runs_is_gone_once_it_answered(tmp_path, monkeypat
 
 @pytest.mark.slow
 def test_a_run_killed_by_sigkill_leaves_no_worker_searching(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--time-budget", "120", "--workers", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "vmfuzz.harness.cli", "run", "--time-budget", "120", "--workers", "2",
                              # workers that would search on for the whole budget: hung past max_bs
                              "--target", "tests.plugins:HangingTarget", "--isolate", "off", "--report-dir", str(tmp_path / "r")], cwd=tmp_path, env=_env(tmp_path),
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, preexec_fn=_cap)
@@ -153,7 +153,7 @@ def _running(pids) -> list[int]:
     return alive
 
 
-_HOLDER = ("import sys, time; from pathlib import Path; from harness.commands.report_claim import claim; "
+_HOLDER = ("import sys, time; from pathlib import Path; from vmfuzz.harness.commands.report_claim import claim; "
            "Path(sys.argv[1]).mkdir(parents=True, exist_ok=True); claim(Path(sys.argv[1])); "
            "print('held', flush=True); time.sleep(120)")
 

@@ -35,13 +35,13 @@ def test_layers_contract_holds(lint):
 
 
 @pytest.mark.parametrize("module,upward,contract", [
-    ("harness/model/layouts.py", "harness.cli", "harness layers"),
-    ("harness/guard/shadow.py", "harness.properties", "harness layers"),
-    ("strategies/trees.py", "harness.engine.core.failures", "harness layers"),
+    ("harness/model/layouts.py", "vmfuzz.harness.cli", "harness layers"),
+    ("harness/guard/shadow.py", "vmfuzz.harness.properties", "harness layers"),
+    ("strategies/trees.py", "vmfuzz.harness.engine.core.failures", "harness layers"),
     # the engine's rooms: each imports only the rooms below it
-    ("harness/engine/search/search.py", "harness.engine.regression.known", "engine rooms"),
-    ("harness/engine/core/isolation.py", "harness.engine.search.results", "engine rooms"),
-    ("harness/engine/regression/replay.py", "harness.engine.campaign.session", "engine rooms")])
+    ("harness/engine/search/search.py", "vmfuzz.harness.engine.regression.known", "engine rooms"),
+    ("harness/engine/core/isolation.py", "vmfuzz.harness.engine.search.results", "engine rooms"),
+    ("harness/engine/regression/replay.py", "vmfuzz.harness.engine.campaign.session", "engine rooms")])
 def test_contract_breaks_on_a_planted_upward_import(lint, tmp_path, module, upward, contract):
     for part in ("harness", "strategies"):
         shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
@@ -95,7 +95,7 @@ def test_readme_is_short_and_docs_point_nowhere_outside():
 
 
 def test_python_m_harness_is_the_vmfuzz_command():
-    r = subprocess.run([sys.executable, "-m", "harness", "--help"], capture_output=True, text=True, timeout=120,
+    r = subprocess.run([sys.executable, "-m", "vmfuzz", "--help"], capture_output=True, text=True, timeout=120,
                        cwd=ROOT)
     assert r.returncode == 0 and r.stdout.startswith("usage: vmfuzz"), r.stdout + r.stderr
 
@@ -122,5 +122,5 @@ def test_a_planted_cycle_is_found(tmp_path):
     for part in ("harness", "strategies"):
         shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
     planted = tmp_path / "harness" / "model" / "layouts.py"
-    planted.write_text(planted.read_text() + "\n\ndef _planted():\n    import harness.model.config  # noqa\n")
-    assert any(loop.startswith("harness.model.config -> harness.model.layouts") for loop in _loops(tmp_path))
+    planted.write_text(planted.read_text() + "\n\ndef _planted():\n    import vmfuzz.harness.model.config  # noqa\n")
+    assert any(loop.startswith("vmfuzz.harness.model.config -> vmfuzz.harness.model.layouts") for loop in _loops(tmp_path))

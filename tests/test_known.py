@@ -8,14 +8,14 @@ import json
 import msgspec
 import pytest
 
-from harness.engine.regression.known import applicable, attach, default_known_root, entries
-from harness.model.config import Batch, Config
-from harness.model.known_file import Known, decode
-from harness.model.layouts import TreeMaskMode
-from harness.model.origin import Origin
-from harness.model.repro_file import ReproError
-from harness.properties import PROPERTIES, PropertyFailure
-from harness.targets import CATALOGUE, resolve
+from vmfuzz.harness.engine.regression.known import applicable, attach, default_known_root, entries
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.known_file import Known, decode
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.model.origin import Origin
+from vmfuzz.harness.model.repro_file import ReproError
+from vmfuzz.harness.properties import PROPERTIES, PropertyFailure
+from vmfuzz.harness.targets import CATALOGUE, resolve
 
 CASE = (Config(TreeMaskMode.FULL_MASK, 2, 4, 3, 2, 2, True), [Batch((4, 1))])
 POLICY = {"property": "routing", "effect": "unsound", "writer": "dflash policy"}
@@ -139,12 +139,12 @@ def test_a_known_cause_is_uninteresting_and_the_search_finds_the_next_cause_of_t
     import dataclasses
     from types import SimpleNamespace
 
-    from harness.engine.search.search import run_property
-    from harness.model.bounds import Bounds
-    from harness.model.origin import Origin
-    from harness.properties import PROPERTIES, PropertyFailure
-    from harness.properties.kit import Observation
-    from harness.targets import resolve
+    from vmfuzz.harness.engine.search.search import run_property
+    from vmfuzz.harness.model.bounds import Bounds
+    from vmfuzz.harness.model.origin import Origin
+    from vmfuzz.harness.properties import PROPERTIES, PropertyFailure
+    from vmfuzz.harness.properties.kit import Observation
+    from vmfuzz.harness.targets import resolve
 
     def check(target, config, batches, device="cpu"):
         if config.max_bs >= 2:  # most cases: the known cause
@@ -165,8 +165,8 @@ def test_a_known_cause_is_uninteresting_and_the_search_finds_the_next_cause_of_t
 def test_junit_shows_a_reproducing_known_finding_skipped_with_its_reason_never_a_plain_pass():
     import xml.etree.ElementTree as ET
 
-    from harness.model.known_file import GONE, REPRODUCES
-    from harness.report.junit import run_junit
+    from vmfuzz.harness.model.known_file import GONE, REPRODUCES
+    from vmfuzz.harness.report.junit import run_junit
     finding = {"known": "dflash-policy", "kind": "property", "detail": "d", "repro": "r.json"}
     summary = {"target": "sglang", "fail_on_known": False, "replays": [], "gate": None,
                "properties": [{"name": "routing", "seconds": 1.0, "status": "failed", "findings": [finding]},

@@ -1,5 +1,5 @@
 
-from harness.model.layouts import (TreeMaskMode, logical_size, request_at,
+from vmfuzz.harness.model.layouts import (TreeMaskMode, logical_size, request_at,
                              request_extents, worst_case_size)
 
 FULL, QLEN, BITS = TreeMaskMode.FULL_MASK, TreeMaskMode.QLEN_ONLY, TreeMaskMode.QLEN_ONLY_BITPACKING

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
+from vmfuzz.harness.cli import main
 from tests.helpers import vmfuzz
 
 # shard 1 holds (capacity-liveness: the variant admits more, never less); shards 2 and 3 each find
@@ -157,7 +157,7 @@ def test_compare_refuses_a_run_whose_groups_are_not_all_it_found(runs, tmp_path,
 
 
 def test_one_cause_found_by_several_shards_is_one_group():
-    from harness.report.merge import join_groups
+    from vmfuzz.harness.report.merge import join_groups
 
     def group(sig, props, members, key=None, valid=True):
         g = {"signature": sig, "count": len(members), "properties": props, "repro": members[0],
@@ -194,8 +194,8 @@ def test_shards_whose_only_findings_are_known_merge_to_exit_0(runs, tmp_path, ca
 
 def test_every_summary_field_has_a_merge_rule():
     """A field added to summary.json must say how shards join it: never copied from shard 1 unseen."""
-    from harness.model.summary_file import RunSummary
-    from harness.report.merge import FIELDS
+    from vmfuzz.harness.model.summary_file import RunSummary
+    from vmfuzz.harness.report.merge import FIELDS
     assert set(FIELDS) == set(RunSummary.__struct_fields__), set(FIELDS) ^ set(RunSummary.__struct_fields__)
 
 

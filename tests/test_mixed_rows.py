@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from hypothesis import find, settings
 
-from harness.engine.search.results import PropertyResult
-from harness.engine.campaign.steps import step_weight
-from harness.model.config import Config
-from harness.model.layouts import TreeMaskMode
-from harness.report.summary import summary_md
-from strategies.batches import batches
+from vmfuzz.harness.engine.search.results import PropertyResult
+from vmfuzz.harness.engine.campaign.steps import step_weight
+from vmfuzz.harness.model.config import Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.report.summary import summary_md
+from vmfuzz.strategies.batches import batches
 
 CONFIG = Config(TreeMaskMode.FULL_MASK, 4, 64, 4, 2, 2)
 
@@ -17,7 +17,7 @@ CONFIG = Config(TreeMaskMode.FULL_MASK, 4, 64, 4, 2, 2)
 def _drawn(pred, bs=6):
     """A seq_lens tuple of ``bs`` rows matching ``pred`` within 500 draws, or None."""
     from hypothesis.errors import NoSuchExample
-    from strategies.batches import _seq_lens
+    from vmfuzz.strategies.batches import _seq_lens
     try:
         return find(_seq_lens(64, bs), pred, settings=settings(max_examples=500, database=None))
     except NoSuchExample:

@@ -109,11 +109,11 @@ PROPS = ["no-oob-write", "reader-agreement", "packed-mask", "allocation-soundnes
 def _gate_record(folder: Path, target_name: str, properties=PROPS, examples: int = 6) -> dict:
     """What a gate records (``output_record`` switched on through the environment, as the bench does):
     each property's search, its checks run through the same ``direct_check`` the gate uses."""
-    from harness.engine.core import output_record
-    from harness.engine.search.search import run_property
-    from harness.model.bounds import Bounds
-    from harness.properties import PROPERTIES
-    from harness.targets import resolve
+    from vmfuzz.harness.engine.core import output_record
+    from vmfuzz.harness.engine.search.search import run_property
+    from vmfuzz.harness.model.bounds import Bounds
+    from vmfuzz.harness.properties import PROPERTIES
+    from vmfuzz.harness.targets import resolve
     target = resolve(target_name)
     old = os.environ.get(output_record.DIR_ENV)
     os.environ[output_record.DIR_ENV] = str(folder)
@@ -143,7 +143,7 @@ def pristine(tmp_path_factory):
 def test_a_survivor_whose_outputs_differ_names_the_output(pristine, variant, field, tmp_path):
     """What the gate handed its checks, recorded during its run, against the pristine code's (here the
     reference target stands for SGLang and a known-bad variant for a mutant)."""
-    from harness.engine.core import output_record
+    from vmfuzz.harness.engine.core import output_record
     mutant = _gate_record(tmp_path, "reference+" + variant)
     diffs, compared = output_record.differences(pristine, mutant)
     assert compared and diffs and field in {mutation_equiv.field_of(k) for k in diffs}, diffs[:5]
@@ -152,7 +152,7 @@ def test_a_survivor_whose_outputs_differ_names_the_output(pristine, variant, fie
 
 
 def test_unchanged_outputs_are_suspected_equivalent_over_every_example(pristine, tmp_path):
-    from harness.engine.core import output_record
+    from vmfuzz.harness.engine.core import output_record
     again = _gate_record(tmp_path, "reference")
     diffs, compared = output_record.differences(pristine, again)
     assert diffs == [] and compared == len(pristine[0])
@@ -164,7 +164,7 @@ def test_unchanged_outputs_are_suspected_equivalent_over_every_example(pristine,
 
 
 def test_what_differs_between_pristine_runs_is_never_compared():
-    from harness.engine.core import output_record
+    from vmfuzz.harness.engine.core import output_record
     a, t = "packed-mask c0 call1:pack_mask ->.indptr", "packed-mask c0 call1:pack_mask ->.buffer"
     runs = [{a: ["1"], t: ["5"]}, {a: ["1"], t: ["6"]}]
     assert output_record.differences(runs, {a: ["1"], t: ["7"]}) == ([], 1)
@@ -483,7 +483,7 @@ def test_a_known_finding_s_replay_neither_stops_a_nightly_nor_kills(tmp_path, mo
     mutant, so it must not stop the run at its first finding, nor count as what killed it."""
     import signal
     import mutation_nightly as nightly
-    from harness.engine.regression.known import default_known_root, entries
+    from vmfuzz.harness.engine.regression.known import default_known_root, entries
     monkeypatch.setattr(nightly, "_known", lambda: tuple(k for _, k in entries(default_known_root())))
     findings = tmp_path / "report" / "findings"
     findings.mkdir(parents=True)

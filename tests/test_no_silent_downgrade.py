@@ -1,7 +1,7 @@
 """No silent downgrade: a file under review that does not load is never "not driven", never "held".
 
 An exception while a module of SGLang is imported is decided from where it was
-raised (``harness.targets.sglang.imports.decide``): SGLang's own code raising is
+raised (``vmfuzz.harness.targets.sglang.imports.decide``): SGLang's own code raising is
 a finding (effect raise, stage import), a file the release does not have is
 "not in this release", anything else is out of step. And a capability -- does
 SGLang pack the verify mask itself? -- is decided by running its capture, not
@@ -18,7 +18,7 @@ import os
 
 import pytest
 
-from harness.model.errors import OutOfStep
+from vmfuzz.harness.model.errors import OutOfStep
 from tests.sglang_copies import altered_copy, run_on_copy
 
 MODULE = "sglang.srt.layers.attention.some_backend"
@@ -34,8 +34,8 @@ def _raised_in(module_name: str, code: str, filename: str = "/x/sglang/srt/layer
 
 
 def test_sglang_code_raising_at_import_is_a_finding_at_its_own_frame():
-    from harness.engine.core.failures import ImportRaised, failure_of
-    from harness.targets.sglang.imports import decide
+    from vmfuzz.harness.engine.core.failures import ImportRaised, failure_of
+    from vmfuzz.harness.targets.sglang.imports import decide
     decided = decide(MODULE, _raised_in(MODULE, "x = name_not_defined\n"))
     assert isinstance(decided, ImportRaised), decided
     origin, detail = failure_of("reader-agreement", decided)
@@ -45,8 +45,8 @@ def test_sglang_code_raising_at_import_is_a_finding_at_its_own_frame():
 
 
 def test_a_syntax_error_in_an_sglang_file_is_a_finding():
-    from harness.engine.core.failures import ImportRaised
-    from harness.targets.sglang.imports import decide
+    from vmfuzz.harness.engine.core.failures import ImportRaised
+    from vmfuzz.harness.targets.sglang.imports import decide
     try:
         compile("def broken(:\n", "/x/sglang/srt/layers/attention/some_backend.py", "exec")
     except SyntaxError as exc:
@@ -56,8 +56,8 @@ def test_a_syntax_error_in_an_sglang_file_is_a_finding():
 
 
 def test_a_failing_sibling_import_inside_sglang_is_a_finding():
-    from harness.engine.core.failures import ImportRaised
-    from harness.targets.sglang.imports import decide
+    from vmfuzz.harness.engine.core.failures import ImportRaised
+    from vmfuzz.harness.targets.sglang.imports import decide
     exc = _raised_in(MODULE, "raise ImportError(\"cannot import name 'gone' from 'sglang.srt.utils'\", "
                              "name='sglang.srt.utils')\n")
     assert isinstance(decide(MODULE, exc), ImportRaised)
@@ -66,14 +66,14 @@ def test_a_failing_sibling_import_inside_sglang_is_a_finding():
 
 
 def test_a_file_the_release_lacks_is_not_in_this_release():
-    from harness.targets.sglang.imports import NotInRelease, decide
+    from vmfuzz.harness.targets.sglang.imports import NotInRelease, decide
     for missing in (MODULE, "sglang.srt.layers.attention", "sglang"):
         decided = decide(MODULE, ModuleNotFoundError(f"No module named {missing!r}", name=missing))
         assert isinstance(decided, NotInRelease) and isinstance(decided, ImportError), (missing, decided)
 
 
 def test_a_missing_dependency_or_a_harness_raise_is_out_of_step():
-    from harness.targets.sglang.imports import decide
+    from vmfuzz.harness.targets.sglang.imports import decide
     third_party = ModuleNotFoundError("No module named 'flashinfer'", name="flashinfer")
     assert isinstance(decide(MODULE, third_party), OutOfStep)
     # SGLang's own code re-raising the missing dependency in its own words: still the host's lack
@@ -83,7 +83,7 @@ def test_a_missing_dependency_or_a_harness_raise_is_out_of_step():
     # the line names the file whose import failed, not only the module vmfuzz asked for
     assert decide("sglang.srt.speculative.eagle_worker_v2", rewrapped).file == "srt/layers/attention/some_backend.py"
     # raised by code outside SGLang (a harness stand-in, a library)
-    harness = _raised_in("harness.targets.sglang.backend_init", "raise RuntimeError('stub called')\n",
+    harness = _raised_in("vmfuzz.harness.targets.sglang.backend_init", "raise RuntimeError('stub called')\n",
                          "/x/harness/targets/sglang/backend_init.py")
     decided = decide(MODULE, harness)
     assert isinstance(decided, OutOfStep) and decided.file == "srt/layers/attention/some_backend.py", decided
@@ -92,8 +92,8 @@ def test_a_missing_dependency_or_a_harness_raise_is_out_of_step():
 def test_a_decided_raise_is_the_same_for_every_caller_and_crosses_a_pipe():
     import pickle
 
-    from harness.engine.core.failures import ImportRaised
-    from harness.targets.sglang.imports import sglang_module
+    from vmfuzz.harness.engine.core.failures import ImportRaised
+    from vmfuzz.harness.targets.sglang.imports import sglang_module
     calls = []
 
     def importer(name):

@@ -1,9 +1,9 @@
 import torch
 
-from harness.model.config import Batch, Config, DraftTree
-from harness.model.layouts import TreeMaskMode
-from harness.model.oracle import expected
-from harness.model.trees import DETACHED, draft, parents, simplest
+from vmfuzz.harness.model.config import Batch, Config, DraftTree
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.model.oracle import expected
+from vmfuzz.harness.model.trees import DETACHED, draft, parents, simplest
 
 
 def test_simplest_tree_is_breadth_first_and_fully_attached():

@@ -140,7 +140,7 @@ def test_the_installed_wheel_installs_sglang_with_what_it_ships(installed, tmp_p
                           env=_clean_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "unknown sglang release '9.9.9' (known: 0.5.17" in proc.stderr, proc.stderr
-    hint = subprocess.run([str(bin_dir / "python"), "-c", "from harness.targets.sglang.loader import install_hint, "
+    hint = subprocess.run([str(bin_dir / "python"), "-c", "from vmfuzz.harness.targets.sglang.loader import install_hint, "
                            "installer; print(installer()); print(install_hint())"], cwd=tmp_path, env=_clean_env(),
                           capture_output=True, text=True, check=True).stdout.splitlines()
     assert Path(hint[0]).is_relative_to(bin_dir.parent) and "shipped/sglang_install" in hint[0], hint
@@ -151,7 +151,7 @@ def test_the_installed_wheel_installs_sglang_with_what_it_ships(installed, tmp_p
 def test_a_gate_from_the_installed_wheel_replays_the_saved_repro_and_fails(installed, tmp_path):
     """Only capacity-liveness is searched, and it holds on pr33127: exit 1 is the saved repro's."""
     bin_dir = installed.parents[1] / "venv" / "bin"
-    where = subprocess.run([str(bin_dir / "python"), "-c", "import harness; print(harness.__file__)"],
+    where = subprocess.run([str(bin_dir / "python"), "-c", "import vmfuzz.harness; print(vmfuzz.harness.__file__)"],
                            cwd=tmp_path, env=_clean_env(), capture_output=True, text=True, check=True).stdout
     assert Path(where.strip()).is_relative_to(bin_dir.parent), where
     (tmp_path / "changed.txt").write_text(VERIFY_MASK + "\n")

@@ -2,12 +2,12 @@ import copy
 
 import pytest
 
-from harness.cli import main
-from harness.model.config import Config
-from harness.model.layouts import TreeMaskMode
-from harness.engine.search.policy import grid, verify_policy
-from harness.model.repro_file import load
-from harness.targets import resolve
+from vmfuzz.harness.cli import main
+from vmfuzz.harness.model.config import Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.engine.search.policy import grid, verify_policy
+from vmfuzz.harness.model.repro_file import load
+from vmfuzz.harness.targets import resolve
 
 
 def test_grid_reaches_production_scale():

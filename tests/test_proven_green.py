@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine.campaign.change_paths import changed_from_file, hunk_lines, normalise_entry
-from harness.engine.campaign.changes import ChangeError, changed_since
-from harness.engine.campaign.diff_coverage import CPU_CANNOT_TAKE, measure, parse, spans
-from harness.engine.search.results import PropertyResult
-from harness.engine.campaign.surface import gate_coverage
+from vmfuzz.harness.engine.campaign.change_paths import changed_from_file, hunk_lines, normalise_entry
+from vmfuzz.harness.engine.campaign.changes import ChangeError, changed_since
+from vmfuzz.harness.engine.campaign.diff_coverage import CPU_CANNOT_TAKE, measure, parse, spans
+from vmfuzz.harness.engine.search.results import PropertyResult
+from vmfuzz.harness.engine.campaign.surface import gate_coverage
 from tests.helpers import ROOT, vmfuzz
 
 
@@ -85,7 +85,7 @@ def test_base_sees_uncommitted_and_untracked_changes(tmp_path):
     (repo / "python" / "new.py").write_text("y = 1\n")  # untracked
     changed, checkout = changed_since(base, repo)
     assert sorted(changed) == ["python/a.py", "python/new.py"]
-    from harness.engine.campaign.change_paths import changed_lines
+    from vmfuzz.harness.engine.campaign.change_paths import changed_lines
     assert changed_lines(checkout, "python/a.py") == frozenset({1})
     assert changed_lines(checkout, "python/new.py") == frozenset({1, 2})  # every line of a new file
 
@@ -132,7 +132,7 @@ def test_a_changed_line_on_the_mask_path_that_no_property_ran_is_named():
 def test_a_file_is_exercised_when_its_mask_path_lines_ran_under_a_property():
     ran = {10: {"shared:no-oob-write+fallback-equivalence"}, 11: {"capacity-soundness"}}
     m = measure("p.py", SOURCE, "/x/p.py", frozenset({10, 11}), {"Mask.fits": "no-oob-write"}, ran)
-    from harness.properties.shared import group_members, group_name
+    from vmfuzz.harness.properties.shared import group_members, group_name
     group = group_name(("no-oob-write", "fallback-equivalence"))
     m2 = measure("p.py", SOURCE, "/x/p.py", frozenset({10}), {"Mask.fits": "no-oob-write"}, {10: {group}})
     assert m2.judged == {10: sorted(group_members(group))}  # a shared group's lines are each member's
@@ -168,7 +168,7 @@ def test_a_run_in_which_no_selected_property_was_driven_is_could_not_check(tmp_p
     plugins = tmp_path / "plugins"
     plugins.mkdir()
     (plugins / "no_route_plugin.py").write_text(
-        "from harness.targets import resolve\nno_router = resolve('reference')\nno_router.route = None\n")
+        "from vmfuzz.harness.targets import resolve\nno_router = resolve('reference')\nno_router.route = None\n")
     r = vmfuzz("run", "--target", "no_route_plugin:no_router", "--property", "routing", "--seed", "1",
                "--report-dir", str(tmp_path / "r"),
                env={"PYTHONPATH": os.pathsep.join([str(ROOT), str(plugins)])})
@@ -257,7 +257,7 @@ def test_a_refactor_whose_lines_all_ran_is_exercised(checkout, tmp_path):
 #: recognise": the view comes back without them, so reader-agreement cannot judge them.
 UNRECOGNISED_GATHER = '''
 import dataclasses
-from harness.targets import resolve
+from vmfuzz.harness.targets import resolve
 
 blind = resolve("reference")
 _read = blind.read_eager
@@ -266,8 +266,8 @@ blind.read_eager = lambda *a, **k: dataclasses.replace(_read(*a, **k), kv_indice
 
 
 def test_a_sub_check_no_case_judged_is_not_held_and_the_gate_cannot_check(tmp_path):
-    from harness.properties import sub_checks_not_driven
-    from harness.properties.kit import Observation, ledger, sub_check_done, sub_check_skipped
+    from vmfuzz.harness.properties import sub_checks_not_driven
+    from vmfuzz.harness.properties.kit import Observation, ledger, sub_check_done, sub_check_skipped
     obs = Observation()
     sub_check_done(obs, "mask cells")
     sub_check_skipped(obs, "kv_indices", "gathered elsewhere")
@@ -324,7 +324,7 @@ def step():
 DRIVE = '''
 import json, sys
 from pathlib import Path
-from harness.engine.core import line_trace
+from vmfuzz.harness.engine.core import line_trace
 here = Path(sys.argv[1])
 sys.path.insert(0, str(here))
 line_trace.start(here / "rec", [here / "host.py", here / "kern_b.py"])
@@ -357,7 +357,7 @@ def test_lines_are_recorded_under_the_property_and_kernels_of_unchanged_files_ru
 def test_a_process_that_cannot_record_says_so_and_its_check_still_runs(tmp_path, monkeypatch):
     """coverage missing in a worker is the harness's own failure: never the check's raise (a finding on
     SGLang), and the gate reads it as could not check."""
-    from harness.engine.core import line_trace
+    from vmfuzz.harness.engine.core import line_trace
     monkeypatch.setitem(sys.modules, "coverage", None)  # import coverage -> ImportError
     monkeypatch.setattr(line_trace, "_recorder", None)
     line_trace.start(tmp_path / "rec", [tmp_path / "x.py"])

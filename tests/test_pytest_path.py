@@ -45,7 +45,7 @@ def test_pristine_reference_passes_and_writes_nothing(tmp_path):
 
 @pytest.mark.slow
 def test_sglang_target_brings_its_bounds_budget_and_isolation(tmp_path):
-    from harness.targets import TargetUnavailable, resolve
+    from vmfuzz.harness.targets import TargetUnavailable, resolve
     try:
         target = resolve("sglang")
     except TargetUnavailable as exc:

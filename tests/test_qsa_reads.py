@@ -15,13 +15,13 @@ import copy
 import pytest
 import torch
 
-from harness.model.config import Batch, Config, DraftTree
-from harness.model.layouts import TreeMaskMode
-from harness.model.qsa_reads import QsaVerify
-from harness.properties import PROPERTIES, PropertyFailure
-from harness.properties.kit import Observation
-from harness.properties.qsa_reads import WRITER, check_qsa, qsa_mismatch
-from harness.targets import resolve
+from vmfuzz.harness.model.config import Batch, Config, DraftTree
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.model.qsa_reads import QsaVerify
+from vmfuzz.harness.properties import PROPERTIES, PropertyFailure
+from vmfuzz.harness.properties.kit import Observation
+from vmfuzz.harness.properties.qsa_reads import WRITER, check_qsa, qsa_mismatch
+from vmfuzz.harness.targets import resolve
 from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_copy
 from tests.test_fa3_reads import _step
 

@@ -18,12 +18,12 @@ import copy
 import pytest
 import torch
 
-from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode
-from harness.model.qsa_reads import QsaVerify
-from harness.properties import PropertyFailure
-from harness.properties.kit import Observation
-from harness.properties.qsa_reads import REPLAY_WRITER, check_qsa, qsa_mismatch
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.model.qsa_reads import QsaVerify
+from vmfuzz.harness.properties import PropertyFailure
+from vmfuzz.harness.properties.kit import Observation
+from vmfuzz.harness.properties.qsa_reads import REPLAY_WRITER, check_qsa, qsa_mismatch
 from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_copy
 from tests.test_fa3_reads import _step
 from tests.test_qsa_reads import QSA

@@ -4,7 +4,7 @@ On ``reference`` the properties must hold and each reader variant must be
 caught; on ``sglang`` the same, with SGLang's real metadata methods and packing
 kernel; and altered copies of the installed SGLang -- a bad edit to the eager
 mask_indptr, to the replay path, to the packing kernel and its host arithmetic --
-must be caught by ``harness.cli run --target sglang --property <reader property>``
+must be caught by ``vmfuzz.harness.cli run --target sglang --property <reader property>``
 while the pristine copy passes.
 """
 
@@ -15,16 +15,16 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from harness.engine.search.cases import cases
-from harness.engine.search.search import run_property
-from harness.model.bounds import Bounds
-from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode
-from harness.properties import PROPERTIES, PropertyFailure
-from harness.properties.readers import packed_bytes
-from harness.model.readers import expected_reads, reader_config
-from harness.guard.shadow import ShadowHeap
-from harness.targets import resolve
+from vmfuzz.harness.engine.search.cases import cases
+from vmfuzz.harness.engine.search.search import run_property
+from vmfuzz.harness.model.bounds import Bounds
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.properties import PROPERTIES, PropertyFailure
+from vmfuzz.harness.properties.readers import packed_bytes
+from vmfuzz.harness.model.readers import expected_reads, reader_config
+from vmfuzz.harness.guard.shadow import ShadowHeap
+from vmfuzz.harness.targets import resolve
 from tests.sglang_copies import (altered_copy, assert_caught_by, assert_not_a_raise, failed_check_origin, replay_on_copy,
                                  run_cases, run_on_copy)
 
@@ -154,7 +154,7 @@ def test_each_metadata_output_is_judged_against_the_meaning(slip):
 
 def test_a_kv_gather_past_its_buffer_lands_in_the_redzone():
     """The sglang target's stand-in gather writes each request's KV slots through the shadow heap."""
-    from harness.targets.sglang.kv_ids import _gather
+    from vmfuzz.harness.targets.sglang.kv_ids import _gather
 
     heap = ShadowHeap("cpu")
     kv = heap.alloc("kv_indices", 8, torch.int64, redzone_cells=16)
@@ -195,7 +195,7 @@ def test_a_packer_that_ignores_its_capacity_is_caught():
     target = resolve("reference")
 
     def packs_without_the_host_check(config, batch, step_mask, buffer):
-        from harness.targets.reference.readers import model_pack
+        from vmfuzz.harness.targets.reference.readers import model_pack
         roomy = torch.zeros(buffer.numel() + 64, dtype=torch.uint8)
         view = model_pack(config, batch, step_mask, roomy)
         buffer.copy_(roomy[:buffer.numel()])
@@ -233,7 +233,7 @@ def test_reader_variant_is_caught_over_sglang(sglang_target, variant, tmp_path):
 
 def test_sglang_readers_are_sglangs_own(sglang_target):
     """The views come from SGLang's metadata and FlashInfer wrapper state, not from this harness."""
-    from harness.targets.sglang import readers
+    from vmfuzz.harness.targets.sglang import readers
 
     heap = ShadowHeap("cpu")
     mask = sglang_target.allocate(FULL, heap)
@@ -243,7 +243,7 @@ def test_sglang_readers_are_sglangs_own(sglang_target):
     replay = sglang_target.read_replay(mask, FULL, Batch((3, 5)), step, heap)
     assert replay.mask.data_ptr() == mask.buffer.data_ptr()  # replay reads the backend's own buffer
     assert replay.indptr.tolist() == [0, 4 * (3 + 4), 4 * (3 + 4) + 4 * (5 + 4)]
-    from harness.targets.sglang import flashinfer
+    from vmfuzz.harness.targets.sglang import flashinfer
     surface = readers.SURFACE + flashinfer.SURFACE
     paths = {path for path, _, _ in surface}
     assert {"srt/layers/attention/triton_backend.py", "srt/layers/attention/flashinfer_backend.py",
@@ -262,7 +262,7 @@ def test_sglang_readers_are_sglangs_own(sglang_target):
 def test_replay_copies_a_fallback_steps_mask_into_the_backends_buffer(spec, request):
     """A step that wrote its own allocation: replay must copy it over the stale preallocated buffer."""
     target = request.getfixturevalue("sglang_target") if spec == "sglang" else resolve(spec)
-    from harness.properties.kit import reused_mask
+    from vmfuzz.harness.properties.kit import reused_mask
 
     batch = Batch((3, 5))
     heap, mask = reused_mask(target, FULL, "cpu", "reader-agreement")

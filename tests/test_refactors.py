@@ -313,11 +313,11 @@ def test_a_dflash_policy_module_that_does_not_import_is_out_of_step(sglang_targe
     # reaches the router; the failure is made where vmfuzz imports it.
     import importlib
 
-    from harness.model.config import Config
-    from harness.model.errors import OutOfStep
-    from harness.model.layouts import TreeMaskMode
-    from harness.model.routing import Child
-    from harness.targets.sglang import routers
+    from vmfuzz.harness.model.config import Config
+    from vmfuzz.harness.model.errors import OutOfStep
+    from vmfuzz.harness.model.layouts import TreeMaskMode
+    from vmfuzz.harness.model.routing import Child
+    from vmfuzz.harness.targets.sglang import routers
 
     real = importlib.import_module
 

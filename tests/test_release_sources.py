@@ -31,10 +31,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.model.allocation import ServerNumbers
-from harness.targets.sglang import backend_init
-from harness.targets.sglang.allocation import BUILT_BY_INIT, SITES
-from harness.targets.sglang.seams import TranslatesNothing
+from vmfuzz.harness.model.allocation import ServerNumbers
+from vmfuzz.harness.targets.sglang import backend_init
+from vmfuzz.harness.targets.sglang.allocation import BUILT_BY_INIT, SITES
+from vmfuzz.harness.targets.sglang.seams import TranslatesNothing
 from tests.helpers import REQUIRE_SGLANG, ROOT
 
 PINS = ROOT / "scripts" / "sglang" / "pins"

@@ -20,9 +20,9 @@ import types
 
 import torch
 
-from harness.model.allocation import ServerNumbers
-from harness.targets.sglang import backend_init
-from harness.targets.sglang.seams import TranslatesNothing
+from vmfuzz.harness.model.allocation import ServerNumbers
+from vmfuzz.harness.targets.sglang import backend_init
+from vmfuzz.harness.targets.sglang.seams import TranslatesNothing
 
 NUMBERS = ServerNumbers(max_bs=4, context_len=64, num_draft_tokens=5, topk=2, spec_steps=3)
 

@@ -152,7 +152,7 @@ def test_a_nightly_appends_one_record(nightly):
 
 
 def test_history_is_bounded(tmp_path):
-    from harness.engine.campaign.history import append_night, load
+    from vmfuzz.harness.engine.campaign.history import append_night, load
     for i in range(7):
         append_night(tmp_path, {"started": str(i)}, keep=5)
     assert [n["started"] for n in load(tmp_path)] == ["2", "3", "4", "5", "6"]
@@ -219,8 +219,8 @@ def test_a_groups_picture_is_its_own_repro_not_a_members_words(tmp_path):
     """The group's minimal repro is a 3-cell buffer; a member's finding (its own, larger case)
     says "8 cells" in its words. The picture is the 3-cell one, from the repro and the origin alone."""
     from functools import partial
-    from harness.report.html import buffer_picture
-    from harness.report.html_sections import groups_html
+    from vmfuzz.harness.report.html import buffer_picture
+    from vmfuzz.harness.report.html_sections import groups_html
     base = {"mode": "FULL_MASK", "max_bs": 1, "max_context_len": 2, "topk": 1, "spec_steps": 1, "is_read": True}
     small = _repro(tmp_path, "capacity-soundness.json", {**base, "num_draft_tokens": 1}, [{"seq_lens": [2]},
                                                                                          {"seq_lens": [1, 2]}],
@@ -254,8 +254,8 @@ def test_a_groups_picture_is_its_own_repro_not_a_members_words(tmp_path):
 
 def test_known_findings_are_listed_with_their_status(report):
     """The known entries summary.md lists (name, property, status, release range) are on the page too."""
-    from harness.report.html import report_html
-    from harness.report.summary import summary_md
+    from vmfuzz.harness.report.html import report_html
+    from vmfuzz.harness.report.summary import summary_md
     s = json.loads((report / "summary.json").read_text())
     assert 'id="known"' not in report_html(s, report)  # none known: no section
     s["known_findings"] = [
@@ -283,8 +283,8 @@ PREFIX_COLUMNS = ["0-2", "5-7", "10-12", "15-16", "19-20", "23-24"]
 
 
 def test_a_wrong_groups_picture_marks_the_cells_of_the_class_its_origin_names(tmp_path):
-    from harness.report.html import buffer_picture
-    from harness.report.html_sections import groups_html
+    from vmfuzz.harness.report.html import buffer_picture
+    from vmfuzz.harness.report.html_sections import groups_html
     config = {"mode": "FULL_MASK", "max_bs": 2, "max_context_len": 4, "num_draft_tokens": 3, "topk": 1,
               "spec_steps": 2}
     one = _repro(tmp_path, "one.json", config, [{"seq_lens": [2, 1]}], "fallback-equivalence")
@@ -315,7 +315,7 @@ def test_a_wrong_groups_picture_marks_the_cells_of_the_class_its_origin_names(tm
 
 
 def test_an_overrun_before_the_start_is_marked_left_of_cell_0(tmp_path):
-    from harness.report.html import buffer_picture
+    from vmfuzz.harness.report.html import buffer_picture
     config = {"mode": "QLEN_ONLY", "max_bs": 2, "max_context_len": 4, "num_draft_tokens": 2, "topk": 1,
               "spec_steps": 1}
     rep = _repro(tmp_path, "below.json", config, [{"seq_lens": [1, 1]}], "no-oob-write")

@@ -4,7 +4,7 @@ On ``reference`` and on ``sglang`` (SGLang's real router classes and the
 allocating backends' real cuda-graph set-up), the properties hold; every
 router and allocation variant is caught; and altered copies of the installed
 SGLang -- a bad edit to each router and to two allocation sites -- are caught
-through ``harness.cli run --target sglang``, while the pristine copy passes.
+through ``vmfuzz.harness.cli run --target sglang``, while the pristine copy passes.
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.model.allocation import ServerNumbers
-from harness.engine.search.search import run_property
-from harness.model.bounds import Bounds
-from harness.cli import main
-from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode
-from harness.properties import PROPERTIES, PropertyFailure
-from harness.model.routing import ROUTERS, SPEC_MODES, Child, verify_child
-from harness.guard.shadow import ShadowHeap
-from harness.targets import CATALOGUE, resolve
+from vmfuzz.harness.model.allocation import ServerNumbers
+from vmfuzz.harness.engine.search.search import run_property
+from vmfuzz.harness.model.bounds import Bounds
+from vmfuzz.harness.cli import main
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.properties import PROPERTIES, PropertyFailure
+from vmfuzz.harness.model.routing import ROUTERS, SPEC_MODES, Child, verify_child
+from vmfuzz.harness.guard.shadow import ShadowHeap
+from vmfuzz.harness.targets import CATALOGUE, resolve
 from tests.helpers import held_or_only_known
 from tests.sglang_copies import altered_copy, assert_caught_by, assert_not_a_raise, run_cases, run_on_copy
 
@@ -110,8 +110,8 @@ def test_no_drivable_site_fails_rather_than_holds():
 
 
 def test_a_target_without_the_seams_gets_them_not_driven(tmp_path):
-    from harness.engine.search.search import search_property
-    from harness.targets.reference import ReferenceTarget
+    from vmfuzz.harness.engine.search.search import search_property
+    from vmfuzz.harness.targets.reference import ReferenceTarget
 
     class CoreOnly(ReferenceTarget):
         route = verify_routed = allocating_backends = allocation_call = None
@@ -149,7 +149,7 @@ def _deployment(tmp_path, **fields):
 
 
 def test_old_deployment_files_load_with_defaults():
-    from harness.model.deployment_file import load
+    from vmfuzz.harness.model.deployment_file import load
     dep = load(ROOT / "examples" / "deployment-pr33127.json")
     assert (dep.speculative_attention_mode, dep.pp_size, dep.backends()) == ("prefill", 1, ("", ""))
 

@@ -14,9 +14,9 @@ import dataclasses
 
 import pytest
 
-from harness.model.routing import FIXUP_SPEC
-from harness.properties import PROPERTIES
-from harness.targets import resolve
+from vmfuzz.harness.model.routing import FIXUP_SPEC
+from vmfuzz.harness.properties import PROPERTIES
+from vmfuzz.harness.targets import resolve
 from tests.test_routers_judged import BATCH, CONFIG, _caught, _swap_in
 
 _ATTN = "srt/layers/attention/"

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode
-from harness.properties import PROPERTIES, PropertyFailure
-from harness.targets import resolve
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.properties import PROPERTIES, PropertyFailure
+from vmfuzz.harness.targets import resolve
 from tests.sglang_copies import altered_copy, assert_caught_by, assert_not_a_raise, run_on_copy
 
 CONFIG = Config(TreeMaskMode.FULL_MASK, 2, 8, 3, 2, 2)

@@ -76,7 +76,7 @@ def test_the_schemas_refuse_a_planted_mistake(tmp_path, name, planted):
 
 
 def test_a_summary_of_the_wrong_shape_is_said_when_it_is_written(tmp_path, capsys):
-    from harness.report.summary import CommandSummary, write_command_summary
+    from vmfuzz.harness.report.summary import CommandSummary, write_command_summary
     s = CommandSummary("replay", "reference", seconds=1.0)
     s.extra["started"] = 1700000000  # overrides the timestamp as_dict builds: a number, not a string
     write_command_summary(s, tmp_path)

@@ -16,11 +16,11 @@ import json
 
 import pytest
 
-from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode
-from harness.model.routing import NESTINGS, leaves, nested_children, nested_verify_leaf, Child
-from harness.properties import PROPERTIES
-from harness.targets import resolve
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.model.routing import NESTINGS, leaves, nested_children, nested_verify_leaf, Child
+from vmfuzz.harness.properties import PROPERTIES
+from vmfuzz.harness.targets import resolve
 from tests.sglang_copies import altered_copy, assert_caught_by, run_on_copy
 
 _TRITON = ["srt/layers/attention/triton_backend.py"]

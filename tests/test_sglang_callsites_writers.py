@@ -17,15 +17,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis.errors import InvalidArgument
 
-from harness.engine.search.cases import boundary_cases
-from harness.model.bounds import Bounds
-from harness.model.config import CALL_SITES, Batch, Config, ConfigError
-from harness.model.layouts import TreeMaskMode
-from harness.properties import PROPERTIES
-from harness.model.repro_file import ReproError, dump, from_case, load, to_case
-from harness.guard.shadow import ShadowHeap
-from harness.targets import CATALOGUE, resolve
-from strategies import chain_configs, configs, trivial_configs
+from vmfuzz.harness.engine.search.cases import boundary_cases
+from vmfuzz.harness.model.bounds import Bounds
+from vmfuzz.harness.model.config import CALL_SITES, Batch, Config, ConfigError
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.properties import PROPERTIES
+from vmfuzz.harness.model.repro_file import ReproError, dump, from_case, load, to_case
+from vmfuzz.harness.guard.shadow import ShadowHeap
+from vmfuzz.harness.targets import CATALOGUE, resolve
+from vmfuzz.strategies import chain_configs, configs, trivial_configs
 from tests.sglang_copies import altered_copy, assert_caught_by, run_cases, run_on_copy
 
 
@@ -122,8 +122,8 @@ def test_boundary_corpus_meets_every_call_site():
 def test_a_call_site_sglang_lacks_is_never_drawn(sglang_target):
     from types import SimpleNamespace
 
-    from harness.engine.search.cases import cases
-    from harness.targets.sglang.call_sites import available
+    from vmfuzz.harness.engine.search.cases import cases
+    from vmfuzz.harness.targets.sglang.call_sites import available
     assert sglang_target.call_sites == ("eagle", "chain", "pp", "frozen_kv_mtp")
     no_chain = SimpleNamespace(build_chain_tree=None, call_site=SimpleNamespace())
     assert available(no_chain) == ("eagle", "pp", "frozen_kv_mtp")
@@ -147,7 +147,7 @@ def test_pp_rebuild_is_sglangs_and_decides_reuse(sglang_target):
         out = sglang_target.verify(mask, PP_FULL, Batch(seq_lens), heap)
         assert out.reused is want
     # What ran was the scheduler's rebuild: it leaves its verify input on the batch.
-    from harness.targets.sglang.call_sites import pp_rebuild, stand_ins
+    from vmfuzz.harness.targets.sglang.call_sites import pp_rebuild, stand_ins
     forward_batch, worker, chain = stand_ins(sg, None, PP_FULL, Batch((2,)), "cpu")
     with sglang_target._routed(ShadowHeap("cpu"), None):
         vi = pp_rebuild(sg, forward_batch, worker, chain, PP_FULL, Batch((2,)), "cpu")
@@ -185,7 +185,7 @@ def test_modules_are_left_as_found(sglang_target):
 
 @pytest.mark.parametrize("variant", ["pp-reuse-unchecked", "chain-row-offset"])
 def test_new_variants_are_caught_over_sglang(sglang_target, variant, tmp_path):
-    from harness.engine.search.search import run_property
+    from vmfuzz.harness.engine.search.search import run_property
     target = CATALOGUE[variant].layer(sglang_target)
     for name in ("no-oob-write", "chain-writer", "reference-agreement"):
         res = run_property(target, PROPERTIES[name], seed=3, max_examples=6, bounds=sglang_target.bounds,

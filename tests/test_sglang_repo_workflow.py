@@ -50,7 +50,7 @@ def checkout_env(repo: Path) -> dict:
 
 
 #: Runs the CLI, then says where the sglang it loaded came from: proof the checkout's code ran.
-CLI = ("import sys; from harness.cli import main; rc = main(sys.argv[1:]); "
+CLI = ("import sys; from vmfuzz.harness.cli import main; rc = main(sys.argv[1:]); "
        "m = sys.modules.get('sglang'); print('sglang from', m and m.__file__, flush=True); sys.exit(rc)")
 
 

@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.engine.search.search import run_campaign, run_property
-from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode
-from harness.properties import PROPERTIES
-from harness.targets import CATALOGUE, resolve
+from vmfuzz.harness.engine.search.search import run_campaign, run_property
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.properties import PROPERTIES
+from vmfuzz.harness.targets import CATALOGUE, resolve
 from tests import zygote
 from tests.helpers import sglang_or_skip
 from tests.sglang_copies import altered_copy, assert_caught_by, run_on_copy
@@ -52,7 +52,7 @@ def test_properties_hold_on_sglang(sglang_target, tmp_path):
 
 
 def test_pr33127_reproduces_minimal_full_mask_repro(sglang_target, tmp_path):
-    from harness.cli import main
+    from vmfuzz.harness.cli import main
 
     rc = main(["run", "--target", "sglang+pr33127", "--seed", "1", "--property", "no-oob-write",
                "--report-dir", str(tmp_path)])
@@ -117,7 +117,7 @@ def test_sglang_modules_are_left_as_found(sglang_target):
 
 def test_reuse_decision_is_the_call_sites(sglang_target):
     """``reused`` reports what SGLang's call site chose, not a re-derivation."""
-    from harness.guard.shadow import ShadowHeap
+    from vmfuzz.harness.guard.shadow import ShadowHeap
 
     cfg = Config(TreeMaskMode.FULL_MASK, 2, 8, 4, 2, 2)
     for seq_lens, want in (((1, 2), True), ((1, 2, 3), False)):
@@ -139,7 +139,7 @@ def test_unavailable_sglang_exits_2_with_one_line(tmp_path):
     broken.mkdir()
     (broken / "__init__.py").write_text("raise ImportError('this sglang is broken on purpose')\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
-    proc = zygote.run([sys.executable, "-m", "harness.cli", "run", "--target", "sglang", "--seed", "1"],
+    proc = zygote.run([sys.executable, "-m", "vmfuzz.harness.cli", "run", "--target", "sglang", "--seed", "1"],
                       env=env, cwd=tmp_path, timeout=300)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -156,7 +156,7 @@ def test_triton_imported_before_the_interpreter_switch_is_one_line_exit_2(tmp_pa
         pytest.skip("a CUDA device runs the kernels compiled")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
-    program = "import sys, triton; from harness.cli import main; sys.exit(main(sys.argv[1:]))"
+    program = "import sys, triton; from vmfuzz.harness.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.run([sys.executable, "-W", "ignore", "-c", program, "run", "--target", "sglang", "--seed", "1",
                            "--max-examples", "1"], env=env, cwd=tmp_path, timeout=300, capture_output=True, text=True)
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -1,6 +1,6 @@
 import torch
 
-from harness.guard.shadow import CANARY, ShadowHeap
+from vmfuzz.harness.guard.shadow import CANARY, ShadowHeap
 
 
 def test_in_bounds_writes_leave_the_redzones_alone():
@@ -102,7 +102,7 @@ def test_a_backing_still_viewed_or_overrun_is_never_handed_out_again():
 
 
 def test_the_pool_stays_under_its_byte_cap(monkeypatch):
-    from harness.guard import shadow
+    from vmfuzz.harness.guard import shadow
     monkeypatch.setattr(shadow.BACKING_POOL, "MAX_BYTES", 4096)
     for n in range(1, 40):  # 39 shapes, ~1 KiB each: far past the cap if all were kept
         heap = ShadowHeap()

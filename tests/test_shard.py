@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine.campaign.shard import parse_shard, shard_properties
+from vmfuzz.harness.engine.campaign.shard import parse_shard, shard_properties
 from tests.helpers import vmfuzz
 
 # a variant that fails some properties and not others: the merged verdicts must match the

@@ -5,16 +5,16 @@ from pathlib import Path
 
 import pytest
 
-from harness.engine.search.search import run_campaign, shareable
-from harness.model.bounds import Bounds
-from harness.model.config import Batch, Config
-from harness.guard.tree_write import LAUNCHES
-from harness.model.layouts import TreeMaskMode
-from harness.properties import PROPERTIES, PropertyFailure, lookup, shared_group
-from harness.properties.shared import ORDER, judge
-from harness.engine.regression.replay import replay
-from harness.model.repro_file import load
-from harness.targets import resolve
+from vmfuzz.harness.engine.search.search import run_campaign, shareable
+from vmfuzz.harness.model.bounds import Bounds
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.guard.tree_write import LAUNCHES
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.properties import PROPERTIES, PropertyFailure, lookup, shared_group
+from vmfuzz.harness.properties.shared import ORDER, judge
+from vmfuzz.harness.engine.regression.replay import replay
+from vmfuzz.harness.model.repro_file import load
+from vmfuzz.harness.targets import resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import sparse  # noqa: E402

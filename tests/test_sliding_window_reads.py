@@ -18,11 +18,11 @@ import json
 import pytest
 import torch
 
-from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode
-from harness.model.readers import expected_reads, expected_window, sliding_window
-from harness.properties import PROPERTIES, PropertyFailure
-from harness.targets import resolve
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.model.readers import expected_reads, expected_window, sliding_window
+from vmfuzz.harness.properties import PROPERTIES, PropertyFailure
+from vmfuzz.harness.targets import resolve
 from tests.sglang_copies import altered_copy, assert_caught_by, run_on_copy
 
 CONFIG = Config(TreeMaskMode.FULL_MASK, 4, 8, 4, 2, 2)

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode
-from harness.properties import PropertyFailure
-from harness.targets import resolve
-from harness.model.trees import deepest
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.properties import PropertyFailure
+from vmfuzz.harness.targets import resolve
+from vmfuzz.harness.model.trees import deepest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import bench  # noqa: E402

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from harness.targets.sglang import interpreter_speed
+from vmfuzz.harness.targets.sglang import interpreter_speed
 
 
 def test_the_interpreter_dtype_table_answers_as_tritons_own():
@@ -28,7 +28,7 @@ def test_the_interpreter_dtype_table_answers_as_tritons_own():
 
 
 def test_default_layout_holders_follow_a_module_imported_later(sglang_target):
-    from harness.targets.sglang import call_sites
+    from vmfuzz.harness.targets.sglang import call_sites
     sg = sglang_target.sglang
     caller = sg.maybe_create
     before = call_sites.default_layout_holders(sg, caller)

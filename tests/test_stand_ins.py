@@ -16,13 +16,13 @@ import json
 
 import pytest
 
-from harness.engine.core.failures import consulted_check
-from harness.model import consultation
-from harness.model.errors import OutOfStep
-from harness.model.origin import Origin
-from harness.properties.kit import PropertyFailure
-from harness.targets.sglang.binding import bound
-from harness.targets.sglang.stand_in import StandIn, consultation_of, never_consulted, recorded
+from vmfuzz.harness.engine.core.failures import consulted_check
+from vmfuzz.harness.model import consultation
+from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.model.origin import Origin
+from vmfuzz.harness.properties.kit import PropertyFailure
+from vmfuzz.harness.targets.sglang.binding import bound
+from vmfuzz.harness.targets.sglang.stand_in import StandIn, consultation_of, never_consulted, recorded
 from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_copy
 
 
@@ -45,7 +45,7 @@ def test_a_stand_in_records_each_field_read_and_each_it_lacks():
 
 
 def test_a_load_bearing_field_read_by_vmfuzz_itself_is_not_a_consultation():
-    from harness.targets.sglang.binding import HARNESS_DIR
+    from vmfuzz.harness.targets.sglang.binding import HARNESS_DIR
     with consultation.ledger() as ledger:
         backend = _backend()
         # code of vmfuzz's own package reading it (to build the next stand-in) consults nothing
@@ -129,10 +129,10 @@ def test_out_of_step_and_an_interrupt_cross_as_themselves():
 
 @pytest.mark.parametrize("ran_by", ["exhaustive", "direct", "shrink"])
 def test_every_way_a_check_is_run_judges_it_in_the_one_place(ran_by):
-    from harness.engine.core.line_trace import direct_check
-    from harness.engine.regression.shrink import checker
-    from harness.engine.search import exhaustive
-    from harness.properties import Property
+    from vmfuzz.harness.engine.core.line_trace import direct_check
+    from vmfuzz.harness.engine.regression.shrink import checker
+    from vmfuzz.harness.engine.search import exhaustive
+    from vmfuzz.harness.properties import Property
 
     def check(target, config, batches, device="cpu"):
         _backend()  # a call site that never reads the backend's mask, then raises

@@ -1,12 +1,12 @@
-"""A --workers run walks the same bound steps as a one-process run (harness.engine.campaign.steps)."""
+"""A --workers run walks the same bound steps as a one-process run (vmfuzz.harness.engine.campaign.steps)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from harness.engine.campaign import steps
-from harness.model.origin import Origin
-from harness.engine.search.results import Finding, PropertyResult
+from vmfuzz.harness.engine.campaign import steps
+from vmfuzz.harness.model.origin import Origin
+from vmfuzz.harness.engine.search.results import Finding, PropertyResult
 
 
 def _plan(bounds_steps):

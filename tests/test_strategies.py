@@ -2,9 +2,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis.errors import InvalidArgument
 
-from harness.model.config import Config
-from harness.model.layouts import TreeMaskMode
-from strategies import batch_sizes, batches, configs, draft_trees, seq_lens, step_sequences, trivial_configs
+from vmfuzz.harness.model.config import Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.strategies import batch_sizes, batches, configs, draft_trees, seq_lens, step_sequences, trivial_configs
 
 
 @pytest.mark.parametrize("call, words", [

@@ -11,12 +11,12 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from harness.model.config import Batch, Config, ConfigError
-from harness.model.layouts import TreeMaskMode
-from harness.properties import PROPERTIES
-from harness.engine.campaign.surface import NO_DRIVER, Row, Undriven, known_reason, not_driven, sglang_rows
-from harness.targets import CATALOGUE, resolve
-from strategies import configs
+from vmfuzz.harness.model.config import Batch, Config, ConfigError
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.properties import PROPERTIES
+from vmfuzz.harness.engine.campaign.surface import NO_DRIVER, Row, Undriven, known_reason, not_driven, sglang_rows
+from vmfuzz.harness.targets import CATALOGUE, resolve
+from vmfuzz.strategies import configs
 from tests.helpers import held_or_only_known
 from tests.sglang_copies import altered_copy, run_cases, run_on_copy
 
@@ -69,7 +69,7 @@ def test_sglang_frozen_site_found_and_left_as_found(sglang_target):
 # -- DFlash's verify-mask policy over the real routers ------------------------------
 
 def test_dflash_policy_resolves_to_the_verify_child_except_behind_dots(sglang_target):
-    from harness.model.routing import ROUTERS, SPEC_MODES, Child, verify_child
+    from vmfuzz.harness.model.routing import ROUTERS, SPEC_MODES, Child, verify_child
 
     for router, roles in ROUTERS.items():
         for spec_mode in SPEC_MODES:
@@ -82,8 +82,8 @@ def test_dflash_policy_resolves_to_the_verify_child_except_behind_dots(sglang_ta
 
 
 def test_routing_fails_on_the_dots_policy_unless_it_is_known_and_then_checks_the_rest(sglang_target):
-    from harness.engine.regression.known import applicable, attach, default_known_root, entries
-    from harness.properties import PropertyFailure
+    from vmfuzz.harness.engine.regression.known import applicable, attach, default_known_root, entries
+    from vmfuzz.harness.properties import PropertyFailure
 
     config, batches = Config(FULL, 2, 4, 3, 2, 2, True), [Batch((4, 1))]
     attached = sglang_target.known_findings
@@ -103,8 +103,8 @@ def test_routing_fails_on_the_dots_policy_unless_it_is_known_and_then_checks_the
 
 
 def test_dflash_variant_is_caught_by_routing_on_reference(tmp_path):
-    from harness.engine.search.search import run_property
-    from harness.model.bounds import Bounds
+    from vmfuzz.harness.engine.search.search import run_property
+    from vmfuzz.harness.model.bounds import Bounds
 
     assert "dflash-policy-prefill" in CATALOGUE
     target = CATALOGUE["dflash-policy-prefill"].layer(resolve("reference"))
@@ -118,8 +118,8 @@ def test_dflash_variant_is_caught_by_routing_on_reference(tmp_path):
 def test_flashattention_site_is_driven_and_its_stubs_do_not_leak(sglang_target):
     import sys
 
-    from harness.model.allocation import ServerNumbers
-    from harness.targets.sglang.allocation import load_sites
+    from vmfuzz.harness.model.allocation import ServerNumbers
+    from vmfuzz.harness.targets.sglang.allocation import load_sites
 
     before = set(sys.modules)
     sites = load_sites()
@@ -138,7 +138,7 @@ def test_flashattention_site_is_driven_and_its_stubs_do_not_leak(sglang_target):
 # -- surface: NOT_DRIVEN rows and reasons --------------------------------------------
 
 def test_module_reason_overrides_no_driver_yet():
-    said = [Undriven("srt/x.py", "X.f", "because of Y", "harness.targets.sglang.fake")]
+    said = [Undriven("srt/x.py", "X.f", "because of Y", "vmfuzz.harness.targets.sglang.fake")]
     assert known_reason("srt/x.py", said) == "because of Y"
     assert known_reason("srt/other.py", said) == NO_DRIVER
     assert known_reason("kernels/jit/csrc/speculative/tree.cuh", []) != NO_DRIVER
@@ -149,7 +149,7 @@ def test_not_driven_entries_are_rows_even_beside_a_driven_function(tmp_path):
     (pkg / "srt").mkdir(parents=True)
     (pkg / "srt" / "a.py").write_text("def f(): return VerifyMask\ndef g(): return VerifyMask\n")
     (pkg / "srt" / "b.py").write_text("VerifyMask\n")
-    from harness.engine.campaign.surface import Entry
+    from vmfuzz.harness.engine.campaign.surface import Entry
 
     target = resolve("reference")
     rows = sglang_rows(target, pkg, entries=[Entry("srt/a.py", "f", ("no-oob-write",), "m")],
@@ -169,7 +169,7 @@ def test_every_not_driven_entry_is_well_formed():
 
 
 def test_no_sglang_file_is_left_without_a_driver_or_a_reason(sglang_target):
-    from harness.engine.campaign.surface import loaded_package
+    from vmfuzz.harness.engine.campaign.surface import loaded_package
 
     rows = sglang_rows(sglang_target, loaded_package())
     files = {r.file for r in rows if r.in_grep}

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from harness.engine.core import signals
+from vmfuzz.harness.engine.core import signals
 from tests.helpers import vmfuzz
 
 
@@ -44,7 +44,7 @@ class _DyingRedis:
 
 def test_a_database_whose_server_dies_goes_on_locally_and_says_so_once(tmp_path, monkeypatch, capsys):
     pytest.importorskip("redis")
-    from harness.engine.search import database
+    from vmfuzz.harness.engine.search import database
     server = _DyingRedis(ops=2)
     monkeypatch.setattr(database, "redis_database", lambda url: server)
     database.start_afresh()
@@ -99,14 +99,14 @@ def ctrl_c(monkeypatch):
     """A command run in this process, where a plug-in target sends the SIGINT; the signal's
     trace is cleared again for the tests after."""
     monkeypatch.setattr(signals, "_received", None)
-    from harness.cli import main
+    from vmfuzz.harness.cli import main
     return main
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_ctrl_c_in_exhaustive_writes_the_finished_properties_and_exits_130(tmp_path, monkeypatch, ctrl_c, workers):
-    from harness.engine.search import exhaustive
-    from harness.properties import PROPERTIES
+    from vmfuzz.harness.engine.search import exhaustive
+    from vmfuzz.harness.properties import PROPERTIES
     few = exhaustive.configs()[:6]  # the interrupt, not the enumeration, is under test
     monkeypatch.setattr(exhaustive, "configs", lambda: few)
     monkeypatch.setenv("VMFUZZ_TEST_CTRL_C", str(tmp_path / "sent"))
@@ -140,7 +140,7 @@ def test_the_history_is_read_and_rewritten_under_the_databases_lock(tmp_path):
     import fcntl
     import threading
 
-    from harness.engine.campaign.history import append_night
+    from vmfuzz.harness.engine.campaign.history import append_night
     db = tmp_path / "db"
     db.mkdir()
     (db / "history.jsonl").write_text(json.dumps(NIGHT) + "\n")
@@ -164,7 +164,7 @@ def test_the_history_is_read_and_rewritten_under_the_databases_lock(tmp_path):
 def test_a_fifo_or_link_among_the_saved_examples_is_skipped_never_opened(tmp_path, capsys):
     import threading
 
-    from harness.engine.search.database import database_for
+    from vmfuzz.harness.engine.search.database import database_for
     db = database_for("write", tmp_path)
     db.save(b"k", b"v0")
     folder = db._key_path(b"k")
@@ -183,8 +183,8 @@ def test_a_fifo_or_link_among_the_saved_examples_is_skipped_never_opened(tmp_pat
 def test_a_fifo_in_place_of_the_history_or_the_nights_file_is_set_aside_never_opened(tmp_path):
     import threading
 
-    from harness.engine.campaign.history import append_night
-    from harness.engine.campaign.nightly import _read_nights
+    from vmfuzz.harness.engine.campaign.history import append_night
+    from vmfuzz.harness.engine.campaign.nightly import _read_nights
     db = tmp_path / "db"
     db.mkdir()
     os.mkfifo(db / "history.jsonl")
@@ -202,7 +202,7 @@ def test_a_fifo_in_place_of_the_history_or_the_nights_file_is_set_aside_never_op
 def test_a_saved_failure_that_could_not_be_replayed_stays_only_one_that_held_drops_out(tmp_path):
     from types import SimpleNamespace
 
-    from harness.engine.campaign.nightly import keep_failures
+    from vmfuzz.harness.engine.campaign.nightly import keep_failures
     db = tmp_path / "db"
     keep = db / "last-failures"
     keep.mkdir(parents=True)

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from harness.report import terminal
-from harness.report.terminal import classes_line
+from vmfuzz.harness.report import terminal
+from vmfuzz.harness.report.terminal import classes_line
 from tests.helpers import vmfuzz
 
 
@@ -75,7 +75,7 @@ def test_a_run_whose_budget_ran_out_never_says_all_held(tmp_path):
 
 
 def test_a_budgeted_bar_counts_down_the_budget_not_a_guessed_total_of_examples():
-    from harness.report import progress as pg
+    from vmfuzz.harness.report import progress as pg
     assert pg.budget_left(60, started=100.0, now=115.0) == 45.0 and pg.budget_left(60, 100.0, 200.0) == 0.0
     bar = pg.BarProgress(3, "x", per_slot=400, budget=60)
     try:
@@ -102,9 +102,9 @@ def test_a_staged_search_says_each_property_the_moment_it_is_final(monkeypatch, 
     (or is not driven) is not searched again, so its line must not wait for the last."""
     from types import SimpleNamespace
 
-    from harness.engine.campaign import session
-    from harness.engine.search.results import Finding, PropertyResult
-    from harness.model.origin import Origin
+    from vmfuzz.harness.engine.campaign import session
+    from vmfuzz.harness.engine.search.results import Finding, PropertyResult
+    from vmfuzz.harness.model.origin import Origin
 
     said, steps_run = [], []
 
@@ -142,7 +142,7 @@ def test_bisect_says_each_revision_while_the_search_runs(tmp_path):
     import json
     import time
 
-    from harness.engine.regression import bisect
+    from vmfuzz.harness.engine.regression import bisect
 
     log = tmp_path / "steps.jsonl"
     script = "; ".join(f"echo '{json.dumps({'commit': c * 40, 'verdict': v, 'detail': 'held'})}' >> {log}; sleep 1.5"
@@ -164,7 +164,7 @@ def test_bisect_says_each_revision_while_the_search_runs(tmp_path):
 def test_ci_output_has_a_heartbeat_at_least_every_15_seconds_of_silence():
     """Driven by an injected clock: a line when 15 s passed with nothing said, naming the bound
     step, the property, the examples done and the time elapsed; a line said resets it."""
-    from harness.report.progress import HEARTBEAT_S, Heartbeat
+    from vmfuzz.harness.report.progress import HEARTBEAT_S, Heartbeat
     now = [100.0]
     said = []
     beat = Heartbeat(said.append, budget=3600, clock=lambda: now[0])
@@ -181,7 +181,7 @@ def test_ci_output_has_a_heartbeat_at_least_every_15_seconds_of_silence():
         assert beat.tick(t) is None
     assert beat.tick(140.0) and len(said) == 2 and said[-1].endswith("40s elapsed")
     # a fixed count (the pr profile): the share of it done, and the ETA that gives
-    from harness.report.progress import FixedCount
+    from vmfuzz.harness.report.progress import FixedCount
     count = FixedCount(12, 30, clock=lambda: 0.0)
     fixed = Heartbeat(said.append, fixed=count, clock=lambda: 0.0)
     count.searching(["a", "b", "c"])
@@ -199,9 +199,9 @@ def test_a_stepped_nightly_under_ci_tells_the_heartbeat_its_step_and_property(mo
     """The session says each bound step and each search to the progress, and the examples counted."""
     from types import SimpleNamespace
 
-    from harness.engine.campaign import session
-    from harness.engine.search.results import PropertyResult
-    from harness.report.progress import LineProgress
+    from vmfuzz.harness.engine.campaign import session
+    from vmfuzz.harness.engine.search.results import PropertyResult
+    from vmfuzz.harness.report.progress import LineProgress
 
     monkeypatch.setenv("CI", "true")
     ui = LineProgress(2, "x", per_slot=5, budget=60, heartbeat=True)
@@ -233,7 +233,7 @@ def test_a_stepped_nightly_under_ci_tells_the_heartbeat_its_step_and_property(mo
 def test_the_fixed_count_bar_counts_a_shared_runs_example_once_per_property_it_judges():
     """pr/gate: the bar (and its ETA) is examples done of the fixed count; a shared run's example
     is one example of each of its properties, so six shared properties do not read as one."""
-    from harness.report import progress as pg
+    from vmfuzz.harness.report import progress as pg
     bar = pg.BarProgress(7, "x", per_slot=10)
     try:
         bar.searching(["a", "b", "c", "d", "e", "f"])
@@ -261,7 +261,7 @@ def test_at_a_terminal_the_wait_for_sglang_s_import_is_said_first(sglang_target,
     from tests.helpers import ROOT
     main, tty = pty.openpty()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--target", "sglang", "--property",
+    proc = subprocess.Popen([sys.executable, "-m", "vmfuzz.harness.cli", "run", "--target", "sglang", "--property",
                              "capacity-liveness", "--max-examples", "1", "--isolate", "off",
                              "--report-dir", str(tmp_path / "r")], stdout=tty, stderr=subprocess.PIPE, env=env)
     os.close(tty)
@@ -284,7 +284,7 @@ def test_the_fixed_count_ends_on_the_summary_s_total_and_its_eta_is_measured_per
     """The bar counts what the summary counts: boundary cases on top of a property's count, a
     property cut short by a finding, one never driven. The ETA is the running property's own rate
     for its rest and the finished ones' mean for those not begun; none before any rate exists."""
-    from harness.report.progress import FixedCount
+    from vmfuzz.harness.report.progress import FixedCount
     now = [0.0]
     count = FixedCount(4, 10, clock=lambda: now[0])
     assert count.eta() is None  # nothing measured: no guess from the cap
@@ -313,7 +313,7 @@ def test_the_fixed_count_ends_on_the_summary_s_total_and_its_eta_is_measured_per
 
 def test_a_pool_s_results_fill_the_fixed_count_with_what_they_ran():
     """Workers report results, never single examples: each result's count is what the bar takes."""
-    from harness.report.progress import FixedCount
+    from vmfuzz.harness.report.progress import FixedCount
     count = FixedCount(3, 10, clock=lambda: 0.0)
     for ran in (12, 4, 0):
         count.advance(examples=ran)

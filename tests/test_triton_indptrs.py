@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.model.allocation import TRITON_INDPTRS, TRITON_INIT, ServerNumbers, indptr_entries
-from harness.properties.allocation import check_triton_indptrs
-from harness.properties.kit import Observation, PropertyFailure
-from harness.targets import resolve
+from vmfuzz.harness.model.allocation import TRITON_INDPTRS, TRITON_INIT, ServerNumbers, indptr_entries
+from vmfuzz.harness.properties.allocation import check_triton_indptrs
+from vmfuzz.harness.properties.kit import Observation, PropertyFailure
+from vmfuzz.harness.targets import resolve
 from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_copy, run_on_copy
 
 TRITON = ("srt/layers/attention/triton_backend.py",)

@@ -9,10 +9,10 @@ import xml.etree.ElementTree as ET
 import msgspec
 import pytest
 
-from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode
-from harness.properties import PROPERTIES
-from harness.model.repro_file import dump, from_case, load
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.properties import PROPERTIES
+from vmfuzz.harness.model.repro_file import dump, from_case, load
 from tests.helpers import ROOT, vmfuzz
 
 
@@ -86,7 +86,7 @@ def test_gate_on_documentation_only_exits_at_once_and_says_why(tmp_path):
 
 
 def test_gate_recognises_verify_mask_paths():
-    from harness.engine.campaign.changes import touches_verify_mask
+    from vmfuzz.harness.engine.campaign.changes import touches_verify_mask
     hits = touches_verify_mask(["python/sglang/srt/layers/attention/verify_mask.py",
                                 "python/sglang/srt/speculative/eagle_worker_v2.py",
                                 "python/sglang/srt/managers/scheduler_pp_mixin.py",
@@ -118,13 +118,13 @@ def test_minimize_full_mask_deployment_ends_at_max_bs_1_and_two_requests(tmp_pat
 
 @functools.lru_cache(maxsize=None)
 def _pr33127():
-    from harness.targets import resolve
+    from vmfuzz.harness.targets import resolve
     return resolve("reference+pr33127")
 
 
 def _pr33127_fails(case):
     """The minimizer's question on the reference model with the PR's bug: no-oob-write's detail, or None."""
-    from harness.properties import PROPERTIES, PropertyFailure
+    from vmfuzz.harness.properties import PROPERTIES, PropertyFailure
     try:
         PROPERTIES["no-oob-write"].check(_pr33127(), case[0], case[1])
     except PropertyFailure as exc:
@@ -133,7 +133,7 @@ def _pr33127_fails(case):
 
 
 def test_minimize_stops_where_no_single_simplification_keeps_failing():
-    from harness.engine.regression.shrink import _valid, candidates, minimize
+    from vmfuzz.harness.engine.regression.shrink import _valid, candidates, minimize
     fails = _pr33127_fails
 
     start = (Config(TreeMaskMode.FULL_MASK, 3, 20, 3, 2, 2), [Batch((20, 19, 5, 20, 0, 18))])
@@ -141,7 +141,7 @@ def test_minimize_stops_where_no_single_simplification_keeps_failing():
     assert config.max_bs == 1 and steps[0].bs == 2
     # it ends at a config a server could have (not at context 0), and no single
     # simplification a server could have keeps it failing
-    from harness.model.validate import server_problem
+    from vmfuzz.harness.model.validate import server_problem
     assert server_problem(config) is None and config.max_context_len >= config.num_draft_tokens
     for cand in candidates((config, steps)):
         cand = _valid(*cand, server=True)
@@ -152,7 +152,7 @@ def test_minimize_lowers_linked_values_together():
     """README's crash (max_bs 8, nine requests at context 4096, d 4 over 3 steps): the capture and the batch
     past it shrink together (8 and 9 -> 1 and 2), and the draft's width with its steps (a chain's width is
     steps + 1: neither lowers alone), down to what the same overrun needs."""
-    from harness.engine.regression.shrink import minimize
+    from vmfuzz.harness.engine.regression.shrink import minimize
     fails = _pr33127_fails
 
     start = (Config(TreeMaskMode.FULL_MASK, 8, 4096, 4, 1, 3), [Batch((4096,) * 9)])
@@ -170,8 +170,8 @@ def test_plain_repro_file_keeps_the_documented_keys_and_fault_round_trips(tmp_pa
 
 
 def test_pr_replays_saved_repros_and_expects_them_to_hold_on_the_fixed_target(tmp_path):
-    from harness.engine.regression.regressions import read_saved, replay_saved, saved_repros
-    from harness.targets import resolve
+    from vmfuzz.harness.engine.regression.regressions import read_saved, replay_saved, saved_repros
+    from vmfuzz.harness.targets import resolve
 
     root = tmp_path / "repro"
     config = Config(TreeMaskMode.FULL_MASK, 1, 0, 2, 1, 1)
@@ -193,9 +193,9 @@ def test_selftest_prints_the_kill_matrix(tmp_path):
 
 
 def test_deployment_verdict_is_exact_arithmetic():
-    from harness.model.deployment_file import Deployment
-    from harness.engine.search.deployment import capacity_verdict
-    from harness.targets import resolve
+    from vmfuzz.harness.model.deployment_file import Deployment
+    from vmfuzz.harness.engine.search.deployment import capacity_verdict
+    from vmfuzz.harness.targets import resolve
 
     dep = Deployment(cuda_graph_max_bs=8, max_running_requests=48, context_length=4096,
                      num_draft_tokens=4, topk=1, spec_steps=3)
@@ -214,7 +214,7 @@ def test_bad_deployment_file_is_one_line_exit_2(tmp_path):
 
 
 def test_output_is_line_oriented_under_ci(monkeypatch):
-    from harness.report.progress import LineProgress, progress
+    from vmfuzz.harness.report.progress import LineProgress, progress
     monkeypatch.setenv("CI", "true")
     assert isinstance(progress(3, "x"), LineProgress)
 
@@ -236,7 +236,7 @@ def test_deployment_scoped_run_answers_whether_it_can_write_out_of_range(tmp_pat
 
 
 def test_plugin_targets_take_variants_and_are_named_by_their_spec():
-    from harness.targets import resolve
+    from vmfuzz.harness.targets import resolve
     t = resolve("tests.plugins:RaisingTarget+pr33127")
     assert t.name == "tests.plugins:RaisingTarget+pr33127"
     assert type(t).__name__ == "RaisingTarget" and t.fits.__name__ == "pre_fix_fits"

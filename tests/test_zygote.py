@@ -47,7 +47,7 @@ def test_a_forked_run_matches_a_cold_one(tmp_path, site):
 
 def test_a_module_run_and_a_raise_match(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    forked, cold = both([sys.executable, "-m", "harness.cli", "--help"], env=env, cwd=tmp_path, timeout=120)
+    forked, cold = both([sys.executable, "-m", "vmfuzz.harness.cli", "--help"], env=env, cwd=tmp_path, timeout=120)
     assert (forked.returncode, forked.stdout) == (cold.returncode, cold.stdout)
     forked, cold = both([sys.executable, "-c", "raise ValueError('boom')"], env=env, cwd=tmp_path, timeout=120)
     assert forked.returncode == cold.returncode == 1

@@ -11,7 +11,7 @@ It imports SGLang and the harness itself, from its own ``PYTHONPATH``
 
 SGLang and the harness are never preloaded, and what is preloaded is measured,
 not listed by hand; both, how a child becomes the run and how it exits, are
-the harness's zygote core (``harness.engine.core.zygote``, which ``vmfuzz
+the harness's zygote core (``vmfuzz.harness.engine.core.zygote``, which ``vmfuzz
 bisect`` forks its steps from too). This file is the tests' way to reach it:
 one zygote per xdist worker, fed jobs over a pipe, each run's output to files.
 
@@ -125,8 +125,8 @@ def _cap(address_space: int) -> None:
 
 def _preload_list() -> Path:
     """The measured preload list, probed once per venv and SGLang (shared by the xdist workers)."""
-    from harness.engine.core import zygote as core
-    probe = ("import harness.cli\ntry:\n    from harness.targets import resolve\n"
+    from vmfuzz.harness.engine.core import zygote as core
+    probe = ("import vmfuzz.harness.cli\ntry:\n    from vmfuzz.harness.targets import resolve\n"
              "    resolve('sglang')\nexcept Exception:\n    pass")
     return core.probe(probe, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"},
                       cache_key="tests")
@@ -135,7 +135,7 @@ def _preload_list() -> Path:
 # ---- the zygote: runs as its own process, on the harness's zygote core ------------------------
 
 def _core():
-    """harness.engine.core.zygote loaded by its path: importing it as ``harness...`` would leave
+    """vmfuzz.harness.engine.core.zygote loaded by its path: importing it as ``harness...`` would leave
     the harness in the zygote's modules, and a run must import its own."""
     import importlib.util
     where = ROOT / "harness" / "engine" / "core" / "zygote.py"

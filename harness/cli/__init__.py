@@ -1,21 +1,21 @@
 """``vmfuzz``: parse the arguments, run one command, end with a documented exit code.
 
-Nothing else lives here: each command's body is a module of ``harness.commands``.
+Nothing else lives here: each command's body is a module of ``vmfuzz.harness.commands``.
 """
 
 from __future__ import annotations
 
-from harness.cli.ending import guarded, leave
-from harness.cli.parser import build_parser
-from harness.commands import COMMANDS
-from harness.commands.common import prepare_process
-from harness.commands.request import request_of
+from vmfuzz.harness.cli.ending import guarded, leave
+from vmfuzz.harness.cli.parser import build_parser
+from vmfuzz.harness.commands import COMMANDS
+from vmfuzz.harness.commands.common import prepare_process
+from vmfuzz.harness.commands.request import request_of
 
 
 def main(argv: list[str] | None = None) -> int:
     code = guarded(_dispatch, argv)
     if argv is None:
-        # The process's own entry (the ``vmfuzz`` script, ``python -m harness``): its work is done.
+        # The process's own entry (the ``vmfuzz`` script, ``python -m vmfuzz``): its work is done.
         leave(code)
     return code
 

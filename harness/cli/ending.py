@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import sys
 
-from harness.engine.core import signals
-from harness.engine.core.failures import ImportRaised
-from harness.model.errors import (EXIT_FINDING, EXIT_OUT_OF_STEP, EXIT_USAGE, HarnessError, OutOfStep, UsageError,
+from vmfuzz.harness.engine.core import signals
+from vmfuzz.harness.engine.core.failures import ImportRaised
+from vmfuzz.harness.model.errors import (EXIT_FINDING, EXIT_OUT_OF_STEP, EXIT_USAGE, HarnessError, OutOfStep, UsageError,
                                   out_of_step_line)
-from harness.model.repro_file import ReproError
+from vmfuzz.harness.model.repro_file import ReproError
 
 
 def _one_line(exc: BaseException) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from harness.engine.campaign.profiles import DEFAULT_DB_DIR, PROFILES
-from harness.model.errors import UsageError
+from vmfuzz.harness.engine.campaign.profiles import DEFAULT_DB_DIR, PROFILES
+from vmfuzz.harness.model.errors import UsageError
 
 
 class Parser(argparse.ArgumentParser):

@@ -1,6 +1,6 @@
-"""One module per command, each ``run(request) -> int`` (its typed request, ``harness.commands.request``) returning its exit code."""
+"""One module per command, each ``run(request) -> int`` (its typed request, ``vmfuzz.harness.commands.request``) returning its exit code."""
 
-from harness.commands import (bisect, compare, exhaustive, gate, install_sglang, merge, minimize, replay, run,
+from vmfuzz.harness.commands import (bisect, compare, exhaustive, gate, install_sglang, merge, minimize, replay, run,
                               selftest, surface, targets, verify_policy)
 
 COMMANDS = {"run": run.run, "gate": gate.run, "replay": replay.run, "minimize": minimize.run,

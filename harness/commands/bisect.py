@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from harness.commands.common import sglang_checkout_at, write_command_report
-from harness.commands.request import BisectRequest
-from harness.model.errors import EXIT_FINDING, UsageError
+from vmfuzz.harness.commands.common import sglang_checkout_at, write_command_report
+from vmfuzz.harness.commands.request import BisectRequest
+from vmfuzz.harness.model.errors import EXIT_FINDING, UsageError
 
 
 def run(request: BisectRequest) -> int:
-    from harness.engine.regression.bisect import BisectError, bisect
-    from harness.report.summary import Check, CommandSummary
+    from vmfuzz.harness.engine.regression.bisect import BisectError, bisect
+    from vmfuzz.harness.report.summary import Check, CommandSummary
 
     # each revision's own python/sglang is what is replayed: without one, the installed SGLang would be
     sglang_checkout_at(request.repo, "bisect")

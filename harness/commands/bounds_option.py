@@ -11,9 +11,9 @@ import dataclasses
 
 import msgspec
 
-from harness.model import limits
-from harness.model.bounds import Bounds
-from harness.model.errors import UsageError
+from vmfuzz.harness.model import limits
+from vmfuzz.harness.model.bounds import Bounds
+from vmfuzz.harness.model.errors import UsageError
 
 
 class BoundsGiven(msgspec.Struct, frozen=True):

@@ -11,8 +11,8 @@ import os
 import sys
 from pathlib import Path
 
-from harness.model.errors import UsageError
-from harness.model.validate import LimitError, usable_dir
+from vmfuzz.harness.model.errors import UsageError
+from vmfuzz.harness.model.validate import LimitError, usable_dir
 
 
 def prepare_process() -> None:
@@ -37,7 +37,7 @@ def quiet_dependency_warnings() -> None:
 
 
 def resolve_target(spec: str):
-    from harness.targets import TargetUnavailable, resolve
+    from vmfuzz.harness.targets import TargetUnavailable, resolve
     if sys.stdout.isatty() and spec.split("+", 1)[0] == "sglang":
         # importing SGLang is most of a short command's time: a person at a terminal sees why it waits
         # (a CI log has the timed lines after it; its stdout is not a terminal)
@@ -56,9 +56,9 @@ def import_finding(exc, command: str, spec: str, report_dir: Path) -> int:
     """SGLang's own code raised while the target imported it (``ImportRaised``): no property can run on
     code a server could not load either, so that raise is the command's finding (effect raise, stage
     import), written to the report folder like any other; exit 1."""
-    from harness.model.errors import EXIT_FINDING
-    from harness.model.origin import encode
-    from harness.report.summary import Check, CommandSummary
+    from vmfuzz.harness.model.errors import EXIT_FINDING
+    from vmfuzz.harness.model.origin import encode
+    from vmfuzz.harness.report.summary import Check, CommandSummary
     origin = exc.origin(LOADING)
     print(f"vmfuzz {command}: FAILED: {exc.detail()}", flush=True)
     check = Check(f"import {exc.module}", "failed", exc.detail(), kind=origin.kind(), origin=encode(origin))
@@ -88,7 +88,7 @@ def sglang_checkout_at(repo: Path, command: str) -> Path:
     Anything else -- a folder without it, a file, a missing path -- would leave the
     installed SGLang to be tested, and pass on code nobody reviewed.
     """
-    from harness.report.terminal import shown
+    from vmfuzz.harness.report.terminal import shown
     path = Path(repo)
     try:
         if (path / "python" / "sglang" / "__init__.py").is_file():
@@ -125,7 +125,7 @@ def usable(path: Path, what: str) -> Path:
 def claimed_report_dir(report_dir: Path) -> Path:
     """The report folder, created, proven writable and claimed for this run alone (exit 2 if another
     run holds it): called once the command's input is known good, before any work."""
-    from harness.commands.report_claim import claim
+    from vmfuzz.harness.commands.report_claim import claim
     return claim(usable(report_dir, "--report-dir"))
 
 
@@ -135,7 +135,7 @@ def findings_dir(report_dir: Path) -> Path:
 
 
 def write_command_report(summary, report_dir: Path) -> Path:
-    from harness.report.summary import write_command_summary
+    from vmfuzz.harness.report.summary import write_command_summary
     write_command_summary(summary, report_dir)
     print(f"reports: {report_dir}/ (summary.json, summary.md, junit.xml)")
     return report_dir
@@ -147,14 +147,14 @@ def write_reports_somewhere(write, outcome, report_dir: Path):
     try:
         return write(outcome, report_dir), report_dir
     except OSError as exc:
-        from harness.model.validate import fallback_dir
+        from vmfuzz.harness.model.validate import fallback_dir
         where = fallback_dir() / "reports"
         try:
             summary = write(outcome, where)
         except OSError as again:
             # A limit on every file this process writes (ulimit -f) stops the fallback too: the
             # findings are on disk and the verdict stands; the reports are what is missing.
-            from harness.report.summary import build_summary
+            from vmfuzz.harness.report.summary import build_summary
             print(f"vmfuzz: cannot write reports to {report_dir} ({exc.strerror or exc}) nor to {where} "
                   f"({again.strerror or again}); the findings' repros are on disk", file=sys.stderr)
             return build_summary(outcome), None

@@ -1,6 +1,6 @@
 """``vmfuzz compare A B``: what changed between two runs' report directories.
 
-Groups are matched by their origin's key (one per cause, harness.engine.campaign.groups),
+Groups are matched by their origin's key (one per cause, vmfuzz.harness.engine.campaign.groups),
 never by their words: a group only in B is new, one only in A is fixed, one in
 both is still failing; a group B lists as a known finding (known/) is not new.
 An interrupted run, or a summary written before findings had typed origins, is
@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.commands.common import write_command_report
-from harness.commands.request import CompareRequest
-from harness.model.errors import EXIT_FINDING, EXIT_OK, UsageError
+from vmfuzz.harness.commands.common import write_command_report
+from vmfuzz.harness.commands.request import CompareRequest
+from vmfuzz.harness.model.errors import EXIT_FINDING, EXIT_OK, UsageError
 
 
 def _summary(where: str) -> dict:
@@ -131,7 +131,7 @@ def _print(c: dict) -> None:
 
 
 def run(request: CompareRequest) -> int:
-    from harness.report.summary import Check, CommandSummary
+    from vmfuzz.harness.report.summary import Check, CommandSummary
     a_dir, b_dir = str(request.a), str(request.b)
     a, b = _summary(a_dir), _summary(b_dir)
     _comparable(a_dir, a)

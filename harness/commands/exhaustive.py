@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import sys
 
-from harness.commands.common import (claimed_report_dir, findings_dir, resolve_target,
+from vmfuzz.harness.commands.common import (claimed_report_dir, findings_dir, resolve_target,
                                      write_command_report)
-from harness.commands.request import EnumerateRequest
-from harness.model.errors import EXIT_FINDING, EXIT_OK
+from vmfuzz.harness.commands.request import EnumerateRequest
+from vmfuzz.harness.model.errors import EXIT_FINDING, EXIT_OK
 
 
 def run(request: EnumerateRequest) -> int:
-    from harness.engine.search.exhaustive import run_exhaustive
-    from harness.report.summary import Check, CommandSummary
+    from vmfuzz.harness.engine.search.exhaustive import run_exhaustive
+    from vmfuzz.harness.report.summary import Check, CommandSummary
     target = resolve_target(request.target)
     report_dir = claimed_report_dir(request.report_dir)
     report = run_exhaustive(target, findings_dir=findings_dir(report_dir), workers=request.workers,
@@ -25,14 +25,14 @@ def run(request: EnumerateRequest) -> int:
                               Check(t.prop, "failed", t.failure, "property", str(t.path) if t.path else None,
                                     t.seconds))
     if report.interrupted:
-        from harness.properties import PROPERTIES
+        from vmfuzz.harness.properties import PROPERTIES
         finished = {t.prop for t in report.tallies}
         summary.checks += [Check(p, "skipped", "interrupted before it finished") for p in PROPERTIES
                            if p not in finished]
         summary.headline = f"interrupted: {len(finished)} of {len(PROPERTIES)} properties checked"
     write_command_report(summary, report_dir)
     if report.interrupted:
-        from harness.engine.core.signals import exit_code
+        from vmfuzz.harness.engine.core.signals import exit_code
         print("vmfuzz: interrupted (reports cover the properties that finished)", file=sys.stderr)
         return exit_code()
     return EXIT_OK if report.ok else EXIT_FINDING

@@ -12,17 +12,17 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from harness.commands.common import import_finding, sglang_checkout_at, write_command_report
-from harness.commands.request import RunRequest
-from harness.commands.planning import plan
-from harness.commands.run import execute_and_report
-from harness.model.errors import EXIT_OK, UsageError
+from vmfuzz.harness.commands.common import import_finding, sglang_checkout_at, write_command_report
+from vmfuzz.harness.commands.request import RunRequest
+from vmfuzz.harness.commands.planning import plan
+from vmfuzz.harness.commands.run import execute_and_report
+from vmfuzz.harness.model.errors import EXIT_OK, UsageError
 
 
 def run(request: RunRequest) -> int:
     # Nothing here imports SGLang before the change is known to touch the mask:
     # a docs-only change is a skip that costs seconds.
-    from harness.engine.campaign.surface import runs_sglang
+    from vmfuzz.harness.engine.campaign.surface import runs_sglang
     sglang = runs_sglang(request.target)
     if request.repo is not None and sglang:
         sglang_checkout_at(request.repo, "gate")
@@ -30,15 +30,15 @@ def run(request: RunRequest) -> int:
     changed, checkout = _changes(request.changed_files, request.base, repo)
     hits = None
     if changed is not None:
-        from harness.engine.campaign.changes import touches_verify_mask
-        from harness.report.terminal import shown
+        from vmfuzz.harness.engine.campaign.changes import touches_verify_mask
+        from vmfuzz.harness.report.terminal import shown
         hits = touches_verify_mask(changed, checkout)
         if not hits:
             return _skip(request.target, changed, request.report_dir)
         print(f"vmfuzz gate: {len(hits)} changed file(s) touch verify-mask code: {', '.join(map(shown, hits[:5]))}"
               + (" ..." if len(hits) > 5 else ""))
-    from harness.engine.campaign.changes import sglang_checkout
-    from harness.engine.core.failures import ImportRaised
+    from vmfuzz.harness.engine.campaign.changes import sglang_checkout
+    from vmfuzz.harness.engine.core.failures import ImportRaised
     sglang_root = sglang_checkout(repo) if sglang else None
     try:
         if sglang_root is not None:
@@ -59,8 +59,8 @@ def run(request: RunRequest) -> int:
 
 def _changes(changed_files: Path | None, base: str | None, repo: Path):
     """(the changed paths, the checkout they are in); (None, None) when the gate was given no change."""
-    from harness.engine.campaign.change_paths import changed_from_file
-    from harness.engine.campaign.changes import ChangeError, changed_since, checkout_at
+    from vmfuzz.harness.engine.campaign.change_paths import changed_from_file
+    from vmfuzz.harness.engine.campaign.changes import ChangeError, changed_since, checkout_at
     try:
         if changed_files:
             checkout = checkout_at(repo)
@@ -74,7 +74,7 @@ def _changes(changed_files: Path | None, base: str | None, repo: Path):
 
 def _coverage(spec: str, target, changed, hits, sglang_root, tracing, outcome) -> dict:
     """The gate's coverage, computed from what ran, for the reports."""
-    from harness.engine.campaign.surface import gate_coverage
+    from vmfuzz.harness.engine.campaign.surface import gate_coverage
     where = {"checkout": str(sglang_root) if sglang_root else None}
     try:
         lines = _measured_lines(target, tracing) if tracing is not None else None
@@ -102,10 +102,10 @@ class _Tracing:
 def _start_tracing(hits: list[str], checkout) -> _Tracing:
     """Switches line recording on for the triggered SGLang Python files, here and in every worker."""
     import tempfile
-    from harness.engine.core import line_trace
-    from harness.engine.campaign.change_paths import changed_lines
-    from harness.engine.campaign.changes import sglang_relative
-    from harness.engine.campaign.surface import known_reason, loaded_package
+    from vmfuzz.harness.engine.core import line_trace
+    from vmfuzz.harness.engine.campaign.change_paths import changed_lines
+    from vmfuzz.harness.engine.campaign.changes import sglang_relative
+    from vmfuzz.harness.engine.campaign.surface import known_reason, loaded_package
     package = loaded_package()
     files, lines, untraced = {}, {}, {}
     for path in hits:
@@ -135,17 +135,17 @@ def _start_tracing(hits: list[str], checkout) -> _Tracing:
 
 def _end_tracing(tracing: _Tracing) -> None:
     import shutil
-    from harness.engine.core import line_trace
+    from vmfuzz.harness.engine.core import line_trace
     line_trace.stop()
     shutil.rmtree(tracing.folder, ignore_errors=True)
 
 
 def _measured_lines(target, tracing: _Tracing) -> dict:
     """Listed path -> ``diff_coverage.FileLines``: what ran of each triggered file, and under what."""
-    from harness.engine.core import line_trace
-    from harness.engine.campaign.changes import sglang_relative
-    from harness.engine.campaign.diff_coverage import measure, read_text, untraced
-    from harness.engine.campaign.surface import loaded_package, sglang_rows
+    from vmfuzz.harness.engine.core import line_trace
+    from vmfuzz.harness.engine.campaign.changes import sglang_relative
+    from vmfuzz.harness.engine.campaign.diff_coverage import measure, read_text, untraced
+    from vmfuzz.harness.engine.campaign.surface import loaded_package, sglang_rows
     line_trace.flush()
     broken = line_trace.failures(tracing.folder)
     if broken:
@@ -181,9 +181,9 @@ def sub_check_gaps(hits: list[str], outcome, cov: dict) -> list[str]:
     "Judges" is measured where the lines were (the property ran a changed line or entered a
     changed mask-path function), else declared (the surface names the property for the file).
     """
-    from harness.engine.campaign.changes import sglang_relative
-    from harness.engine.campaign.surface import declared
-    from harness.properties import sub_checks_not_driven
+    from vmfuzz.harness.engine.campaign.changes import sglang_relative
+    from vmfuzz.harness.engine.campaign.surface import declared
+    from vmfuzz.harness.properties import sub_checks_not_driven
     touched = {sglang_relative(p): p for p in hits}
     out = []
     for r in outcome.results:
@@ -210,9 +210,9 @@ def out_of_step_coverage(hits: list[str], outcome) -> dict:
     A check vmfuzz could not make on code the change does not touch does not
     stop the gate, but it is never silent: it is a warning in the summary.
     """
-    from harness.engine.campaign.changes import sglang_relative
-    from harness.engine.campaign.surface import declared
-    from harness.properties import PROPERTIES
+    from vmfuzz.harness.engine.campaign.changes import sglang_relative
+    from vmfuzz.harness.engine.campaign.surface import declared
+    from vmfuzz.harness.properties import PROPERTIES
     touched = {sglang_relative(p) for p in hits}
     files: dict[str, set[str]] = {}
     for e in declared():
@@ -233,9 +233,9 @@ def out_of_step_coverage(hits: list[str], outcome) -> dict:
 def _import_checkout(root: Path) -> None:
     """Loads the checkout's SGLang here (and, through the environment, in every worker),
     or refuses in one line: a gate must never pass on code other than the code under review."""
-    from harness.report.terminal import shown
-    from harness.targets import TargetUnavailable, resolve
-    from harness.targets.sglang.loader import import_from_checkout, imported_sglang
+    from vmfuzz.harness.report.terminal import shown
+    from vmfuzz.harness.targets import TargetUnavailable, resolve
+    from vmfuzz.harness.targets.sglang.loader import import_from_checkout, imported_sglang
     python_dir = root / "python"
     refusal = f"vmfuzz gate: cannot test the SGLang checkout at {shown(str(root))}"
     try:
@@ -253,15 +253,15 @@ def _import_checkout(root: Path) -> None:
 
 def _say_code_under_test(root: Path | None) -> None:
     """Names the code the gate's verdict is about, so a gate that tested the wrong SGLang shows it."""
-    from harness.report.terminal import shown
-    from harness.targets.sglang.loader import imported_sglang
+    from vmfuzz.harness.report.terminal import shown
+    from vmfuzz.harness.targets.sglang.loader import imported_sglang
     version, where = imported_sglang()
     whose = f"the checkout at {shown(str(root))}" if root else "no SGLang checkout here, so the one on the path"
     print(f"vmfuzz gate: code under test: sglang {version} from {shown(str(where))} ({whose})", flush=True)
 
 
 def _skip(spec: str, changed: list[str], report_dir: Path) -> int:
-    from harness.report.summary import Check, CommandSummary
+    from vmfuzz.harness.report.summary import Check, CommandSummary
     why = f"none of the {len(changed)} changed file(s) touches verify-mask code"
     print(f"vmfuzz gate: skipped: {why}")
     write_command_report(CommandSummary("gate", spec, [Check("gate", "skipped", why)],

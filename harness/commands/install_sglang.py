@@ -13,8 +13,8 @@ import shutil
 import subprocess
 import sys
 
-from harness.commands.request import InstallRequest
-from harness.model.errors import EXIT_COULD_NOT_CHECK, EXIT_OK, EXIT_USAGE, UsageError
+from vmfuzz.harness.commands.request import InstallRequest
+from vmfuzz.harness.model.errors import EXIT_COULD_NOT_CHECK, EXIT_OK, EXIT_USAGE, UsageError
 
 #: the script's own codes: 2 is bad usage (an unknown release, no checkout at --from);
 #: anything else non-zero is an install or a check that failed, which vmfuzz cannot proceed past
@@ -22,7 +22,7 @@ SCRIPT_USAGE = 2
 
 
 def run(request: InstallRequest) -> int:
-    from harness.targets.sglang.loader import installer
+    from vmfuzz.harness.targets.sglang.loader import installer
     script = installer()
     if script is None:
         raise UsageError("vmfuzz install-sglang: this installation of vmfuzz has no SGLang installer "

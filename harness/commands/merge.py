@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import sys
 
-from harness.commands.common import claimed_report_dir
-from harness.commands.request import MergeRequest
-from harness.model.errors import EXIT_FINDING, EXIT_OK, EXIT_OUT_OF_STEP, UsageError
+from vmfuzz.harness.commands.common import claimed_report_dir
+from vmfuzz.harness.commands.request import MergeRequest
+from vmfuzz.harness.model.errors import EXIT_FINDING, EXIT_OK, EXIT_OUT_OF_STEP, UsageError
 
 
 def run(request: MergeRequest) -> int:
-    from harness.report.merge import MergeError, check_shards, merge_summaries, read_summary, relocate, write_merged
+    from vmfuzz.harness.report.merge import MergeError, check_shards, merge_summaries, read_summary, relocate, write_merged
     try:
         shards = [(d, read_summary(d)) for d in request.dirs]
         split = check_shards(shards)
@@ -28,11 +28,11 @@ def run(request: MergeRequest) -> int:
     print(f"vmfuzz merge: {len(request.dirs)} shard(s) ({', '.join(merged['shards'])}): {c['properties']} properties, "
           f"{c['held']} held, {c['failed']} failed, {c['findings']} finding(s) in {c['groups']} group(s)")
     print(f"reports: {report_dir}/ (summary.json, summary.md, junit.xml, report.html; findings/)")
-    from harness.report.summary import fails
+    from vmfuzz.harness.report.summary import fails
     # the shards' own rule: a new group fails the night, a known finding (known/) never does
     if fails(merged) or c["replays_failed"]:
         return EXIT_FINDING
-    from harness.report.replays import unreplayed
+    from vmfuzz.harness.report.replays import unreplayed
     stuck = unreplayed(merged["replays"])
     if stuck:
         print(f"vmfuzz merge: could not check: saved repro {stuck[0]['repro']} could not be replayed: "

@@ -5,15 +5,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from harness.commands.common import check_device, claimed_report_dir, repro_target, resolve_target, write_command_report
-from harness.commands.request import MinimizeRequest
-from harness.model.errors import EXIT_FINDING, EXIT_OK, UsageError
+from vmfuzz.harness.commands.common import check_device, claimed_report_dir, repro_target, resolve_target, write_command_report
+from vmfuzz.harness.commands.request import MinimizeRequest
+from vmfuzz.harness.model.errors import EXIT_FINDING, EXIT_OK, UsageError
 
 
 def run(request: MinimizeRequest) -> int:
-    from harness.model.validate import LimitError, check_case
-    from harness.properties import PROPERTIES
-    from harness.report.summary import Check, CommandSummary
+    from vmfuzz.harness.model.validate import LimitError, check_case
+    from vmfuzz.harness.properties import PROPERTIES
+    from vmfuzz.harness.report.summary import Check, CommandSummary
 
     check_device(request.device)
     if request.output and request.output.is_dir():
@@ -60,7 +60,7 @@ def _applicable(request, order: list[str], config, target) -> list[str]:
     A property named with ``--property`` that cannot judge this case is bad
     input: left out silently, the file would read as "fails nothing".
     """
-    from harness.properties import PROPERTIES
+    from vmfuzz.harness.properties import PROPERTIES
     names = []
     for name in order:
         prop = PROPERTIES[name]
@@ -78,12 +78,12 @@ def _applicable(request, order: list[str], config, target) -> list[str]:
 
 def _load(request):
     """(case, fault, target, property names in the order tried) from a repro or deployment file."""
-    from harness.model.deployment_file import DeploymentError, is_deployment
-    from harness.model.deployment_file import loads as loads_deployment
-    from harness.engine.regression.replay import DEFAULT_TARGET, properties_for
-    from harness.engine.regression.shrink import DEPLOYMENT_ORDER
-    from harness.model.repro_file import decode, to_case
-    from harness.model.validate import LimitError, read_input
+    from vmfuzz.harness.model.deployment_file import DeploymentError, is_deployment
+    from vmfuzz.harness.model.deployment_file import loads as loads_deployment
+    from vmfuzz.harness.engine.regression.replay import DEFAULT_TARGET, properties_for
+    from vmfuzz.harness.engine.regression.shrink import DEPLOYMENT_ORDER
+    from vmfuzz.harness.model.repro_file import decode, to_case
+    from vmfuzz.harness.model.validate import LimitError, read_input
     try:
         data = read_input(request.file, "input file")  # read once: a pipe has no second reading
     except LimitError as exc:
@@ -107,11 +107,11 @@ def _load(request):
 def _shrink(request, prop, target, case, fault, summary, report_dir: Path, keep=None):
     """Shrinks ``case`` for ``prop`` if it fails it (with ``keep``'s cause, when given) with a new
     finding; the minimized repro's path, else None (a known finding is listed, not minimized)."""
-    from harness.engine.regression.known import shipped_known_name
-    from harness.engine.regression.shrink import checker, describe, minimize
-    from harness.model.origin import encode
-    from harness.model.repro_file import dump, from_case
-    from harness.report.summary import Check
+    from vmfuzz.harness.engine.regression.known import shipped_known_name
+    from vmfuzz.harness.engine.regression.shrink import checker, describe, minimize
+    from vmfuzz.harness.model.origin import encode
+    from vmfuzz.harness.model.repro_file import dump, from_case
+    from vmfuzz.harness.report.summary import Check
     still_fails, close = checker(prop, target, request.device, fault, 30.0, keep=keep)
     try:
         first = still_fails(case)
@@ -129,7 +129,7 @@ def _shrink(request, prop, target, case, fault, summary, report_dir: Path, keep=
         small, detail, tries = minimize(case, still_fails)
     finally:
         close()
-    from harness.model.validate import server_problem
+    from vmfuzz.harness.model.validate import server_problem
     print(f"after:  {describe(small)}")
     unserved = server_problem(small[0])
     if unserved:  # the input itself was outside what a server runs: said, not hidden

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import msgspec
 
-from harness.commands.common import check_device, claimed_report_dir, isolated, resolve_target, usable
-from harness.commands.request import RunRequest
-from harness.engine.campaign.profiles import PROFILES
-from harness.engine.campaign.session import RunPlan
-from harness.model.bounds import Bounds
-from harness.model.errors import UsageError
+from vmfuzz.harness.commands.common import check_device, claimed_report_dir, isolated, resolve_target, usable
+from vmfuzz.harness.commands.request import RunRequest
+from vmfuzz.harness.engine.campaign.profiles import PROFILES
+from vmfuzz.harness.engine.campaign.session import RunPlan
+from vmfuzz.harness.model.bounds import Bounds
+from vmfuzz.harness.model.errors import UsageError
 
 
 class Places(msgspec.Struct, frozen=True, kw_only=True):
@@ -38,8 +38,8 @@ class Places(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def of(cls, request) -> Places:
-        from harness.engine.regression.known import default_known_root
-        from harness.engine.regression.regressions import default_repro_root
+        from vmfuzz.harness.engine.regression.known import default_known_root
+        from vmfuzz.harness.engine.regression.regressions import default_repro_root
         return cls(report_dir=request.report_dir, db_folder=request.db_folder, repros=request.repros,
                    known=request.known, repro_roots=(request.repro_root or default_repro_root(), *request.repros),
                    known_roots=(default_known_root(), *request.known))
@@ -61,7 +61,7 @@ def plan(request: RunRequest):
     places = Places.of(request)
     report_dir = check_places(places, profile)
     saved, warnings = read_saved_repros(places.repro_roots) if profile.replay_repros else ((), ())
-    from harness.engine.regression.known import applying
+    from vmfuzz.harness.engine.regression.known import applying
     # an unreadable entry is one line now, not a stop mid-run
     known = tuple(applying(dict(target.versions()), *places.known_roots))
     db_url = check_shared_db(request.db, profile)
@@ -93,7 +93,7 @@ def _deployment(path: Path | None):
     """``--deployment FILE`` read, or None."""
     if not path:
         return None
-    from harness.model.deployment_file import DeploymentError, load
+    from vmfuzz.harness.model.deployment_file import DeploymentError, load
     try:
         return load(path)
     except DeploymentError as exc:
@@ -124,9 +124,9 @@ def read_saved_repros(roots: tuple[Path, ...]) -> tuple[tuple, tuple[str, ...]]:
     A gate must never pass over a saved repro it cannot replay: one that does
     not read, or names no property that applies to its config, is exit 2 now.
     """
-    from harness.engine.regression.regressions import no_saved_repros, read_saved, saved_repros
-    from harness.engine.regression.replay import replayable
-    from harness.model.repro_file import ReproError
+    from vmfuzz.harness.engine.regression.regressions import no_saved_repros, read_saved, saved_repros
+    from vmfuzz.harness.engine.regression.replay import replayable
+    from vmfuzz.harness.model.repro_file import ReproError
     warning = no_saved_repros(list(roots))
     saved = []
     for root in roots:
@@ -148,7 +148,7 @@ def read_saved_repros(roots: tuple[Path, ...]) -> tuple[tuple, tuple[str, ...]]:
 
 def check_shared_db(value: str, profile) -> str | None:
     """``--db redis://...`` reachable before the search (one line, exit 2); None for a folder."""
-    from harness.engine.search.database import SharedDatabaseError, redis_database, shared_url
+    from vmfuzz.harness.engine.search.database import SharedDatabaseError, redis_database, shared_url
     url = shared_url(value)
     if url and profile.database != "none":
         try:

@@ -8,15 +8,15 @@ import sys
 import time
 from pathlib import Path
 
-from harness.commands.common import check_device, isolated, repro_target, write_command_report
-from harness.commands.request import ReplayRequest
-from harness.model.errors import EXIT_FINDING, EXIT_OK, EXIT_OUT_OF_STEP, OutOfStep, UsageError, out_of_step_line
-from harness.report.terminal import status_word
+from vmfuzz.harness.commands.common import check_device, isolated, repro_target, write_command_report
+from vmfuzz.harness.commands.request import ReplayRequest
+from vmfuzz.harness.model.errors import EXIT_FINDING, EXIT_OK, EXIT_OUT_OF_STEP, OutOfStep, UsageError, out_of_step_line
+from vmfuzz.harness.report.terminal import status_word
 
 
 def run(request: ReplayRequest) -> int:
-    from harness.engine.regression.replay import DEFAULT_TARGET
-    from harness.report.summary import CommandSummary
+    from vmfuzz.harness.engine.regression.replay import DEFAULT_TARGET
+    from vmfuzz.harness.report.summary import CommandSummary
 
     repro, props = _load(request.file, request.property)
     check_device(request.device)
@@ -48,13 +48,13 @@ def run(request: ReplayRequest) -> int:
 
 def _load(file: Path, prop: str | None):
     """The repro to replay and its properties, from a repro file or a deployment file."""
-    from harness.engine.regression.replay import properties_for
-    from harness.engine.regression.shrink import DEPLOYMENT_ORDER
-    from harness.model.deployment_file import DeploymentError, is_deployment
-    from harness.model.deployment_file import loads as loads_deployment
-    from harness.model.repro_file import ReproError, decode, from_case, to_case
-    from harness.model.validate import LimitError, read_input
-    from harness.properties import PROPERTIES
+    from vmfuzz.harness.engine.regression.replay import properties_for
+    from vmfuzz.harness.engine.regression.shrink import DEPLOYMENT_ORDER
+    from vmfuzz.harness.model.deployment_file import DeploymentError, is_deployment
+    from vmfuzz.harness.model.deployment_file import loads as loads_deployment
+    from vmfuzz.harness.model.repro_file import ReproError, decode, from_case, to_case
+    from vmfuzz.harness.model.validate import LimitError, read_input
+    from vmfuzz.harness.properties import PROPERTIES
     try:
         data = read_input(file, "repro file")  # read once: a pipe has no second reading
     except LimitError as exc:
@@ -75,15 +75,15 @@ def _load(file: Path, prop: str | None):
 
 
 def _check(request, repro, target, prop, isolate: bool):
-    from harness.engine.core.failures import failure_of
-    from harness.engine.regression.known import shipped_known_name
-    from harness.engine.core.isolation import TargetFault
-    from harness.engine.regression.replay import replay
-    from harness.engine.core.signals import from_user
-    from harness.model.origin import encode
-    from harness.model.repro_file import ReproError
-    from harness.properties import PropertyFailure
-    from harness.report.summary import Check
+    from vmfuzz.harness.engine.core.failures import failure_of
+    from vmfuzz.harness.engine.regression.known import shipped_known_name
+    from vmfuzz.harness.engine.core.isolation import TargetFault
+    from vmfuzz.harness.engine.regression.replay import replay
+    from vmfuzz.harness.engine.core.signals import from_user
+    from vmfuzz.harness.model.origin import encode
+    from vmfuzz.harness.model.repro_file import ReproError
+    from vmfuzz.harness.properties import PropertyFailure
+    from vmfuzz.harness.report.summary import Check
     try:
         replay(repro, target, request.device, isolate=isolate, timeout=request.example_timeout, prop=prop.name)
     except OutOfStep as exc:  # vmfuzz's seam no longer fits the code: could not check, not a finding

@@ -14,7 +14,7 @@ import os
 import stat
 from pathlib import Path
 
-from harness.model.errors import UsageError
+from vmfuzz.harness.model.errors import UsageError
 
 #: the claim's file, hidden beside the reports (it names the pid that holds it)
 CLAIM = ".vmfuzz-claim"

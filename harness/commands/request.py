@@ -19,11 +19,11 @@ from pathlib import Path
 
 import msgspec
 
-from harness.commands.bounds_option import BoundsGiven, bounds_given
-from harness.model import limits
-from harness.model.errors import UsageError
-from harness.model.validate import LimitError, number
-from harness.report.summary import default_report_dir
+from vmfuzz.harness.commands.bounds_option import BoundsGiven, bounds_given
+from vmfuzz.harness.model import limits
+from vmfuzz.harness.model.errors import UsageError
+from vmfuzz.harness.model.validate import LimitError, number
+from vmfuzz.harness.report.summary import default_report_dir
 
 
 class Request(msgspec.Struct, frozen=True, kw_only=True):
@@ -154,7 +154,7 @@ def _numbers(checks) -> None:
 
 def property_names(names) -> tuple[str, ...]:
     """Every property a user named exists: one line listing the known ones otherwise."""
-    from harness.properties import named
+    from vmfuzz.harness.properties import named
     for name in names:
         try:
             named(name)
@@ -167,7 +167,7 @@ def _shard(text: str | None, properties: tuple[str, ...]):
     """``--shard K/N``: (K, N) and this shard's properties."""
     if text is None:
         return None, properties
-    from harness.engine.campaign.shard import parse_shard, shard_properties
+    from vmfuzz.harness.engine.campaign.shard import parse_shard, shard_properties
     try:
         k, n = parse_shard(text, len(properties))
     except ValueError as exc:
@@ -176,9 +176,9 @@ def _shard(text: str | None, properties: tuple[str, ...]):
 
 
 def _run(args, report_dir: Path | None) -> RunRequest:
-    from harness.engine.campaign.profiles import DEFAULT_DB_DIR
-    from harness.engine.search.database import shared_url
-    from harness.properties import PROPERTIES
+    from vmfuzz.harness.engine.campaign.profiles import DEFAULT_DB_DIR
+    from vmfuzz.harness.engine.search.database import shared_url
+    from vmfuzz.harness.properties import PROPERTIES
     shard, properties = _shard(args.shard, property_names(args.properties or list(PROPERTIES)))
     _numbers([("--max-examples", getattr(args, "max_examples", None), dict(low=1, high=limits.MAX_EXAMPLES)),
               ("--time-budget", getattr(args, "time_budget", None),

@@ -2,7 +2,7 @@
 
 ``execute_and_report`` is shared with ``gate``, which is a run under the pr
 profile, taken only when the change touches mask code; both make their plan with
-``harness.commands.planning.plan``.
+``vmfuzz.harness.commands.planning.plan``.
 """
 
 from __future__ import annotations
@@ -11,17 +11,17 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from harness.commands.common import write_reports_somewhere
-from harness.commands.planning import plan
-from harness.commands.request import RunRequest
-from harness.model.errors import (EXIT_COULD_NOT_CHECK, EXIT_FINDING, EXIT_OK, EXIT_OUT_OF_STEP,
+from vmfuzz.harness.commands.common import write_reports_somewhere
+from vmfuzz.harness.commands.planning import plan
+from vmfuzz.harness.commands.request import RunRequest
+from vmfuzz.harness.model.errors import (EXIT_COULD_NOT_CHECK, EXIT_FINDING, EXIT_OK, EXIT_OUT_OF_STEP,
                                   UsageError, out_of_step_line)
-from harness.report.terminal import classes_line, paint, plural
+from vmfuzz.harness.report.terminal import classes_line, paint, plural
 
 
 def run(request: RunRequest) -> int:
-    from harness.commands.common import import_finding
-    from harness.engine.core.failures import ImportRaised
+    from vmfuzz.harness.commands.common import import_finding
+    from vmfuzz.harness.engine.core.failures import ImportRaised
     try:
         plan_, target = plan(request)
     except ImportRaised as exc:  # the code under test does not load: that is the finding
@@ -37,7 +37,7 @@ def show_result(res, log, *, verbose: bool = False) -> None:
     if res.not_driven and not res.findings:
         log(f"  {res.prop:<22} {paint('not driven')}: {res.not_driven}")
         return
-    from harness.properties import sub_checks_not_driven
+    from vmfuzz.harness.properties import sub_checks_not_driven
     gaps = sub_checks_not_driven(res.prop, res.classes) if not res.findings and not res.unchecked else {}
     status = "FAILED" if res.findings else ("could not check" if res.unchecked else
                                             "held in part" if gaps else "held")
@@ -60,10 +60,10 @@ def show_result(res, log, *, verbose: bool = False) -> None:
 
 def execute_and_report(plan_, target, gate=None, *, verbose: bool = False) -> int:
     """``gate(outcome) -> dict``: the gate's coverage, computed from what ran, for the reports."""
-    from harness.engine.campaign.session import execute
-    from harness.report.progress import progress
-    from harness.report.summary import write_reports
-    from harness.report.terminal import gate_line
+    from vmfuzz.harness.engine.campaign.session import execute
+    from vmfuzz.harness.report.progress import progress
+    from vmfuzz.harness.report.summary import write_reports
+    from vmfuzz.harness.report.terminal import gate_line
 
     budget = f", budget {plan_.time_budget:g}s" if plan_.time_budget else ""
     # a searching profile's count is per round: it searches round after round until its budget is spent
@@ -75,7 +75,7 @@ def execute_and_report(plan_, target, gate=None, *, verbose: bool = False) -> in
     ui = progress(len(plan_.properties), f"{target.name} ({plan_.profile.name})", per_slot=plan_.max_examples,
                   budget=plan_.time_budget if plan_.profile.rounds else None)
     outcome = execute(plan_, target, partial(show_result, verbose=verbose), ui)
-    from harness.engine.search.deep_corpus import constants_of
+    from vmfuzz.harness.engine.search.deep_corpus import constants_of
     outcome.shape_constants = constants_of(target).source
     if gate is not None:
         outcome.gate = gate(outcome)
@@ -131,7 +131,7 @@ def _say_deployment(d: dict) -> None:
 def _say_known(plan_, outcome) -> None:
     """Known findings (upstream's defects): listed by every command, failing only with --fail-on-known;
     one whose replay ran and held is said retired, one that fails another way is a finding."""
-    from harness.engine.regression.known import DIFFERENT, GONE, REPRODUCES
+    from vmfuzz.harness.engine.regression.known import DIFFERENT, GONE, REPRODUCES
     for o in outcome.known:
         k = o.entry
         if o.status == GONE:
@@ -159,11 +159,11 @@ def _say_groups(groups: list[dict]) -> None:
 
 def _verdict(plan_, target, outcome, summary: dict, written: Path) -> int:
     if outcome.interrupted:
-        from harness.engine.core.signals import exit_code, name
+        from vmfuzz.harness.engine.core.signals import exit_code, name
         print(f"vmfuzz: interrupted by {name()} (findings written so far are kept, reports cover what ran)",
               file=sys.stderr)
         return exit_code()
-    from harness.report.unchecked import cap_line, unchecked_line
+    from vmfuzz.harness.report.unchecked import cap_line, unchecked_line
     if cap_line(summary):
         print(cap_line(summary))
     _say_known(plan_, outcome)

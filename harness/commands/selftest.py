@@ -8,20 +8,20 @@ from __future__ import annotations
 
 import sys
 
-from harness.commands.common import check_device, resolve_target, write_command_report
-from harness.commands.request import SelftestRequest
-from harness.model.errors import EXIT_FINDING, EXIT_OK, UsageError
+from vmfuzz.harness.commands.common import check_device, resolve_target, write_command_report
+from vmfuzz.harness.commands.request import SelftestRequest
+from vmfuzz.harness.model.errors import EXIT_FINDING, EXIT_OK, UsageError
 
 
 def _word(cell) -> str:
-    from harness.engine.regression.kill_matrix import KNOWN, NOT_DRIVEN, RAISED
+    from vmfuzz.harness.engine.regression.kill_matrix import KNOWN, NOT_DRIVEN, RAISED
     if cell is None:
         return "-"
     return {NOT_DRIVEN: "n/d", RAISED: "raised", KNOWN: "known"}.get(cell, f"{cell} ex")
 
 
 def render(matrix: dict[str, dict]) -> str:
-    from harness.properties import PROPERTIES
+    from vmfuzz.harness.properties import PROPERTIES
     props = list(PROPERTIES)
     short = [p.replace("capacity-", "cap-").replace("-equivalence", "-eq") for p in props]
     width = max(len(v) for v in matrix) if matrix else 7
@@ -33,8 +33,8 @@ def render(matrix: dict[str, dict]) -> str:
 
 
 def run(request: SelftestRequest) -> int:
-    from harness.engine.regression.kill_matrix import caught, kill_matrix, variant_driven
-    from harness.targets import CATALOGUE
+    from vmfuzz.harness.engine.regression.kill_matrix import caught, kill_matrix, variant_driven
+    from vmfuzz.harness.targets import CATALOGUE
     check_device(request.device)
     target = resolve_target(request.target)
     variants = request.variants or list(CATALOGUE)
@@ -48,7 +48,7 @@ def run(request: SelftestRequest) -> int:
         kill_matrix(target, variants, seed=request.seed, max_examples=request.max_examples,
                     device=request.device, log=lambda s: print(s, flush=True), into=matrix)
     except KeyboardInterrupt:
-        from harness.engine.core.signals import exit_code, received
+        from vmfuzz.harness.engine.core.signals import exit_code, received
         if received() is None:
             raise  # the target raised it, no signal came: not an interrupt of the selftest
         print(render(matrix))
@@ -78,9 +78,9 @@ def run(request: SelftestRequest) -> int:
 def _report(request: SelftestRequest, target_name: str, matrix: dict[str, dict], interrupted: list[str] | None = None) -> None:
     """One testcase per variant: caught (passes), survived (fails) or not driven (skipped);
     ``interrupted``: the run was, and these variants are left unjudged (skipped)."""
-    from harness.engine.regression.kill_matrix import caught, variant_driven
-    from harness.properties import PROPERTIES
-    from harness.report.summary import Check, CommandSummary
+    from vmfuzz.harness.engine.regression.kill_matrix import caught, variant_driven
+    from vmfuzz.harness.properties import PROPERTIES
+    from vmfuzz.harness.report.summary import Check, CommandSummary
 
     summary = CommandSummary("selftest", target_name, extra={"kill_matrix": matrix, "seed": request.seed,
                                                             "max_examples": request.max_examples,

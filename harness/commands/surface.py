@@ -10,13 +10,13 @@ import json
 import sys
 import time
 
-from harness.commands.common import claimed_report_dir, resolve_target
-from harness.commands.request import SurfaceRequest
-from harness.model.errors import EXIT_OK
+from vmfuzz.harness.commands.common import claimed_report_dir, resolve_target
+from vmfuzz.harness.commands.request import SurfaceRequest
+from vmfuzz.harness.model.errors import EXIT_OK
 
 
 def run(request: SurfaceRequest) -> int:
-    from harness.engine.campaign.surface import render, report
+    from vmfuzz.harness.engine.campaign.surface import render, report
     report_dir = claimed_report_dir(request.report_dir)
     t0 = time.monotonic()
     target = resolve_target(request.target)
@@ -29,7 +29,7 @@ def run(request: SurfaceRequest) -> int:
 
 
 def _write_summary(request: SurfaceRequest, rep: dict, headline: str, seconds: float, report_dir) -> None:
-    from harness.report.summary import Check, CommandSummary, write_command_summary
+    from vmfuzz.harness.report.summary import Check, CommandSummary, write_command_summary
     checks = [Check(f"{r['file']}: {r['function']}", "held" if r["driven"] else "skipped",
                     f"driven by {', '.join(r['driven_by'])}" if r["driven"] else (r["why"] or "not driven"))
               for r in rep["rows"]]

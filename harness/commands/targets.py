@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from harness.commands.request import Request
-from harness.model.errors import EXIT_OK
+from vmfuzz.harness.commands.request import Request
+from vmfuzz.harness.model.errors import EXIT_OK
 
 
 def run(request: Request) -> int:
-    from harness.targets import BUILTIN, CATALOGUE
+    from vmfuzz.harness.targets import BUILTIN, CATALOGUE
     width = max(len(n) for n in list(BUILTIN) + [f"+{v}" for v in CATALOGUE])
     print("targets:")
     for name, (desc, _) in BUILTIN.items():

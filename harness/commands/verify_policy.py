@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from harness.commands.common import claimed_report_dir, findings_dir, resolve_target, write_command_report
-from harness.commands.request import EnumerateRequest
-from harness.model.errors import EXIT_FINDING, EXIT_OK
+from vmfuzz.harness.commands.common import claimed_report_dir, findings_dir, resolve_target, write_command_report
+from vmfuzz.harness.commands.request import EnumerateRequest
+from vmfuzz.harness.model.errors import EXIT_FINDING, EXIT_OK
 
 
 def run(request: EnumerateRequest) -> int:
-    from harness.engine.search.policy import verify_policy
-    from harness.report.summary import Check, CommandSummary
+    from vmfuzz.harness.engine.search.policy import verify_policy
+    from vmfuzz.harness.report.summary import Check, CommandSummary
     target = resolve_target(request.target)
     report_dir = claimed_report_dir(request.report_dir)
     report = verify_policy(target, findings_dir=findings_dir(report_dir))

@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 import torch
 
-from harness.guard.tree_write import KernelCall
-from harness.guard.shadow import ShadowHeap
+from vmfuzz.harness.guard.tree_write import KernelCall
+from vmfuzz.harness.guard.shadow import ShadowHeap
 
 #: Buffers the chain writer writes, in the order it takes them.
 CHAIN_MUTABLE = ("tree_mask", "positions", "retrieve", "tokens", "out_cache_loc", "mrope")

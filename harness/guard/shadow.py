@@ -21,7 +21,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from harness.model.outputs import Violation
+from vmfuzz.harness.model.outputs import Violation
 
 CANARY = 0xA5
 MIN_REDZONE_BYTES = 64

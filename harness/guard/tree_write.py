@@ -15,8 +15,8 @@ from typing import Callable
 
 import torch
 
-from harness.model.layouts import TreeMaskMode, logical_size
-from harness.guard.shadow import ShadowHeap
+from vmfuzz.harness.model.layouts import TreeMaskMode, logical_size
+from vmfuzz.harness.guard.shadow import ShadowHeap
 
 MUTABLE = ("tree_mask", "positions", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling")
 
@@ -89,7 +89,7 @@ class LaunchStats:
     Under the Triton interpreter the launches are the floor of a run's cost;
     everything else (generation, the guard, the call site, the checks) is the
     harness's overhead over that floor. An isolated worker sends its counts
-    back with every answer (``harness.engine.core.isolation``), so the parent's add up.
+    back with every answer (``vmfuzz.harness.engine.core.isolation``), so the parent's add up.
     """
 
     def __init__(self):

@@ -76,7 +76,7 @@ class AllocatorChose(Exception):
 
     The harness never builds a mask of its own in its place: the call site would
     then reuse a buffer SGLang never hands out. The property that asked for the
-    mask judges the choice (``harness.properties.kit.allocated``).
+    mask judges the choice (``vmfuzz.harness.properties.kit.allocated``).
     """
 
     def __init__(self, got: str | None, want: str, call: str):

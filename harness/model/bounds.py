@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.model.config import CALL_SITES
+from vmfuzz.harness.model.config import CALL_SITES
 
 
 @dataclass(frozen=True)

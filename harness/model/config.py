@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from harness.model.layouts import PREALLOCATED_LAYOUTS, TreeMaskMode
+from vmfuzz.harness.model.layouts import PREALLOCATED_LAYOUTS, TreeMaskMode
 
 
 class ConfigError(ValueError):

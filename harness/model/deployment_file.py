@@ -12,8 +12,8 @@ from pathlib import Path
 
 import msgspec
 
-from harness.model.config import Batch, Config, ConfigError
-from harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.model.config import Batch, Config, ConfigError
+from vmfuzz.harness.model.layouts import TreeMaskMode
 
 
 class DeploymentError(Exception):
@@ -50,7 +50,7 @@ class Deployment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return decode if self.speculative_attention_mode == "decode" else prefill
 
     def numbers(self):
-        from harness.model.allocation import ServerNumbers
+        from vmfuzz.harness.model.allocation import ServerNumbers
         return ServerNumbers(self.cuda_graph_max_bs, self.context_length, self.num_draft_tokens, self.topk,
                              self.spec_steps)
 
@@ -80,13 +80,13 @@ class Deployment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 def load(path: str | Path) -> Deployment:
-    from harness.model.validate import load_file
+    from vmfuzz.harness.model.validate import load_file
     return load_file(path, "deployment file", loads, DeploymentError)
 
 
 def loads(data: bytes, path: str | Path = "<deployment>") -> Deployment:
-    from harness.model import limits
-    from harness.model.validate import LimitError, check_config, repeated_key
+    from vmfuzz.harness.model import limits
+    from vmfuzz.harness.model.validate import LimitError, check_config, repeated_key
     key = repeated_key(data)
     if key is not None:
         raise DeploymentError(f"{path}: invalid deployment: key {key!r} appears more than once in one object")
@@ -133,8 +133,8 @@ def is_deployment(path_or_data: str | Path | bytes) -> bool:
 
 
 def _check_serving_fields(dep: Deployment, path: Path) -> None:
-    from harness.model.allocation import SERVER_BACKENDS
-    from harness.model.routing import SPEC_MODES
+    from vmfuzz.harness.model.allocation import SERVER_BACKENDS
+    from vmfuzz.harness.model.routing import SPEC_MODES
 
     for field in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
         value = getattr(dep, field)

@@ -24,7 +24,7 @@ class OutOfStep(Exception):
     the harness put in place was not gone through. It is the harness's own
     state, never a finding, and a property that meets it is never "held".
     It lives here, at the bottom, so targets raise it and properties and the
-    engine recognise it (``harness.targets.protocol`` re-exports it).
+    engine recognise it (``vmfuzz.harness.targets.protocol`` re-exports it).
     """
 
     def __init__(self, seam: str, file: str, why: str):
@@ -43,7 +43,7 @@ def out_of_step_line(exc: "OutOfStep | str") -> str:
 class ImportRaised(Exception):
     """The code under test raised while one of its modules was imported: a server could not load it.
 
-    Decided where the module is imported (``harness.targets.sglang.imports``),
+    Decided where the module is imported (``vmfuzz.harness.targets.sglang.imports``),
     before any property is known, so it carries the raise itself (type, the
     innermost frame of the code under test, the module being imported) and
     becomes a finding of whichever property met it: effect raise, stage import.
@@ -58,7 +58,7 @@ class ImportRaised(Exception):
         return (ImportRaised, (self.module, self.type_name, self.frame, self.message))
 
     def origin(self, prop: str):
-        from harness.model.origin import Origin
+        from vmfuzz.harness.model.origin import Origin
         return Origin(prop, "raise", stage="import", exc_type=self.type_name, frame=self.frame)
 
     def detail(self) -> str:

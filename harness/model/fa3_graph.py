@@ -31,7 +31,7 @@ Larger than needed is never a finding: over-allocation costs memory, not soundne
 
 from __future__ import annotations
 
-from harness.model.allocation import ServerNumbers
+from vmfuzz.harness.model.allocation import ServerNumbers
 
 #: the backend's set-up that sizes these buffers
 WRITER = "FlashAttentionBackend.init_cuda_graph_state"

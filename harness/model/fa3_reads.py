@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.model.config import Config
-from harness.model.readers import kv_slot
+from vmfuzz.harness.model.config import Config
+from vmfuzz.harness.model.readers import kv_slot
 
 
 @dataclass

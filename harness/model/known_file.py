@@ -20,9 +20,9 @@ import msgspec
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from harness.model.origin import EFFECTS, Origin
-from harness.model.repro_file import Repro, ReproError, to_case
-from harness.model.validate import load_file
+from vmfuzz.harness.model.origin import EFFECTS, Origin
+from vmfuzz.harness.model.repro_file import Repro, ReproError, to_case
+from vmfuzz.harness.model.validate import load_file
 
 Field = str | list[str]
 

@@ -8,7 +8,7 @@ process can hold in memory where a buffer is really allocated.
 
 Past a limit the input is refused with exit 2, naming the limit and the field;
 the capacity properties need no allocation and so take the arithmetic limits
-only (harness.model.validate).
+only (vmfuzz.harness.model.validate).
 """
 
 from __future__ import annotations

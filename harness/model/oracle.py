@@ -12,10 +12,10 @@ from functools import lru_cache
 
 import torch
 
-from harness.model.config import Batch, Config, DraftTree, num_candidates
-from harness.model.layouts import TreeMaskMode
-from harness.model.outputs import Expected
-from harness.model.trees import DETACHED, ROOT, candidate_token, parents, trees_of, verified_token
+from vmfuzz.harness.model.config import Batch, Config, DraftTree, num_candidates
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.model.outputs import Expected
+from vmfuzz.harness.model.trees import DETACHED, ROOT, candidate_token, parents, trees_of, verified_token
 
 
 @lru_cache(maxsize=1024)

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import msgspec
 
-from harness.model.limits import MAX_STEPS
+from vmfuzz.harness.model.limits import MAX_STEPS
 
 EFFECTS = ("overrun", "wrong", "unsound", "raise", "crash", "hang")
 SIDES = ("", "below", "above")

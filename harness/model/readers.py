@@ -14,7 +14,7 @@ through its own index arithmetic. Two readers of SGLang 0.5.23 (docs/sglang-targ
   draft tokens) and KV slots (``expected_plan``).
 
 This module holds what every target hands back from those seams; the embedded
-model of the readers is ``harness.targets.reference.readers``.
+model of the readers is ``vmfuzz.harness.targets.reference.readers``.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
 
 
 @dataclass

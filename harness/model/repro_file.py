@@ -11,12 +11,12 @@ from pathlib import Path
 
 import msgspec
 
-import harness
-from harness.model.config import Batch, Config, ConfigError, DraftTree
-from harness.model.layouts import TreeMaskMode
-from harness.model.limits import MAX_STEPS
-from harness.model.origin import Origin
-from harness.model.validate import LimitError, check_case, check_config, load_file, repeated_key
+import vmfuzz.harness
+from vmfuzz.harness.model.config import Batch, Config, ConfigError, DraftTree
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.model.limits import MAX_STEPS
+from vmfuzz.harness.model.origin import Origin
+from vmfuzz.harness.model.validate import LimitError, check_case, check_config, load_file, repeated_key
 
 
 class ReproError(Exception):
@@ -53,9 +53,9 @@ class Repro(msgspec.Struct, forbid_unknown_fields=True):
     seed: int | None = None
     harness_version: str = ""
     #: "target-crash" / "target-hang": the target died or stopped answering on
-    #: this case (harness.engine.core.isolation); absent for a property's own failure.
+    #: this case (vmfuzz.harness.engine.core.isolation); absent for a property's own failure.
     fault: str | None = None
-    #: which failure it is, as typed fields (harness.model.origin): what minimize keeps, bisect
+    #: which failure it is, as typed fields (vmfuzz.harness.model.origin): what minimize keeps, bisect
     #: tests and groups read. Absent in files written by hand or before origins: replay fills it in.
     origin: Origin | None = None
 
@@ -102,7 +102,7 @@ def from_case(target: str, prop: str, config: Config, batches: list[Batch], *,
                                    [list(t.parent_list) for t in b.trees]))
     cfg = ConfigSpec(config.mode.name, config.max_bs, config.max_context_len, config.num_draft_tokens,
                      config.topk, config.spec_steps, config.is_read, config.call_site)
-    return Repro(cfg, specs, target, prop, detail, seed, harness.__version__, fault, origin)
+    return Repro(cfg, specs, target, prop, detail, seed, vmfuzz.harness.__version__, fault, origin)
 
 
 def load(path: str | Path) -> Repro:
@@ -146,7 +146,7 @@ def dump(repro: Repro, path: str | Path) -> Path:
     try:
         return _write(path, body)
     except OSError as exc:
-        from harness.model.validate import fallback_dir
+        from vmfuzz.harness.model.validate import fallback_dir
         try:
             spare = fallback_dir()
             where = _write(spare / path.name if not (spare / path.name).exists()

@@ -1,6 +1,6 @@
 """The widths a mask path's code is built around: where a production shape crosses a boundary.
 
-The deep boundary corpus (harness.engine.search.deep_corpus) sizes its cases from these,
+The deep boundary corpus (vmfuzz.harness.engine.search.deep_corpus) sizes its cases from these,
 not from a list of favourite numbers: a row one node past a packed word, a batch
 one lane group past a kernel's block, a packed row one block past the packing
 kernel's reach. A target that can read them from the code under test does so

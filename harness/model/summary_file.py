@@ -2,7 +2,7 @@
 
 Two shapes share the file name. ``run`` and ``gate`` write a ``RunSummary`` (a
 search: properties, replays, margins, bounds); every other command writes a
-``CommandSummary`` (one check per thing it decided). harness.report.summary
+``CommandSummary`` (one check per thing it decided). vmfuzz.harness.report.summary
 builds each as a dict and passes it through ``conform`` before writing it, so
 a key this module does not declare, or a value of the wrong type, is caught
 where it is written (and by tests/test_schemas.py) rather than by a reader.
@@ -19,7 +19,7 @@ from typing import Any, Union
 
 import msgspec
 
-from harness.model.origin import Origin
+from vmfuzz.harness.model.origin import Origin
 
 
 class _Strict(msgspec.Struct, forbid_unknown_fields=True):
@@ -31,7 +31,7 @@ class Finding(_Strict):
     kind: str
     detail: str
     repro: str
-    #: which failure it is (harness.model.origin.Origin): what every reader matches on
+    #: which failure it is (vmfuzz.harness.model.origin.Origin): what every reader matches on
     origin: Union[Origin, None] = None
     #: the known entry (known/) this finding is, if any: listed, never a new group
     known: Union[str, None] = None

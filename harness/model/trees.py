@@ -15,7 +15,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Sequence
 
-from harness.model.config import Batch, Config, DraftTree, num_candidates
+from vmfuzz.harness.model.config import Batch, Config, DraftTree, num_candidates
 
 ROOT = 0
 DETACHED = -1  # the node's parent candidate was not selected: the walk stops here

@@ -1,4 +1,4 @@
-"""The edge checks: every input from outside meets ``harness.model.limits`` here, before use.
+"""The edge checks: every input from outside meets ``vmfuzz.harness.model.limits`` here, before use.
 
 Each check raises ``LimitError`` (a ``ValueError``) whose message names the field
 and the limit; the loaders turn it into their own exit-2 error.
@@ -13,14 +13,14 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Sequence, TypeVar
 
-from harness.model import limits
-from harness.model.config import Batch, Config, num_candidates
+from vmfuzz.harness.model import limits
+from vmfuzz.harness.model.config import Batch, Config, num_candidates
 
 T = TypeVar("T")
 
 
 class LimitError(ValueError):
-    """An input outside ``harness.model.limits`` (or not a readable regular file)."""
+    """An input outside ``vmfuzz.harness.model.limits`` (or not a readable regular file)."""
 
 
 def read_input(path: str | Path, what: str = "file") -> bytes:
@@ -108,7 +108,7 @@ def check_config(config: Config, fields: dict[str, str] | None = None) -> Config
 
 def buffer_cells(config: Config, bs: int | None = None) -> int:
     """Worst-case cells of ``bs`` requests (default: the captured max_bs) in ``config``'s layout."""
-    from harness.model.layouts import worst_case_size
+    from vmfuzz.harness.model.layouts import worst_case_size
     return worst_case_size(config.mode, config.max_bs if bs is None else bs, config.d, config.max_context_len)
 
 
@@ -121,7 +121,7 @@ def check_case(config: Config, batches: Sequence[Batch], prop: str) -> None:
         _cap(f"len(batches[{i}].seq_lens)", b.bs, limits.MAX_REQUESTS_PER_STEP, "MAX_REQUESTS_PER_STEP")
     if not limits.allocates(prop):
         return
-    from harness.model.layouts import logical_size
+    from vmfuzz.harness.model.layouts import logical_size
     cells = buffer_cells(config)
     if cells > limits.MAX_BUFFER_CELLS:
         raise LimitError(f"property {prop} allocates the verify mask for config.max_bs: {cells} cells, over "

@@ -26,11 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from harness.model.limits import allocates
-from harness.properties.core import capacity_liveness, capacity_soundness, trivial_path
-from harness.properties.kit import Observation, PropertyFailure
-from harness.properties.writers import chain_writer
-from harness.properties.readers import packed_mask, reader_agreement
+from vmfuzz.harness.model.limits import allocates
+from vmfuzz.harness.properties.core import capacity_liveness, capacity_soundness, trivial_path
+from vmfuzz.harness.properties.kit import Observation, PropertyFailure
+from vmfuzz.harness.properties.writers import chain_writer
+from vmfuzz.harness.properties.readers import packed_mask, reader_agreement
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Property:
     #: target attributes the check calls beyond the core protocol
     needs: tuple[str, ...] = ()
     #: judged on one shared run of each case with the other shared properties
-    #: (``harness.properties.shared``): the campaign searches them together
+    #: (``vmfuzz.harness.properties.shared``): the campaign searches them together
     shared: bool = False
     chain: bool = False  # runs on the chain writer's configs (QLEN_ONLY, topk 1, d = spec_steps + 1)
     #: layouts its cases are drawn in (None: every preallocated layout)
@@ -76,7 +76,7 @@ def _judged_alone(name: str):
     repro replays (and minimizes) exactly as it was found.
     """
     def check(target, config, batches, device="cpu"):
-        from harness.properties.shared import judge
+        from vmfuzz.harness.properties.shared import judge
         return judge(target, config, batches, device, (name,))
     check.__name__ = check.__qualname__ = name.replace("-", "_")
     return check
@@ -110,8 +110,8 @@ PROPERTIES: dict[str, Property] = {p.name: p for p in (
              "slots", needs=("pack_mask",), layouts=("FULL_MASK",), promises=("packing", "flashinfer plan")),
 )}
 
-from harness.properties.allocation import allocation_soundness  # noqa: E402 - after Property
-from harness.properties.routers import routing  # noqa: E402
+from vmfuzz.harness.properties.allocation import allocation_soundness  # noqa: E402 - after Property
+from vmfuzz.harness.properties.routers import routing  # noqa: E402
 
 PROPERTIES.update({p.name: p for p in (
     Property("routing", routing, "each router hands out its TARGET_VERIFY child's mask and reports a "
@@ -123,7 +123,7 @@ PROPERTIES.update({p.name: p for p in (
 
 def shared_group(names) -> Property:
     """One property standing for several shared ones: its check judges them all on one run of a case."""
-    from harness.properties import shared
+    from vmfuzz.harness.properties import shared
     names = tuple(names)
     missing = [n for n in names if n not in PROPERTIES or not PROPERTIES[n].shared]
     if missing:
@@ -137,14 +137,14 @@ def shared_group(names) -> Property:
 
 def sub_checks(name: str, classes) -> dict[str, str]:
     """The ledger of property ``name`` over the classes its cases reached (empty: it promises none)."""
-    from harness.properties.kit import ledger
+    from vmfuzz.harness.properties.kit import ledger
     prop = PROPERTIES.get(name)
     return ledger(prop.promises, classes) if prop is not None and prop.promises else {}
 
 
 def sub_checks_not_driven(name: str, classes) -> dict[str, str]:
     """The promised sub-checks of ``name`` that no case judged, and why."""
-    from harness.properties.kit import DONE
+    from vmfuzz.harness.properties.kit import DONE
     return {k: v for k, v in sub_checks(name, classes).items() if v != DONE}
 
 
@@ -157,7 +157,7 @@ def named(name: str) -> Property:
 
 def lookup(name: str) -> Property:
     """A registered property, or a shared group by its name (what an isolated worker is sent)."""
-    from harness.properties.shared import group_members
+    from vmfuzz.harness.properties.shared import group_members
     members = group_members(name)
     return shared_group(members) if members else PROPERTIES[name]
 

@@ -8,16 +8,16 @@ the target drives runs its set-up for those numbers, and its call to
 - make a mask at all (a target runner that drafts: otherwise every step falls back),
 - pass max_bs, max_context_len and num_draft_tokens at least the server's,
 - pass ``is_read`` exactly when the backend's verify attention reads the mask
-  (``harness.model.allocation.reads_mask``),
+  (``vmfuzz.harness.model.allocation.reads_mask``),
 
 and the mask it got must admit the captured max_bs and hold, for every batch it
 admits, every request at the context limit, in exactly the cells its layout
 needs for the numbers it was asked with. Before any site runs, the target's
 footprint function (SGLang's ``tree_mask_numel``) is asked for the case's
 batch sizes in each preallocated layout and must equal the layout arithmetic
-(``harness.model.layouts``): a footprint too large to allocate is judged as a
+(``vmfuzz.harness.model.layouts``): a footprint too large to allocate is judged as a
 footprint, not reported as the allocation raising. FlashAttention's
-cuda-graph metadata buffers (``harness.model.fa3_graph``) are judged the same
+cuda-graph metadata buffers (``vmfuzz.harness.model.fa3_graph``) are judged the same
 way, each at least what the captured max_bs binds, and so are the Triton
 backend's per-request index pointers (``kv_indptr``, ``qo_indptr``,
 ``mask_indptr``: pool + 1 entries each). Arithmetic and meta-device
@@ -28,13 +28,13 @@ NAME"), never counted as held; a target that drives none fails the case.
 
 from __future__ import annotations
 
-from harness.model.allocation import TRITON_INIT, ServerNumbers, indptr_entries, reads_mask
-from harness.model.fa3_graph import DIMENSIONS, graph_needs, page_sizes, short_dimension
-from harness.model.fa3_graph import WRITER as FA3_GRAPH
-from harness.model.config import Batch, Config
-from harness.model.layouts import PREALLOCATED_LAYOUTS, worst_case_size
-from harness.model.origin import ALLOCATOR, BEYOND_CAPACITY
-from harness.properties.kit import Observation, fail
+from vmfuzz.harness.model.allocation import TRITON_INIT, ServerNumbers, indptr_entries, reads_mask
+from vmfuzz.harness.model.fa3_graph import DIMENSIONS, graph_needs, page_sizes, short_dimension
+from vmfuzz.harness.model.fa3_graph import WRITER as FA3_GRAPH
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import PREALLOCATED_LAYOUTS, worst_case_size
+from vmfuzz.harness.model.origin import ALLOCATOR, BEYOND_CAPACITY
+from vmfuzz.harness.properties.kit import Observation, fail
 
 NAME = "allocation-soundness"
 #: who sized the mask: a backend's cuda-graph set-up calling maybe_create_verify_mask
@@ -122,7 +122,7 @@ def check_site(target, backend: str, numbers: ServerNumbers) -> float:
 
 def check_fa3_graph(target, obs: Observation, numbers: ServerNumbers, sites: dict | None = None) -> None:
     """FlashAttention's cuda-graph metadata buffers, as its ``init_cuda_graph_state(max_bs, ...)`` sized
-    them, against what a graph of the captured max_bs binds (``harness.model.fa3_graph``); run before the
+    them, against what a graph of the captured max_bs binds (``vmfuzz.harness.model.fa3_graph``); run before the
     sites, so a size the real set-up refuses (it raises there) is judged as the size it is."""
     why = (target.allocating_backends() if sites is None else sites).get("flashattention", "no such site")
     read = getattr(target, "fa3_graph_buffers", None)
@@ -145,7 +145,7 @@ def check_fa3_graph(target, obs: Observation, numbers: ServerNumbers, sites: dic
 
 def check_triton_indptrs(target, obs: Observation, numbers: ServerNumbers, sites: dict) -> None:
     """The Triton backend's per-request index pointers, as its ``__init__`` sized them, against the batches
-    its request pool holds (``harness.model.allocation.indptr_entries``): one too short is written past, or
+    its request pool holds (``vmfuzz.harness.model.allocation.indptr_entries``): one too short is written past, or
     refuses a batch the server runs, the first time a full pool verifies."""
     why = sites.get("triton", "no such site")
     read = getattr(target, "triton_indptr_buffers", None)

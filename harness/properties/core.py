@@ -7,11 +7,11 @@ are judged on one shared run of a case in ``shared``.
 
 from __future__ import annotations
 
-from harness.model.config import Batch, Config
-from harness.model.layouts import worst_case_size
-from harness.model.oracle import expected
-from harness.model.origin import BEYOND_CAPACITY
-from harness.properties.kit import (VERIFY_STEP, Observation, allocated, capacity_of, fail, first_difference, guarded_step,
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import worst_case_size
+from vmfuzz.harness.model.oracle import expected
+from vmfuzz.harness.model.origin import BEYOND_CAPACITY
+from vmfuzz.harness.properties.kit import (VERIFY_STEP, Observation, allocated, capacity_of, fail, first_difference, guarded_step,
                                     reused_mask)
 
 

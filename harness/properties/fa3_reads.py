@@ -38,13 +38,13 @@ from __future__ import annotations
 
 import torch
 
-from harness.model.config import Batch, Config
-from harness.model.fa3_reads import Fa3Pass, prefix_pages, table_slot
-from harness.model.oracle import expected, tree_facts
-from harness.model.readers import capture_seq_len, pool_slots
-from harness.model.trees import trees_of
-from harness.model.validate import server_problem
-from harness.properties.kit import Difference, Observation, fail
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.fa3_reads import Fa3Pass, prefix_pages, table_slot
+from vmfuzz.harness.model.oracle import expected, tree_facts
+from vmfuzz.harness.model.readers import capture_seq_len, pool_slots
+from vmfuzz.harness.model.trees import trees_of
+from vmfuzz.harness.model.validate import server_problem
+from vmfuzz.harness.properties.kit import Difference, Observation, fail
 
 #: who extracts the per-node KV from the mask
 WRITER = "FlashAttentionBackend.init_forward_metadata"

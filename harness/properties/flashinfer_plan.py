@@ -4,7 +4,7 @@ The packed bits are only found where the plan's arrays say: request b's d
 query rows at ``qo_indptr[b]``, its s_b + d KV tokens (the prefix and the draft
 tokens) at ``kv_indptr[b]``, their slots in ``kv_indices``, each page one token
 long. What each must hold comes from seq_lens, d and bs alone
-(``harness.model.readers.expected_plan``), never from the code under test, and
+(``vmfuzz.harness.model.readers.expected_plan``), never from the code under test, and
 every hop is judged in order, upstream first, so a finding names the function
 that first handed on a wrong array.
 """
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from harness.model.config import Batch, Config
-from harness.model.readers import ExpectedPlan, PlanRead, expected_plan
-from harness.properties.kit import Difference, fail, fail_overrun
-from harness.guard.shadow import describe_all
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.readers import ExpectedPlan, PlanRead, expected_plan
+from vmfuzz.harness.properties.kit import Difference, fail, fail_overrun
+from vmfuzz.harness.guard.shadow import describe_all
 
 
 def _wanted(plan: ExpectedPlan, batch: Batch, quantity: str) -> list[int]:

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.guard.shadow import ShadowHeap, describe_all
-from harness.model.allocation import AllocatorChose
-from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode, block_start, logical_size, request_at, row_stride
-from harness.model.origin import ALLOCATOR, BEYOND_CAPACITY, WITHIN_CAPACITY, Origin
-from harness.model.outputs import StepOutput
-from harness.model.trees import has_detached, trees_of
+from vmfuzz.harness.guard.shadow import ShadowHeap, describe_all
+from vmfuzz.harness.model.allocation import AllocatorChose
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode, block_start, logical_size, request_at, row_stride
+from vmfuzz.harness.model.origin import ALLOCATOR, BEYOND_CAPACITY, WITHIN_CAPACITY, Origin
+from vmfuzz.harness.model.outputs import StepOutput
+from vmfuzz.harness.model.trees import has_detached, trees_of
 
 
 class PropertyFailure(AssertionError):
@@ -101,14 +101,14 @@ class Observation:
 
 def fail(prop: str, detail: str, **origin):
     """Raise the finding ``prop`` failed with: ``detail`` is one line a person reads, ``origin``
-    the typed fields of ``harness.model.origin.Origin`` that say which failure it is.
+    the typed fields of ``vmfuzz.harness.model.origin.Origin`` that say which failure it is.
 
     A ``Difference`` (from ``first_difference``) brings its own buffer, effect and cell.
     """
     fields = detail.origin_fields() if isinstance(detail, Difference) else {}
     fields.update(origin)
     if "effect" not in fields:
-        raise TypeError(f"fail({prop!r}, ...) needs the failure's effect (harness.model.origin.EFFECTS)")
+        raise TypeError(f"fail({prop!r}, ...) needs the failure's effect (vmfuzz.harness.model.origin.EFFECTS)")
     raise PropertyFailure(Origin(prop, **fields), str(detail))
 
 

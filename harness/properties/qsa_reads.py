@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import torch
 
-from harness.model.config import Batch, Config
-from harness.model.fa3_reads import table_slot
-from harness.model.oracle import expected
-from harness.model.readers import capture_seq_len, pool_slots
-from harness.model.validate import server_problem
-from harness.properties.fa3_reads import visible_nodes
-from harness.properties.kit import Difference, Observation, fail
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.fa3_reads import table_slot
+from vmfuzz.harness.model.oracle import expected
+from vmfuzz.harness.model.readers import capture_seq_len, pool_slots
+from vmfuzz.harness.model.validate import server_problem
+from vmfuzz.harness.properties.fa3_reads import visible_nodes
+from vmfuzz.harness.properties.kit import Difference, Observation, fail
 
 #: who turns the verify batch into per-row reads
 WRITER = "QwenSparseAttnBackend.init_forward_metadata"

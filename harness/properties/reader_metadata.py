@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-from harness.model.config import Batch, Config
-from harness.model.readers import (ExpectedReads, ReaderView, WindowView, expected_reads,
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.readers import (ExpectedReads, ReaderView, WindowView, expected_reads,
                                    expected_window, kv_slot_stride, pool_slots)
-from harness.properties.kit import Difference
+from vmfuzz.harness.properties.kit import Difference
 
 #: what one entry of each pointer array counts
 _UNITS = {"qo_indptr": "query rows", "kv_indptr": "KV tokens", "mask_indptr": "mask cells",

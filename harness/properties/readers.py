@@ -17,18 +17,18 @@ import dataclasses
 
 import torch
 
-from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode, logical_size, request_extents
-from harness.model.oracle import expected
-from harness.model.origin import BEYOND_CAPACITY
-from harness.properties.kit import (VERIFY_STEP, Difference, Observation, capacity_of, fail, fail_overrun,
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode, logical_size, request_extents
+from vmfuzz.harness.model.oracle import expected
+from vmfuzz.harness.model.origin import BEYOND_CAPACITY
+from vmfuzz.harness.properties.kit import (VERIFY_STEP, Difference, Observation, capacity_of, fail, fail_overrun,
                                     first_difference, locator, reused_mask, sub_check_done, sub_check_skipped)
-from harness.properties.fa3_reads import check_fa3
-from harness.properties.qsa_reads import check_qsa
-from harness.properties.flashinfer_plan import judge_plan
-from harness.properties.reader_metadata import metadata_mismatch
-from harness.model.readers import captured_bs, reader_config, sliding_window
-from harness.guard.shadow import ShadowHeap, describe_all
+from vmfuzz.harness.properties.fa3_reads import check_fa3
+from vmfuzz.harness.properties.qsa_reads import check_qsa
+from vmfuzz.harness.properties.flashinfer_plan import judge_plan
+from vmfuzz.harness.properties.reader_metadata import metadata_mismatch
+from vmfuzz.harness.model.readers import captured_bs, reader_config, sliding_window
+from vmfuzz.harness.guard.shadow import ShadowHeap, describe_all
 
 #: who reads the mask: the Triton backend's index arithmetic (eager metadata, graph replay)
 READER = "triton reader"

@@ -6,7 +6,7 @@ buffers. At capture, ``init_cuda_graph_state(max_bs, max_num_tokens)`` sets up
 after the draft, ``update_verify_buffers_to_fill_after_draft(spec_info,
 cuda_graph_bs)`` recomputes what the plan stream prepared from the draft's
 outputs before they were ready. Both must reach every child whose attention runs
-in the verify forward (``harness.model.routing.verify_leaves``: the one that
+in the verify forward (``vmfuzz.harness.model.routing.verify_leaves``: the one that
 reads the handed-out mask, and a hybrid-linear router's linear child), with the
 router's own arguments. A verify child with no graph state replays over buffers
 never sized for the capture; one the fix-up misses (or gets with another batch
@@ -16,8 +16,8 @@ a child that runs no verify recomputes buffers nothing reads.
 
 from __future__ import annotations
 
-from harness.model.routing import CAPTURE, FIXUP_GRAPH_BS, FIXUP_SPEC, graph_leaves, verify_leaves
-from harness.properties.kit import Observation, fail
+from vmfuzz.harness.model.routing import CAPTURE, FIXUP_GRAPH_BS, FIXUP_SPEC, graph_leaves, verify_leaves
+from vmfuzz.harness.properties.kit import Observation, fail
 
 NAME = "routing"
 

@@ -1,6 +1,6 @@
 """``routing``: a router hands the call site the mask of the child that reads it.
 
-For every case, every router kind (``harness.model.routing.ROUTERS``) and both
+For every case, every router kind (``vmfuzz.harness.model.routing.ROUTERS``) and both
 speculative attention modes are checked, over children that each hold a
 different verify mask, so a case stays (Config, [Batch]) and replays as such.
 Per router and mode:
@@ -18,7 +18,7 @@ Per router and mode:
   fits it (and into no other child's), and gives the oracle's outputs;
 - the router's cuda-graph set-up and a replay's verify-buffer fix-up reach
   every child that runs TARGET_VERIFY, with the router's own arguments, and
-  the fix-up no other child (``harness.properties.router_graphs``).
+  the fix-up no other child (``vmfuzz.harness.properties.router_graphs``).
 
 Steps that would repeat one already run (the same handed mask, reported
 context and length-sum policy) are skipped: their inputs are identical. The
@@ -38,16 +38,16 @@ from __future__ import annotations
 import msgspec
 import torch
 
-from harness.model.config import Batch, Config
-from harness.model.oracle import expected
-from harness.model.origin import Origin
-from harness.properties.kit import (VERIFY_STEP, Observation, PropertyFailure, allocated, fail, fail_overrun, fill_stale,
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.oracle import expected
+from vmfuzz.harness.model.origin import Origin
+from vmfuzz.harness.properties.kit import (VERIFY_STEP, Observation, PropertyFailure, allocated, fail, fail_overrun, fill_stale,
                                     first_difference, known_as, locator)
-from harness.model.routing import (NESTINGS, ROUTERS, SPEC_MODES, Child, dflash_needs_custom_mask, leaves,
+from vmfuzz.harness.model.routing import (NESTINGS, ROUTERS, SPEC_MODES, Child, dflash_needs_custom_mask, leaves,
                                    nested_children, nested_verify_leaf, verify_child)
-from harness.guard.shadow import ShadowHeap, describe_all
-from harness.properties.router_graphs import check_graphs
-from harness.properties.tbo_replay import check_tbo_replay
+from vmfuzz.harness.guard.shadow import ShadowHeap, describe_all
+from vmfuzz.harness.properties.router_graphs import check_graphs
+from vmfuzz.harness.properties.tbo_replay import check_tbo_replay
 
 NAME = "routing"
 
@@ -227,7 +227,7 @@ def _check_dflash(target, obs: Observation, where: "_Where", router: str, role: 
 
 def _check_dflash_custom_mask(obs: Observation, where: "_Where", router: str, want: Child, builds: bool) -> None:
     """Having landed on the verify child, DFlash's policy must build a custom mask exactly when
-    that child's backend needs one (``harness.model.routing.dflash_needs_custom_mask``)."""
+    that child's backend needs one (``vmfuzz.harness.model.routing.dflash_needs_custom_mask``)."""
     needs = dflash_needs_custom_mask(want.backend)
     backend = want.backend or "a backend with no causal verify path"
     if builds != needs:

@@ -26,12 +26,12 @@ that way, so the minimal case is minimal for its own property.
 
 from __future__ import annotations
 
-from harness.model.config import Batch, Config
-from harness.properties.core import capacity_liveness, capacity_soundness
-from harness.properties.kit import (VERIFY_STEP, Difference, Observation, allocated, capacity_of, fail, fail_overrun, fill_stale,
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.properties.core import capacity_liveness, capacity_soundness
+from vmfuzz.harness.properties.kit import (VERIFY_STEP, Difference, Observation, allocated, capacity_of, fail, fail_overrun, fill_stale,
                                     first_difference, locator)
-from harness.model.oracle import expected
-from harness.guard.shadow import ShadowHeap, describe_all
+from vmfuzz.harness.model.oracle import expected
+from vmfuzz.harness.guard.shadow import ShadowHeap, describe_all
 
 #: The order failures are looked for in a step (the cheap arithmetic first, then the guard).
 ORDER = ("capacity-soundness", "capacity-liveness", "no-oob-write", "fallback-equivalence",

@@ -3,7 +3,7 @@
 On replay, ``TboAttnBackend`` hands each overlap child a view of the padded
 batch to set its attention metadata up from. Each child must get exactly its
 share, in the batch's order: requests ``[0, s)`` to the first and ``[s, bs)``
-to the second, with ``s`` from ``harness.model.routing.tbo_verify_split``,
+to the second, with ``s`` from ``vmfuzz.harness.model.routing.tbo_verify_split``,
 and for each request its pool row, its length, its tokens' ids and cache slots,
 its draft tokens and its block of the (FULL_MASK) custom mask. Together the two
 views are the batch, each request once. A child with no share must not be set
@@ -13,10 +13,10 @@ planned over another request's KV and mask.
 
 from __future__ import annotations
 
-from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode, request_extents
-from harness.model.routing import ROUTERS, ReplayView, tbo_verify_split
-from harness.properties.kit import Observation, fail
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode, request_extents
+from vmfuzz.harness.model.routing import ROUTERS, ReplayView, tbo_verify_split
+from vmfuzz.harness.properties.kit import Observation, fail
 
 NAME = "routing"
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 import msgspec
 import torch
 
-from harness.guard.chain_write import chain_inputs
-from harness.model.config import Batch, Config
-from harness.model.oracle import expected
-from harness.properties.kit import (Difference, Observation, capacity_of, fail, fail_overrun, first_difference,
+from vmfuzz.harness.guard.chain_write import chain_inputs
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.oracle import expected
+from vmfuzz.harness.properties.kit import (Difference, Observation, capacity_of, fail, fail_overrun, first_difference,
                                     guarded_step, locator, reused_mask)
-from harness.guard.shadow import describe_all
+from vmfuzz.harness.guard.shadow import describe_all
 
 CHAIN_WRITER = "chain writer"
 

@@ -23,7 +23,7 @@ from html import escape
 from pathlib import Path
 from typing import Callable
 
-from harness.model.origin import BEYOND_CAPACITY, WITHIN_CAPACITY
+from vmfuzz.harness.model.origin import BEYOND_CAPACITY, WITHIN_CAPACITY
 
 #: the overruns a picture of the preallocated mask can show: the verify step's write of it
 #: (its capacity is the layout's worst case for max_bs, which the repro's config gives)
@@ -46,7 +46,7 @@ def _overflow_case(f: dict, folder: Path | None = None):
     """(config, mode, step, seq_lens, capacity, need) of a mask overrun, from the record's own repro
     file and typed origin: never from its words. None when not drawable.
     A relative repro path is the report folder's (``folder``)."""
-    from harness.model.layouts import PREALLOCATED_LAYOUTS, TreeMaskMode, logical_size, worst_case_size
+    from vmfuzz.harness.model.layouts import PREALLOCATED_LAYOUTS, TreeMaskMode, logical_size, worst_case_size
     origin = f.get("origin") or {}
     if (any(origin.get(k) != v for k, v in DRAWN.items()) or origin.get("side") not in ("above", "below")
             or origin.get("cell", "") not in OVERRUN_CELLS or not f.get("repro")):
@@ -108,7 +108,7 @@ def _end_line(x, cap: int, label: str) -> str:
 def overrun_picture(f: dict, index: int, folder: Path | None = None) -> str:
     """The buffer as a strip of cells: its end, each request's block, and the cells the batch
     needs past the end (or the mark before its start) -- from the repro's config and batch."""
-    from harness.model.layouts import request_extents
+    from vmfuzz.harness.model.layouts import request_extents
     case = _overflow_case(f, folder)
     if case is None:
         return ""
@@ -146,10 +146,10 @@ def _cell_class(named: str) -> str:
 
 def _wrong_case(f: dict, folder: Path | None):
     """(config, step, batch, cells, marked ranges) of a wrong mask cell class, or None."""
-    from harness.model.layouts import logical_size, worst_case_size
-    from harness.model.oracle import expected
-    from harness.model.repro_file import ReproError, load, to_case
-    from harness.properties.kit import mask_cell_class
+    from vmfuzz.harness.model.layouts import logical_size, worst_case_size
+    from vmfuzz.harness.model.oracle import expected
+    from vmfuzz.harness.model.repro_file import ReproError, load, to_case
+    from vmfuzz.harness.properties.kit import mask_cell_class
     origin = f.get("origin") or {}
     named = _cell_class(origin.get("cell") or "")
     if (origin.get("effect") not in ("wrong", "unsound") or origin.get("buffer") != "tree_mask"
@@ -187,7 +187,7 @@ def _wrong_case(f: dict, folder: Path | None):
 def wrong_picture(f: dict, index: int, folder: Path | None = None) -> str:
     """The batch's region of the mask, each request's block, and the cells of the class the
     origin names marked: the first wrong cell is one of them."""
-    from harness.model.layouts import request_extents
+    from vmfuzz.harness.model.layouts import request_extents
     case = _wrong_case(f, folder)
     if case is None:
         return ""

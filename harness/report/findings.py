@@ -7,8 +7,8 @@ on the ``origin`` recorded here and on whether a known entry names it
 
 from __future__ import annotations
 
-from harness.model.known_file import DIFFERENT
-from harness.model.origin import encode
+from vmfuzz.harness.model.known_file import DIFFERENT
+from vmfuzz.harness.model.origin import encode
 
 
 def _known(o) -> dict:
@@ -39,7 +39,7 @@ def findings_and_known(outcome) -> tuple[list[dict], list[dict]]:
 def new_groups(outcome) -> int:
     """What fails a run: its groups no known entry names, and the causes known entries' repros now
     fail with that the search did not find itself."""
-    from harness.model.origin import key_text
+    from vmfuzz.harness.model.origin import key_text
     groups = getattr(outcome, "groups", [])
     keys = {g["key"] for g in groups}
     changed = {key_text(o.origin.cause()) for o in getattr(outcome, "known", [])

@@ -14,7 +14,7 @@ from functools import partial
 from html import escape
 from pathlib import Path
 
-from harness.report.buffers import buffer_picture, svg_open
+from vmfuzz.harness.report.buffers import buffer_picture, svg_open
 
 BS_BUCKETS = ("< 0.5", "0.5-1", "= 1", "1-1.5", "1.5-2", "> 2")
 LEGEND = {"reuse": "reuse steps", "fallback": "fallback steps", "arithmetic": "no write (capacity)"}
@@ -140,8 +140,8 @@ def _findings_html(s: dict, picture) -> str:
 
 def report_html(s: dict, folder: Path | None = None) -> str:
     """The page of ``s``, written into ``folder``: the repro paths relative to it are read from there."""
-    from harness.report.replays import could_not_check
-    from harness.report.unchecked import cap_line, unchecked_line
+    from vmfuzz.harness.report.replays import could_not_check
+    from vmfuzz.harness.report.unchecked import cap_line, unchecked_line
     c = s["counts"]
     # the same reasons summary.md gives, so a page that says "could not check" always says why
     why = could_not_check(s) or ("not every property could be checked" if c.get("could_not_check") else "")
@@ -149,7 +149,7 @@ def report_html(s: dict, folder: Path | None = None) -> str:
     said = [unchecked_line(s) or f"could not check: {why}", cap_line(s)]
     reason = "" if c["findings"] or not why else (
         '<p class="note"><b>' + "</b><br>".join(escape(line) for line in said if line) + "</p>")
-    from harness.report.html_sections import (coverage_html, gate_html, groups_html, history_html, known_html,
+    from vmfuzz.harness.report.html_sections import (coverage_html, gate_html, groups_html, history_html, known_html,
                                               property_rows)
     rows = property_rows(s["properties"])
     versions = ", ".join(f"{escape(k)} {escape(str(v))}" for k, v in s["versions"].items())

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from html import escape
 
-from harness.model.summary_file import shared_runs
+from vmfuzz.harness.model.summary_file import shared_runs
 
 
 
@@ -51,7 +51,7 @@ def gate_html(s: dict) -> str:
             ('<span class="failed">not driven</span> (triggered, not tested)', files(g.get("not_driven") or [], True))]
     rows += [("out of step", "<ul>" + "".join(f"<li>{escape(w)}</li>" for w in g["out_of_step"]) + "</ul>")
              ] if g.get("out_of_step") else []
-    from harness.report.terminal import changed_line_rows
+    from vmfuzz.harness.report.terminal import changed_line_rows
     measured = changed_line_rows(g)
     if measured:
         rows.append(("changed lines (measured: which property ran each, which none did)", "<ul>" + "".join(

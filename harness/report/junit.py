@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from xml.sax.saxutils import escape as _escape, quoteattr as _quoteattr
 
-from harness.report.unchecked import how_far
+from vmfuzz.harness.report.unchecked import how_far
 
 #: characters XML 1.0 cannot hold at all, even escaped
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
@@ -87,8 +87,8 @@ def junit_xml(suites: list[Suite]) -> str:
 
 
 def run_junit(s: dict) -> str:
-    from harness.model.known_file import DIFFERENT, REPRODUCES
-    from harness.report.replays import replay_outcome
+    from vmfuzz.harness.model.known_file import DIFFERENT, REPRODUCES
+    from vmfuzz.harness.report.replays import replay_outcome
     suite = Suite("vmfuzz." + s["target"])
     for p in s["properties"]:
         case = Case(p["name"], p["seconds"])
@@ -118,7 +118,7 @@ def run_junit(s: dict) -> str:
                  kind="known", message=f"{k['status']}: {k['reason']}", text=k["detail"])
             for k in s["known_findings"]]))
     if (s.get("gate") or {}).get("lines"):
-        from harness.report.terminal import changed_line_rows
+        from vmfuzz.harness.report.terminal import changed_line_rows
         stuck = s["gate"].get("could_not_check") or []
         suites.append(Suite("vmfuzz.gate.changed-lines", [
             Case(path, outcome=None if verdict == "exercised" else
@@ -135,7 +135,7 @@ def run_junit(s: dict) -> str:
 def _known_outcome(status: str) -> str | None:
     """A known defect that reproduces, or one not checked, is shown skipped with its entry's reason: it
     held nothing. One that no longer reproduces passes."""
-    from harness.model.known_file import REPRODUCES, UNCHECKED
+    from vmfuzz.harness.model.known_file import REPRODUCES, UNCHECKED
     return "skipped" if status in (REPRODUCES, UNCHECKED) else None
 
 

@@ -28,13 +28,13 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from harness.report.repro_paths import rewrite
-from harness.model.known_file import DIFFERENT, KNOWN_STATUSES, REPRODUCES
-from harness.report.summary import MARGIN_BUCKETS, run_junit, summary_md, write_files, write_whole
+from vmfuzz.harness.report.repro_paths import rewrite
+from vmfuzz.harness.model.known_file import DIFFERENT, KNOWN_STATUSES, REPRODUCES
+from vmfuzz.harness.report.summary import MARGIN_BUCKETS, run_junit, summary_md, write_files, write_whole
 
 #: worst first: the joined status of a property two shards both ran
 STATUS_ORDER = ("failed", "out of step", "could not check", "held", "not driven", "skipped")
-#: the other statuses a run's summary holds (harness.engine.regression.regressions, harness.report.summary)
+#: the other statuses a run's summary holds (vmfuzz.harness.engine.regression.regressions, vmfuzz.harness.report.summary)
 REPLAY_STATUSES = ("held", "failed", "error", "out of step")
 SHARD = re.compile(r"^(\d+)/(\d+)$")
 
@@ -194,7 +194,7 @@ def join_groups(summaries: list[dict]) -> list[dict]:
                 out[group_id(g)] = {**g, "properties": list(g["properties"]), "members": list(g["members"])}
                 continue
             have["count"] += g["count"]
-            # known only when every shard's members are that entry's cause (harness.engine.campaign.session)
+            # known only when every shard's members are that entry's cause (vmfuzz.harness.engine.campaign.session)
             if have.get("known") != g.get("known"):
                 have["known"] = None
             have["properties"] = sorted(set(have["properties"]) | set(g["properties"]))
@@ -253,7 +253,7 @@ def merge_summaries(summaries: list[dict]) -> dict:
         "examples": sum(p["examples"] for p in props.values()),
         "replays": len(replays), "replays_failed": sum(r["status"] == "failed" for r in replays),
         "findings": len(findings), "groups": len(groups), "known": sum(k["status"] == REPRODUCES for k in known),
-        # what fails the merged run: the groups no known entry names (harness.report.summary)
+        # what fails the merged run: the groups no known entry names (vmfuzz.harness.report.summary)
         "new_groups": sum(g.get("known") is None for g in groups)
         + sum(k["status"] == DIFFERENT for k in known)}
     return merged
@@ -297,7 +297,7 @@ def _join_cap(parts: list) -> dict | None:
             "reached": any(p["reached"] for p in parts)}
 
 
-#: How every field of a run's summary.json (``harness.model.summary_file.RunSummary``) is joined.
+#: How every field of a run's summary.json (``vmfuzz.harness.model.summary_file.RunSummary``) is joined.
 #: "same": every shard holds the same value (``SAME`` checks it, or it is one run's by nature);
 #: "joined": ``merge_summaries`` computes it from every shard. A field this table lacks fails
 #: tests/test_merge.py: a new field is never copied from shard 1 unseen.
@@ -312,6 +312,6 @@ FIELDS = {
 
 
 def write_merged(merged: dict, report_dir: Path) -> None:
-    from harness.report.html import report_html
+    from vmfuzz.harness.report.html import report_html
     write_files(report_dir, {"summary.json": json.dumps(merged, indent=2) + "\n", "summary.md": summary_md(merged),
                              "junit.xml": run_junit(merged), "report.html": report_html(merged, report_dir)})

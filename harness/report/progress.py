@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 
-from harness.report.terminal import in_ci, interactive
+from vmfuzz.harness.report.terminal import in_ci, interactive
 
 HEARTBEAT_S = 15.0
 

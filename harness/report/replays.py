@@ -4,7 +4,7 @@ A saved repro that could not be replayed (a bad file, a property the target
 cannot drive) is never a pass, and it is not "did not hold" either: the run
 could not check it (exit 3), and summary.md and junit.xml say the same. Last
 run's cases are the nightly's own: it sets an unreplayable one aside and goes on
-(harness.engine.campaign.nightly.set_aside).
+(vmfuzz.harness.engine.campaign.nightly.set_aside).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def unreplayed(replays: list[dict]) -> list[dict]:
 
 def could_not_check(s: dict) -> str:
     """summary.md's and report.html's reason a run that found nothing is still no pass ("" when it is one)."""
-    from harness.report.unchecked import unchecked_line
+    from vmfuzz.harness.report.unchecked import unchecked_line
     if unreplayed(s["replays"]):
         return "a saved repro could not be replayed"
     if s["counts"].get("out_of_step") or any(r["status"] == "out of step" for r in s["replays"]):

@@ -21,16 +21,16 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.model.summary_file import CommandSummary as CommandShape
-from harness.model.summary_file import RunSummary, SummaryError, conform, shared_runs
-from harness.model.known_file import REPRODUCES
-from harness.report.findings import finding_record, findings_and_known, new_groups
-from harness.report.junit import command_junit, run_junit
-from harness.report.replays import could_not_check, replay_lines
-from harness.report.repro_paths import relative_to_folder
-from harness.properties import sub_checks
-from harness.report.terminal import changed_line_rows, gate_line, shown
-from harness.report.unchecked import UNCHECKED, cap_line, status as _status, time_cap, unchecked_line
+from vmfuzz.harness.model.summary_file import CommandSummary as CommandShape
+from vmfuzz.harness.model.summary_file import RunSummary, SummaryError, conform, shared_runs
+from vmfuzz.harness.model.known_file import REPRODUCES
+from vmfuzz.harness.report.findings import finding_record, findings_and_known, new_groups
+from vmfuzz.harness.report.junit import command_junit, run_junit
+from vmfuzz.harness.report.replays import could_not_check, replay_lines
+from vmfuzz.harness.report.repro_paths import relative_to_folder
+from vmfuzz.harness.properties import sub_checks
+from vmfuzz.harness.report.terminal import changed_line_rows, gate_line, shown
+from vmfuzz.harness.report.unchecked import UNCHECKED, cap_line, status as _status, time_cap, unchecked_line
 
 
 def default_report_dir() -> Path:
@@ -154,11 +154,11 @@ def build_summary(outcome) -> dict:
                    # what decides the exit: groups no known entry names, known entries failing differently
                    "new_groups": new_groups(outcome)},
         "fail_on_known": bool(getattr(plan, "fail_on_known", False)),
-        # one per cause (harness.engine.campaign.groups), first: what to read before the findings
+        # one per cause (vmfuzz.harness.engine.campaign.groups), first: what to read before the findings
         "groups": list(getattr(outcome, "groups", [])),
         "properties": props,
         "boundary_classes": dict(sorted(classes.items())),
-        # production shapes run once per property before the search (harness.engine.search.deep_corpus)
+        # production shapes run once per property before the search (vmfuzz.harness.engine.search.deep_corpus)
         "deep_boundary_corpus": {"cases": list(dict.fromkeys(c for p in props for c in p["deep_cases"])),
                                  "runs": sum(len(p["deep_cases"]) for p in props),
                                  # a shared group's time is split among its members: the sum is the whole
@@ -300,7 +300,7 @@ def _code_under_test(s: dict) -> list[str]:
 
 
 def write_reports(outcome, report_dir: Path) -> dict:
-    from harness.report.html import report_html
+    from vmfuzz.harness.report.html import report_html
 
     s = build_summary(outcome)
     # on disk, the folder's own repros by their place in it; the caller prints the paths as they are
@@ -325,7 +325,7 @@ class Check:
     kind: str = ""  # for a failure: property / target-crash / ...
     repro: str | None = None
     seconds: float = 0.0
-    #: a failure's typed origin (harness.model.origin), as summary.json carries it
+    #: a failure's typed origin (vmfuzz.harness.model.origin), as summary.json carries it
     origin: dict | None = None
 
     def __post_init__(self):

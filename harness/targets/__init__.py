@@ -5,17 +5,17 @@ from __future__ import annotations
 import copy
 import importlib
 
-from harness.targets.protocol import Target, TargetUnavailable
-from harness.targets.variants import CATALOGUE, Variant
+from vmfuzz.harness.targets.protocol import Target, TargetUnavailable
+from vmfuzz.harness.targets.variants import CATALOGUE, Variant
 
 
 def _reference():
-    from harness.targets.reference import ReferenceTarget
+    from vmfuzz.harness.targets.reference import ReferenceTarget
     return ReferenceTarget()
 
 
 def _sglang():
-    from harness.targets.sglang import load
+    from vmfuzz.harness.targets.sglang import load
     return load()
 
 

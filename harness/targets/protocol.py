@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from harness.model.config import Batch, Config
-from harness.model.errors import OutOfStep  # noqa: F401 - re-exported: a target raises it
-from harness.guard.tree_write import KernelCall
-from harness.model.layouts import TreeMaskMode
-from harness.model.outputs import StepOutput
-from harness.guard.shadow import ShadowHeap
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.errors import OutOfStep  # noqa: F401 - re-exported: a target raises it
+from vmfuzz.harness.guard.tree_write import KernelCall
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.model.outputs import StepOutput
+from vmfuzz.harness.guard.shadow import ShadowHeap
 
 
 @runtime_checkable

@@ -15,8 +15,8 @@ from typing import Callable
 
 import torch
 
-from harness.model.layouts import TreeMaskMode
-from harness.model.readers import capture_seq_len
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.model.readers import capture_seq_len
 
 
 @dataclass(frozen=True)
@@ -205,8 +205,8 @@ def _allocating(**change):
 
             import torch
 
-            from harness.model.layouts import worst_case_size
-            from harness.targets.sglang.structs import replaced
+            from vmfuzz.harness.model.layouts import worst_case_size
+            from vmfuzz.harness.targets.sglang.structs import replaced
 
             call = allocation_call(backend, numbers)
             call = dataclasses.replace(call, **{k: f(call) for k, f in change.items()})

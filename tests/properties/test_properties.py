@@ -24,12 +24,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, note, settings, strategies as st
 
-from harness.engine.search.cases import boundary_cases, cases
-from harness.model.bounds import Bounds
-from harness.engine.core.isolation import IsolatedChecker, TargetFault
-from harness.properties import PROPERTIES, PropertyFailure
-from harness.model.repro_file import dump, from_case
-from harness.targets import resolve
+from vmfuzz.harness.engine.search.cases import boundary_cases, cases
+from vmfuzz.harness.model.bounds import Bounds
+from vmfuzz.harness.engine.core.isolation import IsolatedChecker, TargetFault
+from vmfuzz.harness.properties import PROPERTIES, PropertyFailure
+from vmfuzz.harness.model.repro_file import dump, from_case
+from vmfuzz.harness.targets import resolve
 
 TARGET_SPEC = os.environ.get("VMFUZZ_TARGET", "reference")
 DEVICE = os.environ.get("VMFUZZ_DEVICE", "cpu")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import os
 
-from harness.engine.campaign.changes import READ_CAP, ChangeError, Checkout, _git, _inside
-from harness.report.terminal import shown
+from vmfuzz.harness.engine.campaign.changes import READ_CAP, ChangeError, Checkout, _git, _inside
+from vmfuzz.harness.report.terminal import shown
 
 
 #: Bytes of a --changed-files list; a real PR's list is kilobytes.
@@ -25,7 +25,7 @@ def changed_from_file(path: str | Path, root: Path | str | None = None) -> list[
     """One changed path per line, each normalised against ``root`` (``normalise_entry``).
     Only a regular file is read: a FIFO with no writer would block the gate forever,
     and /dev/zero never ends."""
-    from harness.model.validate import LimitError, read_input
+    from vmfuzz.harness.model.validate import LimitError, read_input
     try:
         data = read_input(path, "--changed-files")
     except LimitError as exc:

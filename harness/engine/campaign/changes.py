@@ -33,7 +33,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from harness.report.terminal import shown
+from vmfuzz.harness.report.terminal import shown
 
 VERIFY_MASK_PATTERNS = (
     "*/layers/attention/verify_mask.py",  # allocation, tree_mask_numel, fits

@@ -26,8 +26,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.engine.core.line_trace import NO_PROPERTY
-from harness.report.terminal import spans  # noqa: F401 - re-exported: the gate's messages use it
+from vmfuzz.harness.engine.core.line_trace import NO_PROPERTY
+from vmfuzz.harness.report.terminal import spans  # noqa: F401 - re-exported: the gate's messages use it
 
 #: Branches this machine cannot take, keyed by the branch's condition as the source
 #: spells it (``ast.unparse``), each with why. Read from this table only: a change
@@ -206,7 +206,7 @@ class FileLines:
 
 def _properties(contexts: set[str]) -> list[str]:
     """The registered properties a set of contexts names (a shared group's name stands for its members)."""
-    from harness.properties.shared import group_members
+    from vmfuzz.harness.properties.shared import group_members
     out: set[str] = set()
     for ctx in contexts:
         if ctx == NO_PROPERTY:

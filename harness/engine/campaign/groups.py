@@ -1,4 +1,4 @@
-"""One finding per cause: findings grouped by their typed origin (harness.model.origin).
+"""One finding per cause: findings grouped by their typed origin (vmfuzz.harness.model.origin).
 
 A single planted regression fails many properties at once (the same
 too-small buffer is an out-of-bounds write to one, a short fallback region to
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.engine.search.results import Finding
-from harness.model.origin import Origin, key_text
+from vmfuzz.harness.engine.search.results import Finding
+from vmfuzz.harness.model.origin import Origin, key_text
 
 
 def signature(finding: Finding) -> str:
@@ -61,7 +61,7 @@ class FindingGroup:
     @property
     def repro(self) -> Finding:
         """The smallest member whose config a server could have (any member if none can)."""
-        from harness.model.validate import server_problem
+        from vmfuzz.harness.model.validate import server_problem
         valid = [f for f in self.findings if f.config is not None and server_problem(f.config) is None]
         return min(valid or self.findings, key=case_size)
 
@@ -72,8 +72,8 @@ class FindingGroup:
         return names.pop() if len(names) == 1 and None not in names else None
 
     def as_dict(self) -> dict:
-        from harness.model.origin import encode
-        from harness.model.validate import server_problem
+        from vmfuzz.harness.model.origin import encode
+        from vmfuzz.harness.model.validate import server_problem
         r = self.repro
         return {"signature": self.signature, "key": self.key, "count": len(self.findings),
                 "properties": self.properties, "origin": encode(self.origin),

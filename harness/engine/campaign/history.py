@@ -51,7 +51,7 @@ def _problem(rec) -> str | None:
 
 def read_nights(path: Path) -> tuple[list[dict], str | None]:
     """The nights in the file at ``path``, oldest first, and what is wrong with it (None: nothing)."""
-    from harness.model.validate import LimitError, read_input
+    from vmfuzz.harness.model.validate import LimitError, read_input
     if not os.path.lexists(path):
         return [], None
     try:

@@ -23,8 +23,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from harness.engine.campaign.history import locked
-from harness.model.validate import read_input
+from vmfuzz.harness.engine.campaign.history import locked
+from vmfuzz.harness.model.validate import read_input
 
 #: kept cases past this go to quarantine (the least-failed first): a nightly replays them all
 MAX_LAST_FAILURES = 64

@@ -15,13 +15,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.engine.search.database import database_for
-from harness.engine.search.results import PropertyResult
-from harness.engine.search.search import MIN_SHARE, direct_check, run_campaign
-from harness.engine.campaign.steps import never_searched, search_stepped, step_share, summed
-from harness.model.bounds import Bounds
-from harness.engine.campaign.profiles import Profile
-from harness.properties import PROPERTIES
+from vmfuzz.harness.engine.search.database import database_for
+from vmfuzz.harness.engine.search.results import PropertyResult
+from vmfuzz.harness.engine.search.search import MIN_SHARE, direct_check, run_campaign
+from vmfuzz.harness.engine.campaign.steps import never_searched, search_stepped, step_share, summed
+from vmfuzz.harness.model.bounds import Bounds
+from vmfuzz.harness.engine.campaign.profiles import Profile
+from vmfuzz.harness.properties import PROPERTIES
 
 
 @dataclass
@@ -38,8 +38,8 @@ class RunPlan:
     db_dir: Path = Path(".vmfuzz-db")
     isolate: bool = False
     example_timeout: float = 30.0
-    deployment: object = None  # harness.engine.search.deployment.Deployment
-    #: the saved repros to replay first (harness.engine.regression.regressions.Saved) and the known
+    deployment: object = None  # vmfuzz.harness.engine.search.deployment.Deployment
+    #: the saved repros to replay first (vmfuzz.harness.engine.regression.regressions.Saved) and the known
     #: findings that apply to the target's SGLang, (path, entry), as the plan read them: from the
     #: folders vmfuzz ships and those the command line names, never the working directory (the
     #: code under review)
@@ -52,9 +52,9 @@ class RunPlan:
     #: widening bounds searched in turn, each with an equal share of what is left
     #: of the budget (a nightly on a slow target); empty: ``bounds`` alone
     bounds_steps: tuple = ()
-    share: bool = True  # search the shared properties together (harness.properties.shared)
+    share: bool = True  # search the shared properties together (vmfuzz.harness.properties.shared)
     db_url: str | None = None  # a Redis server holding the example database (--db redis://...)
-    shard: str | None = None  # "K/N": this run is shard K of N (harness.engine.campaign.shard)
+    shard: str | None = None  # "K/N": this run is shard K of N (vmfuzz.harness.engine.campaign.shard)
     #: a known finding (upstream's defect) fails the run too; by default every command lists
     #: them and exits on new groups only
     fail_on_known: bool = False
@@ -72,21 +72,21 @@ class RunOutcome:
     started: str
     results: list[PropertyResult] = field(default_factory=list)
     replays: list = field(default_factory=list)
-    #: known findings (harness.engine.regression.known.KnownOutcome) that apply to the code under test
+    #: known findings (vmfuzz.harness.engine.regression.known.KnownOutcome) that apply to the code under test
     known: list = field(default_factory=list)
     deployment: dict | None = None
     interrupted: bool = False  # Ctrl-C: reports still cover what ran
     replay_seconds: float = 0.0
     search_seconds: float = 0.0
     seconds: float = 0.0
-    #: the gate's changed/triggered/exercised/not-driven files (harness.engine.campaign.surface.gate_coverage); None for run
+    #: the gate's changed/triggered/exercised/not-driven files (vmfuzz.harness.engine.campaign.surface.gate_coverage); None for run
     gate: dict | None = None
     bounds_used: list = field(default_factory=list)  # the Bounds searched, in order
     #: kernel launches during the search and the seconds inside them (None: not measured)
     kernel: dict | None = None
     #: things the run could not do that are not findings (no saved repro to replay): in summary.json
     warnings: list[str] = field(default_factory=list)
-    #: a nightly's last nights, this one last (harness.engine.campaign.history); empty for other runs
+    #: a nightly's last nights, this one last (vmfuzz.harness.engine.campaign.history); empty for other runs
     history: list = field(default_factory=list)
 
     def known_name(self, origin) -> str | None:
@@ -104,7 +104,7 @@ class RunOutcome:
     def failed(self) -> bool:
         """A new finding group (a known entry that now fails differently is one); a known finding
         fails the run only with ``--fail-on-known``: every command lists them and passes on them."""
-        from harness.engine.regression.known import DIFFERENT
+        from vmfuzz.harness.engine.regression.known import DIFFERENT
         new = any(not self.is_known(f.origin) for f in self.all_findings)
         changed = any(o.status == DIFFERENT for o in self.known)
         known = self.plan.fail_on_known and (any(o.reproduces for o in self.known)
@@ -113,9 +113,9 @@ class RunOutcome:
 
     @property
     def groups(self) -> list[dict]:
-        """The findings grouped by cause (harness.engine.campaign.groups), first found first; a group that is
+        """The findings grouped by cause (vmfuzz.harness.engine.campaign.groups), first found first; a group that is
         a known entry says which (``known``), and is listed, not counted as new."""
-        from harness.engine.campaign.groups import group_findings
+        from vmfuzz.harness.engine.campaign.groups import group_findings
         return [{**g.as_dict(), "known": g.known_as(self.known_name)} for g in group_findings(self.all_findings)]
 
     @property
@@ -127,11 +127,11 @@ class RunOutcome:
 
 def _searcher(plan: RunPlan, target):
     """What one worker (or this process) needs to search any property."""
-    from harness.engine.core.isolation import IsolatedChecker
+    from vmfuzz.harness.engine.core.isolation import IsolatedChecker
     check = IsolatedChecker(target, plan.example_timeout) if plan.isolate else None
     strategies = {}
     if plan.deployment is not None:
-        from harness.engine.search.deployment import case_strategy
+        from vmfuzz.harness.engine.search.deployment import case_strategy
         strategies = {n: case_strategy(plan.deployment, trivial=p.trivial, steps=p.steps, allocates=not p.arithmetic)
                       for n, p in PROPERTIES.items()}
     return check, strategies
@@ -139,14 +139,14 @@ def _searcher(plan: RunPlan, target):
 
 def _pool_search(plan: RunPlan, name: str, share: float | None, end: float | None) -> PropertyResult:
     """Runs in a pool worker: resolve the target here, so plug-ins need not pickle."""
-    from harness.targets import resolve
+    from vmfuzz.harness.targets import resolve
     import torch
     torch.set_num_threads(1)  # N workers on N cores: one thread each
-    from harness.engine.campaign.workers import remembering
+    from vmfuzz.harness.engine.campaign.workers import remembering
     target = resolve(plan.target)
-    from harness.engine.search.database import lost_shared_database, start_afresh
+    from vmfuzz.harness.engine.search.database import lost_shared_database, start_afresh
     start_afresh(quiet=True)
-    from harness.engine.regression.known import attach
+    from vmfuzz.harness.engine.regression.known import attach
     attach(target, list(plan.known))
     check, strategies = _searcher(plan, target)
     own = check  # closed below; the noting wrapper only lets the parent name a dead worker's case
@@ -166,13 +166,13 @@ def _pool_search(plan: RunPlan, name: str, share: float | None, end: float | Non
 
 def _replays(plan: RunPlan, target, ui, out: list) -> list:
     """Fills ``out`` (the outcome's list) as replays finish: an interrupt keeps what ran."""
-    from harness.engine.regression.regressions import read_saved, replay_saved
+    from vmfuzz.harness.engine.regression.regressions import read_saved, replay_saved
     if plan.profile.replay_repros:
         replay_saved(list(plan.saved), target, source="saved",
                      findings_dir=plan.findings_dir, device=plan.device, isolate=plan.isolate,
                      timeout=plan.example_timeout, out=out)
     if plan.profile.replay_last_failures:
-        from harness.engine.campaign.nightly import heal
+        from vmfuzz.harness.engine.campaign.nightly import heal
         heal(plan.db_dir, ui.log)
         last = sorted((plan.db_dir / "last-failures").glob("*.json"))
         # Always in a watched worker: last night's case may be the one that hung.
@@ -183,7 +183,7 @@ def _replays(plan: RunPlan, target, ui, out: list) -> list:
                          check_teeth=False, out=last_out)
         finally:
             out += last_out
-        from harness.engine.campaign.nightly import set_aside
+        from vmfuzz.harness.engine.campaign.nightly import set_aside
         set_aside(plan.db_dir, last_out, ui.log)
     for o in out:
         tail = "" if o.teeth is not False else f" (warning: no longer fails on {o.recorded_target})"
@@ -200,13 +200,13 @@ def _warn(outcome: RunOutcome, warnings: list[str]) -> None:
 
 def _known(plan: RunPlan, target, ui, out: list) -> None:
     """Known findings that apply to this SGLang: replayed plainly first, then attached for the search."""
-    from harness.engine.regression.known import attach, replay_known
+    from vmfuzz.harness.engine.regression.known import attach, replay_known
     found = [(p, k) for p, k in plan.known if k.repro.property in plan.properties]
     # attached before the replays, which put back what they found: the search then sees every entry
     attach(target, list(plan.known))
     out += replay_known(found, target, findings_dir=plan.findings_dir,
                         device=plan.device, isolate=plan.isolate, timeout=plan.example_timeout)
-    from harness.engine.regression.known import DIFFERENT, GONE
+    from vmfuzz.harness.engine.regression.known import DIFFERENT, GONE
     for o in out:
         state = {GONE: "NO LONGER REPRODUCES (its replay held: retire it or narrow its range)",
                  DIFFERENT: "FAILS DIFFERENTLY (a finding: its repro no longer shows the known origin)"
@@ -216,7 +216,7 @@ def _known(plan: RunPlan, target, ui, out: list) -> None:
 
 def _keep_failures(plan: RunPlan, outcome: RunOutcome) -> None:
     """The next nightly run replays these first; a fixed one drops out."""
-    from harness.engine.campaign.nightly import keep_failures
+    from vmfuzz.harness.engine.campaign.nightly import keep_failures
     keep_failures(plan.db_dir, outcome, print)
 
 
@@ -224,8 +224,8 @@ def execute(plan: RunPlan, target, show, ui) -> RunOutcome:
     """``show(result)`` prints one property's result, ``ui`` the progress (the caller's, closed here when the
     search ends); returns everything for the reports."""
     t0 = time.monotonic()
-    from harness import __version__
-    from harness.engine.search.database import lost_shared_database, note_lost, start_afresh
+    from vmfuzz.harness import __version__
+    from vmfuzz.harness.engine.search.database import lost_shared_database, note_lost, start_afresh
     start_afresh()
     # vmfuzz's own version on every target's record: vmfuzz merge refuses shards of two harnesses
     outcome = RunOutcome(plan, target.name, {**target.versions(), "vmfuzz": __version__},
@@ -251,7 +251,7 @@ def execute(plan: RunPlan, target, show, ui) -> RunOutcome:
         if plan.deployment is not None:
             # A buffer past the memory limit is never allocated: such a property is
             # reported not driven (never held); the arithmetic ones still run.
-            from harness.engine.search.deployment import too_large
+            from vmfuzz.harness.engine.search.deployment import too_large
             for n in list(names):
                 why = too_large(plan.deployment, n)
                 if why:
@@ -264,7 +264,7 @@ def execute(plan: RunPlan, target, show, ui) -> RunOutcome:
             _search_pool(plan, target, outcome, budget, done, names)
         outcome.search_seconds = time.monotonic() - t1
         if plan.deployment is not None:
-            from harness.engine.search.deployment import deployment_verdict
+            from vmfuzz.harness.engine.search.deployment import deployment_verdict
             found = [f for r in outcome.results for f in r.findings]
             outcome.deployment = deployment_verdict(plan.deployment, target, found)
     except KeyboardInterrupt:
@@ -273,14 +273,14 @@ def execute(plan: RunPlan, target, show, ui) -> RunOutcome:
         ui.close()
         # this process's own database said it when it happened; the summary keeps it
         outcome.warnings += [w for w in [lost_shared_database()] if w and w not in outcome.warnings]
-    from harness.engine.core.signals import received
+    from vmfuzz.harness.engine.core.signals import received
     if received() is not None:
         outcome.interrupted = True  # even when a library swallowed the KeyboardInterrupt
     outcome.seconds = time.monotonic() - t0
     if plan.profile.replay_last_failures:
         _keep_failures(plan, outcome)
         if not outcome.interrupted:  # a night cut short would read as a night that reached less
-            from harness.engine.campaign.history import append_night, night_record
+            from vmfuzz.harness.engine.campaign.history import append_night, night_record
             outcome.history = append_night(plan.db_dir, night_record(outcome),
                                            warn=lambda w: _warn(outcome, [w]))
     return outcome
@@ -288,7 +288,7 @@ def execute(plan: RunPlan, target, show, ui) -> RunOutcome:
 
 def _search_here(plan: RunPlan, target, outcome: RunOutcome, budget, done, names, ui, t1: float) -> None:
     """The search in this process; records the kernel's share of it."""
-    from harness.guard.tree_write import LAUNCHES
+    from vmfuzz.harness.guard.tree_write import LAUNCHES
     check, strategies = _searcher(plan, target)
     before = LAUNCHES.snapshot()
     try:
@@ -309,8 +309,8 @@ def _search_pool(plan: RunPlan, target, outcome: RunOutcome, budget, done, names
     A worker that dies (SIGKILL, a crash with --isolate off) makes its property a
     ``target-crash`` finding; the others go on in new workers.
     """
-    from harness.engine.search.search import record_death
-    from harness.engine.campaign.workers import spread
+    from vmfuzz.harness.engine.search.search import record_death
+    from vmfuzz.harness.engine.campaign.workers import spread
     waves = -(-len(names) // plan.workers)
     share = None if budget is None else budget / waves
     if budget is not None and not plan.profile.rounds:

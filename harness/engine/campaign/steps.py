@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import time
 
-from harness.engine.search.database import database_for
-from harness.engine.search.results import PropertyResult
-from harness.engine.search.search import MIN_SHARE, search_property
-from harness.properties import PROPERTIES
+from vmfuzz.harness.engine.search.database import database_for
+from vmfuzz.harness.engine.search.results import PropertyResult
+from vmfuzz.harness.engine.search.search import MIN_SHARE, search_property
+from vmfuzz.harness.properties import PROPERTIES
 
 
 def step_weight(i: int) -> int:

@@ -11,7 +11,7 @@ The rows come from two places that must agree:
   to what it drives that it does not reach, and why: each is a row, and its
   reason is the file's reason when nothing drives the file;
 - what the code under test *contains*: every file of the loaded SGLang package
-  whose text names verify-mask code (``harness.engine.campaign.changes.MASK_CODE``; the same test
+  whose text names verify-mask code (``vmfuzz.harness.engine.campaign.changes.MASK_CODE``; the same test
   the gate triggers on; test files excluded).
 
 A declared property counts as driving only if it is registered in
@@ -32,10 +32,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.engine.campaign.changes import READ_CAP, path_names_mask_code, sglang_relative
+from vmfuzz.harness.engine.campaign.changes import READ_CAP, path_names_mask_code, sglang_relative
 
 #: The package whose modules declare SGLang's driven parts.
-DECLARING_PACKAGE = "harness.targets.sglang"
+DECLARING_PACKAGE = "vmfuzz.harness.targets.sglang"
 
 #: Source files the grep reads (what the gate's acceptance grep reads).
 GREP_SUFFIXES = (".py", ".cu", ".cuh")
@@ -141,7 +141,7 @@ def not_driven(package: str = DECLARING_PACKAGE) -> list[Undriven]:
 
 def driving(target, properties: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
     """(the properties that can run on ``target``, why the others cannot)."""
-    from harness.properties import PROPERTIES
+    from vmfuzz.harness.properties import PROPERTIES
     ok, why = [], []
     for name in properties:
         prop = PROPERTIES.get(name)
@@ -231,7 +231,7 @@ def sglang_rows(target, pkg: Path, entries: list[Entry] | None = None,
 
 def model_rows(target) -> list[Row]:
     """A target that runs no SGLang code: what its model covers, one row per property."""
-    from harness.properties import PROPERTIES
+    from vmfuzz.harness.properties import PROPERTIES
     rows = []
     for prop in PROPERTIES.values():
         ok, why = driving(target, (prop.name,))
@@ -246,7 +246,7 @@ def runs_sglang(spec: str) -> bool:
 
 def loaded_package() -> Path:
     """The SGLang package the target loaded (an altered copy when PYTHONPATH puts one first)."""
-    from harness.targets.sglang.loader import imported_sglang
+    from vmfuzz.harness.targets.sglang.loader import imported_sglang
     return imported_sglang()[1]
 
 
@@ -267,7 +267,7 @@ def report(spec: str, target) -> dict:
     if not runs_sglang(spec):
         rows = model_rows(target)
         return {"target": spec, "runs_sglang": False, "rows": [r.as_dict() for r in rows], "_rows": rows}
-    from harness.targets.sglang.loader import imported_sglang
+    from vmfuzz.harness.targets.sglang.loader import imported_sglang
     version, pkg = imported_sglang()
     rows = sglang_rows(target, pkg)
     files = sorted({r.file for r in rows if r.in_grep})
@@ -327,8 +327,8 @@ def gate_coverage(spec: str, target, changed: list[str], triggered: list[str], r
 
 def _why_not_exercised(measured) -> tuple[str, list[str]]:
     """(why a measured file is not exercised, the could-not-check lines it gives: exit 3)."""
-    from harness.engine.campaign.diff_coverage import spans
-    from harness.report.terminal import shown
+    from vmfuzz.harness.engine.campaign.diff_coverage import spans
+    from vmfuzz.harness.report.terminal import shown
     name = shown(measured.path)
     if measured.traced is None:
         return measured.why_untraced, [f"{name}: {measured.why_untraced}"] if measured.why_untraced.startswith(

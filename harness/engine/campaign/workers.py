@@ -60,7 +60,7 @@ def remembering(check):
 def _serve(conn, case_dir: str) -> None:
     """A worker's loop: ``(fn, name, args)`` in, ``("ok", result)`` or ``("raise", exc)`` out."""
     global _case_file
-    from harness.engine.core.signals import ignore_in_child
+    from vmfuzz.harness.engine.core.signals import ignore_in_child
     ignore_in_child()  # Ctrl-C reaches the whole group: the parent stops its workers
     _die_with_parent()
     while True:
@@ -85,7 +85,7 @@ def _serve(conn, case_dir: str) -> None:
                 conn.send(("raise", RuntimeError(f"{type(answer[1]).__name__}: {answer[1]}"[:2000])))
             except OSError:
                 break
-    from harness.engine.core import line_trace, output_record
+    from vmfuzz.harness.engine.core import line_trace, output_record
     line_trace.flush()
     output_record.flush()
     for stream in (sys.stdout, sys.stderr):
@@ -113,7 +113,7 @@ def _dead_case(case_dir: Path, name: str) -> tuple | None:
 
 class _Worker:
     def __init__(self, ctx, case_dir: Path):
-        from harness.engine.core.signals import held
+        from vmfuzz.harness.engine.core.signals import held
         self.conn, child = ctx.Pipe()
         # Not daemonic: a worker with --isolate on starts its own watched children.
         self.proc = ctx.Process(target=_serve, args=(child, str(case_dir)))
@@ -143,7 +143,7 @@ def spread(fn, tasks: list[tuple[str, tuple]], workers: int, on_result, on_death
     ``on_result(result)`` for each answer, ``on_death(Death)`` for each worker
     that died mid-task; an exception ``fn`` raised is raised here.
     """
-    from harness.engine.core.isolation import exit_reason
+    from vmfuzz.harness.engine.core.isolation import exit_reason
     # A killed resource tracker is restarted with a warning about leaks that cannot happen here.
     warnings.filterwarnings("ignore", message="resource_tracker", category=UserWarning)
     ctx = mp.get_context("spawn")  # plug-ins resolve by name in the worker: nothing to pickle

@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 import os
 
-from harness.model import consultation
-from harness.model.errors import ImportRaised, OutOfStep
-from harness.model.origin import Origin
-from harness.properties.kit import PropertyFailure
+from vmfuzz.harness.model import consultation
+from vmfuzz.harness.model.errors import ImportRaised, OutOfStep
+from vmfuzz.harness.model.origin import Origin
+from vmfuzz.harness.properties.kit import PropertyFailure
 
 #: vmfuzz's own package folder: frames inside it are the harness's, not the code under test's
 _HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -126,7 +126,7 @@ def _chain(exc: BaseException):
 
 def known_cause(target, prop: str, failure: BaseException) -> str | None:
     """The known entry (``known/``) that names this failure's cause, if the run attached one to ``target``."""
-    from harness.properties.kit import known_as
+    from vmfuzz.harness.properties.kit import known_as
     return known_as(target, failure_of(prop, failure)[0])
 
 

@@ -11,22 +11,22 @@ from __future__ import annotations
 import multiprocessing as mp
 import signal
 
-from harness.engine.core.failures import ImportRaised, TargetFault, TargetRaised, raise_place  # noqa: F401 - re-exported
-from harness.guard.tree_write import LAUNCHES
-from harness.model.errors import OutOfStep
-from harness.properties import Observation, PropertyFailure, lookup
+from vmfuzz.harness.engine.core.failures import ImportRaised, TargetFault, TargetRaised, raise_place  # noqa: F401 - re-exported
+from vmfuzz.harness.guard.tree_write import LAUNCHES
+from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.properties import Observation, PropertyFailure, lookup
 
 CRASH, HANG = "target-crash", "target-hang"
 
 
 def _serve(target, conn) -> None:
     import torch
-    from harness.engine.core.signals import ignore_in_child
+    from vmfuzz.harness.engine.core.signals import ignore_in_child
     ignore_in_child()  # Ctrl-C reaches the whole group: the parent stops this worker
     # A forked child must not reuse the parent's intra-op thread pool (the
     # reason torch's own DataLoader workers run single-threaded).
     torch.set_num_threads(1)
-    from harness.engine.core import line_trace, output_record
+    from vmfuzz.harness.engine.core import line_trace, output_record
     while True:
         try:
             task = conn.recv()
@@ -86,7 +86,7 @@ class IsolatedChecker:
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(target=_serve, args=(self.target, child), daemon=True)
-        from harness.engine.core.signals import held
+        from vmfuzz.harness.engine.core.signals import held
         with held():
             self._proc.start()
         child.close()

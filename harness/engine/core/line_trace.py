@@ -190,7 +190,7 @@ def merged(folder: Path) -> dict[str, dict[int, set[str]]]:
 
 def direct_check(target):
     """``prop.check`` on ``target`` in this process, its lines recorded under the property."""
-    from harness.engine.core import output_record
+    from vmfuzz.harness.engine.core import output_record
 
     def check(prop, config, batches, device="cpu"):
         with judging(prop.name):

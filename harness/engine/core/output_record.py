@@ -123,7 +123,7 @@ class Recorder:
 def _is_session(value) -> bool:
     """A stateful object of the target's (a server's reader) whose own calls hand out outputs."""
     module = type(value).__module__ or ""
-    return (module.startswith("harness.targets.") and not dataclasses.is_dataclass(value)
+    return (module.startswith("vmfuzz.harness.targets.") and not dataclasses.is_dataclass(value)
             and any(callable(getattr(value, n, None)) for n in vars(type(value)) if not n.startswith("_")))
 
 
@@ -163,7 +163,7 @@ def _active() -> _ProcessRecord | None:
 def check_recorded(check, target, prop_name: str, config, batches, device):
     """``check(target, config, batches, device)``, its target recorded when a record is switched on;
     how the check ended (held, or the exception's type) is one more leaf."""
-    from harness.engine.core.failures import consulted_check
+    from vmfuzz.harness.engine.core.failures import consulted_check
     with consulted_check():
         return _check_recorded(check, target, prop_name, config, batches, device)
 

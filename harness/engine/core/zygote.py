@@ -17,7 +17,7 @@ preloaded (``probe``).
 
 This module imports only the standard library and runs as a script
 (``python zygote.py SOCKET PRELOAD``: the bisect's zygote, fed over a Unix
-socket, ``harness.engine.core.zygote_client``), or is loaded by path
+socket, ``vmfuzz.harness.engine.core.zygote_client``), or is loaded by path
 (tests/zygote.py): either way nothing of ``harness`` is in the zygote's
 ``sys.modules`` for a child to inherit.
 """

@@ -1,4 +1,4 @@
-"""Starting a zygote (``harness.engine.core.zygote``) and running a process from it.
+"""Starting a zygote (``vmfuzz.harness.engine.core.zygote``) and running a process from it.
 
 The owner (``vmfuzz bisect``) starts one with ``serving()`` and hands its
 socket to the processes that run steps (``ZYGOTE_ENV``); a step runs its child
@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness.engine.core.zygote import UNBORN
+from vmfuzz.harness.engine.core.zygote import UNBORN
 
 #: where a step finds its owner's zygote (absent: none, run cold)
 ZYGOTE_ENV = "VMFUZZ_ZYGOTE_SOCKET"
@@ -39,7 +39,7 @@ def serving(env: dict, *, probe_code: str, start_timeout: float = 600.0):
     """A zygote for the duration of the block: yields its socket's path, or None when it could
     not start (the runs go cold). The zygote's session is killed on every way out of the block,
     and it ends itself if this process dies first (its stdin closes)."""
-    from harness.engine.core import zygote
+    from vmfuzz.harness.engine.core import zygote
     where = Path(tempfile.mkdtemp(prefix="vmfuzz-zygote-"))  # short: a socket's path has ~100 bytes
     sock = where / "sock"
     proc = None

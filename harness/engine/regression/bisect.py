@@ -1,6 +1,6 @@
 """``vmfuzz bisect``: the first commit of an SGLang checkout on which a repro fails.
 
-``git bisect run`` drives ``harness.engine.regression.bisect_step``, which replays the repro
+``git bisect run`` drives ``vmfuzz.harness.engine.regression.bisect_step``, which replays the repro
 against each revision's own code (the checkout's ``python/`` first on the path).
 A revision whose SGLang does not import is skipped, never blamed. Both ends are
 checked before the search (the repro must hold at GOOD and fail at BAD), so a
@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from harness.engine.core.zygote_client import ZYGOTE_ENV
-from harness.engine.regression.bisect_step import BAD, GOOD, LOCK_ENV, SKIP
+from vmfuzz.harness.engine.core.zygote_client import ZYGOTE_ENV
+from vmfuzz.harness.engine.regression.bisect_step import BAD, GOOD, LOCK_ENV, SKIP
 
 #: Hooks belong to the user's own checkouts, and a background ``gc --auto`` would outlive the
 #: bisect in their repository: neither may start from a bisect's git commands.
@@ -233,7 +233,7 @@ def _run_group(cmd: list[str], cwd: Path, env: dict, poll=None) -> subprocess.Co
     ``poll()`` is called every half second while it runs, and once after."""
     import tempfile
 
-    from harness.engine.core.signals import held
+    from vmfuzz.harness.engine.core.signals import held
 
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         with held():  # an interrupt between fork and here would otherwise leave the group unowned
@@ -298,7 +298,7 @@ def _search(place: Place, repro_path: str, good_sha: str, bad_sha: str, step_arg
     env = {**os.environ, "VMFUZZ_BISECT_LOG": str(log), LOCK_ENV: str(place.lock),
            "PYTHONPATH": os.pathsep.join(filter(None, [harness_root, os.environ.get("PYTHONPATH")]))}
     wt = place.worktree
-    step = [sys.executable, "-m", "harness.engine.regression.bisect_step", str(repro_copy), "--repo", str(wt), *step_args]
+    step = [sys.executable, "-m", "vmfuzz.harness.engine.regression.bisect_step", str(repro_copy), "--repo", str(wt), *step_args]
     _git(place.repo, "worktree", "add", "--quiet", "--detach", str(wt), bad_sha)
     with _zygote(env, step_args[1]) as sock:
         if sock:
@@ -313,12 +313,12 @@ def _search(place: Place, repro_path: str, good_sha: str, bad_sha: str, step_arg
 
 
 def _zygote(env: dict, target: str):
-    """The steps' zygote (``harness.engine.core.zygote``): each step imports this revision's SGLang
+    """The steps' zygote (``vmfuzz.harness.engine.core.zygote``): each step imports this revision's SGLang
     in a child forked from it, the third-party packages already there. ``VMFUZZ_BISECT_ZYGOTE=0``,
     or a zygote that cannot start, leaves every step cold, with the same verdicts."""
     import contextlib
 
-    from harness.engine.core.zygote_client import serving
+    from vmfuzz.harness.engine.core.zygote_client import serving
 
     if os.environ.get("VMFUZZ_BISECT_ZYGOTE", "1") == "0":
         return contextlib.nullcontext(None)
@@ -327,8 +327,8 @@ def _zygote(env: dict, target: str):
 
 def zygote_probe(target: str) -> str:
     """What a cold step imports besides the checkout's SGLang: the zygote preloads what this loads."""
-    return ("import harness.cli\nfrom harness.engine.regression import bisect_step, replay\n"
-            f"try:\n    from harness.targets import resolve\n    resolve({target!r})\nexcept Exception:\n    pass")
+    return ("import vmfuzz.harness.cli\nfrom vmfuzz.harness.engine.regression import bisect_step, replay\n"
+            f"try:\n    from vmfuzz.harness.targets import resolve\n    resolve({target!r})\nexcept Exception:\n    pass")
 
 
 def _answer(repo: Path, out: str, tested: list[Tested], result: BisectResult) -> None:
@@ -350,9 +350,9 @@ def _answer(repo: Path, out: str, tested: list[Tested], result: BisectResult) ->
 
 def bisect(repro_path: str, repo: str, good: str, bad: str, *, target: str = "sglang",
            prop: str | None = None, timeout: float = 600.0, echo=print) -> BisectResult:
-    from harness.engine.regression.replay import properties_for
-    from harness.engine.core.signals import held
-    from harness.model.repro_file import load
+    from vmfuzz.harness.engine.regression.replay import properties_for
+    from vmfuzz.harness.engine.core.signals import held
+    from vmfuzz.harness.model.repro_file import load
 
     t0 = time.monotonic()
     repro = load(repro_path)

@@ -1,6 +1,6 @@
 """One ``git bisect run`` step: replay a repro against the checked-out revision's SGLang.
 
-    python -m harness.engine.regression.bisect_step --repo PATH --target T [--property P] REPRO
+    python -m vmfuzz.harness.engine.regression.bisect_step --repo PATH --target T [--property P] REPRO
 
 Exit codes are git bisect's: 0 the repro held (good), 1 it failed (bad), 125
 this revision cannot be tested (SGLang does not import, or imports from
@@ -9,7 +9,7 @@ somewhere other than this checkout) so git skips it rather than blaming it.
 The step runs the replay in a child process: a kernel that kills the process
 (a segfault, an abort) is the finding showing, and git must hear "bad", not a
 signal number that would abort the whole bisect. The child is forked from the
-bisect's zygote when it has one (``harness.engine.core.zygote``: torch and the
+bisect's zygote when it has one (``vmfuzz.harness.engine.core.zygote``: torch and the
 other third-party packages already imported, this revision's SGLang not), and
 started cold when it has none or the zygote fails it. One JSON line per revision is
 appended to ``$VMFUZZ_BISECT_LOG`` so the bisect can report what the first bad
@@ -36,11 +36,11 @@ def _child(args) -> int:
     """Runs in the child, with the checkout first on sys.path."""
     python_dir = Path(args.repo).resolve() / "python"
     sys.path.insert(0, str(python_dir))
-    from harness.engine.regression.replay import replay
-    from harness.model.repro_file import ReproError, load
-    from harness.engine.core.failures import ImportRaised
-    from harness.model.errors import OutOfStep
-    from harness.targets import TargetUnavailable, resolve
+    from vmfuzz.harness.engine.regression.replay import replay
+    from vmfuzz.harness.model.repro_file import ReproError, load
+    from vmfuzz.harness.engine.core.failures import ImportRaised
+    from vmfuzz.harness.model.errors import OutOfStep
+    from vmfuzz.harness.targets import TargetUnavailable, resolve
 
     repro = load(args.repro)
     try:
@@ -56,7 +56,7 @@ def _child(args) -> int:
         why = (str(exc).splitlines() or [type(exc).__name__])[0].split("; install it with")[0]
         _emit(args, "skip", why)
         return SKIP
-    from harness.engine.core.failures import failure_of
+    from vmfuzz.harness.engine.core.failures import failure_of
     try:
         replay(repro, target, isolate=False, prop=args.property)
     except ReproError:
@@ -88,7 +88,7 @@ def _emit(args, verdict: str, detail: str, prop: str | None = None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.engine.regression.bisect_step")
+    p = argparse.ArgumentParser(prog="python -m vmfuzz.harness.engine.regression.bisect_step")
     p.add_argument("repro")
     p.add_argument("--repo", required=True)
     p.add_argument("--target", default="sglang")
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             return HARNESS_ERROR
     if _owner_gone():
         return ABORT
-    cmd = [sys.executable, "-m", "harness.engine.regression.bisect_step", "--child", args.repro, "--repo", args.repo,
+    cmd = [sys.executable, "-m", "vmfuzz.harness.engine.regression.bisect_step", "--child", args.repro, "--repo", args.repo,
            "--target", args.target] + (["--property", args.property] if args.property else [])
     rc = _replay(cmd, args.timeout)
     if rc is None:
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 def _replay(cmd: list[str], timeout: float) -> int | None:
     """The child's status, forked from the bisect's zygote when there is one (it starts in
     about a fifth of the time), cold otherwise or when the zygote fails it: the same child either way."""
-    from harness.engine.core.zygote_client import Lost, spawn
+    from vmfuzz.harness.engine.core.zygote_client import Lost, spawn
 
     forked = spawn(cmd)
     if forked is not None:

@@ -16,10 +16,10 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from harness.engine.search.search import search_property
-from harness.model.bounds import Bounds
-from harness.properties import PROPERTIES
-from harness.targets import CATALOGUE
+from vmfuzz.harness.engine.search.search import search_property
+from vmfuzz.harness.model.bounds import Bounds
+from vmfuzz.harness.properties import PROPERTIES
+from vmfuzz.harness.targets import CATALOGUE
 
 NOT_DRIVEN = "not driven"
 RAISED = "raised"
@@ -59,7 +59,7 @@ def kill_matrix(target, variants: list[str], *, seed: int, max_examples: int, de
 
     Each variant's row is added to ``into`` (when given) as it finishes: an interrupted
     selftest still reports the variants it judged."""
-    from harness.engine.regression.known import applicable, attach, default_known_root, entries
+    from vmfuzz.harness.engine.regression.known import applicable, attach, default_known_root, entries
     matrix: dict[str, dict] = {} if into is None else into
     bounds = getattr(target, "bounds", None) or Bounds()
     known = applicable(entries(default_known_root()), dict(target.versions()))

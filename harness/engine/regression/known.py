@@ -16,9 +16,9 @@ from pathlib import Path
 
 import msgspec
 
-from harness.model.known_file import DIFFERENT, GONE, REPRODUCES, UNCHECKED, Known, load
-from harness.model.origin import Origin
-from harness.model.repro_file import ReproError, dump
+from vmfuzz.harness.model.known_file import DIFFERENT, GONE, REPRODUCES, UNCHECKED, Known, load
+from vmfuzz.harness.model.origin import Origin
+from vmfuzz.harness.model.repro_file import ReproError, dump
 
 
 
@@ -45,7 +45,7 @@ def default_known_root() -> Path:
     it in an installed wheel), never ``./known``: in CI the working directory is the
     checkout under review, whose own entries must not excuse its defects. More come
     only from ``--known DIR`` on the command line."""
-    from harness.engine.regression.regressions import shipped
+    from vmfuzz.harness.engine.regression.regressions import shipped
     return shipped("known")
 
 
@@ -79,7 +79,7 @@ def applicable(found: list[tuple[Path, Known]], versions: dict) -> list[tuple[Pa
 
 
 def attach(target, found: list[tuple[Path, Known]]) -> None:
-    """The search's properties see these on the target (``harness.properties.kit.known_as``)."""
+    """The search's properties see these on the target (``vmfuzz.harness.properties.kit.known_as``)."""
     target.known_findings = tuple(k for _, k in found)
 
 
@@ -90,7 +90,7 @@ def replay_known(found: list[tuple[Path, Known]], target, *, findings_dir: Path 
     The other entries are attached while one replays, so a known defect met
     earlier in the same case does not stand in for this one.
     """
-    from harness.engine.regression.regressions import outcome_of
+    from vmfuzz.harness.engine.regression.regressions import outcome_of
     saved = getattr(target, "known_findings", None)
     out = []
     try:

@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.engine.search.results import Finding
-from harness.model.origin import Origin
-from harness.engine.core.isolation import TargetFault
-from harness.model.errors import OutOfStep
-from harness.properties import PropertyFailure
-from harness.model.repro_file import Repro, ReproError, dump, load, to_case
+from vmfuzz.harness.engine.search.results import Finding
+from vmfuzz.harness.model.origin import Origin
+from vmfuzz.harness.engine.core.isolation import TargetFault
+from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.properties import PropertyFailure
+from vmfuzz.harness.model.repro_file import Repro, ReproError, dump, load, to_case
 
 
 @dataclass
@@ -33,7 +33,7 @@ class ReplayOutcome:
     finding: Finding | None = None
     #: the case could not be replayed: "target-raised", "target-hang" or "target-crash"
     fault: str | None = None
-    set_aside: Path | None = None  # where harness.engine.campaign.nightly moved it
+    set_aside: Path | None = None  # where vmfuzz.harness.engine.campaign.nightly moved it
     origin: Origin | None = None
 
 
@@ -79,8 +79,8 @@ class Outcome:
 
 def outcome_of(repro, target, device: str, isolate: bool, timeout: float) -> Outcome:
     """A target that raises, exits or hangs is a failure, never fatal."""
-    from harness.engine.core.failures import failure_of
-    from harness.engine.regression.replay import replay
+    from vmfuzz.harness.engine.core.failures import failure_of
+    from vmfuzz.harness.engine.regression.replay import replay
     prop = repro.property or "replay"
     try:
         replay(repro, target, device, isolate=isolate, timeout=timeout)
@@ -89,7 +89,7 @@ def outcome_of(repro, target, device: str, isolate: bool, timeout: float) -> Out
     except OutOfStep as exc:  # the harness's seam, not the target: could not check, never a finding
         return Outcome("out of step", str(exc))
     except KeyboardInterrupt as exc:
-        from harness.engine.core.signals import from_user
+        from vmfuzz.harness.engine.core.signals import from_user
         if from_user(exc):
             raise
         origin, detail = failure_of(prop, exc)
@@ -125,7 +125,7 @@ def replay_saved(saved: list[Saved], target, *, source: str, findings_dir: Path,
                  isolate: bool = False, timeout: float = 30.0, check_teeth: bool = True,
                  out: list | None = None) -> list[ReplayOutcome]:
     """``out`` (default a new list) gets each outcome as it is known: an interrupt keeps those."""
-    from harness.targets import TargetUnavailable, resolve
+    from vmfuzz.harness.targets import TargetUnavailable, resolve
 
     out = [] if out is None else out
     for s in saved:

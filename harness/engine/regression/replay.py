@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from harness.properties import PROPERTIES, Observation, Property, named
-from harness.model.repro_file import Repro, ReproError, to_case
+from vmfuzz.harness.properties import PROPERTIES, Observation, Property, named
+from vmfuzz.harness.model.repro_file import Repro, ReproError, to_case
 
 FAULTS = ("target-crash", "target-hang")
 
@@ -60,7 +60,7 @@ def replay(repro: Repro, target, device: str = "cpu", *, isolate: bool = False,
     if repro.fault is not None and repro.fault not in FAULTS:
         raise ReproError(f"unknown fault {repro.fault!r} (known: {', '.join(FAULTS)})")
     props = properties_for(repro, prop)
-    from harness.engine.search.search import not_driven_here
+    from vmfuzz.harness.engine.search.search import not_driven_here
     driven = [p for p in props if not not_driven_here(target, p)]
     if not driven:
         raise ReproError(f"target {target.name} cannot drive {', '.join(p.name for p in props)} "
@@ -68,9 +68,9 @@ def replay(repro: Repro, target, device: str = "cpu", *, isolate: bool = False,
     # the case is built only for a property that can be driven (properties_for proved it builds)
     config, batches = to_case(repro)
     if isolate or repro.fault:
-        from harness.engine.core.isolation import IsolatedChecker
+        from vmfuzz.harness.engine.core.isolation import IsolatedChecker
         with IsolatedChecker(target, timeout) as check:
             return [check(p, config, batches, device) for p in driven]
-    from harness.engine.core.line_trace import direct_check
+    from vmfuzz.harness.engine.core.line_trace import direct_check
     check = direct_check(target)
     return [check(p, config, batches, device) for p in driven]

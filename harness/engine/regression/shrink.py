@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from harness.model.config import Batch, Config, ConfigError
+from vmfuzz.harness.model.config import Batch, Config, ConfigError
 
 Case = tuple[Config, list[Batch]]
 
@@ -27,7 +27,7 @@ def _lower(v: int, floor: int) -> list[int]:
 
 def _valid(config: Config, steps: list[Batch], server: bool = False) -> Case | None:
     """The candidate, validated; ``server``: also within what a server can run (else None)."""
-    from harness.model.validate import server_problem
+    from vmfuzz.harness.model.validate import server_problem
     try:
         config.validate()
         case = config, [b.validate(config) for b in steps]
@@ -108,7 +108,7 @@ def candidates(case: Case) -> Iterator[Case]:
 def minimize(case: Case, still_fails: Callable[[Case], str | None], *, on_step=lambda case, detail: None
              ) -> tuple[Case, str, int]:
     """Greedy fixpoint. ``still_fails(case)`` is the failure detail, or None. Returns (case, detail, tries)."""
-    from harness.model.validate import server_problem
+    from vmfuzz.harness.model.validate import server_problem
     detail = still_fails(case)
     if detail is None:
         raise ValueError("the case does not fail to begin with")
@@ -158,7 +158,7 @@ def checker(prop, target, device: str, fault: str | None, timeout: float, keep=N
     whose origin has the cause of ``keep`` (the repro's recorded origin), or else of the first
     failure seen, or None. A candidate failing another way is not a smaller case of this finding
     (ClusterFuzz keeps a crash state the same way), so minimizing never drifts to another bug."""
-    from harness.engine.core.failures import consulted_check, failure_of
+    from vmfuzz.harness.engine.core.failures import consulted_check, failure_of
     wanted = {"cause": keep.cause() if keep is not None else None}
 
     def same(exc) -> Failed | None:
@@ -175,12 +175,12 @@ def checker(prop, target, device: str, fault: str | None, timeout: float, keep=N
                 with consulted_check():
                     prop.check(target, case[0], case[1], device)
             except KeyboardInterrupt as exc:
-                from harness.engine.core.signals import from_user
+                from vmfuzz.harness.engine.core.signals import from_user
                 if from_user(exc):
                     raise
                 return same(exc)
             except (Exception, SystemExit) as exc:  # noqa: BLE001 - a target that raises fails too
-                from harness.model.errors import OutOfStep
+                from vmfuzz.harness.model.errors import OutOfStep
                 if isinstance(exc, OutOfStep):
                     if wanted["cause"] is None:
                         raise  # the input itself cannot be checked: exit 3, never a finding
@@ -188,7 +188,7 @@ def checker(prop, target, device: str, fault: str | None, timeout: float, keep=N
                 return same(exc)
             return None
         return still_fails, lambda: None
-    from harness.engine.core.isolation import IsolatedChecker, TargetFault
+    from vmfuzz.harness.engine.core.isolation import IsolatedChecker, TargetFault
     iso = IsolatedChecker(target, timeout)
 
     def still_fails_isolated(case: Case) -> Failed | None:

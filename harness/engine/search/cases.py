@@ -8,11 +8,11 @@ from functools import lru_cache, partial
 
 from hypothesis import strategies as st
 
-from harness.model.bounds import Bounds
-from harness.model.config import Batch, Config, site_takes
-from harness.model.layouts import TreeMaskMode
-from harness.properties import Property
-from strategies import batches, chain_configs, configs, step_sequences, trivial_configs
+from vmfuzz.harness.model.bounds import Bounds
+from vmfuzz.harness.model.config import Batch, Config, site_takes
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.properties import Property
+from vmfuzz.strategies import batches, chain_configs, configs, step_sequences, trivial_configs
 
 
 def cases(prop: Property, bounds: Bounds) -> st.SearchStrategy[tuple[Config, list[Batch]]]:

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import msgspec
 
-from harness.engine.search.cases import boundary_cases
-from harness.model.bounds import Bounds
-from harness.model.config import Batch, Config, ConfigError, num_candidates, site_takes
-from harness.model.layouts import TreeMaskMode
-from harness.model.shapes import ShapeConstants, model_constants
-from harness.properties import Property
-from harness.model.trees import deepest
+from vmfuzz.harness.engine.search.cases import boundary_cases
+from vmfuzz.harness.model.bounds import Bounds
+from vmfuzz.harness.model.config import Batch, Config, ConfigError, num_candidates, site_takes
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.model.shapes import ShapeConstants, model_constants
+from vmfuzz.harness.properties import Property
+from vmfuzz.harness.model.trees import deepest
 
 #: (label, config, steps): what the summary names and what the property runs
 DeepCase = tuple[str, Config, list[Batch]]

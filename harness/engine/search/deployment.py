@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from harness.model.allocation import AllocatorChose
-from harness.model.config import Batch, Config
-from harness.model.deployment_file import Deployment
+from vmfuzz.harness.model.allocation import AllocatorChose
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.deployment_file import Deployment
 
 
 def search_requests(dep: Deployment, config: Config, allocates: bool) -> int:
@@ -17,8 +17,8 @@ def search_requests(dep: Deployment, config: Config, allocates: bool) -> int:
     server are the capacity verdict's, by arithmetic. An arithmetic property
     takes any size the server schedules.
     """
-    from harness.model import limits
-    from harness.model.layouts import worst_case_size
+    from vmfuzz.harness.model import limits
+    from vmfuzz.harness.model.layouts import worst_case_size
     r = dep.max_running_requests
     if not allocates:
         return r
@@ -31,9 +31,9 @@ def search_requests(dep: Deployment, config: Config, allocates: bool) -> int:
 def too_large(dep: Deployment, prop: str) -> str | None:
     """Why ``prop`` cannot be driven on this deployment (not its shape, or its buffer alone is past the
     limit), or None."""
-    from harness.model import limits
-    from harness.properties import PROPERTIES
-    from harness.model.validate import buffer_cells
+    from vmfuzz.harness.model import limits
+    from vmfuzz.harness.properties import PROPERTIES
+    from vmfuzz.harness.model.validate import buffer_cells
     config = dep.config()
     spec = PROPERTIES.get(prop)
     # trivial-path runs the deployment's own layout at d = 1, so only the drafting shape is judged here
@@ -51,7 +51,7 @@ def too_large(dep: Deployment, prop: str) -> str | None:
 
 def case_strategy(dep: Deployment, *, trivial: bool, steps: bool, allocates: bool = True):
     """Cases this one server can produce: its config, batches of 1..max_running_requests."""
-    from strategies import batches
+    from vmfuzz.strategies import batches
 
     config = dep.trivial_config() if trivial else dep.config()
     m = config.max_bs
@@ -73,7 +73,7 @@ def case_strategy(dep: Deployment, *, trivial: bool, steps: bool, allocates: boo
 def capacity_verdict(target, dep: Deployment) -> tuple[bool, str]:
     """Exhaustive over every batch size the server can schedule: can a batch that
     ``fits`` need more cells than the buffer has? Arithmetic only, so it is exact."""
-    from harness.model.layouts import worst_case_size
+    from vmfuzz.harness.model.layouts import worst_case_size
 
     config = dep.config()
     try:
@@ -110,7 +110,7 @@ VERDICT_SPAN = 1 << 16
 
 def _first_overflowing(config: Config, cap: int, r: int) -> int | None:
     """The smallest bs in 1..r whose worst case needs more than ``cap`` cells (bisection), or None."""
-    from harness.model.layouts import worst_case_size
+    from vmfuzz.harness.model.layouts import worst_case_size
     def over(bs: int) -> bool:
         return worst_case_size(config.mode, bs, config.d, config.max_context_len) > cap
     if not over(r):
@@ -130,7 +130,7 @@ def routing_verdict(target, dep: Deployment) -> tuple[bool | None, str]:
 
     (None, why) when the deployment names no split, or the target has no router seam.
     """
-    from harness.model.routing import Child, verify_child
+    from vmfuzz.harness.model.routing import Child, verify_child
 
     prefill, decode = dep.backends()
     if not (prefill and decode) or prefill == decode:
@@ -163,7 +163,7 @@ def routing_verdict(target, dep: Deployment) -> tuple[bool | None, str]:
 
 
 def _site_mask(target, server_name: str, numbers):
-    from harness.model.allocation import allocating_backend
+    from vmfuzz.harness.model.allocation import allocating_backend
     site = allocating_backend(server_name)
     if site is None or not callable(getattr(target, "allocating_backends", None)):
         return None
@@ -174,9 +174,9 @@ def _site_mask(target, server_name: str, numbers):
 
 def allocation_verdict(target, dep: Deployment) -> tuple[bool | None, str]:
     """allocation-soundness for the backend that runs TARGET_VERIFY, with this server's numbers."""
-    from harness.model.allocation import allocating_backend
-    from harness.properties import PropertyFailure
-    from harness.properties.allocation import check_site
+    from vmfuzz.harness.model.allocation import allocating_backend
+    from vmfuzz.harness.properties import PropertyFailure
+    from vmfuzz.harness.properties.allocation import check_site
 
     name = dep.verify_backend()
     if not name:

@@ -43,12 +43,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-from harness.model.config import Batch, Config, ConfigError, DraftTree, num_candidates, site_takes
-from harness.model.layouts import TreeMaskMode
-from harness.model.errors import OutOfStep
-from harness.properties import PROPERTIES, Property, PropertyFailure
-from harness.model.repro_file import dump, from_case
-from harness.model.trees import draft, parents, simplest
+from vmfuzz.harness.model.config import Batch, Config, ConfigError, DraftTree, num_candidates, site_takes
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.properties import PROPERTIES, Property, PropertyFailure
+from vmfuzz.harness.model.repro_file import dump, from_case
+from vmfuzz.harness.model.trees import draft, parents, simplest
 
 BOUNDS = {"max_bs": 3, "bs": 5, "num_draft_tokens": 4, "topk": 2, "spec_steps": 3, "max_context_len": 3}
 FULL_TIEBREAK_CANDIDATES = 6  # beyond this many candidates, 4^n cost x tie-break pairs is too many
@@ -168,7 +168,7 @@ class ExhaustiveReport:
 
 
 def _fails(prop: Property, target, config: Config, batches: list[Batch], device: str) -> PropertyFailure | None:
-    from harness.engine.core.failures import consulted_check
+    from vmfuzz.harness.engine.core.failures import consulted_check
     try:
         with consulted_check():
             prop.check(target, config, batches, device)
@@ -177,7 +177,7 @@ def _fails(prop: Property, target, config: Config, batches: list[Batch], device:
     except OutOfStep:
         raise  # vmfuzz no longer fits the code: the command says so (exit 3), never a finding
     except (Exception, SystemExit) as exc:  # the target itself broke (even exit()): a finding, as in the campaign
-        from harness.engine.core.failures import failure_of
+        from vmfuzz.harness.engine.core.failures import failure_of
         return PropertyFailure(*failure_of(prop.name, exc))
     return None
 
@@ -213,8 +213,8 @@ _worker_target = None
 def _init_worker(spec: str) -> None:
     import torch
 
-    from harness.engine.core.signals import ignore_in_child
-    from harness.targets import resolve
+    from vmfuzz.harness.engine.core.signals import ignore_in_child
+    from vmfuzz.harness.targets import resolve
     global _worker_target
     ignore_in_child()  # Ctrl-C reaches the whole group: the parent stops the pool
     torch.set_num_threads(1)
@@ -222,7 +222,7 @@ def _init_worker(spec: str) -> None:
 
 
 def _resolvable(spec: str) -> bool:
-    from harness.targets import TargetUnavailable, resolve
+    from vmfuzz.harness.targets import TargetUnavailable, resolve
     try:
         resolve(spec)
     except TargetUnavailable:
@@ -259,13 +259,13 @@ def run_exhaustive(target, *, findings_dir: Path | None = None, device: str = "c
         workers = 1  # a worker re-resolves the target by name; one that cannot checks here
     if workers > 1:
         import multiprocessing
-        from harness.engine.core.signals import held
+        from vmfuzz.harness.engine.core.signals import held
         with held():
             pool = multiprocessing.get_context("fork").Pool(workers, _init_worker, (target.name,))
     try:
         _run(target, report, all_configs, properties, device, findings_dir, pool, stop_at_first, echo)
     except KeyboardInterrupt:
-        from harness.engine.core.signals import received
+        from vmfuzz.harness.engine.core.signals import received
         if received() is None:
             raise  # the target raised it, no signal came: not an interrupt of the run
         report.interrupted = True

@@ -16,10 +16,10 @@ from itertools import product
 from pathlib import Path
 from typing import Callable
 
-from harness.model.allocation import AllocatorChose
-from harness.model.config import Batch, Config, num_candidates
-from harness.model.layouts import TreeMaskMode, worst_case_size
-from harness.model.repro_file import dump, from_case
+from vmfuzz.harness.model.allocation import AllocatorChose
+from vmfuzz.harness.model.config import Batch, Config, num_candidates
+from vmfuzz.harness.model.layouts import TreeMaskMode, worst_case_size
+from vmfuzz.harness.model.repro_file import dump, from_case
 
 # Captured batch sizes a server is started with (CUDA-graph buckets, odd ones a
 # user types, and the largest SGLang captures), draft sizes up to 64 and

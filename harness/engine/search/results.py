@@ -6,9 +6,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.engine.search.cases import bs_ratio_bucket, case_shape, note_reached
-from harness.model.config import Batch, Config
-from harness.model.origin import Origin
+from vmfuzz.harness.engine.search.cases import bs_ratio_bucket, case_shape, note_reached
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.origin import Origin
 
 
 @dataclass
@@ -19,7 +19,7 @@ class Finding:
     path: Path
     config: Config
     batches: list[Batch]
-    kind: str = "property"  # or "target-crash" / "target-hang" (harness.engine.core.isolation)
+    kind: str = "property"  # or "target-crash" / "target-hang" (vmfuzz.harness.engine.core.isolation)
     origin: Origin | None = None
 
     def __post_init__(self):
@@ -60,7 +60,7 @@ class PropertyResult:
     reached: dict = field(default_factory=dict)
     #: a shared group's classes per member, from the batches each judged (``Observation.by_property``)
     member_classes: dict = field(default_factory=dict)
-    #: the deep boundary cases it ran (harness.engine.search.deep_corpus), by label
+    #: the deep boundary cases it ran (vmfuzz.harness.engine.search.deep_corpus), by label
     corpus: list[str] = field(default_factory=list)
     corpus_seconds: float = 0.0
     #: seconds spent at each bound step, in order (a nightly widens its bounds in steps)

@@ -17,20 +17,20 @@ from typing import Callable
 from hypothesis import HealthCheck, Phase, event, example, given, seed as hseed, settings
 from hypothesis import target as hypothesis_target
 
-from harness.engine.core.line_trace import direct_check
-from harness.engine.search.database import KeyedDatabase
-from harness.engine.core.failures import failure_of, known_cause, passed_over_as_known, raise_place
-from harness.engine.search.results import Finding, PropertyResult
-from harness.engine.search.cases import cases
-from harness.engine.search.deep_corpus import case_key, fixed_cases
-from harness.engine.core.isolation import TargetFault, TargetRaised
-from harness.engine.core.signals import check as interrupt_check
-from harness.model.bounds import Bounds
-from harness.model.errors import HarnessError, OutOfStep
-from harness.model.origin import Origin
-from harness.model.repro_file import dump, from_case
-from harness.properties import PROPERTIES, Property, PropertyFailure, shared_group
-from harness.properties.shared import group_members, group_name
+from vmfuzz.harness.engine.core.line_trace import direct_check
+from vmfuzz.harness.engine.search.database import KeyedDatabase
+from vmfuzz.harness.engine.core.failures import failure_of, known_cause, passed_over_as_known, raise_place
+from vmfuzz.harness.engine.search.results import Finding, PropertyResult
+from vmfuzz.harness.engine.search.cases import cases
+from vmfuzz.harness.engine.search.deep_corpus import case_key, fixed_cases
+from vmfuzz.harness.engine.core.isolation import TargetFault, TargetRaised
+from vmfuzz.harness.engine.core.signals import check as interrupt_check
+from vmfuzz.harness.model.bounds import Bounds
+from vmfuzz.harness.model.errors import HarnessError, OutOfStep
+from vmfuzz.harness.model.origin import Origin
+from vmfuzz.harness.model.repro_file import dump, from_case
+from vmfuzz.harness.properties import PROPERTIES, Property, PropertyFailure, shared_group
+from vmfuzz.harness.properties.shared import group_members, group_name
 
 
 MIN_SHARE = 1.0  # seconds any property gets under a time budget
@@ -151,7 +151,7 @@ def _settings(max_examples: int, db):
 def _as_failure(exc: BaseException) -> BaseException | None:
     """The failure a check's exception is; None for a real Ctrl-C. A target calling exit()
     (or raising KeyboardInterrupt) is a target that raised: shrunk like any failure."""
-    from harness.engine.core.signals import from_user
+    from vmfuzz.harness.engine.core.signals import from_user
     if isinstance(exc, Exception):
         return exc
     if isinstance(exc, KeyboardInterrupt) and from_user(exc):

@@ -1,7 +1,7 @@
 """The embedded model of each allocating backend's cuda-graph set-up, up to its verify-mask call.
 
 A model of the backends, not of the facts ``allocation-soundness`` checks them
-against (``harness.model.allocation``): each backend here takes what a server
+against (``vmfuzz.harness.model.allocation``): each backend here takes what a server
 was started with the way its own ``__init__`` does (the model's context length
 from the model config, the draft width from the speculative config, whether
 it is a draft runner from its runner), then its ``init_cuda_graph_state(max_bs, ...)`` passes those
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.model.allocation import ALLOCATING_BACKENDS, AllocationCall, ServerNumbers
-from harness.model.layouts import TreeMaskMode
-from harness.targets.reference.mask import VerifyMask
+from vmfuzz.harness.model.allocation import ALLOCATING_BACKENDS, AllocationCall, ServerNumbers
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.targets.reference.mask import VerifyMask
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import torch
 
-from harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.model.layouts import TreeMaskMode
 
 
 class VerifyMask(msgspec.Struct, frozen=True):

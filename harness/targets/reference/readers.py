@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode, logical_size
-from harness.model.readers import (PackedView, PackRefused, PlanRead, ReaderView, WindowView, capture_seq_len,
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode, logical_size
+from vmfuzz.harness.model.readers import (PackedView, PackRefused, PlanRead, ReaderView, WindowView, capture_seq_len,
                                    captured_bs, kv_slot, plan_kv_span, pool_slots)
 
 

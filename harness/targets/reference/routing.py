@@ -1,7 +1,7 @@
 """The embedded model of SGLang's routers, and of DFlash's verify-mask policy over them.
 
 A model of the routers' code, not of the fact ``routing`` checks them against
-(``harness.model.routing.verify_child``): each router here is an object over
+(``vmfuzz.harness.model.routing.verify_child``): each router here is an object over
 its children that, like SGLang's, dispatches a forward by its forward mode,
 answers ``verify_mask`` and ``max_context_len`` its own way and derives
 ``needs_cpu_seq_lens`` from its children. What the router dispatches a
@@ -12,8 +12,8 @@ a separate function that unwraps routers by their own rules.
 
 from __future__ import annotations
 
-from harness.model.layouts import TreeMaskMode, request_extents
-from harness.model.routing import (CAPTURE, CAUSAL_VERIFY_BACKENDS, FIXUP_GRAPH_BS, FIXUP_ROUTERS, FIXUP_SPEC, Child,
+from vmfuzz.harness.model.layouts import TreeMaskMode, request_extents
+from vmfuzz.harness.model.routing import (CAPTURE, CAUSAL_VERIFY_BACKENDS, FIXUP_GRAPH_BS, FIXUP_ROUTERS, FIXUP_SPEC, Child,
                                    Nest, ReplayView, Routing)
 
 

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import torch
 
-import harness
-from harness.targets.reference import readers
-from harness.targets.reference.mask import VerifyMask
-from harness.guard.chain_write import ChainCall, ChainInputs, ChainOutput, guarded_chain_write
-from harness.model.config import Batch, Config
-from harness.guard.tree_write import KernelCall, aux_reach, guarded_write
-from harness.model.layouts import TreeMaskMode, logical_size
-from harness.model.outputs import StepOutput
-from harness.guard.shadow import ShadowHeap
-from harness.model.trees import draft_tokens, tree_tensors, verified_token
+import vmfuzz.harness
+from vmfuzz.harness.targets.reference import readers
+from vmfuzz.harness.targets.reference.mask import VerifyMask
+from vmfuzz.harness.guard.chain_write import ChainCall, ChainInputs, ChainOutput, guarded_chain_write
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.guard.tree_write import KernelCall, aux_reach, guarded_write
+from vmfuzz.harness.model.layouts import TreeMaskMode, logical_size
+from vmfuzz.harness.model.outputs import StepOutput
+from vmfuzz.harness.guard.shadow import ShadowHeap
+from vmfuzz.harness.model.trees import draft_tokens, tree_tensors, verified_token
 
 
 def reusable_buffer(target, mask, bs: int, site: str = "eagle"):
@@ -166,7 +166,7 @@ class ReferenceTarget:
             draft_token=torch.tensor([verified_token(b) for b in range(bs)], dtype=torch.long, device=dev),
         )
 
-    # -- readers (harness.model.readers; seams of reader-agreement and packed-mask) --
+    # -- readers (vmfuzz.harness.model.readers; seams of reader-agreement and packed-mask) --
     def read_eager(self, config: Config, batch: Batch, step: StepOutput, heap: ShadowHeap):
         return readers.model_read_eager(config, batch, step.tree_mask)
 
@@ -189,17 +189,17 @@ class ReferenceTarget:
 
     def shape_constants(self):
         """The model's own widths: the deep boundary corpus's sizes for the reference."""
-        from harness.model.shapes import model_constants
+        from vmfuzz.harness.model.shapes import model_constants
         return model_constants()
 
     def versions(self) -> dict[str, str]:
-        return {"reference": harness.__version__, "torch": torch.__version__}
+        return {"reference": vmfuzz.harness.__version__, "torch": torch.__version__}
 
     # -- routers and allocation sites (the embedded models beside this file) --
     def route(self, router: str, spec_mode: str, children: dict, context_len: int):
         """The router a server would build over ``children``: what it hands out and reports."""
-        from harness.model.routing import check_args
-        from harness.targets.reference.routing import model_route
+        from vmfuzz.harness.model.routing import check_args
+        from vmfuzz.harness.targets.reference.routing import model_route
         check_args(router, spec_mode, children)
         return model_route(router, spec_mode, children, context_len)
 
@@ -209,21 +209,21 @@ class ReferenceTarget:
 
     def tbo_replay(self, config: Config, batch: Batch):
         """What TBO hands its overlap children to set up a TARGET_VERIFY cuda-graph replay."""
-        from harness.targets.reference.routing import model_tbo_replay
+        from vmfuzz.harness.targets.reference.routing import model_tbo_replay
         return model_tbo_replay(config.d, batch.seq_lens)
 
     def allocating_backends(self) -> dict[str, str | None]:
         """Allocation sites this target drives (None) or why it cannot (a reason)."""
-        from harness.model.allocation import ALLOCATING_BACKENDS
+        from vmfuzz.harness.model.allocation import ALLOCATING_BACKENDS
         return {name: None for name in ALLOCATING_BACKENDS}
 
     def allocation_call(self, backend: str, numbers):
-        from harness.targets.reference.allocation import model_allocation
+        from vmfuzz.harness.targets.reference.allocation import model_allocation
         return model_allocation(self, backend, numbers)
 
 
 def _chain_inputs_for(config: Config, batch: Batch, device) -> ChainInputs:
-    from harness.guard.chain_write import chain_inputs
+    from vmfuzz.harness.guard.chain_write import chain_inputs
     return chain_inputs(batch.seq_lens, config.d, config.max_context_len, device)
 
 

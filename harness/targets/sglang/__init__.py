@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import os
 
-from harness.targets.sglang.loader import INSTALL_HINT, import_sglang
-from harness.targets.sglang.target import SglangTarget
+from vmfuzz.harness.targets.sglang.loader import INSTALL_HINT, import_sglang
+from vmfuzz.harness.targets.sglang.target import SglangTarget
 
 def load() -> SglangTarget:
-    from harness.targets.protocol import TargetUnavailable
+    from vmfuzz.harness.targets.protocol import TargetUnavailable
 
     choice = os.environ.get("VMFUZZ_SGLANG_KERNEL", "triton")
     if choice not in ("triton", "jit"):

@@ -25,13 +25,13 @@ import inspect
 
 import torch
 
-from harness.model.allocation import (ALLOCATING_BACKENDS, TRITON_INDPTRS, TRITON_INIT, AllocationCall,
+from vmfuzz.harness.model.allocation import (ALLOCATING_BACKENDS, TRITON_INDPTRS, TRITON_INIT, AllocationCall,
                                       ServerNumbers)
-from harness.model.errors import OutOfStep
-from harness.targets.sglang import backend_init
-from harness.targets.sglang.binding import bound
-from harness.targets.sglang.reach import lookup_patches, reached
-from harness.targets.sglang.seams import (ALLOCATOR_SYNONYMS, TranslatesNothing, call_method, quantities_of_call,
+from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.targets.sglang import backend_init
+from vmfuzz.harness.targets.sglang.binding import bound
+from vmfuzz.harness.targets.sglang.reach import lookup_patches, reached
+from vmfuzz.harness.targets.sglang.seams import (ALLOCATOR_SYNONYMS, TranslatesNothing, call_method, quantities_of_call,
                                           unset_by_harness, with_quantity)
 
 _ATTN = "srt/layers/attention/"
@@ -110,7 +110,7 @@ def load_sites() -> dict[str, object]:
     other failure to import it is raised as ``imports.decide`` says (SGLang's own
     raise a finding, the rest out of step), never a site quietly left undriven.
     """
-    from harness.targets.sglang.imports import NotInRelease, sglang_module
+    from vmfuzz.harness.targets.sglang.imports import NotInRelease, sglang_module
     sites: dict[str, object] = {}
     for name, (module, cls) in SITES.items():
         path = "sglang.srt.layers.attention." + module

@@ -30,12 +30,12 @@ from types import SimpleNamespace
 
 import torch
 
-from harness.model.allocation import ServerNumbers
-from harness.model.errors import OutOfStep
-from harness.targets.sglang.binding import bound
-from harness.targets.sglang.reach import lookup_patches
-from harness.targets.sglang.seams import TranslatesNothing, call_with, where
-from harness.targets.sglang.stand_in import StandIn, recorded
+from vmfuzz.harness.model.allocation import ServerNumbers
+from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.targets.sglang.binding import bound
+from vmfuzz.harness.targets.sglang.reach import lookup_patches
+from vmfuzz.harness.targets.sglang.seams import TranslatesNothing, call_with, where
+from vmfuzz.harness.targets.sglang.stand_in import StandIn, recorded
 
 #: Model-family probes the constructor asks of the model config; the stand-in
 #: model is a plain dense one, so each answers "not this family". Releases

@@ -6,8 +6,8 @@ import contextlib
 import os
 import types
 
-from harness.model.errors import OutOfStep
-from harness.targets.sglang.stand_in import recorded
+from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.targets.sglang.stand_in import recorded
 
 _MISSING = object()
 #: the harness's own package folder: a frame here is vmfuzz's, not SGLang's
@@ -15,7 +15,7 @@ HARNESS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(_
 
 
 def _file(owner) -> str:
-    from harness.targets.sglang.seams import where
+    from vmfuzz.harness.targets.sglang.seams import where
     return where(owner)
 
 

@@ -32,14 +32,14 @@ from pathlib import Path
 
 import torch
 
-from harness.guard.chain_write import chain_inputs
-from harness.model.config import Batch, Config
-from harness.model.errors import OutOfStep
-from harness.targets.sglang.binding import bound
-from harness.targets.sglang.reach import lookup_patches
-from harness.targets.sglang.seams import call_method, call_with, where
-from harness.targets.sglang.stand_in import StandIn, recorded
-from harness.model.trees import draft_tokens, tree_tensors
+from vmfuzz.harness.guard.chain_write import chain_inputs
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.targets.sglang.binding import bound
+from vmfuzz.harness.targets.sglang.reach import lookup_patches
+from vmfuzz.harness.targets.sglang.seams import call_method, call_with, where
+from vmfuzz.harness.targets.sglang.stand_in import StandIn, recorded
+from vmfuzz.harness.model.trees import draft_tokens, tree_tensors
 
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
 _THROUGH_A_CALL_SITE = ("no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse")

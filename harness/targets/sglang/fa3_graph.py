@@ -19,13 +19,13 @@ import math
 
 import torch
 
-from harness.model.allocation import ServerNumbers
-from harness.model.errors import OutOfStep
-from harness.targets.sglang import backend_init
-from harness.targets.sglang.allocation import SITES, site_backend
-from harness.targets.sglang.binding import bound
-from harness.targets.sglang.reach import lookup_patches
-from harness.targets.sglang.seams import call_method
+from vmfuzz.harness.model.allocation import ServerNumbers
+from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.targets.sglang import backend_init
+from vmfuzz.harness.targets.sglang.allocation import SITES, site_backend
+from vmfuzz.harness.targets.sglang.binding import bound
+from vmfuzz.harness.targets.sglang.reach import lookup_patches
+from vmfuzz.harness.targets.sglang.seams import call_method
 
 SITE = "flashattention"
 _FILE = "srt/layers/attention/" + SITES[SITE][0] + ".py"

@@ -45,15 +45,15 @@ from types import SimpleNamespace
 
 import torch
 
-from harness.model.allocation import ServerNumbers
-from harness.model.config import Batch, Config
-from harness.model.errors import OutOfStep
-from harness.model.fa3_reads import Fa3Pass, Fa3Verify, table_slot, table_width
-from harness.model.layouts import TreeMaskMode, logical_size
-from harness.model.readers import capture_seq_len, captured_bs, pool_slots
-from harness.targets.sglang.binding import bound
-from harness.targets.sglang.seams import call_method, call_with
-from harness.targets.sglang.stand_in import StandIn
+from vmfuzz.harness.model.allocation import ServerNumbers
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.model.fa3_reads import Fa3Pass, Fa3Verify, table_slot, table_width
+from vmfuzz.harness.model.layouts import TreeMaskMode, logical_size
+from vmfuzz.harness.model.readers import capture_seq_len, captured_bs, pool_slots
+from vmfuzz.harness.targets.sglang.binding import bound
+from vmfuzz.harness.targets.sglang.seams import call_method, call_with
+from vmfuzz.harness.targets.sglang.stand_in import StandIn
 
 FA3 = "srt/layers/attention/flashattention_backend.py"
 _MODULE = "sglang.srt.layers.attention.flashattention_backend"
@@ -72,9 +72,9 @@ SURFACE = (
 @functools.lru_cache(maxsize=None)
 def module():
     """SGLang's FlashAttention backend module, imported once with its CUDA-only extensions stubbed."""
-    from harness.targets.sglang.backend_init import import_with_extensions_stubbed
-    from harness.targets.sglang.imports import sglang_module
-    from harness.targets.sglang.loader import _quiet_import
+    from vmfuzz.harness.targets.sglang.backend_init import import_with_extensions_stubbed
+    from vmfuzz.harness.targets.sglang.imports import sglang_module
+    from vmfuzz.harness.targets.sglang.loader import _quiet_import
     with _quiet_import():
         # each failure as imports.decide says: not in this release, SGLang's own raise, or out of step
         return sglang_module(_MODULE, import_with_extensions_stubbed)
@@ -83,7 +83,7 @@ def module():
 def not_driven() -> str | None:
     """Why the FA3 reader cannot run here (None: it can). Only a release without the file is a reason;
     a file that raises when imported is raised (a finding, or out of step), never "not driven"."""
-    from harness.targets.sglang.imports import NotInRelease
+    from vmfuzz.harness.targets.sglang.imports import NotInRelease
     try:
         mod = module()
     except NotInRelease as exc:
@@ -111,7 +111,7 @@ def _table(config: Config, pool: int, dev, page_size: int) -> torch.Tensor:
 def backend(config: Config, pool: int, dev, page_size: int = 1):
     """A ``FlashAttentionBackend`` made by its own ``__init__`` for a server with ``config``'s numbers,
     a dense MHA model, KV pages of ``page_size`` tokens and a request pool ``pool`` deep."""
-    from harness.targets.sglang import backend_init
+    from vmfuzz.harness.targets.sglang import backend_init
 
     mod = module()
     numbers = ServerNumbers(pool, config.max_context_len, config.d, config.topk, config.spec_steps)

@@ -28,14 +28,14 @@ import inspect
 
 import torch
 
-from harness.guard.shadow import ShadowHeap
-from harness.model.config import Batch, Config
-from harness.model.readers import PackedView, PlanRead, plan_kv_span, pool_slots, stale_kv_indices
-from harness.targets.sglang.kv_ids import GathersKvSlots
-from harness.targets.sglang.readers import modules
-from harness.model.errors import OutOfStep
-from harness.targets.sglang.seams import bind, call_with
-from harness.targets.sglang.stand_in import StandIn
+from vmfuzz.harness.guard.shadow import ShadowHeap
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.readers import PackedView, PlanRead, plan_kv_span, pool_slots, stale_kv_indices
+from vmfuzz.harness.targets.sglang.kv_ids import GathersKvSlots
+from vmfuzz.harness.targets.sglang.readers import modules
+from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.targets.sglang.seams import bind, call_with
+from vmfuzz.harness.targets.sglang.stand_in import StandIn
 
 FLASHINFER = "srt/layers/attention/flashinfer_backend.py"
 EAGLE_INFO = "srt/speculative/eagle_info.py"
@@ -278,8 +278,8 @@ def _capture_installs_fast_plan(m, topk: int) -> bool:
     wrapper's plan for ``fast_prefill_plan``, found by running the capture and looking at the wrappers."""
     import os
 
-    from harness.targets.sglang.binding import bound
-    from harness.targets.sglang.seams import unset_by_harness
+    from vmfuzz.harness.targets.sglang.binding import bound
+    from vmfuzz.harness.targets.sglang.seams import unset_by_harness
     mod = m.flashinfer_backend
     cls = mod.FlashInferAttnBackend
     bs, d, dev = 2, 3, torch.device("cpu")
@@ -338,7 +338,7 @@ def packing_not_driven() -> str | None:
     raises, or a module that does not load, is not a reason: it is left to
     packed-mask's check, which meets it (``probed``) as a finding or out of step.
     """
-    from harness.targets.sglang.imports import NotInRelease, sglang_module
+    from vmfuzz.harness.targets.sglang.imports import NotInRelease, sglang_module
     try:
         sglang_module(PACK_MODULE)
         m = modules()

@@ -17,13 +17,13 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from harness.model.allocation import AllocatorChose
-from harness.model.config import Config
-from harness.model.errors import OutOfStep
-from harness.targets.sglang import call_sites
-from harness.targets.sglang.binding import bound
-from harness.targets.sglang.seams import ALLOCATOR_SYNONYMS, call_by_quantity, call_with, where
-from harness.targets.sglang.structs import fields_of
+from vmfuzz.harness.model.allocation import AllocatorChose
+from vmfuzz.harness.model.config import Config
+from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.targets.sglang import call_sites
+from vmfuzz.harness.targets.sglang.binding import bound
+from vmfuzz.harness.targets.sglang.seams import ALLOCATOR_SYNONYMS, call_by_quantity, call_with, where
+from vmfuzz.harness.targets.sglang.structs import fields_of
 
 VERIFY_MASK = "srt/layers/attention/verify_mask.py"
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 import importlib
 import os
 
-from harness.model.errors import ImportRaised
-from harness.model.errors import OutOfStep
+from vmfuzz.harness.model.errors import ImportRaised
+from vmfuzz.harness.model.errors import OutOfStep
 
 PACKAGE = "sglang"
 

@@ -3,7 +3,7 @@
 SGLang's target-verify metadata asks its KV-index translator to gather each
 request's KV slots into ``kv_indices``; the real translator reads the request-
 to-token pool, which vmfuzz does not build. The stand-in's table hands out a
-distinct slot per (pool slot, token) (``harness.model.readers.kv_slot``), so a
+distinct slot per (pool slot, token) (``vmfuzz.harness.model.readers.kv_slot``), so a
 gather of the wrong request's slots, the wrong tokens, too few or too many
 shows in what the reader reads or in the buffer's redzone.
 """
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from harness.guard.shadow import ShadowHeap
-from harness.model.errors import OutOfStep
-from harness.model.readers import kv_slot_stride, stale_kv_indices
-from harness.targets.sglang.seams import TranslatesNothing, bind
+from vmfuzz.harness.guard.shadow import ShadowHeap
+from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.model.readers import kv_slot_stride, stale_kv_indices
+from vmfuzz.harness.targets.sglang.seams import TranslatesNothing, bind
 
 TRANSLATOR = "srt/mem_cache/kv_index_translator.py"
 
@@ -40,7 +40,7 @@ class GathersKvSlots(TranslatesNothing):
 
     def pack_read_stream(self, *args, **kwargs):
         self.calls.append("pack_read_stream")
-        from harness.targets.sglang.imports import sglang_module
+        from vmfuzz.harness.targets.sglang.imports import sglang_module
         try:
             # a translator module that raises on import is decided there (a finding, or out of step)
             real = sglang_module("sglang." + TRANSLATOR.removesuffix(".py").replace("/", "."))

@@ -22,9 +22,9 @@ from types import SimpleNamespace
 
 import torch
 
-from harness.model.errors import OutOfStep
-from harness.targets.sglang.reach import follow_calls
-from harness.targets.sglang.structs import fields_of
+from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.targets.sglang.reach import follow_calls
+from vmfuzz.harness.targets.sglang.structs import fields_of
 
 #: Finding modules drives no verify-mask code by itself (see call_sites, writers, target).
 SURFACE: tuple = ()
@@ -97,7 +97,7 @@ class Sglang(SimpleNamespace):
 def _call_site_module(name: str, what: str):
     """A call site's module (``imports.sglang_module``: SGLang's own raise is a finding, anything else
     out of step); one this release lacks was never offered as a call site, so asking is out of step."""
-    from harness.targets.sglang.imports import NotInRelease, relative_file, sglang_module
+    from vmfuzz.harness.targets.sglang.imports import NotInRelease, relative_file, sglang_module
     try:
         return sglang_module(name)
     except NotInRelease as exc:
@@ -140,7 +140,7 @@ def _interpret_kernels() -> None:
                           "functions cannot run in the interpreter; set TRITON_INTERPRET=1 before "
                           "anything imports triton (no CUDA device here)")
     os.environ["TRITON_INTERPRET"] = "1"
-    from harness.targets.sglang import interpreter_speed
+    from vmfuzz.harness.targets.sglang import interpreter_speed
     interpreter_speed.install()
 
 
@@ -158,7 +158,7 @@ def import_sglang(kernel_choice: str) -> Sglang:
         "worker_v2": "sglang.srt.speculative.eagle_worker_v2",
         "forward_info": "sglang.srt.model_executor.forward_batch_info",
     }
-    from harness.targets.sglang.imports import NotInRelease, sglang_module
+    from vmfuzz.harness.targets.sglang.imports import NotInRelease, sglang_module
     mods = {}
     with _quiet_import():
         try:
@@ -237,7 +237,7 @@ def _fits_shape(fits) -> tuple[bool, str | None]:
     one is the pre-#33127 draft width when SGLang names it so. Parameters with
     defaults (a keyword-only option added later) are left to their defaults.
     """
-    from harness.targets.sglang.seams import SYNONYMS
+    from vmfuzz.harness.targets.sglang.seams import SYNONYMS
     params = list(inspect.signature(fits).parameters.values())[1:]
     required = [p for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if not required:

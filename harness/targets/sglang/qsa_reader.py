@@ -32,15 +32,15 @@ from types import SimpleNamespace
 
 import torch
 
-from harness.model.allocation import ServerNumbers
-from harness.model.config import Batch, Config
-from harness.model.errors import OutOfStep
-from harness.model.fa3_reads import table_slot, table_width
-from harness.model.qsa_reads import QsaVerify
-from harness.model.readers import capture_seq_len, captured_bs, pool_slots
-from harness.targets.sglang.binding import bound
-from harness.targets.sglang.seams import call_method, call_with
-from harness.targets.sglang.stand_in import StandIn
+from vmfuzz.harness.model.allocation import ServerNumbers
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.model.fa3_reads import table_slot, table_width
+from vmfuzz.harness.model.qsa_reads import QsaVerify
+from vmfuzz.harness.model.readers import capture_seq_len, captured_bs, pool_slots
+from vmfuzz.harness.targets.sglang.binding import bound
+from vmfuzz.harness.targets.sglang.seams import call_method, call_with
+from vmfuzz.harness.targets.sglang.stand_in import StandIn
 
 QSA = "srt/layers/attention/qwen_sparse_attn_backend.py"
 _MODULE = "sglang.srt.layers.attention.qwen_sparse_attn_backend"
@@ -61,8 +61,8 @@ SURFACE = (
 @functools.lru_cache(maxsize=None)
 def module():
     """SGLang's QSA backend module (it imports without CUDA extensions)."""
-    from harness.targets.sglang.imports import sglang_module
-    from harness.targets.sglang.loader import _quiet_import
+    from vmfuzz.harness.targets.sglang.imports import sglang_module
+    from vmfuzz.harness.targets.sglang.loader import _quiet_import
     with _quiet_import():
         # each failure as imports.decide says: not in this release, SGLang's own raise, or out of step
         return sglang_module(_MODULE)
@@ -72,7 +72,7 @@ def not_driven(config: Config) -> str | None:
     """Why QSA's verify read is not driven for ``config`` (None: it is)."""
     if config.topk != 1:
         return "QSA verifies chains only (topk 1)"
-    from harness.targets.sglang.imports import NotInRelease
+    from vmfuzz.harness.targets.sglang.imports import NotInRelease
     try:
         mod = module()
     except NotInRelease as exc:  # only a missing file is a reason; a raising one is raised
@@ -90,7 +90,7 @@ def _compress_ratio(d: int) -> int:
 
 def backend(config: Config, pool: int, dev):
     """A ``QwenSparseAttnBackend`` made by its own ``__init__`` for a server with ``config``'s numbers."""
-    from harness.targets.sglang import backend_init
+    from vmfuzz.harness.targets.sglang import backend_init
 
     mod = module()
     cls = mod.QwenSparseAttnBackend
@@ -151,7 +151,7 @@ def _run(call, forward_batch, what: str) -> None:
 def read_verify(config: Config, batch: Batch, step) -> QsaVerify:
     """``QwenSparseAttnBackend.init_forward_metadata`` for an eager chain TARGET_VERIFY batch at the
     step's positions; requests sit in pool slots ``readers.pool_slots``."""
-    from harness.targets.sglang import backend_init
+    from vmfuzz.harness.targets.sglang import backend_init
 
     mod = module()
     dev = step.positions.device
@@ -179,7 +179,7 @@ def read_replay(config: Config, batch: Batch, step) -> QsaVerify:
     of ``readers.captured_bs`` requests captured at the fill length, then replayed with the batch padded up
     to it by requests at the fill length, in pool slots ``readers.pool_slots`` of the padded batch. The
     view is the metadata the capture bound (what the graph reads), padding rows included."""
-    from harness.targets.sglang import backend_init
+    from vmfuzz.harness.targets.sglang import backend_init
 
     mod = module()
     dev = step.positions.device

@@ -30,16 +30,16 @@ from types import SimpleNamespace
 
 import torch
 
-from harness.model.config import Batch, Config
-from harness.model.layouts import TreeMaskMode, logical_size
-from harness.model.readers import ReaderView, WindowView, capture_seq_len, captured_bs, pool_slots, stale_kv_indices
-from harness.guard.shadow import ShadowHeap
-from harness.targets.sglang.binding import bound
-from harness.targets.sglang.kv_ids import GathersKvSlots
-from harness.targets.sglang.loader import _quiet_import
-from harness.targets.sglang.reach import patches_everywhere
-from harness.targets.sglang.seams import call_method, unset_by_harness
-from harness.targets.sglang.stand_in import StandIn
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode, logical_size
+from vmfuzz.harness.model.readers import ReaderView, WindowView, capture_seq_len, captured_bs, pool_slots, stale_kv_indices
+from vmfuzz.harness.guard.shadow import ShadowHeap
+from vmfuzz.harness.targets.sglang.binding import bound
+from vmfuzz.harness.targets.sglang.kv_ids import GathersKvSlots
+from vmfuzz.harness.targets.sglang.loader import _quiet_import
+from vmfuzz.harness.targets.sglang.reach import patches_everywhere
+from vmfuzz.harness.targets.sglang.seams import call_method, unset_by_harness
+from vmfuzz.harness.targets.sglang.stand_in import StandIn
 
 TRITON_FILE = "srt/layers/attention/triton_backend.py"
 
@@ -71,7 +71,7 @@ _MODULES = {
 @functools.lru_cache(maxsize=None)
 def modules() -> SimpleNamespace:
     """SGLang's reader modules, imported on first use (the core properties never need them)."""
-    from harness.targets.sglang.imports import sglang_module
+    from vmfuzz.harness.targets.sglang.imports import sglang_module
     with _quiet_import():
         # each failure as imports.decide says: not in this release, SGLang's own raise, or out of step
         found = {key: sglang_module(name) for key, name in _MODULES.items()}
@@ -134,8 +134,8 @@ def triton_backend(mask, config: Config, pool: int, dev, heap: ShadowHeap, graph
     buffer is allocated (on ``heap``, redzoned, holding no slot id yet), as
     SGLang's is at start-up.
     """
-    from harness.model.allocation import ServerNumbers
-    from harness.targets.sglang.allocation import built_by_init
+    from vmfuzz.harness.model.allocation import ServerNumbers
+    from vmfuzz.harness.targets.sglang.allocation import built_by_init
 
     m = modules()
     numbers = ServerNumbers(pool, config.max_context_len, config.d, config.topk, config.spec_steps)

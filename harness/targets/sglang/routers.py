@@ -28,16 +28,16 @@ from typing import Any
 
 import torch
 
-from harness.model.config import Batch, Config
-from harness.model.outputs import StepOutput
-from harness.model.routing import (CAPTURE, FIXUP_GRAPH_BS, FIXUP_ROUTERS, FIXUP_SPEC, ROUTERS, Child, Nest,
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.outputs import StepOutput
+from vmfuzz.harness.model.routing import (CAPTURE, FIXUP_GRAPH_BS, FIXUP_ROUTERS, FIXUP_SPEC, ROUTERS, Child, Nest,
                                    ReplayView, Routing, check_args)
-from harness.model.errors import OutOfStep
-from harness.targets.sglang.binding import bound
-from harness.targets.sglang.reach import lookup_patches
-from harness.targets.sglang.seams import call_method, call_with, require_taken, where
-from harness.targets.sglang.stand_in import StandIn
-from harness.model.trees import draft_tokens, tree_tensors
+from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.targets.sglang.binding import bound
+from vmfuzz.harness.targets.sglang.reach import lookup_patches
+from vmfuzz.harness.targets.sglang.seams import call_method, call_with, require_taken, where
+from vmfuzz.harness.targets.sglang.stand_in import StandIn
+from vmfuzz.harness.model.trees import draft_tokens, tree_tensors
 
 _ATTN = "srt/layers/attention/"
 _CONTEXT, _CALL_SITE = "srt/runtime_context.py", "srt/speculative/eagle_worker_common.py"
@@ -140,7 +140,7 @@ class ChildBackend:
 
 
 def _class(router: str):
-    from harness.targets.sglang.imports import sglang_module
+    from vmfuzz.harness.targets.sglang.imports import sglang_module
     module, name = _MODULES[router]
     mod = sglang_module(module)  # its raise on import: a stage-import finding, or out of step (imports.decide)
     return mod, getattr(mod, name)
@@ -276,10 +276,10 @@ def _dflash_resolves(backend, kids: dict) -> tuple[str | None, bool | None]:
     and whether it builds a custom mask there; (None, None) where there is no policy."""
     from importlib.util import find_spec
 
-    from harness.model.errors import OutOfStep
+    from vmfuzz.harness.model.errors import OutOfStep
     if find_spec(_DFLASH) is None:
         return None, None  # an SGLang without DFlash: nothing there to observe
-    from harness.targets.sglang.imports import sglang_module
+    from vmfuzz.harness.targets.sglang.imports import sglang_module
     try:
         # SGLang's own raise is a finding (imports.decide); anything else is out of step, as here
         dflash = sglang_module(_DFLASH, importlib.import_module)
@@ -368,7 +368,7 @@ def verify_routed(target, routing: Routing, config: Config, batch: Batch, heap) 
     sum (it does for a backend with ``needs_cpu_seq_lens`` False): the call
     site then sizes a FULL_MASK fallback from the backend's ``max_context_len``.
     """
-    from harness.targets.sglang import call_sites
+    from vmfuzz.harness.targets.sglang import call_sites
 
     sg, dev = target.sglang, heap.device
     mask = routing.backend.verify_mask

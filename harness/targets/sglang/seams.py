@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-from harness.model.errors import OutOfStep
+from vmfuzz.harness.model.errors import OutOfStep
 
 #: a tree-kernel quantity -> the parameter names SGLang's kernel entries give it
 SYNONYMS: dict[str, tuple[str, ...]] = {
@@ -232,7 +232,7 @@ class Sentinel:
     """A patch that records being gone through: a patch not taken proves nothing was checked."""
 
     def __init__(self, fn, seam: str, file: str):
-        from harness.model import consultation
+        from vmfuzz.harness.model import consultation
         self.fn, self.seam, self.file, self.calls = fn, seam, file, 0
         self.consultation = consultation.register(seam, file)
 

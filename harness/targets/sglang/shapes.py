@@ -13,7 +13,7 @@ import importlib
 import inspect
 import re
 
-from harness.model.shapes import ShapeConstants, model_constants
+from vmfuzz.harness.model.shapes import ShapeConstants, model_constants
 
 #: threads in one warp: what a Triton program's num_warps counts in
 WARP_LANES = 32

@@ -4,7 +4,7 @@ A stand-in object (a batch, a model runner, an attention backend, server
 args ...) is a ``StandIn``: a namespace that records each field SGLang's code
 reads, and each field it asks for and does not find. A patch the harness binds
 into SGLang's modules is ``recorded``: it notes being called. Both register
-in the running check's ledger (``harness.model.consultation``), and
+in the running check's ledger (``vmfuzz.harness.model.consultation``), and
 ``engine.core.failures.consulted_check`` judges from it: a failure met while a
 load-bearing stand-in was never read, or after SGLang's code asked a stand-in
 for what it does not provide, is out of step naming the seam, never SGLang's.
@@ -21,7 +21,7 @@ import os
 import sys
 import types
 
-from harness.model import consultation
+from vmfuzz.harness.model import consultation
 
 
 class StandIn(types.SimpleNamespace):

@@ -8,8 +8,8 @@ so is out of step, never a finding.
 
 from __future__ import annotations
 
-from harness.model.errors import OutOfStep
-from harness.targets.sglang.seams import call_with, signature
+from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.targets.sglang.seams import call_with, signature
 
 
 def fields_of(cls, seam: str, file: str) -> tuple[str, ...]:

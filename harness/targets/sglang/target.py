@@ -16,21 +16,21 @@ import os
 
 import torch
 
-import harness
-from harness.model.bounds import Bounds
-from harness.guard.chain_write import ChainCall, ChainInputs, ChainOutput
-from harness.model.config import Batch, Config
-from harness.guard.tree_write import KernelCall
-from harness.model.outputs import StepOutput
-from harness.guard.shadow import ShadowHeap
-from harness.targets.sglang.binding import bound as _bound
-from harness.targets.sglang import call_sites, flashinfer, imitated_host, readers, writers
-from harness.targets.sglang.imitated_host import VERIFY_MASK
-from harness.targets.sglang.loader import Sglang
-from harness.targets.sglang.reach import patches_everywhere
-from harness.targets.sglang.seams import (OutOfStep, Sentinel, bind, call_by_quantity, call_with,
+import vmfuzz.harness
+from vmfuzz.harness.model.bounds import Bounds
+from vmfuzz.harness.guard.chain_write import ChainCall, ChainInputs, ChainOutput
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.guard.tree_write import KernelCall
+from vmfuzz.harness.model.outputs import StepOutput
+from vmfuzz.harness.guard.shadow import ShadowHeap
+from vmfuzz.harness.targets.sglang.binding import bound as _bound
+from vmfuzz.harness.targets.sglang import call_sites, flashinfer, imitated_host, readers, writers
+from vmfuzz.harness.targets.sglang.imitated_host import VERIFY_MASK
+from vmfuzz.harness.targets.sglang.loader import Sglang
+from vmfuzz.harness.targets.sglang.reach import patches_everywhere
+from vmfuzz.harness.targets.sglang.seams import (OutOfStep, Sentinel, bind, call_by_quantity, call_with,
                                           require_taken, where)
-from harness.targets.sglang.structs import replaced
+from vmfuzz.harness.targets.sglang.structs import replaced
 
 
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
@@ -262,75 +262,75 @@ class SglangTarget:
     def read_fa3_verify(self, config: Config, batch: Batch, step: StepOutput, page_size: int = 1):
         """FlashAttention's eager topk > 1 verify metadata over the step's mask, KV pages of ``page_size``
         tokens (``fa3_reader``)."""
-        from harness.targets.sglang import fa3_reader
+        from vmfuzz.harness.targets.sglang import fa3_reader
         return fa3_reader.read_verify(config, batch, step, page_size)
 
     def read_fa3_replay(self, config: Config, batch: Batch, step: StepOutput, page_size: int = 1):
         """The same metadata in the cuda graph's buffers, replayed at the captured bs >= bs (``fa3_reader``)."""
-        from harness.targets.sglang import fa3_reader
+        from vmfuzz.harness.targets.sglang import fa3_reader
         return fa3_reader.read_replay(config, batch, step, page_size)
 
     def fa3_not_driven(self) -> str | None:
-        from harness.targets.sglang import fa3_reader
+        from vmfuzz.harness.targets.sglang import fa3_reader
         return fa3_reader.not_driven()
 
     def fa3_replay_not_driven(self, config: Config) -> str | None:
-        from harness.targets.sglang import fa3_reader
+        from vmfuzz.harness.targets.sglang import fa3_reader
         return fa3_reader.replay_not_driven(config)
 
     def read_qsa_verify(self, config: Config, batch: Batch, step: StepOutput):
         """Qwen sparse attention's eager chain verify read (``qsa_reader``)."""
-        from harness.targets.sglang import qsa_reader
+        from vmfuzz.harness.targets.sglang import qsa_reader
         return qsa_reader.read_verify(config, batch, step)
 
     def read_qsa_replay(self, config: Config, batch: Batch, step: StepOutput):
         """The same read from the cuda graph's buffers, replayed at the captured bs >= bs (``qsa_reader``)."""
-        from harness.targets.sglang import qsa_reader
+        from vmfuzz.harness.targets.sglang import qsa_reader
         return qsa_reader.read_replay(config, batch, step)
 
     def qsa_not_driven(self, config: Config) -> str | None:
-        from harness.targets.sglang import qsa_reader
+        from vmfuzz.harness.targets.sglang import qsa_reader
         return qsa_reader.not_driven(config)
 
     def shape_constants(self):
         """The widths the code under test is built around (the deep boundary corpus's sizes)."""
-        from harness.targets.sglang.shapes import shape_constants
+        from vmfuzz.harness.targets.sglang.shapes import shape_constants
         return shape_constants()
 
     def versions(self) -> dict[str, str]:
         import triton
-        from harness.targets.sglang.loader import imported_sglang_and_source
+        from vmfuzz.harness.targets.sglang.loader import imported_sglang_and_source
         version, path, source = imported_sglang_and_source()  # one git describe, not one per field
         return {"sglang": version, "sglang path": str(path), "sglang version from": source,
                 "triton": triton.__version__, "torch": torch.__version__,
                 "kernel": self.kernel_choice + (" (interpreter)" if os.environ.get("TRITON_INTERPRET") == "1" else ""),
                 "call sites": ", ".join(self.call_sites),
-                "vmfuzz": harness.__version__}
+                "vmfuzz": vmfuzz.harness.__version__}
 
     # -- routers and allocation sites (routers.py, allocation.py) --------------
     @property
     def routers(self) -> tuple[str, ...]:
         """The router kinds this SGLang has; the routing property checks these."""
-        from harness.targets.sglang import routers
+        from vmfuzz.harness.targets.sglang import routers
         return routers.present()
 
     def route(self, router: str, spec_mode: str, children: dict, context_len: int):
         """SGLang's router class of that kind, built over stand-ins of ``children``."""
-        from harness.targets.sglang import routers
+        from vmfuzz.harness.targets.sglang import routers
         return routers.build(self.sglang, router, spec_mode, children, context_len)
 
     def verify_routed(self, routing, config: Config, batch: Batch, heap: ShadowHeap) -> StepOutput:
-        from harness.targets.sglang import routers
+        from vmfuzz.harness.targets.sglang import routers
         return routers.verify_routed(self, routing, config, batch, heap)
 
     def tbo_replay(self, config: Config, batch: Batch):
         """What TBO hands its overlap children to set up a TARGET_VERIFY cuda-graph replay."""
-        from harness.targets.sglang import routers
+        from vmfuzz.harness.targets.sglang import routers
         return routers.tbo_replay(self.sglang, config, batch)
 
     def _allocation_sites(self) -> dict:
         if getattr(self, "_sites", None) is None:
-            from harness.targets.sglang.allocation import load_sites
+            from vmfuzz.harness.targets.sglang.allocation import load_sites
             self._sites = load_sites()
         return self._sites
 
@@ -340,17 +340,17 @@ class SglangTarget:
                 for name, site in self._allocation_sites().items()}
 
     def allocation_call(self, backend: str, numbers):
-        from harness.targets.sglang.allocation import allocation_call
+        from vmfuzz.harness.targets.sglang.allocation import allocation_call
         return allocation_call(self, backend, numbers)
 
     def fa3_graph_buffers(self, numbers, names, page_size: int = 1) -> dict[str, tuple[int, ...]]:
         """The shapes FlashAttention's cuda-graph set-up asks for its metadata buffers (``fa3_graph``)
         on a server whose KV pages hold ``page_size`` tokens."""
-        from harness.targets.sglang import fa3_graph
+        from vmfuzz.harness.targets.sglang import fa3_graph
         return fa3_graph.graph_buffers(self, numbers, names, page_size)
 
     def triton_indptr_buffers(self, numbers) -> dict[str, tuple[int, ...]]:
         """The shapes of the per-request index pointers the Triton backend's ``__init__`` allocates."""
-        from harness.targets.sglang.allocation import triton_indptr_buffers
+        from vmfuzz.harness.targets.sglang.allocation import triton_indptr_buffers
         return triton_indptr_buffers(self, numbers)
 

@@ -15,12 +15,12 @@ redzoned stand-ins (``guarded_chain_write``) and then runs the target's
 
 from __future__ import annotations
 
-from harness.guard.chain_write import ChainCall, guarded_chain_write
-from harness.guard.tree_write import KernelCall, guarded_write
-from harness.model.layouts import TreeMaskMode
-from harness.model.errors import OutOfStep
-from harness.targets.sglang.reach import patches_everywhere, raised_in
-from harness.targets.sglang.seams import Sentinel, bind, by_quantity, default_of, where
+from vmfuzz.harness.guard.chain_write import ChainCall, guarded_chain_write
+from vmfuzz.harness.guard.tree_write import KernelCall, guarded_write
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.targets.sglang.reach import patches_everywhere, raised_in
+from vmfuzz.harness.targets.sglang.seams import Sentinel, bind, by_quantity, default_of, where
 
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
 _TREE = ("no-oob-write", "fallback-equivalence", "reference-agreement", "multi-step-reuse",
