@@ -1,4 +1,4 @@
-"""``python -m vmfuzz``: the same entry as the ``vmfuzz`` script."""
+"""``python -m vmfuzz.harness``: the same entry as the ``vmfuzz`` script."""
 
 import sys
 

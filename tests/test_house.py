@@ -43,13 +43,18 @@ def test_layers_contract_holds(lint):
     ("harness/engine/core/isolation.py", "vmfuzz.harness.engine.search.results", "engine rooms"),
     ("harness/engine/regression/replay.py", "vmfuzz.harness.engine.campaign.session", "engine rooms")])
 def test_contract_breaks_on_a_planted_upward_import(lint, tmp_path, module, upward, contract):
-    for part in ("harness", "strategies"):
-        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+    _copy_package(tmp_path)
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     planted = tmp_path / module
     planted.write_text(planted.read_text() + f"\n\ndef _planted():\n    import {upward}  # noqa\n")
     r = lint(tmp_path)
     assert r.returncode != 0 and f"{contract} BROKEN" in r.stdout, r.stdout + r.stderr
+
+
+def _copy_package(into: Path):
+    """harness/, strategies/ and the vmfuzz package whose links reach them, links kept."""
+    for part in ("harness", "strategies", "vmfuzz"):
+        shutil.copytree(ROOT / part, into / part, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
 
 
 def _sources():
@@ -94,7 +99,7 @@ def test_readme_is_short_and_docs_point_nowhere_outside():
     assert not hits, hits
 
 
-def test_python_m_harness_is_the_vmfuzz_command():
+def test_python_m_vmfuzz_is_the_vmfuzz_command():
     r = subprocess.run([sys.executable, "-m", "vmfuzz", "--help"], capture_output=True, text=True, timeout=120,
                        cwd=ROOT)
     assert r.returncode == 0 and r.stdout.startswith("usage: vmfuzz"), r.stdout + r.stderr
@@ -102,7 +107,7 @@ def test_python_m_harness_is_the_vmfuzz_command():
 
 def _loops(root: Path) -> list[str]:
     """Every import that some chain of imports leads back from, in the tree at ``root``."""
-    code = ("import grimp, json; g = grimp.build_graph('harness', 'strategies'); "
+    code = ("import grimp, json; g = grimp.build_graph('vmfuzz'); "
             "print(json.dumps([' -> '.join((a, *c)) for a in sorted(g.modules) "
             "for b in sorted(g.find_modules_directly_imported_by(a)) "
             "for c in [g.find_shortest_chain(importer=b, imported=a)] if c]))")
@@ -119,8 +124,7 @@ def test_no_import_cycle_inside_a_layer():
 
 
 def test_a_planted_cycle_is_found(tmp_path):
-    for part in ("harness", "strategies"):
-        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+    _copy_package(tmp_path)
     planted = tmp_path / "harness" / "model" / "layouts.py"
     planted.write_text(planted.read_text() + "\n\ndef _planted():\n    import vmfuzz.harness.model.config  # noqa\n")
     assert any(loop.startswith("vmfuzz.harness.model.config -> vmfuzz.harness.model.layouts") for loop in _loops(tmp_path))

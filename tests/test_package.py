@@ -29,12 +29,13 @@ from tests.helpers import ROOT, vmfuzz
 
 VERIFY_MASK = "python/sglang/srt/layers/attention/verify_mask.py"
 #: what pyproject.toml builds the wheel from
-BUILT_FROM = ("pyproject.toml", "README.md", "harness", "strategies", "repro", "known", "scripts")
+BUILT_FROM = ("pyproject.toml", "README.md", "vmfuzz", "harness", "strategies", "repro", "known", "scripts")
 
 
 def _checkout_packages() -> set[str]:
-    return {".".join(p.parent.relative_to(ROOT).parts)
-            for top in ("harness", "strategies") for p in (ROOT / top).rglob("__init__.py")}
+    """Every package of the checkout by its installed name: harness/ and strategies/ live under vmfuzz."""
+    return {"vmfuzz"} | {".".join(("vmfuzz", *p.parent.relative_to(ROOT).parts))
+                         for top in ("harness", "strategies") for p in (ROOT / top).rglob("__init__.py")}
 
 
 def test_every_package_of_the_checkout_is_listed_for_the_wheel():
@@ -53,7 +54,7 @@ def wheel(tmp_path_factory) -> Path:
     source.mkdir()
     for name in BUILT_FROM:
         if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(ROOT / name, source / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(ROOT / name, source / name)
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
@@ -99,7 +100,7 @@ def _third_party_imports() -> set[str]:
                 found |= {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 found.add(node.module.split(".")[0])
-    return found - set(sys.stdlib_module_names) - {"harness", "strategies", "__future__"}
+    return found - set(sys.stdlib_module_names) - {"vmfuzz", "__future__"}
 
 
 def test_the_wheel_declares_its_runtime_imports_and_no_cuda_stack(wheel):
@@ -121,14 +122,25 @@ def test_the_wheel_carries_the_saved_repros_and_known_findings(installed):
     names = set(zipfile.ZipFile(installed).namelist())
     for folder in ("repro", "known"):
         for path in (ROOT / folder).rglob("*.json"):
-            assert f"harness/shipped/{folder}/{path.relative_to(ROOT / folder).as_posix()}" in names
+            assert f"vmfuzz/harness/shipped/{folder}/{path.relative_to(ROOT / folder).as_posix()}" in names
     assert {f"{p.replace('.', '/')}/__init__.py" for p in _checkout_packages()} <= names
     # and the JSON Schemas of the files vmfuzz reads and writes (tests/test_schemas.py)
-    assert {f"harness/schemas/{p.name}" for p in (ROOT / "harness" / "schemas").glob("*.schema.json")} <= names
+    assert {f"vmfuzz/harness/schemas/{p.name}" for p in (ROOT / "harness" / "schemas").glob("*.schema.json")} <= names
     # and SGLang's installer with every release's pins, which `vmfuzz install-sglang` runs
-    shipped = "harness/shipped/sglang_install"
+    shipped = "vmfuzz/harness/shipped/sglang_install"
     assert f"{shipped}/install_sglang.sh" in names
     assert {f"{shipped}/pins/{p.name}" for p in (ROOT / "scripts" / "sglang" / "pins").glob("*.txt")} <= names
+
+
+def test_the_wheel_puts_only_vmfuzz_on_the_import_path(installed):
+    """One top-level name: harness and strategies are names of other projects on PyPI, and a
+    wheel that installed them at the top would overwrite those (or be overwritten)."""
+    tops = {n.split("/")[0] for n in zipfile.ZipFile(installed).namelist()}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"vmfuzz"}, tops
+    site = installed.parents[1] / "venv" / "lib"
+    (purelib,) = site.glob("python*/site-packages")
+    ours = {p.name for p in purelib.iterdir() if p.name.startswith(("vmfuzz", "harness", "strategies"))}
+    assert {p for p in ours if not p.endswith(".dist-info")} == {"vmfuzz"}, ours
 
 
 def test_the_installed_wheel_installs_sglang_with_what_it_ships(installed, tmp_path):

@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 #: top-level names a run imports from its own path, never from the zygote
-OWN = ("sglang", "harness", "tests", "bench", "scripts", "strategies", "__main__", "__mp_main__")
+OWN = ("sglang", "vmfuzz", "harness", "tests", "bench", "scripts", "strategies", "__main__", "__mp_main__")
 #: the most one job message may carry (its argv and environment)
 MESSAGE = 1 << 20
 #: a forked child's status when it failed before it became the run (the client runs it again cold)

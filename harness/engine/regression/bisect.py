@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+import vmfuzz
 from vmfuzz.harness.engine.core.zygote_client import ZYGOTE_ENV
 from vmfuzz.harness.engine.regression.bisect_step import BAD, GOOD, LOCK_ENV, SKIP
 
@@ -289,7 +290,8 @@ def _check_ends(wt: Path, repo: Path, step: list[str], env: dict, ends, log: Pat
 
 def _search(place: Place, repro_path: str, good_sha: str, bad_sha: str, step_args: list[str], echo) -> str:
     """Both ends checked, then ``git bisect run``, all in our worktree; returns its output."""
-    harness_root = str(Path(__file__).resolve().parents[3])  # harness/engine/regression/ -> the checkout
+    # the folder that holds the vmfuzz package (a checkout or site-packages) goes on each step's path
+    harness_root = str(Path(vmfuzz.__file__).parent.parent)
     place.scratch.mkdir(parents=True)
     # The repro may live inside the checkout: a copy outside survives every checkout.
     repro_copy = place.scratch / "repro.json"
