@@ -45,7 +45,7 @@ def test_a_stand_in_records_each_field_read_and_each_it_lacks():
 
 
 def test_a_load_bearing_field_read_by_vmfuzz_itself_is_not_a_consultation():
-    from vmfuzz.harness.targets.sglang.binding import HARNESS_DIR
+    from vmfuzz.harness.targets.sglang.stand_in import HARNESS_DIR
     with consultation.ledger() as ledger:
         backend = _backend()
         # code of vmfuzz's own package reading it (to build the next stand-in) consults nothing

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import types
 
 from vmfuzz.harness.model.errors import OutOfStep
-from vmfuzz.harness.targets.sglang.stand_in import recorded
+from vmfuzz.harness.targets.sglang.stand_in import is_harness_file, recorded
 
 _MISSING = object()
-#: the harness's own package folder: a frame here is vmfuzz's, not SGLang's
-HARNESS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))) + os.sep
 
 
 def _file(owner) -> str:
@@ -53,14 +50,10 @@ def stand_in_bypassed(exc: Exception, saved) -> tuple[str, object] | None:
         tb = tb.tb_next
     for i in range(1, len(frames)):
         # reached through a stand-in (it hands on to the real one on purpose) or from vmfuzz's own code
-        consulted = _is_harness(frames[i - 1].co_filename) or any(f in stand_ins for f in frames[:i])
+        consulted = is_harness_file(frames[i - 1].co_filename) or any(f in stand_ins for f in frames[:i])
         if frames[i] in originals and not consulted:
             return originals[frames[i]]
     return None
-
-
-def _is_harness(filename: str) -> bool:
-    return HARNESS_DIR in os.path.realpath(filename)
 
 
 def _recorded(value, owner, attr: str):

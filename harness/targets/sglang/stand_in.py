@@ -60,18 +60,19 @@ class StandIn(types.SimpleNamespace):
 
 
 #: vmfuzz's own package folder: a read from code there is vmfuzz's, not SGLang's
-_HARNESS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))) + os.sep
-
-
-def _read_by_harness() -> bool:
-    return _is_harness_file(sys._getframe(2).f_code.co_filename)
+HARNESS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))) + os.sep
 
 
 @functools.lru_cache(maxsize=None)
-def _is_harness_file(filename: str) -> bool:
-    """Resolved, because a checkout imports the package through the link vmfuzz/harness (cached:
-    it runs on every read of a stand-in)."""
-    return os.path.realpath(filename).startswith(_HARNESS_DIR) and not filename.endswith("stand_in.py")
+def is_harness_file(filename: str) -> bool:
+    """Whether code in ``filename`` is vmfuzz's own. Resolved, because a checkout imports the
+    package through the link vmfuzz/harness (cached: it runs on every read of a stand-in)."""
+    return os.path.realpath(filename).startswith(HARNESS_DIR)
+
+
+def _read_by_harness() -> bool:
+    caller = sys._getframe(2).f_code.co_filename
+    return is_harness_file(caller) and not caller.endswith("stand_in.py")
 
 
 def consultation_of(stand_in: StandIn) -> consultation.Consultation:
