@@ -27,6 +27,66 @@ def test_the_interpreter_dtype_table_answers_as_tritons_own():
         fast(tl.void)
 
 
+def _int32_arithmetic(sanitize: bool):
+    """A kernel's int32 add, sub and mul, overflowing ones included, run with the sanitizer on or off."""
+    import dataclasses
+    import torch
+    import triton
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    @triton.jit
+    def arithmetic(a_ptr, b_ptr, out_ptr, n: tl.constexpr):
+        i = tl.arange(0, n)
+        a = tl.load(a_ptr + i)
+        b = tl.load(b_ptr + i)
+        tl.store(out_ptr + i, a * b + a - b)
+        tl.store(out_ptr + n + i, (a + 7) * (b - 3))
+
+    builder = interpreter.interpreter_builder
+    kept = builder.options
+    builder.options = dataclasses.replace(kept, sanitize_overflow=sanitize)
+    try:
+        a = torch.tensor([2**31 - 1, -2**31, 46341, -3, 0, 1 << 20, 12345, -1], dtype=torch.int32)
+        b = torch.tensor([2, 2, 46341, 7, -2**31, 1 << 12, -54321, 2**31 - 1], dtype=torch.int32)
+        out = torch.zeros(16, dtype=torch.int32)
+        arithmetic[(1,)](a, b, out, n=8)
+        return a.tolist(), b.tolist(), out.tolist()
+    finally:
+        builder.options = kept
+
+
+def test_skipping_the_unread_overflow_checks_changes_no_result(sglang_target):
+    from triton.runtime import interpreter
+    assert interpreter_speed.install()
+    assert interpreter_speed.overflow_checks_skipped(), "Triton's interpreter leaves device_assert unread"
+    (a, b, checked), (_, _, unchecked) = _int32_arithmetic(True), _int32_arithmetic(False)
+    assert checked == unchecked
+
+    def wrapped(x):  # two's complement int32, as the hardware computes it
+        return (x + 2**31) % 2**32 - 2**31
+    assert checked == [wrapped(x * y + x - y) for x, y in zip(a, b)] + [wrapped((x + 7) * (y - 3)) for x, y in zip(a, b)]
+    assert checked[0] != a[0] * b[0] + a[0] - b[0]  # it did overflow, and neither way raised
+    assert not interpreter.interpreter_builder.options.debug
+
+
+def test_an_assert_that_reads_its_condition_keeps_the_overflow_checks(sglang_target, monkeypatch):
+    import dataclasses
+    from triton.runtime import interpreter
+    builder = interpreter.interpreter_builder
+    monkeypatch.setattr(builder, "options", dataclasses.replace(builder.options, sanitize_overflow=True))
+    read = []
+
+    def reading(cond, msg, mask):  # a Triton whose interpreter checks the condition even with debug off
+        read.append(cond.handle)
+
+    monkeypatch.setattr(interpreter.interpreter_semantic, "device_assert", reading)
+    assert not interpreter_speed._skip_unread_overflow_checks()
+    assert builder.options.sanitize_overflow and not interpreter_speed.overflow_checks_skipped()
+    monkeypatch.setattr(builder, "options", dataclasses.replace(builder.options, debug=True))
+    assert not interpreter_speed._skip_unread_overflow_checks()  # debug on: the asserts are read
+
+
 def test_default_layout_holders_follow_a_module_imported_later(sglang_target):
     from vmfuzz.harness.targets.sglang import call_sites
     sg = sglang_target.sglang

@@ -1,12 +1,24 @@
-"""Triton's interpreter, made cheaper where it recomputes a constant, never changed in what it does.
+"""Triton's interpreter, made cheaper where it recomputes a constant or computes what nobody reads,
+never changed in what it does.
 
 On a host without CUDA every SGLang kernel runs in Triton's interpreter, and its
-launches are most of a run's time. Its ``_get_np_dtype`` (Triton 3.x) rebuilds
-a 19-entry dtype table on every call, about half a million calls in one gate:
-roughly a tenth of the search. ``install`` swaps in a lookup in that same table,
-built once, after checking that it answers exactly as the original for every
-type the table holds, pointers and blocks included. A Triton without that
-function, or one whose answers differ, is left as it is.
+launches are most of a run's time. Two costs in it change no result:
+
+* Its ``_get_np_dtype`` (Triton 3.x) rebuilds a 19-entry dtype table on every
+  call, about half a million calls in one gate: roughly a tenth of the search.
+  It is swapped for a lookup in that same table, built once, after checking
+  that it answers exactly as the original for every type the table holds,
+  pointers and blocks included.
+* For every 32-bit integer add, sub and mul a kernel runs, Triton's semantic
+  layer recomputes the operation in int64 and range-checks it, only to hand the
+  check to ``device_assert``, which returns unread when the options' ``debug``
+  is off (the interpreter's options never turn it on). In the gate's kernels
+  that is about a third of the interpreter's time. The builder's options then
+  say ``sanitize_overflow=False``, which skips the recomputation, but only
+  after a probe shows ``device_assert`` leaves its condition unread: a Triton
+  that would check it keeps the sanitizer.
+
+A Triton without either piece, or one whose answers differ, is left as it is.
 """
 
 from __future__ import annotations
@@ -16,7 +28,48 @@ SURFACE: tuple = ()
 
 
 def install() -> bool:
-    """True when the interpreter now uses the built-once table."""
+    """True when the interpreter now uses the built-once table (the unread overflow checks are
+    skipped too where the probe allows; ``overflow_checks_skipped`` says)."""
+    _skip_unread_overflow_checks()
+    return _dtype_table()
+
+
+def overflow_checks_skipped() -> bool:
+    try:
+        from triton.runtime import interpreter
+    except Exception:  # noqa: BLE001 - no Triton: nothing was skipped
+        return False
+    return not getattr(interpreter.interpreter_builder.options, "sanitize_overflow", True)
+
+
+class _Unread:
+    """A condition that fails the probe the moment anything reads it."""
+
+    def __getattr__(self, name):
+        raise LookupError(name)
+
+
+def _skip_unread_overflow_checks() -> bool:
+    """True when the interpreter skips the overflow checks whose assert never reads them."""
+    import dataclasses
+    try:
+        from triton.runtime import interpreter
+        builder, semantic = interpreter.interpreter_builder, interpreter.interpreter_semantic
+        options = builder.options
+        if options.debug or not dataclasses.is_dataclass(options) or semantic.builder is not builder:
+            return False
+        if not options.sanitize_overflow:
+            return True
+        # The check's only consumer: with debug off it must return without touching the condition.
+        if semantic.device_assert(_Unread(), "probe", None) is not None:
+            return False
+        builder.options = dataclasses.replace(options, sanitize_overflow=False)
+    except Exception:  # noqa: BLE001 - a Triton shaped otherwise, or one whose assert reads it: as it is
+        return False
+    return True
+
+
+def _dtype_table() -> bool:
     try:
         import triton.language as tl
         from triton.runtime import interpreter
