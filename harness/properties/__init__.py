@@ -50,6 +50,10 @@ class Property:
     layouts: tuple[str, ...] | None = None
     #: the sub-checks it promises (``kit.ledger``): "held" needs each one judged on some case
     promises: tuple[str, ...] = ()
+    #: seconds one example takes on SGLang's code on a 2-core CPU host (kernels interpreted), a shared
+    #: run's being its group's: only the order lanes start searches in (vmfuzz.harness.engine.search.lanes),
+    #: the heaviest first; a stale figure costs minutes, never a verdict
+    cost: float = 0.05
 
     def applies(self, config) -> bool:
         """Are ``config``'s cases this property's? (d = 1 or not, its layouts, a chain for the chain writer)"""
@@ -84,19 +88,20 @@ def _judged_alone(name: str):
 
 PROPERTIES: dict[str, Property] = {p.name: p for p in (
     Property("no-oob-write", _judged_alone("no-oob-write"),
-             "no write leaves its buffer, reused or freshly allocated", shared=True),
+             "no write leaves its buffer, reused or freshly allocated", shared=True, cost=0.11),
     Property("fallback-equivalence", _judged_alone("fallback-equivalence"),
-             "reuse path == per-batch fallback over the logical region", shared=True),
+             "reuse path == per-batch fallback over the logical region", shared=True, cost=0.11),
     Property("reference-agreement", _judged_alone("reference-agreement"),
-             "outputs == oracle from ancestor sets, depths and the drafted tokens", shared=True),
+             "outputs == oracle from ancestor sets, depths and the drafted tokens", shared=True, cost=0.11),
     Property("capacity-soundness", capacity_soundness, "fits(bs) => worst-case footprint fits the buffer",
-             shared=True),
-    Property("capacity-liveness", capacity_liveness, "bs <= max_bs => fits(bs)", shared=True),
+             shared=True, cost=0.11),
+    Property("capacity-liveness", capacity_liveness, "bs <= max_bs => fits(bs)", shared=True, cost=0.11),
     Property("multi-step-reuse", _judged_alone("multi-step-reuse"),
-             "a reused buffer gives what a fresh one gives, step after step", steps=True, shared=True),
-    Property("trivial-path", trivial_path, "d = 1: reuse and fallback agree", trivial=True),
+             "a reused buffer gives what a fresh one gives, step after step", steps=True, shared=True,
+             cost=0.11),
+    Property("trivial-path", trivial_path, "d = 1: reuse and fallback agree", trivial=True, cost=0.013),
     Property("chain-writer", chain_writer, "build_chain_tree: no write leaves its buffers; == oracle, "
-             "== the tree kernel on the same chain", chain=True, needs=("chain_write", "chain_kernel")),
+             "== the tree kernel on the same chain", chain=True, needs=("chain_write", "chain_kernel"), cost=0.05),
     Property("reader-agreement", reader_agreement, "the Triton verify metadata (mask/qo/kv indptr, kv_indices, "
              "max_extend_len) gives request b exactly its own cells, query rows and KV slots (eager and cuda-graph "
              "replay, fresh and through one server's backend; on a sliding-window server also each request's window "
@@ -104,10 +109,11 @@ PROPERTIES: dict[str, Property] = {p.name: p for p in (
              "each draft node exactly the tree nodes it may see, its topk-1 causal pass each request its prefix "
              "and draft", needs=("read_eager", "read_replay"),
              layouts=("FULL_MASK",), steps=True,
-             promises=("mask cells", "qo_indptr", "kv_indptr", "kv_indices", "sliding windows", "server state")),
+             promises=("mask cells", "qo_indptr", "kv_indptr", "kv_indices", "sliding windows", "server state"),
+             cost=0.14),
     Property("packed-mask", packed_mask, "bit packing stays in its buffer and yields the mask, LSB first, "
              "where the reader looks; FlashInfer's plan is handed request b's own query rows, KV rows and KV "
-             "slots", needs=("pack_mask",), layouts=("FULL_MASK",), promises=("packing", "flashinfer plan")),
+             "slots", needs=("pack_mask",), layouts=("FULL_MASK",), promises=("packing", "flashinfer plan"), cost=0.06),
 )}
 
 from vmfuzz.harness.properties.allocation import allocation_soundness  # noqa: E402 - after Property
@@ -115,9 +121,10 @@ from vmfuzz.harness.properties.routers import routing  # noqa: E402
 
 PROPERTIES.update({p.name: p for p in (
     Property("routing", routing, "each router hands out its TARGET_VERIFY child's mask and reports a "
-             "context covering it", needs=("route", "verify_routed")),
+             "context covering it", needs=("route", "verify_routed"), cost=0.19),
     Property("allocation-soundness", allocation_soundness, "each allocating backend sizes the mask for "
-             "the server's max_bs, context length and draft width", needs=("allocating_backends", "allocation_call")),
+             "the server's max_bs, context length and draft width", needs=("allocating_backends", "allocation_call"),
+             cost=0.03),
 )})
 
 
@@ -132,7 +139,8 @@ def shared_group(names) -> Property:
                     lambda target, config, batches, device="cpu": shared.judge(target, config, batches, device,
                                                                                names),
                     "judged together on one run of each case", steps=True,
-                    needs=tuple(dict.fromkeys(s for n in names for s in PROPERTIES[n].needs)))
+                    needs=tuple(dict.fromkeys(s for n in names for s in PROPERTIES[n].needs)),
+                    cost=max(PROPERTIES[n].cost for n in names))
 
 
 def sub_checks(name: str, classes) -> dict[str, str]:

@@ -13,12 +13,13 @@ import datetime as dt
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from vmfuzz.harness.engine.search.database import database_for
 from vmfuzz.harness.engine.search.results import PropertyResult
-from vmfuzz.harness.engine.search.search import MIN_SHARE, direct_check, run_campaign
-from vmfuzz.harness.engine.campaign.steps import never_searched, search_stepped, step_share, summed
+from vmfuzz.harness.engine.search.search import MIN_SHARE, run_campaign
+from vmfuzz.harness.engine.campaign.steps import never_searched, step_share, summed
 from vmfuzz.harness.model.bounds import Bounds
 from vmfuzz.harness.engine.campaign.profiles import Profile
 from vmfuzz.harness.properties import PROPERTIES
@@ -125,45 +126,6 @@ class RunOutcome:
                 + [(str(o.path), o.detail) for o in self.replays if o.status == "out of step"])
 
 
-def _searcher(plan: RunPlan, target):
-    """What one worker (or this process) needs to search any property."""
-    from vmfuzz.harness.engine.core.isolation import IsolatedChecker
-    check = IsolatedChecker(target, plan.example_timeout) if plan.isolate else None
-    strategies = {}
-    if plan.deployment is not None:
-        from vmfuzz.harness.engine.search.deployment import case_strategy
-        strategies = {n: case_strategy(plan.deployment, trivial=p.trivial, steps=p.steps, allocates=not p.arithmetic)
-                      for n, p in PROPERTIES.items()}
-    return check, strategies
-
-
-def _pool_search(plan: RunPlan, name: str, share: float | None, end: float | None) -> PropertyResult:
-    """Runs in a pool worker: resolve the target here, so plug-ins need not pickle."""
-    from vmfuzz.harness.targets import resolve
-    import torch
-    torch.set_num_threads(1)  # N workers on N cores: one thread each
-    from vmfuzz.harness.engine.campaign.workers import remembering
-    target = resolve(plan.target)
-    from vmfuzz.harness.engine.search.database import lost_shared_database, start_afresh
-    start_afresh(quiet=True)
-    from vmfuzz.harness.engine.regression.known import attach
-    attach(target, list(plan.known))
-    check, strategies = _searcher(plan, target)
-    own = check  # closed below; the noting wrapper only lets the parent name a dead worker's case
-    check = remembering(check or direct_check(target))
-    deadline = None
-    if share is not None:
-        # Wall-clock ``end`` is shared by every worker: the slot's share, but never past the run's end.
-        deadline = time.monotonic() + max(MIN_SHARE, min(share, end - time.time()))
-    try:
-        res = search_stepped(plan, target, name, deadline, check, strategies)
-        res.lost_database = lost_shared_database()  # said by the parent, once for all its workers
-        return res
-    finally:
-        if own is not None:
-            own.close()
-
-
 def _replays(plan: RunPlan, target, ui, out: list) -> list:
     """Fills ``out`` (the outcome's list) as replays finish: an interrupt keeps what ran."""
     from vmfuzz.harness.engine.regression.regressions import read_saved, replay_saved
@@ -261,7 +223,8 @@ def execute(plan: RunPlan, target, show, ui) -> RunOutcome:
         if names and plan.workers <= 1:
             _search_here(plan, target, outcome, budget, done, names, ui, t1)
         elif names:
-            _search_pool(plan, target, outcome, budget, done, names)
+            from vmfuzz.harness.engine.campaign.parallel import search_pool
+            search_pool(plan, target, outcome, budget, done, names)
         outcome.search_seconds = time.monotonic() - t1
         if plan.deployment is not None:
             from vmfuzz.harness.engine.search.deployment import deployment_verdict
@@ -287,9 +250,15 @@ def execute(plan: RunPlan, target, show, ui) -> RunOutcome:
 
 
 def _search_here(plan: RunPlan, target, outcome: RunOutcome, budget, done, names, ui, t1: float) -> None:
-    """The search in this process; records the kernel's share of it."""
+    """The search in this process, or in lanes forked from it; records the kernel's share of it."""
+    from vmfuzz.harness.engine.campaign.parallel import kernel_share, lane_slots, search_lanes, searcher
     from vmfuzz.harness.guard.tree_write import LAUNCHES
-    check, strategies = _searcher(plan, target)
+    slots = lane_slots(plan, target, names)
+    if slots:
+        outcome.bounds_used.extend(dataclasses.asdict(b) for b in (tuple(plan.bounds_steps) or (plan.bounds,)) if b)
+        search_lanes(plan, outcome, slots, partial(_lane_search, plan, target, budget), _lane_done, done, t1)
+        return
+    check, strategies = searcher(plan, target)
     before = LAUNCHES.snapshot()
     try:
         _staged(plan, target, outcome, budget, check, strategies, done, names, ui)
@@ -297,38 +266,31 @@ def _search_here(plan: RunPlan, target, outcome: RunOutcome, budget, done, names
         if check is not None:
             check.close()
         launches, secs = (a - b for a, b in zip(LAUNCHES.snapshot(), before))
-        searched = time.monotonic() - t1
-        outcome.kernel = {"launches": launches, "kernel_seconds": round(secs, 3),
-                          "search_seconds": round(searched, 3),
-                          "kernel_share": round(secs / searched, 4) if searched > 0 else None}
+        outcome.kernel = kernel_share(launches, secs, time.monotonic() - t1)
 
 
-def _search_pool(plan: RunPlan, target, outcome: RunOutcome, budget, done, names) -> None:
-    """The properties spread over ``plan.workers`` processes, in ceil(n / workers) waves.
+#: in a lane: its one watched checker (and case strategies), kept for every slot it searches
+_lane_searcher: dict = {}
 
-    A worker that dies (SIGKILL, a crash with --isolate off) makes its property a
-    ``target-crash`` finding; the others go on in new workers.
-    """
-    from vmfuzz.harness.engine.search.search import record_death
-    from vmfuzz.harness.engine.campaign.workers import spread
-    waves = -(-len(names) // plan.workers)
-    share = None if budget is None else budget / waves
-    if budget is not None and not plan.profile.rounds:
-        share = budget
-    end = None if budget is None else time.time() + budget
 
-    def died(death) -> None:
-        examples, case = (death.case[0], death.case[1:]) if death.case else (0, None)
-        what = "while checking this case" if case else "outside any check"
-        finding = record_death(target, death.name, f"worker process died: {death.reason} ({what})",
-                               case, plan.seed, plan.findings_dir)
-        done(PropertyResult(death.name, examples=examples, faults=[finding]))
+def _lane_search(plan: RunPlan, target, budget, slot: list[str]) -> list[PropertyResult]:
+    """One slot searched in a lane, through the plan's bound steps, with the lane's own watched
+    checker; its results cross back to the parent, which shows them."""
+    from vmfuzz.harness.engine.campaign.parallel import searcher
+    if not _lane_searcher:
+        _lane_searcher["lane"] = searcher(plan, target)
+    check, strategies = _lane_searcher["lane"]
+    kept = RunOutcome(plan, target.name, {}, "")  # the lane's own: only its results cross back
+    _staged(plan, target, kept, budget, check, strategies, kept.results.append, slot)
+    return kept.results
 
-    # Each worker walks the plan's bound steps itself (``search_stepped``).
-    outcome.bounds_used.extend(dataclasses.asdict(b) for b in (tuple(plan.bounds_steps) or (plan.bounds,)) if b)
-    spread(_pool_search, [(n, (plan, n, share, end)) for n in names], plan.workers, done, died)
-    order = {n: i for i, n in enumerate(plan.properties)}
-    outcome.results.sort(key=lambda r: order[r.prop])
+
+def _lane_done() -> None:
+    """A lane's last act: its checker asked to end, so the lines it ran are on disk before the parent
+    merges them."""
+    check, _ = _lane_searcher.pop("lane", (None, None))
+    if check is not None:
+        check.close()
 
 
 def _staged(plan: RunPlan, target, outcome: RunOutcome, budget, check, strategies, done, names,

@@ -60,9 +60,9 @@ def remembering(check):
 def _serve(conn, case_dir: str) -> None:
     """A worker's loop: ``(fn, name, args)`` in, ``("ok", result)`` or ``("raise", exc)`` out."""
     global _case_file
-    from vmfuzz.harness.engine.core.signals import ignore_in_child
+    from vmfuzz.harness.engine.core.signals import die_with_parent, ignore_in_child
     ignore_in_child()  # Ctrl-C reaches the whole group: the parent stops its workers
-    _die_with_parent()
+    die_with_parent()
     while True:
         try:
             task = conn.recv()
@@ -92,16 +92,6 @@ def _serve(conn, case_dir: str) -> None:
         stream.flush()
     # A plug-in's non-daemon thread must not keep a finished worker alive.
     os._exit(0)
-
-
-def _die_with_parent() -> None:
-    """Linux: a parent SIGKILLed mid-run takes its workers with it, rather than leaving
-    them searching for nobody until their budget ends."""
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
-    except (OSError, AttributeError):
-        pass  # elsewhere: the worker ends when it next finds the pipe closed
 
 
 def _dead_case(case_dir: Path, name: str) -> tuple | None:

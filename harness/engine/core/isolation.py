@@ -20,6 +20,11 @@ CRASH, HANG = "target-crash", "target-hang"
 
 
 def _serve(target, conn) -> None:
+    from vmfuzz.harness.engine.core.stack_room import roomy
+    roomy(_serve_checks, target, conn)  # the interpreter's hot loop, clear of a frame chunk's end
+
+
+def _serve_checks(target, conn) -> None:
     import torch
     from vmfuzz.harness.engine.core.signals import ignore_in_child
     ignore_in_child()  # Ctrl-C reaches the whole group: the parent stops this worker
@@ -87,6 +92,8 @@ class IsolatedChecker:
         parent, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(target=_serve, args=(self.target, child), daemon=True)
         from vmfuzz.harness.engine.core.signals import held
+        import gc
+        gc.freeze()  # the child's collections then leave the inherited heap shared (see search.lanes)
         with held():
             self._proc.start()
         child.close()

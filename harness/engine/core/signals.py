@@ -100,6 +100,16 @@ def ignore_in_child() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, *ENDING})
 
 
+def die_with_parent() -> None:
+    """Linux: a parent SIGKILLed mid-run takes its workers with it, rather than leaving
+    them (workers, lanes) searching for nobody until their budget ends."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        pass  # elsewhere: the worker ends when it next finds the pipe closed
+
+
 @contextlib.contextmanager
 def held():
     """Hold Ctrl-C and SIGTERM while starting child processes.

@@ -265,9 +265,7 @@ def run_campaign(target, *, seed: int, max_examples: int, bounds: Bounds, findin
     names = list(properties or PROPERTIES)
     results = []
     start = time.monotonic()
-    group = shareable(target, names, strategies) if share else []
-    slots = [group] if group else []
-    slots += [[n] for n in names if n not in group]
+    slots = slots_of(target, names, strategies, share)
     done = 0
     for slot in slots:
         deadline = None
@@ -297,6 +295,13 @@ def run_campaign(target, *, seed: int, max_examples: int, bounds: Bounds, findin
     order = {n: i for i, n in enumerate(names)}
     results.sort(key=lambda r: order[r.prop])
     return results
+
+
+def slots_of(target, names: list[str], strategies: dict | None = None, share: bool = True) -> list[list[str]]:
+    """The searches ``names`` make, in order: the shared group's one run (when it shares), then each other
+    property alone."""
+    group = shareable(target, names, strategies) if share else []
+    return ([group] if group else []) + [[n] for n in names if n not in group]
 
 
 def not_driven_here(target, prop: Property) -> str | None:

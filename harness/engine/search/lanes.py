@@ -1,0 +1,205 @@
+"""A fixed-count search spread over lanes: processes forked after the target has loaded.
+
+A gate's search is a dozen independent searches of a fixed number of examples
+each, nearly all of their time inside the code under test (on a CPU host,
+Triton's interpreter running SGLang's kernels), on one core while the others
+idle. ``--workers`` spreads a search over spawned processes, each of which
+imports the target again: seconds of SGLang's import per worker, more than a
+gate's share of the search. A lane is forked from the process that already
+imported it, so it starts at once, holding the same modules, the same attached
+known findings and the same code under test.
+
+Each lane takes the next search (a slot: one property, or the properties one
+shared run judges) when it finishes its last, the heaviest first, so a slow
+property started last never runs alone at the end. A slot's results are the
+ones it would have had in one process: each property's search is seeded by
+its own name and reads its own keys of the example database, whoever runs it.
+
+Lanes are used only where a check already runs in its own watched worker
+(``--isolate``), so a crash in the code under test costs a check, never a
+lane; a lane that dies all the same (the OOM killer) leaves its searches not
+checked, said as such, never held.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from typing import Callable
+
+import multiprocessing as mp
+
+#: most lanes a search opens: on a 2-core runner the second core is the win; past the cores, none
+MAX_LANES = 2
+
+
+def frozen_for_fork() -> None:
+    """Moves what this process holds out of the garbage collector's reach before it forks.
+
+    A child's collections would otherwise walk, and so write to, every object it inherited: each
+    page of the parent's heap (SGLang, torch, the interpreter's kernels: hundreds of MB) copied into
+    every child, seconds of page faults per lane and per checker. Frozen, the inherited objects stay
+    shared; they were reachable when frozen, so nothing collectable is kept.
+    """
+    import gc
+    gc.freeze()
+
+
+def lanes_available(choice: str | None = None) -> int:
+    """How many lanes this host affords: ``VMFUZZ_LANES`` (1 turns lanes off) or its usable cores,
+    at most ``MAX_LANES``."""
+    choice = os.environ.get("VMFUZZ_LANES") if choice is None else choice
+    if choice:
+        try:
+            return max(1, int(choice))
+        except ValueError:
+            return 1
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_LANES, cores))
+
+
+@dataclass
+class LaneReport:
+    """What one slot's search sent back: its results, and the kernel launches and seconds it spent
+    (the parent's count of the search's kernel share adds them up)."""
+
+    results: list
+    launches: int = 0
+    kernel_seconds: float = 0.0
+    busy_seconds: float = 0.0
+
+
+@dataclass
+class Lanes:
+    """``search(slot)`` -> the slot's results, run over ``count`` forked lanes; ``finish()`` in each lane
+    as it ends (its own workers stopped, their records written)."""
+
+    search: Callable[[list[str]], list]
+    count: int
+    finish: Callable[[], None] = lambda: None
+    #: seconds the lanes spent searching, all together (the kernel share's denominator)
+    busy_seconds: float = 0.0
+    launches: int = 0
+    kernel_seconds: float = 0.0
+    _procs: list = field(default_factory=list)
+
+    def run(self, slots: list[list[str]], on_results: Callable[[list], None],
+            on_lost: Callable[[list[str], str], None]) -> None:
+        """Every slot searched once, in the order given, ``on_results`` with each slot's results
+        as it ends; ``on_lost(slot, why)`` for a slot whose lane died mid-search."""
+        from vmfuzz.harness.engine.core.isolation import exit_reason
+        from vmfuzz.harness.engine.core.signals import held
+        ctx = mp.get_context("fork")
+        todo = list(slots)
+        busy: dict = {}  # connection -> (process, slot)
+        idle: list = []
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()  # a forked lane must not write out what the parent had buffered
+        frozen_for_fork()
+        try:
+            for _ in range(min(self.count, len(todo))):
+                parent, child = ctx.Pipe()
+                # Not daemonic: a lane starts its own watched checkers.
+                proc = ctx.Process(target=_lane, args=(child, self.search, self.finish))
+                with held():
+                    proc.start()
+                child.close()
+                self._procs.append((proc, parent))
+                idle.append((proc, parent))
+            while todo or busy:
+                while todo and idle:
+                    proc, conn = idle.pop()
+                    slot = todo.pop(0)
+                    try:
+                        conn.send(slot)
+                    except OSError:  # it died while idle: the slot goes to the next lane
+                        todo.insert(0, slot)
+                        continue
+                    busy[conn] = (proc, slot)
+                if not busy:
+                    for slot in todo:  # every lane died: what is left cannot be searched here
+                        on_lost(slot, "no search lane left")
+                    return
+                ready = wait(list(busy) + [p.sentinel for p, _ in busy.values()])
+                for conn in [c for c, (p, _) in busy.items() if c in ready or p.sentinel in ready]:
+                    proc, slot = busy.pop(conn)
+                    try:
+                        kind, value = conn.recv()
+                    except (EOFError, OSError):
+                        proc.join(5)
+                        on_lost(slot, f"its search lane died: {exit_reason(proc.exitcode)}")
+                        continue
+                    idle.append((proc, conn))
+                    if kind == "raise":
+                        raise value
+                    self.launches += value.launches
+                    self.kernel_seconds += value.kernel_seconds
+                    self.busy_seconds += value.busy_seconds
+                    on_results(value.results)
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        for proc, conn in self._procs:
+            try:
+                conn.send(None)  # asked, not killed: a lane writes its record of the lines it ran
+            except OSError:
+                pass
+        for proc, conn in self._procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+            conn.close()
+        self._procs.clear()
+
+
+def _lane(conn, search, finish) -> None:
+    """A lane's loop: a slot in, ``("ok", LaneReport)`` or ``("raise", exc)`` out, until ``None``."""
+    from vmfuzz.harness.engine.core import line_trace, output_record
+    from vmfuzz.harness.engine.core.signals import die_with_parent, ignore_in_child
+    from vmfuzz.harness.guard.tree_write import LAUNCHES
+    ignore_in_child()  # Ctrl-C reaches the whole group: the parent stops its lanes
+    die_with_parent()
+    import torch
+    torch.set_num_threads(1)  # lanes share the cores: one thread each, as forked checkers do
+    try:
+        while True:
+            try:
+                slot = conn.recv()
+            except (EOFError, OSError):
+                break
+            if slot is None:
+                break
+            t0, (launches, secs) = time.monotonic(), LAUNCHES.snapshot()
+            try:
+                results = search(slot)
+                now = LAUNCHES.snapshot()
+                answer = ("ok", LaneReport(results, now[0] - launches, now[1] - secs, time.monotonic() - t0))
+            except BaseException as exc:  # noqa: BLE001 - crosses to the parent, which raises it there
+                answer = ("raise", exc)
+            try:
+                conn.send(answer)
+            except OSError:
+                break  # the parent is gone: nobody to answer
+            except Exception:  # noqa: BLE001 - an answer that does not pickle still says what happened
+                try:
+                    conn.send(("raise", RuntimeError(f"{type(answer[1]).__name__}: {answer[1]}"[:2000])))
+                except OSError:
+                    break
+    finally:
+        try:
+            finish()
+        except Exception:  # noqa: BLE001 - a lane ends whatever its clean-up met
+            pass
+        line_trace.flush()
+        output_record.flush()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(0)  # the parent's atexit handlers and threads are not this lane's to run

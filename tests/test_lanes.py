@@ -1,0 +1,153 @@
+"""Lanes: a fixed-count search spread over processes forked after the target loaded.
+
+The scheduler is tested with fake searches, as pytest-xdist tests its schedulers
+with fake nodes; a run through the CLI shows lanes change no verdict and no count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+
+import pytest
+
+from tests.helpers import vmfuzz
+from vmfuzz.harness.engine.core.stack_room import roomy
+from vmfuzz.harness.engine.search.lanes import Lanes, lanes_available
+
+
+def _search(slot):
+    if slot == ["dies"]:
+        os._exit(7)
+    if slot == ["raises"]:
+        raise ValueError("the search's own error")
+    return [(name, os.getpid()) for name in slot]
+
+
+def _run(slots, count=2):
+    got, lost = [], []
+    lanes = Lanes(_search, count)
+    lanes.run(slots, got.extend, lambda slot, why: lost.append((slot, why)))
+    return lanes, got, lost
+
+
+def test_every_slot_is_searched_once_across_the_lanes():
+    slots = [["a", "b"], ["c"], ["d"], ["e"], ["f"]]
+    lanes, got, lost = _run(slots)
+    assert sorted(n for n, _ in got) == ["a", "b", "c", "d", "e", "f"] and not lost
+    pids = {pid for _, pid in got}
+    assert len(pids) == 2 and os.getpid() not in pids  # two lanes, neither of them this process
+    assert lanes.busy_seconds > 0
+
+
+def test_a_lane_that_dies_loses_its_slot_alone():
+    lanes, got, lost = _run([["dies"], ["b"], ["c"], ["d"]])
+    assert sorted(n for n, _ in got) == ["b", "c", "d"]
+    assert lost == [(["dies"], "its search lane died: exited with status 7")]
+
+
+def test_the_searchs_own_error_is_raised_here():
+    with pytest.raises(ValueError, match="the search's own error"):
+        _run([["a"], ["raises"], ["c"]])
+
+
+def test_every_lane_gone_leaves_the_rest_lost_not_held():
+    lanes, got, lost = _run([["dies"], ["dies"], ["c"]], count=2)
+    assert [slot for slot, _ in lost] == [["dies"], ["dies"], ["c"]] and not got
+    assert lost[-1][1] == "no search lane left"
+
+
+def test_lanes_available_follows_the_setting_and_the_cores(monkeypatch):
+    monkeypatch.setenv("VMFUZZ_LANES", "1")
+    assert lanes_available() == 1
+    monkeypatch.setenv("VMFUZZ_LANES", "3")
+    assert lanes_available() == 3
+    monkeypatch.delenv("VMFUZZ_LANES")
+    assert 1 <= lanes_available() <= min(2, len(os.sched_getaffinity(0)))
+
+
+def test_the_heaviest_search_starts_first(tmp_path):
+    from types import SimpleNamespace
+
+    from vmfuzz.harness.engine.campaign.parallel import lane_slots
+    from vmfuzz.harness.targets import resolve
+    plan = SimpleNamespace(profile=SimpleNamespace(rounds=False), isolate=True, device="cpu", deployment=None,
+                           share=True)
+    names = ["no-oob-write", "fallback-equivalence", "trivial-path", "routing", "allocation-soundness"]
+    os.environ["VMFUZZ_LANES"] = "2"
+    try:
+        slots = lane_slots(plan, resolve("reference"), names)
+        assert slots[0] == ["routing"] and slots[-1] == ["trivial-path"]
+        assert ["no-oob-write", "fallback-equivalence"] in slots  # a shared run stays one search
+        plan.profile.rounds = True  # a budgeted search keeps one process
+        assert lane_slots(plan, resolve("reference"), names) is None
+    finally:
+        del os.environ["VMFUZZ_LANES"]
+
+
+def _summary_without_times(report_dir):
+    data = json.loads((report_dir / "summary.json").read_text())
+    return {p["name"]: (p["status"], p["examples"], sorted(p.get("classes", {})))
+            for p in data["properties"]}, data["kernel"], data["counts"]
+
+
+@pytest.mark.slow
+def test_lanes_change_no_verdict_and_no_count(tmp_path):
+    runs = {}
+    for lanes in ("1", "2"):
+        out = tmp_path / lanes
+        proc = vmfuzz("run", "--target", "reference", "--profile", "pr", "--isolate", "on",
+                      "--report-dir", str(out), "--db", str(tmp_path / f"db{lanes}"),
+                      env={**os.environ, "VMFUZZ_LANES": lanes})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        runs[lanes] = _summary_without_times(out)
+    (one, kernel_one, counts_one), (two, kernel_two, counts_two) = runs["1"], runs["2"]
+    assert one == two and counts_one == counts_two
+    assert "lanes" not in kernel_one and kernel_two["lanes"] == 2
+
+
+_CHUNK_PROBE = """
+import json, resource, sys
+from vmfuzz.harness.engine.core.stack_room import roomy
+
+def leaf():
+    return 1
+
+def loop():
+    for _ in range(3000):
+        leaf()
+
+def at_depth(d, fn):
+    return fn() if d == 0 else at_depth(d - 1, fn)
+
+def faults(fn):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    fn()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+def plain(d):
+    return faults(lambda: at_depth(d, loop))
+
+def through_roomy(d):
+    return faults(lambda: roomy(at_depth, d, loop))
+
+json.dump({"plain": max(map(plain, range(300))), "roomy": max(map(through_roomy, range(250)))}, sys.stdout)
+"""
+
+
+@pytest.mark.skipif(sys.implementation.name != "cpython" or sys.version_info[:2] != (3, 11),
+                    reason="the frame-chunk stack is CPython 3.11's")
+def test_a_hot_loop_across_a_frame_chunks_end_maps_no_pages_under_roomy():
+    """Measured in a plain interpreter (pytest's own machinery moves where the chunks end)."""
+    import subprocess
+    proc = subprocess.run([sys.executable, "-c", _CHUNK_PROBE], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    # Within a chunk's worth of depth (about 136 of these frames) leaf's frame lands across the
+    # chunk's end: every call maps a chunk, and touching it faults.
+    assert got["plain"] >= 3000, got
+    # Through roomy, no depth of about as wide a range reaches its chunk's end.
+    assert got["roomy"] < 100, got
+    assert roomy(lambda a, b: a + b, 2, 3) == 5
