@@ -151,3 +151,11 @@ def test_a_hot_loop_across_a_frame_chunks_end_maps_no_pages_under_roomy():
     # Through roomy, no depth of about as wide a range reaches its chunk's end.
     assert got["roomy"] < 100, got
     assert roomy(lambda a, b: a + b, 2, 3) == 5
+
+
+def test_the_roomy_frame_is_big_enough_for_a_chunk_of_its_own():
+    from vmfuzz.harness.engine.core import stack_room
+    built = stack_room._build()
+    assert built(lambda *a: sum(a), 1, 2, 3) == 6
+    # over 32 KiB of locals: CPython 3.11 rounds such a frame's chunk up to 64 KiB
+    assert built.__code__.co_nlocals * 8 > 32 * 1024

@@ -115,14 +115,18 @@ def lane_slots(plan, target, names: list[str]) -> list[list[str]] | None:
     return sorted(slots, key=lambda slot: -max(PROPERTIES[n].cost for n in slot))
 
 
-def search_lanes(plan, outcome, slots: list[list[str]],
-                 search: Callable[[list[str]], list[PropertyResult]], finish: Callable[[], None], done,
-                 t1: float) -> None:
-    """``slots`` spread over the host's lanes, each result ``done`` as its slot ends; the summary keeps
-    the plan's order. A slot whose lane died is not checked (exit 3), never held."""
+def start_lanes(slots: list[list[str]], search: Callable[[list[str]], list[PropertyResult]],
+                finish: Callable[[], None]):
+    """Lanes forked and searching ``slots`` (the heaviest first) while this process goes on."""
     from vmfuzz.harness.engine.search.lanes import Lanes, lanes_available
     lanes = Lanes(search, min(lanes_available(), len(slots)), finish)
+    lanes.start(slots)
+    return lanes
 
+
+def finish_lanes(plan, outcome, lanes, done, t1: float) -> None:
+    """Every lane's results ``done`` as its slots end; the summary keeps the plan's order. A slot whose
+    lane died is not checked (exit 3), never held."""
     def shown(results: list[PropertyResult]) -> None:
         for res in results:
             done(res)
@@ -131,12 +135,12 @@ def search_lanes(plan, outcome, slots: list[list[str]],
         for name in slot:
             done(PropertyResult(name, out_of_step=f"search lane in vmfuzz: {why}; not checked"))
 
+    outcome.bounds_used.extend(dataclasses.asdict(b) for b in (tuple(plan.bounds_steps) or (plan.bounds,)) if b)
     try:
-        lanes.run(slots, shown, lost)
+        lanes.finish(shown, lost)
     finally:
         searched = time.monotonic() - t1
         outcome.kernel = kernel_share(lanes.launches, lanes.kernel_seconds, lanes.busy_seconds or searched)
-        outcome.kernel["search_seconds"] = round(searched, 3)
-        outcome.kernel["lanes"] = lanes.count
+        outcome.kernel.update(search_seconds=round(searched, 3), lanes=lanes.count)
     order = {n: i for i, n in enumerate(plan.properties)}
     outcome.results.sort(key=lambda r: order.get(r.prop, len(order)))

@@ -192,8 +192,11 @@ def execute(plan: RunPlan, target, show, ui) -> RunOutcome:
     # vmfuzz's own version on every target's record: vmfuzz merge refuses shards of two harnesses
     outcome = RunOutcome(plan, target.name, {**target.versions(), "vmfuzz": __version__},
                          dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    lanes = None
     try:
         _warn(outcome, list(plan.warnings))
+        names, not_driven = _searchable(plan)
+        lanes = _lanes_started(plan, target, names, t0)
         _replays(plan, target, ui, outcome.replays)
         _known(plan, target, ui, outcome.known)
         outcome.replay_seconds = time.monotonic() - t0
@@ -209,18 +212,13 @@ def execute(plan: RunPlan, target, show, ui) -> RunOutcome:
             ui.advance(examples=res.examples)
             outcome.results.append(res)
 
-        names = list(plan.properties)
-        if plan.deployment is not None:
-            # A buffer past the memory limit is never allocated: such a property is
-            # reported not driven (never held); the arithmetic ones still run.
-            from vmfuzz.harness.engine.search.deployment import too_large
-            for n in list(names):
-                why = too_large(plan.deployment, n)
-                if why:
-                    names.remove(n)
-                    done(PropertyResult(n, not_driven=why))
-
-        if names and plan.workers <= 1:
+        for res in not_driven:
+            done(res)
+        if lanes is not None:
+            from vmfuzz.harness.engine.campaign.parallel import finish_lanes
+            t1 = lanes.started  # their search began before the replays: its seconds count from there
+            finish_lanes(plan, outcome, lanes, done, t1)
+        elif names and plan.workers <= 1:
             _search_here(plan, target, outcome, budget, done, names, ui, t1)
         elif names:
             from vmfuzz.harness.engine.campaign.parallel import search_pool
@@ -233,6 +231,8 @@ def execute(plan: RunPlan, target, show, ui) -> RunOutcome:
     except KeyboardInterrupt:
         outcome.interrupted = True
     finally:
+        if lanes is not None:
+            lanes.close()  # ended early (an interrupt, an error): no lane searches on for nobody
         ui.close()
         # this process's own database said it when it happened; the summary keeps it
         outcome.warnings += [w for w in [lost_shared_database()] if w and w not in outcome.warnings]
@@ -249,15 +249,34 @@ def execute(plan: RunPlan, target, show, ui) -> RunOutcome:
     return outcome
 
 
+def _searchable(plan: RunPlan) -> tuple[list[str], list[PropertyResult]]:
+    """The properties this run searches, and those its deployment leaves not driven: a buffer past
+    the memory limit is never allocated, so such a property is reported not driven (never held);
+    the arithmetic ones still run."""
+    names = list(plan.properties)
+    if plan.deployment is None:
+        return names, []
+    from vmfuzz.harness.engine.search.deployment import too_large
+    why = {n: too_large(plan.deployment, n) for n in names}
+    return [n for n in names if not why[n]], [PropertyResult(n, not_driven=why[n]) for n in names if why[n]]
+
+
+def _lanes_started(plan: RunPlan, target, names: list[str], t0: float):
+    """Lanes searching while this process replays, where this run searches in lanes; else None."""
+    from vmfuzz.harness.engine.campaign.parallel import lane_slots, start_lanes
+    slots = lane_slots(plan, target, names) if plan.workers <= 1 else None
+    if not slots:
+        return None
+    from vmfuzz.harness.engine.regression.known import attach
+    attach(target, list(plan.known))  # forked with the entries the search sees, as _known attaches them
+    end = None if plan.time_budget is None else t0 + plan.time_budget  # the cap counts from the run's start
+    return start_lanes(slots, partial(_lane_search, plan, target, end), _lane_done)
+
+
 def _search_here(plan: RunPlan, target, outcome: RunOutcome, budget, done, names, ui, t1: float) -> None:
-    """The search in this process, or in lanes forked from it; records the kernel's share of it."""
-    from vmfuzz.harness.engine.campaign.parallel import kernel_share, lane_slots, search_lanes, searcher
+    """The search in this process; records the kernel's share of it."""
+    from vmfuzz.harness.engine.campaign.parallel import kernel_share, searcher
     from vmfuzz.harness.guard.tree_write import LAUNCHES
-    slots = lane_slots(plan, target, names)
-    if slots:
-        outcome.bounds_used.extend(dataclasses.asdict(b) for b in (tuple(plan.bounds_steps) or (plan.bounds,)) if b)
-        search_lanes(plan, outcome, slots, partial(_lane_search, plan, target, budget), _lane_done, done, t1)
-        return
     check, strategies = searcher(plan, target)
     before = LAUNCHES.snapshot()
     try:
@@ -273,14 +292,16 @@ def _search_here(plan: RunPlan, target, outcome: RunOutcome, budget, done, names
 _lane_searcher: dict = {}
 
 
-def _lane_search(plan: RunPlan, target, budget, slot: list[str]) -> list[PropertyResult]:
+def _lane_search(plan: RunPlan, target, end: float | None, slot: list[str]) -> list[PropertyResult]:
     """One slot searched in a lane, through the plan's bound steps, with the lane's own watched
-    checker; its results cross back to the parent, which shows them."""
+    checker, under what is left of the run's cap (``end``, every lane's); its results cross back to
+    the parent, which shows them."""
     from vmfuzz.harness.engine.campaign.parallel import searcher
     if not _lane_searcher:
         _lane_searcher["lane"] = searcher(plan, target)
     check, strategies = _lane_searcher["lane"]
     kept = RunOutcome(plan, target.name, {}, "")  # the lane's own: only its results cross back
+    budget = None if end is None else max(0.0, end - time.monotonic())
     _staged(plan, target, kept, budget, check, strategies, kept.results.append, slot)
     return kept.results
 

@@ -192,7 +192,10 @@ def direct_check(target):
     """``prop.check`` on ``target`` in this process, its lines recorded under the property."""
     from vmfuzz.harness.engine.core import output_record
 
+    from vmfuzz.harness.engine.core.stack_room import roomy
+
     def check(prop, config, batches, device="cpu"):
         with judging(prop.name):
-            return output_record.check_recorded(prop.check, target, prop.name, config, batches, device)
+            # clear of a frame chunk's end, wherever the search called it from (see core.stack_room)
+            return roomy(output_record.check_recorded, prop.check, target, prop.name, config, batches, device)
     return check

@@ -77,65 +77,86 @@ class LaneReport:
 
 @dataclass
 class Lanes:
-    """``search(slot)`` -> the slot's results, run over ``count`` forked lanes; ``finish()`` in each lane
-    as it ends (its own workers stopped, their records written)."""
+    """``search(slot)`` -> the slot's results, run over ``count`` forked lanes; ``finish_lane()`` in each
+    lane as it ends (its own workers stopped, their records written)."""
 
     search: Callable[[list[str]], list]
     count: int
-    finish: Callable[[], None] = lambda: None
+    finish_lane: Callable[[], None] = lambda: None
     #: seconds the lanes spent searching, all together (the kernel share's denominator)
     busy_seconds: float = 0.0
     launches: int = 0
     kernel_seconds: float = 0.0
+    #: when the lanes were forked (their search's start)
+    started: float = 0.0
     _procs: list = field(default_factory=list)
+    _idle: list = field(default_factory=list)
+    _busy: dict = field(default_factory=dict)  # connection -> (process, slot)
+    _todo: list = field(default_factory=list)
 
     def run(self, slots: list[list[str]], on_results: Callable[[list], None],
             on_lost: Callable[[list[str], str], None]) -> None:
         """Every slot searched once, in the order given, ``on_results`` with each slot's results
         as it ends; ``on_lost(slot, why)`` for a slot whose lane died mid-search."""
-        from vmfuzz.harness.engine.core.isolation import exit_reason
+        self.start(slots)
+        self.finish(on_results, on_lost)
+
+    def start(self, slots: list[list[str]]) -> None:
+        """The lanes forked, each searching its first slot while this process does something else
+        (a run replays its saved repros meanwhile); ``finish`` hands out the rest."""
         from vmfuzz.harness.engine.core.signals import held
         ctx = mp.get_context("fork")
-        todo = list(slots)
-        busy: dict = {}  # connection -> (process, slot)
-        idle: list = []
+        self.started = time.monotonic()
+        self._todo = list(slots)
         for stream in (sys.stdout, sys.stderr):
             stream.flush()  # a forked lane must not write out what the parent had buffered
         frozen_for_fork()
         try:
-            for _ in range(min(self.count, len(todo))):
+            for _ in range(min(self.count, len(self._todo))):
                 parent, child = ctx.Pipe()
                 # Not daemonic: a lane starts its own watched checkers.
-                proc = ctx.Process(target=_lane, args=(child, self.search, self.finish))
+                proc = ctx.Process(target=_lane, args=(child, self.search, self.finish_lane))
                 with held():
                     proc.start()
                 child.close()
                 self._procs.append((proc, parent))
-                idle.append((proc, parent))
-            while todo or busy:
-                while todo and idle:
-                    proc, conn = idle.pop()
-                    slot = todo.pop(0)
-                    try:
-                        conn.send(slot)
-                    except OSError:  # it died while idle: the slot goes to the next lane
-                        todo.insert(0, slot)
-                        continue
-                    busy[conn] = (proc, slot)
-                if not busy:
-                    for slot in todo:  # every lane died: what is left cannot be searched here
+                self._idle.append((proc, parent))
+            self._hand_out()
+        except BaseException:
+            self.close()
+            raise
+
+    def _hand_out(self) -> None:
+        while self._todo and self._idle:
+            proc, conn = self._idle.pop()
+            slot = self._todo.pop(0)
+            try:
+                conn.send(slot)
+            except OSError:  # it died while idle: the slot goes to the next lane
+                self._todo.insert(0, slot)
+                continue
+            self._busy[conn] = (proc, slot)
+
+    def finish(self, on_results: Callable[[list], None], on_lost: Callable[[list[str], str], None]) -> None:
+        """Every slot left handed out and every result taken, then the lanes ended."""
+        from vmfuzz.harness.engine.core.isolation import exit_reason
+        try:
+            while self._todo or self._busy:
+                self._hand_out()
+                if not self._busy:
+                    for slot in self._todo:  # every lane died: what is left cannot be searched here
                         on_lost(slot, "no search lane left")
                     return
-                ready = wait(list(busy) + [p.sentinel for p, _ in busy.values()])
-                for conn in [c for c, (p, _) in busy.items() if c in ready or p.sentinel in ready]:
-                    proc, slot = busy.pop(conn)
+                ready = wait(list(self._busy) + [p.sentinel for p, _ in self._busy.values()])
+                for conn in [c for c, (p, _) in self._busy.items() if c in ready or p.sentinel in ready]:
+                    proc, slot = self._busy.pop(conn)
                     try:
                         kind, value = conn.recv()
                     except (EOFError, OSError):
                         proc.join(5)
                         on_lost(slot, f"its search lane died: {exit_reason(proc.exitcode)}")
                         continue
-                    idle.append((proc, conn))
+                    self._idle.append((proc, conn))
                     if kind == "raise":
                         raise value
                     self.launches += value.launches
@@ -143,9 +164,10 @@ class Lanes:
                     self.busy_seconds += value.busy_seconds
                     on_results(value.results)
         finally:
-            self._close()
+            self.close()
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """Every lane asked to end (killed past a grace period); nothing is searched after."""
         for proc, conn in self._procs:
             try:
                 conn.send(None)  # asked, not killed: a lane writes its record of the lines it ran
@@ -158,6 +180,9 @@ class Lanes:
                 proc.join(5)
             conn.close()
         self._procs.clear()
+        self._idle.clear()
+        self._busy.clear()
+        self._todo.clear()
 
 
 def _lane(conn, search, finish) -> None:
