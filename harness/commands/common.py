@@ -139,25 +139,3 @@ def write_command_report(summary, report_dir: Path) -> Path:
     write_command_summary(summary, report_dir)
     print(f"reports: {report_dir}/ (summary.json, summary.md, junit.xml)")
     return report_dir
-
-
-def write_reports_somewhere(write, outcome, report_dir: Path):
-    """Reports into ``report_dir``, or, when it broke mid-run, into a fallback place (said on stderr);
-    returns (summary, where they went: None when nowhere could hold them)."""
-    try:
-        return write(outcome, report_dir), report_dir
-    except OSError as exc:
-        from vmfuzz.harness.model.validate import fallback_dir
-        where = fallback_dir() / "reports"
-        try:
-            summary = write(outcome, where)
-        except OSError as again:
-            # A limit on every file this process writes (ulimit -f) stops the fallback too: the
-            # findings are on disk and the verdict stands; the reports are what is missing.
-            from vmfuzz.harness.report.summary import build_summary
-            print(f"vmfuzz: cannot write reports to {report_dir} ({exc.strerror or exc}) nor to {where} "
-                  f"({again.strerror or again}); the findings' repros are on disk", file=sys.stderr)
-            return build_summary(outcome), None
-        print(f"vmfuzz: cannot write reports to {report_dir} ({exc.strerror or exc}); wrote them to {where}",
-              file=sys.stderr)
-        return summary, where
