@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import sys
 from functools import partial
+from typing import TYPE_CHECKING
 
 from vmfuzz.harness.commands.planning import plan
 from vmfuzz.harness.commands.request import RunRequest
 from vmfuzz.harness.report.terminal import classes_line, paint, plural
+
+if TYPE_CHECKING:
+    from vmfuzz.harness.engine.campaign.watch import GateWatch
 
 
 def run(request: RunRequest) -> int:
@@ -54,28 +58,39 @@ def show_result(res, log, *, verbose: bool = False) -> None:
         log(f"      repro:   {f.path}")
 
 
-def execute_and_report(plan_, target, gate=None, *, verbose: bool = False) -> int:
-    """``gate(outcome) -> dict``: the gate's coverage, computed from what ran, for the reports."""
+def execute_and_report(plan_, target, gate: GateWatch | None = None, *, verbose: bool = False) -> int:
+    """``gate``: the gate's watch over its change, started before the search and stopped once its
+    coverage is computed from what ran, for the reports."""
     from vmfuzz.harness.engine.campaign.session import execute
     from vmfuzz.harness.report.progress import progress
     from vmfuzz.harness.report.summary import write_reports
     from vmfuzz.harness.report.terminal import gate_line
     from vmfuzz.harness.report.verdict import say_written, verdict, write_reports_somewhere
 
-    budget = f", budget {plan_.time_budget:g}s" if plan_.time_budget else ""
-    # a searching profile's count is per round: it searches round after round until its budget is spent
-    count = (f"rounds of {plural(plan_.max_examples, 'example')} per property until the budget is spent"
-             if plan_.profile.rounds and plan_.time_budget else f"{plural(plan_.max_examples, 'example')} per property")
-    print(f"vmfuzz {plan_.command}: target {target.name}, seed {plan_.seed}, profile {plan_.profile.name}, "
-          f"{count}{budget}, {plural(plan_.workers, 'worker')}{', isolated' if plan_.isolate else ''}", flush=True)
-    # made here, beside the lines it interleaves with, and handed down: the engine draws no screen of its own
-    ui = progress(len(plan_.properties), f"{target.name} ({plan_.profile.name})", per_slot=plan_.max_examples,
-                  budget=plan_.time_budget if plan_.profile.rounds else None)
-    outcome = execute(plan_, target, partial(show_result, verbose=verbose), ui)
-    from vmfuzz.harness.engine.search.deep_corpus import constants_of
-    outcome.shape_constants = constants_of(target).source
     if gate is not None:
-        outcome.gate = gate(outcome)
+        gate.start()
+    try:
+        budget = f", budget {plan_.time_budget:g}s" if plan_.time_budget else ""
+        # a searching profile's count is per round: it searches round after round until its budget is spent
+        count = (f"rounds of {plural(plan_.max_examples, 'example')} per property until the budget is spent"
+                 if plan_.profile.rounds and plan_.time_budget
+                 else f"{plural(plan_.max_examples, 'example')} per property")
+        print(f"vmfuzz {plan_.command}: target {target.name}, seed {plan_.seed}, profile {plan_.profile.name}, "
+              f"{count}{budget}, {plural(plan_.workers, 'worker')}{', isolated' if plan_.isolate else ''}",
+              flush=True)
+        # made here, beside the lines it interleaves with, and handed down: the engine draws no screen of its own
+        ui = progress(len(plan_.properties), f"{target.name} ({plan_.profile.name})", per_slot=plan_.max_examples,
+                      budget=plan_.time_budget if plan_.profile.rounds else None)
+        outcome = execute(plan_, target, partial(show_result, verbose=verbose), ui)
+        from vmfuzz.harness.engine.search.deep_corpus import constants_of
+        outcome.shape_constants = constants_of(target).source
+        if gate is not None:
+            outcome.gate = gate.coverage(target, outcome)
+    finally:
+        # the lines are measured: the reports need no more of them
+        if gate is not None:
+            gate.stop()
+    if gate is not None:
         print(gate_line(outcome.gate))
     summary, written = write_reports_somewhere(write_reports, outcome, plan_.report_dir)
     say_written(outcome, written)
