@@ -90,12 +90,12 @@ def plan(request: RunRequest):
 
 
 def _deployment(path: Path | None):
-    """``--deployment FILE`` read, or None."""
+    """``--deployment FILE`` read and its configs built, or None."""
     if not path:
         return None
-    from vmfuzz.harness.model.deployment_file import DeploymentError, load
+    from vmfuzz.harness.model.deployment_file import DeploymentError, load_plan
     try:
-        return load(path)
+        return load_plan(path)
     except DeploymentError as exc:
         raise UsageError(f"vmfuzz: {exc}") from None
 
