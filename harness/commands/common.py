@@ -8,11 +8,10 @@ runs, so no finding is ever lost to an option that was wrong from the start.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from vmfuzz.harness.model.errors import UsageError
-from vmfuzz.harness.model.validate import LimitError, usable_dir
+from vmfuzz.harness.model.validate import ready_dir
 
 
 def prepare_process() -> None:
@@ -37,15 +36,8 @@ def quiet_dependency_warnings() -> None:
 
 
 def resolve_target(spec: str):
-    from vmfuzz.harness.targets import TargetUnavailable, resolve
-    if sys.stdout.isatty() and spec.split("+", 1)[0] == "sglang":
-        # importing SGLang is most of a short command's time: a person at a terminal sees why it waits
-        # (a CI log has the timed lines after it; its stdout is not a terminal)
-        print("vmfuzz: importing SGLang (the code under test; about 10-30 s) ...", flush=True)
-    try:
-        return resolve(spec)
-    except TargetUnavailable as exc:
-        raise UsageError(f"vmfuzz: target {spec!r} unavailable: {exc}") from None
+    from vmfuzz.harness.targets import resolve_or_refuse
+    return resolve_or_refuse(spec)
 
 
 #: the "property" a finding made while the target was being built carries: no property ran yet
@@ -116,16 +108,13 @@ def isolated(choice: str, spec: str) -> bool:
 
 
 def usable(path: Path, what: str) -> Path:
-    try:
-        return usable_dir(path, what)
-    except LimitError as exc:
-        raise UsageError(f"vmfuzz: {exc}") from None
+    return ready_dir(path, what)
 
 
 def claimed_report_dir(report_dir: Path) -> Path:
     """The report folder, created, proven writable and claimed for this run alone (exit 2 if another
     run holds it): called once the command's input is known good, before any work."""
-    from vmfuzz.harness.commands.report_claim import claim
+    from vmfuzz.harness.model.report_claim import claim
     return claim(usable(report_dir, "--report-dir"))
 
 
