@@ -223,7 +223,7 @@ def test_a_saved_repro_out_of_step_stops_the_gate_whatever_the_change_touches():
     """Out of step on a check that drives no changed file is a warning; on a saved repro it is exit 3."""
     from types import SimpleNamespace
 
-    from vmfuzz.harness.commands.gate import out_of_step_coverage
+    from vmfuzz.harness.engine.campaign.watch import out_of_step_coverage
     saved = str(ROOT / "repro" / "pr33127" / "pr33127.json")
     outcome = SimpleNamespace(out_of_step=[(saved, "fits in verify_mask.py: no longer there")])
     cov = out_of_step_coverage(["python/sglang/srt/layers/attention/tbo_backend.py"], outcome)

@@ -153,7 +153,7 @@ def _running(pids) -> list[int]:
     return alive
 
 
-_HOLDER = ("import sys, time; from pathlib import Path; from vmfuzz.harness.commands.report_claim import claim; "
+_HOLDER = ("import sys, time; from pathlib import Path; from vmfuzz.harness.model.report_claim import claim; "
            "Path(sys.argv[1]).mkdir(parents=True, exist_ok=True); claim(Path(sys.argv[1])); "
            "print('held', flush=True); time.sleep(120)")
 

@@ -8,11 +8,10 @@ runs, so no finding is ever lost to an option that was wrong from the start.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from vmfuzz.harness.model.errors import UsageError
-from vmfuzz.harness.model.validate import LimitError, usable_dir
+from vmfuzz.harness.model.validate import ready_dir
 
 
 def prepare_process() -> None:
@@ -37,15 +36,8 @@ def quiet_dependency_warnings() -> None:
 
 
 def resolve_target(spec: str):
-    from vmfuzz.harness.targets import TargetUnavailable, resolve
-    if sys.stdout.isatty() and spec.split("+", 1)[0] == "sglang":
-        # importing SGLang is most of a short command's time: a person at a terminal sees why it waits
-        # (a CI log has the timed lines after it; its stdout is not a terminal)
-        print("vmfuzz: importing SGLang (the code under test; about 10-30 s) ...", flush=True)
-    try:
-        return resolve(spec)
-    except TargetUnavailable as exc:
-        raise UsageError(f"vmfuzz: target {spec!r} unavailable: {exc}") from None
+    from vmfuzz.harness.targets import resolve_or_refuse
+    return resolve_or_refuse(spec)
 
 
 #: the "property" a finding made while the target was being built carries: no property ran yet
@@ -116,16 +108,13 @@ def isolated(choice: str, spec: str) -> bool:
 
 
 def usable(path: Path, what: str) -> Path:
-    try:
-        return usable_dir(path, what)
-    except LimitError as exc:
-        raise UsageError(f"vmfuzz: {exc}") from None
+    return ready_dir(path, what)
 
 
 def claimed_report_dir(report_dir: Path) -> Path:
     """The report folder, created, proven writable and claimed for this run alone (exit 2 if another
     run holds it): called once the command's input is known good, before any work."""
-    from vmfuzz.harness.commands.report_claim import claim
+    from vmfuzz.harness.model.report_claim import claim
     return claim(usable(report_dir, "--report-dir"))
 
 
@@ -139,25 +128,3 @@ def write_command_report(summary, report_dir: Path) -> Path:
     write_command_summary(summary, report_dir)
     print(f"reports: {report_dir}/ (summary.json, summary.md, junit.xml)")
     return report_dir
-
-
-def write_reports_somewhere(write, outcome, report_dir: Path):
-    """Reports into ``report_dir``, or, when it broke mid-run, into a fallback place (said on stderr);
-    returns (summary, where they went: None when nowhere could hold them)."""
-    try:
-        return write(outcome, report_dir), report_dir
-    except OSError as exc:
-        from vmfuzz.harness.model.validate import fallback_dir
-        where = fallback_dir() / "reports"
-        try:
-            summary = write(outcome, where)
-        except OSError as again:
-            # A limit on every file this process writes (ulimit -f) stops the fallback too: the
-            # findings are on disk and the verdict stands; the reports are what is missing.
-            from vmfuzz.harness.report.summary import build_summary
-            print(f"vmfuzz: cannot write reports to {report_dir} ({exc.strerror or exc}) nor to {where} "
-                  f"({again.strerror or again}); the findings' repros are on disk", file=sys.stderr)
-            return build_summary(outcome), None
-        print(f"vmfuzz: cannot write reports to {report_dir} ({exc.strerror or exc}); wrote them to {where}",
-              file=sys.stderr)
-        return summary, where

@@ -9,7 +9,6 @@ refusal (exit 2), never a verdict on code that was not tested.
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 
 from vmfuzz.harness.commands.common import import_finding, sglang_checkout_at, write_command_report
@@ -48,13 +47,11 @@ def run(request: RunRequest) -> int:
         return import_finding(exc, "gate", request.target, request.report_dir)
     if sglang:
         _say_code_under_test(sglang_root)
-    tracing = _start_tracing(hits, checkout) if changed is not None and sglang else None
-    coverage = partial(_coverage, request.target, target, changed, hits, sglang_root, tracing)
-    try:
-        return execute_and_report(plan_, target, coverage if changed is not None else None, verbose=request.verbose)
-    finally:
-        if tracing is not None:
-            _end_tracing(tracing)
+    watch = None
+    if changed is not None:
+        from vmfuzz.harness.engine.campaign.watch import GateWatch
+        watch = GateWatch(request.target, changed, hits, checkout, sglang_root, traced=sglang)
+    return execute_and_report(plan_, target, watch, verbose=request.verbose)
 
 
 def _changes(changed_files: Path | None, base: str | None, repo: Path):
@@ -70,164 +67,6 @@ def _changes(changed_files: Path | None, base: str | None, repo: Path):
     except ChangeError as exc:
         raise UsageError(f"vmfuzz gate: {exc}") from None
     return None, None
-
-
-def _coverage(spec: str, target, changed, hits, sglang_root, tracing, outcome) -> dict:
-    """The gate's coverage, computed from what ran, for the reports."""
-    from vmfuzz.harness.engine.campaign.surface import gate_coverage
-    where = {"checkout": str(sglang_root) if sglang_root else None}
-    try:
-        lines = _measured_lines(target, tracing) if tracing is not None else None
-        cov = gate_coverage(spec, target, changed, hits, outcome.results, lines=lines)
-    except (ValueError, ImportError, OSError) as exc:
-        # The reports are still written; the gate claims no coverage it cannot show.
-        why = f"surface unavailable: {type(exc).__name__}: {exc}"
-        cov = {"changed": changed, "triggered": hits, "exercised": [], "not_driven": hits,
-               "why_not_driven": {p: why for p in hits},
-               "could_not_check": [f"the changed lines could not be measured: {why}"]}
-    cov["could_not_check"] = cov.get("could_not_check", []) + sub_check_gaps(hits, outcome, cov)
-    return {**cov, **where, **out_of_step_coverage(hits, outcome)}
-
-
-class _Tracing:
-    """What the gate traces: each triggered path's file in the loaded SGLang and its changed lines."""
-
-    def __init__(self, folder, files: dict, changed_lines: dict, untraced: dict):
-        self.folder = folder
-        self.files = files  # listed path -> absolute file traced
-        self.changed_lines = changed_lines  # listed path -> frozenset of lines, or None (no diff)
-        self.untraced = untraced  # listed path -> why it cannot be traced
-
-
-def _start_tracing(hits: list[str], checkout) -> _Tracing:
-    """Switches line recording on for the triggered SGLang Python files, here and in every worker."""
-    import tempfile
-    from vmfuzz.harness.engine.core import line_trace
-    from vmfuzz.harness.engine.campaign.change_paths import changed_lines
-    from vmfuzz.harness.engine.campaign.changes import sglang_relative
-    from vmfuzz.harness.engine.campaign.surface import known_reason, loaded_package
-    package = loaded_package()
-    files, lines, untraced = {}, {}, {}
-    for path in hits:
-        rel = sglang_relative(path)
-        if rel is None:
-            continue
-        real = package / rel
-        if not rel.endswith(".py"):
-            untraced[path] = f"not driven: {known_reason(rel)}"
-            continue
-        if not real.is_file():
-            untraced[path] = "not in the SGLang under test (deleted or moved)"
-            continue
-        files[path] = real.resolve()
-        lines[path] = changed_lines(checkout, path) if checkout is not None else None
-    try:
-        import coverage  # noqa: F401 - the measurement's tool: without it no line can be shown to run
-    except ImportError:
-        raise UsageError("vmfuzz gate: coverage (coverage.py) is not installed, so the gate cannot measure "
-                         "which changed lines ran; reinstall vmfuzz (bash scripts/bootstrap.sh)") from None
-    folder = Path(tempfile.mkdtemp(prefix="vmfuzz-lines-"))
-    # Both spellings: a module imported through a symlinked folder runs under the link's name.
-    names = {str(package / sglang_relative(p)) for p in files} | {str(f) for f in files.values()}
-    line_trace.start(folder, sorted(names))
-    return _Tracing(folder, files, lines, untraced)
-
-
-def _end_tracing(tracing: _Tracing) -> None:
-    import shutil
-    from vmfuzz.harness.engine.core import line_trace
-    line_trace.stop()
-    shutil.rmtree(tracing.folder, ignore_errors=True)
-
-
-def _measured_lines(target, tracing: _Tracing) -> dict:
-    """Listed path -> ``diff_coverage.FileLines``: what ran of each triggered file, and under what."""
-    from vmfuzz.harness.engine.core import line_trace
-    from vmfuzz.harness.engine.campaign.changes import sglang_relative
-    from vmfuzz.harness.engine.campaign.diff_coverage import measure, read_text, untraced
-    from vmfuzz.harness.engine.campaign.surface import loaded_package, sglang_rows
-    line_trace.flush()
-    broken = line_trace.failures(tracing.folder)
-    if broken:
-        raise OSError(f"a worker could not record its lines ({broken[0]})")
-    ran = line_trace.merged(tracing.folder)
-    rows = sglang_rows(target, loaded_package())
-    out = {}
-    for path, why in tracing.untraced.items():
-        out[path] = untraced(path, why)
-    for path, real in tracing.files.items():
-        rel = sglang_relative(path)
-        mask_functions = {}
-        for r in rows:
-            if r.file == rel and r.function:
-                said = ", ".join(r.driven_by) if r.driven else f"not driven: {r.why}"
-                mask_functions[r.function] = (mask_functions[r.function] + "; " + said
-                                              if r.function in mask_functions else said)
-        text = read_text(real)
-        if text is None:
-            out[path] = untraced(path, "could not be read back after the run")
-            continue
-        try:
-            out[path] = measure(path, text, str(real), tracing.changed_lines.get(path), mask_functions,
-                                ran.get(str(real), {}))
-        except SyntaxError as exc:
-            out[path] = untraced(path, f"not driven: it does not parse ({exc.msg}, line {exc.lineno})")
-    return out
-
-
-def sub_check_gaps(hits: list[str], outcome, cov: dict) -> list[str]:
-    """A promised sub-check no case judged, of a property that judges a changed file: could not check.
-
-    "Judges" is measured where the lines were (the property ran a changed line or entered a
-    changed mask-path function), else declared (the surface names the property for the file).
-    """
-    from vmfuzz.harness.engine.campaign.changes import sglang_relative
-    from vmfuzz.harness.engine.campaign.surface import declared
-    from vmfuzz.harness.properties import sub_checks_not_driven
-    touched = {sglang_relative(p): p for p in hits}
-    out = []
-    for r in outcome.results:
-        if r.findings or r.not_driven:
-            continue
-        gaps = sub_checks_not_driven(r.prop, r.classes)
-        if not gaps:
-            continue
-        files = [f["path"] for f in cov.get("lines") or []
-                 if any(r.prop in props for props in (f.get("judged") or {}).values())
-                 or any(fn["entered"] and r.prop in fn["driven_by"] for fn in (f.get("functions") or {}).values())]
-        files += [touched[e.file] for e in declared() if e.file in touched and r.prop in e.properties]
-        if files:
-            name, why = next(iter(gaps.items()))
-            out.append(f"{r.prop}'s sub-check {name} was not judged ({why}), and {r.prop} judges the changed "
-                       f"{sorted(set(files))[0]}" + (f" (and {len(gaps) - 1} more sub-check(s))" if len(gaps) > 1
-                                                     else ""))
-    return out
-
-
-def out_of_step_coverage(hits: list[str], outcome) -> dict:
-    """Which out-of-step checks drive a file the change touches (exit 3) and which do not (warnings).
-
-    A check vmfuzz could not make on code the change does not touch does not
-    stop the gate, but it is never silent: it is a warning in the summary.
-    """
-    from vmfuzz.harness.engine.campaign.changes import sglang_relative
-    from vmfuzz.harness.engine.campaign.surface import declared
-    from vmfuzz.harness.properties import PROPERTIES
-    touched = {sglang_relative(p) for p in hits}
-    files: dict[str, set[str]] = {}
-    for e in declared():
-        for prop in e.properties:
-            files.setdefault(prop, set()).add(e.file)
-    stuck, warnings = [], []
-    for what, why in outcome.out_of_step:
-        hit = sorted(files.get(what, set()) & touched)
-        if what not in files and what not in PROPERTIES:  # a saved repro: never a pass, whatever changed
-            stuck.append(f"{why} (saved repro {what})")
-        elif hit:
-            stuck.append(f"{why} (needed by {what}, which drives the changed {hit[0]})")
-        else:
-            warnings.append(f"{what} could not be checked (it drives no changed file): out of step: {why}")
-    return {"out_of_step": stuck, "warnings": warnings}
 
 
 def _import_checkout(root: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import msgspec
 
-from vmfuzz.harness.commands.common import check_device, claimed_report_dir, isolated, resolve_target, usable
+from vmfuzz.harness.commands.common import check_device, isolated
 from vmfuzz.harness.commands.request import RunRequest
 from vmfuzz.harness.engine.campaign.profiles import PROFILES
 from vmfuzz.harness.engine.campaign.session import RunPlan
@@ -25,7 +25,7 @@ from vmfuzz.harness.model.errors import UsageError
 
 
 class Places(msgspec.Struct, frozen=True, kw_only=True):
-    """The places a run reads and writes, from its request: checked before the search (``check_places``)."""
+    """The places a run reads and writes, from its request: checked before the search."""
     report_dir: Path
     db_folder: Path
     repros: tuple[Path, ...] = ()
@@ -46,7 +46,13 @@ class Places(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def plan(request: RunRequest):
-    """What run and gate share: the request's plan, and its target."""
+    """What run and gate share: the request's plan, and its target.
+
+    One way down: the command line's own checks first, then what the engine reads
+    (known findings, saved repros), then the target, then the folders and the
+    model's values; nothing below is asked twice, and nothing comes back up for a
+    check.
+    """
     profile = PROFILES[request.profile]
     if request.shard is not None and request.shard[0] > 1:
         # saved repros and last failures are shard 1's: every shard replaying them would report each N times
@@ -54,17 +60,29 @@ def plan(request: RunRequest):
     deployment = _deployment(request.deployment)
     check_device(request.device)
     isolate = isolated(request.isolate, request.target)
-    target = resolve_target(request.target)
     seed = request.seed
     if seed is None:
         seed = profile.fixed_seed if profile.fixed_seed is not None else random.SystemRandom().randrange(2**31)
     places = Places.of(request)
-    report_dir = check_places(places, profile)
-    saved, warnings = read_saved_repros(places.repro_roots) if profile.replay_repros else ((), ())
-    from vmfuzz.harness.engine.regression.known import applying
-    # an unreadable entry is one line now, not a stop mid-run
-    known = tuple(applying(dict(target.versions()), *places.known_roots))
+    check_folders(places)
     db_url = check_shared_db(request.db, profile)
+    from vmfuzz.harness.engine.regression.known import entries
+    from vmfuzz.harness.engine.regression.regressions import replayable_saved
+    # read before the target loads: an unreadable entry or repro is one line now, not a stop mid-run
+    found = entries(*places.known_roots)
+    saved, warnings = replayable_saved(places.repro_roots) if profile.replay_repros else ((), ())
+    from vmfuzz.harness.targets import resolve_or_refuse
+    target = resolve_or_refuse(request.target)
+    # A finding must never be lost to an output place that was broken from the start.
+    from vmfuzz.harness.model.report_claim import claim
+    from vmfuzz.harness.model.validate import ready_dir
+    report_dir = claim(ready_dir(places.report_dir, "--report-dir"))
+    if profile.database == "write" or profile.replay_last_failures:
+        ready_dir(places.db_folder, "--db")
+        if profile.replay_last_failures:
+            ready_dir(places.db_folder / "last-failures", "--db's last-failures")
+    from vmfuzz.harness.model.known_file import applying
+    known = tuple(applying(found, dict(target.versions())))
     # A slow target (sglang runs its kernel in the Triton interpreter, where a production
     # shape takes tens of seconds a case) carries its own example budget, case timeout,
     # bounds and bound steps per profile.
@@ -90,60 +108,24 @@ def plan(request: RunRequest):
 
 
 def _deployment(path: Path | None):
-    """``--deployment FILE`` read, or None."""
+    """``--deployment FILE`` read and its configs built, or None."""
     if not path:
         return None
-    from vmfuzz.harness.model.deployment_file import DeploymentError, load
+    from vmfuzz.harness.model.deployment_file import DeploymentError, load_plan
     try:
-        return load(path)
+        return load_plan(path)
     except DeploymentError as exc:
         raise UsageError(f"vmfuzz: {exc}") from None
 
 
-def check_places(places: Places, profile) -> Path:
-    """The report directory, the database and the folders named on the command line, checked
-    before the search; returns the report directory, claimed.
+def check_folders(places: Places) -> None:
+    """The folders named on the command line are there, before any work.
 
-    A finding must never be lost to an output place that was broken from the start.
+    A folder CI names that is not there is a guard that silently went missing.
     """
-    report_dir = claimed_report_dir(places.report_dir)
-    if profile.database == "write" or profile.replay_last_failures:
-        usable(places.db_folder, "--db")
-        if profile.replay_last_failures:
-            usable(places.db_folder / "last-failures", "--db's last-failures")
     for option, folder in [("--repros", d) for d in places.repros] + [("--known", d) for d in places.known]:
-        # A folder CI names that is not there is a guard that silently went missing.
         if not folder.is_dir():
             raise UsageError(f"vmfuzz: {option} {folder}: not a directory")
-    return report_dir
-
-
-def read_saved_repros(roots: tuple[Path, ...]) -> tuple[tuple, tuple[str, ...]]:
-    """(every saved repro under ``roots``, read; the warning when there is none).
-
-    A gate must never pass over a saved repro it cannot replay: one that does
-    not read, or names no property that applies to its config, is exit 2 now.
-    """
-    from vmfuzz.harness.engine.regression.regressions import no_saved_repros, read_saved, saved_repros
-    from vmfuzz.harness.engine.regression.replay import replayable
-    from vmfuzz.harness.model.repro_file import ReproError
-    warning = no_saved_repros(list(roots))
-    saved = []
-    for root in roots:
-        if root.exists() and not root.is_dir():
-            raise UsageError(f"vmfuzz: repro root {root} is not a directory")
-        paths = saved_repros([root])
-        for s in read_saved(paths):
-            try:
-                if s.repro is None:
-                    raise ReproError(s.error)
-                replayable(s.repro)
-            except ReproError as exc:
-                msg = str(exc)
-                raise UsageError(f"vmfuzz: saved repro {s.path} cannot be replayed: "
-                                 + (msg if str(s.path) not in msg else msg.split(": ", 1)[-1])) from None
-            saved.append(s)
-    return tuple(saved), (warning,) if warning else ()
 
 
 def check_shared_db(value: str, profile) -> str | None:

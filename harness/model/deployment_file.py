@@ -79,6 +79,21 @@ class Deployment(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                              f"{self.max_running_requests} running requests, context {self.context_length}")
 
 
+class DeploymentPlan(msgspec.Struct, frozen=True):
+    """A deployment as a run consumes it: the file as read, and the configs it makes, built once
+    where the file is read, so the search takes typed values and never rebuilds them."""
+    file: Deployment
+    config: Config
+    #: the same server's no-draft verify path (d = 1)
+    trivial_config: Config
+
+
+def load_plan(path: str | Path) -> DeploymentPlan:
+    """``load``, with the configs built: what ``run --deployment`` carries in its plan."""
+    dep = load(path)
+    return DeploymentPlan(dep, dep.config(), dep.trivial_config())
+
+
 def load(path: str | Path) -> Deployment:
     from vmfuzz.harness.model.validate import load_file
     return load_file(path, "deployment file", loads, DeploymentError)

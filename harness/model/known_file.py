@@ -83,6 +83,11 @@ class Known(msgspec.Struct, forbid_unknown_fields=True):
         return origin is not None and any(p.matches(origin) for p in self.origins)
 
 
+def applying(found: list[tuple[Path, Known]], versions: dict) -> list[tuple[Path, Known]]:
+    """The entries whose range holds the SGLang of ``versions`` (none for a target that is not SGLang)."""
+    return [(p, k) for p, k in found if k.applies_to(versions.get("sglang"))]
+
+
 def _closed(spec: SpecifierSet) -> bool:
     return any(s.operator in ("<", "<=", "==", "===", "~=") for s in spec)
 

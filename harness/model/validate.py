@@ -151,6 +151,15 @@ def number(option: str, value, *, low: float, high: float, integer: bool = False
     return int(value) if integer else value
 
 
+def ready_dir(path: str | Path, what: str) -> Path:
+    """``usable_dir`` for a command: a folder that cannot be used is one line (exit 2)."""
+    from vmfuzz.harness.model.errors import UsageError
+    try:
+        return usable_dir(path, what)
+    except LimitError as exc:
+        raise UsageError(f"vmfuzz: {exc}") from None
+
+
 def usable_dir(path: str | Path, what: str) -> Path:
     """Create ``path`` if needed and prove a file can be written in it, before any work is done."""
     path = Path(path)

@@ -379,6 +379,7 @@ def command_md(s: dict) -> str:
 
 def write_command_summary(summary: CommandSummary, report_dir: Path) -> dict:
     s = summary.as_dict()
-    write_files(report_dir, {"summary.json": _checked(s, CommandShape), "summary.md": command_md(s),
-                             "junit.xml": command_junit(s)})
+    # rendered before the shape is checked against the model: the check is the last step down
+    md, junit = command_md(s), command_junit(s)
+    write_files(report_dir, {"summary.json": _checked(s, CommandShape), "summary.md": md, "junit.xml": junit})
     return s

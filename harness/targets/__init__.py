@@ -82,6 +82,20 @@ def _checked_plugin(spec: str, obj):
     return target
 
 
+def resolve_or_refuse(spec: str) -> Target:
+    """``resolve`` for a command: an unavailable target is one line (exit 2), never a traceback."""
+    import sys
+    from vmfuzz.harness.model.errors import UsageError
+    if sys.stdout.isatty() and spec.split("+", 1)[0] == "sglang":
+        # importing SGLang is most of a short command's time: a person at a terminal sees why it waits
+        # (a CI log has the timed lines after it; its stdout is not a terminal)
+        print("vmfuzz: importing SGLang (the code under test; about 10-30 s) ...", flush=True)
+    try:
+        return resolve(spec)
+    except TargetUnavailable as exc:
+        raise UsageError(f"vmfuzz: target {spec!r} unavailable: {exc}") from None
+
+
 def resolve(spec: str) -> Target:
     """``base[+variant...]`` -> a target instance with the variants layered in order."""
     base, *layers = spec.split("+")

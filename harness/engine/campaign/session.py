@@ -39,7 +39,7 @@ class RunPlan:
     db_dir: Path = Path(".vmfuzz-db")
     isolate: bool = False
     example_timeout: float = 30.0
-    deployment: object = None  # vmfuzz.harness.engine.search.deployment.Deployment
+    deployment: object = None  # vmfuzz.harness.model.deployment_file.DeploymentPlan: read, its configs built
     #: the saved repros to replay first (vmfuzz.harness.engine.regression.regressions.Saved) and the known
     #: findings that apply to the target's SGLang, (path, entry), as the plan read them: from the
     #: folders vmfuzz ships and those the command line names, never the working directory (the
@@ -227,7 +227,7 @@ def execute(plan: RunPlan, target, show, ui) -> RunOutcome:
         if plan.deployment is not None:
             from vmfuzz.harness.engine.search.deployment import deployment_verdict
             found = [f for r in outcome.results for f in r.findings]
-            outcome.deployment = deployment_verdict(plan.deployment, target, found)
+            outcome.deployment = deployment_verdict(plan.deployment.file, target, found)
     except KeyboardInterrupt:
         outcome.interrupted = True
     finally:

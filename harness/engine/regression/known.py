@@ -17,6 +17,7 @@ from pathlib import Path
 import msgspec
 
 from vmfuzz.harness.model.known_file import DIFFERENT, GONE, REPRODUCES, UNCHECKED, Known, load
+from vmfuzz.harness.model.known_file import applying as that_apply
 from vmfuzz.harness.model.origin import Origin
 from vmfuzz.harness.model.repro_file import ReproError, dump
 
@@ -59,13 +60,6 @@ def entries(*roots: Path) -> list[tuple[Path, Known]]:
     return out
 
 
-def applying(versions: dict, *roots: Path) -> list[tuple[Path, Known]]:
-    """The entries of ``roots`` (every one read: an unreadable one is a ReproError naming it)
-    whose range holds the SGLang of ``versions``: what a run replays and attaches."""
-    found = entries(*roots)
-    return [(p, k) for p, k in found if k.applies_to(versions.get("sglang"))]
-
-
 def shipped_known_name(target, origin) -> str | None:
     """The shipped entry (``known/``) that applies to ``target``'s SGLang and names ``origin``, if any:
     what ``replay`` and ``minimize`` label a failure with."""
@@ -75,7 +69,7 @@ def shipped_known_name(target, origin) -> str | None:
 
 def applicable(found: list[tuple[Path, Known]], versions: dict) -> list[tuple[Path, Known]]:
     """The entries whose range holds the SGLang under test (none for a target that is not SGLang)."""
-    return [(p, k) for p, k in found if k.applies_to(versions.get("sglang"))]
+    return that_apply(found, versions)
 
 
 def attach(target, found: list[tuple[Path, Known]]) -> None:
@@ -110,5 +104,5 @@ def replay_known(found: list[tuple[Path, Known]], target, *, findings_dir: Path 
     return out
 
 
-__all__ = ["KnownOutcome", "ReproError", "applicable", "applying", "attach", "default_known_root", "entries", "replay_known",
+__all__ = ["KnownOutcome", "ReproError", "applicable", "attach", "default_known_root", "entries", "replay_known",
            "shipped_known_name"]

@@ -121,6 +121,32 @@ def read_saved(paths: list[Path]) -> list[Saved]:
     return out
 
 
+def replayable_saved(roots: tuple[Path, ...]) -> tuple[tuple[Saved, ...], tuple[str, ...]]:
+    """(every saved repro under ``roots``, read; the warning when there is none), for a run's plan.
+
+    A gate must never pass over a saved repro it cannot replay: one that does
+    not read, or names no property that applies to its config, is a ReproError
+    naming it (exit 2) before any work.
+    """
+    from vmfuzz.harness.engine.regression.replay import replayable
+    warning = no_saved_repros(list(roots))
+    saved = []
+    for root in roots:
+        if root.exists() and not root.is_dir():
+            raise ReproError(f"repro root {root} is not a directory")
+        for s in read_saved(saved_repros([root])):
+            try:
+                if s.repro is None:
+                    raise ReproError(s.error)
+                replayable(s.repro)
+            except ReproError as exc:
+                msg = str(exc)
+                raise ReproError(f"saved repro {s.path} cannot be replayed: "
+                                 + (msg if str(s.path) not in msg else msg.split(": ", 1)[-1])) from None
+            saved.append(s)
+    return tuple(saved), (warning,) if warning else ()
+
+
 def replay_saved(saved: list[Saved], target, *, source: str, findings_dir: Path, device: str = "cpu",
                  isolate: bool = False, timeout: float = 30.0, check_teeth: bool = True,
                  out: list | None = None) -> list[ReplayOutcome]:

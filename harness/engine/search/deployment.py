@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from vmfuzz.harness.model.allocation import AllocatorChose
 from vmfuzz.harness.model.config import Batch, Config
-from vmfuzz.harness.model.deployment_file import Deployment
+from vmfuzz.harness.model.deployment_file import Deployment, DeploymentPlan
 
 
 def search_requests(dep: Deployment, config: Config, allocates: bool) -> int:
@@ -28,13 +28,13 @@ def search_requests(dep: Deployment, config: Config, allocates: bool) -> int:
     return cap
 
 
-def too_large(dep: Deployment, prop: str) -> str | None:
+def too_large(dep: DeploymentPlan, prop: str) -> str | None:
     """Why ``prop`` cannot be driven on this deployment (not its shape, or its buffer alone is past the
     limit), or None."""
     from vmfuzz.harness.model import limits
     from vmfuzz.harness.properties import PROPERTIES
     from vmfuzz.harness.model.validate import buffer_cells
-    config = dep.config()
+    config = dep.config
     spec = PROPERTIES.get(prop)
     # trivial-path runs the deployment's own layout at d = 1, so only the drafting shape is judged here
     if spec is not None and not spec.trivial and not spec.applies(config):
@@ -49,13 +49,13 @@ def too_large(dep: Deployment, prop: str) -> str | None:
             "its capacity is checked by arithmetic (capacity properties and the deployment verdict)")
 
 
-def case_strategy(dep: Deployment, *, trivial: bool, steps: bool, allocates: bool = True):
+def case_strategy(dep: DeploymentPlan, *, trivial: bool, steps: bool, allocates: bool = True):
     """Cases this one server can produce: its config, batches of 1..max_running_requests."""
     from vmfuzz.strategies import batches
 
-    config = dep.trivial_config() if trivial else dep.config()
+    config = dep.trivial_config if trivial else dep.config
     m = config.max_bs
-    r = search_requests(dep, config, allocates)
+    r = search_requests(dep.file, config, allocates)
     # The boundary sizes first, so even a short search reaches an eager batch.
     edges = sorted({x for x in (1, m, m + 1, r) if 1 <= x <= r})
     sizes = st.one_of(st.sampled_from(edges), st.integers(1, r))
