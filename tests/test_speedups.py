@@ -105,3 +105,25 @@ def test_default_layout_holders_follow_a_module_imported_later(sglang_target):
     finally:
         del sys.modules[late.__name__]
     assert call_sites.default_layout_holders(sg, caller) == before
+
+
+def test_a_functions_signature_is_read_once_and_again_when_it_could_differ():
+    from vmfuzz.harness.targets.sglang import seams
+
+    def fn(a, b=1):
+        return a + b
+
+    first = seams.signature(fn, "seam", "file.py")
+    assert seams.signature(fn, "seam", "file.py") is first and str(first) == "(a, b=1)"
+    fn.__defaults__ = (2,)
+    assert str(seams.signature(fn, "seam", "file.py")) == "(a, b=2)"
+
+    def other(x, *, y):
+        return x
+
+    fn.__wrapped__ = other  # what functools.wraps leaves: inspect follows it
+    assert str(seams.signature(fn, "seam", "file.py")) == "(x, *, y)"
+
+    def listed(a, b=[]):  # noqa: B006 - an unhashable default is read afresh, never a crash
+        return a
+    assert str(seams.signature(listed, "seam", "file.py")) == "(a, b=[])"

@@ -12,6 +12,7 @@ the target misbehaving.
 from __future__ import annotations
 
 import inspect
+import types
 from pathlib import Path
 
 from vmfuzz.harness.model.errors import OutOfStep
@@ -60,11 +61,38 @@ def where(obj) -> str:
     return "/".join(parts[len(parts) - parts[::-1].index("sglang"):]) if "sglang" in parts else str(path)
 
 
-def signature(fn, seam: str, file: str) -> inspect.Signature:
+#: plain functions' signatures by the function and what could change its signature: a search reads the
+#: same few thousand times, and inspect rebuilds one on each call (about a tenth of a gate's own time)
+_SIGNATURES: dict = {}
+
+
+def _signature_key(fn):
+    """A key that changes whenever ``inspect.signature(fn)`` could; None for what is not a plain
+    function (classes, bound methods, partials: read afresh each time)."""
+    if type(fn) is not types.FunctionType:
+        return None
+    key = (fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__, id(fn.__annotations__),
+           fn.__dict__.get("__signature__"), fn.__dict__.get("__wrapped__"))
     try:
-        return inspect.signature(fn)
+        hash(key)
+    except TypeError:  # an unhashable default: read afresh
+        return None
+    return key
+
+
+def signature(fn, seam: str, file: str) -> inspect.Signature:
+    key = _signature_key(fn)
+    if key is not None and key in _SIGNATURES:
+        return _SIGNATURES[key]
+    try:
+        sig = inspect.signature(fn)
     except (TypeError, ValueError) as exc:
         raise OutOfStep(seam, file, f"its signature cannot be read ({exc})") from None
+    if key is not None:
+        if len(_SIGNATURES) > 4096:  # functions made per case (stand-ins, closures) must not pile up
+            _SIGNATURES.clear()
+        _SIGNATURES[key] = sig
+    return sig
 
 
 def bind(fn, seam: str, file: str, *args, **kwargs) -> inspect.BoundArguments:
