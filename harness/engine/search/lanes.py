@@ -167,7 +167,10 @@ class Lanes:
             self.close()
 
     def close(self) -> None:
-        """Every lane asked to end (killed past a grace period); nothing is searched after."""
+        """Every lane asked to end (killed past a grace period); nothing is searched after. A lane still
+        searching (an interrupt, an error) is killed at once: no search is waited for."""
+        for proc, _slot in self._busy.values():
+            proc.kill()
         for proc, conn in self._procs:
             try:
                 conn.send(None)  # asked, not killed: a lane writes its record of the lines it ran
