@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import sys
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -59,39 +58,19 @@ def remembering(check):
 
 def _serve(conn, case_dir: str) -> None:
     """A worker's loop: ``(fn, name, args)`` in, ``("ok", result)`` or ``("raise", exc)`` out."""
-    global _case_file
     from vmfuzz.harness.engine.core.signals import die_with_parent, ignore_in_child
     ignore_in_child()  # Ctrl-C reaches the whole group: the parent stops its workers
     die_with_parent()
-    while True:
-        try:
-            task = conn.recv()
-        except (EOFError, OSError):
-            break
-        if task is None:
-            break
+    from vmfuzz.harness.engine.core.isolation import end_worker, serve_tasks
+
+    def answer(task):
+        global _case_file
         fn, name, args = task
         _case_file = Path(case_dir) / f"{name}.case"
-        try:
-            answer = ("ok", fn(*args))
-        except BaseException as exc:  # noqa: BLE001 - crosses to the parent, which raises it there
-            answer = ("raise", exc)
-        try:
-            conn.send(answer)
-        except OSError:
-            break  # the parent is gone: nobody to answer
-        except Exception:  # noqa: BLE001 - an answer that does not pickle still says what happened
-            try:
-                conn.send(("raise", RuntimeError(f"{type(answer[1]).__name__}: {answer[1]}"[:2000])))
-            except OSError:
-                break
-    from vmfuzz.harness.engine.core import line_trace, output_record
-    line_trace.flush()
-    output_record.flush()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    # A plug-in's non-daemon thread must not keep a finished worker alive.
-    os._exit(0)
+        return fn(*args)
+
+    serve_tasks(conn, answer)
+    end_worker()  # a plug-in's non-daemon thread must not keep a finished worker alive
 
 
 def _dead_case(case_dir: Path, name: str) -> tuple | None:

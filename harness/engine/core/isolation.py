@@ -67,6 +67,56 @@ def _serve_checks(target, conn) -> None:
                 return
 
 
+def frozen_for_fork() -> None:
+    """Moves what this process holds out of the garbage collector's reach before it forks.
+
+    A child's collections would otherwise walk, and so write to, every object it inherited: each
+    page of the parent's heap (SGLang, torch, the interpreter's kernels: hundreds of MB) copied into
+    every child, seconds of page faults per search lane and per checker. Frozen, the inherited objects stay
+    shared; they were reachable when frozen, so nothing collectable is kept.
+    """
+    import gc
+    gc.freeze()
+
+
+def serve_tasks(conn, answer) -> None:
+    """A worker's loop over its pipe: a task in, ``("ok", answer(task))`` or ``("raise", exc)`` out,
+    until the parent sends ``None`` or is gone. Shared by ``--workers`` processes and search lanes."""
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        try:
+            reply = ("ok", answer(task))
+        except BaseException as exc:  # noqa: BLE001 - crosses to the parent, which raises it there
+            reply = ("raise", exc)
+        try:
+            conn.send(reply)
+        except OSError:
+            return  # the parent is gone: nobody to answer
+        except Exception:  # noqa: BLE001 - an answer that does not pickle still says what happened
+            try:
+                conn.send(("raise", RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}"[:2000])))
+            except OSError:
+                return
+
+
+def end_worker() -> None:
+    """A worker's last act: its records of the lines it ran and of what it was handed written, its
+    output flushed, then gone without the parent's atexit handlers or a plug-in's threads."""
+    import os
+    import sys
+    from vmfuzz.harness.engine.core import line_trace, output_record
+    line_trace.flush()
+    output_record.flush()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)
+
+
 def exit_reason(code: int | None) -> str:
     if code is None:
         return "worker vanished"
@@ -92,8 +142,7 @@ class IsolatedChecker:
         parent, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(target=_serve, args=(self.target, child), daemon=True)
         from vmfuzz.harness.engine.core.signals import held
-        import gc
-        gc.freeze()  # the child's collections then leave the inherited heap shared (see search.lanes)
+        frozen_for_fork()
         with held():
             self._proc.start()
         child.close()

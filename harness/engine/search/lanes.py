@@ -36,18 +36,6 @@ import multiprocessing as mp
 MAX_LANES = 2
 
 
-def frozen_for_fork() -> None:
-    """Moves what this process holds out of the garbage collector's reach before it forks.
-
-    A child's collections would otherwise walk, and so write to, every object it inherited: each
-    page of the parent's heap (SGLang, torch, the interpreter's kernels: hundreds of MB) copied into
-    every child, seconds of page faults per lane and per checker. Frozen, the inherited objects stay
-    shared; they were reachable when frozen, so nothing collectable is kept.
-    """
-    import gc
-    gc.freeze()
-
-
 def lanes_available(choice: str | None = None) -> int:
     """How many lanes this host affords: ``VMFUZZ_LANES`` (1 turns lanes off) or its usable cores,
     at most ``MAX_LANES``."""
@@ -110,6 +98,7 @@ class Lanes:
         self._todo = list(slots)
         for stream in (sys.stdout, sys.stderr):
             stream.flush()  # a forked lane must not write out what the parent had buffered
+        from vmfuzz.harness.engine.core.isolation import frozen_for_fork
         frozen_for_fork()
         try:
             for _ in range(min(self.count, len(self._todo))):
@@ -190,44 +179,25 @@ class Lanes:
 
 def _lane(conn, search, finish) -> None:
     """A lane's loop: a slot in, ``("ok", LaneReport)`` or ``("raise", exc)`` out, until ``None``."""
-    from vmfuzz.harness.engine.core import line_trace, output_record
+    from vmfuzz.harness.engine.core.isolation import end_worker, serve_tasks
     from vmfuzz.harness.engine.core.signals import die_with_parent, ignore_in_child
     from vmfuzz.harness.guard.tree_write import LAUNCHES
     ignore_in_child()  # Ctrl-C reaches the whole group: the parent stops its lanes
     die_with_parent()
     import torch
     torch.set_num_threads(1)  # lanes share the cores: one thread each, as forked checkers do
+
+    def report(slot) -> LaneReport:
+        t0, (launches, secs) = time.monotonic(), LAUNCHES.snapshot()
+        results = search(slot)
+        now = LAUNCHES.snapshot()
+        return LaneReport(results, now[0] - launches, now[1] - secs, time.monotonic() - t0)
+
     try:
-        while True:
-            try:
-                slot = conn.recv()
-            except (EOFError, OSError):
-                break
-            if slot is None:
-                break
-            t0, (launches, secs) = time.monotonic(), LAUNCHES.snapshot()
-            try:
-                results = search(slot)
-                now = LAUNCHES.snapshot()
-                answer = ("ok", LaneReport(results, now[0] - launches, now[1] - secs, time.monotonic() - t0))
-            except BaseException as exc:  # noqa: BLE001 - crosses to the parent, which raises it there
-                answer = ("raise", exc)
-            try:
-                conn.send(answer)
-            except OSError:
-                break  # the parent is gone: nobody to answer
-            except Exception:  # noqa: BLE001 - an answer that does not pickle still says what happened
-                try:
-                    conn.send(("raise", RuntimeError(f"{type(answer[1]).__name__}: {answer[1]}"[:2000])))
-                except OSError:
-                    break
+        serve_tasks(conn, report)
     finally:
         try:
             finish()
         except Exception:  # noqa: BLE001 - a lane ends whatever its clean-up met
             pass
-        line_trace.flush()
-        output_record.flush()
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        os._exit(0)  # the parent's atexit handlers and threads are not this lane's to run
+        end_worker()  # the parent's atexit handlers and threads are not this lane's to run
