@@ -27,10 +27,6 @@ def draft_trees(topk: int, spec_steps: int, num_draft_tokens: int, *,
     check_int("topk", topk, low=1)
     check_int("spec_steps", spec_steps, low=1)
     check_int("num_draft_tokens", num_draft_tokens, low=2)
-    n = num_candidates(topk, spec_steps)
-    if num_draft_tokens - 1 > n:
-        raise InvalidArgument(f"num_draft_tokens={num_draft_tokens} needs {num_draft_tokens - 1} candidates; "
-                              f"topk={topk}, spec_steps={spec_steps} drafts {n}")
     return _draft_trees(topk, spec_steps, num_draft_tokens, adversarial)
 
 
@@ -46,6 +42,10 @@ def _draft_trees(topk: int, spec_steps: int, num_draft_tokens: int, adversarial:
     # generation time. Zero shrinks to all-zero costs, i.e. ids in order: the
     # breadth-first tree.
     n = num_candidates(topk, spec_steps)
+    # refused here, where n is counted once (an error is never cached: each bad call raises)
+    if num_draft_tokens - 1 > n:
+        raise InvalidArgument(f"num_draft_tokens={num_draft_tokens} needs {num_draft_tokens - 1} candidates; "
+                              f"topk={topk}, spec_steps={spec_steps} drafts {n}")
     wide = st.integers(0, 4 ** n - 1)
     ties = wide if adversarial else st.just(0)
     drawn = st.builds(lambda c, t: draft(topk, spec_steps, num_draft_tokens, _digits(c, n), _digits(t, n)),

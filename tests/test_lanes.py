@@ -81,6 +81,10 @@ def test_the_heaviest_search_starts_first(tmp_path):
         slots = lane_slots(plan, resolve("reference"), names)
         assert slots[0] == ["routing"] and slots[-1] == ["trivial-path"]
         assert ["no-oob-write", "fallback-equivalence"] in slots  # a shared run stays one search
+        # a deployment-scoped search keeps each property's own cases: nothing shares, so each is a slot
+        plan.deployment = object()
+        assert sorted(lane_slots(plan, resolve("reference"), names)) == sorted([n] for n in names)
+        plan.deployment = None
         plan.profile.rounds = True  # a budgeted search keeps one process
         assert lane_slots(plan, resolve("reference"), names) is None
     finally:

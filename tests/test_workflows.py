@@ -267,3 +267,26 @@ def test_bad_input_is_one_line_on_stderr_and_exit_2(argv):
     r = vmfuzz(*argv)
     assert r.returncode == 2, r.stdout + r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_a_deployment_past_the_memory_limit_leaves_allocating_properties_not_driven_in_the_plan(tmp_path):
+    # the plan says it once, before any work: the session searches the rest and reports these not driven
+    from vmfuzz.harness.commands.planning import plan
+    from vmfuzz.harness.commands.request import RunRequest
+    from vmfuzz.harness.model.limits import MAX_BUFFER_CELLS
+    dep = json.loads((ROOT / "examples" / "deployment-pr33127.json").read_text())
+    dep.update(context_length=1 << 20, seq_lens=[1 << 20])
+    (tmp_path / "dep.json").write_text(json.dumps(dep))
+    request = RunRequest(command="run", target="reference", profile="dev", properties=tuple(PROPERTIES),
+                         deployment=tmp_path / "dep.json", report_dir=tmp_path / "rep",
+                         db=str(tmp_path / "db"), db_folder=tmp_path / "db")
+    run_plan, _ = plan(request)
+    assert run_plan.deployment.config.max_context_len == 1 << 20
+    why = run_plan.not_driven
+    assert all(f"over MAX_BUFFER_CELLS ({MAX_BUFFER_CELLS})" in why[n]
+               for n in ("no-oob-write", "fallback-equivalence", "reference-agreement"))
+    assert "capacity-soundness" not in why and "capacity-liveness" not in why  # arithmetic: any size
+    # a FULL_MASK server is no shape of the chain writer's, whatever its size
+    assert why["chain-writer"] == "this server's config (FULL_MASK, topk 1) is not a topk-1 chain in QLEN_ONLY"
+    assert "over MAX_BUFFER_CELLS" in why["reader-agreement"]  # a FULL_MASK reader: its shape, too large
+    assert list(why) == [n for n in PROPERTIES if n in why]  # in the plan's order

@@ -66,6 +66,8 @@ def plan(request: RunRequest):
     places = Places.of(request)
     check_folders(places)
     db_url = check_shared_db(request.db, profile)
+    from vmfuzz.harness.engine.campaign.nightly import Night
+    night = Night(places.db_folder) if profile.replay_last_failures else None
     from vmfuzz.harness.engine.regression.known import entries
     from vmfuzz.harness.engine.regression.regressions import replayable_saved
     # read before the target loads: an unreadable entry or repro is one line now, not a stop mid-run
@@ -73,6 +75,8 @@ def plan(request: RunRequest):
     saved, warnings = replayable_saved(places.repro_roots) if profile.replay_repros else ((), ())
     from vmfuzz.harness.targets import resolve_or_refuse
     target = resolve_or_refuse(request.target)
+    from vmfuzz.harness.properties import not_driven_on
+    not_driven = not_driven_on(request.properties, deployment.config) if deployment is not None else {}
     # A finding must never be lost to an output place that was broken from the start.
     from vmfuzz.harness.model.report_claim import claim
     from vmfuzz.harness.model.validate import ready_dir
@@ -98,7 +102,8 @@ def plan(request: RunRequest):
                        or getattr(target, "example_timeout", {}).get(profile.name) or 30.0,
                        deployment=deployment, command=request.command, saved=saved, known=known,
                        warnings=warnings, fail_on_known=request.fail_on_known,
-                       bounds=getattr(target, "bounds", None) or Bounds(), share=request.share)
+                       bounds=getattr(target, "bounds", None) or Bounds(), share=request.share, night=night,
+                       not_driven=not_driven)
     if request.bounds is not None:
         run_plan.bounds = request.bounds.over(run_plan.bounds)
     else:

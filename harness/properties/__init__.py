@@ -68,6 +68,24 @@ class Property:
         """Checks by arithmetic alone (allocates on the meta device), so it runs at any size."""
         return not allocates(self.name)
 
+    def not_driven_on(self, config) -> str | None:
+        """Why one server (``config``, a deployment's) gives this property nothing to search: not
+        its shape, or a buffer past MAX_BUFFER_CELLS, which is never allocated (an arithmetic
+        property still runs at any size). None: it can be searched there."""
+        # the trivial path runs the deployment's own layout at d = 1: only a drafting shape is judged here
+        if not self.trivial and not self.applies(config):
+            shape = "a topk-1 chain in QLEN_ONLY" if self.chain else f"layout {', '.join(self.layouts or ())}"
+            return f"this server's config ({config.mode.name}, topk {config.topk}) is not {shape}"
+        if self.arithmetic:
+            return None
+        from vmfuzz.harness.model.limits import MAX_BUFFER_CELLS
+        from vmfuzz.harness.model.validate import buffer_cells
+        cells = buffer_cells(config)
+        if cells <= MAX_BUFFER_CELLS:
+            return None
+        return (f"the deployment's verify mask is {cells} cells, over MAX_BUFFER_CELLS ({MAX_BUFFER_CELLS}); "
+                "its capacity is checked by arithmetic (capacity properties and the deployment verdict)")
+
     def missing(self, target) -> list[str]:
         """The seams ``target`` lacks for this property (empty: it can be driven)."""
         return [seam for seam in self.needs if not callable(getattr(target, seam, None))]
@@ -154,6 +172,13 @@ def sub_checks_not_driven(name: str, classes) -> dict[str, str]:
     """The promised sub-checks of ``name`` that no case judged, and why."""
     from vmfuzz.harness.properties.kit import DONE
     return {k: v for k, v in sub_checks(name, classes).items() if v != DONE}
+
+
+def not_driven_on(names, config) -> dict[str, str]:
+    """The properties among ``names`` one server (``config``) leaves not driven, with why
+    (``Property.not_driven_on``), in the order given."""
+    why = {n: PROPERTIES[n].not_driven_on(config) for n in names}
+    return {n: w for n, w in why.items() if w}
 
 
 def named(name: str) -> Property:

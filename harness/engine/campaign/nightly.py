@@ -23,13 +23,49 @@ import shutil
 import sys
 from pathlib import Path
 
-from vmfuzz.harness.engine.campaign.history import locked
+from vmfuzz.harness.engine.campaign.history import append_night, locked, night_record
 from vmfuzz.harness.model.validate import read_input
 
 #: kept cases past this go to quarantine (the least-failed first): a nightly replays them all
 MAX_LAST_FAILURES = 64
 #: the nights file: {kept file name: nights it has failed}
 NIGHTS = "nights.json"
+
+
+class Night:
+    """A nightly's own part of a run, around what every run does: last night's failures
+    replayed after the saved repros, and this night's kept (and its record added) at the end.
+
+    The plan carries one only for a profile that replays last failures; a gate or a dev run
+    has none, so the session's path for them never touches the nightly database.
+    """
+
+    def __init__(self, db_dir: Path):
+        self.db_dir = db_dir
+
+    def replay_last(self, target, plan, log, out: list) -> None:
+        """Last night's failures replayed into ``out`` as they finish (an interrupt keeps those);
+        always in a watched worker, since last night's case may be the one that hung."""
+        from vmfuzz.harness.engine.regression.regressions import read_saved, replay_saved
+        heal(self.db_dir, log)
+        last = sorted((self.db_dir / "last-failures").glob("*.json"))
+        last_out: list = []
+        try:
+            replay_saved(read_saved(last), target, source="last run", findings_dir=plan.findings_dir,
+                         device=plan.device, isolate=True, timeout=plan.example_timeout,
+                         check_teeth=False, out=last_out)
+        finally:
+            out += last_out
+        set_aside(self.db_dir, last_out, log)
+
+    def end(self, outcome, warn) -> list:
+        """This night's failures kept for the next (a fixed one drops out); the night's record
+        added unless it was cut short, which would read as a night that reached less. Returns
+        the last nights, this one last (empty when cut short)."""
+        keep_failures(self.db_dir, outcome, print)
+        if outcome.interrupted:
+            return []
+        return append_night(self.db_dir, night_record(outcome), warn=warn)
 
 
 def set_aside(db_dir: Path, outcomes: list, log=print) -> None:

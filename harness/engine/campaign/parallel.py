@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from functools import partial
 from typing import Callable
 
 from vmfuzz.harness.engine.search.results import PropertyResult
@@ -79,26 +80,29 @@ def search_pool(plan, target, outcome, budget, done, names) -> None:
     A worker that dies (SIGKILL, a crash with --isolate off) makes its property a
     ``target-crash`` finding; the others go on in new workers.
     """
-    from vmfuzz.harness.engine.search.search import record_death
     from vmfuzz.harness.engine.campaign.workers import spread
     waves = -(-len(names) // plan.workers)
     share = None if budget is None else budget / waves
     if budget is not None and not plan.profile.rounds:
         share = budget
     end = None if budget is None else time.time() + budget
-
-    def died(death) -> None:
-        examples, case = (death.case[0], death.case[1:]) if death.case else (0, None)
-        what = "while checking this case" if case else "outside any check"
-        finding = record_death(target, death.name, f"worker process died: {death.reason} ({what})",
-                               case, plan.seed, plan.findings_dir)
-        done(PropertyResult(death.name, examples=examples, faults=[finding]))
-
     # Each worker walks the plan's bound steps itself (``search_stepped``).
     outcome.bounds_used.extend(dataclasses.asdict(b) for b in (tuple(plan.bounds_steps) or (plan.bounds,)) if b)
-    spread(_pool_search, [(n, (plan, n, share, end)) for n in names], plan.workers, done, died)
+    spread(_pool_search, [(n, (plan, n, share, end)) for n in names], plan.workers, done,
+           partial(_worker_died, plan, target, done))
     order = {n: i for i, n in enumerate(plan.properties)}
     outcome.results.sort(key=lambda r: order[r.prop])
+
+
+def _worker_died(plan, target, done, death) -> None:
+    """A pool worker's death, as its property's ``target-crash`` finding (with the case it was
+    checking, when it had one)."""
+    from vmfuzz.harness.engine.search.search import record_death
+    examples, case = (death.case[0], death.case[1:]) if death.case else (0, None)
+    what = "while checking this case" if case else "outside any check"
+    finding = record_death(target, death.name, f"worker process died: {death.reason} ({what})",
+                           case, plan.seed, plan.findings_dir)
+    done(PropertyResult(death.name, examples=examples, faults=[finding]))
 
 
 def lane_slots(plan, target, names: list[str]) -> list[list[str]] | None:
@@ -109,7 +113,9 @@ def lane_slots(plan, target, names: list[str]) -> list[list[str]] | None:
     from vmfuzz.harness.engine.search.lanes import lanes_available
     if plan.profile.rounds or not plan.isolate or plan.device != "cpu" or lanes_available() < 2:
         return None
-    slots = slots_of(target, names, searcher_strategies(plan), plan.share)
+    # A deployment-scoped search keeps each property's own cases, so none shares (search.shareable):
+    # said from the plan, not by building every case strategy here that each lane builds again.
+    slots = slots_of(target, names, share=plan.share and plan.deployment is None)
     if len(slots) < 2:
         return None
     return sorted(slots, key=lambda slot: -max(PROPERTIES[n].cost for n in slot))

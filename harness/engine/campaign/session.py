@@ -59,6 +59,12 @@ class RunPlan:
     #: a known finding (upstream's defect) fails the run too; by default every command lists
     #: them and exits on new groups only
     fail_on_known: bool = False
+    #: a nightly's own part of the run (vmfuzz.harness.engine.campaign.nightly.Night): last night's
+    #: failures replayed, this night's kept; None for every other profile
+    night: object = None
+    #: property -> why its deployment leaves it not driven (vmfuzz.harness.properties.not_driven_on):
+    #: a buffer past the memory limit is never allocated; the arithmetic properties still run
+    not_driven: dict = field(default_factory=dict)
 
     @property
     def findings_dir(self) -> Path:
@@ -128,25 +134,13 @@ class RunOutcome:
 
 def _replays(plan: RunPlan, target, ui, out: list) -> list:
     """Fills ``out`` (the outcome's list) as replays finish: an interrupt keeps what ran."""
-    from vmfuzz.harness.engine.regression.regressions import read_saved, replay_saved
+    from vmfuzz.harness.engine.regression.regressions import replay_saved
     if plan.profile.replay_repros:
         replay_saved(list(plan.saved), target, source="saved",
                      findings_dir=plan.findings_dir, device=plan.device, isolate=plan.isolate,
                      timeout=plan.example_timeout, out=out)
-    if plan.profile.replay_last_failures:
-        from vmfuzz.harness.engine.campaign.nightly import heal
-        heal(plan.db_dir, ui.log)
-        last = sorted((plan.db_dir / "last-failures").glob("*.json"))
-        # Always in a watched worker: last night's case may be the one that hung.
-        last_out: list = []
-        try:
-            replay_saved(read_saved(last), target, source="last run", findings_dir=plan.findings_dir,
-                         device=plan.device, isolate=True, timeout=plan.example_timeout,
-                         check_teeth=False, out=last_out)
-        finally:
-            out += last_out
-        from vmfuzz.harness.engine.campaign.nightly import set_aside
-        set_aside(plan.db_dir, last_out, ui.log)
+    if plan.night is not None:
+        plan.night.replay_last(target, plan, ui.log, out)
     for o in out:
         tail = "" if o.teeth is not False else f" (warning: no longer fails on {o.recorded_target})"
         ui.log(f"  replay {o.source} {o.path}: {o.status}{': ' + o.detail if o.detail else ''}{tail}")
@@ -174,12 +168,6 @@ def _known(plan: RunPlan, target, ui, out: list) -> None:
                  DIFFERENT: "FAILS DIFFERENTLY (a finding: its repro no longer shows the known origin)"
                  }.get(o.status, o.status)
         ui.log(f"  known finding {o.entry.name} ({o.entry.repro.property}, sglang {o.entry.sglang}): {state}")
-
-
-def _keep_failures(plan: RunPlan, outcome: RunOutcome) -> None:
-    """The next nightly run replays these first; a fixed one drops out."""
-    from vmfuzz.harness.engine.campaign.nightly import keep_failures
-    keep_failures(plan.db_dir, outcome, print)
 
 
 def execute(plan: RunPlan, target, show, ui) -> RunOutcome:
@@ -240,25 +228,17 @@ def execute(plan: RunPlan, target, show, ui) -> RunOutcome:
     if received() is not None:
         outcome.interrupted = True  # even when a library swallowed the KeyboardInterrupt
     outcome.seconds = time.monotonic() - t0
-    if plan.profile.replay_last_failures:
-        _keep_failures(plan, outcome)
-        if not outcome.interrupted:  # a night cut short would read as a night that reached less
-            from vmfuzz.harness.engine.campaign.history import append_night, night_record
-            outcome.history = append_night(plan.db_dir, night_record(outcome),
-                                           warn=lambda w: _warn(outcome, [w]))
+    if plan.night is not None:
+        outcome.history = plan.night.end(outcome, warn=lambda w: _warn(outcome, [w]))
     return outcome
 
 
 def _searchable(plan: RunPlan) -> tuple[list[str], list[PropertyResult]]:
-    """The properties this run searches, and those its deployment leaves not driven: a buffer past
-    the memory limit is never allocated, so such a property is reported not driven (never held);
-    the arithmetic ones still run."""
+    """The properties this run searches, and those its deployment leaves not driven (the plan's
+    ``not_driven``), reported so, never held."""
     names = list(plan.properties)
-    if plan.deployment is None:
-        return names, []
-    from vmfuzz.harness.engine.search.deployment import too_large
-    why = {n: too_large(plan.deployment, n) for n in names}
-    return [n for n in names if not why[n]], [PropertyResult(n, not_driven=why[n]) for n in names if why[n]]
+    return ([n for n in names if n not in plan.not_driven],
+            [PropertyResult(n, not_driven=plan.not_driven[n]) for n in names if n in plan.not_driven])
 
 
 def _lanes_started(plan: RunPlan, target, names: list[str], t0: float):

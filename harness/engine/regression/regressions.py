@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vmfuzz.harness.engine.search.results import Finding
+from vmfuzz.harness.model.config import Config
 from vmfuzz.harness.model.origin import Origin
 from vmfuzz.harness.engine.core.isolation import TargetFault
 from vmfuzz.harness.model.errors import OutOfStep
@@ -104,10 +105,12 @@ def outcome_of(repro, target, device: str, isolate: bool, timeout: float) -> Out
 
 @dataclass(frozen=True)
 class Saved:
-    """A saved repro as read before its replay: the repro, or why it could not be read."""
+    """A saved repro as read before its replay: the repro and its case's config, or why it could not
+    be read (a file whose case does not build is unreadable as a repro, whatever its JSON)."""
     path: Path
     repro: Repro | None = None
     error: str = ""
+    config: Config | None = None
 
 
 def read_saved(paths: list[Path]) -> list[Saved]:
@@ -115,7 +118,8 @@ def read_saved(paths: list[Path]) -> list[Saved]:
     out = []
     for path in paths:
         try:
-            out.append(Saved(path, load(path)))
+            repro = load(path)
+            out.append(Saved(path, repro, config=to_case(repro)[0]))
         except ReproError as exc:
             out.append(Saved(path, error=str(exc)))
     return out
@@ -138,7 +142,7 @@ def replayable_saved(roots: tuple[Path, ...]) -> tuple[tuple[Saved, ...], tuple[
             try:
                 if s.repro is None:
                     raise ReproError(s.error)
-                replayable(s.repro)
+                replayable(s.repro, s.config)
             except ReproError as exc:
                 msg = str(exc)
                 raise ReproError(f"saved repro {s.path} cannot be replayed: "

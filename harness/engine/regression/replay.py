@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vmfuzz.harness.model.config import Config
 from vmfuzz.harness.properties import PROPERTIES, Observation, Property, named
 from vmfuzz.harness.model.repro_file import Repro, ReproError, to_case
 
@@ -15,7 +16,11 @@ def properties_for(repro: Repro, only: str | None = None) -> list[Property]:
     """``only`` (the command line), else the file's ``property``, else every property
     whose configs the repro's config is (d = 1 ones for a trivial config, the rest otherwise)."""
     config, _ = to_case(repro)
-    name = only or repro.property
+    return _judging(only or repro.property, config)
+
+
+def _judging(name: str | None, config: Config) -> list[Property]:
+    """The property ``name`` (every one that applies, when none is named) that can judge ``config``."""
     if name:
         try:
             prop = named(name)
@@ -28,14 +33,15 @@ def properties_for(repro: Repro, only: str | None = None) -> list[Property]:
     return [p for p in PROPERTIES.values() if p.applies(config)]
 
 
-def replayable(repro: Repro) -> None:
+def replayable(repro: Repro, config: Config) -> None:
     """A ``ReproError`` for a saved repro no replay could judge: an unknown fault, no property
-    (a saved repro names the one it guards), or one that does not apply to its config."""
+    (a saved repro names the one it guards), or one that does not apply to its config (``config``,
+    the case's own, built when the file was read)."""
     if repro.fault is not None and repro.fault not in FAULTS:
         raise ReproError(f"unknown fault {repro.fault!r}")
-    if not repro.property:  # properties_for would take every property that applies
+    if not repro.property:  # _judging would take every property that applies
         raise ReproError("it names no property (a saved repro names the one it guards)")
-    properties_for(repro)  # an unknown one, or one that does not apply to the config and would judge nothing
+    _judging(repro.property, config)  # an unknown one, or one that does not apply and would judge nothing
 
 
 def _shape_of(prop: Property) -> str:

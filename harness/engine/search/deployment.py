@@ -28,27 +28,6 @@ def search_requests(dep: Deployment, config: Config, allocates: bool) -> int:
     return cap
 
 
-def too_large(dep: DeploymentPlan, prop: str) -> str | None:
-    """Why ``prop`` cannot be driven on this deployment (not its shape, or its buffer alone is past the
-    limit), or None."""
-    from vmfuzz.harness.model import limits
-    from vmfuzz.harness.properties import PROPERTIES
-    from vmfuzz.harness.model.validate import buffer_cells
-    config = dep.config
-    spec = PROPERTIES.get(prop)
-    # trivial-path runs the deployment's own layout at d = 1, so only the drafting shape is judged here
-    if spec is not None and not spec.trivial and not spec.applies(config):
-        shape = "a topk-1 chain in QLEN_ONLY" if spec.chain else f"layout {', '.join(spec.layouts or ())}"
-        return f"this server's config ({config.mode.name}, topk {config.topk}) is not {shape}"
-    if not limits.allocates(prop):
-        return None
-    cells = buffer_cells(config)
-    if cells <= limits.MAX_BUFFER_CELLS:
-        return None
-    return (f"the deployment's verify mask is {cells} cells, over MAX_BUFFER_CELLS ({limits.MAX_BUFFER_CELLS}); "
-            "its capacity is checked by arithmetic (capacity properties and the deployment verdict)")
-
-
 def case_strategy(dep: DeploymentPlan, *, trivial: bool, steps: bool, allocates: bool = True):
     """Cases this one server can produce: its config, batches of 1..max_running_requests."""
     from vmfuzz.strategies import batches
