@@ -129,7 +129,7 @@ def build_summary(outcome) -> dict:
             **({"shared_run": r.shared_run} if getattr(r, "shared_run", None) else {}),
             **({"not_driven": r.not_driven} if r.not_driven else {}),
             **({"out_of_step": r.out_of_step} if getattr(r, "out_of_step", None) else {}),
-            **({"sub_checks": sub_checks(r.prop, r.classes)} if sub_checks(r.prop, r.classes) else {}),
+            **({"sub_checks": checks} if (checks := sub_checks(r.prop, r.classes)) else {}),
         })
     replays = [{"repro": str(o.path), "property": o.property, "recorded_target": o.recorded_target,
                 "source": o.source, "status": o.status, "detail": o.detail, "still_fails_on_recorded": o.teeth,
