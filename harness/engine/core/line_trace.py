@@ -44,6 +44,9 @@ class _Recorder:
         self.cov = coverage.Coverage(data_file=os.path.join(folder, "lines"), data_suffix=True,
                                      include=files, branch=False, config_file=False,
                                      check_preimported=False)
+        # A process that ran no changed line saves an empty record: expected, and the merge
+        # counts it as nothing ran there, so coverage's warning about it is only noise on stderr.
+        self.cov.set_option("run:disable_warnings", ["no-data-collected"])
         self.cov.start()
         self.last_save = time.monotonic()
         self.files = {os.path.realpath(f) for f in files}

@@ -13,8 +13,6 @@ import importlib
 import inspect
 import logging
 import os
-import re
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -23,6 +21,7 @@ from types import SimpleNamespace
 import torch
 
 from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.targets.sglang.code_version import code_version
 from vmfuzz.harness.targets.sglang.reach import follow_calls
 from vmfuzz.harness.targets.sglang.structs import fields_of
 
@@ -348,34 +347,3 @@ def imported_sglang_and_source() -> tuple[str, Path, str]:
     where = Path(list(sglang.__path__)[0]).absolute()
     version, source = code_version(where, str(version) if version else None)
     return version, where, source
-
-
-def code_version(package: Path, imported: str | None) -> tuple[str, str]:
-    """(the version of the code in ``package``, where that was read), from that code itself.
-
-    A package built or installed carries a generated ``_version.py``, and its
-    ``__version__`` is its own. A git checkout has none, and SGLang then falls back
-    to the installed wheel's metadata: a checkout of newer code would be labelled
-    with an older release (and excused by that release's known findings). There
-    the checkout's own ``git describe`` decides: a tag, or past it ``TAG.postN+gSHA``
-    (newer than the tag, so a range closed at the tag no longer applies). With
-    neither the version is unknown, and no known entry with a closed range applies.
-    """
-    if (package / "_version.py").is_file():
-        return imported or "unknown", "the package's generated _version.py"
-    root = next((p for p in (package.parent, package.parent.parent) if (p / ".git").exists()), None)
-    if root is None:
-        return imported or "unknown", "the package's __version__ (no checkout around it)"
-    try:
-        out = subprocess.run(["git", "-C", str(root), "describe", "--tags", "--long", "--dirty", "--match", "v[0-9]*"],
-                             capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError):
-        out = None
-    m = re.fullmatch(r"v(\d[\w.]*)-(\d+)-g([0-9a-f]+)(-dirty)?", out.stdout.strip()) if out and out.returncode == 0 \
-        else None
-    if m is None:
-        return "unknown", f"the checkout at {root} has no generated version file and no release tag git can describe"
-    tag, past, sha, dirty = m.group(1), int(m.group(2)), m.group(3), bool(m.group(4))
-    if past == 0 and not dirty:
-        return tag, f"git describe in the checkout at {root}"
-    return f"{tag}.post{past}+g{sha}{'.dirty' if dirty else ''}", f"git describe in the checkout at {root}"
