@@ -263,3 +263,16 @@ class LadderTarget(ReferenceTarget):
 
     name = "ladder"
     bounds_ladder = {"dev": (Bounds(), Bounds(max_bs=8))}
+
+
+class AdmitsElevenOnOldSGLang(ReferenceTarget):
+    """Claims an SGLang release (so known entries ranged for it apply) and admits a batch of exactly
+    11 requests into any buffer: a known entry's repro of 11 requests overruns past the capacity."""
+
+    name = "admits-eleven"
+
+    def versions(self):
+        return {"reference": "0.1.0", "sglang": "0.4.0"}
+
+    def fits(self, mask, bs):
+        return bs == 11 or super().fits(mask, bs)

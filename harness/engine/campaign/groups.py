@@ -66,9 +66,9 @@ class FindingGroup:
         return min(valid or self.findings, key=case_size)
 
     def known_as(self, known_name) -> str | None:
-        """The known entry naming every member (``known_name(origin)``); None when any member is not
+        """The known entry naming every member (``known_name(finding)``); None when any member is not
         that entry's cause: a wrong output folded into a known overrun's group is still new."""
-        names = {known_name(f.origin) for f in self.findings}
+        names = {known_name(f) for f in self.findings}
         return names.pop() if len(names) == 1 and None not in names else None
 
     def as_dict(self) -> dict:

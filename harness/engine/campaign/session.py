@@ -110,20 +110,24 @@ class RunOutcome:
     @property
     def failed(self) -> bool:
         """A new finding group (a known entry that now fails differently is one); a known finding
-        fails the run only with ``--fail-on-known``: every command lists them and passes on them."""
-        from vmfuzz.harness.engine.regression.known import DIFFERENT
-        new = any(not self.is_known(f.origin) for f in self.all_findings)
-        changed = any(o.status == DIFFERENT for o in self.known)
-        known = self.plan.fail_on_known and (any(o.reproduces for o in self.known)
-                                             or any(self.is_known(f.origin) for f in self.all_findings))
-        return new or changed or known
+        fails the run only with ``--fail-on-known``: every command lists them and passes on them.
+        Read from the groups, as summary.json's ``new_groups`` is, so the exit code and the
+        summary never disagree."""
+        groups = self.groups
+        new = any(g["known"] is None for g in groups)
+        return new or (self.plan.fail_on_known and (any(o.reproduces for o in self.known) or bool(groups)))
 
     @property
     def groups(self) -> list[dict]:
         """The findings grouped by cause (vmfuzz.harness.engine.campaign.groups), first found first; a group that is
-        a known entry says which (``known``), and is listed, not counted as new."""
+        a known entry says which (``known``), and is listed, not counted as new. A known entry's repro
+        that fails differently is a member too: its cause is new, so its group is never known."""
         from vmfuzz.harness.engine.campaign.groups import group_findings
-        return [{**g.as_dict(), "known": g.known_as(self.known_name)} for g in group_findings(self.all_findings)]
+        changed = [f for o in self.known if (f := getattr(o, "finding", None)) is not None]
+
+        def known_name(f) -> str | None:
+            return None if any(f is c for c in changed) else self.known_name(f.origin)
+        return [{**g.as_dict(), "known": g.known_as(known_name)} for g in group_findings(self.all_findings + changed)]
 
     @property
     def out_of_step(self) -> list[tuple[str, str]]:

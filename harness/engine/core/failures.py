@@ -18,6 +18,8 @@ from vmfuzz.harness.properties.kit import PropertyFailure
 
 #: vmfuzz's own package folder: frames inside it are the harness's, not the code under test's
 _HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+#: inside it, the reference target and its planted variants: the code under test when they are the target
+_REFERENCE = (os.path.join(_HERE, "targets", "reference") + os.sep, os.path.join(_HERE, "targets", "variants.py"))
 
 
 class TargetFault(Exception):
@@ -41,14 +43,28 @@ class TargetRaised(Exception):
         return (TargetRaised, (self.type_name, str(self).split(": ", 1)[-1], self.frame))
 
 
+def _under_test(filename: str) -> bool:
+    """Is this frame's code the code under test's? Generated code (``<...>``: vmfuzz's stack room,
+    a dataclass's ``__init__``) names no file of anyone's, and made absolute it would name the
+    working directory: never. vmfuzz's own files are the harness's, but for the reference
+    target and its planted variants, which are the code under test there."""
+    if filename.startswith("<"):
+        return False
+    path = os.path.abspath(filename)
+    if path.startswith(_REFERENCE):
+        return True
+    return not path.startswith(_HERE + os.sep) and "hypothesis" not in path
+
+
 def raise_place(exc: BaseException | None) -> str:
-    """``file:function`` of the innermost frame outside vmfuzz (the code under test raised there)."""
+    """``file:function`` of the innermost frame of the code under test (where it raised): the same
+    on every machine and from every working directory, so a raise's group key is too."""
     tb, place = getattr(exc, "__traceback__", None), ""
     while tb is not None:
-        path = os.path.abspath(tb.tb_frame.f_code.co_filename)
-        if not path.startswith(_HERE + os.sep) and "hypothesis" not in path:
-            parts = path.split(os.sep)
-            place = f"{'/'.join(parts[-2:])}:{tb.tb_frame.f_code.co_name}"
+        code = tb.tb_frame.f_code
+        if _under_test(code.co_filename):
+            parts = os.path.abspath(code.co_filename).split(os.sep)
+            place = f"{'/'.join(parts[-2:])}:{code.co_name}"
         tb = tb.tb_next
     return place
 

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import msgspec
 
+from vmfuzz.harness.engine.search.results import Finding
 from vmfuzz.harness.model.known_file import DIFFERENT, GONE, REPRODUCES, UNCHECKED, Known, load
 from vmfuzz.harness.model.known_file import applying as that_apply
 from vmfuzz.harness.model.origin import Origin
-from vmfuzz.harness.model.repro_file import ReproError, dump
+from vmfuzz.harness.model.repro_file import ReproError, dump, to_case
 
 
 
@@ -35,6 +36,9 @@ class KnownOutcome:
     #: the run's copy of the repro (when it reproduces, or fails differently)
     repro: Path | None = None
     origin: Origin | None = None
+    #: DIFFERENT only: the new cause as a finding of this run, so it is grouped (and keyed, for
+    #: compare and merge) like any other; never labelled known, whatever entry names its origin
+    finding: Finding | None = None
 
     @property
     def reproduces(self) -> bool:
@@ -98,6 +102,10 @@ def replay_known(found: list[tuple[Path, Known]], target, *, findings_dir: Path 
                 o.repro = dump(msgspec.structs.replace(k.repro, target=target.name, detail=got.detail,
                                                        origin=got.origin),
                                findings_dir / f"known-{k.name}.json")
+            if status == DIFFERENT and got.origin is not None:
+                config, steps = to_case(k.repro)
+                o.finding = Finding(k.repro.property, f"known entry {k.name}'s repro fails differently: {got.detail}",
+                                    o.repro or path, config, steps, got.origin.kind(), origin=got.origin)
             out.append(o)
     finally:
         target.known_findings = saved if saved is not None else ()
