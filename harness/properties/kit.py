@@ -8,6 +8,7 @@ overflowing) or raises ``PropertyFailure``. The search, the pytest suite and
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -265,6 +266,21 @@ def known_as(target, origin: Origin) -> str | None:
         if known.matches(origin):
             return known.name
     return None
+
+
+@contextlib.contextmanager
+def known_goes_on(target, obs: Observation, label: str):
+    """One part of a case (a router, a sub-check) judged so that a failure a known entry names ends
+    only that part: it is recorded as the class ``LABEL: known finding NAME`` and the check goes on
+    with the rest of the case, so a new defect elsewhere in it is still a finding (a raise there would
+    pass the whole case over)."""
+    try:
+        yield
+    except PropertyFailure as exc:
+        known = known_as(target, exc.origin)
+        if known is None:
+            raise
+        obs.classes.add(f"{label}: known finding {known}")
 
 
 # -- the ledger of promised sub-checks ----------------------------------------------

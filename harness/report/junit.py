@@ -93,10 +93,12 @@ def run_junit(s: dict) -> str:
     for p in s["properties"]:
         case = Case(p["name"], p["seconds"])
         new = [f for f in p["findings"] if not f.get("known") or s.get("fail_on_known")]
-        if p["status"] == "failed" and not new:
-            # only upstream's known defects: not failed, but never a plain pass either (a CI tab shows why)
+        met = _known_met(p)
+        if (p["status"] == "failed" and not new) or (p["status"] == "held" and met):
+            # only upstream's known defects (a finding, or examples the search passed over): not failed,
+            # but never a plain pass either (a CI tab shows why)
             case.outcome = "skipped"
-            case.message = "known finding(s): " + ", ".join(sorted({f["known"] for f in p["findings"]}))
+            case.message = "known finding(s): " + ", ".join(sorted({f["known"] for f in p["findings"]} | met))
         elif p["status"] == "failed":
             f = new[0]
             case.outcome, case.kind, case.message = "failure", f["kind"], f["detail"]
@@ -130,6 +132,16 @@ def run_junit(s: dict) -> str:
             Case(r["repro"], outcome=replay_outcome(r), message=r["detail"] or "")
             for r in s["replays"]]))
     return junit_xml(suites)
+
+
+#: the class a search records where a property met a known entry (``known finding NAME``, or one part
+#: of a case's ``PART: known finding NAME``)
+_KNOWN_CLASS = re.compile(r"(?:^|: )known finding (\S+)$")
+
+
+def _known_met(p: dict) -> set[str]:
+    """The known entries a property's search met and passed over, read from its classes."""
+    return {m.group(1) for c in p.get("classes") or {} for m in [_KNOWN_CLASS.search(c)] if m}
 
 
 def _known_outcome(status: str) -> str | None:

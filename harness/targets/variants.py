@@ -17,6 +17,7 @@ import torch
 
 from vmfuzz.harness.model.layouts import TreeMaskMode
 from vmfuzz.harness.model.readers import capture_seq_len
+from vmfuzz.harness.model.routing import Nest
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,11 @@ def _router_handing(router_kind: str, role: str):
             routing = route(router, spec_mode, children, context_len)
             if router != router_kind:
                 return routing
-            return _handing_out(routing, children[role].verify_mask)
+            child = children[role]
+            if isinstance(child, Nest):  # the wrong child is itself a router: what it hands out
+                return _handing_out(routing, misrouted(child.router, spec_mode, child.children,
+                                                       context_len).verify_mask)
+            return _handing_out(routing, child.verify_mask)
         return misrouted
     return wrap
 

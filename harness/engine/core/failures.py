@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections import Counter
 
 from vmfuzz.harness.model import consultation
 from vmfuzz.harness.model.errors import ImportRaised, OutOfStep
@@ -157,3 +158,23 @@ def passed_over_as_known(target, prop: str, failure: BaseException, result) -> b
     result.classes[f"known finding {name}"] += 1
     event(f"known finding {name}")
     return True
+
+
+def judged_past_known(target, members, judge, known: dict):
+    """``judge(names)``: several properties judged on one run of a case, ``members`` first. A member's
+    failure that a known entry names passes the case over for that member alone (counted in ``known``,
+    member -> Counter of ``known finding NAME``): the others are judged again without it, so another
+    member's new cause on the same case is still found. Raises once every member failed as known, or on
+    the first failure that is not known. A raise names no member: the caller judges it for the whole run."""
+    names = list(members)
+    while True:
+        try:
+            return judge(names)
+        except PropertyFailure as exc:
+            name = known_cause(target, exc.prop, exc) if exc.prop in names else None
+            if name is None:
+                raise
+            known.setdefault(exc.prop, Counter())[f"known finding {name}"] += 1
+            names.remove(exc.prop)
+            if not names:
+                raise

@@ -19,7 +19,8 @@ from hypothesis import target as hypothesis_target
 
 from vmfuzz.harness.engine.core.line_trace import direct_check
 from vmfuzz.harness.engine.search.database import KeyedDatabase
-from vmfuzz.harness.engine.core.failures import failure_of, known_cause, passed_over_as_known, raise_place
+from vmfuzz.harness.engine.core.failures import (failure_of, judged_past_known, known_cause, passed_over_as_known,
+                                                 raise_place)
 from vmfuzz.harness.engine.search.results import Finding, PropertyResult
 from vmfuzz.harness.engine.search.cases import cases
 from vmfuzz.harness.engine.search.deep_corpus import case_key, fixed_cases
@@ -347,18 +348,19 @@ def search_shared(target, props: list[Property], *, seed: int, max_examples: int
                 # the fresh search after a member's finding is part of the fixed count
                 totals[n].cut_short = True
             break
-        state = {"failed": None}
+        state = {"failed": None, "known": {}}
         members = tuple(active)
 
         def judged(group, config, steps, dev, members=members, state=state):
-            names = (state["failed"],) if state["failed"] else members
-            try:
-                return run_check(shared_group(names), config, steps, dev)
+            if state["failed"]:
+                return run_check(shared_group((state["failed"],)), config, steps, dev)
+            try:  # a member's known failure passes the case over for it alone: the others are still judged
+                return judged_past_known(target, members, lambda names: run_check(
+                    shared_group(names), config, steps, dev), state["known"])
             except PropertyFailure as exc:
-                if state["failed"] is None and known_cause(target, exc.prop, exc) is not None:
-                    raise  # uninteresting to the search (run_property): no member's search narrows to it
-                state["failed"] = state["failed"] or exc.prop
-                raise
+                if known_cause(target, exc.prop, exc) is None:
+                    state["failed"] = exc.prop  # new: the search narrows to its member
+                raise  # every member's failure known: uninteresting to the search (run_property)
 
         res = run_property(target, shared_group(members), seed=seed + rnd * 1_000_003, max_examples=max_examples,
                            bounds=bounds, findings_dir=findings_dir, device=device, database=database,
@@ -373,6 +375,7 @@ def search_shared(target, props: list[Property], *, seed: int, max_examples: int
                                   reached=dict(res.reached), corpus=list(res.corpus),
                                   corpus_seconds=res.corpus_seconds / len(members),
                                   cut_short=res.cut_short, planned=res.planned, shared_run=group_name(members))
+            part.classes.update(state["known"].get(n, Counter()))
             totals[n].merge(part)
             if not res.skipped:
                 searched.add(n)
@@ -394,3 +397,4 @@ def search_shared(target, props: list[Property], *, seed: int, max_examples: int
         if not rounds or deadline is None or res.examples == 0:
             break
     return [totals[p.name].timed(p.name in searched, rounds) for p in props]
+

@@ -1,0 +1,72 @@
+"""A known finding is uninteresting to the search, never a blind spot: past it, every other part of the
+case (another router of routing, another member of a shared search) is still judged, and a new cause
+there is a finding within the same example count."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from vmfuzz.harness.model.bounds import Bounds
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.properties import PROPERTIES, PropertyFailure
+from vmfuzz.harness.targets import CATALOGUE, resolve
+
+CASE = (Config(TreeMaskMode.FULL_MASK, 2, 4, 3, 2, 2, True), [Batch((4, 1))])
+#: every router chain the hybrid's defect shows through: the hybrid, and each router over hybrids
+HYBRID_CHAINS = ("hybrid", "hybrid>hybrid", "hybrid-linear>hybrid", "dots-swa>hybrid", "tbo>hybrid")
+
+
+def _known(name: str, matches):
+    return SimpleNamespace(name=name, matches=lambda o: o is not None and matches(o))
+
+
+def _hybrid_hands_out_decode(o) -> bool:
+    return (o.property == "routing" and o.writer == "router" and o.cell == "handed out"
+            and o.router in HYBRID_CHAINS and o.spec_mode == "prefill")
+
+
+def test_a_known_router_defect_leaves_the_other_routers_judged():
+    """The hybrid router's known defect ends only the hybrid's checks: the TBO router's own defect in the
+    same case is the finding. Before, the known failure ended the whole case, the TBO router unchecked."""
+    hybrid = CATALOGUE["hybrid-decode-mask"].layer(resolve("reference"))
+    hybrid.known_findings = (_known("hdm", _hybrid_hands_out_decode),)
+    obs = PROPERTIES["routing"].check(hybrid, *CASE)
+    assert "hybrid (prefill): known finding hdm" in obs.classes, sorted(obs.classes)
+    assert "tbo (prefill) -> primary" in obs.classes  # judged past the known defect, and held
+    both = CATALOGUE["tbo-child-mask"].layer(hybrid)
+    with pytest.raises(PropertyFailure) as failure:
+        PROPERTIES["routing"].check(both, *CASE)
+    assert failure.value.origin.router == "tbo", failure.value.origin
+
+
+def test_a_members_known_failure_leaves_the_other_members_of_a_shared_search_judged(tmp_path):
+    """pr33127's overrun, known for no-oob-write, is passed over for that member alone: fallback-equivalence
+    still finds its own failure on the same cases. Before, the whole case was passed over for every member."""
+    from vmfuzz.harness.engine.search.search import search_shared
+    target = CATALOGUE["pr33127"].layer(resolve("reference"))
+    target.known_findings = (_known("oob", lambda o: o.property == "no-oob-write" and o.effect == "overrun"),)
+    oob, equivalence = search_shared(
+        target, [PROPERTIES["no-oob-write"], PROPERTIES["fallback-equivalence"]], seed=1, max_examples=40,
+        bounds=Bounds(max_bs=4, max_context_len=16, num_draft_tokens=6, topk=2, spec_steps=2),
+        findings_dir=tmp_path)
+    assert equivalence.finding is not None and equivalence.finding.prop == "fallback-equivalence"
+    assert oob.finding is None and oob.classes["known finding oob"] >= 1, oob.classes
+    assert "known finding oob" not in equivalence.classes
+
+
+def test_junit_never_shows_a_property_that_met_only_known_entries_as_a_plain_pass():
+    import xml.etree.ElementTree as ET
+
+    from vmfuzz.harness.report.junit import run_junit
+    held = {"seconds": 1.0, "status": "held", "findings": []}
+    summary = {"target": "sglang", "fail_on_known": False, "replays": [], "gate": None, "known_findings": [],
+               "properties": [{**held, "name": "no-oob-write", "classes": {"known finding oob": 9, "bs < max_bs": 3}},
+                              {**held, "name": "routing", "classes": {"hybrid (prefill): known finding hdm": 4}},
+                              {**held, "name": "capacity-liveness", "classes": {"bs < max_bs": 3}}]}
+    cases = {c.get("name"): c for c in ET.fromstring(run_junit(summary)).iter("testcase")}
+    assert cases["no-oob-write"].find("skipped").get("message") == "known finding(s): oob"
+    assert cases["routing"].find("skipped").get("message") == "known finding(s): hdm"
+    assert list(cases["capacity-liveness"]) == []
