@@ -263,3 +263,12 @@ class LadderTarget(ReferenceTarget):
 
     name = "ladder"
     bounds_ladder = {"dev": (Bounds(), Bounds(max_bs=8))}
+
+
+class NoRoutingTarget(ReferenceTarget):
+    """The reference target without routers: routing is not driven here (a target lacking that seam)."""
+
+    name = "norouting"
+
+    def not_driven_here(self, prop):
+        return "no routers on this target" if prop == "routing" else None
