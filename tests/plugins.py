@@ -276,3 +276,12 @@ class AdmitsElevenOnOldSGLang(ReferenceTarget):
 
     def fits(self, mask, bs):
         return bs == 11 or super().fits(mask, bs)
+
+
+class NoRoutingTarget(ReferenceTarget):
+    """The reference target without routers: routing is not driven here (a target lacking that seam)."""
+
+    name = "norouting"
+
+    def not_driven_here(self, prop):
+        return "no routers on this target" if prop == "routing" else None

@@ -132,6 +132,7 @@ def _status(s):
     ((1, 2, 3), lambda s: s.update(properties=[{**s["properties"][0], "name": "capacity-liveness"}]),
      "different property selections"),
     ((1, 2, 3), lambda s: s.update(properties=s["properties"] * 3), "different property selections"),
+    ((1, 2, 3), lambda s: s.update(selection=s["selection"][:2]), "different property selections"),
 ])
 def test_a_set_that_is_not_every_shard_of_one_finished_run_is_refused(runs, tmp_path, capsys, which, change, says):
     folders = [_copy(_shards(runs)[k - 1], tmp_path / f"s{i}", change if i == len(which) - 1 else None)
@@ -248,3 +249,28 @@ def test_compare_calls_a_group_fixed_only_where_the_later_run_searched_its_prope
     code, out, err = _vmfuzz(capsys, "compare", _copy(runs / "before", tmp_path / "a", without), failing,
                              "--report-dir", tmp_path / "c-new")
     assert code == 0 and "not compared" in out and "NEW" not in out, out + err
+
+
+def test_shards_of_two_selections_whose_counts_fit_one_split_are_refused(tmp_path, capsys):
+    """Shard 1/2 of four properties runs two, shard 2/2 of three runs one: together three properties in
+    counts one split of three gives, and the fourth (chain-writer) silently missing."""
+    three = ("--property", "no-oob-write", "--property", "capacity-liveness", "--property", "routing")
+    base = ("run", "--target", "reference", "--seed", "7", "--max-examples", "8", *three)
+    for k, extra in ((1, ("--property", "chain-writer")), (2, ())):
+        r = vmfuzz(*base, *extra, "--shard", f"{k}/2", "--report-dir", str(tmp_path / f"s{k}"), timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert _summary(tmp_path / "s1")["selection"] == ["no-oob-write", "capacity-liveness", "routing", "chain-writer"]
+    code, out, err = _vmfuzz(capsys, "merge", tmp_path / "s1", tmp_path / "s2", "--report-dir", tmp_path / "m")
+    # before: exit 0, "3 properties"
+    assert code == 2, out + err
+    assert err.strip() == (f"vmfuzz merge: the shards ran different property selections: only {tmp_path / 's1'} "
+                           "asked for chain-writer (give every shard the same --property)"), err
+    assert not (tmp_path / "m" / "summary.json").exists()
+    # summaries from a vmfuzz that did not record the selection: merged on their counts, said so
+    for k in (1, 2):
+        _copy(tmp_path / f"s{k}", tmp_path / f"old{k}", lambda s: s.pop("selection"))
+    code, out, err = _vmfuzz(capsys, "merge", tmp_path / "old1", tmp_path / "old2", "--report-dir", tmp_path / "m2")
+    assert code == 0, out + err
+    assert "cannot confirm the shards ran one property selection" in err and "3 properties" in out, err
+    merged = _summary(tmp_path / "m2")
+    assert merged["selection"] is None and any("cannot confirm" in w for w in merged["warnings"])

@@ -218,3 +218,98 @@ def test_a_saved_failure_that_could_not_be_replayed_stays_only_one_that_held_dro
     # before: every replay that was not set aside counted as replayed and held, and was deleted
     assert sorted(p.name for p in keep.iterdir()) == ["failed.json", "out-of-step.json"]
     assert any("kept out-of-step.json" in line and "out of step" in line for line in said), said
+
+
+# -- the nightly database holds what a tool (or a person) left there ---------------------------------
+
+def test_a_fifo_in_place_of_the_lock_is_refused_never_opened(tmp_path):
+    import threading
+
+    from vmfuzz.harness.engine.campaign.history import locked
+    db = tmp_path / "db"
+    db.mkdir()
+    os.mkfifo(db / ".lock")  # no reader: opening it for writing would block forever
+    said = []
+
+    def take():
+        try:
+            with locked(db):
+                said.append("locked")
+        except OSError as exc:
+            said.append(str(exc))
+
+    done = threading.Thread(target=take, daemon=True)
+    done.start()
+    done.join(20)
+    assert not done.is_alive(), "taking the database's lock blocked on a FIFO"
+    assert said == [f"the database's lock {db / '.lock'} is a FIFO, not a regular file: the database cannot be "
+                    "locked (remove it)"], said
+
+
+def test_a_nightly_on_a_database_whose_lock_is_a_fifo_exits_2_in_one_line(tmp_path):
+    db = tmp_path / "db"
+    db.mkdir()
+    os.mkfifo(db / ".lock")
+    r = vmfuzz("run", "--profile", "nightly", "--time-budget", "2", "--db", str(db), "--report-dir",
+               str(tmp_path / "r"), "--property", "no-oob-write", timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == (f"vmfuzz: --db {db}: the database's lock {db / '.lock'} is a FIFO, not a regular "
+                                "file: the database cannot be locked (remove it)"), r.stderr
+
+
+def test_a_fifo_in_place_of_the_example_database_is_skipped_with_a_warning(tmp_path):
+    db = tmp_path / "db"
+    db.mkdir()
+    os.mkfifo(db / "hypothesis")
+    r = vmfuzz("run", "--profile", "nightly", "--time-budget", "1", "--db", str(db), "--report-dir",
+               str(tmp_path / "r"), "--property", "no-oob-write", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = f"example database {db / 'hypothesis'} is not a directory: skipped, never opened"
+    assert f"vmfuzz: warning: {said}" in r.stderr, r.stderr
+    assert any(said in w for w in json.loads((tmp_path / "r" / "summary.json").read_text())["warnings"])
+
+
+#: a routing failure of reference+pr33127, as a nightly keeps it; the reference target holds on it
+ROUTING_CASE = {"target": "reference+pr33127", "property": "routing",
+                "config": {"mode": "FULL_MASK", "max_bs": 1, "max_context_len": 2, "num_draft_tokens": 2,
+                           "topk": 1, "spec_steps": 1, "is_read": True},
+                "batches": [{"seq_lens": [2, 2]}]}
+
+
+@pytest.mark.slow
+def test_a_saved_failure_not_driven_here_stays_for_a_night_that_drives_it(tmp_path):
+    db = tmp_path / "db"
+    (db / "last-failures").mkdir(parents=True)
+    (db / "last-failures" / "routing-case.json").write_text(json.dumps(ROUTING_CASE))
+    night = ("run", "--profile", "nightly", "--time-budget", "1", "--db", str(db), "--property", "no-oob-write")
+    r = vmfuzz(*night, "--target", "tests.plugins:NoRoutingTarget", "--report-dir", str(tmp_path / "n1"),
+               timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # before: moved to quarantine, where no later night replays it
+    assert [p.name for p in (db / "last-failures").iterdir()] == ["routing-case.json"], r.stdout
+    assert not (db / "quarantine").exists()
+    assert "kept routing-case.json in last-failures" in r.stdout and "no routers on this target" in r.stdout
+    replay, = json.loads((tmp_path / "n1" / "summary.json").read_text())["replays"]
+    assert replay["status"] == "error" and "no routers on this target" in replay["detail"]
+    # a night on a target that drives routing replays it; it holds there, so it drops out
+    r = vmfuzz(*night, "--target", "reference", "--report-dir", str(tmp_path / "n2"), timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    replay, = json.loads((tmp_path / "n2" / "summary.json").read_text())["replays"]
+    assert replay["status"] == "held", replay
+    assert list((db / "last-failures").iterdir()) == []
+
+
+def test_a_file_that_is_no_repro_still_goes_to_quarantine(tmp_path):
+    from vmfuzz.harness.engine.campaign.nightly import Night
+    from vmfuzz.harness.engine.campaign.session import RunPlan
+    db = tmp_path / "db"
+    (db / "last-failures").mkdir(parents=True)
+    (db / "last-failures" / "broken.json").write_text("{not json")
+    (db / "last-failures" / "unknown.json").write_text(json.dumps({**ROUTING_CASE, "property": "no-such"}))
+    from vmfuzz.harness.targets import resolve
+    plan = RunPlan.__new__(RunPlan)
+    plan.report_dir, plan.device, plan.example_timeout = tmp_path / "r", "cpu", 30.0
+    out, said = [], []
+    Night(db).replay_last(resolve("reference"), plan, said.append, out)
+    assert sorted(p.name for p in (db / "quarantine").iterdir()) == ["broken.json", "unknown.json"], said
+    assert list((db / "last-failures").iterdir()) == []

@@ -15,7 +15,8 @@ from vmfuzz.harness.model.errors import EXIT_FINDING, EXIT_OK, EXIT_OUT_OF_STEP,
 
 
 def run(request: MergeRequest) -> int:
-    from vmfuzz.harness.report.merge import MergeError, check_shards, merge_summaries, read_summary, relocate, write_merged
+    from vmfuzz.harness.report.merge import (MergeError, check_shards, merge_summaries, read_summary, relocate,
+                                             selection_unconfirmed, write_merged)
     try:
         shards = [(d, read_summary(d)) for d in request.dirs]
         split = check_shards(shards)
@@ -23,6 +24,10 @@ def run(request: MergeRequest) -> int:
         raise UsageError(f"vmfuzz merge: {exc}") from None
     report_dir = claimed_report_dir(request.report_dir)
     merged = merge_summaries(relocate(shards, split, report_dir))
+    unconfirmed = selection_unconfirmed(shards)
+    if unconfirmed:
+        print(f"vmfuzz merge: warning: {unconfirmed}", file=sys.stderr)
+        merged["warnings"].append(unconfirmed)
     write_merged(merged, report_dir)
     c = merged["counts"]
     print(f"vmfuzz merge: {len(request.dirs)} shard(s) ({', '.join(merged['shards'])}): {c['properties']} properties, "

@@ -11,6 +11,7 @@ warning; a bad input is one ``UsageError`` line (exit 2) before the search.
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 from pathlib import Path
 
@@ -85,6 +86,11 @@ def plan(request: RunRequest):
         ready_dir(places.db_folder, "--db")
         if profile.replay_last_failures:
             ready_dir(places.db_folder / "last-failures", "--db's last-failures")
+        from vmfuzz.harness.engine.campaign.history import lock_problem
+        if lock_problem(places.db_folder):
+            raise UsageError(f"vmfuzz: --db {places.db_folder}: {lock_problem(places.db_folder)}")
+    if profile.database != "none" and db_url is None:
+        warnings = (*warnings, *_no_examples(places.db_folder))
     from vmfuzz.harness.model.known_file import applying
     known = tuple(applying(found, dict(target.versions())))
     # A slow target (sglang runs its kernel in the Triton interpreter, where a production
@@ -94,7 +100,8 @@ def plan(request: RunRequest):
     run_plan = RunPlan(target=request.target, profile=profile, seed=seed,
                        max_examples=request.max_examples or min(profile.max_examples, own_budget or profile.max_examples),
                        time_budget=request.time_budget if request.time_budget is not None else profile.time_budget,
-                       report_dir=report_dir, properties=list(request.properties), workers=request.workers,
+                       report_dir=report_dir, properties=list(request.properties),
+                       selection=tuple(request.selection or request.properties), workers=request.workers,
                        device=request.device, db_dir=request.db_folder, db_url=db_url,
                        shard=f"{request.shard[0]}/{request.shard[1]}" if request.shard else None,
                        isolate=isolate,
@@ -110,6 +117,15 @@ def plan(request: RunRequest):
         # A slow target widens its bounds step by step where the profile's budget allows.
         run_plan.bounds_steps = tuple(getattr(target, "bounds_ladder", {}).get(profile.name, ()))
     return run_plan, target
+
+
+def _no_examples(db_folder: Path) -> tuple[str, ...]:
+    """The warning for a ``DIR/hypothesis`` that is no folder (a FIFO, a file): the search neither
+    reads nor saves examples there, which must show, not pass in silence."""
+    path = db_folder / "hypothesis"
+    if not os.path.lexists(path) or path.is_dir():
+        return ()
+    return (f"example database {path} is not a directory: skipped, never opened (no examples read or saved)",)
 
 
 def _deployment(path: Path | None):

@@ -39,6 +39,8 @@ class RunRequest(Request, frozen=True, kw_only=True):
     profile: str
     #: this shard's properties, every name known
     properties: tuple[str, ...]
+    #: the run's whole property selection, before ``--shard`` split it (``properties`` when unsharded)
+    selection: tuple[str, ...] = ()
     seed: int | None = None
     max_examples: int | None = None
     time_budget: float | None = None
@@ -179,7 +181,8 @@ def _run(args, report_dir: Path | None) -> RunRequest:
     from vmfuzz.harness.engine.campaign.profiles import DEFAULT_DB_DIR
     from vmfuzz.harness.engine.search.database import shared_url
     from vmfuzz.harness.properties import PROPERTIES
-    shard, properties = _shard(args.shard, property_names(args.properties or list(PROPERTIES)))
+    selection = property_names(args.properties or list(PROPERTIES))
+    shard, properties = _shard(args.shard, selection)
     _numbers([("--max-examples", getattr(args, "max_examples", None), dict(low=1, high=limits.MAX_EXAMPLES)),
               ("--time-budget", getattr(args, "time_budget", None),
                dict(low=0, high=limits.MAX_TIME_BUDGET, low_open=True)),
@@ -191,7 +194,7 @@ def _run(args, report_dir: Path | None) -> RunRequest:
     gate = args.command == "gate"
     return RunRequest(
         command=args.command, report_dir=report_dir, target=args.target, profile="pr" if gate else args.profile,
-        properties=properties, seed=None if gate else args.seed, max_examples=None if gate else args.max_examples,
+        properties=properties, selection=selection, seed=None if gate else args.seed, max_examples=None if gate else args.max_examples,
         time_budget=None if gate else args.time_budget, deployment=None if gate else _path(args.deployment),
         bounds=None if gate or args.bounds is None else bounds_given(args.bounds),
         share=getattr(args, "share", True),

@@ -179,6 +179,9 @@ class RunSummary(_Strict):
     deep_boundary_corpus: Union[DeepCorpus, None] = None
     #: "K/N" when this run is one shard of a run split over N (``--shard``); None otherwise
     shard: Union[str, None] = None
+    #: the properties the run was asked for, before ``--shard`` split them (its ``properties`` are this
+    #: shard's); None in a summary from a vmfuzz that did not record it
+    selection: Union[list[str], None] = None
     #: ``vmfuzz merge``: the shards this summary joins
     shards: list[Union[str, None]] = []
     #: a nightly's records of its last nights (the database's history file), this one last

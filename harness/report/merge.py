@@ -2,7 +2,9 @@
 
 The folders are checked first: every shard K of one N, each once, all with the
 same target, seed, profile, versions, examples per property, device, bounds and
-property selection, none interrupted and none with a status this code does not
+property selection (each summary's ``selection``, the properties the run was asked
+for before the split; a summary without one, from an older vmfuzz, is merged on its
+property counts with a warning that the selection is unconfirmed), none interrupted and none with a status this code does not
 know. Anything else is refused (one
 line): a merge that silently dropped a shard, or joined two different runs,
 would read as a night on which fewer things failed.
@@ -104,6 +106,7 @@ def check_shards(shards: list[tuple[Path, dict]]) -> list[tuple[int, int]]:
         if len(set(map(repr, values))) > 1:
             raise MergeError(f"the shards differ in {words}: "
                              + ", ".join(f"{v} ({f})" for v, (f, _) in zip(values, shards)))
+    _same_whole_selection(shards)
     n = split[0][1]
     for k in range(1, n + 1):
         given = [str(f) for (kk, _), (f, _) in zip(split, shards) if kk == k]
@@ -160,6 +163,33 @@ def _join_property(a: dict, b: dict) -> dict:
 def group_id(g: dict) -> str:
     """A group's cause: its ``key`` (the origin's cause) where the summary has one, else its signature."""
     return g.get("key") or g["signature"]
+
+
+def _same_whole_selection(shards: list[tuple[Path, dict]]) -> None:
+    """Every shard records the property selection its run was asked for (``selection``): one that
+    differs is refused, whatever the counts (shard K of a smaller selection can look like a part
+    of a larger one). A summary from a vmfuzz that did not record it is left to ``_same_selection``
+    (``selection_unconfirmed`` says so)."""
+    known = [(f, s["selection"]) for f, s in shards if s.get("selection") is not None]
+    if len({tuple(sel) for _, sel in known}) > 1:
+        (fa, a), (fb, b) = known[0], next((f, sel) for f, sel in known if sel != known[0][1])
+        only_a, only_b = [p for p in a if p not in b], [p for p in b if p not in a]
+        what = "; ".join(part for part in (only_a and f"only {fa} asked for {', '.join(only_a)}",
+                                           only_b and f"only {fb} asked for {', '.join(only_b)}") if part)
+        raise MergeError("the shards ran different property selections: "
+                         + (what or f"{fa} and {fb} list them in a different order")
+                         + " (give every shard the same --property)")
+
+
+def selection_unconfirmed(shards: list[tuple[Path, dict]]) -> str | None:
+    """The warning when a shard's summary does not record its run's selection (an older vmfuzz):
+    the merge then rests on the shards' property counts, which cannot prove one selection."""
+    old = [str(f) for f, s in shards if s.get("selection") is None]
+    if not old:
+        return None
+    return (f"cannot confirm the shards ran one property selection: {', '.join(old)} "
+            f"{'does' if len(old) == 1 else 'do'} not record it (a summary from an older vmfuzz); "
+            "merged on their property counts alone")
 
 
 def _same_selection(shards: list[tuple[Path, dict]], split: list[tuple[int, int]], n: int) -> None:
@@ -229,6 +259,7 @@ def merge_summaries(summaries: list[dict]) -> dict:
     members = {m for g in groups for m in g["members"]}
     status = Counter(p["status"] for p in props.values())
     merged = {**first, "shard": None, "shards": [s.get("shard") for s in summaries],
+              "selection": first.get("selection") if all(s.get("selection") for s in summaries) else None,
               "interrupted": any(s.get("interrupted") for s in summaries),
               "properties": list(props.values()), "replays": replays, "known_findings": known,
               "findings": findings, "groups": groups,
@@ -305,7 +336,7 @@ def _join_cap(parts: list) -> dict | None:
 #: tests/test_merge.py: a new field is never copied from shard 1 unseen.
 FIELDS = {
     **dict.fromkeys(("command", "target", "profile", "seed", "max_examples", "time_budget", "workers", "isolation",
-                     "device", "versions", "fail_on_known", "bounds", "deployment", "gate", "history"), "same"),
+                     "device", "versions", "fail_on_known", "bounds", "deployment", "gate", "history", "selection"), "same"),
     **dict.fromkeys(("interrupted", "started", "counts", "properties", "boundary_classes", "overflow_margin",
                      "overflow_margin_by_path", "findings", "replays", "known_findings", "timings", "reached",
                      "kernel", "warnings", "groups", "deep_boundary_corpus", "shard", "shards", "time_cap"),

@@ -3,7 +3,7 @@
 A saved repro that could not be replayed (a bad file, a property the target
 cannot drive) is never a pass, and it is not "did not hold" either: the run
 could not check it (exit 3), and summary.md and junit.xml say the same. Last
-run's cases are the nightly's own: it sets an unreplayable one aside and goes on
+run's cases are the nightly's own: it keeps one it could not check and goes on
 (vmfuzz.harness.engine.campaign.nightly.set_aside).
 """
 

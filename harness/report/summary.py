@@ -142,6 +142,7 @@ def build_summary(outcome) -> dict:
         "seed": plan.seed, "max_examples": plan.max_examples, "time_budget": plan.time_budget,
         "workers": plan.workers, "isolation": plan.isolate, "device": plan.device,
         "shard": getattr(plan, "shard", None),
+        "selection": list(getattr(plan, "selection", ()) or plan.properties),
         "versions": outcome.versions, "started": outcome.started,
         "counts": {"properties": len(props), "held": status["held"], "failed": status["failed"],
                    "skipped": status["skipped"] + status["not driven"], "not_driven": status["not driven"],

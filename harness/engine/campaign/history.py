@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -97,16 +98,45 @@ def load(db_dir: Path, warn=print) -> list[dict]:
     return nights
 
 
+LOCK = ".lock"
+
+
+def lock_problem(db_dir: Path) -> str | None:
+    """Why ``DIR/.lock`` cannot be the database's lock (it is there and no regular file), or None.
+
+    A FIFO there would block the lock's open for ever (and a blocked open outlives SIGTERM's
+    stop): the plan refuses such a database before any work, and ``locked`` never opens one."""
+    path = Path(db_dir) / LOCK
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None  # absent (made on first use) or unreadable: ``locked`` says which
+    if stat.S_ISREG(st.st_mode):
+        return None
+    kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a symbolic link" if stat.S_ISLNK(st.st_mode)
+            else "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file")
+    return f"the database's lock {path} is {kind}, not a regular file: the database cannot be locked (remove it)"
+
+
 class locked:
     """An exclusive ``flock`` on ``DIR/.lock`` while the database is updated: a second
-    nightly waits for the first's update instead of interleaving with it."""
+    nightly waits for the first's update instead of interleaving with it. Anything there but
+    a regular file is an OSError naming it, never opened (a FIFO would block the open)."""
 
     def __init__(self, db_dir: Path):
-        self.path = Path(db_dir) / ".lock"
+        self.path = Path(db_dir) / LOCK
 
     def __enter__(self):
         import fcntl
-        self.fh = open(self.path, "a")
+        bad = lock_problem(self.path.parent)
+        if bad:
+            raise OSError(bad)
+        # put there since the check: a FIFO fails the non-blocking open (or fstat), a link the no-follow
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(f"the database's lock {self.path} is not a regular file")
+        self.fh = os.fdopen(fd, "a")
         fcntl.flock(self.fh, fcntl.LOCK_EX)
         return self
 

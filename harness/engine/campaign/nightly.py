@@ -1,8 +1,11 @@
 """The nightly database's last-failures folder: kept across runs, and kept healthy.
 
-A case that cannot be replayed (it is invalid, the target raises or hangs on
-it) must not poison every later night: it is reported once and moved to
-``DIR/quarantine/``. An interrupted run adds its findings but deletes nothing,
+A file that is no repro at all (it does not read, names an unknown property or
+one that does not apply to its case, or is no regular file) and a case the
+target raises, crashes or hangs on must not poison every later night: each is
+reported once and moved to ``DIR/quarantine/``. A sound case this run could not
+check (its property is not driven on this target, or vmfuzz is out of step with
+it) stays, its reason said, for a night that can. An interrupted run adds its findings but deletes nothing,
 so a Ctrl-C during the replay never loses last night's failures.
 
 The folder stays bounded however many nights a failure survives: a kept case is
@@ -69,10 +72,12 @@ class Night:
 
 
 def set_aside(db_dir: Path, outcomes: list, log=print) -> None:
-    """Move the unreplayable cases of ``outcomes`` (``ReplayOutcome``) to ``db_dir/quarantine``."""
+    """Move the files of ``outcomes`` (``ReplayOutcome``) that are no repro, and the cases the target
+    raised, crashed or hung on, to ``db_dir/quarantine``. A sound case that was not checked (not driven
+    on this target, out of step) stays: another night, on a target that drives it, replays it."""
     aside = db_dir / "quarantine"
     for o in outcomes:
-        if o.status != "error" and not getattr(o, "fault", None):
+        if not (o.status == "error" and getattr(o, "unreadable", True)) and not getattr(o, "fault", None):
             continue
         try:
             aside.mkdir(parents=True, exist_ok=True)
@@ -94,10 +99,13 @@ def keep_failures(db_dir: Path, outcome, log=None) -> None:
     """Merge this run's findings into last-failures; the replayed cases that held drop out.
 
     Only a replay that ran to the end and held drops its case: one out of step with
-    the code, not driven here, or unreadable was never checked, so it stays (said
-    with its reason), however long that lasts. An interrupted run only adds. A case
-    this run did not replay (another nightly sharing the database kept it
-    meanwhile) is left alone.
+    the code, or whose property is not driven on this target, was never checked, so
+    it stays in last-failures (said with its reason, and in summary.json's replays),
+    however long that lasts. The cases ``set_aside`` moved to quarantine (no repro at
+    all: corrupt JSON, a bad shape, an unknown property, no regular file; or a case
+    the target raised, crashed or hung on) are not here to keep. An interrupted run
+    only adds. A case this run did not replay (another nightly sharing the database
+    kept it meanwhile) is left alone.
     """
     keep = db_dir / "last-failures"
     log = log or (lambda line: None)

@@ -56,6 +56,8 @@ class RunPlan:
     share: bool = True  # search the shared properties together (vmfuzz.harness.properties.shared)
     db_url: str | None = None  # a Redis server holding the example database (--db redis://...)
     shard: str | None = None  # "K/N": this run is shard K of N (vmfuzz.harness.engine.campaign.shard)
+    #: the run's whole property selection, before a shard's split: vmfuzz merge joins only shards of one
+    selection: tuple = ()
     #: a known finding (upstream's defect) fails the run too; by default every command lists
     #: them and exits on new groups only
     fail_on_known: bool = False

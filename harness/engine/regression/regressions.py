@@ -35,6 +35,9 @@ class ReplayOutcome:
     #: the case could not be replayed: "target-raised", "target-hang" or "target-crash"
     fault: str | None = None
     set_aside: Path | None = None  # where vmfuzz.harness.engine.campaign.nightly moved it
+    #: the file is no repro (it does not read, names an unknown fault or property, or one that does not
+    #: apply to its case); False for a sound one this target cannot drive, which stays for one that can
+    unreadable: bool = False
     origin: Origin | None = None
 
 
@@ -155,6 +158,7 @@ def replay_saved(saved: list[Saved], target, *, source: str, findings_dir: Path,
                  isolate: bool = False, timeout: float = 30.0, check_teeth: bool = True,
                  out: list | None = None) -> list[ReplayOutcome]:
     """``out`` (default a new list) gets each outcome as it is known: an interrupt keeps those."""
+    from vmfuzz.harness.engine.regression.replay import NotDriven
     from vmfuzz.harness.targets import TargetUnavailable, resolve
 
     out = [] if out is None else out
@@ -168,7 +172,7 @@ def replay_saved(saved: list[Saved], target, *, source: str, findings_dir: Path,
             got = outcome_of(repro, target, device, isolate or bool(repro.fault), timeout)
             o.status, o.detail, o.fault, o.origin = got.status, got.detail, got.fault, got.origin
         except ReproError as exc:
-            o.status, o.detail = "error", str(exc)
+            o.status, o.detail, o.unreadable = "error", str(exc), not isinstance(exc, NotDriven)
             out.append(o)
             continue
         if o.status == "failed":

@@ -12,6 +12,11 @@ FAULTS = ("target-crash", "target-hang")
 DEFAULT_TARGET = "reference"
 
 
+class NotDriven(ReproError):
+    """A sound repro this target cannot judge (it lacks the property's seam): no fault of the file,
+    which a target that drives the property replays."""
+
+
 def properties_for(repro: Repro, only: str | None = None) -> list[Property]:
     """``only`` (the command line), else the file's ``property``, else every property
     whose configs the repro's config is (d = 1 ones for a trivial config, the rest otherwise)."""
@@ -61,7 +66,7 @@ def replay(repro: Repro, target, device: str = "cpu", *, isolate: bool = False,
     A ``target-crash``/``target-hang`` repro (or ``isolate=True``) runs in a
     watched worker: a crash or hang raises ``isolation.TargetFault`` instead of
     taking this process down. A property the target cannot drive (it lacks a
-    seam) is left out, never counted as held; none left is a ``ReproError``.
+    seam) is left out, never counted as held; none left is ``NotDriven``.
     """
     if repro.fault is not None and repro.fault not in FAULTS:
         raise ReproError(f"unknown fault {repro.fault!r} (known: {', '.join(FAULTS)})")
@@ -69,7 +74,7 @@ def replay(repro: Repro, target, device: str = "cpu", *, isolate: bool = False,
     from vmfuzz.harness.engine.search.search import not_driven_here
     driven = [p for p in props if not not_driven_here(target, p)]
     if not driven:
-        raise ReproError(f"target {target.name} cannot drive {', '.join(p.name for p in props)} "
+        raise NotDriven(f"target {target.name} cannot drive {', '.join(p.name for p in props)} "
                          f"({not_driven_here(target, props[0])})")
     # the case is built only for a property that can be driven (properties_for proved it builds)
     config, batches = to_case(repro)

@@ -195,7 +195,7 @@ def database_for(mode: str, db_dir: Path, url: str | None = None):
         db = FallbackDatabase(url, Path(db_dir) / "hypothesis")
     else:
         path = Path(db_dir) / "hypothesis"
-        if mode == "read" and not path.is_dir():
-            return None
+        if not path.is_dir() and (mode == "read" or os.path.lexists(path)):
+            return None  # a FIFO or a file there is skipped, never opened (the plan warned of it)
         db = RegularFilesDatabase(str(path))
     return ReadOnlyDatabase(db) if mode == "read" else db
