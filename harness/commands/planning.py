@@ -11,7 +11,6 @@ warning; a bad input is one ``UsageError`` line (exit 2) before the search.
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
 from pathlib import Path
 
@@ -80,7 +79,7 @@ def plan(request: RunRequest):
     not_driven = not_driven_on(request.properties, deployment.config) if deployment is not None else {}
     # A finding must never be lost to an output place that was broken from the start.
     from vmfuzz.harness.model.report_claim import claim
-    from vmfuzz.harness.model.validate import ready_dir
+    from vmfuzz.harness.model.validate import not_a_folder, ready_dir
     report_dir = claim(ready_dir(places.report_dir, "--report-dir"))
     if profile.database == "write" or profile.replay_last_failures:
         ready_dir(places.db_folder, "--db")
@@ -90,7 +89,7 @@ def plan(request: RunRequest):
         if lock_problem(places.db_folder):
             raise UsageError(f"vmfuzz: --db {places.db_folder}: {lock_problem(places.db_folder)}")
     if profile.database != "none" and db_url is None:
-        warnings = (*warnings, *_no_examples(places.db_folder))
+        warnings = (*warnings, *not_a_folder(places.db_folder / "hypothesis", "example database"))
     from vmfuzz.harness.model.known_file import applying
     known = tuple(applying(found, dict(target.versions())))
     # A slow target (sglang runs its kernel in the Triton interpreter, where a production
@@ -117,15 +116,6 @@ def plan(request: RunRequest):
         # A slow target widens its bounds step by step where the profile's budget allows.
         run_plan.bounds_steps = tuple(getattr(target, "bounds_ladder", {}).get(profile.name, ()))
     return run_plan, target
-
-
-def _no_examples(db_folder: Path) -> tuple[str, ...]:
-    """The warning for a ``DIR/hypothesis`` that is no folder (a FIFO, a file): the search neither
-    reads nor saves examples there, which must show, not pass in silence."""
-    path = db_folder / "hypothesis"
-    if not os.path.lexists(path) or path.is_dir():
-        return ()
-    return (f"example database {path} is not a directory: skipped, never opened (no examples read or saved)",)
 
 
 def _deployment(path: Path | None):

@@ -160,6 +160,14 @@ def ready_dir(path: str | Path, what: str) -> Path:
         raise UsageError(f"vmfuzz: {exc}") from None
 
 
+def not_a_folder(path: Path, what: str) -> tuple[str, ...]:
+    """The warning for ``path`` that should be a folder and is something else (a FIFO, a file):
+    whatever reads or saves there is skipped, which must show, never pass in silence."""
+    if not os.path.lexists(path) or path.is_dir():
+        return ()
+    return (f"{what} {path} is not a directory: skipped, never opened (nothing read or saved there)",)
+
+
 def usable_dir(path: str | Path, what: str) -> Path:
     """Create ``path`` if needed and prove a file can be written in it, before any work is done."""
     path = Path(path)
