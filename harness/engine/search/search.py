@@ -397,4 +397,3 @@ def search_shared(target, props: list[Property], *, seed: int, max_examples: int
         if not rounds or deadline is None or res.examples == 0:
             break
     return [totals[p.name].timed(p.name in searched, rounds) for p in props]
-
