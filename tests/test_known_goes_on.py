@@ -70,3 +70,33 @@ def test_junit_never_shows_a_property_that_met_only_known_entries_as_a_plain_pas
     assert cases["no-oob-write"].find("skipped").get("message") == "known finding(s): oob"
     assert cases["routing"].find("skipped").get("message") == "known finding(s): hdm"
     assert list(cases["capacity-liveness"]) == []
+
+
+def _allocation_sized_for_fewer_requests(o) -> bool:
+    return o.property == "allocation-soundness" and o.cell == "sized for fewer requests"
+
+
+def test_a_known_allocation_defect_leaves_the_sites_other_numbers_judged():
+    """An allocation site that sizes the mask for max_bs - 1 (known) and for one draft row too few (new):
+    the draft width is still judged past the known max_bs. Before, the known failure ended the case at
+    the first number, so the second defect, on every site of every case, was never reached."""
+    short = CATALOGUE["alloc-max-bs-short"].layer(resolve("reference"))
+    short.known_findings = (_known("alloc", _allocation_sized_for_fewer_requests),)
+    obs = PROPERTIES["allocation-soundness"].check(short, *CASE)
+    assert any(c.endswith("max_bs: known finding alloc") for c in obs.classes), sorted(obs.classes)
+    assert any(c.endswith("mask: not judged past a known defect of its numbers") for c in obs.classes)
+    both = CATALOGUE["alloc-wrong-d"].layer(short)
+    with pytest.raises(PropertyFailure) as failure:
+        PROPERTIES["allocation-soundness"].check(both, *CASE)
+    assert failure.value.origin.cell == "sized for fewer draft tokens", failure.value.origin
+
+
+@pytest.mark.slow
+def test_a_second_allocation_defect_is_found_past_a_known_one_by_the_search(tmp_path):
+    """End to end, the same two defects under ``run``: the new one is the finding, within 100 examples."""
+    from vmfuzz.harness.engine.search.search import run_property
+    both = CATALOGUE["alloc-wrong-d"].layer(CATALOGUE["alloc-max-bs-short"].layer(resolve("reference")))
+    both.known_findings = (_known("alloc", _allocation_sized_for_fewer_requests),)
+    result = run_property(both, PROPERTIES["allocation-soundness"], seed=1, max_examples=100, bounds=Bounds(),
+                          findings_dir=tmp_path)
+    assert result.finding is not None and result.finding.origin.cell == "sized for fewer draft tokens"

@@ -28,17 +28,20 @@ NAME"), never counted as held; a target that drives none fails the case.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from vmfuzz.harness.model.allocation import TRITON_INIT, ServerNumbers, indptr_entries, reads_mask
 from vmfuzz.harness.model.fa3_graph import DIMENSIONS, graph_needs, page_sizes, short_dimension
 from vmfuzz.harness.model.fa3_graph import WRITER as FA3_GRAPH
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.layouts import PREALLOCATED_LAYOUTS, worst_case_size
 from vmfuzz.harness.model.origin import ALLOCATOR, BEYOND_CAPACITY
-from vmfuzz.harness.properties.kit import Observation, fail
+from vmfuzz.harness.properties.kit import KnownMet, Observation, fail, known_goes_on
 
 NAME = "allocation-soundness"
 #: who sized the mask: a backend's cuda-graph set-up calling maybe_create_verify_mask
 SITE = "allocation site"
+_SITE = {"writer": SITE, "buffer": "tree_mask"}
 #: who says how many cells a preallocated mask takes: the target's ``numel`` seam
 FOOTPRINT = "tree_mask_numel"
 
@@ -69,43 +72,72 @@ def check_footprint(target, config: Config, batches: list[Batch]) -> None:
                                    got, want, f"the layout of {bs} requests at the context limit")
 
 
-def check_site(target, backend: str, numbers: ServerNumbers) -> float:
-    """Fails with the first way ``backend``'s allocation misses ``numbers``; returns the margin
-    (cells a full batch at the context limit needs beyond the buffer, negative when it fits)."""
+def check_site(target, backend: str, numbers: ServerNumbers, obs: Observation | None = None) -> float:
+    """Fails with a way ``backend``'s allocation misses ``numbers``; returns the margin (cells a full
+    batch at the context limit needs beyond the buffer, negative when it fits). Given ``obs``, a failure
+    a known entry names ends only its own check (``kit.known_goes_on``): the site's other numbers are
+    still judged, so a second defect of the same site is a finding; without it, the first failure ends all."""
     call = target.allocation_call(backend, numbers)
     at = f"{backend}: maybe_create_verify_mask({call.describe()})"
-    site = {"writer": SITE, "buffer": "tree_mask"}
     server = (f"a server capturing max_bs {numbers.max_bs}, context {numbers.context_len}, "
               f"num_draft_tokens {numbers.num_draft_tokens}, topk {numbers.topk}")
-    if call.is_draft_runner or call.skip_prefill:
-        fail(NAME, f"{at} on the target runner of {server} passes is_draft_runner={call.is_draft_runner}, "
-                    f"skip_prefill={call.skip_prefill}: no mask, every verify step falls back",
-             effect="unsound", cell="runner role", **site)
-    if not isinstance(call.max_bs, int) or call.max_bs < numbers.max_bs:
-        fail(NAME, f"{at}, for {server}: batches of {call.max_bs}..{numbers.max_bs} run captured "
-                    "but the mask was sized for fewer",
-             effect="overrun", side="above", cell="sized for fewer requests", **site)
-    if not isinstance(call.max_context_len, int) or call.max_context_len < numbers.context_len:
-        fail(NAME, f"{at}, for {server}: requests reach {numbers.context_len} tokens but a FULL_MASK row "
-                    f"was sized for {call.max_context_len}",
-             effect="overrun", side="above", cell="sized for a shorter context", **site)
-    if not isinstance(call.num_draft_tokens, int) or call.num_draft_tokens < numbers.num_draft_tokens:
-        fail(NAME, f"{at}, for {server}: every request writes {numbers.num_draft_tokens} draft rows, "
-                    f"the mask was sized for {call.num_draft_tokens}",
-             effect="overrun", side="above", cell="sized for fewer draft tokens", **site)
+
+    def part(label: str):
+        return known_goes_on(target, obs, f"site {backend} {label}") if obs is not None else nullcontext(KnownMet())
+
+    if _check_arguments(call, backend, numbers, at, server, part):
+        # the mask was sized by a known defect's numbers: judging it again would only see that defect
+        obs.classes.add(f"site {backend} mask: not judged past a known defect of its numbers")
+        return float("-inf")
+    margin = float("-inf")
+    with part("mask"):  # each check of the mask needs the one before it: a known failure ends them all
+        margin = _check_mask(target, call, numbers, at, server)
+    return margin
+
+
+def _check_arguments(call, backend: str, numbers: ServerNumbers, at: str, server: str, part) -> bool:
+    """What the site asked ``maybe_create_verify_mask`` for, each number judged on its own; True when
+    one of them met a known defect."""
     want_read = reads_mask(backend, numbers.topk)
-    if call.is_read != want_read:
-        fail(NAME, f"{at}, for {server}: {backend}'s verify attention "
-                    f"{'reads' if want_read else 'does not read'} the mask, so is_read must be {want_read} "
-                    "(an unread mask is allocated QLEN_ONLY, a read one in the reader's layout)",
-             effect="unsound", cell="is_read", **site)
+    fewer = {"effect": "overrun", "side": "above"}
+    checks = (
+        ("runner role", call.is_draft_runner or call.skip_prefill,
+         f"{at} on the target runner of {server} passes is_draft_runner={call.is_draft_runner}, "
+         f"skip_prefill={call.skip_prefill}: no mask, every verify step falls back",
+         {"effect": "unsound", "cell": "runner role"}),
+        ("max_bs", not isinstance(call.max_bs, int) or call.max_bs < numbers.max_bs,
+         f"{at}, for {server}: batches of {call.max_bs}..{numbers.max_bs} run captured "
+         "but the mask was sized for fewer", {**fewer, "cell": "sized for fewer requests"}),
+        ("context", not isinstance(call.max_context_len, int) or call.max_context_len < numbers.context_len,
+         f"{at}, for {server}: requests reach {numbers.context_len} tokens but a FULL_MASK row "
+         f"was sized for {call.max_context_len}", {**fewer, "cell": "sized for a shorter context"}),
+        ("draft tokens", not isinstance(call.num_draft_tokens, int) or call.num_draft_tokens < numbers.num_draft_tokens,
+         f"{at}, for {server}: every request writes {numbers.num_draft_tokens} draft rows, "
+         f"the mask was sized for {call.num_draft_tokens}", {**fewer, "cell": "sized for fewer draft tokens"}),
+        ("is_read", call.is_read != want_read,
+         f"{at}, for {server}: {backend}'s verify attention {'reads' if want_read else 'does not read'} the "
+         f"mask, so is_read must be {want_read} (an unread mask is allocated QLEN_ONLY, a read one in the "
+         "reader's layout)", {"effect": "unsound", "cell": "is_read"}),
+    )
+    met = False
+    for label, wrong, said, origin in checks:
+        with part(label) as m:
+            if wrong:
+                fail(NAME, said, **origin, **_SITE)
+        met = met or m.name is not None
+    return met
+
+
+def _check_mask(target, call, numbers: ServerNumbers, at: str, server: str) -> float:
+    """The mask the site got: there at all, admitting the captured max_bs, sized as asked, and holding
+    a full batch at the context limit; returns the margin."""
     mask = call.mask
     if mask is None:
         fail(NAME, f"{at}, for {server}: returned no mask, so every verify step falls back",
-             effect="unsound", cell="no mask", **site)
+             effect="unsound", cell="no mask", **_SITE)
     if not target.fits(mask, numbers.max_bs):
         fail(NAME, f"{at}, for {server}: the mask does not admit the captured max_bs {numbers.max_bs}",
-             effect="unsound", cell="refused the captured max_bs", **site)
+             effect="unsound", cell="refused the captured max_bs", **_SITE)
     cap = mask.buffer.numel()
     if isinstance(call.max_context_len, int) and isinstance(call.num_draft_tokens, int):
         asked = worst_case_size(mask.mode, mask.max_bs, call.num_draft_tokens, call.max_context_len)
@@ -116,7 +148,7 @@ def check_site(target, backend: str, numbers: ServerNumbers) -> float:
     if worst > cap:
         fail(NAME, f"{at}, for {server}: the {cap}-cell {mask.mode.name} mask admits {mask.max_bs} requests, "
                     f"which need {worst} cells at the context limit ({worst - cap} past its end)",
-             effect="overrun", side="above", cell=BEYOND_CAPACITY, **site)
+             effect="overrun", side="above", cell=BEYOND_CAPACITY, **_SITE)
     return float(worst - cap)
 
 
@@ -167,8 +199,11 @@ def allocation_soundness(target, config: Config, batches: list[Batch], device="c
     numbers = ServerNumbers.of(config)
     check_footprint(target, config, batches)
     sites = target.allocating_backends()
-    check_fa3_graph(target, obs, numbers, sites)
-    check_triton_indptrs(target, obs, numbers, sites)
+    # a known defect of one part ends only that part (the footprint's stays whole: the sites allocate by it)
+    with known_goes_on(target, obs, "fa3 cuda-graph buffers"):
+        check_fa3_graph(target, obs, numbers, sites)
+    with known_goes_on(target, obs, "triton index pointers"):
+        check_triton_indptrs(target, obs, numbers, sites)
     driven = [name for name, why in sites.items() if why is None]
     for name, why in sites.items():
         if why is not None:
@@ -179,6 +214,6 @@ def allocation_soundness(target, config: Config, batches: list[Batch], device="c
              effect="unsound", writer=SITE, cell="none driven")
     for name in driven:
         obs.classes.add(f"site {name}")
-        obs.margin = max(obs.margin, check_site(target, name, numbers))
+        obs.margin = max(obs.margin, check_site(target, name, numbers, obs))
     obs.classes.add("topk > 1" if config.topk > 1 else "topk 1")
     return obs

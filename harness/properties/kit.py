@@ -274,13 +274,23 @@ def known_goes_on(target, obs: Observation, label: str):
     only that part: it is recorded as the class ``LABEL: known finding NAME`` and the check goes on
     with the rest of the case, so a new defect elsewhere in it is still a finding (a raise there would
     pass the whole case over)."""
+    met = KnownMet()
     try:
-        yield
+        yield met
     except PropertyFailure as exc:
         known = known_as(target, exc.origin)
         if known is None:
             raise
         obs.classes.add(f"{label}: known finding {known}")
+        met.name = known
+
+
+@dataclass
+class KnownMet:
+    """What ``known_goes_on`` yields: after the block, the known entry it ended on, or None; a later
+    part that depends on this one's result reads it and is not judged on a known defect's output."""
+
+    name: str | None = None
 
 
 # -- the ledger of promised sub-checks ----------------------------------------------
