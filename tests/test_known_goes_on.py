@@ -100,3 +100,37 @@ def test_a_second_allocation_defect_is_found_past_a_known_one_by_the_search(tmp_
     result = run_property(both, PROPERTIES["allocation-soundness"], seed=1, max_examples=100, bounds=Bounds(),
                           findings_dir=tmp_path)
     assert result.finding is not None and result.finding.origin.cell == "sized for fewer draft tokens"
+
+
+def test_a_known_defect_of_one_reader_leaves_the_other_readers_of_the_step_judged():
+    """The eager sliding-window read carries a known defect (its mask offsets shifted by one); the replay's
+    window read a new one of its own. reader-agreement still judges the replay's past the known eager one.
+    Before, the known failure ended the case at the eager window read."""
+    import dataclasses
+
+    from vmfuzz.harness.targets.reference.target import ReferenceTarget
+
+    def shifted(view):
+        return dataclasses.replace(view, indptr=view.indptr + 1)
+
+    class EagerWindowShifted(ReferenceTarget):
+        def read_window_eager(self, *args):
+            return shifted(super().read_window_eager(*args))
+
+    class BothWindowsShifted(EagerWindowShifted):
+        def read_window_replay(self, *args):
+            return shifted(super().read_window_replay(*args))
+
+    def eager_window(o) -> bool:
+        return o.property == "reader-agreement" and o.stage == "eager"
+
+    one = EagerWindowShifted()
+    one.known_findings = (_known("window", eager_window),)
+    obs = PROPERTIES["reader-agreement"].check(one, *CASE)
+    assert "sliding-window read eager: known finding window" in obs.classes, sorted(obs.classes)
+    assert any(c.startswith("sliding-window read replay") for c in obs.classes)  # judged past it, and held
+    both = BothWindowsShifted()
+    both.known_findings = one.known_findings
+    with pytest.raises(PropertyFailure) as failure:
+        PROPERTIES["reader-agreement"].check(both, *CASE)
+    assert failure.value.origin.stage == "replay", failure.value.origin
