@@ -18,14 +18,17 @@ UNKNOWN = "unknown"
 def code_version(package: Path, imported: str | None) -> tuple[str, str]:
     """(the version of the code in ``package``, where that was read), from that code itself.
 
-    In a git checkout ``git describe`` decides (a tag, or past it ``TAG.postN+gSHA``:
-    newer than the tag, so a range closed at the tag no longer applies); a generated
+    In a git checkout a ``_version.py`` the checkout commits is its own; else ``git
+    describe`` decides (a tag, or past it ``TAG.postN+gSHA``: newer than the tag, so a
+    range closed at the tag no longer applies), since a generated, uncommitted
     ``_version.py`` there dates from the checkout's install, not from its code.
     Elsewhere a built package's ``_version.py`` is its own. Without either, a static
     version in the project's ``pyproject.toml`` beside the package is read. With
     none of these the version is unknown and no known entry with a closed range applies.
     """
     root = next((p for p in (package.parent, package.parent.parent) if (p / ".git").exists()), None)
+    if root is not None and _committed(root, package / "_version.py"):
+        return imported or UNKNOWN, f"the _version.py committed in the checkout at {root}"
     if root is not None:
         described = _git_described(root)
         if described is not None:
@@ -41,6 +44,18 @@ def code_version(package: Path, imported: str | None) -> tuple[str, str]:
     return UNKNOWN, (f"{package} has no generated _version.py, no checkout around it and no static version in a "
                      f"pyproject.toml: its __version__ ({imported or 'none'}) is the installed distribution's, "
                      "not this code's")
+
+
+def _committed(root: Path, path: Path) -> bool:
+    """Is ``path`` a file the checkout at ``root`` tracks (not one its install generated)?"""
+    if not path.is_file():
+        return False
+    try:
+        out = subprocess.run(["git", "-C", str(root), "ls-files", "--error-unmatch", "--", str(path)],
+                             capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0
 
 
 def _git_described(root: Path) -> str | None:
