@@ -27,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vmfuzz.harness.engine.core.zygote import probe_cache  # noqa: E402
+from vmfuzz.harness.engine.core.zygote import probe_path  # noqa: E402
+from vmfuzz.harness.targets.sglang.loader import IMPORT_SWITCHES  # noqa: E402
 from vmfuzz.harness.engine.core.zygote_client import ZYGOTE_ENV, serving  # noqa: E402
 from vmfuzz.harness.engine.regression import bisect as bisect_engine  # noqa: E402
 
@@ -49,7 +50,7 @@ def _steps(repo: Path, env: dict, runs: int) -> tuple[float, list[float], set[in
 
 def _started(env: dict, probe: str) -> tuple[float, object]:
     t0 = time.perf_counter()
-    cm = serving(env, probe_code=probe)
+    cm = serving(env, probe_code=probe, switches=IMPORT_SWITCHES)
     sock = cm.__enter__()
     return time.perf_counter() - t0, (cm, sock)
 
@@ -59,8 +60,9 @@ def main() -> int:
     p.add_argument("--repo", type=Path, help="an SGLang checkout (default: a stand-in built from the installed copy)")
     p.add_argument("--runs", type=int, default=3)
     args = p.parse_args()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_INTERPRET="1")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop(ZYGOTE_ENV, None)
+    env.pop("TRITON_INTERPRET", None)  # a plain shell: each step, and the zygote, sets it as a cold step does
     env.pop("SGLANG_USE_CPU_ENGINE", None)
     with tempfile.TemporaryDirectory(prefix="bench-bisect-") as tmp:
         repo = args.repo
@@ -70,7 +72,7 @@ def main() -> int:
         env["VMFUZZ_BISECT_LOG"] = str(Path(tmp) / "steps.jsonl")
         cold, cold_all, cold_rc = _steps(repo, env, args.runs)
         code = bisect_engine.zygote_probe("sglang")
-        probe_cache(code).unlink(missing_ok=True)  # the first start probes, as a bisect's first ever does
+        probe_path(code, env, IMPORT_SWITCHES).unlink(missing_ok=True)  # the first start probes, as a bisect's first ever does
         start, (cm, sock) = _started(env, code)
         try:
             if sock is None:

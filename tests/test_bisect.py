@@ -102,9 +102,16 @@ def snapshot(repo: Path) -> dict:
             "files": files}
 
 
+def _shell() -> dict:
+    """A maintainer's plain shell: the interpreter switch unset, as the steps and their zygote must cope with."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CI="true")
+    for key in ("SGLANG_USE_CPU_ENGINE", "TRITON_INTERPRET", "VMFUZZ_BISECT_ZYGOTE"):
+        env.pop(key, None)
+    return env
+
+
 def bisect(repo: Path, report: Path, *args: str):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), CI="true", TRITON_INTERPRET="1")
-    env.pop("SGLANG_USE_CPU_ENGINE", None)
+    env = _shell()
     proc = subprocess.run([sys.executable, "-m", "vmfuzz.harness.cli", "bisect", str(REPRO), "--repo", str(repo),
                            "--report-dir", str(report), *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
@@ -166,8 +173,7 @@ def test_bisect_refuses_ends_that_do_not_hold_and_fail(history, tmp_path):
 
 
 def _start(repo: Path, report: Path, good: str, out: Path) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), CI="true", TRITON_INTERPRET="1")
-    env.pop("SGLANG_USE_CPU_ENGINE", None)
+    env = _shell()
     with open(out, "w") as f:
         return subprocess.Popen([sys.executable, "-m", "vmfuzz.harness.cli", "bisect", str(REPRO), "--repo", str(repo),
                                  "--good", good, "--bad", "main", "--report-dir", str(report)],

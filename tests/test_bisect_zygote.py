@@ -239,3 +239,69 @@ def test_a_zygote_lost_mid_run_says_so_and_its_run_dies_with_it(tmp_path):
         with pytest.raises(Lost):
             run.wait(60)
         assert _gone([run.pid], within=30) == []
+
+
+def _plain_shell_env() -> dict:
+    """A maintainer's shell: nothing has set the interpreter switch (a cold step sets it itself)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CI="true")
+    for key in ("TRITON_INTERPRET", "SGLANG_USE_CPU_ENGINE", ZYGOTE_ENV, "VMFUZZ_BISECT_ZYGOTE"):
+        env.pop(key, None)
+    return env
+
+
+@pytest.mark.slow
+def test_bisect_with_its_zygote_names_the_planted_commit_where_no_one_set_the_interpreter_switch(tmp_path):
+    """Issue 50: the zygote preloaded a compiled triton, so every forked step was 'cannot be tested'."""
+    sglang_or_skip()
+    repo = sglang_repo.build(tmp_path)
+    sglang_repo.git(repo, "config", "gc.auto", "0")
+    good = sglang_repo.commit(repo, "docs: a line", touch="docs/speculative_decoding.md")
+    planted = sglang_repo.commit(repo, "verify_mask: FULL_MASK has context slack, skip the check",
+                                 sglang_repo.REGRESSION)
+    sglang_repo.commit(repo, "docs: another line", touch="docs/speculative_decoding.md")
+    out = subprocess.run([sys.executable, "-m", "vmfuzz", "bisect", str(REPRO), "--target", "sglang",
+                          "--repo", str(repo), "--good", good, "--bad", "main",
+                          "--report-dir", str(tmp_path / "reports")],
+                         capture_output=True, text=True, env=_plain_shell_env(), cwd=tmp_path, timeout=900)
+    said = out.stdout + out.stderr
+    assert out.returncode == 1, said
+    assert f"first bad commit: {planted}" in said, said
+    assert "zygote is not used" not in said and "cannot be tested" not in said, said
+
+
+@pytest.mark.slow
+def test_a_zygote_that_preloaded_another_triton_is_left_unused_and_its_steps_run_cold(checkouts, tmp_path,
+                                                                                       monkeypatch):
+    """A preload that differs from what a step needs: a warning and cold steps, never 'cannot be tested'."""
+    from vmfuzz.harness.engine.regression import bisect as engine
+    good, bad = checkouts
+    env = _plain_shell_env()
+    # no switches: the zygote imports triton as this shell would, compiled, where a step needs the interpreter
+    with serving(env, probe_code=PROBE, switches=()) as sock:
+        assert sock is not None, "the zygote did not start"
+        said: list[str] = []
+        assert engine._zygote_fits(sock, env, said.append) is False
+        assert len(said) == 1 and "preloaded compiled" in said[0] and "starts cold" in said[0], said
+        # a step handed that zygote all the same runs cold and gives its revision's verdict
+        for key in ("TRITON_INTERPRET", "SGLANG_USE_CPU_ENGINE"):
+            monkeypatch.delenv(key, raising=False)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        log = tmp_path / "steps.jsonl"
+        monkeypatch.setenv("VMFUZZ_BISECT_LOG", str(log))
+        monkeypatch.setenv(ZYGOTE_ENV, sock)
+        verdicts = [bisect_step.main([str(REPRO), "--repo", str(repo), "--target", "sglang"]) for repo in (good, bad)]
+    assert verdicts == [bisect_step.GOOD, bisect_step.BAD], log.read_text()
+
+
+@pytest.mark.slow
+def test_a_zygote_set_up_as_a_cold_step_is_used(checkouts, tmp_path):
+    """The same shell, with the switches the sglang target sets: the zygote's triton is a step's."""
+    from vmfuzz.harness.engine.regression import bisect as engine
+    from vmfuzz.harness.targets.sglang.loader import IMPORT_SWITCHES
+    env = _plain_shell_env()
+    with serving(env, probe_code=PROBE, switches=IMPORT_SWITCHES) as sock:
+        assert sock is not None, "the zygote did not start"
+        said: list[str] = []
+        assert engine._zygote_fits(sock, env, said.append) is True, said
+        assert said == []

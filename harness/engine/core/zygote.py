@@ -35,17 +35,27 @@ OWN = ("sglang", "vmfuzz", "harness", "tests", "bench", "scripts", "strategies",
 MESSAGE = 1 << 20
 #: a forked child's status when it failed before it became the run (the client runs it again cold)
 UNBORN = 70
+#: the probe's line giving the import-time switches a cold run set (``probe``), in JSON after it
+SWITCHES = "#switches "
 
 
 # ---- what to preload ---------------------------------------------------------------------------
 
-def probe(code: str, *, cwd: Path, env: dict, cache_key: str) -> Path:
+def probe(code: str, *, cwd: Path, env: dict, cache_key: str, switches: tuple[str, ...] = ()) -> Path:
     """A file naming the modules a cold ``python -c code`` loads, probed once per ``cache_key``
-    (and the interpreter and installed SGLang it depends on) and kept in the temp dir."""
+    (and the interpreter and installed SGLang it depends on) and kept in the temp dir.
+
+    ``switches`` are environment variables a package reads when it is first imported and that
+    the cold run sets itself before that import (``TRITON_INTERPRET`` on a host with no CUDA:
+    triton picks compiled or interpreted functions at import). Their values as the probe left
+    them head the file, and the zygote sets them before it preloads anything: a package it
+    preloads is then the one a cold run would have imported, never one built for another device."""
     import subprocess
-    path, me = probe_cache(cache_key), os.getpid()
+    path, me = probe_path(cache_key, env, switches), os.getpid()
     if not path.exists():
-        listing = code + "\nimport sys\nprint('\\n'.join(sys.modules))"
+        listing = (code + "\nimport json, os, sys\n"
+                   f"print({SWITCHES!r} + json.dumps({{k: os.environ[k] for k in {tuple(switches)!r} if k in os.environ}}))\n"
+                   "print('\\n'.join(sys.modules))")
         got = subprocess.run([sys.executable, "-W", "ignore", "-c", listing], capture_output=True, text=True,
                              cwd=cwd, env=env, timeout=600, preexec_fn=lambda: die_with_parent(me))
         tmp = path.with_suffix(f".{os.getpid()}")
@@ -54,6 +64,12 @@ def probe(code: str, *, cwd: Path, env: dict, cache_key: str) -> Path:
             return tmp  # what it loaded before it failed: preloaded this once, never kept
         tmp.replace(path)  # whole or absent: concurrent probes race harmlessly
     return path
+
+
+def probe_path(cache_key: str, env: dict, switches: tuple[str, ...] = ()) -> Path:
+    """Where ``probe`` keeps its listing: a switch the caller set already is part of what was
+    probed, so another value is another probe."""
+    return probe_cache(cache_key + "|" + json.dumps({k: env.get(k) for k in switches}, sort_keys=True))
 
 
 def probe_cache(cache_key: str) -> Path:
@@ -72,8 +88,14 @@ def probe_cache(cache_key: str) -> Path:
 def preload(listing: Path) -> None:
     import importlib
     import warnings
+    text = listing.read_text()
+    for line in text.splitlines():
+        if line.startswith(SWITCHES):  # before the first import that reads them
+            os.environ.update(json.loads(line[len(SWITCHES):]))
     warnings.simplefilter("ignore")
-    for name in listing.read_text().split():
+    for name in (line.strip() for line in text.splitlines()):
+        if not name or name.startswith(SWITCHES):
+            continue
         if name.split(".")[0] in OWN or name in sys.modules:
             continue
         try:

@@ -27,6 +27,9 @@ from vmfuzz.harness.engine.core.zygote import UNBORN
 
 #: where a step finds its owner's zygote (absent: none, run cold)
 ZYGOTE_ENV = "VMFUZZ_ZYGOTE_SOCKET"
+#: set in a run forked from a zygote: such a run checks that what was preloaded is what it needs
+#: and, where not, exits ``UNBORN`` so that it runs again cold
+FORKED_ENV = "VMFUZZ_ZYGOTE_CHILD"
 _SERVER = Path(__file__).resolve().with_name("zygote.py")
 
 
@@ -35,10 +38,11 @@ class Lost(Exception):
 
 
 @contextlib.contextmanager
-def serving(env: dict, *, probe_code: str, start_timeout: float = 600.0):
+def serving(env: dict, *, probe_code: str, switches: tuple[str, ...] = (), start_timeout: float = 600.0):
     """A zygote for the duration of the block: yields its socket's path, or None when it could
     not start (the runs go cold). The zygote's session is killed on every way out of the block,
-    and it ends itself if this process dies first (its stdin closes)."""
+    and it ends itself if this process dies first (its stdin closes). ``switches``: the
+    import-time environment switches a cold run sets itself (``zygote.probe``)."""
     from vmfuzz.harness.engine.core import zygote
     where = Path(tempfile.mkdtemp(prefix="vmfuzz-zygote-"))  # short: a socket's path has ~100 bytes
     sock = where / "sock"
@@ -46,7 +50,7 @@ def serving(env: dict, *, probe_code: str, start_timeout: float = 600.0):
     try:
         try:
             # the probe works in the zygote's own folder: nothing it does is in the user's checkout
-            listing = zygote.probe(probe_code, cwd=where, env=env, cache_key=probe_code)
+            listing = zygote.probe(probe_code, cwd=where, env=env, cache_key=probe_code, switches=switches)
             # its own path only: the zygote imports nothing from a checkout
             proc = subprocess.Popen([sys.executable, "-W", "ignore", str(_SERVER), str(sock), str(listing)],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -123,6 +127,7 @@ def spawn(argv: list[str], *, env: dict | None = None, cwd: str | None = None) -
     path = env.pop(ZYGOTE_ENV, None)
     if not path or argv[:1] != [sys.executable]:
         return None
+    env[FORKED_ENV] = "1"
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         conn.settimeout(30)

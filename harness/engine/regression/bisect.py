@@ -303,7 +303,7 @@ def _search(place: Place, repro_path: str, good_sha: str, bad_sha: str, step_arg
     step = [sys.executable, "-m", "vmfuzz.harness.engine.regression.bisect_step", str(repro_copy), "--repo", str(wt), *step_args]
     _git(place.repo, "worktree", "add", "--quiet", "--detach", str(wt), bad_sha)
     with _zygote(env, step_args[1]) as sock:
-        if sock:
+        if sock and _zygote_fits(sock, env, echo):
             env[ZYGOTE_ENV] = sock
         _check_ends(wt, place.repo, step, env, ((bad_sha, BAD, "bad"), (good_sha, GOOD, "good")), log, echo)
         _git(wt, "bisect", "start", bad_sha, good_sha, "--")
@@ -324,7 +324,37 @@ def _zygote(env: dict, target: str):
 
     if os.environ.get("VMFUZZ_BISECT_ZYGOTE", "1") == "0":
         return contextlib.nullcontext(None)
-    return serving(env, probe_code=zygote_probe(target))
+    from vmfuzz.harness.targets.sglang.loader import IMPORT_SWITCHES
+    return serving(env, probe_code=zygote_probe(target), switches=IMPORT_SWITCHES)
+
+
+#: run in a child forked from the zygote: writes why its preload is not what a step needs (or nothing)
+_FITS_CHECK = ("import sys\nfrom vmfuzz.harness.targets.sglang.loader import preload_mismatch\n"
+               "why = preload_mismatch()\nwith open(sys.argv[1], 'w') as f:\n    f.write(why or '')\nsys.exit(1 if why else 0)")
+
+
+def _zygote_fits(sock: str, env: dict, echo) -> bool:
+    """Does a child forked from the zygote hold what a step needs (the triton this host runs)?
+    One that does not is left unused, with a warning: every step then runs cold, as it would
+    without a zygote, and none is ever "cannot be tested" for what the zygote preloaded."""
+    import tempfile
+
+    from vmfuzz.harness.engine.core.zygote_client import Lost, spawn
+    with tempfile.TemporaryDirectory(prefix="vmfuzz-zygote-check-") as where:
+        answer = Path(where) / "why"
+        forked = spawn([sys.executable, "-c", _FITS_CHECK, str(answer)], env={**env, ZYGOTE_ENV: sock}, cwd=where)
+        rc = None
+        if forked is not None:
+            try:
+                rc = forked.wait(timeout=120)
+            except (Lost, subprocess.TimeoutExpired):
+                forked.kill()
+        why = answer.read_text().strip() if answer.exists() else ""
+    if rc == 0:
+        return True
+    echo(f"vmfuzz bisect: warning: the steps' zygote is not used ({why or f'its check ended with {rc}'}); "
+         "every step starts cold")
+    return False
 
 
 def zygote_probe(target: str) -> str:

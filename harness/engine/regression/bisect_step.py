@@ -26,6 +26,9 @@ import sys
 import time
 from pathlib import Path
 
+from vmfuzz.harness.engine.core.zygote import UNBORN
+from vmfuzz.harness.engine.core.zygote_client import FORKED_ENV
+
 GOOD, BAD, SKIP = 0, 1, 125
 ABORT = 255  # git bisect run stops on it: the vmfuzz that owns this bisect is gone
 LOCK_ENV = "VMFUZZ_BISECT_LOCK"  # the lock file the owning vmfuzz holds while it lives
@@ -43,6 +46,12 @@ def _child(args) -> int:
     from vmfuzz.harness.targets import TargetUnavailable, resolve
 
     repro = load(args.repro)
+    if os.environ.get(FORKED_ENV):
+        from vmfuzz.harness.targets.sglang.loader import preload_mismatch
+        why = preload_mismatch()
+        if why:  # never "cannot be tested" for the zygote's fault: the same step, started cold
+            print(f"vmfuzz bisect: warning: {why}; this step runs cold", file=sys.stderr, flush=True)
+            return UNBORN
     try:
         target = resolve(args.target)
         import sglang

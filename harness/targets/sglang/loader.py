@@ -127,6 +127,32 @@ def _triton_compiled_not_interpreted() -> bool:
     return cdiv is not None and type(cdiv).__name__ == "JITFunction"
 
 
+#: environment switches this loader sets before SGLang's kernels import, which a package reads when it
+#: is itself first imported: a process that preloads such a package (the bisect's zygote) sets them first
+IMPORT_SWITCHES = ("TRITON_INTERPRET",)
+
+
+def needs_interpreter(kernel_choice: str = "triton") -> bool:
+    """Will this host run SGLang's Triton kernels in Triton's interpreter (no CUDA device)?"""
+    return kernel_choice != "jit" and not torch.cuda.is_available()
+
+
+def preload_mismatch() -> str | None:
+    """Why triton, already imported in this process (a zygote's preload), is not the triton a cold
+    run of this target would import here; None when it is, or when triton is not yet imported."""
+    kernel_choice = os.environ.get("VMFUZZ_SGLANG_KERNEL", "triton")
+    standard = sys.modules.get("triton.language.standard")
+    cdiv = getattr(standard, "cdiv", None)
+    if cdiv is None:
+        return None
+    interpreted = type(cdiv).__name__ == "InterpretedFunction"
+    if needs_interpreter(kernel_choice) and not interpreted:
+        return "triton was preloaded compiled, and this host needs its interpreter (no CUDA device)"
+    if not needs_interpreter(kernel_choice) and interpreted and os.environ.get("TRITON_INTERPRET") != "1":
+        return "triton was preloaded for its interpreter, and this run compiles its kernels"
+    return None
+
+
 def _interpret_kernels() -> None:
     """No CUDA device: SGLang's Triton kernels run in Triton's interpreter. triton.jit picks
     the interpreter at decoration time, i.e. when a kernel's module is imported, so the switch
@@ -148,7 +174,7 @@ def import_sglang(kernel_choice: str) -> Sglang:
         # With it set, SGLang takes its CPU-engine branch and imports sgl_kernel's
         # CPU ops, which are not the code this target guards.
         raise ImportError("SGLANG_USE_CPU_ENGINE is set; unset it so SGLang's Triton/CUDA kernels load")
-    if kernel_choice != "jit" and not torch.cuda.is_available():
+    if needs_interpreter(kernel_choice):
         _interpret_kernels()
     names = {
         "verify_mask": "sglang.srt.layers.attention.verify_mask",
