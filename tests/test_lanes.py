@@ -59,6 +59,79 @@ def test_every_lane_gone_leaves_the_rest_lost_not_held():
     assert lost[-1][1] == "no search lane left"
 
 
+def _orphaning_search(slot):
+    """A lane whose watched checker is running when the lane is killed (the OOM killer's pick): the
+    checker, forked from the lane, holds the lane's end of its pipe."""
+    if slot == ["killed"]:
+        import signal
+        from vmfuzz.harness.engine.core.isolation import IsolatedChecker
+        from vmfuzz.harness.targets import resolve
+        checker = IsolatedChecker(resolve("reference"))
+        checker._start()
+        with open(os.environ["VMFUZZ_TEST_CHECKER_PID"], "w") as f:
+            f.write(str(checker._proc.pid))
+        os.kill(os.getpid(), signal.SIGKILL)
+    if slot == ["forever"]:
+        import time
+        time.sleep(600)
+    return [(name, os.getpid()) for name in slot]
+
+
+def _gone(pid: int, within: float) -> bool:
+    import time
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds processes through /proc")
+def test_a_killed_lane_loses_its_slot_at_once_and_its_checker_dies_with_it(tmp_path, monkeypatch):
+    """Issue 48: the lane's checker held its pipe, so the run waited on a dead lane past its cap."""
+    import time
+    pid_file = tmp_path / "checker.pid"
+    monkeypatch.setenv("VMFUZZ_TEST_CHECKER_PID", str(pid_file))
+    got, lost = [], []
+    t0 = time.monotonic()
+    Lanes(_orphaning_search, 2).run([["killed"], ["b"]], got.extend, lambda slot, why: lost.append((slot, why)))
+    assert time.monotonic() - t0 < 60
+    assert lost == [(["killed"], "its search lane died: killed by signal SIGKILL")]
+    assert [n for n, _ in got] == ["b"]
+    assert _gone(int(pid_file.read_text()), within=20), "the killed lane's checker lives on"
+
+
+def test_a_lane_still_searching_at_the_runs_cap_is_killed_and_its_slot_lost():
+    import time
+    got, lost = [], []
+    t0 = time.monotonic()
+    lanes = Lanes(_orphaning_search, 2, deadline=time.monotonic() + 3)
+    lanes.run([["forever"], ["b"], ["c"]], got.extend, lambda slot, why: lost.append((slot, why)))
+    assert time.monotonic() - t0 < 30
+    assert sorted(n for n, _ in got) == ["b", "c"]
+    assert lost == [(["forever"], "its search lane was still searching past the run's cap, and was killed")]
+
+
+def test_a_lost_lane_stops_the_gate_whatever_the_change_touches():
+    """A slot whose lane was lost was never searched: exit 3, never a warning for an untouched file."""
+    from types import SimpleNamespace
+
+    from vmfuzz.harness.engine.campaign.watch import out_of_step_coverage
+    from vmfuzz.harness.engine.search.results import PropertyResult
+    why = "search lane in vmfuzz: its search lane died: killed by signal SIGKILL; not checked"
+    lost = PropertyResult("chain-writer", out_of_step=why, lane_lost=True)
+    other = PropertyResult("routing", out_of_step="route in tbo_backend.py: gone")
+    outcome = SimpleNamespace(results=[lost, other], out_of_step=[("chain-writer", why), ("routing", other.out_of_step)])
+    cov = out_of_step_coverage(["docs/speculative_decoding.md"], outcome)
+    assert cov["out_of_step"] == [f"{why} (chain-writer: its search was lost, whatever the change touched)"]
+    assert len(cov["warnings"]) == 1 and cov["warnings"][0].startswith("routing could not be checked")
+
+
 def test_lanes_available_follows_the_setting_and_the_cores(monkeypatch):
     monkeypatch.setenv("VMFUZZ_LANES", "1")
     assert lanes_available() == 1

@@ -122,10 +122,11 @@ def lane_slots(plan, target, names: list[str]) -> list[list[str]] | None:
 
 
 def start_lanes(slots: list[list[str]], search: Callable[[list[str]], list[PropertyResult]],
-                finish: Callable[[], None]):
-    """Lanes forked and searching ``slots`` (the heaviest first) while this process goes on."""
+                finish: Callable[[], None], deadline: float | None = None):
+    """Lanes forked and searching ``slots`` (the heaviest first) while this process goes on; one
+    still searching at ``deadline`` is killed, its slot lost (could not check)."""
     from vmfuzz.harness.engine.search.lanes import Lanes, lanes_available
-    lanes = Lanes(search, min(lanes_available(), len(slots)), finish)
+    lanes = Lanes(search, min(lanes_available(), len(slots)), finish, deadline=deadline)
     lanes.start(slots)
     return lanes
 
@@ -139,7 +140,7 @@ def finish_lanes(plan, outcome, lanes, done, t1: float) -> None:
 
     def lost(slot: list[str], why: str) -> None:
         for name in slot:
-            done(PropertyResult(name, out_of_step=f"search lane in vmfuzz: {why}; not checked"))
+            done(PropertyResult(name, out_of_step=f"search lane in vmfuzz: {why}; not checked", lane_lost=True))
 
     outcome.bounds_used.extend(dataclasses.asdict(b) for b in (tuple(plan.bounds_steps) or (plan.bounds,)) if b)
     try:

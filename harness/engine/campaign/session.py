@@ -256,7 +256,14 @@ def _lanes_started(plan: RunPlan, target, names: list[str], t0: float):
     from vmfuzz.harness.engine.regression.known import attach
     attach(target, list(plan.known))  # forked with the entries the search sees, as _known attaches them
     end = None if plan.time_budget is None else t0 + plan.time_budget  # the cap counts from the run's start
-    return start_lanes(slots, partial(_lane_search, plan, target, end), _lane_done)
+    # a lane's search stops at the cap by itself; one example past it may still be checking, for at
+    # most its timeout: past that too, the lane is killed and its slot could not be checked
+    deadline = None if end is None else end + plan.example_timeout + LANE_GRACE
+    return start_lanes(slots, partial(_lane_search, plan, target, end), _lane_done, deadline)
+
+
+#: seconds a lane is given past the cap and its last example's timeout to hand back what it searched
+LANE_GRACE = 15.0
 
 
 def _search_here(plan: RunPlan, target, outcome: RunOutcome, budget, done, names, ui, t1: float) -> None:

@@ -190,9 +190,12 @@ def out_of_step_coverage(hits: list[str], outcome) -> dict:
         for prop in e.properties:
             files.setdefault(prop, set()).add(e.file)
     stuck, warnings = [], []
+    lost = {r.prop for r in getattr(outcome, "results", ()) if getattr(r, "lane_lost", False)}
     for what, why in outcome.out_of_step:
         hit = sorted(files.get(what, set()) & touched)
-        if what not in files and what not in PROPERTIES:  # a saved repro: never a pass, whatever changed
+        if what in lost:  # nothing of it was searched: the gate cannot say what it drives went unjudged
+            stuck.append(f"{why} ({what}: its search was lost, whatever the change touched)")
+        elif what not in files and what not in PROPERTIES:  # a saved repro: never a pass, whatever changed
             stuck.append(f"{why} (saved repro {what})")
         elif hit:
             stuck.append(f"{why} (needed by {what}, which drives the changed {hit[0]})")

@@ -26,8 +26,9 @@ def _serve(target, conn) -> None:
 
 def _serve_checks(target, conn) -> None:
     import torch
-    from vmfuzz.harness.engine.core.signals import ignore_in_child
+    from vmfuzz.harness.engine.core.signals import die_with_parent, ignore_in_child
     ignore_in_child()  # Ctrl-C reaches the whole group: the parent stops this worker
+    die_with_parent()  # a lane or run killed (the OOM killer) takes its checker with it, never leaves it searching
     # A forked child must not reuse the parent's intra-op thread pool (the
     # reason torch's own DataLoader workers run single-threaded).
     torch.set_num_threads(1)

@@ -77,6 +77,9 @@ class Lanes:
     kernel_seconds: float = 0.0
     #: when the lanes were forked (their search's start)
     started: float = 0.0
+    #: past this (``time.monotonic()``), a lane still searching is killed and its slot lost: the run's
+    #: cap holds for the whole run even when a lane's own search overruns it (None: no cap)
+    deadline: float | None = None
     _procs: list = field(default_factory=list)
     _idle: list = field(default_factory=list)
     _busy: dict = field(default_factory=dict)  # connection -> (process, slot)
@@ -136,9 +139,26 @@ class Lanes:
                     for slot in self._todo:  # every lane died: what is left cannot be searched here
                         on_lost(slot, "no search lane left")
                     return
-                ready = wait(list(self._busy) + [p.sentinel for p, _ in self._busy.values()])
+                left = None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+                ready = wait(list(self._busy) + [p.sentinel for p, _ in self._busy.values()], timeout=left)
+                if not ready and left is not None and time.monotonic() >= self.deadline:
+                    for conn, (proc, slot) in list(self._busy.items()):
+                        proc.kill()
+                        proc.join(5)
+                        del self._busy[conn]
+                        on_lost(slot, "its search lane was still searching past the run's cap, and was killed")
+                    for slot in self._todo:
+                        on_lost(slot, "no search lane was free before the run's cap")
+                    self._todo.clear()
+                    return
                 for conn in [c for c, (p, _) in self._busy.items() if c in ready or p.sentinel in ready]:
                     proc, slot = self._busy.pop(conn)
+                    # A lane that died may leave its pipe open in a checker it forked: its end is the
+                    # lane's exit, never EOF on a pipe another process still holds (recv would wait on).
+                    if not conn.poll(0):
+                        proc.join(5)
+                        on_lost(slot, f"its search lane died: {exit_reason(proc.exitcode)}")
+                        continue
                     try:
                         kind, value = conn.recv()
                     except (EOFError, OSError):

@@ -56,6 +56,9 @@ class PropertyResult:
     not_driven: str | None = None
     #: vmfuzz is out of step with the target's code ("<seam> in <file>: <why>"): could not check, never held
     out_of_step: str | None = None
+    #: its search lane was lost (killed, or past the run's cap): ``out_of_step`` says why; could not
+    #: check whatever the change touched, since nothing of the property was searched
+    lane_lost: bool = False
     #: the largest shape each case dimension reached (d, topk, spec_steps, max_bs, max_context_len, bs)
     reached: dict = field(default_factory=dict)
     #: a shared group's classes per member, from the batches each judged (``Observation.by_property``)
