@@ -121,7 +121,12 @@ def judge_case(target, case: KvCase, obs: Observation) -> None:
         _fail("verify window", case, f"{len(w.verify_slots)} verify slots for bs·d = {len(flat)}",
               buffer="out_cache_loc", cell="length")
     sub_check_done(obs, "verify window")
-    # -- accept: index, lengths, moves, compaction
+    _judge_accept(case, w, want_v, obs)
+
+
+def _judge_accept(case: KvCase, w, want_v, obs: Observation) -> None:
+    """The accept index and lengths, the KV moves and compaction, and the bonus tokens."""
+    bs, n, d = case.bs, case.spec_steps, case.d
     if w.accept_index_shape != (bs, n + 1):
         _fail("accept moves", case, f"accept_index is {w.accept_index_shape}, not (bs, spec_steps + 1) = "
               f"{(bs, n + 1)}", buffer="accept_index", cell="shape")
@@ -158,6 +163,10 @@ def judge_case(target, case: KvCase, obs: Observation) -> None:
 
 def kv_location_soundness(target, config: Config, batches, device="cpu") -> Observation:
     obs = Observation()
+    if not callable(getattr(target, "kv_locations", None)):
+        for name in SUB_CHECKS:  # the reference target has no model of this step: not driven, never held
+            obs.classes.add(f"sub-check {name}: not driven (this target has no kv_locations seam)")
+        return obs
     if config.topk > 1 and config.d < config.spec_steps + 1:
         # SGLang's _compact_accept_to_front writes the accept index's n + 1 columns into each request's
         # d-node block and raises when d < n + 1 (0.5.23); whether a server runs such a tree is not
