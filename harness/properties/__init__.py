@@ -10,6 +10,7 @@ One module per part of the mask's path:
 - ``writers``: the chain writer ``build_chain_tree``, called directly.
 - ``routers``: ``routing``, the mask a router hands to the call site.
 - ``allocation``: ``allocation-soundness``, the bounds each backend allocates with.
+- ``kv_locations``: ``kv-location-soundness``, the draft, verify and accept steps' KV locations.
 - ``readers``: the mask as attention reads it (Triton's target-verify metadata,
   judged by ``reader_metadata``; FlashInfer's bit packing).
 - ``shared``: the drafting core properties judged together on one run of a
@@ -136,6 +137,8 @@ PROPERTIES: dict[str, Property] = {p.name: p for p in (
 
 from vmfuzz.harness.properties.allocation import allocation_soundness  # noqa: E402 - after Property
 from vmfuzz.harness.properties.routers import routing  # noqa: E402
+from vmfuzz.harness.properties.kv_locations import SUB_CHECKS as _KV_SUB_CHECKS  # noqa: E402
+from vmfuzz.harness.properties.kv_locations import kv_location_soundness  # noqa: E402
 
 PROPERTIES.update({p.name: p for p in (
     Property("routing", routing, "each router hands out its TARGET_VERIFY child's mask and reports a "
@@ -143,6 +146,10 @@ PROPERTIES.update({p.name: p for p in (
     Property("allocation-soundness", allocation_soundness, "each allocating backend sizes the mask for "
              "the server's max_bs, context length and draft width", needs=("allocating_backends", "allocation_call"),
              cost=0.03),
+    Property("kv-location-soundness", kv_location_soundness, "every KV location the draft and accept steps "
+             "write lies inside its request's req_to_token row, its allocation and the pool; the accepted "
+             "path's moves, accept index and bonus tokens are the meaning's", needs=("kv_locations",),
+             promises=_KV_SUB_CHECKS, cost=0.1),
 )})
 
 

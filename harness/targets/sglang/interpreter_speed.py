@@ -19,6 +19,16 @@ launches are most of a run's time. Two costs in it change no result:
   that would check it keeps the sanitizer.
 
 A Triton without either piece, or one whose answers differ, is left as it is.
+
+One more piece is a repair, not a speed-up: Triton 3.6's interpreter turns a
+scalar it computed at run time into a Python int with ``int(data)``, where
+``data`` is a one-element NumPy array. NumPy 2.4 refuses ``int()`` of an array
+that is not 0-dimensional, so every kernel that loops ``range(tl.cdiv(x, B))``
+over a loaded or computed ``x`` (SGLang's cache-location kernels) raises in the
+interpreter. ``index_one_element`` replaces that conversion, inside the
+interpreter's own per-launch patch scope, with ``.item()`` for one-element data:
+the value older NumPy gave, so what a kernel computes is unchanged. An array
+of more elements still raises as before. ``remove_index_repair`` undoes it.
 """
 
 from __future__ import annotations
@@ -31,7 +41,48 @@ def install() -> bool:
     """True when the interpreter now uses the built-once table (the unread overflow checks are
     skipped too where the probe allows; ``overflow_checks_skipped`` says)."""
     _skip_unread_overflow_checks()
+    index_one_element()
     return _dtype_table()
+
+
+def index_one_element() -> bool:
+    """True when the interpreter's launches turn a one-element scalar into an int with ``.item()``
+    (installed now or before); False when this Triton has no such conversion to repair."""
+    try:
+        from triton.runtime import interpreter
+    except Exception:  # noqa: BLE001 - no Triton: nothing to repair
+        return False
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None:
+        return False
+    if getattr(original, "_vmfuzz_index", False):
+        return True
+
+    def as_index(self):
+        data = self.handle.data
+        # one element: the value NumPy < 2.4 gave for int(data); more: raise as the original does
+        return int(data.item()) if getattr(data, "size", 0) == 1 else int(data)
+
+    def patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        # set through the launch's own scope, so the interpreter restores it after the launch
+        scope.set_attr(tensor, "__index__", as_index)
+
+    patch_lang_tensor._vmfuzz_index = True
+    patch_lang_tensor.original = original
+    interpreter._patch_lang_tensor = patch_lang_tensor
+    return True
+
+
+def remove_index_repair() -> None:
+    """Put the interpreter's own scalar conversion back (the repair is in-process and reversible)."""
+    try:
+        from triton.runtime import interpreter
+    except Exception:  # noqa: BLE001 - no Triton: nothing installed
+        return
+    patched = getattr(interpreter, "_patch_lang_tensor", None)
+    if getattr(patched, "_vmfuzz_index", False):
+        interpreter._patch_lang_tensor = patched.original
 
 
 def overflow_checks_skipped() -> bool:

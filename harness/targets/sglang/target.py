@@ -288,6 +288,13 @@ class SglangTarget:
         from vmfuzz.harness.targets.sglang import qsa_reader
         return qsa_reader.read_replay(config, batch, step)
 
+    def kv_locations(self, case, heap):
+        """One draft-verify-accept iteration's KV locations through SGLang's code (``kv_locations``)."""
+        from vmfuzz.harness.targets.sglang import kv_locations
+        if getattr(self, "_kv_modules", None) is None:
+            self._kv_modules = kv_locations.kv_modules()
+        return kv_locations.run_case(self._kv_modules, case, heap)
+
     def qsa_not_driven(self, config: Config) -> str | None:
         from vmfuzz.harness.targets.sglang import qsa_reader
         return qsa_reader.not_driven(config)

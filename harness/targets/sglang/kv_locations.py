@@ -1,0 +1,321 @@
+"""The accept and KV-location step of one EAGLE iteration, driven through SGLang's own code.
+
+For one ``KvCase`` (``harness/model/kv_locations.py``) this runs, in SGLang's order:
+
+1. the **allocation** sizing: ``allocation_sizing.page_aligned_decode_alloc_lens`` with the
+   reserve SGLang computes (``get_alloc_reserve_per_decode``), and the ``req_to_token`` row
+   headroom (``get_req_to_token_extra_context_len``), SGLang's runtime context stood in by
+   the case's draft shape and page size;
+2. the **draft** window: ``eagle_worker_common.prepare_for_draft`` (its contiguous Triton
+   launch for P = 1 or topk 1, its torch gather and ``duplicate_prefix_tail_to_draft_branches``
+   for a paged tree), ``ForwardBatch.init_new`` stood in (the forward batch is not this step's);
+3. the **verify** window: the ``assign_extend_cache_locs_uniform`` kernel launched as its
+   ``_func`` wrapper launches it on a Triton device (on a host without CUDA that wrapper takes
+   its CPU fallback, which needs ``sgl_kernel``, and returns None: that branch is not driven);
+4. the **accept** step: ``run_eagle_verify`` itself, from the target's logits on: the real
+   ``eagle_sample`` (greedy; ``verify_tree_greedy_func`` is SGLang's Triton implementation,
+   the branch an XPU host takes, since this host's has no kernel), its bonus tokens
+   (``fill_bonus_tokens_func`` with the stride ``run_eagle_verify`` passes), and for topk > 1
+   ``_finalize_accept_tree_path`` (``move_accept_tokens_to_target_kvcache``,
+   ``fill_front_out_cache_loc_func``, ``fill_accept_out_cache_loc_func``,
+   ``_compact_accept_to_front``). ``eagle_prepare_for_verify`` is stood in by step 3's window
+   (the forward batch it builds is not this step's) and the target forward by logits that
+   accept exactly the case's paths.
+
+``req_to_token`` is a redzoned shadow buffer whose every cell names its own row and column
+(slot ``1 + row·R + column``), so any slot a kernel hands back says where it was read from;
+the kernels' outputs and the accept index are redzoned too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import torch
+
+from vmfuzz.harness.guard.shadow import ShadowHeap
+from vmfuzz.harness.model.kv_locations import KvCase
+from vmfuzz.harness.targets.sglang.binding import bound
+
+COMMON = "srt/speculative/eagle_worker_common.py"
+#: What this module drives, for ``vmfuzz surface`` and the gate.
+SURFACE: tuple = (
+    ("srt/mem_cache/allocation_sizing.py", "get_alloc_len_per_decode", ("kv-location-soundness",)),
+    ("srt/mem_cache/allocation_sizing.py", "get_alloc_reserve_per_decode", ("kv-location-soundness",)),
+    ("srt/mem_cache/allocation_sizing.py", "page_aligned_decode_alloc_lens", ("kv-location-soundness",)),
+    ("srt/mem_cache/allocation_sizing.py", "get_req_to_token_extra_context_len", ("kv-location-soundness",)),
+    (COMMON, "prepare_for_draft", ("kv-location-soundness",)),
+    (COMMON, "duplicate_prefix_tail_to_draft_branches", ("kv-location-soundness",)),
+    (COMMON, "run_eagle_verify", ("kv-location-soundness",)),
+    (COMMON, "_finalize_accept_tree_path", ("kv-location-soundness",)),
+    (COMMON, "_compact_accept_to_front", ("kv-location-soundness",)),
+    ("kernels/ops/speculative/cache_locs.py", "assign_draft_cache_locs_contiguous_func", ("kv-location-soundness",)),
+    ("kernels/ops/speculative/cache_locs.py", "assign_draft_cache_locs_contiguous", ("kv-location-soundness",)),
+    ("kernels/ops/speculative/cache_locs.py", "assign_extend_cache_locs_uniform", ("kv-location-soundness",)),
+    ("kernels/ops/speculative/cache_locs.py", "fill_front_out_cache_loc_func", ("kv-location-soundness",)),
+    ("kernels/ops/speculative/cache_locs.py", "assign_extend_cache_locs", ("kv-location-soundness",)),
+    ("srt/speculative/spec_utils.py", "move_accept_tokens_to_target_kvcache", ("kv-location-soundness",)),
+    ("srt/speculative/eagle_utils.py", "eagle_sample", ("kv-location-soundness",)),
+    ("kernels/ops/speculative/eagle.py", "fill_bonus_tokens_func", ("kv-location-soundness",)),
+    ("kernels/ops/speculative/eagle.py", "fill_bonus_tokens", ("kv-location-soundness",)),
+    ("kernels/ops/speculative/eagle.py", "fill_accept_out_cache_loc_func", ("kv-location-soundness",)),
+    ("kernels/ops/speculative/eagle.py", "fill_accept_out_cache_loc", ("kv-location-soundness",)),
+    ("kernels/ops/speculative/spec_tree.py", "verify_tree_greedy_triton", ("kv-location-soundness",)),
+)
+#: What it reaches but does not drive, and why.
+NOT_DRIVEN: tuple = (
+    ("kernels/ops/speculative/cache_locs.py", "assign_extend_cache_locs_uniform_func",
+     "on a host without CUDA its fallback needs sgl_kernel's CPU op and returns None: the kernel is launched "
+     "as its Triton-device branch launches it"),
+    ("srt/speculative/eagle_utils.py", "eagle_prepare_for_verify",
+     "builds the target's forward batch (a model runner's); its window is the uniform kernel's, launched directly"),
+)
+
+#: A vocabulary wide enough for the tokens the driver names (draft 2000+, target 7000+).
+_VOCAB_BASE_DRAFT, _VOCAB_BASE_TARGET = 2000, 7000
+
+
+@dataclass
+class KvWrites:
+    """What SGLang's code computed and wrote for one case, as plain lists (slots are ``req_to_token``
+    cells: slot ``1 + row·R + column``)."""
+
+    reserve: int = 0
+    alloc_lens: list[int] = field(default_factory=list)  # nxt per request
+    extra_context: int = 0  # row headroom past the context length
+    row_width: int = 0  # R
+    pool_rows: list[int] = field(default_factory=list)  # req_to_token row of each request
+    draft_slots: list[int] = field(default_factory=list)  # bs·k·n, SGLang's (b, t, i) order
+    draft_copies: list[tuple[int, int]] = field(default_factory=list)  # (target, source) slot moves
+    verify_slots: list[int] = field(default_factory=list)  # bs·d
+    accept_index_shape: tuple[int, ...] = ()
+    accept_index: list[list[int]] = field(default_factory=list)
+    accept_lens: list[int] = field(default_factory=list)
+    bonus_tokens: list[int] = field(default_factory=list)
+    target_tokens: list[list[int]] = field(default_factory=list)  # what the target predicted at each node
+    accept_moves: list[tuple[int, int]] | None = None  # None: no move (topk 1)
+    compacted: list[int] | None = None  # predict after _compact_accept_to_front
+    violations: list = field(default_factory=list)
+
+    def slot_of(self, row: int, column: int) -> int:
+        return 1 + row * self.row_width + column
+
+    def where(self, slot: int) -> tuple[int, int] | None:
+        """(row, column) a slot names, None for a value no cell of req_to_token holds."""
+        if slot < 1 or slot > len(self.pool_rows_all) * self.row_width:
+            return None
+        return divmod(slot - 1, self.row_width)
+
+    pool_rows_all: list[int] = field(default_factory=list)
+
+
+def _spec_context(case: KvCase):
+    spec = SimpleNamespace(speculative_algorithm="EAGLE", speculative_num_steps=case.spec_steps,
+                           speculative_eagle_topk=case.topk, speculative_num_draft_tokens=case.d,
+                           speculative_use_rejection_sampling=False)
+    return spec, SimpleNamespace(page_size=case.page_size), SimpleNamespace(attn_dcp_size=1)
+
+
+def allocation(sizing, case: KvCase) -> tuple[int, list[int], int]:
+    """(reserve, nxt per request, row headroom) as SGLang sizes them for this case's server."""
+    spec, schedule, parallel = _spec_context(case)
+    with bound((sizing, "get_spec", lambda: spec), (sizing, "get_schedule", lambda: schedule),
+               (sizing, "get_parallel", lambda: parallel),
+               (sizing, "max_speculative_num_draft_tokens", lambda: case.d)):
+        reserve = sizing.get_alloc_reserve_per_decode()
+        reqs = [SimpleNamespace(kv=SimpleNamespace(kv_allocated_len=s, kv_committed_len=s)) for s in case.seq_lens]
+        _, nxt, _ = sizing.page_aligned_decode_alloc_lens(reqs, reserve=reserve, page_size=case.page_size)
+        extra = sizing.get_req_to_token_extra_context_len()
+    return int(reserve), [int(v) for v in nxt], int(extra)
+
+
+class _KvPool:
+    """The KV pool's one call these steps make: record each move (target slot, source slot)."""
+
+    def __init__(self):
+        self.moves: list[tuple[int, int]] = []
+
+    def move_kv_cache(self, tgt, src):
+        self.moves.extend(zip((int(v) for v in tgt.reshape(-1)), (int(v) for v in src.reshape(-1))))
+
+    def get_kvcache(self):
+        return self
+
+
+def _guarded(heap: ShadowHeap, fn, *, out: str, reach: int):
+    """``fn`` with its ``out`` argument handed to it as a redzoned view (written back after)."""
+    import inspect
+    names = list(inspect.signature(fn).parameters)
+
+    def call(*args, **kwargs):
+        args = list(args)
+        if out in kwargs:
+            target = kwargs[out]
+        else:
+            target = args[names.index(out)]
+        done = {}
+
+        def launch(t):
+            if out in kwargs:
+                kwargs[out] = t[out]
+            else:
+                args[names.index(out)] = t[out]
+            done["r"] = fn(*args, **kwargs)
+        heap.run_kernel(launch, {out: target}, {out: reach})
+        return done["r"]
+    call.__name__ = fn.__name__
+    return call
+
+
+def run_case(sg, case: KvCase, heap: ShadowHeap) -> KvWrites:
+    """Drive one case through SGLang's code (``sg``: the modules, ``kv_modules``)."""
+    w = KvWrites()
+    w.reserve, w.alloc_lens, w.extra_context = allocation(sg.sizing, case)
+    bs, k, n, d, R = case.bs, case.topk, case.spec_steps, case.d, case.context_len + w.extra_context
+    w.row_width = R
+    rows = bs + 1  # row 0 stays the pool's reserved row; request b gets row bs - b (not its index)
+    w.pool_rows = [bs - b for b in range(bs)]
+    w.pool_rows_all = list(range(rows))
+    table = heap.alloc("req_to_token", (rows, R), torch.int32, redzone_cells=4 * R + 64)
+    table.copy_(1 + torch.arange(rows * R, dtype=torch.int32).view(rows, R))
+    rpi = torch.tensor(w.pool_rows, dtype=torch.int64)
+    seq_lens = torch.tensor(case.seq_lens, dtype=torch.int64)
+    pool = _KvPool()
+
+    # -- the draft window
+    common = sg.common
+    batch = SimpleNamespace(forward_mode=sg.ForwardMode.DECODE, seq_lens=seq_lens.clone(), req_pool_indices=rpi,
+                            seq_lens_cpu=seq_lens.clone(), device="cpu", multimodal_inputs=[None] * bs,
+                            token_to_kv_pool_allocator=SimpleNamespace(page_size=case.page_size), out_cache_loc=None)
+    runner = SimpleNamespace(model_config=SimpleNamespace(model_is_mrope=False), token_to_kv_pool=pool,
+                             spec_algorithm=SimpleNamespace(is_standalone=lambda: False))
+    stand_in_batch = SimpleNamespace(init_new=lambda *a, **kw: SimpleNamespace(stand_in="draft forward batch"))
+    with bound((common, "ForwardBatch", stand_in_batch),
+               (common, "assign_draft_cache_locs_contiguous_func",
+                _guarded(heap, common.assign_draft_cache_locs_contiguous_func, out="out_cache_loc", reach=4 * k * n))):
+        common.prepare_for_draft(SimpleNamespace(), SimpleNamespace(req_to_token=table), batch, None, runner, k, n)
+    w.draft_slots = [int(v) for v in batch.out_cache_loc.reshape(-1)]
+    w.draft_copies, pool.moves = pool.moves, []
+
+    # -- the verify window
+    window = heap.alloc("verify out_cache_loc", (bs * d,), torch.int64, redzone_cells=4 * d)
+    sg.cache_locs.assign_extend_cache_locs_uniform[(bs,)](rpi, table, seq_lens, window, R, d)
+    w.verify_slots = [int(v) for v in window]
+
+    # -- the accept step
+    _accept(sg, case, w, heap, batch, window, pool)
+    w.violations = heap.check()
+    return w
+
+
+def _verify_input(sg, case: KvCase):
+    """The verify input's tree as the tree kernel lays it out: node x of request b is ``b·d + x``,
+    children linked in ascending order; draft token of node x ``2000 + b·d + x``."""
+    bs, d = case.bs, case.d
+    nxt = torch.full((bs, d), -1, dtype=torch.int64)
+    sib = torch.full((bs, d), -1, dtype=torch.int64)
+    for b, par in enumerate(case.parents):
+        for p in range(d):
+            kids = [c for c in range(1, d) if par[c] == p]
+            if kids:
+                nxt[b, p] = kids[0]
+            for a, c in zip(kids, kids[1:]):
+                sib[b, a] = c
+    draft = torch.tensor([_VOCAB_BASE_DRAFT + b * d + x for b in range(bs) for x in range(d)], dtype=torch.int64)
+    return SimpleNamespace(draft_token=draft, draft_token_num=d, max_tree_depth=case.spec_steps + 1,
+                           tree_topk=case.topk, retrieve_index=torch.arange(bs * d, dtype=torch.int64).view(bs, d),
+                           retrieve_next_token=nxt, retrieve_next_sibling=sib, custom_mask=None, positions=None,
+                           prepared_out_cache_loc=None, kv_loc_plan=None, prepared_mrope_positions=None,
+                           seq_lens_cpu=None, seq_lens_sum=None)
+
+
+def _target_tokens(case: KvCase) -> list[list[int]]:
+    """What the target predicts at each node: the next node of the accepted path's draft token along
+    the path, a token no draft node carries elsewhere (so the walk stops where the path ends)."""
+    out = []
+    for b, path in enumerate(case.paths):
+        row = [_VOCAB_BASE_TARGET + b * case.d + x for x in range(case.d)]
+        for here, there in zip(path, path[1:]):
+            row[here] = _VOCAB_BASE_DRAFT + b * case.d + there
+        out.append(row)
+    return out
+
+
+def _accept(sg, case: KvCase, w: KvWrites, heap: ShadowHeap, batch, window, pool: _KvPool) -> None:
+    bs, d = case.bs, case.d
+    vocab = _VOCAB_BASE_TARGET + bs * d + 1
+    w.target_tokens = _target_tokens(case)
+    logits = torch.zeros((bs * d, vocab), dtype=torch.float32)
+    logits[torch.arange(bs * d), torch.tensor([t for row in w.target_tokens for t in row])] = 1.0
+    hidden = torch.arange(bs * d, dtype=torch.float32).view(bs * d, 1)
+    verify_input = _verify_input(sg, case)
+    sampling = SimpleNamespace(acc_additive_penalties=None, acc_scaling_penalties=None, logit_bias=None,
+                               is_all_greedy=True, has_watermark_candidates=False)
+    batch.spec_info = verify_input
+    batch.sampling_info = sampling
+    batch.has_grammar = False
+    batch.return_logprob = False
+    batch.hisparse_coordinator = None
+    batch.input_ids = None
+    out = {}
+
+    def prepare_for_verify(verify_input, req_to_token_pool, batch, target_worker):
+        batch.input_ids = verify_input.draft_token
+        batch.out_cache_loc = window
+        batch.forward_mode = sg.ForwardMode.TARGET_VERIFY
+        return SimpleNamespace(stand_in="verify forward batch"), False
+
+    def real_sample(*args, **kwargs):
+        predict, accept_lens, accept_index = sg.eagle_utils.eagle_sample(*args, **kwargs)
+        out["accept_index"] = accept_index.clone()
+        # the same values in a redzoned allocation: a read past the accept index lands in a redzone
+        return predict, accept_lens, heap.adopt("accept_index", accept_index, accept_index.numel() * 4 + 64)
+
+    forward_out = SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=hidden),
+                                  routed_experts_output=None, indexer_topk_output=None)
+    model_runner = SimpleNamespace(watermark_state=None, attn_backend=SimpleNamespace(verify_mask=None),
+                                   spec_algorithm=SimpleNamespace(is_standalone=lambda: False))
+    worker = SimpleNamespace(model_runner=model_runner, forward_batch_generation=lambda **kw: forward_out)
+    spec, _, _ = _spec_context(case)
+    with bound((sg.common, "eagle_prepare_for_verify", prepare_for_verify),
+               (sg.common, "eagle_sample", real_sample),
+               (sg.common, "commit_mamba_states_after_verify", lambda *a, **kw: None),
+               (sg.eagle_utils, "verify_tree_greedy_func", _greedy_walk(sg.spec_tree.verify_tree_greedy_triton)),
+               (sg.eagle_utils, "get_spec", lambda: spec)):
+        result = sg.common.run_eagle_verify(
+            batch, target_worker=worker, req_to_token_pool=SimpleNamespace(req_to_token=None),
+            token_to_kv_pool_allocator=pool, plan_stream=None, plan_stream_ctx=contextlib.nullcontext(),
+            topk=case.topk, num_draft_tokens=d, device="cpu", metadata_ready_pre_pad=False,
+            finalize_tree_path=True)
+    accept_index = out["accept_index"]
+    w.accept_index_shape = tuple(accept_index.shape)
+    w.accept_index = [[int(v) for v in row] for row in accept_index.view(bs, -1)]
+    w.accept_lens = [int(v) for v in result.accept_lens]
+    w.bonus_tokens = [int(v) for v in result.next_draft_input.bonus_tokens]
+    if case.topk > 1:
+        w.accept_moves = list(pool.moves)
+        w.compacted = [int(v) for v in result.next_token_ids]
+
+
+def _greedy_walk(triton_walk):
+    """SGLang's Triton tree walk, called as ``verify_tree_greedy_func`` is (its ``topk`` is the CUDA
+    kernel's hint; the walk follows the retrieve links whatever it is)."""
+    def walk(*, topk=-1, **kwargs):
+        triton_walk(**kwargs)
+        return kwargs["predicts"], kwargs["accept_index"], kwargs["accept_token_num"]
+    return walk
+
+
+def kv_modules():
+    """SGLang's modules this step goes through (imported after the loader set the interpreter up)."""
+    from vmfuzz.harness.targets.sglang.imports import sglang_module
+    return SimpleNamespace(
+        sizing=sglang_module("sglang.srt.mem_cache.allocation_sizing"),
+        common=sglang_module("sglang.srt.speculative.eagle_worker_common"),
+        eagle_utils=sglang_module("sglang.srt.speculative.eagle_utils"),
+        cache_locs=sglang_module("sglang.kernels.ops.speculative.cache_locs"),
+        spec_tree=sglang_module("sglang.kernels.ops.speculative.spec_tree"),
+        ForwardMode=sglang_module("sglang.srt.model_executor.forward_batch_info").ForwardMode,
+    )

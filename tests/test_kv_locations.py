@@ -1,0 +1,164 @@
+"""kv-location-soundness on SGLang's real accept and KV-location step, and the real bugs it must catch.
+
+Each alteration is a real SGLang fix reverted (or one of ours) in a COPY of the installed package; the
+sub-check meant to catch it does (read from the finding's origin, never a raise), a behaviour-
+preserving refactor holds, and the pristine copy holds.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.kv_locations import KvCase, accept_moves, draft_columns, tail_copies
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.properties import PROPERTIES, sub_checks
+from vmfuzz.harness.properties.kit import Observation
+from vmfuzz.harness.properties.kv_locations import SUB_CHECKS, judge_case
+from vmfuzz.strategies.kv_locations import kv_cases
+from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_copy
+
+PROP = "kv-location-soundness"
+#: a tree draft (topk 2, 3 steps, 6 nodes); a request at the context length, one mid-page, one empty
+TREE = {"mode": "FULL_MASK", "max_bs": 4, "max_context_len": 24, "num_draft_tokens": 6, "topk": 2, "spec_steps": 3}
+SEQ_LENS = (5, 24, 2)
+
+COMMON = ["srt/speculative/eagle_worker_common.py"]
+ALTERATIONS = {
+    # S#26866 reverted: the accept moves sized bs·d (the tree's nodes), not bs·(n+1) (the accept index)
+    "s26866-move-size-bs-d": [(["srt/speculative/spec_utils.py"], r"size = bs \* accept_index\.shape\[1\]",
+                               "size = bs * batch.spec_info.draft_token_num")],
+    # S#15360 reverted: the bonus token read at stride d, not the accept index's width
+    "s15360-bonus-stride-d": [(COMMON, r"accept_index\.shape\[1\],\n(\s+)bs,", r"num_draft_tokens,\n\1bs,")],
+    # S#26972 reverted as SGLang's own pr_fix_toggle does: the row headroom without the paged reserve
+    "s26972-row-without-paged-reserve": [(["srt/mem_cache/allocation_sizing.py"],
+                                          r"extra = max\(extra, get_alloc_reserve_per_decode\(\) \+ page_size - 1\)",
+                                          "pass")],
+    # ours: the prefix-tail copy takes one column too many, overwriting each later branch's first draft slot
+    "tail-copy-one-too-many": [(COMMON, r"page_off\.view\(1, 1, page_size\) < last_page\.view\(bs, 1, 1\)",
+                                "page_off.view(1, 1, page_size) <= last_page.view(bs, 1, 1)")],
+}
+CAUGHT_BY = {"s26866-move-size-bs-d": "accept moves", "s15360-bonus-stride-d": "bonus stride",
+             "s26972-row-without-paged-reserve": "allocation width", "tail-copy-one-too-many": "draft window"}
+#: the same page count by another expression (ceil division by negation)
+REFACTOR = [(COMMON, r"num_new_pages = \(last_page \+ num_steps \+ page_size - 1\) // page_size",
+             "num_new_pages = -(-(last_page + num_steps) // page_size)")]
+
+
+# -- the model, alone ------------------------------------------------------------------
+
+def _case(**kw) -> KvCase:
+    base = dict(topk=2, spec_steps=3, num_draft_tokens=6, page_size=4, context_len=24, seq_lens=(5,),
+                parents=((-1, 0, 0, 1, 2, 3),), paths=((0, 1, 3),))
+    return KvCase(**{**base, **kw}).validate()
+
+
+def test_paged_tree_branches_own_whole_pages():
+    # s = 5 at P = 4: the prefix's last page starts at 4 with one real column; 1 + 3 slots fit one page
+    assert draft_columns(_case(), 5) == [5, 6, 7, 9, 10, 11]
+    assert tail_copies(_case(), 5) == [(8, 4)]
+    assert draft_columns(_case(page_size=1), 5) == [5, 6, 7, 8, 9, 10]
+
+
+def test_accept_moves_follow_the_path_and_pad_to_the_accept_index():
+    moves = accept_moves(_case(), [[10, 11, 12, 13, 14, 15]])
+    assert moves == [(10, 10), (11, 11), (12, 13), (0, 0)]
+
+
+# -- SGLang, pristine --------------------------------------------------------------------
+
+def _config(**kw) -> Config:
+    cfg = {**TREE, **kw}
+    return Config(TreeMaskMode[cfg.pop("mode")], **cfg).validate()
+
+
+@pytest.mark.parametrize("topk,steps,d", [(1, 3, 4), (2, 3, 6), (3, 2, 7)])
+def test_pristine_sglang_holds_every_sub_check(sglang_target, topk, steps, d):
+    config = _config(topk=topk, spec_steps=steps, num_draft_tokens=d)
+    obs = PROPERTIES[PROP].check(sglang_target, config, [Batch(SEQ_LENS)])
+    assert set(sub_checks(PROP, obs.classes).values()) == {"done"}, obs.classes
+    assert {"draft window: page size 1, topk " + ("1" if topk == 1 else "> 1"),
+            "draft window: page size 4, topk " + ("1" if topk == 1 else "> 1")} <= obs.classes
+
+
+@pytest.mark.slow
+@settings(max_examples=15, deadline=None, database=None)
+@given(case=kv_cases(max_bs=4, max_context_len=40))
+def test_drawn_cases_hold_on_pristine_sglang(case):
+    from tests.helpers import sglang_or_skip
+    target = sglang_or_skip()
+    obs = Observation()
+    judge_case(target, case, obs)
+    assert {f"sub-check {s}: done" for s in SUB_CHECKS} <= obs.classes
+
+
+def test_sglang_lines_judged_ran(sglang_target):
+    """coverage.py, as the gate measures: each driven SGLang function's body ran, and the lines the
+    real bugs sit on ran under the property (the Triton kernels run in the interpreter, which executes
+    a rewritten copy: their outputs are judged, their lines are not counted here)."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    import coverage
+
+    from vmfuzz.harness.targets.sglang.kv_locations import SURFACE
+    root = Path(importlib.util.find_spec("sglang").origin).parent
+    files = sorted({str(root / rel) for rel, _, _ in SURFACE})
+    cov = coverage.Coverage(include=files, data_file=None)
+    cov.start()
+    try:
+        for topk, steps, d in ((1, 3, 4), (2, 3, 6)):
+            PROPERTIES[PROP].check(sglang_target, _config(topk=topk, spec_steps=steps, num_draft_tokens=d),
+                                   [Batch(SEQ_LENS)])
+    finally:
+        cov.stop()
+    data = cov.get_data()
+    unrun = []
+    for rel, name, _ in SURFACE:
+        path = root / rel
+        tree = ast.parse(path.read_text())
+        [fn] = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name]
+        if any("jit" in ast.unparse(dec) for dec in fn.decorator_list):
+            continue
+        body = {n.lineno for stmt in fn.body[1 if ast.get_docstring(fn) else 0:] for n in ast.walk(stmt)
+                if isinstance(n, ast.stmt)}
+        ran = set(data.lines(str(path)) or ())
+        if not body & ran:
+            unrun.append(f"{rel}:{name}")
+    assert not unrun, f"driven functions whose lines never ran: {unrun}"
+    for rel, text in (("srt/speculative/spec_utils.py", "size = bs * accept_index.shape[1]"),
+                      ("srt/speculative/eagle_worker_common.py", "accept_index.shape[1],"),
+                      ("srt/speculative/eagle_worker_common.py", "num_new_pages = (last_page + num_steps"),
+                      ("srt/mem_cache/allocation_sizing.py", "extra = max(extra, get_alloc_reserve_per_decode()")):
+        lines = (root / rel).read_text().splitlines()
+        at = [i + 1 for i, line in enumerate(lines) if text in line]
+        assert at and set(at) & set(data.lines(str(root / rel)) or ()), f"{rel}: {text!r} never ran"
+
+
+# -- real bugs, planted in a copy ------------------------------------------------------------
+
+def _replay(tmp_path, edits, name):
+    return replay_on_copy(altered_copy(tmp_path, edits, name), tmp_path, TREE, SEQ_LENS, PROP)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("alteration", list(ALTERATIONS))
+def test_real_bug_is_caught_by_its_sub_check(sglang_target, alteration, tmp_path):
+    proc, out = _replay(tmp_path, ALTERATIONS[alteration], alteration)
+    assert proc.returncode == 1, out
+    o = failed_check_origin(tmp_path / "report", out)
+    assert (o["property"], o["stage"]) == (PROP, CAUGHT_BY[alteration]), out
+
+
+@pytest.mark.slow
+def test_a_refactor_of_the_page_count_holds(sglang_target, tmp_path):
+    proc, out = _replay(tmp_path, REFACTOR, "page-count-refactor")
+    assert proc.returncode == 0, out
+
+
+@pytest.mark.slow
+def test_the_pristine_copy_holds(sglang_target, tmp_path):
+    proc, out = _replay(tmp_path, [], "pristine")
+    assert proc.returncode == 0, out
