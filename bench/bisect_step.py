@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from vmfuzz.harness.engine.core.zygote import probe_path  # noqa: E402
 from vmfuzz.harness.targets.sglang.loader import IMPORT_SWITCHES  # noqa: E402
 from vmfuzz.harness.engine.core.zygote_client import ZYGOTE_ENV, serving  # noqa: E402
-from vmfuzz.harness.engine.regression import bisect as bisect_engine  # noqa: E402
+from vmfuzz.harness.engine.regression import bisect_zygote as bisect_engine  # noqa: E402
 
 REPRO = ROOT / "repro" / "pr33127" / "pr33127.json"
 

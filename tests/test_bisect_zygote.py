@@ -216,9 +216,9 @@ def test_an_owner_killed_while_the_zygote_starts_leaves_nothing_running(tmp_path
 
 def test_bisect_zygote_off_and_a_zygote_that_cannot_start_mean_cold_steps(monkeypatch):
     from vmfuzz.harness.engine.core import zygote_client
-    from vmfuzz.harness.engine.regression import bisect as engine
+    from vmfuzz.harness.engine.regression import bisect_zygote as engine
     monkeypatch.setenv("VMFUZZ_BISECT_ZYGOTE", "0")
-    with engine._zygote(_env(), "sglang") as sock:
+    with engine.steps_zygote(_env(), "sglang") as sock:
         assert sock is None
     monkeypatch.setattr(zygote_client, "_SERVER", ROOT / "no-such-zygote.py")
     with serving(_env(), probe_code="import json") as sock:
@@ -251,7 +251,7 @@ def _plain_shell_env() -> dict:
 
 @pytest.mark.slow
 def test_bisect_with_its_zygote_names_the_planted_commit_where_no_one_set_the_interpreter_switch(tmp_path):
-    """Issue 50: the zygote preloaded a compiled triton, so every forked step was 'cannot be tested'."""
+    """Before: the zygote preloaded a compiled triton, so every forked step was 'cannot be tested'."""
     sglang_or_skip()
     repo = sglang_repo.build(tmp_path)
     sglang_repo.git(repo, "config", "gc.auto", "0")
@@ -273,14 +273,14 @@ def test_bisect_with_its_zygote_names_the_planted_commit_where_no_one_set_the_in
 def test_a_zygote_that_preloaded_another_triton_is_left_unused_and_its_steps_run_cold(checkouts, tmp_path,
                                                                                        monkeypatch):
     """A preload that differs from what a step needs: a warning and cold steps, never 'cannot be tested'."""
-    from vmfuzz.harness.engine.regression import bisect as engine
+    from vmfuzz.harness.engine.regression import bisect_zygote as engine
     good, bad = checkouts
     env = _plain_shell_env()
     # no switches: the zygote imports triton as this shell would, compiled, where a step needs the interpreter
     with serving(env, probe_code=PROBE, switches=()) as sock:
         assert sock is not None, "the zygote did not start"
         said: list[str] = []
-        assert engine._zygote_fits(sock, env, said.append) is False
+        assert engine.zygote_fits(sock, env, said.append) is False
         assert len(said) == 1 and "preloaded compiled" in said[0] and "starts cold" in said[0], said
         # a step handed that zygote all the same runs cold and gives its revision's verdict
         for key in ("TRITON_INTERPRET", "SGLANG_USE_CPU_ENGINE"):
@@ -297,11 +297,11 @@ def test_a_zygote_that_preloaded_another_triton_is_left_unused_and_its_steps_run
 @pytest.mark.slow
 def test_a_zygote_set_up_as_a_cold_step_is_used(checkouts, tmp_path):
     """The same shell, with the switches the sglang target sets: the zygote's triton is a step's."""
-    from vmfuzz.harness.engine.regression import bisect as engine
+    from vmfuzz.harness.engine.regression import bisect_zygote as engine
     from vmfuzz.harness.targets.sglang.loader import IMPORT_SWITCHES
     env = _plain_shell_env()
     with serving(env, probe_code=PROBE, switches=IMPORT_SWITCHES) as sock:
         assert sock is not None, "the zygote did not start"
         said: list[str] = []
-        assert engine._zygote_fits(sock, env, said.append) is True, said
+        assert engine.zygote_fits(sock, env, said.append) is True, said
         assert said == []

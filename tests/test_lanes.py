@@ -93,7 +93,7 @@ def _gone(pid: int, within: float) -> bool:
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds processes through /proc")
 def test_a_killed_lane_loses_its_slot_at_once_and_its_checker_dies_with_it(tmp_path, monkeypatch):
-    """Issue 48: the lane's checker held its pipe, so the run waited on a dead lane past its cap."""
+    """Before: the lane's checker held its pipe, so the run waited on a dead lane past its cap."""
     import time
     pid_file = tmp_path / "checker.pid"
     monkeypatch.setenv("VMFUZZ_TEST_CHECKER_PID", str(pid_file))
