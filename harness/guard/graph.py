@@ -1,0 +1,420 @@
+"""CUDA-graph capture and replay, emulated on the CPU: what SGLang's graph runners capture with.
+
+A real CUDA graph records the kernels one call of a function launches and
+replays exactly those launches later. The launches keep reading and writing
+the *same* device tensors (the runner's static buffers), so new contents a
+runner copies in before a replay are seen; everything the function decided on
+the host while it was captured (Python numbers, shapes, which tensor an object
+held, which branch it took) is frozen into the graph and never looked at again.
+
+This module stands in for that on a CPU with one rule: **capture runs the body
+once, eagerly, and keeps it; replay runs the same body again on the same
+static tensors, with the host state it reads put back to what it was at
+capture.** What the body reads from the host is watched: at capture the
+stand-in takes a snapshot of the body's closure (every free variable; for a
+plain object, its fields; one level further for a plain object held in a
+field: a ForwardBatch's spec info, a backend's metadata), recording numbers
+and strings by value and tensors by identity (address, shape, strides, dtype).
+At replay each watched value that changed since capture is put back for the
+replay's duration, and where the body reads it (attribute reads are tracked;
+a closure variable is read by its code), a ``StaleRead`` is recorded: the live
+program would have used the new value, the graph uses the old one. That
+disagreement is a capture/replay finding for a property to judge; it is never
+dropped.
+
+Static buffers are redzoned (``shadow.ShadowHeap``): ``GraphSpace.static``
+adopts a tensor as one, and after capture and after every replay the heap is
+checked, so a write that leaves a static buffer is recorded as an
+``Overrun``.
+
+Where the emulation cannot be faithful it raises ``NotFaithful`` (an
+``OutOfStep``: vmfuzz could not check, never a pass): a stream or an event
+used for ordering (a CPU runs everything in order, so a program that depends
+on a second stream's timing is not being reproduced), a graph replayed
+whose capture kept no body (something captured kernels this stand-in never
+saw), a capture begun inside another.
+
+API (small on purpose; the draft-side runners reuse it):
+
+- ``GraphSpace(heap)``: one emulated device. ``static(name, tensor,
+  redzone_cells)``, ``capturable(fn, watch=())``, ``CUDAGraph``, ``graph``,
+  ``graph_pool_handle``, ``device_module()`` (what a runner's
+  ``device_module`` is), ``stale``, ``overruns``, ``capturing``.
+- ``Graph``: ``capture_begin``, ``capture_end``, ``replay``, ``reset``,
+  ``pool``, ``capture(fn, watch=())`` (begin, run, keep, end in one).
+- ``StaleRead``, ``Overrun``: the records; ``NotFaithful``: the refusal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import types
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import torch
+
+from vmfuzz.harness.guard.shadow import ShadowHeap
+from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.model.outputs import Violation
+
+#: what every NotFaithful names as its seam
+SEAM, FILE = "cuda-graph stand-in", "torch/cuda/graphs.py"
+
+#: host values recorded by value; anything else is recorded by identity
+_SCALARS = (bool, int, float, str, bytes, type(None), torch.dtype, torch.device)
+#: objects never looked into: code, modules, classes, the stand-in's own, and tensors (by identity)
+_OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+           torch.Tensor, contextlib.AbstractContextManager)
+#: how far into an object graph a snapshot goes (closure -> field -> field)
+DEPTH = 2
+
+
+class NotFaithful(OutOfStep):
+    """The emulation cannot reproduce what a real device would do here: vmfuzz could not check."""
+
+    def __init__(self, why: str):
+        super().__init__(SEAM, FILE, why)
+
+    def __reduce__(self):
+        return (NotFaithful, (self.why,))
+
+
+@dataclass(frozen=True)
+class StaleRead:
+    """A replay read host state that changed since capture: the graph used ``at_capture``.
+
+    ``path`` names the value from the body's closure (``forward_batch.seq_lens_sum``);
+    ``read`` is False where the value changed but nothing showed the body read it
+    (an object whose reads cannot be tracked: kept, so that it is never lost)."""
+
+    graph: Any  # the key the graph was captured under
+    path: str
+    at_capture: Any
+    at_replay: Any
+    read: bool = True
+
+    def describe(self) -> str:
+        how = "read" if self.read else "changed (read not tracked)"
+        return f"{self.path} {how} at replay of graph {self.graph!r}: captured {self.at_capture}, now {self.at_replay}"
+
+
+@dataclass(frozen=True)
+class Overrun:
+    """A write that left a static buffer, seen after a capture or a replay of graph ``graph``."""
+
+    graph: Any
+    phase: str  # "capture" or "replay"
+    violation: Violation
+
+
+def _described(value, depth: int = DEPTH) -> Any:
+    """What a graph keeps of a host value: a number by value, a tensor by identity (address, shape,
+    strides, dtype), a plain object by what it holds (``depth`` deep: a new object holding the same
+    tensors and numbers is the same to a graph), anything else by its id."""
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.data_ptr(), tuple(value.shape), tuple(value.stride()), value.dtype)
+    if isinstance(value, (tuple, list)) and len(value) <= 64:
+        return (type(value).__name__, tuple(_described(v, depth - 1) if depth > 0 else id(v) for v in value))
+    fields = _fields(value)
+    if fields is not None and depth > 0:
+        return ("object", type(value).__name__,
+                tuple((k, _described(v, depth - 1)) for k, v in fields.items() if not k.startswith("__")))
+    return ("object", id(value))
+
+
+def _fields(obj) -> dict[str, Any] | None:
+    """A plain object's own fields (None for what is not looked into)."""
+    if isinstance(obj, _OPAQUE) or isinstance(obj, _SCALARS) or isinstance(obj, (tuple, list, dict, set)):
+        return None
+    d = getattr(obj, "__dict__", None)
+    return d if isinstance(d, dict) else None
+
+
+@dataclass
+class _Watched:
+    path: str
+    owner: Any  # an object (attribute ``name``) or a closure cell (``name`` None)
+    name: str | None
+    value: Any  # the object itself, kept alive so it can be put back
+    described: Any
+
+
+def _snapshot(fn: Callable, watch: Iterable[tuple[str, Any]]) -> list[_Watched]:
+    """Every host value ``fn`` can reach through its closure (and the named ``watch`` objects), DEPTH deep."""
+    out: list[_Watched] = []
+    seen: set[int] = set()
+
+    def visit(path: str, obj, depth: int):
+        fields = _fields(obj)
+        if fields is None or depth > DEPTH or id(obj) in seen:
+            return
+        seen.add(id(obj))
+        for name, value in list(fields.items()):
+            if name.startswith("__"):
+                continue
+            out.append(_Watched(f"{path}.{name}", obj, name, value, _described(value)))
+            visit(f"{path}.{name}", value, depth + 1)
+
+    code = getattr(fn, "__code__", None)
+    for name, cell in zip(code.co_freevars if code else (), getattr(fn, "__closure__", None) or ()):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell: nothing to keep
+            continue
+        out.append(_Watched(name, cell, None, value, _described(value)))
+        visit(name, value, 1)
+    for name, obj in watch:
+        visit(name, obj, 1)
+    return out
+
+
+class _ReadLog:
+    """Attribute reads of watched objects during one replay (their class swapped for a recording one)."""
+
+    _classes: dict[type, type] = {}
+
+    def __init__(self):
+        self.reads: set[tuple[int, str]] = set()
+        self.swapped: list[tuple[Any, type]] = []
+        self.untracked: set[int] = set()
+
+    def track(self, obj) -> None:
+        cls = type(obj)
+        if id(obj) in {id(o) for o, _ in self.swapped} or id(obj) in self.untracked:
+            return
+        sub = self._classes.get(cls)
+        if sub is None:
+            def __getattribute__(self_, name, _cls=cls):
+                log = _ACTIVE[-1] if _ACTIVE else None
+                if log is not None and not name.startswith("__"):
+                    log.reads.add((id(self_), name))
+                return _cls.__getattribute__(self_, name)
+            try:
+                sub = type(cls.__name__, (cls,), {"__getattribute__": __getattribute__, "__slots__": ()})
+            except TypeError:
+                sub = None
+            self._classes[cls] = sub
+        try:
+            if sub is None:
+                raise TypeError
+            obj.__class__ = sub
+        except TypeError:  # a class whose instances cannot change class: changes are kept, reads unknown
+            self.untracked.add(id(obj))
+            return
+        self.swapped.append((obj, cls))
+
+    def restore(self) -> None:
+        for obj, cls in reversed(self.swapped):
+            obj.__class__ = cls
+        self.swapped.clear()
+
+
+_ACTIVE: list[_ReadLog] = []
+
+
+class Graph:
+    """Stands in for ``torch.cuda.CUDAGraph``: one captured body, replayed on the same static tensors."""
+
+    _ids = itertools.count()
+
+    def __init__(self, space: "GraphSpace", key: Any = None):
+        self.space = space
+        self.key = key if key is not None else f"graph{next(self._ids)}"
+        self.body: Callable | None = None
+        self._watch: tuple = ()
+        self.watched: list[_Watched] = []
+        self.capturing = False
+        self.captured = False
+        self._pool = None
+
+    # -- torch.cuda.CUDAGraph's methods ------------------------------------------------
+    def capture_begin(self, pool=None, capture_error_mode: str = "global") -> None:
+        if self.space.capturing is not None:
+            raise NotFaithful("a capture begun inside another capture (nested graphs are not emulated)")
+        self.space.capturing, self.capturing = self, True
+        self._pool = pool if pool is not None else self.space.graph_pool_handle()
+
+    def capture_end(self) -> None:
+        if self.space.capturing is not self:
+            raise NotFaithful("capture_end of a graph that is not capturing")
+        self.space.capturing, self.capturing, self.captured = None, False, True
+        if self.body is not None:
+            # what the graph keeps is the host state as the capture run left it
+            self.watched = _snapshot(self.body, self._watch)
+        self.space.check(self.key, "capture")
+
+    def replay(self) -> None:
+        if not self.captured:
+            raise NotFaithful(f"graph {self.key!r} replayed before it was captured")
+        if self.body is None:
+            raise NotFaithful(f"graph {self.key!r} was captured, but no body this stand-in can run was called "
+                              "inside the capture (only a GraphSpace.capturable callable is kept)")
+        log = _ReadLog()
+        changed = []
+        for w in self.watched:
+            now = w.owner.cell_contents if w.name is None else w.owner.__dict__.get(w.name, _GONE)
+            if _described(now) != w.described:
+                changed.append((w, now))
+                self._put(w, w.value)  # the graph reads what capture saw
+        for w, _ in changed:
+            if w.name is not None:
+                log.track(w.owner)
+        _ACTIVE.append(log)
+        try:
+            self.body()
+        finally:
+            _ACTIVE.pop()
+            log.restore()
+            for w, now in changed:  # the live program's state again, as the replay found it
+                self._put(w, now)
+        for w, now in changed:
+            if w.name is None:
+                read = True  # a free variable is referenced by the body's own code
+            elif id(w.owner) in log.untracked:
+                read = False
+            else:
+                read = (id(w.owner), w.name) in log.reads
+            self.space.stale.append(StaleRead(self.key, w.path, _shown(w.value), _shown(now), read))
+        self.space.check(self.key, "replay")
+
+    def reset(self) -> None:
+        self.body, self.watched, self.captured = None, [], False
+
+    def pool(self):
+        return self._pool
+
+    # -- the stand-in's own ----------------------------------------------------------------
+    def keep(self, fn: Callable, watch: Iterable[tuple[str, Any]] = ()) -> None:
+        """Keep ``fn`` as the body this graph replays; the host state it reads is snapshotted when the
+        capture ends."""
+        if not self.capturing:
+            raise NotFaithful(f"a body kept for graph {self.key!r} outside its capture")
+        if self.body is not None and self.body is not fn:
+            raise NotFaithful(f"two different bodies ran inside one capture of graph {self.key!r}")
+        self.body, self._watch = fn, tuple(watch)
+
+    def capture(self, fn: Callable, watch: Iterable[tuple[str, Any]] = ()):
+        """Capture ``fn``: run it once, eagerly, keep it. Returns what the capture run returned."""
+        self.capture_begin()
+        try:
+            self.keep(fn, watch)
+            out = fn()
+        finally:
+            if self.space.capturing is self:
+                self.capture_end()
+        return out
+
+    @staticmethod
+    def _put(w: _Watched, value) -> None:
+        if w.name is None:
+            w.owner.cell_contents = value
+        elif value is _GONE:
+            w.owner.__dict__.pop(w.name, None)
+        else:
+            w.owner.__dict__[w.name] = value
+
+
+_GONE = object()
+
+
+def _shown(value):
+    d = _described(value)
+    return d if not (isinstance(d, tuple) and d and d[0] == "tensor") else f"tensor@{d[1]:#x}{list(d[2])}"
+
+
+class _Ordering:
+    """A stream or event: only the default, in-order stream is faithful on a CPU."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __getattr__(self, name):
+        raise NotFaithful(f"{self.what}.{name}: ordering across streams and events needs a device")
+
+
+class GraphSpace:
+    """One emulated device: its static buffers (redzoned on ``heap``), its graphs, what they recorded."""
+
+    def __init__(self, heap: ShadowHeap | None = None):
+        self.heap = heap if heap is not None else ShadowHeap()
+        self.capturing: Graph | None = None
+        self.stale: list[StaleRead] = []
+        self.overruns: list[Overrun] = []
+        self._reported = 0  # violations already recorded (a heap keeps reporting them)
+        self._pools = itertools.count(1)
+
+    # -- static buffers ----------------------------------------------------------------------
+    def static(self, name: str, tensor: torch.Tensor, redzone_cells: int = 64) -> torch.Tensor:
+        """A redzoned copy of ``tensor`` (same shape, dtype, contents) to be a graph's static buffer."""
+        return self.heap.adopt(name, tensor, redzone_cells)
+
+    def check(self, key, phase: str) -> None:
+        found = self.heap.check()
+        for v in found[self._reported:]:
+            self.overruns.append(Overrun(key, phase, v))
+        self._reported = max(self._reported, len(found))
+
+    # -- bodies --------------------------------------------------------------------------------
+    def capturable(self, fn: Callable, watch: Iterable[tuple[str, Any]] = ()) -> Callable:
+        """``fn``, kept as the body of whichever graph is capturing when it is called."""
+        watch = tuple(watch)
+
+        def body(*args, **kwargs):
+            if args or kwargs:
+                raise NotFaithful("a captured body called with arguments (a graph replays with none)")
+            if self.capturing is not None:
+                self.capturing.keep(fn, watch)
+            return fn()
+        body.__wrapped__ = fn
+        return body
+
+    # -- torch.cuda's names --------------------------------------------------------------------
+    def CUDAGraph(self, *args, **kwargs) -> Graph:  # noqa: N802 - torch's name
+        return Graph(self)
+
+    @contextlib.contextmanager
+    def graph(self, cuda_graph: Graph, pool=None, stream=None, capture_error_mode: str = "global", **_):
+        """``torch.cuda.graph``: capture what runs inside into ``cuda_graph``."""
+        if stream is not None and not isinstance(stream, _DefaultStream):
+            raise NotFaithful("capture on a side stream (the CPU has one stream, in order)")
+        cuda_graph.capture_begin(pool=pool, capture_error_mode=capture_error_mode)
+        try:
+            yield cuda_graph
+        finally:
+            if self.capturing is cuda_graph:
+                cuda_graph.capture_end()
+
+    def graph_pool_handle(self):
+        return ("graph-pool", next(self._pools))
+
+    def device_module(self) -> types.SimpleNamespace:
+        """What a runner's ``device_module`` (``torch.cuda``) is, on this emulated device."""
+        default = _DefaultStream()
+        return types.SimpleNamespace(
+            CUDAGraph=self.CUDAGraph, graph=self.graph, graph_pool_handle=self.graph_pool_handle,
+            synchronize=lambda *a, **k: None,  # one in-order stream: everything has run
+            is_current_stream_capturing=lambda: self.capturing is not None,
+            current_stream=lambda *a, **k: default, default_stream=lambda *a, **k: default,
+            stream=_refuse("torch.cuda.stream"), Stream=_refuse("torch.cuda.Stream"),
+            Event=_refuse("torch.cuda.Event"))
+
+
+class _DefaultStream:
+    """The one in-order stream a CPU has: waiting on it, or on itself, is trivially faithful."""
+
+    def synchronize(self):
+        return None
+
+    def wait_stream(self, other):
+        if not isinstance(other, _DefaultStream):
+            raise NotFaithful("waiting on a side stream")
+
+
+def _refuse(what: str):
+    def refuse(*args, **kwargs):
+        raise NotFaithful(f"{what}: streams and events need a device")
+    return refuse
