@@ -141,9 +141,16 @@ def test_what_cannot_be_emulated_is_refused_never_passed():
     with pytest.raises(NotFaithful):
         space.CUDAGraph().replay()  # never captured
     dev = space.device_module()
-    for make in (dev.Stream, dev.Event):
+    with pytest.raises(NotFaithful):
+        dev.Stream()
+    with pytest.raises(NotFaithful):
+        dev.Event(external=True)
+    event = dev.Event()
+    event.record()  # on the one in-order stream: everything before it has run
+    assert event.query()
+    with space.graph(space.CUDAGraph()):
         with pytest.raises(NotFaithful):
-            make()
+            dev.Event().record()  # a node inside a graph
     with pytest.raises(NotFaithful):
         with space.graph(space.CUDAGraph(), stream=object()):
             pass

@@ -37,7 +37,8 @@ saw), a capture begun inside another.
 API (small on purpose; the draft-side runners reuse it):
 
 - ``GraphSpace(heap)``: one emulated device. ``static(name, tensor,
-  redzone_cells)``, ``capturable(fn, watch=())``, ``CUDAGraph``, ``graph``,
+  redzone_cells)``, ``capturable(fn, watch=())``, ``settle()`` (captures
+  done), ``CUDAGraph``, ``graph``,
   ``graph_pool_handle``, ``device_module()`` (what a runner's
   ``device_module`` is), ``stale``, ``overruns``, ``capturing``.
 - ``Graph``: ``capture_begin``, ``capture_end``, ``replay``, ``reset``,
@@ -94,6 +95,9 @@ class StaleRead:
     at_capture: Any
     at_replay: Any
     read: bool = True
+    #: changed after every capture was done (``GraphSpace.settle``): the live program moved it on,
+    #: not a later capture (a shared object another graph's capture overwrote)
+    after_captures: bool = True
 
     def describe(self) -> str:
         how = "read" if self.read else "changed (read not tracked)"
@@ -236,12 +240,14 @@ class Graph:
         if self.space.capturing is not None:
             raise NotFaithful("a capture begun inside another capture (nested graphs are not emulated)")
         self.space.capturing, self.capturing = self, True
+        _CAPTURING_SPACES.add(id(self.space))
         self._pool = pool if pool is not None else self.space.graph_pool_handle()
 
     def capture_end(self) -> None:
         if self.space.capturing is not self:
             raise NotFaithful("capture_end of a graph that is not capturing")
         self.space.capturing, self.capturing, self.captured = None, False, True
+        _CAPTURING_SPACES.discard(id(self.space))
         if self.body is not None:
             # what the graph keeps is the host state as the capture run left it
             self.watched = _snapshot(self.body, self._watch)
@@ -257,6 +263,8 @@ class Graph:
         changed = []
         for w in self.watched:
             now = w.owner.cell_contents if w.name is None else w.owner.__dict__.get(w.name, _GONE)
+            if now is w.value and not isinstance(now, torch.Tensor):
+                continue  # the same object: what changed inside it is watched as its own fields
             if _described(now) != w.described:
                 changed.append((w, now))
                 self._put(w, w.value)  # the graph reads what capture saw
@@ -278,7 +286,9 @@ class Graph:
                 read = False
             else:
                 read = (id(w.owner), w.name) in log.reads
-            self.space.stale.append(StaleRead(self.key, w.path, _shown(w.value), _shown(now), read))
+            settled = self.space.settled.get((id(self), w.path), _GONE)
+            after = settled is _GONE or _described(now) != settled
+            self.space.stale.append(StaleRead(self.key, w.path, _shown(w.value), _shown(now), read, after))
         self.space.check(self.key, "replay")
 
     def reset(self) -> None:
@@ -346,6 +356,17 @@ class GraphSpace:
         self.overruns: list[Overrun] = []
         self._reported = 0  # violations already recorded (a heap keeps reporting them)
         self._pools = itertools.count(1)
+        self.graphs: list[Graph] = []
+        #: (graph, path) -> the watched value's description once every capture was done
+        self.settled: dict[tuple[int, str], Any] = {}
+
+    def settle(self) -> None:
+        """Every capture is done: what each graph's watched state holds now is the capture phase's
+        end, so a later replay can tell a value the live program changed from one another capture left."""
+        for g in self.graphs:
+            for w in g.watched:
+                now = w.owner.cell_contents if w.name is None else w.owner.__dict__.get(w.name, _GONE)
+                self.settled[(id(g), w.path)] = _described(now)
 
     # -- static buffers ----------------------------------------------------------------------
     def static(self, name: str, tensor: torch.Tensor, redzone_cells: int = 64) -> torch.Tensor:
@@ -374,7 +395,9 @@ class GraphSpace:
 
     # -- torch.cuda's names --------------------------------------------------------------------
     def CUDAGraph(self, *args, **kwargs) -> Graph:  # noqa: N802 - torch's name
-        return Graph(self)
+        g = Graph(self)
+        self.graphs.append(g)
+        return g
 
     @contextlib.contextmanager
     def graph(self, cuda_graph: Graph, pool=None, stream=None, capture_error_mode: str = "global", **_):
@@ -399,8 +422,7 @@ class GraphSpace:
             synchronize=lambda *a, **k: None,  # one in-order stream: everything has run
             is_current_stream_capturing=lambda: self.capturing is not None,
             current_stream=lambda *a, **k: default, default_stream=lambda *a, **k: default,
-            stream=_refuse("torch.cuda.stream"), Stream=_refuse("torch.cuda.Stream"),
-            Event=_refuse("torch.cuda.Event"))
+            stream=_refuse("torch.cuda.stream"), Stream=_refuse("torch.cuda.Stream"), Event=_Event)
 
 
 class _DefaultStream:
@@ -412,6 +434,39 @@ class _DefaultStream:
     def wait_stream(self, other):
         if not isinstance(other, _DefaultStream):
             raise NotFaithful("waiting on a side stream")
+
+
+class _Event:
+    """An event on the one in-order stream: by the time it is recorded everything before it has run,
+    so recording, querying and waiting on it are faithful. An external or interprocess event (another
+    process or a graph node waits on it) is not."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
+                 external: bool = False):
+        if interprocess or external:
+            raise NotFaithful("an interprocess or external event needs a device")
+        self.recorded = False
+
+    def record(self, stream=None):
+        if stream is not None and not isinstance(stream, _DefaultStream):
+            raise NotFaithful("an event recorded on a side stream")
+        if _CAPTURING_SPACES:
+            raise NotFaithful("an event recorded inside a graph capture (a graph node) needs a device")
+        self.recorded = True
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+    def wait(self, stream=None):
+        if stream is not None and not isinstance(stream, _DefaultStream):
+            raise NotFaithful("a side stream waiting on an event")
+
+
+#: spaces with a capture in progress (an event recorded then would be a node of the graph)
+_CAPTURING_SPACES: set[int] = set()
 
 
 def _refuse(what: str):
