@@ -56,21 +56,13 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from vmfuzz.harness.guard.graph_state import ACTIVE, GONE, ReadLog, Watched, described, shown, snapshot
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.model.errors import OutOfStep
 from vmfuzz.harness.model.outputs import Violation
 
 #: what every NotFaithful names as its seam
 SEAM, FILE = "cuda-graph stand-in", "torch/cuda/graphs.py"
-
-#: host values recorded by value; anything else is recorded by identity
-_SCALARS = (bool, int, float, str, bytes, type(None), torch.dtype, torch.device)
-#: objects never looked into: code, modules, classes, the stand-in's own, and tensors (by identity)
-_OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
-           torch.Tensor, contextlib.AbstractContextManager)
-#: how far into an object graph a snapshot goes (closure -> field -> field)
-DEPTH = 2
-
 
 class NotFaithful(OutOfStep):
     """The emulation cannot reproduce what a real device would do here: vmfuzz could not check."""
@@ -113,113 +105,6 @@ class Overrun:
     violation: Violation
 
 
-def _described(value, depth: int = DEPTH) -> Any:
-    """What a graph keeps of a host value: a number by value, a tensor by identity (address, shape,
-    strides, dtype), a plain object by what it holds (``depth`` deep: a new object holding the same
-    tensors and numbers is the same to a graph), anything else by its id."""
-    if isinstance(value, _SCALARS):
-        return value
-    if isinstance(value, torch.Tensor):
-        return ("tensor", value.data_ptr(), tuple(value.shape), tuple(value.stride()), value.dtype)
-    if isinstance(value, (tuple, list)) and len(value) <= 64:
-        return (type(value).__name__, tuple(_described(v, depth - 1) if depth > 0 else id(v) for v in value))
-    fields = _fields(value)
-    if fields is not None and depth > 0:
-        return ("object", type(value).__name__,
-                tuple((k, _described(v, depth - 1)) for k, v in fields.items() if not k.startswith("__")))
-    return ("object", id(value))
-
-
-def _fields(obj) -> dict[str, Any] | None:
-    """A plain object's own fields (None for what is not looked into)."""
-    if isinstance(obj, _OPAQUE) or isinstance(obj, _SCALARS) or isinstance(obj, (tuple, list, dict, set)):
-        return None
-    d = getattr(obj, "__dict__", None)
-    return d if isinstance(d, dict) else None
-
-
-@dataclass
-class _Watched:
-    path: str
-    owner: Any  # an object (attribute ``name``) or a closure cell (``name`` None)
-    name: str | None
-    value: Any  # the object itself, kept alive so it can be put back
-    described: Any
-
-
-def _snapshot(fn: Callable, watch: Iterable[tuple[str, Any]]) -> list[_Watched]:
-    """Every host value ``fn`` can reach through its closure (and the named ``watch`` objects), DEPTH deep."""
-    out: list[_Watched] = []
-    seen: set[int] = set()
-
-    def visit(path: str, obj, depth: int):
-        fields = _fields(obj)
-        if fields is None or depth > DEPTH or id(obj) in seen:
-            return
-        seen.add(id(obj))
-        for name, value in list(fields.items()):
-            if name.startswith("__"):
-                continue
-            out.append(_Watched(f"{path}.{name}", obj, name, value, _described(value)))
-            visit(f"{path}.{name}", value, depth + 1)
-
-    code = getattr(fn, "__code__", None)
-    for name, cell in zip(code.co_freevars if code else (), getattr(fn, "__closure__", None) or ()):
-        try:
-            value = cell.cell_contents
-        except ValueError:  # an empty cell: nothing to keep
-            continue
-        out.append(_Watched(name, cell, None, value, _described(value)))
-        visit(name, value, 1)
-    for name, obj in watch:
-        visit(name, obj, 1)
-    return out
-
-
-class _ReadLog:
-    """Attribute reads of watched objects during one replay (their class swapped for a recording one)."""
-
-    _classes: dict[type, type] = {}
-
-    def __init__(self):
-        self.reads: set[tuple[int, str]] = set()
-        self.swapped: list[tuple[Any, type]] = []
-        self.untracked: set[int] = set()
-
-    def track(self, obj) -> None:
-        cls = type(obj)
-        if id(obj) in {id(o) for o, _ in self.swapped} or id(obj) in self.untracked:
-            return
-        sub = self._classes.get(cls)
-        if sub is None:
-            def __getattribute__(self_, name, _cls=cls):
-                log = _ACTIVE[-1] if _ACTIVE else None
-                if log is not None and not name.startswith("__"):
-                    log.reads.add((id(self_), name))
-                return _cls.__getattribute__(self_, name)
-            try:
-                sub = type(cls.__name__, (cls,), {"__getattribute__": __getattribute__, "__slots__": ()})
-            except TypeError:
-                sub = None
-            self._classes[cls] = sub
-        try:
-            if sub is None:
-                raise TypeError
-            obj.__class__ = sub
-        except TypeError:  # a class whose instances cannot change class: changes are kept, reads unknown
-            self.untracked.add(id(obj))
-            return
-        self.swapped.append((obj, cls))
-
-    def restore(self) -> None:
-        for obj, cls in reversed(self.swapped):
-            obj.__class__ = cls
-        self.swapped.clear()
-
-
-_ACTIVE: list[_ReadLog] = []
-
-
 class Graph:
     """Stands in for ``torch.cuda.CUDAGraph``: one captured body, replayed on the same static tensors."""
 
@@ -230,7 +115,7 @@ class Graph:
         self.key = key if key is not None else f"graph{next(self._ids)}"
         self.body: Callable | None = None
         self._watch: tuple = ()
-        self.watched: list[_Watched] = []
+        self.watched: list[Watched] = []
         self.capturing = False
         self.captured = False
         self._pool = None
@@ -250,7 +135,7 @@ class Graph:
         _CAPTURING_SPACES.discard(id(self.space))
         if self.body is not None:
             # what the graph keeps is the host state as the capture run left it
-            self.watched = _snapshot(self.body, self._watch)
+            self.watched = snapshot(self.body, self._watch)
         self.space.check(self.key, "capture")
 
     def replay(self) -> None:
@@ -259,23 +144,23 @@ class Graph:
         if self.body is None:
             raise NotFaithful(f"graph {self.key!r} was captured, but no body this stand-in can run was called "
                               "inside the capture (only a GraphSpace.capturable callable is kept)")
-        log = _ReadLog()
+        log = ReadLog()
         changed = []
         for w in self.watched:
-            now = w.owner.cell_contents if w.name is None else w.owner.__dict__.get(w.name, _GONE)
+            now = w.owner.cell_contents if w.name is None else w.owner.__dict__.get(w.name, GONE)
             if now is w.value and not isinstance(now, torch.Tensor):
                 continue  # the same object: what changed inside it is watched as its own fields
-            if _described(now) != w.described:
+            if described(now) != w.described:
                 changed.append((w, now))
                 self._put(w, w.value)  # the graph reads what capture saw
         for w, _ in changed:
             if w.name is not None:
                 log.track(w.owner)
-        _ACTIVE.append(log)
+        ACTIVE.append(log)
         try:
             self.body()
         finally:
-            _ACTIVE.pop()
+            ACTIVE.pop()
             log.restore()
             for w, now in changed:  # the live program's state again, as the replay found it
                 self._put(w, now)
@@ -286,9 +171,9 @@ class Graph:
                 read = False
             else:
                 read = (id(w.owner), w.name) in log.reads
-            settled = self.space.settled.get((id(self), w.path), _GONE)
-            after = settled is _GONE or _described(now) != settled
-            self.space.stale.append(StaleRead(self.key, w.path, _shown(w.value), _shown(now), read, after))
+            settled = self.space.settled.get((id(self), w.path), GONE)
+            after = settled is GONE or described(now) != settled
+            self.space.stale.append(StaleRead(self.key, w.path, shown(w.value), shown(now), read, after))
         self.space.check(self.key, "replay")
 
     def reset(self) -> None:
@@ -319,31 +204,13 @@ class Graph:
         return out
 
     @staticmethod
-    def _put(w: _Watched, value) -> None:
+    def _put(w: Watched, value) -> None:
         if w.name is None:
             w.owner.cell_contents = value
-        elif value is _GONE:
+        elif value is GONE:
             w.owner.__dict__.pop(w.name, None)
         else:
             w.owner.__dict__[w.name] = value
-
-
-_GONE = object()
-
-
-def _shown(value):
-    d = _described(value)
-    return d if not (isinstance(d, tuple) and d and d[0] == "tensor") else f"tensor@{d[1]:#x}{list(d[2])}"
-
-
-class _Ordering:
-    """A stream or event: only the default, in-order stream is faithful on a CPU."""
-
-    def __init__(self, what: str):
-        self.what = what
-
-    def __getattr__(self, name):
-        raise NotFaithful(f"{self.what}.{name}: ordering across streams and events needs a device")
 
 
 class GraphSpace:
@@ -365,8 +232,8 @@ class GraphSpace:
         end, so a later replay can tell a value the live program changed from one another capture left."""
         for g in self.graphs:
             for w in g.watched:
-                now = w.owner.cell_contents if w.name is None else w.owner.__dict__.get(w.name, _GONE)
-                self.settled[(id(g), w.path)] = _described(now)
+                now = w.owner.cell_contents if w.name is None else w.owner.__dict__.get(w.name, GONE)
+                self.settled[(id(g), w.path)] = described(now)
 
     # -- static buffers ----------------------------------------------------------------------
     def static(self, name: str, tensor: torch.Tensor, redzone_cells: int = 64) -> torch.Tensor:

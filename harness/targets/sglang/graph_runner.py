@@ -14,7 +14,7 @@ batch in the smallest graph that holds it (``load_batch`` copies the batch in
 through the buffer registry, the Triton replay metadata copies the verify mask
 in, the graph replays, the outputs are cut to the raw rows).
 
-The model forward is ``RecordingModel``: per token it reads the attention
+The model forward is ``graph_model.RecordingModel``: per token it reads the attention
 metadata the backend holds (which KV slots and which draft tokens the mask lets
 the token see), writes the token's KV at its ``out_cache_loc`` slot, and hands
 back hidden states and logits that are a deterministic function of what it
@@ -42,8 +42,9 @@ from vmfuzz.harness.guard.graph import GraphSpace
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.errors import OutOfStep
-from vmfuzz.harness.model.readers import capture_seq_len, pool_slots
+from vmfuzz.harness.model.readers import pool_slots
 from vmfuzz.harness.targets.sglang.binding import bound
+from vmfuzz.harness.targets.sglang.graph_model import HIDDEN, VOCAB, Forward, RecordingModel
 from vmfuzz.harness.targets.sglang.loader import _quiet_import
 from vmfuzz.harness.targets.sglang.reach import lookup_patches
 from vmfuzz.harness.targets.sglang.stand_in import StandIn
@@ -69,6 +70,12 @@ SURFACE = tuple((RUNNER_FILE, fn, _GRAPH_PROPS) for fn in (
     "FullCudaGraphBackend.replay", "FullCudaGraphBackend.can_run",
 )) + (
     ("srt/model_executor/cuda_graph_buffer_registry.py", "CudaGraphBufferRegistry.fill_from", _GRAPH_PROPS),
+    ("srt/model_executor/cuda_graph_buffer_registry.py", "GraphSlot.reset_padding", _GRAPH_PROPS),
+    ("srt/model_executor/cuda_graph_buffer_registry.py", "build_decode_registry", _GRAPH_PROPS),
+    ("srt/model_executor/runner_utils/buffers.py", "DecodeInputBuffers.create", _GRAPH_PROPS),
+    ("srt/model_executor/runner_utils/pool.py", "get_or_create_global_graph_memory_pool", _GRAPH_PROPS),
+    ("srt/model_executor/runner/base_cuda_graph_runner.py", "BaseCudaGraphRunner._pad_to_bucket", _GRAPH_PROPS),
+    ("srt/model_executor/runner/base_runner.py", "BaseRunner.model_context", _GRAPH_PROPS),
 )
 
 _MODULES = {
@@ -92,101 +99,6 @@ def modules() -> SimpleNamespace:
     from vmfuzz.harness.targets.sglang.imports import sglang_module
     with _quiet_import():
         return SimpleNamespace(**{k: sglang_module(v) for k, v in _MODULES.items()})
-
-
-# -- the recording model ---------------------------------------------------------------------------
-
-#: width of the stand-in model's hidden states and vocabulary: small, every value exact in float64
-HIDDEN, VOCAB = 4, 16
-_MOD = 1 << 31
-
-
-def _prefix_content(slot: int) -> int:
-    """What a prefix KV slot holds: a number only that slot has."""
-    return (slot * 2654435761 + 12345) % 1000003
-
-
-@dataclass
-class Attended:
-    """What attention was handed for one token: its request's row, and what the mask let it see."""
-
-    request: int
-    row: int  # the token's place in its request's draft
-    prefix_slots: tuple[int, ...]
-    draft_seen: tuple[int, ...]
-
-
-@dataclass
-class Forward:
-    """One call of the model: its tokens' inputs, what attention got, the KV it wrote, what it returned."""
-
-    input_ids: list[int]
-    positions: list[int]
-    attended: list[Attended]
-    kv_writes: list[tuple[int, int]]  # (slot, value) in write order
-    hidden: torch.Tensor  # (tokens, HIDDEN) float64
-    logits: torch.Tensor  # (tokens, VOCAB) float32
-
-
-class RecordingModel:
-    """The model forward, standing in: attention read from the backend's metadata, outputs from what it read.
-
-    A graph body writes its outputs into fixed memory: at capture this model
-    allocates its output buffers (static, redzoned) once per token count and
-    writes into them on every run, as a graph's pool tensors keep their
-    addresses; an eager call (no ``next_token_logits_buffer``) gets fresh ones.
-    """
-
-    def __init__(self, space: GraphSpace, d: int):
-        self.space, self.d = space, d
-        self.calls: list[Forward] = []
-        self._hidden: dict[int, torch.Tensor] = {}
-        self.shared_experts_config = None
-
-    def forward(self, input_ids, positions, forward_batch, **kwargs):
-        m = modules()
-        meta = m.forward_context.get_attn_backend().forward_metadata
-        ids, pos = input_ids.tolist(), positions.tolist()
-        n = len(ids)
-        qo, kv_ptr = meta.qo_indptr.tolist(), meta.kv_indptr.tolist()
-        kv_idx, mask, mask_ptr = meta.kv_indices, meta.custom_mask, meta.mask_indptr.tolist()
-        loc = forward_batch.out_cache_loc.tolist()
-        d = self.d
-        attended, writes, values = [], [], []
-        draft_val = [ids[i] * 1000 + pos[i] for i in range(n)]
-        for i in range(n):
-            writes.append((int(loc[i]), draft_val[i]))
-        for b in range(len(qo) - 1):
-            plen = kv_ptr[b + 1] - kv_ptr[b]
-            slots = kv_idx[kv_ptr[b]:kv_ptr[b + 1]].tolist()
-            for j in range(qo[b + 1] - qo[b]):
-                row = mask[mask_ptr[b] + j * (plen + d): mask_ptr[b] + (j + 1) * (plen + d)].tolist()
-                seen_prefix = tuple(s for s, v in zip(slots, row[:plen]) if v)
-                seen_draft = tuple(k for k, v in enumerate(row[plen:plen + d]) if v)
-                attended.append(Attended(b, j, seen_prefix, seen_draft))
-        for i in range(n):
-            a = attended[i] if i < len(attended) else Attended(-1, -1, (), ())
-            base = qo[a.request] if a.request >= 0 else 0
-            acc = sum(_prefix_content(s) for s in a.prefix_slots)
-            acc += sum(draft_val[base + k] for k in a.draft_seen if base + k < n)
-            values.append((acc * 1000003 + ids[i] * 7919 + pos[i]) % _MOD)
-        v = torch.tensor(values, dtype=torch.float64).reshape(n, 1)
-        hidden = v + torch.arange(HIDDEN, dtype=torch.float64)
-        logits = (v * (torch.arange(VOCAB, dtype=torch.float64) + 1) % 9973).to(torch.float32)
-        out_logits = forward_batch.next_token_logits_buffer
-        if out_logits is not None:  # in a graph: the same memory every run
-            out_logits = out_logits[:n]
-            out_logits.copy_(logits[:, :out_logits.shape[1]] if out_logits.shape[1] <= VOCAB else
-                             torch.nn.functional.pad(logits, (0, out_logits.shape[1] - VOCAB)))
-            h = self._hidden.get(n)
-            if h is None:
-                h = self._hidden[n] = self.space.static(f"hidden[{n}]", torch.zeros(n, HIDDEN, dtype=torch.float64))
-            h.copy_(hidden)
-            out_hidden = h
-        else:
-            out_logits, out_hidden = logits, hidden
-        self.calls.append(Forward(ids, pos, attended, writes, hidden.clone(), logits.clone()))
-        return m.logits.LogitsProcessorOutput(next_token_logits=out_logits, hidden_states=out_hidden)
 
 
 # -- the runner ---------------------------------------------------------------------------------------
@@ -214,7 +126,6 @@ class GraphServer:
     backend: object
     capture_bs: list[int]
     captures: dict[int, Forward] = field(default_factory=dict)
-    captured_views: dict[int, SimpleNamespace] = field(default_factory=dict)
     replay_views: list[SimpleNamespace] = field(default_factory=list)
 
 
