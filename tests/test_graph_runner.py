@@ -12,7 +12,6 @@ from vmfuzz.harness.model.layouts import TreeMaskMode
 from vmfuzz.harness.model.oracle import expected
 
 
-@pytest.mark.slow
 def test_a_padded_replay_gives_the_eager_run_on_the_real_rows():
     target = sglang_or_skip()
     from vmfuzz.harness.targets.sglang import graph_runner as gr
@@ -37,3 +36,42 @@ def test_a_padded_replay_gives_the_eager_run_on_the_real_rows():
     assert server.space.overruns == []
     # what the graph read that another capture had since overwritten: kept, and told apart
     assert all(not s.after_captures for s in server.space.stale)
+
+
+CONFIG = Config(TreeMaskMode.FULL_MASK, 4, 32, 4, 2, 2)
+#: padded (3 -> 4), exact (1, 4), and one past max_bs (eager: no graph admits it)
+BATCHES = [Batch((5, 7, 3)), Batch((9,)), Batch((2, 3, 4, 5)), Batch((1,) * 5)]
+
+
+@pytest.mark.parametrize("name", ["graph-replay-equivalence", "padding-inert", "capture-replay-agreement"])
+def test_the_graph_properties_hold_on_the_installed_sglang(sglang_target, name):
+    from vmfuzz.harness.properties import PROPERTIES
+    obs = PROPERTIES[name].check(sglang_target, CONFIG, BATCHES)
+    assert {"not admitted by can_run_graph (eager)", "bs < max_bs", "layout FULL_MASK"} <= obs.classes
+    if name != "capture-replay-agreement":
+        assert {"padded replay"} <= obs.classes
+    else:  # the backend metadata each capture replaces is read as captured, and said so
+        assert "capture-order read: attn_backend.forward_metadata" in obs.classes
+
+
+def test_a_host_value_changed_after_capture_and_read_by_the_graph_fails_capture_replay_agreement(sglang_target):
+    from vmfuzz.harness.properties.graph_replay import CAPTURE_REPLAY, judge_stale_reads
+    from vmfuzz.harness.properties.kit import PropertyFailure
+    heap = ShadowHeap()
+    session = sglang_target.graph_session(CONFIG, sglang_target.allocate(CONFIG, heap), heap)
+    batch = Batch((5, 7, 3))
+    mask = expected(CONFIG, batch).tree_mask
+    ids, loc = session.inputs(batch)
+    session.replay(batch, mask, ids, loc)
+    judge_stale_reads(session, "pristine")  # nothing the live program changed is read
+    # the live program moves a host value the graph body reads (its capture batch's token counts)
+    captured = session.captured_view(4)
+    captured.global_num_tokens_cpu = [99]
+    got = session.replay(batch, mask, ids, loc)
+    [stale] = [s for s in session.stale if s.after_captures and s.read]
+    assert (stale.path, stale.read, stale.at_capture, stale.at_replay) == (
+        "forward_batch.global_num_tokens_cpu", True, None, ("list", (99,)))
+    with pytest.raises(PropertyFailure) as failed:
+        judge_stale_reads(session, "altered")
+    assert (failed.value.origin.cell, failed.value.origin.buffer) == (CAPTURE_REPLAY, stale.path)
+    assert got.graph_bs == 4 and captured.global_num_tokens_cpu == [99]  # the live value is back

@@ -137,6 +137,15 @@ def padding_inert(target, config: Config, batches: list[Batch], device="cpu") ->
     return obs
 
 
+def judge_stale_reads(session, where: str) -> None:
+    """A host value the graph read that the live program changed after every capture: a device replays
+    the capture's value, so what the replay prepared for it is not what the graph runs."""
+    stale = [s for s in session.stale if s.read and s.after_captures]
+    if stale:
+        fail(AGREEMENT, f"{where}: the graph read {stale[0].describe()}; a device replays the capture's value",
+             effect="wrong", writer=REPLAY, buffer=stale[0].path, cell=CAPTURE_REPLAY, stage="replay")
+
+
 def capture_replay_agreement(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
     obs = Observation()
     d = config.d
@@ -164,10 +173,7 @@ def capture_replay_agreement(target, config: Config, batches: list[Batch], devic
             fail(AGREEMENT, f"{where}: the replay's seq_lens_sum is {view.seq_lens_sum}, its padded seq_lens "
                             f"sum to {int(view.seq_lens.sum())} (the padding's lengths left out of the sum)",
                  buffer="seq_lens_sum", **origin)
-        stale = [s for s in session.stale if s.read and s.after_captures]
-        if stale:
-            fail(AGREEMENT, f"{where}: the graph read {stale[0].describe()}; a device replays the capture's "
-                            "value", buffer=stale[0].path, **origin)
+        judge_stale_reads(session, where)
         obs.add_step(config, batch, None, config.max_bs)
         kept = {s.path for s in session.stale if s.read and not s.after_captures}
         obs.classes.update(f"capture-order read: {p}" for p in sorted(kept))
