@@ -75,3 +75,12 @@ def test_a_host_value_changed_after_capture_and_read_by_the_graph_fails_capture_
         judge_stale_reads(session, "altered")
     assert (failed.value.origin.cell, failed.value.origin.buffer) == (CAPTURE_REPLAY, stale.path)
     assert got.graph_bs == 4 and captured.global_num_tokens_cpu == [99]  # the live value is back
+
+
+def test_a_server_of_another_layout_is_judged_on_the_mask_the_verify_graph_reads(sglang_target):
+    """The Triton verify graph reads a full mask whatever layout the case was drawn in (the search's
+    boundary corpus hands QLEN_ONLY cases to every property): judged, not a raise of the harness's making."""
+    from vmfuzz.harness.properties import PROPERTIES
+    qlen = Config(TreeMaskMode.QLEN_ONLY, 1, 2, 2, 1, 1)
+    obs = PROPERTIES["graph-replay-equivalence"].check(sglang_target, qlen, [Batch((2,)), Batch((2, 2))])
+    assert {"layout FULL_MASK", "exact replay", "not admitted by can_run_graph (eager)"} <= obs.classes

@@ -24,10 +24,12 @@ properties judge the replay:
 
 from __future__ import annotations
 
+import msgspec
 import torch
 
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
 from vmfuzz.harness.model.oracle import expected
 from vmfuzz.harness.properties.kit import Observation, allocated, fail
 
@@ -41,6 +43,11 @@ def _session(prop: str, target, config: Config):
     heap = ShadowHeap()
     mask = allocated(prop, target, config, heap)
     return target.graph_session(config, mask, heap)
+
+
+def read_layout(config: Config) -> Config:
+    """The server's numbers with the layout the Triton verify graph reads: a full, read mask."""
+    return msgspec.structs.replace(config, mode=TreeMaskMode.FULL_MASK, is_read=True)
 
 
 def _steps(prop: str, target, config: Config, batches: list[Batch], obs: Observation):
@@ -92,6 +99,7 @@ def _where(batch: Batch, got) -> str:
 
 def graph_replay_equivalence(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
     obs = Observation()
+    config = read_layout(config)
     for session, batch, mask, ids, loc in _steps(EQUIVALENCE, target, config, batches, obs):
         got = session.replay(batch, mask, ids, loc)
         want = session.eager(batch, mask, ids, loc)
@@ -117,6 +125,7 @@ def _poison(config: Config, batch: Batch, loc: torch.Tensor, session) -> dict[st
 
 def padding_inert(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
     obs = Observation()
+    config = read_layout(config)
     for session, batch, mask, ids, loc in _steps(PADDING, target, config, batches, obs):
         got = session.replay(batch, mask, ids, loc, poison=_poison(config, batch, loc, session))
         want = session.eager(batch, mask, ids, loc)
@@ -148,6 +157,7 @@ def judge_stale_reads(session, where: str) -> None:
 
 def capture_replay_agreement(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
     obs = Observation()
+    config = read_layout(config)
     d = config.d
     for session, batch, mask, ids, loc in _steps(AGREEMENT, target, config, batches, obs):
         got = session.replay(batch, mask, ids, loc)
