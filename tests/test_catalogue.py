@@ -12,7 +12,17 @@ from vmfuzz.harness.targets import CATALOGUE, resolve
 REFERENCE = resolve("reference")
 
 
-@pytest.mark.parametrize("name", list(PROPERTIES))
+#: the properties whose part of the path the reference target has no model of (reported not driven there)
+GRAPH_PATH = ("graph-replay-equivalence", "padding-inert", "capture-replay-agreement")
+
+
+def test_the_reference_lacks_a_model_only_of_the_graph_path():
+    lacking = {name for name, prop in PROPERTIES.items() if prop.missing(REFERENCE)}
+    assert lacking == set(GRAPH_PATH)
+    assert all(PROPERTIES[n].missing(REFERENCE) == ["graph_session"] for n in GRAPH_PATH)
+
+
+@pytest.mark.parametrize("name", [n for n in PROPERTIES if n not in GRAPH_PATH])
 def test_reference_holds_every_property(name):
     prop = PROPERTIES[name]
 

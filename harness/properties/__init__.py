@@ -11,6 +11,8 @@ One module per part of the mask's path:
 - ``routers``: ``routing``, the mask a router hands to the call site.
 - ``allocation``: ``allocation-soundness``, the bounds each backend allocates with.
 - ``kv_locations``: ``kv-location-soundness``, the draft, verify and accept steps' KV locations.
+- ``graph_replay``: the target verify cuda graph (capture, padded replay): ``graph-replay-equivalence``,
+  ``padding-inert``, ``capture-replay-agreement``.
 - ``readers``: the mask as attention reads it (Triton's target-verify metadata,
   judged by ``reader_metadata``; FlashInfer's bit packing).
 - ``shared``: the drafting core properties judged together on one run of a
@@ -139,6 +141,8 @@ from vmfuzz.harness.properties.allocation import allocation_soundness  # noqa: E
 from vmfuzz.harness.properties.routers import routing  # noqa: E402
 from vmfuzz.harness.properties.kv_locations import SUB_CHECKS as _KV_SUB_CHECKS  # noqa: E402
 from vmfuzz.harness.properties.kv_locations import kv_location_soundness  # noqa: E402
+from vmfuzz.harness.properties.graph_replay import (capture_replay_agreement, graph_replay_equivalence,  # noqa: E402
+                                                    padding_inert)
 
 PROPERTIES.update({p.name: p for p in (
     Property("routing", routing, "each router hands out its TARGET_VERIFY child's mask and reports a "
@@ -150,6 +154,17 @@ PROPERTIES.update({p.name: p for p in (
              "write lies inside its request's req_to_token row, its allocation and the pool; the accepted "
              "path's moves, accept index and bonus tokens are the meaning's", needs=("kv_locations",),
              promises=_KV_SUB_CHECKS, cost=0.1),
+    Property("graph-replay-equivalence", graph_replay_equivalence, "the target verify cuda graph, replayed at a "
+             "padded bs through DecodeCudaGraphRunner.execute, gives on the real rows exactly what the eager run "
+             "gives (logits, hidden states, what attention is handed, KV writes)", needs=("graph_session",),
+             layouts=("FULL_MASK",), steps=True, cost=1.5),
+    Property("padding-inert", padding_inert, "padded rows of the runner's static buffers left stale before the "
+             "replay change no real row, write no KV slot of the batch, and no write leaves a static buffer",
+             needs=("graph_session",), layouts=("FULL_MASK",), steps=True, cost=1.5),
+    Property("capture-replay-agreement", capture_replay_agreement, "what a replay hands the backend for bs B "
+             "(batch size, per-request and per-token lengths, the length sum) agrees with the capture of B, and "
+             "the replay reads no host value the live program changed after capture", needs=("graph_session",),
+             layouts=("FULL_MASK",), steps=True, cost=1.5),
 )})
 
 

@@ -82,8 +82,16 @@ NAMED_FOR_THE_WORKFLOW = (
     "srt/layers/attention/qwen_sparse_attn_backend.py",
     "srt/layers/attention/tbo_backend.py",
     "srt/layers/attention/trtllm_mla_backend.py",
+    "srt/layers/logits_processor.py",  # imported by the graph driver: the output its model stand-in returns
+    "srt/model_executor/cuda_graph_buffer_registry.py",  # driven: the graph replay's copy-in and padding
     "srt/model_executor/forward_batch_info.py",  # imported by the harness: the forward modes it hands in
+    "srt/model_executor/forward_context.py",  # imported by the graph driver: how attention finds its backend
+    "srt/model_executor/runner/base_cuda_graph_runner.py",  # driven: the graph runner's bucket padding
+    "srt/model_executor/runner/base_runner.py",  # driven: the graph runner's base
     "srt/model_executor/runner/decode_cuda_graph_runner.py",
+    "srt/model_executor/runner_backend/full_cuda_graph_backend.py",  # driven: the graph capture and replay
+    "srt/model_executor/runner_utils/buffers.py",  # driven: the graph runner's static buffers
+    "srt/model_executor/runner_utils/pool.py",  # driven: the graph memory pool the capture opens
     "srt/speculative/dflash_utils.py",
     "srt/speculative/frozen_kv_mtp_info.py",  # imported by the harness: the frozen-KV MTP call site's input
     "srt/speculative/frozen_kv_mtp_worker_v2.py",

@@ -330,6 +330,11 @@ class SglangTarget:
         from vmfuzz.harness.targets.sglang import routers
         return routers.verify_routed(self, routing, config, batch, heap)
 
+    def graph_session(self, config: Config, mask, heap: ShadowHeap):
+        """SGLang's target verify cuda-graph runner, captured at every captured bs (``graph_session``)."""
+        from vmfuzz.harness.targets.sglang import graph_session
+        return graph_session.GraphSession(config, mask, heap)
+
     def tbo_replay(self, config: Config, batch: Batch):
         """What TBO hands its overlap children to set up a TARGET_VERIFY cuda-graph replay."""
         from vmfuzz.harness.targets.sglang import routers

@@ -1,0 +1,190 @@
+"""The target verify cuda-graph path: SGLang's ``DecodeCudaGraphRunner`` captured, then replayed.
+
+One session per case (``target.graph_session``): the runner's graphs are
+captured at every captured bs, then each batch a graph admits is replayed at
+its padded bs through the runner's own ``execute`` and run eagerly (the
+backend's eager TARGET_VERIFY metadata, the same recording model). Three
+properties judge the replay:
+
+- ``graph-replay-equivalence``: on the real rows, the replay gives exactly
+  what the eager run gives: logits, hidden states, what attention was handed
+  per token (its prefix KV slots, the draft tokens its mask row shows) and
+  the KV writes.
+- ``padding-inert``: the padded rows of the runner's static buffers hold
+  another step's content (real KV slots, long lengths, other pool rows)
+  before the replay; the real rows give what the eager run gives, no padded
+  token writes KV into a slot of the batch, and no write leaves a static
+  buffer (the graph stand-in's redzones).
+- ``capture-replay-agreement``: what the replay hands the backend for bs B
+  agrees with what the capture of B had (batch size, the lengths of every
+  per-request and per-token field, the length sum equal to the lengths' sum),
+  and the replay read no host value the live program changed after capture
+  (the graph stand-in's stale reads, a ``capture-replay`` origin).
+"""
+
+from __future__ import annotations
+
+import msgspec
+import torch
+
+from vmfuzz.harness.guard.shadow import ShadowHeap
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
+from vmfuzz.harness.model.oracle import expected
+from vmfuzz.harness.properties.kit import Observation, allocated, fail
+
+EQUIVALENCE, PADDING, AGREEMENT = "graph-replay-equivalence", "padding-inert", "capture-replay-agreement"
+REPLAY = "cuda-graph replay"
+#: the cell class of a value the replay read that changed since its capture
+CAPTURE_REPLAY = "capture-replay"
+
+
+def _session(prop: str, target, config: Config):
+    heap = ShadowHeap()
+    mask = allocated(prop, target, config, heap)
+    return target.graph_session(config, mask, heap)
+
+
+def read_layout(config: Config) -> Config:
+    """The server's numbers with the layout the Triton verify graph reads: a full, read mask."""
+    return msgspec.structs.replace(config, mode=TreeMaskMode.FULL_MASK, is_read=True)
+
+
+def _steps(prop: str, target, config: Config, batches: list[Batch], obs: Observation):
+    """Each admitted batch of the case: (session, batch, mask, ids, loc)."""
+    session = _session(prop, target, config)
+    _overruns(prop, session, "capture")
+    for batch in batches:
+        mask = expected(config, batch).tree_mask
+        ids, loc = session.inputs(batch)
+        if not session.can_run(batch, mask, ids, loc):
+            obs.classes.add("not admitted by can_run_graph (eager)")
+            continue
+        yield session, batch, mask, ids, loc
+
+
+def _overruns(prop: str, session, where: str) -> None:
+    if session.overruns:
+        o = session.overruns[0]
+        v = o.violation
+        fail(prop, f"the {o.phase} of graph {o.graph!r} wrote outside a static buffer: {v.describe()}",
+             effect="overrun", writer=REPLAY if o.phase == "replay" else "cuda-graph capture", buffer=v.buffer,
+             side="below" if v.side == "front" else "above", stage=o.phase)
+
+
+def _compare_rows(prop: str, got, want, n: int, d: int, where: str) -> None:
+    """The replay's real rows against the eager run (n tokens)."""
+    for name, a, b in (("logits", got.logits, want.logits), ("hidden_states", got.hidden, want.hidden)):
+        if tuple(a.shape) != tuple(b.shape):
+            fail(prop, f"{where}: {name} has {tuple(a.shape)} rows, the eager run {tuple(b.shape)}",
+                 effect="wrong", writer=REPLAY, buffer=name, cell="rows", stage="replay")
+        if not torch.equal(a, b):
+            row = int((a != b).any(dim=-1).nonzero()[0])
+            fail(prop, f"{where}: {name} row {row} (request {row // d}) differs from the eager run", effect="wrong", writer=REPLAY, buffer=name,
+                 cell="real row", stage="replay")
+    attended = got.forward.attended[:n]
+    for i, (a, b) in enumerate(zip(attended, want.attended)):
+        if a != b:
+            fail(prop, f"{where}: token {i} is handed {a} by the replay's attention metadata, {b} eagerly",
+                 effect="wrong", writer=REPLAY, buffer="attention", cell="real row", stage="replay")
+    if got.forward.kv_writes[:n] != want.kv_writes:
+        i = next(i for i, (a, b) in enumerate(zip(got.forward.kv_writes, want.kv_writes)) if a != b)
+        fail(prop, f"{where}: token {i} writes KV {got.forward.kv_writes[i]}, eagerly {want.kv_writes[i]}",
+             effect="wrong", writer=REPLAY, buffer="out_cache_loc", cell="real row", stage="replay")
+
+
+def _where(batch: Batch, got) -> str:
+    return f"replay of bs {batch.bs} in the graph captured at bs {got.graph_bs}"
+
+
+def graph_replay_equivalence(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
+    obs = Observation()
+    config = read_layout(config)
+    for session, batch, mask, ids, loc in _steps(EQUIVALENCE, target, config, batches, obs):
+        got = session.replay(batch, mask, ids, loc)
+        want = session.eager(batch, mask, ids, loc)
+        _compare_rows(EQUIVALENCE, got, want, batch.bs * config.d, config.d, _where(batch, got))
+        _overruns(EQUIVALENCE, session, "replay")
+        obs.add_step(config, batch, None, config.max_bs)
+        obs.classes.add("padded replay" if got.graph_bs > batch.bs else "exact replay")
+    return obs
+
+
+def _poison(config: Config, batch: Batch, loc: torch.Tensor, session) -> dict[str, torch.Tensor]:
+    """What a previous, larger step leaves in the padded rows: this batch's own KV slots, lengths at the
+    context limit, the batch's pool rows, positions and token ids no padding would hold."""
+    max_tokens = config.max_bs * config.d
+    reps = max_tokens // max(1, loc.numel()) + 1
+    return {"out_cache_loc": loc.repeat(reps)[:max_tokens],
+            "seq_lens": torch.full((config.max_bs,), config.max_context_len),
+            "seq_lens_cpu": torch.full((config.max_bs,), config.max_context_len),
+            "req_pool_indices": torch.zeros(config.max_bs, dtype=torch.long),
+            "positions": torch.full((max_tokens,), config.max_context_len + config.d),
+            "input_ids": torch.full((max_tokens,), 12)}
+
+
+def padding_inert(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
+    obs = Observation()
+    config = read_layout(config)
+    for session, batch, mask, ids, loc in _steps(PADDING, target, config, batches, obs):
+        got = session.replay(batch, mask, ids, loc, poison=_poison(config, batch, loc, session))
+        want = session.eager(batch, mask, ids, loc)
+        n = batch.bs * config.d
+        where = _where(batch, got) + " over stale padded rows"
+        _overruns(PADDING, session, "replay")
+        real = set(loc.tolist())
+        stray = [(i, s) for i, (s, _) in enumerate(got.forward.kv_writes[n:], start=n) if s in real]
+        if stray:
+            i, s = stray[0]
+            fail(PADDING, f"{where}: padded token {i} writes KV into slot {s}, which request "
+                          f"{loc.tolist().index(s) // config.d} of the batch owns ({len(stray)} such writes)",
+                 effect="wrong", writer=REPLAY, buffer="out_cache_loc", cell="padded row", stage="replay")
+        _compare_rows(PADDING, got, want, n, config.d, where)
+        obs.add_step(config, batch, None, config.max_bs)
+        if got.graph_bs > batch.bs:
+            obs.classes.add("padded replay")
+    return obs
+
+
+def judge_stale_reads(session, where: str) -> None:
+    """A host value the graph read that the live program changed after every capture: a device replays
+    the capture's value, so what the replay prepared for it is not what the graph runs."""
+    stale = [s for s in session.stale if s.read and s.after_captures]
+    if stale:
+        fail(AGREEMENT, f"{where}: the graph read {stale[0].describe()}; a device replays the capture's value",
+             effect="wrong", writer=REPLAY, buffer=stale[0].path, cell=CAPTURE_REPLAY, stage="replay")
+
+
+def capture_replay_agreement(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
+    obs = Observation()
+    config = read_layout(config)
+    d = config.d
+    for session, batch, mask, ids, loc in _steps(AGREEMENT, target, config, batches, obs):
+        got = session.replay(batch, mask, ids, loc)
+        B, view = got.graph_bs, got.view
+        where = _where(batch, got)
+        origin = dict(effect="wrong", writer=REPLAY, cell=CAPTURE_REPLAY, stage="replay")
+        if view is None:
+            fail(AGREEMENT, f"{where}: the backend's replay metadata was never set up", buffer="replay view",
+                 **origin)
+        captured = session.captured_view(B)
+        want = {"batch_size": B, "seq_lens": B, "req_pool_indices": B, "positions": B * d, "input_ids": B * d}
+        if captured is not None:  # what the capture of B handed the same backend
+            want.update(batch_size=captured.batch_size, seq_lens=captured.seq_lens.numel(),
+                        req_pool_indices=captured.req_pool_indices.numel(),
+                        positions=captured.positions.numel(), input_ids=captured.input_ids.numel())
+        for field, n in want.items():
+            value = getattr(view, field)
+            got_n = value if field == "batch_size" else value.numel()
+            if got_n != n:
+                fail(AGREEMENT, f"{where}: the replay hands the backend {field} of {got_n}, the capture of "
+                                f"bs {B} had {n}", buffer=field, **origin)
+        if view.seq_lens_sum is not None and view.seq_lens_sum != int(view.seq_lens.sum()):
+            fail(AGREEMENT, f"{where}: the replay's seq_lens_sum is {view.seq_lens_sum}, its padded seq_lens "
+                            f"sum to {int(view.seq_lens.sum())} (the padding's lengths left out of the sum)",
+                 buffer="seq_lens_sum", **origin)
+        judge_stale_reads(session, where)
+        obs.add_step(config, batch, None, config.max_bs)
+        kept = {s.path for s in session.stale if s.read and not s.after_captures}
+        obs.classes.update(f"capture-order read: {p}" for p in sorted(kept))
+    return obs

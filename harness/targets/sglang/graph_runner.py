@@ -1,0 +1,362 @@
+"""SGLang's target ``DecodeCudaGraphRunner`` in TARGET_VERIFY, captured and replayed on the CPU.
+
+The runner is made with ``object.__new__`` and given the fields its
+``__init__`` sets for a single-GPU EAGLE target (no DP, TBO, LoRA, PP, DLLM,
+ragged verify, metadata glue): its static buffers are SGLang's own
+``DecodeInputBuffers.create`` and ``build_decode_registry``, each tensor then
+adopted as a redzoned static buffer of a ``guard.graph.GraphSpace``; its
+attention backend is the Triton backend ``readers.triton_backend`` builds (its
+own ``__init__``, the KV-id gather standing in); its graph backend is SGLang's
+own ``FullCudaGraphBackend``, whose ``torch.cuda`` is the graph stand-in. Then
+SGLang's code runs as a server's would: ``capture()`` captures one graph per
+captured bs (largest first), and ``execute(live_batch)`` replays a live verify
+batch in the smallest graph that holds it (``load_batch`` copies the batch in
+through the buffer registry, the Triton replay metadata copies the verify mask
+in, the graph replays, the outputs are cut to the raw rows).
+
+The model forward is ``graph_model.RecordingModel``: per token it reads the attention
+metadata the backend holds (which KV slots and which draft tokens the mask lets
+the token see), writes the token's KV at its ``out_cache_loc`` slot, and hands
+back hidden states and logits that are a deterministic function of what it
+read. So a replay that feeds a token the wrong slots, the wrong mask row or the
+wrong position gives a different number, and the eager run of the same batch
+(``eager``: the backend's eager TARGET_VERIFY metadata, the same model) is what
+the replay must give on the real rows.
+
+Not driven here: ``__init__`` itself (its sizing is judged by allocation-
+soundness for the backends), the process-wide buffer sharing
+(``share_buffers``: one runner here, nothing to alias), streams and events
+(``NotFaithful``), and every configuration the fields above switch off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import torch
+
+from vmfuzz.harness.guard.graph import GraphSpace
+from vmfuzz.harness.guard.shadow import ShadowHeap
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.model.readers import pool_slots
+from vmfuzz.harness.targets.sglang.binding import bound
+from vmfuzz.harness.targets.sglang.graph_model import HIDDEN, VOCAB, Forward, RecordingModel
+from vmfuzz.harness.targets.sglang.loader import _quiet_import
+from vmfuzz.harness.targets.sglang.reach import lookup_patches
+from vmfuzz.harness.targets.sglang.stand_in import StandIn
+
+RUNNER_FILE = "srt/model_executor/runner/decode_cuda_graph_runner.py"
+_CONTEXT = "srt/runtime_context.py"
+_GRAPH_PROPS = ("graph-replay-equivalence", "padding-inert", "capture-replay-agreement")
+
+#: What this module drives: (path under the sglang package, function, properties).
+SURFACE = tuple((RUNNER_FILE, fn, _GRAPH_PROPS) for fn in (
+    "build_replay_fb_view", "DecodeCudaGraphRunner.capture", "DecodeCudaGraphRunner._capture",
+    "DecodeCudaGraphRunner._capture_one_stream", "DecodeCudaGraphRunner.capture_one_shape",
+    "DecodeCudaGraphRunner.capture_prepare", "DecodeCudaGraphRunner.get_spec_info",
+    "DecodeCudaGraphRunner.can_run_graph", "DecodeCudaGraphRunner.load_batch",
+    "DecodeCudaGraphRunner._init_replay_attn_metadata", "DecodeCudaGraphRunner._init_replay_attn_metadata_from_view",
+    "DecodeCudaGraphRunner.execute", "DecodeCudaGraphRunner._run_in_graph_metadata_prep",
+    "DecodeCudaGraphRunner._record_in_graph_metadata_prep_done", "DecodeCudaGraphRunner._make_graph_key",
+    "DecodeCudaGraphRunner._capture_graph_size", "DecodeCudaGraphRunner._glue_key",
+    "DecodeCudaGraphRunner._resolve_shared_read_ends", "DecodeCudaGraphRunner._publish_read_done",
+    "DecodeCudaGraphRunner._take_early_verify_metadata",
+)) + tuple(("srt/model_executor/runner_backend/full_cuda_graph_backend.py", fn, _GRAPH_PROPS) for fn in (
+    "FullCudaGraphBackend.__init__", "FullCudaGraphBackend.capture_session", "FullCudaGraphBackend.capture_one",
+    "FullCudaGraphBackend.replay", "FullCudaGraphBackend.can_run",
+)) + (
+    ("srt/model_executor/cuda_graph_buffer_registry.py", "CudaGraphBufferRegistry.fill_from", _GRAPH_PROPS),
+    ("srt/model_executor/cuda_graph_buffer_registry.py", "GraphSlot.reset_padding", _GRAPH_PROPS),
+    ("srt/model_executor/cuda_graph_buffer_registry.py", "build_decode_registry", _GRAPH_PROPS),
+    ("srt/model_executor/runner_utils/buffers.py", "DecodeInputBuffers.create", _GRAPH_PROPS),
+    ("srt/model_executor/runner_utils/pool.py", "get_or_create_global_graph_memory_pool", _GRAPH_PROPS),
+    ("srt/model_executor/runner/base_cuda_graph_runner.py", "BaseCudaGraphRunner._pad_to_bucket", _GRAPH_PROPS),
+    ("srt/model_executor/runner/base_runner.py", "BaseRunner.model_context", _GRAPH_PROPS),
+)
+
+_MODULES = {
+    "runner": "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
+    "base_runner": "sglang.srt.model_executor.runner.base_runner",
+    "base_graph": "sglang.srt.model_executor.runner.base_cuda_graph_runner",
+    "full": "sglang.srt.model_executor.runner_backend.full_cuda_graph_backend",
+    "pool": "sglang.srt.model_executor.runner_utils.pool",
+    "buffers": "sglang.srt.model_executor.runner_utils.buffers",
+    "registry": "sglang.srt.model_executor.cuda_graph_buffer_registry",
+    "forward_info": "sglang.srt.model_executor.forward_batch_info",
+    "forward_context": "sglang.srt.model_executor.forward_context",
+    "logits": "sglang.srt.layers.logits_processor",
+    "spec_info": "sglang.srt.speculative.spec_info",
+    "eagle_info": "sglang.srt.speculative.eagle_info",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def modules() -> SimpleNamespace:
+    from vmfuzz.harness.targets.sglang.imports import sglang_module
+    with _quiet_import():
+        return SimpleNamespace(**{k: sglang_module(v) for k, v in _MODULES.items()})
+
+
+# -- the runner ---------------------------------------------------------------------------------------
+
+@dataclass
+class Replayed:
+    """One replay through the runner: what ``execute`` returned, the model call the graph ran, the view
+    the backend's replay metadata was built from, the padded bs."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor
+    forward: Forward
+    graph_bs: int
+    view: SimpleNamespace | None
+
+
+@dataclass
+class GraphServer:
+    """A target verify runner captured at every captured bs, with what its captures recorded."""
+
+    config: Config
+    runner: object
+    space: GraphSpace
+    model: RecordingModel
+    backend: object
+    capture_bs: list[int]
+    captures: dict[int, Forward] = field(default_factory=dict)
+    replay_views: list[SimpleNamespace] = field(default_factory=list)
+
+
+def _answers(config: Config, capture_bs: list[int]) -> dict:
+    spec = StandIn("get_spec()", _CONTEXT, speculative_eagle_topk=config.topk,
+                   speculative_num_steps=config.spec_steps, speculative_num_draft_tokens=config.d,
+                   speculative_algorithm="EAGLE")
+    graph = StandIn("get_exec().graph", _CONTEXT, enable_cudagraph_gc=True, debug_cuda_graph=False,
+                    disable_cuda_graph_padding=False, enable_profile_cuda_graph=False,
+                    cuda_graph_config=None, torch_compile_max_bs=0)
+    exec_ = StandIn("get_exec()", _CONTEXT, graph=graph,
+                    overlap=StandIn("get_exec().overlap", _CONTEXT, enable_two_batch_overlap=False),
+                    features=StandIn("get_exec().features", _CONTEXT, enable_memory_saver=False,
+                                     enable_encoder_swa_bounded_replay=False))
+    flags = StandIn("get_flags()", _CONTEXT, capture=StandIn("get_flags().capture", _CONTEXT,
+                                                             enable_torch_compile=False))
+    parallel = StandIn("get_parallel()", _CONTEXT, tp_rank=0, tp_size=1, num_dp_ranks=1, pp_size=1,
+                       attn_tp_size=1, attn_dp_enabled=False, moe_ep_size=1,
+                       tp_group=SimpleNamespace(barrier=lambda: None))
+    resources = StandIn("get_resources()", _CONTEXT, graph_memory_pool=None, graph_pool_borrow=None)
+
+    class _Model:
+        @staticmethod
+        def override(**_):
+            return contextlib.nullcontext()
+    return {"get_spec": lambda: spec, "get_exec": lambda: exec_, "get_flags": lambda: flags,
+            "get_resources": lambda: resources, "get_parallel": lambda: parallel, "get_model": lambda: _Model,
+            # a single GPU, no expert parallelism: the non-padded token count is never maintained
+            "enable_num_token_non_padded": lambda: False}
+
+
+def _bindings(config: Config, capture_bs: list[int], space: GraphSpace) -> list[tuple]:
+    m = modules()
+    default = space.device_module().current_stream()
+
+    @contextlib.contextmanager
+    def graph_capture(stream=None, **_):
+        yield SimpleNamespace(stream=default)
+
+    class _Quiet:  # the capture loop's progress bar, silent (a run prints its own progress)
+        def __init__(self, items):
+            self.items = items
+
+        def __iter__(self):
+            return iter(self.items)
+
+        def set_description(self, *_):
+            pass
+
+    out = lookup_patches([m.runner, m.base_runner, m.base_graph, m.full, m.pool, m.buffers, m.registry],
+                         _answers(config, capture_bs))
+    out += [
+        (m.runner, "graph_capture", graph_capture),
+        (m.runner, "get_or_create_global_graph_capture_stream", lambda: default),
+        (m.runner, "get_available_gpu_memory", lambda *a, **k: 0.0),
+        (m.runner, "tqdm", SimpleNamespace(tqdm=_Quiet)),
+        (m.runner, "maybe_flashinfer_autotune_speculative_draft", lambda *a, **k: None),
+        # torch.cuda's graph names, as FullCudaGraphBackend reaches them
+        (torch.cuda, "CUDAGraph", space.CUDAGraph),
+        (torch.cuda, "graph", space.graph),
+        (torch.cuda, "graph_pool_handle", space.graph_pool_handle),
+    ]
+    return out
+
+
+def _static_buffers(buffers, space: GraphSpace) -> None:
+    """Every tensor of the runner's buffer set, adopted as a redzoned static buffer (same contents)."""
+    for name, value in list(vars(buffers).items()):
+        if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.numel():
+            setattr(buffers, name, space.static(name, value, redzone_cells=max(64, value.numel() // 4)))
+
+
+def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None = None) -> GraphServer:
+    """A ``DecodeCudaGraphRunner`` for a TARGET_VERIFY EAGLE target of ``config``'s shape, its graphs
+    captured at every bs of ``capture_bs`` (largest first, as SGLang captures). ``mask``: the verify
+    mask the Triton backend's cuda-graph set-up allocated (the target's ``allocate``), into which its
+    replay metadata copies each step's mask; on ``heap`` with the other static buffers."""
+    from vmfuzz.harness.targets.sglang.readers import triton_backend
+    m = modules()
+    space = GraphSpace(heap or ShadowHeap())
+    dev = torch.device("cpu")
+    capture_bs = sorted(set(capture_bs))
+    max_bs, d = capture_bs[-1], config.d
+    max_num_token = max_bs * d
+    backend = triton_backend(mask, config, max_bs, dev, space.heap, graphs=True)
+    # the verify mask the runner's capture batches carry is the runner's own custom_mask buffer
+    model = RecordingModel(space, d)
+    model_runner = StandIn(
+        "ModelRunner", "srt/model_executor/model_runner.py",
+        device="cpu", gpu_id=0, is_draft_worker=False,
+        spec_algorithm=m.spec_info.SpeculativeAlgorithm.EAGLE, model=model, dtype=torch.float32,
+        model_config=StandIn("ModelConfig", "srt/configs/model_config.py", hidden_size=HIDDEN, vocab_size=VOCAB,
+                             dtype=torch.float32, is_encoder_decoder=False, context_len=config.max_context_len),
+        kv_index_translator=SimpleNamespace(bind_runner_slots=lambda fb: None),
+        hisparse_coordinator=None, capture_head_hooks=[], capture_tail_hooks=[], canary_manager=None,
+        lora_manager=None, attn_tp_sequence_sharded=lambda n: False, device_timer=None,
+        shared_read_done_event=None, attn_backend=backend)
+    R = m.runner.DecodeCudaGraphRunner
+    runner = object.__new__(R)
+    fill = backend.get_cuda_graph_seq_len_fill_value()
+    fields = dict(
+        model_runner=model_runner, device="cpu", device_module=space.device_module(), num_dp_ranks=1, pp_size=1,
+        enable_pdmux=False, return_hidden_states_mode=m.forward_info.CaptureHiddenMode.NULL,
+        enable_return_hidden_states=False, attn_tp_size=1, tbo_plugin=SimpleNamespace(
+            capture_one_batch_size=lambda *a, **k: None, replay_prepare=lambda *a, **k: None),
+        record_nolora_graph=False, in_graph_metadata_prep_done=None, _prefilled_inputs=None,
+        num_prefilled_input_skips=0, _metadata_prep_fork=None, _metadata_prep_fork_resolved=False,
+        enable_torch_compile=False, disable_padding=False, is_encoder_decoder=False,
+        require_mlp_tp_gather=False, require_attn_tp_gather=False, require_gathered_buffer=False,
+        require_mlp_sync=False, enable_two_batch_overlap=False, use_ngram_embedding=False,
+        speculative_algorithm=model_runner.spec_algorithm, enable_profile_cuda_graph=False,
+        enable_prefill_cp=False, deepep_adapter=SimpleNamespace(capture=lambda **k: None, replay=lambda: None),
+        dllm_config=None, is_dllm=False, dllm_input_preparation=None, dllm_uses_input_embeds=False,
+        attn_backend=backend, speculative_num_steps=config.spec_steps, speculative_num_draft_tokens=d,
+        capture_forward_mode=m.forward_info.ForwardMode.TARGET_VERIFY,
+        capture_hidden_mode=m.forward_info.CaptureHiddenMode.NULL, captured_req_width=d,
+        dllm_attention=None, attention_graph_variants=None, capture_bs=capture_bs, compile_bs=[],
+        max_bs=max_bs, ragged_verify_mode=False, capture_num_tokens=None, _ragged_graph_size=0,
+        _captured_ragged_layouts={}, max_num_token=max_num_token, seq_len_fill_value=fill,
+        encoder_len_fill_value=0, _metadata_glue=None, _draft_metadata_glue=False, _target_metadata_glue=False,
+        _draft_glue_logged=0, _skips_prefilled_inputs=False, _skip_glued_replay_view=False,
+        _early_verify_metadata=None)
+    for k, v in fields.items():
+        setattr(runner, k, v)
+    with bound(*_bindings(config, capture_bs, space)):
+        buffers = m.buffers.DecodeInputBuffers.create(
+            device="cpu", max_bs=max_bs, max_num_token=max_num_token, hidden_size=HIDDEN,
+            next_token_logits_buffer=torch.zeros(max_num_token, VOCAB, dtype=torch.float32),
+            dtype=torch.float32, num_dp_ranks=1, pp_size=1, is_encoder_decoder=False,
+            require_mlp_tp_gather=False, seq_len_fill_value=fill, encoder_len_fill_value=0,
+            num_tokens_per_req=d, cache_loc_dtype=torch.int64, enable_mamba_track=False)
+        _static_buffers(buffers, space)
+        runner.buffers = buffers
+        runner.buffer_registry = m.registry.build_decode_registry(
+            device="cpu", max_bs=max_bs, max_num_token=max_num_token, seq_len_fill_value=fill,
+            cache_loc_dtype=torch.int64, enable_mamba_track=False, is_encoder_decoder=False,
+            encoder_len_fill_value=0, enable_num_token_non_padded=False, require_gathered_buffer=False,
+            enable_prefill_cp=False, require_mlp_tp_gather=False, attn_tp_sharded_fn=lambda n: False,
+            num_dp_ranks=1, source=buffers)
+        runner.backend = m.full.FullCudaGraphBackend(runner)
+        _keep_bodies(runner.backend, space)
+        server = GraphServer(config, runner, space, model, backend, capture_bs)
+        n0 = len(model.calls)
+        runner.capture()
+    space.settle()
+    _note_captures(server, n0)
+    return server
+
+
+def _keep_bodies(backend, space: GraphSpace) -> None:
+    """The graph backend's capture_one, its forward_fn made the stand-in's capturable body."""
+    real = type(backend).capture_one
+
+    def capture_one(shape_key, forward_fn, *args, **kwargs):
+        return real(backend, shape_key, space.capturable(forward_fn), *args, **kwargs)
+    backend.capture_one = capture_one
+
+
+def _note_captures(server: GraphServer, first_call: int) -> None:
+    """The capture run of each bs: the third of its three model calls (two warm-ups, then the capture)."""
+    calls = server.model.calls[first_call:]
+    for i, bs in enumerate(reversed(server.capture_bs)):
+        server.captures[bs] = calls[3 * i + 2]
+
+
+# -- live batches ----------------------------------------------------------------------------------------
+
+def live_batch(server: GraphServer, batch: Batch, mask: torch.Tensor, input_ids, out_cache_loc):
+    """A live TARGET_VERIFY ForwardBatch of ``batch`` (pool slots last first), its verify mask ``mask``."""
+    m = modules()
+    d = server.config.d
+    bs = batch.bs
+    seq_lens = torch.tensor(batch.seq_lens, dtype=torch.long)
+    positions = torch.cat([torch.arange(d, dtype=torch.long) + s for s in batch.seq_lens])
+    spec = m.eagle_info.EagleVerifyInput(
+        draft_token=input_ids.clone(), custom_mask=mask, positions=positions.clone(),
+        retrieve_index=None, retrieve_next_token=None, retrieve_next_sibling=None, retrieve_cum_len=None,
+        spec_steps=server.config.spec_steps, topk=server.config.topk, draft_token_num=d,
+        capture_hidden_mode=m.forward_info.CaptureHiddenMode.NULL, seq_lens_sum=int(seq_lens.sum()),
+        seq_lens_cpu=seq_lens.clone())
+    return m.forward_info.ForwardBatch(
+        forward_mode=m.forward_info.ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=input_ids,
+        req_pool_indices=torch.tensor(pool_slots(bs), dtype=torch.long), seq_lens=seq_lens,
+        seq_lens_cpu=seq_lens.clone(), orig_seq_lens=seq_lens, out_cache_loc=out_cache_loc,
+        seq_lens_sum=int(seq_lens.sum()), return_logprob=False, positions=positions,
+        spec_algorithm=server.runner.model_runner.spec_algorithm, spec_info=spec,
+        capture_hidden_mode=m.forward_info.CaptureHiddenMode.NULL,
+        global_forward_mode=m.forward_info.ForwardMode.TARGET_VERIFY)
+
+
+def can_run(server: GraphServer, fb) -> bool:
+    with bound(*_bindings(server.config, server.capture_bs, server.space)):
+        return bool(server.runner.can_run_graph(fb))
+
+
+def replay(server: GraphServer, fb) -> Replayed:
+    """``execute`` a live batch: the runner pads it to its graph, copies it in, replays."""
+    views = server.replay_views
+    backend = server.backend
+    real = type(backend).init_forward_metadata_out_graph
+
+    def recording(forward_batch, *args, **kwargs):
+        if not kwargs.get("in_capture", False):
+            views.append(forward_batch)
+        return real(backend, forward_batch, *args, **kwargs)
+    n0 = len(server.model.calls)
+    with bound(*_bindings(server.config, server.capture_bs, server.space),
+               (backend, "init_forward_metadata_out_graph", recording)):
+        out = server.runner.execute(fb)
+    calls = server.model.calls[n0:]
+    if len(calls) != 1:
+        raise OutOfStep("DecodeCudaGraphRunner.execute", RUNNER_FILE,
+                        f"a replay ran the model {len(calls)} times (the graph body runs it once)")
+    return Replayed(out.next_token_logits.clone(), out.hidden_states.clone(), calls[0], server.runner.bs,
+                    views[-1] if views else None)
+
+
+def eager(server: GraphServer, config: Config, batch: Batch, fb) -> Forward:
+    """The same batch, eagerly: the Triton backend's eager TARGET_VERIFY metadata, the same model."""
+    from vmfuzz.harness.targets.sglang.readers import triton_backend
+    m = modules()
+    heap = ShadowHeap()
+    backend = triton_backend(None, config, max(server.runner.max_bs, batch.bs), torch.device("cpu"), heap,
+                             graphs=False)
+    backend.init_forward_metadata(fb)
+    saved = fb.next_token_logits_buffer
+    fb.next_token_logits_buffer = None
+    try:
+        with m.forward_context.forward_context(m.forward_context.ForwardContext(attn_backend=backend),
+                                               forward_batch=fb):
+            server.model.forward(fb.input_ids, fb.positions, fb)
+    finally:
+        fb.next_token_logits_buffer = saved
+    return server.model.calls[-1]

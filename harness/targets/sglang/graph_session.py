@@ -1,0 +1,100 @@
+"""One server's target verify cuda graphs, for the graph-path properties (``graph_runner`` drives them).
+
+``GraphSession`` captures the runner's graphs at every captured bs once, then
+for each step makes the live batch (draft token ids and KV slots of its own,
+none 0: slot 0 is where padding writes), replays it through ``execute``
+(optionally over padded rows poisoned with another step's content) and runs
+it eagerly for comparison. What the graph stand-in recorded (stale reads,
+overruns) is handed through.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vmfuzz.harness.guard.shadow import ShadowHeap
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.targets.sglang.graph_model import Forward
+from vmfuzz.harness.targets.sglang.graph_runner import Replayed, build, can_run, eager, live_batch, replay
+
+
+def captured_sizes(max_bs: int) -> list[int]:
+    """The captured bs list a server of ``max_bs`` has (``readers.captured_bs``'s buckets)."""
+    from vmfuzz.harness.model.readers import captured_bs
+    return sorted({captured_bs(n, max_bs) for n in range(1, max_bs + 1)})
+
+
+#: the runner's static buffers a padded replay leaves rows of, and the axis they are cut on
+PADDED_ROWS = {"input_ids": "tokens", "positions": "tokens", "out_cache_loc": "tokens",
+               "req_pool_indices": "requests", "seq_lens": "requests", "seq_lens_cpu": "requests"}
+
+
+class GraphSession:
+    """One target verify runner of a server (``config``): its graphs captured at every captured bs,
+    then batches replayed through ``execute`` and run eagerly for comparison.
+
+    Each step is a live batch of ``Batch`` with draft token ids and KV slots the session makes
+    (distinct, none 0: slot 0 is where padding writes) and the verify mask ``mask``."""
+
+    def __init__(self, config: Config, mask, heap: ShadowHeap):
+        self.config = config
+        self.server = build(config, captured_sizes(config.max_bs), mask, heap)
+        self.capture_bs = self.server.capture_bs
+        self.steps = 0
+
+    # the properties' view of the runner
+    @property
+    def stale(self):
+        return self.server.space.stale
+
+    @property
+    def overruns(self):
+        return self.server.space.overruns
+
+    @property
+    def captures(self) -> dict:
+        return self.server.captures
+
+    def inputs(self, batch: Batch):
+        """(draft token ids, out_cache_loc) of this step's live batch: ids in [1, 13], slots distinct and
+        never 0 (step-unique, so a slot left from an earlier step is not this step's)."""
+        d, n = self.config.d, batch.bs * self.config.d
+        self.steps += 1
+        ids = (torch.arange(n, dtype=torch.long) * 5 + self.steps) % 13 + 1
+        loc = torch.arange(n, dtype=torch.long) + 100000 * self.steps
+        return ids, loc
+
+    def live(self, batch: Batch, mask, ids, loc):
+        return live_batch(self.server, batch, mask.clone(), ids.clone(), loc.clone())
+
+    def can_run(self, batch: Batch, mask, ids, loc) -> bool:
+        return can_run(self.server, self.live(batch, mask, ids, loc))
+
+    def replay(self, batch: Batch, mask, ids, loc, poison: dict[str, torch.Tensor] | None = None) -> Replayed:
+        """``execute`` the batch; ``poison``: buffer name -> values written over its rows past the
+        batch's (``PADDED_ROWS``) first, as a previous, larger step would have left them."""
+        fb = self.live(batch, mask, ids, loc)
+        if poison:
+            buffers = self.server.runner.buffers
+            for name, values in poison.items():
+                buf = getattr(buffers, name)
+                start = batch.bs * (self.config.d if PADDED_ROWS[name] == "tokens" else 1)
+                tail = buf[start:start + values.numel()]
+                tail.copy_(values[:tail.numel()].to(buf.dtype))
+        return replay(self.server, fb)
+
+    def eager(self, batch: Batch, mask, ids, loc) -> Forward:
+        return eager(self.server, self.config, batch, self.live(batch, mask, ids, loc))
+
+    def captured_view(self, graph_bs: int):
+        """The capture-time ForwardBatch of the graph of ``graph_bs`` (what its body reads)."""
+        for g in self.server.space.graphs:
+            body = getattr(g.body, "__closure__", None)
+            code = getattr(g.body, "__code__", None)
+            if body is None or code is None:
+                continue
+            cells = dict(zip(code.co_freevars, (c.cell_contents for c in body)))
+            fb = cells.get("forward_batch")
+            if fb is not None and fb.batch_size == graph_bs:
+                return fb
+        return None
