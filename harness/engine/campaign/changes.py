@@ -70,6 +70,7 @@ VERIFY_MASK_PATTERNS = (
 NAMED_FOR_THE_WORKFLOW = (
     "kernels/jit/include/sgl_kernel/speculative/eagle.cuh",
     "kernels/ops/speculative/__init__.py",
+    "kernels/ops/speculative/cache_locs.py",  # driven: the draft and verify windows' KV slots
     "kernels/ops/speculative/pack_verify_mask.py",
     "kernels/ops/speculative/tree.py",
     "kernels/ops/speculative/uno_tree.py",
@@ -83,6 +84,7 @@ NAMED_FOR_THE_WORKFLOW = (
     "srt/layers/attention/tbo_backend.py",
     "srt/layers/attention/trtllm_mla_backend.py",
     "srt/layers/logits_processor.py",  # imported by the graph driver: the output its model stand-in returns
+    "srt/mem_cache/allocation_sizing.py",  # driven: the decode allocation a draft writes inside
     "srt/model_executor/cuda_graph_buffer_registry.py",  # driven: the graph replay's copy-in and padding
     "srt/model_executor/forward_batch_info.py",  # imported by the harness: the forward modes it hands in
     "srt/model_executor/forward_context.py",  # imported by the graph driver: how attention finds its backend
@@ -96,6 +98,7 @@ NAMED_FOR_THE_WORKFLOW = (
     "srt/speculative/frozen_kv_mtp_info.py",  # imported by the harness: the frozen-KV MTP call site's input
     "srt/speculative/frozen_kv_mtp_worker_v2.py",
     "srt/speculative/pp_spec_relay.py",  # driven (the pipeline-parallel relay), names no mask code
+    "srt/speculative/spec_utils.py",  # driven: the accepted tokens' KV moves
 )
 
 
