@@ -21,6 +21,7 @@ import pytest
 from vmfuzz.harness.engine.campaign.change_paths import changed_from_file, hunk_lines, normalise_entry
 from vmfuzz.harness.engine.campaign.changes import ChangeError, changed_since
 from vmfuzz.harness.engine.campaign.diff_coverage import CPU_CANNOT_TAKE, measure, parse, spans
+from vmfuzz.harness.model.device_only import GPU_CHECK
 from vmfuzz.harness.engine.search.results import PropertyResult
 from vmfuzz.harness.engine.campaign.surface import gate_coverage
 from tests.helpers import ROOT, vmfuzz
@@ -119,14 +120,52 @@ def test_a_changed_line_on_the_mask_path_that_no_property_ran_is_named():
     m = measure("p.py", SOURCE, "/x/p.py", frozenset({3, 8, 10, 11, 14, 18}), {"Mask.fits": "no-oob-write"}, ran)
     assert m.judged == {11: ["no-oob-write"]}
     assert m.at_import == [3]  # a module constant: runs at import
-    assert m.never_ran == [10]  # the HIP branch of a mask-path function
-    assert m.why_never[10] == f"not driven: {CPU_CANNOT_TAKE['_is_hip']}"
+    # the HIP branch of a mask-path function: no CPU takes it, so it needs a device, apart from a gap
+    assert m.never_ran == [] and m.needs_device == [10]
+    assert m.why_device[10] == "HIP branch: needs a ROCm device"
     assert m.outside == [14, 18]  # functions no surface row names, run by nothing
     assert not m.exercised
     m.path = "python/sglang/p.py"
     g = gate_coverage("sglang", None, [m.path], [m.path], [], lines={m.path: m})
     assert g["exercised"] == [] and g["not_driven"] == [m.path]
-    assert g["could_not_check"] == [f"python/sglang/p.py line 10 never ran (not driven: {CPU_CANNOT_TAKE['_is_hip']})"]
+    assert g["could_not_check"] == g["needs_gpu"] == [
+        f"python/sglang/p.py line 10 needs a GPU (HIP branch: needs a ROCm device); check them with {GPU_CHECK}"]
+
+
+def test_a_cpu_engine_branch_is_not_driven_here_never_needs_a_gpu():
+    text = SOURCE.replace("if _is_hip:", "if _is_cpu:")
+    m = measure("p.py", text, "/x/p.py", frozenset({10}), {"Mask.fits": "no-oob-write"}, {})
+    assert m.needs_device == [] and m.never_ran == [10]
+    assert m.why_never[10] == f"not driven: {CPU_CANNOT_TAKE['_is_cpu']}"
+    m.path = "python/sglang/p.py"
+    g = gate_coverage("sglang", None, [m.path], [m.path], [], lines={m.path: m})
+    assert g["needs_gpu"] == [] and g["could_not_check"][0].startswith("python/sglang/p.py line 10 never ran (not driven")
+
+
+@pytest.mark.parametrize("condition,needs", [
+    ("_is_cuda", "CUDA branch"),
+    ("batch.seq_lens.is_cuda and topk == 1", "CUDA tensor branch"),
+    ("_is_cuda or _is_hip", "CUDA branch"),
+    ("self.fa_impl_ver == 4", "FA4 branch"),
+    ("_is_cuda or bs > 8", None),  # a CPU takes it when bs > 8
+    ("not _is_cuda", None),  # the CPU's own branch
+    ("bs > 8", None),
+])
+def test_the_device_table_reads_a_branch_by_its_condition(condition, needs):
+    from vmfuzz.harness.model.device_only import device_branch
+    got = device_branch((condition,))
+    assert (got is None) if needs is None else (got or "").startswith(needs), got
+
+
+@pytest.mark.parametrize("path,triggered_as", [
+    ("sgl-kernel/csrc/speculative/tree.cuh", "CUDA kernel source"),
+    ("third_party/sglang/python/sglang/kernels/jit/csrc/speculative/tree.cuh", "CUDA kernel source"),
+])
+def test_a_kernel_source_anywhere_in_the_checkout_is_could_not_check_and_needs_a_gpu(path, triggered_as):
+    """Before: "not an SGLang file", exit 0, for the mask's own CUDA kernel outside python/sglang."""
+    g = gate_coverage("sglang", None, [path], [path], [], lines={})
+    assert g["exercised"] == [] and g["why_not_driven"][path].startswith("needs a GPU: " + triggered_as)
+    assert g["could_not_check"] == g["needs_gpu"] and len(g["needs_gpu"]) == 1 and GPU_CHECK in g["needs_gpu"][0]
 
 
 def test_a_file_is_exercised_when_its_mask_path_lines_ran_under_a_property():

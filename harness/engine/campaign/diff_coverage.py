@@ -27,21 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vmfuzz.harness.engine.core.line_trace import NO_PROPERTY
+from vmfuzz.harness.model.device_only import device_branch
 from vmfuzz.harness.report.terminal import spans  # noqa: F401 - re-exported: the gate's messages use it
 
-#: Branches this machine cannot take, keyed by the branch's condition as the source
-#: spells it (``ast.unparse``), each with why. Read from this table only: a change
-#: under review cannot excuse its own lines. Reviewed with each SGLang release.
+#: Branches this machine could take but vmfuzz does not, keyed by the branch's condition as the
+#: source spells it: not the code under test. What no CPU can take at all is the reviewed table
+#: ``vmfuzz.harness.model.device_only`` ("needs a GPU"), never this one.
 CPU_CANNOT_TAKE = {
-    "_is_hip": "HIP branch: needs a ROCm device",
-    "is_hip()": "HIP branch: needs a ROCm device",
-    "_use_aiter": "AITER branch: needs a ROCm device",
-    "_is_npu": "NPU branch: needs an Ascend device",
-    "is_npu()": "NPU branch: needs an Ascend device",
-    "_is_xpu": "XPU branch: needs an Intel GPU",
-    "is_xpu()": "XPU branch: needs an Intel GPU",
-    "_is_musa": "MUSA branch: needs a Moore Threads device",
-    "is_musa()": "MUSA branch: needs a Moore Threads device",
     "_is_cpu": "CPU-engine branch: needs SGLANG_USE_CPU_ENGINE, whose kernels are not the code under test",
     "is_cpu()": "CPU-engine branch: needs SGLANG_USE_CPU_ENGINE, whose kernels are not the code under test",
 }
@@ -180,6 +172,9 @@ class FileLines:
     at_import: list[int] = field(default_factory=list)
     outside: list[int] = field(default_factory=list)
     never_ran: list[int] = field(default_factory=list)  # required, run by no property
+    #: required, under a branch no CPU takes (``device_only``): could not check, and needs a GPU
+    needs_device: list[int] = field(default_factory=list)
+    why_device: dict[int, str] = field(default_factory=dict)
     functions: dict[str, dict] = field(default_factory=dict)  # mask-path function -> entered, coverage
     why_never: dict[int, str] = field(default_factory=dict)  # what would drive a line, where known
     why_outside: dict[int, str] = field(default_factory=dict)  # a mask-path function's off-path branch
@@ -187,7 +182,7 @@ class FileLines:
 
     @property
     def exercised(self) -> bool:
-        if self.traced is None or self.never_ran:
+        if self.traced is None or self.never_ran or self.needs_device:
             return False
         if any(not f["entered"] for f in self.functions.values()):
             return False
@@ -198,6 +193,8 @@ class FileLines:
                 "changed_lines": self.changed,
                 "judged": {str(k): v for k, v in sorted(self.judged.items())},
                 "at_import": self.at_import, "outside": self.outside, "never_ran": self.never_ran,
+                "needs_device": self.needs_device,
+                "why_needs_device": {str(k): v for k, v in sorted(self.why_device.items())},
                 "why_never_ran": {str(k): v for k, v in sorted(self.why_never.items())},
                 "why_outside": {str(k): v for k, v in sorted(self.why_outside.items())},
                 "functions": self.functions,
@@ -282,6 +279,9 @@ def measure(path: str, text: str, traced: str, changed: frozenset[int] | None,
         elif (off := off_mask_path(s.conditions)) is not None:
             out.outside.append(s.first)
             out.why_outside[s.first] = off
+        elif (device := device_branch(s.conditions)) is not None:
+            out.needs_device.append(s.first)
+            out.why_device[s.first] = device
         else:
             touched.add(home)
             out.never_ran.append(s.first)

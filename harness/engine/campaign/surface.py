@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vmfuzz.harness.engine.campaign.changes import READ_CAP, path_names_mask_code, sglang_relative
+from vmfuzz.harness.model.device_only import GPU_CHECK
 
 #: The package whose modules declare SGLang's driven parts.
 DECLARING_PACKAGE = "vmfuzz.harness.targets.sglang"
@@ -302,6 +303,7 @@ def gate_coverage(spec: str, target, changed: list[str], triggered: list[str], r
     path ran inside a property's check. Without it (a target that runs no SGLang code) no file
     is exercised.
     """
+    from vmfuzz.harness.model.device_only import device_file
     lines = lines or {}
     exercised, not_driven, why, stuck = [], [], {}, []
     for path in triggered:
@@ -313,6 +315,11 @@ def gate_coverage(spec: str, target, changed: list[str], triggered: list[str], r
         not_driven.append(path)
         if not runs_sglang(spec):
             why[path] = f"target {spec} runs its own model, not SGLang's code"
+        elif device_file(path) and (measured is None or measured.traced is None):
+            # a kernel source wherever the checkout keeps it (sgl-kernel/csrc, jit/csrc): it is the
+            # mask's code all the same, and no CPU runs it
+            why[path] = f"{NEEDS_GPU}: {device_file(path)}"
+            stuck.append(f"{path}: {why[path]}; check it with {GPU_CHECK}")
         elif rel is None:
             why[path] = "not an SGLang file"
         elif measured is None:
@@ -322,7 +329,13 @@ def gate_coverage(spec: str, target, changed: list[str], triggered: list[str], r
             stuck += blocking
     return {"changed": list(changed), "triggered": list(triggered), "exercised": exercised,
             "not_driven": not_driven, "why_not_driven": why,
-            "lines": [m.as_dict() for m in lines.values()], "could_not_check": stuck}
+            "lines": [m.as_dict() for m in lines.values()], "could_not_check": stuck,
+            # both exit 3; these are the ones a GPU runner checks, the rest vmfuzz's to drive here
+            "needs_gpu": [line for line in stuck if NEEDS_GPU in line], "gpu_check": GPU_CHECK}
+
+
+#: the words every could-not-check line of a line or file no CPU runs carries (``device_only``)
+NEEDS_GPU = "needs a GPU"
 
 
 def _why_not_exercised(measured) -> tuple[str, list[str]]:
@@ -334,6 +347,11 @@ def _why_not_exercised(measured) -> tuple[str, list[str]]:
         return measured.why_untraced, [f"{name}: {measured.why_untraced}"] if measured.why_untraced.startswith(
             "not driven") else []
     stuck = []
+    if measured.needs_device:
+        whys = sorted(set(measured.why_device.values()))
+        word = "line" if len(measured.needs_device) == 1 else "lines"
+        stuck.append(f"{name} {word} {spans(measured.needs_device)} {NEEDS_GPU} ({'; '.join(whys)}); "
+                     f"check them with {GPU_CHECK}")
     if measured.never_ran:
         whys = sorted(set(measured.why_never.values()))
         word = "line" if len(measured.never_ran) == 1 else "lines"

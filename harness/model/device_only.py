@@ -1,0 +1,84 @@
+"""What a CPU host truly cannot run: the one reviewed table behind the gate's "needs a GPU".
+
+A changed line the gate's properties never ran is exit 3 either way. The table
+says why for the lines that no CPU can run, so a maintainer reads two different
+things: **needs a GPU** (check it on a GPU runner, ``GPU_CHECK``) apart from
+**not driven here** (a harness gap: vmfuzz has no case or stand-in that takes
+it, which is vmfuzz's to close). It is keyed by what the code itself says, never
+by what a change under review claims: a branch's condition as the source spells
+it, or a file's kind. Reviewed with each SGLang release.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from fnmatch import fnmatch
+
+#: the command that checks these lines on a machine with a CUDA device
+GPU_CHECK = "bash scripts/gpu_check.sh (on a CUDA runner)"
+
+#: A branch condition's atom -> the device it needs. An atom is a name, a call of one,
+#: or an attribute test (``x.seq_lens.is_cuda``); matched against the atom's source.
+DEVICE_ATOMS: tuple[tuple[re.Pattern, str], ...] = tuple((re.compile(p), why) for p, why in (
+    (r"^_?is_cuda(?:_alike)?(?:\(\))?$", "CUDA branch: needs a CUDA GPU"),
+    (r"^(?:\w+\.)+is_cuda$", "CUDA tensor branch: needs its tensor on a CUDA GPU"),
+    (r"^_?is_hip(?:\(\))?$", "HIP branch: needs a ROCm device"),
+    (r"^_use_aiter$", "AITER branch: needs a ROCm device"),
+    (r"^_?is_npu(?:\(\))?$", "NPU branch: needs an Ascend device"),
+    (r"^_?is_xpu(?:\(\))?$", "XPU branch: needs an Intel GPU"),
+    (r"^_?is_musa(?:\(\))?$", "MUSA branch: needs a Moore Threads device"),
+    (r"^(?:\w+\.)*fa_impl_ver == 4$", "FA4 branch: needs a Blackwell GPU"),
+    (r"^(?:[\w()]+\.)*_?is_(?:sm\d+|blackwell|hopper)\w*(?:\(\))?$", "device-capability branch: needs that GPU generation"),
+    (r"^(?:\w+\.)*get_device_capability\(.*\).*$", "device-capability branch: needs a CUDA GPU"),
+))
+
+#: Files no CPU runs at all: kernel sources, wherever in the checkout they sit (first match wins).
+DEVICE_FILES: tuple[tuple[str, str], ...] = (
+    ("*.cu", "CUDA kernel source: needs a CUDA GPU"),
+    ("*.cuh", "CUDA kernel source: needs a CUDA GPU"),
+    ("*/csrc/*", "compiled kernel source: needs a CUDA GPU"),
+    ("kernels/jit/*", "JIT CUDA kernel: needs a CUDA GPU"),
+    ("*_hip*", "HIP-only backend: needs a ROCm device"),
+)
+
+
+def device_file(path: str) -> str | None:
+    """Why no CPU runs the file at ``path`` (any path spelling; matched on its tail), or None."""
+    path = path.replace("\\", "/")
+    for pattern, why in DEVICE_FILES:
+        if fnmatch(path, pattern) or fnmatch(path, "*/" + pattern):
+            return why
+    return None
+
+
+def _atom(source: str) -> str | None:
+    for pattern, why in DEVICE_ATOMS:
+        if pattern.match(source):
+            return why
+    return None
+
+
+def _needs(node: ast.expr) -> str | None:
+    """The device a branch under ``node`` needs taken: an atom; ``a and b`` needs what either
+    operand needs; ``a or b`` only what every operand needs (else a CPU may take it)."""
+    if isinstance(node, ast.BoolOp):
+        found = [_needs(v) for v in node.values]
+        if isinstance(node.op, ast.And):
+            return next((w for w in found if w), None)
+        return found[0] if all(found) else None
+    return _atom(ast.unparse(node))
+
+
+def device_branch(conditions: tuple[str, ...]) -> str | None:
+    """Why no CPU takes a branch under these conditions (outermost first), or None. A negated
+    device test (``not _is_cuda``, an ``else``) is what a CPU takes: never in the table."""
+    for cond in conditions:
+        try:
+            node = ast.parse(cond, mode="eval").body
+        except SyntaxError:
+            continue
+        why = _needs(node)
+        if why:
+            return why
+    return None
