@@ -39,12 +39,24 @@ def run(request: RunRequest) -> int:
     from vmfuzz.harness.engine.campaign.changes import sglang_checkout
     from vmfuzz.harness.engine.core.failures import ImportRaised
     sglang_root = sglang_checkout(repo) if sglang else None
+    # started before this process imports the PR's SGLang: the base's import runs beside it
+    on_base, known_found = _known_on_base(request, checkout) if sglang else (None, [])
     try:
         if sglang_root is not None:
             _import_checkout(sglang_root)
         plan_, target = plan(request)
     except ImportRaised as exc:  # the code under review does not load: that is the finding
+        if on_base is not None:
+            on_base.cancel()
         return import_finding(exc, "gate", request.target, request.report_dir)
+    except BaseException:
+        if on_base is not None:
+            on_base.cancel()
+        raise
+    if on_base is not None:
+        said = on_base.result()
+        plan_.known = tuple(said.excused(known_found))
+        plan_.warnings = (*plan_.warnings, said.note(known_found))
     if sglang:
         _say_code_under_test(sglang_root)
     watch = None
@@ -52,6 +64,19 @@ def run(request: RunRequest) -> int:
         from vmfuzz.harness.engine.campaign.watch import GateWatch
         watch = GateWatch(request.target, changed, hits, checkout, sglang_root, traced=sglang)
     return execute_and_report(plan_, target, watch, verbose=request.verbose)
+
+
+def _known_on_base(request: RunRequest, checkout):
+    """With a base: every known entry, whatever its range, replayed on the base's code in a fresh
+    process (``known_on_base``); the PR's version never picks what is excused. Without: (None, [])."""
+    if checkout is None or not getattr(checkout, "base", None):
+        return None, []
+    from vmfuzz.harness.engine.regression.known import default_known_root, entries
+    from vmfuzz.harness.engine.regression.known_on_base import start
+    found = entries(default_known_root(), *request.known)
+    if not found:
+        return None, []
+    return start(checkout.root, checkout.base, [p for p, _ in found]), found
 
 
 def _changes(changed_files: Path | None, base: str | None, repo: Path):

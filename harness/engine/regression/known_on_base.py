@@ -1,0 +1,144 @@
+"""New means not on the base: which known findings a gate may excuse, decided on the base's code.
+
+A known entry (``known/``) says a defect is upstream's. In a gate with a base,
+what the pull request says of itself (its version, which picks an entry's
+range) must never decide what is excused: a PR that reverts a fix and lowers
+its version would have its regression listed as known. So, as OSS-Fuzz's
+CIFuzz rules a PR's crash new unless it reproduces on the base, an entry is
+excused in a gate only when its repro fails, the way the entry says, on the
+``--base`` code, replayed in a fresh process that imports the base's SGLang
+and nothing of the PR's. Whatever its version range says, both ways: an entry
+out of range still excuses a defect the base has (a checkout past a release tag
+describes itself as a later version), and one in range excuses nothing the
+base does not show. Without a base (``run``, a nightly), ranges apply as before.
+
+    python -m vmfuzz.harness.engine.regression.known_on_base BASE_PYTHON_DIR ENTRY.json...
+
+(the child) prints one JSON line per entry: its path, the replay's status, and
+whether the entry's origin patterns match what the replay failed with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: seconds the base's process may take for its import and every entry's replay
+BASE_TIMEOUT = 600.0
+
+
+@dataclass
+class BaseVerdict:
+    """What the base said of the entries a gate could excuse."""
+
+    base: str
+    #: entry path -> True (fails on the base as the entry says), False (does not)
+    reproduces: dict[str, bool] = field(default_factory=dict)
+    #: why the base could say nothing (its SGLang does not load, the replay process failed): then
+    #: no entry is excused, and every defect the PR shows is judged as new
+    failed: str | None = None
+
+    def excused(self, found: list[tuple[Path, object]]) -> list[tuple[Path, object]]:
+        return [(p, k) for p, k in found if self.reproduces.get(str(p))]
+
+    def note(self, found: list[tuple[Path, object]]) -> str:
+        """One line for the summary: which rule decided what is known, and what it decided."""
+        if self.failed:
+            return (f"known findings: none excused, since the base {self.base[:12]} could not replay them "
+                    f"({self.failed}); a known defect met here is judged as new")
+        kept = [k.name for p, k in found if self.reproduces.get(str(p))]
+        dropped = [k.name for p, k in found if not self.reproduces.get(str(p))]
+        return (f"known findings: judged on the base {self.base[:12]}, not on versions (a finding is new unless "
+                f"the base fails the same way): reproduce there: {', '.join(kept) or 'none'}; "
+                f"do not: {', '.join(dropped) or 'none'}")
+
+
+class Pending:
+    """The base's replay, started early so that it imports SGLang while the gate imports the PR's."""
+
+    def __init__(self, base: str, proc: subprocess.Popen | None, scratch: Path, failed: str | None = None):
+        self.base, self.proc, self.scratch, self.failed = base, proc, scratch, failed
+
+    def result(self, timeout: float = BASE_TIMEOUT) -> BaseVerdict:
+        try:
+            if self.failed or self.proc is None:
+                return BaseVerdict(self.base, failed=self.failed or "no replay process")
+            try:
+                out, err = self.proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.communicate()
+                return BaseVerdict(self.base, failed=f"no answer within {timeout:g}s")
+            said = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+            if self.proc.returncode or any("failed" in d for d in said):
+                why = next((d["failed"] for d in said if "failed" in d), None) or \
+                    (err.strip().splitlines() or [f"exit {self.proc.returncode}"])[-1]
+                return BaseVerdict(self.base, failed=why)
+            return BaseVerdict(self.base, {d["path"]: d["status"] == "failed" and d["matches"] for d in said})
+        finally:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def cancel(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def start(checkout_root: Path, base: str, entry_paths: list[Path]) -> Pending:
+    """The base's ``python/`` taken out of git (nothing of the user's checkout or its worktrees is
+    touched) and a fresh process replaying ``entry_paths`` on it, started now."""
+    scratch = Path(tempfile.mkdtemp(prefix="vmfuzz-base-"))
+    tree = scratch / "base"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(checkout_root), "archive", "--format=tar", base, "--", "python"],
+                             capture_output=True)
+    if archive.returncode:
+        why = archive.stderr.decode(errors="replace").strip().splitlines()
+        return Pending(base, None, scratch, f"git archive of the base failed: {why[-1] if why else archive.returncode}")
+    untar = subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, capture_output=True)
+    if untar.returncode or not (tree / "python" / "sglang").is_dir():
+        return Pending(base, None, scratch, "the base has no python/sglang")
+    import vmfuzz
+    harness_root = str(Path(vmfuzz.__file__).resolve().parent.parent)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tree / "python"), harness_root])
+    proc = subprocess.Popen([sys.executable, "-W", "ignore", "-m", __name__, str(tree / "python"),
+                             *map(str, entry_paths)], env=env, cwd=scratch, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=False)
+    return Pending(base, proc, scratch)
+
+
+def _child(python_dir: Path, paths: list[Path]) -> int:
+    """In the fresh process: the base's SGLang imported from ``python_dir`` alone, each entry replayed."""
+    from vmfuzz.harness.engine.regression.regressions import outcome_of
+    from vmfuzz.harness.model.known_file import load
+    from vmfuzz.harness.targets import resolve
+    from vmfuzz.harness.targets.sglang.loader import import_from_checkout, imported_sglang
+    try:
+        import_from_checkout(python_dir)
+        target = resolve("sglang")
+        where = imported_sglang()[1]
+        if python_dir.resolve() not in where.resolve().parents:
+            raise ImportError(f"sglang imports from {where}, not from the base")
+    except Exception as exc:  # noqa: BLE001 - the base not loading: nothing can be excused, said why
+        print(json.dumps({"failed": f"the base's SGLang does not load: {type(exc).__name__}: {exc}"[:300]}))
+        return 0
+    for path in paths:
+        entry = load(path)
+        got = outcome_of(entry.repro, target, "cpu", False, 120.0)
+        print(json.dumps({"path": str(path), "status": got.status, "matches": entry.matches(got.origin)}),
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import warnings
+    warnings.simplefilter("ignore")
+    sys.exit(_child(Path(sys.argv[1]), [Path(p) for p in sys.argv[2:]]))

@@ -1,0 +1,93 @@
+"""New means not on the base: in a gate, a known entry excuses only what the base shows too.
+
+The PR under review must not pick what is excused through its own version: a PR
+that reverts an upstream fix and lowers its version to one the entry's range
+holds is a new finding; a checkout whose version no shipped range holds still
+has the base's own known defect excused. Each gate runs on a git history of the
+installed SGLang (``tests/sglang_repo.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import sglang_repo
+from tests.helpers import ROOT, sglang_or_skip
+
+#: 0.5.23's look-through of the Hybrid and TBO routers in the DFlash policy, taken out again: the
+#: defect the shipped entry dflash-policy-behind-router names for releases up to 0.5.22
+REVERT_LOOK_THROUGH = ("python/sglang/srt/speculative/dflash_utils.py",
+                       r"(?s)        if isinstance\(backend, HybridAttnBackend\):\n.*?            continue\n"
+                       r"        if isinstance\(backend, TboAttnBackend\):\n.*?            continue\n", "")
+
+
+def _version(to: str):
+    return ("python/pyproject.toml", r'version = "[^"]+"', f'version = "{to}"')
+
+
+def _gate(repo: Path, base: str, report: Path) -> tuple[int, str, dict]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CI="true", TRITON_INTERPRET="1")
+    env.pop("SGLANG_USE_CPU_ENGINE", None)
+    r = subprocess.run([sys.executable, "-m", "vmfuzz", "gate", "--target", "sglang", "--base", base,
+                        "--repo", str(repo), "--report-dir", str(report), "--property", "routing"],
+                       capture_output=True, text=True, env=env, cwd=repo, timeout=900)
+    summary = json.loads((report / "summary.json").read_text()) if (report / "summary.json").exists() else {}
+    return r.returncode, r.stdout + r.stderr, summary
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory):
+    sglang_or_skip()
+    repo = sglang_repo.build(tmp_path_factory.mktemp("known-on-base"))
+    sglang_repo.git(repo, "config", "gc.auto", "0")
+    with open(repo / ".gitignore", "a") as f:
+        f.write("reports/\n.vmfuzz-db/\n")
+    base = sglang_repo.commit(repo, "ignore vmfuzz's reports")
+    return repo, base
+
+
+@pytest.mark.slow
+def test_a_pr_that_reverts_a_fix_and_lowers_its_version_is_a_new_finding(history, tmp_path):
+    """Before: the lowered version put the entry's range over the PR, and the revert exited 0 as known."""
+    repo, base = history
+    sglang_repo.git(repo, "checkout", "-q", "-B", "revert-dflash", base)
+    sglang_repo.commit(repo, "dflash: simpler policy, release 0.5.22", REVERT_LOOK_THROUGH, _version("0.5.22"))
+    rc, said, summary = _gate(repo, base, tmp_path / "rep")
+    assert rc == 1, said
+    groups = summary["groups"]
+    assert any(not g.get("known") and "HybridAttnBackend" in g["signature"] + json.dumps(g) for g in groups), groups
+    assert any("judged on the base" in w and "dflash-policy-behind-router" in w.split("do not:")[1]
+               for w in summary.get("warnings", [])), summary.get("warnings")
+
+
+@pytest.mark.slow
+def test_an_unrelated_pr_on_a_version_no_range_holds_still_has_the_bases_defect_excused(history, tmp_path):
+    """A checkout past a release describes itself as a later version: the base's own known defect
+    is still upstream's, whatever the version says."""
+    repo, base = history
+    sglang_repo.git(repo, "checkout", "-q", "-B", "post-release", base)
+    sglang_repo.commit(repo, "verify_mask: a comment; the next dev version", sglang_repo.CLEAN, _version("0.5.24.dev0"))
+    rc, said, summary = _gate(repo, base, tmp_path / "rep")
+    assert rc == 0, said
+    assert [g for g in summary["groups"] if not g.get("known")] == []
+    assert any("judged on the base" in w and "dflash-policy-behind-dots-wrapper" in w.split("do not:")[0]
+               for w in summary.get("warnings", [])), summary.get("warnings")
+
+
+def test_a_base_that_cannot_replay_excuses_nothing(tmp_path):
+    """Not a git checkout (or a base without python/sglang): every known defect is judged new."""
+    from types import SimpleNamespace
+
+    from vmfuzz.harness.engine.regression.known_on_base import BaseVerdict, start
+    entry = (tmp_path / "k.json", SimpleNamespace(name="some-entry"))
+    said = start(tmp_path, "0" * 40, [entry[0]]).result()
+    assert said.failed and said.excused([entry]) == []
+    assert said.note([entry]).startswith("known findings: none excused")
+    both = BaseVerdict("f" * 40, {str(entry[0]): True})
+    assert both.excused([entry]) == [entry] and "reproduce there: some-entry" in both.note([entry])
