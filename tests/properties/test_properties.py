@@ -64,6 +64,8 @@ def described(config, batches) -> str:
 @given(data=st.data())
 def test_property(check, name, data):
     prop = PROPERTIES[name]
+    if prop.missing(TARGET):  # said, never a pass: the target has no model of this part of the path
+        pytest.skip(f"{name} is not driven on {TARGET_SPEC}: it lacks {', '.join(prop.missing(TARGET))}")
     # The capacity boundary first (as `vmfuzz run` seeds its search): a few examples
     # must not miss bs = max_bs + 1, and Hypothesis shrinks toward the first branch.
     config, batches = data.draw(st.sampled_from(boundary_cases(prop, BOUNDS)) | cases(prop, BOUNDS), label="case")
