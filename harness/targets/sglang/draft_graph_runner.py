@@ -101,6 +101,7 @@ class DraftServer:
     runner: object
     worker: object
     backend: object  # the TritonMultiStepDraftBackend
+    eager_backend: object  # another, for the eager reference (a graph's backends keep their capture's state)
     space: GraphSpace
     model: RecordingDraftModel
     req_to_token: torch.Tensor
@@ -118,6 +119,8 @@ class Drafted:
     steps: list[Step]
     graph_bs: int
     view: SimpleNamespace | None = None
+    #: what execute raised after the backend was handed its view (judged after the view)
+    raised: BaseException | None = None
 
 
 def _context(shape: DraftShape, capture_bs: list[int]) -> dict:
@@ -164,7 +167,8 @@ def _model_runner(shape: DraftShape, capture_bs: list[int], heap: ShadowHeap, sp
     m = modules()
     numbers = ServerNumbers(max(capture_bs), shape.context_len, shape.draft_tokens, shape.topk, shape.steps)
     runner = backend_init.model_runner(numbers, "cpu", page_size=shape.page_size)
-    table = _pool(shape, heap, max(capture_bs) + 1)
+    # row 0 for padding, then room for a batch past max_bs (which can_run_graph must refuse)
+    table = _pool(shape, heap, 2 * max(capture_bs) + 2)
     translator = object.__new__(m.translator.KVIndexTranslator)
     translator.req_to_token, translator._spaces = table, {}  # a static pool: reads pass through
     translator.bind_runner_slots = lambda fb: None
@@ -199,7 +203,8 @@ def build(shape: DraftShape, capture_bs: list[int], heap: ShadowHeap | None = No
     with bound(*backend_init.lookups_bound(m.triton, m.triton.TritonMultiStepDraftBackend, numbers,
                                            shape.page_size)):
         backend = m.triton.TritonMultiStepDraftBackend(runner_mr, shape.topk, shape.steps)
-    model = RecordingDraftModel(space, backend.attn_backends)
+        eager_backend = m.triton.TritonMultiStepDraftBackend(runner_mr, shape.topk, shape.steps)
+    model = RecordingDraftModel(space, backend.attn_backends + eager_backend.attn_backends)
     runner_mr.forward = model.forward
     # the capture loop hands the model's forward to capture_one_shape, which drafts through the worker instead
     runner_mr.model = SimpleNamespace(shared_experts_config=None, forward=model.forward)
@@ -246,7 +251,7 @@ def build(shape: DraftShape, capture_bs: list[int], heap: ShadowHeap | None = No
                (m.runner, "resolve_decode_backend", resolve)):
         runner = m.runner.EAGLEDraftCudaGraphRunner(worker, draft_attn_backend=backend)
     space.settle()
-    return DraftServer(shape, runner, worker, backend, space, model, table, capture_bs)
+    return DraftServer(shape, runner, worker, backend, eager_backend, space, model, table, capture_bs)
 
 
 def _worker(shape: DraftShape, runner_mr, backend, capture_bs, space: GraphSpace):
@@ -305,9 +310,15 @@ def replay(server: DraftServer, fb) -> Drafted:
         return real(backend, forward_batch, *args, **kwargs)
     n0 = len(server.model.steps)
     server.model.kv = {}
-    with bound(*bindings(server, server.capture_bs, server.space),
-               (backend, "init_forward_metadata_out_graph", recording)):
-        out = server.runner.execute(fb)
+    try:
+        with bound(*bindings(server, server.capture_bs, server.space),
+                   (backend, "init_forward_metadata_out_graph", recording)):
+            out = server.runner.execute(fb)
+    except AssertionError as exc:  # SGLang's own check; a property judges the view it was handed first
+        if not views:
+            raise
+        empty = torch.empty(0)
+        return Drafted(empty, empty, empty, [], server.runner.bs, views[-1], exc)
     steps = server.model.steps[n0:]
     if len(steps) != server.shape.steps - 1:
         raise OutOfStep("EAGLEDraftCudaGraphRunner.execute", RUNNER_FILE,
@@ -321,8 +332,9 @@ def eager(server: DraftServer, fb) -> Drafted:
     backend's eager metadata (``init_forward_metadata``), then ``draft_forward`` on the raw batch."""
     n0 = len(server.model.steps)
     server.model.kv = {}
-    with bound(*bindings(server, server.capture_bs, server.space)):
-        server.backend.init_forward_metadata(fb)
+    backend = server.eager_backend
+    with bound(*bindings(server, server.capture_bs, server.space), (server.worker, "draft_attn_backend", backend)):
+        backend.init_forward_metadata(fb)
         fb.mark_forward_metadata_ready()
         out = server.worker.draft_forward(fb)
     return Drafted(out[0].clone(), out[1].clone(), out[2].clone(), server.model.steps[n0:], fb.batch_size)

@@ -74,7 +74,8 @@ class RecordingDraftModel:
     def forward(self, forward_batch, *args, **kwargs):
         from vmfuzz.harness.targets.sglang.graph_model import _sglang
         backend = _sglang()[0].get_attn_backend()
-        step = next(i for i, b in enumerate(self.backends) if b is backend)
+        # the graph's per-step backends, then the eager reference's: the step is the place in either
+        step = next(i for i, b in enumerate(self.backends) if b is backend) % max(1, len(self.backends) // 2)
         meta = backend.forward_metadata
         ids = forward_batch.input_ids.tolist()
         pos = forward_batch.positions.tolist()
