@@ -88,13 +88,12 @@ def _poison(s, seq_lens: list[int]) -> dict[str, torch.Tensor]:
     """What a previous, larger step leaves in the padded rows: live requests' KV slots and pool rows,
     lengths and positions at the context limit, token ids past the vocabulary, scores and hidden
     states no padding holds."""
-    from vmfuzz.harness.targets.sglang.draft_model import VOCAB
     C, cells = s.shape.context_len, 1 << 12
     live = s.slots(seq_lens)
     return {"out_cache_loc": live.repeat(cells // live.numel() + 1)[:cells],
             "seq_lens": torch.full((cells,), C), "seq_lens_cpu": torch.full((cells,), C),
             "req_pool_indices": torch.ones(cells, dtype=torch.long), "positions": torch.full((cells,), C),
-            "topk_index": torch.arange(cells) + VOCAB + 100, "topk_p": torch.full((cells,), 0.5),
+            "topk_index": torch.arange(cells) + s.vocab + 100, "topk_p": torch.full((cells,), 0.5),
             "hidden_states": torch.full((cells,), 1e6)}
 
 
@@ -144,14 +143,13 @@ def judge_draft(prop: str, target, config: Config, batches: list[Batch], obs: Ob
 
 
 def _padded(prop: str, s, got, lens: list[int], where: str) -> None:
-    from vmfuzz.harness.targets.sglang.draft_model import VOCAB
     real = set(s.slots(lens).tolist())
     n = len(lens) * s.shape.topk
     for step in got.steps:
         if step.out_of_vocab:
             z, token = step.out_of_vocab[0]
             fail(prop, f"{where}: step {step.step}, padded branch {z} is handed token {token}, past the "
-                       f"vocabulary of {VOCAB} (a device's embedding gather reads out of bounds)",
+                       f"vocabulary of {s.vocab} (a device's embedding gather reads out of bounds)",
                  effect="overrun", writer=REPLAY, buffer="topk_index" if step.step == 0 else "input_ids",
                  cell="padded row", stage="replay")
         stray = [(z, slot) for z, (slot, _) in enumerate(step.kv_writes[n:], start=n) if slot in real or slot != 0]

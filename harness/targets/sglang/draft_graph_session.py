@@ -33,6 +33,7 @@ class DraftSession:
         self.server = build(shape, captured_sizes(max_bs), heap)
         self.capture_bs = self.server.capture_bs
         self.max_bs = self.capture_bs[-1]
+        self.vocab = VOCAB  # the draft model's: a token id past it is an out-of-bounds gather
 
     @property
     def overruns(self):
