@@ -119,6 +119,8 @@ class Graph:
         self.capturing = False
         self.captured = False
         self._pool = None
+        #: what the body returned at capture: a replay writes its results into these same tensors
+        self.outputs: Any = None
 
     # -- torch.cuda.CUDAGraph's methods ------------------------------------------------
     def capture_begin(self, pool=None, capture_error_mode: str = "global") -> None:
@@ -158,7 +160,7 @@ class Graph:
                 log.track(w.owner)
         ACTIVE.append(log)
         try:
-            self.body()
+            rewrite(self.outputs, self.body())
         finally:
             ACTIVE.pop()
             log.restore()
@@ -213,6 +215,22 @@ class Graph:
             w.owner.__dict__[w.name] = value
 
 
+def rewrite(kept, fresh) -> None:
+    """A replay's results written into the capture's output tensors: a graph's kernels write the same
+    memory on every replay, while the re-run body allocates new tensors (torch ops outside the static
+    buffers). Tensors in tuples and lists are matched by place; a tensor the body returned at capture
+    that is the fresh one already (a static buffer) is left as it is."""
+    if isinstance(kept, torch.Tensor) and isinstance(fresh, torch.Tensor):
+        if kept.data_ptr() != fresh.data_ptr() or kept.stride() != fresh.stride():
+            if kept.shape != fresh.shape:
+                raise NotFaithful(f"a replay returned a {tuple(fresh.shape)} output where its capture "
+                                  f"returned {tuple(kept.shape)} (a graph's outputs keep their shapes)")
+            kept.copy_(fresh)
+    elif isinstance(kept, (tuple, list)) and isinstance(fresh, (tuple, list)) and len(kept) == len(fresh):
+        for a, b in zip(kept, fresh):
+            rewrite(a, b)
+
+
 class GraphSpace:
     """One emulated device: its static buffers (redzoned on ``heap``), its graphs, what they recorded."""
 
@@ -254,9 +272,13 @@ class GraphSpace:
         def body(*args, **kwargs):
             if args or kwargs:
                 raise NotFaithful("a captured body called with arguments (a graph replays with none)")
-            if self.capturing is not None:
-                self.capturing.keep(fn, watch)
-            return fn()
+            graph = self.capturing
+            if graph is not None:
+                graph.keep(fn, watch)
+            out = fn()
+            if graph is not None:  # what the capture returned is the graph's output memory
+                graph.outputs = out
+            return out
         body.__wrapped__ = fn
         return body
 

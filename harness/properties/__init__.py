@@ -143,6 +143,7 @@ from vmfuzz.harness.properties.kv_locations import SUB_CHECKS as _KV_SUB_CHECKS 
 from vmfuzz.harness.properties.kv_locations import kv_location_soundness  # noqa: E402
 from vmfuzz.harness.properties.graph_replay import (capture_replay_agreement, graph_replay_equivalence,  # noqa: E402
                                                     padding_inert)
+from vmfuzz.harness.properties.draft_graph import graph_buffer_soundness  # noqa: E402
 
 PROPERTIES.update({p.name: p for p in (
     Property("routing", routing, "each router hands out its TARGET_VERIFY child's mask and reports a "
@@ -165,6 +166,11 @@ PROPERTIES.update({p.name: p for p in (
              "(batch size, per-request and per-token lengths, the length sum) agrees with the capture of B, and "
              "the replay reads no host value the live program changed after capture", needs=("graph_session",),
              layouts=("FULL_MASK",), steps=True, cost=1.5),
+    Property("graph-buffer-soundness", graph_buffer_soundness, "each static buffer of the draft-decode cuda "
+             "graphs (the backend's kv_indices rows and kv_indptr included) holds what the largest admitted batch "
+             "needs with every request at its longest prefix, at the server's topk and steps and page sizes 1 and "
+             "4: by the meaning's arithmetic and by the redzones at its replay", needs=("draft_graph_session",),
+             cost=1.5),
 )})
 
 

@@ -20,6 +20,8 @@ properties judge the replay:
   per-request and per-token field, the length sum equal to the lengths' sum),
   and the replay read no host value the live program changed after capture
   (the graph stand-in's stale reads, a ``capture-replay`` origin).
+
+Each then judges the draft-decode runner the same way (``draft_graph.judge_draft``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.layouts import TreeMaskMode
 from vmfuzz.harness.model.oracle import expected
+from vmfuzz.harness.properties.draft_graph import judge_draft
 from vmfuzz.harness.properties.kit import Observation, allocated, fail
 
 EQUIVALENCE, PADDING, AGREEMENT = "graph-replay-equivalence", "padding-inert", "capture-replay-agreement"
@@ -107,6 +110,7 @@ def graph_replay_equivalence(target, config: Config, batches: list[Batch], devic
         _overruns(EQUIVALENCE, session, "replay")
         obs.add_step(config, batch, None, config.max_bs)
         obs.classes.add("padded replay" if got.graph_bs > batch.bs else "exact replay")
+    judge_draft(EQUIVALENCE, target, config, batches, obs)
     return obs
 
 
@@ -143,6 +147,7 @@ def padding_inert(target, config: Config, batches: list[Batch], device="cpu") ->
         obs.add_step(config, batch, None, config.max_bs)
         if got.graph_bs > batch.bs:
             obs.classes.add("padded replay")
+    judge_draft(PADDING, target, config, batches, obs)
     return obs
 
 
@@ -187,4 +192,5 @@ def capture_replay_agreement(target, config: Config, batches: list[Batch], devic
         obs.add_step(config, batch, None, config.max_bs)
         kept = {s.path for s in session.stale if s.read and not s.after_captures}
         obs.classes.update(f"capture-order read: {p}" for p in sorted(kept))
+    judge_draft(AGREEMENT, target, config, batches, obs)
     return obs

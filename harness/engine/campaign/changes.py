@@ -85,6 +85,7 @@ NAMED_FOR_THE_WORKFLOW = (
     "srt/layers/attention/trtllm_mla_backend.py",
     "srt/layers/logits_processor.py",  # imported by the graph driver: the output its model stand-in returns
     "srt/mem_cache/allocation_sizing.py",  # driven: the decode allocation a draft writes inside
+    "srt/mem_cache/kv_index_translator.py",  # driven: the draft graphs' KV read source (a static pool)
     "srt/model_executor/cuda_graph_buffer_registry.py",  # driven: the graph replay's copy-in and padding
     "srt/model_executor/forward_batch_info.py",  # imported by the harness: the forward modes it hands in
     "srt/model_executor/forward_context.py",  # imported by the graph driver: how attention finds its backend
@@ -92,9 +93,14 @@ NAMED_FOR_THE_WORKFLOW = (
     "srt/model_executor/runner/base_runner.py",  # driven: the graph runner's base
     "srt/model_executor/runner/decode_cuda_graph_runner.py",
     "srt/model_executor/runner_backend/full_cuda_graph_backend.py",  # driven: the graph capture and replay
+    "srt/model_executor/runner_backend/utils.py",  # driven: the draft runner's graph backend choice
     "srt/model_executor/runner_utils/buffers.py",  # driven: the graph runner's static buffers
+    "srt/model_executor/runner_utils/capture_mode.py",  # driven: the draft runner's capture mode
     "srt/model_executor/runner_utils/pool.py",  # driven: the graph memory pool the capture opens
+    "srt/sampling/sampling_batch_info.py",  # imported by the draft graph driver: the live batch's sampling info
+    "srt/speculative/base_spec_worker.py",  # driven: the topk-1 chain buffers draft_forward returns
     "srt/speculative/dflash_utils.py",
+    "srt/speculative/eagle_draft_cuda_graph_runner.py",  # driven: the draft-decode cuda graphs
     "srt/speculative/frozen_kv_mtp_info.py",  # imported by the harness: the frozen-KV MTP call site's input
     "srt/speculative/frozen_kv_mtp_worker_v2.py",
     "srt/speculative/pp_spec_relay.py",  # driven (the pipeline-parallel relay), names no mask code

@@ -330,6 +330,11 @@ class SglangTarget:
         from vmfuzz.harness.targets.sglang import routers
         return routers.verify_routed(self, routing, config, batch, heap)
 
+    def draft_graph_session(self, shape, max_bs: int, heap: ShadowHeap | None = None):
+        """SGLang's draft-decode cuda-graph runner of a server of ``shape`` (``draft_graph_session``)."""
+        from vmfuzz.harness.targets.sglang import draft_graph_session
+        return draft_graph_session.DraftSession(shape, max_bs, heap)
+
     def graph_session(self, config: Config, mask, heap: ShadowHeap):
         """SGLang's target verify cuda-graph runner, captured at every captured bs (``graph_session``)."""
         from vmfuzz.harness.targets.sglang import graph_session

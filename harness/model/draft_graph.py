@@ -1,0 +1,65 @@
+"""What a draft-decode cuda graph's static buffers must hold, from the meaning alone.
+
+A draft-decode server (topk ``k``, ``n`` draft steps, context length ``C``,
+KV pages of ``P`` tokens) captures graphs for batches of up to ``max_bs``
+requests. A replay at bucket ``B`` runs ``B`` requests (``raw_bs`` real ones,
+the rest padding at the fill length ``f``), each drafting ``k`` branches:
+
+* per request: its length, its request-pool row, its ``k`` candidate scores
+  and tokens, one hidden state;
+* per branch: one token id and one position per step's forward;
+* per step and branch: one KV slot written (``B·k·n`` slots in all);
+* per step ``i`` (``i = 0 .. n-1``, the kernel fills every step's row) the KV
+  ids each branch attends: its request's prefix ``s_b`` plus the ``i + 1``
+  draft tokens of its own chain, so ``k·Σ_b (s_b + i + 1)`` ids, laid out one
+  branch after another, and ``B·k + 1`` offsets into them.
+
+The worst a captured graph must hold is the largest bucket with every request
+at the context limit (``s_b = C``). Nothing here reads SGLang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    """One draft-decode server's numbers."""
+
+    topk: int
+    steps: int
+    draft_tokens: int
+    context_len: int
+    page_size: int = 1
+
+    @property
+    def pages_per_branch(self) -> int:
+        """The most KV pages one branch's ``n`` draft slots can straddle."""
+        return -(-(self.page_size - 1 + self.steps) // self.page_size)
+
+    @property
+    def row_width(self) -> int:
+        """Columns of a ``req_to_token`` row the driver gives each request: the context, then room for
+        every branch's draft pages past it (the row's own soundness is kv-location-soundness's)."""
+        return self.context_len + self.topk * self.pages_per_branch * self.page_size + self.page_size + 4
+
+
+def kv_ids_needed(shape: DraftShape, seq_lens: list[int], step: int) -> int:
+    """KV ids step ``step``'s row must hold: each branch's prefix, then its ``step + 1`` chain tokens."""
+    return shape.topk * sum(s + step + 1 for s in seq_lens)
+
+
+def footprints(shape: DraftShape, bucket: int, hidden: int, seq_lens: list[int] | None = None) -> dict[str, int]:
+    """Cells each static buffer needs for a replay at ``bucket`` (``seq_lens``: the bucket's lengths,
+    padding included; every request at the context limit when not given). ``kv_indices`` is per step
+    row: the largest row, the last step's; ``kv_indptr`` per step row too."""
+    k, n = shape.topk, shape.steps
+    lens = seq_lens if seq_lens is not None else [shape.context_len] * bucket
+    return {
+        "input_ids": bucket * k, "positions": bucket * k, "out_cache_loc": bucket * k * n,
+        "req_pool_indices": bucket, "seq_lens": bucket, "seq_lens_cpu": bucket,
+        "topk_p": bucket * k, "topk_index": bucket * k, "hidden_states": bucket * hidden,
+        "kv_indices": max(kv_ids_needed(shape, lens, i) for i in range(n)),
+        "kv_indptr": bucket * k + 1,
+    }

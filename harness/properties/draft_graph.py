@@ -1,0 +1,181 @@
+"""The draft-decode cuda-graph path: SGLang's ``EAGLEDraftCudaGraphRunner`` captured, then replayed.
+
+The graph properties' second runner (``graph_replay`` judges the target verify
+runner, then calls ``judge_draft`` here with its own property's name), and
+``graph-buffer-soundness``:
+
+- ``graph-replay-equivalence``: on the real rows a replay at the padded bs
+  drafts what ``draft_forward`` drafts eagerly on the raw batch: parents,
+  top scores, draft tokens, and per step each real branch's attended KV slots
+  and KV write;
+- ``padding-inert``: every static buffer's padded rows hold poisoned content
+  first (live requests' KV slots, lengths at the limit, pool rows of live
+  requests, token ids past the vocabulary); the real rows still draft what the
+  eager run drafts, padded branches write only slot 0, and no padded token id
+  leaves the vocabulary (an embedding gather out of bounds on a device);
+- ``capture-replay-agreement``: the view the replay hands the backend's
+  out-of-graph metadata has ``batch_size = B``, ``seq_lens_sum`` = the sum of
+  its (padded) ``seq_lens``, ``out_cache_loc`` of ``B·k·n`` ids, ``positions``
+  of ``B·k``; and it is judged before anything SGLang asserts afterwards;
+- ``graph-buffer-soundness``: each static buffer, the backend's ``kv_indices``
+  rows and ``kv_indptr`` included, holds what the largest admitted bucket needs
+  with every request at the longest prefix a drafting request has (``C - 1``:
+  a request of ``C`` tokens is finished), by the meaning's arithmetic
+  (``model.draft_graph.footprints``) and by the redzones at a replay of it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vmfuzz.harness.model.config import Batch, Config, num_candidates
+from vmfuzz.harness.model.draft_graph import DraftShape
+from vmfuzz.harness.properties.kit import Observation, fail
+
+BUFFERS = "graph-buffer-soundness"
+REPLAY = "draft cuda-graph replay"
+#: the page sizes a server's draft graphs are judged at (unpaged, and pages a branch's steps straddle)
+PAGE_SIZES = (1, 4)
+
+
+def draft_shape(config: Config, page_size: int = 1) -> DraftShape | None:
+    """The draft-decode server of ``config``, or None where SGLang builds no draft-decode runner (one
+    step) or would not start (topk 1 with draft tokens other than steps + 1; more draft tokens than
+    candidates)."""
+    k, n, d = config.topk, config.spec_steps, config.d
+    if n < 2 or k < 1 or (k == 1 and d != n + 1) or d - 1 > num_candidates(k, n):
+        return None
+    return DraftShape(k, n, d, config.max_context_len, page_size)
+
+
+def session(prop: str, target, config: Config, obs: Observation, page_size: int = 1):
+    make = getattr(target, "draft_graph_session", None)
+    shape = draft_shape(config, page_size)
+    if make is None or shape is None:
+        obs.classes.add("draft-decode runner: " + ("not driven by this target" if make is None else
+                                                    "none for this shape (one step, or no such server)"))
+        return None
+    return make(shape, config.max_bs)
+
+
+def _overruns(prop: str, s, where: str) -> None:
+    if s.overruns:
+        o = s.overruns[0]
+        v = o.violation
+        fail(prop, f"{where}: the {o.phase} of draft graph {o.graph!r} wrote outside a static buffer: "
+                   f"{v.describe()}", effect="overrun", writer=REPLAY if o.phase == "replay" else "draft cuda-graph capture",
+             buffer=v.buffer, side="below" if v.side == "front" else "above", stage=o.phase)
+
+
+def _compare(prop: str, got, want, raw: int, k: int, where: str) -> None:
+    for name in ("parent_list", "top_scores_index", "draft_tokens"):
+        a, b = getattr(got, name), getattr(want, name)
+        if a.shape != b.shape or not torch.equal(a, b):
+            fail(prop, f"{where}: {name} {a.tolist()} differs from the eager draft's {b.tolist()}",
+                 effect="wrong", writer=REPLAY, buffer=name, cell="real row", stage="replay")
+    for a, b in zip(got.steps, want.steps):
+        n = raw * k
+        for what, x, y in (("attended KV slots", a.attended[:n], b.attended),
+                           ("KV writes", a.kv_writes[:n], b.kv_writes)):
+            if x != y:
+                z = next(i for i, (p, q) in enumerate(zip(x, y)) if p != q)
+                fail(prop, f"{where}: step {a.step}, branch {z}: {what} {x[z]} in the replay, {y[z]} eagerly",
+                     effect="wrong", writer=REPLAY, buffer="kv_indices" if what[0] == "a" else "out_cache_loc",
+                     cell="real row", stage="replay")
+
+
+def _poison(s, seq_lens: list[int]) -> dict[str, torch.Tensor]:
+    """What a previous, larger step leaves in the padded rows: live requests' KV slots and pool rows,
+    lengths and positions at the context limit, token ids past the vocabulary, scores and hidden
+    states no padding holds."""
+    C, cells = s.shape.context_len, 1 << 12
+    live = s.slots(seq_lens)
+    return {"out_cache_loc": live.repeat(cells // live.numel() + 1)[:cells],
+            "seq_lens": torch.full((cells,), C), "seq_lens_cpu": torch.full((cells,), C),
+            "req_pool_indices": torch.ones(cells, dtype=torch.long), "positions": torch.full((cells,), C),
+            "topk_index": torch.arange(cells) + s.vocab + 100, "topk_p": torch.full((cells,), 0.5),
+            "hidden_states": torch.full((cells,), 1e6)}
+
+
+def _view(prop: str, s, got, raw: int, where: str) -> None:
+    k, n = s.shape.topk, s.shape.steps
+    B, view = got.graph_bs, got.view
+    origin = dict(effect="wrong", writer=REPLAY, cell="capture-replay", stage="replay")
+    if view is None:
+        fail(prop, f"{where}: the backend's out-of-graph metadata was never set up", buffer="replay view", **origin)
+    want = {"batch_size": B, "seq_lens": B, "req_pool_indices": B, "positions": B * k, "out_cache_loc": B * k * n}
+    for name, cells in want.items():
+        value = getattr(view, name)
+        have = value if name == "batch_size" else value.numel()
+        if have != cells:
+            fail(prop, f"{where}: the replay hands the draft backend {name} of {have}, the graph of bs {B} "
+                       f"was captured for {cells}", buffer=name, **origin)
+    if view.seq_lens_sum is not None and view.seq_lens_sum != int(view.seq_lens.sum()):
+        fail(prop, f"{where}: the replay's seq_lens_sum is {view.seq_lens_sum}, its padded seq_lens sum to "
+                   f"{int(view.seq_lens.sum())} (the padding's lengths left out)", buffer="seq_lens_sum", **origin)
+
+
+def judge_draft(prop: str, target, config: Config, batches: list[Batch], obs: Observation) -> None:
+    """``prop``'s checks on the draft-decode runner, over the case's admitted batches."""
+    s = session(prop, target, config, obs)
+    if s is None:
+        return
+    _overruns(prop, s, "draft capture")
+    k = s.shape.topk
+    for batch in batches:
+        lens = list(batch.seq_lens)
+        if not s.can_run(lens):
+            obs.classes.add("draft: not admitted by can_run_graph (eager)")
+            continue
+        poison = _poison(s, lens) if prop == "padding-inert" else None
+        got = s.replay(lens, poison)
+        where = f"draft replay of bs {len(lens)} in the graph captured at bs {got.graph_bs}"
+        if prop == "capture-replay-agreement":
+            _view(prop, s, got, len(lens), where)
+        if got.raised is not None:
+            raise got.raised
+        _overruns(prop, s, where)
+        if prop == "padding-inert":
+            _padded(prop, s, got, lens, where)
+        if prop != "capture-replay-agreement":
+            _compare(prop, got, s.eager(lens), len(lens), k, where)
+        obs.classes.add("draft: padded replay" if got.graph_bs > len(lens) else "draft: exact replay")
+
+
+def _padded(prop: str, s, got, lens: list[int], where: str) -> None:
+    real = set(s.slots(lens).tolist())
+    n = len(lens) * s.shape.topk
+    for step in got.steps:
+        if step.out_of_vocab:
+            z, token = step.out_of_vocab[0]
+            fail(prop, f"{where}: step {step.step}, padded branch {z} is handed token {token}, past the "
+                       f"vocabulary of {s.vocab} (a device's embedding gather reads out of bounds)",
+                 effect="overrun", writer=REPLAY, buffer="topk_index" if step.step == 0 else "input_ids",
+                 cell="padded row", stage="replay")
+        stray = [(z, slot) for z, (slot, _) in enumerate(step.kv_writes[n:], start=n) if slot in real or slot != 0]
+        if stray:
+            z, slot = stray[0]
+            fail(prop, f"{where}: step {step.step}, padded branch {z} writes KV into slot {slot}"
+                       f"{' (a live request’s)' if slot in real else ''}, not the padding's slot 0",
+                 effect="wrong", writer=REPLAY, buffer="out_cache_loc", cell="padded row", stage="replay")
+
+
+def graph_buffer_soundness(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
+    obs = Observation()
+    for page_size in PAGE_SIZES:
+        s = session(BUFFERS, target, config, obs, page_size)
+        if s is None:
+            return obs
+        where = f"draft graphs of topk {s.shape.topk}, {s.shape.steps} steps, page size {page_size}"
+        longest = [s.shape.context_len - 1] * s.max_bs
+        have, need = s.allocated(), s.needed(longest)
+        for name, cells in need.items():
+            if cells > have[name]:
+                fail(BUFFERS, f"{where}: {name} holds {have[name]} cells{' a row' if name.startswith('kv_') else ''}; "
+                              f"a replay of {s.max_bs} requests of {longest[0]} tokens needs {cells}",
+                     effect="overrun", writer=REPLAY, buffer=name, cell="capacity", stage="replay")
+        s.replay(longest)
+        _overruns(BUFFERS, s, f"{where}, a replay of {s.max_bs} requests of {longest[0]} tokens")
+        obs.add_step(config, Batch(tuple(longest)), None, config.max_bs)
+        obs.classes.add(f"page size {page_size}")
+    return obs

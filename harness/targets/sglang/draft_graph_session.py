@@ -1,0 +1,98 @@
+"""One server's draft-decode cuda graphs, for the graph-path properties (``draft_graph_runner`` drives them).
+
+``DraftSession`` builds the runner once (captured at every captured bs), then
+for each batch of sequence lengths makes the live draft batch (candidate
+scores, token ids inside the vocabulary, hidden states, and KV slots read from
+each request's ``req_to_token`` row, none 0: slot 0 is where padding writes),
+replays it through ``execute`` (optionally over padded rows poisoned first) and
+drafts it eagerly for comparison.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vmfuzz.harness.guard.shadow import ShadowHeap
+from vmfuzz.harness.model.draft_graph import DraftShape, footprints
+from vmfuzz.harness.targets.sglang.draft_graph_runner import (
+    Drafted, build, can_run, eager, live_batch, replay)
+from vmfuzz.harness.targets.sglang.draft_model import HIDDEN, VOCAB
+from vmfuzz.harness.targets.sglang.graph_session import captured_sizes
+
+#: the runner's per-request and per-branch static buffers, and how many cells one request has in each
+#: (per request; ``k``: per branch; ``kn``: per branch and step)
+PADDED_ROWS = {"seq_lens": "1", "seq_lens_cpu": "1", "req_pool_indices": "1", "topk_p": "k", "topk_index": "k",
+               "hidden_states": "h", "positions": "k", "out_cache_loc": "kn"}
+
+
+class DraftSession:
+    """The draft-decode runner of a server of ``shape`` capturing up to ``max_bs``."""
+
+    def __init__(self, shape: DraftShape, max_bs: int, heap: ShadowHeap | None = None):
+        self.shape = shape
+        self.server = build(shape, captured_sizes(max_bs), heap)
+        self.capture_bs = self.server.capture_bs
+        self.max_bs = self.capture_bs[-1]
+        self.vocab = VOCAB  # the draft model's: a token id past it is an out-of-bounds gather
+
+    @property
+    def overruns(self):
+        return self.server.space.overruns
+
+    @property
+    def stale(self):
+        return self.server.space.stale
+
+    def per_request(self, name: str) -> int:
+        k, n = self.shape.topk, self.shape.steps
+        return {"1": 1, "k": k, "kn": k * n, "h": HIDDEN}[PADDED_ROWS[name]]
+
+    def slots(self, seq_lens: list[int]) -> torch.Tensor:
+        """Each branch's draft KV slots, step after step: request b (pool row ``bs - b``), branch t,
+        step i at column ``s_b + t*n + i`` of its row."""
+        k, n = self.shape.topk, self.shape.steps
+        table = self.server.req_to_token
+        bs = len(seq_lens)
+        cols = [s + t * n + i for s in seq_lens for t in range(k) for i in range(n)]
+        rows = [bs - b for b in range(bs) for _ in range(k * n)]
+        return table[rows, cols].to(torch.long)
+
+    def inputs(self, seq_lens: list[int]):
+        bs, k = len(seq_lens), self.shape.topk
+        scores = torch.arange(bs * k, dtype=torch.float32).view(bs, k)
+        topk_p = torch.softmax(-scores / 3, dim=-1)
+        topk_index = (torch.arange(bs * k).view(bs, k) * 5 + 1) % VOCAB
+        hidden = torch.arange(bs * HIDDEN, dtype=torch.float64).view(bs, HIDDEN) + 7
+        return topk_p, topk_index, hidden, self.slots(seq_lens)
+
+    def live(self, seq_lens: list[int]):
+        return live_batch(self.server, list(seq_lens), *self.inputs(seq_lens))
+
+    def can_run(self, seq_lens: list[int]) -> bool:
+        return can_run(self.server, self.live(seq_lens))
+
+    def replay(self, seq_lens: list[int], poison: dict[str, torch.Tensor] | None = None) -> Drafted:
+        """``execute`` the batch; ``poison``: buffer name -> values written over its rows past the batch's
+        first, as a previous, larger step (or the pool's earlier tenant) left them."""
+        buffers = self.server.runner.buffers
+        for name, values in (poison or {}).items():
+            flat = getattr(buffers, name).view(-1)
+            tail = flat[len(seq_lens) * self.per_request(name):]
+            tail.copy_(values.reshape(-1)[:tail.numel()].to(flat.dtype))
+        return replay(self.server, self.live(seq_lens))
+
+    def eager(self, seq_lens: list[int]) -> Drafted:
+        return eager(self.server, self.live(seq_lens))
+
+    # -- what the graph buffers hold -----------------------------------------------------------------
+    def allocated(self) -> dict[str, int]:
+        """Cells each static buffer holds (``kv_indices``, ``kv_indptr``: per step row)."""
+        buffers, backend = self.server.runner.buffers, self.server.backend
+        out = {name: getattr(buffers, name).numel() for name in PADDED_ROWS}
+        out["input_ids"] = buffers.input_ids.numel()
+        out["kv_indices"] = int(backend.cuda_graph_kv_indices.shape[1])
+        out["kv_indptr"] = int(backend.kv_indptr.shape[1])
+        return out
+
+    def needed(self, seq_lens: list[int] | None = None) -> dict[str, int]:
+        return footprints(self.shape, self.max_bs, HIDDEN, seq_lens)

@@ -1,0 +1,91 @@
+"""SGLang's draft-decode cuda-graph runner (EAGLEDraftCudaGraphRunner) through the graph stand-in.
+
+Pristine: the three graph properties judge it (their ``draft:`` classes) and hold. Altered copies of SGLang
+carry real fixes reverted; each is caught by the property meant for it, as its own failure (never a raise).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import sglang_or_skip
+from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_copy
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
+
+RUNNER = ["srt/speculative/eagle_draft_cuda_graph_runner.py"]
+#: topk 2, 3 steps, 6 draft tokens; graphs at bs 1, 2, 4; the first batch replays padded (3 -> 4)
+CONFIG = Config(TreeMaskMode.FULL_MASK, 4, 32, 6, 2, 3)
+BATCHES = [Batch((5, 7, 3)), Batch((9,)), Batch((2, 3, 4, 5)), Batch((1,) * 5)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["graph-replay-equivalence", "padding-inert", "capture-replay-agreement"])
+def test_the_draft_runner_is_judged_and_holds_on_the_installed_sglang(sglang_target, name):
+    from vmfuzz.harness.properties import PROPERTIES
+    obs = PROPERTIES[name].check(sglang_target, CONFIG, BATCHES)
+    assert {"draft: padded replay", "draft: exact replay", "draft: not admitted by can_run_graph (eager)"} <= obs.classes
+
+
+@pytest.mark.slow
+def test_a_padded_draft_replay_drafts_what_the_eager_draft_does(sglang_target):
+    from vmfuzz.harness.model.draft_graph import DraftShape
+    s = sglang_target.draft_graph_session(DraftShape(2, 3, 6, 32), 4)
+    assert s.capture_bs == [1, 2, 4]
+    got, want = s.replay([5, 7, 3]), s.eager([5, 7, 3])
+    assert got.graph_bs == 4 and got.draft_tokens.shape == (3, 5)
+    assert got.draft_tokens.tolist() == want.draft_tokens.tolist()
+    for a, b in zip(got.steps, want.steps):
+        assert a.attended[:6] == b.attended and a.kv_writes[:6] == b.kv_writes
+        assert [slot for slot, _ in a.kv_writes[6:]] == [0, 0]  # the padded request writes slot 0 only
+    # the padded branches' kv_indptr (from positions 0) is one cell short of what the kernel wrote for
+    # them (from seq_lens f = 1): inert, their reads feed only their own cut-off rows and slot-0 writes
+    assert [len(x) for x in got.steps[0].attended[6:]] == [1, 1]
+    assert s.overruns == []
+
+
+def test_graph_buffer_soundness_counts_every_branch_and_step_from_the_meaning():
+    from vmfuzz.harness.model.draft_graph import DraftShape, footprints, kv_ids_needed
+    shape = DraftShape(2, 3, 6, 32)
+    assert kv_ids_needed(shape, [5, 7, 3, 1], 0) == 2 * (6 + 8 + 4 + 2)
+    need = footprints(shape, 4, 4, [31] * 4)
+    assert need["kv_indices"] == 2 * 4 * (31 + 3) and need["out_cache_loc"] == 24 and need["kv_indptr"] == 9
+
+
+#: name -> (edits, the property meant to catch it, the buffer its origin names)
+ALTERATIONS = {
+    # S#26880 reverted: the padded rows' fill lengths left out of the replay's seq_lens_sum
+    "draft-seq-lens-sum-unpadded": (
+        [(RUNNER, r"raw_seq_lens_sum \+ \(bs - raw_bs\) \* self\.seq_len_fill_value", "raw_seq_lens_sum")],
+        "capture-replay-agreement", "seq_lens_sum"),
+    # S#15399 / S#23037 reverted: padded rows keep the previous step's topk_index
+    "draft-topk-index-not-zeroed": (
+        [(RUNNER, r"buffers\.topk_index\.zero_\(\)", "pass")], "padding-inert", "topk_index"),
+    # S#25529 reverted: the backend is handed the raw-length out_cache_loc at a padded replay
+    "draft-out-cache-loc-raw-length": (
+        [(RUNNER, r"forward_batch\.out_cache_loc = buffers\.out_cache_loc\[\s*: num_tokens \* self\.speculative_num_steps\s*\]",
+          "pass")], "capture-replay-agreement", "out_cache_loc"),
+}
+CASE = {"mode": "FULL_MASK", "max_bs": 4, "max_context_len": 32, "num_draft_tokens": 6, "topk": 2,
+        "spec_steps": 3, "is_read": True}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(ALTERATIONS))
+def test_each_reverted_draft_fix_is_caught_by_its_property(tmp_path, name):
+    sglang_or_skip()
+    edits, prop, buffer = ALTERATIONS[name]
+    proc, out = replay_on_copy(altered_copy(tmp_path, edits, name), tmp_path, CASE, (5, 7, 3), prop)
+    assert proc.returncode == 1, out
+    origin = failed_check_origin(tmp_path / "report", out)
+    assert (origin["property"], origin["buffer"]) == (prop, buffer), origin
+
+
+@pytest.mark.slow
+def test_a_refactor_of_the_draft_runner_is_not_caught(tmp_path):
+    sglang_or_skip()
+    edits = [(RUNNER, r"raw_seq_lens_sum \+ \(bs - raw_bs\) \* self\.seq_len_fill_value",
+              "(bs - raw_bs) * self.seq_len_fill_value + raw_seq_lens_sum")]
+    proc, out = replay_on_copy(altered_copy(tmp_path, edits, "refactor"), tmp_path, CASE, (5, 7, 3),
+                               "capture-replay-agreement")
+    assert proc.returncode == 0 and "held capture-replay-agreement" in out, out
