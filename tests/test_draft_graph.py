@@ -89,3 +89,19 @@ def test_a_refactor_of_the_draft_runner_is_not_caught(tmp_path):
     proc, out = replay_on_copy(altered_copy(tmp_path, edits, "refactor"), tmp_path, CASE, (5, 7, 3),
                                "capture-replay-agreement")
     assert proc.returncode == 0 and "held capture-replay-agreement" in out, out
+
+
+@pytest.mark.slow
+def test_the_draft_kv_indices_width_without_topk_is_a_new_capacity_finding_beside_the_known_one(tmp_path):
+    """S#27338 reverted: the row sized for max_bs * C ids, not max_bs * topk * C. The shipped known
+    entry (requests past their context, cell 'past context') must not excuse it: it is short for
+    requests that draft inside their context (cell 'capacity')."""
+    sglang_or_skip()
+    edits = [(["srt/speculative/spec_utils.py"], r"return num_seqs \* topk \* max_context_len",
+              "return num_seqs * max_context_len")]
+    proc, out = replay_on_copy(altered_copy(tmp_path, edits, "width-without-topk"), tmp_path, CASE, (5, 7, 3),
+                               "graph-buffer-soundness")
+    assert proc.returncode == 1, out
+    origin = failed_check_origin(tmp_path / "report", out)
+    assert (origin["property"], origin["buffer"], origin["cell"]) == ("graph-buffer-soundness", "kv_indices",
+                                                                      "capacity"), origin

@@ -338,7 +338,7 @@ def test_surface_of_the_reference_target_says_it_runs_no_sglang_code(capsys, tmp
     # the reference has no model of the cuda-graph path nor of the KV slots: those rows, and only those,
     # are not driven
     graph = {PROPERTIES[n].summary for n in ("graph-replay-equivalence", "padding-inert", "capture-replay-agreement",
-                                             "kv-location-soundness")}
+                                             "kv-location-soundness", "graph-buffer-soundness")}
     assert rep["runs_sglang"] is False and len(rep["rows"]) >= 7
     assert {row["function"] for row in rep["rows"] if not row["driven"]} == graph
     assert main(["surface", "--target", "reference", "--report-dir", str(tmp_path / "b")]) == 0

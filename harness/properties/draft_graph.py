@@ -161,21 +161,33 @@ def _padded(prop: str, s, got, lens: list[int], where: str) -> None:
 
 
 def graph_buffer_soundness(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
+    """Each static buffer holds what the largest batch ``can_run_graph`` admits needs, judged twice,
+    since the two ask different things of SGLang's sizing:
+
+    - ``capacity``: every request long enough to draft all ``n`` steps inside its context
+      (``s_b = C - n``): a buffer short here is under-sized for what any server runs;
+    - ``past context``: every request one short of its context (``s_b = C - 1``), whose draft
+      steps reach past ``C``: the kv_indices width counts the context, not the steps past it.
+    """
     obs = Observation()
     for page_size in PAGE_SIZES:
         s = session(BUFFERS, target, config, obs, page_size)
         if s is None:
             return obs
         where = f"draft graphs of topk {s.shape.topk}, {s.shape.steps} steps, page size {page_size}"
-        longest = [s.shape.context_len - 1] * s.max_bs
-        have, need = s.allocated(), s.needed(longest)
-        for name, cells in need.items():
-            if cells > have[name]:
-                fail(BUFFERS, f"{where}: {name} holds {have[name]} cells{' a row' if name.startswith('kv_') else ''}; "
-                              f"a replay of {s.max_bs} requests of {longest[0]} tokens needs {cells}",
-                     effect="overrun", writer=REPLAY, buffer=name, cell="capacity", stage="replay")
-        s.replay(longest)
-        _overruns(BUFFERS, s, f"{where}, a replay of {s.max_bs} requests of {longest[0]} tokens")
-        obs.add_step(config, Batch(tuple(longest)), None, config.max_bs)
+        have = s.allocated()
+        inside = s.shape.context_len - s.shape.steps
+        sizes = ([(inside, "capacity")] if inside >= 1 else []) + [(s.shape.context_len - 1, "past context")]
+        for length, cell in sizes:
+            lens = [length] * s.max_bs
+            for name, cells in s.needed(lens).items():
+                if cells > have[name]:
+                    fail(BUFFERS, f"{where}: {name} holds {have[name]} cells{' a row' if name.startswith('kv_') else ''}; "
+                                  f"a replay of {s.max_bs} requests of {length} tokens needs {cells} ({cell})",
+                         effect="overrun", writer=REPLAY, buffer=name, cell=cell, stage="replay")
+            s.replay(lens)
+            _overruns(BUFFERS, s, f"{where}, a replay of {s.max_bs} requests of {length} tokens")
+            obs.add_step(config, Batch(tuple(lens)), None, config.max_bs)
+            obs.classes.add(f"{cell} judged")
         obs.classes.add(f"page size {page_size}")
     return obs
