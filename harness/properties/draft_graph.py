@@ -26,11 +26,13 @@ runner, then calls ``judge_draft`` here with its own property's name), and
 
 from __future__ import annotations
 
+import zlib
+
 import torch
 
 from vmfuzz.harness.model.config import Batch, Config, num_candidates
 from vmfuzz.harness.model.draft_graph import DraftShape
-from vmfuzz.harness.properties.kit import Observation, fail
+from vmfuzz.harness.properties.kit import DONE, SUB_CHECK, Observation, fail
 
 BUFFERS = "graph-buffer-soundness"
 REPLAY = "draft cuda-graph replay"
@@ -115,8 +117,32 @@ def _view(prop: str, s, got, raw: int, where: str) -> None:
                    f"{int(view.seq_lens.sum())} (the padding's lengths left out)", buffer="seq_lens_sum", **origin)
 
 
+#: one case in this many has its draft-decode runner built, captured and replayed (chosen by the
+#: case's config, so a repro replays as it was judged): a draft capture runs every bucket's draft
+#: forward in Triton's interpreter, about as long as the rest of a graph check together
+DRAFT_SHARE = 4
+#: the largest captured max_bs whose draft graphs a case builds (the capture of each bucket is the cost)
+DRAFT_MAX_BS = 8
+
+
+def draft_judged(config: Config) -> str | None:
+    """Why this case's draft runner is not judged here (None: it is)."""
+    if config.max_context_len < config.spec_steps + 2:
+        return "context shorter than the draft steps (no request drafts inside it)"
+    if config.max_bs > DRAFT_MAX_BS:
+        return f"max_bs past {DRAFT_MAX_BS} (a capture per bucket)"
+    if zlib.crc32(repr(config).encode()) % DRAFT_SHARE:
+        return f"not among the one case in {DRAFT_SHARE} whose draft graphs are built"
+    return None
+
+
 def judge_draft(prop: str, target, config: Config, batches: list[Batch], obs: Observation) -> None:
-    """``prop``'s checks on the draft-decode runner, over the case's admitted batches."""
+    """``prop``'s checks on the draft-decode runner, over the case's admitted batches whose requests
+    all draft inside their context (those past it are graph-buffer-soundness's)."""
+    why = draft_judged(config)
+    if why is not None:
+        obs.classes.add(f"draft: not judged: {why}")
+        return
     s = session(prop, target, config, obs)
     if s is None:
         return
@@ -124,6 +150,9 @@ def judge_draft(prop: str, target, config: Config, batches: list[Batch], obs: Ob
     k = s.shape.topk
     for batch in batches:
         lens = list(batch.seq_lens)
+        if max(lens) > config.max_context_len - config.spec_steps:
+            obs.classes.add("draft: not judged: a request drafts past its context (graph-buffer-soundness's)")
+            continue
         if not s.can_run(lens):
             obs.classes.add("draft: not admitted by can_run_graph (eager)")
             continue
@@ -140,6 +169,7 @@ def judge_draft(prop: str, target, config: Config, batches: list[Batch], obs: Ob
         if prop != "capture-replay-agreement":
             _compare(prop, got, s.eager(lens), len(lens), k, where)
         obs.classes.add("draft: padded replay" if got.graph_bs > len(lens) else "draft: exact replay")
+        obs.classes.add(f"{SUB_CHECK}draft runner: {DONE}")
 
 
 def _padded(prop: str, s, got, lens: list[int], where: str) -> None:
