@@ -49,9 +49,8 @@ SURFACE = tuple((RUNNER_FILE, fn, _PROPS) for fn in (
                           "_select_step_logits", "_compute_topk", "_run_step_body", "capture_one_shape",
                           "replay")),
     *(_MULTI + f for f in ("__init__", "_create_runner", "_capture_context", "_create_runners",
-                           "_on_runners_created", "_cuda_graph_disabled", "_init_and_capture", "_vocab_size",
-                           "_allocate_buffers", "_prepare_extra", "_stage_metadata", "prepare", "replay",
-                           "get_runner", "can_run_graph")),
+                           "_cuda_graph_disabled", "_init_and_capture", "_vocab_size", "_allocate_buffers",
+                           "_stage_metadata", "prepare", "replay", "get_runner", "can_run_graph")),
 )) + tuple((KERNEL_FILE, fn, _PROPS) for fn in (
     "fill_draft_extend_prepare_buffers_kernel", "fill_draft_extend_prepare_buffers_triton",
     "fill_draft_extend_prepare_buffers_native", "rotate_input_ids", "rotate_input_ids_kernel"))
