@@ -67,8 +67,7 @@ def modules() -> SimpleNamespace:
             runner=sglang_module("sglang.srt.speculative.multi_layer_eagle_draft_extend_cuda_graph_runner"),
             utils=sglang_module("sglang.srt.speculative.multi_layer_eagle_utils"),
             kernels=sglang_module("sglang.kernels.ops.speculative.multi_layer_eagle"),
-            forward_context=sglang_module("sglang.srt.model_executor.forward_context"),
-            common=sglang_module("sglang.srt.utils.common"))
+            forward_context=sglang_module("sglang.srt.model_executor.forward_context"))
 
 
 def _bindings(server: DraftServer, prepare_kind: str) -> list[tuple]:
@@ -76,9 +75,7 @@ def _bindings(server: DraftServer, prepare_kind: str) -> list[tuple]:
     out = bindings(server, [m.runner])
     fill = getattr(m.utils, f"fill_draft_extend_prepare_buffers_{prepare_kind}")
     return out + [(m.runner, "fill_draft_extend_prepare_buffers", fill),
-                  (m.runner, "get_available_gpu_memory", lambda *a, **k: 0.0),
-                  # the top-k of one row: SGLang's own torch form (CUDA builds may bind a kernel)
-                  (m.runner, "fast_topk", m.common.fast_topk)]
+                  (m.runner, "get_available_gpu_memory", lambda *a, **k: 0.0)]
 
 
 def build(config: Config, capture_bs: list[int], heap: ShadowHeap | None = None,
@@ -151,7 +148,7 @@ def eager(server: DraftServer, fb, select_index) -> list[StepResult]:
             with m.forward_context.forward_context(m.forward_context.ForwardContext(attn_backend=backend),
                                                    forward_batch=fb):
                 ret = server.model.forward(fb.input_ids, fb.positions, fb)
-            _, topk_index = m.common.fast_topk(torch.softmax(ret.next_token_logits, dim=-1), server.config.topk,
+            _, topk_index = m.runner.fast_topk(torch.softmax(ret.next_token_logits, dim=-1), server.config.topk,
                                                dim=-1)
             qo, kv = backend_rows(backend, fb.batch_size)
             out.append(StepResult(ret.next_token_logits.clone(), ret.hidden_states.clone(), server.model.calls[-1],
