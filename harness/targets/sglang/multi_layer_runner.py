@@ -55,6 +55,18 @@ SURFACE = tuple((RUNNER_FILE, fn, _PROPS) for fn in (
     "fill_draft_extend_prepare_buffers_kernel", "fill_draft_extend_prepare_buffers_triton",
     "fill_draft_extend_prepare_buffers_native", "rotate_input_ids", "rotate_input_ids_kernel"))
 
+_ONE = "OneGraphMultiLayerEagleMultiStepDraftExtendCudaGraphRunner."
+#: What it does not reach, and why (docs/generated/not-driven.md).
+NOT_DRIVEN = tuple((RUNNER_FILE, fn, why) for fn, why in (
+    (_ONE + "_init_and_capture", "the single-graph variant (SGLANG_ENABLE_SINGLE_CG_DRAFT) is not built here"),
+    (_ONE + "_capture_one_graph", "the single-graph variant (SGLANG_ENABLE_SINGLE_CG_DRAFT) is not built here"),
+    (_ONE + "replay", "the single-graph variant (SGLANG_ENABLE_SINGLE_CG_DRAFT) is not built here"),
+    (_MULTI + "stage_shared_reads", "metadata staging needs a backend that stages it (Triton does not) and the "
+                                    "target graph's in-graph read fence"),
+    (_MULTI + "clone_draft_probs", "rejection sampling's in-graph proposal belongs to the single-graph variant"),
+    (_STEP + "_sample_draft_proposal", "rejection sampling's in-graph proposal belongs to the single-graph variant"),
+))
+
 #: prepare()'s kernel, by the name of the build that binds it
 PREPARE_KINDS = ("triton", "native")
 
