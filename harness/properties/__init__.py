@@ -160,17 +160,17 @@ PROPERTIES.update({p.name: p for p in (
              "the target verify cuda graph, replayed at a padded bs through DecodeCudaGraphRunner.execute, and "
              "the draft-extend graphs (EAGLE v2, multi-layer), give on the real rows exactly what the eager run "
              "gives (logits, hidden states, top-k, what attention is handed, KV writes, the rows select_index "
-             "keeps)", needs=("graph_session", "draft_extend_session"), layouts=("FULL_MASK",), steps=True,
+             "keeps)", needs=("graph_session",), layouts=("FULL_MASK",), steps=True,
              promises=_GRAPH_SUB_CHECKS, cost=3.0),
     Property("padding-inert", with_draft_extend("padding-inert", padding_inert), "padded rows of the runners' "
              "static buffers left stale before the replay change no real row, write KV only to slot 0, read no "
-             "live request's KV, and no write leaves a static buffer", needs=("graph_session", "draft_extend_session"),
+             "live request's KV, and no write leaves a static buffer", needs=("graph_session",),
              layouts=("FULL_MASK",), steps=True, promises=_GRAPH_SUB_CHECKS, cost=3.0),
     Property("capture-replay-agreement", with_draft_extend("capture-replay-agreement", capture_replay_agreement),
              "what a replay hands the backend for bs B (batch size, per-request and per-token lengths it reads, the "
              "length sum, qo_indptr's stride = the captured width = eager cumsum, select_index in its row's window) "
              "agrees with the capture of B, and the replay reads no host value the live program changed after "
-             "capture", needs=("graph_session", "draft_extend_session"), layouts=("FULL_MASK",), steps=True,
+             "capture", needs=("graph_session",), layouts=("FULL_MASK",), steps=True,
              promises=_GRAPH_SUB_CHECKS, cost=3.0),
 )})
 

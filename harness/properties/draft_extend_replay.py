@@ -48,7 +48,8 @@ def with_draft_extend(prop: str, verify_check):
         obs = verify_check(target, config, batches, device)
         sub_check_done(obs, "target verify")
         for runner in RUNNERS:
-            why = target.draft_extend_not_driven(config, runner)
+            why = (target.draft_extend_not_driven(config, runner) if hasattr(target, "draft_extend_session")
+                   else "the target has no draft-extend graph seam (draft_extend_session)")
             if why is not None:
                 sub_check_skipped(obs, runner, why)
                 continue
