@@ -36,7 +36,7 @@ _CONSTANT_MULTI = ("extend_seq_lens",)
 
 def not_driven(config: Config, runner: str) -> str | None:
     """Why ``runner`` is not driven for ``config``'s server, or None."""
-    if runner != RUNNERS[0] and (config.topk != 1 or config.d != config.spec_steps + 1):
+    if runner != RUNNERS[0] and (config.topk != 1 or config.spec_steps < 1 or config.d != config.spec_steps + 1):
         return "the multi-layer worker drafts topk-1 chains (d = steps + 1)"
     return None
 
