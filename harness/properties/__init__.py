@@ -144,6 +144,8 @@ from vmfuzz.harness.properties.kv_locations import kv_location_soundness  # noqa
 from vmfuzz.harness.properties.graph_replay import (capture_replay_agreement, graph_replay_equivalence,  # noqa: E402
                                                     padding_inert)
 from vmfuzz.harness.properties.draft_graph import graph_buffer_soundness  # noqa: E402
+from vmfuzz.harness.properties.draft_extend_replay import SUB_CHECKS as _GRAPH_SUB_CHECKS  # noqa: E402
+from vmfuzz.harness.properties.draft_extend_replay import with_draft_extend  # noqa: E402
 
 PROPERTIES.update({p.name: p for p in (
     Property("routing", routing, "each router hands out its TARGET_VERIFY child's mask and reports a "
@@ -155,17 +157,22 @@ PROPERTIES.update({p.name: p for p in (
              "write lies inside its request's req_to_token row, its allocation and the pool; the accepted "
              "path's moves, accept index and bonus tokens are the meaning's", needs=("kv_locations",),
              promises=_KV_SUB_CHECKS, cost=0.1),
-    Property("graph-replay-equivalence", graph_replay_equivalence, "the target verify cuda graph, replayed at a "
-             "padded bs through DecodeCudaGraphRunner.execute, gives on the real rows exactly what the eager run "
-             "gives (logits, hidden states, what attention is handed, KV writes)", needs=("graph_session",),
-             layouts=("FULL_MASK",), steps=True, cost=1.5),
-    Property("padding-inert", padding_inert, "padded rows of the runner's static buffers left stale before the "
-             "replay change no real row, write no KV slot of the batch, and no write leaves a static buffer",
-             needs=("graph_session",), layouts=("FULL_MASK",), steps=True, cost=1.5),
-    Property("capture-replay-agreement", capture_replay_agreement, "what a replay hands the backend for bs B "
-             "(batch size, per-request and per-token lengths, the length sum) agrees with the capture of B, and "
-             "the replay reads no host value the live program changed after capture", needs=("graph_session",),
-             layouts=("FULL_MASK",), steps=True, cost=1.5),
+    Property("graph-replay-equivalence", with_draft_extend("graph-replay-equivalence", graph_replay_equivalence),
+             "the target verify cuda graph, replayed at a padded bs through DecodeCudaGraphRunner.execute, and "
+             "the draft-extend graphs (EAGLE v2, multi-layer), give on the real rows exactly what the eager run "
+             "gives (logits, hidden states, top-k, what attention is handed, KV writes, the rows select_index "
+             "keeps)", needs=("graph_session",), layouts=("FULL_MASK",), steps=True,
+             promises=_GRAPH_SUB_CHECKS, cost=3.0),
+    Property("padding-inert", with_draft_extend("padding-inert", padding_inert), "padded rows of the runners' "
+             "static buffers left stale before the replay change no real row, write KV only to slot 0, read no "
+             "live request's KV, and no write leaves a static buffer", needs=("graph_session",),
+             layouts=("FULL_MASK",), steps=True, promises=_GRAPH_SUB_CHECKS, cost=3.0),
+    Property("capture-replay-agreement", with_draft_extend("capture-replay-agreement", capture_replay_agreement),
+             "what a replay hands the backend for bs B (batch size, per-request and per-token lengths it reads, the "
+             "length sum, qo_indptr's stride = the captured width = eager cumsum, select_index in its row's window) "
+             "agrees with the capture of B, and the replay reads no host value the live program changed after "
+             "capture", needs=("graph_session",), layouts=("FULL_MASK",), steps=True,
+             promises=_GRAPH_SUB_CHECKS, cost=3.0),
     Property("graph-buffer-soundness", graph_buffer_soundness, "each static buffer of the draft-decode cuda "
              "graphs (the backend's kv_indices rows and kv_indptr included) holds what the largest admitted batch "
              "needs with every request at its longest prefix, at the server's topk and steps and page sizes 1 and "

@@ -71,6 +71,7 @@ NAMED_FOR_THE_WORKFLOW = (
     "kernels/jit/include/sgl_kernel/speculative/eagle.cuh",
     "kernels/ops/speculative/__init__.py",
     "kernels/ops/speculative/cache_locs.py",  # driven: the draft and verify windows' KV slots
+    "kernels/ops/speculative/multi_layer_eagle.py",  # driven: the multi-layer draft-extend prepare and id rotation
     "kernels/ops/speculative/pack_verify_mask.py",
     "kernels/ops/speculative/tree.py",
     "kernels/ops/speculative/uno_tree.py",
@@ -87,13 +88,16 @@ NAMED_FOR_THE_WORKFLOW = (
     "srt/mem_cache/allocation_sizing.py",  # driven: the decode allocation a draft writes inside
     "srt/mem_cache/kv_index_translator.py",  # driven: the draft graphs' KV read source (a static pool)
     "srt/model_executor/cuda_graph_buffer_registry.py",  # driven: the graph replay's copy-in and padding
+    "srt/model_executor/cuda_graph_config.py",  # imported by the draft-side drivers: the graph backend kinds
     "srt/model_executor/forward_batch_info.py",  # imported by the harness: the forward modes it hands in
     "srt/model_executor/forward_context.py",  # imported by the graph driver: how attention finds its backend
+    "srt/model_executor/input_buffers.py",  # driven: the draft-side runners' process-wide buffer pool
     "srt/model_executor/runner/base_cuda_graph_runner.py",  # driven: the graph runner's bucket padding
     "srt/model_executor/runner/base_runner.py",  # driven: the graph runner's base
     "srt/model_executor/runner/decode_cuda_graph_runner.py",
     "srt/model_executor/runner_backend/full_cuda_graph_backend.py",  # driven: the graph capture and replay
     "srt/model_executor/runner_backend/utils.py",  # driven: the draft runner's graph backend choice
+    "srt/model_executor/runner_backend/utils.py",  # driven: the draft-side runners pick their graph backend
     "srt/model_executor/runner_utils/buffers.py",  # driven: the graph runner's static buffers
     "srt/model_executor/runner_utils/capture_mode.py",  # driven: the draft runner's capture mode
     "srt/model_executor/runner_utils/pool.py",  # driven: the graph memory pool the capture opens
@@ -101,8 +105,11 @@ NAMED_FOR_THE_WORKFLOW = (
     "srt/speculative/base_spec_worker.py",  # driven: the topk-1 chain buffers draft_forward returns
     "srt/speculative/dflash_utils.py",
     "srt/speculative/eagle_draft_cuda_graph_runner.py",  # driven: the draft-decode cuda graphs
+    "srt/speculative/eagle_draft_extend_cuda_graph_runner.py",  # driven: the EAGLE v2 draft-extend graphs
     "srt/speculative/frozen_kv_mtp_info.py",  # imported by the harness: the frozen-KV MTP call site's input
     "srt/speculative/frozen_kv_mtp_worker_v2.py",
+    "srt/speculative/multi_layer_eagle_draft_extend_cuda_graph_runner.py",  # driven: multi-layer draft extend
+    "srt/speculative/multi_layer_eagle_utils.py",  # imported by its driver: the prepare forms it binds
     "srt/speculative/pp_spec_relay.py",  # driven (the pipeline-parallel relay), names no mask code
     "srt/speculative/spec_utils.py",  # driven: the accepted tokens' KV moves
 )

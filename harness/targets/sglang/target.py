@@ -340,6 +340,15 @@ class SglangTarget:
         from vmfuzz.harness.targets.sglang import graph_session
         return graph_session.GraphSession(config, mask, heap)
 
+    def draft_extend_session(self, config: Config, heap: ShadowHeap, runner: str):
+        """One of SGLang's draft-extend cuda-graph runners (``draft_extend_session.RUNNERS``), captured."""
+        from vmfuzz.harness.targets.sglang import draft_extend_session
+        return draft_extend_session.DraftExtendSession(config, heap, runner)
+
+    def draft_extend_not_driven(self, config: Config, runner: str) -> str | None:
+        from vmfuzz.harness.targets.sglang import draft_extend_session
+        return draft_extend_session.not_driven(config, runner)
+
     def tbo_replay(self, config: Config, batch: Batch):
         """What TBO hands its overlap children to set up a TARGET_VERIFY cuda-graph replay."""
         from vmfuzz.harness.targets.sglang import routers
