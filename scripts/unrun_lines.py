@@ -41,24 +41,32 @@ def checkout_of_everything(work: Path) -> Path:
 def table(summary: dict) -> list[str]:
     from vmfuzz.harness.engine.campaign.diff_coverage import parse
     from vmfuzz.harness.report.terminal import spans
-    out = ["| file (sglang/) | function | branch never taken on the gate's cases | statements | lines |",
-           "|---|---|---|---:|---|"]
-    off = []
+    out = ["| file (sglang/) | function | branch never taken on the gate's cases | kind | statements | lines |",
+           "|---|---|---|---|---:|---|"]
+    off, counts = [], {"not driven here": 0, "needs a GPU": 0, "judged": 0}
     for record in (summary.get("gate") or {}).get("lines") or []:
         if not record.get("traced"):
             continue
         rel = record["path"].split("python/sglang/", 1)[-1]
         source = parse(Path(record["traced"]).read_text(encoding="utf-8", errors="replace"))
-        groups: dict[tuple[str, str], list[int]] = {}
-        for n in record.get("never_ran") or []:
-            st = source.statement_at(n)
-            cond = (st.conditions[-1] if st and st.conditions else "(no branch: the function never ran, or left before this line)")
-            groups.setdefault((st.function if st else "?", cond), []).append(n)
-        for (fn, cond), lines in sorted(groups.items()):
-            out.append(f"| `{rel}` | `{fn}` | `{cond}` | {len(lines)} | {spans(lines)} |")
+        groups: dict[tuple[str, str, str], list[int]] = {}
+        for kind, lines in (("not driven here", record.get("never_ran") or []),
+                            ("needs a GPU", record.get("needs_device") or [])):
+            counts[kind] += len(lines)
+            for n in lines:
+                st = source.statement_at(n)
+                cond = (st.conditions[-1] if st and st.conditions
+                        else "(no branch: the function never ran, or left before this line)")
+                groups.setdefault((st.function if st else "?", cond, kind), []).append(n)
+        counts["judged"] += len(record.get("judged") or {})
+        for (fn, cond, kind), lines in sorted(groups.items()):
+            out.append(f"| `{rel}` | `{fn}` | `{cond}` | {kind} | {len(lines)} | {spans(lines)} |")
         off += [f"{rel}:{n}" for n in (record.get("why_outside") or {})]
-    return out + ["", f"{len(off)} statements of mask-path functions named off the mask's path "
-                      "(other forward modes; `diff_coverage.OFF_MASK_PATH`)."]
+    on_path = sum(counts.values())
+    head = [f"Mask-path statements the gate's properties ran: {counts['judged']} of {on_path}; never ran: "
+            f"{counts['not driven here']} not driven here (vmfuzz's to drive), {counts['needs a GPU']} needing a GPU.", ""]
+    return head + out + ["", f"{len(off)} statements of mask-path functions named off the mask's path "
+                             "(other forward modes; `diff_coverage.OFF_MASK_PATH`)."]
 
 
 def main(argv=None) -> int:
