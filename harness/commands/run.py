@@ -63,7 +63,7 @@ def execute_and_report(plan_, target, gate: GateWatch | None = None, *, verbose:
     coverage is computed from what ran, for the reports."""
     from vmfuzz.harness.engine.campaign.session import execute
     from vmfuzz.harness.report.progress import progress
-    from vmfuzz.harness.report.summary import write_reports
+    from vmfuzz.harness.report.summary import build_summary, write_summary
     from vmfuzz.harness.report.terminal import gate_line
     from vmfuzz.harness.report.verdict import say_written, verdict, write_reports_somewhere
 
@@ -92,14 +92,15 @@ def execute_and_report(plan_, target, gate: GateWatch | None = None, *, verbose:
             gate.stop()
     if gate is not None:
         print(gate_line(outcome.gate))
-    summary, written = write_reports_somewhere(write_reports, outcome, plan_.report_dir)
+    # the verdict is decided here, once, before any report is written: every report and the exit code read it
+    summary = build_summary(outcome, signal_code=_interrupted() if outcome.interrupted else None)
+    summary, written = write_reports_somewhere(write_summary, summary, plan_.report_dir)
     say_written(outcome, written)
-    if outcome.interrupted:
-        return _interrupted()
     return verdict(plan_, target, outcome, summary, written)
 
 
 def _interrupted() -> int:
+    """The signal's exit code, said on stderr."""
     from vmfuzz.harness.engine.core.signals import exit_code, name
     print(f"vmfuzz: interrupted by {name()} (findings written so far are kept, reports cover what ran)",
           file=sys.stderr)

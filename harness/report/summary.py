@@ -24,13 +24,16 @@ from pathlib import Path
 from vmfuzz.harness.model.summary_file import CommandSummary as CommandShape
 from vmfuzz.harness.model.summary_file import RunSummary, SummaryError, conform, shared_runs
 from vmfuzz.harness.model.known_file import REPRODUCES
+from vmfuzz.harness.model.verdict import Kind
 from vmfuzz.harness.report.findings import finding_record, findings_and_known, new_groups
 from vmfuzz.harness.report.junit import command_junit, run_junit
-from vmfuzz.harness.report.replays import could_not_check, replay_lines
+from vmfuzz.harness.report.decide import fails  # noqa: F401 - where callers have found it
+from vmfuzz.harness.report.replays import replay_lines
 from vmfuzz.harness.report.repro_paths import relative_to_folder
 from vmfuzz.harness.properties import sub_checks
 from vmfuzz.harness.report.terminal import changed_line_rows, gate_line, shown
-from vmfuzz.harness.report.unchecked import UNCHECKED, cap_line, status as _status, time_cap, unchecked_line
+from vmfuzz.harness.report.unchecked import (HELD_IN_PART, LANE_LOST, UNCHECKED, cap_line, status as _status,
+                                             time_cap, unchecked_line)
 
 
 def default_report_dir() -> Path:
@@ -106,7 +109,15 @@ def shared_run_lines(props: list[dict]) -> list[str]:
             for members in shared_runs(props).values()]
 
 
-def build_summary(outcome) -> dict:
+def build_summary(outcome, *, signal_code: int | None = None) -> dict:
+    """summary.json's record of ``outcome``, its ``verdict`` decided here, once, before any report is
+    written (``signal_code``: the exit code of the signal that interrupted the run, if one did)."""
+    from vmfuzz.harness.report.decide import decide, with_verdict
+    s = _record(outcome)
+    return with_verdict(s, decide(s, signal_code=signal_code))
+
+
+def _record(outcome) -> dict:
     plan = outcome.plan
     props, classes, margins = [], Counter(), Counter()
     by_path = {p: Counter() for p in MARGIN_PATHS}
@@ -135,7 +146,7 @@ def build_summary(outcome) -> dict:
                 "source": o.source, "status": o.status, "detail": o.detail, "still_fails_on_recorded": o.teeth,
                 "finding": str(o.finding.path) if o.finding else None} for o in outcome.replays]
     findings, known = findings_and_known(outcome)
-    status = Counter(p["status"] for p in props)
+    gate = getattr(outcome, "gate", None)
     return {
         "command": plan.command, "target": outcome.target_name, "profile": plan.profile.name,
         "interrupted": outcome.interrupted,
@@ -144,10 +155,7 @@ def build_summary(outcome) -> dict:
         "shard": getattr(plan, "shard", None),
         "selection": list(getattr(plan, "selection", ()) or plan.properties),
         "versions": outcome.versions, "started": outcome.started,
-        "counts": {"properties": len(props), "held": status["held"], "failed": status["failed"],
-                   "skipped": status["skipped"] + status["not driven"], "not_driven": status["not driven"],
-                   "out_of_step": status["out of step"], "could_not_check": status[UNCHECKED],
-                   "examples": sum(p["examples"] for p in props),
+        "counts": {**status_counts(props, replays, gate),
                    "replays": len(replays),
                    "replays_failed": sum(o["status"] == "failed" for o in replays),
                    "findings": len(findings), "groups": len(getattr(outcome, "groups", [])),
@@ -173,7 +181,7 @@ def build_summary(outcome) -> dict:
         # real defects of the code under test, upstream's to fix (known/): findings of run, listed by gate
         "known_findings": known,
         "deployment": outcome.deployment,
-        "gate": getattr(outcome, "gate", None),
+        "gate": gate,
         "timings": {"replay_seconds": round(outcome.replay_seconds, 3),
                     "search_seconds": round(outcome.search_seconds, 3),
                     "total_seconds": round(outcome.seconds, 3)},
@@ -186,6 +194,21 @@ def build_summary(outcome) -> dict:
         "warnings": list(getattr(outcome, "warnings", [])),
         "history": list(getattr(outcome, "history", [])),  # a nightly's last nights, this one last
     }
+
+
+def status_counts(props: list[dict], replays: list[dict], gate: dict | None) -> dict:
+    """The counts read from the properties' statuses (a run's, or ``merge``'s joined ones). "held"
+    is a plain held only; "could_not_check" counts every thing the run could not check: a property
+    the clock stopped, a changed line of the gate's, a saved repro that could not be replayed."""
+    from vmfuzz.harness.report.replays import unreplayed
+    status = Counter(p["status"] for p in props)
+    return {"properties": len(props), "held": status["held"], "held_in_part": status[HELD_IN_PART],
+            "failed": status["failed"], "skipped": status["skipped"] + status["not driven"],
+            "not_driven": status["not driven"], "out_of_step": status["out of step"],
+            "lane_lost": status[LANE_LOST],
+            "could_not_check": status[UNCHECKED] + len((gate or {}).get("could_not_check") or [])
+            + len(unreplayed(replays)),
+            "examples": sum(p["examples"] for p in props)}
 
 
 def _reached(results) -> dict:
@@ -207,18 +230,26 @@ def _changed_lines_md(gate: dict) -> list[str]:
     return out + [""]
 
 
+#: summary.md's first-line words for each verdict (a PR comment's headline): every kind, and exit 3
+#: always reads "could not check"
+MD_HEADLINE = {
+    Kind.HELD: "passed", Kind.KNOWN: "passed (known findings only)", Kind.NEW_FINDING: "**FAILED**",
+    Kind.HELD_IN_PART: "**COULD NOT CHECK** (held in part)", Kind.COULD_NOT_CHECK: "**COULD NOT CHECK**",
+    Kind.NEEDS_GPU: "**COULD NOT CHECK** (needs a GPU)", Kind.OUT_OF_STEP: "**COULD NOT CHECK** (vmfuzz out of step)",
+    Kind.CANNOT_LOAD: "**COULD NOT CHECK** (cannot load the code under test)",
+    Kind.LANE_LOST: "**COULD NOT CHECK** (a search lane was lost)", Kind.INTERRUPTED: "**INTERRUPTED**",
+}
+
+
 def summary_md(s: dict) -> str:
+    from vmfuzz.harness.report.decide import verdict_of
     c = s["counts"]
-    dep_failed = any(((s.get("deployment") or {}).get(p) or {}).get("ok") is False for p in ("routing", "allocation"))
-    failing = fails(s)
-    verdict = "**FAILED**" if failing or dep_failed or s.get("interrupted") else "passed"
-    if s.get("interrupted") and not failing:
-        verdict = "**INTERRUPTED**"
-    elif verdict == "passed" and could_not_check(s):
-        verdict = f"**COULD NOT CHECK** ({could_not_check(s)})"
-    lines = [f"### vmfuzz {s['command']}: {verdict} on `{s['target']}`", "",
+    v = verdict_of(s)
+    lines = [f"### vmfuzz {s['command']}: {MD_HEADLINE[v.kind]} on `{s['target']}`", "",
+             *([f"{v.headline}: {v.why}  ", ""] if v.why and v.exit_code != 0 else []),
              f"profile `{s['profile']}`, seed `{s['seed']}`, {c['examples']} examples, "
              f"{c['held']} held / {c['failed']} failed / {c['skipped']} skipped"
+             + (f" / {c['held_in_part']} held in part" if c.get("held_in_part") else "")
              + (f" / {c['could_not_check']} could not check" if c.get("could_not_check") else "")
              + f", {s['timings']['total_seconds']:.0f}s", ""]
     timing = [line + "  " for line in (unchecked_line(s), cap_line(s)) if line]
@@ -282,14 +313,6 @@ def summary_md(s: dict) -> str:
     return "\n".join(lines)
 
 
-def fails(s: dict) -> bool:
-    """Does this summary fail (the exit code's rule): a new group, or a known one with --fail-on-known."""
-    c = s["counts"]
-    if "new_groups" not in c:  # a summary written before origins: every finding counted
-        return bool(c["findings"] or c["replays_failed"])
-    return bool(c["new_groups"] or (s.get("fail_on_known") and (c["known"] or c["groups"])))
-
-
 def _code_under_test(s: dict) -> list[str]:
     """Which SGLang the verdict is about: the package's own version and where it was imported from."""
     versions = s.get("versions") or {}
@@ -301,9 +324,15 @@ def _code_under_test(s: dict) -> list[str]:
 
 
 def write_reports(outcome, report_dir: Path) -> dict:
+    """The reports of ``outcome`` (its verdict decided first, ``build_summary``) written into ``report_dir``."""
+    return write_summary(build_summary(outcome), report_dir)
+
+
+def write_summary(s: dict, report_dir: Path) -> dict:
+    """summary.json, summary.md, junit.xml and report.html of the run summary ``s``, every one reading
+    the verdict ``s`` holds."""
     from vmfuzz.harness.report.html import report_html
 
-    s = build_summary(outcome)
     # on disk, the folder's own repros by their place in it; the caller prints the paths as they are
     here = relative_to_folder(s, report_dir)
     write_files(report_dir, {"summary.json": _checked(here, RunSummary), "summary.md": summary_md(here),
