@@ -20,12 +20,15 @@ if TYPE_CHECKING:
 
 
 def run(request: RunRequest) -> int:
-    from vmfuzz.harness.commands.common import import_finding
+    from vmfuzz.harness.commands.common import import_finding, load_failed
     from vmfuzz.harness.engine.core.failures import ImportRaised
+    from vmfuzz.harness.model.errors import CannotLoad, OutOfStep
     try:
         plan_, target = plan(request)
     except ImportRaised as exc:  # the code under test does not load: that is the finding
         return import_finding(exc, request.command, request.target, request.report_dir)
+    except (CannotLoad, OutOfStep) as exc:  # it cannot load here: could not check, with its reports
+        return load_failed(exc, request.command, request.target, request.report_dir)
     return execute_and_report(plan_, target, verbose=request.verbose)
 
 

@@ -245,6 +245,10 @@ class CommandSummary(msgspec.Struct):
     counts: CommandCounts
     checks: list[Check]
     seconds: float
+    #: a ``run`` or ``gate`` that ended before its search (its code under test did not load): its
+    #: verdict's kind (``vmfuzz.harness.model.verdict.Kind``) and exit code, as a search's ``verdict`` has them
+    verdict_kind: Union[str, None] = None
+    exit_code: Union[int, None] = None
 
 
 class SummaryError(Exception):

@@ -199,3 +199,23 @@ def report_html(s: dict, folder: Path | None = None) -> str:
 {history_html(s)}
 </body></html>
 """
+
+
+def command_html(s: dict) -> str:
+    """The page of a ``run`` or ``gate`` that ended before its search (a skipped gate, code under test
+    that did not load): its verdict, why, and each check."""
+    if "verdict_kind" in s:
+        verdict, css = HTML_TITLE[Kind(s["verdict_kind"])]
+    else:
+        verdict, css = {"failed": ("FAILED", "failed"), "passed": ("passed", "held"), "skipped": ("skipped", "skipped"),
+                        "could not check": ("could not check", "skipped")}[s["verdict"]]
+    rows = "".join(f'<tr><td>{escape(k["name"])}</td><td class="{escape(k["status"])}">{escape(k["status"])}</td>'
+                   f'<td>{escape(k["detail"])}</td></tr>' for k in s["checks"])
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>vmfuzz {escape(s['target'])}: {escape(verdict)}</title>
+<style>{CSS}</style></head><body>
+<h1>vmfuzz {escape(s['command'])} on <code>{escape(s['target'])}</code>: <span class="{css}">{escape(verdict)}</span></h1>
+<p>{escape(s.get('headline') or '')}</p>
+<table><tr><th>check</th><th>status</th><th>detail</th></tr>{rows}</table>
+</body></html>
+"""

@@ -24,7 +24,7 @@ from pathlib import Path
 from vmfuzz.harness.model.summary_file import CommandSummary as CommandShape
 from vmfuzz.harness.model.summary_file import RunSummary, SummaryError, conform, shared_runs
 from vmfuzz.harness.model.known_file import REPRODUCES
-from vmfuzz.harness.model.verdict import Kind
+from vmfuzz.harness.model.verdict import Kind, Verdict
 from vmfuzz.harness.report.findings import finding_record, findings_and_known, new_groups
 from vmfuzz.harness.report.junit import command_junit, run_junit
 from vmfuzz.harness.report.decide import fails  # noqa: F401 - where callers have found it
@@ -373,6 +373,9 @@ class CommandSummary:
     extra: dict = field(default_factory=dict)
     started: str = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     seconds: float = 0.0
+    #: the verdict of a ``run`` or ``gate`` that ended before its search (the code under test did not
+    #: load): the same record a search's reports read (``vmfuzz.harness.model.verdict``)
+    outcome: Verdict | None = None
 
     @property
     def failed(self) -> bool:
@@ -380,9 +383,13 @@ class CommandSummary:
 
     def as_dict(self) -> dict:
         n = Counter(c.status for c in self.checks)
+        # a check that could not be made (an error) is never a pass
+        verdict = ("failed" if self.failed else "could not check" if n["error"]
+                   else "skipped" if self.checks and n["skipped"] == len(self.checks) else "passed")
+        said = ({"verdict_kind": self.outcome.kind.value, "exit_code": self.outcome.exit_code}
+                if self.outcome is not None else {})
         return {"command": self.command, "target": self.target, "started": self.started,
-                "verdict": "failed" if self.failed else ("skipped" if self.checks and n["skipped"] == len(self.checks)
-                                                         else "passed"),
+                "verdict": verdict, **said,
                 "headline": self.headline,
                 "counts": {"checks": len(self.checks), **{s: n[s] for s in STATUSES},
                            "findings": sum(1 for c in self.checks if c.status == "failed")},
@@ -392,7 +399,9 @@ class CommandSummary:
 
 def command_md(s: dict) -> str:
     c = s["counts"]
-    verdict = {"failed": "**FAILED**", "passed": "passed", "skipped": "skipped"}[s["verdict"]]
+    verdict = ({"failed": "**FAILED**", "passed": "passed", "skipped": "skipped",
+                "could not check": "**COULD NOT CHECK**"}[s["verdict"]] if "verdict_kind" not in s
+               else MD_HEADLINE[Kind(s["verdict_kind"])])
     lines = [f"### vmfuzz {s['command']}: {verdict} on `{s['target']}`", ""]
     if s["headline"]:
         lines += [s["headline"], ""]
@@ -411,5 +420,9 @@ def write_command_summary(summary: CommandSummary, report_dir: Path) -> dict:
     s = summary.as_dict()
     # rendered before the shape is checked against the model: the check is the last step down
     md, junit = command_md(s), command_junit(s)
-    write_files(report_dir, {"summary.json": _checked(s, CommandShape), "summary.md": md, "junit.xml": junit})
+    files = {"summary.json": _checked(s, CommandShape), "summary.md": md, "junit.xml": junit}
+    if s["command"] in ("run", "gate"):  # a person opens report.html of every run, whatever ended it
+        from vmfuzz.harness.report.html import command_html
+        files["report.html"] = command_html(s)
+    write_files(report_dir, files)
     return s
