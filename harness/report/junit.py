@@ -140,7 +140,7 @@ def run_junit(s: dict) -> str:
             Case(r["repro"], outcome=replay_outcome(r), message=r["detail"] or "")
             for r in s["replays"]]))
     # last: the run's verdict, the one every report reads (a CI tab's pass/fail is its exit code)
-    return junit_xml(suites + [verdict_suite(s)])
+    return junit_xml(suites + verdict_suite(s))
 
 
 #: junit.xml's outcome of the run's verdict testcase, for each verdict: every kind. A CI tab that
@@ -158,9 +158,12 @@ def verdict_case(v) -> Case:
                 message=f"{v.headline}: {v.why}" if v.why else v.headline)
 
 
-def verdict_suite(s: dict) -> Suite:
+def verdict_suite(s: dict) -> list[Suite]:
+    """The verdict's suite; none for a fragment of a summary (no verdict, and no counts to decide one from)."""
     from vmfuzz.harness.report.decide import verdict_of
-    return Suite("vmfuzz.verdict", [verdict_case(verdict_of(s))])
+    if not s.get("verdict") and "counts" not in s:
+        return []
+    return [Suite("vmfuzz.verdict", [verdict_case(verdict_of(s))])]
 
 
 #: the class a search records where a property met a known entry (``known finding NAME``, or one part
