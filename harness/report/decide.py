@@ -58,7 +58,7 @@ def decide(s: dict, *, signal_code: int | None = None) -> Verdict:
     interrupted it, when one did)."""
     props = s["properties"]
     if s.get("interrupted"):
-        return Verdict.of(Kind.INTERRUPTED, "interrupted: the reports cover what ran", signal_code=signal_code)
+        return Verdict.of(Kind.INTERRUPTED, "the reports cover what ran", signal_code=signal_code)
     if fails(s):
         c = s["counts"]
         return Verdict.of(Kind.NEW_FINDING, f"{c.get('new_groups', c['findings'])} new finding group(s)"
