@@ -27,7 +27,9 @@ from vmfuzz.harness.report.junit import JUNIT_OUTCOME, run_junit
 from vmfuzz.harness.report.summary import MD_HEADLINE, status_counts, summary_md
 from vmfuzz.harness.report.verdict import CLOSING, closing_line
 
-GATE_LINE = "python/sglang/p.py line 10 never ran (not driven: HIP branch: needs a ROCm device)"
+#: a changed line no property ran, and one only a GPU runs (``gate.needs_gpu``)
+UNRUN_LINE = "python/sglang/p.py line 10 never ran (Mask.fits: no-oob-write)"
+GPU_LINE = "python/sglang/p.py line 12 needs a GPU (a CUDA-only branch); check it with the GPU runner"
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +75,7 @@ def _gate(lines: list[str], device: list[str]):
     def make(s):
         s["gate"] = {"changed": ["python/sglang/p.py"], "triggered": ["python/sglang/p.py"], "exercised": [],
                      "not_driven": ["python/sglang/p.py"], "why_not_driven": {}, "lines": [],
-                     "could_not_check": lines, "needs_device": device, "out_of_step": [], "warnings": []}
+                     "could_not_check": lines, "needs_gpu": device, "out_of_step": [], "warnings": []}
     return make
 
 
@@ -96,9 +98,8 @@ SCENARIOS = {
     Kind.KNOWN: _known,
     Kind.NEW_FINDING: _new,
     Kind.HELD_IN_PART: _in_part,
-    Kind.COULD_NOT_CHECK: _gate([GATE_LINE.replace("(not driven: HIP branch: needs a ROCm device)", "(Mask.fits)")],
-                                []),
-    Kind.NEEDS_GPU: _gate([GATE_LINE], [GATE_LINE]),
+    Kind.COULD_NOT_CHECK: _gate([UNRUN_LINE, GPU_LINE], [GPU_LINE]),  # one not a GPU's is enough
+    Kind.NEEDS_GPU: _gate([GPU_LINE], [GPU_LINE]),
     Kind.OUT_OF_STEP: _out_of_step,
     Kind.CANNOT_LOAD: None,
     Kind.LANE_LOST: _lane_lost,
@@ -176,7 +177,7 @@ def test_held_in_part_is_its_own_count_and_never_a_plain_junit_pass(held):
 def test_could_not_check_counts_the_gates_lines(held):
     """Exit 3 on a gate's changed lines: summary.json's count says so (it said 0)."""
     s = _summary_of(Kind.COULD_NOT_CHECK, held)
-    assert s["counts"]["could_not_check"] == 1, s["counts"]
+    assert s["counts"]["could_not_check"] == 2, s["counts"]
     assert "**COULD NOT CHECK**" in summary_md(s).splitlines()[0]
 
 
