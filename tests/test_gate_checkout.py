@@ -6,7 +6,8 @@ holds only this harness, the way an installed vmfuzz would be found). The
 installed SGLang is correct, so a gate that tested it would pass a branch that
 plants ``fits: bs <= max_bs + 1``; the gate must fail that branch, on the
 checkout's code, in the spawned workers too, and say which code it tested. A
-checkout whose SGLang cannot be the one loaded is a refusal: exit 2, one line.
+checkout whose SGLang cannot be the one loaded is a refusal: exit 2, one line; one
+whose SGLang does not import could not be checked: exit 3, and its reports say so.
 
 The stand-in checkout is built from the installed package (tests/sglang_repo.py).
 Skipped unless SGLang imports (``VMFUZZ_REQUIRE_SGLANG=1``: must run).
@@ -114,7 +115,7 @@ def test_the_gate_passes_the_good_revision_of_the_checkout(repo, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_checkout_whose_sglang_does_not_import_is_refused(repo, tmp_path):
+def test_a_checkout_whose_sglang_does_not_import_could_not_be_checked_and_says_so_in_every_report(repo, tmp_path):
     branch(repo, "pr-broken", "verify_mask: comment, and a half-finished refactor",
            sglang_repo.CLEAN, sglang_repo.BREAKS_IMPORT)
     # Pointed at with --repo from elsewhere: the checkout is the code under test all the same.
@@ -122,10 +123,17 @@ def test_a_checkout_whose_sglang_does_not_import_is_refused(repo, tmp_path):
     listed.write_text("python/sglang/__init__.py\npython/sglang/srt/layers/attention/verify_mask.py\n")
     proc, out = gate(repo, tmp_path / "report", "--property", "capacity-soundness",
                      change=("--changed-files", str(listed), "--repo", str(repo)), cwd=tmp_path)
-    assert proc.returncode == 2, out
+    assert proc.returncode == 3, out
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr, proc.stderr
-    assert f"cannot test the SGLang checkout at {repo}" in proc.stderr, proc.stderr
+    assert f"cannot load the code under test: the SGLang checkout at {repo} does not import" in proc.stderr, proc.stderr
     assert "half-finished refactor" in proc.stderr and "install_sglang" not in proc.stderr, proc.stderr
+    assert "out of step" not in out, out  # not vmfuzz's fault
+    report = tmp_path / "report"
+    s = json.loads((report / "summary.json").read_text())
+    assert (s["verdict"], s["verdict_kind"], s["exit_code"]) == ("could not check", "cannot load", 3), s
+    assert "COULD NOT CHECK" in (report / "summary.md").read_text().splitlines()[0]
+    assert "<title>vmfuzz sglang: could not check" in (report / "report.html").read_text()
+    assert 'errors="1"' in (report / "junit.xml").read_text()
 
 
 @pytest.mark.slow

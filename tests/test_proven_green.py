@@ -320,17 +320,31 @@ def test_a_sub_check_no_case_judged_is_not_held_and_the_gate_cannot_check(tmp_pa
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(plugins)])}
     r = vmfuzz("run", "--target", "gather_plugin:blind", "--property", "reader-agreement", "--seed", "1",
                "--max-examples", "10", "--report-dir", str(tmp_path / "run"), env=env)
-    assert r.returncode == 0, r.stdout + r.stderr  # nothing changed under review: said, not failed
+    # a promise not kept is never held: its own status and count, exit 3, "could not check" in every report
+    assert r.returncode == 3, r.stdout + r.stderr
     assert "held in part" in r.stdout and "sub-check kv_indices: not driven" in r.stdout, r.stdout
+    assert r.stdout.strip().splitlines()[-1].startswith("could not check (held in part): reader-agreement"), r.stdout
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     [prop] = summary["properties"]
     assert prop["sub_checks"]["kv_indices"].startswith("not driven") and prop["sub_checks"]["kv_indptr"] == "done"
+    assert prop["status"] == "held in part", prop["status"]
+    assert summary["counts"]["held_in_part"] == 1 and summary["counts"]["held"] == 0, summary["counts"]
+    assert summary["verdict"]["kind"] == "held in part" and summary["verdict"]["exit_code"] == 3, summary["verdict"]
+    assert "**COULD NOT CHECK** (held in part)" in (tmp_path / "run" / "summary.md").read_text().splitlines()[0]
+    junit = (tmp_path / "run" / "junit.xml").read_text()
+    assert 'name="reader-agreement"' in junit and "could not check: held in part: sub-check kv_indices" in junit, junit
     listed = tmp_path / "changed.txt"
     listed.write_text("python/sglang/srt/layers/attention/triton_backend.py\n")
     g = vmfuzz("gate", "--target", "gather_plugin:blind", "--changed-files", str(listed),
                "--report-dir", str(tmp_path / "gate"), env=env)
     assert g.returncode == 3, g.stdout + g.stderr
     assert "reader-agreement's sub-check kv_indices was not judged" in g.stderr
+    # the gate's first line, title and counts say what its exit code says (they said "passed", count 0)
+    gate_summary = json.loads((tmp_path / "gate" / "summary.json").read_text())
+    assert gate_summary["counts"]["could_not_check"] >= 1 and gate_summary["verdict"]["exit_code"] == 3, gate_summary
+    first = (tmp_path / "gate" / "summary.md").read_text().splitlines()[0]
+    assert "**COULD NOT CHECK**" in first and "passed" not in first, first
+    assert "<title>vmfuzz gather_plugin:blind: could not check" in (tmp_path / "gate" / "report.html").read_text()
 
 
 # -- the recording itself ------------------------------------------------------------

@@ -80,7 +80,7 @@ def test_gate_on_documentation_only_exits_at_once_and_says_why(tmp_path):
     lines = r.stdout.strip().splitlines()
     assert "skipped" in lines[0] and "verify-mask" in lines[0]
     # CI still gets something to collect: a skipped testcase, and a summary for the PR comment
-    assert lines[1:] == [f"reports: {tmp_path / 'rep'}/ (summary.json, summary.md, junit.xml)"]
+    assert lines[1:] == [f"reports: {tmp_path / 'rep'}/ (summary.json, summary.md, junit.xml, report.html)"]
     assert "<skipped" in (tmp_path / "rep" / "junit.xml").read_text()
     assert not (tmp_path / "rep" / "findings").exists()
 

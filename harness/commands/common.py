@@ -8,6 +8,7 @@ runs, so no finding is ever lost to an option that was wrong from the start.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from vmfuzz.harness.model.errors import UsageError
@@ -53,10 +54,32 @@ def import_finding(exc, command: str, spec: str, report_dir: Path) -> int:
     from vmfuzz.harness.report.summary import Check, CommandSummary
     origin = exc.origin(LOADING)
     print(f"vmfuzz {command}: FAILED: {exc.detail()}", flush=True)
+    from vmfuzz.harness.model.verdict import Kind, Verdict
     check = Check(f"import {exc.module}", "failed", exc.detail(), kind=origin.kind(), origin=encode(origin))
     write_command_report(CommandSummary(command, spec, [check], headline=f"finding: {origin.label()} "
-                                        f"(stage import: {exc.module} does not load)"), report_dir)
+                                        f"(stage import: {exc.module} does not load)",
+                                        outcome=Verdict.of(Kind.NEW_FINDING, exc.detail())), report_dir)
     return EXIT_FINDING
+
+
+def load_failed(exc, command: str, spec: str, report_dir: Path) -> int:
+    """The code under test could not be loaded here (``CannotLoad``: a package it pins is missing or at
+    another version; ``OutOfStep``: vmfuzz does not fit the code): no property ran, so the run could not
+    check (exit 3), and its reports say so like any run's, with the same verdict."""
+    from vmfuzz.harness.model.errors import CannotLoad, out_of_step_line
+    from vmfuzz.harness.model.verdict import Kind, Verdict
+    from vmfuzz.harness.report.summary import Check, CommandSummary
+    if isinstance(exc, CannotLoad):
+        v = Verdict.of(Kind.CANNOT_LOAD, exc.why + (f" ({exc.how})" if exc.how else ""))
+        print(f"vmfuzz: could not check: {exc}", file=sys.stderr)
+    else:
+        v = Verdict.of(Kind.OUT_OF_STEP, f"vmfuzz is out of step with this SGLang: {exc}")
+        print(out_of_step_line(exc), file=sys.stderr)
+    check = Check("load the code under test", "error", v.why, kind=v.kind.value)
+    write_command_report(CommandSummary(command, spec, [check], headline=f"{v.headline}: {v.why}", outcome=v),
+                         report_dir)
+    print(f"{v.headline}: {v.why}")
+    return v.exit_code
 
 
 def repro_target(given: str | None, recorded: str, default: str):
@@ -126,5 +149,6 @@ def findings_dir(report_dir: Path) -> Path:
 def write_command_report(summary, report_dir: Path) -> Path:
     from vmfuzz.harness.report.summary import write_command_summary
     write_command_summary(summary, report_dir)
-    print(f"reports: {report_dir}/ (summary.json, summary.md, junit.xml)")
+    html = ", report.html" if summary.command in ("run", "gate") else ""
+    print(f"reports: {report_dir}/ (summary.json, summary.md, junit.xml{html})")
     return report_dir

@@ -76,7 +76,7 @@ def _alike(a: dict, b: dict, names: tuple[str, str]) -> None:
 
 def _ran(s: dict) -> dict[str, dict]:
     """property -> its entry, for the properties a run searched (held or failed)."""
-    return {p["name"]: p for p in s.get("properties", []) if p.get("status") in ("held", "failed")}
+    return {p["name"]: p for p in s.get("properties", []) if p.get("status") in ("held", "held in part", "failed")}
 
 
 def changes(a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> dict:

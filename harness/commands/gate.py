@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vmfuzz.harness.commands.common import import_finding, sglang_checkout_at, write_command_report
+from vmfuzz.harness.commands.common import import_finding, load_failed, sglang_checkout_at, write_command_report
 from vmfuzz.harness.commands.request import RunRequest
 from vmfuzz.harness.commands.planning import plan
 from vmfuzz.harness.commands.run import execute_and_report
-from vmfuzz.harness.model.errors import EXIT_OK, UsageError
+from vmfuzz.harness.model.errors import EXIT_OK, CannotLoad, OutOfStep, UsageError
 
 
 def run(request: RunRequest) -> int:
@@ -49,6 +49,10 @@ def run(request: RunRequest) -> int:
         if on_base is not None:
             on_base.cancel()
         return import_finding(exc, "gate", request.target, request.report_dir)
+    except (CannotLoad, OutOfStep) as exc:  # it cannot load here: could not check, with its reports
+        if on_base is not None:
+            on_base.cancel()
+        return load_failed(exc, "gate", request.target, request.report_dir)
     except BaseException:
         if on_base is not None:
             on_base.cancel()
@@ -104,13 +108,18 @@ def _import_checkout(root: Path) -> None:
     refusal = f"vmfuzz gate: cannot test the SGLang checkout at {shown(str(root))}"
     try:
         import_from_checkout(python_dir)
+    except ImportError as exc:  # another SGLang is already loaded here: the wrong setup, not the checkout
+        raise UsageError(f"{refusal}: {shown(str(exc))}") from None
+    try:
         # The bare target: a bad +VARIANT is the plan's error to report, not the checkout's.
         resolve("sglang")
         where = imported_sglang()[1]
     except (ImportError, TargetUnavailable) as exc:
-        # The install hint that comes with an unavailable target does not help a checkout that breaks.
+        # The code under review does not load (a pin it sets that this environment misses is named
+        # by the loader, as CannotLoad): could not check, and its reports say so. The install hint
+        # that comes with an unavailable target does not help a checkout that breaks.
         why = (str(exc).splitlines() or [type(exc).__name__])[0].split("; install it with")[0]
-        raise UsageError(f"{refusal}: {shown(why)}") from None
+        raise CannotLoad(f"the SGLang checkout at {shown(str(root))} does not import: {shown(why)}") from None
     if where.resolve() != (python_dir / "sglang").resolve():
         raise UsageError(f"{refusal}: sglang imports from {shown(str(where))}, not from its python/sglang")
 

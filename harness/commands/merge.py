@@ -33,21 +33,12 @@ def run(request: MergeRequest) -> int:
     print(f"vmfuzz merge: {len(request.dirs)} shard(s) ({', '.join(merged['shards'])}): {c['properties']} properties, "
           f"{c['held']} held, {c['failed']} failed, {c['findings']} finding(s) in {c['groups']} group(s)")
     print(f"reports: {report_dir}/ (summary.json, summary.md, junit.xml, report.html; findings/)")
-    from vmfuzz.harness.report.summary import fails
-    # the shards' own rule: a new group fails the night, a known finding (known/) never does
-    if fails(merged) or c["replays_failed"]:
-        return EXIT_FINDING
-    from vmfuzz.harness.report.replays import unreplayed
-    stuck = unreplayed(merged["replays"])
-    if stuck:
-        print(f"vmfuzz merge: could not check: saved repro {stuck[0]['repro']} could not be replayed: "
-              f"{stuck[0]['detail']}", file=sys.stderr)
-        return EXIT_OUT_OF_STEP
-    if c["out_of_step"]:
-        print("vmfuzz merge: a shard could not check some properties (out of step): see summary.md", file=sys.stderr)
-        return EXIT_OUT_OF_STEP
-    if c.get("could_not_check"):
-        print("vmfuzz merge: a shard could not check some properties (the time ran out): see summary.md",
-              file=sys.stderr)
-        return EXIT_OUT_OF_STEP
-    return EXIT_OK
+    from vmfuzz.harness.report.decide import verdict_of
+    # the joined summary's verdict, decided by a single run's rule (a known finding never fails it)
+    v = verdict_of(merged)
+    if v.exit_code == EXIT_OUT_OF_STEP:
+        print(f"vmfuzz merge: could not check: {v.why} (see summary.md)", file=sys.stderr)
+    print(f"vmfuzz merge: {v.headline}")
+    if v.exit_code == EXIT_OK and c["replays_failed"]:
+        return EXIT_FINDING  # a summary from before replays' failures were finding groups
+    return v.exit_code

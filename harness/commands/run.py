@@ -20,12 +20,15 @@ if TYPE_CHECKING:
 
 
 def run(request: RunRequest) -> int:
-    from vmfuzz.harness.commands.common import import_finding
+    from vmfuzz.harness.commands.common import import_finding, load_failed
     from vmfuzz.harness.engine.core.failures import ImportRaised
+    from vmfuzz.harness.model.errors import CannotLoad, OutOfStep
     try:
         plan_, target = plan(request)
     except ImportRaised as exc:  # the code under test does not load: that is the finding
         return import_finding(exc, request.command, request.target, request.report_dir)
+    except (CannotLoad, OutOfStep) as exc:  # it cannot load here: could not check, with its reports
+        return load_failed(exc, request.command, request.target, request.report_dir)
     return execute_and_report(plan_, target, verbose=request.verbose)
 
 
@@ -63,7 +66,7 @@ def execute_and_report(plan_, target, gate: GateWatch | None = None, *, verbose:
     coverage is computed from what ran, for the reports."""
     from vmfuzz.harness.engine.campaign.session import execute
     from vmfuzz.harness.report.progress import progress
-    from vmfuzz.harness.report.summary import write_reports
+    from vmfuzz.harness.report.summary import build_summary, write_summary
     from vmfuzz.harness.report.terminal import gate_line
     from vmfuzz.harness.report.verdict import say_written, verdict, write_reports_somewhere
 
@@ -92,14 +95,15 @@ def execute_and_report(plan_, target, gate: GateWatch | None = None, *, verbose:
             gate.stop()
     if gate is not None:
         print(gate_line(outcome.gate))
-    summary, written = write_reports_somewhere(write_reports, outcome, plan_.report_dir)
+    # the verdict is decided here, once, before any report is written: every report and the exit code read it
+    summary = build_summary(outcome, signal_code=_interrupted() if outcome.interrupted else None)
+    summary, written = write_reports_somewhere(write_summary, summary, plan_.report_dir)
     say_written(outcome, written)
-    if outcome.interrupted:
-        return _interrupted()
     return verdict(plan_, target, outcome, summary, written)
 
 
 def _interrupted() -> int:
+    """The signal's exit code, said on stderr."""
     from vmfuzz.harness.engine.core.signals import exit_code, name
     print(f"vmfuzz: interrupted by {name()} (findings written so far are kept, reports cover what ran)",
           file=sys.stderr)

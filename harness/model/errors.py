@@ -35,6 +35,28 @@ class OutOfStep(Exception):
         return (OutOfStep, (self.seam, self.file, self.why))
 
 
+class CannotLoad(OutOfStep):
+    """The code under test cannot load in this environment, for a reason outside it and outside
+    vmfuzz: a package it pins is missing here, or installed at another version (exit 3).
+
+    Never a finding (SGLang's code did nothing wrong). Met while the target loads, the run's
+    verdict says "cannot load the code under test" and names the pin, not vmfuzz. It is an
+    ``OutOfStep`` so that, met mid-search (a module imported on first use), every place that
+    keeps the harness's own state from becoming a finding keeps this one too. ``why`` names the
+    pin (``transformers pinned ==5.12.1, installed 5.19.0``); ``how`` says what raised.
+    """
+
+    def __init__(self, why: str, how: str = ""):
+        Exception.__init__(self, f"cannot load the code under test: {why}" + (f" ({how})" if how else ""))
+        self.seam, self.file, self.why, self.how = "load the code under test", "", why, how
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+    def __reduce__(self):
+        return (CannotLoad, (self.why, self.how))
+
+
 def out_of_step_line(exc: "OutOfStep | str") -> str:
     """The one line a command prints when it could not check (exit 3)."""
     return f"vmfuzz: could not check: vmfuzz is out of step with this SGLang: {exc}"

@@ -127,8 +127,25 @@ class RunCounts(_Strict):
     groups: int = 0
     #: groups no known entry names, plus known entries that now fail differently: what fails a run
     new_groups: int = 0
-    #: properties the time cap (pr) or budget stopped before they were checked: exit 3, never held
+    #: what the run could not check (exit 3, never held): properties the time cap (pr) or budget stopped,
+    #: the gate's changed lines no property could judge, saved repros that could not be replayed
     could_not_check: int = 0
+    #: properties that held with a promised sub-check no case judged (exit 3; not in ``held``)
+    held_in_part: int = 0
+    #: properties whose search lane died before they were checked (exit 3)
+    lane_lost: int = 0
+
+
+class VerdictRecord(_Strict):
+    """The run's one verdict (``vmfuzz.harness.model.verdict.Verdict``): every report and the exit code read it."""
+
+    #: one of ``vmfuzz.harness.model.verdict.Kind``'s values
+    kind: str
+    exit_code: int
+    #: the words every report opens with ("could not check" for every exit 3)
+    headline: str
+    #: why, in one line ("" for a plain pass)
+    why: str
 
 
 class Timings(_Strict):
@@ -190,6 +207,9 @@ class RunSummary(_Strict):
     fail_on_known: bool = False
     #: the pr profile's cap and how close the run came to it; None where a budget bounds the search
     time_cap: Union[TimeCap, None] = None
+    #: the run's verdict, decided once before any report was written; None only in a summary from an
+    #: older vmfuzz (readers then decide it from the summary: ``vmfuzz.harness.report.decide``)
+    verdict: Union[VerdictRecord, None] = None
 
 
 class Check(_Strict):
@@ -225,6 +245,10 @@ class CommandSummary(msgspec.Struct):
     counts: CommandCounts
     checks: list[Check]
     seconds: float
+    #: a ``run`` or ``gate`` that ended before its search (its code under test did not load): its
+    #: verdict's kind (``vmfuzz.harness.model.verdict.Kind``) and exit code, as a search's ``verdict`` has them
+    verdict_kind: Union[str, None] = None
+    exit_code: Union[int, None] = None
 
 
 class SummaryError(Exception):

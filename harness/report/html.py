@@ -14,6 +14,7 @@ from functools import partial
 from html import escape
 from pathlib import Path
 
+from vmfuzz.harness.model.verdict import Kind
 from vmfuzz.harness.report.buffers import buffer_picture, svg_open
 
 BS_BUCKETS = ("< 0.5", "0.5-1", "= 1", "1-1.5", "1.5-2", "> 2")
@@ -138,20 +139,34 @@ def _findings_html(s: dict, picture) -> str:
     return "".join(out)
 
 
+#: report.html's title word and its colour (a CSS class) for each verdict: every kind, and exit 3
+#: always reads "could not check"
+HTML_TITLE = {
+    Kind.HELD: ("passed", "held"), Kind.KNOWN: ("passed (known findings only)", "held"),
+    Kind.NEW_FINDING: ("FAILED", "failed"), Kind.HELD_IN_PART: ("could not check (held in part)", "skipped"),
+    Kind.COULD_NOT_CHECK: ("could not check", "skipped"), Kind.NEEDS_GPU: ("could not check (needs a GPU)", "skipped"),
+    Kind.OUT_OF_STEP: ("could not check (vmfuzz out of step)", "skipped"),
+    Kind.CANNOT_LOAD: ("could not check (cannot load the code under test)", "skipped"),
+    Kind.LANE_LOST: ("could not check (a search lane was lost)", "skipped"),
+    Kind.INTERRUPTED: ("interrupted", "failed"),
+}
+
+
 def report_html(s: dict, folder: Path | None = None) -> str:
     """The page of ``s``, written into ``folder``: the repro paths relative to it are read from there."""
-    from vmfuzz.harness.report.replays import could_not_check
-    from vmfuzz.harness.report.unchecked import cap_line, unchecked_line
+    from vmfuzz.harness.report.decide import verdict_of
+    from vmfuzz.harness.report.unchecked import cap_line
     c = s["counts"]
-    # the same reasons summary.md gives, so a page that says "could not check" always says why
-    why = could_not_check(s) or ("not every property could be checked" if c.get("could_not_check") else "")
-    verdict = "FAILED" if c["findings"] else ("could not check" if why else "passed")
-    said = [unchecked_line(s) or f"could not check: {why}", cap_line(s)]
-    reason = "" if c["findings"] or not why else (
+    v = verdict_of(s)
+    verdict, css = HTML_TITLE[v.kind]
+    # the same reason summary.md gives, so a page that does not pass always says why
+    said = [f"{v.headline}: {v.why}" if v.exit_code and v.why else "", cap_line(s) if v.exit_code else ""]
+    reason = "" if not any(said) else (
         '<p class="note"><b>' + "</b><br>".join(escape(line) for line in said if line) + "</p>")
     from vmfuzz.harness.report.html_sections import (coverage_html, gate_html, groups_html, history_html, known_html,
                                               property_rows)
     rows = property_rows(s["properties"])
+    held_in_part = f" / {c['held_in_part']} held in part" if c.get("held_in_part") else ""
     versions = ", ".join(f"{escape(k)} {escape(str(v))}" for k, v in s["versions"].items())
     dep = ""
     if s.get("deployment"):
@@ -169,9 +184,9 @@ def report_html(s: dict, folder: Path | None = None) -> str:
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>vmfuzz {escape(s['target'])}: {verdict}</title>
 <style>{CSS}</style></head><body>
-<h1>vmfuzz {escape(s['command'])} on <code>{escape(s['target'])}</code>: <span class="{'failed' if c['findings'] else ('held' if verdict == 'passed' else 'skipped')}">{verdict}</span></h1>
+<h1>vmfuzz {escape(s['command'])} on <code>{escape(s['target'])}</code>: <span class="{css}">{escape(verdict)}</span></h1>
 <p>profile <b>{escape(s['profile'])}</b>, seed <b>{s['seed']}</b>, {c['examples']:,} examples,
-{c['held']} held / {c['failed']} failed / {c['skipped']} skipped, {s['timings']['total_seconds']:.0f}s. {versions}</p>
+{c['held']} held / {c['failed']} failed / {c['skipped']} skipped{held_in_part}, {s['timings']['total_seconds']:.0f}s. {versions}</p>
 {reason}
 {dep}
 {findings}
@@ -182,5 +197,25 @@ def report_html(s: dict, folder: Path | None = None) -> str:
 <div class="charts">{''.join(_charts(s))}</div>
 {coverage_html(s)}
 {history_html(s)}
+</body></html>
+"""
+
+
+def command_html(s: dict) -> str:
+    """The page of a ``run`` or ``gate`` that ended before its search (a skipped gate, code under test
+    that did not load): its verdict, why, and each check."""
+    if "verdict_kind" in s:
+        verdict, css = HTML_TITLE[Kind(s["verdict_kind"])]
+    else:
+        verdict, css = {"failed": ("FAILED", "failed"), "passed": ("passed", "held"), "skipped": ("skipped", "skipped"),
+                        "could not check": ("could not check", "skipped")}[s["verdict"]]
+    rows = "".join(f'<tr><td>{escape(k["name"])}</td><td class="{escape(k["status"])}">{escape(k["status"])}</td>'
+                   f'<td>{escape(k["detail"])}</td></tr>' for k in s["checks"])
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>vmfuzz {escape(s['target'])}: {escape(verdict)}</title>
+<style>{CSS}</style></head><body>
+<h1>vmfuzz {escape(s['command'])} on <code>{escape(s['target'])}</code>: <span class="{css}">{escape(verdict)}</span></h1>
+<p>{escape(s.get('headline') or '')}</p>
+<table><tr><th>check</th><th>status</th><th>detail</th></tr>{rows}</table>
 </body></html>
 """

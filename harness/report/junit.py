@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from xml.sax.saxutils import escape as _escape, quoteattr as _quoteattr
 
+from vmfuzz.harness.model.verdict import Kind
 from vmfuzz.harness.report.unchecked import how_far
 
 #: characters XML 1.0 cannot hold at all, even escaped
@@ -111,6 +112,13 @@ def run_junit(s: dict) -> str:
             case.outcome, case.message = "skipped", "not driven: " + p["not_driven"]
         elif p["status"] == "out of step":
             case.outcome, case.message = "error", "vmfuzz is out of step with the target: " + p["out_of_step"]
+        elif p["status"] == "lane lost":
+            case.outcome, case.message = "error", "could not check: " + (p.get("out_of_step") or "its search lane died")
+        elif p["status"] == "held in part":
+            # held on what ran, but a promise was not kept: never a plain pass
+            gaps = {k: v for k, v in (p.get("sub_checks") or {}).items() if v != "done"}
+            case.outcome = "error"
+            case.message = "could not check: held in part: " + "; ".join(f"sub-check {k}: {v}" for k, v in gaps.items())
         suite.cases.append(case)
     suites = [suite]
     if s.get("known_findings"):
@@ -131,7 +139,31 @@ def run_junit(s: dict) -> str:
         suites.append(Suite("vmfuzz.replays", [
             Case(r["repro"], outcome=replay_outcome(r), message=r["detail"] or "")
             for r in s["replays"]]))
-    return junit_xml(suites)
+    # last: the run's verdict, the one every report reads (a CI tab's pass/fail is its exit code)
+    return junit_xml(suites + verdict_suite(s))
+
+
+#: junit.xml's outcome of the run's verdict testcase, for each verdict: every kind. A CI tab that
+#: reads only pass/fail reads the exit code: exit 0 passes, exit 1 fails, exit 3 (and a signal) is an error
+JUNIT_OUTCOME = {
+    Kind.HELD: None, Kind.KNOWN: None, Kind.NEW_FINDING: "failure",
+    Kind.HELD_IN_PART: "error", Kind.COULD_NOT_CHECK: "error", Kind.NEEDS_GPU: "error", Kind.OUT_OF_STEP: "error",
+    Kind.CANNOT_LOAD: "error", Kind.LANE_LOST: "error", Kind.INTERRUPTED: "error",
+}
+
+
+def verdict_case(v) -> Case:
+    """The run's verdict (``vmfuzz.harness.model.verdict``) as one testcase, named by its headline."""
+    return Case("verdict", outcome=JUNIT_OUTCOME[v.kind], kind=v.kind.value,
+                message=f"{v.headline}: {v.why}" if v.why else v.headline)
+
+
+def verdict_suite(s: dict) -> list[Suite]:
+    """The verdict's suite; none for a fragment of a summary (no verdict, and no counts to decide one from)."""
+    from vmfuzz.harness.report.decide import verdict_of
+    if not s.get("verdict") and "counts" not in s:
+        return []
+    return [Suite("vmfuzz.verdict", [verdict_case(verdict_of(s))])]
 
 
 #: the class a search records where a property met a known entry (``known finding NAME``, or one part

@@ -32,10 +32,13 @@ from pathlib import Path
 
 from vmfuzz.harness.report.repro_paths import rewrite
 from vmfuzz.harness.model.known_file import DIFFERENT, KNOWN_STATUSES, REPRODUCES
-from vmfuzz.harness.report.summary import MARGIN_BUCKETS, run_junit, summary_md, write_files, write_whole
+from vmfuzz.harness.report.decide import decide, with_verdict
+from vmfuzz.harness.report.summary import (MARGIN_BUCKETS, run_junit, status_counts, summary_md, write_files,
+                                           write_whole)
 
 #: worst first: the joined status of a property two shards both ran
-STATUS_ORDER = ("failed", "out of step", "could not check", "held", "not driven", "skipped")
+STATUS_ORDER = ("failed", "lane lost", "out of step", "could not check", "held in part", "held", "not driven",
+                "skipped")
 #: the other statuses a run's summary holds (vmfuzz.harness.engine.regression.regressions, vmfuzz.harness.report.summary)
 REPLAY_STATUSES = ("held", "failed", "error", "out of step")
 SHARD = re.compile(r"^(\d+)/(\d+)$")
@@ -257,7 +260,6 @@ def merge_summaries(summaries: list[dict]) -> dict:
     findings = _once([f for s in summaries for f in s.get("findings", [])], "repro")
     groups = join_groups(summaries)
     members = {m for g in groups for m in g["members"]}
-    status = Counter(p["status"] for p in props.values())
     merged = {**first, "shard": None, "shards": [s.get("shard") for s in summaries],
               "selection": first.get("selection") if all(s.get("selection") for s in summaries) else None,
               "interrupted": any(s.get("interrupted") for s in summaries),
@@ -279,17 +281,15 @@ def merge_summaries(summaries: list[dict]) -> dict:
                           # the shards ran side by side: the merged run took as long as the slowest
                           "total_seconds": max(s["timings"]["total_seconds"] for s in summaries)}}
     merged["counts"] = {
-        "properties": len(props), "held": status["held"], "failed": status["failed"],
-        "skipped": status["skipped"] + status["not driven"], "not_driven": status["not driven"],
-        "out_of_step": status["out of step"], "could_not_check": status["could not check"],
-        "examples": sum(p["examples"] for p in props.values()),
+        **status_counts(list(props.values()), replays, first.get("gate")),
         "replays": len(replays), "replays_failed": sum(r["status"] == "failed" for r in replays),
         "findings": len(findings), "groups": len(groups), "known": sum(k["status"] == REPRODUCES for k in known),
         # what fails the merged run: the groups no known entry names (vmfuzz.harness.report.summary)
         "new_groups": sum(g.get("known") is None for g in groups)
         # a summary written before a known entry failing differently was a group of its own
         + sum(k["status"] == DIFFERENT and k["repro"] not in members for k in known)}
-    return merged
+    # decided from the joined summary by the rule a single run's is (never copied from a shard)
+    return with_verdict(merged, decide(merged))
 
 
 def _sum_nested(parts: list[dict]) -> dict:
@@ -339,7 +339,8 @@ FIELDS = {
                      "device", "versions", "fail_on_known", "bounds", "deployment", "gate", "history", "selection"), "same"),
     **dict.fromkeys(("interrupted", "started", "counts", "properties", "boundary_classes", "overflow_margin",
                      "overflow_margin_by_path", "findings", "replays", "known_findings", "timings", "reached",
-                     "kernel", "warnings", "groups", "deep_boundary_corpus", "shard", "shards", "time_cap"),
+                     "kernel", "warnings", "groups", "deep_boundary_corpus", "shard", "shards", "time_cap",
+                     "verdict"),
                     "joined"),
 }
 

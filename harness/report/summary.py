@@ -22,15 +22,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from vmfuzz.harness.model.summary_file import CommandSummary as CommandShape
-from vmfuzz.harness.model.summary_file import RunSummary, SummaryError, conform, shared_runs
+from vmfuzz.harness.model.summary_file import RunSummary, SummaryError, conform
 from vmfuzz.harness.model.known_file import REPRODUCES
+from vmfuzz.harness.model.verdict import Kind, Verdict
 from vmfuzz.harness.report.findings import finding_record, findings_and_known, new_groups
 from vmfuzz.harness.report.junit import command_junit, run_junit
-from vmfuzz.harness.report.replays import could_not_check, replay_lines
+from vmfuzz.harness.report.decide import fails  # noqa: F401 - where callers have found it
 from vmfuzz.harness.report.repro_paths import relative_to_folder
 from vmfuzz.harness.properties import sub_checks
-from vmfuzz.harness.report.terminal import changed_line_rows, gate_line, shown
-from vmfuzz.harness.report.unchecked import UNCHECKED, cap_line, status as _status, time_cap, unchecked_line
+from vmfuzz.harness.report.summary_md import MD_HEADLINE, summary_md  # noqa: F401 - re-exported: merge, tests
+from vmfuzz.harness.report.unchecked import HELD_IN_PART, LANE_LOST, UNCHECKED, status as _status, time_cap
 
 
 def default_report_dir() -> Path:
@@ -99,14 +100,15 @@ def margin_bucket(m: float) -> str | None:
     return MARGIN_BUCKETS[4] if m <= 100 else MARGIN_BUCKETS[5]
 
 
-def shared_run_lines(props: list[dict]) -> list[str]:
-    """Each shared run's time, once: its members' seconds are shares of it, never each its own."""
-    return [f"\nShared run of {', '.join(m['name'] for m in members)}: "
-            f"{sum(m['seconds'] for m in members):.1f} s (each case run once, every one judged on it)."
-            for members in shared_runs(props).values()]
+def build_summary(outcome, *, signal_code: int | None = None) -> dict:
+    """summary.json's record of ``outcome``, its ``verdict`` decided here, once, before any report is
+    written (``signal_code``: the exit code of the signal that interrupted the run, if one did)."""
+    from vmfuzz.harness.report.decide import decide, with_verdict
+    s = _record(outcome)
+    return with_verdict(s, decide(s, signal_code=signal_code))
 
 
-def build_summary(outcome) -> dict:
+def _record(outcome) -> dict:
     plan = outcome.plan
     props, classes, margins = [], Counter(), Counter()
     by_path = {p: Counter() for p in MARGIN_PATHS}
@@ -135,7 +137,7 @@ def build_summary(outcome) -> dict:
                 "source": o.source, "status": o.status, "detail": o.detail, "still_fails_on_recorded": o.teeth,
                 "finding": str(o.finding.path) if o.finding else None} for o in outcome.replays]
     findings, known = findings_and_known(outcome)
-    status = Counter(p["status"] for p in props)
+    gate = getattr(outcome, "gate", None)
     return {
         "command": plan.command, "target": outcome.target_name, "profile": plan.profile.name,
         "interrupted": outcome.interrupted,
@@ -144,10 +146,7 @@ def build_summary(outcome) -> dict:
         "shard": getattr(plan, "shard", None),
         "selection": list(getattr(plan, "selection", ()) or plan.properties),
         "versions": outcome.versions, "started": outcome.started,
-        "counts": {"properties": len(props), "held": status["held"], "failed": status["failed"],
-                   "skipped": status["skipped"] + status["not driven"], "not_driven": status["not driven"],
-                   "out_of_step": status["out of step"], "could_not_check": status[UNCHECKED],
-                   "examples": sum(p["examples"] for p in props),
+        "counts": {**status_counts(props, replays, gate),
                    "replays": len(replays),
                    "replays_failed": sum(o["status"] == "failed" for o in replays),
                    "findings": len(findings), "groups": len(getattr(outcome, "groups", [])),
@@ -173,7 +172,7 @@ def build_summary(outcome) -> dict:
         # real defects of the code under test, upstream's to fix (known/): findings of run, listed by gate
         "known_findings": known,
         "deployment": outcome.deployment,
-        "gate": getattr(outcome, "gate", None),
+        "gate": gate,
         "timings": {"replay_seconds": round(outcome.replay_seconds, 3),
                     "search_seconds": round(outcome.search_seconds, 3),
                     "total_seconds": round(outcome.seconds, 3)},
@@ -188,6 +187,21 @@ def build_summary(outcome) -> dict:
     }
 
 
+def status_counts(props: list[dict], replays: list[dict], gate: dict | None) -> dict:
+    """The counts read from the properties' statuses (a run's, or ``merge``'s joined ones). "held"
+    is a plain held only; "could_not_check" counts every thing the run could not check: a property
+    the clock stopped, a changed line of the gate's, a saved repro that could not be replayed."""
+    from vmfuzz.harness.report.replays import unreplayed
+    status = Counter(p["status"] for p in props)
+    return {"properties": len(props), "held": status["held"], "held_in_part": status[HELD_IN_PART],
+            "failed": status["failed"], "skipped": status["skipped"] + status["not driven"],
+            "not_driven": status["not driven"], "out_of_step": status["out of step"],
+            "lane_lost": status[LANE_LOST],
+            "could_not_check": status[UNCHECKED] + len((gate or {}).get("could_not_check") or [])
+            + len(unreplayed(replays)),
+            "examples": sum(p["examples"] for p in props)}
+
+
 def _reached(results) -> dict:
     out: dict = {}
     for r in results:
@@ -196,114 +210,16 @@ def _reached(results) -> dict:
     return out
 
 
-def _changed_lines_md(gate: dict) -> list[str]:
-    """The gate's measured lines: one row per changed file, then each could-not-check line."""
-    measured = changed_line_rows(gate)
-    if not measured:
-        return []
-    out = ["| changed file | verdict | lines, and the property that ran each |", "|---|---|---|"]
-    out += [f"| `{shown(path)}` | {verdict} | {detail} |" for path, verdict, detail in measured]
-    out += [f"\n- could not check: {w}" for w in gate.get("could_not_check") or []]
-    return out + [""]
-
-
-def summary_md(s: dict) -> str:
-    c = s["counts"]
-    dep_failed = any(((s.get("deployment") or {}).get(p) or {}).get("ok") is False for p in ("routing", "allocation"))
-    failing = fails(s)
-    verdict = "**FAILED**" if failing or dep_failed or s.get("interrupted") else "passed"
-    if s.get("interrupted") and not failing:
-        verdict = "**INTERRUPTED**"
-    elif verdict == "passed" and could_not_check(s):
-        verdict = f"**COULD NOT CHECK** ({could_not_check(s)})"
-    lines = [f"### vmfuzz {s['command']}: {verdict} on `{s['target']}`", "",
-             f"profile `{s['profile']}`, seed `{s['seed']}`, {c['examples']} examples, "
-             f"{c['held']} held / {c['failed']} failed / {c['skipped']} skipped"
-             + (f" / {c['could_not_check']} could not check" if c.get("could_not_check") else "")
-             + f", {s['timings']['total_seconds']:.0f}s", ""]
-    timing = [line + "  " for line in (unchecked_line(s), cap_line(s)) if line]
-    lines += timing + [""] if timing else []
-    lines += _code_under_test(s)
-    if s.get("groups"):  # first: one line per cause, before the table and the findings
-        lines += [f"#### Finding groups ({len(s['groups'])}: one per cause)", ""]
-        lines += [f"- **{g['signature']}**{' (known: `' + g['known'] + '`)' if g.get('known') else ''}: "
-                  f"{g['count']} finding(s), seen by {', '.join(g['properties'])}  \n"
-                  f"  repro: `{g['repro']}` (`vmfuzz replay {g['repro']}`)" for g in s["groups"]]
-        lines += [""]
-    if s.get("deployment"):
-        d = s["deployment"]
-        lines += [f"Deployment {d['label']}: **{'can' if d['can_write_out_of_range'] else 'cannot'} "
-                  f"write out of range** ({d['why']})", ""]
-        for part in ("routing", "allocation"):
-            if d.get(part):
-                state = {True: "held", False: "**FAILED**", None: "not checked"}[d[part]["ok"]]
-                lines += [f"- {part}: {state}: {d[part]['why']}"]
-        lines += [""] if any(d.get(p) for p in ("routing", "allocation")) else []
-    if s.get("gate"):
-        line = gate_line(s["gate"], quote="`")
-        lines += [f"G{line[1:]} (of {len(s['gate']['changed'])} changed)", "", *_changed_lines_md(s["gate"])]
-    lines += ["| property | status | examples | seconds |", "|---|---|---:|---:|"]
-    lines += [f"| {p['name']} | {p['status']} | {p['examples']} | "
-              + ("shared |" if p.get("shared_run") else f"{p['seconds']:.1f} |") for p in s["properties"]]
-    lines += shared_run_lines(s["properties"])
-    lines += [f"\n- `{p['name']}` out of step: {p['out_of_step']}" for p in s["properties"] if p.get("out_of_step")]
-    for w in s.get("warnings", []) + (s.get("gate") or {}).get("warnings", []):
-        lines += [f"\n- warning: {w}"]
-    lines += replay_lines(s) if s["replays"] else []
-    if s.get("known_findings"):
-        lines += ["", "#### Known findings (upstream's to fix; `known/`)", ""]
-        lines += [f"- `{k['name']}` ({k['property']}, sglang {k['sglang']}): {k['status']}: {k['reason']}"
-                  for k in s["known_findings"]]
-    if s["findings"]:
-        lines += ["", "#### Findings", ""]
-        lines += [f"- `{f['property']}` ({f['kind']}): {f['detail']}  \n  repro: `{f['repro']}` "
-                  f"(`vmfuzz replay {f['repro']}`)" for f in s["findings"]]
-    deep = s.get("deep_boundary_corpus") or {}
-    if deep.get("cases"):
-        lines += ["", f"Deep boundary corpus: {deep['runs']} run(s) of {len(deep['cases'])} case(s) before "
-                  f"the search, {deep['seconds']:.1f}s (sized from {deep['sized_from'] or 'the model'}):", ""]
-        lines += [f"- {c}" for c in deep["cases"]]
-    if s.get("bounds"):
-        widest = s["bounds"][-1]
-        lines += ["", f"Bounds ({len(s['bounds'])} step(s), widest): "
-                  + ", ".join(f"{k} {v}" for k, v in widest.items())
-                  + ("; reached " + ", ".join(f"{k} {v}" for k, v in s["reached"].items()) if s.get("reached") else "")]
-    if len(s.get("bounds") or []) > 1:
-        lines += ["", "| property | " + " | ".join(f"step {i + 1} (s)" for i in range(len(s["bounds"]))) + " |",
-                  "|---|" + "---:|" * len(s["bounds"])]
-        lines += [f"| {p['name']} | " + " | ".join(f"{x:.1f}" for x in p["seconds_by_bound_step"]) + " |"
-                  for p in s["properties"]]
-    if s.get("kernel") and s["kernel"].get("kernel_share") is not None:
-        k = s["kernel"]
-        lines += ["", f"Kernel launches: {k['launches']}, {k['kernel_seconds']:.1f}s inside them = "
-                  f"{100 * k['kernel_share']:.0f}% of the search ({100 * (1 - k['kernel_share']):.0f}% harness overhead)"]
-    versions = ", ".join(f"{k} {v}" for k, v in s["versions"].items())
-    lines += ["", f"<sub>{versions}</sub>", ""]
-    return "\n".join(lines)
-
-
-def fails(s: dict) -> bool:
-    """Does this summary fail (the exit code's rule): a new group, or a known one with --fail-on-known."""
-    c = s["counts"]
-    if "new_groups" not in c:  # a summary written before origins: every finding counted
-        return bool(c["findings"] or c["replays_failed"])
-    return bool(c["new_groups"] or (s.get("fail_on_known") and (c["known"] or c["groups"])))
-
-
-def _code_under_test(s: dict) -> list[str]:
-    """Which SGLang the verdict is about: the package's own version and where it was imported from."""
-    versions = s.get("versions") or {}
-    if "sglang path" not in versions:
-        return []
-    checkout = (s.get("gate") or {}).get("checkout")
-    return [f"Code under test: sglang `{versions.get('sglang')}` from `{versions['sglang path']}`"
-            + (f" (the checkout at `{checkout}`)" if checkout else ""), ""]
-
-
 def write_reports(outcome, report_dir: Path) -> dict:
+    """The reports of ``outcome`` (its verdict decided first, ``build_summary``) written into ``report_dir``."""
+    return write_summary(build_summary(outcome), report_dir)
+
+
+def write_summary(s: dict, report_dir: Path) -> dict:
+    """summary.json, summary.md, junit.xml and report.html of the run summary ``s``, every one reading
+    the verdict ``s`` holds."""
     from vmfuzz.harness.report.html import report_html
 
-    s = build_summary(outcome)
     # on disk, the folder's own repros by their place in it; the caller prints the paths as they are
     here = relative_to_folder(s, report_dir)
     write_files(report_dir, {"summary.json": _checked(here, RunSummary), "summary.md": summary_md(here),
@@ -344,6 +260,9 @@ class CommandSummary:
     extra: dict = field(default_factory=dict)
     started: str = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     seconds: float = 0.0
+    #: the verdict of a ``run`` or ``gate`` that ended before its search (the code under test did not
+    #: load): the same record a search's reports read (``vmfuzz.harness.model.verdict``)
+    outcome: Verdict | None = None
 
     @property
     def failed(self) -> bool:
@@ -351,9 +270,13 @@ class CommandSummary:
 
     def as_dict(self) -> dict:
         n = Counter(c.status for c in self.checks)
+        # a check that could not be made (an error) is never a pass
+        verdict = ("failed" if self.failed else "could not check" if n["error"]
+                   else "skipped" if self.checks and n["skipped"] == len(self.checks) else "passed")
+        said = ({"verdict_kind": self.outcome.kind.value, "exit_code": self.outcome.exit_code}
+                if self.outcome is not None else {})
         return {"command": self.command, "target": self.target, "started": self.started,
-                "verdict": "failed" if self.failed else ("skipped" if self.checks and n["skipped"] == len(self.checks)
-                                                         else "passed"),
+                "verdict": verdict, **said,
                 "headline": self.headline,
                 "counts": {"checks": len(self.checks), **{s: n[s] for s in STATUSES},
                            "findings": sum(1 for c in self.checks if c.status == "failed")},
@@ -363,7 +286,9 @@ class CommandSummary:
 
 def command_md(s: dict) -> str:
     c = s["counts"]
-    verdict = {"failed": "**FAILED**", "passed": "passed", "skipped": "skipped"}[s["verdict"]]
+    verdict = ({"failed": "**FAILED**", "passed": "passed", "skipped": "skipped",
+                "could not check": "**COULD NOT CHECK**"}[s["verdict"]] if "verdict_kind" not in s
+               else MD_HEADLINE[Kind(s["verdict_kind"])])
     lines = [f"### vmfuzz {s['command']}: {verdict} on `{s['target']}`", ""]
     if s["headline"]:
         lines += [s["headline"], ""]
@@ -382,5 +307,9 @@ def write_command_summary(summary: CommandSummary, report_dir: Path) -> dict:
     s = summary.as_dict()
     # rendered before the shape is checked against the model: the check is the last step down
     md, junit = command_md(s), command_junit(s)
-    write_files(report_dir, {"summary.json": _checked(s, CommandShape), "summary.md": md, "junit.xml": junit})
+    files = {"summary.json": _checked(s, CommandShape), "summary.md": md, "junit.xml": junit}
+    if s["command"] in ("run", "gate"):  # a person opens report.html of every run, whatever ended it
+        from vmfuzz.harness.report.html import command_html
+        files["report.html"] = command_html(s)
+    write_files(report_dir, files)
     return s

@@ -11,19 +11,28 @@ was not searched: could not check too.
 from __future__ import annotations
 
 UNCHECKED = "could not check"
+#: a property that held on what ran, with a promised sub-check no case judged: exit 3, never "held"
+HELD_IN_PART = "held in part"
+#: a property whose search lane died before it was checked: exit 3 whatever the change touched
+LANE_LOST = "lane lost"
 
 
 def status(res) -> str:
     """A property's status in summary.json."""
     if res.findings:
         return "failed"
+    if getattr(res, "lane_lost", False):
+        return LANE_LOST
     if getattr(res, "out_of_step", None):
         return "out of step"
     if res.not_driven:
         return "not driven"
     if res.unchecked:
         return UNCHECKED
-    return "skipped" if res.examples == 0 else "held"
+    if res.examples == 0:
+        return "skipped"
+    from vmfuzz.harness.properties import sub_checks_not_driven
+    return HELD_IN_PART if sub_checks_not_driven(res.prop, res.classes) else "held"
 
 
 def how_far(p: dict) -> str:

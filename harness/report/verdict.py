@@ -1,7 +1,8 @@
 """What a run's reports say at the end: where they went, the lines a person reads, the exit code.
 
-Written from the outcome and the summary alone, after the reports: the verdict a
-person reads is the one the reports on disk hold.
+Read from the verdict the summary holds (decided once, before the reports were
+written: ``vmfuzz.harness.report.decide``): the verdict a person reads is the
+one the reports on disk hold, and the exit code is that verdict's.
 """
 
 from __future__ import annotations
@@ -9,28 +10,31 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from vmfuzz.harness.model.errors import (EXIT_COULD_NOT_CHECK, EXIT_FINDING, EXIT_OK, EXIT_OUT_OF_STEP,
-                                         out_of_step_line)
+from vmfuzz.harness.model.errors import EXIT_COULD_NOT_CHECK
+from vmfuzz.harness.model.verdict import Kind, Verdict
 from vmfuzz.harness.report.terminal import paint, plural
 
 
-def write_reports_somewhere(write, outcome, report_dir: Path):
-    """Reports into ``report_dir``, or, when it broke mid-run, into a fallback place (said on stderr);
-    returns (summary, where they went: None when nowhere could hold them)."""
+def write_reports_somewhere(write, summary: dict, report_dir: Path):
+    """``summary`` (its verdict decided) written into ``report_dir`` by ``write``, or, when that broke
+    mid-run, into a fallback place (said on stderr) with the verdict those reports then hold
+    (``not_written``); returns (the summary as written, where it went: None when nowhere could hold it)."""
+    from vmfuzz.harness.report.decide import verdict_of, with_verdict
     try:
-        return write(outcome, report_dir), report_dir
+        write(summary, report_dir)
+        return summary, report_dir
     except OSError as exc:
         from vmfuzz.harness.model.validate import fallback_dir
+        summary = with_verdict(summary, not_written(verdict_of(summary), report_dir))
         where = fallback_dir() / "reports"
         try:
-            summary = write(outcome, where)
+            write(summary, where)
         except OSError as again:
             # A limit on every file this process writes (ulimit -f) stops the fallback too: the
             # findings are on disk and the verdict stands; the reports are what is missing.
-            from vmfuzz.harness.report.summary import build_summary
             print(f"vmfuzz: cannot write reports to {report_dir} ({exc.strerror or exc}) nor to {where} "
                   f"({again.strerror or again}); the findings' repros are on disk", file=sys.stderr)
-            return build_summary(outcome), None
+            return summary, None
         print(f"vmfuzz: cannot write reports to {report_dir} ({exc.strerror or exc}); wrote them to {where}",
               file=sys.stderr)
         return summary, where
@@ -42,36 +46,6 @@ def say_written(outcome, written: Path | None) -> None:
         _say_deployment(outcome.deployment)
     print(f"reports: {written}/ (summary.json, summary.md, junit.xml, report.html)" if written
           else "reports: none written (see above)")
-
-
-def _out_of_step(outcome) -> bool:
-    """Exit 3's one line when a check could not be made: a saved repro that could not be
-    replayed (never a pass), or a check vmfuzz is out of step for.
-
-    The gate counts only the out-of-step checks that drive a file the change
-    touches (the rest are warnings in its summary); a run counts every one.
-    """
-    gate = outcome.gate or {}
-    stuck = gate["out_of_step"] if "out_of_step" in gate else [why for _, why in outcome.out_of_step]
-    for w in gate.get("warnings", []):
-        print(f"vmfuzz: warning: {w}", file=sys.stderr)
-    unreplayed = [o for o in outcome.replays if o.source == "saved" and o.status == "error"]
-    if unreplayed:
-        o = unreplayed[0]
-        print(f"vmfuzz: could not check: saved repro {o.path} could not be replayed: {o.detail}", file=sys.stderr)
-        return True
-    if stuck:
-        print(out_of_step_line(stuck[0]), file=sys.stderr)
-    return bool(stuck)
-
-
-def _lines_unchecked(outcome) -> bool:
-    """The gate's measured lines: a changed line on the mask's path that no property ran,
-    a mask-path function never entered, a file this machine cannot run. Each is a line."""
-    stuck = (outcome.gate or {}).get("could_not_check") or []
-    for line in stuck:
-        print(f"vmfuzz: could not check: {line}", file=sys.stderr)
-    return bool(stuck)
 
 
 def _say_deployment(d: dict) -> None:
@@ -113,16 +87,65 @@ def _say_groups(groups: list[dict]) -> None:
         print(f"      repro:   {g['repro']} ({g['repro_property']}): {g['detail']}")
 
 
+def held_line(summary: dict, target_name: str) -> str:
+    """``all 3 properties held``: what held, and which properties this target could not drive."""
+    props = summary["properties"]
+    undriven = [p["name"] for p in props if p["status"] == "not driven"]
+    if undriven:
+        return (f"{plural(len(props) - len(undriven), 'property', 'properties')} {paint('held')}; "
+                f"not driven on {target_name}: " + ", ".join(undriven))
+    if len(props) == 1:
+        return f"{props[0]['name']} {paint('held')}"
+    return f"all {len(props)} properties {paint('held')}"
+
+
+def _findings_line(v: Verdict, summary: dict, target_name: str) -> str:
+    return f"{paint('FAILED')}: {v.why}"
+
+
+def _unchecked(v: Verdict, summary: dict, target_name: str) -> str:
+    return paint(f"{v.headline}: {v.why}", "could not check")
+
+
+#: the terminal's closing line for each verdict: every kind (tests/test_verdict.py), and exit 3
+#: always reads "could not check"
+CLOSING = {
+    Kind.HELD: lambda v, s, t: held_line(s, t),
+    Kind.KNOWN: lambda v, s, t: held_line(s, t) + " (known findings only: upstream's to fix)",
+    Kind.NEW_FINDING: _findings_line,
+    **dict.fromkeys((Kind.HELD_IN_PART, Kind.COULD_NOT_CHECK, Kind.NEEDS_GPU, Kind.OUT_OF_STEP, Kind.CANNOT_LOAD,
+                     Kind.LANE_LOST), _unchecked),
+    Kind.INTERRUPTED: lambda v, s, t: paint(f"{v.headline}: {v.why}", "could not check"),
+}
+
+
+def closing_line(v: Verdict, summary: dict, target_name: str) -> str:
+    return CLOSING[v.kind](v, summary, target_name)
+
+
+def not_written(v: Verdict, report_dir: Path) -> Verdict:
+    """The verdict when the reports could not go where they were asked: a pass becomes could not
+    check (CI finds nothing where it looks); a finding or another exit 3 stands."""
+    if v.exit_code != 0:
+        return v
+    return Verdict.of(Kind.COULD_NOT_CHECK, f"the reports could not be written to {report_dir}")
+
+
 def verdict(plan_, target, outcome, summary: dict, written: Path | None) -> int:
-    """The run's last lines and its exit code, read from the outcome and the summary as written
-    (an interrupted run's is the caller's: the signal that stopped it is the engine's to name)."""
-    from vmfuzz.harness.report.unchecked import cap_line, unchecked_line
+    """The run's last lines and its exit code, read from the verdict the summary holds (decided once,
+    before the reports were written: ``vmfuzz.harness.report.decide``)."""
+    from vmfuzz.harness.report.decide import verdict_of
+    from vmfuzz.harness.report.unchecked import cap_line
+    v = verdict_of(summary)
+    if v.kind is Kind.INTERRUPTED:
+        print(closing_line(v, summary, target.name))
+        return v.exit_code
     if cap_line(summary):
         print(cap_line(summary))
     _say_known(plan_, outcome)
-    if outcome.failed:
+    groups = summary.get("groups", [])
+    if v.kind is Kind.NEW_FINDING and groups:
         where = plan_.findings_dir if written == plan_.report_dir else "the repro paths above"
-        groups = summary.get("groups", [])
         _say_groups(groups)
         new = [g for g in groups if not g.get("known") or plan_.fail_on_known]
         known = len(groups) - len(new)
@@ -130,42 +153,22 @@ def verdict(plan_, target, outcome, summary: dict, written: Path | None) -> int:
         print(f"{paint(plural(len(new), 'finding group'), 'FAILED')} "
               f"({plural(sum(g['count'] for g in new), 'finding')}){also} "
               f"written under {where}; replay a group's repro with: vmfuzz replay FILE")
-        return EXIT_FINDING
-    if written != plan_.report_dir:
-        # the reports are not where CI looks for them (stderr said where, if anywhere): not a pass
-        print("vmfuzz: could not check: the reports could not be written to " + str(plan_.report_dir), file=sys.stderr)
-        return EXIT_COULD_NOT_CHECK
-    if _out_of_step(outcome):
-        return EXIT_OUT_OF_STEP
-    if _lines_unchecked(outcome):
-        return EXIT_COULD_NOT_CHECK
-    if outcome.deployment and any((outcome.deployment.get(p) or {}).get("ok") is False
-                                  for p in ("routing", "allocation")):
+        return v.exit_code
+    for w in (summary.get("gate") or {}).get("warnings", []):
+        print(f"vmfuzz: warning: {w}", file=sys.stderr)
+    gate_lines = (summary.get("gate") or {}).get("could_not_check") or []
+    if v.kind in (Kind.COULD_NOT_CHECK, Kind.NEEDS_GPU) and gate_lines and v.why.startswith(gate_lines[0]):
+        for line in gate_lines:  # the gate's measured lines: each is a line
+            print(f"vmfuzz: could not check: {line}", file=sys.stderr)
+    elif v.exit_code == EXIT_COULD_NOT_CHECK:
+        print(f"vmfuzz: could not check: {v.why}", file=sys.stderr)
+    if v.kind is Kind.NEW_FINDING:
         print(f"the deployment's routing or allocation fails (recorded in {written}/summary.json)")
-        return EXIT_FINDING
-    known_groups = [g for g in summary.get("groups", []) if g.get("known")]
-    if known_groups:
+        return v.exit_code
+    known_groups = [g for g in groups if g.get("known")]
+    if known_groups and v.exit_code == 0:
         _say_groups(known_groups)
         print(f"no new finding group; {plural(len(known_groups), 'known group')} listed above "
               "(upstream's to fix; --fail-on-known fails on them)")
-    # A property the clock stopped before it was checked (the pr cap, or a budget spent before
-    # its search) is never "held", and a run that checked none is never "all 0 held".
-    if unchecked_line(summary):
-        print(paint(unchecked_line(summary), "could not check"))
-        return EXIT_COULD_NOT_CHECK
-    undriven = [r.prop for r in outcome.results if r.not_driven]
-    if undriven and len(undriven) == len(outcome.results):
-        # Nothing was judged: "0 properties held" is not a pass.
-        print(f"vmfuzz: could not check: none of the {plural(len(undriven), 'selected property', 'selected properties')} "
-              f"could be driven on {target.name} (" + "; ".join(f"{r.prop}: {r.not_driven}" for r in outcome.results)
-              + ")", file=sys.stderr)
-        return EXIT_COULD_NOT_CHECK
-    if undriven:
-        held = len(outcome.results) - len(undriven)
-        print(f"{plural(held, 'property', 'properties')} {paint('held')}; "
-              f"not driven on {target.name}: " + ", ".join(undriven))
-    elif len(outcome.results) == 1:
-        print(f"{outcome.results[0].prop} {paint('held')}")
-    else:
-        print(f"all {len(outcome.results)} properties {paint('held')}")
-    return EXIT_OK
+    print(closing_line(v, summary, target.name))
+    return v.exit_code

@@ -11,6 +11,9 @@ one of three things, told apart by where it was raised, never by its text:
   package, a sibling import inside ``sglang`` that fails, an assert at module
   level): ``ImportRaised``, a finding (effect raise, stage import) -- a server
   running this code could not load that module either;
+- a package the code under test pins (its ``pyproject.toml``) that this
+  environment lacks or has at another version, on the failure's path:
+  ``CannotLoad``, exit 3 naming the pin (``pins``) -- not vmfuzz's fault;
 - anything else (a third-party dependency this CPU host lacks, a library
   raising under SGLang's call, a harness stand-in): ``OutOfStep``, exit 3 --
   vmfuzz cannot load what a server would, so it cannot check it.
@@ -28,7 +31,7 @@ from __future__ import annotations
 import importlib
 import os
 
-from vmfuzz.harness.model.errors import ImportRaised
+from vmfuzz.harness.model.errors import CannotLoad, ImportRaised
 from vmfuzz.harness.model.errors import OutOfStep
 
 PACKAGE = "sglang"
@@ -96,8 +99,11 @@ def decide(module: str, exc: BaseException) -> Exception:
     if isinstance(exc, ModuleNotFoundError) and exc.name and (module + ".").startswith(exc.name + "."):
         # the module itself, or a package above it, is not there: this release has no such file
         return NotInRelease(module, exc.name)
+    pinned = _pin_at_fault(module, exc)
     for link in _chain(exc):
         if isinstance(link, ImportError) and link.name and not _in_package(link.name):
+            if pinned is not None:  # a package the code under test pins, missing or at another version
+                return pinned
             # a module outside SGLang that this host lacks or that lacks a name SGLang imports
             return OutOfStep(seam, file, f"it imports {link.name}, which does not import here "
                                          f"({type(link).__name__}: {link})")
@@ -114,8 +120,18 @@ def decide(module: str, exc: BaseException) -> Exception:
     owner, where = _innermost_frame(exc)
     if _in_package(owner):
         return ImportRaised(module, type(exc).__name__, where, str(exc))
+    if pinned is not None:
+        return pinned
     return OutOfStep(seam, file, f"importing it raised {type(exc).__name__} in {where or 'no frame of SGLang'}, "
                                  f"outside SGLang's code ({exc})")
+
+
+def _pin_at_fault(module: str, exc: BaseException):
+    """``CannotLoad`` when a package the code under test pins, and this environment does not meet,
+    is on the failure's path (``pins``); else None."""
+    from vmfuzz.harness.targets.sglang.pins import cannot_load, sglang_package
+    package = sglang_package()
+    return cannot_load(exc, package, module) if package is not None else None
 
 
 def sglang_module(module: str, importer=importlib.import_module):
@@ -126,11 +142,11 @@ def sglang_module(module: str, importer=importlib.import_module):
         raise _fresh(decided)
     try:
         return importer(module)
-    except (NotInRelease, ImportRaised, OutOfStep):
+    except (NotInRelease, ImportRaised, OutOfStep, CannotLoad):
         raise  # already decided by a nested import of the same kind
     except Exception as exc:  # noqa: BLE001 - every failure is decided, none is swallowed
         decided = decide(module, exc)
-        if not isinstance(decided, OutOfStep):
+        if not isinstance(decided, (OutOfStep, CannotLoad)):  # the host's state: a later import may differ
             _DECIDED[module] = decided
         raise _fresh(decided) from None
 

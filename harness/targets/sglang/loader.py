@@ -187,10 +187,16 @@ def import_sglang(kernel_choice: str) -> Sglang:
     mods = {}
     with _quiet_import():
         try:
-            # The package itself not loading is no SGLang here (exit 2); what its modules raise is
-            # decided by where (imports.decide): SGLang's own code a finding, anything else out of step.
+            # The package itself not loading is no SGLang here (exit 2), unless a package it pins is
+            # what failed (exit 3, naming it); what its modules raise is decided by where
+            # (imports.decide): SGLang's own code a finding, a pin the culprit, anything else out of step.
             importlib.import_module("sglang")
         except Exception as exc:  # noqa: BLE001 - one line: SGLang is not available here
+            from vmfuzz.harness.targets.sglang.pins import cannot_load, sglang_package
+            package = sglang_package()
+            pinned = cannot_load(exc, package, "sglang") if package is not None else None
+            if pinned is not None:
+                raise pinned from None
             raise ImportError(f"sglang: {type(exc).__name__}: {exc}") from None
         for key, name in names.items():
             try:
