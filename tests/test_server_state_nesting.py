@@ -62,7 +62,7 @@ def test_reader_agreement_takes_several_batches():
 
 @pytest.mark.parametrize("alteration", [None, *ALTERATIONS])
 @pytest.mark.slow
-def test_gate_catches_server_state_and_nesting_bugs(sglang_target, tmp_path, alteration):
+def test_gate_catches_server_state_and_nesting_bugs(sglang_target, tmp_path, alteration, monkeypatch):
     prop, edits = ALTERATIONS[alteration] if alteration else (None, [])
     site = altered_copy(tmp_path, edits, alteration)
     # The gate as a PR that edits the file would trigger it. The property is named too: on a loaded
@@ -73,8 +73,11 @@ def test_gate_catches_server_state_and_nesting_bugs(sglang_target, tmp_path, alt
     changed.write_text("".join(f"python/sglang/{f}\n" for f in files))
     # The pristine copy names every property that drives the two files: with a changed-files list (no
     # diff) each mask-path function of theirs must run, allocation-soundness's init_cuda_graph_state too.
-    props = [a for p in ([prop] if prop else ["reader-agreement", "routing", "allocation-soundness"])
+    # the Triton draft backend's methods too: a draft graph property, judging every case's draft runner
+    props = [a for p in ([prop] if prop else ["reader-agreement", "routing", "allocation-soundness",
+                                              "graph-replay-equivalence"])
              for a in ("--property", p)]
+    monkeypatch.setenv("VMFUZZ_DRAFT_SHARE", "1")
     proc, out = run_on_copy(site, tmp_path, "gate", "--target", "sglang", "--changed-files", str(changed), *props,
                             "--db", str(tmp_path / "db"), "--report-dir", str(tmp_path / "report"), timeout=400)
     if alteration is None:

@@ -26,6 +26,7 @@ runner, then calls ``judge_draft`` here with its own property's name), and
 
 from __future__ import annotations
 
+import os
 import zlib
 
 import torch
@@ -119,8 +120,16 @@ def _view(prop: str, s, got, raw: int, where: str) -> None:
 
 #: one case in this many has its draft-decode runner built, captured and replayed (chosen by the
 #: case's config, so a repro replays as it was judged): a draft capture runs every bucket's draft
-#: forward in Triton's interpreter, about as long as the rest of a graph check together
+#: forward in Triton's interpreter, about as long as the rest of a graph check together.
+#: ``VMFUZZ_DRAFT_SHARE=1`` judges every case's (a nightly, a test of a draft-side alteration).
 DRAFT_SHARE = 4
+
+
+def draft_share() -> int:
+    try:
+        return max(1, int(os.environ.get("VMFUZZ_DRAFT_SHARE") or DRAFT_SHARE))
+    except ValueError:
+        return DRAFT_SHARE
 #: the largest captured max_bs whose draft graphs a case builds (the capture of each bucket is the cost)
 DRAFT_MAX_BS = 8
 
@@ -131,8 +140,9 @@ def draft_judged(config: Config) -> str | None:
         return "context shorter than the draft steps (no request drafts inside it)"
     if config.max_bs > DRAFT_MAX_BS:
         return f"max_bs past {DRAFT_MAX_BS} (a capture per bucket)"
-    if zlib.crc32(repr(config).encode()) % DRAFT_SHARE:
-        return f"not among the one case in {DRAFT_SHARE} whose draft graphs are built"
+    share = draft_share()
+    if zlib.crc32(repr(config).encode()) % share:
+        return f"not among the one case in {share} whose draft graphs are built"
     return None
 
 
