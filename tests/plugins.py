@@ -285,3 +285,18 @@ class NoRoutingTarget(ReferenceTarget):
 
     def not_driven_here(self, prop):
         return "no routers on this target" if prop == "routing" else None
+
+
+class KilledOnceTarget(ReferenceTarget):
+    """Its worker is SIGKILLed from outside once, mid-check (the OOM killer picking it), then runs clean:
+    ``$VMFUZZ_TEST_KILLED_ONCE`` is the file that says the kill happened."""
+
+    name = "killed-once"
+
+    def verify(self, mask, config, batch, heap):
+        import signal
+        flag = os.environ["VMFUZZ_TEST_KILLED_ONCE"]
+        if not os.path.exists(flag):
+            open(flag, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().verify(mask, config, batch, heap)

@@ -19,7 +19,6 @@ CONFIG = Config(TreeMaskMode.FULL_MASK, 4, 32, 6, 2, 3)
 BATCHES = [Batch((5, 7, 3)), Batch((9,)), Batch((2, 3, 4, 5)), Batch((1,) * 5)]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", ["graph-replay-equivalence", "padding-inert", "capture-replay-agreement"])
 def test_the_draft_runner_is_judged_and_holds_on_the_installed_sglang(sglang_target, name):
     from vmfuzz.harness.properties import PROPERTIES
@@ -27,7 +26,6 @@ def test_the_draft_runner_is_judged_and_holds_on_the_installed_sglang(sglang_tar
     assert {"draft: padded replay", "draft: exact replay", "draft: not admitted by can_run_graph (eager)"} <= obs.classes
 
 
-@pytest.mark.slow
 def test_a_padded_draft_replay_drafts_what_the_eager_draft_does(sglang_target):
     from vmfuzz.harness.model.draft_graph import DraftShape
     s = sglang_target.draft_graph_session(DraftShape(2, 3, 6, 32), 4)

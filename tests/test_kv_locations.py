@@ -162,3 +162,15 @@ def test_a_refactor_of_the_page_count_holds(sglang_target, tmp_path):
 def test_the_pristine_copy_holds(sglang_target, tmp_path):
     proc, out = _replay(tmp_path, [], "pristine")
     assert proc.returncode == 0, out
+
+
+@settings(max_examples=30, deadline=None)
+@given(kv_cases())
+def test_drawn_kv_cases_are_consistent_with_their_trees_and_paths(case):
+    """The strategy's own promises, no SGLang needed: lengths inside the context, one accepted path
+    per request that walks its tree from the root, at most steps + 1 nodes."""
+    assert len(case.seq_lens) == len(case.paths) == len(case.parents) >= 1
+    assert all(0 <= s <= case.context_len for s in case.seq_lens)
+    for parents, path in zip(case.parents, case.paths):
+        assert 1 <= len(path) <= case.spec_steps + 1 and path[0] == 0
+        assert all(parents[child] == parent for parent, child in zip(path, path[1:]))

@@ -147,6 +147,8 @@ def test_a_cpu_engine_branch_is_not_driven_here_never_needs_a_gpu():
     ("batch.seq_lens.is_cuda and topk == 1", "CUDA tensor branch"),
     ("_is_cuda or _is_hip", "CUDA branch"),
     ("self.fa_impl_ver == 4", "FA4 branch"),
+    ("torch.cuda.is_available()", "CUDA branch"),
+    ("not (not _is_cuda)", "CUDA branch"),  # the else of ``if not _is_cuda:``
     ("_is_cuda or bs > 8", None),  # a CPU takes it when bs > 8
     ("not _is_cuda", None),  # the CPU's own branch
     ("bs > 8", None),
@@ -160,6 +162,8 @@ def test_the_device_table_reads_a_branch_by_its_condition(condition, needs):
 @pytest.mark.parametrize("path,triggered_as", [
     ("sgl-kernel/csrc/speculative/tree.cuh", "CUDA kernel source"),
     ("third_party/sglang/python/sglang/kernels/jit/csrc/speculative/tree.cuh", "CUDA kernel source"),
+    ("sgl-kernel/include/sgl_kernel_ops.h", "SGLang's compiled kernel package"),
+    ("sgl-kernel/python/sgl_kernel/speculative.py", "SGLang's compiled kernel package"),
 ])
 def test_a_kernel_source_anywhere_in_the_checkout_is_could_not_check_and_needs_a_gpu(path, triggered_as):
     """Before: "not an SGLang file", exit 0, for the mask's own CUDA kernel outside python/sglang."""

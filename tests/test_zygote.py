@@ -80,3 +80,17 @@ def test_a_capped_run_is_refused_what_a_capped_cold_run_is_refused():
         forked = zygote.run(argv, cwd=ROOT, timeout=120, address_space=cap)
         cold = subprocess.run(argv, cwd=ROOT, timeout=120, capture_output=True, text=True, preexec_fn=capped)
         assert forked.returncode == cold.returncode == want, (mib, forked.stderr, cold.stderr)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs a FIFO")
+def test_a_probe_cache_that_is_not_a_regular_file_of_ours_is_never_read(tmp_path, monkeypatch):
+    """A FIFO at the cache's predictable name blocked the zygote's start for 600 s, silently."""
+    from vmfuzz.harness.engine.core import zygote as core
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    env = dict(os.environ)
+    planted = core.probe_path("import json", env)
+    os.mkfifo(planted)
+    got = core.probe("import json", cwd=tmp_path, env=env, cache_key="import json")
+    assert got != planted and got.is_file() and "json" in got.read_text().split()

@@ -40,7 +40,7 @@ def run(request: RunRequest) -> int:
     from vmfuzz.harness.engine.core.failures import ImportRaised
     sglang_root = sglang_checkout(repo) if sglang else None
     # started before this process imports the PR's SGLang: the base's import runs beside it
-    on_base, known_found = _known_on_base(request, checkout) if sglang else (None, [])
+    on_base, known_found = _known_on_base(request, checkout) if sglang_root is not None else (None, [])
     try:
         if sglang_root is not None:
             _import_checkout(sglang_root)
@@ -59,7 +59,8 @@ def run(request: RunRequest) -> int:
         raise
     if on_base is not None:
         said = on_base.result()
-        plan_.known = tuple(said.excused(known_found))
+        if not said.failed:  # else the ranges the plan chose stand: the base is not the PR's to change
+            plan_.known = tuple(said.excused(known_found))
         plan_.warnings = (*plan_.warnings, said.note(known_found))
     if sglang:
         _say_code_under_test(sglang_root)
@@ -71,8 +72,9 @@ def run(request: RunRequest) -> int:
 
 
 def _known_on_base(request: RunRequest, checkout):
-    """With a base: every known entry, whatever its range, replayed on the base's code in a fresh
-    process (``known_on_base``); the PR's version never picks what is excused. Without: (None, [])."""
+    """With a base and an SGLang checkout: every known entry, whatever its range, replayed on the base's
+    code in a fresh process (``known_on_base``); the PR's version never picks what is excused.
+    Without (no base, or a gate of the installed package, which no PR changes): (None, [])."""
     if checkout is None or not getattr(checkout, "base", None):
         return None, []
     from vmfuzz.harness.engine.regression.known import default_known_root, entries

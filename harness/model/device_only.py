@@ -22,6 +22,7 @@ GPU_CHECK = "bash scripts/gpu_check.sh (on a CUDA runner)"
 #: or an attribute test (``x.seq_lens.is_cuda``); matched against the atom's source.
 DEVICE_ATOMS: tuple[tuple[re.Pattern, str], ...] = tuple((re.compile(p), why) for p, why in (
     (r"^_?is_cuda(?:_alike)?(?:\(\))?$", "CUDA branch: needs a CUDA GPU"),
+    (r"^torch\.cuda\.is_available\(\)$", "CUDA branch: needs a CUDA GPU"),
     (r"^(?:\w+\.)+is_cuda$", "CUDA tensor branch: needs its tensor on a CUDA GPU"),
     (r"^_?is_hip(?:\(\))?$", "HIP branch: needs a ROCm device"),
     (r"^_use_aiter$", "AITER branch: needs a ROCm device"),
@@ -38,6 +39,9 @@ DEVICE_FILES: tuple[tuple[str, str], ...] = (
     ("*.cu", "CUDA kernel source: needs a CUDA GPU"),
     ("*.cuh", "CUDA kernel source: needs a CUDA GPU"),
     ("*/csrc/*", "compiled kernel source: needs a CUDA GPU"),
+    ("sgl-kernel/*", "SGLang's compiled kernel package (its sources, headers and op wrappers): needs a CUDA GPU"),
+    ("*.h", "C/C++ kernel header: needs a CUDA GPU"),
+    ("*.hpp", "C/C++ kernel header: needs a CUDA GPU"),
     ("kernels/jit/*", "JIT CUDA kernel: needs a CUDA GPU"),
     ("*_hip*", "HIP-only backend: needs a ROCm device"),
 )
@@ -62,6 +66,9 @@ def _atom(source: str) -> str | None:
 def _needs(node: ast.expr) -> str | None:
     """The device a branch under ``node`` needs taken: an atom; ``a and b`` needs what either
     operand needs; ``a or b`` only what every operand needs (else a CPU may take it)."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) and \
+            isinstance(node.operand, ast.UnaryOp) and isinstance(node.operand.op, ast.Not):
+        return _needs(node.operand.operand)  # the else of ``if not _is_cuda:``
     if isinstance(node, ast.BoolOp):
         found = [_needs(v) for v in node.values]
         if isinstance(node.op, ast.And):

@@ -129,6 +129,10 @@ def exit_reason(code: int | None) -> str:
     return f"exited with status {code}"
 
 
+class KilledFromOutside(Exception):
+    """The worker died of SIGKILL mid-check: rerun once before it is called the target's crash."""
+
+
 class IsolatedChecker:
     """Drop-in for ``prop.check``: same arguments, same Observation or PropertyFailure."""
 
@@ -168,6 +172,17 @@ class IsolatedChecker:
             self._discard()
 
     def __call__(self, prop, config, batches, device="cpu") -> Observation:
+        try:
+            return self._check(prop, config, batches, device)
+        except KilledFromOutside:
+            # SIGKILL is what the OOM killer and a CI runner's cancel send, never a kernel's own fault
+            # (that is SIGSEGV, SIGABRT, SIGBUS): the case once more, in a fresh worker, decides
+            try:
+                return self._check(prop, config, batches, device)
+            except KilledFromOutside:
+                raise TargetFault(CRASH, "target process died: killed by signal SIGKILL, twice on this case") from None
+
+    def _check(self, prop, config, batches, device="cpu") -> Observation:
         if self._proc is None or not self._proc.is_alive():
             if self._proc is not None:
                 self._discard()
@@ -180,7 +195,10 @@ class IsolatedChecker:
             msg = self._conn.recv()
         except (EOFError, OSError):
             self._proc.join(5)
-            raise TargetFault(CRASH, "target process died: " + exit_reason(self._discard())) from None
+            code = self._discard()
+            if code == -signal.SIGKILL:
+                raise KilledFromOutside() from None
+            raise TargetFault(CRASH, "target process died: " + exit_reason(code)) from None
         kind, *rest, spent = msg
         LAUNCHES.add(*spent)
         if kind == "ok":

@@ -52,6 +52,10 @@ def probe(code: str, *, cwd: Path, env: dict, cache_key: str, switches: tuple[st
     preloads is then the one a cold run would have imported, never one built for another device."""
     import subprocess
     path, me = probe_path(cache_key, env, switches), os.getpid()
+    if os.path.lexists(path) and not _ours(path):
+        # a FIFO would block the zygote's start; another user's file would choose what it preloads
+        # (and its switches): probed afresh under a name of this process's, never read
+        path = path.with_suffix(f".own-{os.getpid()}.txt")
     if not path.exists():
         listing = (code + "\nimport json, os, sys\n"
                    f"print({SWITCHES!r} + json.dumps({{k: os.environ[k] for k in {tuple(switches)!r} if k in os.environ}}))\n"
@@ -64,6 +68,16 @@ def probe(code: str, *, cwd: Path, env: dict, cache_key: str, switches: tuple[st
             return tmp  # what it loaded before it failed: preloaded this once, never kept
         tmp.replace(path)  # whole or absent: concurrent probes race harmlessly
     return path
+
+
+def _ours(path: Path) -> bool:
+    """A regular file (never a link, a FIFO or a device) that this user owns and no one else may write."""
+    import stat
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
 def probe_path(cache_key: str, env: dict, switches: tuple[str, ...] = ()) -> Path:

@@ -7,7 +7,9 @@ its version would have its regression listed as known. So, as OSS-Fuzz's
 CIFuzz rules a PR's crash new unless it reproduces on the base, an entry is
 excused in a gate only when its repro fails, the way the entry says, on the
 ``--base`` code, replayed in a fresh process that imports the base's SGLang
-and nothing of the PR's. Whatever its version range says, both ways: an entry
+and nothing of the PR's. Where the base cannot say (its SGLang does not load),
+the ranges decide, as without a base, and the summary says so; a gate of the
+installed package (no checkout) has no base code to ask. Whatever its version range says, both ways: an entry
 out of range still excuses a defect the base has (a checkout past a release tag
 describes itself as a later version), and one in range excuses nothing the
 base does not show. Without a base (``run``, a nightly), ranges apply as before.
@@ -40,8 +42,8 @@ class BaseVerdict:
     base: str
     #: entry path -> True (fails on the base as the entry says), False (does not)
     reproduces: dict[str, bool] = field(default_factory=dict)
-    #: why the base could say nothing (its SGLang does not load, the replay process failed): then
-    #: no entry is excused, and every defect the PR shows is judged as new
+    #: why the base could say nothing (its SGLang does not load, the replay process failed): then the
+    #: entries' version ranges decide, as without a base (the base is not the PR's to change)
     failed: str | None = None
 
     def excused(self, found: list[tuple[Path, object]]) -> list[tuple[Path, object]]:
@@ -50,8 +52,8 @@ class BaseVerdict:
     def note(self, found: list[tuple[Path, object]]) -> str:
         """One line for the summary: which rule decided what is known, and what it decided."""
         if self.failed:
-            return (f"known findings: none excused, since the base {self.base[:12]} could not replay them "
-                    f"({self.failed}); a known defect met here is judged as new")
+            return (f"known findings: the base {self.base[:12]} could not replay them ({self.failed}); version "
+                    "ranges decide what is known, as without a base")
         kept = [k.name for p, k in found if self.reproduces.get(str(p))]
         dropped = [k.name for p, k in found if not self.reproduces.get(str(p))]
         return (f"known findings: judged on the base {self.base[:12]}, not on versions (a finding is new unless "
