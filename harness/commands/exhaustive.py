@@ -21,6 +21,9 @@ def run(request: EnumerateRequest) -> int:
                              extra={"interrupted": report.interrupted})
     for t in report.tallies:
         scope = f"{t.configs} configs, {t.batches} batches"
+        if t.not_driven:
+            summary.checks.append(Check(t.prop, "skipped", f"not driven: {t.not_driven}"))
+            continue
         summary.checks.append(Check(t.prop, "held", scope, seconds=t.seconds) if t.failure is None else
                               Check(t.prop, "failed", t.failure, "property", str(t.path) if t.path else None,
                                     t.seconds))

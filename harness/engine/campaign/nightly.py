@@ -46,6 +46,13 @@ class Night:
     def __init__(self, db_dir: Path):
         self.db_dir = db_dir
 
+    def end_with_a_database(self) -> None:
+        """The example database's folder there, even for a night whose budget ran out before any
+        search (what a next night, and the CI cache that carries it, start from)."""
+        path = self.db_dir / "hypothesis"
+        if not os.path.lexists(path):
+            path.mkdir(parents=True, exist_ok=True)
+
     def replay_last(self, target, plan, log, out: list) -> None:
         """Last night's failures replayed into ``out`` as they finish (an interrupt keeps those);
         always in a watched worker, since last night's case may be the one that hung."""
@@ -65,6 +72,7 @@ class Night:
         """This night's failures kept for the next (a fixed one drops out); the night's record
         added unless it was cut short, which would read as a night that reached less. Returns
         the last nights, this one last (empty when cut short)."""
+        self.end_with_a_database()
         keep_failures(self.db_dir, outcome, print)
         if outcome.interrupted:
             return []

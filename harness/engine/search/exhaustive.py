@@ -152,6 +152,8 @@ class PropertyTally:
     seconds: float = 0.0
     failure: str | None = None
     path: Path | None = None
+    #: why the target cannot drive it (a seam it lacks): reported, never held
+    not_driven: str | None = None
 
 
 @dataclass
@@ -287,6 +289,11 @@ def _run(target, report, all_configs, properties, device, findings_dir, pool, st
     for name in properties or list(PROPERTIES):
         prop = PROPERTIES[name]
         tally = PropertyTally(name)
+        if prop.missing(target):
+            tally.not_driven = f"{target.name} lacks {', '.join(prop.missing(target))}"
+            report.tallies.append(tally)
+            echo(f"  {name:<22} not driven: {tally.not_driven}")
+            continue
         t0 = time.perf_counter()
         arithmetic = prop.arithmetic
         jobs = [(name, config, capacity_batches(config) if arithmetic else batches_of(config), device)
