@@ -127,3 +127,59 @@ def test_a_functions_signature_is_read_once_and_again_when_it_could_differ():
     def listed(a, b=[]):  # noqa: B006 - an unhashable default is read afresh, never a crash
         return a
     assert str(seams.signature(listed, "seam", "file.py")) == "(a, b=[])"
+
+
+def test_the_builtins_listed_once_are_tritons_own_scan_and_kernels_answer_the_same():
+    import inspect
+    pytest.importorskip("triton.language")
+    import torch
+    import triton
+    import triton.language as tl
+    from triton.runtime import interpreter
+    assert interpreter_speed.install()
+    fast = interpreter._patch_builtin
+    assert fast._vmfuzz_listed and fast is not fast.original
+    for pkg in interpreter_speed._language_modules(interpreter):  # nothing patched between launches
+        own = tuple(n for n, m in inspect.getmembers(pkg) if tl.core.is_builtin(m))
+        assert fast.listed[id(pkg)] == own, pkg
+
+    kernel = _kernels()
+
+    def run():
+        x = torch.arange(8, dtype=torch.int32)
+        out = torch.zeros(8, dtype=torch.int32)
+        kernel[(1,)](x, out, n=8)
+        return out.tolist()
+
+    got = run()
+    interpreter._patch_builtin = fast.original
+    try:
+        assert run() == got  # Triton's own scan, launch after launch, answers the same
+    finally:
+        interpreter._patch_builtin = fast
+    x = list(range(8))
+    assert got == [(max(v, 3) + min(v, 5)) * (2 if v > 2 else 1) + sum(x) for v in x]
+
+
+_KERNELS = """
+import triton
+import triton.language as tl
+
+@triton.jit
+def helper(x):
+    return tl.maximum(x, 3) + tl.minimum(x, 5)
+
+@triton.jit
+def kernel(x_ptr, out_ptr, n: tl.constexpr):
+    i = tl.arange(0, n)
+    x = tl.load(x_ptr + i)
+    tl.store(out_ptr + i, helper(x) * tl.where(x > 2, 2, 1) + tl.sum(x, axis=0))
+"""
+
+
+def _kernels():
+    """A kernel that calls a jit helper (a nested patch), built in a module of its own: the interpreter
+    looks names up in the kernel's globals."""
+    space: dict = {"__name__": "vmfuzz_speed_probe"}
+    exec(compile(_KERNELS, "<vmfuzz speed probe>", "exec"), space)
+    return space["kernel"]

@@ -45,9 +45,12 @@ class Property:
     steps: bool = False  # takes a sequence of batches
     #: target attributes the check calls beyond the core protocol
     needs: tuple[str, ...] = ()
-    #: judged on one shared run of each case with the other shared properties
-    #: (``vmfuzz.harness.properties.shared``): the campaign searches them together
+    #: judged on one shared run of each case with the other shared properties of its ``group``
+    #: (``vmfuzz.harness.properties.shared``, ``graph_shared``): the campaign searches them together
     shared: bool = False
+    #: which shared run: "drafting" (one verify run of a case) or "graph" (one build and capture of
+    #: a case's cuda-graph runners)
+    group: str = "drafting"
     chain: bool = False  # runs on the chain writer's configs (QLEN_ONLY, topk 1, d = spec_steps + 1)
     #: layouts its cases are drawn in (None: every preallocated layout)
     layouts: tuple[str, ...] | None = None
@@ -162,17 +165,20 @@ PROPERTIES.update({p.name: p for p in (
              "the draft-extend graphs (EAGLE v2, multi-layer), give on the real rows exactly what the eager run "
              "gives (logits, hidden states, top-k, what attention is handed, KV writes, the rows select_index "
              "keeps)", needs=("graph_session",), layouts=("FULL_MASK",), steps=True,
-             promises=_GRAPH_SUB_CHECKS, cost=3.0),
+             promises=_GRAPH_SUB_CHECKS, cost=3.0, shared=True,
+             group="graph"),
     Property("padding-inert", with_draft_extend("padding-inert", padding_inert), "padded rows of the runners' "
              "static buffers left stale before the replay change no real row, write KV only to slot 0, read no "
              "live request's KV, and no write leaves a static buffer", needs=("graph_session",),
-             layouts=("FULL_MASK",), steps=True, promises=_GRAPH_SUB_CHECKS, cost=3.0),
+             layouts=("FULL_MASK",), steps=True, promises=_GRAPH_SUB_CHECKS, cost=3.0, shared=True,
+             group="graph"),
     Property("capture-replay-agreement", with_draft_extend("capture-replay-agreement", capture_replay_agreement),
              "what a replay hands the backend for bs B (batch size, per-request and per-token lengths it reads, the "
              "length sum, qo_indptr's stride = the captured width = eager cumsum, select_index in its row's window) "
              "agrees with the capture of B, and the replay reads no host value the live program changed after "
              "capture", needs=("graph_session",), layouts=("FULL_MASK",), steps=True,
-             promises=_GRAPH_SUB_CHECKS, cost=3.0),
+             promises=_GRAPH_SUB_CHECKS, cost=3.0, shared=True,
+             group="graph"),
     Property("graph-buffer-soundness", graph_buffer_soundness, "each static buffer of the draft-decode cuda "
              "graphs (the backend's kv_indices rows and kv_indptr included) holds what the largest admitted batch "
              "needs with every request at its longest prefix, at the server's topk and steps and page sizes 1 and "
@@ -182,18 +188,24 @@ PROPERTIES.update({p.name: p for p in (
 
 
 def shared_group(names) -> Property:
-    """One property standing for several shared ones: its check judges them all on one run of a case."""
-    from vmfuzz.harness.properties import shared
+    """One property standing for several shared ones of one group: its check judges them all on one
+    run of a case (the drafting group) or one build of its runners (the graph group)."""
+    from vmfuzz.harness.properties import graph_shared, shared
     names = tuple(names)
     missing = [n for n in names if n not in PROPERTIES or not PROPERTIES[n].shared]
     if missing:
         raise ValueError(f"not shared properties: {', '.join(missing)}")
+    groups = {PROPERTIES[n].group for n in names}
+    if len(groups) != 1:
+        raise ValueError(f"not one shared group: {', '.join(names)}")
+    judge = graph_shared.judge if groups == {"graph"} else shared.judge
+    layouts = {PROPERTIES[n].layouts for n in names}
     return Property(shared.group_name(names),
-                    lambda target, config, batches, device="cpu": shared.judge(target, config, batches, device,
-                                                                               names),
+                    lambda target, config, batches, device="cpu": judge(target, config, batches, device, names),
                     "judged together on one run of each case", steps=True,
                     needs=tuple(dict.fromkeys(s for n in names for s in PROPERTIES[n].needs)),
-                    cost=max(PROPERTIES[n].cost for n in names))
+                    layouts=layouts.pop() if len(layouts) == 1 else None,
+                    cost=max(PROPERTIES[n].cost for n in names) * (len(names) if groups == {"graph"} else 1))
 
 
 def sub_checks(name: str, classes) -> dict[str, str]:

@@ -35,6 +35,7 @@ from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.readers import kv_slot_stride
 from vmfuzz.harness.properties.graph_replay import AGREEMENT, CAPTURE_REPLAY, EQUIVALENCE, PADDING, judge_stale_reads
+from vmfuzz.harness.properties.graph_shared import built
 from vmfuzz.harness.properties.kit import Observation, fail, known_goes_on, sub_check_done, sub_check_skipped
 
 #: the runners judged, as the target's sessions name them (a sub-check each), after the verify graph's
@@ -64,7 +65,8 @@ def with_draft_extend(prop: str, verify_check):
 
 def _steps(prop: str, runner: str, target, config: Config, batches: list[Batch], obs: Observation):
     """Each admitted batch of the case: (session, batch, inputs)."""
-    session = target.draft_extend_session(config, ShadowHeap(), runner)
+    session = built(("draft extend", config, runner),
+                    lambda: target.draft_extend_session(config, ShadowHeap(), runner))
     _overruns(prop, runner, session)
     for batch in batches:
         x = session.inputs(batch)

@@ -33,6 +33,7 @@ import torch
 
 from vmfuzz.harness.model.config import Batch, Config, num_candidates
 from vmfuzz.harness.model.draft_graph import DraftShape
+from vmfuzz.harness.properties.graph_shared import built
 from vmfuzz.harness.properties.kit import DONE, SUB_CHECK, Observation, fail
 
 BUFFERS = "graph-buffer-soundness"
@@ -58,7 +59,7 @@ def session(prop: str, target, config: Config, obs: Observation, page_size: int 
         obs.classes.add("draft-decode runner: " + ("not driven by this target" if make is None else
                                                     "none for this shape (one step, or no such server)"))
         return None
-    return make(shape, config.max_bs)
+    return built(("draft decode", shape, config.max_bs), lambda: make(shape, config.max_bs))
 
 
 def _overruns(prop: str, s, where: str) -> None:

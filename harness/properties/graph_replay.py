@@ -34,18 +34,19 @@ from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.layouts import TreeMaskMode
 from vmfuzz.harness.model.oracle import expected
 from vmfuzz.harness.properties.draft_graph import judge_draft
+from vmfuzz.harness.properties.graph_shared import AGREEMENT, EQUIVALENCE, PADDING, built
 from vmfuzz.harness.properties.kit import Observation, allocated, fail
 
-EQUIVALENCE, PADDING, AGREEMENT = "graph-replay-equivalence", "padding-inert", "capture-replay-agreement"
 REPLAY = "cuda-graph replay"
 #: the cell class of a value the replay read that changed since its capture
 CAPTURE_REPLAY = "capture-replay"
 
 
 def _session(prop: str, target, config: Config):
-    heap = ShadowHeap()
-    mask = allocated(prop, target, config, heap)
-    return target.graph_session(config, mask, heap)
+    def make():
+        heap = ShadowHeap()
+        return target.graph_session(config, allocated(prop, target, config, heap), heap)
+    return built(("target verify", config), make)
 
 
 def read_layout(config: Config) -> Config:

@@ -299,10 +299,10 @@ def run_campaign(target, *, seed: int, max_examples: int, bounds: Bounds, findin
 
 
 def slots_of(target, names: list[str], strategies: dict | None = None, share: bool = True) -> list[list[str]]:
-    """The searches ``names`` make, in order: the shared group's one run (when it shares), then each other
-    property alone."""
-    group = shareable(target, names, strategies) if share else []
-    return ([group] if group else []) + [[n] for n in names if n not in group]
+    """The searches ``names`` make: each shared group's one run (when it shares), then the rest alone."""
+    groups = shareable(target, names, strategies) if share else []
+    grouped = {n for g in groups for n in g}
+    return groups + [[n] for n in names if n not in grouped]
 
 
 def not_driven_here(target, prop: Property) -> str | None:
@@ -314,16 +314,16 @@ def not_driven_here(target, prop: Property) -> str | None:
     return probe(prop.name) if callable(probe) else None
 
 
-def shareable(target, names: list[str], strategies: dict | None = None) -> list[str]:
-    """The properties among ``names`` that one shared search can judge together on this target.
-
-    Only those that opted in (``Property.shared``), have every seam they need,
-    and keep to the default case strategy (a deployment-scoped search keeps its
-    own); fewer than two share nothing.
-    """
-    group = [n for n in names if PROPERTIES[n].shared and not not_driven_here(target, PROPERTIES[n])
-             and (strategies or {}).get(n) is None]
-    return group if len(group) > 1 else []
+def shareable(target, names: list[str], strategies: dict | None = None) -> list[list[str]]:
+    """The groups among ``names`` one shared search each judges together here: those that opted in
+    (``Property.shared``), with every seam they need, on the default case strategy (a deployment
+    keeps its own); a group of fewer than two shares nothing."""
+    groups: dict[str, list[str]] = {}
+    for n in names:
+        p = PROPERTIES[n]
+        if p.shared and not not_driven_here(target, p) and (strategies or {}).get(n) is None:
+            groups.setdefault(p.group, []).append(n)
+    return [g for g in groups.values() if len(g) > 1]
 
 
 def search_shared(target, props: list[Property], *, seed: int, max_examples: int, bounds: Bounds,

@@ -18,7 +18,17 @@ launches are most of a run's time. Two costs in it change no result:
   after a probe shows ``device_assert`` leaves its condition unread: a Triton
   that would check it keeps the sanitizer.
 
-A Triton without either piece, or one whose answers differ, is left as it is.
+* Every launch, and every call of one jit function from another, re-patches
+  ``triton.language`` for the interpreter; to find what to patch it lists every
+  member of each language module with ``inspect.getmembers`` and keeps the
+  builtins. The list never changes while a process runs, and listing it is
+  about a quarter of the interpreter's time in the graph runners' many small
+  launches. The builtins' names are listed once, before any launch has patched
+  anything, after checking the list equals Triton's own scan; each patch then
+  still reads every member afresh and patches it only if it is a builtin now,
+  as the scan would.
+
+A Triton without these pieces, or one whose answers differ, is left as it is.
 
 One more piece is a repair, not a speed-up: Triton 3.6's interpreter turns a
 scalar it computed at run time into a Python int with ``int(data)``, where
@@ -42,6 +52,7 @@ def install() -> bool:
     skipped too where the probe allows; ``overflow_checks_skipped`` says)."""
     _skip_unread_overflow_checks()
     index_one_element()
+    _builtins_listed_once()
     return _dtype_table()
 
 
@@ -152,4 +163,43 @@ def _dtype_table() -> bool:
     np_dtype._vmfuzz_table = True
     np_dtype.original = original  # what it stands for, kept so a test can hold it to the same answers
     interpreter._get_np_dtype = np_dtype
+    return True
+
+
+def _language_modules(interpreter) -> list:
+    """What the interpreter's per-launch patch lists members of (``_patch_lang``'s packages)."""
+    tl = interpreter.tl
+    return [tl, tl.core, tl.tensor, tl.math, tl.core.tensor_descriptor_base]
+
+
+def _builtins_listed_once() -> bool:
+    """True when the per-launch patch reads the builtins' names from a list made once."""
+    import inspect
+    try:
+        from triton.runtime import interpreter
+        original, patch_attr = interpreter._patch_builtin, interpreter._patch_attr
+        is_builtin = interpreter.tl.core.is_builtin
+        packages = _language_modules(interpreter)
+    except Exception:  # noqa: BLE001 - a Triton shaped otherwise: as it is
+        return False
+    if getattr(original, "_vmfuzz_listed", False):
+        return True
+    # listed now, in this process's import, before any launch has patched a member
+    listed = {id(pkg): (pkg, tuple(n for n, m in inspect.getmembers(pkg) if is_builtin(m))) for pkg in packages}
+    if any(not names for _, names in listed.values()):
+        return False
+
+    def patch_builtin(pkg, builder, scope):
+        entry = listed.get(id(pkg))
+        if entry is None or entry[0] is not pkg:
+            return original(pkg, builder, scope)  # a package not listed here: Triton's own scan
+        for name in entry[1]:
+            member = getattr(pkg, name, None)
+            if is_builtin(member):  # already patched (a nested call's): left as the scan would
+                patch_attr(pkg, name, member, builder, scope)
+
+    patch_builtin._vmfuzz_listed = True
+    patch_builtin.original = original
+    patch_builtin.listed = {id_: names for id_, (_, names) in listed.items()}
+    interpreter._patch_builtin = patch_builtin
     return True
