@@ -326,3 +326,17 @@ def test_an_overrun_before_the_start_is_marked_left_of_cell_0(tmp_path):
     start = re.search(r'<rect class="buf" x="([\d.]+)"', html)
     assert oob and start and float(oob.group(1)) + float(oob.group(2)) <= float(start.group(1)), html
     assert "before the start" in html and "buffer start: cell 0" in html
+
+
+def test_routers_reached_is_a_table_router_by_mode():
+    from vmfuzz.harness.report.html_sections import coverage_html
+    classes = {"hybrid (prefill) -> prefill": 7, "hybrid (decode) -> decode": 3, "tbo (prefill) -> tbo-primary": 2,
+               "hybrid: known finding x": 1, "bs < max_bs": 9}
+    html = coverage_html({"properties": [{"name": "routing", "classes": classes}]})
+    table = re.search(r'<th>routers reached</th><td>(<table class="routers">.*?</table>)</td>', html).group(1)
+    rows = re.findall(r"<tr>(.*?)</tr>", table)
+    assert re.findall(r"<th>(.*?)</th>", rows[0]) == ["router", "decode", "prefill"]
+    assert rows[1] == "<th>hybrid</th><td>decode (3)</td><td>prefill (7)</td>"
+    # a router never driven in a mode is an empty cell, not a missing line
+    assert rows[2] == "<th>tbo</th><td>&ndash;</td><td>tbo-primary (2)</td>" and len(rows) == 3
+    assert "<th>routers reached</th><td>none</td>" in coverage_html({"properties": []})

@@ -158,6 +158,7 @@ CALL_SITE = ["srt/speculative/eagle_worker_common.py"]
 BASE_BACKEND = ["srt/layers/attention/base_attn_backend.py"]
 PP_SITE = ["srt/managers/scheduler_pp_mixin.py"]
 VERIFY_MASK = ["srt/layers/attention/verify_mask.py"]
+TRITON = ["srt/layers/attention/triton_backend.py"]
 
 #: the call site asks the backend for its mask through a helper every real backend inherits:
 #: SGLang behaves the same, and vmfuzz's backend stand-in (which has no such helper) is never read
@@ -247,3 +248,86 @@ def test_a_real_bug_is_still_caught_by_the_property_meant_to_catch_it(sglang_tar
     assert proc.returncode == 1, out
     origin = failed_check_origin(tmp_path / "report", out)
     assert origin["property"] == "no-oob-write", out
+
+
+# -- one of SGLang's own objects, its set-up skipped and its values built by vmfuzz -----------------
+
+_BACKEND_SOURCE = '''
+class Backend:
+    def __init__(self):
+        self._mask = None
+        self._buffer = None
+
+    def set_up(self, n):
+        self._mask = [0] * n
+        self._buffer = self._mask
+
+    def _graph_buffer(self):
+        return self._buffer
+
+    def replay(self, values):
+        buf = self._graph_buffer()
+        buf[: len(values)] = values
+        return buf
+'''
+
+
+def _watched_backend(tmp_path):
+    """A backend of code outside vmfuzz whose set-up vmfuzz skipped, building only ``_mask``."""
+    import importlib.util
+
+    from vmfuzz.harness.targets.sglang.stand_in import watch_unset
+    path = tmp_path / "fake_backend.py"
+    path.write_text(_BACKEND_SOURCE)
+    spec = importlib.util.spec_from_file_location("fake_backend", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    backend = mod.Backend()
+    backend._mask = [0] * 4
+    return watch_unset(backend, "the backend's set-up", "srt/fake.py", "set_up", ("_mask",))
+
+
+def test_a_raise_after_reading_what_the_skipped_set_up_makes_is_out_of_step(tmp_path):
+    with pytest.raises(OutOfStep) as got, consulted_check():
+        backend = _watched_backend(tmp_path)
+        assert type(backend).__name__ == "Backend" and backend._mask == [0] * 4
+        backend.replay([1, 2])  # the buffer, through a helper: None, never built by vmfuzz
+    assert got.value.seam == "the backend's set-up" and "_buffer" in got.value.why
+    assert "TypeError" in got.value.why and "_mask" not in got.value.why
+
+
+def test_what_vmfuzz_built_or_read_itself_and_a_property_failure_stay_as_they_were(tmp_path):
+    with consulted_check() as ledger:
+        backend = _watched_backend(tmp_path)
+        backend._buffer = backend._mask  # vmfuzz's own read and write: no consultation
+        assert backend.replay([1, 2]) == [1, 2, 0, 0] and ledger.read_unset() != []
+    with pytest.raises(PropertyFailure), consulted_check():
+        backend = _watched_backend(tmp_path)
+        backend.set_up(2)
+        backend.replay([1])
+        raise PropertyFailure(Origin("reader-agreement", "wrong"), "a wrong mask is judged as ever")
+
+
+#: SGLang keeps the cuda-graph verify buffer under a name of its own and hands it to the replay
+#: through a small helper: the same behaviour, but vmfuzz, which builds the set-up's values itself,
+#: never set that name, so the replay meets the None ``__init__`` left there
+_VERIFY_BUFFER_THROUGH_A_HELPER = [
+    (TRITON, r"(\n(\s*)self\._verify_mask = None\n)", r"\1\2self._verify_buffer = None\n"),
+    (TRITON, r"(\n(\s*)self\._verify_mask = maybe_create_verify_mask\((?:[^()]|\([^()]*\))*\)\n)",
+     r"\1\2self._verify_buffer = self._verify_mask.buffer if self._verify_mask is not None else None\n"),
+    (TRITON, r"custom_mask = \(\n\s*self\._verify_mask\.buffer if self\._verify_mask is not None else None\n\s*\)",
+     "custom_mask = self._graph_mask_buffer()"),
+    (TRITON, r"(\n    @property\n    def verify_mask\(self\))",
+     r"\n    def _graph_mask_buffer(self):\n        return self._verify_buffer\n\1"),
+]
+
+
+@pytest.mark.slow
+def test_a_verify_buffer_through_a_helper_is_out_of_step_never_a_raise_finding(sglang_target, tmp_path):
+    proc, out = _replay(tmp_path, _VERIFY_BUFFER_THROUGH_A_HELPER, "verify-buffer-through-a-helper",
+                        prop="reader-agreement", max_context_len=8, num_draft_tokens=4)
+    assert proc.returncode == 3, out
+    line = _out_of_step_line(proc)
+    assert "init_cuda_graph_state" in line and "_verify_buffer" in line, out
+    checks = json.loads((tmp_path / "report" / "summary.json").read_text())["checks"]
+    assert [(c["status"], c["kind"]) for c in checks] == [("error", "out-of-step")], out

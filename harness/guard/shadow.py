@@ -211,7 +211,8 @@ class ShadowHeap:
                     continue
                 lo, hi = int(part.min()), int(part.max()) + 1
                 request = locate(g.name, lo) if locate else None
-                found.append(Violation(g.name, side, lo, hi, int(part.numel()), g.view.numel(), request))
+                last = locate(g.name, hi - 1) if locate and hi - 1 != lo else request
+                found.append(Violation(g.name, side, lo, hi, int(part.numel()), g.view.numel(), request, last))
         self._verified = clean
         return found
 

@@ -31,6 +31,9 @@ class Consultation:
     reads: set[str] = field(default_factory=set)
     #: parts the code under test asked for that the stand-in does not provide
     lacking: set[str] = field(default_factory=set)
+    #: parts of one of SGLang's own objects that SGLang read, which its own set-up (skipped: vmfuzz
+    #: built that set-up's values instead) would have set and vmfuzz did not: still ``__init__``'s
+    unset: set[str] = field(default_factory=set)
 
     @property
     def consulted(self) -> bool:
@@ -63,6 +66,10 @@ class Ledger:
     def never_consulted(self) -> list[Consultation]:
         """The stand-ins whose load-bearing parts the code under test never read."""
         return [e for e in self.entries if e.unread()]
+
+    def read_unset(self) -> list[Consultation]:
+        """The objects whose skipped set-up's parts SGLang read, though vmfuzz never built them."""
+        return [e for e in self.entries if e.unset]
 
     def unconsulted(self) -> list[Consultation]:
         """Every stand-in or patch nothing read (load-bearing or not): what a driver may ask about."""

@@ -80,7 +80,14 @@ class Known(msgspec.Struct, forbid_unknown_fields=True):
             return False
 
     def matches(self, origin: Origin | None) -> bool:
-        return origin is not None and any(p.matches(origin) for p in self.origins)
+        """Does this entry excuse ``origin``? Only when it names every cause the failure showed: a
+        second defect met on the same case (another escaped cell class, another differing output)
+        is new, whatever the first one is."""
+        return origin is not None and not self.uncovered(origin)
+
+    def uncovered(self, origin: Origin) -> list[Origin]:
+        """The causes of ``origin`` this entry does not name (each an origin of one cause)."""
+        return [part for part in origin.parts() if not any(p.matches(part) for p in self.origins)]
 
 
 def applying(found: list[tuple[Path, Known]], versions: dict) -> list[tuple[Path, Known]]:

@@ -35,6 +35,12 @@ Fields, each filled by the check that saw the failure:
   They are part of the cause only for a decision (``unsound``, or a wrong
   output of a router or policy): a verify step through a router that writes
   wrong cells is the same cause as that step run directly.
+- ``also``: the failure's other causes seen on the same case, each a ``Part``
+  (another escaped cell class, another buffer overrun, another differing
+  output). The fields above are the first cause; two sizing defects in one
+  target show as one overrun whose first escaped cell is only one of them, and
+  a known entry that names that one must not excuse the other. A failure with
+  no ``also`` keeps the key and label it always had.
 
 ``step``/``steps`` and ``stage`` say where the failure was seen, not what it is:
 they are left out of the group key, so the same cause seen at another step of
@@ -59,6 +65,23 @@ BEYOND_CAPACITY = "request past the buffer's capacity"
 WITHIN_CAPACITY = "request the buffer was sized for"
 
 
+class Part(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """One more cause of a failure: the fields that differ from the origin's first cause."""
+
+    effect: str
+    buffer: str = ""
+    side: str = ""
+    cell: str = ""
+    #: "" when the origin's own writer wrote it too
+    writer: str = ""
+
+    def __post_init__(self):
+        if self.effect not in ("overrun", "wrong", "unsound"):
+            raise ValueError(f"origin also: effect {self.effect!r} is not one of overrun, wrong, unsound")
+        if self.side not in SIDES:
+            raise ValueError(f"origin also: side {self.side!r} is not one of below, above")
+
+
 class Origin(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
     property: str
     effect: str
@@ -75,6 +98,7 @@ class Origin(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fie
     role: str = ""
     spec_mode: str = ""
     resolved: str = ""
+    also: tuple[Part, ...] = ()
 
     def __post_init__(self):
         if self.effect not in EFFECTS:
@@ -86,8 +110,22 @@ class Origin(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fie
             if value is not None and not 0 <= value <= MAX_STEPS:
                 raise ValueError(f"origin {name} {value} is outside 0..{MAX_STEPS} (MAX_STEPS)")
 
+    def parts(self) -> tuple[Origin, ...]:
+        """Each cause of this failure as an origin of one cause, the first one first."""
+        first = msgspec.structs.replace(self, also=()) if self.also else self
+        return (first,) + tuple(msgspec.structs.replace(
+            first, effect=p.effect, buffer=p.buffer, side=p.side, cell=p.cell, writer=p.writer or self.writer)
+            for p in self.also)
+
     def cause(self) -> tuple:
-        """The facts that say which cause this is (everything but where it was seen)."""
+        """The facts that say which cause this is (everything but where it was seen); with several
+        causes, each one's, in a fixed order, so the order they were met in does not split a group."""
+        if not self.also:
+            return self._one_cause()
+        causes = sorted({p._one_cause() for p in self.parts()}, key=key_text)
+        return tuple(v for i, c in enumerate(causes) for v in (("and",) if i else ()) + c)
+
+    def _one_cause(self) -> tuple:
         if self.effect in ("crash", "hang"):
             return (self.effect,)  # the worker died: no frame, no buffer to name
         if self.effect == "raise":
@@ -103,6 +141,9 @@ class Origin(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fie
 
     def label(self) -> str:
         """The cause in words (a group's title); derived from the fields, never parsed back."""
+        return " and ".join(dict.fromkeys(p._one_label() for p in self.parts()))
+
+    def _one_label(self) -> str:
         if self.effect in ("crash", "hang"):
             return f"target-{self.effect}"
         if self.effect == "raise":

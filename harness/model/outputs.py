@@ -18,9 +18,13 @@ class Violation(msgspec.Struct, frozen=True):
     cells: int
     numel: int
     request: int | None = None
+    #: the request of the last escaped cell: with ``request``, which requests' cells escaped (a
+    #: request's block is contiguous, so the first and last name every class in between)
+    last_request: int | None = None
 
     def describe(self) -> str:
-        who = f", request {self.request}" if self.request is not None else ""
+        who = "" if self.request is None else f", request {self.request}" if self.last_request in (
+            None, self.request) else f", requests {self.request} to {self.last_request}"
         return (f"{self.buffer}: {self.cells} cell(s) written at offsets [{self.start}, {self.stop}) "
                 f"outside its {self.numel} cells ({self.side} redzone{who})")
 

@@ -80,6 +80,9 @@ class FindingGroup(_Strict):
     key: str = ""
     origin: Union[Origin, None] = None
     known: Union[str, None] = None
+    #: a new group one known entry names in part: that entry, and the causes it leaves new (labels)
+    partly_known: Union[str, None] = None
+    not_known: list[str] = []
 
 
 class DeepCorpus(_Strict):

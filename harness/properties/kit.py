@@ -17,7 +17,7 @@ from vmfuzz.harness.guard.shadow import ShadowHeap, describe_all
 from vmfuzz.harness.model.allocation import AllocatorChose
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.layouts import TreeMaskMode, block_start, logical_size, request_at, row_stride
-from vmfuzz.harness.model.origin import ALLOCATOR, BEYOND_CAPACITY, WITHIN_CAPACITY, Origin
+from vmfuzz.harness.model.origin import ALLOCATOR, BEYOND_CAPACITY, WITHIN_CAPACITY, Origin, Part
 from vmfuzz.harness.model.outputs import StepOutput
 from vmfuzz.harness.model.trees import has_detached, trees_of
 
@@ -42,23 +42,26 @@ class Difference(str):
     """A first difference between two outputs: the sentence, and the typed facts of it.
 
     ``buffer``: which output; ``effect``: ``wrong`` (a cell differs) or ``overrun``
-    (the output is too small for the batch's region); ``cell``: the cell class.
+    (the output is too small for the batch's region); ``cell``: the cell class;
+    ``also``: the other outputs that differ too (the origin's other causes).
     """
 
-    def __new__(cls, text: str, *, buffer: str, effect: str = "wrong", cell: str = "", side: str = ""):
+    def __new__(cls, text: str, *, buffer: str, effect: str = "wrong", cell: str = "", side: str = "",
+                also: tuple[Part, ...] = ()):
         self = super().__new__(cls, text)
-        self.buffer, self.effect, self.cell, self.side = buffer, effect, cell, side
+        self.buffer, self.effect, self.cell, self.side, self.also = buffer, effect, cell, side, also
         return self
 
     def __reduce__(self):
-        return (_difference, (str(self), self.buffer, self.effect, self.cell, self.side))
+        return (_difference, (str(self), self.buffer, self.effect, self.cell, self.side, self.also))
 
     def origin_fields(self) -> dict:
-        return {"effect": self.effect, "buffer": self.buffer, "cell": self.cell, "side": self.side}
+        also = {"also": self.also} if self.also else {}
+        return {"effect": self.effect, "buffer": self.buffer, "cell": self.cell, "side": self.side, **also}
 
 
-def _difference(text, buffer, effect, cell, side):
-    return Difference(text, buffer=buffer, effect=effect, cell=cell, side=side)
+def _difference(text, buffer, effect, cell, side, also=()):
+    return Difference(text, buffer=buffer, effect=effect, cell=cell, side=side, also=also)
 
 
 @dataclass
@@ -115,15 +118,21 @@ def fail(prop: str, detail: str, **origin):
 
 def fail_overrun(prop: str, detail: str, violations, *, writer: str, capacity_bs: int | None = None,
                  **where):
-    """Raise an out-of-bounds write: the first violation names the buffer and side; the stray
-    write's request says whether the buffer was too small for the batch (its request lies past
-    ``capacity_bs``) or the writer misplaced a request it was sized for."""
-    v = violations[0]
-    cell = ""
-    if capacity_bs is not None and v.request is not None:
-        cell = BEYOND_CAPACITY if v.request >= capacity_bs else WITHIN_CAPACITY
-    fail(prop, detail, effect="overrun", writer=writer, buffer=v.buffer,
-         side="below" if v.side == "front" else "above", cell=cell, **where)
+    """Raise an out-of-bounds write, naming every cause it shows: each violated buffer and side,
+    and for each the requests its stray cells belong to, which say whether the buffer was too small
+    for the batch (a request past ``capacity_bs``) or the writer misplaced a request it was sized
+    for. The first escaped cell's is the origin's first cause; the others are its ``also``."""
+    causes = {}
+    for v in violations:
+        side = "below" if v.side == "front" else "above"
+        requests = [r for r in (v.request, v.last_request) if r is not None] if capacity_bs is not None else []
+        for cell in [BEYOND_CAPACITY if r >= capacity_bs else WITHIN_CAPACITY for r in requests] or [""]:
+            causes.setdefault((v.buffer, side, cell), None)
+    # a write past the redzone names no request: it adds no cause where its buffer's side has one
+    named = {(b, s) for b, s, c in causes if c}
+    (buffer, side, cell), *more = [k for k in causes if k[2] or k[:2] not in named]
+    fail(prop, detail, effect="overrun", writer=writer, buffer=buffer, side=side, cell=cell,
+         also=tuple(Part("overrun", b, s, c) for b, s, c in more), **where)
 
 
 def locator(config: Config, batch: Batch):
@@ -202,34 +211,49 @@ def mask_cell_class(config: Config, batch: Batch, cell: int, want: int) -> str:
 
 def first_difference(what: str, a: StepOutput, b, config: Config, batch: Batch,
                      compared: torch.Tensor) -> Difference | None:
-    """First difference between two step outputs over the batch's logical region; both sides'
-    lengths are checked, so an output too short on either side is an overrun, never a raise."""
+    """The differences between two step outputs over the batch's logical region: the first one,
+    carrying every other differing output as its ``also``; both sides' lengths are checked, so an
+    output too short on either side is an overrun, never a raise."""
+    first, *rest = list(_differences(what, a, b, config, batch, compared)) or [None]
+    if not rest:
+        return first
+    more = "; ".join(str(d).removeprefix(f"{what}: ") for d in rest)
+    return Difference(f"{first}; also {more}", buffer=first.buffer, effect=first.effect, cell=first.cell,
+                      side=first.side, also=tuple(Part(d.effect, d.buffer, d.side, d.cell) for d in rest))
+
+
+def _differences(what: str, a: StepOutput, b, config: Config, batch: Batch, compared: torch.Tensor):
+    """Each differing output, the tree mask first, each once (at its first differing cell)."""
     n = compared.numel()
-    for side, out in (("first", a), ("second", b)):
-        m = out.tree_mask.reshape(-1).numel()
-        if m < n:
-            return Difference(f"{what}: tree_mask ({side} side) holds {m} cells, the batch's logical region needs "
-                              f"{n} ({config.mode.name}, bs {batch.bs}, seq_lens {list(batch.seq_lens)})",
-                              buffer="tree_mask", effect="overrun", side="above", cell=BEYOND_CAPACITY)
-    raw_a = a.tree_mask.reshape(-1)[:n].view(torch.uint8)
-    raw_b = b.tree_mask.reshape(-1)[:n].view(torch.uint8)
-    bad = torch.nonzero((raw_a != raw_b) & compared).flatten()
-    if bad.numel():
-        cell = int(bad[0])
-        req = request_at(config.mode, batch.seq_lens, config.d, cell)
-        return Difference(f"{what}: tree_mask differs at {bad.numel()} cell(s), first at cell {cell} "
-                          f"(request {req}): {int(raw_a[cell])} vs {int(raw_b[cell])}", buffer="tree_mask",
-                          cell=mask_cell_class(config, batch, cell, int(raw_b[cell])))
+    short = [(side, m) for side, m in (("first", a.tree_mask.reshape(-1).numel()),
+                                        ("second", b.tree_mask.reshape(-1).numel())) if m < n]
+    if short:
+        side, m = short[0]
+        yield Difference(f"{what}: tree_mask ({side} side) holds {m} cells, the batch's logical region needs "
+                         f"{n} ({config.mode.name}, bs {batch.bs}, seq_lens {list(batch.seq_lens)})",
+                         buffer="tree_mask", effect="overrun", side="above", cell=BEYOND_CAPACITY)
+    else:
+        raw_a = a.tree_mask.reshape(-1)[:n].view(torch.uint8)
+        raw_b = b.tree_mask.reshape(-1)[:n].view(torch.uint8)
+        bad = torch.nonzero((raw_a != raw_b) & compared).flatten()
+        if bad.numel():
+            cell = int(bad[0])
+            req = request_at(config.mode, batch.seq_lens, config.d, cell)
+            yield Difference(f"{what}: tree_mask differs at {bad.numel()} cell(s), first at cell {cell} "
+                             f"(request {req}): {int(raw_a[cell])} vs {int(raw_b[cell])}", buffer="tree_mask",
+                             cell=mask_cell_class(config, batch, cell, int(raw_b[cell])))
     for name in OUTPUT_FIELDS:
         x, y = getattr(a, name).reshape(-1).cpu(), getattr(b, name).reshape(-1).cpu()
         if x.shape != y.shape:
-            return Difference(f"{what}: {name} differs in shape: {tuple(x.shape)} vs {tuple(y.shape)}",
-                              buffer=name, cell="length")
-        if not torch.equal(x, y):
+            yield Difference(f"{what}: {name} differs in shape: {tuple(x.shape)} vs {tuple(y.shape)}",
+                             buffer=name, cell="length")
+        elif not torch.equal(x, y):
             idx = int(torch.nonzero(x != y).flatten()[0])
-            return Difference(f"{what}: {name} differs at {idx}: {int(x[idx])} vs {int(y[idx])}", buffer=name,
-                              cell="value")
-    return _draft_token_difference(what, a, b)
+            yield Difference(f"{what}: {name} differs at {idx}: {int(x[idx])} vs {int(y[idx])}", buffer=name,
+                             cell="value")
+    token = _draft_token_difference(what, a, b)
+    if token is not None:
+        yield token
 
 
 def _draft_token_difference(what: str, a, b) -> Difference | None:

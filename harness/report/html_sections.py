@@ -91,11 +91,41 @@ def _items(classes: dict, prefix: str) -> list[str]:
 def _cell(value) -> str:
     """A coverage cell: words as they are, a list one item a line (a dozen routers read as a list, not a
     wall of commas)."""
+    if isinstance(value, Html):
+        return value
     if isinstance(value, str):
         return escape(value)
     if not value:
         return "none"
     return '<ul class="reached">' + "".join(f"<li>{escape(item)}</li>" for item in value) + "</ul>"
+
+
+class Html(str):
+    """A cell already written as HTML (its parts escaped where it was built)."""
+
+
+def routers_table(classes: dict) -> Html | list:
+    """The routing property's ``ROUTER (MODE) -> ROLE`` classes as a table: a row per router, a column
+    per speculative attention mode, each cell the roles it handed the mask from and how often, so a
+    router never driven in a mode shows as an empty cell, not as a line missing from a list."""
+    cells: dict[str, dict[str, list[str]]] = {}
+    modes: list[str] = []
+    for name, count in sorted(classes.items()):
+        head, sep, role = name.partition(" -> ")
+        router, _, mode = head.rpartition(" (")
+        if not sep or not router or not mode.endswith(")"):
+            continue
+        mode = mode[:-1]
+        modes += [] if mode in modes else [mode]
+        cells.setdefault(router, {}).setdefault(mode, []).append(f"{role} ({count:,})")
+    if not cells:
+        return []
+    modes.sort()
+    head = "<tr><th>router</th>" + "".join(f"<th>{escape(m)}</th>" for m in modes) + "</tr>"
+    rows = "".join(f"<tr><th>{escape(r)}</th>" + "".join(
+        f"<td>{escape(', '.join(by_mode.get(m, []))) or '&ndash;'}</td>" for m in modes) + "</tr>"
+        for r, by_mode in sorted(cells.items()))
+    return Html(f'<table class="routers">{head}{rows}</table>')
 
 
 def coverage_html(s: dict) -> str:
@@ -114,8 +144,7 @@ def coverage_html(s: dict) -> str:
     rows.append(("call sites reached", _items(classes, "call site ")))
     rows.append(("allocation sites reached", _items(classes, "site ")))
     routing = next((p for p in s["properties"] if p["name"] == "routing"), None)
-    rows.append(("routers reached", sorted(f"{k} ({v:,})" for k, v in (routing or {}).get("classes", {}).items()
-                                           if " -> " in k)))
+    rows.append(("routers reached", routers_table((routing or {}).get("classes", {}))))
     body = "".join(f'<tr><th>{escape(a)}</th><td>{_cell(b)}</td></tr>' for a, b in rows)
     return f'<h2 id="coverage">What the search covered</h2><table class="coverage">{body}</table>'
 

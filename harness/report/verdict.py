@@ -85,6 +85,8 @@ def _say_groups(groups: list[dict]) -> None:
         print(f"{head} {i}: {g['signature']} ({plural(g['count'], 'finding')}, "
               f"seen by {', '.join(g['properties'])})")
         print(f"      repro:   {g['repro']} ({g['repro_property']}): {g['detail']}")
+        if g.get("partly_known"):
+            print(f"      new cause, beside known entry {g['partly_known']}'s: {'; '.join(g['not_known'])}")
 
 
 def held_line(summary: dict, target_name: str) -> str:

@@ -129,7 +129,21 @@ class RunOutcome:
 
         def known_name(f) -> str | None:
             return None if any(f is c for c in changed) else self.known_name(f.origin)
-        return [{**g.as_dict(), "known": g.known_as(known_name)} for g in group_findings(self.all_findings + changed)]
+        out = []
+        for g in group_findings(self.all_findings + changed):
+            known = g.known_as(known_name)
+            out.append({**g.as_dict(), "known": known, **({} if known else self._partly_known(g.origin))})
+        return out
+
+    def _partly_known(self, origin) -> dict:
+        """A new group some known entry names in part: the entry, and the causes it leaves new."""
+        if not origin.also:
+            return {}  # one cause: known or new, never in part
+        for o in self.known:
+            uncovered = o.entry.uncovered(origin)
+            if len(uncovered) < len(origin.parts()):
+                return {"partly_known": o.entry.name, "not_known": [p.label() for p in uncovered]}
+        return {}
 
     @property
     def out_of_step(self) -> list[tuple[str, str]]:

@@ -124,6 +124,12 @@ def out_of_step_of(exc: BaseException, ledger: consultation.Ledger) -> OutOfStep
         if entry is not None:
             return OutOfStep(entry.seam, entry.file, f"the code under test asked vmfuzz's stand-in for "
                              f"{getattr(asked, 'name', '?')}, which it does not provide, and {ending}")
+    unset = [] if isinstance(exc, PropertyFailure) else ledger.read_unset()
+    if unset:  # a raise, after SGLang read what its skipped set-up makes and vmfuzz did not
+        first = unset[0]
+        return OutOfStep(first.seam, first.file, f"the code under test read {', '.join(sorted(first.unset))}, "
+                         "which that set-up sets and vmfuzz, building the set-up's values in its place, did not, "
+                         f"and {ending}")
     unread = ledger.never_consulted()
     if not unread:
         return None

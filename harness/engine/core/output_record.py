@@ -33,6 +33,20 @@ from pathlib import Path
 DIR_ENV = "VMFUZZ_OUTPUT_RECORD_DIR"
 #: how deep an object that is not plain data is walked (a backend's fields, not its whole world)
 OBJECT_DEPTH = 3
+#: The one list of fields the recorder does not see, (type name or "*" for any, field) -> why. Every
+#: other field a reader hands on is recorded, private ones included: a reader keeping its buffer
+#: under ``_buffer`` hands it on all the same. Each entry is vmfuzz's own bookkeeping, whose value
+#: differs between two runs of the same code and is never an output of the code under test.
+EXCLUDED = {
+    ("ShadowHeap", "_by_address"): "the guarded buffers by data pointer: addresses differ every run",
+    ("ShadowHeap", "_keys"): "the backing pool's keys, by whichever backing the pool handed out",
+    ("ShadowHeap", "_live"): "the guarded backings: their payloads are recorded as the views handed on, "
+                             "their redzones are the heap's check, reported as an overrun",
+    ("ShadowHeap", "_verified"): "whether the heap was checked since its last write: a cache of that check",
+    ("ShadowHeap", "_pool_key"): "where released backings go: the device and guard, recorded as such",
+    ("*", "_consultation"): "a stand-in's ledger entry (what the code under test read of it): judged by "
+                            "engine.core.failures, never an output",
+}
 
 
 class Leaves:
@@ -76,8 +90,9 @@ class Leaves:
                 self.walk(getattr(value, f.name, None), f"{path}.{f.name}", depth, seen)
         elif depth < OBJECT_DEPTH and hasattr(value, "__dict__"):
             self.put(path + "#type", type(value).__name__.encode())
+            kind = type(value).__name__
             for name in sorted(vars(value)):
-                if not name.startswith("_"):  # private state: a heap's address book, caches
+                if (kind, name) not in EXCLUDED and ("*", name) not in EXCLUDED:
                     self.walk(vars(value)[name], f"{path}.{name}", depth + 1, seen)
 
     def _tensor(self, t, path: str) -> None:

@@ -39,7 +39,7 @@ from vmfuzz.harness.targets.sglang.kv_ids import GathersKvSlots
 from vmfuzz.harness.targets.sglang.loader import _quiet_import
 from vmfuzz.harness.targets.sglang.reach import patches_everywhere
 from vmfuzz.harness.targets.sglang.seams import call_method, unset_by_harness
-from vmfuzz.harness.targets.sglang.stand_in import StandIn
+from vmfuzz.harness.targets.sglang.stand_in import StandIn, watch_unset
 
 TRITON_FILE = "srt/layers/attention/triton_backend.py"
 
@@ -161,6 +161,11 @@ def triton_backend(mask, config: Config, pool: int, dev, heap: ShadowHeap, graph
     for attr in ("_translate_kv_loc", "kv_read_tables"):
         if not hasattr(backend, attr):
             setattr(backend, attr, None)
+    if graphs:  # what the set-up sets that vmfuzz did not build above: a read of one is vmfuzz's gap
+        watch_unset(backend, "TritonAttnBackend's cuda-graph set-up (init_cuda_graph_state)",
+                    "srt/layers/attention/triton_backend.py", "init_cuda_graph_state",
+                    ("cuda_graph_kv_indices", "_verify_mask", "kv_index_translator", "cuda_graph_window_kv_indices",
+                     "cuda_graph_window_kv_offsets", "cuda_graph_window_num_kv_splits"))
     return backend
 
 

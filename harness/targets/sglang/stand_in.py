@@ -103,3 +103,73 @@ def never_consulted() -> list[consultation.Consultation]:
     """The running check's stand-ins and patches nothing read so far (empty outside a check)."""
     ledger = consultation.current()
     return ledger.unconsulted() if ledger is not None else []
+
+
+def watch_unset(obj, seam: str, file: str, set_up: str, built: tuple[str, ...]):
+    """``obj`` (one of SGLang's own objects) watched for reads of what its method ``set_up`` sets and
+    vmfuzz, which built that set-up's values in its place (``built``), left as ``__init__`` left them.
+
+    SGLang's code reading one of those (directly, or through a helper of its own) computes from a
+    value no set-up made, so a raise met after it is vmfuzz's gap (out of step), never a finding.
+    The names come from the set-up's own source, so a set-up that starts keeping its buffer under
+    another name is watched under that name. Returns ``obj`` (its class now a watching subclass);
+    an object whose layout refuses the swap, or a set-up with no source, is handed back unwatched.
+    """
+    import inspect
+    import re
+
+    owner = next((k for k in type(obj).__mro__ if set_up in vars(k)), None)
+    try:
+        source = inspect.getsource(vars(owner)[set_up]) if owner is not None else ""
+    except (OSError, TypeError):
+        source = ""
+    names = sorted(set(re.findall(r"\bself\.(\w+)\s*(?::[^=\n]*)?=(?!=)", source)) - set(built))
+    store = getattr(obj, "__dict__", None)
+    if not names or store is None:
+        return obj
+    try:
+        object.__setattr__(obj, "__class__", _watching(type(obj), tuple(names)))
+    except TypeError:
+        return obj
+    store["_consultation"] = consultation.register(seam, file, (), obj)
+    return obj
+
+
+@functools.lru_cache(maxsize=None)
+def _watching(cls: type, names: tuple[str, ...]) -> type:
+    body = {name: _Watched(cls, name) for name in names}
+    body.update(__slots__=(), __module__=cls.__module__, __qualname__=cls.__qualname__)
+    return type(cls.__name__, (cls,), body)
+
+
+class _Watched:
+    """A data descriptor that notes SGLang reading ``name``, then reads it as the class would."""
+
+    def __init__(self, cls: type, name: str):
+        self.name = name
+        found = next((vars(k)[name] for k in cls.__mro__ if name in vars(k)), None)
+        # a slot or property of the class itself keeps storing the value; else the instance's dict
+        self.inner = found if hasattr(type(found), "__set__") else None
+        self.plain = found
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        entry = object.__getattribute__(obj, "__dict__").get("_consultation")
+        if entry is not None and not is_harness_file(sys._getframe(1).f_code.co_filename):
+            entry.unset.add(self.name)
+        if self.inner is not None:
+            return self.inner.__get__(obj, owner)
+        store = getattr(obj, "__dict__", {})
+        if self.name in store:
+            return store[self.name]
+        if self.plain is not None:
+            return self.plain.__get__(obj, owner) if hasattr(type(self.plain), "__get__") else self.plain
+        raise AttributeError(f"{type(obj).__name__!r} object has no attribute {self.name!r}", name=self.name,
+                             obj=obj)
+
+    def __set__(self, obj, value):
+        if self.inner is not None:
+            self.inner.__set__(obj, value)
+        else:
+            obj.__dict__[self.name] = value
