@@ -65,4 +65,4 @@ def test_members_of_two_groups_or_unknown_members_are_refused():
     with pytest.raises(ValueError, match="not one shared group"):
         shared_group(["no-oob-write", "padding-inert"])
     with pytest.raises(ValueError, match="not judged on a shared graph build"):
-        graph_shared.judge(None, CONFIG, BATCHES, names=("no-oob-write",))
+        graph_shared.judge(None, CONFIG, BATCHES, checks={"no-oob-write": PROPERTIES["no-oob-write"].check})

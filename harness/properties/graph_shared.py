@@ -51,18 +51,18 @@ def built(key, make):
     return _built[key]
 
 
-def judge(target, config, batches, device="cpu", names=ORDER) -> Observation:
-    """Every member in ``names`` on one build of the case's runners; raises the first failure."""
-    from vmfuzz.harness.properties import PROPERTIES
-    unknown = set(names) - set(ORDER)
-    if unknown:
-        raise ValueError(f"not judged on a shared graph build: {', '.join(sorted(unknown))}")
+def judge(target, config, batches, device="cpu", checks=None) -> Observation:
+    """Every member in ``checks`` (name -> its own check) on one build of the case's runners, in
+    ``ORDER``; raises the first failure."""
+    unknown = set(checks or ()) - set(ORDER)
+    if unknown or not checks:
+        raise ValueError(f"not judged on a shared graph build: {', '.join(sorted(unknown)) or 'nothing'}")
     obs = Observation()
     with one_build_per_case():
         for name in ORDER:
-            if name not in names:
+            if name not in checks:
                 continue
-            part = PROPERTIES[name].check(target, config, batches, device)
+            part = checks[name](target, config, batches, device)
             obs.classes |= part.classes
             obs.by_property[name] = set(part.classes)
             obs.margin = max(obs.margin, part.margin)
