@@ -56,6 +56,9 @@ class Fa3Verify:
     #: bound is judged then (the rows each buffer spans): a wrong span is the raise's cause, and a
     #: finding that names it says where, which the raise cannot
     raised: Exception | None = None
+    #: on a windowed server at topk > 1, the merged pass its windowed layers read: a row per (request,
+    #: draft node) over the request's prefix and then the tree nodes that node sees (None: not windowed)
+    window: Fa3Pass | None = None
 
 
 def table_width(config: Config) -> int:

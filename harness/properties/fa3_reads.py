@@ -52,6 +52,9 @@ WRITER = "FlashAttentionBackend.init_forward_metadata"
 REPLAY_WRITER = "FlashAttentionBackend._apply_cuda_graph_metadata"
 #: who binds the slices of those buffers the captured graph reads
 CAPTURE_WRITER = "FlashAttentionBackend.init_forward_metadata_out_graph"
+#: the window, in tokens, of the windowed server judged at pages of one token: the metadata lists every
+#: token a row may see and the kernel cuts the window, so any window makes the same metadata
+WINDOW = 4
 #: the paged server's page size: small, so the strategies' contexts (up to 64) span several pages
 #: and a part-read last page is common
 PAGE_SIZE = 4
@@ -89,12 +92,14 @@ def _pages_right(have: list[int], want: list[int], length: int, page_size: int) 
 
 
 def _pass_mismatch(got: Fa3Pass, lengths: list[int | None], slots: list[list[int]], rows_of: list[str],
-                   queries: int, where: str, cells: list[str], page_size: int = 1) -> Difference | None:
+                   queries: int, where: str, cells: list[str], page_size: int = 1,
+                   ordered: bool = False) -> Difference | None:
     """The first entry of one pass that is not its meaning: row r reads ``queries`` query rows and
     ``lengths[r]`` KV tokens, held first in its page table by exactly the pages ``slots[r]`` of
-    ``page_size`` tokens (at 1: KV slots). A row of length None is a replay's padding, whose tree no
-    one drafted: it may read any of its own request's ``slots[r]``, each once, but never another
-    request's nor past them."""
+    ``page_size`` tokens (at 1: KV slots), in that order where ``ordered`` (a window counts back from a
+    row's end, so there each entry's place is its token's position). A row of length None is a replay's
+    padding, whose tree no one drafted: it may read any of its own request's ``slots[r]``, each once,
+    but never another request's nor past them."""
     n = len(lengths)
     seqlens = _ints(got.cache_seqlens)
     for r in range(min(n, len(seqlens))):
@@ -136,9 +141,11 @@ def _pass_mismatch(got: Fa3Pass, lengths: list[int | None], slots: list[list[int
         entries = -(-lengths[r] // page_size)
         have = _ints(table[r], entries)
         ok = (len(set(have)) == len(have) == lengths[r] and set(have) <= set(slots[r]) if r in free
+              else have == slots[r] if ordered
               else len(have) == entries and _pages_right(have, slots[r], lengths[r], page_size))
         if not ok:
-            what = (f"KV slots {have}, but it reads {sorted(slots[r])}" if page_size == 1 else
+            what = (f"KV slots {have}, but it reads {slots[r]} in position order" if ordered and r not in free
+                    else f"KV slots {have}, but it reads {sorted(slots[r])}" if page_size == 1 else
                     f"pages {have}, but its {lengths[r]} tokens lie in pages {slots[r]} ({page_size} a page)")
             return Difference(f"{where}: the first {entries} page-table entries of {rows_of[r]} are {what}",
                               buffer="page_table", cell=cells[r])
@@ -181,14 +188,40 @@ def fa3_mismatch(view, config: Config, batch: Batch, page_size: int = 1) -> Diff
         1, where + ", expand pass", ["tree node row" if b < batch.bs else "padding row" for b, _ in nodes])
 
 
+def window_mismatch(view, config: Config, batch: Batch) -> Difference | None:
+    """The first entry of a windowed server's merged pass (``view.window``) that is not its meaning: row
+    b * d + x (request b's node x) reads s_b + (nodes x sees) KV tokens, its prefix's slots in token
+    order and then the nodes it sees from the root down, so each entry sits at its token's position
+    (s_b + depth for a node), the place a sliding window is cut by. A replay's padding rows may read
+    only their own request's prefix and draft slots, each once."""
+    d, rows = config.d, view.graph_bs or batch.bs
+    seq_lens = list(batch.seq_lens) + [capture_seq_len(config)] * (rows - batch.bs)
+    pools = pool_slots(rows)
+    seen, depths = visible_nodes(config, batch), [tree_facts(t, config.topk, d)[1] for t in trees_of(config, batch)]
+    path = f"cuda-graph replay, padded to {rows}" if view.graph_bs else "eager"
+    where = (f"{label(config)} on a windowed server, {path} (seq_lens {list(batch.seq_lens)}, d {d}, "
+             f"topk {config.topk}, pool slots {pools}), merged windowed pass")
+    nodes = [(b, x) for b in range(rows) for x in range(d)]
+    slots = []
+    for b, x in nodes:
+        own = [table_slot(pools[b], t, config) for t in range(seq_lens[b])]
+        tree = sorted(seen[b][x], key=lambda j: depths[b][j]) if b < batch.bs else range(d)
+        slots.append(own + [table_slot(pools[b], seq_lens[b] + j, config) for j in tree])
+    return _pass_mismatch(
+        view.window, [seq_lens[b] + len(seen[b][x]) if b < batch.bs else None for b, x in nodes], slots,
+        [f"request {b}'s node {x} (windowed row {b * d + x})" if b < batch.bs else f"padding request {b}'s row {x}"
+         for b, x in nodes], 1, where, ["tree node row" if b < batch.bs else "padding row" for b, _ in nodes],
+        ordered=True)
+
+
 def captured_span_mismatch(view, config: Config) -> Difference | None:
     """The first buffer the capture bound over the wrong number of rows: the prefix pass a row per
     request of the graph, the expand pass one per (request, draft node), each running sum one entry
     more, a page-table row for each (more rows are never read). The values are the replay's to fill."""
     rows = view.graph_bs
     where = f"{label(config)}, cuda graph captured at bs {rows} (d {config.d}, topk {config.topk})"
-    passes = [("prefix pass", view.prefix, rows)] + ([("expand pass", view.expand, rows * config.d)]
-                                                     if view.expand is not None else [])
+    passes = [("prefix pass", view.prefix, rows)] + [(what, got, rows * config.d) for what, got in (
+        ("expand pass", view.expand), ("merged windowed pass", view.window)) if got is not None]
     for name, got, n in passes:
         spans = {"cache_seqlens": (n, got.cache_seqlens), "cu_seqlens_q": (n + 1, got.cu_seqlens_q),
                  "cu_seqlens_k": (n + 1, got.cu_seqlens_k)}
@@ -240,14 +273,22 @@ def check_fa3(target, obs: Observation, config: Config, batch: Batch, step, writ
         _judge_at(target, obs, config, batch, step, page_size)
 
 
+def _window(config: Config, page_size: int) -> int | None:
+    """The window of the server judged at ``page_size``: at pages of one token a tree's server is a
+    windowed one (it runs every line the unwindowed one does, and the merged windowed pass too; SGLang
+    windows a tree's verify only at pages of one token); otherwise none."""
+    return WINDOW if config.topk > 1 and page_size == 1 else None
+
+
 def _judge_at(target, obs: Observation, config: Config, batch: Batch, step, page_size: int) -> None:
     """Eager, then (up to max_bs) in a cuda-graph replay, on a server of ``page_size`` tokens a page."""
     paged = f", page size {page_size}" if page_size > 1 else ""
-    name = _class(config)
-    diff = fa3_mismatch(target.read_fa3_verify(config, batch, step, page_size), config, batch, page_size)
+    name, window = _class(config), _window(config, page_size)
+    eager = target.read_fa3_verify(config, batch, step, page_size, window=window)
+    diff = fa3_mismatch(eager, config, batch, page_size) or (window_mismatch(eager, config, batch) if eager.window else None)
     if diff:
         fail("reader-agreement", diff, writer=WRITER, stage="eager")
-    obs.classes.add(name + paged)
+    obs.classes.add(name + paged + (", windowed" if eager.window else ""))
     replay = getattr(target, "read_fa3_replay", None)
     if replay is None or batch.bs > config.max_bs:
         return  # past the captured max_bs the server runs eagerly: no graph to replay
@@ -255,14 +296,15 @@ def _judge_at(target, obs: Observation, config: Config, batch: Batch, step, page
     if why:
         obs.classes.add(f"{name}, cuda-graph replay: {why}")
         return
-    view = replay(config, batch, step, page_size)
+    view = replay(config, batch, step, page_size, window=window)
     if view.raised is not None:
         diff = captured_span_mismatch(view, config)
         if diff:
             fail("reader-agreement", diff, writer=CAPTURE_WRITER, stage="capture")
         raise view.raised  # the capture bound every span right: the replay's raise is the finding
-    diff = fa3_mismatch(view, config, batch, page_size)
+    diff = fa3_mismatch(view, config, batch, page_size) or (window_mismatch(view, config, batch) if view.window else None)
     if diff:
         fail("reader-agreement", diff, writer=REPLAY_WRITER, stage="replay")
     obs.classes.add(f"{name}, cuda-graph replay"
-                    + (" padded to a captured bs" if (view.graph_bs or 0) > batch.bs else "") + paged)
+                    + (" padded to a captured bs" if (view.graph_bs or 0) > batch.bs else "") + paged
+                    + (", windowed" if view.window else ""))

@@ -34,7 +34,13 @@ to it: ``_apply_cuda_graph_metadata`` refills those buffers in place, the prefix
 page table through SGLang's Triton page-table kernel. The view is the metadata
 the capture bound, which is what the captured graph reads, padding rows too.
 
-Not driven: the sliding-window and local-attention variants.
+A windowed server (``window``: every layer a sliding window of that many tokens)
+adds, at topk > 1, the merged pass its windowed layers read: one row per
+(request, draft node) over its prefix and then the tree nodes it sees
+(``swa_spec_metadata``), filled eagerly and refilled in place on a replay. It
+needs pages of one token (SGLang asserts it).
+
+Not driven: local attention, and a separate sliding-window KV pool.
 """
 
 from __future__ import annotations
@@ -108,16 +114,17 @@ def _table(config: Config, pool: int, dev, page_size: int) -> torch.Tensor:
     return rows.to(torch.int32).to(dev)
 
 
-def backend(config: Config, pool: int, dev, page_size: int = 1):
+def backend(config: Config, pool: int, dev, page_size: int = 1, window: int | None = None):
     """A ``FlashAttentionBackend`` made by its own ``__init__`` for a server with ``config``'s numbers,
-    a dense MHA model, KV pages of ``page_size`` tokens and a request pool ``pool`` deep."""
+    a dense MHA model (its layers windowed to ``window`` tokens, if given), KV pages of ``page_size``
+    tokens and a request pool ``pool`` deep."""
     from vmfuzz.harness.targets.sglang import backend_init
 
     mod = module()
     numbers = ServerNumbers(pool, config.max_context_len, config.d, config.topk, config.spec_steps)
     # The allocation sites' stand-in server (its arguments where ModelRunner carries them), with
     # the KV cache dtype FA3 picks its kernel by and a request table of distinct slots.
-    runner = backend_init.model_runner(numbers, dev, page_size)
+    runner = backend_init.model_runner(numbers, dev, page_size, sliding_window_size=window)
     runner.kv_cache_dtype_str = "bfloat16"
     runner.req_to_token_pool = StandIn("req_to_token_pool", FA3, size=pool,
                                        req_to_token=_table(config, pool, dev, page_size))
@@ -176,43 +183,59 @@ def _expand_pass(be, config: Config, what: str) -> Fa3Pass | None:
     return _pass(_expand(be, what)) if config.topk > 1 else None
 
 
-def read_verify(config: Config, batch: Batch, step, page_size: int = 1) -> Fa3Verify:
+def _window_pass(be, config: Config, window: int | None, what: str) -> Fa3Pass | None:
+    """The merged pass a windowed layer reads at topk > 1 (None: no window, or a chain)."""
+    if window is None or config.topk <= 1:
+        return None
+    merged = getattr(be.forward_metadata, "swa_spec_metadata", None)
+    if merged is None:
+        raise OutOfStep(f"FlashAttentionBackend.{what}", FA3,
+                        f"a topk > 1 TARGET_VERIFY batch on a server windowed to {window} tokens left no "
+                        "swa_spec_metadata, where vmfuzz reads the windowed layers' KV")
+    return _pass(merged)
+
+
+def read_verify(config: Config, batch: Batch, step, page_size: int = 1, window: int | None = None) -> Fa3Verify:
     """``FlashAttentionBackend.init_forward_metadata`` for an eager TARGET_VERIFY batch (topk > 1: two passes)
-    over the step's mask, on a server of ``page_size`` tokens a page; requests sit in pool slots
-    ``readers.pool_slots``."""
+    over the step's mask, on a server of ``page_size`` tokens a page whose layers are windowed to
+    ``window`` tokens (None: full attention); requests sit in pool slots ``readers.pool_slots``."""
     mod = module()
     dev = step.tree_mask.device
-    be = backend(config, max(config.max_bs, batch.bs), dev, page_size)
+    be = backend(config, max(config.max_bs, batch.bs), dev, page_size, window)
     _run(be.init_forward_metadata,
          _verify_batch(mod, batch.bs, list(batch.seq_lens), step.tree_mask, step.positions, dev),
          "init_forward_metadata")
-    return Fa3Verify(_pass(be.forward_metadata), _expand_pass(be, config, "init_forward_metadata"))
+    return Fa3Verify(_pass(be.forward_metadata), _expand_pass(be, config, "init_forward_metadata"),
+                     window=_window_pass(be, config, window, "init_forward_metadata"))
 
 
-def read_replay(config: Config, batch: Batch, step, page_size: int = 1) -> Fa3Verify:
+def read_replay(config: Config, batch: Batch, step, page_size: int = 1, window: int | None = None) -> Fa3Verify:
     """The batch (bs <= max_bs) through a cuda graph: buffers set up for ``config.max_bs``, the graph of
     ``readers.captured_bs`` rows captured, then replayed with the batch padded up to it by requests
     at the fill length, rows in pool slots ``readers.pool_slots`` of the padded batch. The view is
     the metadata the capture bound (what the graph reads), padding rows included; the server's KV
-    pages hold ``page_size`` tokens."""
+    pages hold ``page_size`` tokens, its layers are windowed to ``window`` tokens (None: full)."""
     mod = module()
     dev = step.tree_mask.device
-    be = backend(config, config.max_bs, dev, page_size)
+    be = backend(config, config.max_bs, dev, page_size, window)
     graph_bs, fill = captured_bs(batch.bs, config.max_bs), capture_seq_len(config)
     call_method(be, "init_cuda_graph_state", max_bs=config.max_bs, max_num_tokens=config.max_bs * config.d)
     # The graph runner's capture-time batch: every row at the fill length, an all-ones mask.
     placeholder = torch.ones(logical_size(TreeMaskMode.FULL_MASK, [fill] * graph_bs, config.d),
                              dtype=torch.bool, device=dev)
     blank = torch.zeros(graph_bs * config.d, dtype=torch.int64, device=dev)
-    _run(lambda fb: call_method(be, "init_forward_metadata_out_graph", forward_batch=fb, in_capture=True),
-         _verify_batch(mod, graph_bs, [fill] * graph_bs, placeholder, blank, dev), "init_forward_metadata_out_graph")
-    captured = (be.forward_metadata, _expand_pass(be, config, "init_forward_metadata_out_graph"))
+    capture = "init_forward_metadata_out_graph"
+    _run(lambda fb: call_method(be, capture, forward_batch=fb, in_capture=True),
+         _verify_batch(mod, graph_bs, [fill] * graph_bs, placeholder, blank, dev), capture)
+    bound_meta, expand = be.forward_metadata, _expand_pass(be, config, capture)
+    merged = _window_pass(be, config, window, capture)
     seq_lens = list(batch.seq_lens) + [fill] * (graph_bs - batch.bs)
+    raised = None
     try:
-        _run(lambda fb: call_method(be, "init_forward_metadata_out_graph", forward_batch=fb, in_capture=False),
+        _run(lambda fb: call_method(be, capture, forward_batch=fb, in_capture=False),
              _verify_batch(mod, graph_bs, seq_lens, step.tree_mask, step.positions, dev), "_apply_cuda_graph_metadata")
     except OutOfStep:
         raise
     except Exception as exc:  # judged by what the capture bound first (Fa3Verify.raised)
-        return Fa3Verify(_pass(captured[0]), captured[1], graph_bs=graph_bs, raised=exc)
-    return Fa3Verify(_pass(captured[0]), captured[1], graph_bs=graph_bs)
+        raised = exc
+    return Fa3Verify(_pass(bound_meta), expand, graph_bs=graph_bs, raised=raised, window=merged)
