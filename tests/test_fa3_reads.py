@@ -107,7 +107,7 @@ class _Reads:
     def __init__(self, view, paged=None):
         self.view, self.paged = view, paged
 
-    def read_fa3_verify(self, config, batch, step, page_size=1, window=None):
+    def read_fa3_verify(self, config, batch, step, page_size=1, window=None, verify_lens=None):
         return self.view if page_size == 1 else self.paged
 
 

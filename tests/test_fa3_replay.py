@@ -103,7 +103,7 @@ class _Replays:
         self.eager, self.view = eager, view
         self.replayed = []
 
-    def read_fa3_verify(self, config, batch, step, page_size=1, window=None):
+    def read_fa3_verify(self, config, batch, step, page_size=1, window=None, verify_lens=None):
         return self.eager if page_size == 1 else _eager_view(page_size)
 
     def read_fa3_replay(self, config, batch, step, page_size=1, window=None):

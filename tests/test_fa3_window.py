@@ -86,7 +86,7 @@ class _Windowed:
     def __init__(self, view):
         self.view, self.asked = view, []
 
-    def read_fa3_verify(self, config, batch, step, page_size=1, window=None):
+    def read_fa3_verify(self, config, batch, step, page_size=1, window=None, verify_lens=None):
         self.asked.append((page_size, window))
         return self.view if page_size == 1 else _right_view(page_size)
 

@@ -59,6 +59,8 @@ class Fa3Verify:
     #: on a windowed server at topk > 1, the merged pass its windowed layers read: a row per (request,
     #: draft node) over the request's prefix and then the tree nodes that node sees (None: not windowed)
     window: Fa3Pass | None = None
+    #: on a ragged chain server, how many draft tokens each request verifies (None: all d)
+    verify_lens: tuple[int, ...] | None = None
 
 
 def table_width(config: Config) -> int:

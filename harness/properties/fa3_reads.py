@@ -92,9 +92,10 @@ def _pages_right(have: list[int], want: list[int], length: int, page_size: int) 
 
 
 def _pass_mismatch(got: Fa3Pass, lengths: list[int | None], slots: list[list[int]], rows_of: list[str],
-                   queries: int, where: str, cells: list[str], page_size: int = 1,
+                   queries: int | list[int], where: str, cells: list[str], page_size: int = 1,
                    ordered: bool = False) -> Difference | None:
-    """The first entry of one pass that is not its meaning: row r reads ``queries`` query rows and
+    """The first entry of one pass that is not its meaning: row r reads ``queries`` query rows (or
+    ``queries[r]``, where each row verifies its own number) and
     ``lengths[r]`` KV tokens, held first in its page table by exactly the pages ``slots[r]`` of
     ``page_size`` tokens (at 1: KV slots), in that order where ``ordered`` (a window counts back from a
     row's end, so there each entry's place is its token's position). A row of length None is a replay's
@@ -119,7 +120,8 @@ def _pass_mismatch(got: Fa3Pass, lengths: list[int | None], slots: list[list[int
         have = seqlens[r] if r < len(seqlens) else "no entry"
         return Difference(f"{where}: cache_seqlens of {rows_of[r]} is {have}, but it sees {lengths[r]} KV tokens",
                           buffer="cache_seqlens", cell=cells[r])
-    for name, want in (("cu_seqlens_q", _running_sum([queries] * n)), ("cu_seqlens_k", _running_sum(lengths))):
+    per_row = queries if isinstance(queries, list) else [queries] * n
+    for name, want in (("cu_seqlens_q", _running_sum(per_row)), ("cu_seqlens_k", _running_sum(lengths))):
         have = _ints(getattr(got, name))
         if have[:n + 1] == want and len(have) != n + 1:
             return Difference(f"{where}: {name} has {len(have)} entries for {n} rows ({name} {have})",
@@ -130,8 +132,8 @@ def _pass_mismatch(got: Fa3Pass, lengths: list[int | None], slots: list[list[int
             return Difference(f"{where}: {name}[{r}] is {have[r] if r < len(have) else 'missing'}, but the rows "
                               f"before {rows_of[r] if r < n else 'the end'} hold {want[r]} {what} "
                               f"({name} {have}, want {want})", buffer=name, cell=cells[min(r, n - 1)])
-    if got.max_seq_len_q is None or int(got.max_seq_len_q) < queries:
-        return Difference(f"{where}: max_seq_len_q is {got.max_seq_len_q!r}, below the {queries} query rows "
+    if got.max_seq_len_q is None or int(got.max_seq_len_q) < max(per_row, default=0):
+        return Difference(f"{where}: max_seq_len_q is {got.max_seq_len_q!r}, below the {max(per_row)} query rows "
                           "each row has", buffer="max_seq_len_q", cell=cells[0])
     table = got.page_table
     if table is None or table.dim() != 2 or table.shape[0] < n:
@@ -167,11 +169,15 @@ def fa3_mismatch(view, config: Config, batch: Batch, page_size: int = 1) -> Diff
              f"pool slots {pools})")
     requests = [f"request {b}" if b < batch.bs else f"padding request {b}" for b in range(rows)]
     if config.topk <= 1:
-        # one causal pass: request b's d query rows over its prefix and its own d draft tokens
+        # one causal pass: request b's v_b query rows (d, unless it verifies fewer) over its prefix and
+        # its own first v_b draft tokens
+        verify = list(view.verify_lens) if view.verify_lens else [d] * rows
+        ragged = f", ragged (verify lens {verify})" if view.verify_lens else ""
         return _pass_mismatch(
-            view.prefix, [s + d for s in seq_lens],
-            [prefix_pages(pools[b], s + d, config, page_size) for b, s in enumerate(seq_lens)],
-            requests, d, where + ", causal pass", ["chain row"] * batch.bs + ["padding row"] * pad, page_size)
+            view.prefix, [s + v for s, v in zip(seq_lens, verify)],
+            [prefix_pages(pools[b], s + verify[b], config, page_size) for b, s in enumerate(seq_lens)],
+            requests, verify if view.verify_lens else d, where + ragged + ", causal pass",
+            ["chain row"] * batch.bs + ["padding row"] * pad, page_size)
     prefix = _pass_mismatch(
         view.prefix, seq_lens, [prefix_pages(pools[b], s, config, page_size) for b, s in enumerate(seq_lens)],
         requests, d, where + ", prefix pass", ["prefix row"] * batch.bs + ["padding row"] * pad, page_size)
@@ -280,15 +286,23 @@ def _window(config: Config, page_size: int) -> int | None:
     return WINDOW if config.topk > 1 and page_size == 1 else None
 
 
+def ragged_verify_lens(config: Config, batch: Batch) -> list[int]:
+    """How many of its d draft tokens each request verifies on the ragged chain server (judged at the paged
+    page size; a chain's server at pages of one token verifies all d): between 1 (the anchor) and d, varied
+    with the request's length and place, so the drawn batches give every mix."""
+    return [1 + (s + b) % config.d for b, s in enumerate(batch.seq_lens)]
+
+
 def _judge_at(target, obs: Observation, config: Config, batch: Batch, step, page_size: int) -> None:
     """Eager, then (up to max_bs) in a cuda-graph replay, on a server of ``page_size`` tokens a page."""
     paged = f", page size {page_size}" if page_size > 1 else ""
     name, window = _class(config), _window(config, page_size)
-    eager = target.read_fa3_verify(config, batch, step, page_size, window=window)
+    verify = ragged_verify_lens(config, batch) if config.topk <= 1 and page_size > 1 else None
+    eager = target.read_fa3_verify(config, batch, step, page_size, window=window, verify_lens=verify)
     diff = fa3_mismatch(eager, config, batch, page_size) or (window_mismatch(eager, config, batch) if eager.window else None)
     if diff:
         fail("reader-agreement", diff, writer=WRITER, stage="eager")
-    obs.classes.add(name + paged + (", windowed" if eager.window else ""))
+    obs.classes.add(name + paged + (", windowed" if eager.window else "") + (", ragged" if eager.verify_lens else ""))
     replay = getattr(target, "read_fa3_replay", None)
     if replay is None or batch.bs > config.max_bs:
         return  # past the captured max_bs the server runs eagerly: no graph to replay

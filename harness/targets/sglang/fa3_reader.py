@@ -40,6 +40,10 @@ adds, at topk > 1, the merged pass its windowed layers read: one row per
 (``swa_spec_metadata``), filled eagerly and refilled in place on a replay. It
 needs pages of one token (SGLang asserts it).
 
+A ragged chain verify (``verify_lens``: request b verifies only its first v_b
+draft tokens) carries SGLang's own ``RaggedVerifyLayout`` on its spec info; the
+eager path derives the causal pass from it. Its replay is the topk-1 replay's.
+
 Not driven: local attention, and a separate sliding-window KV pool.
 """
 
@@ -63,6 +67,8 @@ from vmfuzz.harness.targets.sglang.stand_in import StandIn
 
 FA3 = "srt/layers/attention/flashattention_backend.py"
 _MODULE = "sglang.srt.layers.attention.flashattention_backend"
+#: where SGLang keeps the ragged verify layout (a chain batch whose requests verify different counts)
+RAGGED = "sglang.srt.speculative.ragged_verify"
 
 #: What this module drives: (path under the sglang package, function, properties).
 SURFACE = (
@@ -146,15 +152,18 @@ def _pass(meta) -> Fa3Pass:
                    meta.max_seq_len_q)
 
 
-def _verify_batch(mod, bs: int, seq_lens: list[int], custom_mask, positions, dev):
-    """A TARGET_VERIFY forward batch of ``bs`` rows whose spec info carries ``custom_mask``."""
+def _verify_batch(mod, bs: int, seq_lens: list[int], custom_mask, positions, dev, ragged=None):
+    """A TARGET_VERIFY forward batch of ``bs`` rows whose spec info carries ``custom_mask`` (and a ragged
+    layout, which SGLang must read for a failure to be its own)."""
     lens = torch.tensor(seq_lens, dtype=torch.int64, device=dev)
+    extra = {} if ragged is None else {"ragged_verify_layout": ragged}
     return StandIn(
         "ForwardBatch", FA3,
         batch_size=bs, forward_mode=mod.ForwardMode.TARGET_VERIFY, seq_lens=lens, seq_lens_cpu=lens.cpu(),
         seq_lens_sum=int(lens.sum()), positions=positions,
         req_pool_indices=torch.tensor(pool_slots(bs), dtype=torch.int64, device=dev),
-        spec_info=StandIn("verify spec info", FA3, custom_mask=custom_mask, positions=positions),
+        spec_info=StandIn("verify spec info", FA3, load_bearing=tuple(extra), custom_mask=custom_mask,
+                          positions=positions, **extra),
         out_cache_loc=None, encoder_lens=None, kv_loc_plan=None)
 
 
@@ -195,18 +204,35 @@ def _window_pass(be, config: Config, window: int | None, what: str) -> Fa3Pass |
     return _pass(merged)
 
 
-def read_verify(config: Config, batch: Batch, step, page_size: int = 1, window: int | None = None) -> Fa3Verify:
+def _ragged_layout(config: Config, verify_lens: list[int], dev):
+    """SGLang's own ragged verify layout (its constructor builds the query indptr) for a chain batch whose
+    request b verifies ``verify_lens[b]`` tokens, its graph bucket the full block; None where this release
+    has no ragged verify."""
+    from vmfuzz.harness.targets.sglang.imports import NotInRelease, sglang_module
+    try:
+        layouts = sglang_module(RAGGED)
+    except NotInRelease:
+        return None
+    return layouts.RaggedVerifyLayout.from_verify_lens(
+        verify_lens_cpu=verify_lens, device=dev, grid=[config.d * len(verify_lens)])
+
+
+def read_verify(config: Config, batch: Batch, step, page_size: int = 1, window: int | None = None,
+                verify_lens: list[int] | None = None) -> Fa3Verify:
     """``FlashAttentionBackend.init_forward_metadata`` for an eager TARGET_VERIFY batch (topk > 1: two passes)
     over the step's mask, on a server of ``page_size`` tokens a page whose layers are windowed to
-    ``window`` tokens (None: full attention); requests sit in pool slots ``readers.pool_slots``."""
+    ``window`` tokens (None: full attention); requests sit in pool slots ``readers.pool_slots``. A chain
+    with ``verify_lens`` is a ragged verify: request b verifies only its first ``verify_lens[b]`` tokens."""
     mod = module()
     dev = step.tree_mask.device
     be = backend(config, max(config.max_bs, batch.bs), dev, page_size, window)
+    layout = None if verify_lens is None or config.topk > 1 else _ragged_layout(config, verify_lens, dev)
     _run(be.init_forward_metadata,
-         _verify_batch(mod, batch.bs, list(batch.seq_lens), step.tree_mask, step.positions, dev),
+         _verify_batch(mod, batch.bs, list(batch.seq_lens), step.tree_mask, step.positions, dev, layout),
          "init_forward_metadata")
     return Fa3Verify(_pass(be.forward_metadata), _expand_pass(be, config, "init_forward_metadata"),
-                     window=_window_pass(be, config, window, "init_forward_metadata"))
+                     window=_window_pass(be, config, window, "init_forward_metadata"),
+                     verify_lens=None if layout is None else tuple(verify_lens))
 
 
 def read_replay(config: Config, batch: Batch, step, page_size: int = 1, window: int | None = None) -> Fa3Verify:
