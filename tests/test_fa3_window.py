@@ -16,7 +16,7 @@ import copy
 import pytest
 
 from vmfuzz.harness.model.config import Batch, Config
-from vmfuzz.harness.model.fa3_reads import Fa3Pass, Fa3Verify
+from vmfuzz.harness.model.fa3_reads import Fa3Pass, Fa3Verify, swa_slot
 from vmfuzz.harness.model.layouts import TreeMaskMode
 from vmfuzz.harness.properties import PropertyFailure
 from vmfuzz.harness.properties.fa3_reads import WINDOW, WRITER, check_fa3, window_mismatch
@@ -31,11 +31,12 @@ SEEN = [[0], [0, 1], [0, 2], [0, 1, 3]]
 
 
 def _merged() -> Fa3Pass:
-    """By hand: request 0 in pool slot 1 (KV slot 200 + token), request 1 in pool slot 0 (100 + token)."""
+    """By hand: request 0 in pool slot 1 (KV slot 200 + token), request 1 in pool slot 0 (100 + token); the
+    windowed layers read each token's slot in the window pool."""
     rows, counts = [], []
     for base, s in ((200, 3), (100, 5)):
         for seen in SEEN:
-            row = [base + t for t in range(s)] + [base + s + j for j in seen]
+            row = [swa_slot(base + t) for t in range(s)] + [swa_slot(base + s + j) for j in seen]
             counts.append(len(row))
             rows.append(row + [0] * (12 - len(row)))
     running = [0]
@@ -53,9 +54,11 @@ def _view() -> Fa3Verify:
 def _slip(view: Fa3Verify, name: str) -> None:
     w = view.window
     if name == "node before the prefix":  # a node's slot first: the window then keeps a prefix token instead
-        w.page_table[1, :5] = _i32([204, 200, 201, 202, 203])
+        w.page_table[1, :5] = _i32([swa_slot(n) for n in (204, 200, 201, 202, 203)])
     elif name == "sibling in place of the parent":
-        w.page_table[7, 6] = 107
+        w.page_table[7, 6] = swa_slot(107)
+    elif name == "full-pool slot left untranslated":
+        w.page_table[6, 5] = 105
     elif name == "count without the tree":
         w.cache_seqlens[2] = 3
         w.cu_seqlens_k[3:] -= 2
@@ -64,6 +67,7 @@ def _slip(view: Fa3Verify, name: str) -> None:
 
 
 SLIPS = {"node before the prefix": "page_table", "sibling in place of the parent": "page_table",
+         "full-pool slot left untranslated": "page_table",
          "count without the tree": "cache_seqlens", "running sum one row late": "cu_seqlens_k"}
 
 
@@ -117,8 +121,13 @@ def test_sglangs_own_windowed_verify_is_the_meaning(sglang_target):
     assert window_mismatch(replay, TREE, Batch((3, 5, 2))) is None
 
 
-#: the merge's own code, each edit a slip a reviewer could miss
+#: the merge's own code, each edit a slip a reviewer could miss; the first is a real one, in reverse: SGLang's
+#: fix that translates the merged pass's slots to the window pool (sgl-project/sglang#24617, illegal memory
+#: access on hybrid sliding-window models at topk > 1)
 ALTERATIONS = {
+    "window-merge-reads-full-pool-slots": (
+        [(FA3, r"if self\.use_sliding_window_kv_pool:(\n\s+page_table_a = self\.token_to_kv_pool)", r"if False:\1")],
+        ("page_table", "eager")),
     # the replay refills the counts but not their running sum: the graph reads the capture's sums
     "window-replay-running-sum-stale": (
         [(FA3, r"metadata_swa\.cu_seqlens_k\.copy_\(cu_seqlens_k\)", "pass")],

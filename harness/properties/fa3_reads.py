@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 
 from vmfuzz.harness.model.config import Batch, Config
-from vmfuzz.harness.model.fa3_reads import Fa3Pass, prefix_pages, table_slot
+from vmfuzz.harness.model.fa3_reads import Fa3Pass, prefix_pages, swa_slot, table_slot
 from vmfuzz.harness.model.oracle import expected, tree_facts
 from vmfuzz.harness.model.readers import capture_seq_len, pool_slots
 from vmfuzz.harness.model.trees import trees_of
@@ -196,10 +196,11 @@ def fa3_mismatch(view, config: Config, batch: Batch, page_size: int = 1) -> Diff
 
 def window_mismatch(view, config: Config, batch: Batch) -> Difference | None:
     """The first entry of a windowed server's merged pass (``view.window``) that is not its meaning: row
-    b * d + x (request b's node x) reads s_b + (nodes x sees) KV tokens, its prefix's slots in token
-    order and then the nodes it sees from the root down, so each entry sits at its token's position
-    (s_b + depth for a node), the place a sliding window is cut by. A replay's padding rows may read
-    only their own request's prefix and draft slots, each once."""
+    b * d + x (request b's node x) reads s_b + (nodes x sees) KV tokens, its prefix's in token order and
+    then the nodes it sees from the root down, so each entry sits at its token's position (s_b + depth
+    for a node), the place a sliding window is cut by; each is the token's slot in the window pool
+    (``fa3_reads.swa_slot``), which the windowed layers read. A replay's padding rows may read only their
+    own request's prefix and draft tokens, each once."""
     d, rows = config.d, view.graph_bs or batch.bs
     seq_lens = list(batch.seq_lens) + [capture_seq_len(config)] * (rows - batch.bs)
     pools = pool_slots(rows)
@@ -210,9 +211,9 @@ def window_mismatch(view, config: Config, batch: Batch) -> Difference | None:
     nodes = [(b, x) for b in range(rows) for x in range(d)]
     slots = []
     for b, x in nodes:
-        own = [table_slot(pools[b], t, config) for t in range(seq_lens[b])]
         tree = sorted(seen[b][x], key=lambda j: depths[b][j]) if b < batch.bs else range(d)
-        slots.append(own + [table_slot(pools[b], seq_lens[b] + j, config) for j in tree])
+        tokens = [*range(seq_lens[b]), *(seq_lens[b] + j for j in tree)]
+        slots.append([swa_slot(table_slot(pools[b], t, config)) for t in tokens])
     return _pass_mismatch(
         view.window, [seq_lens[b] + len(seen[b][x]) if b < batch.bs else None for b, x in nodes], slots,
         [f"request {b}'s node {x} (windowed row {b * d + x})" if b < batch.bs else f"padding request {b}'s row {x}"

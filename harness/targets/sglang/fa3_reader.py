@@ -58,7 +58,7 @@ import torch
 from vmfuzz.harness.model.allocation import ServerNumbers
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.errors import OutOfStep
-from vmfuzz.harness.model.fa3_reads import Fa3Pass, Fa3Verify, table_slot, table_width
+from vmfuzz.harness.model.fa3_reads import Fa3Pass, Fa3Verify, swa_slot, table_slot, table_width
 from vmfuzz.harness.model.layouts import TreeMaskMode, logical_size
 from vmfuzz.harness.model.readers import capture_seq_len, captured_bs, pool_slots
 from vmfuzz.harness.targets.sglang.binding import bound
@@ -132,8 +132,10 @@ def backend(config: Config, pool: int, dev, page_size: int = 1, window: int | No
     # the KV cache dtype FA3 picks its kernel by and a request table of distinct slots.
     runner = backend_init.model_runner(numbers, dev, page_size, sliding_window_size=window)
     runner.kv_cache_dtype_str = "bfloat16"
-    runner.req_to_token_pool = StandIn("req_to_token_pool", FA3, size=pool,
-                                       req_to_token=_table(config, pool, dev, page_size))
+    table = _table(config, pool, dev, page_size)
+    runner.req_to_token_pool = StandIn("req_to_token_pool", FA3, size=pool, req_to_token=table)
+    if window is not None:
+        runner.token_to_kv_pool = _hybrid_pool(mod, int(table.max()) + 1, dev)
     context = backend_init.lookups_bound(mod, mod.FlashAttentionBackend, numbers, page_size)
     try:
         with bound(*context):
@@ -145,6 +147,20 @@ def backend(config: Config, pool: int, dev, page_size: int = 1, window: int | No
             raise OutOfStep("FlashAttentionBackend.__init__", FA3,
                             f"reads {exc.name!r} from a stand-in vmfuzz built: {exc}") from None
         raise
+
+
+def _hybrid_pool(mod, slots: int, dev):
+    """SGLang's own hybrid pool class (full and sliding-window KV apart), holding only its full-to-window slot
+    map (``fa3_reads.swa_slot``, the -1 sentinel last): what a windowed layer's reads are translated by."""
+    cls = getattr(mod, "SWAKVPool", None)
+    if cls is None:
+        raise OutOfStep("FlashAttentionBackend.__init__", FA3, "its module names no SWAKVPool, the hybrid pool "
+                                                              "vmfuzz's windowed server stands in for")
+    pool = cls.__new__(cls)
+    mapping = [swa_slot(n) for n in range(slots)] + [-1]
+    vars(pool).update(swa_layer_nums=1, full_layer_nums=1, start_layer=0, page_size=1,
+                      full_to_swa_index_mapping=torch.tensor(mapping, dtype=torch.int64, device=dev))
+    return pool
 
 
 def _pass(meta) -> Fa3Pass:
