@@ -262,16 +262,18 @@ class SglangTarget:
     def pack_mask(self, config: Config, batch: Batch, step_mask, buffer):
         return flashinfer.pack_mask(config, batch, step_mask, buffer)
 
-    def read_fa3_verify(self, config: Config, batch: Batch, step: StepOutput, page_size: int = 1):
-        """FlashAttention's eager topk > 1 verify metadata over the step's mask, KV pages of ``page_size``
-        tokens (``fa3_reader``)."""
+    def read_fa3_verify(self, config: Config, batch: Batch, step: StepOutput, page_size: int = 1,
+                        window: int | None = None, verify_lens: list[int] | None = None):
+        """FlashAttention's eager verify metadata over the step's mask, KV pages of ``page_size`` tokens,
+        layers windowed to ``window`` tokens, a chain's requests verifying ``verify_lens`` (``fa3_reader``)."""
         from vmfuzz.harness.targets.sglang import fa3_reader
-        return fa3_reader.read_verify(config, batch, step, page_size)
+        return fa3_reader.read_verify(config, batch, step, page_size, window, verify_lens)
 
-    def read_fa3_replay(self, config: Config, batch: Batch, step: StepOutput, page_size: int = 1):
+    def read_fa3_replay(self, config: Config, batch: Batch, step: StepOutput, page_size: int = 1,
+                        window: int | None = None):
         """The same metadata in the cuda graph's buffers, replayed at the captured bs >= bs (``fa3_reader``)."""
         from vmfuzz.harness.targets.sglang import fa3_reader
-        return fa3_reader.read_replay(config, batch, step, page_size)
+        return fa3_reader.read_replay(config, batch, step, page_size, window)
 
     def fa3_not_driven(self) -> str | None:
         from vmfuzz.harness.targets.sglang import fa3_reader
