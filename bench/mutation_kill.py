@@ -37,6 +37,8 @@ HERE = Path(__file__).resolve().parent
 HARNESS_ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
+from mutation_records import killing_origins  # noqa: E402
+
 
 def mutated_files(driven: dict) -> list[str]:
     """The driven files (sglang-relative) whose copy differs from the installed package."""
@@ -177,18 +179,6 @@ def mutated_line_verdict(summary: Path, driven: dict, changed: list[str]) -> dic
             out["outside"] |= first in record.get("outside", [])
             out["at_import"] |= first in record.get("at_import", [])
             out["judged_by"] = sorted(set(out["judged_by"]) | set(record.get("judged", {}).get(str(first), [])))
-    return out
-
-
-def killing_origins(summary: Path) -> list[dict]:
-    """The origins of the new finding groups and of a command's failed checks (known groups left out)."""
-    try:
-        s = json.loads(summary.read_text())
-    except (OSError, ValueError):
-        return []
-    out = [g["origin"] for g in s.get("groups", []) if g.get("origin") and not g.get("known")]
-    # a command's own checks: the code under test that does not import (stage import) is such a finding
-    out += [c["origin"] for c in s.get("checks", []) if c.get("status") == "failed" and c.get("origin")]
     return out
 
 

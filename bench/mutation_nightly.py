@@ -37,10 +37,10 @@ import sys
 import time
 from pathlib import Path
 
-from mutation_kill import HARNESS_ROOT, killing_origins
+from mutation_copy import mutant_written, pristine_copy
+from mutation_records import HARNESS_ROOT, RAISING, imported_from, killing_origins
 
 CHOICES = ("survived", "non-equivalent", "never-ran")
-RAISING = ("raise", "crash", "hang")
 
 
 def chosen(work: Path, which: str, limit: int | None = None, seed: int = 1) -> list[dict]:
@@ -134,7 +134,7 @@ def run_one(copy: Path, rel: str, properties: list[str], budget: float, seed: in
         return {"verdict": "error (ran past its budget by half)", "properties": [], "exit": None,
                 "wall_s": round(time.monotonic() - start)}
     out = verdict(code, scratch / "report" / "summary.json")
-    imported = _imported_from(scratch / "report" / "summary.json")
+    imported = imported_from(scratch / "report" / "summary.json")
     if imported is not None and Path(imported).resolve() != (copy / "python" / "sglang").resolve():
         # a verdict on the installed package says nothing of the mutant
         out = {"verdict": f"error (the run imported SGLang from {imported}, not the mutated copy)",
@@ -161,20 +161,10 @@ def _wait(proc: subprocess.Popen, until: float, findings: Path | None) -> int | 
     return 143 if stopping and proc.returncode == -signal.SIGTERM else proc.returncode
 
 
-def _imported_from(summary: Path) -> str | None:
-    """The SGLang package the run imported, as its summary.json records it (None: not recorded)."""
-    try:
-        return json.loads(summary.read_text())["versions"]["sglang path"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def rejudge(work: Path, budget: float, seed: int, which: str, limit: int | None = None,
             first_finding: bool = False) -> dict:
     """Run the nightly on the chosen mutants; WORK/nightly.json after each one."""
     from cosmic_ray.work_db import WorkDB, use_db
-
-    from mutation_score import mutant_written, pristine_copy
 
     copy, driven = pristine_copy(work)
     out = work / "nightly.json"

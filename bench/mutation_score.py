@@ -1,7 +1,9 @@
 """A mutation score of the gate over the SGLang files it drives (cosmic-ray's standard operators).
 
-    python bench/mutation_score.py prepare WORK --sample 100 --seed 1 --workers 2 [--timeout 600] [--sglang-tests PATH]
+    python bench/mutation_score.py prepare WORK --count 100 --seed S --workers 2 [--timeout 600] [--sglang-tests PATH]
     python bench/mutation_score.py exec WORK        # runs what is pending; rerun to resume
+    python bench/mutation_score.py widen WORK       # a wider search on each suspected-equivalent (resumes)
+    python bench/mutation_score.py all WORK --count 100 --seed S   # prepare, exec, widen, report
     python bench/mutation_score.py report WORK      # WORK/score.md, WORK/score.json, WORK/survivors.md
     python bench/mutation_score.py stillborn WORK   # a finished run's raising kernel mutants judged by Triton's compiler, then report
     python bench/mutation_score.py sglang-tests WORK --sglang-tests PATH   # only that column, gates not rerun
@@ -19,7 +21,9 @@ bench/mutation_kill.py: the gate, restricted to the properties that drive the
 mutated file; what a survivor's gate handed its checks is then compared with the
 pristine code's, both recorded by the gate during its run (bench/mutation_equiv.py),
 and, with ``--sglang-tests PATH``, SGLang's own unit tests from that checkout judge the same mutant (bench/sglang_tests.py); ``sglang-tests``
-fills that column alone for the mutants an earlier ``exec`` ran. ``report`` tabulates killed / survived / timed-out / out-of-step /
+fills that column alone for the mutants an earlier ``exec`` ran. ``widen`` searches wider than the
+gate on each mutant whose outputs were identical on the gate's examples, and only then calls it
+equivalent (bench/mutation_wide.py). ``report`` tabulates killed / survived / timed-out / out-of-step /
 error / suspected-equivalent per file and per operator, and writes the
 survivors' diffs (bench/mutation_table.py).
 """
@@ -45,6 +49,13 @@ HERE = Path(__file__).resolve().parent
 HARNESS_ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 BASE_PORT = 9876
+
+import mutation_nightly  # noqa: E402
+import mutation_wide  # noqa: E402
+import sglang_tests as judge  # noqa: E402
+import stillborn  # noqa: E402
+from mutation_copy import commit_pristine, mirror, mutant_written, pristine_copy  # noqa: E402
+from mutation_table import report  # noqa: E402
 
 
 def driven_files() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
@@ -80,38 +91,6 @@ def driven_lines(source: str, names: list[str]) -> list[tuple[int, int]] | None:
                 walk(child, qual + ".")
     walk(ast.parse(source), "")
     return ranges
-
-
-def mirror(src: Path, dst: Path, real: set[Path], rel: Path = Path()) -> None:
-    """``dst`` mirrors ``src`` with symlinks; the ``real`` files (and the folders down to them)
-    are copies, so cosmic-ray's in-place edits stay in ``dst``. No ``__pycache__`` in a real
-    folder: the installed bytecode must not stand in for a mutated source."""
-    dst.mkdir(parents=True)
-    on_path = {p for r in real for p in r.parents}
-    for entry in src.iterdir():
-        r = rel / entry.name
-        if r in real:
-            shutil.copy2(entry, dst / entry.name)
-        elif entry.is_dir() and r in on_path:
-            mirror(entry, dst / entry.name, real, r)
-        elif entry.name != "__pycache__":
-            (dst / entry.name).symlink_to(entry)
-
-
-#: What a mutant's gate and its judges write into a worker's copy: never part of the change.
-COPY_OUTPUTS = ("gate-report/", "changed.txt", "launches.jsonl", "mutant-outputs.json", "*.sqlite", "*.log",
-                "no-db/", "__pycache__/")
-
-
-def commit_pristine(copy: Path) -> None:
-    """The copy as a git checkout whose one commit is the pristine package: the gate is then run
-    with ``--base HEAD`` and knows the mutated lines from the working tree's diff, so a mutant on a
-    line no property ran is its exit 3 ("never ran"), never a survivor."""
-    (copy / ".gitignore").write_text("".join(f"{p}\n" for p in COPY_OUTPUTS))
-    env = dict(os.environ, GIT_AUTHOR_NAME="vmfuzz", GIT_AUTHOR_EMAIL="vmfuzz@localhost",
-               GIT_COMMITTER_NAME="vmfuzz", GIT_COMMITTER_EMAIL="vmfuzz@localhost")
-    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "pristine"]):
-        subprocess.run(["git", "-C", str(copy), *args], check=True, capture_output=True, env=env)
 
 
 def write_config(work: Path, files: list[str], workers: int, timeout: float, port: int) -> Path:
@@ -167,7 +146,6 @@ def baselines(work: Path, files: dict[str, list[str]], sglang_tests: Path | None
     survivor needs it: bench/mutation_equiv.py.)"""
     copy = work / "worker-0"
     if sglang_tests is not None:
-        import sglang_tests as judge
         driven = json.loads((work / "driven.json").read_text())
         driven["sglang_tests"] = judge.select(sglang_tests, list(files), copy)
         (work / "driven.json").write_text(json.dumps(driven, indent=1))
@@ -228,38 +206,6 @@ def execute(work: Path) -> None:
             p.wait()
 
 
-def pristine_copy(work: Path) -> tuple[Path, dict]:
-    """worker-0's copy, for writing an exec's mutants into again one at a time, and driven.json; exits if
-    a driven file there is not the installed one. A stop mid-mutant from then on unwinds through
-    cosmic-ray's ``use_mutation``, which puts the pristine file back."""
-    copy = work / "worker-0"
-    driven = json.loads((work / "driven.json").read_text())
-    dirty = [rel for rel in driven["files"]
-             if (copy / "python" / "sglang" / rel).read_bytes() != (Path(driven["package"]) / rel).read_bytes()]
-    if dirty:
-        sys.exit(f"mutation_score: {copy} is not pristine ({', '.join(dirty)} differ from the installed "
-                 f"package): is an exec still running there?")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    return copy, driven
-
-
-def mutant_written(copy: Path, item):
-    """Work item ``item``'s mutant written into ``copy`` again, cosmic-ray's own operator and occurrence,
-    for the ``with`` block; yields whether it applied (False: cosmic-ray could not apply it again). The
-    pristine file is put back after, whatever the block did."""
-    import cosmic_ray.plugins
-    from cosmic_ray.mutating import use_mutation
-    m = item.mutations[0]
-    operator = cosmic_ray.plugins.get_operator(m.operator_name)(**(m.operator_args or {}))
-    return _applied(use_mutation(copy / m.module_path, operator, m.occurrence))
-
-
-@contextlib.contextmanager
-def _applied(mutation):
-    with mutation as (_, mutated):
-        yield mutated is not None
-
-
 def rejudge(work: Path, tests: Path) -> dict[str, str]:
     """SGLang's tests on mutants an earlier exec already ran, the gates left alone: the tests are chosen
     on worker-0's copy, each run mutant is written into that copy again (cosmic-ray's own operator and
@@ -267,7 +213,6 @@ def rejudge(work: Path, tests: Path) -> dict[str, str]:
     with the same checkout and choice resumes); ``report`` reads them over the exec's own lines."""
     import resource
 
-    import sglang_tests as judge
     from cosmic_ray.work_db import WorkDB, use_db
 
     copy, driven = pristine_copy(work)
@@ -327,10 +272,11 @@ def rerun(work: Path, outcomes: set[str]) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="mutation_score.py")
     ap.add_argument("step", choices=["prepare", "exec", "report", "stillborn", "all", "sglang-tests", "nightly",
-                                     "rerun"])
+                                     "rerun", "widen"])
     ap.add_argument("work", type=Path)
-    ap.add_argument("--sample", type=int, default=100)
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--count", "--sample", dest="sample", type=int, default=100,
+                    help="how many mutants the sample draws (--sample is the older name)")
+    ap.add_argument("--seed", type=int, default=1, help="the sample's seed (nightly: the search's, and its draw)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one mutant's gate may take")
     ap.add_argument("--port", type=int, default=BASE_PORT, help="the first worker's port (one a worker)")
@@ -351,8 +297,15 @@ def main(argv=None) -> int:
     ap.add_argument("--first-finding", action="store_true",
                     help="nightly: stop each mutant's run at its first saved finding (a kill costs its time to "
                          "that finding, not the whole budget)")
+    ap.add_argument("--wide-seed", type=int, default=mutation_wide.WIDE_SEED,
+                    help="widen: the wider search's seed (the gate never uses it)")
+    ap.add_argument("--wide-examples", type=int, default=mutation_wide.WIDE_EXAMPLES,
+                    help="widen: examples a property in the wider search")
+    ap.add_argument("--wide-bounds", default=mutation_wide.WIDE_BOUNDS, help="widen: the wider search's case bounds")
     args = ap.parse_args(argv)
     work = args.work.resolve()
+    if args.sample < 1 or args.wide_examples < 1:
+        sys.exit("mutation_score: --count and --wide-examples must be at least 1")
     if args.sglang_tests is not None and not args.sglang_tests.is_dir():
         sys.exit(f"mutation_score: --sglang-tests {args.sglang_tests}: not a directory")
     if args.step == "sglang-tests":
@@ -366,7 +319,6 @@ def main(argv=None) -> int:
             sys.exit(f"mutation_score: {work}: no score.json (run exec and report first)")
         if not 0 < args.budget < float("inf"):  # nan and inf too: a budget is a number of seconds
             sys.exit(f"mutation_score: --budget {args.budget:g}: must be a positive number of seconds")
-        import mutation_nightly
         if args.limit is not None and args.limit < 1:
             sys.exit(f"mutation_score: --limit {args.limit}: must be at least 1")
         mutation_nightly.rejudge(work, args.budget, args.seed, args.mutants, args.limit, args.first_finding)
@@ -375,15 +327,18 @@ def main(argv=None) -> int:
                 args.sglang_tests.resolve() if args.sglang_tests else None)
     if args.step in ("exec", "all"):
         execute(work)
+    if args.step in ("widen", "all"):
+        if not (work / "session.sqlite").is_file():
+            sys.exit(f"mutation_score: {work}: no session.sqlite (run prepare and exec first)")
+        print(f"mutation_score: {mutation_wide.rejudge(work, args.wide_seed, args.wide_examples, args.wide_bounds)} "
+              "mutant(s) searched wider")
     if args.step == "stillborn":
-        import stillborn
         print(f"mutation_score: {stillborn.rescore(work)} kill(s) by raising in a Triton kernel judged by its compiler")
     if args.step == "rerun":
         if not (work / "score.json").is_file():
             sys.exit(f"mutation_score: {work}: no score.json (run exec and report first)")
         print(f"mutation_score: {rerun(work, set(args.outcomes.split(',')))} mutant(s) scored again")
-    if args.step in ("report", "stillborn", "all", "sglang-tests", "nightly", "rerun"):
-        from mutation_table import report
+    if args.step in ("report", "stillborn", "all", "sglang-tests", "nightly", "rerun", "widen"):
         report(work)
     return 0
 

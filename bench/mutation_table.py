@@ -19,9 +19,14 @@ Each sampled mutant is one of:
 - suspected-equivalent: a survivor whose gate handed its checks byte-identical
   outputs to the pristine code's, on every example both gate runs checked
   (``vmfuzz-equiv: identical``, recorded by the gate itself and compared by
-  bench/mutation_equiv.py; older runs compared the fixed cases replayed after it). A survivor whose
+  bench/mutation_equiv.py), and that no wider search has shown equivalent. A survivor whose
   outputs differ is a real gap of the gate, listed with the buffer that differs;
-  one whose outputs were not compared counts as survived.
+  one whose outputs were not compared counts as survived;
+- equivalent: suspected-equivalent, and identical again over a wider search than the gate's
+  (``vmfuzz-wide: identical``, bench/mutation_wide.py); a wider search that shows a difference or a
+  finding makes it a survivor.
+
+The quoted shares and the false greens with their reasons: bench/mutation_shares.py.
 
 A kill is credited to a property only through a ``vmfuzz-origin:`` line naming
 it with a property's own effect; a kill whose origins are all the mutant
@@ -34,80 +39,16 @@ identical outputs, so the behaviour check finds all of them and more.
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
-OUTCOMES = ("killed", "survived", "suspected-equivalent", "not-exercised", "off-path", "timed-out", "out-of-step",
-            "error", "stillborn")
-EXIT_LINE = re.compile(r"vmfuzz-kill: exit (-?\d+)")
-EQUIV_LINE = re.compile(r"^vmfuzz-equiv: (.*)$", re.M)
-STILLBORN_LINE = re.compile(r"^vmfuzz-stillborn: (.*)$", re.M)
-TESTS_LINE = re.compile(r"^vmfuzz-sglang-tests: (.*)$", re.M)
-LINES_LINE = re.compile(r"^vmfuzz-lines: (\{.*\})$", re.M)
-CPU_LINE = re.compile(r"^vmfuzz-cpu: ([\d.]+) s gate; examples (\d+|None)", re.M)
-RAISING = ("raise", "crash", "hang")
+from mutation_nightly import section
+from mutation_shares import shares
+from mutation_records import (CPU_LINE, EQUIV_LINE, EXIT_LINE, OUTCOMES, STILLBORN_LINE, TESTS_LINE, WIDE_LINE,
+                              classify, killed_by, killing_properties, line, measured_lines)
 
-
-def line(pattern: re.Pattern, output: str | None) -> str | None:
-    m = pattern.search(output or "")
-    return m.group(1).strip() if m else None
-
-
-def classify(result) -> str:
-    if result.worker_outcome != "normal":
-        return "error"
-    if result.output == "timeout":
-        return "timed-out"
-    m = EXIT_LINE.search(result.output or "")
-    code = int(m.group(1)) if m else None
-    measured = measured_lines(result.output)
-    if code == 0:
-        if measured.get("outside") and not measured.get("judged_by"):
-            return "off-path"
-        equiv = line(EQUIV_LINE, result.output) or ""
-        return "suspected-equivalent" if equiv.startswith("identical") else "survived"
-    if code == 1:
-        refused = (line(STILLBORN_LINE, result.output) or "").startswith("refused")
-        return "stillborn" if refused and killed_by(result.output) == "the mutant raising" else "killed"
-    if code == 3:
-        return "not-exercised" if measured.get("never_ran") else "out-of-step"
-    # a mutant Python itself will not compile (the gate cannot import it: exit 2) never runs anywhere
-    if code == 2 and (line(STILLBORN_LINE, result.output) or "").startswith("refused"):
-        return "stillborn"
-    return "error"
-
-
-def measured_lines(output: str | None) -> dict:
-    """What the gate measured of the mutated line (bench/mutation_kill.py's ``vmfuzz-lines:``)."""
-    said = line(LINES_LINE, output)
-    try:
-        return json.loads(said) if said else {}
-    except ValueError:
-        return {}
-
-
-#: one typed origin of what killed the mutant, printed first by bench/mutation_kill.py
-ORIGIN_LINE = re.compile(r"^vmfuzz-origin: (\{.*\})$", re.M)
-
-
-def killed_by(output: str) -> str:
-    """Who killed it, from the origins the kill command printed (never from message text):
-    a property's own check when some origin is a property's judgement; the mutant raising (or
-    crashing) when every origin is a raise/crash/hang, which is its own column and never a
-    property's kill; "unknown" when no origin was printed (a run with no output credits nothing)."""
-    origins = [json.loads(m) for m in ORIGIN_LINE.findall(output or "")]
-    if not origins:
-        return "unknown"
-    if any(o.get("effect") not in RAISING for o in origins):
-        return "a property's check"
-    return "the mutant raising"
-
-
-def killing_properties(output: str) -> list[str]:
-    """The properties a kill is credited to: those named by a non-raise origin."""
-    origins = [json.loads(m) for m in ORIGIN_LINE.findall(output or "")]
-    return sorted({o["property"] for o in origins if o.get("effect") not in RAISING and o.get("property")})
+#: the fates of a mutant the gate passed on the mask's path
+PASSED = ("survived", "suspected-equivalent", "equivalent")
 
 
 def mutant_row(job: str, m, result) -> dict:
@@ -120,7 +61,8 @@ def mutant_row(job: str, m, result) -> dict:
             "diff": result.diff or "",
             "killed_by": killed_by(out) if outcome == "killed" else None,
             "properties": killing_properties(out) if outcome == "killed" else [],
-            "equiv": line(EQUIV_LINE, out) if outcome in ("survived", "suspected-equivalent") else None,
+            "equiv": line(EQUIV_LINE, out) if outcome in PASSED else None,
+            "wide": line(WIDE_LINE, out) if outcome in PASSED else None,
             "lines": measured_lines(out),
             "stillborn": line(STILLBORN_LINE, out),
             "sglang_tests": line(TESTS_LINE, out),
@@ -137,8 +79,8 @@ def rows(work: Path):
                 yield mutant_row(item.job_id, item.mutations[0], result)
 
 
-COLUMNS = ("killed", "by a check", "by raising", "survived", "suspected-equivalent", "not-exercised", "off-path",
-           "timed-out", "out-of-step", "error", "stillborn")
+COLUMNS = ("killed", "by a check", "by raising", "survived", "suspected-equivalent", "equivalent", "not-exercised",
+           "off-path", "timed-out", "out-of-step", "error", "stillborn")
 
 
 def _column(r: dict) -> list[str]:
@@ -158,41 +100,32 @@ def _table(title: str, counts: dict[str, Counter]) -> list[str]:
 
 
 def headline(total: Counter, done: list[dict]) -> list[str]:
-    """The sentence a maintainer can quote, and the gate's throughput."""
-    non_equivalent = total["killed"] + total["survived"]
-    by_check = total["by a check"]
-    out = ["## Headline", ""]
-    on_path = sum(total[c] for c in ("killed", "survived", "suspected-equivalent", "not-exercised"))
-    if on_path:
-        out += [f"**False green: {total['survived']} of {on_path} mutants on the mask's path "
-                f"({total['survived'] / on_path:.0%})**: the gate exited 0 although the mutant ran under a "
-                f"property and its outputs were not shown identical. {total['not-exercised']} exited 3 (a "
-                f"mutated line no property ran, named by the gate), {total['off-path']} lie off the mask's path "
-                "(counted apart).", ""]
-    if non_equivalent:
-        out.append(f"**The gate kills {by_check / non_equivalent:.0%} of non-equivalent mutants by a property's "
-                   f"check** ({by_check} killed by a property's check / ({total['killed']} killed + "
-                   f"{total['survived']} survived with outputs not shown identical); "
-                   f"{total['by raising']} more only by the mutant raising or crashing.")
-        ran_on = non_equivalent - total["by raising"]
-        if total["by raising"] and ran_on:
-            # Not the headline: a raise is the gate's kill but no property's, and a maintainer asks both
-            # how often the gate stops a bad change and how often a property saw what went wrong.
-            out += ["", f"Of the {ran_on} non-equivalent mutants that did not raise (a raise leaves no output for "
-                        f"any check to judge), the properties caught {by_check / ran_on:.0%} ({by_check}/{ran_on})."]
-    else:
-        out.append("No mutant was judged (none killed, none survived).")
+    """The figures a maintainer can quote, each false green with its reason, and the gate's throughput."""
+    got = shares(done)
+    out = ["## Headline", "",
+           f"**Caught by a property's check: {got.over_all()} of all exercised non-raising mutants**, beside "
+           f"**{got.over_non_equivalent()} of those not shown equivalent** ({got.equivalent} shown equivalent by "
+           "a wider search than the gate's are left out of the second; a suspected-equivalent one stays in it).",
+           "", f"Exercised non-raising ({got.exercised}): the mutated line ran under a property on the mask's path "
+           f"and the mutant did not raise: {total['by a check']} killed by a property's check, "
+           f"{total['killed'] - total['by a check'] - total['by raising']} killed with no origin printed, "
+           f"{total['survived']} survived, {total['suspected-equivalent']} suspected-equivalent (identical on the "
+           f"gate's examples only), {total['equivalent']} equivalent (identical in the wider search too).", "",
+           f"**False green: {len(got.false_greens)}** (the gate exited 0 on the mask's path and the mutant is not "
+           "shown equivalent)" + (", each with its reason:" if got.false_greens else "."), ""]
+    out += [f"- `{r['file']}:{r['line']}` {r['operator']}: {why}" for r, why in got.false_greens]
+    out += ["" if got.false_greens else None,
+            f"Counted apart: {total['by raising']} killed only by the mutant raising or crashing, "
+            f"{total['not-exercised']} not exercised (exit 3 naming the mutated line), {total['off-path']} off the "
+            f"mask's path, {total['out-of-step']} out of step, {total['error']} error, {total['timed-out']} timed "
+            f"out, {total['stillborn']} stillborn."]
+    out = [x for x in out if x is not None]
     if total["stillborn"]:
         python = sum(r["outcome"] == "stillborn" and "Python's compiler" in (r["stillborn"] or "") for r in done)
-        out += ["", f"{total['stillborn']} stillborn mutant(s) left out of both figures, each never running "
-                    f"anywhere: {total['stillborn'] - python} raised in a Triton kernel that Triton's compiler "
+        out += ["", f"Of the {total['stillborn']} stillborn (each never running anywhere), "
+                    f"{total['stillborn'] - python} raised in a Triton kernel that Triton's compiler "
                     f"refuses (its frontend, lowering to TTIR for a CUDA GPU); in {python}, Python's own compiler "
                     "refuses the mutated file."]
-    unrun = sum(r["outcome"] == "suspected-equivalent" and "never ran" in (r["equiv"] or "") for r in done)
-    if unrun:
-        out += ["", f"{unrun} of the {total['suspected-equivalent']} suspected-equivalent mutants never ran their "
-                    f"mutated line on the fixed cases (identical because unreached, not shown equivalent); "
-                    f"counted as survivors the figure is {by_check / (non_equivalent + unrun):.0%}."]
     cpus = [r["gate_cpu_s"] for r in done if r["gate_cpu_s"] is not None]
     if cpus and sum(cpus) > 0:
         kills = sum(r["outcome"] == "killed" for r in done if r["gate_cpu_s"] is not None)
@@ -219,7 +152,7 @@ def side_by_side(done: list[dict]) -> list[str]:
         def tests_kill(rs):
             return sum((r["sglang_tests"] or "").startswith("killed") for r in rs)
         gate_killed = [r for r in done if r["outcome"] == "killed"]
-        alive = [r for r in done if r["outcome"] in ("survived", "suspected-equivalent")]
+        alive = [r for r in done if r["outcome"] in PASSED]
         out += [f"Of the {len(gate_killed)} mutants the gate kills, SGLang's tests kill {tests_kill(gate_killed)}; "
                 f"of the {len(alive)} it leaves alive (survived or suspected-equivalent), they kill "
                 f"{tests_kill(alive)}.", ""]
@@ -229,8 +162,9 @@ def side_by_side(done: list[dict]) -> list[str]:
 def survivor_notes(done: list[dict]) -> list[str]:
     surv = ["# Surviving mutants (where the gate is blind)", ""]
     for r in done:
-        if r["outcome"] in ("survived", "suspected-equivalent"):
+        if r["outcome"] in PASSED:
             what = r["outcome"] if r["outcome"] != "survived" else f"survived; outputs {r['equiv'] or 'not compared'}"
+            what += f"; wider search: {r['wide']}" if r.get("wide") else ""
             surv += [f"## {r['file']}:{r['line']} {r['operator']} ({what})", "", "```diff", r["diff"].strip(),
                      "```", ""]
     return surv
@@ -269,7 +203,6 @@ def report(work: Path) -> dict:
     md, data = render(done, json.loads((work / "plan.json").read_text()))
     # a nightly run after the exec (mutation_score.py nightly): its own section, the gate's figures untouched
     nightly = json.loads((work / "nightly.json").read_text()) if (work / "nightly.json").exists() else None
-    from mutation_nightly import section
     md += section(done, nightly)
     data["nightly"] = nightly
     (work / "score.md").write_text("\n".join(md))

@@ -216,7 +216,7 @@ def rescore(work: Path) -> int:
     import tempfile
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkResult
-    from mutation_table import classify, killed_by
+    from mutation_records import classify, killed_by
 
     driven = json.loads((work / "driven.json").read_text())
     package = Path(driven["package"])
