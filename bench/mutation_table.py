@@ -154,7 +154,7 @@ def side_by_side(done: list[dict]) -> list[str]:
         gate_killed = [r for r in done if r["outcome"] == "killed"]
         alive = [r for r in done if r["outcome"] in PASSED]
         out += [f"Of the {len(gate_killed)} mutants the gate kills, SGLang's tests kill {tests_kill(gate_killed)}; "
-                f"of the {len(alive)} it leaves alive (survived or suspected-equivalent), they kill "
+                f"of the {len(alive)} it leaves alive (survived, suspected-equivalent or equivalent), they kill "
                 f"{tests_kill(alive)}.", ""]
     return out
 

@@ -267,21 +267,19 @@ def test_the_headline_counts_property_kills_over_non_equivalent_mutants():
                  "the mutated line never ran on these cases")]
     md, data = render(done, {"sample": 6, "seed": 1, "of": 9})
     text = "\n".join(md)
-    # 1 by a check / (3 killed + 1 survived non-equivalent); the equivalent one is left out
-    assert "The gate kills 25% of non-equivalent mutants by a property's check" in text
-    # the crash set aside (no output to judge), the no-origin kill kept: 1 of 3
-    assert "Of the 3 non-equivalent mutants that did not raise" in text and "caught 33% (1/3)" in text
+    # exercised non-raising: the check's kill, the kill with no origin, the survivor and the two identical on
+    # the gate's examples (no wider search: not shown equivalent, so in both denominators); the crash apart
+    assert ("**Caught by a property's check: 20% (1/5) of all exercised non-raising mutants**, beside "
+            "**20% (1/5) of those not shown equivalent**") in text
     assert data["total"]["by a check"] == 1 and data["total"]["by raising"] == 1
     assert data["total"]["suspected-equivalent"] == 2
-    # the one whose mutated line never ran is identical because unreached: the second figure counts it
-    assert "1 of the 2 suspected-equivalent mutants never ran" in text and "the figure is 20%" in text
     assert "3 kills, 150 CPU s" in text and "1.20 kills per CPU-minute" in text
     assert "20.0 property examples per CPU-second" in text
     assert [r["properties"] for r in done[:3]] == [["reader-agreement"], [], []]
     assert "killed (1 test file(s)" in text and "not run: no checkout given" in text
     assert "differs: read_eager ->.qo_indptr" in text
-    # the headline a maintainer quotes: the survivor with differing outputs is the one false green
-    assert "**False green: 1 of 6 mutants on the mask's path (17%)**" in text
+    # the survivor with differing outputs and both suspected-equivalents, each with its reason
+    assert "**False green: 3**" in text and text.count("no wider search run") == 2
 
 
 def test_the_mutated_lines_are_read_from_the_copy(tmp_path, monkeypatch):
