@@ -119,6 +119,7 @@ def judge(work: Path, copy: Path, rel: str, properties: list[str], seed: int, ex
 
     pristine, codes = pristine_records(work, cmd_for, properties)
     scratch = work / "wide-scratch"
+    shutil.rmtree(scratch, ignore_errors=True)  # nothing of the last mutant's search, its database included
     code = record_search(scratch / "record", cmd_for(scratch / "report"), copy / "python")
     summary = scratch / "report" / "summary.json"
     imported = imported_from(summary)
