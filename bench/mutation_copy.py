@@ -81,3 +81,12 @@ def mutant_written(copy: Path, item):
 def _applied(mutation):
     with mutation as (_, mutated):
         yield mutated is not None
+
+
+def written_diff(copy: Path, item, package: Path) -> str:
+    """The unified diff of the mutant now written into ``copy`` against the installed file (for a result whose
+    diff was lost: cosmic-ray's http distributor keeps none for a gate whose answer it stopped waiting for)."""
+    import difflib
+    rel = str(item.mutations[0].module_path).removeprefix("python/sglang/")
+    mine, theirs = (copy / item.mutations[0].module_path).read_text(), (package / rel).read_text()
+    return "".join(difflib.unified_diff(theirs.splitlines(True), mine.splitlines(True), f"a/{rel}", f"b/{rel}"))

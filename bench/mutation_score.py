@@ -54,7 +54,7 @@ import mutation_nightly  # noqa: E402
 import mutation_wide  # noqa: E402
 import sglang_tests as judge  # noqa: E402
 import stillborn  # noqa: E402
-from mutation_copy import commit_pristine, mirror, mutant_written, pristine_copy  # noqa: E402
+from mutation_copy import commit_pristine, mirror, mutant_written, pristine_copy, written_diff  # noqa: E402
 from mutation_table import report  # noqa: E402
 
 
@@ -251,7 +251,7 @@ def rerun(work: Path, outcomes: set[str]) -> int:
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
 
-    copy, _ = pristine_copy(work)
+    copy, driven = pristine_copy(work)
     jobs = {r["job"] for r in json.loads((work / "score.json").read_text())["mutants"] if r["outcome"] in outcomes}
     shutil.rmtree(work / "pristine-gate", ignore_errors=True)  # the equivalence baseline of this harness
     with use_db(str(work / "session.sqlite"), WorkDB.Mode.open) as db:
@@ -262,8 +262,9 @@ def rerun(work: Path, outcomes: set[str]) -> int:
                     continue
                 proc = subprocess.run([sys.executable, str(HERE / "mutation_kill.py"), str(work / "driven.json")],
                                       cwd=copy, capture_output=True, text=True)
+                diff = old.diff or written_diff(copy, item, Path(driven["package"]))
             db.set_result(item.job_id, WorkResult(
-                worker_outcome=WorkerOutcome.NORMAL, output=proc.stdout + proc.stderr, diff=old.diff,
+                worker_outcome=WorkerOutcome.NORMAL, output=proc.stdout + proc.stderr, diff=diff,
                 test_outcome=TestOutcome.KILLED if proc.returncode else TestOutcome.SURVIVED))
             print(f"mutation_score: {item.job_id} {(proc.stdout.splitlines() or ['no output'])[0]}", flush=True)
     return len(items)

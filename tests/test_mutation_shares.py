@@ -132,3 +132,19 @@ def test_widen_searches_each_suspected_equivalent_once_on_the_mutated_copy(tmp_p
     assert len(seen) == 2  # resumed: each has its line
     with pytest.raises(SystemExit, match="at least 1"):
         mutation_score.main(["widen", str(work), "--wide-examples", "0"])
+
+
+def test_a_mutant_whose_diff_was_lost_gets_it_back_from_the_copy(tmp_path):
+    """cosmic-ray's http distributor keeps no diff for a gate whose answer it stopped waiting for; a rerun
+    writes the mutant again and takes its diff from the copy."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from mutation_copy import mutant_written, written_diff
+    from tests.test_mutation_score import _finished_run
+    work = _finished_run(tmp_path, {"j1": PASS + SAME})
+    with use_db(str(work / "session.sqlite"), WorkDB.Mode.open) as db:
+        item = next(iter(db.completed_work_items))[0]
+    package = Path(json.loads((work / "driven.json").read_text())["package"])
+    with mutant_written(work / "worker-0", item) as applied:
+        assert applied
+        diff = written_diff(work / "worker-0", item, package)
+    assert "-    return 8\n+    return 9\n" in diff and diff.startswith("--- a/srt/mask.py")
