@@ -29,7 +29,30 @@ PADDED_ROWS = {"input_ids": "tokens", "positions": "tokens", "out_cache_loc": "t
                "req_pool_indices": "requests", "seq_lens": "requests", "seq_lens_cpu": "requests"}
 
 
-class GraphSession:
+class RunnerView:
+    """The graph-path properties' view of one session's runner (``self.server``): what the graph
+    stand-in recorded (stale reads, overruns), the runner's static buffers, its captures' model calls."""
+
+    server: object
+
+    @property
+    def stale(self):
+        return self.server.space.stale
+
+    @property
+    def overruns(self):
+        return self.server.space.overruns
+
+    @property
+    def buffers(self):
+        return self.server.runner.buffers
+
+    @property
+    def captures(self) -> dict:
+        return self.server.captures
+
+
+class GraphSession(RunnerView):
     """One target verify runner of a server (``config``): its graphs captured at every captured bs,
     then batches replayed through ``execute`` and run eagerly for comparison.
 
@@ -41,19 +64,6 @@ class GraphSession:
         self.server = build(config, captured_sizes(config.max_bs), mask, heap)
         self.capture_bs = self.server.capture_bs
         self.steps = 0
-
-    # the properties' view of the runner
-    @property
-    def stale(self):
-        return self.server.space.stale
-
-    @property
-    def overruns(self):
-        return self.server.space.overruns
-
-    @property
-    def captures(self) -> dict:
-        return self.server.captures
 
     def inputs(self, batch: Batch):
         """(draft token ids, out_cache_loc) of this step's live batch: ids in [1, 13], slots distinct and
@@ -75,7 +85,7 @@ class GraphSession:
         batch's (``PADDED_ROWS``) first, as a previous, larger step would have left them."""
         fb = self.live(batch, mask, ids, loc)
         if poison:
-            buffers = self.server.runner.buffers
+            buffers = self.buffers
             for name, values in poison.items():
                 buf = getattr(buffers, name)
                 start = batch.bs * (self.config.d if PADDED_ROWS[name] == "tokens" else 1)
