@@ -111,6 +111,8 @@ def graph_replay_equivalence(target, config: Config, batches: list[Batch], devic
         _overruns(EQUIVALENCE, session, "replay")
         obs.add_step(config, batch, None, config.max_bs)
         obs.classes.add("padded replay" if got.graph_bs > batch.bs else "exact replay")
+        _note_stage(session, obs)
+    _idle(EQUIVALENCE, target, config, obs)
     judge_draft(EQUIVALENCE, target, config, batches, obs)
     return obs
 
@@ -131,6 +133,7 @@ def _poison(config: Config, batch: Batch, loc: torch.Tensor, session) -> dict[st
 def padding_inert(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
     obs = Observation()
     config = read_layout(config)
+    last = None  # the last replayed batch and its slots: what an idle step's padded rows are poisoned with
     for session, batch, mask, ids, loc in _steps(PADDING, target, config, batches, obs):
         got = session.replay(batch, mask, ids, loc, poison=_poison(config, batch, loc, session))
         want = session.eager(batch, mask, ids, loc)
@@ -148,8 +151,38 @@ def padding_inert(target, config: Config, batches: list[Batch], device="cpu") ->
         obs.add_step(config, batch, None, config.max_bs)
         if got.graph_bs > batch.bs:
             obs.classes.add("padded replay")
+        _note_stage(session, obs)
+        last = (batch, loc)
+    if last is not None:
+        _idle(PADDING, target, config, obs, _poison(config, last[0], last[1], None), set(last[1].tolist()))
     judge_draft(PADDING, target, config, batches, obs)
     return obs
+
+
+def _note_stage(session, obs: Observation) -> None:
+    if session.pp:
+        obs.classes.add("pipeline stage: relay re-indexed by request id, length sum unknown")
+
+
+def _idle(prop: str, target, config: Config, obs: Observation, poison=None, live: set | None = None) -> None:
+    """A pipeline stage's idle step replayed (its verify input the rebuild's idle one, every row padding,
+    over ``poison``: a live batch's content, its KV slots ``live``): it hands back no row, and its
+    padding writes no KV into a live slot and nothing outside a static buffer."""
+    session = _session(prop, target, config)
+    got = session.idle(poison)
+    if got is None:
+        return
+    where = f"idle replay in the graph captured at bs {got.graph_bs}"
+    _overruns(prop, session, "replay")
+    if got.logits.shape[0] or got.hidden.shape[0]:
+        fail(prop, f"{where}: it hands back {got.logits.shape[0]} rows of logits, an idle step has none",
+             effect="wrong", writer=REPLAY, buffer="logits", cell="rows", stage="replay")
+    stray = [(i, slot) for i, (slot, _) in enumerate(got.forward.kv_writes) if slot in (live or set())]
+    if stray:
+        fail(prop, f"{where}: padded token {stray[0][0]} writes KV into slot {stray[0][1]}, a live request's "
+                   f"({len(stray)} such writes)",
+             effect="wrong", writer=REPLAY, buffer="out_cache_loc", cell="padded row", stage="replay")
+    obs.classes.add("pipeline stage: idle replay")
 
 
 def judge_stale_reads(session, where: str) -> None:

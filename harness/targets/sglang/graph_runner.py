@@ -104,13 +104,20 @@ class GraphServer:
     capture_bs: list[int]
     captures: dict[int, Forward] = field(default_factory=dict)
     replay_views: list[SimpleNamespace] = field(default_factory=list)
+    #: pipeline stages of the server (> 1: this runner is a later stage's, fed proxy hidden states)
+    pp_size: int = 1
+
+    def lookups(self) -> list[tuple]:
+        return runner_lookups(self.config, self.capture_bs, self.space, self.pp_size)
 
 
-def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None = None) -> GraphServer:
+def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None = None,
+          pp_size: int = 1) -> GraphServer:
     """A ``DecodeCudaGraphRunner`` for a TARGET_VERIFY EAGLE target of ``config``'s shape, its graphs
     captured at every bs of ``capture_bs`` (largest first, as SGLang captures). ``mask``: the verify
     mask the Triton backend's cuda-graph set-up allocated (the target's ``allocate``), into which its
-    replay metadata copies each step's mask; on ``heap`` with the other static buffers."""
+    replay metadata copies each step's mask; on ``heap`` with the other static buffers. ``pp_size`` > 1:
+    the runner of a later pipeline stage, its graphs reading the proxy hidden states it is handed."""
     from vmfuzz.harness.targets.sglang.readers import triton_backend
     m = modules()
     space = GraphSpace(heap or ShadowHeap())
@@ -135,7 +142,7 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
     runner = object.__new__(R)
     fill = backend.get_cuda_graph_seq_len_fill_value()
     fields = dict(
-        model_runner=model_runner, device="cpu", device_module=space.device_module(), num_dp_ranks=1, pp_size=1,
+        model_runner=model_runner, device="cpu", device_module=space.device_module(), num_dp_ranks=1, pp_size=pp_size,
         enable_pdmux=False, return_hidden_states_mode=m.forward_info.CaptureHiddenMode.NULL,
         enable_return_hidden_states=False, attn_tp_size=1, tbo_plugin=SimpleNamespace(
             capture_one_batch_size=lambda *a, **k: None, replay_prepare=lambda *a, **k: None),
@@ -158,11 +165,11 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
         _early_verify_metadata=None)
     for k, v in fields.items():
         setattr(runner, k, v)
-    with bound(*runner_lookups(config, capture_bs, space)):
+    with bound(*runner_lookups(config, capture_bs, space, pp_size)):
         buffers = m.buffers.DecodeInputBuffers.create(
             device="cpu", max_bs=max_bs, max_num_token=max_num_token, hidden_size=HIDDEN,
             next_token_logits_buffer=torch.zeros(max_num_token, VOCAB, dtype=torch.float32),
-            dtype=torch.float32, num_dp_ranks=1, pp_size=1, is_encoder_decoder=False,
+            dtype=torch.float32, num_dp_ranks=1, pp_size=pp_size, is_encoder_decoder=False,
             require_mlp_tp_gather=False, seq_len_fill_value=fill, encoder_len_fill_value=0,
             num_tokens_per_req=d, cache_loc_dtype=torch.int64, enable_mamba_track=False)
         adopt_static(buffers, space)
@@ -175,7 +182,7 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
             num_dp_ranks=1, source=buffers)
         runner.backend = m.full.FullCudaGraphBackend(runner)
         _keep_bodies(runner.backend, space)
-        server = GraphServer(config, runner, space, model, backend, capture_bs)
+        server = GraphServer(config, runner, space, model, backend, capture_bs, pp_size=pp_size)
         n0 = len(model.calls)
         runner.capture()
     space.settle()
@@ -201,14 +208,20 @@ def _note_captures(server: GraphServer, first_call: int) -> None:
 
 # -- live batches ----------------------------------------------------------------------------------------
 
-def live_batch(server: GraphServer, batch: Batch, mask: torch.Tensor, input_ids, out_cache_loc):
-    """A live TARGET_VERIFY ForwardBatch of ``batch`` (pool slots last first), its verify mask ``mask``."""
+def live_batch(server: GraphServer, batch: Batch, mask: torch.Tensor, input_ids, out_cache_loc, positions=None,
+               spec=None):
+    """A live TARGET_VERIFY ForwardBatch of ``batch`` (pool slots last first), its verify mask ``mask``
+    (``positions``: the tokens', each request's ``s .. s+d-1`` unless given; ``spec``: a verify input
+    SGLang built, whose tokens and positions the batch then carries)."""
     m = modules()
     d = server.config.d
     bs = batch.bs
     seq_lens = torch.tensor(batch.seq_lens, dtype=torch.long)
-    positions = torch.cat([torch.arange(d, dtype=torch.long) + s for s in batch.seq_lens])
-    spec = m.eagle_info.EagleVerifyInput(
+    if spec is not None:
+        input_ids, positions = spec.draft_token, spec.positions
+    if positions is None:
+        positions = torch.cat([torch.arange(d, dtype=torch.long) + s for s in batch.seq_lens])
+    spec = spec or m.eagle_info.EagleVerifyInput(
         draft_token=input_ids.clone(), custom_mask=mask, positions=positions.clone(),
         retrieve_index=None, retrieve_next_token=None, retrieve_next_sibling=None, retrieve_cum_len=None,
         spec_steps=server.config.spec_steps, topk=server.config.topk, draft_token_num=d,
@@ -224,13 +237,26 @@ def live_batch(server: GraphServer, batch: Batch, mask: torch.Tensor, input_ids,
         global_forward_mode=m.forward_info.ForwardMode.TARGET_VERIFY)
 
 
+def idle_batch(server: GraphServer, spec):
+    """An idle ForwardBatch (no request), carrying the verify input ``spec`` an idle step gets."""
+    m = modules()
+    empty = torch.empty(0, dtype=torch.long)
+    idle = m.forward_info.ForwardMode.IDLE
+    return m.forward_info.ForwardBatch(
+        forward_mode=idle, batch_size=0, input_ids=empty, req_pool_indices=empty, seq_lens=empty,
+        seq_lens_cpu=empty, orig_seq_lens=empty, out_cache_loc=empty, seq_lens_sum=0, return_logprob=False,
+        positions=empty, spec_algorithm=server.runner.model_runner.spec_algorithm, spec_info=spec,
+        capture_hidden_mode=m.forward_info.CaptureHiddenMode.NULL, global_forward_mode=idle)
+
+
 def can_run(server: GraphServer, fb) -> bool:
-    with bound(*runner_lookups(server.config, server.capture_bs, server.space)):
+    with bound(*server.lookups()):
         return bool(server.runner.can_run_graph(fb))
 
 
-def replay(server: GraphServer, fb) -> Replayed:
-    """``execute`` a live batch: the runner pads it to its graph, copies it in, replays."""
+def replay(server: GraphServer, fb, proxy=None) -> Replayed:
+    """``execute`` a live batch: the runner pads it to its graph, copies it in, replays (``proxy``: a
+    later pipeline stage's ``PPProxyTensors``)."""
     views = server.replay_views
     backend = server.backend
     real = type(backend).init_forward_metadata_out_graph
@@ -240,9 +266,8 @@ def replay(server: GraphServer, fb) -> Replayed:
             views.append(forward_batch)
         return real(backend, forward_batch, *args, **kwargs)
     n0 = len(server.model.calls)
-    with bound(*runner_lookups(server.config, server.capture_bs, server.space),
-               (backend, "init_forward_metadata_out_graph", recording)):
-        out = server.runner.execute(fb)
+    with bound(*server.lookups(), (backend, "init_forward_metadata_out_graph", recording)):
+        out = server.runner.execute(fb, proxy)
     calls = server.model.calls[n0:]
     if len(calls) != 1:
         raise OutOfStep("DecodeCudaGraphRunner.execute", RUNNER_FILE,
@@ -251,7 +276,7 @@ def replay(server: GraphServer, fb) -> Replayed:
                     views[-1] if views else None)
 
 
-def eager(server: GraphServer, config: Config, batch: Batch, fb) -> Forward:
+def eager(server: GraphServer, config: Config, batch: Batch, fb, proxy=None) -> Forward:
     """The same batch, eagerly: the Triton backend's eager TARGET_VERIFY metadata, the same model."""
     from vmfuzz.harness.targets.sglang.readers import triton_backend
     m = modules()
@@ -264,7 +289,7 @@ def eager(server: GraphServer, config: Config, batch: Batch, fb) -> Forward:
     try:
         with m.forward_context.forward_context(m.forward_context.ForwardContext(attn_backend=backend),
                                                forward_batch=fb):
-            server.model.forward(fb.input_ids, fb.positions, fb)
+            server.model.forward(fb.input_ids, fb.positions, fb, pp_proxy_tensors=proxy)
     finally:
         fb.next_token_logits_buffer = saved
     return server.model.calls[-1]

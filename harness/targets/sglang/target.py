@@ -338,7 +338,23 @@ class SglangTarget:
     def graph_session(self, config: Config, mask, heap: ShadowHeap):
         """SGLang's target verify cuda-graph runner, captured at every captured bs (``graph_session``)."""
         from vmfuzz.harness.targets.sglang import graph_session
-        return graph_session.GraphSession(config, mask, heap)
+        stage = self._pp_stage(mask, config, heap) if config.call_site == "pp" else None
+        return graph_session.GraphSession(config, mask, heap, stage)
+
+    def _pp_stage(self, mask, config: Config, heap: ShadowHeap):
+        """A later pipeline stage's verify steps (``pp_stage.Stage``), its rebuild through this
+        instance's seams as the pp call site's is."""
+        from vmfuzz.harness.targets.sglang import pp_stage
+
+        @contextlib.contextmanager
+        def routed():
+            self._site = "pp"
+            try:
+                with self._routed(heap, mask):
+                    yield
+            finally:
+                self._site = "eagle"
+        return pp_stage.Stage(self.sglang, mask, config, routed)
 
     def draft_extend_session(self, config: Config, heap: ShadowHeap, runner: str):
         """One of SGLang's draft-extend cuda-graph runners (``draft_extend_session.RUNNERS``), captured."""
