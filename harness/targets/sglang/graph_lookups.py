@@ -150,10 +150,7 @@ def static(space: GraphSpace, name: str, value: torch.Tensor) -> torch.Tensor:
 
 
 def adopt_static(buffers, space: GraphSpace) -> None:
-    """Every tensor of a runner's buffer set, adopted as a redzoned static buffer (same contents); a
-    dict of tensors (a later pipeline stage's proxy inputs) each of its own."""
+    """Every tensor of a runner's buffer set, adopted as a redzoned static buffer (same contents)."""
     for name, value in list(vars(buffers).items()):
         if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.numel():
             setattr(buffers, name, static(space, name, value))
-        elif isinstance(value, dict) and value and all(isinstance(v, torch.Tensor) for v in value.values()):
-            setattr(buffers, name, {k: static(space, f"{name}.{k}", v) for k, v in value.items()})

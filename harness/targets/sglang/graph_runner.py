@@ -43,7 +43,7 @@ from vmfuzz.harness.model.errors import OutOfStep
 from vmfuzz.harness.model.readers import pool_slots
 from vmfuzz.harness.targets.sglang.binding import bound
 from vmfuzz.harness.targets.sglang.graph_model import HIDDEN, VOCAB, Forward, RecordingModel
-from vmfuzz.harness.targets.sglang.graph_lookups import adopt_static, runner_lookups, verify_modules
+from vmfuzz.harness.targets.sglang.graph_lookups import adopt_static, runner_lookups, static, verify_modules
 from vmfuzz.harness.targets.sglang.stand_in import StandIn
 
 RUNNER_FILE = "srt/model_executor/runner/decode_cuda_graph_runner.py"
@@ -173,6 +173,9 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
             require_mlp_tp_gather=False, seq_len_fill_value=fill, encoder_len_fill_value=0,
             num_tokens_per_req=d, cache_loc_dtype=torch.int64, enable_mamba_track=False)
         adopt_static(buffers, space)
+        if buffers.pp_proxy_tensors:  # a later stage's inputs from the earlier one: static buffers too
+            buffers.pp_proxy_tensors = {k: static(space, f"pp_proxy_tensors.{k}", v)
+                                        for k, v in buffers.pp_proxy_tensors.items()}
         runner.buffers = buffers
         runner.buffer_registry = m.registry.build_decode_registry(
             device="cpu", max_bs=max_bs, max_num_token=max_num_token, seq_len_fill_value=fill,
