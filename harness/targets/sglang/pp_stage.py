@@ -23,6 +23,14 @@ from vmfuzz.harness.targets.sglang.stand_in import StandIn
 
 #: the server's pipeline stages (the runner driven is the last one's)
 PP_SIZE = 2
+_GRAPH_PROPS = ("graph-replay-equivalence", "padding-inert", "capture-replay-agreement")
+
+#: What this module drives: (path under the sglang package, function, properties).
+SURFACE = (
+    ("srt/managers/scheduler_pp_mixin.py", "Scheduler._pp_spec_rebuild_verify_input", _GRAPH_PROPS),
+    ("srt/speculative/pp_spec_relay.py", "PPSpecRelayInput.reindex", _GRAPH_PROPS),
+    ("srt/speculative/eagle_info.py", "EagleVerifyInput.create_idle_input", _GRAPH_PROPS),
+)
 _MIXIN = "srt/managers/scheduler_pp_mixin.py"
 
 
