@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.helpers import sglang_or_skip
-from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_copy
+from tests.sglang_copies import altered_copy, failed_check_origin, run_on_copy
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.layouts import TreeMaskMode
@@ -40,6 +40,10 @@ def test_a_pipeline_stage_replays_the_rebuilt_batch_as_it_means(sglang_target):
     # the earlier stage's hidden states reach the graph: another step's make other logits
     other = session.eager(batch, mask, ids, loc + 1)
     assert not torch.equal(other.logits, want.logits)
+    second = Batch((4, 6))  # the next step is loaded by the forward itself, the hidden states through the registry
+    ids, loc = session.inputs(second)
+    mask = expected(CONFIG, second).tree_mask
+    assert torch.equal(session.replay(second, mask, ids, loc).logits, session.eager(second, mask, ids, loc).logits)
     idle = session.idle()
     assert idle.graph_bs == session.capture_bs[0] and idle.logits.shape[0] == 0
     assert {slot for slot, _ in idle.forward.kv_writes} == {0}
@@ -61,9 +65,11 @@ def test_a_server_of_another_call_site_is_no_pipeline_stage(sglang_target):
 
 MIXIN = ["srt/managers/scheduler_pp_mixin.py"]
 REGISTRY = ["srt/model_executor/cuda_graph_buffer_registry.py"]
+RUNNER = ["srt/model_executor/runner/decode_cuda_graph_runner.py"]
 CASE = {"mode": "FULL_MASK", "max_bs": 4, "max_context_len": 32, "num_draft_tokens": 4, "topk": 2,
         "spec_steps": 2, "is_read": True, "call_site": "pp"}
-SEQ_LENS = (5, 7, 3)
+#: the first step loaded ahead by the verify preparation (padded 3 -> 4), the second by the forward
+BATCHES = [(5, 7, 3), (4, 6)]
 EQUIVALENCE = "graph-replay-equivalence"
 
 #: name -> (edits, the buffer the failure's origin names)
@@ -71,7 +77,12 @@ ALTERATIONS = {
     # the relabel test weakened to a length check: a recomposed batch verifies another request's tree
     "rebuild-reindex-by-length": (
         [(MIXIN, r"if relay\.rids != live_rids:", "if len(relay.rids) != len(live_rids):")], "logits"),
-    # the proxy slot looked up under its slot name: the earlier stage's hidden states never reach the graph
+    # the verify step loaded ahead without the proxy and never refreshed: the graph reads the previous
+    # step's hidden states from the earlier stage
+    "preloaded-proxy-never-refreshed": (
+        [(RUNNER, r"pp_proxy_tensors is not None\s+and self\.buffers\.pp_proxy_tensors is not None", "False")],
+        "logits"),
+    # the proxy slot looked up under its slot name: a batch the forward loads never gets the hidden states
     "registry-proxy-key-misnamed": (
         [(REGISTRY, r"return None if ppx is None else ppx\.tensors\.get\(key\)",
           'return None if ppx is None else ppx.tensors.get(f"pp_proxy_tensors.{key}")')], "logits"),
@@ -84,7 +95,7 @@ def test_each_planted_bug_is_caught_by_graph_replay_equivalence(tmp_path, name):
     sglang_or_skip()
     edits, buffer = ALTERATIONS[name]
     site = altered_copy(tmp_path, edits, name)
-    proc, out = replay_on_copy(site, tmp_path, CASE, SEQ_LENS, EQUIVALENCE)
+    proc, out = _replay(site, tmp_path, EQUIVALENCE)
     assert proc.returncode == 1, out
     origin = failed_check_origin(tmp_path / "report", out)
     assert (origin["property"], origin["buffer"]) == (EQUIVALENCE, buffer), origin
@@ -97,5 +108,14 @@ def test_a_refactor_is_not_caught_and_the_pristine_copy_holds(tmp_path, prop):
     edits = [(MIXIN, r"if relay\.rids != live_rids:", "if list(live_rids) != list(relay.rids):")] \
         if prop == EQUIVALENCE else []
     site = altered_copy(tmp_path, edits, "refactor" if edits else None)
-    proc, out = replay_on_copy(site, tmp_path, CASE, SEQ_LENS, prop)
+    proc, out = _replay(site, tmp_path, prop)
     assert proc.returncode == 0 and f"held {prop}" in out, out
+
+
+def _replay(site, tmp_path, prop: str):
+    """``vmfuzz replay`` of the case (both batches) on the copy at ``site``, checked by ``prop`` alone."""
+    import json
+    repro = tmp_path / "case.json"
+    repro.write_text(json.dumps({"config": CASE, "batches": [{"seq_lens": list(b)} for b in BATCHES]}))
+    return run_on_copy(site, tmp_path, "replay", str(repro), "--target", "sglang", "--property", prop,
+                       "--isolate", "off", "--report-dir", str(tmp_path / "report"))

@@ -257,9 +257,11 @@ def can_run(server: GraphServer, fb) -> bool:
         return bool(server.runner.can_run_graph(fb))
 
 
-def replay(server: GraphServer, fb, proxy=None) -> Replayed:
+def replay(server: GraphServer, fb, proxy=None, planned: bool = False) -> Replayed:
     """``execute`` a live batch: the runner pads it to its graph, copies it in, replays (``proxy``: a
-    later pipeline stage's ``PPProxyTensors``)."""
+    later pipeline stage's ``PPProxyTensors``). ``planned``: the batch was loaded ahead, without the
+    proxy (as the verify step's preparation loads it, then marks its metadata ready), so ``execute``
+    only refreshes what the preparation could not hand it."""
     views = server.replay_views
     backend = server.backend
     real = type(backend).init_forward_metadata_out_graph
@@ -270,6 +272,9 @@ def replay(server: GraphServer, fb, proxy=None) -> Replayed:
         return real(backend, forward_batch, *args, **kwargs)
     n0 = len(server.model.calls)
     with bound(*server.lookups(), (backend, "init_forward_metadata_out_graph", recording)):
+        if planned:
+            server.runner.load_batch(fb)
+            fb.mark_forward_metadata_ready()
         out = server.runner.execute(fb, proxy)
     calls = server.model.calls[n0:]
     if len(calls) != 1:

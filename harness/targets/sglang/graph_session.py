@@ -65,7 +65,8 @@ class GraphSession(RunnerView):
     Given a ``stage`` (``pp_stage.Stage``: the server's verify call site is the pipeline-parallel
     rebuild), the runner is a later pipeline stage's: its replays run the verify
     input SGLang's rebuild makes from a relay labelled for another order, the length sum unknown,
-    with the earlier stage's hidden states handed in; the eager run is the batch as it means (the
+    with the earlier stage's hidden states handed in (one step in two loaded ahead without them, as
+    the verify preparation loads it: ``execute`` then refreshes them); the eager run is the batch as it means (the
     oracle's tokens, positions and mask) with the same hidden states."""
 
     def __init__(self, config: Config, mask, heap: ShadowHeap, stage=None):
@@ -105,7 +106,8 @@ class GraphSession(RunnerView):
             spec = self.stage.verify_input(batch)
             fb = live_batch(self.server, batch, mask, ids, loc.clone(), spec=spec)
         self._poison(batch, poison)
-        return replay(self.server, fb, self._proxy(loc))
+        # a stage's odd steps are loaded ahead by the verify preparation, its even ones by the forward
+        return replay(self.server, fb, self._proxy(loc), planned=self.pp and self.steps % 2 == 1)
 
     def _poison(self, batch: Batch, poison: dict[str, torch.Tensor] | None) -> None:
         for name, values in (poison or {}).items():
