@@ -1,11 +1,13 @@
 """A later pipeline stage's verify step on the CUDA-graph path: SGLang's pp rebuild feeding the stage's runner.
 
 The stage's batches come recomposed behind the relay's back (its rows labelled for another order)
-and with an unknown length sum; the runner is handed the earlier stage's hidden states; an idle
-step replays the rebuild's idle input. Each is judged by the graph properties against the batch
-as it means. Altered copies: a rebuild that no longer re-indexes the relay, and a registry that
-no longer refreshes the proxy hidden states, are each caught by graph-replay-equivalence; a
-refactor of the re-index test is not, and the pristine copy holds.
+and with an unknown length sum; the runner is handed the earlier stage's hidden states (loaded
+ahead, or by the forward); an idle step replays the rebuild's idle input; a batch no graph admits
+runs eagerly on what the rebuild sized itself. Each is judged by the graph properties against the
+batch as it means. Altered copies: a rebuild that no longer re-indexes the relay, a length bound
+that forgets the batch size, a pre-loaded step whose hidden states are never refreshed, and a
+registry that no longer copies them are each caught by graph-replay-equivalence; a refactor of
+the re-index test is not, and the pristine copy holds.
 """
 
 from __future__ import annotations
@@ -68,8 +70,9 @@ REGISTRY = ["srt/model_executor/cuda_graph_buffer_registry.py"]
 RUNNER = ["srt/model_executor/runner/decode_cuda_graph_runner.py"]
 CASE = {"mode": "FULL_MASK", "max_bs": 4, "max_context_len": 32, "num_draft_tokens": 4, "topk": 2,
         "spec_steps": 2, "is_read": True, "call_site": "pp"}
-#: the first step loaded ahead by the verify preparation (padded 3 -> 4), the second by the forward
-BATCHES = [(5, 7, 3), (4, 6)]
+#: the first step loaded ahead by the verify preparation (padded 3 -> 4), the second by the forward; the
+#: third no graph admits (eager: the rebuild sizes its own mask from the length bound, 5 x 32 cells)
+BATCHES = [(5, 7, 3), (4, 6), (9, 9, 9, 9, 9)]
 EQUIVALENCE = "graph-replay-equivalence"
 
 #: name -> (edits, the buffer the failure's origin names)
@@ -77,6 +80,10 @@ ALTERATIONS = {
     # the relabel test weakened to a length check: a recomposed batch verifies another request's tree
     "rebuild-reindex-by-length": (
         [(MIXIN, r"if relay\.rids != live_rids:", "if len(relay.rids) != len(live_rids):")], "logits"),
+    # the unknown length sum bounded per request, not per batch: the rebuild's own mask is too short
+    "rebuild-length-bound-per-request": (
+        [(MIXIN, r"seq_lens_sum = bs \* self\.tp_worker\.model_runner\.model_config\.context_len",
+          "seq_lens_sum = self.tp_worker.model_runner.model_config.context_len")], "tree_mask"),
     # the verify step loaded ahead without the proxy and never refreshed: the graph reads the previous
     # step's hidden states from the earlier stage
     "preloaded-proxy-never-refreshed": (

@@ -63,8 +63,28 @@ def _steps(prop: str, target, config: Config, batches: list[Batch], obs: Observa
         ids, loc = session.inputs(batch)
         if not session.can_run(batch, mask, ids, loc):
             obs.classes.add("not admitted by can_run_graph (eager)")
+            if prop == EQUIVALENCE and session.pp:
+                _judge_stage_fallback(session, batch, mask, ids, loc, obs)
             continue
         yield session, batch, mask, ids, loc
+
+
+def _judge_stage_fallback(session, batch: Batch, mask, ids, loc, obs: Observation) -> None:
+    """A pipeline stage's batch no graph admits: the rebuild writes inside the allocation it sized, and
+    the eager run of what it rebuilt is the eager run of the batch as it means."""
+    got, outside = session.fallback(batch, mask, ids, loc)
+    where = f"eager run of bs {batch.bs} on the pipeline stage (no graph admits it)"
+    if outside:
+        v = outside[0].violation
+        fail(EQUIVALENCE, f"{where}: the verify input's rebuild wrote outside {v.buffer}: {v.describe()}",
+             effect="overrun", writer="pp rebuild", buffer=v.buffer,
+             side="below" if v.side == "front" else "above", stage="rebuild")
+    want = session.eager(batch, mask, ids, loc)
+    for name, a, b in (("logits", got.logits, want.logits), ("hidden_states", got.hidden, want.hidden)):
+        if a.shape != b.shape or not torch.equal(a, b):
+            fail(EQUIVALENCE, f"{where}: {name} of the rebuilt batch differ from the batch as it means",
+                 effect="wrong", writer="pp rebuild", buffer=name, cell="real row", stage="rebuild")
+    obs.classes.add("pipeline stage: eager, rebuilt with the length bound")
 
 
 def _overruns(prop: str, session, where: str) -> None:

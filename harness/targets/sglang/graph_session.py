@@ -119,6 +119,21 @@ class GraphSession(RunnerView):
     def eager(self, batch: Batch, mask, ids, loc) -> Forward:
         return eager(self.server, self.config, batch, self.live(batch, mask, ids, loc), self._proxy(loc))
 
+    def fallback(self, batch: Batch, mask, ids, loc):
+        """A batch no graph admits, on the later stage: its verify input rebuilt (the backend's mask does
+        not fit it, so the rebuild sizes its own allocation from a length bound), then run eagerly.
+        Returns (the eager run, what the rebuild wrote outside its buffers); None off a pipeline stage."""
+        if not self.pp:
+            return None
+        n0 = len(self.server.space.overruns)
+        spec = self.stage.verify_input(batch)
+        self.server.space.check("pp rebuild", "rebuild")
+        outside = self.server.space.overruns[n0:]
+        if outside:
+            return None, outside
+        fb = live_batch(self.server, batch, mask, ids, loc.clone(), spec=spec)
+        return eager(self.server, self.config, batch, fb, self._proxy(loc)), []
+
     def idle(self, poison: dict[str, torch.Tensor] | None = None) -> Replayed:
         """An idle step of the later stage (no request: the rebuild's idle input) through ``execute``,
         over padded rows ``poison``ed first; None where the server is not a pipeline stage or no graph
