@@ -124,6 +124,7 @@ def _where(batch: Batch, got) -> str:
 def graph_replay_equivalence(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
     obs = Observation()
     config = read_layout(config)
+    session = None
     for session, batch, mask, ids, loc in _steps(EQUIVALENCE, target, config, batches, obs):
         got = session.replay(batch, mask, ids, loc)
         want = session.eager(batch, mask, ids, loc)
@@ -132,7 +133,7 @@ def graph_replay_equivalence(target, config: Config, batches: list[Batch], devic
         obs.add_step(config, batch, None, config.max_bs)
         obs.classes.add("padded replay" if got.graph_bs > batch.bs else "exact replay")
         _note_stage(session, obs)
-    _idle(EQUIVALENCE, target, config, obs)
+    _idle(EQUIVALENCE, session, obs)
     judge_draft(EQUIVALENCE, target, config, batches, obs)
     return obs
 
@@ -153,7 +154,7 @@ def _poison(config: Config, batch: Batch, loc: torch.Tensor, session) -> dict[st
 def padding_inert(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
     obs = Observation()
     config = read_layout(config)
-    last = None  # the last replayed batch and its slots: what an idle step's padded rows are poisoned with
+    session = last = None  # the last replayed batch and its slots: what an idle step's padded rows are poisoned with
     for session, batch, mask, ids, loc in _steps(PADDING, target, config, batches, obs):
         got = session.replay(batch, mask, ids, loc, poison=_poison(config, batch, loc, session))
         want = session.eager(batch, mask, ids, loc)
@@ -174,7 +175,7 @@ def padding_inert(target, config: Config, batches: list[Batch], device="cpu") ->
         _note_stage(session, obs)
         last = (batch, loc)
     if last is not None:
-        _idle(PADDING, target, config, obs, _poison(config, last[0], last[1], None), set(last[1].tolist()))
+        _idle(PADDING, session, obs, _poison(config, last[0], last[1], None), set(last[1].tolist()))
     judge_draft(PADDING, target, config, batches, obs)
     return obs
 
@@ -184,11 +185,12 @@ def _note_stage(session, obs: Observation) -> None:
         obs.classes.add("pipeline stage: relay re-indexed by request id, length sum unknown")
 
 
-def _idle(prop: str, target, config: Config, obs: Observation, poison=None, live: set | None = None) -> None:
-    """A pipeline stage's idle step replayed (its verify input the rebuild's idle one, every row padding,
-    over ``poison``: a live batch's content, its KV slots ``live``): it hands back no row, and its
-    padding writes no KV into a live slot and nothing outside a static buffer."""
-    session = _session(prop, target, config)
+def _idle(prop: str, session, obs: Observation, poison=None, live: set | None = None) -> None:
+    """A pipeline stage's idle step replayed on the case's ``session`` (its verify input the rebuild's
+    idle one, every row padding, over ``poison``: a live batch's content, its KV slots ``live``): it
+    hands back no row, and its padding writes no KV into a live slot and nothing outside a static buffer."""
+    if session is None:
+        return
     got = session.idle(poison)
     if got is None:
         return
