@@ -305,3 +305,24 @@ def test_flashmla_verify_lengths_left_unwidened_is_could_not_check(tmp_path, sgl
     [lines] = g["lines"]
     assert len(lines["never_ran"]) == 1 and lines["judged"] == {}, lines
     assert any("flashmla_backend.py line" in c and "never ran" in c for c in g["could_not_check"]), g
+
+
+def test_a_release_sized_file_list_reaches_every_child_through_a_file(tmp_path, monkeypatch):
+    """Every changed SGLang file is traced now: thousands of paths in one variable would make every
+    child's exec fail (E2BIG), so a long list travels as a file."""
+    from vmfuzz.harness.engine.core import line_trace
+    files = [tmp_path / f"python/sglang/srt/module_{i:05d}.py" for i in range(3000)]
+    monkeypatch.delenv(line_trace.DIR_ENV, raising=False)
+    monkeypatch.delenv(line_trace.FILES_ENV, raising=False)
+    line_trace.start(tmp_path / "rec", files)
+    try:
+        value = os.environ[line_trace.FILES_ENV]
+        assert value.startswith("@") and len(value) < 4096
+        assert line_trace._listed(value) == [str(f) for f in files]
+    finally:
+        line_trace.stop()
+    line_trace.start(tmp_path / "rec2", files[:2])
+    try:
+        assert line_trace._listed(os.environ[line_trace.FILES_ENV]) == [str(f) for f in files[:2]]
+    finally:
+        line_trace.stop()

@@ -8,6 +8,7 @@ the gate's measurement of what ran (``diff_coverage``).
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path, PurePosixPath
 
@@ -151,14 +152,10 @@ def moved_lines(checkout: Checkout, path: str, text: str) -> frozenset[int] | No
     the most alike file the change modified or deleted (the old path may stay behind as a re-export);
     None when no such file is alike enough (a new file: every line is changed)."""
     import difflib
-    suffix = PurePosixPath(path).suffix
-    listed = _git(checkout.root, "diff", "--name-only", "-z", "--no-renames", "--diff-filter=DM", checkout.base, "--")
     new = text.splitlines()
     best, best_ratio = None, MOVE_LIKENESS
-    for cand in [c for c in listed.split("\0") if c and c != path and c.endswith(suffix)][:MOVE_CANDIDATES]:
-        try:
-            old = _git(checkout.root, "cat-file", "blob", f"{checkout.base}:{cand}").splitlines()
-        except ChangeError:
+    for cand, old in _left_behind(str(checkout.root), checkout.base, PurePosixPath(path).suffix):
+        if cand == path:
             continue
         matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
         if matcher.real_quick_ratio() > best_ratio and matcher.quick_ratio() > best_ratio \
@@ -173,3 +170,17 @@ def moved_lines(checkout: Checkout, path: str, text: str) -> frozenset[int] | No
         elif tag == "delete":  # the lines either side of the gap run in the deleted code's place
             lines.update(n for n in (j1, j1 + 1) if 0 < n <= len(new))
     return frozenset(lines)
+
+
+@functools.lru_cache(maxsize=8)
+def _left_behind(root: str, base: str, suffix: str) -> tuple[tuple[str, list[str]], ...]:
+    """The files ending in ``suffix`` the change modified or deleted, with their text at ``base``:
+    what a new file may have moved from. Read once per gate, however many files are new."""
+    listed = _git(root, "diff", "--name-only", "-z", "--no-renames", "--diff-filter=DM", base, "--")
+    out = []
+    for cand in [c for c in listed.split("\0") if c and c.endswith(suffix)][:MOVE_CANDIDATES]:
+        try:
+            out.append((cand, _git(root, "cat-file", "blob", f"{base}:{cand}").splitlines()))
+        except ChangeError:
+            continue
+    return tuple(out)

@@ -366,4 +366,6 @@ def _why_not_exercised(measured) -> tuple[str, list[str]]:
         stuck.append(f"{name}: no line of it ran under a property")
     if stuck:
         return "; ".join(stuck), stuck
+    if not measured.changed:
+        return "no changed statement (comments or blank lines, or a move followed by content)", []
     return "its changed lines are pure definitions (imports, typing), nothing to judge", []

@@ -57,7 +57,7 @@ def _coverage(spec: str, target, changed, hits, sglang_root, tracing, outcome) -
         lines = _measured_lines(target, tracing) if tracing is not None else None
         if lines is not None:
             # a changed file no table named, whose code a property ran: measured onto the mask's path
-            hits = hits + [p for p in tracing.extra if lines[p].ran_under_property]
+            hits = hits + [p for p in tracing.extra if p in lines and lines[p].ran_under_property]
             lines = {p: m for p, m in lines.items() if p in hits}
         cov = gate_coverage(spec, target, changed, hits, outcome.results, lines=lines)
     except (ValueError, ImportError, OSError) as exc:
@@ -74,8 +74,10 @@ def _coverage(spec: str, target, changed, hits, sglang_root, tracing, outcome) -
 class Tracing:
     """What the gate traces: each triggered path's file in the loaded SGLang and its changed lines."""
 
-    def __init__(self, folder, files: dict, changed_lines: dict, untraced: dict, extra: list[str] = ()):
+    def __init__(self, folder, files: dict, changed_lines: dict, untraced: dict, extra: list[str] = (),
+                 checkout=None):
         self.folder = folder
+        self.checkout = checkout
         self.extra = [p for p in extra if p in files]  # traced though no table triggers on them
         self.files = files  # listed path -> absolute file traced
         self.changed_lines = changed_lines  # listed path -> frozenset of lines, or None (no diff)
@@ -107,7 +109,10 @@ def _start_tracing(hits: list[str], checkout, extra: list[str] = ()) -> Tracing:
             untraced[path] = DELETED if gone else f"not driven: not found in the SGLang under test at {package}"
             continue
         files[path] = real.resolve()
-        lines[path] = changed_lines(checkout, path) if checkout is not None else None
+        # an extra file's lines are read only if a property ran it (``_measured_lines``): a release's
+        # diff lists thousands
+        if path not in extra:
+            lines[path] = changed_lines(checkout, path) if checkout is not None else None
     try:
         import coverage  # noqa: F401 - the measurement's tool: without it no line can be shown to run
     except ImportError:
@@ -117,7 +122,7 @@ def _start_tracing(hits: list[str], checkout, extra: list[str] = ()) -> Tracing:
     # Both spellings: a module imported through a symlinked folder runs under the link's name.
     names = {str(package / sglang_relative(p)) for p in files} | {str(f) for f in files.values()}
     line_trace.start(folder, sorted(names))
-    return Tracing(folder, files, lines, untraced, list(extra))
+    return Tracing(folder, files, lines, untraced, list(extra), checkout)
 
 
 def _end_tracing(tracing: Tracing) -> None:
@@ -131,7 +136,9 @@ def _measured_lines(target, tracing: Tracing) -> dict:
     """Listed path -> ``diff_coverage.FileLines``: what ran of each triggered file, and under what."""
     from vmfuzz.harness.engine.core import line_trace
     from vmfuzz.harness.engine.campaign.changes import sglang_relative
+    from vmfuzz.harness.engine.campaign.change_paths import changed_lines
     from vmfuzz.harness.engine.campaign.diff_coverage import measure, read_text, untraced
+    from vmfuzz.harness.engine.core.line_trace import NO_PROPERTY
     from vmfuzz.harness.engine.campaign.surface import loaded_package, sglang_rows
     line_trace.flush()
     broken = line_trace.failures(tracing.folder)
@@ -143,6 +150,10 @@ def _measured_lines(target, tracing: Tracing) -> dict:
     for path, why in tracing.untraced.items():
         out[path] = untraced(path, why)
     for path, real in tracing.files.items():
+        if path in tracing.extra:
+            if not any(ctx != NO_PROPERTY for ctxs in ran.get(str(real), {}).values() for ctx in ctxs):
+                continue  # no property ran it: not on the mask's path, and never measured
+            tracing.changed_lines[path] = changed_lines(tracing.checkout, path) if tracing.checkout else None
         rel = sglang_relative(path)
         mask_functions = {}
         for r in rows:
