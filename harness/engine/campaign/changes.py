@@ -97,7 +97,6 @@ NAMED_FOR_THE_WORKFLOW = (
     "srt/model_executor/runner/base_runner.py",  # driven: the graph runner's base
     "srt/model_executor/runner/decode_cuda_graph_runner.py",
     "srt/model_executor/runner_backend/full_cuda_graph_backend.py",  # driven: the graph capture and replay
-    "srt/model_executor/runner_backend/utils.py",  # driven: the draft runner's graph backend choice
     "srt/model_executor/runner_backend/utils.py",  # driven: the draft-side runners pick their graph backend
     "srt/model_executor/runner_utils/buffers.py",  # driven: the graph runner's static buffers
     "srt/model_executor/runner_utils/capture_mode.py",  # driven: the draft runner's capture mode
@@ -112,6 +111,7 @@ NAMED_FOR_THE_WORKFLOW = (
     "srt/speculative/multi_layer_eagle_draft_extend_cuda_graph_runner.py",  # driven: multi-layer draft extend
     "srt/speculative/multi_layer_eagle_utils.py",  # imported by its driver: the prepare forms it binds
     "srt/speculative/pp_spec_relay.py",  # driven (the pipeline-parallel relay), names no mask code
+    "srt/speculative/ragged_verify.py",  # driven: FA3's ragged chain verify layout
     "srt/speculative/spec_utils.py",  # driven: the accepted tokens' KV moves
 )
 
