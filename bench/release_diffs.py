@@ -170,7 +170,9 @@ def classify(gate: dict, read_functions=functions_of) -> dict:
     graph_judges: set[str] = set()  # the properties that ran a changed line of the target's graph runner
     for f in gate.get("lines") or []:
         if f.get("traced") is None:
-            untraced.append(f"{f['path']}: {f.get('why_untraced') or (gate.get('why_not_driven') or {}).get(f['path'], '?')}")
+            # the gate's file-level reason first: it is the one its verdict and "needs a GPU" list use
+            why = (gate.get("why_not_driven") or {}).get(f["path"]) or f.get("why_untraced") or "?"
+            untraced.append(f"{f['path']}: {why}")
             continue
         funcs = read_functions(f["traced"])
         rows = [(int(n), "judged") for n in f.get("judged") or {}]
@@ -192,12 +194,16 @@ def classify(gate: dict, read_functions=functions_of) -> dict:
     unrun = totals["not_driven"] + totals["other"]
     top = sorted(((n, c) for n, c in by_function.items() if c["not_driven"] + c["other"] + c["needs_gpu"]),
                  key=lambda nc: -(nc[1]["not_driven"] + nc[1]["other"] + nc[1]["needs_gpu"]))
+    files: Counter = Counter()
+    for name, k in by_function.items():
+        files[name.split(":", 1)[0]] += k["not_driven"] + k["other"]
     return {"changed": changed, **{c: totals[c] for c in CATEGORIES}, "judged_off_path": totals["judged_off_path"],
             "unrun_share": round(unrun / changed, 4) if changed else None,
             "meets_bar": bool(changed) and unrun <= BAR * changed,
             "top": [{"function": n, **{c: k[c] for c in CATEGORIES}} for n, k in top],
             "untraced": untraced, "graph_runner": graph,
-            "graph_judged_by": sorted(graph_judges)}
+            "graph_judged_by": sorted(graph_judges),
+            "top_files": [[n, k] for n, k in files.most_common() if k]}
 
 
 def gate_pr(spec: str, args, venvs: dict[str, str]) -> dict:
@@ -272,6 +278,8 @@ def table(rows: list[dict], top: int) -> str:
                      "(not driven / other / needs a GPU)")
         lines += [f"- {t['function']}: {t['not_driven']} / {t['other']} / {t['needs_gpu']}"
                   for t in r["top"][:top]]
+        lines.append("- files by unrun statements, not counting GPU: "
+                     + ", ".join(f"{n} {k}" for n, k in r["top_files"][:top]))
         lines += [f"- untraced: {u}" for u in r["untraced"]]
         lines += [f"- graph runner {q}: {s}" for q, s in sorted(r["graph_runner"].items())] or \
             ["- graph runner: no changed CudaGraphRunner function measured"]

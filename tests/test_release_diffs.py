@@ -56,6 +56,7 @@ def test_each_changed_statement_lands_in_one_category_and_the_bar_is_measured(tm
     top = {t["function"]: (t["not_driven"], t["other"], t["needs_gpu"]) for t in got["top"]}
     assert top == {"runner.py:helper": (1, 0, 0), "runner.py:DecodeCudaGraphRunner.replay": (0, 1, 0),
                    "runner.py:DecodeCudaGraphRunner.capture": (0, 0, 1)}
+    assert got["top_files"] == [["runner.py", 2]]
     assert got["untraced"] == ["python/sglang/x.cu: needs a GPU: CUDA kernel source"]
     assert got["graph_judged_by"] == ["graph-replay-equivalence"]
     assert got["graph_runner"] == {"DecodeCudaGraphRunner.capture": "2/4 ran", "DecodeCudaGraphRunner.replay": "1/3 ran"}
