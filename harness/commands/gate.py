@@ -67,7 +67,7 @@ def run(request: RunRequest) -> int:
     if on_base is not None:
         said = on_base.result()
         if not said.failed:  # else the ranges the plan chose stand: the base is not the PR's to change
-            plan_.known = tuple(said.excused(known_found))
+            plan_.known = tuple(said.excused(known_found, in_range=plan_.known))
         plan_.warnings = (*plan_.warnings, said.note(known_found))
     if sglang:
         _say_code_under_test(sglang_root)

@@ -24,7 +24,7 @@ from vmfuzz.harness.guard.tree_write import KernelCall
 from vmfuzz.harness.model.outputs import StepOutput
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.targets.sglang.binding import bound as _bound
-from vmfuzz.harness.targets.sglang import call_sites, flashinfer, imitated_host, readers, writers
+from vmfuzz.harness.targets.sglang import call_sites, flashinfer, graph_support, imitated_host, readers, writers
 from vmfuzz.harness.targets.sglang.imitated_host import VERIFY_MASK
 from vmfuzz.harness.targets.sglang.loader import Sglang
 from vmfuzz.harness.targets.sglang.reach import patches_everywhere
@@ -43,6 +43,7 @@ SURFACE = (
     # the direct chain writer sizes its buffer by arithmetic, not fits
     ("srt/layers/attention/verify_mask.py", "VerifyMask.fits", _ALL[:-1]),
 )
+
 
 
 class SglangTarget:
@@ -73,6 +74,7 @@ class SglangTarget:
     def __init__(self, sg: Sglang, kernel_choice: str = "triton"):
         self.sglang = sg
         self.kernel_choice = kernel_choice
+        self._graph_why: str | None = None  # "" once read: the graph path is driven here
         self._draft_tokens: dict[int, int] = {}  # id(mask) -> d, for the pre-fix fits(bs, d)
         self._heap: ShadowHeap | None = None
         self._callsite_fill: bool | None = None
@@ -126,11 +128,18 @@ class SglangTarget:
 
     def not_driven_here(self, prop: str) -> str | None:
         """Why ``prop`` cannot be driven on this SGLang, found from its code; None: it can."""
+        if prop in graph_support.PROPERTIES:
+            return self._graph_path_not_driven()
         if prop == "chain-writer" and self.sglang.build_chain_tree is None:
             return "this SGLang has no build_chain_tree (kernels/ops/speculative/eagle.py): no chain writer to check"
         if prop == "packed-mask":
             return flashinfer.packing_not_driven()
         return None
+
+    def _graph_path_not_driven(self) -> str | None:
+        if self._graph_why is None:  # read once: the code under test's version does not change
+            self._graph_why = graph_support.not_driven(self.versions()["sglang"]) or ""
+        return self._graph_why or None
 
     def site_fits(self, site: str, mask, bs: int) -> bool:
         # What a call site's verify_mask.fits(bs) answers; a variant makes one site ask wrongly.
