@@ -52,8 +52,9 @@ def test_a_pipeline_stage_replays_the_rebuilt_batch_as_it_means(sglang_target):
 
 
 def test_the_graph_properties_judge_a_pipeline_stage_and_its_idle_step(sglang_target):
-    from vmfuzz.harness.properties.graph_shared import judge
-    obs = judge(sglang_target, CONFIG, [Batch((5, 7, 3)), Batch((9,))])
+    from vmfuzz.harness.properties import shared_group
+    obs = shared_group(["graph-replay-equivalence", "padding-inert", "capture-replay-agreement"]).check(
+        sglang_target, CONFIG, [Batch((5, 7, 3)), Batch((9,))])
     assert {"pipeline stage: relay re-indexed by request id, length sum unknown",
             "pipeline stage: idle replay", "padded replay"} <= obs.classes
 

@@ -166,14 +166,10 @@ class SglangTarget:
     def verify(self, mask, config: Config, batch: Batch, heap: ShadowHeap) -> StepOutput:
         if mask is not None:
             self._draft_tokens[id(mask)] = config.d
-        self._site = config.call_site
-        try:
-            with self._routed(heap, mask) as taken:
-                vi = call_sites.build_verify_input(self.sglang, mask, config, batch, heap.device)
-            if not (config.trivial and config.call_site == "eagle"):  # d = 1 there fills the mask itself
-                require_taken(taken, config.call_site)
-        finally:
-            self._site = "eagle"
+        with self._routed(heap, mask, config.call_site) as taken:
+            vi = call_sites.build_verify_input(self.sglang, mask, config, batch, heap.device)
+        if not (config.trivial and config.call_site == "eagle"):  # d = 1 there fills the mask itself
+            require_taken(taken, config.call_site)
         reused = mask is not None and vi.custom_mask.data_ptr() == mask.buffer.data_ptr()
         return StepOutput(vi.custom_mask, vi.positions, vi.retrieve_index, vi.retrieve_next_token,
                           vi.retrieve_next_sibling, reused=reused, draft_token=vi.draft_token)
@@ -197,8 +193,9 @@ class SglangTarget:
         return ChainOutput.of(outputs, buffer)
 
     @contextlib.contextmanager
-    def _routed(self, heap: ShadowHeap, mask):
-        """Every seam of this instance bound into SGLang for one call."""
+    def _routed(self, heap: ShadowHeap, mask, site: str | None = None):
+        """Every seam of this instance bound into SGLang for one call (``site``: of that call site's step)."""
+        self._site = site or self._site
         sg = self.sglang
         target = self
         wrapper = sg.wrapper_owner.build_tree_kernel_efficient
@@ -240,9 +237,12 @@ class SglangTarget:
             # The frozen-KV MTP worker imported the wrapper by name at its own import.
             patches.append((sg.frozen().module, "build_tree_kernel_efficient", wrapped))
         kernel = writers.tree_kernel_patches(sg, target.kernel, heap)
-        with _bound(*patches, *kernel, *chain):
-            yield {"wrapper": wrapped, "kernel": kernel[0][2] if kernel else None,
-                   "chain": chain[0][2] if chain else None}
+        try:
+            with _bound(*patches, *kernel, *chain):
+                yield {"wrapper": wrapped, "kernel": kernel[0][2] if kernel else None,
+                       "chain": chain[0][2] if chain else None}
+        finally:
+            self._site = "eagle" if site else self._site
 
     # -- readers (sglang/readers.py, sglang/flashinfer.py; seams of reader-agreement and packed-mask) --
     def read_eager(self, config: Config, batch: Batch, step: StepOutput, heap: ShadowHeap):
@@ -351,24 +351,11 @@ class SglangTarget:
 
     def graph_session(self, config: Config, mask, heap: ShadowHeap):
         """SGLang's target verify cuda-graph runner, captured at every captured bs (``graph_session``)."""
-        from vmfuzz.harness.targets.sglang import graph_session
-        stage = self._pp_stage(mask, config, heap) if config.call_site == "pp" else None
+        from vmfuzz.harness.targets.sglang import graph_session, pp_stage
+        # a pp-site server's runner is a later pipeline stage's: its rebuild routed as the pp site's
+        stage = (pp_stage.Stage(self.sglang, mask, config, lambda: self._routed(heap, mask, "pp"))
+                 if config.call_site == "pp" else None)
         return graph_session.GraphSession(config, mask, heap, stage)
-
-    def _pp_stage(self, mask, config: Config, heap: ShadowHeap):
-        """A later pipeline stage's verify steps (``pp_stage.Stage``), its rebuild through this
-        instance's seams as the pp call site's is."""
-        from vmfuzz.harness.targets.sglang import pp_stage
-
-        @contextlib.contextmanager
-        def routed():
-            self._site = "pp"
-            try:
-                with self._routed(heap, mask):
-                    yield
-            finally:
-                self._site = "eagle"
-        return pp_stage.Stage(self.sglang, mask, config, routed)
 
     def draft_extend_session(self, config: Config, heap: ShadowHeap, runner: str):
         """One of SGLang's draft-extend cuda-graph runners (``draft_extend_session.RUNNERS``), captured."""
