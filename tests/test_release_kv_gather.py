@@ -37,8 +37,8 @@ def test_the_stand_in_table_holds_the_translator_s_slots():
 
 def _launch(table, *, stride=None, start=None, out=None, paged=1, handed=None):
     heap = ShadowHeap("cpu")
-    translator = GathersKvSlots(heap, 40)
-    gather = GathersFromTable(_kernel, translator, table)
+    translator = GathersKvSlots(heap, 40, table)
+    gather = GathersFromTable(_kernel, translator)
     pool, lens = torch.tensor([2, 0]), torch.tensor([3, 2])
     indptr = torch.tensor([0, 3, 5])
     out = torch.empty(5, dtype=torch.int64) if out is None else out

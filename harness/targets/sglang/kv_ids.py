@@ -8,17 +8,19 @@ gather of the wrong request's slots, the wrong tokens, too few or too many
 shows in what the reader reads or in the buffer's redzone.
 
 Releases whose translator calls its gather ``fill_packed_read_stream`` (0.5.20,
-0.5.21) are driven the same way. Releases before the translator launch a gather
-kernel over the request-to-token table themselves: there the backend holds a
-stand-in table of the same slots (``readers.kv_slot_table``), and the launch is
-stood in by ``GathersFromTable``, which gathers from whatever table, rows,
-lengths and offsets the backend hands it, so each of those is SGLang's own.
+0.5.21) are driven the same way. Releases that launch a gather kernel over a
+request-to-token table themselves (0.5.19 through the translator's index-table
+view, earlier ones over the backend's own table) read a stand-in table of the
+same slots (``readers.kv_slot_table``), and the launch is stood in by
+``GathersFromTable``, which gathers from whatever table, rows, lengths and
+offsets the backend hands it, so each of those is SGLang's own.
 """
 
 from __future__ import annotations
 
 
 import inspect
+from types import SimpleNamespace
 
 import torch
 
@@ -41,9 +43,11 @@ class GathersKvSlots(TranslatesNothing):
     ``TranslatesNothing`` does.
     """
 
-    def __init__(self, heap: ShadowHeap, max_context_len: int):
+    def __init__(self, heap: ShadowHeap, max_context_len: int, table: torch.Tensor | None = None):
         super().__init__()
         self.heap, self.max_context_len = heap, max_context_len
+        #: the stand-in request-to-token table (``readers.kv_slot_table``) that gathers outside this one read
+        self.table = table
         #: where this gather wrote (``out``'s data pointers): a buffer it never wrote is not judged for ids
         self.gathered_into: set[int] = set()
 
@@ -54,17 +58,24 @@ class GathersKvSlots(TranslatesNothing):
         """The same gather under its name in releases before ``pack_read_stream`` (0.5.20, 0.5.21)."""
         return self._stream("fill_packed_read_stream", args, kwargs)
 
+    def build_index_table(self, *args, **kwargs):
+        """0.5.19's per-batch view of what the KV gather reads: SGLang's own method, run as on a pool
+        whose ids need no translating, over the stand-in table."""
+        self.calls.append("build_index_table")
+        fn = _real(self, "build_index_table")
+        pool = SimpleNamespace(is_translating=False, defer_read_translate=False, req_to_token=self.table)
+        try:
+            return fn(pool, *args, **kwargs)
+        except AttributeError as exc:
+            if getattr(exc, "obj", None) is pool:
+                raise OutOfStep("KVIndexTranslator.build_index_table", TRANSLATOR,
+                                f"reads {exc.name!r}, which the stand-in translator does not set") from None
+            raise
+
     def _stream(self, method: str, args, kwargs) -> bool:
         self.calls.append(method)
         seam = f"KVIndexTranslator.{method}"
-        from vmfuzz.harness.targets.sglang.imports import sglang_module
-        try:
-            # a translator module that raises on import is decided there (a finding, or out of step)
-            real = sglang_module("sglang." + TRANSLATOR.removesuffix(".py").replace("/", "."))
-            fn = getattr(real.KVIndexTranslator, method)
-        except (ImportError, AttributeError) as exc:
-            raise OutOfStep(seam, TRANSLATOR, f"not found ({exc})") from None
-        got = bind(fn, seam, TRANSLATOR, self, *args, **kwargs).arguments
+        got = bind(_real(self, method), seam, TRANSLATOR, self, *args, **kwargs).arguments
         missing = [n for n in ("req_pool_indices", "seq_lens", "indptr", "out") if n not in got]
         if missing or got.get("token_mapping") is not None:
             raise OutOfStep(seam, TRANSLATOR,
@@ -75,6 +86,17 @@ class GathersKvSlots(TranslatesNothing):
         _gather(self.heap, got["out"], got["req_pool_indices"], got["seq_lens"], got["indptr"],
                 got.get("kv_start_idx"), lambda slot, tokens: (slot + 1) * stride + tokens)
         return True  # the stand-in's slots are final ids
+
+
+def _real(translator, method: str):
+    """SGLang's own ``KVIndexTranslator.<method>``; one this release lacks is vmfuzz out of step."""
+    from vmfuzz.harness.targets.sglang.imports import sglang_module
+    try:
+        # a translator module that raises on import is decided there (a finding, or out of step)
+        real = sglang_module("sglang." + TRANSLATOR.removesuffix(".py").replace("/", "."))
+        return getattr(real.KVIndexTranslator, method)
+    except (ImportError, AttributeError) as exc:
+        raise OutOfStep(f"KVIndexTranslator.{method}", TRANSLATOR, f"not found ({exc})") from None
 
 
 class GathersFromTable:
@@ -90,8 +112,8 @@ class GathersFromTable:
     its buffer unjudged.
     """
 
-    def __init__(self, kernel, translator: GathersKvSlots, table: torch.Tensor):
-        self.translator, self.table = translator, table
+    def __init__(self, kernel, translator: GathersKvSlots):
+        self.translator, self.table = translator, translator.table
         self.params = list(inspect.signature(getattr(kernel, "fn", kernel)).parameters)
 
     def __getitem__(self, grid):
@@ -107,7 +129,7 @@ class GathersFromTable:
             raise OutOfStep(KV_GATHER, "the KV-id gather kernel",
                             f"the launch does not name {', '.join(names)} as the stand-in reads them "
                             f"(parameters {self.params}{', paged' if paged else ''})")
-        if not isinstance(table, torch.Tensor) or table.data_ptr() != self.table.data_ptr():
+        if self.table is None or not isinstance(table, torch.Tensor) or table.data_ptr() != self.table.data_ptr():
             return
         lanes = int(grid[0]) if isinstance(grid, tuple) else int(lens.numel())
         flat = self.table.reshape(-1).to(torch.int64)

@@ -91,7 +91,7 @@ def _stand_in_checked(backend):
     module = modules().triton_backend
     # bound wherever the gather is held, so a launch moved into a helper of another module is stood in too
     kernel = getattr(module, KV_GATHER, None)
-    gather = (patches_everywhere(kernel, GathersFromTable(kernel, backend.kv_index_translator, backend.req_to_token),
+    gather = (patches_everywhere(kernel, GathersFromTable(kernel, backend.kv_index_translator),
                                  (module, KV_GATHER))
               if kernel is not None else [])
     try:
@@ -136,12 +136,15 @@ def triton_backend(mask, config: Config, pool: int, dev, heap: ShadowHeap, graph
         _window_buffers(backend, config, heap, max_num_tokens * window, dev)
     backend._verify_mask = mask
     # The stand-in runner's translator packs nothing: this one gathers distinct slots per request.
-    backend.kv_index_translator = GathersKvSlots(heap, config.max_context_len)
-    # Releases that launch the KV gather themselves read the request-to-token table the
-    # backend holds: the stand-in table of the translator's slots (``kv_ids.GathersFromTable``).
+    # Releases that launch the KV gather themselves read a request-to-token table: the backend's own
+    # (before the translator) or the translator's view of it (0.5.19), both the stand-in table of
+    # the translator's slots (``kv_ids.GathersFromTable``).
+    table = None
     if hasattr(modules().triton_backend, KV_GATHER):
-        backend.req_to_token = kv_slot_table(max(pool, config.max_bs), config.max_context_len, dev)
-    # 0.5.19 keeps the captured KV-id tables in kv_read_tables (none: KV ids are stood in).
+        table = kv_slot_table(max(pool, config.max_bs), config.max_context_len, dev)
+        backend.req_to_token = table
+    backend.kv_index_translator = GathersKvSlots(heap, config.max_context_len, table)
+    # 0.5.19 keeps the captured KV-id tables in kv_read_tables (none: its view is built per batch).
     for attr in ("_translate_kv_loc", "kv_read_tables"):
         if not hasattr(backend, attr):
             setattr(backend, attr, None)
