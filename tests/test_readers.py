@@ -154,14 +154,17 @@ def test_each_metadata_output_is_judged_against_the_meaning(slip):
 
 def test_a_kv_gather_past_its_buffer_lands_in_the_redzone():
     """The sglang target's stand-in gather writes each request's KV slots through the shadow heap."""
+    from vmfuzz.harness.model.readers import kv_slot_stride
     from vmfuzz.harness.targets.sglang.kv_ids import _gather
 
+    stride = kv_slot_stride(8)
+    ids_of = lambda slot, tokens: (slot + 1) * stride + tokens  # noqa: E731 - the translator's ids
     heap = ShadowHeap("cpu")
     kv = heap.alloc("kv_indices", 8, torch.int64, redzone_cells=16)
     seq_lens, pool = torch.tensor([3, 5]), torch.tensor([1, 0])
-    _gather(heap, kv, pool, seq_lens, torch.tensor([0, 3, 8]), None, 8)
+    _gather(heap, kv, pool, seq_lens, torch.tensor([0, 3, 8]), None, ids_of)
     assert not heap.check() and kv.tolist() == [20, 21, 22, 10, 11, 12, 13, 14]
-    _gather(heap, kv, pool, seq_lens, torch.tensor([0, 4, 9]), None, 8)  # kv_indptr one late from request 1
+    _gather(heap, kv, pool, seq_lens, torch.tensor([0, 4, 9]), None, ids_of)  # kv_indptr one late from request 1
     [stray] = heap.check()
     assert (stray.buffer, stray.side, stray.start) == ("kv_indices", "back", 8)
 

@@ -170,6 +170,14 @@ def kv_slot(pool_slot: int, token: int, max_context_len: int) -> int:
     return (pool_slot + 1) * kv_slot_stride(max_context_len) + token
 
 
+def kv_slot_table(pool: int, max_context_len: int, device="cpu") -> torch.Tensor:
+    """The stand-in request-to-token table itself: row p, column t holds ``kv_slot(p, t, max_context_len)``,
+    one row per pool slot, a column per token a request may hold (int32, as SGLang keeps the table)."""
+    stride = kv_slot_stride(max_context_len)
+    rows = (torch.arange(pool, dtype=torch.int64).unsqueeze(1) + 1) * stride
+    return (rows + torch.arange(max(max_context_len, 1), dtype=torch.int64)).to(torch.int32).to(device)
+
+
 def stale_kv_indices(n: int, device) -> torch.Tensor:
     """What a KV-index buffer holds before the gather: negatives, which no KV slot is."""
     return -1 - torch.arange(n, dtype=torch.int64, device=device)

@@ -63,8 +63,28 @@ def _steps(prop: str, target, config: Config, batches: list[Batch], obs: Observa
         ids, loc = session.inputs(batch)
         if not session.can_run(batch, mask, ids, loc):
             obs.classes.add("not admitted by can_run_graph (eager)")
+            if prop == EQUIVALENCE and session.pp:
+                _judge_stage_fallback(session, batch, mask, ids, loc, obs)
             continue
         yield session, batch, mask, ids, loc
+
+
+def _judge_stage_fallback(session, batch: Batch, mask, ids, loc, obs: Observation) -> None:
+    """A pipeline stage's batch no graph admits: the rebuild writes inside the allocation it sized, and
+    the eager run of what it rebuilt is the eager run of the batch as it means."""
+    got, outside = session.fallback(batch, mask, ids, loc)
+    where = f"eager run of bs {batch.bs} on the pipeline stage (no graph admits it)"
+    if outside:
+        v = outside[0].violation
+        fail(EQUIVALENCE, f"{where}: the verify input's rebuild wrote outside {v.buffer}: {v.describe()}",
+             effect="overrun", writer="pp rebuild", buffer=v.buffer,
+             side="below" if v.side == "front" else "above", stage="rebuild")
+    want = session.eager(batch, mask, ids, loc)
+    for name, a, b in (("logits", got.logits, want.logits), ("hidden_states", got.hidden, want.hidden)):
+        if a.shape != b.shape or not torch.equal(a, b):
+            fail(EQUIVALENCE, f"{where}: {name} of the rebuilt batch differ from the batch as it means",
+                 effect="wrong", writer="pp rebuild", buffer=name, cell="real row", stage="rebuild")
+    obs.classes.add("pipeline stage: eager, rebuilt with the length bound")
 
 
 def _overruns(prop: str, session, where: str) -> None:
@@ -104,6 +124,7 @@ def _where(batch: Batch, got) -> str:
 def graph_replay_equivalence(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
     obs = Observation()
     config = read_layout(config)
+    session = None
     for session, batch, mask, ids, loc in _steps(EQUIVALENCE, target, config, batches, obs):
         got = session.replay(batch, mask, ids, loc)
         want = session.eager(batch, mask, ids, loc)
@@ -111,6 +132,8 @@ def graph_replay_equivalence(target, config: Config, batches: list[Batch], devic
         _overruns(EQUIVALENCE, session, "replay")
         obs.add_step(config, batch, None, config.max_bs)
         obs.classes.add("padded replay" if got.graph_bs > batch.bs else "exact replay")
+        _note_stage(session, obs)
+    _idle(EQUIVALENCE, session, obs)
     judge_draft(EQUIVALENCE, target, config, batches, obs)
     return obs
 
@@ -131,6 +154,7 @@ def _poison(config: Config, batch: Batch, loc: torch.Tensor, session) -> dict[st
 def padding_inert(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
     obs = Observation()
     config = read_layout(config)
+    session = last = None  # the last replayed batch and its slots: what an idle step's padded rows are poisoned with
     for session, batch, mask, ids, loc in _steps(PADDING, target, config, batches, obs):
         got = session.replay(batch, mask, ids, loc, poison=_poison(config, batch, loc, session))
         want = session.eager(batch, mask, ids, loc)
@@ -148,8 +172,39 @@ def padding_inert(target, config: Config, batches: list[Batch], device="cpu") ->
         obs.add_step(config, batch, None, config.max_bs)
         if got.graph_bs > batch.bs:
             obs.classes.add("padded replay")
+        _note_stage(session, obs)
+        last = (batch, loc)
+    if last is not None:
+        _idle(PADDING, session, obs, _poison(config, last[0], last[1], None), set(last[1].tolist()))
     judge_draft(PADDING, target, config, batches, obs)
     return obs
+
+
+def _note_stage(session, obs: Observation) -> None:
+    if session.pp:
+        obs.classes.add("pipeline stage: relay re-indexed by request id, length sum unknown")
+
+
+def _idle(prop: str, session, obs: Observation, poison=None, live: set | None = None) -> None:
+    """A pipeline stage's idle step replayed on the case's ``session`` (its verify input the rebuild's
+    idle one, every row padding, over ``poison``: a live batch's content, its KV slots ``live``): it
+    hands back no row, and its padding writes no KV into a live slot and nothing outside a static buffer."""
+    if session is None:
+        return
+    got = session.idle(poison)
+    if got is None:
+        return
+    where = f"idle replay in the graph captured at bs {got.graph_bs}"
+    _overruns(prop, session, "replay")
+    if got.logits.shape[0] or got.hidden.shape[0]:
+        fail(prop, f"{where}: it hands back {got.logits.shape[0]} rows of logits, an idle step has none",
+             effect="wrong", writer=REPLAY, buffer="logits", cell="rows", stage="replay")
+    stray = [(i, slot) for i, (slot, _) in enumerate(got.forward.kv_writes) if slot in (live or set())]
+    if stray:
+        fail(prop, f"{where}: padded token {stray[0][0]} writes KV into slot {stray[0][1]}, a live request's "
+                   f"({len(stray)} such writes)",
+             effect="wrong", writer=REPLAY, buffer="out_cache_loc", cell="padded row", stage="replay")
+    obs.classes.add("pipeline stage: idle replay")
 
 
 def judge_stale_reads(session, where: str) -> None:

@@ -192,20 +192,35 @@ def trivial(sg, forward_batch, target_worker, config: Config, dev):
     return call_method(worker, "_build_trivial_verify_input", batch=forward_batch)
 
 
-def pp_rebuild(sg, forward_batch, target_worker, chain, config: Config, batch: Batch, dev):
+def pp_rebuild(sg, forward_batch, target_worker, chain, config: Config, batch: Batch, dev, relay_order=None):
     """``Scheduler._pp_spec_rebuild_verify_input``: the verify input rebuilt from the relay.
 
     The relay carries the last stage's draft tree (tokens and topology) per
     request, as ``PPSpecRelayInput``; the scheduler stand-in has what the rebuild
-    reads (its device and the target worker). The spec config the rebuild reads
-    through ``get_spec`` and the device's default layout (taken when the backend
-    owns no mask) are bound to the config's for the one call.
+    reads (its device and the target worker). ``relay_order``: the order the
+    relay's rows come in (indices into the batch's requests; the batch's own by
+    default), so a rebuild whose batch was recomposed behind the relay's back
+    re-indexes it by request id.
     """
     pp = sg.pp()
     sel, par = tree_tensors(config, batch, dev)
     tokens = torch.cat([chain.bonus_tokens.view(-1, 1), draft_tokens(config, batch, dev)[1]], 1)
     rids = [r.rid for r in forward_batch.reqs]
+    if relay_order is not None:
+        take = torch.tensor(relay_order, dtype=torch.long)
+        rids, tokens, par, sel = [rids[i] for i in relay_order], tokens[take], par[take], sel[take]
     forward_batch.spec_info = pp.relay(rids=rids, tokens=tokens, parents=par, top_scores=sel)
+    return pp_call(sg, forward_batch, target_worker, config, dev)
+
+
+def pp_call(sg, forward_batch, target_worker, config: Config, dev):
+    """The pp rebuild of ``forward_batch`` (its relay already on it) on a scheduler stand-in.
+
+    The spec config the rebuild reads through ``get_spec`` and the device's
+    default layout (taken when the backend owns no mask) are bound to the
+    config's for the one call.
+    """
+    pp = sg.pp()
     if not callable(getattr(pp.mixin, "_pp_spec_rebuild_verify_input", None)):
         raise OutOfStep("SchedulerPPMixin._pp_spec_rebuild_verify_input", "srt/managers/scheduler_pp_mixin.py",
                         "not found: the pp call site vmfuzz drives has moved")

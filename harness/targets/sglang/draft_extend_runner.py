@@ -20,8 +20,6 @@ DRAFT_EXTEND_V2 metadata, the full-width forward, then the rows gathered at
 
 from __future__ import annotations
 
-import functools
-from types import SimpleNamespace
 
 import torch
 
@@ -33,7 +31,7 @@ from vmfuzz.harness.targets.sglang.binding import bound
 from vmfuzz.harness.targets.sglang.draft_extend_model import DraftExtendModel
 from vmfuzz.harness.targets.sglang.draft_worker import (DraftServer, StepResult, backend_rows, bindings, draft_worker,
                                                         extend_backend, viewing)
-from vmfuzz.harness.targets.sglang.loader import _quiet_import
+from vmfuzz.harness.targets.sglang.graph_lookups import module_set
 
 RUNNER_FILE = "srt/speculative/eagle_draft_extend_cuda_graph_runner.py"
 _PROPS = ("graph-replay-equivalence", "padding-inert", "capture-replay-agreement")
@@ -52,15 +50,11 @@ SURFACE = tuple((RUNNER_FILE, fn, _PROPS) for fn in (
 )
 
 
-@functools.lru_cache(maxsize=None)
-def modules() -> SimpleNamespace:
-    from vmfuzz.harness.targets.sglang.imports import sglang_module
-    with _quiet_import():
-        return SimpleNamespace(
-            runner=sglang_module("sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner"),
-            forward_info=sglang_module("sglang.srt.model_executor.forward_batch_info"),
-            forward_context=sglang_module("sglang.srt.model_executor.forward_context"),
-            eagle_info=sglang_module("sglang.srt.speculative.eagle_info"))
+modules = module_set(dict(
+    runner="sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner",
+    forward_info="sglang.srt.model_executor.forward_batch_info",
+    forward_context="sglang.srt.model_executor.forward_context",
+    eagle_info="sglang.srt.speculative.eagle_info"))
 
 
 def build(config: Config, capture_bs: list[int], heap: ShadowHeap | None = None) -> DraftServer:

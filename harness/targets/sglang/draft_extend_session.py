@@ -19,7 +19,7 @@ import torch
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.targets.sglang import draft_extend_runner, multi_layer_runner
-from vmfuzz.harness.targets.sglang.graph_session import captured_sizes
+from vmfuzz.harness.targets.sglang.graph_session import RunnerView, captured_sizes
 
 #: the runners a session drives, by the name the properties' sub-checks use
 RUNNERS = ("draft extend", "multi-layer draft extend", "multi-layer draft extend, native prepare")
@@ -41,7 +41,7 @@ def not_driven(config: Config, runner: str) -> str | None:
     return None
 
 
-class DraftExtendSession:
+class DraftExtendSession(RunnerView):
     """One draft-extend runner of a server, its graphs captured at every captured bs."""
 
     def __init__(self, config: Config, heap: ShadowHeap, runner: str = RUNNERS[0]):
@@ -58,18 +58,6 @@ class DraftExtendSession:
         self.width = self.server.width
         self.capture_bs = sorted(self.server.runner.capture_bs)
         self.steps = 0
-
-    @property
-    def stale(self):
-        return self.server.space.stale
-
-    @property
-    def overruns(self):
-        return self.server.space.overruns
-
-    @property
-    def buffers(self):
-        return self.server.runner.buffers
 
     def inputs(self, batch: Batch) -> dict:
         """This step's window: token ids in [1, 13], KV slots distinct, step-unique and never 0, target

@@ -29,7 +29,6 @@ gathers, DSA seeds, mrope, canary, hot-token maps (each off in this server).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -42,9 +41,7 @@ from vmfuzz.harness.model.draft_graph import DraftShape
 from vmfuzz.harness.model.errors import OutOfStep
 from vmfuzz.harness.targets.sglang.binding import bound
 from vmfuzz.harness.targets.sglang.draft_model import HIDDEN, VOCAB, RecordingDraftModel, Step
-from vmfuzz.harness.targets.sglang.graph_runner import _answers, _bindings
-from vmfuzz.harness.targets.sglang.loader import _quiet_import
-from vmfuzz.harness.targets.sglang.reach import lookup_patches
+from vmfuzz.harness.targets.sglang.graph_lookups import adopt_static, answers, draft_lookups, module_set
 
 RUNNER_FILE = "srt/speculative/eagle_draft_cuda_graph_runner.py"
 TRITON_FILE = "srt/layers/attention/triton_backend.py"
@@ -86,11 +83,8 @@ _MODULES = {
 }
 
 
-@functools.lru_cache(maxsize=None)
-def modules() -> SimpleNamespace:
-    from vmfuzz.harness.targets.sglang.imports import sglang_module
-    with _quiet_import():
-        return SimpleNamespace(**{k: sglang_module(v) for k, v in _MODULES.items()})
+#: SGLang's modules this runner lives in (imported on first use)
+modules = module_set(_MODULES)
 
 
 @dataclass
@@ -124,34 +118,31 @@ class Drafted:
 
 
 def _context(shape: DraftShape, capture_bs: list[int]) -> dict:
-    """The runtime-context answers: the target runner's (``graph_runner._answers``) plus what the
+    """The runtime-context answers: the target runner's (``graph_lookups.answers``) plus what the
     draft path asks besides (no rejection sampling, no deterministic inference, the schedule)."""
     config = SimpleNamespace(topk=shape.topk, spec_steps=shape.steps, d=shape.draft_tokens)
-    answers = _answers(config, capture_bs)
-    spec = answers["get_spec"]()
+    out = answers(config, capture_bs)
+    spec = out["get_spec"]()
     spec.speculative_use_rejection_sampling = False
-    exec_ = answers["get_exec"]()
+    exec_ = out["get_exec"]()
     exec_.deterministic = SimpleNamespace(enable_deterministic_inference=False)
     schedule = SimpleNamespace(page_size=shape.page_size, max_running_requests=max(capture_bs))
-    answers["get_schedule"] = lambda: schedule
+    out["get_schedule"] = lambda: schedule
     for probe in ("require_gathered_buffer", "require_mlp_tp_gather", "require_mlp_sync", "require_attn_tp_gather"):
-        answers[probe] = lambda: False
-    answers["deployment_attn_dp_size"] = lambda: 1
-    return answers
+        out[probe] = lambda: False
+    out["deployment_attn_dp_size"] = lambda: 1
+    return out
 
 
 def bindings(server_or_shape, capture_bs: list[int], space: GraphSpace) -> list[tuple]:
     m = modules()
     shape = getattr(server_or_shape, "shape", server_or_shape)
     config = SimpleNamespace(topk=shape.topk, spec_steps=shape.steps, d=shape.draft_tokens)
-    out = _bindings(config, capture_bs, space)
-    out += lookup_patches([m.runner, m.worker, m.base_worker, m.backend_utils, m.capture_mode, m.spec_utils],
-                          _context(shape, capture_bs))
-    device = space.device_module()
-    out += [(m.runner, "get_batch_sizes_to_capture", lambda *a, **k: (list(capture_bs), [])),
-            (m.runner.torch, "get_device_module", lambda *a, **k: device),
-            (m.runner, "maybe_flashinfer_autotune_speculative_draft", lambda *a, **k: None)]
-    return out
+    out = draft_lookups(config, capture_bs, space,
+                        [m.runner, m.worker, m.base_worker, m.backend_utils, m.capture_mode, m.spec_utils],
+                        _context(shape, capture_bs))
+    return out + [(m.runner, "get_batch_sizes_to_capture", lambda *a, **k: (list(capture_bs), [])),
+                  (m.runner, "maybe_flashinfer_autotune_speculative_draft", lambda *a, **k: None)]
 
 
 def _pool(shape: DraftShape, heap: ShadowHeap, rows: int) -> torch.Tensor:
@@ -216,9 +207,7 @@ def build(shape: DraftShape, capture_bs: list[int], heap: ShadowHeap | None = No
         _adopt_graph_state(backend, space)
 
     def share_buffers(buffers):  # one runner: nothing to alias; its buffers become the graph's statics
-        for name, value in list(vars(buffers).items()):
-            if isinstance(value, torch.Tensor) and value.numel():
-                setattr(buffers, name, space.static(name, value, redzone_cells=max(64, value.numel() // 4)))
+        adopt_static(buffers, space)
 
     real_resolve = m.runner.resolve_decode_backend
 

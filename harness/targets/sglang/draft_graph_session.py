@@ -17,7 +17,7 @@ from vmfuzz.harness.model.draft_graph import DraftShape, footprints
 from vmfuzz.harness.targets.sglang.draft_graph_runner import (
     Drafted, build, can_run, eager, live_batch, replay)
 from vmfuzz.harness.targets.sglang.draft_model import HIDDEN, VOCAB
-from vmfuzz.harness.targets.sglang.graph_session import captured_sizes
+from vmfuzz.harness.targets.sglang.graph_session import RunnerView, captured_sizes
 
 #: the runner's per-request and per-branch static buffers, and how many cells one request has in each
 #: (per request; ``k``: per branch; ``kn``: per branch and step)
@@ -25,7 +25,7 @@ PADDED_ROWS = {"seq_lens": "1", "seq_lens_cpu": "1", "req_pool_indices": "1", "t
                "hidden_states": "h", "positions": "k", "out_cache_loc": "kn"}
 
 
-class DraftSession:
+class DraftSession(RunnerView):
     """The draft-decode runner of a server of ``shape`` capturing up to ``max_bs``."""
 
     def __init__(self, shape: DraftShape, max_bs: int, heap: ShadowHeap | None = None, largest_only: bool = False):
@@ -38,14 +38,6 @@ class DraftSession:
         self.capture_bs = self.server.capture_bs
         self.max_bs = self.capture_bs[-1]
         self.vocab = VOCAB  # the draft model's: a token id past it is an out-of-bounds gather
-
-    @property
-    def overruns(self):
-        return self.server.space.overruns
-
-    @property
-    def stale(self):
-        return self.server.space.stale
 
     def per_request(self, name: str) -> int:
         k, n = self.shape.topk, self.shape.steps
@@ -78,7 +70,7 @@ class DraftSession:
     def replay(self, seq_lens: list[int], poison: dict[str, torch.Tensor] | None = None) -> Drafted:
         """``execute`` the batch; ``poison``: buffer name -> values written over its rows past the batch's
         first, as a previous, larger step (or the pool's earlier tenant) left them."""
-        buffers = self.server.runner.buffers
+        buffers = self.buffers
         for name, values in (poison or {}).items():
             flat = getattr(buffers, name).view(-1)
             tail = flat[len(seq_lens) * self.per_request(name):]

@@ -7,14 +7,13 @@ module gives both: ``draft_worker`` (stand-ins that record what the runner
 reads), ``extend_backend`` (the Triton backend ``readers.triton_backend``
 builds, whose cuda-graph state SGLang's ``init_cuda_graph_state`` then sets,
 its KV-id buffer made a redzoned static buffer), and ``bindings``: the target
-verify driver's server-wide lookups (``graph_runner._bindings``) plus the
+verify driver's server-wide lookups (``graph_lookups.draft_lookups``) plus the
 ones draft runners make, and the process-wide buffer pool
 (``input_buffers.share_input_buffer``) scoped to the session's graph space.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -23,27 +22,21 @@ import torch
 from vmfuzz.harness.guard.graph import GraphSpace
 from vmfuzz.harness.model.config import Config
 from vmfuzz.harness.targets.sglang.graph_model import HIDDEN, VOCAB
-from vmfuzz.harness.targets.sglang.graph_runner import _bindings as verify_bindings
-from vmfuzz.harness.targets.sglang.loader import _quiet_import
-from vmfuzz.harness.targets.sglang.reach import lookup_patches
+from vmfuzz.harness.targets.sglang.graph_lookups import draft_lookups, module_set, static, verify_modules
 from vmfuzz.harness.targets.sglang.stand_in import StandIn
 
 _WORKER = "srt/speculative/eagle_worker_v2.py"
 _CONTEXT = "srt/runtime_context.py"
 
 
-@functools.lru_cache(maxsize=None)
-def _modules() -> SimpleNamespace:
-    from vmfuzz.harness.targets.sglang.imports import sglang_module
-    with _quiet_import():
-        return SimpleNamespace(
-            input_buffers=sglang_module("sglang.srt.model_executor.input_buffers"),
-            spec_info=sglang_module("sglang.srt.speculative.spec_info"),
-            spec_utils=sglang_module("sglang.srt.speculative.spec_utils"),
-            forward_context=sglang_module("sglang.srt.model_executor.forward_context"),
-            triton=sglang_module("sglang.srt.layers.attention.triton_backend"),
-            backend_utils=sglang_module("sglang.srt.model_executor.runner_backend.utils"),
-            graph_config=sglang_module("sglang.srt.model_executor.cuda_graph_config"))
+_modules = module_set(dict(
+    input_buffers="sglang.srt.model_executor.input_buffers",
+    spec_info="sglang.srt.speculative.spec_info",
+    spec_utils="sglang.srt.speculative.spec_utils",
+    forward_context="sglang.srt.model_executor.forward_context",
+    triton="sglang.srt.layers.attention.triton_backend",
+    backend_utils="sglang.srt.model_executor.runner_backend.utils",
+    graph_config="sglang.srt.model_executor.cuda_graph_config"))
 
 
 @dataclass
@@ -181,8 +174,7 @@ def _share(server: DraftServer):
         key = (name, new_buffer.numel(), new_buffer.dtype)
         canonical = server.pool.get(key)
         if canonical is None:
-            canonical = server.pool[key] = server.space.static(
-                name, new_buffer.contiguous(), redzone_cells=max(64, new_buffer.numel() // 4))
+            canonical = server.pool[key] = static(server.space, name, new_buffer.contiguous())
         return canonical.as_strided(new_buffer.size(), new_buffer.stride())
     return share_input_buffer
 
@@ -195,7 +187,7 @@ def adopt(server: DraftServer, buffers, exclude=()) -> None:
         if not isinstance(value, torch.Tensor) or not value.numel():
             continue
         if name in exclude:
-            setattr(buffers, name, server.space.static(name, value, redzone_cells=max(64, value.numel() // 4)))
+            setattr(buffers, name, static(server.space, name, value))
         else:
             setattr(buffers, name, share(name, value))
 
@@ -204,7 +196,6 @@ def bindings(server: DraftServer, runner_modules) -> list[tuple]:
     """The server-wide lookups a draft runner makes, answered for ``server``, and its buffer pool."""
     config = server.config
     mb = _modules()
-    out = verify_bindings(config, server.capture_bs, server.space)
     graph = StandIn("get_exec().graph", _CONTEXT, enable_cudagraph_gc=True, debug_cuda_graph=False,
                     disable_cuda_graph_padding=False, enable_profile_cuda_graph=False,
                     cuda_graph_config=SimpleNamespace(decode=SimpleNamespace(bs=list(server.capture_bs),
@@ -228,13 +219,10 @@ def bindings(server: DraftServer, runner_modules) -> list[tuple]:
                "deployment_attn_dp_size": lambda: 1, "is_npu": lambda: False,
                # one GPU, no attention TP: every batch size is aligned
                "get_cuda_graph_batch_size_alignment": lambda **_: 1}
-    from vmfuzz.harness.targets.sglang.graph_runner import modules as verify_modules
-    vm = verify_modules()
-    out += lookup_patches([*runner_modules, vm.base_graph, mb.spec_utils, mb.backend_utils], answers)
+    out = draft_lookups(config, server.capture_bs, server.space,
+                        [*runner_modules, verify_modules().base_graph, mb.spec_utils, mb.backend_utils], answers)
     out += [(mb.input_buffers, "share_input_buffer", _share(server)),
             (mb.triton, "get_spec", lambda: spec) if hasattr(mb.triton, "get_spec") else None]
-    device = server.space.device_module()
-    out += [(torch, "get_device_module", lambda *a, **k: device)]
     out += [(mod, "resolve_decode_backend", _keeping_bodies(server, mod.resolve_decode_backend))
             for mod in runner_modules if hasattr(mod, "resolve_decode_backend")]
     return [p for p in out if p is not None]

@@ -48,6 +48,14 @@ class Attended:
     draft_seen: tuple[int, ...]
 
 
+def _carried(pp_proxy_tensors, n: int) -> list[int]:
+    """What each token's earlier pipeline stage handed on (its proxy hidden state, summed), 0 without one."""
+    if pp_proxy_tensors is None:
+        return [0] * n
+    hidden = pp_proxy_tensors["hidden_states"][:n].to(torch.float64)
+    return [int(v) % _MOD for v in hidden.sum(dim=-1).tolist()]
+
+
 @dataclass
 class Forward:
     """One call of the model: its tokens' inputs, what attention got, the KV it wrote, what it returned."""
@@ -75,7 +83,9 @@ class RecordingModel:
         self._hidden: dict[int, torch.Tensor] = {}
         self.shared_experts_config = None
 
-    def forward(self, input_ids, positions, forward_batch, **kwargs):
+    def forward(self, input_ids, positions, forward_batch, pp_proxy_tensors=None, **kwargs):
+        """``pp_proxy_tensors``: a later pipeline stage's input, the earlier stage's hidden states per
+        token (the runner hands them only to a forward whose signature names them)."""
         forward_context, logits_module = _sglang()
         meta = forward_context.get_attn_backend().forward_metadata
         ids, pos = input_ids.tolist(), positions.tolist()
@@ -96,12 +106,13 @@ class RecordingModel:
                 seen_prefix = tuple(s for s, v in zip(slots, row[:plen]) if v)
                 seen_draft = tuple(k for k, v in enumerate(row[plen:plen + d]) if v)
                 attended.append(Attended(b, j, seen_prefix, seen_draft))
+        carried = _carried(pp_proxy_tensors, n)
         for i in range(n):
             a = attended[i] if i < len(attended) else Attended(-1, -1, (), ())
             base = qo[a.request] if a.request >= 0 else 0
             acc = sum(_prefix_content(s) for s in a.prefix_slots)
             acc += sum(draft_val[base + k] for k in a.draft_seen if base + k < n)
-            values.append((acc * 1000003 + ids[i] * 7919 + pos[i]) % _MOD)
+            values.append((acc * 1000003 + ids[i] * 7919 + pos[i] + carried[i] * 104729) % _MOD)
         v = torch.tensor(values, dtype=torch.float64).reshape(n, 1)
         hidden = v + torch.arange(HIDDEN, dtype=torch.float64)
         logits = (v * (torch.arange(VOCAB, dtype=torch.float64) + 1) % 9973).to(torch.float32)

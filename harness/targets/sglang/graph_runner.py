@@ -31,8 +31,6 @@ soundness for the backends), the process-wide buffer sharing
 
 from __future__ import annotations
 
-import contextlib
-import functools
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -45,12 +43,10 @@ from vmfuzz.harness.model.errors import OutOfStep
 from vmfuzz.harness.model.readers import pool_slots
 from vmfuzz.harness.targets.sglang.binding import bound
 from vmfuzz.harness.targets.sglang.graph_model import HIDDEN, VOCAB, Forward, RecordingModel
-from vmfuzz.harness.targets.sglang.loader import _quiet_import
-from vmfuzz.harness.targets.sglang.reach import lookup_patches
+from vmfuzz.harness.targets.sglang.graph_lookups import adopt_static, runner_lookups, static, verify_modules
 from vmfuzz.harness.targets.sglang.stand_in import StandIn
 
 RUNNER_FILE = "srt/model_executor/runner/decode_cuda_graph_runner.py"
-_CONTEXT = "srt/runtime_context.py"
 _GRAPH_PROPS = ("graph-replay-equivalence", "padding-inert", "capture-replay-agreement")
 
 #: What this module drives: (path under the sglang package, function, properties).
@@ -78,27 +74,8 @@ SURFACE = tuple((RUNNER_FILE, fn, _GRAPH_PROPS) for fn in (
     ("srt/model_executor/runner/base_runner.py", "BaseRunner.model_context", _GRAPH_PROPS),
 )
 
-_MODULES = {
-    "runner": "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
-    "base_runner": "sglang.srt.model_executor.runner.base_runner",
-    "base_graph": "sglang.srt.model_executor.runner.base_cuda_graph_runner",
-    "full": "sglang.srt.model_executor.runner_backend.full_cuda_graph_backend",
-    "pool": "sglang.srt.model_executor.runner_utils.pool",
-    "buffers": "sglang.srt.model_executor.runner_utils.buffers",
-    "registry": "sglang.srt.model_executor.cuda_graph_buffer_registry",
-    "forward_info": "sglang.srt.model_executor.forward_batch_info",
-    "forward_context": "sglang.srt.model_executor.forward_context",
-    "logits": "sglang.srt.layers.logits_processor",
-    "spec_info": "sglang.srt.speculative.spec_info",
-    "eagle_info": "sglang.srt.speculative.eagle_info",
-}
-
-
-@functools.lru_cache(maxsize=None)
-def modules() -> SimpleNamespace:
-    from vmfuzz.harness.targets.sglang.imports import sglang_module
-    with _quiet_import():
-        return SimpleNamespace(**{k: sglang_module(v) for k, v in _MODULES.items()})
+#: SGLang's modules the target verify runner lives in (imported on first use)
+modules = verify_modules
 
 
 # -- the runner ---------------------------------------------------------------------------------------
@@ -127,90 +104,20 @@ class GraphServer:
     capture_bs: list[int]
     captures: dict[int, Forward] = field(default_factory=dict)
     replay_views: list[SimpleNamespace] = field(default_factory=list)
+    #: pipeline stages of the server (> 1: this runner is a later stage's, fed proxy hidden states)
+    pp_size: int = 1
+
+    def lookups(self) -> list[tuple]:
+        return runner_lookups(self.config, self.capture_bs, self.space, self.pp_size)
 
 
-def _answers(config: Config, capture_bs: list[int]) -> dict:
-    spec = StandIn("get_spec()", _CONTEXT, speculative_eagle_topk=config.topk,
-                   speculative_num_steps=config.spec_steps, speculative_num_draft_tokens=config.d,
-                   speculative_algorithm="EAGLE")
-    graph = StandIn("get_exec().graph", _CONTEXT, enable_cudagraph_gc=True, debug_cuda_graph=False,
-                    disable_cuda_graph_padding=False, enable_profile_cuda_graph=False,
-                    cuda_graph_config=None, torch_compile_max_bs=0)
-    exec_ = StandIn("get_exec()", _CONTEXT, graph=graph,
-                    overlap=StandIn("get_exec().overlap", _CONTEXT, enable_two_batch_overlap=False),
-                    features=StandIn("get_exec().features", _CONTEXT, enable_memory_saver=False,
-                                     enable_encoder_swa_bounded_replay=False))
-    flags = StandIn("get_flags()", _CONTEXT, capture=StandIn("get_flags().capture", _CONTEXT,
-                                                             enable_torch_compile=False))
-    parallel = StandIn("get_parallel()", _CONTEXT, tp_rank=0, tp_size=1, num_dp_ranks=1, pp_size=1,
-                       attn_tp_size=1, attn_dp_enabled=False, moe_ep_size=1,
-                       tp_group=SimpleNamespace(barrier=lambda: None))
-    resources = StandIn("get_resources()", _CONTEXT, graph_memory_pool=None, graph_pool_borrow=None)
-
-    class _Model:
-        @staticmethod
-        def override(**_):
-            return contextlib.nullcontext()
-    return {"get_spec": lambda: spec, "get_exec": lambda: exec_, "get_flags": lambda: flags,
-            "get_resources": lambda: resources, "get_parallel": lambda: parallel, "get_model": lambda: _Model,
-            # a single GPU, no expert parallelism: the non-padded token count is never maintained
-            "enable_num_token_non_padded": lambda: False}
-
-
-@contextlib.contextmanager
-def _no_gc_freeze(enable_cudagraph_gc: bool = False):
-    yield
-
-
-def _bindings(config: Config, capture_bs: list[int], space: GraphSpace) -> list[tuple]:
-    m = modules()
-    default = space.device_module().current_stream()
-
-    @contextlib.contextmanager
-    def graph_capture(stream=None, **_):
-        yield SimpleNamespace(stream=default)
-
-    class _Quiet:  # the capture loop's progress bar, silent (a run prints its own progress)
-        def __init__(self, items):
-            self.items = items
-
-        def __iter__(self):
-            return iter(self.items)
-
-        def set_description(self, *_):
-            pass
-
-    out = lookup_patches([m.runner, m.base_runner, m.base_graph, m.full, m.pool, m.buffers, m.registry],
-                         _answers(config, capture_bs))
-    out += [
-        (m.runner, "graph_capture", graph_capture),
-        (m.runner, "get_or_create_global_graph_capture_stream", lambda: default),
-        (m.runner, "get_available_gpu_memory", lambda *a, **k: 0.0),
-        (m.runner, "tqdm", SimpleNamespace(tqdm=_Quiet)),
-        (m.runner, "maybe_flashinfer_autotune_speculative_draft", lambda *a, **k: None),
-        # GPU-memory housekeeping around a capture: two full collections of this process's heap
-        # (torch and SGLang loaded: 0.35 s each, 40 % of a graph check), nothing a graph computes
-        (m.runner, "freeze_gc", _no_gc_freeze),
-        # torch.cuda's graph names, as FullCudaGraphBackend reaches them
-        (torch.cuda, "CUDAGraph", space.CUDAGraph),
-        (torch.cuda, "graph", space.graph),
-        (torch.cuda, "graph_pool_handle", space.graph_pool_handle),
-    ]
-    return out
-
-
-def _static_buffers(buffers, space: GraphSpace) -> None:
-    """Every tensor of the runner's buffer set, adopted as a redzoned static buffer (same contents)."""
-    for name, value in list(vars(buffers).items()):
-        if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.numel():
-            setattr(buffers, name, space.static(name, value, redzone_cells=max(64, value.numel() // 4)))
-
-
-def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None = None) -> GraphServer:
+def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None = None,
+          pp_size: int = 1) -> GraphServer:
     """A ``DecodeCudaGraphRunner`` for a TARGET_VERIFY EAGLE target of ``config``'s shape, its graphs
     captured at every bs of ``capture_bs`` (largest first, as SGLang captures). ``mask``: the verify
     mask the Triton backend's cuda-graph set-up allocated (the target's ``allocate``), into which its
-    replay metadata copies each step's mask; on ``heap`` with the other static buffers."""
+    replay metadata copies each step's mask; on ``heap`` with the other static buffers. ``pp_size`` > 1:
+    the runner of a later pipeline stage, its graphs reading the proxy hidden states it is handed."""
     from vmfuzz.harness.targets.sglang.readers import triton_backend
     m = modules()
     space = GraphSpace(heap or ShadowHeap())
@@ -235,7 +142,7 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
     runner = object.__new__(R)
     fill = backend.get_cuda_graph_seq_len_fill_value()
     fields = dict(
-        model_runner=model_runner, device="cpu", device_module=space.device_module(), num_dp_ranks=1, pp_size=1,
+        model_runner=model_runner, device="cpu", device_module=space.device_module(), num_dp_ranks=1, pp_size=pp_size,
         enable_pdmux=False, return_hidden_states_mode=m.forward_info.CaptureHiddenMode.NULL,
         enable_return_hidden_states=False, attn_tp_size=1, tbo_plugin=SimpleNamespace(
             capture_one_batch_size=lambda *a, **k: None, replay_prepare=lambda *a, **k: None),
@@ -258,14 +165,17 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
         _early_verify_metadata=None)
     for k, v in fields.items():
         setattr(runner, k, v)
-    with bound(*_bindings(config, capture_bs, space)):
+    with bound(*runner_lookups(config, capture_bs, space, pp_size)):
         buffers = m.buffers.DecodeInputBuffers.create(
             device="cpu", max_bs=max_bs, max_num_token=max_num_token, hidden_size=HIDDEN,
             next_token_logits_buffer=torch.zeros(max_num_token, VOCAB, dtype=torch.float32),
-            dtype=torch.float32, num_dp_ranks=1, pp_size=1, is_encoder_decoder=False,
+            dtype=torch.float32, num_dp_ranks=1, pp_size=pp_size, is_encoder_decoder=False,
             require_mlp_tp_gather=False, seq_len_fill_value=fill, encoder_len_fill_value=0,
             num_tokens_per_req=d, cache_loc_dtype=torch.int64, enable_mamba_track=False)
-        _static_buffers(buffers, space)
+        adopt_static(buffers, space)
+        if buffers.pp_proxy_tensors:  # a later stage's inputs from the earlier one: static buffers too
+            buffers.pp_proxy_tensors = {k: static(space, f"pp_proxy_tensors.{k}", v)
+                                        for k, v in buffers.pp_proxy_tensors.items()}
         runner.buffers = buffers
         runner.buffer_registry = m.registry.build_decode_registry(
             device="cpu", max_bs=max_bs, max_num_token=max_num_token, seq_len_fill_value=fill,
@@ -275,7 +185,7 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
             num_dp_ranks=1, source=buffers)
         runner.backend = m.full.FullCudaGraphBackend(runner)
         _keep_bodies(runner.backend, space)
-        server = GraphServer(config, runner, space, model, backend, capture_bs)
+        server = GraphServer(config, runner, space, model, backend, capture_bs, pp_size=pp_size)
         n0 = len(model.calls)
         runner.capture()
     space.settle()
@@ -301,14 +211,20 @@ def _note_captures(server: GraphServer, first_call: int) -> None:
 
 # -- live batches ----------------------------------------------------------------------------------------
 
-def live_batch(server: GraphServer, batch: Batch, mask: torch.Tensor, input_ids, out_cache_loc):
-    """A live TARGET_VERIFY ForwardBatch of ``batch`` (pool slots last first), its verify mask ``mask``."""
+def live_batch(server: GraphServer, batch: Batch, mask: torch.Tensor, input_ids, out_cache_loc, positions=None,
+               spec=None):
+    """A live TARGET_VERIFY ForwardBatch of ``batch`` (pool slots last first), its verify mask ``mask``
+    (``positions``: the tokens', each request's ``s .. s+d-1`` unless given; ``spec``: a verify input
+    SGLang built, whose tokens and positions the batch then carries)."""
     m = modules()
     d = server.config.d
     bs = batch.bs
     seq_lens = torch.tensor(batch.seq_lens, dtype=torch.long)
-    positions = torch.cat([torch.arange(d, dtype=torch.long) + s for s in batch.seq_lens])
-    spec = m.eagle_info.EagleVerifyInput(
+    if spec is not None:
+        input_ids, positions = spec.draft_token, spec.positions
+    if positions is None:
+        positions = torch.cat([torch.arange(d, dtype=torch.long) + s for s in batch.seq_lens])
+    spec = spec or m.eagle_info.EagleVerifyInput(
         draft_token=input_ids.clone(), custom_mask=mask, positions=positions.clone(),
         retrieve_index=None, retrieve_next_token=None, retrieve_next_sibling=None, retrieve_cum_len=None,
         spec_steps=server.config.spec_steps, topk=server.config.topk, draft_token_num=d,
@@ -324,13 +240,28 @@ def live_batch(server: GraphServer, batch: Batch, mask: torch.Tensor, input_ids,
         global_forward_mode=m.forward_info.ForwardMode.TARGET_VERIFY)
 
 
+def idle_batch(server: GraphServer, spec):
+    """An idle ForwardBatch (no request), carrying the verify input ``spec`` an idle step gets."""
+    m = modules()
+    empty = torch.empty(0, dtype=torch.long)
+    idle = m.forward_info.ForwardMode.IDLE
+    return m.forward_info.ForwardBatch(
+        forward_mode=idle, batch_size=0, input_ids=empty, req_pool_indices=empty, seq_lens=empty,
+        seq_lens_cpu=empty, orig_seq_lens=empty, out_cache_loc=empty, seq_lens_sum=0, return_logprob=False,
+        positions=empty, spec_algorithm=server.runner.model_runner.spec_algorithm, spec_info=spec,
+        capture_hidden_mode=m.forward_info.CaptureHiddenMode.NULL, global_forward_mode=idle)
+
+
 def can_run(server: GraphServer, fb) -> bool:
-    with bound(*_bindings(server.config, server.capture_bs, server.space)):
+    with bound(*server.lookups()):
         return bool(server.runner.can_run_graph(fb))
 
 
-def replay(server: GraphServer, fb) -> Replayed:
-    """``execute`` a live batch: the runner pads it to its graph, copies it in, replays."""
+def replay(server: GraphServer, fb, proxy=None, planned: bool = False) -> Replayed:
+    """``execute`` a live batch: the runner pads it to its graph, copies it in, replays (``proxy``: a
+    later pipeline stage's ``PPProxyTensors``). ``planned``: the batch was loaded ahead, without the
+    proxy (as the verify step's preparation loads it, then marks its metadata ready), so ``execute``
+    only refreshes what the preparation could not hand it."""
     views = server.replay_views
     backend = server.backend
     real = type(backend).init_forward_metadata_out_graph
@@ -340,9 +271,11 @@ def replay(server: GraphServer, fb) -> Replayed:
             views.append(forward_batch)
         return real(backend, forward_batch, *args, **kwargs)
     n0 = len(server.model.calls)
-    with bound(*_bindings(server.config, server.capture_bs, server.space),
-               (backend, "init_forward_metadata_out_graph", recording)):
-        out = server.runner.execute(fb)
+    with bound(*server.lookups(), (backend, "init_forward_metadata_out_graph", recording)):
+        if planned:
+            server.runner.load_batch(fb)
+            fb.mark_forward_metadata_ready()
+        out = server.runner.execute(fb, proxy)
     calls = server.model.calls[n0:]
     if len(calls) != 1:
         raise OutOfStep("DecodeCudaGraphRunner.execute", RUNNER_FILE,
@@ -351,7 +284,7 @@ def replay(server: GraphServer, fb) -> Replayed:
                     views[-1] if views else None)
 
 
-def eager(server: GraphServer, config: Config, batch: Batch, fb) -> Forward:
+def eager(server: GraphServer, config: Config, batch: Batch, fb, proxy=None) -> Forward:
     """The same batch, eagerly: the Triton backend's eager TARGET_VERIFY metadata, the same model."""
     from vmfuzz.harness.targets.sglang.readers import triton_backend
     m = modules()
@@ -364,7 +297,7 @@ def eager(server: GraphServer, config: Config, batch: Batch, fb) -> Forward:
     try:
         with m.forward_context.forward_context(m.forward_context.ForwardContext(attn_backend=backend),
                                                forward_batch=fb):
-            server.model.forward(fb.input_ids, fb.positions, fb)
+            server.model.forward(fb.input_ids, fb.positions, fb, pp_proxy_tensors=proxy)
     finally:
         fb.next_token_logits_buffer = saved
     return server.model.calls[-1]

@@ -15,7 +15,10 @@ import torch
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.targets.sglang.graph_model import Forward
-from vmfuzz.harness.targets.sglang.graph_runner import Replayed, build, can_run, eager, live_batch, replay
+from vmfuzz.harness.model.oracle import expected
+from vmfuzz.harness.targets.sglang import pp_stage
+from vmfuzz.harness.targets.sglang.graph_runner import (Replayed, build, can_run, eager, idle_batch, live_batch,
+                                                        replay)
 
 
 def captured_sizes(max_bs: int) -> list[int]:
@@ -29,20 +32,12 @@ PADDED_ROWS = {"input_ids": "tokens", "positions": "tokens", "out_cache_loc": "t
                "req_pool_indices": "requests", "seq_lens": "requests", "seq_lens_cpu": "requests"}
 
 
-class GraphSession:
-    """One target verify runner of a server (``config``): its graphs captured at every captured bs,
-    then batches replayed through ``execute`` and run eagerly for comparison.
+class RunnerView:
+    """The graph-path properties' view of one session's runner (``self.server``): what the graph
+    stand-in recorded (stale reads, overruns), the runner's static buffers, its captures' model calls."""
 
-    Each step is a live batch of ``Batch`` with draft token ids and KV slots the session makes
-    (distinct, none 0: slot 0 is where padding writes) and the verify mask ``mask``."""
+    server: object
 
-    def __init__(self, config: Config, mask, heap: ShadowHeap):
-        self.config = config
-        self.server = build(config, captured_sizes(config.max_bs), mask, heap)
-        self.capture_bs = self.server.capture_bs
-        self.steps = 0
-
-    # the properties' view of the runner
     @property
     def stale(self):
         return self.server.space.stale
@@ -52,20 +47,53 @@ class GraphSession:
         return self.server.space.overruns
 
     @property
+    def buffers(self):
+        return self.server.runner.buffers
+
+    @property
     def captures(self) -> dict:
         return self.server.captures
+
+
+class GraphSession(RunnerView):
+    """One target verify runner of a server (``config``): its graphs captured at every captured bs,
+    then batches replayed through ``execute`` and run eagerly for comparison.
+
+    Each step is a live batch of ``Batch`` with draft token ids and KV slots the session makes
+    (distinct, none 0: slot 0 is where padding writes) and the verify mask ``mask``.
+
+    Given a ``stage`` (``pp_stage.Stage``: the server's verify call site is the pipeline-parallel
+    rebuild), the runner is a later pipeline stage's: its replays run the verify
+    input SGLang's rebuild makes from a relay labelled for another order, the length sum unknown,
+    with the earlier stage's hidden states handed in (one step in two loaded ahead without them, as
+    the verify preparation loads it: ``execute`` then refreshes them); the eager run is the batch as it means (the
+    oracle's tokens, positions and mask) with the same hidden states."""
+
+    def __init__(self, config: Config, mask, heap: ShadowHeap, stage=None):
+        self.config, self.stage = config, stage
+        self.pp = stage is not None
+        self.server = build(config, captured_sizes(config.max_bs), mask, heap,
+                            pp_size=pp_stage.PP_SIZE if self.pp else 1)
+        self.capture_bs = self.server.capture_bs
+        self.steps = 0
 
     def inputs(self, batch: Batch):
         """(draft token ids, out_cache_loc) of this step's live batch: ids in [1, 13], slots distinct and
         never 0 (step-unique, so a slot left from an earlier step is not this step's)."""
-        d, n = self.config.d, batch.bs * self.config.d
+        n = batch.bs * self.config.d
         self.steps += 1
         ids = (torch.arange(n, dtype=torch.long) * 5 + self.steps) % 13 + 1
+        if self.pp:  # the tokens the relayed tree carries, in the order the verify step means them
+            ids = expected(self.config, batch).draft_token
         loc = torch.arange(n, dtype=torch.long) + 100000 * self.steps
         return ids, loc
 
     def live(self, batch: Batch, mask, ids, loc):
-        return live_batch(self.server, batch, mask.clone(), ids.clone(), loc.clone())
+        positions = expected(self.config, batch).positions if self.pp else None
+        return live_batch(self.server, batch, mask.clone(), ids.clone(), loc.clone(), positions)
+
+    def _proxy(self, loc):
+        return self.stage.proxy(loc) if self.pp else None
 
     def can_run(self, batch: Batch, mask, ids, loc) -> bool:
         return can_run(self.server, self.live(batch, mask, ids, loc))
@@ -74,17 +102,49 @@ class GraphSession:
         """``execute`` the batch; ``poison``: buffer name -> values written over its rows past the
         batch's (``PADDED_ROWS``) first, as a previous, larger step would have left them."""
         fb = self.live(batch, mask, ids, loc)
-        if poison:
-            buffers = self.server.runner.buffers
-            for name, values in poison.items():
-                buf = getattr(buffers, name)
-                start = batch.bs * (self.config.d if PADDED_ROWS[name] == "tokens" else 1)
-                tail = buf[start:start + values.numel()]
-                tail.copy_(values[:tail.numel()].to(buf.dtype))
-        return replay(self.server, fb)
+        if self.pp:
+            spec = self.stage.verify_input(batch)
+            fb = live_batch(self.server, batch, mask, ids, loc.clone(), spec=spec)
+        self._poison(batch, poison)
+        # a stage's odd steps are loaded ahead by the verify preparation, its even ones by the forward
+        return replay(self.server, fb, self._proxy(loc), planned=self.pp and self.steps % 2 == 1)
+
+    def _poison(self, batch: Batch, poison: dict[str, torch.Tensor] | None) -> None:
+        for name, values in (poison or {}).items():
+            buf = getattr(self.buffers, name)
+            start = batch.bs * (self.config.d if PADDED_ROWS[name] == "tokens" else 1)
+            tail = buf[start:start + values.numel()]
+            tail.copy_(values[:tail.numel()].to(buf.dtype))
 
     def eager(self, batch: Batch, mask, ids, loc) -> Forward:
-        return eager(self.server, self.config, batch, self.live(batch, mask, ids, loc))
+        return eager(self.server, self.config, batch, self.live(batch, mask, ids, loc), self._proxy(loc))
+
+    def fallback(self, batch: Batch, mask, ids, loc):
+        """A batch no graph admits, on the later stage: its verify input rebuilt (the backend's mask does
+        not fit it, so the rebuild sizes its own allocation from a length bound), then run eagerly.
+        Returns (the eager run, what the rebuild wrote outside its buffers); None off a pipeline stage."""
+        if not self.pp:
+            return None
+        n0 = len(self.server.space.overruns)
+        spec = self.stage.verify_input(batch)
+        self.server.space.check("pp rebuild", "rebuild")
+        outside = self.server.space.overruns[n0:]
+        if outside:
+            return None, outside
+        fb = live_batch(self.server, batch, mask, ids, loc.clone(), spec=spec)
+        return eager(self.server, self.config, batch, fb, self._proxy(loc)), []
+
+    def idle(self, poison: dict[str, torch.Tensor] | None = None) -> Replayed:
+        """An idle step of the later stage (no request: the rebuild's idle input) through ``execute``,
+        over padded rows ``poison``ed first; None where the server is not a pipeline stage or no graph
+        admits it."""
+        if not self.pp:
+            return None
+        fb = idle_batch(self.server, self.stage.idle_input())
+        if not can_run(self.server, fb):
+            return None
+        self._poison(Batch(()), poison)
+        return replay(self.server, fb, self._proxy(torch.empty(0, dtype=torch.long)))
 
     def captured_view(self, graph_bs: int):
         """The capture-time ForwardBatch of the graph of ``graph_bs`` (what its body reads)."""

@@ -20,8 +20,6 @@ hidden states handed on and the ids rotated.
 
 from __future__ import annotations
 
-import functools
-from types import SimpleNamespace
 
 import torch
 
@@ -34,7 +32,7 @@ from vmfuzz.harness.targets.sglang.draft_extend_model import DraftExtendModel
 from vmfuzz.harness.targets.sglang.draft_extend_runner import live_batch
 from vmfuzz.harness.targets.sglang.draft_worker import (DraftServer, StepResult, adopt, backend_rows, bindings,
                                                         draft_worker, extend_backend, viewing)
-from vmfuzz.harness.targets.sglang.loader import _quiet_import
+from vmfuzz.harness.targets.sglang.graph_lookups import module_set
 
 RUNNER_FILE = "srt/speculative/multi_layer_eagle_draft_extend_cuda_graph_runner.py"
 KERNEL_FILE = "kernels/ops/speculative/multi_layer_eagle.py"
@@ -71,15 +69,11 @@ NOT_DRIVEN = tuple((RUNNER_FILE, fn, why) for fn, why in (
 PREPARE_KINDS = ("triton", "native")
 
 
-@functools.lru_cache(maxsize=None)
-def modules() -> SimpleNamespace:
-    from vmfuzz.harness.targets.sglang.imports import sglang_module
-    with _quiet_import():
-        return SimpleNamespace(
-            runner=sglang_module("sglang.srt.speculative.multi_layer_eagle_draft_extend_cuda_graph_runner"),
-            utils=sglang_module("sglang.srt.speculative.multi_layer_eagle_utils"),
-            kernels=sglang_module("sglang.kernels.ops.speculative.multi_layer_eagle"),
-            forward_context=sglang_module("sglang.srt.model_executor.forward_context"))
+modules = module_set(dict(
+    runner="sglang.srt.speculative.multi_layer_eagle_draft_extend_cuda_graph_runner",
+    utils="sglang.srt.speculative.multi_layer_eagle_utils",
+    kernels="sglang.kernels.ops.speculative.multi_layer_eagle",
+    forward_context="sglang.srt.model_executor.forward_context"))
 
 
 def _bindings(server: DraftServer, prepare_kind: str) -> list[tuple]:

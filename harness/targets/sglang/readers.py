@@ -32,10 +32,11 @@ import torch
 
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.layouts import TreeMaskMode, logical_size
-from vmfuzz.harness.model.readers import ReaderView, WindowView, capture_seq_len, captured_bs, pool_slots, stale_kv_indices
+from vmfuzz.harness.model.readers import (ReaderView, WindowView, capture_seq_len, captured_bs, kv_slot_table,
+                                          pool_slots, stale_kv_indices)
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.targets.sglang.binding import bound
-from vmfuzz.harness.targets.sglang.kv_ids import GathersKvSlots
+from vmfuzz.harness.targets.sglang.kv_ids import KV_GATHER, GathersFromTable, GathersKvSlots
 from vmfuzz.harness.targets.sglang.loader import _quiet_import
 from vmfuzz.harness.targets.sglang.reach import patches_everywhere
 from vmfuzz.harness.targets.sglang.seams import call_method, unset_by_harness
@@ -84,34 +85,15 @@ def _seq_lens(batch: Batch, dev) -> torch.Tensor:
 
 # -- Triton attention --------------------------------------------------------------
 
-class _KvGatherNothing:
-    """Stands where releases before ``pack_read_stream`` launch their KV-id gather kernel.
-
-    That kernel's loop does not run under the Triton interpreter, and its ids
-    come from tables vmfuzz does not model for those releases: the launch is
-    recorded, and the view then says its KV indices are not driven (None).
-    """
-
-    def __init__(self, calls: list):
-        self.calls = calls
-
-    def __getitem__(self, grid):
-        self.calls.append(_KV_GATHER)
-        return lambda *args, **kwargs: None
-
-
-#: The module global those releases launch the gather through.
-_KV_GATHER = "create_flashinfer_kv_indices_triton"
-
-
 @contextlib.contextmanager
 def _stand_in_checked(backend):
     """An attribute the backend's own code sets but the stand-in lacks is vmfuzz out of step."""
     module = modules().triton_backend
     # bound wherever the gather is held, so a launch moved into a helper of another module is stood in too
-    gather = (patches_everywhere(getattr(module, _KV_GATHER), _KvGatherNothing(backend.kv_index_translator.calls),
-                                 (module, _KV_GATHER))
-              if hasattr(module, _KV_GATHER) else [])
+    kernel = getattr(module, KV_GATHER, None)
+    gather = (patches_everywhere(kernel, GathersFromTable(kernel, backend.kv_index_translator),
+                                 (module, KV_GATHER))
+              if kernel is not None else [])
     try:
         with bound(*gather):
             yield
@@ -154,10 +136,15 @@ def triton_backend(mask, config: Config, pool: int, dev, heap: ShadowHeap, graph
         _window_buffers(backend, config, heap, max_num_tokens * window, dev)
     backend._verify_mask = mask
     # The stand-in runner's translator packs nothing: this one gathers distinct slots per request.
-    backend.kv_index_translator = GathersKvSlots(heap, config.max_context_len)
-    # Releases before the KV-index translator (0.5.17, 0.5.18) hand the request-to-token
-    # map to their KV gather (stood in: ``_KvGatherNothing``); 0.5.19 keeps the captured
-    # KV-id tables in kv_read_tables (none: KV ids are stood in).
+    # Releases that launch the KV gather themselves read a request-to-token table: the backend's own
+    # (before the translator) or the translator's view of it (0.5.19), both the stand-in table of
+    # the translator's slots (``kv_ids.GathersFromTable``).
+    table = None
+    if hasattr(modules().triton_backend, KV_GATHER):
+        table = kv_slot_table(max(pool, config.max_bs), config.max_context_len, dev)
+        backend.req_to_token = table
+    backend.kv_index_translator = GathersKvSlots(heap, config.max_context_len, table)
+    # 0.5.19 keeps the captured KV-id tables in kv_read_tables (none: its view is built per batch).
     for attr in ("_translate_kv_loc", "kv_read_tables"):
         if not hasattr(backend, attr):
             setattr(backend, attr, None)

@@ -24,7 +24,7 @@ from vmfuzz.harness.guard.tree_write import KernelCall
 from vmfuzz.harness.model.outputs import StepOutput
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.targets.sglang.binding import bound as _bound
-from vmfuzz.harness.targets.sglang import call_sites, flashinfer, imitated_host, readers, writers
+from vmfuzz.harness.targets.sglang import call_sites, flashinfer, graph_support, imitated_host, readers, writers
 from vmfuzz.harness.targets.sglang.imitated_host import VERIFY_MASK
 from vmfuzz.harness.targets.sglang.loader import Sglang
 from vmfuzz.harness.targets.sglang.reach import patches_everywhere
@@ -43,6 +43,7 @@ SURFACE = (
     # the direct chain writer sizes its buffer by arithmetic, not fits
     ("srt/layers/attention/verify_mask.py", "VerifyMask.fits", _ALL[:-1]),
 )
+
 
 
 class SglangTarget:
@@ -73,6 +74,7 @@ class SglangTarget:
     def __init__(self, sg: Sglang, kernel_choice: str = "triton"):
         self.sglang = sg
         self.kernel_choice = kernel_choice
+        self._graph_why: str | None = None  # "" once read: the graph path is driven here
         self._draft_tokens: dict[int, int] = {}  # id(mask) -> d, for the pre-fix fits(bs, d)
         self._heap: ShadowHeap | None = None
         self._callsite_fill: bool | None = None
@@ -126,11 +128,18 @@ class SglangTarget:
 
     def not_driven_here(self, prop: str) -> str | None:
         """Why ``prop`` cannot be driven on this SGLang, found from its code; None: it can."""
+        if prop in graph_support.PROPERTIES:
+            return self._graph_path_not_driven()
         if prop == "chain-writer" and self.sglang.build_chain_tree is None:
             return "this SGLang has no build_chain_tree (kernels/ops/speculative/eagle.py): no chain writer to check"
         if prop == "packed-mask":
             return flashinfer.packing_not_driven()
         return None
+
+    def _graph_path_not_driven(self) -> str | None:
+        if self._graph_why is None:  # read once: the code under test's version does not change
+            self._graph_why = graph_support.not_driven(self.versions()["sglang"]) or ""
+        return self._graph_why or None
 
     def site_fits(self, site: str, mask, bs: int) -> bool:
         # What a call site's verify_mask.fits(bs) answers; a variant makes one site ask wrongly.
@@ -157,14 +166,10 @@ class SglangTarget:
     def verify(self, mask, config: Config, batch: Batch, heap: ShadowHeap) -> StepOutput:
         if mask is not None:
             self._draft_tokens[id(mask)] = config.d
-        self._site = config.call_site
-        try:
-            with self._routed(heap, mask) as taken:
-                vi = call_sites.build_verify_input(self.sglang, mask, config, batch, heap.device)
-            if not (config.trivial and config.call_site == "eagle"):  # d = 1 there fills the mask itself
-                require_taken(taken, config.call_site)
-        finally:
-            self._site = "eagle"
+        with self._routed(heap, mask, config.call_site) as taken:
+            vi = call_sites.build_verify_input(self.sglang, mask, config, batch, heap.device)
+        if not (config.trivial and config.call_site == "eagle"):  # d = 1 there fills the mask itself
+            require_taken(taken, config.call_site)
         reused = mask is not None and vi.custom_mask.data_ptr() == mask.buffer.data_ptr()
         return StepOutput(vi.custom_mask, vi.positions, vi.retrieve_index, vi.retrieve_next_token,
                           vi.retrieve_next_sibling, reused=reused, draft_token=vi.draft_token)
@@ -188,8 +193,9 @@ class SglangTarget:
         return ChainOutput.of(outputs, buffer)
 
     @contextlib.contextmanager
-    def _routed(self, heap: ShadowHeap, mask):
-        """Every seam of this instance bound into SGLang for one call."""
+    def _routed(self, heap: ShadowHeap, mask, site: str | None = None):
+        """Every seam of this instance bound into SGLang for one call (``site``: of that call site's step)."""
+        self._site = site or self._site
         sg = self.sglang
         target = self
         wrapper = sg.wrapper_owner.build_tree_kernel_efficient
@@ -231,9 +237,12 @@ class SglangTarget:
             # The frozen-KV MTP worker imported the wrapper by name at its own import.
             patches.append((sg.frozen().module, "build_tree_kernel_efficient", wrapped))
         kernel = writers.tree_kernel_patches(sg, target.kernel, heap)
-        with _bound(*patches, *kernel, *chain):
-            yield {"wrapper": wrapped, "kernel": kernel[0][2] if kernel else None,
-                   "chain": chain[0][2] if chain else None}
+        try:
+            with _bound(*patches, *kernel, *chain):
+                yield {"wrapper": wrapped, "kernel": kernel[0][2] if kernel else None,
+                       "chain": chain[0][2] if chain else None}
+        finally:
+            self._site = "eagle" if site else self._site
 
     # -- readers (sglang/readers.py, sglang/flashinfer.py; seams of reader-agreement and packed-mask) --
     def read_eager(self, config: Config, batch: Batch, step: StepOutput, heap: ShadowHeap):
@@ -342,8 +351,11 @@ class SglangTarget:
 
     def graph_session(self, config: Config, mask, heap: ShadowHeap):
         """SGLang's target verify cuda-graph runner, captured at every captured bs (``graph_session``)."""
-        from vmfuzz.harness.targets.sglang import graph_session
-        return graph_session.GraphSession(config, mask, heap)
+        from vmfuzz.harness.targets.sglang import graph_session, pp_stage
+        # a pp-site server's runner is a later pipeline stage's: its rebuild routed as the pp site's
+        stage = (pp_stage.Stage(self.sglang, mask, config, lambda: self._routed(heap, mask, "pp"))
+                 if config.call_site == "pp" else None)
+        return graph_session.GraphSession(config, mask, heap, stage)
 
     def draft_extend_session(self, config: Config, heap: ShadowHeap, runner: str):
         """One of SGLang's draft-extend cuda-graph runners (``draft_extend_session.RUNNERS``), captured."""

@@ -1,0 +1,156 @@
+"""What SGLang's CUDA-graph runners ask the server and the device for, answered for one runner on the CPU.
+
+Every runner the graph path drives (target verify, draft decode, draft
+extend, multi-layer draft extend) reads the same runtime context (the
+speculative shape, the graph settings, one GPU, no parallelism), captures
+through ``torch.cuda``'s graph names and keeps its inputs in a buffer set.
+``runner_lookups`` answers the target verify runner's lookups with the graph
+stand-in (``guard.graph``); ``draft_lookups`` adds a draft runner's own
+answers over it. ``adopt_static`` makes a runner's buffer set the redzoned
+static buffers of its graph space, and ``sglang_modules`` imports a runner's
+SGLang modules quietly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from types import SimpleNamespace
+
+import torch
+
+from vmfuzz.harness.guard.graph import GraphSpace
+from vmfuzz.harness.targets.sglang.loader import _quiet_import
+from vmfuzz.harness.targets.sglang.reach import lookup_patches
+from vmfuzz.harness.targets.sglang.stand_in import StandIn
+
+_CONTEXT = "srt/runtime_context.py"
+
+_VERIFY_MODULES = {
+    "runner": "sglang.srt.model_executor.runner.decode_cuda_graph_runner",
+    "base_runner": "sglang.srt.model_executor.runner.base_runner",
+    "base_graph": "sglang.srt.model_executor.runner.base_cuda_graph_runner",
+    "full": "sglang.srt.model_executor.runner_backend.full_cuda_graph_backend",
+    "pool": "sglang.srt.model_executor.runner_utils.pool",
+    "buffers": "sglang.srt.model_executor.runner_utils.buffers",
+    "registry": "sglang.srt.model_executor.cuda_graph_buffer_registry",
+    "forward_info": "sglang.srt.model_executor.forward_batch_info",
+    "forward_context": "sglang.srt.model_executor.forward_context",
+    "logits": "sglang.srt.layers.logits_processor",
+    "spec_info": "sglang.srt.speculative.spec_info",
+    "eagle_info": "sglang.srt.speculative.eagle_info",
+}
+
+
+def sglang_modules(names: dict[str, str]) -> SimpleNamespace:
+    """``names``' SGLang modules (key -> dotted name), imported without their start-up chatter."""
+    from vmfuzz.harness.targets.sglang.imports import sglang_module
+    with _quiet_import():
+        return SimpleNamespace(**{k: sglang_module(v) for k, v in names.items()})
+
+
+def module_set(names: dict[str, str]):
+    """A loader of ``names``' SGLang modules: imported on its first call, the same namespace after."""
+    return functools.lru_cache(maxsize=None)(lambda: sglang_modules(names))
+
+
+#: the target verify runner's modules (``graph_runner.modules``)
+verify_modules = module_set(_VERIFY_MODULES)
+
+
+def answers(config, capture_bs: list[int], pp_size: int = 1) -> dict:
+    """The runtime context a single-GPU EAGLE server of ``config``'s shape answers (``pp_size``: its
+    pipeline stages; this runner is one stage's)."""
+    spec = StandIn("get_spec()", _CONTEXT, speculative_eagle_topk=config.topk,
+                   speculative_num_steps=config.spec_steps, speculative_num_draft_tokens=config.d,
+                   speculative_algorithm="EAGLE")
+    graph = StandIn("get_exec().graph", _CONTEXT, enable_cudagraph_gc=True, debug_cuda_graph=False,
+                    disable_cuda_graph_padding=False, enable_profile_cuda_graph=False,
+                    cuda_graph_config=None, torch_compile_max_bs=0)
+    exec_ = StandIn("get_exec()", _CONTEXT, graph=graph,
+                    overlap=StandIn("get_exec().overlap", _CONTEXT, enable_two_batch_overlap=False),
+                    features=StandIn("get_exec().features", _CONTEXT, enable_memory_saver=False,
+                                     enable_encoder_swa_bounded_replay=False))
+    flags = StandIn("get_flags()", _CONTEXT, capture=StandIn("get_flags().capture", _CONTEXT,
+                                                             enable_torch_compile=False))
+    parallel = StandIn("get_parallel()", _CONTEXT, tp_rank=0, tp_size=1, num_dp_ranks=1, pp_size=pp_size,
+                       attn_tp_size=1, attn_dp_enabled=False, moe_ep_size=1,
+                       tp_group=SimpleNamespace(barrier=lambda: None))
+    resources = StandIn("get_resources()", _CONTEXT, graph_memory_pool=None, graph_pool_borrow=None)
+
+    class _Model:
+        @staticmethod
+        def override(**_):
+            return contextlib.nullcontext()
+    return {"get_spec": lambda: spec, "get_exec": lambda: exec_, "get_flags": lambda: flags,
+            "get_resources": lambda: resources, "get_parallel": lambda: parallel, "get_model": lambda: _Model,
+            # a single GPU, no expert parallelism: the non-padded token count is never maintained
+            "enable_num_token_non_padded": lambda: False}
+
+
+@contextlib.contextmanager
+def _no_gc_freeze(enable_cudagraph_gc: bool = False):
+    yield
+
+
+class _Quiet:
+    """The capture loop's progress bar, silent (a run prints its own progress)."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def set_description(self, *_):
+        pass
+
+
+def runner_lookups(config, capture_bs: list[int], space: GraphSpace, pp_size: int = 1) -> list[tuple]:
+    """The target verify runner's server-wide lookups and ``torch.cuda``'s graph names, answered for a
+    runner of ``config``'s shape capturing ``capture_bs`` in ``space`` (patches for ``binding.bound``)."""
+    m = verify_modules()
+    default = space.device_module().current_stream()
+
+    @contextlib.contextmanager
+    def graph_capture(stream=None, **_):
+        yield SimpleNamespace(stream=default)
+
+    out = lookup_patches([m.runner, m.base_runner, m.base_graph, m.full, m.pool, m.buffers, m.registry],
+                         answers(config, capture_bs, pp_size))
+    out += [
+        (m.runner, "graph_capture", graph_capture),
+        (m.runner, "get_or_create_global_graph_capture_stream", lambda: default),
+        (m.runner, "get_available_gpu_memory", lambda *a, **k: 0.0),
+        (m.runner, "tqdm", SimpleNamespace(tqdm=_Quiet)),
+        (m.runner, "maybe_flashinfer_autotune_speculative_draft", lambda *a, **k: None),
+        # GPU-memory housekeeping around a capture: two full collections of this process's heap
+        # (torch and SGLang loaded: 0.35 s each, 40 % of a graph check), nothing a graph computes
+        (m.runner, "freeze_gc", _no_gc_freeze),
+        # torch.cuda's graph names, as FullCudaGraphBackend reaches them
+        (torch.cuda, "CUDAGraph", space.CUDAGraph),
+        (torch.cuda, "graph", space.graph),
+        (torch.cuda, "graph_pool_handle", space.graph_pool_handle),
+    ]
+    return out
+
+
+def draft_lookups(config, capture_bs: list[int], space: GraphSpace, modules: list, context: dict) -> list[tuple]:
+    """A draft runner's lookups: the target verify runner's (``runner_lookups``), then ``context``'s
+    answers wherever ``modules`` look them up, and the device module the graph space stands for."""
+    out = runner_lookups(config, capture_bs, space)
+    out += lookup_patches(modules, context)
+    device = space.device_module()
+    return out + [(torch, "get_device_module", lambda *a, **k: device)]
+
+
+def static(space: GraphSpace, name: str, value: torch.Tensor) -> torch.Tensor:
+    """One runner buffer as a redzoned static buffer of ``space`` (same contents)."""
+    return space.static(name, value, redzone_cells=max(64, value.numel() // 4))
+
+
+def adopt_static(buffers, space: GraphSpace) -> None:
+    """Every tensor of a runner's buffer set, adopted as a redzoned static buffer (same contents)."""
+    for name, value in list(vars(buffers).items()):
+        if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.numel():
+            setattr(buffers, name, static(space, name, value))
