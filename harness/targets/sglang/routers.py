@@ -1,8 +1,7 @@
 """SGLang's routers, built for real over stand-in children.
 
-``HybridAttnBackend``, ``TboAttnBackend``, ``HybridLinearAttnBackend`` and
-Dots' ``DotsSWAMLAAttnBackend`` are
-constructed with their own ``__init__`` over children that each hold a
+``HybridAttnBackend``, ``TboAttnBackend``, ``HybridLinearAttnBackend`` and Dots'
+``DotsSWAMLAAttnBackend`` are constructed with their own ``__init__`` over children that each hold a
 different verify mask (and the context they were sized for). What is read back
 is what the call site reads: the ``verify_mask`` property and
 ``max_context_len``; and which child a TARGET_VERIFY forward is dispatched to
