@@ -147,6 +147,7 @@ from vmfuzz.harness.properties.kv_locations import kv_location_soundness  # noqa
 from vmfuzz.harness.properties.graph_replay import (capture_replay_agreement, graph_replay_equivalence,  # noqa: E402
                                                     padding_inert)
 from vmfuzz.harness.properties.draft_graph import graph_buffer_soundness  # noqa: E402
+from vmfuzz.harness.properties.verify_graph_buffers import VERIFY as _VERIFY_BUFFERS  # noqa: E402
 from vmfuzz.harness.properties.draft_extend_replay import SUB_CHECKS as _GRAPH_SUB_CHECKS  # noqa: E402
 from vmfuzz.harness.properties.draft_extend_replay import with_draft_extend  # noqa: E402
 
@@ -179,11 +180,12 @@ PROPERTIES.update({p.name: p for p in (
              "capture", needs=("graph_session",), layouts=("FULL_MASK",), steps=True,
              promises=_GRAPH_SUB_CHECKS, cost=3.0, shared=True,
              group="graph"),
-    Property("graph-buffer-soundness", graph_buffer_soundness, "each static buffer of the draft-decode cuda "
-             "graphs (the backend's kv_indices rows and kv_indptr included) holds what the largest admitted batch "
-             "needs with every request at its longest prefix, at the server's topk and steps and page sizes 1 and "
-             "4: by the meaning's arithmetic and by the redzones at its replay", needs=("draft_graph_session",),
-             cost=1.5),
+    Property("graph-buffer-soundness", graph_buffer_soundness, "each static buffer of the target verify "
+             "cuda graphs, as the runner's own __init__ sized them, holds what its largest captured bucket needs "
+             "(d tokens a request); each of the draft-decode cuda graphs (the backend's kv_indices rows and "
+             "kv_indptr included) holds what the largest admitted batch needs with every request at its longest "
+             "prefix, at the server's topk and steps and page sizes 1 and 4: by the meaning's arithmetic and by "
+             "the redzones at its replay", needs=("draft_graph_session",), promises=(_VERIFY_BUFFERS,), cost=1.5),
 )})
 
 

@@ -35,12 +35,12 @@ from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.readers import kv_slot_stride
 from vmfuzz.harness.properties.graph_replay import AGREEMENT, CAPTURE_REPLAY, EQUIVALENCE, PADDING, judge_stale_reads
-from vmfuzz.harness.properties.graph_shared import built
+from vmfuzz.harness.properties.graph_shared import INIT_SUB_CHECK, built
 from vmfuzz.harness.properties.kit import Observation, fail, known_goes_on, sub_check_done, sub_check_skipped
 
 #: the runners judged, as the target's sessions name them (a sub-check each), after the verify graph's
 RUNNERS = ("draft extend", "multi-layer draft extend", "multi-layer draft extend, native prepare")
-SUB_CHECKS = ("target verify",) + RUNNERS
+SUB_CHECKS = ("target verify", INIT_SUB_CHECK) + RUNNERS
 
 
 def with_draft_extend(prop: str, verify_check):

@@ -35,6 +35,7 @@ from vmfuzz.harness.model.config import Batch, Config, num_candidates
 from vmfuzz.harness.model.draft_graph import DraftShape
 from vmfuzz.harness.properties.graph_shared import built
 from vmfuzz.harness.properties.kit import DONE, SUB_CHECK, Observation, fail
+from vmfuzz.harness.properties.verify_graph_buffers import judge_verify_buffers
 
 BUFFERS = "graph-buffer-soundness"
 REPLAY = "draft cuda-graph replay"
@@ -214,6 +215,7 @@ def graph_buffer_soundness(target, config: Config, batches: list[Batch], device=
       steps reach past ``C``: the kv_indices width counts the context, not the steps past it.
     """
     obs = Observation()
+    judge_verify_buffers(target, config, obs)
     for page_size in PAGE_SIZES:
         s = session(BUFFERS, target, config, obs, page_size, largest_only=True)  # it replays only a full bucket
         if s is None:

@@ -26,16 +26,15 @@ Each then judges the draft-decode runner the same way (``draft_graph.judge_draft
 
 from __future__ import annotations
 
-import msgspec
 import torch
 
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.model.config import Batch, Config
-from vmfuzz.harness.model.layouts import TreeMaskMode
 from vmfuzz.harness.model.oracle import expected
 from vmfuzz.harness.properties.draft_graph import judge_draft
-from vmfuzz.harness.properties.graph_shared import AGREEMENT, EQUIVALENCE, PADDING, built
-from vmfuzz.harness.properties.kit import Observation, allocated, fail
+from vmfuzz.harness.properties.graph_shared import (AGREEMENT, EQUIVALENCE, INIT_SUB_CHECK, PADDING, built,
+                                                    read_layout)
+from vmfuzz.harness.properties.kit import Observation, allocated, fail, sub_check_done, sub_check_skipped
 
 REPLAY = "cuda-graph replay"
 #: the cell class of a value the replay read that changed since its capture
@@ -49,14 +48,10 @@ def _session(prop: str, target, config: Config):
     return built(("target verify", config), make)
 
 
-def read_layout(config: Config) -> Config:
-    """The server's numbers with the layout the Triton verify graph reads: a full, read mask."""
-    return msgspec.structs.replace(config, mode=TreeMaskMode.FULL_MASK, is_read=True)
-
-
 def _steps(prop: str, target, config: Config, batches: list[Batch], obs: Observation):
     """Each admitted batch of the case: (session, batch, mask, ids, loc)."""
     session = _session(prop, target, config)
+    note_set_up(session, obs)
     _overruns(prop, session, "capture")
     for batch in batches:
         mask = expected(config, batch).tree_mask
@@ -67,6 +62,16 @@ def _steps(prop: str, target, config: Config, batches: list[Batch], obs: Observa
                 _judge_stage_fallback(session, batch, mask, ids, loc, obs)
             continue
         yield session, batch, mask, ids, loc
+
+
+def note_set_up(session, obs: Observation) -> None:
+    """Whether the runner is its own ``__init__``'s (a sub-check): one vmfuzz assembled by hand, on a
+    release whose ``__init__`` it cannot drive, leaves that ``__init__`` not driven, said."""
+    why = session.server.init_not_driven
+    if why:
+        sub_check_skipped(obs, INIT_SUB_CHECK, f"the runner was assembled by vmfuzz: {why}")
+    else:
+        sub_check_done(obs, INIT_SUB_CHECK)
 
 
 def _judge_stage_fallback(session, batch: Batch, mask, ids, loc, obs: Observation) -> None:

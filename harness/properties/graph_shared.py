@@ -20,12 +20,22 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import msgspec
+
 from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.model.layouts import TreeMaskMode
 from vmfuzz.harness.properties.kit import Observation, PropertyFailure
 
 EQUIVALENCE, PADDING, AGREEMENT = "graph-replay-equivalence", "padding-inert", "capture-replay-agreement"
+#: the sub-check that the target verify runner was made by its own ``__init__`` (its set-up SGLang's)
+INIT_SUB_CHECK = "target verify set-up"
 #: the order the members are judged in on one build (the poisoning member last)
 ORDER = (EQUIVALENCE, AGREEMENT, PADDING)
+
+def read_layout(config):
+    """The server's numbers with the layout the Triton verify graph reads: a full, read mask."""
+    return msgspec.structs.replace(config, mode=TreeMaskMode.FULL_MASK, is_read=True)
+
 
 #: runner key -> the session built for the case being judged (None: each check builds its own)
 _built: dict | None = None

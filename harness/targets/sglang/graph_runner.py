@@ -106,28 +106,71 @@ class GraphServer:
     replay_views: list[SimpleNamespace] = field(default_factory=list)
     #: pipeline stages of the server (> 1: this runner is a later stage's, fed proxy hidden states)
     pp_size: int = 1
+    #: what the runner's set-up sized (``verify_runner_init.Sizing``)
+    sizing: object = None
+    #: why the runner's ``__init__`` was not driven (None: the runner is its own ``__init__``'s)
+    init_not_driven: str | None = None
+    #: the lookups its set-up was made under, which its captures and replays are made under too
+    set_up: list = field(default_factory=list)
 
     def lookups(self) -> list[tuple]:
-        return runner_lookups(self.config, self.capture_bs, self.space, self.pp_size)
+        return list(self.set_up)
 
 
 def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None = None,
-          pp_size: int = 1) -> GraphServer:
-    """A ``DecodeCudaGraphRunner`` for a TARGET_VERIFY EAGLE target of ``config``'s shape, its graphs
-    captured at every bs of ``capture_bs`` (largest first, as SGLang captures). ``mask``: the verify
-    mask the Triton backend's cuda-graph set-up allocated (the target's ``allocate``), into which its
-    replay metadata copies each step's mask; on ``heap`` with the other static buffers. ``pp_size`` > 1:
-    the runner of a later pipeline stage, its graphs reading the proxy hidden states it is handed."""
+          pp_size: int = 1, capture: bool = True) -> GraphServer:
+    """A ``DecodeCudaGraphRunner`` for a TARGET_VERIFY EAGLE target of ``config``'s shape, made by its own
+    ``__init__`` (``verify_runner_init``) for a server configured to capture ``capture_bs`` (the buckets
+    and buffers are what that ``__init__`` decides), its graphs then captured at each of its buckets
+    (largest first, as SGLang captures; ``capture`` False: held back, the runner as ``__init__`` sized
+    it). Where this release's ``__init__`` cannot be driven, the runner is assembled by hand
+    (``_assembled``) and ``init_not_driven`` says why. ``mask``: the verify mask the target's
+    allocation made, which only the hand-assembled runner's backend is handed (an ``__init__``-made one
+    gets the mask its own graph set-up allocates); on ``heap`` with the other static buffers.
+    ``pp_size`` > 1: the runner of a later pipeline stage, its graphs reading the proxy hidden states
+    it is handed."""
+    from vmfuzz.harness.targets.sglang import verify_runner_init as init
     from vmfuzz.harness.targets.sglang.readers import triton_backend
-    m = modules()
     space = GraphSpace(heap or ShadowHeap())
-    dev = torch.device("cpu")
     capture_bs = sorted(set(capture_bs))
+    model = RecordingModel(space, config.d)
+    backend = triton_backend(None, config, capture_bs[-1], torch.device("cpu"), space.heap, graphs=False)
+    why = None
+    try:
+        runner, lookups = init.made_by_init(config, capture_bs, space, model, backend, pp_size)
+    except init.NotDriven as exc:
+        why = str(exc)
+        space = GraphSpace(space.heap)  # what the failed __init__ left in its space is no graph's
+        model = RecordingModel(space, config.d)
+        lookups = runner_lookups(config, capture_bs, space, pp_size)
+        runner, backend = _assembled(config, capture_bs, mask, space, model, lookups, pp_size)
+    server = GraphServer(config, runner, space, model, backend, list(runner.capture_bs), pp_size=pp_size,
+                         sizing=init.Sizing.of(runner), init_not_driven=why, set_up=lookups)
+    if capture:
+        capture_graphs(server)
+    return server
+
+
+def capture_graphs(server: GraphServer) -> None:
+    """The runner's capture (held back from its ``__init__``, or the hand-assembled runner's first)."""
+    from vmfuzz.harness.targets.sglang import verify_runner_init as init
+    n0 = len(server.model.calls)
+    init.capture(server.runner, server.lookups())
+    server.space.settle()
+    _note_captures(server, n0)
+
+
+def _assembled(config: Config, capture_bs: list[int], mask, space: GraphSpace, model, lookups, pp_size: int):
+    """The runner made with ``object.__new__`` and the fields a single-GPU EAGLE target's ``__init__``
+    sets, its buffers SGLang's own ``DecodeInputBuffers.create`` and ``build_decode_registry`` at sizes
+    vmfuzz computes (``max_bs`` the largest of ``capture_bs``, ``d`` tokens a request): the fallback
+    for a release whose ``__init__`` cannot be driven, whose sizing is then the harness's, not judged."""
+    from vmfuzz.harness.targets.sglang.readers import triton_backend
+    from vmfuzz.harness.targets.sglang.verify_runner_init import keep_bodies
+    m = modules()
     max_bs, d = capture_bs[-1], config.d
     max_num_token = max_bs * d
-    backend = triton_backend(mask, config, max_bs, dev, space.heap, graphs=True)
-    # the verify mask the runner's capture batches carry is the runner's own custom_mask buffer
-    model = RecordingModel(space, d)
+    backend = triton_backend(mask, config, max_bs, torch.device("cpu"), space.heap, graphs=True)
     model_runner = StandIn(
         "ModelRunner", "srt/model_executor/model_runner.py",
         device="cpu", gpu_id=0, is_draft_worker=False,
@@ -165,7 +208,7 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
         _early_verify_metadata=None)
     for k, v in fields.items():
         setattr(runner, k, v)
-    with bound(*runner_lookups(config, capture_bs, space, pp_size)):
+    with bound(*lookups):
         buffers = m.buffers.DecodeInputBuffers.create(
             device="cpu", max_bs=max_bs, max_num_token=max_num_token, hidden_size=HIDDEN,
             next_token_logits_buffer=torch.zeros(max_num_token, VOCAB, dtype=torch.float32),
@@ -184,22 +227,8 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
             enable_prefill_cp=False, require_mlp_tp_gather=False, attn_tp_sharded_fn=lambda n: False,
             num_dp_ranks=1, source=buffers)
         runner.backend = m.full.FullCudaGraphBackend(runner)
-        _keep_bodies(runner.backend, space)
-        server = GraphServer(config, runner, space, model, backend, capture_bs, pp_size=pp_size)
-        n0 = len(model.calls)
-        runner.capture()
-    space.settle()
-    _note_captures(server, n0)
-    return server
-
-
-def _keep_bodies(backend, space: GraphSpace) -> None:
-    """The graph backend's capture_one, its forward_fn made the stand-in's capturable body."""
-    real = type(backend).capture_one
-
-    def capture_one(shape_key, forward_fn, *args, **kwargs):
-        return real(backend, shape_key, space.capturable(forward_fn), *args, **kwargs)
-    backend.capture_one = capture_one
+        keep_bodies(runner.backend, space)
+    return runner, backend
 
 
 def _note_captures(server: GraphServer, first_call: int) -> None:

@@ -69,11 +69,11 @@ class GraphSession(RunnerView):
     the verify preparation loads it: ``execute`` then refreshes them); the eager run is the batch as it means (the
     oracle's tokens, positions and mask) with the same hidden states."""
 
-    def __init__(self, config: Config, mask, heap: ShadowHeap, stage=None):
+    def __init__(self, config: Config, mask, heap: ShadowHeap, stage=None, capture: bool = True):
         self.config, self.stage = config, stage
         self.pp = stage is not None
         self.server = build(config, captured_sizes(config.max_bs), mask, heap,
-                            pp_size=pp_stage.PP_SIZE if self.pp else 1)
+                            pp_size=pp_stage.PP_SIZE if self.pp else 1, capture=capture)
         self.capture_bs = self.server.capture_bs
         self.steps = 0
 
