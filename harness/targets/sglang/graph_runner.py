@@ -1,18 +1,29 @@
 """SGLang's target ``DecodeCudaGraphRunner`` in TARGET_VERIFY, captured and replayed on the CPU.
 
-The runner is made with ``object.__new__`` and given the fields its
-``__init__`` sets for a single-GPU EAGLE target (no DP, TBO, LoRA, PP, DLLM,
-ragged verify, metadata glue): its static buffers are SGLang's own
-``DecodeInputBuffers.create`` and ``build_decode_registry``, each tensor then
-adopted as a redzoned static buffer of a ``guard.graph.GraphSpace``; its
-attention backend is the Triton backend ``readers.triton_backend`` builds (its
-own ``__init__``, the KV-id gather standing in); its graph backend is SGLang's
-own ``FullCudaGraphBackend``, whose ``torch.cuda`` is the graph stand-in. Then
-SGLang's code runs as a server's would: ``capture()`` captures one graph per
-captured bs (largest first), and ``execute(live_batch)`` replays a live verify
-batch in the smallest graph that holds it (``load_batch`` copies the batch in
-through the buffer registry, the Triton replay metadata copies the verify mask
-in, the graph replays, the outputs are cut to the raw rows).
+The runner is made by its own ``__init__`` (``verify_runner_init``) over a
+stand-in model runner of a single-GPU EAGLE target (no DP, TBO, LoRA, DLLM,
+ragged verify, metadata glue): SGLang picks its captured batch sizes from the
+server's configured list, sizes ``max_bs`` and its tokens a request, sets up
+the Triton attention backend's graph state (its own ``init_cuda_graph_state``;
+the backend is the one ``readers.triton_backend`` builds, the KV-id gather
+standing in), creates its static buffers and hands them to the process-wide
+pool, here the session's ``guard.graph.GraphSpace``, where each becomes a
+redzoned static buffer; its graph backend is SGLang's own
+``FullCudaGraphBackend``, whose ``torch.cuda`` is the graph stand-in. The
+capture ``__init__`` ends with is held back and run right after
+(``capture_graphs``), so what ``__init__`` sized can be judged first
+(graph-buffer-soundness). Then SGLang's code runs as a server's would:
+``capture()`` captures one graph per captured bs (largest first), and
+``execute(live_batch)`` replays a live verify batch in the smallest graph that
+holds it (``load_batch`` copies the batch in through the buffer registry, the
+Triton replay metadata copies the verify mask in, the graph replays, the
+outputs are cut to the raw rows).
+
+Where a release's ``__init__`` cannot be driven over the stand-ins, the runner
+is assembled by hand (``_assembled``: ``object.__new__`` and the fields a
+single-GPU EAGLE target's ``__init__`` sets, buffers at sizes vmfuzz computes);
+``GraphServer.init_not_driven`` then says why, and the graph properties report
+the set-up not driven (never held).
 
 The model forward is ``graph_model.RecordingModel``: per token it reads the attention
 metadata the backend holds (which KV slots and which draft tokens the mask lets
@@ -23,10 +34,9 @@ wrong position gives a different number, and the eager run of the same batch
 (``eager``: the backend's eager TARGET_VERIFY metadata, the same model) is what
 the replay must give on the real rows.
 
-Not driven here: ``__init__`` itself (its sizing is judged by allocation-
-soundness for the backends), the process-wide buffer sharing
-(``share_buffers``: one runner here, nothing to alias), streams and events
-(``NotFaithful``), and every configuration the fields above switch off.
+Not driven here: the process-wide buffer sharing with other runners (the pool
+is scoped to this runner's session: nothing else aliases its buffers), streams
+and events (``NotFaithful``), and every configuration the stand-ins switch off.
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ from vmfuzz.harness.targets.sglang.stand_in import StandIn
 
 RUNNER_FILE = "srt/model_executor/runner/decode_cuda_graph_runner.py"
 _GRAPH_PROPS = ("graph-replay-equivalence", "padding-inert", "capture-replay-agreement")
+_INIT_PROPS = _GRAPH_PROPS + ("graph-buffer-soundness",)
 
 #: What this module drives: (path under the sglang package, function, properties).
 SURFACE = tuple((RUNNER_FILE, fn, _GRAPH_PROPS) for fn in (
@@ -72,7 +83,21 @@ SURFACE = tuple((RUNNER_FILE, fn, _GRAPH_PROPS) for fn in (
     ("srt/model_executor/runner_utils/pool.py", "get_or_create_global_graph_memory_pool", _GRAPH_PROPS),
     ("srt/model_executor/runner/base_cuda_graph_runner.py", "BaseCudaGraphRunner._pad_to_bucket", _GRAPH_PROPS),
     ("srt/model_executor/runner/base_runner.py", "BaseRunner.model_context", _GRAPH_PROPS),
-)
+) + tuple((path, fn, _INIT_PROPS) for path, fn in (
+    # the runner's own set-up (verify_runner_init), whose sizing graph-buffer-soundness judges
+    (RUNNER_FILE, "DecodeCudaGraphRunner.__init__"), (RUNNER_FILE, "_lora_backend_skips_inactive"),
+    (RUNNER_FILE, "ragged_verify_compact_graphs_enabled"),
+    (RUNNER_FILE, "DecodeCudaGraphRunner.decode_graph_gather_requirements"),
+    (RUNNER_FILE, "DecodeCudaGraphRunner._next_token_logits_buffer_capacity_rows"),
+    (RUNNER_FILE, "DecodeCudaGraphRunner.maybe_init_pdmux"), (RUNNER_FILE, "DecodeCudaGraphRunner._cache_loc_dtype"),
+    (RUNNER_FILE, "DecodeCudaGraphRunner._wants_early_verify_metadata"),
+    (RUNNER_FILE, "DecodeCudaGraphRunner._glues_draft_metadata"),
+    (RUNNER_FILE, "DecodeCudaGraphRunner._glues_target_verify_metadata"),
+    (RUNNER_FILE, "DecodeCudaGraphRunner._resolve_skips_prefilled_inputs"),
+    ("srt/model_executor/runner/base_cuda_graph_runner.py", "get_batch_sizes_to_capture"),
+    ("srt/model_executor/runner/base_runner.py", "BaseRunner.__init__"),
+    ("srt/model_executor/input_buffers.py", "ForwardInputBuffers.share_buffers"),
+))
 
 #: SGLang's modules the target verify runner lives in (imported on first use)
 modules = verify_modules

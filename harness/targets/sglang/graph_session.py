@@ -59,6 +59,8 @@ class GraphSession(RunnerView):
     """One target verify runner of a server (``config``): its graphs captured at every captured bs,
     then batches replayed through ``execute`` and run eagerly for comparison.
 
+    ``capture`` False: the runner as its own ``__init__`` sized it, no graph captured (its sizing judged).
+
     Each step is a live batch of ``Batch`` with draft token ids and KV slots the session makes
     (distinct, none 0: slot 0 is where padding writes) and the verify mask ``mask``.
 

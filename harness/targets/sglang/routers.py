@@ -392,9 +392,9 @@ NOT_DRIVEN: tuple[tuple[str, str, str], ...] = (
     (_ATTN + "base_attn_backend.py", "AttentionBackend.verify_mask",
      "interface: declares the verify_mask property (None), holds no mask"),
     ("srt/model_executor/runner/decode_cuda_graph_runner.py", "DecodeCudaGraphRunner",
-     "its TARGET_VERIFY capture and replay are driven by the graph properties (graph_runner.py: what ran "
-     "is judged by measurement); what never runs here is its __init__ (the runner is made with "
-     "object.__new__ and the fields a single-GPU EAGLE target's __init__ sets), the decode and draft "
-     "modes' branches, multi-GPU and DP paths, and the DFlash capture-time custom_mask (chosen through "
-     "resolve_dflash_verify_mask_policy, driven under routing)"),
+     "its TARGET_VERIFY __init__ (single-GPU EAGLE), capture and replay are driven by the graph properties "
+     "(graph_runner.py, verify_runner_init.py: what ran is judged by measurement); not driven: the decode and "
+     "draft modes' branches, multi-GPU, DP, LoRA, DLLM and DSpark paths, the DFlash capture-time custom_mask "
+     "(driven under routing), and on a release whose __init__ vmfuzz cannot drive, that __init__ (the runner "
+     "is then made with object.__new__, and the graph properties say its set-up is not driven)"),
 )
