@@ -70,6 +70,17 @@ def test_the_runner_is_made_by_its_own_init_as_measured_by_coverage(sglang_targe
     assert backing is not None and backing[2] == "input_ids"
 
 
+def test_a_later_pipeline_stages_runner_is_made_by_its_own_init_with_its_proxy_buffers(sglang_target):
+    from vmfuzz.harness.targets.sglang import graph_runner as gr
+    heap = ShadowHeap()
+    server = gr.build(CONFIG, [1, 2, 4], sglang_target.allocate(CONFIG, heap), heap, pp_size=2, capture=False)
+    assert server.init_not_driven is None and server.captures == {}
+    proxy = {k: v for k, v in server.sizing.buffers.items() if k.startswith("pp_proxy_tensors.")}
+    assert proxy and all(shape[0] == 16 for shape in proxy.values()), proxy
+    for value in server.runner.buffers.pp_proxy_tensors.values():  # pooled by SGLang: redzoned statics
+        assert server.space.heap.backing_of(value) is not None
+
+
 def test_graph_buffer_soundness_judges_the_sizing_init_decided(sglang_target):
     from vmfuzz.harness.properties.kit import Observation
     from vmfuzz.harness.properties.verify_graph_buffers import judge_verify_buffers

@@ -22,7 +22,8 @@ import torch
 from vmfuzz.harness.guard.graph import GraphSpace
 from vmfuzz.harness.model.config import Config
 from vmfuzz.harness.targets.sglang.graph_model import HIDDEN, VOCAB
-from vmfuzz.harness.targets.sglang.graph_lookups import draft_lookups, module_set, static, verify_modules
+from vmfuzz.harness.targets.sglang.graph_lookups import (draft_lookups, module_set, scoped_pool, static,
+                                                        verify_modules)
 from vmfuzz.harness.targets.sglang.stand_in import StandIn
 
 _WORKER = "srt/speculative/eagle_worker_v2.py"
@@ -168,15 +169,8 @@ def draft_worker(server: DraftServer, backends: list) -> StandIn:
 
 
 def _share(server: DraftServer):
-    """``share_input_buffer``, scoped to the session: the first buffer of a key becomes a redzoned
-    static of the graph space, and every later one of the same key is a view of it."""
-    def share_input_buffer(name: str, new_buffer: torch.Tensor) -> torch.Tensor:
-        key = (name, new_buffer.numel(), new_buffer.dtype)
-        canonical = server.pool.get(key)
-        if canonical is None:
-            canonical = server.pool[key] = static(server.space, name, new_buffer.contiguous())
-        return canonical.as_strided(new_buffer.size(), new_buffer.stride())
-    return share_input_buffer
+    """``share_input_buffer``, scoped to the session (``graph_lookups.scoped_pool``)."""
+    return scoped_pool(server.space, server.pool)
 
 
 def adopt(server: DraftServer, buffers, exclude=()) -> None:

@@ -149,6 +149,19 @@ def static(space: GraphSpace, name: str, value: torch.Tensor) -> torch.Tensor:
     return space.static(name, value, redzone_cells=max(64, value.numel() // 4))
 
 
+def scoped_pool(space: GraphSpace, pool: dict):
+    """SGLang's process-wide ``share_input_buffer``, scoped to one graph space's ``pool``: the first
+    buffer of a (name, numel, dtype) key becomes a redzoned static buffer of ``space``, and every later
+    one of the same key a view of it, as SGLang's pool hands it out."""
+    def share_input_buffer(name: str, new_buffer: torch.Tensor) -> torch.Tensor:
+        key = (name, new_buffer.numel(), new_buffer.dtype)
+        canonical = pool.get(key)
+        if canonical is None:
+            canonical = pool[key] = static(space, name, new_buffer.contiguous())
+        return canonical.as_strided(new_buffer.size(), new_buffer.stride())
+    return share_input_buffer
+
+
 def adopt_static(buffers, space: GraphSpace) -> None:
     """Every tensor of a runner's buffer set, adopted as a redzoned static buffer (same contents)."""
     for name, value in list(vars(buffers).items()):

@@ -48,7 +48,7 @@ from vmfuzz.harness.model import consultation
 from vmfuzz.harness.model.config import Config
 from vmfuzz.harness.targets.sglang.binding import bound
 from vmfuzz.harness.targets.sglang.graph_lookups import answers as graph_answers
-from vmfuzz.harness.targets.sglang.graph_lookups import module_set, runner_lookups, static, verify_modules
+from vmfuzz.harness.targets.sglang.graph_lookups import module_set, runner_lookups, scoped_pool, verify_modules
 from vmfuzz.harness.targets.sglang.graph_model import HIDDEN, VOCAB
 from vmfuzz.harness.targets.sglang.reach import lookup_patches
 from vmfuzz.harness.targets.sglang.stand_in import StandIn, consultation_of
@@ -134,18 +134,6 @@ def model_runner(config: Config, model, backend, spec_algorithm, pool_size: int,
     return runner
 
 
-def _share(space: GraphSpace, pool: dict):
-    """``share_input_buffer`` scoped to one graph space: the first buffer of a (name, numel, dtype) key
-    becomes a redzoned static buffer, a later one of the same key a view of it (as SGLang's pool)."""
-    def share_input_buffer(name: str, new_buffer: torch.Tensor) -> torch.Tensor:
-        key = (name, new_buffer.numel(), new_buffer.dtype)
-        canonical = pool.get(key)
-        if canonical is None:
-            canonical = pool[key] = static(space, name, new_buffer.contiguous())
-        return canonical.as_strided(new_buffer.size(), new_buffer.stride())
-    return share_input_buffer
-
-
 def init_lookups(config: Config, capture_bs: list[int], space: GraphSpace, pool: dict, pp_size: int) -> list:
     """The server-wide lookups the runner's ``__init__`` makes beyond its capture's (``runner_lookups``)."""
     m, mi = verify_modules(), _modules()
@@ -178,7 +166,7 @@ def init_lookups(config: Config, capture_bs: list[int], space: GraphSpace, pool:
         **graph_answers(config, capture_bs, pp_size), "get_parallel": lambda: parallel})
     out += lookup_patches([m.runner, m.base_runner, m.base_graph, mi.misc_utils, mi.backend_utils, mi.tbo], answers)
     return out + [(torch, "get_device_module", lambda *a, **k: device),
-                  (mi.input_buffers, "share_input_buffer", _share(space, pool)),
+                  (mi.input_buffers, "share_input_buffer", scoped_pool(space, pool)),
                   (m.runner, "resolve_decode_backend", _keeping_bodies(space, m.runner.resolve_decode_backend))]
 
 
@@ -242,6 +230,10 @@ def made_by_init(config: Config, capture_bs: list[int], space: GraphSpace, model
     m = verify_modules()
     R = m.runner.DecodeCudaGraphRunner
     why = _fits(R)
+    try:
+        _modules()
+    except ImportError as exc:  # a module vmfuzz binds the set-up through, moved or gone in this release
+        why = why or f"a module its set-up is driven through does not import ({exc})"
     if why is not None:
         raise NotDriven(f"{INIT}: {why}")
     ledger = consultation.current()
