@@ -17,8 +17,7 @@ What only the harness can supply, and is never judged as SGLang's:
 - the server's configuration: the configured capture list
   (``cuda_graph_config.decode.bs``, the caller's ``capture_bs``), the request
   pool's depth (``req_to_token_pool.size`` = the largest of that list), one GPU,
-  no DP, TBO, LoRA, DLLM, mamba, metadata glue (``graph_lookups.answers`` and
-  ``_CONTEXT`` below);
+  no DP, TBO, LoRA, DLLM, mamba, metadata glue (``init_lookups``);
 - the model: the recording stand-in (``graph_model``), its width, vocabulary
   and dtype (``HIDDEN``, ``VOCAB``, float32), a Llama-like hf config;
 - the shared logits output (``graph_shared_output``): a zeroed tensor of the
