@@ -238,3 +238,22 @@ def test_an_example_that_tells_a_change_from_the_base_makes_it_judged(tmp_path):
     assert measured.rules[15].startswith("provoked:") and "capacity-soundness" in measured.rules[15]
     assert measured.rules[20].startswith("provoked:"), measured.rules
     assert 15 in measured.judged and 20 in measured.judged
+
+
+def test_a_probe_hands_the_head_its_own_value_and_counts_a_base_that_raises_apart(tmp_path, monkeypatch):
+    import torch
+    from vmfuzz.harness.engine.core import provoke
+    monkeypatch.setattr(provoke, "_counts", {})
+    monkeypatch.setattr(provoke, "_pid", os.getpid())
+    monkeypatch.setattr(provoke, "_kinds", {"t": "value", "g": "guard"})
+    monkeypatch.setattr(provoke, "current", "packed-mask")
+    head = torch.tensor([1, 2])
+    assert provoke.probe("t", head, lambda: torch.tensor([1, 2])) is head
+    assert provoke.probe("t", head, lambda: torch.tensor([1, 3])) is head
+    assert provoke.probe("t", head, lambda: head[5]) is head  # the base's own error is never the head's
+    assert provoke.probe("g", True, lambda: torch.tensor(True)) is True  # a test compares truth, not type
+    provoke.save(str(tmp_path))
+    counts = provoke.merged(tmp_path)
+    assert counts["t"]["by"] == {"packed-mask": [3, 1, 1]}, counts
+    assert counts["g"]["by"] == {"packed-mask": [1, 0, 0]}, counts
+    assert counts["t"]["sample"].startswith("head gave a tensor of shape (2,)"), counts

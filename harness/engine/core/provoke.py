@@ -118,24 +118,48 @@ def install() -> None:
         _kinds[p["id"]] = p["kind"]
         by_file.setdefault(p["file"], []).append(p)
     for file, probes in by_file.items():
-        try:
-            _install_file(file, probes)
-        except Exception as exc:  # noqa: BLE001 - a file not probed keeps the older rule, and says why
-            for p in probes:
-                _count(p["id"])["why"] = f"could not be probed: {type(exc).__name__}: {exc}"
+        module = sys.modules.get(probes[0]["module"])
+        if module is None:  # patched when it loads: importing it here would cost a process what it never runs
+            _Pending.files[probes[0]["module"]] = (file, probes)
+        else:
+            _install_file(module, file, probes)
+    if _Pending.files and not any(isinstance(f, _Pending) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Pending())
 
 
-def _install_file(file: str, probes: list[dict]) -> None:
-    import importlib
-    module = sys.modules.get(probes[0]["module"])
-    if module is None or os.path.realpath(getattr(module, "__file__", None) or "") != file:
-        module = next((m for m in list(sys.modules.values())
-                       if os.path.realpath(getattr(m, "__file__", None) or "") == file), None)
-    if module is None:
-        module = importlib.import_module(probes[0]["module"])
-    text = Path(file).read_text(encoding="utf-8")
-    tree = _with_probes(ast.parse(text), probes)
-    code = compile(tree, module.__file__, "exec", dont_inherit=True)
+class _Pending:
+    """Gives a changed module its probes as it loads, in a process that had not loaded it yet."""
+
+    files: dict[str, tuple[str, list[dict]]] = {}
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.files:
+            return None
+        import importlib.machinery
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        file, probes = self.files.pop(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _install_file(module, file, probes)
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _install_file(module, file: str, probes: list[dict]) -> None:
+    try:
+        if os.path.realpath(getattr(module, "__file__", None) or "") != file:
+            raise ImportError(f"{module.__name__} loads from {module.__file__}, not from the file traced")
+        text = Path(file).read_text(encoding="utf-8")
+        tree = _with_probes(ast.parse(text), probes)
+        code = compile(tree, module.__file__, "exec", dont_inherit=True)
+    except Exception as exc:  # noqa: BLE001 - a file not probed keeps the older rule, and says why
+        for p in probes:
+            _count(p["id"])["why"] = f"could not be probed: {type(exc).__name__}: {exc}"
+        return
     found = {}
     _codes(code, found)
     setattr(module, PROBE, probe)
