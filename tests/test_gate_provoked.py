@@ -4,9 +4,10 @@ Each branch below plants, in the stand-in checkout (tests/sglang_repo.py), a
 change whose line runs on every example the gate draws and whose outputs the
 examples cannot tell from the base's: an operand deleted from the CUDA-only
 chain branch's multi-line test (a CPU short-circuits on ``is_cuda`` first),
-``all`` turned ``any`` over the batch's multimodal inputs (no strategy makes a
-mixed batch), and DFlash's padding guard deleted with the block it guarded (every
-example's layout already has the batch's size). Reached, each used to read as
+``all`` turned ``any`` over the batch's multimodal inputs on the chain's M-RoPE
+argument (no strategy makes a mixed batch), and the custom-mask padding guard
+deleted with the block it guarded from ``generate_attn_arg_prefill`` (its
+neighbour ran and stood in for it). Reached, each used to read as
 judged and end in exit 0; now each is exit 3, naming the expression and what
 would provoke it. Skipped unless SGLang imports (``VMFUZZ_REQUIRE_SGLANG=1``: must run).
 """
@@ -22,19 +23,18 @@ from tests.helpers import sglang_or_skip
 from tests.test_gate_checkout import branch, gate
 
 CHAIN = "python/sglang/srt/speculative/eagle_worker_common.py"
-MROPE = "python/sglang/srt/model_executor/forward_batch_info.py"
-DFLASH = "python/sglang/srt/speculative/dflash_info.py"
+PREFILL = "python/sglang/srt/speculative/eagle_info.py"
 
 #: branch -> (its change, the file, words the could-not-check line must hold)
 UNPROVOKED = {
     "chain-operand-deleted": ((CHAIN, r"\n        and num_draft_tokens == num_steps \+ 1\n", "\n"),
-                              CHAIN, "CUDA `seq_lens`"),
-    "mrope-all-to-any": ((MROPE, r"if all\(mm_input is None for mm_input in mm_inputs\):",
-                          "if any(mm_input is None for mm_input in mm_inputs):"),
-                         MROPE, "mixing requests with and without multimodal inputs"),
-    "dflash-padding-guard-deleted": ((DFLASH, r"\n        if layout is not None and layout\.bs != bs:\n            #.*\n"
-                                      r"            layout = layout\.padded_to_bucket\(padded_bs=bs\)\n", "\n"),
-                                     DFLASH, "`layout is not None and layout.bs != bs`"),
+                              CHAIN, "its operand `num_draft_tokens == num_steps + 1` deleted"),
+    "mrope-all-to-any": ((CHAIN, r"(with_mrope=target_worker\.model_runner\.model_config\.model_is_mrope\n\s+and )all\(",
+                          r"\1any("),
+                         CHAIN, "mixing requests with and without multimodal inputs"),
+    "padding-guard-deleted": ((PREFILL, r"\n        if self\.custom_mask\.numel\(\) < mask_numel:\n(?:            .*\n)+?"
+                                        r"(\n        return kv_indices)", r"\n\1"),
+                              PREFILL, "`self.custom_mask.numel() < mask_numel` is true"),
 }
 
 

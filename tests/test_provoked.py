@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 from vmfuzz.harness.engine.campaign.diff_coverage import measure
-from vmfuzz.harness.engine.campaign.provoked import judge, plan, provoker
+from vmfuzz.harness.engine.campaign.provoked import plan
+from vmfuzz.harness.engine.campaign.provoked_verdict import judge, provoker
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -146,6 +147,8 @@ def test_the_plan_finds_each_changed_condition_a_deleted_operand_and_guard_and_s
     assert block.kind == "guard" and block.head.startswith("False") and block.lines == [44, 45], block
     assert provoker(mm) == "a batch mixing requests with and without multimodal inputs"
     assert provoker(chain) == "CUDA `seq_lens` (a GPU run)"
+    assert provoker(guard) == "an example on which `len(self.mask) < needed` is false"  # the body must not run
+    assert provoker(block) == "an example on which `len(out) < needed` is true"  # the deleted block must
 
 
 DRIVE = '''
@@ -234,7 +237,7 @@ def test_changes_no_example_told_from_the_base_ran_but_are_not_judged(tmp_path):
 def test_an_example_that_tells_a_change_from_the_base_makes_it_judged(tmp_path):
     measured, counts, _ = drive(tmp_path, provoke_them=True)
     assert measured.unprovoked == [2, 26], measured.as_dict()  # still no CUDA lens, still no reuse split
-    assert measured.rules[44].startswith("provoked:") and "`len(out) < needed`" in measured.rules[44]
+    assert measured.rules[44].startswith("provoked:") and "`if len(out) < needed:` with the block it guarded deleted" in measured.rules[44]
     assert measured.rules[15].startswith("provoked:") and "capacity-soundness" in measured.rules[15]
     assert measured.rules[20].startswith("provoked:"), measured.rules
     assert 15 in measured.judged and 20 in measured.judged

@@ -123,7 +123,7 @@ def _measured_lines(target, tracing: Tracing) -> dict:
     from vmfuzz.harness.engine.core import line_trace, provoke
     from vmfuzz.harness.engine.campaign.changes import sglang_relative
     from vmfuzz.harness.engine.campaign.diff_coverage import measure, read_text, untraced
-    from vmfuzz.harness.engine.campaign.provoked import judge
+    from vmfuzz.harness.engine.campaign.provoked_verdict import judge
     from vmfuzz.harness.engine.campaign.surface import loaded_package, sglang_rows
     line_trace.flush()
     broken = line_trace.failures(tracing.folder)

@@ -93,6 +93,8 @@ def start(folder: Path, plan: list[dict]) -> None:
 
 def stop() -> None:
     os.environ.pop(PLAN_ENV, None)
+    _Pending.files.clear()
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Pending)]
 
 
 def install() -> None:
