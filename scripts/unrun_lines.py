@@ -61,7 +61,7 @@ def table(summary: dict) -> list[str]:
         counts["judged"] += len(record.get("judged") or {})
         for (fn, cond, kind), lines in sorted(groups.items()):
             out.append(f"| `{rel}` | `{fn}` | `{cond}` | {kind} | {len(lines)} | {spans(lines)} |")
-        off += [f"{rel}:{n}" for n in (record.get("why_outside") or {})]
+        off += [f"{rel}:{n}" for n, why in (record.get("why_never_ran") or {}).items() if "off the mask's path" in why]
     on_path = sum(counts.values())
     head = [f"Mask-path statements the gate's properties ran: {counts['judged']} of {on_path}; never ran: "
             f"{counts['not driven here']} not driven here (vmfuzz's to drive), {counts['needs a GPU']} needing a GPU.", ""]

@@ -28,8 +28,16 @@ from tests.sglang_copies import altered_copy, assert_caught_by, run_on_copy
 
 _VERIFY_MASK = ["srt/layers/attention/verify_mask.py"]
 _CHOICE = r"mode = default_tree_mask_mode\(\) if is_read else TreeMaskMode\.QLEN_ONLY"
+_EAGLE_UTILS = ["srt/speculative/eagle_utils.py"]
+_DEFAULT = r"return TreeMaskMode\.QLEN_ONLY if _is_cpu else TreeMaskMode\.FULL_MASK"
 ALTERATIONS = {
     "allocator-ignores-read-layout": [(_VERIFY_MASK, _CHOICE, "mode = TreeMaskMode.QLEN_ONLY")],
+    # the device's default layout made QLEN_ONLY on every host: a GPU server's readers get the wrong
+    # shape; the harness's host stand-in used to answer in the function's place, so it was never judged
+    "default-layout-qlen-everywhere": [(_EAGLE_UTILS, _DEFAULT, "return TreeMaskMode.QLEN_ONLY")],
+    # the same answer on each host, written another way
+    "default-layout-negated": [(_EAGLE_UTILS, _DEFAULT,
+                                "return TreeMaskMode.FULL_MASK if not _is_cpu else TreeMaskMode.QLEN_ONLY")],
     "allocator-read-layout-inlined": [(_VERIFY_MASK, _CHOICE,
                                        "mode = (default_tree_mask_mode if is_read else "
                                        "(lambda: TreeMaskMode.QLEN_ONLY))()")],
@@ -66,7 +74,7 @@ def test_the_allocators_layout_choice_is_judged_not_replaced(sglang_target, tmp_
     proc, out = run_on_copy(site, tmp_path, "run", "--target", "sglang", "--seed", "1", "--max-examples", "4",
                             "--property", "capacity-soundness", "--property", "no-oob-write",
                             "--report-dir", str(tmp_path / "report"), timeout=400)
-    if alteration != "allocator-ignores-read-layout":
+    if alteration not in ("allocator-ignores-read-layout", "default-layout-qlen-everywhere"):
         assert proc.returncode == 0, out
         return
     assert proc.returncode == 1, out
@@ -125,3 +133,38 @@ def test_a_layout_read_at_import_is_read_again_on_the_imitated_host(sglang_targe
     else:
         with pytest.raises(AllocatorChose):
             imitated_host.allocate(fake, config, numel)
+
+
+def test_the_default_layout_is_sglangs_own_answer_on_the_imitated_host(sglang_target):
+    from vmfuzz.harness.targets.sglang import host_default
+    import sglang.srt.speculative.eagle_utils as eu
+    fn = eu.default_tree_mask_mode
+    kept = eu._is_cpu
+    assert host_default.own_answer(fn, "gpu") == eu.TreeMaskMode.FULL_MASK
+    assert host_default.own_answer(fn, "cpu") == eu.TreeMaskMode.QLEN_ONLY
+    assert eu._is_cpu is kept  # the flag is put back
+
+
+_PROBED = """
+import os
+FULL, QLEN = "full", "qlen"
+_is_cpu = False
+
+def by_flag():
+    return QLEN if _is_cpu else FULL
+
+def by_module():
+    return QLEN if os.environ.get("CPU") else FULL
+"""
+
+
+def test_a_default_read_from_what_no_host_can_set_is_not_run_and_the_layout_answers():
+    from vmfuzz.harness.targets.sglang import host_default
+    space: dict = {"__name__": "vmfuzz_host_probe"}
+    exec(compile(_PROBED, "<host probe>", "exec"), space)
+    assert host_default.own_answer(space["by_flag"], "cpu") == "qlen"
+    assert host_default.own_answer(space["by_flag"], "gpu") == "full" and space["_is_cpu"] is False
+    assert host_default.reads(space["by_module"]) is None  # os is a module: this host's answer, not the imitated one
+    assert host_default.own_answer(space["by_module"], "cpu") is None
+    assert host_default.answering(space["by_module"], "cpu", "the config's")() == "the config's"
+    assert host_default.answering(space["by_flag"], "cpu", "the config's")() == "qlen"

@@ -42,6 +42,18 @@ def test_a_padded_draft_replay_drafts_what_the_eager_draft_does(sglang_target):
     assert s.overruns == []
 
 
+def test_a_largest_bucket_session_has_the_whole_lists_buffers_and_replays_a_full_bucket_alike(sglang_target):
+    from vmfuzz.harness.model.draft_graph import DraftShape
+    shape = DraftShape(2, 3, 6, 32)
+    whole, largest = (sglang_target.draft_graph_session(shape, 4, largest_only=x) for x in (False, True))
+    assert largest.capture_bs == [4] and largest.max_bs == whole.max_bs == 4
+    assert largest.allocated() == whole.allocated()  # SGLang sizes every static buffer for the largest bs
+    lens = [9, 9, 9, 9]
+    got, want = largest.replay(lens), whole.replay(lens)
+    assert got.graph_bs == want.graph_bs == 4 and got.draft_tokens.tolist() == want.draft_tokens.tolist()
+    assert [a.kv_writes for a in got.steps] == [a.kv_writes for a in want.steps]
+
+
 def test_graph_buffer_soundness_counts_every_branch_and_step_from_the_meaning():
     from vmfuzz.harness.model.draft_graph import DraftShape, footprints, kv_ids_needed
     shape = DraftShape(2, 3, 6, 32)

@@ -81,7 +81,7 @@ def test_sglangs_own_chain_metadata_is_the_meaning(sglang_target):
         assert view.expand is None and fa3_mismatch(view, CHAIN, BATCH, page_size) is None
         assert view.prefix.cache_seqlens.tolist() == [6, 8]
     obs = PROPERTIES["reader-agreement"].check(sglang_target, CHAIN, [BATCH])
-    assert {"fa3 topk 1 verify", "fa3 topk 1 verify, page size 4"} <= obs.classes
+    assert {"fa3 topk 1 verify", "fa3 topk 1 verify, page size 4, ragged"} <= obs.classes
 
 
 FA3 = ["srt/layers/attention/flashattention_backend.py"]

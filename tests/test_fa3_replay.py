@@ -103,10 +103,10 @@ class _Replays:
         self.eager, self.view = eager, view
         self.replayed = []
 
-    def read_fa3_verify(self, config, batch, step, page_size=1):
+    def read_fa3_verify(self, config, batch, step, page_size=1, window=None, verify_lens=None):
         return self.eager if page_size == 1 else _eager_view(page_size)
 
-    def read_fa3_replay(self, config, batch, step, page_size=1):
+    def read_fa3_replay(self, config, batch, step, page_size=1, window=None):
         self.replayed.append((batch.bs, page_size))
         return self.view if page_size == 1 else _right_replay(page_size)
 

@@ -65,4 +65,28 @@ def test_members_of_two_groups_or_unknown_members_are_refused():
     with pytest.raises(ValueError, match="not one shared group"):
         shared_group(["no-oob-write", "padding-inert"])
     with pytest.raises(ValueError, match="not judged on a shared graph build"):
-        graph_shared.judge(None, CONFIG, BATCHES, names=("no-oob-write",))
+        graph_shared.judge(None, CONFIG, BATCHES, checks={"no-oob-write": PROPERTIES["no-oob-write"].check})
+
+
+def test_a_raise_while_a_runner_is_set_up_is_out_of_step_never_a_finding():
+    from vmfuzz.harness.model.errors import OutOfStep
+    from vmfuzz.harness.properties.kit import PropertyFailure, fail
+
+    def wiring_mismatch():
+        raise TypeError("create() got an unexpected keyword argument 'num_dp_ranks'")
+    with pytest.raises(OutOfStep) as caught:
+        graph_shared.built(("target verify", 1), wiring_mismatch)
+    assert "target verify runner's set-up" in str(caught.value) and "num_dp_ranks" in str(caught.value)
+    with graph_shared.one_build_per_case(), pytest.raises(OutOfStep):
+        graph_shared.built(("draft extend", 1), wiring_mismatch)
+    with pytest.raises(PropertyFailure):  # a property's own failure while it allocates stays one
+        graph_shared.built(("target verify", 2), lambda: fail("padding-inert", "x", effect="wrong"))
+
+
+def test_code_of_a_release_before_the_drivers_is_not_driven_on_the_graph_path():
+    from vmfuzz.harness.targets.sglang import graph_support
+    assert graph_support.not_driven("0.5.23") is None and graph_support.not_driven("0.5.23.post1+g1") is None
+    assert graph_support.not_driven("0.6.0") is None
+    for older in ("0.5.22", "0.5.22.post12", "not a version", ""):
+        assert "0.5.23 and later" in graph_support.not_driven(older), older
+    assert set(GRAPH) < graph_support.PROPERTIES and "kv-location-soundness" in graph_support.PROPERTIES

@@ -91,3 +91,18 @@ def test_a_base_that_cannot_replay_excuses_nothing(tmp_path):
     assert "version ranges decide what is known" in said.note([entry])
     both = BaseVerdict("f" * 40, {str(entry[0]): True})
     assert both.excused([entry]) == [entry] and "reproduce there: some-entry" in both.note([entry])
+
+
+def test_an_entry_whose_repro_the_base_fails_another_way_is_left_to_its_range(tmp_path):
+    """The base has a second defect that fails the entry's case first (0.5.22's router finding before
+    the dots wrapper's): the base cannot say whether it has the entry's defect, so the range decides."""
+    from types import SimpleNamespace
+
+    from vmfuzz.harness.engine.regression.known_on_base import BaseVerdict
+    masked = (tmp_path / "masked.json", SimpleNamespace(name="masked-entry"))
+    held = (tmp_path / "held.json", SimpleNamespace(name="held-entry"))
+    said = BaseVerdict("f" * 40, {str(masked[0]): None, str(held[0]): False})
+    assert said.excused([masked, held], in_range=[masked, held]) == [masked]  # held on the base: new
+    assert said.excused([masked, held], in_range=[]) == []  # out of its range: new
+    note = said.note([masked, held])
+    assert "do not: held-entry" in note and "another way, so their version ranges decide: masked-entry" in note

@@ -119,17 +119,20 @@ def test_a_changed_line_on_the_mask_path_that_no_property_ran_is_named():
     ran = {11: {"no-oob-write"}, 7: {""}}  # line 11 ran in a check; the def line only at import
     m = measure("p.py", SOURCE, "/x/p.py", frozenset({3, 8, 10, 11, 14, 18}), {"Mask.fits": "no-oob-write"}, ran)
     assert m.judged == {11: ["no-oob-write"]}
-    assert m.at_import == [3]  # a module constant: runs at import
     # the HIP branch of a mask-path function: no CPU takes it, so it needs a device, apart from a gap
-    assert m.never_ran == [] and m.needs_device == [10]
+    assert m.needs_device == [10]
     assert m.why_device[10] == "HIP branch: needs a ROCm device"
-    assert m.outside == [14, 18]  # functions no surface row names, run by nothing
+    # a module constant no check observed, and functions no surface row names that nothing ran: each is
+    # could not check (the table gives the reason, the measurement decides)
+    assert m.never_ran == [3, 14, 18]
+    assert "no property's check ran it" in m.why_never[3] and m.why_never[18].startswith("helper: ")
     assert not m.exercised
     m.path = "python/sglang/p.py"
     g = gate_coverage("sglang", None, [m.path], [m.path], [], lines={m.path: m})
     assert g["exercised"] == [] and g["not_driven"] == [m.path]
-    assert g["could_not_check"] == g["needs_gpu"] == [
+    assert g["needs_gpu"] == [
         f"python/sglang/p.py line 10 needs a GPU (HIP branch: needs a ROCm device); check them with {GPU_CHECK}"]
+    assert g["could_not_check"][1].startswith("python/sglang/p.py lines 3, 14, 18 never ran (")
 
 
 def test_a_cpu_engine_branch_is_not_driven_here_never_needs_a_gpu():
@@ -426,7 +429,7 @@ def test_a_process_that_cannot_record_says_so_and_its_check_still_runs(tmp_path,
     assert ran and line_trace.failures(tmp_path / "rec")[0].startswith(("ImportError", "ModuleNotFoundError"))
 
 
-def test_a_decode_branch_of_a_mask_path_function_is_named_outside_not_could_not_check():
+def test_a_decode_branch_of_a_mask_path_function_is_could_not_check_and_the_table_says_why():
     src = ("def init_forward_metadata(forward_mode, bs):\n"
            "    if forward_mode.is_decode_or_idle():\n"
            "        cu = bs + 1\n"
@@ -437,5 +440,8 @@ def test_a_decode_branch_of_a_mask_path_function_is_named_outside_not_could_not_
            "    return cu\n")
     m = measure("python/sglang/b.py", src, "/x/b.py", frozenset({3, 5, 7}),
                 {"init_forward_metadata": "reader-agreement"}, {})
-    assert m.outside == [3, 7] and m.never_ran == [5]  # only the verify branch is the gate's to vouch for
-    assert m.why_outside[3] == "off the mask's path: runs only when forward_mode.is_decode_or_idle()"
+    # before: the decode lines were "outside" and the gate exited 0 on them; no property ran them
+    assert m.never_ran == [3, 5, 7]
+    assert m.why_never[3] == ("not driven: init_forward_metadata: off the mask's path: runs only when "
+                              "forward_mode.is_decode_or_idle()")
+    assert m.why_never[5] == "init_forward_metadata: reader-agreement"

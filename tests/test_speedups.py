@@ -139,9 +139,11 @@ def test_the_builtins_listed_once_are_tritons_own_scan_and_kernels_answer_the_sa
     assert interpreter_speed.install()
     fast = interpreter._patch_builtin
     assert fast._vmfuzz_listed and fast is not fast.original
-    for pkg in interpreter_speed._language_modules(interpreter):  # nothing patched between launches
+    for pkg in interpreter_speed._language_modules(interpreter):
+        # what Triton's own scan patches now (a jit helper's patch is never put back, so an earlier
+        # launch may have left members patched) is what the list patches now
         own = tuple(n for n, m in inspect.getmembers(pkg) if tl.core.is_builtin(m))
-        assert fast.listed[id(pkg)] == own, pkg
+        assert tuple(n for n in fast.listed[id(pkg)] if tl.core.is_builtin(getattr(pkg, n, None))) == own, pkg
 
     kernel = _kernels()
 

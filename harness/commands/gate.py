@@ -23,10 +23,17 @@ def run(request: RunRequest) -> int:
     # a docs-only change is a skip that costs seconds.
     from vmfuzz.harness.engine.campaign.surface import runs_sglang
     sglang = runs_sglang(request.target)
-    if request.repo is not None and sglang:
-        sglang_checkout_at(request.repo, "gate")
     repo = request.repo or Path(".")
-    changed, checkout = _changes(request.changed_files, request.base, repo)
+    try:
+        changed, checkout = _changes(request.changed_files, request.base, repo)
+        refused = None
+    except UsageError as exc:
+        changed, checkout, refused = None, None, exc
+    vendored = vendored_checkout(checkout, changed) if sglang else None
+    if request.repo is not None and sglang and vendored is None:
+        sglang_checkout_at(request.repo, "gate")
+    if refused is not None:
+        raise refused
     hits = None
     if changed is not None:
         from vmfuzz.harness.engine.campaign.changes import touches_verify_mask
@@ -38,7 +45,7 @@ def run(request: RunRequest) -> int:
               + (" ..." if len(hits) > 5 else ""))
     from vmfuzz.harness.engine.campaign.changes import sglang_checkout
     from vmfuzz.harness.engine.core.failures import ImportRaised
-    sglang_root = sglang_checkout(repo) if sglang else None
+    sglang_root = (sglang_checkout(repo) or vendored) if sglang else None
     # started before this process imports the PR's SGLang: the base's import runs beside it
     on_base, known_found = _known_on_base(request, checkout) if sglang_root is not None else (None, [])
     try:
@@ -60,7 +67,7 @@ def run(request: RunRequest) -> int:
     if on_base is not None:
         said = on_base.result()
         if not said.failed:  # else the ranges the plan chose stand: the base is not the PR's to change
-            plan_.known = tuple(said.excused(known_found))
+            plan_.known = tuple(said.excused(known_found, in_range=plan_.known))
         plan_.warnings = (*plan_.warnings, said.note(known_found))
     if sglang:
         _say_code_under_test(sglang_root)
@@ -69,6 +76,22 @@ def run(request: RunRequest) -> int:
         from vmfuzz.harness.engine.campaign.watch import GateWatch
         watch = GateWatch(request.target, changed, hits, checkout, sglang_root, traced=sglang)
     return execute_and_report(plan_, target, watch, verbose=request.verbose)
+
+
+def vendored_checkout(checkout, changed: list[str] | None) -> Path | None:
+    """The SGLang checkout a changed path lies in when it sits inside the repository rather than at
+    its root (``third_party/sglang/python/sglang/...``); None when no changed path is in one."""
+    root = getattr(checkout, "root", None)
+    for path in changed or ():
+        head, sep, _ = path.rpartition("python/sglang/")
+        if not sep or (head and not head.endswith("/")):
+            continue
+        try:
+            if (Path(root) / head / "python" / "sglang" / "__init__.py").is_file():
+                return (Path(root) / head).resolve() if head else Path(root).resolve()
+        except (OSError, TypeError, ValueError):
+            continue
+    return None
 
 
 def _known_on_base(request: RunRequest, checkout):

@@ -248,10 +248,11 @@ class GraphSpace:
     def settle(self) -> None:
         """Every capture is done: what each graph's watched state holds now is the capture phase's
         end, so a later replay can tell a value the live program changed from one another capture left."""
+        memo: dict = {}  # nothing changes while the capture phase's end is recorded
         for g in self.graphs:
             for w in g.watched:
                 now = w.owner.cell_contents if w.name is None else w.owner.__dict__.get(w.name, GONE)
-                self.settled[(id(g), w.path)] = described(now)
+                self.settled[(id(g), w.path)] = described(now, memo=memo)
 
     # -- static buffers ----------------------------------------------------------------------
     def static(self, name: str, tensor: torch.Tensor, redzone_cells: int = 64) -> torch.Tensor:

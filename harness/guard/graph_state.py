@@ -30,20 +30,33 @@ _OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType
 DEPTH = 2
 
 
-def described(value, depth: int = DEPTH) -> Any:
+def described(value, depth: int = DEPTH, memo: dict | None = None) -> Any:
     """What a graph keeps of a host value: a number by value, a tensor by identity (address, shape,
     strides, dtype), a plain object by what it holds (``depth`` deep: a new object holding the same
-    tensors and numbers is the same to a graph), anything else by its id."""
+    tensors and numbers is the same to a graph), anything else by its id.
+
+    ``memo``: descriptions already made in one pass over state nothing changes during it (a
+    snapshot describes each object once per depth, not once per path that reaches it)."""
     if isinstance(value, _SCALARS):
         return value
+    if memo is not None:
+        key = (id(value), depth)
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = _described(value, depth, memo)
+        return got
+    return _described(value, depth, None)
+
+
+def _described(value, depth: int, memo: dict | None) -> Any:
     if isinstance(value, torch.Tensor):
         return ("tensor", value.data_ptr(), tuple(value.shape), tuple(value.stride()), value.dtype)
     if isinstance(value, (tuple, list)) and len(value) <= 64:
-        return (type(value).__name__, tuple(described(v, depth - 1) if depth > 0 else id(v) for v in value))
+        return (type(value).__name__, tuple(described(v, depth - 1, memo) if depth > 0 else id(v) for v in value))
     fields = _fields(value)
     if fields is not None and depth > 0:
         return ("object", type(value).__name__,
-                tuple((k, described(v, depth - 1)) for k, v in fields.items() if not k.startswith("__")))
+                tuple((k, described(v, depth - 1, memo)) for k, v in fields.items() if not k.startswith("__")))
     return ("object", id(value))
 
 
@@ -68,6 +81,7 @@ def snapshot(fn: Callable, watch: Iterable[tuple[str, Any]]) -> list[Watched]:
     """Every host value ``fn`` can reach through its closure (and the named ``watch`` objects), DEPTH deep."""
     out: list[Watched] = []
     seen: set[int] = set()
+    memo: dict = {}  # nothing changes while the snapshot is taken
 
     def visit(path: str, obj, depth: int):
         fields = _fields(obj)
@@ -77,7 +91,7 @@ def snapshot(fn: Callable, watch: Iterable[tuple[str, Any]]) -> list[Watched]:
         for name, value in list(fields.items()):
             if name.startswith("__"):
                 continue
-            out.append(Watched(f"{path}.{name}", obj, name, value, described(value)))
+            out.append(Watched(f"{path}.{name}", obj, name, value, described(value, memo=memo)))
             visit(f"{path}.{name}", value, depth + 1)
 
     code = getattr(fn, "__code__", None)
@@ -86,7 +100,7 @@ def snapshot(fn: Callable, watch: Iterable[tuple[str, Any]]) -> list[Watched]:
             value = cell.cell_contents
         except ValueError:  # an empty cell: nothing to keep
             continue
-        out.append(Watched(name, cell, None, value, described(value)))
+        out.append(Watched(name, cell, None, value, described(value, memo=memo)))
         visit(name, value, 1)
     for name, obj in watch:
         visit(name, obj, 1)

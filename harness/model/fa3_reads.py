@@ -56,6 +56,11 @@ class Fa3Verify:
     #: bound is judged then (the rows each buffer spans): a wrong span is the raise's cause, and a
     #: finding that names it says where, which the raise cannot
     raised: Exception | None = None
+    #: on a windowed server at topk > 1, the merged pass its windowed layers read: a row per (request,
+    #: draft node) over the request's prefix and then the tree nodes that node sees (None: not windowed)
+    window: Fa3Pass | None = None
+    #: on a ragged chain server, how many draft tokens each request verifies (None: all d)
+    verify_lens: tuple[int, ...] | None = None
 
 
 def table_width(config: Config) -> int:
@@ -77,3 +82,14 @@ def prefix_pages(pool_slot: int, seq_len: int, config: Config, page_size: int) -
     at page size 1 their KV slots."""
     return [table_slot(pool_slot, j * page_size, config, page_size) // page_size
             for j in range(-(-seq_len // page_size))]
+
+
+#: where the stand-in sliding-window pool's slots start: past every full-pool slot a verify reads, so an id
+#: left untranslated is never a sliding-window id
+SWA_BASE = 1 << 16
+
+
+def swa_slot(full_slot: int) -> int:
+    """The sliding-window pool's slot for the token in full-pool slot ``full_slot``, in the stand-in hybrid
+    pool of a windowed server: a spread-out map, so a translated page id or an untranslated slot shows."""
+    return SWA_BASE + 3 * full_slot

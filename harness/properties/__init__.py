@@ -198,10 +198,16 @@ def shared_group(names) -> Property:
     groups = {PROPERTIES[n].group for n in names}
     if len(groups) != 1:
         raise ValueError(f"not one shared group: {', '.join(names)}")
-    judge = graph_shared.judge if groups == {"graph"} else shared.judge
+    if groups == {"graph"}:
+        checks = {n: PROPERTIES[n].check for n in names}
+
+        def check(target, config, batches, device="cpu"):
+            return graph_shared.judge(target, config, batches, device, checks)
+    else:
+        def check(target, config, batches, device="cpu"):
+            return shared.judge(target, config, batches, device, names)
     layouts = {PROPERTIES[n].layouts for n in names}
-    return Property(shared.group_name(names),
-                    lambda target, config, batches, device="cpu": judge(target, config, batches, device, names),
+    return Property(shared.group_name(names), check,
                     "judged together on one run of each case", steps=True,
                     needs=tuple(dict.fromkeys(s for n in names for s in PROPERTIES[n].needs)),
                     layouts=layouts.pop() if len(layouts) == 1 else None,

@@ -52,13 +52,16 @@ def draft_shape(config: Config, page_size: int = 1) -> DraftShape | None:
     return DraftShape(k, n, d, config.max_context_len, page_size)
 
 
-def session(prop: str, target, config: Config, obs: Observation, page_size: int = 1):
+def session(prop: str, target, config: Config, obs: Observation, page_size: int = 1, largest_only: bool = False):
     make = getattr(target, "draft_graph_session", None)
     shape = draft_shape(config, page_size)
     if make is None or shape is None:
         obs.classes.add("draft-decode runner: " + ("not driven by this target" if make is None else
                                                     "none for this shape (one step, or no such server)"))
         return None
+    if largest_only:
+        return built(("draft decode, largest bucket", shape, config.max_bs),
+                     lambda: make(shape, config.max_bs, largest_only=True))
     return built(("draft decode", shape, config.max_bs), lambda: make(shape, config.max_bs))
 
 
@@ -212,7 +215,7 @@ def graph_buffer_soundness(target, config: Config, batches: list[Batch], device=
     """
     obs = Observation()
     for page_size in PAGE_SIZES:
-        s = session(BUFFERS, target, config, obs, page_size)
+        s = session(BUFFERS, target, config, obs, page_size, largest_only=True)  # it replays only a full bucket
         if s is None:
             return obs
         where = f"draft graphs of topk {s.shape.topk}, {s.shape.steps} steps, page size {page_size}"

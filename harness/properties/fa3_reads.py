@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 
 from vmfuzz.harness.model.config import Batch, Config
-from vmfuzz.harness.model.fa3_reads import Fa3Pass, prefix_pages, table_slot
+from vmfuzz.harness.model.fa3_reads import Fa3Pass, prefix_pages, swa_slot, table_slot
 from vmfuzz.harness.model.oracle import expected, tree_facts
 from vmfuzz.harness.model.readers import capture_seq_len, pool_slots
 from vmfuzz.harness.model.trees import trees_of
@@ -52,6 +52,9 @@ WRITER = "FlashAttentionBackend.init_forward_metadata"
 REPLAY_WRITER = "FlashAttentionBackend._apply_cuda_graph_metadata"
 #: who binds the slices of those buffers the captured graph reads
 CAPTURE_WRITER = "FlashAttentionBackend.init_forward_metadata_out_graph"
+#: the window, in tokens, of the windowed server judged at pages of one token: the metadata lists every
+#: token a row may see and the kernel cuts the window, so any window makes the same metadata
+WINDOW = 4
 #: the paged server's page size: small, so the strategies' contexts (up to 64) span several pages
 #: and a part-read last page is common
 PAGE_SIZE = 4
@@ -89,12 +92,15 @@ def _pages_right(have: list[int], want: list[int], length: int, page_size: int) 
 
 
 def _pass_mismatch(got: Fa3Pass, lengths: list[int | None], slots: list[list[int]], rows_of: list[str],
-                   queries: int, where: str, cells: list[str], page_size: int = 1) -> Difference | None:
-    """The first entry of one pass that is not its meaning: row r reads ``queries`` query rows and
+                   queries: int | list[int], where: str, cells: list[str], page_size: int = 1,
+                   ordered: bool = False) -> Difference | None:
+    """The first entry of one pass that is not its meaning: row r reads ``queries`` query rows (or
+    ``queries[r]``, where each row verifies its own number) and
     ``lengths[r]`` KV tokens, held first in its page table by exactly the pages ``slots[r]`` of
-    ``page_size`` tokens (at 1: KV slots). A row of length None is a replay's padding, whose tree no
-    one drafted: it may read any of its own request's ``slots[r]``, each once, but never another
-    request's nor past them."""
+    ``page_size`` tokens (at 1: KV slots), in that order where ``ordered`` (a window counts back from a
+    row's end, so there each entry's place is its token's position). A row of length None is a replay's
+    padding, whose tree no one drafted: it may read any of its own request's ``slots[r]``, each once,
+    but never another request's nor past them."""
     n = len(lengths)
     seqlens = _ints(got.cache_seqlens)
     for r in range(min(n, len(seqlens))):
@@ -114,7 +120,8 @@ def _pass_mismatch(got: Fa3Pass, lengths: list[int | None], slots: list[list[int
         have = seqlens[r] if r < len(seqlens) else "no entry"
         return Difference(f"{where}: cache_seqlens of {rows_of[r]} is {have}, but it sees {lengths[r]} KV tokens",
                           buffer="cache_seqlens", cell=cells[r])
-    for name, want in (("cu_seqlens_q", _running_sum([queries] * n)), ("cu_seqlens_k", _running_sum(lengths))):
+    per_row = queries if isinstance(queries, list) else [queries] * n
+    for name, want in (("cu_seqlens_q", _running_sum(per_row)), ("cu_seqlens_k", _running_sum(lengths))):
         have = _ints(getattr(got, name))
         if have[:n + 1] == want and len(have) != n + 1:
             return Difference(f"{where}: {name} has {len(have)} entries for {n} rows ({name} {have})",
@@ -125,8 +132,8 @@ def _pass_mismatch(got: Fa3Pass, lengths: list[int | None], slots: list[list[int
             return Difference(f"{where}: {name}[{r}] is {have[r] if r < len(have) else 'missing'}, but the rows "
                               f"before {rows_of[r] if r < n else 'the end'} hold {want[r]} {what} "
                               f"({name} {have}, want {want})", buffer=name, cell=cells[min(r, n - 1)])
-    if got.max_seq_len_q is None or int(got.max_seq_len_q) < queries:
-        return Difference(f"{where}: max_seq_len_q is {got.max_seq_len_q!r}, below the {queries} query rows "
+    if got.max_seq_len_q is None or int(got.max_seq_len_q) < max(per_row, default=0):
+        return Difference(f"{where}: max_seq_len_q is {got.max_seq_len_q!r}, below the {max(per_row)} query rows "
                           "each row has", buffer="max_seq_len_q", cell=cells[0])
     table = got.page_table
     if table is None or table.dim() != 2 or table.shape[0] < n:
@@ -136,9 +143,11 @@ def _pass_mismatch(got: Fa3Pass, lengths: list[int | None], slots: list[list[int
         entries = -(-lengths[r] // page_size)
         have = _ints(table[r], entries)
         ok = (len(set(have)) == len(have) == lengths[r] and set(have) <= set(slots[r]) if r in free
+              else have == slots[r] if ordered
               else len(have) == entries and _pages_right(have, slots[r], lengths[r], page_size))
         if not ok:
-            what = (f"KV slots {have}, but it reads {sorted(slots[r])}" if page_size == 1 else
+            what = (f"KV slots {have}, but it reads {slots[r]} in position order" if ordered and r not in free
+                    else f"KV slots {have}, but it reads {sorted(slots[r])}" if page_size == 1 else
                     f"pages {have}, but its {lengths[r]} tokens lie in pages {slots[r]} ({page_size} a page)")
             return Difference(f"{where}: the first {entries} page-table entries of {rows_of[r]} are {what}",
                               buffer="page_table", cell=cells[r])
@@ -160,11 +169,15 @@ def fa3_mismatch(view, config: Config, batch: Batch, page_size: int = 1) -> Diff
              f"pool slots {pools})")
     requests = [f"request {b}" if b < batch.bs else f"padding request {b}" for b in range(rows)]
     if config.topk <= 1:
-        # one causal pass: request b's d query rows over its prefix and its own d draft tokens
+        # one causal pass: request b's v_b query rows (d, unless it verifies fewer) over its prefix and
+        # its own first v_b draft tokens
+        verify = list(view.verify_lens) if view.verify_lens else [d] * rows
+        ragged = f", ragged (verify lens {verify})" if view.verify_lens else ""
         return _pass_mismatch(
-            view.prefix, [s + d for s in seq_lens],
-            [prefix_pages(pools[b], s + d, config, page_size) for b, s in enumerate(seq_lens)],
-            requests, d, where + ", causal pass", ["chain row"] * batch.bs + ["padding row"] * pad, page_size)
+            view.prefix, [s + v for s, v in zip(seq_lens, verify)],
+            [prefix_pages(pools[b], s + verify[b], config, page_size) for b, s in enumerate(seq_lens)],
+            requests, verify if view.verify_lens else d, where + ragged + ", causal pass",
+            ["chain row"] * batch.bs + ["padding row"] * pad, page_size)
     prefix = _pass_mismatch(
         view.prefix, seq_lens, [prefix_pages(pools[b], s, config, page_size) for b, s in enumerate(seq_lens)],
         requests, d, where + ", prefix pass", ["prefix row"] * batch.bs + ["padding row"] * pad, page_size)
@@ -181,14 +194,41 @@ def fa3_mismatch(view, config: Config, batch: Batch, page_size: int = 1) -> Diff
         1, where + ", expand pass", ["tree node row" if b < batch.bs else "padding row" for b, _ in nodes])
 
 
+def window_mismatch(view, config: Config, batch: Batch) -> Difference | None:
+    """The first entry of a windowed server's merged pass (``view.window``) that is not its meaning: row
+    b * d + x (request b's node x) reads s_b + (nodes x sees) KV tokens, its prefix's in token order and
+    then the nodes it sees from the root down, so each entry sits at its token's position (s_b + depth
+    for a node), the place a sliding window is cut by; each is the token's slot in the window pool
+    (``fa3_reads.swa_slot``), which the windowed layers read. A replay's padding rows may read only their
+    own request's prefix and draft tokens, each once."""
+    d, rows = config.d, view.graph_bs or batch.bs
+    seq_lens = list(batch.seq_lens) + [capture_seq_len(config)] * (rows - batch.bs)
+    pools = pool_slots(rows)
+    seen, depths = visible_nodes(config, batch), [tree_facts(t, config.topk, d)[1] for t in trees_of(config, batch)]
+    path = f"cuda-graph replay, padded to {rows}" if view.graph_bs else "eager"
+    where = (f"{label(config)} on a windowed server, {path} (seq_lens {list(batch.seq_lens)}, d {d}, "
+             f"topk {config.topk}, pool slots {pools}), merged windowed pass")
+    nodes = [(b, x) for b in range(rows) for x in range(d)]
+    slots = []
+    for b, x in nodes:
+        tree = sorted(seen[b][x], key=lambda j: depths[b][j]) if b < batch.bs else range(d)
+        tokens = [*range(seq_lens[b]), *(seq_lens[b] + j for j in tree)]
+        slots.append([swa_slot(table_slot(pools[b], t, config)) for t in tokens])
+    return _pass_mismatch(
+        view.window, [seq_lens[b] + len(seen[b][x]) if b < batch.bs else None for b, x in nodes], slots,
+        [f"request {b}'s node {x} (windowed row {b * d + x})" if b < batch.bs else f"padding request {b}'s row {x}"
+         for b, x in nodes], 1, where, ["tree node row" if b < batch.bs else "padding row" for b, _ in nodes],
+        ordered=True)
+
+
 def captured_span_mismatch(view, config: Config) -> Difference | None:
     """The first buffer the capture bound over the wrong number of rows: the prefix pass a row per
     request of the graph, the expand pass one per (request, draft node), each running sum one entry
     more, a page-table row for each (more rows are never read). The values are the replay's to fill."""
     rows = view.graph_bs
     where = f"{label(config)}, cuda graph captured at bs {rows} (d {config.d}, topk {config.topk})"
-    passes = [("prefix pass", view.prefix, rows)] + ([("expand pass", view.expand, rows * config.d)]
-                                                     if view.expand is not None else [])
+    passes = [("prefix pass", view.prefix, rows)] + [(what, got, rows * config.d) for what, got in (
+        ("expand pass", view.expand), ("merged windowed pass", view.window)) if got is not None]
     for name, got, n in passes:
         spans = {"cache_seqlens": (n, got.cache_seqlens), "cu_seqlens_q": (n + 1, got.cu_seqlens_q),
                  "cu_seqlens_k": (n + 1, got.cu_seqlens_k)}
@@ -240,14 +280,30 @@ def check_fa3(target, obs: Observation, config: Config, batch: Batch, step, writ
         _judge_at(target, obs, config, batch, step, page_size)
 
 
+def _window(config: Config, page_size: int) -> int | None:
+    """The window of the server judged at ``page_size``: at pages of one token a tree's server is a
+    windowed one (it runs every line the unwindowed one does, and the merged windowed pass too; SGLang
+    windows a tree's verify only at pages of one token); otherwise none."""
+    return WINDOW if config.topk > 1 and page_size == 1 else None
+
+
+def ragged_verify_lens(config: Config, batch: Batch) -> list[int]:
+    """How many of its d draft tokens each request verifies on the ragged chain server (judged at the paged
+    page size; a chain's server at pages of one token verifies all d): between 1 (the anchor) and d, varied
+    with the request's length and place, so the drawn batches give every mix."""
+    return [1 + (s + b) % config.d for b, s in enumerate(batch.seq_lens)]
+
+
 def _judge_at(target, obs: Observation, config: Config, batch: Batch, step, page_size: int) -> None:
     """Eager, then (up to max_bs) in a cuda-graph replay, on a server of ``page_size`` tokens a page."""
     paged = f", page size {page_size}" if page_size > 1 else ""
-    name = _class(config)
-    diff = fa3_mismatch(target.read_fa3_verify(config, batch, step, page_size), config, batch, page_size)
+    name, window = _class(config), _window(config, page_size)
+    verify = ragged_verify_lens(config, batch) if config.topk <= 1 and page_size > 1 else None
+    eager = target.read_fa3_verify(config, batch, step, page_size, window=window, verify_lens=verify)
+    diff = fa3_mismatch(eager, config, batch, page_size) or (window_mismatch(eager, config, batch) if eager.window else None)
     if diff:
         fail("reader-agreement", diff, writer=WRITER, stage="eager")
-    obs.classes.add(name + paged)
+    obs.classes.add(name + paged + (", windowed" if eager.window else "") + (", ragged" if eager.verify_lens else ""))
     replay = getattr(target, "read_fa3_replay", None)
     if replay is None or batch.bs > config.max_bs:
         return  # past the captured max_bs the server runs eagerly: no graph to replay
@@ -255,14 +311,15 @@ def _judge_at(target, obs: Observation, config: Config, batch: Batch, step, page
     if why:
         obs.classes.add(f"{name}, cuda-graph replay: {why}")
         return
-    view = replay(config, batch, step, page_size)
+    view = replay(config, batch, step, page_size, window=window)
     if view.raised is not None:
         diff = captured_span_mismatch(view, config)
         if diff:
             fail("reader-agreement", diff, writer=CAPTURE_WRITER, stage="capture")
         raise view.raised  # the capture bound every span right: the replay's raise is the finding
-    diff = fa3_mismatch(view, config, batch, page_size)
+    diff = fa3_mismatch(view, config, batch, page_size) or (window_mismatch(view, config, batch) if view.window else None)
     if diff:
         fail("reader-agreement", diff, writer=REPLAY_WRITER, stage="replay")
     obs.classes.add(f"{name}, cuda-graph replay"
-                    + (" padded to a captured bs" if (view.graph_bs or 0) > batch.bs else "") + paged)
+                    + (" padded to a captured bs" if (view.graph_bs or 0) > batch.bs else "") + paged
+                    + (", windowed" if view.window else ""))

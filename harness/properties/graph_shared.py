@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from vmfuzz.harness.properties.kit import Observation
+from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.properties.kit import Observation, PropertyFailure
 
 EQUIVALENCE, PADDING, AGREEMENT = "graph-replay-equivalence", "padding-inert", "capture-replay-agreement"
 #: the order the members are judged in on one build (the poisoning member last)
@@ -45,24 +46,42 @@ def built(key, make):
     """The runner session for ``key`` (a hashable: what kind, and the server's numbers): made by
     ``make()`` once per case inside ``one_build_per_case``, afresh outside it."""
     if _built is None:
-        return make()
+        return _set_up(key, make)
     if key not in _built:
-        _built[key] = make()
+        _built[key] = _set_up(key, make)
     return _built[key]
 
 
-def judge(target, config, batches, device="cpu", names=ORDER) -> Observation:
-    """Every member in ``names`` on one build of the case's runners; raises the first failure."""
-    from vmfuzz.harness.properties import PROPERTIES
-    unknown = set(names) - set(ORDER)
-    if unknown:
-        raise ValueError(f"not judged on a shared graph build: {', '.join(sorted(unknown))}")
+def _set_up(key, make):
+    """``make()``; a raise from it is vmfuzz out of step, never a finding: the runner is set up by
+    the harness's wiring over stand-ins of the model and the device, so what raises there cannot
+    be told apart from SGLang's own failure (a failure of a property, or the stand-in saying it
+    cannot be faithful, stays what it is)."""
+    try:
+        return make()
+    except (PropertyFailure, OutOfStep):
+        raise
+    except Exception as exc:  # noqa: BLE001 - any raise of the set-up is the harness's, said
+        where = exc.__traceback__
+        while where.tb_next is not None:
+            where = where.tb_next
+        raise OutOfStep(f"the {key[0]} runner's set-up", where.tb_frame.f_code.co_filename,
+                        f"building and capturing it as vmfuzz drives it raised {type(exc).__name__}: "
+                        f"{str(exc)[:200]}") from exc
+
+
+def judge(target, config, batches, device="cpu", checks=None) -> Observation:
+    """Every member in ``checks`` (name -> its own check) on one build of the case's runners, in
+    ``ORDER``; raises the first failure."""
+    unknown = set(checks or ()) - set(ORDER)
+    if unknown or not checks:
+        raise ValueError(f"not judged on a shared graph build: {', '.join(sorted(unknown)) or 'nothing'}")
     obs = Observation()
     with one_build_per_case():
         for name in ORDER:
-            if name not in names:
+            if name not in checks:
                 continue
-            part = PROPERTIES[name].check(target, config, batches, device)
+            part = checks[name](target, config, batches, device)
             obs.classes |= part.classes
             obs.by_property[name] = set(part.classes)
             obs.margin = max(obs.margin, part.margin)

@@ -90,7 +90,7 @@ def spans(lines: list[int]) -> str:
 
 def changed_line_rows(gate: dict) -> list[tuple[str, str, str]]:
     """(file, verdict, detail) per measured changed file: which lines each property ran, which
-    none did, which lie outside what the gate judges. summary.md, junit.xml and report.html
+    none did, which need a GPU, which are pure definitions. summary.md, junit.xml and report.html
     all read these rows."""
     rows = []
     for f in gate.get("lines") or []:
@@ -117,10 +117,10 @@ def changed_line_rows(gate: dict) -> list[tuple[str, str, str]]:
                            ("reached", "reached, its outputs compared")):
             if any(r.startswith(rule) for r in rules.values()):
                 parts.append(f"{word} {spans(sorted(n for n, r in rules.items() if r.startswith(rule)))}")
-        if f.get("outside"):
-            parts.append(f"outside what the gate judges {spans(f['outside'])}")
-        if f.get("at_import"):
-            parts.append(f"at import {spans(f['at_import'])}")
+        if f.get("needs_device"):
+            parts.append(f"NEEDS A GPU {spans(f['needs_device'])}")
+        if f.get("definitions"):
+            parts.append(f"pure definitions {spans(f['definitions'])}")
         for qual, fn in (f.get("functions") or {}).items():
             state = f"entered, {fn['ran']}/{fn['statements']} statements ran" if fn["entered"] else "NEVER ENTERED"
             parts.append(f"{qual}: {state}")

@@ -8,8 +8,9 @@ the gate's measurement of what ran (``diff_coverage``).
 
 from __future__ import annotations
 
+import functools
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import os
 
@@ -119,13 +120,67 @@ def changed_lines(checkout: Checkout, path: str) -> frozenset[int] | None:
     if real is None:
         return None
     tracked = _git(checkout.root, "ls-files", "-z", "--", path)
-    if not tracked.strip("\0"):
+    if not tracked.strip("\0") or not _at_base(checkout, path):
         try:
             with open(real, "rb") as f:
-                count = f.read(READ_CAP).count(b"\n") + 1
+                text = f.read(READ_CAP).decode("utf-8", "replace")
         except OSError:
             return None
-        return frozenset(range(1, count + 1))
+        moved = moved_lines(checkout, path, text)
+        return moved if moved is not None else frozenset(range(1, text.count("\n") + 2))
     diff = _git(checkout.root, "diff", "-U0", "--no-color", "--no-renames", "--no-ext-diff",
                 checkout.base, "--", path)
     return hunk_lines(diff)
+
+
+def _at_base(checkout: Checkout, path: str) -> bool:
+    try:
+        _git(checkout.root, "cat-file", "-e", f"{checkout.base}:{path}")
+    except ChangeError:
+        return False
+    return True
+
+
+#: How alike a new file must be to a file the change modified or deleted to be read as its move.
+MOVE_LIKENESS = 0.5
+#: Candidates compared, at most: a move is among the few files a change edits.
+MOVE_CANDIDATES = 64
+
+
+def moved_lines(checkout: Checkout, path: str, text: str) -> frozenset[int] | None:
+    """A new file's changed lines when it is a move: followed by content, the lines that differ from
+    the most alike file the change modified or deleted (the old path may stay behind as a re-export);
+    None when no such file is alike enough (a new file: every line is changed)."""
+    import difflib
+    new = text.splitlines()
+    best, best_ratio = None, MOVE_LIKENESS
+    for cand, old in _left_behind(str(checkout.root), checkout.base, PurePosixPath(path).suffix):
+        if cand == path:
+            continue
+        matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
+        if matcher.real_quick_ratio() > best_ratio and matcher.quick_ratio() > best_ratio \
+                and (ratio := matcher.ratio()) > best_ratio:
+            best, best_ratio = matcher, ratio
+    if best is None:
+        return None
+    lines: set[int] = set()
+    for tag, _, _, j1, j2 in best.get_opcodes():
+        if tag in ("replace", "insert"):
+            lines.update(range(j1 + 1, j2 + 1))
+        elif tag == "delete":  # the lines either side of the gap run in the deleted code's place
+            lines.update(n for n in (j1, j1 + 1) if 0 < n <= len(new))
+    return frozenset(lines)
+
+
+@functools.lru_cache(maxsize=8)
+def _left_behind(root: str, base: str, suffix: str) -> tuple[tuple[str, list[str]], ...]:
+    """The files ending in ``suffix`` the change modified or deleted, with their text at ``base``:
+    what a new file may have moved from. Read once per gate, however many files are new."""
+    listed = _git(root, "diff", "--name-only", "-z", "--no-renames", "--diff-filter=DM", base, "--")
+    out = []
+    for cand in [c for c in listed.split("\0") if c and c.endswith(suffix)][:MOVE_CANDIDATES]:
+        try:
+            out.append((cand, _git(root, "cat-file", "blob", f"{base}:{cand}").splitlines()))
+        except ChangeError:
+            continue
+    return tuple(out)

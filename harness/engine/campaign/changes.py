@@ -33,6 +33,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from vmfuzz.harness.engine.campaign.covered_files import COVERED_BY_PROPERTIES
 from vmfuzz.harness.report.terminal import shown
 
 VERIFY_MASK_PATTERNS = (
@@ -96,7 +97,6 @@ NAMED_FOR_THE_WORKFLOW = (
     "srt/model_executor/runner/base_runner.py",  # driven: the graph runner's base
     "srt/model_executor/runner/decode_cuda_graph_runner.py",
     "srt/model_executor/runner_backend/full_cuda_graph_backend.py",  # driven: the graph capture and replay
-    "srt/model_executor/runner_backend/utils.py",  # driven: the draft runner's graph backend choice
     "srt/model_executor/runner_backend/utils.py",  # driven: the draft-side runners pick their graph backend
     "srt/model_executor/runner_utils/buffers.py",  # driven: the graph runner's static buffers
     "srt/model_executor/runner_utils/capture_mode.py",  # driven: the draft runner's capture mode
@@ -111,21 +111,25 @@ NAMED_FOR_THE_WORKFLOW = (
     "srt/speculative/multi_layer_eagle_draft_extend_cuda_graph_runner.py",  # driven: multi-layer draft extend
     "srt/speculative/multi_layer_eagle_utils.py",  # imported by its driver: the prepare forms it binds
     "srt/speculative/pp_spec_relay.py",  # driven (the pipeline-parallel relay), names no mask code
+    "srt/speculative/ragged_verify.py",  # driven: FA3's ragged chain verify layout
     "srt/speculative/spec_utils.py",  # driven: the accepted tokens' KV moves
 )
 
 
 def workflow_path_filters() -> list[str]:
     """``VERIFY_MASK_PATTERNS`` spelled as a GitHub Actions ``paths:`` filter, then the files of
-    ``NAMED_FOR_THE_WORKFLOW`` as they sit in SGLang's repository (``python/sglang/...``).
+    ``NAMED_FOR_THE_WORKFLOW`` and ``COVERED_BY_PROPERTIES`` as they sit in SGLang's repository
+    (``python/sglang/...``).
 
     The example workflow filters pull requests on these before it installs
     anything, and tests/test_ci_workflow.py checks its list equals this one.
     fnmatch's ``*`` crosses ``/`` (and a path is matched with a leading ``/``);
     in a GitHub filter only ``**`` does, so every ``*`` becomes ``**``.
     """
+    named = [*NAMED_FOR_THE_WORKFLOW, *(rel for rel in COVERED_BY_PROPERTIES if rel not in NAMED_FOR_THE_WORKFLOW
+                                        and not _matches_pattern(f"python/sglang/{rel}"))]
     return ([pat.replace("*", "**") for pat in VERIFY_MASK_PATTERNS]
-            + [f"python/sglang/{rel}" for rel in NAMED_FOR_THE_WORKFLOW])
+            + [f"python/sglang/{rel}" for rel in dict.fromkeys(named)])
 
 
 #: Names only verify-mask code uses: the struct, its layout enum, its sizing and
@@ -257,7 +261,11 @@ def sglang_relative(path: str) -> str | None:
     parts = PurePosixPath(path.replace("\\", "/")).parts
     if "sglang" not in parts:
         return None
-    rest = parts[parts.index("sglang") + 1:]
+    # a checkout vendored inside another (third_party/sglang/python/sglang/...): the package is the
+    # last python/sglang, else the first sglang folder
+    at = max((i for i in range(1, len(parts)) if parts[i - 1:i + 1] == ("python", "sglang")),
+             default=parts.index("sglang"))
+    rest = parts[at + 1:]
     if not rest or any(p in ("..", "/") for p in rest):
         return None
     return "/".join(rest)
@@ -314,6 +322,10 @@ def triggers(paths: list[str], checkout: Checkout | None = None, package=_AUTO) 
     for path in paths:
         if _matches_pattern(path):
             out.append(Trigger(path, "pattern"))
+            continue
+        if sglang_relative(path) in COVERED_BY_PROPERTIES:
+            # measured: the gate's own properties ran this file's code on the release
+            out.append(Trigger(path, "ran under a property (covered_files)"))
             continue
         if sglang_relative(path) in NAMED_FOR_THE_WORKFLOW:
             # A file a property drives may name no mask code at all (the pp relay): the gate

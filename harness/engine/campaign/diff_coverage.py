@@ -1,18 +1,20 @@
 """Did the changed lines run, and under a property that judged them? The gate's "exercised".
 
-A file counts as exercised only from a measurement (``line_trace``): each
-changed statement of a function on the mask's path (one ``vmfuzz surface``
-lists) must have executed inside a property's check. What else a change holds
-is sorted, never dropped:
+A measurement decides, never a table: each changed statement of a triggered
+file is one of
 
-- ``judged``: ran inside a property's check (which properties, per statement);
-- ``at import``: module-level code and ``def``/``class`` headers, which run when
-  the module loads; a changed header still needs its function entered;
-- ``outside``: in a function no surface row names (decode or prefill only, a
-  helper nothing on the path calls) that no check ran: named as outside what
-  the gate judges, not a failure;
-- ``never ran``: on the mask's path and run by no check: the gate cannot vouch
-  for it (exit 3), and says what would drive it where that is known.
+- ``judged``: coverage.py saw it run inside a property's check (which
+  properties, per statement);
+- a pure ``definition``: an ``import``, an ``@overload`` stub, an ``if
+  TYPE_CHECKING:`` block, a bare annotation, ``pass``/``...``, ``__all__``; a
+  changed ``def`` header counts only once its function ran under a property
+  (a default value is code);
+- ``needs_device``: run by no property, under a branch no CPU takes
+  (``vmfuzz.harness.model.device_only``): could not check, needs a GPU;
+- ``never_ran``: run by no property: could not check (exit 3), whatever encloses
+  it. Module-level and class-body lines are observed like any other: one that
+  ran only at import ran outside every check, so nothing judged it. The surface
+  table and ``OFF_MASK_PATH`` only say why and what would drive it.
 
 Without a diff (``--changed-files`` alone) the changed lines are unknown, so each
 mask-path function of the file must be entered, and its line coverage is
@@ -69,6 +71,7 @@ class Statement:
     function: str  # qualified name of the innermost enclosing function ("" at module level)
     header: bool  # a def/class header (with decorators): runs at import
     conditions: tuple[str, ...]  # the tests of the if-statements around it, outermost first
+    definition: str = ""  # why it is a pure definition that runs nothing to judge ("" when it is code)
 
 
 @dataclass
@@ -97,6 +100,28 @@ class Source:
         return [q for q in self.functions if q.split(".")[-1] == last]
 
 
+def _is_overload(node) -> bool:
+    return any(ast.unparse(d).split(".")[-1] == "overload" for d in getattr(node, "decorator_list", ()))
+
+
+def _is_type_checking(node) -> bool:
+    return isinstance(node, ast.If) and ast.unparse(node.test).split(".")[-1] == "TYPE_CHECKING"
+
+
+def definition_kind(node: ast.stmt) -> str:
+    """Why a simple statement runs nothing a property could judge, or "" when it is code."""
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return "import"
+    if isinstance(node, ast.AnnAssign) and node.value is None:
+        return "annotation"
+    if isinstance(node, ast.Pass) or (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+                                      and node.value.value is Ellipsis):
+        return "empty body"
+    if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"]:
+        return "export list"
+    return ""
+
+
 def parse(text: str) -> Source:
     tree = ast.parse(text)
     statements: list[Statement] = []
@@ -106,7 +131,7 @@ def parse(text: str) -> Source:
         decorators = getattr(node, "decorator_list", None) or []
         return min([node.lineno] + [d.lineno for d in decorators])
 
-    def walk(body, scope: str, function: str, conditions: tuple[str, ...]):
+    def walk(body, scope: str, function: str, conditions: tuple[str, ...], typing: str):
         for i, node in enumerate(body):
             if not isinstance(node, ast.stmt):
                 continue
@@ -117,37 +142,41 @@ def parse(text: str) -> Source:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 qual = f"{scope}.{node.name}" if scope else node.name
                 start = first_line(node)
+                kind = typing or ("overload stub" if _is_overload(node) else "")
                 statements.append(Statement(start, node.body[0].lineno - 1 if node.body[0].lineno > node.lineno
-                                            else node.lineno, function, True, conditions))
-                if not isinstance(node, ast.ClassDef):
-                    functions[qual] = (start, node.end_lineno)
-                    walk(node.body, qual, qual, ())
+                                            else node.lineno, function, True, conditions, kind))
+                functions[qual] = (start, node.end_lineno)
+                if isinstance(node, ast.ClassDef):
+                    walk(node.body, qual, function, conditions, kind)
                 else:
-                    functions[qual] = (start, node.end_lineno)
-                    walk(node.body, qual, function, conditions)
+                    walk(node.body, qual, qual, (), kind)
                 continue
             blocks = [(name, getattr(node, name)) for name in ("body", "orelse", "finalbody")
                       if isinstance(getattr(node, name, None), list) and getattr(node, name)]
             handlers = getattr(node, "handlers", None) or []
             cases = getattr(node, "cases", None) or []
             if not blocks and not handlers and not cases:
-                statements.append(Statement(node.lineno, node.end_lineno, function, False, conditions))
+                statements.append(Statement(node.lineno, node.end_lineno, function, False, conditions,
+                                            typing or definition_kind(node)))
                 continue
             inner = [b for _, b in blocks] + [h.body for h in handlers] + [c.body for c in cases]
             first_child = min(b[0].lineno for b in inner)
-            statements.append(Statement(node.lineno, max(node.lineno, first_child - 1), function, False, conditions))
+            block_kind = typing or ("TYPE_CHECKING block" if _is_type_checking(node) else "")
+            statements.append(Statement(node.lineno, max(node.lineno, first_child - 1), function, False, conditions,
+                                        block_kind))
             test = ast.unparse(node.test) if isinstance(node, (ast.If, ast.While)) else None
             for name, block in blocks:
                 cond = conditions
                 if test is not None:
                     cond = conditions + ((test,) if name == "body" else (f"not ({test})",))
-                walk(block, scope, function, cond)
+                # only the TYPE_CHECKING branch is typing: its else runs
+                walk(block, scope, function, cond, block_kind if name == "body" else typing)
             for h in handlers:
-                walk(h.body, scope, function, conditions)
+                walk(h.body, scope, function, conditions, typing)
             for c in cases:
-                walk(c.body, scope, function, conditions)
+                walk(c.body, scope, function, conditions, typing)
 
-    walk(tree.body, "", "", ())
+    walk(tree.body, "", "", (), "")
     return Source(statements, functions)
 
 
@@ -169,20 +198,19 @@ class FileLines:
     traced: str | None = None  # the absolute file that was traced (None: not a traceable SGLang file)
     changed: list[int] | None = None  # changed executable statements' first lines (None: no diff known)
     judged: dict[int, list[str]] = field(default_factory=dict)  # first line -> properties that ran it
-    at_import: list[int] = field(default_factory=list)
-    outside: list[int] = field(default_factory=list)
-    never_ran: list[int] = field(default_factory=list)  # required, run by no property
-    #: required, under a branch no CPU takes (``device_only``): could not check, and needs a GPU
+    definitions: list[int] = field(default_factory=list)  # pure definitions: nothing to judge
+    never_ran: list[int] = field(default_factory=list)  # run by no property: could not check
+    #: run by no property, under a branch no CPU takes (``device_only``): could not check, and needs a GPU
     needs_device: list[int] = field(default_factory=list)
     why_device: dict[int, str] = field(default_factory=dict)
     functions: dict[str, dict] = field(default_factory=dict)  # mask-path function -> entered, coverage
-    why_never: dict[int, str] = field(default_factory=dict)  # what would drive a line, where known
-    why_outside: dict[int, str] = field(default_factory=dict)  # a mask-path function's off-path branch
+    why_never: dict[int, str] = field(default_factory=dict)  # why, and what would drive a line, where known
     why_untraced: str = ""
     #: ran under a property, but no example made its changed expression differ from the base's (``provoked``)
     unprovoked: list[int] = field(default_factory=list)
     why_unprovoked: dict[int, str] = field(default_factory=dict)
     rules: dict[int, str] = field(default_factory=dict)  # judged line -> the rule that judged it
+    ran_under_property: bool = False  # some line of the file (changed or not) ran inside a check
 
     @property
     def exercised(self) -> bool:
@@ -196,12 +224,12 @@ class FileLines:
         return {"path": self.path, "traced": self.traced, "exercised": self.exercised,
                 "changed_lines": self.changed,
                 "judged": {str(k): v for k, v in sorted(self.judged.items())},
-                "at_import": self.at_import, "outside": self.outside, "never_ran": self.never_ran,
+                "definitions": self.definitions, "never_ran": self.never_ran,
                 "needs_device": self.needs_device,
                 "why_needs_device": {str(k): v for k, v in sorted(self.why_device.items())},
                 "why_never_ran": {str(k): v for k, v in sorted(self.why_never.items())},
-                "why_outside": {str(k): v for k, v in sorted(self.why_outside.items())},
-                "functions": self.functions, "unprovoked": self.unprovoked,
+                "functions": self.functions, "ran_under_property": self.ran_under_property,
+                "unprovoked": self.unprovoked,
                 "why_unprovoked": {str(k): v for k, v in sorted(self.why_unprovoked.items())},
                 "rules": {str(k): v for k, v in sorted(self.rules.items())},
                 **({"why_untraced": self.why_untraced} if self.why_untraced else {})}
@@ -223,41 +251,32 @@ def measure(path: str, text: str, traced: str, changed: frozenset[int] | None,
     """One file's verdict.
 
     ``mask_functions``: the surface's functions of this file (as it declares them) ->
-    what drives them (its properties, or why nothing does). ``ran``: line -> contexts.
+    what drives them (its properties, or why nothing does): reasons, never the decision.
+    ``ran``: line -> contexts.
     """
     src = parse(text)
     out = FileLines(path, traced)
+    out.ran_under_property = any(ctx != NO_PROPERTY for ctxs in ran.values() for ctx in ctxs)
     on_path: dict[str, str] = {}  # qualified name -> what drives it
     for declared, driver in mask_functions.items():
         for qual in src.resolve(declared):
             on_path[qual] = driver
 
-    def judged_by(first: int, last: int) -> list[str]:
+    def contexts(first: int, last: int) -> set[str]:
         ctxs: set[str] = set()
         for n in range(first, last + 1):
             ctxs |= ran.get(n, set())
-        return _properties(ctxs)
-
-    def inside(qual: str) -> str | None:
-        """The mask-path function ``qual`` is, or lies in."""
-        while qual:
-            if qual in on_path:
-                return qual
-            qual = qual.rpartition(".")[0]
-        return None
+        return ctxs
 
     # each mask-path function: entered under a property, and how much of it ran
     for qual, driver in on_path.items():
         lo, hi = src.functions[qual]
         body = [s for s in src.statements if lo <= s.first <= hi and not s.header and s.function]
-        hit = [s for s in body if judged_by(s.first, s.last)]
+        hit = [s for s in body if _properties(contexts(s.first, s.last))]
         out.functions[qual] = {"entered": bool(hit), "statements": len(body), "ran": len(hit),
                                "driven_by": driver}
-
     if changed is None:
-        out.functions = {q: f for q, f in out.functions.items()}
         return out
-    # with a diff, only the functions a change touches must be entered
     touched: set[str] = set()
     firsts: set[int] = set()
     for line in sorted(changed):
@@ -265,37 +284,58 @@ def measure(path: str, text: str, traced: str, changed: frozenset[int] | None,
         if s is None or s.first in firsts:
             continue
         firsts.add(s.first)
-        props = judged_by(s.first, s.last)
-        if s.header:
-            qual = next((q for q, (lo, _) in src.functions.items() if lo == s.first), "")
-            home = inside(qual) if qual else None
-            if home:
-                touched.add(home)
-            out.at_import.append(s.first)
+        if s.definition:
+            out.definitions.append(s.first)
             continue
-        home = inside(s.function) if s.function else None
+        if s.header:  # its decorators, defaults and bases are code: judged once its body ran in a check
+            qual = next((q for q, (lo, _) in src.functions.items() if lo == s.first), "")
+            lo, hi = src.functions.get(qual, (s.first, s.last))
+            props = _properties(contexts(s.last + 1, hi))
+        else:
+            qual = s.function
+            props = _properties(contexts(s.first, s.last))
+        home = _enclosing(qual, on_path)
+        if home:
+            touched.add(home)
         if props:
             out.judged[s.first] = props
-            if home:
-                touched.add(home)
-        elif not s.function:
-            out.at_import.append(s.first)
-        elif home is None:
-            out.outside.append(s.first)
-        elif (off := off_mask_path(s.conditions)) is not None:
-            out.outside.append(s.first)
-            out.why_outside[s.first] = off
-        elif (device := device_branch(s.conditions)) is not None:
-            out.needs_device.append(s.first)
-            out.why_device[s.first] = device
         else:
-            touched.add(home)
-            out.never_ran.append(s.first)
-            why = cpu_cannot_take(s.conditions)
-            out.why_never[s.first] = f"not driven: {why}" if why else f"{home}: {on_path[home]}"
+            _unjudged(out, s, qual, home and f"{home}: {on_path[home]}", NO_PROPERTY in contexts(s.first, s.last))
     out.changed = sorted(firsts)
     out.functions = {q: f for q, f in out.functions.items() if q in touched}
     return out
+
+
+def _enclosing(qual: str, on_path: dict[str, str]) -> str | None:
+    """The mask-path function ``qual`` is, or lies in."""
+    while qual:
+        if qual in on_path:
+            return qual
+        qual = qual.rpartition(".")[0]
+    return None
+
+
+def _unjudged(out: FileLines, s: Statement, qual: str, driver: str | None, at_import: bool) -> None:
+    """A changed statement no property ran: needs a GPU (``device_only``), else not driven here,
+    with the most telling reason the tables and the measurement give."""
+    if (device := device_branch(s.conditions)) is not None:
+        out.needs_device.append(s.first)
+        out.why_device[s.first] = device
+        return
+    out.never_ran.append(s.first)
+    where = f"{qual}: " if qual else ""
+    if (why := cpu_cannot_take(s.conditions)) is not None:
+        out.why_never[s.first] = f"not driven: {why}"
+    elif (off := off_mask_path(s.conditions)) is not None:
+        out.why_never[s.first] = f"not driven: {where}{off}"
+    elif at_import or not s.function:
+        out.why_never[s.first] = (f"{where or 'module level: '}ran only at import, outside every property's "
+                                  "check" if at_import else f"{where or 'module level: '}no property's check ran it"
+                                  " (a module-level or class-body line is observed, not assumed run)")
+    elif driver:
+        out.why_never[s.first] = driver
+    else:
+        out.why_never[s.first] = f"{where}no property's check ran it (nothing the gate drives calls it)"
 
 
 def untraced(path: str, why: str) -> FileLines:

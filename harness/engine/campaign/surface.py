@@ -324,6 +324,7 @@ def gate_coverage(spec: str, target, changed: list[str], triggered: list[str], r
             why[path] = "not an SGLang file"
         elif measured is None:
             why[path] = "not measured"
+            stuck.append(f"{path}: not measured (no record of its lines)")
         else:
             why[path], blocking = _why_not_exercised(measured)
             stuck += blocking
@@ -334,6 +335,9 @@ def gate_coverage(spec: str, target, changed: list[str], triggered: list[str], r
             "needs_gpu": [line for line in stuck if NEEDS_GPU in line], "gpu_check": GPU_CHECK}
 
 
+#: why a triggered file has no lines to measure: the change deleted it (its callers are measured)
+DELETED = "deleted by the change"
+
 #: the words every could-not-check line of a line or file no CPU runs carries (``device_only``)
 NEEDS_GPU = "needs a GPU"
 
@@ -343,9 +347,8 @@ def _why_not_exercised(measured) -> tuple[str, list[str]]:
     from vmfuzz.harness.engine.campaign.diff_coverage import spans
     from vmfuzz.harness.report.terminal import shown
     name = shown(measured.path)
-    if measured.traced is None:
-        return measured.why_untraced, [f"{name}: {measured.why_untraced}"] if measured.why_untraced.startswith(
-            "not driven") else []
+    if measured.traced is None:  # only a file the change deleted has no lines left to judge
+        return measured.why_untraced, [] if measured.why_untraced == DELETED else [f"{name}: {measured.why_untraced}"]
     stuck = []
     if measured.needs_device:
         whys = sorted(set(measured.why_device.values()))
@@ -362,9 +365,10 @@ def _why_not_exercised(measured) -> tuple[str, list[str]]:
     for qual, f in measured.functions.items():
         if not f["entered"]:
             stuck.append(f"{name}: {qual} never ran ({f['driven_by']})")
+    if measured.changed is None and not measured.ran_under_property and not measured.functions:
+        stuck.append(f"{name}: no line of it ran under a property")
     if stuck:
         return "; ".join(stuck), stuck
-    if measured.outside and not measured.judged:
-        return (f"its changed lines ({spans(measured.outside)}) are outside what the gate judges "
-                "(no mask-path function holds them and no property ran them)"), []
-    return "no changed line on the mask's path ran under a property", []
+    if not measured.changed:
+        return "no changed statement (comments or blank lines, or a move followed by content)", []
+    return "its changed lines are pure definitions (imports, typing), nothing to judge", []

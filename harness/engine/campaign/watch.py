@@ -31,7 +31,7 @@ class GateWatch:
 
     def start(self) -> None:
         if self.traced:
-            self.tracing = _start_tracing(self.hits, self.checkout)
+            self.tracing = _start_tracing(self.hits, self.checkout, measured_only(self.changed, self.hits))
 
     def coverage(self, target, outcome) -> dict:
         return _coverage(self.spec, target, self.changed, self.hits, self.sglang_root, self.tracing, outcome)
@@ -42,12 +42,23 @@ class GateWatch:
             self.tracing = None
 
 
+def measured_only(changed: list[str], hits: list[str]) -> list[str]:
+    """The changed SGLang Python files no table triggers on (a new module the mask's code imports,
+    a helper it calls): traced all the same, and judged when a property ran any of their lines."""
+    from vmfuzz.harness.engine.campaign.changes import sglang_relative
+    return [p for p in changed if p not in hits and p.endswith(".py") and sglang_relative(p) is not None]
+
+
 def _coverage(spec: str, target, changed, hits, sglang_root, tracing, outcome) -> dict:
     """The gate's coverage, computed from what ran, for the reports."""
     from vmfuzz.harness.engine.campaign.surface import gate_coverage
     where = {"checkout": str(sglang_root) if sglang_root else None}
     try:
         lines = _measured_lines(target, tracing) if tracing is not None else None
+        if lines is not None:
+            # a changed file no table named, whose code a property ran: measured onto the mask's path
+            hits = hits + [p for p in tracing.extra if p in lines and lines[p].ran_under_property]
+            lines = {p: m for p, m in lines.items() if p in hits}
         cov = gate_coverage(spec, target, changed, hits, outcome.results, lines=lines)
     except (ValueError, ImportError, OSError) as exc:
         # The reports are still written; the gate claims no coverage it cannot show.
@@ -63,16 +74,20 @@ def _coverage(spec: str, target, changed, hits, sglang_root, tracing, outcome) -
 class Tracing:
     """What the gate traces: each triggered path's file in the loaded SGLang and its changed lines."""
 
-    def __init__(self, folder, files: dict, changed_lines: dict, untraced: dict, probes: dict | None = None):
+    def __init__(self, folder, files: dict, changed_lines: dict, untraced: dict, extra: list[str] = (),
+                 checkout=None, probes: dict | None = None):
         self.folder = folder
+        self.checkout = checkout
+        self.extra = [p for p in extra if p in files]  # traced though no table triggers on them
         self.probes = probes or {}  # listed path -> its changed expressions (``provoked``)
         self.files = files  # listed path -> absolute file traced
         self.changed_lines = changed_lines  # listed path -> frozenset of lines, or None (no diff)
         self.untraced = untraced  # listed path -> why it cannot be traced
 
 
-def _start_tracing(hits: list[str], checkout) -> Tracing:
-    """Switches line recording on for the triggered SGLang Python files, here and in every worker."""
+def _start_tracing(hits: list[str], checkout, extra: list[str] = ()) -> Tracing:
+    """Switches line recording on for the triggered SGLang Python files and ``extra``, here and in
+    every worker."""
     import tempfile
     from vmfuzz.harness.engine.campaign import provoked
     from vmfuzz.harness.engine.core import line_trace, provoke
@@ -80,8 +95,10 @@ def _start_tracing(hits: list[str], checkout) -> Tracing:
     from vmfuzz.harness.engine.campaign.changes import sglang_relative
     from vmfuzz.harness.engine.campaign.surface import known_reason, loaded_package
     package = loaded_package()
+    from vmfuzz.harness.engine.campaign.surface import DELETED
     files, lines, untraced = {}, {}, {}
-    for path in hits:
+    root = getattr(checkout, "root", None)
+    for path in [*hits, *extra]:
         rel = sglang_relative(path)
         if rel is None:
             continue
@@ -90,10 +107,14 @@ def _start_tracing(hits: list[str], checkout) -> Tracing:
             untraced[path] = f"not driven: {known_reason(rel)}"
             continue
         if not real.is_file():
-            untraced[path] = "not in the SGLang under test (deleted or moved)"
+            gone = root is not None and not (Path(root) / path).exists()
+            untraced[path] = DELETED if gone else f"not driven: not found in the SGLang under test at {package}"
             continue
         files[path] = real.resolve()
-        lines[path] = changed_lines(checkout, path) if checkout is not None else None
+        # an extra file's lines are read only if a property ran it (``_measured_lines``): a release's
+        # diff lists thousands
+        if path not in extra:
+            lines[path] = changed_lines(checkout, path) if checkout is not None else None
     try:
         import coverage  # noqa: F401 - the measurement's tool: without it no line can be shown to run
     except ImportError:
@@ -107,7 +128,7 @@ def _start_tracing(hits: list[str], checkout) -> Tracing:
     provoke.start(folder, [p.as_plan(str(files[path]), provoked.module_name(path))
                            for path, ps in probes.items() for p in ps if not p.unsafe])
     provoke.install()  # here, once: the checkers forked from this process inherit the new code
-    return Tracing(folder, files, lines, untraced, probes)
+    return Tracing(folder, files, lines, untraced, list(extra), checkout, probes)
 
 
 def _end_tracing(tracing: Tracing) -> None:
@@ -122,8 +143,10 @@ def _measured_lines(target, tracing: Tracing) -> dict:
     """Listed path -> ``diff_coverage.FileLines``: what ran of each triggered file, and under what."""
     from vmfuzz.harness.engine.core import line_trace, provoke
     from vmfuzz.harness.engine.campaign.changes import sglang_relative
+    from vmfuzz.harness.engine.campaign.change_paths import changed_lines
     from vmfuzz.harness.engine.campaign.diff_coverage import measure, read_text, untraced
     from vmfuzz.harness.engine.campaign.provoked_verdict import judge
+    from vmfuzz.harness.engine.core.line_trace import NO_PROPERTY
     from vmfuzz.harness.engine.campaign.surface import loaded_package, sglang_rows
     line_trace.flush()
     broken = line_trace.failures(tracing.folder)
@@ -136,6 +159,10 @@ def _measured_lines(target, tracing: Tracing) -> dict:
     for path, why in tracing.untraced.items():
         out[path] = untraced(path, why)
     for path, real in tracing.files.items():
+        if path in tracing.extra:
+            if not any(ctx != NO_PROPERTY for ctxs in ran.get(str(real), {}).values() for ctx in ctxs):
+                continue  # no property ran it: not on the mask's path, and never measured
+            tracing.changed_lines[path] = changed_lines(tracing.checkout, path) if tracing.checkout else None
         rel = sglang_relative(path)
         mask_functions = {}
         for r in rows:

@@ -117,7 +117,7 @@ def _active() -> _Recorder | None:
         _recorder = None
     if _recorder is None:
         try:
-            _recorder = _Recorder(folder, files.split(os.pathsep))
+            _recorder = _Recorder(folder, _listed(files))
         except Exception as exc:  # noqa: BLE001 - the harness's own tool, never the code under test's
             # Nothing is recorded from here on, so every changed line reads as never run: the gate
             # says it could not check. The check itself goes on; its verdict is SGLang's.
@@ -164,11 +164,28 @@ def flush() -> None:
             rec.save()
 
 
+#: Characters of a file list the environment carries itself; a longer one (a release's diff) goes in a
+#: file named ``@PATH``: one variable past the kernel's 128 KiB would make every child's exec fail.
+ENV_LIST_CAP = 16 << 10
+
+
 def start(folder: Path, files: list[Path]) -> None:
     """Switches recording on for this process's future checks and for every child it starts."""
     folder.mkdir(parents=True, exist_ok=True)
     os.environ[DIR_ENV] = str(folder)
-    os.environ[FILES_ENV] = os.pathsep.join(str(f) for f in files)
+    joined = os.pathsep.join(str(f) for f in files)
+    if len(joined) > ENV_LIST_CAP:
+        listed = folder / "files.list"
+        listed.write_text("\n".join(str(f) for f in files))
+        joined = f"@{listed}"
+    os.environ[FILES_ENV] = joined
+
+
+def _listed(value: str) -> list[str]:
+    """The files ``FILES_ENV`` names: os.pathsep-joined, or ``@PATH`` of a file holding one per line."""
+    if value.startswith("@"):
+        return [line for line in Path(value[1:]).read_text().splitlines() if line]
+    return value.split(os.pathsep)
 
 
 def stop() -> None:

@@ -40,25 +40,36 @@ class BaseVerdict:
     """What the base said of the entries a gate could excuse."""
 
     base: str
-    #: entry path -> True (fails on the base as the entry says), False (does not)
-    reproduces: dict[str, bool] = field(default_factory=dict)
+    #: entry path -> True (fails on the base as the entry says), False (holds there), or None: the
+    #: base fails the entry's repro another way (another defect it has fails the case first), so it
+    #: cannot say whether it has this one; that entry's version range decides
+    reproduces: dict[str, bool | None] = field(default_factory=dict)
     #: why the base could say nothing (its SGLang does not load, the replay process failed): then the
     #: entries' version ranges decide, as without a base (the base is not the PR's to change)
     failed: str | None = None
 
-    def excused(self, found: list[tuple[Path, object]]) -> list[tuple[Path, object]]:
-        return [(p, k) for p, k in found if self.reproduces.get(str(p))]
+    def said(self, path: Path) -> bool | None:
+        return self.reproduces.get(str(path), False)
+
+    def excused(self, found: list[tuple[Path, object]], in_range=()) -> list[tuple[Path, object]]:
+        """The entries a gate excuses: those the base fails the same way, and those whose repro the
+        base fails another way when their version range (``in_range``: the plan's) holds them."""
+        ranged = {str(p) for p, _ in in_range}
+        return [(p, k) for p, k in found if self.said(p) or (self.said(p) is None and str(p) in ranged)]
 
     def note(self, found: list[tuple[Path, object]]) -> str:
         """One line for the summary: which rule decided what is known, and what it decided."""
         if self.failed:
             return (f"known findings: the base {self.base[:12]} could not replay them ({self.failed}); version "
                     "ranges decide what is known, as without a base")
-        kept = [k.name for p, k in found if self.reproduces.get(str(p))]
-        dropped = [k.name for p, k in found if not self.reproduces.get(str(p))]
+        kept = [k.name for p, k in found if self.said(p)]
+        dropped = [k.name for p, k in found if self.said(p) is False]
+        masked = [k.name for p, k in found if self.said(p) is None]
         return (f"known findings: judged on the base {self.base[:12]}, not on versions (a finding is new unless "
                 f"the base fails the same way): reproduce there: {', '.join(kept) or 'none'}; "
-                f"do not: {', '.join(dropped) or 'none'}")
+                f"do not: {', '.join(dropped) or 'none'}"
+                + (f"; the base fails their repro another way, so their version ranges decide: {', '.join(masked)}"
+                   if masked else ""))
 
 
 class Pending:
@@ -82,7 +93,8 @@ class Pending:
                 why = next((d["failed"] for d in said if "failed" in d), None) or \
                     (err.strip().splitlines() or [f"exit {self.proc.returncode}"])[-1]
                 return BaseVerdict(self.base, failed=why)
-            return BaseVerdict(self.base, {d["path"]: d["status"] == "failed" and d["matches"] for d in said})
+            return BaseVerdict(self.base, {d["path"]: (d["matches"] or None) if d["status"] == "failed" else False
+                                           for d in said})
         finally:
             shutil.rmtree(self.scratch, ignore_errors=True)
 

@@ -35,6 +35,7 @@ import torch
 from vmfuzz.harness.guard.chain_write import chain_inputs
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.targets.sglang import host_default
 from vmfuzz.harness.targets.sglang.binding import bound
 from vmfuzz.harness.targets.sglang.reach import lookup_patches
 from vmfuzz.harness.targets.sglang.seams import call_method, call_with, where
@@ -214,8 +215,9 @@ def pp_rebuild(sg, forward_batch, target_worker, chain, config: Config, batch: B
     spec = StandIn("server's speculative config", _READS_THE_MASK["pp"], speculative_num_steps=config.spec_steps,
                    speculative_num_draft_tokens=config.d, speculative_eagle_topk=config.topk)
     layout = sg.Mode(int(config.mode))
-    chosen = [(owner, name, lambda: layout)
-              for owner, name in default_layout_holders(sg, pp.mixin._pp_spec_rebuild_verify_input)]
+    rebuild = pp.mixin._pp_spec_rebuild_verify_input
+    answer = host_default.answering(default_layout_function(sg, rebuild), host_default.host_of(layout.name), layout)
+    chosen = [(owner, name, answer) for owner, name in default_layout_holders(sg, rebuild)]
     # The rebuild reads the draft shape from get_spec: load-bearing, so a rebuild that takes it from
     # elsewhere is out of step. Bound where it reaches get_spec (its import, or its home module);
     # none found is out of step too (``bound`` says so).
@@ -238,10 +240,7 @@ def default_layout_holders(sg, caller) -> list[tuple]:
     object follows it wherever it now lives, re-exports included, instead of
     one module's copy of its name, or the private platform flag it reads.
     """
-    fn = _imported_by(caller, DEFAULT_LAYOUT) or getattr(sg.eagle_utils, DEFAULT_LAYOUT, None)
-    if not callable(fn):
-        raise OutOfStep(DEFAULT_LAYOUT, where(caller), f"{caller.__qualname__} imports no {DEFAULT_LAYOUT} and "
-                        "eagle_utils has none: vmfuzz cannot choose the layout it falls back to")
+    fn = default_layout_function(sg, caller)
     # Scanning every SGLang module's names costs more than the step it binds (about 17 ms a
     # verify step): the holders found are kept until a module is imported or one stops holding fn.
     key = (id(fn), len(sys.modules))
@@ -255,6 +254,15 @@ def default_layout_holders(sg, caller) -> list[tuple]:
 
 
 _HOLDERS: dict[tuple[int, int], list[tuple]] = {}
+
+
+def default_layout_function(sg, caller):
+    """The device's default-layout function ``caller`` reaches (its import, else eagle_utils' own)."""
+    fn = _imported_by(caller, DEFAULT_LAYOUT) or getattr(sg.eagle_utils, DEFAULT_LAYOUT, None)
+    if not callable(fn):
+        raise OutOfStep(DEFAULT_LAYOUT, where(caller), f"{caller.__qualname__} imports no {DEFAULT_LAYOUT} and "
+                        "eagle_utils has none: vmfuzz cannot choose the layout it falls back to")
+    return fn
 
 
 def _imported_by(caller, name: str):

@@ -28,9 +28,13 @@ PADDED_ROWS = {"seq_lens": "1", "seq_lens_cpu": "1", "req_pool_indices": "1", "t
 class DraftSession:
     """The draft-decode runner of a server of ``shape`` capturing up to ``max_bs``."""
 
-    def __init__(self, shape: DraftShape, max_bs: int, heap: ShadowHeap | None = None):
+    def __init__(self, shape: DraftShape, max_bs: int, heap: ShadowHeap | None = None, largest_only: bool = False):
+        """``largest_only``: capture only the largest bucket; SGLang sizes every static buffer for the
+        largest captured bs, so the buffers are those of the whole list, for a check that replays
+        only a full bucket (one capture where a list of them costs a draft forward each)."""
         self.shape = shape
-        self.server = build(shape, captured_sizes(max_bs), heap)
+        sizes = captured_sizes(max_bs)
+        self.server = build(shape, sizes[-1:] if largest_only else sizes, heap)
         self.capture_bs = self.server.capture_bs
         self.max_bs = self.capture_bs[-1]
         self.vocab = VOCAB  # the draft model's: a token id past it is an out-of-bounds gather

@@ -34,7 +34,17 @@ to it: ``_apply_cuda_graph_metadata`` refills those buffers in place, the prefix
 page table through SGLang's Triton page-table kernel. The view is the metadata
 the capture bound, which is what the captured graph reads, padding rows too.
 
-Not driven: the sliding-window and local-attention variants.
+A windowed server (``window``: every layer a sliding window of that many tokens)
+adds, at topk > 1, the merged pass its windowed layers read: one row per
+(request, draft node) over its prefix and then the tree nodes it sees
+(``swa_spec_metadata``), filled eagerly and refilled in place on a replay. It
+needs pages of one token (SGLang asserts it).
+
+A ragged chain verify (``verify_lens``: request b verifies only its first v_b
+draft tokens) carries SGLang's own ``RaggedVerifyLayout`` on its spec info; the
+eager path derives the causal pass from it. Its replay is the topk-1 replay's.
+
+Not driven: local attention, and a separate sliding-window KV pool.
 """
 
 from __future__ import annotations
@@ -48,7 +58,7 @@ import torch
 from vmfuzz.harness.model.allocation import ServerNumbers
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.errors import OutOfStep
-from vmfuzz.harness.model.fa3_reads import Fa3Pass, Fa3Verify, table_slot, table_width
+from vmfuzz.harness.model.fa3_reads import Fa3Pass, Fa3Verify, swa_slot, table_slot, table_width
 from vmfuzz.harness.model.layouts import TreeMaskMode, logical_size
 from vmfuzz.harness.model.readers import capture_seq_len, captured_bs, pool_slots
 from vmfuzz.harness.targets.sglang.binding import bound
@@ -57,6 +67,8 @@ from vmfuzz.harness.targets.sglang.stand_in import StandIn
 
 FA3 = "srt/layers/attention/flashattention_backend.py"
 _MODULE = "sglang.srt.layers.attention.flashattention_backend"
+#: where SGLang keeps the ragged verify layout (a chain batch whose requests verify different counts)
+RAGGED = "sglang.srt.speculative.ragged_verify"
 
 #: What this module drives: (path under the sglang package, function, properties).
 SURFACE = (
@@ -108,19 +120,22 @@ def _table(config: Config, pool: int, dev, page_size: int) -> torch.Tensor:
     return rows.to(torch.int32).to(dev)
 
 
-def backend(config: Config, pool: int, dev, page_size: int = 1):
+def backend(config: Config, pool: int, dev, page_size: int = 1, window: int | None = None):
     """A ``FlashAttentionBackend`` made by its own ``__init__`` for a server with ``config``'s numbers,
-    a dense MHA model, KV pages of ``page_size`` tokens and a request pool ``pool`` deep."""
+    a dense MHA model (its layers windowed to ``window`` tokens, if given), KV pages of ``page_size``
+    tokens and a request pool ``pool`` deep."""
     from vmfuzz.harness.targets.sglang import backend_init
 
     mod = module()
     numbers = ServerNumbers(pool, config.max_context_len, config.d, config.topk, config.spec_steps)
     # The allocation sites' stand-in server (its arguments where ModelRunner carries them), with
     # the KV cache dtype FA3 picks its kernel by and a request table of distinct slots.
-    runner = backend_init.model_runner(numbers, dev, page_size)
+    runner = backend_init.model_runner(numbers, dev, page_size, sliding_window_size=window)
     runner.kv_cache_dtype_str = "bfloat16"
-    runner.req_to_token_pool = StandIn("req_to_token_pool", FA3, size=pool,
-                                       req_to_token=_table(config, pool, dev, page_size))
+    table = _table(config, pool, dev, page_size)
+    runner.req_to_token_pool = StandIn("req_to_token_pool", FA3, size=pool, req_to_token=table)
+    if window is not None:
+        runner.token_to_kv_pool = _hybrid_pool(mod, int(table.max()) + 1, dev)
     context = backend_init.lookups_bound(mod, mod.FlashAttentionBackend, numbers, page_size)
     try:
         with bound(*context):
@@ -134,20 +149,37 @@ def backend(config: Config, pool: int, dev, page_size: int = 1):
         raise
 
 
+def _hybrid_pool(mod, slots: int, dev):
+    """SGLang's own hybrid pool class (full and sliding-window KV apart), holding only its full-to-window slot
+    map (``fa3_reads.swa_slot``, the -1 sentinel last): what a windowed layer's reads are translated by."""
+    cls = getattr(mod, "SWAKVPool", None)
+    if cls is None:
+        raise OutOfStep("FlashAttentionBackend.__init__", FA3, "its module names no SWAKVPool, the hybrid pool "
+                                                              "vmfuzz's windowed server stands in for")
+    pool = cls.__new__(cls)
+    mapping = [swa_slot(n) for n in range(slots)] + [-1]
+    vars(pool).update(swa_layer_nums=1, full_layer_nums=1, start_layer=0, page_size=1,
+                      full_to_swa_index_mapping=torch.tensor(mapping, dtype=torch.int64, device=dev))
+    return pool
+
+
 def _pass(meta) -> Fa3Pass:
     return Fa3Pass(meta.cache_seqlens_int32, meta.cu_seqlens_q, meta.cu_seqlens_k, meta.page_table,
                    meta.max_seq_len_q)
 
 
-def _verify_batch(mod, bs: int, seq_lens: list[int], custom_mask, positions, dev):
-    """A TARGET_VERIFY forward batch of ``bs`` rows whose spec info carries ``custom_mask``."""
+def _verify_batch(mod, bs: int, seq_lens: list[int], custom_mask, positions, dev, ragged=None):
+    """A TARGET_VERIFY forward batch of ``bs`` rows whose spec info carries ``custom_mask`` (and a ragged
+    layout, which SGLang must read for a failure to be its own)."""
     lens = torch.tensor(seq_lens, dtype=torch.int64, device=dev)
+    extra = {} if ragged is None else {"ragged_verify_layout": ragged}
     return StandIn(
         "ForwardBatch", FA3,
         batch_size=bs, forward_mode=mod.ForwardMode.TARGET_VERIFY, seq_lens=lens, seq_lens_cpu=lens.cpu(),
         seq_lens_sum=int(lens.sum()), positions=positions,
         req_pool_indices=torch.tensor(pool_slots(bs), dtype=torch.int64, device=dev),
-        spec_info=StandIn("verify spec info", FA3, custom_mask=custom_mask, positions=positions),
+        spec_info=StandIn("verify spec info", FA3, load_bearing=tuple(extra), custom_mask=custom_mask,
+                          positions=positions, **extra),
         out_cache_loc=None, encoder_lens=None, kv_loc_plan=None)
 
 
@@ -176,43 +208,76 @@ def _expand_pass(be, config: Config, what: str) -> Fa3Pass | None:
     return _pass(_expand(be, what)) if config.topk > 1 else None
 
 
-def read_verify(config: Config, batch: Batch, step, page_size: int = 1) -> Fa3Verify:
+def _window_pass(be, config: Config, window: int | None, what: str) -> Fa3Pass | None:
+    """The merged pass a windowed layer reads at topk > 1 (None: no window, or a chain)."""
+    if window is None or config.topk <= 1:
+        return None
+    merged = getattr(be.forward_metadata, "swa_spec_metadata", None)
+    if merged is None:
+        raise OutOfStep(f"FlashAttentionBackend.{what}", FA3,
+                        f"a topk > 1 TARGET_VERIFY batch on a server windowed to {window} tokens left no "
+                        "swa_spec_metadata, where vmfuzz reads the windowed layers' KV")
+    return _pass(merged)
+
+
+def _ragged_layout(config: Config, verify_lens: list[int], dev):
+    """SGLang's own ragged verify layout (its constructor builds the query indptr) for a chain batch whose
+    request b verifies ``verify_lens[b]`` tokens, its graph bucket the full block; None where this release
+    has no ragged verify."""
+    from vmfuzz.harness.targets.sglang.imports import NotInRelease, sglang_module
+    try:
+        layouts = sglang_module(RAGGED)
+    except NotInRelease:
+        return None
+    return layouts.RaggedVerifyLayout.from_verify_lens(
+        verify_lens_cpu=verify_lens, device=dev, grid=[config.d * len(verify_lens)])
+
+
+def read_verify(config: Config, batch: Batch, step, page_size: int = 1, window: int | None = None,
+                verify_lens: list[int] | None = None) -> Fa3Verify:
     """``FlashAttentionBackend.init_forward_metadata`` for an eager TARGET_VERIFY batch (topk > 1: two passes)
-    over the step's mask, on a server of ``page_size`` tokens a page; requests sit in pool slots
-    ``readers.pool_slots``."""
+    over the step's mask, on a server of ``page_size`` tokens a page whose layers are windowed to
+    ``window`` tokens (None: full attention); requests sit in pool slots ``readers.pool_slots``. A chain
+    with ``verify_lens`` is a ragged verify: request b verifies only its first ``verify_lens[b]`` tokens."""
     mod = module()
     dev = step.tree_mask.device
-    be = backend(config, max(config.max_bs, batch.bs), dev, page_size)
+    be = backend(config, max(config.max_bs, batch.bs), dev, page_size, window)
+    layout = None if verify_lens is None or config.topk > 1 else _ragged_layout(config, verify_lens, dev)
     _run(be.init_forward_metadata,
-         _verify_batch(mod, batch.bs, list(batch.seq_lens), step.tree_mask, step.positions, dev),
+         _verify_batch(mod, batch.bs, list(batch.seq_lens), step.tree_mask, step.positions, dev, layout),
          "init_forward_metadata")
-    return Fa3Verify(_pass(be.forward_metadata), _expand_pass(be, config, "init_forward_metadata"))
+    return Fa3Verify(_pass(be.forward_metadata), _expand_pass(be, config, "init_forward_metadata"),
+                     window=_window_pass(be, config, window, "init_forward_metadata"),
+                     verify_lens=None if layout is None else tuple(verify_lens))
 
 
-def read_replay(config: Config, batch: Batch, step, page_size: int = 1) -> Fa3Verify:
+def read_replay(config: Config, batch: Batch, step, page_size: int = 1, window: int | None = None) -> Fa3Verify:
     """The batch (bs <= max_bs) through a cuda graph: buffers set up for ``config.max_bs``, the graph of
     ``readers.captured_bs`` rows captured, then replayed with the batch padded up to it by requests
     at the fill length, rows in pool slots ``readers.pool_slots`` of the padded batch. The view is
     the metadata the capture bound (what the graph reads), padding rows included; the server's KV
-    pages hold ``page_size`` tokens."""
+    pages hold ``page_size`` tokens, its layers are windowed to ``window`` tokens (None: full)."""
     mod = module()
     dev = step.tree_mask.device
-    be = backend(config, config.max_bs, dev, page_size)
+    be = backend(config, config.max_bs, dev, page_size, window)
     graph_bs, fill = captured_bs(batch.bs, config.max_bs), capture_seq_len(config)
     call_method(be, "init_cuda_graph_state", max_bs=config.max_bs, max_num_tokens=config.max_bs * config.d)
     # The graph runner's capture-time batch: every row at the fill length, an all-ones mask.
     placeholder = torch.ones(logical_size(TreeMaskMode.FULL_MASK, [fill] * graph_bs, config.d),
                              dtype=torch.bool, device=dev)
     blank = torch.zeros(graph_bs * config.d, dtype=torch.int64, device=dev)
-    _run(lambda fb: call_method(be, "init_forward_metadata_out_graph", forward_batch=fb, in_capture=True),
-         _verify_batch(mod, graph_bs, [fill] * graph_bs, placeholder, blank, dev), "init_forward_metadata_out_graph")
-    captured = (be.forward_metadata, _expand_pass(be, config, "init_forward_metadata_out_graph"))
+    capture = "init_forward_metadata_out_graph"
+    _run(lambda fb: call_method(be, capture, forward_batch=fb, in_capture=True),
+         _verify_batch(mod, graph_bs, [fill] * graph_bs, placeholder, blank, dev), capture)
+    bound_meta, expand = be.forward_metadata, _expand_pass(be, config, capture)
+    merged = _window_pass(be, config, window, capture)
     seq_lens = list(batch.seq_lens) + [fill] * (graph_bs - batch.bs)
+    raised = None
     try:
-        _run(lambda fb: call_method(be, "init_forward_metadata_out_graph", forward_batch=fb, in_capture=False),
+        _run(lambda fb: call_method(be, capture, forward_batch=fb, in_capture=False),
              _verify_batch(mod, graph_bs, seq_lens, step.tree_mask, step.positions, dev), "_apply_cuda_graph_metadata")
     except OutOfStep:
         raise
     except Exception as exc:  # judged by what the capture bound first (Fa3Verify.raised)
-        return Fa3Verify(_pass(captured[0]), captured[1], graph_bs=graph_bs, raised=exc)
-    return Fa3Verify(_pass(captured[0]), captured[1], graph_bs=graph_bs)
+        raised = exc
+    return Fa3Verify(_pass(bound_meta), expand, graph_bs=graph_bs, raised=raised, window=merged)

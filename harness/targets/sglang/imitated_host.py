@@ -1,9 +1,10 @@
 """SGLang's allocator asked for a mask on the server vmfuzz imitates.
 
 A read FULL_MASK config models a GPU server and a read QLEN_ONLY one a CPU
-server: the device's default-layout function is bound to answer the config's
-layout while the allocator runs, and whatever layout the allocator then picks
-is judged, never replaced.
+server: the device's default-layout function answers as SGLang's own function
+does on that host (``host_default``; the config's layout only where it cannot
+be run so) while the allocator runs, and whatever layout the allocator then
+picks is judged, never replaced.
 
 An allocator that never calls that function at run time may still follow the
 host: it read the answer once, at its module's import, on *this* machine. So
@@ -20,7 +21,7 @@ import sys
 from vmfuzz.harness.model.allocation import AllocatorChose
 from vmfuzz.harness.model.config import Config
 from vmfuzz.harness.model.errors import OutOfStep
-from vmfuzz.harness.targets.sglang import call_sites
+from vmfuzz.harness.targets.sglang import call_sites, host_default
 from vmfuzz.harness.targets.sglang.binding import bound
 from vmfuzz.harness.targets.sglang.seams import ALLOCATOR_SYNONYMS, call_by_quantity, call_with, where
 from vmfuzz.harness.targets.sglang.structs import fields_of
@@ -32,16 +33,19 @@ def allocate(sg, config: Config, numel_router):
     """SGLang's ``VerifyMask`` for ``config`` on its imitated host (on the meta device: sized, not filled)."""
     mode = sg.Mode(int(config.mode))
     asked = []  # whether the allocator consulted the imitated host at all
+    # SGLang's own default-layout function answers, run as on the imitated host (host_default)
+    own = host_default.answering(call_sites.default_layout_function(sg, sg.maybe_create),
+                                 host_default.host_of(mode.name), mode)
 
-    def host_default():
+    def asked_host():
         asked.append(True)
-        return mode
+        return own()
 
     holders = call_sites.default_layout_holders(sg, sg.maybe_create)
     vm = _ask(sg.maybe_create, sg.verify_mask, config, numel_router,
-              [(owner, name, host_default) for owner, name in holders])
+              [(owner, name, asked_host) for owner, name in holders])
     if vm is not None and vm.mode != mode and config.is_read and not asked:
-        again = _imported_on_host(sg.maybe_create, mode, holders)
+        again = _imported_on_host(sg.maybe_create, mode, holders, own)
         copy = _ask(getattr(again, sg.maybe_create.__name__), again, config, numel_router, [])
         # The copy is SGLang's own allocator on the imitated host; the mask it made goes on as
         # the struct the rest of SGLang knows (its class in the copy is another object).
@@ -66,7 +70,7 @@ def _ask(allocator, module, config: Config, numel_router, host):
 _COPIES: dict[tuple[str, int], object] = {}
 
 
-def _imported_on_host(allocator, mode, holders):
+def _imported_on_host(allocator, mode, holders, answer):
     module = sys.modules.get(getattr(allocator, "__module__", ""))
     file = getattr(module, "__file__", None)
     if not file:
@@ -80,7 +84,6 @@ def _imported_on_host(allocator, mode, holders):
     spec = importlib.util.spec_from_file_location(name, file)
     copy = importlib.util.module_from_spec(spec)
     sys.modules[name] = copy  # a dataclass or an annotation resolves its module by name
-    answer = lambda: mode  # noqa: E731
     try:
         with bound(*[(owner, attr, answer) for owner, attr in holders]):
             spec.loader.exec_module(copy)

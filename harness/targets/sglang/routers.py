@@ -393,8 +393,9 @@ NOT_DRIVEN: tuple[tuple[str, str, str], ...] = (
     (_ATTN + "base_attn_backend.py", "AttentionBackend.verify_mask",
      "interface: declares the verify_mask property (None), holds no mask"),
     ("srt/model_executor/runner/decode_cuda_graph_runner.py", "DecodeCudaGraphRunner",
-     "names verify-mask code only by calling resolve_dflash_verify_mask_policy (driven under routing) at "
-     "graph capture, to choose whether the captured DFlash verify input carries the runner's own "
-     "capture-time custom_mask (sized (max_bs*fill + max_tokens)*tokens per request in base_runner, "
-     "not a VerifyMask); the capture needs a model runner and CUDA graphs"),
+     "its TARGET_VERIFY capture and replay are driven by the graph properties (graph_runner.py: what ran "
+     "is judged by measurement); what never runs here is its __init__ (the runner is made with "
+     "object.__new__ and the fields a single-GPU EAGLE target's __init__ sets), the decode and draft "
+     "modes' branches, multi-GPU and DP paths, and the DFlash capture-time custom_mask (chosen through "
+     "resolve_dflash_verify_mask_policy, driven under routing)"),
 )

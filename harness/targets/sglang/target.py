@@ -24,7 +24,7 @@ from vmfuzz.harness.guard.tree_write import KernelCall
 from vmfuzz.harness.model.outputs import StepOutput
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.targets.sglang.binding import bound as _bound
-from vmfuzz.harness.targets.sglang import call_sites, flashinfer, imitated_host, readers, writers
+from vmfuzz.harness.targets.sglang import call_sites, flashinfer, graph_support, imitated_host, readers, writers
 from vmfuzz.harness.targets.sglang.imitated_host import VERIFY_MASK
 from vmfuzz.harness.targets.sglang.loader import Sglang
 from vmfuzz.harness.targets.sglang.reach import patches_everywhere
@@ -43,6 +43,7 @@ SURFACE = (
     # the direct chain writer sizes its buffer by arithmetic, not fits
     ("srt/layers/attention/verify_mask.py", "VerifyMask.fits", _ALL[:-1]),
 )
+
 
 
 class SglangTarget:
@@ -64,12 +65,16 @@ class SglangTarget:
     )}
     #: seconds one isolated example may take before it is a target-hang: a
     #: shared case at the widest nightly bounds (up to 36 requests, d 16, five
-    #: steps) took over 30 s in the interpreter on a loaded 2-core host
-    example_timeout = {"nightly": 600.0}
+    #: steps) took over 30 s in the interpreter on a loaded 2-core host; in a
+    #: gate, one graph case (every runner built and captured, then replayed by
+    #: three properties) took over 30 s on a 2-core host at load 6, where a
+    #: hang would be a false finding
+    example_timeout = {"nightly": 600.0, "pr": 120.0}
 
     def __init__(self, sg: Sglang, kernel_choice: str = "triton"):
         self.sglang = sg
         self.kernel_choice = kernel_choice
+        self._graph_why: str | None = None  # "" once read: the graph path is driven here
         self._draft_tokens: dict[int, int] = {}  # id(mask) -> d, for the pre-fix fits(bs, d)
         self._heap: ShadowHeap | None = None
         self._callsite_fill: bool | None = None
@@ -123,11 +128,18 @@ class SglangTarget:
 
     def not_driven_here(self, prop: str) -> str | None:
         """Why ``prop`` cannot be driven on this SGLang, found from its code; None: it can."""
+        if prop in graph_support.PROPERTIES:
+            return self._graph_path_not_driven()
         if prop == "chain-writer" and self.sglang.build_chain_tree is None:
             return "this SGLang has no build_chain_tree (kernels/ops/speculative/eagle.py): no chain writer to check"
         if prop == "packed-mask":
             return flashinfer.packing_not_driven()
         return None
+
+    def _graph_path_not_driven(self) -> str | None:
+        if self._graph_why is None:  # read once: the code under test's version does not change
+            self._graph_why = graph_support.not_driven(self.versions()["sglang"]) or ""
+        return self._graph_why or None
 
     def site_fits(self, site: str, mask, bs: int) -> bool:
         # What a call site's verify_mask.fits(bs) answers; a variant makes one site ask wrongly.
@@ -259,16 +271,18 @@ class SglangTarget:
     def pack_mask(self, config: Config, batch: Batch, step_mask, buffer):
         return flashinfer.pack_mask(config, batch, step_mask, buffer)
 
-    def read_fa3_verify(self, config: Config, batch: Batch, step: StepOutput, page_size: int = 1):
-        """FlashAttention's eager topk > 1 verify metadata over the step's mask, KV pages of ``page_size``
-        tokens (``fa3_reader``)."""
+    def read_fa3_verify(self, config: Config, batch: Batch, step: StepOutput, page_size: int = 1,
+                        window: int | None = None, verify_lens: list[int] | None = None):
+        """FlashAttention's eager verify metadata over the step's mask, KV pages of ``page_size`` tokens,
+        layers windowed to ``window`` tokens, a chain's requests verifying ``verify_lens`` (``fa3_reader``)."""
         from vmfuzz.harness.targets.sglang import fa3_reader
-        return fa3_reader.read_verify(config, batch, step, page_size)
+        return fa3_reader.read_verify(config, batch, step, page_size, window, verify_lens)
 
-    def read_fa3_replay(self, config: Config, batch: Batch, step: StepOutput, page_size: int = 1):
+    def read_fa3_replay(self, config: Config, batch: Batch, step: StepOutput, page_size: int = 1,
+                        window: int | None = None):
         """The same metadata in the cuda graph's buffers, replayed at the captured bs >= bs (``fa3_reader``)."""
         from vmfuzz.harness.targets.sglang import fa3_reader
-        return fa3_reader.read_replay(config, batch, step, page_size)
+        return fa3_reader.read_replay(config, batch, step, page_size, window)
 
     def fa3_not_driven(self) -> str | None:
         from vmfuzz.harness.targets.sglang import fa3_reader
@@ -330,10 +344,10 @@ class SglangTarget:
         from vmfuzz.harness.targets.sglang import routers
         return routers.verify_routed(self, routing, config, batch, heap)
 
-    def draft_graph_session(self, shape, max_bs: int, heap: ShadowHeap | None = None):
+    def draft_graph_session(self, shape, max_bs: int, heap: ShadowHeap | None = None, largest_only: bool = False):
         """SGLang's draft-decode cuda-graph runner of a server of ``shape`` (``draft_graph_session``)."""
         from vmfuzz.harness.targets.sglang import draft_graph_session
-        return draft_graph_session.DraftSession(shape, max_bs, heap)
+        return draft_graph_session.DraftSession(shape, max_bs, heap, largest_only)
 
     def graph_session(self, config: Config, mask, heap: ShadowHeap):
         """SGLang's target verify cuda-graph runner, captured at every captured bs (``graph_session``)."""

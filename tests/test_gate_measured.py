@@ -1,0 +1,328 @@
+"""What needs a check is measured, never read from a table.
+
+Each changed statement of a triggered file is judged (coverage.py saw it run in
+a property's check), a pure definition (import, ``@overload`` stub,
+``TYPE_CHECKING`` block, bare annotation), or could not check: exit 3, "needs a
+GPU" where no CPU takes its branch, else "not driven here". Tables (the surface,
+the off-path modes) give reasons only. The end-to-end cases plant each change
+in a git checkout of the installed SGLang (symlinks, the edited files real) and
+run the gate on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+
+from vmfuzz.harness.commands.gate import vendored_checkout
+from vmfuzz.harness.engine.campaign.change_paths import changed_lines
+from vmfuzz.harness.engine.campaign.changes import Checkout, sglang_relative, triggers
+from vmfuzz.harness.engine.campaign.covered_files import COVERED_BY_PROPERTIES
+from vmfuzz.harness.engine.campaign.diff_coverage import measure
+from vmfuzz.harness.engine.campaign.surface import gate_coverage
+from tests.helpers import vmfuzz
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
+                          env=env).stdout.strip()
+
+
+# -- the measurement decides, line by line ---------------------------------------
+
+MODULE = '''\
+from typing import TYPE_CHECKING, overload
+
+import torch
+
+if TYPE_CHECKING:
+    from x import Y
+
+_SLACK = 0
+if torch.cuda.is_available():
+    _SLACK = 1
+
+
+class Mask:
+    max_bs: int
+    is_read: bool = True
+
+    def fits(self, bs):
+        return bs <= self.max_bs + _slack()
+
+
+def _slack():
+    if torch.cuda.is_available():
+        return 1
+    return _SLACK
+
+
+@overload
+def make(n: int) -> int: ...
+@overload
+def make(n: str) -> str: ...
+def make(n):
+    return n
+'''
+
+
+def test_a_module_level_line_under_a_cuda_test_needs_a_gpu_and_one_seen_only_at_import_is_not_judged():
+    ran = {8: {""}, 9: {""}, 18: {"capacity-soundness"}, 22: {"capacity-soundness"}, 24: {"capacity-soundness"}}
+    m = measure("p.py", MODULE, "/x/p.py", frozenset({8, 9, 10}), {}, ran)
+    # before: all three were "at import" and the gate exited 0 without ever seeing line 10 run
+    assert m.needs_device == [10] and m.why_device[10].startswith("CUDA branch")
+    assert m.never_ran == [8, 9] and "ran only at import" in m.why_never[8]
+    assert not m.exercised
+
+
+def test_a_new_helper_whose_cuda_branch_never_ran_counts_though_no_surface_row_names_it():
+    ran = {18: {"capacity-soundness"}, 22: {"capacity-soundness"}, 24: {"capacity-soundness"}}
+    m = measure("p.py", MODULE, "/x/p.py", frozenset(range(21, 25)), {"Mask.fits": "capacity-soundness"}, ran)
+    # before: "outside" (no surface row names _slack), exit 0
+    assert m.judged == {21: ["capacity-soundness"], 22: ["capacity-soundness"], 24: ["capacity-soundness"]}
+    assert m.needs_device == [23]
+
+
+def test_pure_typing_is_a_definition_and_a_class_field_default_is_code():
+    ran = {18: {"capacity-soundness"}, 33: {"capacity-soundness"}}
+    m = measure("p.py", MODULE, "/x/p.py", frozenset({1, 5, 6, 14, 15, 27, 28, 29, 30}), {}, ran)
+    # before: the overload stubs' bodies "never ran" (exit 3) on a change that is typing alone
+    assert m.definitions == [1, 5, 6, 14, 27, 28, 29, 30] and m.never_ran == [15]
+    assert m.judged == {} and m.needs_device == []
+    typing_only = measure("p.py", MODULE, "/x/p.py", frozenset({1, 5, 6, 14, 27, 28, 29, 30}), {}, ran)
+    g = gate_coverage("sglang", None, ["python/sglang/p.py"], ["python/sglang/p.py"], [],
+                      lines={"python/sglang/p.py": typing_only})
+    assert g["could_not_check"] == [], g
+
+
+def test_a_def_line_is_judged_once_its_body_ran_in_a_check():
+    m = measure("p.py", MODULE, "/x/p.py", frozenset({17, 21}), {}, {18: {"no-oob-write"}})
+    assert m.judged == {17: ["no-oob-write"]} and m.never_ran == [21]
+
+
+def test_a_module_table_entry_no_check_read_is_not_judged():
+    text = "POLICY = {\n    'triton': 1,\n    'aiter': 2,\n}\n\ndef pick(name):\n    return POLICY[name]\n"
+    m = measure("p.py", text, "/x/p.py", frozenset({3}), {}, {1: {""}, 2: {""}, 3: {""}, 7: {"routing"}})
+    assert m.never_ran == [1] and "ran only at import" in m.why_never[1]
+
+
+# -- where the checkout and its files are ------------------------------------------
+
+def test_a_vendored_checkout_maps_onto_the_package_and_is_found_from_the_changed_paths(tmp_path):
+    path = "third_party/sglang/python/sglang/srt/layers/attention/verify_mask.py"
+    assert sglang_relative(path) == "srt/layers/attention/verify_mask.py"
+    assert sglang_relative("python/sglang/srt/x.py") == "srt/x.py" and sglang_relative("sglang/srt/x.py") == "srt/x.py"
+    (tmp_path / "third_party/sglang/python/sglang").mkdir(parents=True)
+    (tmp_path / "third_party/sglang/python/sglang/__init__.py").write_text("")
+    found = vendored_checkout(Checkout(root=tmp_path), ["README.md", path])
+    assert found == (tmp_path / "third_party/sglang").resolve()
+    assert vendored_checkout(Checkout(root=tmp_path), ["docs/x.md"]) is None
+
+
+def test_a_file_the_properties_ran_triggers_though_it_names_no_mask_code():
+    rel = "kernels/ops/attention/trtllm_mha_page_table.py"
+    assert rel in COVERED_BY_PROPERTIES
+    [hit] = triggers([f"python/sglang/{rel}"], Checkout(), package=None)
+    assert hit.why == "ran under a property (covered_files)"
+    assert triggers(["python/sglang/srt/entrypoints/openai/protocol.py"], Checkout(), package=None) == []
+
+
+def test_a_move_is_followed_by_content(tmp_path):
+    repo = tmp_path / "r"
+    (repo / "pkg").mkdir(parents=True)
+    body = "".join(f"def f{i}(x):\n    return x + {i}\n\n\n" for i in range(12))
+    (repo / "pkg" / "old.py").write_text(body)
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "base")
+    base = _git(repo, "rev-parse", "HEAD")
+    (repo / "pkg" / "old.py").write_text("from pkg.new import *  # noqa: F403\n")
+    (repo / "pkg" / "new.py").write_text(body.replace("return x + 5", "return x - 5"))
+    lines = changed_lines(Checkout(root=repo, base=base), "pkg/new.py")
+    assert lines == frozenset({22}), sorted(lines)  # only the edited line, not the whole moved file
+    (repo / "pkg" / "other.py").write_text("print('new')\n")
+    assert changed_lines(Checkout(root=repo, base=base), "pkg/other.py") == frozenset({1, 2})
+
+
+# -- end to end, on a checkout of the installed SGLang ---------------------------------
+
+VERIFY_MASK = "srt/layers/attention/verify_mask.py"
+
+
+def checkout_with(root: Path, real: list[str], at: str = "") -> Path:
+    """A git checkout (at ``root/at``) of the installed SGLang: symlinks, the ``real`` files copied."""
+    from tests.sglang_copies import _mirror
+    package = Path(find_spec("sglang").origin).parent
+    repo = root / "checkout"
+    sg = repo / at / "python" / "sglang"
+    sg.parent.mkdir(parents=True)
+    _mirror(package, sg, package, {Path(r): (package / r).read_text() for r in real})
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "base")
+    return repo
+
+
+def edit(repo: Path, rel: str, old: str, new: str, at: str = "") -> None:
+    path = repo / at / "python" / "sglang" / rel
+    text = path.read_text()
+    assert old in text, f"{old!r} is no longer in {rel}"
+    path.write_text(text.replace(old, new, 1))
+
+
+def gate(repo: Path, tmp_path: Path, *props: str):
+    reports = tmp_path / "reports"
+    args = [a for p in props for a in ("--property", p)]
+    r = vmfuzz("gate", "--target", "sglang", "--base", "HEAD", "--repo", str(repo), "--report-dir", str(reports),
+               *args, timeout=900)
+    out = f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    assert (reports / "summary.json").is_file(), out
+    return r.returncode, json.loads((reports / "summary.json").read_text())["gate"], out
+
+
+FITS = "return bs <= self.max_bs"
+
+
+@pytest.mark.slow
+def test_a_module_flag_and_a_helper_that_fits_reads_need_a_gpu(tmp_path, sglang_target):
+    repo = checkout_with(tmp_path, [VERIFY_MASK])
+    edit(repo, VERIFY_MASK, "\n\ndef tree_mask_numel(", "\n\n_FITS_SLACK = 0\nif torch.cuda.is_available():\n"
+         "    _FITS_SLACK = 1\n\n\ndef _slack(bs):\n    if torch.cuda.is_available():\n        return _FITS_SLACK\n"
+         "    return 0\n\n\ndef tree_mask_numel(")
+    edit(repo, VERIFY_MASK, FITS, FITS + " + _slack(bs)")
+    rc, g, out = gate(repo, tmp_path, "capacity-soundness")
+    assert rc == 3, out
+    [lines] = g["lines"]
+    needs = {int(n) for n in lines["why_needs_device"]}
+    text = (repo / "python/sglang" / VERIFY_MASK).read_text().splitlines()
+    assert {text[n - 1].strip() for n in needs} == {"_FITS_SLACK = 1", "return _FITS_SLACK"}, lines
+    assert any("return bs <= self.max_bs + _slack(bs)" == text[int(n) - 1].strip() for n in lines["judged"]), lines
+    assert g["needs_gpu"], g
+
+
+@pytest.mark.slow
+def test_a_new_module_that_fits_calls_is_measured_though_it_names_no_mask_code(tmp_path, sglang_target):
+    new = "srt/layers/attention/capacity_slack.py"
+    repo = checkout_with(tmp_path, [VERIFY_MASK])
+    (repo / "python/sglang" / new).write_text(
+        "import torch\n\n\ndef slack():\n    if torch.cuda.is_available():\n        return 1\n    return 0\n")
+    edit(repo, VERIFY_MASK, "import torch\n", "import torch\n\nfrom sglang.srt.layers.attention.capacity_slack "
+         "import slack\n")
+    edit(repo, VERIFY_MASK, FITS, FITS + " + slack()")
+    rc, g, out = gate(repo, tmp_path, "capacity-soundness")
+    assert rc == 3, out
+    assert f"python/sglang/{new}" in g["triggered"], g["triggered"]  # before: listed, never measured
+    [slack] = [f for f in g["lines"] if f["path"].endswith(new)]
+    assert slack["needs_device"] == [6] and "capacity-soundness" in slack["judged"]["4"], slack
+
+
+@pytest.mark.slow
+def test_a_moved_verify_mask_is_followed_and_its_unrun_change_is_could_not_check(tmp_path, sglang_target):
+    moved = "srt/layers/attention/verify_mask_impl.py"
+    repo = checkout_with(tmp_path, [VERIFY_MASK])
+    sg = repo / "python/sglang"
+    text = (sg / VERIFY_MASK).read_text()
+    (sg / moved).write_text(text.replace('raise NotImplementedError(f"Invalid tree mask: {mode=}")',
+                                         'raise NotImplementedError(f"Invalid tree mask {mode!r}")'))
+    (sg / VERIFY_MASK).write_text("from sglang.srt.layers.attention.verify_mask_impl import (  # noqa: F401\n"
+                                  "    VerifyMask,\n    maybe_create_verify_mask,\n    tree_mask_numel,\n)\n")
+    rc, g, out = gate(repo, tmp_path, "capacity-soundness")
+    assert rc == 3, out
+    [impl] = [f for f in g["lines"] if f["path"].endswith(moved)]
+    # only the edited line counts (the move is followed by content); before: exit 0, "outside"
+    assert len(impl["changed_lines"]) == 1 and impl["never_ran"] == impl["changed_lines"], impl
+    [old] = [f for f in g["lines"] if f["path"].endswith(VERIFY_MASK)]
+    assert old["never_ran"] == [] and old["definitions"], old
+
+
+@pytest.mark.slow
+def test_a_vendored_checkout_is_the_code_under_test(tmp_path, sglang_target):
+    at = "third_party/sglang"
+    repo = checkout_with(tmp_path, [VERIFY_MASK], at=at)
+    edit(repo, VERIFY_MASK, FITS, FITS + " + 1", at=at)
+    rc, g, out = gate(repo, tmp_path, "capacity-soundness")
+    # before: every path mapped to a file "deleted or moved" and the installed SGLang was tested: exit 0
+    assert rc == 1, out
+    assert f"from {repo / at / 'python' / 'sglang'}" in out, out
+    [lines] = g["lines"]
+    assert lines["traced"] and "capacity-soundness" in sum(lines["judged"].values(), []), lines
+
+
+@pytest.mark.slow
+def test_a_module_table_entry_for_a_backend_never_built_is_could_not_check(tmp_path, sglang_target):
+    dflash = "srt/speculative/dflash_utils.py"
+    repo = checkout_with(tmp_path, [dflash])
+    edit(repo, dflash, '        "TritonAttnBackend",\n', '        "TritonAttnBackend",\n        "AiterAttnBackend",\n')
+    rc, g, out = gate(repo, tmp_path, "routing")
+    assert rc == 3, out  # before: "at import", exit 0
+    [lines] = g["lines"]
+    assert lines["never_ran"] and "no property's check ran it" in next(iter(lines["why_never_ran"].values())), lines
+
+
+@pytest.mark.slow
+def test_a_page_table_helper_the_readers_run_is_judged_though_it_names_no_mask_code(tmp_path, sglang_target):
+    rel = "kernels/ops/attention/trtllm_mha_page_table.py"
+    repo = checkout_with(tmp_path, [rel])
+    edit(repo, rel, "return (num_pages + pages_per_block - 1) // pages_per_block",
+         "return -(-num_pages // pages_per_block)")
+    rc, g, out = gate(repo, tmp_path, "reader-agreement")
+    # before: a skip in seconds (it names no mask code); now its changed line is measured, and judged
+    assert g["triggered"] == [f"python/sglang/{rel}"], out
+    [lines] = g["lines"]
+    assert [p for ps in lines["judged"].values() for p in ps] == ["reader-agreement"], lines
+    assert rc == 0, out
+
+
+@pytest.mark.slow
+def test_overload_stubs_on_the_allocator_are_pure_typing(tmp_path, sglang_target):
+    repo = checkout_with(tmp_path, [VERIFY_MASK])
+    edit(repo, VERIFY_MASK, "from typing import Optional\n", "from typing import Literal, Optional, overload\n")
+    edit(repo, VERIFY_MASK, "\n\ndef maybe_create_verify_mask(",
+         "\n\n@overload\ndef maybe_create_verify_mask(*, is_draft_runner: Literal[True], **kw) -> None: ...\n"
+         "@overload\ndef maybe_create_verify_mask(*, is_draft_runner: bool, **kw) -> Optional[VerifyMask]: ...\n"
+         "\n\ndef maybe_create_verify_mask(")
+    rc, g, out = gate(repo, tmp_path, "capacity-soundness")
+    assert rc == 0, out  # before: exit 3, the stubs' "..." bodies "never ran"
+    [lines] = g["lines"]
+    assert lines["never_ran"] == [] and len(lines["definitions"]) == 5, lines
+
+
+@pytest.mark.slow
+def test_flashmla_verify_lengths_left_unwidened_is_could_not_check(tmp_path, sglang_target):
+    flashmla = "srt/layers/attention/flashmla_backend.py"
+    repo = checkout_with(tmp_path, [flashmla])
+    edit(repo, flashmla, "                seq_lens = seq_lens + self.num_draft_tokens\n",
+         "                seq_lens = seq_lens + 0 * self.num_draft_tokens\n")
+    rc, g, out = gate(repo, tmp_path, "allocation-soundness")
+    assert rc == 3, out  # before: the function is in no surface row, "triggered only (not driven)", exit 0
+    [lines] = g["lines"]
+    assert len(lines["never_ran"]) == 1 and lines["judged"] == {}, lines
+    assert any("flashmla_backend.py line" in c and "never ran" in c for c in g["could_not_check"]), g
+
+
+def test_a_release_sized_file_list_reaches_every_child_through_a_file(tmp_path, monkeypatch):
+    """Every changed SGLang file is traced now: thousands of paths in one variable would make every
+    child's exec fail (E2BIG), so a long list travels as a file."""
+    from vmfuzz.harness.engine.core import line_trace
+    files = [tmp_path / f"python/sglang/srt/module_{i:05d}.py" for i in range(3000)]
+    monkeypatch.delenv(line_trace.DIR_ENV, raising=False)
+    monkeypatch.delenv(line_trace.FILES_ENV, raising=False)
+    line_trace.start(tmp_path / "rec", files)
+    try:
+        value = os.environ[line_trace.FILES_ENV]
+        assert value.startswith("@") and len(value) < 4096
+        assert line_trace._listed(value) == [str(f) for f in files]
+    finally:
+        line_trace.stop()
+    line_trace.start(tmp_path / "rec2", files[:2])
+    try:
+        assert line_trace._listed(os.environ[line_trace.FILES_ENV]) == [str(f) for f in files[:2]]
+    finally:
+        line_trace.stop()
