@@ -203,7 +203,8 @@ def test_a_module_flag_and_a_helper_that_fits_reads_need_a_gpu(tmp_path, sglang_
     needs = {int(n) for n in lines["why_needs_device"]}
     text = (repo / "python/sglang" / VERIFY_MASK).read_text().splitlines()
     assert {text[n - 1].strip() for n in needs} == {"_FITS_SLACK = 1", "return _FITS_SLACK"}, lines
-    assert any("return bs <= self.max_bs + _slack(bs)" == text[int(n) - 1].strip() for n in lines["judged"]), lines
+    # fits' changed test ran under the property, but on a CPU _slack is 0: it never differed from the base's
+    assert any("return bs <= self.max_bs + _slack(bs)" == text[int(n) - 1].strip() for n in lines["unprovoked"]), lines
     assert g["needs_gpu"], g
 
 
@@ -273,11 +274,12 @@ def test_a_page_table_helper_the_readers_run_is_judged_though_it_names_no_mask_c
     edit(repo, rel, "return (num_pages + pages_per_block - 1) // pages_per_block",
          "return -(-num_pages // pages_per_block)")
     rc, g, out = gate(repo, tmp_path, "reader-agreement")
-    # before: a skip in seconds (it names no mask code); now its changed line is measured, and judged
+    # before: a skip in seconds (it names no mask code); now its changed line is measured: it ran under
+    # reader-agreement, and the rewrite rounds up alike, so no example made it differ from the base's
     assert g["triggered"] == [f"python/sglang/{rel}"], out
     [lines] = g["lines"]
-    assert [p for ps in lines["judged"].values() for p in ps] == ["reader-agreement"], lines
-    assert rc == 0, out
+    assert lines["unprovoked"] == [36] and "evaluated" in lines["why_unprovoked"]["36"], lines
+    assert rc == 3, out
 
 
 @pytest.mark.slow

@@ -110,6 +110,13 @@ def changed_line_rows(gate: dict) -> list[tuple[str, str, str]]:
         if f.get("never_ran"):
             whys = sorted(set((f.get("why_never_ran") or {}).values()))
             parts.append(f"NEVER RAN {spans(f['never_ran'])} ({'; '.join(whys)})")
+        if f.get("unprovoked"):
+            parts.append(f"NOT PROVOKED {spans(f['unprovoked'])} (ran, but no example made it differ from the base)")
+        rules = {int(line): rule for line, rule in (f.get("rules") or {}).items()}
+        for rule, word in (("provoked", "provoked (differed from the base)"),
+                           ("reached", "reached, its outputs compared")):
+            if any(r.startswith(rule) for r in rules.values()):
+                parts.append(f"{word} {spans(sorted(n for n, r in rules.items() if r.startswith(rule)))}")
         if f.get("needs_device"):
             parts.append(f"NEEDS A GPU {spans(f['needs_device'])}")
         if f.get("definitions"):

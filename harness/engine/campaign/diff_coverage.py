@@ -206,11 +206,15 @@ class FileLines:
     functions: dict[str, dict] = field(default_factory=dict)  # mask-path function -> entered, coverage
     why_never: dict[int, str] = field(default_factory=dict)  # why, and what would drive a line, where known
     why_untraced: str = ""
+    #: ran under a property, but no example made its changed expression differ from the base's (``provoked``)
+    unprovoked: list[int] = field(default_factory=list)
+    why_unprovoked: dict[int, str] = field(default_factory=dict)
+    rules: dict[int, str] = field(default_factory=dict)  # judged line -> the rule that judged it
     ran_under_property: bool = False  # some line of the file (changed or not) ran inside a check
 
     @property
     def exercised(self) -> bool:
-        if self.traced is None or self.never_ran or self.needs_device:
+        if self.traced is None or self.never_ran or self.needs_device or self.unprovoked:
             return False
         if any(not f["entered"] for f in self.functions.values()):
             return False
@@ -225,6 +229,9 @@ class FileLines:
                 "why_needs_device": {str(k): v for k, v in sorted(self.why_device.items())},
                 "why_never_ran": {str(k): v for k, v in sorted(self.why_never.items())},
                 "functions": self.functions, "ran_under_property": self.ran_under_property,
+                "unprovoked": self.unprovoked,
+                "why_unprovoked": {str(k): v for k, v in sorted(self.why_unprovoked.items())},
+                "rules": {str(k): v for k, v in sorted(self.rules.items())},
                 **({"why_untraced": self.why_untraced} if self.why_untraced else {})}
 
 

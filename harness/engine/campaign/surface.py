@@ -359,6 +359,9 @@ def _why_not_exercised(measured) -> tuple[str, list[str]]:
         whys = sorted(set(measured.why_never.values()))
         word = "line" if len(measured.never_ran) == 1 else "lines"
         stuck.append(f"{name} {word} {spans(measured.never_ran)} never ran ({'; '.join(whys)})")
+    for line in measured.unprovoked:
+        stuck.append(f"{name} line {line} ran, but no example made it differ from the base: "
+                     f"{measured.why_unprovoked.get(line, '')}")
     for qual, f in measured.functions.items():
         if not f["entered"]:
             stuck.append(f"{name}: {qual} never ran ({f['driven_by']})")

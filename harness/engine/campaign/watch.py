@@ -75,10 +75,11 @@ class Tracing:
     """What the gate traces: each triggered path's file in the loaded SGLang and its changed lines."""
 
     def __init__(self, folder, files: dict, changed_lines: dict, untraced: dict, extra: list[str] = (),
-                 checkout=None):
+                 checkout=None, probes: dict | None = None):
         self.folder = folder
         self.checkout = checkout
         self.extra = [p for p in extra if p in files]  # traced though no table triggers on them
+        self.probes = probes or {}  # listed path -> its changed expressions (``provoked``)
         self.files = files  # listed path -> absolute file traced
         self.changed_lines = changed_lines  # listed path -> frozenset of lines, or None (no diff)
         self.untraced = untraced  # listed path -> why it cannot be traced
@@ -88,7 +89,8 @@ def _start_tracing(hits: list[str], checkout, extra: list[str] = ()) -> Tracing:
     """Switches line recording on for the triggered SGLang Python files and ``extra``, here and in
     every worker."""
     import tempfile
-    from vmfuzz.harness.engine.core import line_trace
+    from vmfuzz.harness.engine.campaign import provoked
+    from vmfuzz.harness.engine.core import line_trace, provoke
     from vmfuzz.harness.engine.campaign.change_paths import changed_lines
     from vmfuzz.harness.engine.campaign.changes import sglang_relative
     from vmfuzz.harness.engine.campaign.surface import known_reason, loaded_package
@@ -122,22 +124,28 @@ def _start_tracing(hits: list[str], checkout, extra: list[str] = ()) -> Tracing:
     # Both spellings: a module imported through a symlinked folder runs under the link's name.
     names = {str(package / sglang_relative(p)) for p in files} | {str(f) for f in files.values()}
     line_trace.start(folder, sorted(names))
-    return Tracing(folder, files, lines, untraced, list(extra), checkout)
+    probes = provoked.plan_files(files, lines, checkout)
+    provoke.start(folder, [p.as_plan(str(files[path]), provoked.module_name(path))
+                           for path, ps in probes.items() for p in ps if not p.unsafe])
+    provoke.install()  # here, once: the checkers forked from this process inherit the new code
+    return Tracing(folder, files, lines, untraced, list(extra), checkout, probes)
 
 
 def _end_tracing(tracing: Tracing) -> None:
     import shutil
-    from vmfuzz.harness.engine.core import line_trace
+    from vmfuzz.harness.engine.core import line_trace, provoke
     line_trace.stop()
+    provoke.stop()
     shutil.rmtree(tracing.folder, ignore_errors=True)
 
 
 def _measured_lines(target, tracing: Tracing) -> dict:
     """Listed path -> ``diff_coverage.FileLines``: what ran of each triggered file, and under what."""
-    from vmfuzz.harness.engine.core import line_trace
+    from vmfuzz.harness.engine.core import line_trace, provoke
     from vmfuzz.harness.engine.campaign.changes import sglang_relative
     from vmfuzz.harness.engine.campaign.change_paths import changed_lines
     from vmfuzz.harness.engine.campaign.diff_coverage import measure, read_text, untraced
+    from vmfuzz.harness.engine.campaign.provoked_verdict import judge
     from vmfuzz.harness.engine.core.line_trace import NO_PROPERTY
     from vmfuzz.harness.engine.campaign.surface import loaded_package, sglang_rows
     line_trace.flush()
@@ -145,6 +153,7 @@ def _measured_lines(target, tracing: Tracing) -> dict:
     if broken:
         raise OSError(f"a worker could not record its lines ({broken[0]})")
     ran = line_trace.merged(tracing.folder)
+    counts = provoke.merged(tracing.folder)
     rows = sglang_rows(target, loaded_package())
     out = {}
     for path, why in tracing.untraced.items():
@@ -168,6 +177,7 @@ def _measured_lines(target, tracing: Tracing) -> dict:
         try:
             out[path] = measure(path, text, str(real), tracing.changed_lines.get(path), mask_functions,
                                 ran.get(str(real), {}))
+            judge(out[path], tracing.probes.get(path, []), counts)
         except SyntaxError as exc:
             out[path] = untraced(path, f"not driven: it does not parse ({exc.msg}, line {exc.lineno})")
     return out

@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from vmfuzz.harness.engine.core import provoke
+
 #: The folder the records go to; set by the gate, read by every process that runs checks.
 DIR_ENV = "VMFUZZ_LINE_TRACE_DIR"
 #: The absolute paths of the files to trace, os.pathsep-joined.
@@ -50,10 +52,13 @@ class _Recorder:
         self.cov.start()
         self.last_save = time.monotonic()
         self.files = {os.path.realpath(f) for f in files}
+        self.folder = folder
         _pause_in_other_kernels(self)
+        provoke.install()  # the changed expressions, evaluated beside the base's (a gate's plan, if any)
 
     def save(self) -> None:
         self.cov.save()
+        provoke.save(self.folder)
         self.last_save = time.monotonic()
 
 
@@ -141,10 +146,12 @@ def judging(prop_name: str):
         yield
         return
     rec.cov.switch_context(prop_name)
+    provoke.current = prop_name
     try:
         yield
     finally:
         rec.cov.switch_context(NO_PROPERTY)
+        provoke.current = NO_PROPERTY
         if time.monotonic() - rec.last_save > SAVE_EVERY:
             rec.save()
 
