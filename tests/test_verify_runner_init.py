@@ -164,14 +164,15 @@ def test_a_refactor_of_the_init_holds_and_so_does_the_pristine_copy(tmp_path, re
 
 
 @pytest.mark.slow
-def test_a_gated_change_to_the_inits_sizing_line_is_judged_never_unrun(tmp_path, sglang_target):
-    """The gate's own line trace: a PR that rewrites the __init__'s token capacity line sees it run
-    under graph-buffer-soundness (before, the runner was made with object.__new__: never ran)."""
+def test_a_gated_change_to_the_inits_sizing_line_runs_and_is_caught(tmp_path, sglang_target):
+    """The gate's own line trace: a PR whose __init__ sizes its token buffers without the tokens a
+    request captures has that line run under graph-buffer-soundness, which catches it (before, the
+    runner was made with object.__new__: the line never ran, and the gate could not check it)."""
     from tests.test_gate_measured import checkout_with, edit, gate
     repo = checkout_with(tmp_path, RUNNER)
-    edit(repo, RUNNER[0], "else self.max_bs * self.captured_req_width", "else self.captured_req_width * self.max_bs")
+    edit(repo, RUNNER[0], "else self.max_bs * self.captured_req_width", "else self.max_bs")
     rc, g, out = gate(repo, tmp_path, "graph-buffer-soundness")
     [lines] = [f for f in g["lines"] if f["path"].endswith(RUNNER[0])]
     assert lines["never_ran"] == [], lines
     assert "graph-buffer-soundness" in sum(lines["judged"].values(), []), lines
-    assert rc == 0, out
+    assert rc == 1 and "graph-buffer-soundness" in out and "input_ids" in out, out
