@@ -85,6 +85,32 @@ ALTERATIONS = {
 CASE = {"mode": "FULL_MASK", "max_bs": 4, "max_context_len": 32, "num_draft_tokens": 6, "topk": 2,
         "spec_steps": 3, "is_read": True}
 
+CACHE_LOCS = ["kernels/ops/speculative/cache_locs.py"]
+TRITON = ["srt/layers/attention/triton_backend.py"]
+#: a case whose draft model has window layers (``draft_window``: 7 of its 14-token context); the
+#: request of 9 tokens attends past the window, so its window layers read a clipped tail
+WINDOW_CASE = {**CASE, "max_context_len": 14}
+WINDOW_LENS = (5, 9, 3)
+#: name -> (edits, the property meant to catch it): bugs in the per-step window rail, each in lines
+#: only a model with window layers runs
+WINDOW_ALTERATIONS = {
+    # the branches' output offsets sum the earlier branches' whole reads, not their clipped windows
+    "window-offsets-unclipped": (
+        [(CACHE_LOCS, r"prev_window = tl\.where\(in_front, tl\.minimum\(prev_lens \+ iters, window\), 0\)"
+                      r"\n(\s+)base = tl\.sum\(prev_window\)\n(\s+)out_ptr",
+          r"prev_window = tl.where(in_front, prev_lens + iters, 0)\n\1base = tl.sum(prev_window)\n\2out_ptr")],
+        "graph-replay-equivalence"),
+    # the window clipped by the committed prefix alone, the draft's own chain left out of its length
+    "window-ignores-draft-chain": (
+        [(CACHE_LOCS, r"window_len = tl\.minimum\(total, window\)", "window_len = tl.minimum(seq_len, window)")],
+        "graph-replay-equivalence"),
+    # every draft step handed the first step's window offsets
+    "window-rail-first-step-indptr": (
+        [(TRITON, r"window_kv_indptr = self\.window_kv_indptr\[\n(\s+)i, : bs \+ 1",
+          r"window_kv_indptr = self.window_kv_indptr[\n\g<1>0, : bs + 1")],
+        "graph-replay-equivalence"),
+}
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ALTERATIONS))
@@ -121,3 +147,49 @@ def test_the_draft_kv_indices_width_without_topk_is_a_new_capacity_finding_besid
     origin = failed_check_origin(tmp_path / "report", out)
     assert (origin["property"], origin["buffer"], origin["cell"]) == ("graph-buffer-soundness", "kv_indices",
                                                                       "capacity"), origin
+
+
+def test_the_window_case_has_window_layers():
+    from vmfuzz.harness.model.config import Config
+    from vmfuzz.harness.properties.draft_graph import draft_window
+    config = Config(TreeMaskMode[WINDOW_CASE["mode"]], 4, 14, 6, 2, 3, is_read=True).validate()
+    assert draft_window(config) == 7 and max(WINDOW_LENS) + 1 > 7  # a request reads a clipped window
+    assert draft_window(CONFIG) == 0  # the other cases here judge a model without window layers
+
+
+def test_a_window_model_reads_the_tail_of_what_each_branch_attends(sglang_target):
+    from vmfuzz.harness.model.draft_graph import DraftShape, window_reads
+    s = sglang_target.draft_graph_session(DraftShape(2, 3, 6, 14, 1, 7), 4)
+    got, want = s.replay(list(WINDOW_LENS)), s.eager(list(WINDOW_LENS))
+    for a, b in zip(got.steps, want.steps):
+        assert a.window_attended[:6] == b.window_attended
+        assert b.window_attended == [window_reads(x, 7) for x in b.attended]
+    assert any(len(x) == 7 < len(y) for x, y in zip(want.steps[0].window_attended, want.steps[0].attended))
+    assert s.overruns == []
+    assert s.allocated()["window_kv_indices"] == s.needed()["window_kv_indices"] == 4 * 2 * 7
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(WINDOW_ALTERATIONS))
+def test_each_window_rail_bug_is_caught_by_its_property(tmp_path, name):
+    sglang_or_skip()
+    edits, prop = WINDOW_ALTERATIONS[name]
+    proc, out = replay_on_copy(altered_copy(tmp_path, edits, name), tmp_path, WINDOW_CASE, WINDOW_LENS, prop)
+    assert proc.returncode == 1, out
+    origin = failed_check_origin(tmp_path / "report", out)
+    assert (origin["property"], origin["buffer"]) == (prop, "window_kv_indices"), origin
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prop", ["graph-replay-equivalence", "graph-buffer-soundness"])
+def test_a_refactor_of_the_window_offsets_and_the_pristine_window_hold(tmp_path, prop):
+    """The clipped offsets by another expression (clip after masking: the same as the window is positive);
+    graph-buffer-soundness at the requests' capacity length (its past-context row is a known finding)."""
+    sglang_or_skip()
+    edits = [(CACHE_LOCS, r"tl\.where\(in_front, tl\.minimum\(prev_lens \+ iters, window\), 0\)",
+              "tl.minimum(tl.where(in_front, prev_lens + iters, 0), window)")]
+    lens = WINDOW_LENS if prop != "graph-buffer-soundness" else (11,)
+    proc, out = replay_on_copy(altered_copy(tmp_path, edits, "window-refactor"), tmp_path, WINDOW_CASE, lens, prop)
+    assert proc.returncode == 0, out
+    assert (f"held {prop}" if prop != "graph-buffer-soundness" else "known finding draft-kv-indices-past-context") \
+        in out, out

@@ -32,7 +32,7 @@ import zlib
 import torch
 
 from vmfuzz.harness.model.config import Batch, Config, num_candidates
-from vmfuzz.harness.model.draft_graph import DraftShape
+from vmfuzz.harness.model.draft_graph import DraftShape, window_reads
 from vmfuzz.harness.properties.graph_shared import built
 from vmfuzz.harness.properties.kit import DONE, SUB_CHECK, Observation, fail
 
@@ -42,6 +42,15 @@ REPLAY = "draft cuda-graph replay"
 PAGE_SIZES = (1, 4)
 
 
+def draft_window(config: Config) -> int:
+    """The sliding window of the draft model a case's server runs (0: none). Every other case's model has
+    window layers (chosen by the config, so a repro replays as it was judged), its window half the context:
+    short requests read all they attend through it, long ones a clipped tail."""
+    if (zlib.crc32(repr(config).encode()) // DRAFT_SHARE) % 2:
+        return 0
+    return max(1, config.max_context_len // 2)
+
+
 def draft_shape(config: Config, page_size: int = 1) -> DraftShape | None:
     """The draft-decode server of ``config``, or None where SGLang builds no draft-decode runner (one
     step) or would not start (topk 1 with draft tokens other than steps + 1; more draft tokens than
@@ -49,7 +58,7 @@ def draft_shape(config: Config, page_size: int = 1) -> DraftShape | None:
     k, n, d = config.topk, config.spec_steps, config.d
     if n < 2 or k < 1 or (k == 1 and d != n + 1) or d - 1 > num_candidates(k, n):
         return None
-    return DraftShape(k, n, d, config.max_context_len, page_size)
+    return DraftShape(k, n, d, config.max_context_len, page_size, draft_window(config))
 
 
 def session(prop: str, target, config: Config, obs: Observation, page_size: int = 1, largest_only: bool = False):
@@ -74,7 +83,27 @@ def _overruns(prop: str, s, where: str) -> None:
              buffer=v.buffer, side="below" if v.side == "front" else "above", stage=o.phase)
 
 
-def _compare(prop: str, got, want, raw: int, k: int, where: str) -> None:
+def _windows(prop: str, drafted, raw: int, k: int, window: int, where: str, which: str) -> None:
+    """Each real branch's window-layer reads are the last ``window`` of what it attends (the meaning's
+    ``window_reads``), in the replay and in the eager draft alike (one kernel fills both)."""
+    for step in drafted.steps:
+        if not window:
+            continue
+        if len(step.window_attended) < raw * k:
+            fail(prop, f"{where}: step {step.step}: the window layers were handed no reads for the "
+                       f"{raw * k} real branches ({which})", effect="wrong", writer=REPLAY,
+                 buffer="window_kv_indices", cell="real row", stage="replay")
+        for z in range(raw * k):
+            want = window_reads(step.attended[z], window)
+            if step.window_attended[z] != want:
+                fail(prop, f"{where}: step {step.step}, branch {z} ({which}): its window layers read "
+                           f"{step.window_attended[z]}, the last {window} of what it attends are {want}",
+                     effect="wrong", writer=REPLAY, buffer="window_kv_indices", cell="real row", stage="replay")
+
+
+def _compare(prop: str, got, want, raw: int, k: int, where: str, window: int = 0) -> None:
+    _windows(prop, want, raw, k, window, where, "eager")
+    _windows(prop, got, raw, k, window, where, "replay")
     for name in ("parent_list", "top_scores_index", "draft_tokens"):
         a, b = getattr(got, name), getattr(want, name)
         if a.shape != b.shape or not torch.equal(a, b):
@@ -181,8 +210,11 @@ def judge_draft(prop: str, target, config: Config, batches: list[Batch], obs: Ob
         if prop == "padding-inert":
             _padded(prop, s, got, lens, where)
         if prop != "capture-replay-agreement":
-            _compare(prop, got, s.eager(lens), len(lens), k, where)
+            _compare(prop, got, s.eager(lens), len(lens), k, where, s.shape.window)
         obs.classes.add("draft: padded replay" if got.graph_bs > len(lens) else "draft: exact replay")
+        if s.shape.window:
+            clipped = any(v + config.spec_steps > s.shape.window for v in lens)
+            obs.classes.add(f"draft: window layers, {'a clipped' if clipped else 'no clipped'} window")
         obs.classes.add(f"{SUB_CHECK}draft runner: {DONE}")
 
 

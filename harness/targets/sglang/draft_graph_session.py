@@ -88,6 +88,9 @@ class DraftSession(RunnerView):
         out["input_ids"] = buffers.input_ids.numel()
         out["kv_indices"] = int(backend.cuda_graph_kv_indices.shape[1])
         out["kv_indptr"] = int(backend.kv_indptr.shape[1])
+        if self.shape.window:
+            out["window_kv_indices"] = int(backend.cuda_graph_window_kv_indices.shape[1])
+            out["window_kv_indptr"] = int(backend.window_kv_indptr.shape[1])
         return out
 
     def needed(self, seq_lens: list[int] | None = None) -> dict[str, int]:
