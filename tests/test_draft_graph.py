@@ -193,3 +193,55 @@ def test_a_refactor_of_the_window_offsets_and_the_pristine_window_hold(tmp_path,
     assert proc.returncode == 0, out
     assert (f"held {prop}" if prop != "graph-buffer-soundness" else "known finding draft-kv-indices-past-context") \
         in out, out
+
+
+FLASHINFER = ["srt/layers/attention/flashinfer_backend.py"]
+#: name -> edits: bugs in FlashInfer's multi-step draft plan, caught by capture-replay-agreement on kv_indptr
+FLASHINFER_ALTERATIONS = {
+    # the host plan's per-branch chain offset one step short
+    "flashinfer-host-indptr-step-short": [(FLASHINFER, r"\[offset \+ branch \* \(step \+ 1\) for branch, offset",
+                                            "[offset + branch * step for branch, offset")],
+    # every draft step planned from the first step's host indptr
+    "flashinfer-host-indptr-first-step": [(FLASHINFER, r"global_override_indptr_cpu = indptr_cpu_whole\[i\]",
+                                            "global_override_indptr_cpu = indptr_cpu_whole[0]")],
+}
+
+
+def test_flashinfer_plans_each_real_branch_from_a_host_indptr_that_agrees(sglang_target):
+    from vmfuzz.harness.model.draft_graph import DraftShape, branch_read_columns
+    shape = DraftShape(2, 3, 6, 32)
+    s = sglang_target.draft_graph_session(shape, 4)
+    lens = [5, 7, 3]
+    got = s.replay(lens)
+    drafted = s.flashinfer_plans(got.view)
+    assert [d.host_indptr for d in drafted] == [False, True]
+    for d in drafted:
+        assert d.violations == [] and [st.step for st in d.steps] == [0, 1]
+        for st in d.steps:
+            assert st.host_indptr[:7] == st.indptr[:7]  # the real branches; padded ones differ (documented)
+            b, t = divmod(5, 2)
+            assert st.indices[st.indptr[5]:st.indptr[6]] == [
+                s.cell(3, b, c) for c in branch_read_columns(shape, lens[b], t, st.step)]
+    assert drafted[1].steps[0].host_indptr[7:9] != drafted[1].steps[0].indptr[7:9]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(FLASHINFER_ALTERATIONS))
+def test_each_flashinfer_draft_plan_bug_is_caught(tmp_path, name):
+    sglang_or_skip()
+    proc, out = replay_on_copy(altered_copy(tmp_path, FLASHINFER_ALTERATIONS[name], name), tmp_path, CASE, (5, 7, 3),
+                               "capture-replay-agreement")
+    assert proc.returncode == 1, out
+    origin = failed_check_origin(tmp_path / "report", out)
+    assert (origin["property"], origin["buffer"], origin["cell"]) == ("capture-replay-agreement", "kv_indptr",
+                                                                      "host plan"), origin
+
+
+@pytest.mark.slow
+def test_a_refactor_of_flashinfers_host_indptr_holds(tmp_path):
+    sglang_or_skip()
+    edits = [(FLASHINFER, r"\[offset \+ branch \* \(step \+ 1\) for branch, offset in enumerate\(offsets\)\]",
+              "[offsets[branch] + (step + 1) * branch for branch in range(len(offsets))]")]
+    proc, out = replay_on_copy(altered_copy(tmp_path, edits, "flashinfer-refactor"), tmp_path, CASE, (5, 7, 3),
+                               "capture-replay-agreement")
+    assert proc.returncode == 0 and "held capture-replay-agreement" in out, out

@@ -77,3 +77,20 @@ def window_reads(attended: tuple[int, ...], window: int) -> tuple[int, ...]:
     """What a window layer of a branch reads, given what the branch attends (its prefix, then its own
     chain, oldest first): the last ``window`` of them, in the same order."""
     return tuple(attended[-window:]) if window > 0 else ()
+
+
+def chain_column(shape: DraftShape, s: int, t: int, i: int) -> int:
+    """The row column branch ``t`` of a request of length ``s`` writes at draft step ``i``: one branch after
+    another from ``s``, or, for a paged tree (P > 1, topk > 1), in whole pages of its own after the
+    prefix's last page (``model.kv_locations``' draft column)."""
+    from vmfuzz.harness.model.kv_locations import branch_pages
+    k, n, p = shape.topk, shape.steps, shape.page_size
+    if p == 1 or k == 1:
+        return s + t * n + i
+    tail = s % p
+    return (s - tail) + t * branch_pages(p, n, tail) * p + tail + i
+
+
+def branch_read_columns(shape: DraftShape, s: int, t: int, step: int) -> list[int]:
+    """The row columns branch ``t`` attends at draft step ``step``: the prefix, then its chain so far."""
+    return list(range(s)) + [chain_column(shape, s, t, j) for j in range(step + 1)]

@@ -17,6 +17,8 @@ runner, then calls ``judge_draft`` here with its own property's name), and
   out-of-graph metadata has ``batch_size = B``, ``seq_lens_sum`` = the sum of
   its (padded) ``seq_lens``, ``out_cache_loc`` of ``B·k·n`` ids, ``positions``
   of ``B·k``; and it is judged before anything SGLang asserts afterwards;
+  FlashInfer's multi-step draft backend, handed the same view, plans each real
+  branch's prefix and chain, from a host indptr that agrees with the device's;
 - ``graph-buffer-soundness``: each static buffer, the backend's ``kv_indices``
   rows and ``kv_indptr`` included, holds what the largest admitted bucket needs
   with every request at the longest prefix a drafting request has (``C - 1``:
@@ -32,7 +34,7 @@ import zlib
 import torch
 
 from vmfuzz.harness.model.config import Batch, Config, num_candidates
-from vmfuzz.harness.model.draft_graph import DraftShape, window_reads
+from vmfuzz.harness.model.draft_graph import DraftShape, branch_read_columns, window_reads
 from vmfuzz.harness.properties.graph_shared import built
 from vmfuzz.harness.properties.kit import DONE, SUB_CHECK, Observation, fail
 
@@ -204,6 +206,8 @@ def judge_draft(prop: str, target, config: Config, batches: list[Batch], obs: Ob
         where = f"draft replay of bs {len(lens)} in the graph captured at bs {got.graph_bs}"
         if prop == "capture-replay-agreement":
             _view(prop, s, got, len(lens), where)
+            if got.raised is None:
+                _flashinfer(prop, s, got, lens, where, obs)
         if got.raised is not None:
             raise got.raised
         _overruns(prop, s, where)
@@ -216,6 +220,41 @@ def judge_draft(prop: str, target, config: Config, batches: list[Batch], obs: Ob
             clipped = any(v + config.spec_steps > s.shape.window for v in lens)
             obs.classes.add(f"draft: window layers, {'a clipped' if clipped else 'no clipped'} window")
         obs.classes.add(f"{SUB_CHECK}draft runner: {DONE}")
+
+
+def _flashinfer(prop: str, s, got, lens: list[int], where: str, obs: Observation) -> None:
+    """FlashInfer's multi-step draft backend handed the same replay view: each step's plan, for each real
+    branch, holds its prefix then its chain so far (``branch_read_columns``), and the host indptr it plans
+    from agrees with the device's on the real branches (host-indptr option off and on)."""
+    make = getattr(s, "flashinfer_plans", None)
+    if make is None:
+        obs.classes.add("draft: FlashInfer's draft plan not driven by this target")
+        return
+    bs, k = len(lens), s.shape.topk
+    origin = dict(writer="FlashInferMultiStepDraftBackend", stage="replay")
+    for drafted in make(got.view):
+        how = f"FlashInfer's draft plan ({'host' if drafted.host_indptr else 'device'} indptr)"
+        if drafted.violations:
+            v = drafted.violations[0]
+            fail(prop, f"{where}: {how} wrote outside its buffer: {v.describe()}", effect="overrun",
+                 buffer=v.buffer, side="below" if v.side == "front" else "above", **origin)
+        if len(drafted.steps) != s.shape.steps - 1:
+            fail(prop, f"{where}: {how} planned {len(drafted.steps)} steps, the draft runs {s.shape.steps - 1}",
+                 effect="wrong", buffer="kv_indptr", cell="steps", **origin)
+        for st in drafted.steps:
+            for z in range(bs * k):
+                b, t = divmod(z, k)
+                want = [s.cell(bs, b, c) for c in branch_read_columns(s.shape, lens[b], t, st.step)]
+                have = st.indices[st.indptr[z]:st.indptr[z + 1]]
+                if have != want:
+                    fail(prop, f"{where}: {how}, step {st.step}, branch {z}: handed KV ids {have}, its prefix and "
+                               f"chain are {want}", effect="wrong", buffer="kv_indices", cell="real row", **origin)
+            real = bs * k + 1
+            if st.host_indptr is not None and st.host_indptr[:real] != st.indptr[:real]:
+                fail(prop, f"{where}: {how}, step {st.step}: the host indptr FlashInfer plans from is "
+                           f"{st.host_indptr[:real]}, the device's is {st.indptr[:real]} on the real branches",
+                     effect="wrong", buffer="kv_indptr", cell="host plan", **origin)
+        obs.classes.add(f"draft: FlashInfer draft plan, {'host' if drafted.host_indptr else 'device'} indptr")
 
 
 def _padded(prop: str, s, got, lens: list[int], where: str) -> None:

@@ -80,6 +80,18 @@ class DraftSession(RunnerView):
     def eager(self, seq_lens: list[int]) -> Drafted:
         return eager(self.server, self.live(seq_lens))
 
+    def cell(self, bs: int, b: int, column: int) -> int:
+        """The slot ``req_to_token`` holds at ``column`` of request ``b``'s row (pool row ``bs - b``)."""
+        return int(self.server.req_to_token[bs - b, column])
+
+    def flashinfer_plans(self, view):
+        """FlashInfer's multi-step draft backend handed ``view`` (a replay's): each step's plan inputs, with the
+        host-indptr option off and on (``flashinfer_draft``)."""
+        from vmfuzz.harness.targets.sglang import flashinfer_draft
+        from vmfuzz.harness.targets.sglang.imports import sglang_module
+        module = sglang_module("sglang.srt.layers.attention.flashinfer_backend")
+        return flashinfer_draft.plans(module, self.server.runner.model_runner, self.shape, self.max_bs, view)
+
     # -- what the graph buffers hold -----------------------------------------------------------------
     def allocated(self) -> dict[str, int]:
         """Cells each static buffer holds (``kv_indices``, ``kv_indptr``: per step row)."""
