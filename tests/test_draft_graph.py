@@ -149,12 +149,26 @@ def test_the_draft_kv_indices_width_without_topk_is_a_new_capacity_finding_besid
                                                                       "capacity"), origin
 
 
-def test_the_window_case_has_window_layers():
+def test_the_window_case_has_window_layers_and_pages():
     from vmfuzz.harness.model.config import Config
-    from vmfuzz.harness.properties.draft_graph import draft_window
+    from vmfuzz.harness.properties.draft_graph import draft_page_size, draft_window
     config = Config(TreeMaskMode[WINDOW_CASE["mode"]], 4, 14, 6, 2, 3, is_read=True).validate()
     assert draft_window(config) == 7 and max(WINDOW_LENS) + 1 > 7  # a request reads a clipped window
-    assert draft_window(CONFIG) == 0  # the other cases here judge a model without window layers
+    assert draft_page_size(config) == 4  # its branches own whole pages: the rail's paged chain
+    assert draft_window(CONFIG) == 0 and draft_page_size(CONFIG) == 1  # the other cases: no window, unpaged
+
+
+def test_a_paged_window_model_reads_the_tail_of_each_branchs_paged_chain(sglang_target):
+    from vmfuzz.harness.model.draft_graph import DraftShape, branch_read_columns, window_reads
+    shape = DraftShape(2, 3, 6, 14, 4, 7)
+    s = sglang_target.draft_graph_session(shape, 4)
+    lens = list(WINDOW_LENS)
+    want = s.eager(lens)
+    for step in want.steps:
+        for z, attended in enumerate(step.attended):
+            b, t = divmod(z, 2)
+            assert list(attended) == [s.cell(3, b, c) for c in branch_read_columns(shape, lens[b], t, step.step)]
+            assert step.window_attended[z] == window_reads(attended, 7)
 
 
 def test_a_window_model_reads_the_tail_of_what_each_branch_attends(sglang_target):

@@ -53,6 +53,13 @@ def draft_window(config: Config) -> int:
     return max(1, config.max_context_len // 2)
 
 
+def draft_page_size(config: Config) -> int:
+    """The KV page size of the server whose draft runner the three graph properties judge: a windowed model's
+    server keeps its KV in pages of 4 (a paged tree's branches then own whole pages, the window rail's paged
+    chain), every other server's is unpaged (graph-buffer-soundness sizes both page sizes for every case)."""
+    return 4 if draft_window(config) else 1
+
+
 def draft_shape(config: Config, page_size: int = 1) -> DraftShape | None:
     """The draft-decode server of ``config``, or None where SGLang builds no draft-decode runner (one
     step) or would not start (topk 1 with draft tokens other than steps + 1; more draft tokens than
@@ -188,7 +195,7 @@ def judge_draft(prop: str, target, config: Config, batches: list[Batch], obs: Ob
     if why is not None:
         obs.classes.add(f"draft: not judged: {why}")
         return
-    s = session(prop, target, config, obs)
+    s = session(prop, target, config, obs, draft_page_size(config))
     if s is None:
         return
     _overruns(prop, s, "draft capture")
@@ -216,6 +223,7 @@ def judge_draft(prop: str, target, config: Config, batches: list[Batch], obs: Ob
         if prop != "capture-replay-agreement":
             _compare(prop, got, s.eager(lens), len(lens), k, where, s.shape.window)
         obs.classes.add("draft: padded replay" if got.graph_bs > len(lens) else "draft: exact replay")
+        obs.classes.add(f"draft: page size {s.shape.page_size}")
         if s.shape.window:
             clipped = any(v + config.spec_steps > s.shape.window for v in lens)
             obs.classes.add(f"draft: window layers, {'a clipped' if clipped else 'no clipped'} window")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from vmfuzz.harness.guard.shadow import ShadowHeap
-from vmfuzz.harness.model.draft_graph import DraftShape, footprints
+from vmfuzz.harness.model.draft_graph import DraftShape, chain_column, footprints
 from vmfuzz.harness.targets.sglang.draft_graph_runner import (
     Drafted, build, can_run, eager, live_batch, replay)
 from vmfuzz.harness.targets.sglang.draft_model import HIDDEN, VOCAB
@@ -45,11 +45,11 @@ class DraftSession(RunnerView):
 
     def slots(self, seq_lens: list[int]) -> torch.Tensor:
         """Each branch's draft KV slots, step after step: request b (pool row ``bs - b``), branch t,
-        step i at column ``s_b + t*n + i`` of its row."""
+        step i at the row column the meaning gives it (``chain_column``: ``s_b + t*n + i`` unpaged)."""
         k, n = self.shape.topk, self.shape.steps
         table = self.server.req_to_token
         bs = len(seq_lens)
-        cols = [s + t * n + i for s in seq_lens for t in range(k) for i in range(n)]
+        cols = [chain_column(self.shape, s, t, i) for s in seq_lens for t in range(k) for i in range(n)]
         rows = [bs - b for b in range(bs) for _ in range(k * n)]
         return table[rows, cols].to(torch.long)
 
