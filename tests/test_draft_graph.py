@@ -85,6 +85,32 @@ ALTERATIONS = {
 CASE = {"mode": "FULL_MASK", "max_bs": 4, "max_context_len": 32, "num_draft_tokens": 6, "topk": 2,
         "spec_steps": 3, "is_read": True}
 
+CACHE_LOCS = ["kernels/ops/speculative/cache_locs.py"]
+TRITON = ["srt/layers/attention/triton_backend.py"]
+#: a case whose draft model has window layers (``draft_window``: 7 of its 14-token context); the
+#: request of 9 tokens attends past the window, so its window layers read a clipped tail
+WINDOW_CASE = {**CASE, "max_context_len": 14}
+WINDOW_LENS = (5, 9, 3)
+#: name -> (edits, the property meant to catch it): bugs in the per-step window rail, each in lines
+#: only a model with window layers runs
+WINDOW_ALTERATIONS = {
+    # the branches' output offsets sum the earlier branches' whole reads, not their clipped windows
+    "window-offsets-unclipped": (
+        [(CACHE_LOCS, r"prev_window = tl\.where\(in_front, tl\.minimum\(prev_lens \+ iters, window\), 0\)"
+                      r"\n(\s+)base = tl\.sum\(prev_window\)\n(\s+)out_ptr",
+          r"prev_window = tl.where(in_front, prev_lens + iters, 0)\n\1base = tl.sum(prev_window)\n\2out_ptr")],
+        "graph-replay-equivalence"),
+    # the window clipped by the committed prefix alone, the draft's own chain left out of its length
+    "window-ignores-draft-chain": (
+        [(CACHE_LOCS, r"window_len = tl\.minimum\(total, window\)", "window_len = tl.minimum(seq_len, window)")],
+        "graph-replay-equivalence"),
+    # every draft step handed the first step's window offsets
+    "window-rail-first-step-indptr": (
+        [(TRITON, r"window_kv_indptr = self\.window_kv_indptr\[\n(\s+)i, : bs \+ 1",
+          r"window_kv_indptr = self.window_kv_indptr[\n\g<1>0, : bs + 1")],
+        "graph-replay-equivalence"),
+}
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ALTERATIONS))
@@ -121,3 +147,115 @@ def test_the_draft_kv_indices_width_without_topk_is_a_new_capacity_finding_besid
     origin = failed_check_origin(tmp_path / "report", out)
     assert (origin["property"], origin["buffer"], origin["cell"]) == ("graph-buffer-soundness", "kv_indices",
                                                                       "capacity"), origin
+
+
+def test_the_window_case_has_window_layers_and_pages():
+    from vmfuzz.harness.model.config import Config
+    from vmfuzz.harness.properties.draft_graph import draft_page_size, draft_window
+    config = Config(TreeMaskMode[WINDOW_CASE["mode"]], 4, 14, 6, 2, 3, is_read=True).validate()
+    assert draft_window(config) == 7 and max(WINDOW_LENS) + 1 > 7  # a request reads a clipped window
+    assert draft_page_size(config) == 4  # its branches own whole pages: the rail's paged chain
+    assert draft_window(CONFIG) == 0 and draft_page_size(CONFIG) == 1  # the other cases: no window, unpaged
+
+
+def test_a_paged_window_model_reads_the_tail_of_each_branchs_paged_chain(sglang_target):
+    from vmfuzz.harness.model.draft_graph import DraftShape, branch_read_columns, window_reads
+    shape = DraftShape(2, 3, 6, 14, 4, 7)
+    s = sglang_target.draft_graph_session(shape, 4)
+    lens = list(WINDOW_LENS)
+    want = s.eager(lens)
+    for step in want.steps:
+        for z, attended in enumerate(step.attended):
+            b, t = divmod(z, 2)
+            assert list(attended) == [s.cell(3, b, c) for c in branch_read_columns(shape, lens[b], t, step.step)]
+            assert step.window_attended[z] == window_reads(attended, 7)
+
+
+def test_a_window_model_reads_the_tail_of_what_each_branch_attends(sglang_target):
+    from vmfuzz.harness.model.draft_graph import DraftShape, window_reads
+    s = sglang_target.draft_graph_session(DraftShape(2, 3, 6, 14, 1, 7), 4)
+    got, want = s.replay(list(WINDOW_LENS)), s.eager(list(WINDOW_LENS))
+    for a, b in zip(got.steps, want.steps):
+        assert a.window_attended[:6] == b.window_attended
+        assert b.window_attended == [window_reads(x, 7) for x in b.attended]
+    assert any(len(x) == 7 < len(y) for x, y in zip(want.steps[0].window_attended, want.steps[0].attended))
+    assert s.overruns == []
+    assert s.allocated()["window_kv_indices"] == s.needed()["window_kv_indices"] == 4 * 2 * 7
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(WINDOW_ALTERATIONS))
+def test_each_window_rail_bug_is_caught_by_its_property(tmp_path, name):
+    sglang_or_skip()
+    edits, prop = WINDOW_ALTERATIONS[name]
+    proc, out = replay_on_copy(altered_copy(tmp_path, edits, name), tmp_path, WINDOW_CASE, WINDOW_LENS, prop)
+    assert proc.returncode == 1, out
+    origin = failed_check_origin(tmp_path / "report", out)
+    assert (origin["property"], origin["buffer"]) == (prop, "window_kv_indices"), origin
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prop", ["graph-replay-equivalence", "graph-buffer-soundness"])
+def test_a_refactor_of_the_window_offsets_and_the_pristine_window_hold(tmp_path, prop):
+    """The clipped offsets by another expression (clip after masking: the same as the window is positive);
+    graph-buffer-soundness at the requests' capacity length (its past-context row is a known finding)."""
+    sglang_or_skip()
+    edits = [(CACHE_LOCS, r"tl\.where\(in_front, tl\.minimum\(prev_lens \+ iters, window\), 0\)",
+              "tl.minimum(tl.where(in_front, prev_lens + iters, 0), window)")]
+    lens = WINDOW_LENS if prop != "graph-buffer-soundness" else (11,)
+    proc, out = replay_on_copy(altered_copy(tmp_path, edits, "window-refactor"), tmp_path, WINDOW_CASE, lens, prop)
+    assert proc.returncode == 0, out
+    assert (f"held {prop}" if prop != "graph-buffer-soundness" else "known finding draft-kv-indices-past-context") \
+        in out, out
+
+
+FLASHINFER = ["srt/layers/attention/flashinfer_backend.py"]
+#: name -> edits: bugs in FlashInfer's multi-step draft plan, caught by capture-replay-agreement on kv_indptr
+FLASHINFER_ALTERATIONS = {
+    # the host plan's per-branch chain offset one step short
+    "flashinfer-host-indptr-step-short": [(FLASHINFER, r"\[offset \+ branch \* \(step \+ 1\) for branch, offset",
+                                            "[offset + branch * step for branch, offset")],
+    # every draft step planned from the first step's host indptr
+    "flashinfer-host-indptr-first-step": [(FLASHINFER, r"global_override_indptr_cpu = indptr_cpu_whole\[i\]",
+                                            "global_override_indptr_cpu = indptr_cpu_whole[0]")],
+}
+
+
+def test_flashinfer_plans_each_real_branch_from_a_host_indptr_that_agrees(sglang_target):
+    from vmfuzz.harness.model.draft_graph import DraftShape, branch_read_columns
+    shape = DraftShape(2, 3, 6, 32)
+    s = sglang_target.draft_graph_session(shape, 4)
+    lens = [5, 7, 3]
+    got = s.replay(lens)
+    drafted = s.flashinfer_plans(got.view)
+    assert [d.host_indptr for d in drafted] == [False, True]
+    for d in drafted:
+        assert d.violations == [] and [st.step for st in d.steps] == [0, 1]
+        for st in d.steps:
+            assert st.host_indptr[:7] == st.indptr[:7]  # the real branches; padded ones differ (documented)
+            b, t = divmod(5, 2)
+            assert st.indices[st.indptr[5]:st.indptr[6]] == [
+                s.cell(3, b, c) for c in branch_read_columns(shape, lens[b], t, st.step)]
+    assert drafted[1].steps[0].host_indptr[7:9] != drafted[1].steps[0].indptr[7:9]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(FLASHINFER_ALTERATIONS))
+def test_each_flashinfer_draft_plan_bug_is_caught(tmp_path, name):
+    sglang_or_skip()
+    proc, out = replay_on_copy(altered_copy(tmp_path, FLASHINFER_ALTERATIONS[name], name), tmp_path, CASE, (5, 7, 3),
+                               "capture-replay-agreement")
+    assert proc.returncode == 1, out
+    origin = failed_check_origin(tmp_path / "report", out)
+    assert (origin["property"], origin["buffer"], origin["cell"]) == ("capture-replay-agreement", "kv_indptr",
+                                                                      "host plan"), origin
+
+
+@pytest.mark.slow
+def test_a_refactor_of_flashinfers_host_indptr_holds(tmp_path):
+    sglang_or_skip()
+    edits = [(FLASHINFER, r"\[offset \+ branch \* \(step \+ 1\) for branch, offset in enumerate\(offsets\)\]",
+              "[offsets[branch] + (step + 1) * branch for branch in range(len(offsets))]")]
+    proc, out = replay_on_copy(altered_copy(tmp_path, edits, "flashinfer-refactor"), tmp_path, CASE, (5, 7, 3),
+                               "capture-replay-agreement")
+    assert proc.returncode == 0 and "held capture-replay-agreement" in out, out

@@ -25,6 +25,7 @@ TREE = {"mode": "FULL_MASK", "max_bs": 4, "max_context_len": 24, "num_draft_toke
 SEQ_LENS = (5, 24, 2)
 
 COMMON = ["srt/speculative/eagle_worker_common.py"]
+CACHE_LOCS = ["kernels/ops/speculative/cache_locs.py"]
 ALTERATIONS = {
     # S#26866 reverted: the accept moves sized bs·d (the tree's nodes), not bs·(n+1) (the accept index)
     "s26866-move-size-bs-d": [(["srt/speculative/spec_utils.py"], r"size = bs \* accept_index\.shape\[1\]",
@@ -38,9 +39,21 @@ ALTERATIONS = {
     # ours: the prefix-tail copy takes one column too many, overwriting each later branch's first draft slot
     "tail-copy-one-too-many": [(COMMON, r"page_off\.view\(1, 1, page_size\) < last_page\.view\(bs, 1, 1\)",
                                 "page_off.view(1, 1, page_size) <= last_page.view(bs, 1, 1)")],
+    # ours: the fused launch's sliding-window slots read through the full sub-pool's page table (a copy-paste)
+    "fused-swa-through-full-table": [(CACHE_LOCS, r"swa_v2p \+ tl\.where\(swa_valid, page, 0\)",
+                                      "full_v2p + tl.where(swa_valid, page, 0)")],
+    # ours: the translating pool hands the full sub-pool's output buffer for the sliding-window one too
+    "plan-swa-out-is-full-out": [(["srt/mem_cache/kv_index_translator.py"],
+                                  r"swa_out=writes\.get\(IdSpaceKind\.SLIDING_WINDOW\)",
+                                  "swa_out=writes.get(IdSpaceKind.FULL)")],
+    # ours: the branch for a host with no Triton device writes positions from 0, not from the request's length
+    "fallback-positions-from-zero": [(CACHE_LOCS, r"start_offset\.to\(torch\.int64\)\.view\(-1, 1\)\n(\s+)\+ ",
+                                      r"0 * start_offset.to(torch.int64).view(-1, 1)\n\1+ ")],
 }
 CAUGHT_BY = {"s26866-move-size-bs-d": "accept moves", "s15360-bonus-stride-d": "bonus stride",
-             "s26972-row-without-paged-reserve": "allocation width", "tail-copy-one-too-many": "draft window"}
+             "s26972-row-without-paged-reserve": "allocation width", "tail-copy-one-too-many": "draft window",
+             "fused-swa-through-full-table": "fused window", "plan-swa-out-is-full-out": "fused window",
+             "fallback-positions-from-zero": "fused window"}
 #: the same page count by another expression (ceil division by negation)
 REFACTOR = [(COMMON, r"num_new_pages = \(last_page \+ num_steps \+ page_size - 1\) // page_size",
              "num_new_pages = -(-(last_page + num_steps) // page_size)")]
@@ -119,7 +132,9 @@ def test_sglang_lines_judged_ran(sglang_target):
     for rel, name, _ in SURFACE:
         path = root / rel
         tree = ast.parse(path.read_text())
-        [fn] = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name]
+        *owner, leaf = name.split(".")
+        scope = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == owner[0]][0] if owner else tree
+        [fn] = [n for n in ast.walk(scope) if isinstance(n, ast.FunctionDef) and n.name == leaf]
         if any("jit" in ast.unparse(dec) for dec in fn.decorator_list):
             continue
         body = {n.lineno for stmt in fn.body[1 if ast.get_docstring(fn) else 0:] for n in ast.walk(stmt)
@@ -131,7 +146,13 @@ def test_sglang_lines_judged_ran(sglang_target):
     for rel, text in (("srt/speculative/spec_utils.py", "size = bs * accept_index.shape[1]"),
                       ("srt/speculative/eagle_worker_common.py", "accept_index.shape[1],"),
                       ("srt/speculative/eagle_worker_common.py", "num_new_pages = (last_page + num_steps"),
-                      ("srt/mem_cache/allocation_sizing.py", "extra = max(extra, get_alloc_reserve_per_decode()")):
+                      ("srt/mem_cache/allocation_sizing.py", "extra = max(extra, get_alloc_reserve_per_decode()"),
+                      # the verify window's producer: its wrapper's fused-output checks and its branch for a host
+                      # with no Triton device, and the translating pool's launch of it
+                      ("kernels/ops/speculative/cache_locs.py", "assert full_out is not None and full_out.numel()"),
+                      ("kernels/ops/speculative/cache_locs.py", "positions_out.copy_("),
+                      ("kernels/ops/speculative/cache_locs.py", "anchor_out[:, 0].copy_(anchor_src"),
+                      ("srt/mem_cache/kv_index_translator.py", "mappings[kind] = space.read_v2p")):
         lines = (root / rel).read_text().splitlines()
         at = [i + 1 for i, line in enumerate(lines) if text in line]
         assert at and set(at) & set(data.lines(str(root / rel)) or ()), f"{rel}: {text!r} never ran"
@@ -155,6 +176,17 @@ def test_real_bug_is_caught_by_its_sub_check(sglang_target, alteration, tmp_path
 @pytest.mark.slow
 def test_a_refactor_of_the_page_count_holds(sglang_target, tmp_path):
     proc, out = _replay(tmp_path, REFACTOR, "page-count-refactor")
+    assert proc.returncode == 0, out
+
+
+#: the fused launch's unheld-page clamp by another expression (a page the table does not hold gives -1)
+FUSED_REFACTOR = [(CACHE_LOCS, r"full_loc = tl\.maximum\(physical \* PAGE_SIZE \+ data % PAGE_SIZE, 0\)",
+                   "full_loc = tl.where(physical >= 0, physical * PAGE_SIZE + data % PAGE_SIZE, 0)")]
+
+
+@pytest.mark.slow
+def test_a_refactor_of_the_fused_clamp_holds(sglang_target, tmp_path):
+    proc, out = _replay(tmp_path, FUSED_REFACTOR, "fused-clamp-refactor")
     assert proc.returncode == 0, out
 
 

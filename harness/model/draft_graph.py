@@ -14,6 +14,10 @@ the rest padding at the fill length ``f``), each drafting ``k`` branches:
   draft tokens of its own chain, so ``k·Σ_b (s_b + i + 1)`` ids, laid out one
   branch after another, and ``B·k + 1`` offsets into them.
 
+A model with window layers (sliding window ``W``) reads, in those layers, only
+the last ``W`` of what a branch attends (``window_reads``): per step row up to
+``B·k·W`` ids, and ``B·k + 1`` offsets.
+
 The worst a captured graph must hold is the largest bucket with every request
 at the context limit (``s_b = C``). Nothing here reads SGLang.
 """
@@ -32,6 +36,9 @@ class DraftShape:
     draft_tokens: int
     context_len: int
     page_size: int = 1
+    #: the draft model's sliding window (its window layers read the last ``window`` of what a branch attends;
+    #: 0: a model with no window layers)
+    window: int = 0
 
     @property
     def pages_per_branch(self) -> int:
@@ -56,10 +63,34 @@ def footprints(shape: DraftShape, bucket: int, hidden: int, seq_lens: list[int] 
     row: the largest row, the last step's; ``kv_indptr`` per step row too."""
     k, n = shape.topk, shape.steps
     lens = seq_lens if seq_lens is not None else [shape.context_len] * bucket
-    return {
+    window = {"window_kv_indices": bucket * k * shape.window, "window_kv_indptr": bucket * k + 1} if shape.window else {}
+    return window | {
         "input_ids": bucket * k, "positions": bucket * k, "out_cache_loc": bucket * k * n,
         "req_pool_indices": bucket, "seq_lens": bucket, "seq_lens_cpu": bucket,
         "topk_p": bucket * k, "topk_index": bucket * k, "hidden_states": bucket * hidden,
         "kv_indices": max(kv_ids_needed(shape, lens, i) for i in range(n)),
         "kv_indptr": bucket * k + 1,
     }
+
+
+def window_reads(attended: tuple[int, ...], window: int) -> tuple[int, ...]:
+    """What a window layer of a branch reads, given what the branch attends (its prefix, then its own
+    chain, oldest first): the last ``window`` of them, in the same order."""
+    return tuple(attended[-window:]) if window > 0 else ()
+
+
+def chain_column(shape: DraftShape, s: int, t: int, i: int) -> int:
+    """The row column branch ``t`` of a request of length ``s`` writes at draft step ``i``: one branch after
+    another from ``s``, or, for a paged tree (P > 1, topk > 1), in whole pages of its own after the
+    prefix's last page (``model.kv_locations``' draft column)."""
+    from vmfuzz.harness.model.kv_locations import branch_pages
+    k, n, p = shape.topk, shape.steps, shape.page_size
+    if p == 1 or k == 1:
+        return s + t * n + i
+    tail = s % p
+    return (s - tail) + t * branch_pages(p, n, tail) * p + tail + i
+
+
+def branch_read_columns(shape: DraftShape, s: int, t: int, step: int) -> list[int]:
+    """The row columns branch ``t`` attends at draft step ``step``: the prefix, then its chain so far."""
+    return list(range(s)) + [chain_column(shape, s, t, j) for j in range(step + 1)]

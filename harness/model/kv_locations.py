@@ -149,3 +149,14 @@ def accept_moves(case: KvCase, window: list[list[int]]) -> list[tuple[int, int]]
 def bonus_nodes(case: KvCase) -> list[int]:
     """The node whose target prediction is each request's bonus token: its last accepted node."""
     return [path[-1] for path in case.paths]
+
+
+def physical_slot(virtual: int, page_map: list[int], page_size: int) -> int:
+    """A virtual slot's slot in a sub-pool whose page table is ``page_map`` (virtual page -> physical page,
+    -1 for a page the sub-pool does not hold): the same offset inside the mapped page. A page the table does
+    not hold (past its end, or -1) and a negative id have no slot of their own: they name the pool's
+    padding slot 0, whose writes nothing reads."""
+    page = virtual // page_size if virtual >= 0 else -1
+    if not 0 <= page < len(page_map) or page_map[page] < 0:
+        return 0
+    return page_map[page] * page_size + virtual % page_size

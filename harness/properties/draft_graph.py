@@ -17,6 +17,8 @@ runner, then calls ``judge_draft`` here with its own property's name), and
   out-of-graph metadata has ``batch_size = B``, ``seq_lens_sum`` = the sum of
   its (padded) ``seq_lens``, ``out_cache_loc`` of ``B·k·n`` ids, ``positions``
   of ``B·k``; and it is judged before anything SGLang asserts afterwards;
+  FlashInfer's multi-step draft backend, handed the same view, plans each real
+  branch's prefix and chain, from a host indptr that agrees with the device's;
 - ``graph-buffer-soundness``: each static buffer, the backend's ``kv_indices``
   rows and ``kv_indptr`` included, holds what the largest admitted bucket needs
   with every request at the longest prefix a drafting request has (``C - 1``:
@@ -32,7 +34,7 @@ import zlib
 import torch
 
 from vmfuzz.harness.model.config import Batch, Config, num_candidates
-from vmfuzz.harness.model.draft_graph import DraftShape
+from vmfuzz.harness.model.draft_graph import DraftShape, branch_read_columns, window_reads
 from vmfuzz.harness.properties.graph_shared import built
 from vmfuzz.harness.properties.kit import DONE, SUB_CHECK, Observation, fail
 from vmfuzz.harness.properties.verify_graph_buffers import judge_verify_buffers
@@ -43,6 +45,22 @@ REPLAY = "draft cuda-graph replay"
 PAGE_SIZES = (1, 4)
 
 
+def draft_window(config: Config) -> int:
+    """The sliding window of the draft model a case's server runs (0: none). Every other case's model has
+    window layers (chosen by the config, so a repro replays as it was judged), its window half the context:
+    short requests read all they attend through it, long ones a clipped tail."""
+    if (zlib.crc32(repr(config).encode()) // DRAFT_SHARE) % 2:
+        return 0
+    return max(1, config.max_context_len // 2)
+
+
+def draft_page_size(config: Config) -> int:
+    """The KV page size of the server whose draft runner the three graph properties judge: a windowed model's
+    server keeps its KV in pages of 4 (a paged tree's branches then own whole pages, the window rail's paged
+    chain), every other server's is unpaged (graph-buffer-soundness sizes both page sizes for every case)."""
+    return 4 if draft_window(config) else 1
+
+
 def draft_shape(config: Config, page_size: int = 1) -> DraftShape | None:
     """The draft-decode server of ``config``, or None where SGLang builds no draft-decode runner (one
     step) or would not start (topk 1 with draft tokens other than steps + 1; more draft tokens than
@@ -50,7 +68,7 @@ def draft_shape(config: Config, page_size: int = 1) -> DraftShape | None:
     k, n, d = config.topk, config.spec_steps, config.d
     if n < 2 or k < 1 or (k == 1 and d != n + 1) or d - 1 > num_candidates(k, n):
         return None
-    return DraftShape(k, n, d, config.max_context_len, page_size)
+    return DraftShape(k, n, d, config.max_context_len, page_size, draft_window(config))
 
 
 def session(prop: str, target, config: Config, obs: Observation, page_size: int = 1, largest_only: bool = False):
@@ -75,7 +93,27 @@ def _overruns(prop: str, s, where: str) -> None:
              buffer=v.buffer, side="below" if v.side == "front" else "above", stage=o.phase)
 
 
-def _compare(prop: str, got, want, raw: int, k: int, where: str) -> None:
+def _windows(prop: str, drafted, raw: int, k: int, window: int, where: str, which: str) -> None:
+    """Each real branch's window-layer reads are the last ``window`` of what it attends (the meaning's
+    ``window_reads``), in the replay and in the eager draft alike (one kernel fills both)."""
+    for step in drafted.steps:
+        if not window:
+            continue
+        if len(step.window_attended) < raw * k:
+            fail(prop, f"{where}: step {step.step}: the window layers were handed no reads for the "
+                       f"{raw * k} real branches ({which})", effect="wrong", writer=REPLAY,
+                 buffer="window_kv_indices", cell="real row", stage="replay")
+        for z in range(raw * k):
+            want = window_reads(step.attended[z], window)
+            if step.window_attended[z] != want:
+                fail(prop, f"{where}: step {step.step}, branch {z} ({which}): its window layers read "
+                           f"{step.window_attended[z]}, the last {window} of what it attends are {want}",
+                     effect="wrong", writer=REPLAY, buffer="window_kv_indices", cell="real row", stage="replay")
+
+
+def _compare(prop: str, got, want, raw: int, k: int, where: str, window: int = 0) -> None:
+    _windows(prop, want, raw, k, window, where, "eager")
+    _windows(prop, got, raw, k, window, where, "replay")
     for name in ("parent_list", "top_scores_index", "draft_tokens"):
         a, b = getattr(got, name), getattr(want, name)
         if a.shape != b.shape or not torch.equal(a, b):
@@ -158,7 +196,7 @@ def judge_draft(prop: str, target, config: Config, batches: list[Batch], obs: Ob
     if why is not None:
         obs.classes.add(f"draft: not judged: {why}")
         return
-    s = session(prop, target, config, obs)
+    s = session(prop, target, config, obs, draft_page_size(config))
     if s is None:
         return
     _overruns(prop, s, "draft capture")
@@ -176,15 +214,56 @@ def judge_draft(prop: str, target, config: Config, batches: list[Batch], obs: Ob
         where = f"draft replay of bs {len(lens)} in the graph captured at bs {got.graph_bs}"
         if prop == "capture-replay-agreement":
             _view(prop, s, got, len(lens), where)
+            if got.raised is None:
+                _flashinfer(prop, s, got, lens, where, obs)
         if got.raised is not None:
             raise got.raised
         _overruns(prop, s, where)
         if prop == "padding-inert":
             _padded(prop, s, got, lens, where)
         if prop != "capture-replay-agreement":
-            _compare(prop, got, s.eager(lens), len(lens), k, where)
+            _compare(prop, got, s.eager(lens), len(lens), k, where, s.shape.window)
         obs.classes.add("draft: padded replay" if got.graph_bs > len(lens) else "draft: exact replay")
+        obs.classes.add(f"draft: page size {s.shape.page_size}")
+        if s.shape.window:
+            clipped = any(v + config.spec_steps > s.shape.window for v in lens)
+            obs.classes.add(f"draft: window layers, {'a clipped' if clipped else 'no clipped'} window")
         obs.classes.add(f"{SUB_CHECK}draft runner: {DONE}")
+
+
+def _flashinfer(prop: str, s, got, lens: list[int], where: str, obs: Observation) -> None:
+    """FlashInfer's multi-step draft backend handed the same replay view: each step's plan, for each real
+    branch, holds its prefix then its chain so far (``branch_read_columns``), and the host indptr it plans
+    from agrees with the device's on the real branches (host-indptr option off and on)."""
+    make = getattr(s, "flashinfer_plans", None)
+    if make is None:
+        obs.classes.add("draft: FlashInfer's draft plan not driven by this target")
+        return
+    bs, k = len(lens), s.shape.topk
+    origin = dict(writer="FlashInferMultiStepDraftBackend", stage="replay")
+    for drafted in make(got.view):
+        how = f"FlashInfer's draft plan ({'host' if drafted.host_indptr else 'device'} indptr)"
+        if drafted.violations:
+            v = drafted.violations[0]
+            fail(prop, f"{where}: {how} wrote outside its buffer: {v.describe()}", effect="overrun",
+                 buffer=v.buffer, side="below" if v.side == "front" else "above", **origin)
+        if len(drafted.steps) != s.shape.steps - 1:
+            fail(prop, f"{where}: {how} planned {len(drafted.steps)} steps, the draft runs {s.shape.steps - 1}",
+                 effect="wrong", buffer="kv_indptr", cell="steps", **origin)
+        for st in drafted.steps:
+            for z in range(bs * k):
+                b, t = divmod(z, k)
+                want = [s.cell(bs, b, c) for c in branch_read_columns(s.shape, lens[b], t, st.step)]
+                have = st.indices[st.indptr[z]:st.indptr[z + 1]]
+                if have != want:
+                    fail(prop, f"{where}: {how}, step {st.step}, branch {z}: handed KV ids {have}, its prefix and "
+                               f"chain are {want}", effect="wrong", buffer="kv_indices", cell="real row", **origin)
+            real = bs * k + 1
+            if st.host_indptr is not None and st.host_indptr[:real] != st.indptr[:real]:
+                fail(prop, f"{where}: {how}, step {st.step}: the host indptr FlashInfer plans from is "
+                           f"{st.host_indptr[:real]}, the device's is {st.indptr[:real]} on the real branches",
+                     effect="wrong", buffer="kv_indptr", cell="host plan", **origin)
+        obs.classes.add(f"draft: FlashInfer draft plan, {'host' if drafted.host_indptr else 'device'} indptr")
 
 
 def _padded(prop: str, s, got, lens: list[int], where: str) -> None:

@@ -8,6 +8,12 @@ allocation or from outside the table is told apart from a wrong column. Sub-chec
 
 * ``draft window``: each (request, branch, step)'s slot and, for a paged tree, the prefix-tail copies;
 * ``verify window``: each tree node's slot;
+* ``fused window``: the verify window's producer asked for more in the same launch, as a
+  translating pool asks it (``plan_uniform_extend``) and as its branch for a host with no Triton
+  device runs: each node's slot in the full and the sliding-window sub-pools (the same offset in
+  the page the sub-pool's page table maps it to; slot 0 for a page it does not hold,
+  ``physical_slot``), its position (its column), and each request's anchor in column 0 of its
+  row (the row's other columns untouched);
 * ``accept moves``: the accept index and lengths, the KV moves (``bs·(n + 1)`` pairs, real ones
   first) and the compacted predictions;
 * ``bonus stride``: each request's bonus token is the target's prediction at its last accepted node;
@@ -25,13 +31,14 @@ from collections import Counter
 from vmfuzz.harness.guard.shadow import ShadowHeap, describe_all
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.kv_locations import (PAGE_SIZES, KvCase, accept_moves, allocated_columns, bonus_nodes,
-                                               draft_columns, tail_copies, verify_columns)
+                                               draft_columns, physical_slot, tail_copies, verify_columns)
 from vmfuzz.harness.model.trees import parents, trees_of
 from vmfuzz.harness.properties.kit import Observation, fail, fail_overrun, sub_check_done
 
 PROP = "kv-location-soundness"
-SUB_CHECKS = ("draft window", "verify window", "accept moves", "bonus stride", "allocation width")
+SUB_CHECKS = ("draft window", "verify window", "fused window", "accept moves", "bonus stride", "allocation width")
 WRITERS = {"draft window": "prepare_for_draft", "verify window": "assign_extend_cache_locs_uniform",
+           "fused window": "assign_extend_cache_locs_uniform fused outputs",
            "accept moves": "run_eagle_verify accept step", "bonus stride": "run_eagle_verify bonus tokens",
            "allocation width": "allocation sizing"}
 
@@ -126,7 +133,43 @@ def judge_case(target, case: KvCase, obs: Observation) -> None:
         _fail("verify window", case, f"{len(w.verify_slots)} verify slots for bs·d = {len(flat)}",
               buffer="out_cache_loc", cell="length")
     sub_check_done(obs, "verify window")
+    _judge_fused(case, w, flat, obs)
     _judge_accept(case, w, want_v, obs)
+
+
+def _judge_fused(case: KvCase, w, flat: list[int], obs: Observation) -> None:
+    """The producer's fused outputs: sub-pool slots from the page tables the driver handed it, positions,
+    anchors; on the translating pool's launch and on the branch for a host with no Triton device."""
+    t, d, sub = w.windows, case.d, "fused window"
+    if t.not_driven:
+        obs.classes.add(f"sub-check {sub}: not driven ({t.not_driven})")
+        return
+
+    def first_wrong(what: str, got: list, want: list, buffer: str) -> None:
+        if len(got) != len(want):
+            _fail(sub, case, f"{what}: {len(got)} cells, the window has {len(want)}", buffer=buffer, cell="length")
+        j = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), None)
+        if j is not None:
+            _fail(sub, case, f"{what}: request {j // d}'s node {j % d} holds {got[j]}, its own is {want[j]}",
+                  buffer=buffer, cell="column")
+    first_wrong("the translating pool's virtual window", t.virtual, flat, "out_cache_loc")
+    for name, got, page_map in (("full", t.full, t.full_map), ("sliding-window", t.swa, t.swa_map)):
+        want = [physical_slot(v, page_map, t.page_size) for v in flat]
+        first_wrong(f"the {name} sub-pool's slots", got, want, f"{name} out")
+        if name == "sliding-window" and 0 in want:
+            obs.classes.add("fused window: a page the sliding-window sub-pool does not hold")
+    columns = [c for s in case.seq_lens for c in verify_columns(case, s)]
+    anchors = [v for a in t.anchor_src for v in [a] + [0] * (len(t.anchors[0]) - 1 if t.anchors else 0)]
+    if t.fallback is None:
+        _fail(sub, case, "the branch for a host with no Triton device returned no window", buffer="out_cache_loc",
+              cell="length")
+    for where, positions, rows in (("the translating pool's launch", t.positions, t.anchors),
+                                   ("the host-without-Triton branch", t.fallback_positions, t.fallback_anchors)):
+        first_wrong(f"{where}: positions", [v for row in positions for v in row], columns, "positions_out")
+        first_wrong(f"{where}: anchors", [v for row in rows for v in row], anchors, "anchor_out")
+    first_wrong("the host-without-Triton branch's window", t.fallback, flat, "out_cache_loc")
+    sub_check_done(obs, sub)
+    obs.classes.add(f"fused window: page size {t.page_size}")
 
 
 def _judge_accept(case: KvCase, w, want_v, obs: Observation) -> None:

@@ -22,6 +22,12 @@ single-GPU EAGLE server of the case's shape: ``k`` = topk, ``n`` = steps,
   sharing: the graph stand-in (``guard.graph``); one runner here, so
   ``share_buffers`` adopts its buffers as static instead of aliasing them.
 
+A shape with a ``window`` is a model with window layers (``sliding_window_size``):
+the backend then builds its per-step window rail (``_fill_window_rail``, the
+``generate_draft_decode_window_kv_indices`` kernel), whose graph buffers are
+adopted as redzoned static buffers too; its KV stays one static pool (reads pass
+through), so ``_step_writes``' sliding-window sub-pool branch is not driven.
+
 Pool row 0 is the reserved row padding reads; real requests sit in rows
 ``max_bs .. 1`` (last first). Not driven: rejection sampling, DP/MLP-sync
 gathers, DSA seeds, mrope, canary, hot-token maps (each off in this server).
@@ -58,10 +64,11 @@ SURFACE = tuple((RUNNER_FILE, fn, PROPS) for fn in (
     "TritonMultiStepDraftBackend.__init__", "TritonMultiStepDraftBackend.common_template",
     "TritonMultiStepDraftBackend.init_forward_metadata", "TritonMultiStepDraftBackend.init_cuda_graph_state",
     "TritonMultiStepDraftBackend.init_forward_metadata_out_graph",
-    "TritonMultiStepDraftBackend.init_forward_metadata_in_graph",
+    "TritonMultiStepDraftBackend.init_forward_metadata_in_graph", "TritonMultiStepDraftBackend._fill_window_rail",
 )) + (
     ("srt/speculative/eagle_worker_v2.py", "EagleDraftWorker.draft_forward", PROPS),
     ("kernels/ops/speculative/cache_locs.py", "generate_draft_decode_kv_indices", PROPS),
+    ("kernels/ops/speculative/cache_locs.py", "generate_draft_decode_window_kv_indices", PROPS),
     ("srt/speculative/spec_utils.py", "draft_kv_indices_buffer_width", PROPS),
     ("srt/speculative/spec_utils.py", "draft_kv_indices_used_len", PROPS),
     ("srt/speculative/eagle_utils.py", "per_step_draft_out_cache_loc", PROPS),
@@ -157,7 +164,8 @@ def _model_runner(shape: DraftShape, capture_bs: list[int], heap: ShadowHeap, sp
     from vmfuzz.harness.targets.sglang import backend_init
     m = modules()
     numbers = ServerNumbers(max(capture_bs), shape.context_len, shape.draft_tokens, shape.topk, shape.steps)
-    runner = backend_init.model_runner(numbers, "cpu", page_size=shape.page_size)
+    runner = backend_init.model_runner(numbers, "cpu", page_size=shape.page_size,
+                                       sliding_window_size=shape.window or None)
     # row 0 for padding, then room for a batch past max_bs (which can_run_graph must refuse)
     table = _pool(shape, heap, 2 * max(capture_bs) + 2)
     translator = object.__new__(m.translator.KVIndexTranslator)
@@ -182,6 +190,10 @@ def _adopt_graph_state(backend, space: GraphSpace) -> None:
     for i, step in enumerate(backend.attn_backends):
         step.cuda_graph_kv_indices = backend.cuda_graph_kv_indices[i]
         step.kv_indptr = backend.kv_indptr[i]
+    if getattr(backend, "window_rail", False):  # a windowed model's per-step window rail (its captures read rows)
+        backend.cuda_graph_window_kv_indices = space.static("window_kv_indices", backend.cuda_graph_window_kv_indices,
+                                                            redzone_cells=512)
+        backend.window_kv_indptr = space.static("window_kv_indptr", backend.window_kv_indptr, redzone_cells=64)
 
 
 def build(shape: DraftShape, capture_bs: list[int], heap: ShadowHeap | None = None) -> DraftServer:

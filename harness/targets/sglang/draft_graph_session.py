@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from vmfuzz.harness.guard.shadow import ShadowHeap
-from vmfuzz.harness.model.draft_graph import DraftShape, footprints
+from vmfuzz.harness.model.draft_graph import DraftShape, chain_column, footprints
 from vmfuzz.harness.targets.sglang.draft_graph_runner import (
     Drafted, build, can_run, eager, live_batch, replay)
 from vmfuzz.harness.targets.sglang.draft_model import HIDDEN, VOCAB
@@ -45,11 +45,11 @@ class DraftSession(RunnerView):
 
     def slots(self, seq_lens: list[int]) -> torch.Tensor:
         """Each branch's draft KV slots, step after step: request b (pool row ``bs - b``), branch t,
-        step i at column ``s_b + t*n + i`` of its row."""
+        step i at the row column the meaning gives it (``chain_column``: ``s_b + t*n + i`` unpaged)."""
         k, n = self.shape.topk, self.shape.steps
         table = self.server.req_to_token
         bs = len(seq_lens)
-        cols = [s + t * n + i for s in seq_lens for t in range(k) for i in range(n)]
+        cols = [chain_column(self.shape, s, t, i) for s in seq_lens for t in range(k) for i in range(n)]
         rows = [bs - b for b in range(bs) for _ in range(k * n)]
         return table[rows, cols].to(torch.long)
 
@@ -80,6 +80,18 @@ class DraftSession(RunnerView):
     def eager(self, seq_lens: list[int]) -> Drafted:
         return eager(self.server, self.live(seq_lens))
 
+    def cell(self, bs: int, b: int, column: int) -> int:
+        """The slot ``req_to_token`` holds at ``column`` of request ``b``'s row (pool row ``bs - b``)."""
+        return int(self.server.req_to_token[bs - b, column])
+
+    def flashinfer_plans(self, view):
+        """FlashInfer's multi-step draft backend handed ``view`` (a replay's): each step's plan inputs, with the
+        host-indptr option off and on (``flashinfer_draft``)."""
+        from vmfuzz.harness.targets.sglang import flashinfer_draft
+        from vmfuzz.harness.targets.sglang.imports import sglang_module
+        module = sglang_module("sglang.srt.layers.attention.flashinfer_backend")
+        return flashinfer_draft.plans(module, self.server.runner.model_runner, self.shape, self.max_bs, view)
+
     # -- what the graph buffers hold -----------------------------------------------------------------
     def allocated(self) -> dict[str, int]:
         """Cells each static buffer holds (``kv_indices``, ``kv_indptr``: per step row)."""
@@ -88,6 +100,9 @@ class DraftSession(RunnerView):
         out["input_ids"] = buffers.input_ids.numel()
         out["kv_indices"] = int(backend.cuda_graph_kv_indices.shape[1])
         out["kv_indptr"] = int(backend.kv_indptr.shape[1])
+        if self.shape.window:
+            out["window_kv_indices"] = int(backend.cuda_graph_window_kv_indices.shape[1])
+            out["window_kv_indptr"] = int(backend.window_kv_indptr.shape[1])
         return out
 
     def needed(self, seq_lens: list[int] | None = None) -> dict[str, int]:

@@ -55,6 +55,19 @@ class Step:
     hidden: torch.Tensor
     logits: torch.Tensor
     out_of_vocab: list[tuple[int, int]] = field(default_factory=list)  # (branch, id)
+    #: per branch, the KV slots a window layer was handed (a model with window layers; else empty)
+    window_attended: list[tuple[int, ...]] = field(default_factory=list)
+
+
+def _window_reads(meta, n: int) -> list[tuple[int, ...]]:
+    """Per branch, the slots the step's window layers read (their own indptr and indices, read as a kernel
+    reads them); empty where the step's metadata holds none (no window layers)."""
+    if getattr(meta, "window_kv_indices", None) is None or getattr(meta, "window_kv_indptr", None) is None:
+        return []
+    indptr = kernel_reads(meta.window_kv_indptr)[:n + 1].tolist()
+    indices = kernel_reads(meta.window_kv_indices)
+    return [tuple(indices[indptr[z]:indptr[z + 1]].tolist()) if indptr[z + 1] >= indptr[z] else ()
+            for z in range(n)]
 
 
 class RecordingDraftModel:
@@ -99,7 +112,8 @@ class RecordingDraftModel:
         v = torch.tensor(values, dtype=torch.float64).reshape(n, 1)
         hidden = (v % 65521) + torch.arange(HIDDEN, dtype=torch.float64)
         logits = ((v * (torch.arange(VOCAB, dtype=torch.float64) * 2 + 1)) % 97 / 8.0).to(torch.float32)
-        self.steps.append(Step(step, ids, pos, attended, writes, hidden.clone(), logits.clone(), oov))
+        self.steps.append(Step(step, ids, pos, attended, writes, hidden.clone(), logits.clone(), oov,
+                               _window_reads(meta, n)))
         if self.in_graph:  # a graph's outputs: the same memory every run
             out = self._outputs.get(n)
             if out is None:

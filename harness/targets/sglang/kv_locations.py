@@ -9,9 +9,10 @@ For one ``KvCase`` (``harness/model/kv_locations.py``) this runs, in SGLang's or
 2. the **draft** window: ``eagle_worker_common.prepare_for_draft`` (its contiguous Triton
    launch for P = 1 or topk 1, its torch gather and ``duplicate_prefix_tail_to_draft_branches``
    for a paged tree), ``ForwardBatch.init_new`` stood in (the forward batch is not this step's);
-3. the **verify** window: the ``assign_extend_cache_locs_uniform`` kernel launched as its
-   ``_func`` wrapper launches it on a Triton device (on a host without CUDA that wrapper takes
-   its CPU fallback, which needs ``sgl_kernel``, and returns None: that branch is not driven);
+3. the **verify** window: ``assign_extend_cache_locs_uniform_func`` as ``eagle_prepare_for_verify``
+   calls it, taking its Triton-device branch; then the same producer with its fused outputs
+   (``kv_translation``: ``plan_uniform_extend`` on a translating pool, and the wrapper's
+   fallback branch);
 4. the **accept** step: ``run_eagle_verify`` itself, from the target's logits on: the real
    ``eagle_sample`` (greedy; ``verify_tree_greedy_func`` is SGLang's Triton implementation,
    the branch an XPU host takes, since this host's has no kernel), its bonus tokens
@@ -38,6 +39,7 @@ import torch
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.model.kv_locations import KvCase
 from vmfuzz.harness.targets.sglang.binding import bound
+from vmfuzz.harness.targets.sglang.kv_translation import Translated, run_windows
 
 COMMON = "srt/speculative/eagle_worker_common.py"
 #: What this module drives, for ``vmfuzz surface`` and the gate.
@@ -54,8 +56,12 @@ SURFACE: tuple = (
     ("kernels/ops/speculative/cache_locs.py", "assign_draft_cache_locs_contiguous_func", ("kv-location-soundness",)),
     ("kernels/ops/speculative/cache_locs.py", "assign_draft_cache_locs_contiguous", ("kv-location-soundness",)),
     ("kernels/ops/speculative/cache_locs.py", "assign_extend_cache_locs_uniform", ("kv-location-soundness",)),
-    ("kernels/ops/speculative/cache_locs.py", "fill_front_out_cache_loc_func", ("kv-location-soundness",)),
+    ("kernels/ops/speculative/cache_locs.py", "assign_extend_cache_locs_uniform_func", ("kv-location-soundness",)),
+    ("kernels/ops/speculative/cache_locs.py", "assign_extend_cache_locs_func", ("kv-location-soundness",)),
     ("kernels/ops/speculative/cache_locs.py", "assign_extend_cache_locs", ("kv-location-soundness",)),
+    ("srt/mem_cache/kv_index_translator.py", "KVIndexTranslator.plan_uniform_extend", ("kv-location-soundness",)),
+    ("srt/mem_cache/kv_index_translator.py", "KVIndexTranslator.plan", ("kv-location-soundness",)),
+    ("kernels/ops/speculative/cache_locs.py", "fill_front_out_cache_loc_func", ("kv-location-soundness",)),
     ("srt/speculative/spec_utils.py", "move_accept_tokens_to_target_kvcache", ("kv-location-soundness",)),
     ("srt/speculative/eagle_utils.py", "eagle_sample", ("kv-location-soundness",)),
     ("kernels/ops/speculative/eagle.py", "fill_bonus_tokens_func", ("kv-location-soundness",)),
@@ -66,11 +72,8 @@ SURFACE: tuple = (
 )
 #: What it reaches but does not drive, and why.
 NOT_DRIVEN: tuple = (
-    ("kernels/ops/speculative/cache_locs.py", "assign_extend_cache_locs_uniform_func",
-     "on a host without CUDA its fallback needs sgl_kernel's CPU op and returns None: the kernel is launched "
-     "as its Triton-device branch launches it"),
     ("srt/speculative/eagle_utils.py", "eagle_prepare_for_verify",
-     "builds the target's forward batch (a model runner's); its window is the uniform kernel's, launched directly"),
+     "builds the target's forward batch (a model runner's); its window is driven as it calls it, through assign_extend_cache_locs_uniform"),
 )
 
 #: A vocabulary wide enough for the tokens the driver names (draft 2000+, target 7000+).
@@ -97,6 +100,7 @@ class KvWrites:
     target_tokens: list[list[int]] = field(default_factory=list)  # what the target predicted at each node
     accept_moves: list[tuple[int, int]] | None = None  # None: no move (topk 1)
     compacted: list[int] | None = None  # predict after _compact_accept_to_front
+    windows: Translated | None = None  # the verify window's producer, plain and with its fused outputs
     violations: list = field(default_factory=list)
 
     def slot_of(self, row: int, column: int) -> int:
@@ -199,10 +203,11 @@ def run_case(sg, case: KvCase, heap: ShadowHeap) -> KvWrites:
     w.draft_slots = [int(v) for v in batch.out_cache_loc.reshape(-1)]
     w.draft_copies, pool.moves = pool.moves, []
 
-    # -- the verify window
-    window = heap.alloc("verify out_cache_loc", (bs * d,), torch.int64, redzone_cells=4 * d)
-    sg.cache_locs.assign_extend_cache_locs_uniform[(bs,)](rpi, table, seq_lens, window, R, d)
-    w.verify_slots = [int(v) for v in window]
+    # -- the verify window: SGLang's wrapper as eagle_prepare_for_verify calls it, then its fused launches
+    w.windows = run_windows(sg, heap, table, rpi, seq_lens, d, case.page_size)
+    w.verify_slots = w.windows.plain
+    # the accept step reads the window as the verify forward left it: redzoned, so a read past it is seen
+    window = heap.adopt("verify out_cache_loc", torch.tensor(w.verify_slots, dtype=torch.int64), 4 * d)
 
     # -- the accept step
     _accept(sg, case, w, heap, batch, window, pool)
@@ -316,6 +321,18 @@ def kv_modules():
         common=sglang_module("sglang.srt.speculative.eagle_worker_common"),
         eagle_utils=sglang_module("sglang.srt.speculative.eagle_utils"),
         cache_locs=sglang_module("sglang.kernels.ops.speculative.cache_locs"),
+        # the translating pool's fused verify window (0.5.23 on); None where this SGLang has none
+        translator=_optional("sglang.srt.mem_cache.kv_index_translator"),
+        IdSpaceKind=getattr(_optional("sglang.srt.mem_cache.kv_loc_plan"), "IdSpaceKind", None),
+        IdSpace=getattr(_optional("sglang.srt.mem_cache.kv_loc_plan"), "IdSpace", None),
         spec_tree=sglang_module("sglang.kernels.ops.speculative.spec_tree"),
         ForwardMode=sglang_module("sglang.srt.model_executor.forward_batch_info").ForwardMode,
     )
+
+
+def _optional(name: str):
+    """An SGLang module a newer release has, or None where this one has no such module."""
+    import importlib.util
+
+    from vmfuzz.harness.targets.sglang.imports import sglang_module
+    return sglang_module(name) if importlib.util.find_spec(name) is not None else None
