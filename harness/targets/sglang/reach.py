@@ -69,17 +69,29 @@ def lookup_patches(modules, answers: dict) -> list[tuple]:
     those modules imported the function by name, and in each module they hold that defines one
     (code reaching it as ``runtime_context.get_spec()``). Other importers keep the real one:
     SGLang's helpers elsewhere rely on it answering "not published" outside a server."""
+    return [(owner, name, answers[name]) for owner, name in _lookup_places(tuple(modules), tuple(answers))]
+
+
+#: (modules with their sizes, names) -> where those names are held: a graph check binds the same
+#: lookups on every step, and scanning every held module's names was a quarter of its time
+_PLACES: dict[tuple, list[tuple]] = {}
+
+
+def _lookup_places(modules: tuple, names: tuple) -> list[tuple]:
     import types
-    out: list[tuple] = []
-    seen: set = set()
-    for name, answer in answers.items():
-        for mod in modules:
-            owners = [mod] + [v for v in vars(mod).values() if isinstance(v, types.ModuleType)]
-            for owner in owners:
-                if callable(getattr(owner, name, None)) and (id(owner), name) not in seen:
-                    seen.add((id(owner), name))
-                    out.append((owner, name, answer))
-    return out
+    # a module that gained or lost a name (an import run since) is scanned again
+    key = (tuple((id(m), len(vars(m))) for m in modules), names)
+    places = _PLACES.get(key)
+    if places is None or any(not callable(getattr(owner, name, None)) for owner, name in places):
+        places, seen = [], set()
+        for name in names:
+            for mod in modules:
+                for owner in [mod] + [v for v in vars(mod).values() if isinstance(v, types.ModuleType)]:
+                    if callable(getattr(owner, name, None)) and (id(owner), name) not in seen:
+                        seen.add((id(owner), name))
+                        places.append((owner, name))
+        _PLACES[key] = places
+    return places
 
 
 def raised_in(exc: BaseException, *where) -> bool:
