@@ -275,7 +275,9 @@ def test_an_uncommitted_off_by_one_is_caught_not_skipped(checkout, tmp_path):
 def test_a_changed_line_no_property_ran_is_could_not_check_and_a_judged_one_is_judged(checkout, tmp_path):
     # A refactor of two lines: one in fits (every search runs it), one in tree_mask_numel's
     # refusal of the bit-packed layout (which no allocation asks it to size).
-    _edit(checkout, "return bs <= self.max_bs", "return not bs > self.max_bs")
+    # (fits' line only re-laid: the same expression, so reaching it judges it; `not bs > max_bs` would
+    # be a rewrite equal only in fact, exit 3 unless an example told the two apart: test_provoked.py)
+    _edit(checkout, "return bs <= self.max_bs", "return (bs <= self.max_bs)")
     _edit(checkout, 'raise NotImplementedError(f"Invalid tree mask: {mode=}")',
           'raise NotImplementedError(f"Invalid tree mask: mode={mode!r}")')
     r, summary = _gate(checkout, tmp_path)
@@ -291,7 +293,7 @@ def test_a_changed_line_no_property_ran_is_could_not_check_and_a_judged_one_is_j
 
 @pytest.mark.slow
 def test_a_refactor_whose_lines_all_ran_is_exercised(checkout, tmp_path):
-    _edit(checkout, "return bs <= self.max_bs", "return not bs > self.max_bs")
+    _edit(checkout, "return bs <= self.max_bs", "return (bs <= self.max_bs)")
     r, summary = _gate(checkout, tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert summary["gate"]["exercised"] == [f"python/sglang/{VERIFY_MASK}"]
