@@ -129,6 +129,24 @@ def test_a_functions_signature_is_read_once_and_again_when_it_could_differ():
     assert str(seams.signature(listed, "seam", "file.py")) == "(a, b=[])"
 
 
+def test_a_signature_with_keyword_only_defaults_is_read_once_and_again_when_a_default_changes():
+    from vmfuzz.harness.targets.sglang import seams
+
+    def fn(a, *, b=1, c=None):
+        return a
+
+    first = seams.signature(fn, "seam", "file.py")
+    assert seams.signature(fn, "seam", "file.py") is first and str(first) == "(a, *, b=1, c=None)"
+    fn.__kwdefaults__["b"] = 2  # the same dict, changed in place
+    assert str(seams.signature(fn, "seam", "file.py")) == "(a, *, b=2, c=None)"
+    fn.__kwdefaults__ = {"b": 3, "c": None}
+    assert str(seams.signature(fn, "seam", "file.py")) == "(a, *, b=3, c=None)"
+
+    def listed(a, *, b=[]):  # noqa: B006 - an unhashable keyword default is read afresh, never a crash
+        return a
+    assert str(seams.signature(listed, "seam", "file.py")) == "(a, *, b=[])"
+
+
 def test_the_builtins_listed_once_are_tritons_own_scan_and_kernels_answer_the_same():
     import inspect
     pytest.importorskip("triton.language")

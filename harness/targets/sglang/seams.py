@@ -71,7 +71,9 @@ def _signature_key(fn):
     function (classes, bound methods, partials: read afresh each time)."""
     if type(fn) is not types.FunctionType:
         return None
-    key = (fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__, id(fn.__annotations__),
+    # keyword-only defaults live in a dict: keyed by its items now (the dict itself never hashes)
+    kwdefaults = None if fn.__kwdefaults__ is None else tuple(fn.__kwdefaults__.items())
+    key = (fn, fn.__code__, fn.__defaults__, kwdefaults, id(fn.__annotations__),
            fn.__dict__.get("__signature__"), fn.__dict__.get("__wrapped__"))
     try:
         hash(key)
