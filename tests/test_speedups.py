@@ -147,6 +147,28 @@ def test_a_signature_with_keyword_only_defaults_is_read_once_and_again_when_a_de
     assert str(seams.signature(listed, "seam", "file.py")) == "(a, *, b=[])"
 
 
+def test_a_bound_methods_signature_is_read_once_for_its_function_and_again_when_it_could_differ():
+    from vmfuzz.harness.targets.sglang import seams
+
+    class Backend:
+        def init(self, batch, *, in_capture=False):
+            return batch
+
+    one, two = Backend(), Backend()
+    first = seams.signature(one.init, "seam", "file.py")
+    assert str(first) == "(batch, *, in_capture=False)"  # bound: self is not a parameter
+    assert seams.signature(two.init, "seam", "file.py") is first  # any instance's bound method
+    assert str(seams.signature(Backend.init, "seam", "file.py")) == "(self, batch, *, in_capture=False)"
+    Backend.init.__kwdefaults__["in_capture"] = True
+    assert str(seams.signature(one.init, "seam", "file.py")) == "(batch, *, in_capture=True)"
+
+    def other(self, batch, extra):
+        return batch
+
+    Backend.init = other  # the class's method replaced: its bound methods are the new function's
+    assert str(seams.signature(one.init, "seam", "file.py")) == "(batch, extra)"
+
+
 def test_the_builtins_listed_once_are_tritons_own_scan_and_kernels_answer_the_same():
     import inspect
     pytest.importorskip("triton.language")

@@ -84,6 +84,10 @@ def _signature_key(fn):
 
 def signature(fn, seam: str, file: str) -> inspect.Signature:
     key = _signature_key(fn)
+    if type(fn) is types.MethodType:
+        # a bound method's signature is its function's less the first parameter, whoever it is bound to
+        inner = _signature_key(fn.__func__)
+        key = None if inner is None else ("bound", inner)
     if key is not None and key in _SIGNATURES:
         return _SIGNATURES[key]
     try:
