@@ -129,6 +129,46 @@ def test_a_functions_signature_is_read_once_and_again_when_it_could_differ():
     assert str(seams.signature(listed, "seam", "file.py")) == "(a, b=[])"
 
 
+def test_a_signature_with_keyword_only_defaults_is_read_once_and_again_when_a_default_changes():
+    from vmfuzz.harness.targets.sglang import seams
+
+    def fn(a, *, b=1, c=None):
+        return a
+
+    first = seams.signature(fn, "seam", "file.py")
+    assert seams.signature(fn, "seam", "file.py") is first and str(first) == "(a, *, b=1, c=None)"
+    fn.__kwdefaults__["b"] = 2  # the same dict, changed in place
+    assert str(seams.signature(fn, "seam", "file.py")) == "(a, *, b=2, c=None)"
+    fn.__kwdefaults__ = {"b": 3, "c": None}
+    assert str(seams.signature(fn, "seam", "file.py")) == "(a, *, b=3, c=None)"
+
+    def listed(a, *, b=[]):  # noqa: B006 - an unhashable keyword default is read afresh, never a crash
+        return a
+    assert str(seams.signature(listed, "seam", "file.py")) == "(a, *, b=[])"
+
+
+def test_a_bound_methods_signature_is_read_once_for_its_function_and_again_when_it_could_differ():
+    from vmfuzz.harness.targets.sglang import seams
+
+    class Backend:
+        def init(self, batch, *, in_capture=False):
+            return batch
+
+    one, two = Backend(), Backend()
+    first = seams.signature(one.init, "seam", "file.py")
+    assert str(first) == "(batch, *, in_capture=False)"  # bound: self is not a parameter
+    assert seams.signature(two.init, "seam", "file.py") is first  # any instance's bound method
+    assert str(seams.signature(Backend.init, "seam", "file.py")) == "(self, batch, *, in_capture=False)"
+    Backend.init.__kwdefaults__["in_capture"] = True
+    assert str(seams.signature(one.init, "seam", "file.py")) == "(batch, *, in_capture=True)"
+
+    def other(self, batch, extra):
+        return batch
+
+    Backend.init = other  # the class's method replaced: its bound methods are the new function's
+    assert str(seams.signature(one.init, "seam", "file.py")) == "(batch, extra)"
+
+
 def test_the_builtins_listed_once_are_tritons_own_scan_and_kernels_answer_the_same():
     import inspect
     pytest.importorskip("triton.language")
@@ -185,3 +225,65 @@ def _kernels():
     space: dict = {"__name__": "vmfuzz_speed_probe"}
     exec(compile(_KERNELS, "<vmfuzz speed probe>", "exec"), space)
     return space["kernel"]
+
+
+_NESTED = """
+import triton
+import triton.language as tl
+
+@triton.jit
+def clamp(x):
+    return tl.maximum(x, 3) + tl.minimum(x, 5)
+
+@triton.jit
+def kernel(x_ptr, out_ptr, n: tl.constexpr, rounds: tl.constexpr):
+    i = tl.arange(0, n)
+    x = tl.load(x_ptr + i)
+    acc = tl.zeros([n], dtype=tl.int32)
+    for r in range(rounds):  # a helper in a loop, a standard-library helper (it sees triton.language.core)
+        acc += clamp(x + r) + tl.sum(x, axis=0) + tl.cdiv(x + r, 2)
+    tl.store(out_ptr + i, acc)
+
+@triton.jit
+def failing(x_ptr, n: tl.constexpr):
+    i = tl.arange(0, n)
+    tl.store(x_ptr + i, clamp(tl.load(x_ptr + i)))
+    tl.static_assert(n < 0, "a launch that raises")
+"""
+
+
+def test_a_helpers_patch_is_skipped_only_inside_the_launch_that_covered_it_and_kernels_answer_the_same(
+        monkeypatch):
+    pytest.importorskip("triton.language")
+    import torch
+    from triton.runtime import interpreter
+    interpreter_speed.install()
+    fast = interpreter._patch_lang
+    assert fast._vmfuzz_nested and interpreter.GridExecutor.__call__.original is not None
+    space: dict = {"__name__": "vmfuzz_nested_probe"}
+    exec(compile(_NESTED, "<vmfuzz nested probe>", "exec"), space)
+    patched = []
+    real_core = interpreter._patch_lang_core
+    monkeypatch.setattr(interpreter, "_patch_lang_core", lambda lang, scope: (patched.append(lang),
+                                                                                real_core(lang, scope)))
+
+    def run():
+        x = torch.arange(8, dtype=torch.int32)
+        out = torch.zeros(8, dtype=torch.int32)
+        space["kernel"][(1,)](x, out, n=8, rounds=3)
+        return out.tolist()
+
+    got = run()
+    skipped = len(patched)
+    assert fast.launches == []  # the launch ended: a later helper call is nobody's nested one
+    x = list(range(8))
+    assert got == [sum(max(v + r, 3) + min(v + r, 5) + sum(x) + -(-(v + r) // 2) for r in range(3)) for v in x]
+    monkeypatch.setattr(interpreter, "_patch_lang", fast.original)
+    patched.clear()
+    assert run() == got  # every helper patched afresh, as Triton does: the same answers
+    assert len(patched) > skipped  # and more patching than with the skip
+    monkeypatch.setattr(interpreter, "_patch_lang", fast)
+    with pytest.raises(Exception):
+        space["failing"][(1,)](torch.arange(8, dtype=torch.int32), n=8)
+    assert fast.launches == []  # a launch that raised is over too
+    assert run() == got

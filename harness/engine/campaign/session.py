@@ -204,6 +204,8 @@ def execute(plan: RunPlan, target, show, ui) -> RunOutcome:
     try:
         _warn(outcome, list(plan.warnings))
         names, not_driven = _searchable(plan)
+        # a target's one-off work that every forked lane and checker would otherwise repeat alone
+        getattr(target, "before_forks", lambda names: None)(names)
         lanes = _lanes_started(plan, target, names, t0)
         _replays(plan, target, ui, outcome.replays)
         _known(plan, target, ui, outcome.known)

@@ -71,7 +71,9 @@ def _signature_key(fn):
     function (classes, bound methods, partials: read afresh each time)."""
     if type(fn) is not types.FunctionType:
         return None
-    key = (fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__, id(fn.__annotations__),
+    # keyword-only defaults live in a dict: keyed by its items now (the dict itself never hashes)
+    kwdefaults = None if fn.__kwdefaults__ is None else tuple(fn.__kwdefaults__.items())
+    key = (fn, fn.__code__, fn.__defaults__, kwdefaults, id(fn.__annotations__),
            fn.__dict__.get("__signature__"), fn.__dict__.get("__wrapped__"))
     try:
         hash(key)
@@ -82,6 +84,10 @@ def _signature_key(fn):
 
 def signature(fn, seam: str, file: str) -> inspect.Signature:
     key = _signature_key(fn)
+    if type(fn) is types.MethodType:
+        # a bound method's signature is its function's less the first parameter, whoever it is bound to
+        inner = _signature_key(fn.__func__)
+        key = None if inner is None else ("bound", inner)
     if key is not None and key in _SIGNATURES:
         return _SIGNATURES[key]
     try:

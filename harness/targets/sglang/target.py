@@ -24,7 +24,8 @@ from vmfuzz.harness.guard.tree_write import KernelCall
 from vmfuzz.harness.model.outputs import StepOutput
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.targets.sglang.binding import bound as _bound
-from vmfuzz.harness.targets.sglang import call_sites, flashinfer, graph_support, imitated_host, readers, writers
+from vmfuzz.harness.targets.sglang import (call_sites, compile_warm, flashinfer, graph_support, imitated_host,
+                                           readers, writers)
 from vmfuzz.harness.targets.sglang.imitated_host import VERIFY_MASK
 from vmfuzz.harness.targets.sglang.loader import Sglang
 from vmfuzz.harness.targets.sglang.reach import patches_everywhere
@@ -45,9 +46,9 @@ SURFACE = (
 )
 
 
-
 class SglangTarget:
     name = "sglang"
+    before_forks = staticmethod(compile_warm.before_forks)  # see compile_warm: done once, not per fork
 
     #: The Triton interpreter costs ~4 ms a launch at bs 1, d 2 and ~150 ms at
     #: bs 8, d 8; every verify step is one launch and a property runs 2-4 steps
