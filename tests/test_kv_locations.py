@@ -152,7 +152,11 @@ def test_sglang_lines_judged_ran(sglang_target):
                       ("kernels/ops/speculative/cache_locs.py", "assert full_out is not None and full_out.numel()"),
                       ("kernels/ops/speculative/cache_locs.py", "positions_out.copy_("),
                       ("kernels/ops/speculative/cache_locs.py", "anchor_out[:, 0].copy_(anchor_src"),
-                      ("srt/mem_cache/kv_index_translator.py", "mappings[kind] = space.read_v2p")):
+                      ("srt/mem_cache/kv_index_translator.py", "mappings[kind] = space.read_v2p"),
+                      # eagle_sample's sampling branch, as a rejection-sampling server verifies a chain draft
+                      ("srt/speculative/eagle_utils.py", "sampling_fn = chain_speculative_sampling_triton"),
+                      ("srt/speculative/eagle_utils.py", "sampling_fn = partial(sampling_fn, block_verification"),
+                      ("srt/speculative/eagle_utils.py", "expanded_temperature = torch.repeat_interleave(")):
         lines = (root / rel).read_text().splitlines()
         at = [i + 1 for i, line in enumerate(lines) if text in line]
         assert at and set(at) & set(data.lines(str(root / rel)) or ()), f"{rel}: {text!r} never ran"
@@ -187,6 +191,41 @@ FUSED_REFACTOR = [(CACHE_LOCS, r"full_loc = tl\.maximum\(physical \* PAGE_SIZE \
 @pytest.mark.slow
 def test_a_refactor_of_the_fused_clamp_holds(sglang_target, tmp_path):
     proc, out = _replay(tmp_path, FUSED_REFACTOR, "fused-clamp-refactor")
+    assert proc.returncode == 0, out
+
+
+#: a chain draft as a rejection-sampling server runs it (topk 1, d = spec_steps + 1)
+CHAIN = {**TREE, "topk": 1, "num_draft_tokens": 4}
+EAGLE_UTILS = ["srt/speculative/eagle_utils.py"]
+#: ours: the rejection-sampling branch hands the kernel the target-only sampler's all-zero draft
+#: distribution, so every proposal is rejected (each request accepts only its root)
+DRAFT_PROBS_DROPPED = [(EAGLE_UTILS, r"draft_probs = \(\n\s+verify_input\.draft_probs\n\s+if use_rejection_sampling\n"
+                        r"\s+else torch\.zeros_like\(target_probs\)\n\s+\)",
+                        "draft_probs = torch.zeros_like(target_probs)")]
+#: the sampler chosen by one conditional expression, block verification wrapped after it
+SAMPLER_REFACTOR = [(EAGLE_UTILS, r"( +)if use_rejection_sampling:\n\s+sampling_fn = chain_speculative_sampling_triton\n"
+                     r"\s+if get_spec\(\)\.speculative_use_block_verification:\n\s+sampling_fn = partial\(sampling_fn, "
+                     r"block_verification=True\)\n\s+else:\n\s+sampling_fn = tree_speculative_sampling_target_only\n",
+                     "\\1sampling_fn = (chain_speculative_sampling_triton if use_rejection_sampling\n"
+                     "\\1              else tree_speculative_sampling_target_only)\n"
+                     "\\1if use_rejection_sampling and get_spec().speculative_use_block_verification:\n"
+                     "\\1    sampling_fn = partial(sampling_fn, block_verification=True)\n")]
+
+
+@pytest.mark.slow
+def test_rejection_sampling_without_the_draft_distribution_is_caught(sglang_target, tmp_path):
+    proc, out = replay_on_copy(altered_copy(tmp_path, DRAFT_PROBS_DROPPED, "draft-probs-dropped"), tmp_path, CHAIN,
+                               SEQ_LENS, PROP)
+    assert proc.returncode == 1, out
+    o = failed_check_origin(tmp_path / "report", out)
+    assert (o["property"], o["stage"]) == (PROP, "accept moves"), out
+    assert "rejection sampling" in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("edits", [SAMPLER_REFACTOR, []], ids=["sampler-refactor", "pristine"])
+def test_the_chain_draft_holds_on_a_refactored_and_a_pristine_copy(sglang_target, tmp_path, edits):
+    proc, out = replay_on_copy(altered_copy(tmp_path, edits, "chain"), tmp_path, CHAIN, SEQ_LENS, PROP)
     assert proc.returncode == 0, out
 
 

@@ -16,6 +16,11 @@ allocation or from outside the table is told apart from a wrong column. Sub-chec
   row (the row's other columns untouched);
 * ``accept moves``: the accept index and lengths, the KV moves (``bs·(n + 1)`` pairs, real ones
   first) and the compacted predictions;
+  For a chain draft (topk 1, ``d = spec_steps + 1``: the only draft SGLang's server lets rejection
+  sampling verify) also the verify step's rejection-sampling branch, per token and with block
+  verification, from point masses (the target's on its prediction, the draft's on its token): it
+  accepts the same path and lengths and predicts the same tokens, the last one resampled from the
+  target (rejection sampling keeps a point-mass proposal exactly when the target puts its mass there);
 * ``bonus stride``: each request's bonus token is the target's prediction at its last accepted node;
 * ``allocation width``: every draft and verify column lies below the request's allocation ``nxt``,
   and ``nxt <= R`` for a request at the context length where SGLang relies on it (P > 1, topk > 1).
@@ -199,6 +204,7 @@ def _judge_accept(case: KvCase, w, want_v, obs: Observation) -> None:
                 _fail("accept moves", case, f"request {b}'s compacted predictions start {front}, its accepted "
                       f"path's are {exp}", buffer="predict", cell="compacted front")
         obs.classes.add("accept moves: tree path compacted")
+    _judge_sampled(case, w, obs)
     sub_check_done(obs, "accept moves")
     # -- bonus tokens
     for b, x in enumerate(bonus_nodes(case)):
@@ -207,6 +213,27 @@ def _judge_accept(case: KvCase, w, want_v, obs: Observation) -> None:
                   f"prediction at its last accepted node {x} is {w.target_tokens[b][x]}", buffer="bonus_tokens",
                   cell="bonus token")
     sub_check_done(obs, "bonus stride")
+
+
+def _judge_sampled(case: KvCase, w, obs: Observation) -> None:
+    """The rejection-sampling branch on point masses: the greedy path's index, lengths and predictions."""
+    if w.sampled_not_driven:
+        # not a gap: SGLang's server refuses rejection sampling for any other draft shape
+        obs.classes.add("accept moves: rejection sampling not run (not a chain of spec_steps + 1 nodes)")
+        return
+    n, d = case.spec_steps, case.d
+    for variant, index, lens, predict in w.sampled:
+        how = f"rejection sampling ({variant})"
+        for b, path in enumerate(case.paths):
+            exp = [b * d + x for x in path] + [-1] * (n + 1 - len(path))
+            if index[b] != exp or lens[b] != len(path):
+                _fail("accept moves", case, f"{how}: request {b} accepts {index[b]} ({lens[b]} tokens), its path "
+                      f"{list(path)} is {exp}", buffer="accept_index", cell="accepted path")
+            got, want = [predict[b * d + x] for x in path], [w.target_tokens[b][x] for x in path]
+            if got != want:
+                _fail("accept moves", case, f"{how}: request {b}'s predictions on its path are {got}, the target's "
+                      f"{want}", buffer="predict", cell="sampled token")
+        obs.classes.add(f"accept moves: rejection sampling, {variant}")
 
 
 def kv_location_soundness(target, config: Config, batches, device="cpu") -> Observation:
