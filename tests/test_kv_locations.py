@@ -50,7 +50,19 @@ ALTERATIONS = {
     "fallback-positions-from-zero": [(CACHE_LOCS, r"start_offset\.to\(torch\.int64\)\.view\(-1, 1\)\n(\s+)\+ ",
                                       r"0 * start_offset.to(torch.int64).view(-1, 1)\n\1+ ")],
 }
-CAUGHT_BY = {"s26866-move-size-bs-d": "accept moves", "s15360-bonus-stride-d": "bonus stride",
+PLAN = ["srt/mem_cache/kv_loc_plan.py"]
+TRANSLATOR = ["srt/mem_cache/kv_index_translator.py"]
+ALTERATIONS.update({
+    # ours: a plan's read tables keyed by the reader alone, whatever sub-pool it asks for (the sliding-window
+    # reader is handed the full sub-pool's table)
+    "read-space-ignores-kind": [(PLAN, r"return \(self\._source if reader is None else reader\)\.space\(kind\)",
+                                 "return (self._source if reader is None else reader).space(IdSpaceKind.FULL)")],
+    # ours: the stream gathered before any table translates every sub-pool's reads through the full one's pages
+    "packed-stream-through-full-pages": [(TRANSLATOR, r"seq_lens=seq_lens,\n(\s+)v2p=self\.space\(kind\)\.read_v2p,",
+                                          r"seq_lens=seq_lens,\n\1v2p=self.space(IdSpaceKind.FULL).read_v2p,")],
+})
+CAUGHT_BY = {"read-space-ignores-kind": "plan reads", "packed-stream-through-full-pages": "plan reads",
+             "s26866-move-size-bs-d": "accept moves", "s15360-bonus-stride-d": "bonus stride",
              "s26972-row-without-paged-reserve": "allocation width", "tail-copy-one-too-many": "draft window",
              "fused-swa-through-full-table": "fused window", "plan-swa-out-is-full-out": "fused window",
              "fallback-positions-from-zero": "fused window"}
@@ -116,7 +128,9 @@ def test_sglang_lines_judged_ran(sglang_target):
 
     import coverage
 
+    from vmfuzz.harness.targets.sglang import kv_plan_reads
     from vmfuzz.harness.targets.sglang.kv_locations import SURFACE
+    SURFACE = SURFACE + kv_plan_reads.SURFACE
     root = Path(importlib.util.find_spec("sglang").origin).parent
     files = sorted({str(root / rel) for rel, _, _ in SURFACE})
     cov = coverage.Coverage(include=files, data_file=None)
@@ -153,6 +167,12 @@ def test_sglang_lines_judged_ran(sglang_target):
                       ("kernels/ops/speculative/cache_locs.py", "positions_out.copy_("),
                       ("kernels/ops/speculative/cache_locs.py", "anchor_out[:, 0].copy_(anchor_src"),
                       ("srt/mem_cache/kv_index_translator.py", "mappings[kind] = space.read_v2p"),
+                      # the plan's reads: the stream before a table, the table, the stream packed from it
+                      ("srt/mem_cache/kv_index_translator.py", "return self._plan_table(plan, kind=kind, rows=bs)"),
+                      ("srt/mem_cache/kv_index_translator.py", "build_kv_read_table_packed("),
+                      ("srt/mem_cache/kv_index_translator.py", "src = self.read_source("),
+                      ("srt/mem_cache/kv_loc_plan.py", "return self._read_space(kind, reader).key in self._read_tables"),
+                      ("srt/mem_cache/kv_loc_plan.py", "table = self._source.build_iteration_table("),
                       # eagle_sample's sampling branch, as a rejection-sampling server verifies a chain draft
                       ("srt/speculative/eagle_utils.py", "sampling_fn = chain_speculative_sampling_triton"),
                       ("srt/speculative/eagle_utils.py", "sampling_fn = partial(sampling_fn, block_verification"),
@@ -186,6 +206,18 @@ def test_a_refactor_of_the_page_count_holds(sglang_target, tmp_path):
 #: the fused launch's unheld-page clamp by another expression (a page the table does not hold gives -1)
 FUSED_REFACTOR = [(CACHE_LOCS, r"full_loc = tl\.maximum\(physical \* PAGE_SIZE \+ data % PAGE_SIZE, 0\)",
                    "full_loc = tl.where(physical >= 0, physical * PAGE_SIZE + data % PAGE_SIZE, 0)")]
+
+
+#: the reader's sub-pool looked up by an explicit choice of source
+READ_SPACE_REFACTOR = [(PLAN, r"return \(self\._source if reader is None else reader\)\.space\(kind\)",
+                        "source = self._source\n        if reader is not None:\n            source = reader\n"
+                        "        return source.space(kind)")]
+
+
+@pytest.mark.slow
+def test_a_refactor_of_the_read_space_holds(sglang_target, tmp_path):
+    proc, out = _replay(tmp_path, READ_SPACE_REFACTOR, "read-space-refactor")
+    assert proc.returncode == 0, out
 
 
 @pytest.mark.slow

@@ -12,7 +12,8 @@ For one ``KvCase`` (``harness/model/kv_locations.py``) this runs, in SGLang's or
 3. the **verify** window: ``assign_extend_cache_locs_uniform_func`` as ``eagle_prepare_for_verify``
    calls it, taking its Triton-device branch; then the same producer with its fused outputs
    (``kv_translation``: ``plan_uniform_extend`` on a translating pool, and the wrapper's
-   fallback branch);
+   fallback branch), and the reads of that window's plan (``kv_plan_reads``: its page tables
+   and token streams);
 4. the **accept** step: ``run_eagle_verify`` itself, from the target's logits on: the real
    ``eagle_sample`` (greedy; ``verify_tree_greedy_func`` is SGLang's Triton implementation,
    the branch an XPU host takes, since this host's has no kernel), its bonus tokens
@@ -45,6 +46,7 @@ import torch
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.model.kv_locations import KvCase
 from vmfuzz.harness.targets.sglang.binding import bound
+from vmfuzz.harness.targets.sglang.kv_plan_reads import PlanReads, run_reads
 from vmfuzz.harness.targets.sglang.kv_translation import Translated, run_windows
 
 COMMON = "srt/speculative/eagle_worker_common.py"
@@ -107,6 +109,7 @@ class KvWrites:
     accept_moves: list[tuple[int, int]] | None = None  # None: no move (topk 1)
     compacted: list[int] | None = None  # predict after _compact_accept_to_front
     windows: Translated | None = None  # the verify window's producer, plain and with its fused outputs
+    reads: PlanReads | None = None  # the plan's reads on a translating pool (None: no such plan here)
     # the sampling branch's runs: (variant, accept index rows, accept lengths, predict), or why not driven
     sampled: list[tuple[str, list[list[int]], list[int], list[int]]] = field(default_factory=list)
     sampled_not_driven: str = ""
@@ -215,6 +218,8 @@ def run_case(sg, case: KvCase, heap: ShadowHeap) -> KvWrites:
     # -- the verify window: SGLang's wrapper as eagle_prepare_for_verify calls it, then its fused launches
     w.windows = run_windows(sg, heap, table, rpi, seq_lens, d, case.page_size)
     w.verify_slots = w.windows.plain
+    if not w.windows.not_driven:
+        w.reads = run_reads(sg, heap, rows, R, rpi, seq_lens, d, case.page_size)
     # the accept step reads the window as the verify forward left it: redzoned, so a read past it is seen
     window = heap.adopt("verify out_cache_loc", torch.tensor(w.verify_slots, dtype=torch.int64), 4 * d)
 
