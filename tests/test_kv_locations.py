@@ -60,8 +60,13 @@ ALTERATIONS.update({
     # ours: the stream gathered before any table translates every sub-pool's reads through the full one's pages
     "packed-stream-through-full-pages": [(TRANSLATOR, r"seq_lens=seq_lens,\n(\s+)v2p=self\.space\(kind\)\.read_v2p,",
                                           r"seq_lens=seq_lens,\n\1v2p=self.space(IdSpaceKind.FULL).read_v2p,")],
+    # 0.5.23's reader argument reverted (0.5.22's form): a second reader of the plan (a later multi-layer draft
+    # depth, its window layers in a sliding-window sub-pool of its own) is handed the plan runner's table
+    "plan-table-without-reader": [(TRANSLATOR, r"return plan\.read_table\(kind=kind, rows=rows, into=into, reader=self\)",
+                                   "return plan.read_table(kind=kind, rows=rows, into=into)")],
 })
 CAUGHT_BY = {"read-space-ignores-kind": "plan reads", "packed-stream-through-full-pages": "plan reads",
+             "plan-table-without-reader": "plan reads",
              "s26866-move-size-bs-d": "accept moves", "s15360-bonus-stride-d": "bonus stride",
              "s26972-row-without-paged-reserve": "allocation width", "tail-copy-one-too-many": "draft window",
              "fused-swa-through-full-table": "fused window", "plan-swa-out-is-full-out": "fused window",

@@ -18,8 +18,10 @@ allocation or from outside the table is told apart from a wrong column. Sub-chec
   sub-pool (full, sliding-window): its page table (``read_table``; one row past the batch, the
   padding lane, all sink) holds the physical page of each page the request reads this iteration
   (its length plus the window), the sink (0) past them; its token stream (``pack_read_stream``,
-  before the table is built and packed from it after) holds each resident token's slot at the
-  same offset in its physical page, a page the sub-pool does not hold read in the padding page 0;
+  before the table is built and packed from it after), and its read source (``read_source``,
+  before its own table) hold each resident token's slot at the same offset in its physical page,
+  a page the sub-pool does not hold read in the padding page 0; and the same for a second reader
+  of the plan with a sliding-window sub-pool of its own (a later multi-layer draft depth's);
 * ``accept moves``: the accept index and lengths, the KV moves (``bs·(n + 1)`` pairs, real ones
   first) and the compacted predictions;
   For a chain draft (topk 1, ``d = spec_steps + 1``: the only draft SGLang's server lets rejection
@@ -202,7 +204,8 @@ def _judge_reads(case: KvCase, w, obs: Observation) -> None:
             _fail(sub, case, f"the {name} sub-pool's token streams say physical {r.physical[name]} on a translating "
                   "pool", buffer=f"{name} read stream", cell="is physical")
         want = [(b, c, page_of(b, c)) for b, s in enumerate(case.seq_lens) for c in range(s)]
-        for when, got in (("before its page table", r.streams_before[name]), ("packed from it", r.streams_after[name])):
+        for when, got in (("before its page table", r.streams_before[name]), ("packed from it", r.streams_after[name]),
+                          ("through its read source", r.sources[name])):
             if len(got) != len(want):
                 _fail(sub, case, f"the {name} token stream {when}: {len(got)} ids for {len(want)} resident tokens",
                       buffer=f"{name} read stream", cell="length")

@@ -141,7 +141,8 @@ def _fallback(sg, heap, guarded, out: Translated, table, rpi, seq_lens, d: int, 
     out.fallback_positions, out.fallback_anchors = positions.tolist(), anchors.tolist()
 
 
-def translator_over(sg, table: torch.Tensor, full_map: list[int], swa_map: list[int], page_size: int):
+def translator_over(sg, table: torch.Tensor, full_map: list[int], swa_map: list[int], page_size: int,
+                    swa_key: str = "swa"):
     """SGLang's ``KVIndexTranslator`` over a translating pool: both sub-pools' reads through the driver's page
     tables (made with ``object.__new__``: its own set-up builds a real pool's sub-pools). Each sub-pool's write
     map, the allocator's, stands in as the meaning's translation by the same table: the fused launch's
@@ -158,7 +159,7 @@ def translator_over(sg, table: torch.Tensor, full_map: list[int], swa_map: list[
         return translate
     translator._spaces = {
         kind: sg.IdSpace(key=key, write=write_map(page_map), read_v2p=torch.tensor(page_map, dtype=torch.int32))
-        for kind, key, page_map in ((kinds.FULL, "full", full_map), (kinds.SLIDING_WINDOW, "swa", swa_map))}
+        for kind, key, page_map in ((kinds.FULL, "full", full_map), (kinds.SLIDING_WINDOW, swa_key, swa_map))}
     return translator
 
 
