@@ -50,7 +50,24 @@ ALTERATIONS = {
     "fallback-positions-from-zero": [(CACHE_LOCS, r"start_offset\.to\(torch\.int64\)\.view\(-1, 1\)\n(\s+)\+ ",
                                       r"0 * start_offset.to(torch.int64).view(-1, 1)\n\1+ ")],
 }
-CAUGHT_BY = {"s26866-move-size-bs-d": "accept moves", "s15360-bonus-stride-d": "bonus stride",
+PLAN = ["srt/mem_cache/kv_loc_plan.py"]
+TRANSLATOR = ["srt/mem_cache/kv_index_translator.py"]
+ALTERATIONS.update({
+    # ours: a plan's read tables keyed by the reader alone, whatever sub-pool it asks for (the sliding-window
+    # reader is handed the full sub-pool's table)
+    "read-space-ignores-kind": [(PLAN, r"return \(self\._source if reader is None else reader\)\.space\(kind\)",
+                                 "return (self._source if reader is None else reader).space(IdSpaceKind.FULL)")],
+    # ours: the stream gathered before any table translates every sub-pool's reads through the full one's pages
+    "packed-stream-through-full-pages": [(TRANSLATOR, r"seq_lens=seq_lens,\n(\s+)v2p=self\.space\(kind\)\.read_v2p,",
+                                          r"seq_lens=seq_lens,\n\1v2p=self.space(IdSpaceKind.FULL).read_v2p,")],
+    # 0.5.23's reader argument reverted (0.5.22's form): a second reader of the plan (a later multi-layer draft
+    # depth, its window layers in a sliding-window sub-pool of its own) is handed the plan runner's table
+    "plan-table-without-reader": [(TRANSLATOR, r"return plan\.read_table\(kind=kind, rows=rows, into=into, reader=self\)",
+                                   "return plan.read_table(kind=kind, rows=rows, into=into)")],
+})
+CAUGHT_BY = {"read-space-ignores-kind": "plan reads", "packed-stream-through-full-pages": "plan reads",
+             "plan-table-without-reader": "plan reads",
+             "s26866-move-size-bs-d": "accept moves", "s15360-bonus-stride-d": "bonus stride",
              "s26972-row-without-paged-reserve": "allocation width", "tail-copy-one-too-many": "draft window",
              "fused-swa-through-full-table": "fused window", "plan-swa-out-is-full-out": "fused window",
              "fallback-positions-from-zero": "fused window"}
@@ -116,7 +133,9 @@ def test_sglang_lines_judged_ran(sglang_target):
 
     import coverage
 
+    from vmfuzz.harness.targets.sglang import kv_plan_reads
     from vmfuzz.harness.targets.sglang.kv_locations import SURFACE
+    SURFACE = SURFACE + kv_plan_reads.SURFACE
     root = Path(importlib.util.find_spec("sglang").origin).parent
     files = sorted({str(root / rel) for rel, _, _ in SURFACE})
     cov = coverage.Coverage(include=files, data_file=None)
@@ -152,7 +171,17 @@ def test_sglang_lines_judged_ran(sglang_target):
                       ("kernels/ops/speculative/cache_locs.py", "assert full_out is not None and full_out.numel()"),
                       ("kernels/ops/speculative/cache_locs.py", "positions_out.copy_("),
                       ("kernels/ops/speculative/cache_locs.py", "anchor_out[:, 0].copy_(anchor_src"),
-                      ("srt/mem_cache/kv_index_translator.py", "mappings[kind] = space.read_v2p")):
+                      ("srt/mem_cache/kv_index_translator.py", "mappings[kind] = space.read_v2p"),
+                      # the plan's reads: the stream before a table, the table, the stream packed from it
+                      ("srt/mem_cache/kv_index_translator.py", "return self._plan_table(plan, kind=kind, rows=bs)"),
+                      ("srt/mem_cache/kv_index_translator.py", "build_kv_read_table_packed("),
+                      ("srt/mem_cache/kv_index_translator.py", "src = self.read_source("),
+                      ("srt/mem_cache/kv_loc_plan.py", "return self._read_space(kind, reader).key in self._read_tables"),
+                      ("srt/mem_cache/kv_loc_plan.py", "table = self._source.build_iteration_table("),
+                      # eagle_sample's sampling branch, as a rejection-sampling server verifies a chain draft
+                      ("srt/speculative/eagle_utils.py", "sampling_fn = chain_speculative_sampling_triton"),
+                      ("srt/speculative/eagle_utils.py", "sampling_fn = partial(sampling_fn, block_verification"),
+                      ("srt/speculative/eagle_utils.py", "expanded_temperature = torch.repeat_interleave(")):
         lines = (root / rel).read_text().splitlines()
         at = [i + 1 for i, line in enumerate(lines) if text in line]
         assert at and set(at) & set(data.lines(str(root / rel)) or ()), f"{rel}: {text!r} never ran"
@@ -184,9 +213,56 @@ FUSED_REFACTOR = [(CACHE_LOCS, r"full_loc = tl\.maximum\(physical \* PAGE_SIZE \
                    "full_loc = tl.where(physical >= 0, physical * PAGE_SIZE + data % PAGE_SIZE, 0)")]
 
 
+#: the reader's sub-pool looked up by an explicit choice of source
+READ_SPACE_REFACTOR = [(PLAN, r"return \(self\._source if reader is None else reader\)\.space\(kind\)",
+                        "source = self._source\n        if reader is not None:\n            source = reader\n"
+                        "        return source.space(kind)")]
+
+
+@pytest.mark.slow
+def test_a_refactor_of_the_read_space_holds(sglang_target, tmp_path):
+    proc, out = _replay(tmp_path, READ_SPACE_REFACTOR, "read-space-refactor")
+    assert proc.returncode == 0, out
+
+
 @pytest.mark.slow
 def test_a_refactor_of_the_fused_clamp_holds(sglang_target, tmp_path):
     proc, out = _replay(tmp_path, FUSED_REFACTOR, "fused-clamp-refactor")
+    assert proc.returncode == 0, out
+
+
+#: a chain draft as a rejection-sampling server runs it (topk 1, d = spec_steps + 1)
+CHAIN = {**TREE, "topk": 1, "num_draft_tokens": 4}
+EAGLE_UTILS = ["srt/speculative/eagle_utils.py"]
+#: ours: the rejection-sampling branch hands the kernel the target-only sampler's all-zero draft
+#: distribution, so every proposal is rejected (each request accepts only its root)
+DRAFT_PROBS_DROPPED = [(EAGLE_UTILS, r"draft_probs = \(\n\s+verify_input\.draft_probs\n\s+if use_rejection_sampling\n"
+                        r"\s+else torch\.zeros_like\(target_probs\)\n\s+\)",
+                        "draft_probs = torch.zeros_like(target_probs)")]
+#: the sampler chosen by one conditional expression, block verification wrapped after it
+SAMPLER_REFACTOR = [(EAGLE_UTILS, r"( +)if use_rejection_sampling:\n\s+sampling_fn = chain_speculative_sampling_triton\n"
+                     r"\s+if get_spec\(\)\.speculative_use_block_verification:\n\s+sampling_fn = partial\(sampling_fn, "
+                     r"block_verification=True\)\n\s+else:\n\s+sampling_fn = tree_speculative_sampling_target_only\n",
+                     "\\1sampling_fn = (chain_speculative_sampling_triton if use_rejection_sampling\n"
+                     "\\1              else tree_speculative_sampling_target_only)\n"
+                     "\\1if use_rejection_sampling and get_spec().speculative_use_block_verification:\n"
+                     "\\1    sampling_fn = partial(sampling_fn, block_verification=True)\n")]
+
+
+@pytest.mark.slow
+def test_rejection_sampling_without_the_draft_distribution_is_caught(sglang_target, tmp_path):
+    proc, out = replay_on_copy(altered_copy(tmp_path, DRAFT_PROBS_DROPPED, "draft-probs-dropped"), tmp_path, CHAIN,
+                               SEQ_LENS, PROP)
+    assert proc.returncode == 1, out
+    o = failed_check_origin(tmp_path / "report", out)
+    assert (o["property"], o["stage"]) == (PROP, "accept moves"), out
+    assert "rejection sampling" in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("edits", [SAMPLER_REFACTOR, []], ids=["sampler-refactor", "pristine"])
+def test_the_chain_draft_holds_on_a_refactored_and_a_pristine_copy(sglang_target, tmp_path, edits):
+    proc, out = replay_on_copy(altered_copy(tmp_path, edits, "chain"), tmp_path, CHAIN, SEQ_LENS, PROP)
     assert proc.returncode == 0, out
 
 

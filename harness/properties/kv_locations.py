@@ -14,8 +14,21 @@ allocation or from outside the table is told apart from a wrong column. Sub-chec
   the page the sub-pool's page table maps it to; slot 0 for a page it does not hold,
   ``physical_slot``), its position (its column), and each request's anchor in column 0 of its
   row (the row's other columns untouched);
+* ``plan reads``: the same window's plan on a page-aligned translating pool, read by each
+  sub-pool (full, sliding-window): its page table (``read_table``; one row past the batch, the
+  padding lane, all sink) holds the physical page of each page the request reads this iteration
+  (its length plus the window), the sink (0) past them; its token stream (``pack_read_stream``,
+  before the table is built and packed from it after), and its read source (``read_source``,
+  before its own table) hold each resident token's slot at the same offset in its physical page,
+  a page the sub-pool does not hold read in the padding page 0; and the same for a second reader
+  of the plan with a sliding-window sub-pool of its own (a later multi-layer draft depth's);
 * ``accept moves``: the accept index and lengths, the KV moves (``bs·(n + 1)`` pairs, real ones
   first) and the compacted predictions;
+  For a chain draft (topk 1, ``d = spec_steps + 1``: the only draft SGLang's server lets rejection
+  sampling verify) also the verify step's rejection-sampling branch, per token and with block
+  verification, from point masses (the target's on its prediction, the draft's on its token): it
+  accepts the same path and lengths and predicts the same tokens, the last one resampled from the
+  target (rejection sampling keeps a point-mass proposal exactly when the target puts its mass there);
 * ``bonus stride``: each request's bonus token is the target's prediction at its last accepted node;
 * ``allocation width``: every draft and verify column lies below the request's allocation ``nxt``,
   and ``nxt <= R`` for a request at the context length where SGLang relies on it (P > 1, topk > 1).
@@ -36,9 +49,11 @@ from vmfuzz.harness.model.trees import parents, trees_of
 from vmfuzz.harness.properties.kit import Observation, fail, fail_overrun, sub_check_done
 
 PROP = "kv-location-soundness"
-SUB_CHECKS = ("draft window", "verify window", "fused window", "accept moves", "bonus stride", "allocation width")
+SUB_CHECKS = ("draft window", "verify window", "fused window", "plan reads", "accept moves", "bonus stride",
+              "allocation width")
 WRITERS = {"draft window": "prepare_for_draft", "verify window": "assign_extend_cache_locs_uniform",
            "fused window": "assign_extend_cache_locs_uniform fused outputs",
+           "plan reads": "KVIndexTranslator reads of the iteration's plan",
            "accept moves": "run_eagle_verify accept step", "bonus stride": "run_eagle_verify bonus tokens",
            "allocation width": "allocation sizing"}
 
@@ -134,6 +149,7 @@ def judge_case(target, case: KvCase, obs: Observation) -> None:
               buffer="out_cache_loc", cell="length")
     sub_check_done(obs, "verify window")
     _judge_fused(case, w, flat, obs)
+    _judge_reads(case, w, obs)
     _judge_accept(case, w, want_v, obs)
 
 
@@ -172,6 +188,48 @@ def _judge_fused(case: KvCase, w, flat: list[int], obs: Observation) -> None:
     obs.classes.add(f"fused window: page size {t.page_size}")
 
 
+def _judge_reads(case: KvCase, w, obs: Observation) -> None:
+    """Each sub-pool's reads of the plan: page table and token streams, from the page tables the driver
+    handed the translating pool (``kv_plan_reads``)."""
+    r, sub, P = w.reads, "plan reads", w.reads.page_size if w.reads else 1
+    if r is None:
+        obs.classes.add(f"sub-check {sub}: not driven ({w.windows.not_driven})")
+        return
+    row_pages = r.row_width // P
+    for name, page_map in r.maps.items():
+        def page_of(b: int, column: int) -> int | None:
+            q = r.virtual_slot(r.pool_rows[b], column) // P
+            return page_map[q] if 0 <= q < len(page_map) and page_map[q] >= 0 else None
+        if r.physical[name] != (True, True):
+            _fail(sub, case, f"the {name} sub-pool's token streams say physical {r.physical[name]} on a translating "
+                  "pool", buffer=f"{name} read stream", cell="is physical")
+        want = [(b, c, page_of(b, c)) for b, s in enumerate(case.seq_lens) for c in range(s)]
+        for when, got in (("before its page table", r.streams_before[name]), ("packed from it", r.streams_after[name]),
+                          ("through its read source", r.sources[name])):
+            if len(got) != len(want):
+                _fail(sub, case, f"the {name} token stream {when}: {len(got)} ids for {len(want)} resident tokens",
+                      buffer=f"{name} read stream", cell="length")
+            for (b, c, page), have in zip(want, got):
+                if (0 <= have < P) if page is None else have == page * P + c % P:
+                    continue
+                own = "in the padding page 0" if page is None else str(page * P + c % P)
+                _fail(sub, case, f"the {name} token stream {when}: request {b}'s column {c} reads {have}, its own "
+                      f"is {own}", buffer=f"{name} read stream", cell="token id")
+        table = r.tables[name]
+        if len(table) != case.bs + 1 or any(table[case.bs]):
+            _fail(sub, case, f"the {name} page table has {len(table)} rows for bs {case.bs} plus a padding lane, "
+                  f"that lane {table[-1] if table else []} (all sink)", buffer=f"{name} page table", cell="padding lane")
+        for b, s in enumerate(case.seq_lens):
+            pages = min(-(-(s + case.d) // P), row_pages)  # the iteration reads its length plus the window
+            exp = [page_of(b, j * P) or 0 for j in range(pages)]
+            row = table[b]
+            if row[:pages] != exp or any(row[pages:]):
+                _fail(sub, case, f"the {name} page table's row {b} is {row}, its own pages {exp} then the sink",
+                      buffer=f"{name} page table", cell="page")
+    sub_check_done(obs, sub)
+    obs.classes.add(f"plan reads: page size {P}")
+
+
 def _judge_accept(case: KvCase, w, want_v, obs: Observation) -> None:
     """The accept index and lengths, the KV moves and compaction, and the bonus tokens."""
     bs, n, d = case.bs, case.spec_steps, case.d
@@ -199,6 +257,7 @@ def _judge_accept(case: KvCase, w, want_v, obs: Observation) -> None:
                 _fail("accept moves", case, f"request {b}'s compacted predictions start {front}, its accepted "
                       f"path's are {exp}", buffer="predict", cell="compacted front")
         obs.classes.add("accept moves: tree path compacted")
+    _judge_sampled(case, w, obs)
     sub_check_done(obs, "accept moves")
     # -- bonus tokens
     for b, x in enumerate(bonus_nodes(case)):
@@ -207,6 +266,27 @@ def _judge_accept(case: KvCase, w, want_v, obs: Observation) -> None:
                   f"prediction at its last accepted node {x} is {w.target_tokens[b][x]}", buffer="bonus_tokens",
                   cell="bonus token")
     sub_check_done(obs, "bonus stride")
+
+
+def _judge_sampled(case: KvCase, w, obs: Observation) -> None:
+    """The rejection-sampling branch on point masses: the greedy path's index, lengths and predictions."""
+    if w.sampled_not_driven:
+        # not a gap: SGLang's server refuses rejection sampling for any other draft shape
+        obs.classes.add("accept moves: rejection sampling not run (not a chain of spec_steps + 1 nodes)")
+        return
+    n, d = case.spec_steps, case.d
+    for variant, index, lens, predict in w.sampled:
+        how = f"rejection sampling ({variant})"
+        for b, path in enumerate(case.paths):
+            exp = [b * d + x for x in path] + [-1] * (n + 1 - len(path))
+            if index[b] != exp or lens[b] != len(path):
+                _fail("accept moves", case, f"{how}: request {b} accepts {index[b]} ({lens[b]} tokens), its path "
+                      f"{list(path)} is {exp}", buffer="accept_index", cell="accepted path")
+            got, want = [predict[b * d + x] for x in path], [w.target_tokens[b][x] for x in path]
+            if got != want:
+                _fail("accept moves", case, f"{how}: request {b}'s predictions on its path are {got}, the target's "
+                      f"{want}", buffer="predict", cell="sampled token")
+        obs.classes.add(f"accept moves: rejection sampling, {variant}")
 
 
 def kv_location_soundness(target, config: Config, batches, device="cpu") -> Observation:

@@ -12,7 +12,8 @@ For one ``KvCase`` (``harness/model/kv_locations.py``) this runs, in SGLang's or
 3. the **verify** window: ``assign_extend_cache_locs_uniform_func`` as ``eagle_prepare_for_verify``
    calls it, taking its Triton-device branch; then the same producer with its fused outputs
    (``kv_translation``: ``plan_uniform_extend`` on a translating pool, and the wrapper's
-   fallback branch);
+   fallback branch), and the reads of that window's plan (``kv_plan_reads``: its page tables
+   and token streams);
 4. the **accept** step: ``run_eagle_verify`` itself, from the target's logits on: the real
    ``eagle_sample`` (greedy; ``verify_tree_greedy_func`` is SGLang's Triton implementation,
    the branch an XPU host takes, since this host's has no kernel), its bonus tokens
@@ -21,7 +22,13 @@ For one ``KvCase`` (``harness/model/kv_locations.py``) this runs, in SGLang's or
    ``fill_front_out_cache_loc_func``, ``fill_accept_out_cache_loc_func``,
    ``_compact_accept_to_front``). ``eagle_prepare_for_verify`` is stood in by step 3's window
    (the forward batch it builds is not this step's) and the target forward by logits that
-   accept exactly the case's paths.
+   accept exactly the case's paths;
+5. for a chain draft (topk 1, ``d = spec_steps + 1``) ``eagle_sample`` again, on its sampling
+   branch: rejection sampling (``chain_speculative_sampling_triton``, per token and with block
+   verification) from point-mass distributions (the target's all on its prediction, the draft's all
+   on its token), under which rejection sampling accepts exactly the greedy path and resamples the
+   target's prediction, whatever the coins. The temperatures are therefore not judged (a point mass
+   is the same at every temperature), nor the CUDA-only target-only sampler.
 
 ``req_to_token`` is a redzoned shadow buffer whose every cell names its own row and column
 (slot ``1 + row·R + column``), so any slot a kernel hands back says where it was read from;
@@ -39,6 +46,7 @@ import torch
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.model.kv_locations import KvCase
 from vmfuzz.harness.targets.sglang.binding import bound
+from vmfuzz.harness.targets.sglang.kv_plan_reads import PlanReads, run_reads
 from vmfuzz.harness.targets.sglang.kv_translation import Translated, run_windows
 
 COMMON = "srt/speculative/eagle_worker_common.py"
@@ -101,6 +109,10 @@ class KvWrites:
     accept_moves: list[tuple[int, int]] | None = None  # None: no move (topk 1)
     compacted: list[int] | None = None  # predict after _compact_accept_to_front
     windows: Translated | None = None  # the verify window's producer, plain and with its fused outputs
+    reads: PlanReads | None = None  # the plan's reads on a translating pool (None: no such plan here)
+    # the sampling branch's runs: (variant, accept index rows, accept lengths, predict), or why not driven
+    sampled: list[tuple[str, list[list[int]], list[int], list[int]]] = field(default_factory=list)
+    sampled_not_driven: str = ""
     violations: list = field(default_factory=list)
 
     def slot_of(self, row: int, column: int) -> int:
@@ -206,11 +218,14 @@ def run_case(sg, case: KvCase, heap: ShadowHeap) -> KvWrites:
     # -- the verify window: SGLang's wrapper as eagle_prepare_for_verify calls it, then its fused launches
     w.windows = run_windows(sg, heap, table, rpi, seq_lens, d, case.page_size)
     w.verify_slots = w.windows.plain
+    if not w.windows.not_driven:
+        w.reads = run_reads(sg, heap, rows, R, rpi, seq_lens, d, case.page_size)
     # the accept step reads the window as the verify forward left it: redzoned, so a read past it is seen
     window = heap.adopt("verify out_cache_loc", torch.tensor(w.verify_slots, dtype=torch.int64), 4 * d)
 
     # -- the accept step
     _accept(sg, case, w, heap, batch, window, pool)
+    _sampled_accept(sg, case, w)
     w.violations = heap.check()
     return w
 
@@ -304,6 +319,42 @@ def _accept(sg, case: KvCase, w: KvWrites, heap: ShadowHeap, batch, window, pool
         w.compacted = [int(v) for v in result.next_token_ids]
 
 
+def _sampled_accept(sg, case: KvCase, w: KvWrites) -> None:
+    """``eagle_sample``'s rejection-sampling branch on point masses (module docstring, step 5)."""
+    if case.topk != 1 or case.d != case.spec_steps + 1:
+        # SGLang's chain sampler walks the candidates in index order as one chain and writes the
+        # accept index at the retrieve index's stride: a chain draft's shape only
+        w.sampled_not_driven = "rejection sampling verifies a chain draft (topk 1, d = spec_steps + 1)"
+        return
+    bs, d = case.bs, case.d
+    vocab = _VOCAB_BASE_TARGET + bs * d + 1
+    logits = torch.full((bs * d, vocab), -1e30, dtype=torch.float32)  # a point mass after softmax
+    logits[torch.arange(bs * d), torch.tensor([t for row in w.target_tokens for t in row])] = 0.0
+    verify_input = _verify_input(sg, case)
+    draft = verify_input.draft_token.view(bs, d)
+    # the draft's distribution at each step: all on the token it proposed for the next slot
+    verify_input.draft_probs = torch.zeros((bs, d - 1, vocab), dtype=torch.float32)
+    verify_input.draft_probs.scatter_(2, draft[:, 1:].unsqueeze(-1), 1.0)
+    sampling = SimpleNamespace(acc_additive_penalties=None, acc_scaling_penalties=None, logit_bias=None,
+                               is_all_greedy=False, has_watermark_candidates=False, need_top_k_sampling=False,
+                               need_top_p_sampling=False, sampling_seed=None,
+                               temperatures=torch.linspace(0.5, 1.5, bs).view(bs, 1))
+    batch = SimpleNamespace(forward_mode=sg.ForwardMode.TARGET_VERIFY, device="cpu", return_logprob=False,
+                            seq_lens=torch.tensor(case.seq_lens, dtype=torch.int64), sampling_info=sampling)
+    one_rank = SimpleNamespace(world_size=1)  # one tensor-parallel rank: nothing to broadcast
+    parallel = SimpleNamespace(tp_group=one_rank, attn_tp_group=one_rank)
+    for block in (False, True):
+        spec = SimpleNamespace(speculative_use_rejection_sampling=True, speculative_use_block_verification=block,
+                               speculative_accept_threshold_single=1.0, speculative_accept_threshold_acc=1.0)
+        output = SimpleNamespace(next_token_logits=logits.clone())
+        with bound((sg.eagle_utils, "get_spec", lambda spec=spec: spec),
+                   (sg.runtime_context, "get_parallel", lambda: parallel)):
+            predict, accept_lens, accept_index = sg.eagle_utils.eagle_sample(verify_input, batch, output)
+        w.sampled.append(("block verification" if block else "per token",
+                          [[int(v) for v in row] for row in accept_index.view(bs, -1)],
+                          [int(v) for v in accept_lens], [int(v) for v in predict.reshape(-1)]))
+
+
 def _greedy_walk(triton_walk):
     """SGLang's Triton tree walk, called as ``verify_tree_greedy_func`` is (its ``topk`` is the CUDA
     kernel's hint; the walk follows the retrieve links whatever it is)."""
@@ -320,6 +371,7 @@ def kv_modules():
         sizing=sglang_module("sglang.srt.mem_cache.allocation_sizing"),
         common=sglang_module("sglang.srt.speculative.eagle_worker_common"),
         eagle_utils=sglang_module("sglang.srt.speculative.eagle_utils"),
+        runtime_context=sglang_module("sglang.srt.runtime_context"),
         cache_locs=sglang_module("sglang.kernels.ops.speculative.cache_locs"),
         # the translating pool's fused verify window (0.5.23 on); None where this SGLang has none
         translator=_optional("sglang.srt.mem_cache.kv_index_translator"),

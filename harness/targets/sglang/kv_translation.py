@@ -106,7 +106,7 @@ def run_windows(sg, heap: ShadowHeap, table: torch.Tensor, rpi: torch.Tensor, se
         out.not_driven = _missing(sg)
         if out.not_driven:
             return out
-        translator = _translator(sg, table, out, page_size)
+        translator = translator_over(sg, table, out.full_map, out.swa_map, page_size)
         positions = heap.alloc("positions_out", (bs, d), torch.int64, fill=0, redzone_cells=4 * d)
         anchors = heap.alloc("anchor_out", (bs, ANCHOR_WIDTH), torch.int64, fill=0, redzone_cells=8)
         anchor_src = torch.arange(ANCHOR_BASE, ANCHOR_BASE + bs, dtype=torch.int64)
@@ -141,7 +141,8 @@ def _fallback(sg, heap, guarded, out: Translated, table, rpi, seq_lens, d: int, 
     out.fallback_positions, out.fallback_anchors = positions.tolist(), anchors.tolist()
 
 
-def _translator(sg, table: torch.Tensor, out: Translated, page_size: int):
+def translator_over(sg, table: torch.Tensor, full_map: list[int], swa_map: list[int], page_size: int,
+                    swa_key: str = "swa"):
     """SGLang's ``KVIndexTranslator`` over a translating pool: both sub-pools' reads through the driver's page
     tables (made with ``object.__new__``: its own set-up builds a real pool's sub-pools). Each sub-pool's write
     map, the allocator's, stands in as the meaning's translation by the same table: the fused launch's
@@ -158,8 +159,7 @@ def _translator(sg, table: torch.Tensor, out: Translated, page_size: int):
         return translate
     translator._spaces = {
         kind: sg.IdSpace(key=key, write=write_map(page_map), read_v2p=torch.tensor(page_map, dtype=torch.int32))
-        for kind, key, page_map in ((kinds.FULL, "full", out.full_map),
-                                    (kinds.SLIDING_WINDOW, "swa", out.swa_map))}
+        for kind, key, page_map in ((kinds.FULL, "full", full_map), (kinds.SLIDING_WINDOW, swa_key, swa_map))}
     return translator
 
 
