@@ -177,7 +177,15 @@ def test_a_backend_file_that_does_not_import_fails_the_gate_as_an_import_raise(s
 @pytest.mark.parametrize("name", ["plan-install-moved-to-a-helper", "pristine"])
 def test_code_that_loads_and_behaves_passes_the_gate_with_every_property_driven(sglang_target, name, tmp_path):
     proc, out, summary = _gate(tmp_path, name)
-    assert proc.returncode == 0, out
+    if name == "plan-install-moved-to-a-helper":
+        # flashinfer_backend.py also holds a mask-path function vmfuzz does not drive (the multi-step
+        # draft's eager metadata, made on a CUDA device): with no diff every such function is required,
+        # so the gate says that one, and only that one, could not be checked
+        stuck = summary["gate"]["could_not_check"]
+        assert proc.returncode == 3 and stuck, out
+        assert all("FlashInferMultiStepDraftBackend.init_forward_metadata never ran" in line for line in stuck), out
+    else:
+        assert proc.returncode == 0, out
     status = {p["name"]: p["status"] for p in summary["properties"]}
     assert status.get("packed-mask") == "held", status
     assert not summary["findings"], out

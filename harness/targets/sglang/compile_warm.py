@@ -85,10 +85,9 @@ def _alarmed(work) -> None:
 def _tqdm_monitor_stopped() -> None:
     """Inductor's progress bar starts tqdm's monitor thread; it is stopped so the forks happen from a
     process with one thread, as they did before the warm-up."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return
+    import sys
+    # only a tqdm something already imported can have started a monitor (and vmfuzz does not depend on it)
+    tqdm = getattr(sys.modules.get("tqdm"), "tqdm", None)
     monitor = getattr(tqdm, "monitor", None)
     if monitor is not None:
         monitor.exit()
