@@ -71,6 +71,20 @@ def test_only_gpu_lines_unrun_meets_the_bar(tmp_path):
     assert got["meets_bar"] and got["unrun_share"] == 0.0
 
 
+def test_a_never_ran_line_off_the_mask_functions_is_counted_apart_from_the_bar(tmp_path):
+    src = tmp_path / "runner.py"
+    src.write_text(RUNNER)
+    gate = _gate(str(src))
+    line = gate["lines"][0]
+    del line["judged"]["19"]
+    line["never_ran"].append(19)  # logger(): in a triggered file, in no function of the mask's path
+    line["why_never_ran"]["19"] = "logger: routing"
+    got = release_diffs.classify(gate)
+    assert (got["changed"], got["other"], got["unrun_off_path"], got["judged_off_path"]) == (5, 1, 1, 0)
+    assert "| 0 / 1 |" in release_diffs.table([{**got, "diff": "a→b", "env": "b", "exit": 3, "seconds": 1.0,
+                                                 "changed_files": 2, "triggered": 1}], 3)
+
+
 def test_a_never_ran_line_in_a_cpu_only_branch_is_not_driven_here():
     assert release_diffs.reason("not driven: CPU-engine branch") == "not_driven"
     assert release_diffs.reason("A.f: graph-replay-equivalence, padding-inert") == "other"
