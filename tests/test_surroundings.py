@@ -78,7 +78,7 @@ def test_a_damaged_history_is_set_aside_and_the_nights_reports_are_written(tmp_p
     db.mkdir()
     body = json.dumps(NIGHT).encode() + b"\n" + damage
     (db / "history.jsonl").write_bytes(body)
-    r = vmfuzz("run", "--profile", "nightly", "--seed", "3", "--time-budget", "60", "--max-examples", "10",
+    r = vmfuzz("run", "--profile", "nightly", "--seed", "3", "--time-budget", "10", "--max-examples", "10",
                "--property", "capacity-liveness", "--db", str(db), "--report-dir", str(tmp_path / "r"))
     assert r.returncode == 0, r.stdout + r.stderr
     for name in ("summary.json", "summary.md", "junit.xml", "report.html"):
