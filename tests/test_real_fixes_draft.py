@@ -107,6 +107,26 @@ def test_a_rewrite_of_the_same_lines_holds(tmp_path, name):
     assert proc.returncode == 0 and f"held {prop}" in out, out
 
 
+@pytest.mark.parametrize("name", ["graph-replay-equivalence", "padding-inert", "capture-replay-agreement"])
+def test_the_graph_corpus_replays_the_draft_runner_padded(monkeypatch, name):
+    """A gate meets the padded draft rows first: its search builds the draft runner for one case in four
+    and pads only a bs between captured sizes (a gate on a copy with S#10892 reverted reached no padded
+    draft replay in its budget and could not check the runner)."""
+    from vmfuzz.harness.engine.search.deep_corpus import deep_cases
+    from vmfuzz.harness.model.bounds import Bounds
+    from vmfuzz.harness.model.shapes import model_constants
+    from vmfuzz.harness.properties import PROPERTIES
+    from vmfuzz.harness.properties.draft_graph import draft_judged
+    from vmfuzz.harness.targets.sglang.graph_session import captured_sizes
+    monkeypatch.delenv("VMFUZZ_DRAFT_SHARE")
+    [(config, batches)] = [(c, s) for label, c, s in deep_cases(PROPERTIES[name], Bounds(), model_constants())
+                           if label.startswith("padded draft replay")]
+    assert draft_judged(config) is None
+    [batch] = batches
+    assert batch.bs not in captured_sizes(config.max_bs) and batch.bs < config.max_bs
+    assert max(batch.seq_lens) <= config.max_context_len - config.spec_steps
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("prop", ["padding-inert", "graph-replay-equivalence"])
 def test_the_pristine_copy_holds_the_draft_checks(tmp_path, prop):
