@@ -7,12 +7,16 @@ runner, then calls ``judge_draft`` here with its own property's name), and
 - ``graph-replay-equivalence``: on the real rows a replay at the padded bs
   drafts what ``draft_forward`` drafts eagerly on the raw batch: parents,
   top scores, draft tokens, and per step each real branch's attended KV slots
-  and KV write;
+  and KV write; and in both, step i hands each real branch the position its
+  token has by the meaning, ``s_b + i`` (one past the last one it drafted from);
 - ``padding-inert``: every static buffer's padded rows hold poisoned content
   first (live requests' KV slots, lengths at the limit, pool rows of live
   requests, token ids past the vocabulary); the real rows still draft what the
-  eager run drafts, padded branches write only slot 0, and no padded token id
-  leaves the vocabulary (an embedding gather out of bounds on a device);
+  eager run drafts, padded branches write only slot 0, no padded token id
+  leaves the vocabulary (an embedding gather out of bounds on a device), and
+  no padded branch reads KV it does not own: not past the cells the metadata
+  kernel wrote for it this replay (its ``kv_indptr`` range, from ``positions``,
+  against the kernel's offsets, from ``seq_lens``), not a live request's pool row;
 - ``capture-replay-agreement``: the view the replay hands the backend's
   out-of-graph metadata has ``batch_size = B``, ``seq_lens_sum`` = the sum of
   its (padded) ``seq_lens``, ``out_cache_loc`` of ``B·k·n`` ids, ``positions``
@@ -111,9 +115,26 @@ def _windows(prop: str, drafted, raw: int, k: int, window: int, where: str, whic
                      effect="wrong", writer=REPLAY, buffer="window_kv_indices", cell="real row", stage="replay")
 
 
-def _compare(prop: str, got, want, raw: int, k: int, where: str, window: int = 0) -> None:
+def _positions(prop: str, drafted, lens: list[int], k: int, where: str, which: str) -> None:
+    """Step i's token of each real branch sits at ``s_b + i``: the replay and the eager draft share
+    ``draft_forward``, so an off-by-one in when it advances ``positions`` makes them agree and both be
+    wrong; only the meaning sees it."""
+    for step in drafted.steps:
+        for z in range(len(lens) * k):
+            want = lens[z // k] + step.step
+            if step.positions[z] != want:
+                fail(prop, f"{where}: step {step.step}, branch {z} ({which}) is handed position "
+                           f"{step.positions[z]}, its token's is {want} (s_b + step)", effect="wrong",
+                     writer=REPLAY, buffer="positions", cell="real row", stage="replay")
+
+
+def _compare(prop: str, got, want, raw: int, k: int, where: str, window: int = 0,
+             lens: list[int] | None = None) -> None:
     _windows(prop, want, raw, k, window, where, "eager")
     _windows(prop, got, raw, k, window, where, "replay")
+    if lens is not None:
+        _positions(prop, want, lens, k, where, "eager")
+        _positions(prop, got, lens, k, where, "replay")
     for name in ("parent_list", "top_scores_index", "draft_tokens"):
         a, b = getattr(got, name), getattr(want, name)
         if a.shape != b.shape or not torch.equal(a, b):
@@ -222,7 +243,7 @@ def judge_draft(prop: str, target, config: Config, batches: list[Batch], obs: Ob
         if prop == "padding-inert":
             _padded(prop, s, got, lens, where)
         if prop != "capture-replay-agreement":
-            _compare(prop, got, s.eager(lens), len(lens), k, where, s.shape.window)
+            _compare(prop, got, s.eager(lens), len(lens), k, where, s.shape.window, lens)
         obs.classes.add("draft: padded replay" if got.graph_bs > len(lens) else "draft: exact replay")
         obs.classes.add(f"draft: page size {s.shape.page_size}")
         if s.shape.window:
@@ -276,12 +297,35 @@ def _padded(prop: str, s, got, lens: list[int], where: str) -> None:
                        f"vocabulary of {s.vocab} (a device's embedding gather reads out of bounds)",
                  effect="overrun", writer=REPLAY, buffer="topk_index" if step.step == 0 else "input_ids",
                  cell="padded row", stage="replay")
+        _padded_reads(prop, s, got, step, len(lens), where)
         stray = [(z, slot) for z, (slot, _) in enumerate(step.kv_writes[n:], start=n) if slot in real or slot != 0]
         if stray:
             z, slot = stray[0]
             fail(prop, f"{where}: step {step.step}, padded branch {z} writes KV into slot {slot}"
                        f"{' (a live request’s)' if slot in real else ''}, not the padding's slot 0",
                  effect="wrong", writer=REPLAY, buffer="out_cache_loc", cell="padded row", stage="replay")
+
+
+def _padded_reads(prop: str, s, got, step, raw: int, where: str) -> None:
+    """A padded branch reads only what the metadata kernel wrote for it this replay (its padded length, then
+    its chain so far), from the padding's pool row 0. A longer ``kv_indptr`` range (built from ``positions``,
+    where the kernel's offsets come from ``seq_lens``) runs into cells another branch or an earlier, larger
+    replay left; a stale ``req_pool_indices`` row hands it a live request's KV. Either is a read no padding
+    owns, and stale state a real batch never chose (past the buffer, a device's kernel faults)."""
+    k, width = s.shape.topk, s.server.req_to_token.shape[1]
+    seq_lens = got.view.seq_lens.tolist() if got.view is not None else []
+    for z in range(raw * k, min(len(step.attended), len(seq_lens) * k)):
+        attended, wrote = step.attended[z], int(seq_lens[z // k]) + step.step + 1
+        if len(attended) > wrote:
+            fail(prop, f"{where}: step {step.step}, padded branch {z} is handed {len(attended)} KV ids by its "
+                       f"kv_indptr range, the kernel wrote {wrote} for it (seq_len {seq_lens[z // k]} + "
+                       f"{step.step + 1} chain): it reads cells it does not own", effect="wrong", writer=REPLAY,
+                 buffer="positions", cell="padded row", stage="replay")
+        live = [slot for slot in attended if 1 <= (slot - 1) // width <= raw]
+        if live:
+            fail(prop, f"{where}: step {step.step}, padded branch {z} reads KV slot {live[0]} of pool row "
+                       f"{(live[0] - 1) // width}, a live request's", effect="wrong", writer=REPLAY,
+                 buffer="req_pool_indices", cell="padded row", stage="replay")
 
 
 def graph_buffer_soundness(target, config: Config, batches: list[Batch], device="cpu") -> Observation:

@@ -7,7 +7,9 @@ words), a captured batch of more cells than one kernel program has lanes
 (bs · d past 128), a walk as deep as the draft goes (spec_steps 4, nodes at
 depth 4), a captured max_bs past a byte of requests with every slot taken, and a
 packed row longer than the packing kernel's block, put before a short row (work
-sized by the last row instead of the longest misses the tail of the first).
+sized by the last row instead of the longest misses the tail of the first); and,
+for the graph properties, a draft-decode replay padded to its bucket with every
+request drafting inside its context (a case whose draft runner is built).
 
 Every size comes from ``ShapeConstants``: read from the code under test where
 the target can (``target.shape_constants()``), else the model's own. Hypothesis
@@ -92,6 +94,23 @@ def _mode(prop: Property, chosen: str) -> TreeMaskMode:
     return TreeMaskMode[prop.layouts[0]]
 
 
+def _padded_draft_case(prop: Property, bounds, site: str) -> list[DeepCase]:
+    """A graph property's draft-decode runner replayed padded, every request drafting inside its context:
+    a tree of topk 2 and 3 steps, bs 3 in the graph captured at 4. The draft runner is built for one case
+    in ``DRAFT_SHARE`` (chosen by the config) and pads only a bs between captured sizes, so a search meets
+    its padded rows late or never; the context is the first from 16 up whose config is chosen."""
+    from vmfuzz.harness.properties.draft_graph import draft_judged
+    if "graph_session" not in prop.needs or "eagle" not in bounds.call_sites:
+        return []
+    lens = (5, 7, 3)
+    for ctx in range(16, 48):
+        config = Config(TreeMaskMode.FULL_MASK, 4, ctx, 6, 2, 3, True, site)
+        if draft_judged(config) is None and prop.applies(config):
+            return [(f"padded draft replay: topk 2, 3 steps, bs 3 in the graph of 4, context {ctx} [FULL_MASK]",
+                     config, [Batch(lens)])]
+    return []
+
+
 def deep_cases(prop: Property, bounds, k: ShapeConstants) -> list[DeepCase]:
     site = "eagle" if "eagle" in bounds.call_sites else bounds.call_sites[0]
     out = []
@@ -112,7 +131,7 @@ def deep_cases(prop: Property, bounds, k: ShapeConstants) -> list[DeepCase]:
         # a second would double the case's cost for no class it lacks)
         batches = [first, Batch(lens[::-1], trees)] if prop.steps and lens[0] > lens[-1] else [first]
         out.append((f"{label}, spec_steps={steps} [{mode.name}]", config, batches))
-    return out
+    return out + _padded_draft_case(prop, bounds, site)
 
 
 def fixed_cases(target, prop: Property, bounds: Bounds, strategy) -> tuple[list, dict]:
