@@ -128,13 +128,12 @@ def _positions(prop: str, drafted, lens: list[int], k: int, where: str, which: s
                      writer=REPLAY, buffer="positions", cell="real row", stage="replay")
 
 
-def _compare(prop: str, got, want, raw: int, k: int, where: str, window: int = 0,
-             lens: list[int] | None = None) -> None:
+def _compare(prop: str, got, want, lens: list[int], k: int, where: str, window: int = 0) -> None:
+    raw = len(lens)
     _windows(prop, want, raw, k, window, where, "eager")
     _windows(prop, got, raw, k, window, where, "replay")
-    if lens is not None:
-        _positions(prop, want, lens, k, where, "eager")
-        _positions(prop, got, lens, k, where, "replay")
+    _positions(prop, want, lens, k, where, "eager")
+    _positions(prop, got, lens, k, where, "replay")
     for name in ("parent_list", "top_scores_index", "draft_tokens"):
         a, b = getattr(got, name), getattr(want, name)
         if a.shape != b.shape or not torch.equal(a, b):
@@ -243,7 +242,7 @@ def judge_draft(prop: str, target, config: Config, batches: list[Batch], obs: Ob
         if prop == "padding-inert":
             _padded(prop, s, got, lens, where)
         if prop != "capture-replay-agreement":
-            _compare(prop, got, s.eager(lens), len(lens), k, where, s.shape.window, lens)
+            _compare(prop, got, s.eager(lens), lens, k, where, s.shape.window)
         obs.classes.add("draft: padded replay" if got.graph_bs > len(lens) else "draft: exact replay")
         obs.classes.add(f"draft: page size {s.shape.page_size}")
         if s.shape.window:
@@ -312,7 +311,7 @@ def _padded_reads(prop: str, s, got, step, raw: int, where: str) -> None:
     where the kernel's offsets come from ``seq_lens``) runs into cells another branch or an earlier, larger
     replay left; a stale ``req_pool_indices`` row hands it a live request's KV. Either is a read no padding
     owns, and stale state a real batch never chose (past the buffer, a device's kernel faults)."""
-    k, width = s.shape.topk, s.server.req_to_token.shape[1]
+    k = s.shape.topk
     seq_lens = got.view.seq_lens.tolist() if got.view is not None else []
     for z in range(raw * k, min(len(step.attended), len(seq_lens) * k)):
         attended, wrote = step.attended[z], int(seq_lens[z // k]) + step.step + 1
@@ -321,10 +320,10 @@ def _padded_reads(prop: str, s, got, step, raw: int, where: str) -> None:
                        f"kv_indptr range, the kernel wrote {wrote} for it (seq_len {seq_lens[z // k]} + "
                        f"{step.step + 1} chain): it reads cells it does not own", effect="wrong", writer=REPLAY,
                  buffer="positions", cell="padded row", stage="replay")
-        live = [slot for slot in attended if 1 <= (slot - 1) // width <= raw]
+        live = [slot for slot in attended if 1 <= s.pool_row(slot) <= raw]
         if live:
             fail(prop, f"{where}: step {step.step}, padded branch {z} reads KV slot {live[0]} of pool row "
-                       f"{(live[0] - 1) // width}, a live request's", effect="wrong", writer=REPLAY,
+                       f"{s.pool_row(live[0])}, a live request's", effect="wrong", writer=REPLAY,
                  buffer="req_pool_indices", cell="padded row", stage="replay")
 
 

@@ -80,6 +80,10 @@ class DraftSession(RunnerView):
     def eager(self, seq_lens: list[int]) -> Drafted:
         return eager(self.server, self.live(seq_lens))
 
+    def pool_row(self, slot: int) -> int:
+        """The ``req_to_token`` row a KV slot belongs to: the pool names each cell ``1 + row*R + column``."""
+        return (slot - 1) // self.server.req_to_token.shape[1]
+
     def cell(self, bs: int, b: int, column: int) -> int:
         """The slot ``req_to_token`` holds at ``column`` of request ``b``'s row (pool row ``bs - b``)."""
         return int(self.server.req_to_token[bs - b, column])
