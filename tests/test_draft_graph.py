@@ -209,6 +209,39 @@ def test_a_refactor_of_the_window_offsets_and_the_pristine_window_hold(tmp_path,
         in out, out
 
 
+#: a windowed case whose server is unpaged (``draft_page_size``): a topk > 1 branch's chain slots then step
+#: by the branch's number of steps, a form only page size 1 takes (9 of 18 tokens; the 9-token request clips)
+WINDOW_UNPAGED_CASE = {**CASE, "max_bs": 3, "max_context_len": 18}
+#: the same chain slots written another way round (what the kernel reads is unchanged)
+WINDOW_UNPAGED_REFACTOR = [(CACHE_LOCS, r"chain_pos = seq_len \+ topk_id \* num_steps \+ chain_step",
+                            "chain_pos = chain_step + num_steps * topk_id + seq_len")]
+
+
+def test_the_unpaged_window_case_is_judged_unpaged():
+    from vmfuzz.harness.properties.draft_graph import draft_page_size, draft_window
+    config = Config(TreeMaskMode.FULL_MASK, 3, 18, 6, 2, 3, is_read=True).validate()
+    assert (draft_window(config), draft_page_size(config)) == (9, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("altered", [True, False])
+def test_an_unpaged_window_read_of_another_branchs_chain_is_caught_and_a_refactor_holds(tmp_path, altered):
+    """Every branch's window layers read branch 0's chain slots (the branch's offset dropped on page 1): the
+    replay and the eager draft share the kernel, so only the meaning (the tail of what it attends) sees it."""
+    sglang_or_skip()
+    edits = ([(CACHE_LOCS, r"chain_pos = seq_len \+ topk_id \* num_steps \+ chain_step",
+               "chain_pos = seq_len + chain_step")] if altered else WINDOW_UNPAGED_REFACTOR)
+    proc, out = replay_on_copy(altered_copy(tmp_path, edits, "window-unpaged"), tmp_path, WINDOW_UNPAGED_CASE,
+                               (5, 9, 3), "graph-replay-equivalence")
+    if not altered:
+        assert proc.returncode == 0 and "held graph-replay-equivalence" in out, out
+        return
+    assert proc.returncode == 1, out
+    origin = failed_check_origin(tmp_path / "report", out)
+    assert (origin["property"], origin["buffer"], origin["cell"]) == (
+        "graph-replay-equivalence", "window_kv_indices", "real row"), origin
+
+
 FLASHINFER = ["srt/layers/attention/flashinfer_backend.py"]
 #: name -> edits: bugs in FlashInfer's multi-step draft plan, caught by capture-replay-agreement on kv_indptr
 FLASHINFER_ALTERATIONS = {

@@ -88,7 +88,7 @@ def test_a_buffer_too_small_for_the_captured_max_bs_is_unsound(buffer, shape, ce
 def test_a_larger_buffer_holds_and_the_reference_target_says_it_does_not_drive_it():
     obs = Observation()
     check_fa3_graph(_Sized({"target_verify_metadata.page_table": (8, 4096)}), obs, TREE)
-    assert obs.classes == {"fa3 cuda-graph buffers"}
+    assert obs.classes == {"fa3 cuda-graph buffers", "fa3 cuda-graph constant sums: not driven by this target"}
     obs = Observation()
     check_fa3_graph(resolve("reference"), obs, TREE)
     assert obs.classes == {"fa3 cuda-graph buffers: not driven (not by this target)"}
@@ -102,7 +102,7 @@ def test_sglangs_own_set_up_is_read_at_production_scale_and_left_as_found(sglang
     assert shapes["draft_decode_metadata_topk_normal.cu_seqlens_q"] == (161,)
     obs = Observation()
     check_fa3_graph(sglang_target, obs, big)
-    assert obs.classes == {"fa3 cuda-graph buffers"}
+    assert obs.classes == {"fa3 cuda-graph buffers", "fa3 cuda-graph constant sums"}
     mod = fa3_reader.module()
     assert mod.torch is torch and mod.maybe_create_verify_mask.__module__ == "sglang.srt.layers.attention.verify_mask"
 
@@ -147,9 +147,65 @@ def test_a_short_fa3_graph_buffer_is_caught_by_its_size_not_by_sglang_raising(sg
         "allocation-soundness", "unsound", WRITER, buffer, cell), out
 
 
-#: the same sizes computed other ways: never a finding
+_EXPAND_Q = r"(\"cu_seqlens_q\": torch\.arange\(\n\s+)0,\n\s+(max_bs \* self\.topk \+ 1,\n\s+dtype)"
+
+#: name -> (edit, the running sum it makes wrong): constant sums the set-up fills once, of the right size
+#: but the wrong content (the mutation sample's survivor, and a stride lost)
+WRONG_SUMS = {
+    "draft-expand-query-sum-from-minus-one": ((FA3, _EXPAND_Q, r"\1-1, \2"),
+                                              "draft_decode_metadata_topk_expand.cu_seqlens_q"),
+    "draft-query-sum-without-its-stride": ((FA3, _DRAFT_Q, r"\1max_bs * self.topk + 1,"),
+                                           "draft_decode_metadata_topk_normal.cu_seqlens_q"),
+}
+
+
+class _Filled(_Sized):
+    """The reference target, with FlashAttention's set-up filling its running sums as ``made`` says."""
+
+    def __init__(self, made):
+        super().__init__({})
+        self.made = made
+
+    def fa3_graph_constants(self, numbers, names):
+        from vmfuzz.harness.model.fa3_graph import constant_sums, length_sums
+        right = {n: ("arange", 0, step) for n, step in constant_sums(numbers).items()}
+        sums = length_sums(numbers)
+        right |= {n: ("arange", 0, 2) for n in sums} | {n: ("full", 2) for n in sums.values()}
+        return {name: self.made.get(name, right[name]) for name in names}
+
+
+@pytest.mark.parametrize("made", [{"draft_decode_metadata_topk_normal.cu_seqlens_q": ("arange", 0, 1)},
+                                  {"target_verify_metadata.cu_seqlens_q": ("arange", -1, 5)},
+                                  {"draft_decode_metadata_topk_expand.cu_seqlens_k": ("arange", 0, 3)},
+                                  {"target_verify_metadata_topk_expand.cu_seqlens_q": None}])
+def test_a_constant_running_sum_of_the_wrong_content_is_a_finding_and_the_right_one_holds(made):
+    with pytest.raises(PropertyFailure) as failed:
+        check_fa3_graph(_Filled(made), Observation(), TREE)
+    o = failed.value.origin
+    assert (o.property, o.effect, o.buffer, o.cell) == ("allocation-soundness", "wrong", *made, "constant running sum")
+    obs = Observation()
+    check_fa3_graph(_Filled({}), obs, TREE)
+    assert "fa3 cuda-graph constant sums" in obs.classes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(WRONG_SUMS))
+def test_a_constant_fa3_running_sum_of_the_wrong_content_is_caught(sglang_target, name, tmp_path):
+    edit, buffer = WRONG_SUMS[name]
+    config = {"mode": "FULL_MASK", "max_bs": 2, "max_context_len": 16, "num_draft_tokens": 4, "topk": 2,
+              "spec_steps": 2}
+    proc, out = replay_on_copy(altered_copy(tmp_path, [edit], name), tmp_path, config, [5],
+                               "allocation-soundness")
+    assert proc.returncode == 1, out
+    o = failed_check_origin(tmp_path / "report", out)
+    assert (o["property"], o["effect"], o["buffer"], o["cell"]) == (
+        "allocation-soundness", "wrong", buffer, "constant running sum"), out
+
+
+#: the same sizes and sums computed other ways: never a finding
 REFACTOR = [(FA3, _PAGES, "max_num_pages = (self.max_context_len - 1) // self.page_size + 1"),
-            (FA3, _DRAFT_Q, r"\1self.topk * (max_bs + 1) - self.topk + 1,\2")]
+            (FA3, _DRAFT_Q, r"\1self.topk * (max_bs + 1) - self.topk + 1,\2"),
+            (FA3, _EXPAND_Q, r"\1\2")]
 
 
 @pytest.mark.slow

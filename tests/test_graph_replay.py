@@ -65,3 +65,30 @@ def test_a_refactor_is_not_caught_and_the_pristine_copy_holds(tmp_path, prop):
     site = altered_copy(tmp_path, edits, "refactor" if edits else None)
     proc, out = replay_on_copy(site, tmp_path, CONFIG, SEQ_LENS, prop)
     assert proc.returncode == 0 and f"held {prop}" in out, out
+
+
+#: (file, the graph's admission test) per runner whose admission is judged against its captured sizes
+ADMISSION = {"target verify": (RUNNER, r"else cuda_graph_bs <= self\.max_bs"),
+             "draft decode": (["srt/speculative/eagle_draft_cuda_graph_runner.py"], r"else cuda_graph_bs <= self\.max_bs")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runner", sorted(ADMISSION))
+@pytest.mark.parametrize("altered", [True, False])
+def test_a_graph_refusing_its_largest_captured_size_is_caught_and_a_refactor_holds(tmp_path, monkeypatch, runner,
+                                                                                   altered):
+    """``can_run_graph`` admitting only batches below the largest captured bs: the graph captured for it is
+    never replayed. capture-replay-agreement judges admission against the captured sizes, on each runner."""
+    sglang_or_skip()
+    monkeypatch.setenv("VMFUZZ_DRAFT_SHARE", "1")  # this case's draft runner judged
+    path, test = ADMISSION[runner]
+    edits = [(path, test, "else cuda_graph_bs < self.max_bs" if altered else "else not cuda_graph_bs > self.max_bs")]
+    proc, out = replay_on_copy(altered_copy(tmp_path, edits, "admission"), tmp_path, CONFIG, (5, 7, 3, 2),
+                               "capture-replay-agreement")
+    if not altered:
+        assert proc.returncode == 0 and "held capture-replay-agreement" in out, out
+        return
+    assert proc.returncode == 1, out
+    origin = failed_check_origin(tmp_path / "report", out)
+    assert (origin["property"], origin["buffer"], origin["cell"], origin["writer"]) == (
+        "capture-replay-agreement", "capture_bs", "admission", f"{runner} can_run_graph"), origin

@@ -73,6 +73,30 @@ def graph_needs(n: ServerNumbers, page_size: int = 1) -> dict[str, tuple[int, ..
     return {f"{name}.{key}": shape for name, buffers in dicts.items() for key, shape in buffers.items()}
 
 
+def constant_sums(n: ServerNumbers) -> dict[str, int]:
+    """"dict.key" -> the step of a running sum of query rows the set-up fills once (an ``arange`` from 0)
+    and every replay then binds as it is: the query tokens each row of its pass holds (a chain's or a
+    tree prefix pass's request: its d draft tokens; a draft decode request: its k branches; an expand
+    pass's row: one token). A wrong start or step is every captured batch's query ranges wrong, at
+    capture and at each replay alike, so no capture-against-replay comparison would see it."""
+    d, k = n.num_draft_tokens, n.topk
+    sums = {"target_verify_metadata.cu_seqlens_q": d}
+    if k > 1:
+        sums |= {"target_verify_metadata_topk_normal.cu_seqlens_q": d,
+                 "target_verify_metadata_topk_expand.cu_seqlens_q": 1,
+                 "draft_decode_metadata_topk_normal.cu_seqlens_q": k,
+                 "draft_decode_metadata_topk_expand.cu_seqlens_q": 1}
+    return sums
+
+
+def length_sums(n: ServerNumbers) -> dict[str, str]:
+    """A running sum of key lengths filled once -> the constant lengths it sums (a draft branch's expand pass
+    reads the same number of its own chain tokens every row: the sum steps by that number); topk > 1 only."""
+    if n.topk < 2:
+        return {}
+    return {"draft_decode_metadata_topk_expand.cu_seqlens_k": "draft_decode_metadata_topk_expand.cache_seqlens"}
+
+
 def short_dimension(got: tuple[int, ...], need: tuple[int, ...]) -> int | None:
     """The first dimension of ``got`` smaller than ``need``'s (a missing one counts as 0); None: it holds."""
     for i, want in enumerate(need):

@@ -18,7 +18,9 @@ batch sizes in each preallocated layout and must equal the layout arithmetic
 (``vmfuzz.harness.model.layouts``): a footprint too large to allocate is judged as a
 footprint, not reported as the allocation raising. FlashAttention's
 cuda-graph metadata buffers (``vmfuzz.harness.model.fa3_graph``) are judged the same
-way, each at least what the captured max_bs binds, and so are the Triton
+way, each at least what the captured max_bs binds (and each running sum it fills
+once and every replay binds as it is, with the start and step its pass's rows
+mean: ``fa3_graph.constant_sums``), and so are the Triton
 backend's per-request index pointers (``kv_indptr``, ``qo_indptr``,
 ``mask_indptr``: pool + 1 entries each). Arithmetic and meta-device
 allocations only: it holds at production scale as cheaply as at small scale.
@@ -31,7 +33,8 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 from vmfuzz.harness.model.allocation import TRITON_INIT, ServerNumbers, indptr_entries, reads_mask
-from vmfuzz.harness.model.fa3_graph import DIMENSIONS, graph_needs, page_sizes, short_dimension
+from vmfuzz.harness.model.fa3_graph import (DIMENSIONS, constant_sums, graph_needs, length_sums, page_sizes,
+                                              short_dimension)
 from vmfuzz.harness.model.fa3_graph import WRITER as FA3_GRAPH
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.layouts import PREALLOCATED_LAYOUTS, worst_case_size
@@ -172,7 +175,31 @@ def check_fa3_graph(target, obs: Observation, numbers: ServerNumbers, sites: dic
                 fail(NAME, f"{FA3_GRAPH}: {name} is {list(got)}, {server} needs at least {list(needs[name])}: "
                             f"{unit} too few, so a captured batch's metadata runs past it",
                      effect="unsound", writer=FA3_GRAPH, buffer=name, cell=f"{unit} too few")
+    _fa3_constants(target, obs, numbers)
     obs.classes.add("fa3 cuda-graph buffers")
+
+
+def _fa3_constants(target, obs: Observation, numbers: ServerNumbers) -> None:
+    """The running sums FlashAttention's set-up fills once, which every replay binds as they are, against
+    what a row of their pass holds (``fa3_graph.constant_sums``, ``length_sums``)."""
+    read = getattr(target, "fa3_graph_constants", None)
+    if read is None:
+        obs.classes.add("fa3 cuda-graph constant sums: not driven by this target")
+        return
+    sums, lengths_of = constant_sums(numbers), length_sums(numbers)
+    made = read(numbers, [*sums, *lengths_of, *lengths_of.values()])
+    for name, lengths in lengths_of.items():
+        fill = made[lengths]
+        if fill is not None and fill[0] == "full":
+            sums[name] = fill[1]
+    for name, step in sums.items():
+        if made[name] != ("arange", 0, step):
+            how = "left for the replay to write" if made[name] is None else \
+                f"filled as {made[name][0]}{tuple(made[name][1:])}"
+            fail(NAME, f"{FA3_GRAPH}: {name} is {how}; each row of its pass holds {step} tokens, so it must be "
+                       f"arange(0, ..., step={step}): no replay rewrites it, every captured batch binds it as it is",
+                 effect="wrong", writer=FA3_GRAPH, buffer=name, cell="constant running sum")
+    obs.classes.add("fa3 cuda-graph constant sums")
 
 
 def check_triton_indptrs(target, obs: Observation, numbers: ServerNumbers, sites: dict) -> None:

@@ -23,6 +23,7 @@ runner, then calls ``judge_draft`` here with its own property's name), and
   of ``B·k``; and it is judged before anything SGLang asserts afterwards;
   FlashInfer's multi-step draft backend, handed the same view, plans each real
   branch's prefix and chain, from a host indptr that agrees with the device's;
+  and ``can_run_graph`` admits every batch no wider than the largest captured graph;
 - ``graph-buffer-soundness``: each static buffer, the backend's ``kv_indices``
   rows and ``kv_indptr`` included, holds what the largest admitted bucket needs
   with every request at the longest prefix a drafting request has (``C - 1``:
@@ -39,7 +40,7 @@ import torch
 
 from vmfuzz.harness.model.config import Batch, Config, num_candidates
 from vmfuzz.harness.model.draft_graph import DraftShape, branch_read_columns, window_reads
-from vmfuzz.harness.properties.graph_shared import built
+from vmfuzz.harness.properties.graph_shared import built, refused_though_captured
 from vmfuzz.harness.properties.kit import DONE, SUB_CHECK, Observation, fail
 from vmfuzz.harness.properties.verify_graph_buffers import judge_verify_buffers
 
@@ -59,10 +60,14 @@ def draft_window(config: Config) -> int:
 
 
 def draft_page_size(config: Config) -> int:
-    """The KV page size of the server whose draft runner the three graph properties judge: a windowed model's
-    server keeps its KV in pages of 4 (a paged tree's branches then own whole pages, the window rail's paged
-    chain), every other server's is unpaged (graph-buffer-soundness sizes both page sizes for every case)."""
-    return 4 if draft_window(config) else 1
+    """The KV page size of the server whose draft runner the three graph properties judge. Half the windowed
+    models' servers keep their KV in pages of 4 (a paged tree's branches then own whole pages: the window
+    rail's paged chain), the other half unpaged (its chain slots step by the branch's number of steps: the
+    only form a topk > 1 window reads on page 1); every other server's is unpaged (graph-buffer-soundness
+    sizes both page sizes for every case). Chosen by the config, so a repro replays as it was judged."""
+    if not draft_window(config):
+        return 1
+    return 4 if (zlib.crc32(repr(config).encode()) // (2 * DRAFT_SHARE)) % 2 else 1
 
 
 def draft_shape(config: Config, page_size: int = 1) -> DraftShape | None:
@@ -228,6 +233,8 @@ def judge_draft(prop: str, target, config: Config, batches: list[Batch], obs: Ob
             continue
         if not s.can_run(lens):
             obs.classes.add("draft: not admitted by can_run_graph (eager)")
+            if prop == "capture-replay-agreement":
+                refused_though_captured(prop, "draft decode", len(lens), s.capture_bs)
             continue
         poison = _poison(s, lens) if prop == "padding-inert" else None
         got = s.replay(lens, poison)

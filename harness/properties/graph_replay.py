@@ -19,7 +19,9 @@ properties judge the replay:
   agrees with what the capture of B had (batch size, the lengths of every
   per-request and per-token field, the length sum equal to the lengths' sum),
   and the replay read no host value the live program changed after capture
-  (the graph stand-in's stale reads, a ``capture-replay`` origin).
+  (the graph stand-in's stale reads, a ``capture-replay`` origin); and what
+  ``can_run_graph`` admits agrees with what was captured: a batch no wider
+  than the largest captured graph is admitted (``refused_though_captured``).
 
 Each then judges the draft-decode runner the same way (``draft_graph.judge_draft``).
 """
@@ -33,7 +35,7 @@ from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.oracle import expected
 from vmfuzz.harness.properties.draft_graph import judge_draft
 from vmfuzz.harness.properties.graph_shared import (AGREEMENT, EQUIVALENCE, INIT_SUB_CHECK, PADDING, built,
-                                                    read_layout)
+                                                    read_layout, refused_though_captured)
 from vmfuzz.harness.properties.kit import Observation, allocated, fail, sub_check_done, sub_check_skipped
 
 REPLAY = "cuda-graph replay"
@@ -58,6 +60,8 @@ def _steps(prop: str, target, config: Config, batches: list[Batch], obs: Observa
         ids, loc = session.inputs(batch)
         if not session.can_run(batch, mask, ids, loc):
             obs.classes.add("not admitted by can_run_graph (eager)")
+            if prop == AGREEMENT and not session.pp:
+                refused_though_captured(AGREEMENT, "target verify", batch.bs, session.capture_bs)
             if prop == EQUIVALENCE and session.pp:
                 _judge_stage_fallback(session, batch, mask, ids, loc, obs)
             continue

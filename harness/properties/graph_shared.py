@@ -24,7 +24,7 @@ import msgspec
 
 from vmfuzz.harness.model.errors import OutOfStep
 from vmfuzz.harness.model.layouts import TreeMaskMode
-from vmfuzz.harness.properties.kit import Observation, PropertyFailure
+from vmfuzz.harness.properties.kit import Observation, PropertyFailure, fail
 
 EQUIVALENCE, PADDING, AGREEMENT = "graph-replay-equivalence", "padding-inert", "capture-replay-agreement"
 #: the sub-check that the target verify runner was made by its own ``__init__`` (its set-up SGLang's)
@@ -98,3 +98,15 @@ def judge(target, config, batches, device="cpu", checks=None) -> Observation:
             for path, m in part.path_margins.items():
                 obs.path_margins[path] = max(obs.path_margins.get(path, float("-inf")), m)
     return obs
+
+
+def refused_though_captured(prop: str, runner: str, bs: int, capture_bs) -> None:
+    """Admission agrees with capture: a batch no wider than the largest captured graph pads into one, so
+    ``can_run_graph`` refusing it leaves a graph captured for it never replayed (its memory held for
+    nothing, the batch run eagerly). The other direction, a batch admitted past every graph, is
+    graph-buffer-soundness's."""
+    if bs <= max(capture_bs):
+        fail(prop, f"{runner}: a batch of bs {bs} fits the graph captured at bs "
+                   f"{min(c for c in capture_bs if c >= bs)}, yet can_run_graph refuses it (graphs captured at "
+                   f"{sorted(capture_bs)})", effect="wrong", writer=f"{runner} can_run_graph", buffer="capture_bs",
+             cell="admission", stage="replay")

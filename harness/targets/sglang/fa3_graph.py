@@ -31,6 +31,8 @@ SITE = "flashattention"
 _FILE = "srt/layers/attention/" + SITES[SITE][0] + ".py"
 #: where the shape a buffer was asked for rides on its stand-in tensor
 _ASKED = "_vmfuzz_asked"
+#: where a buffer made with content (an ``arange``'s start and step, a ``full``'s value) rides on it
+_MADE = "_vmfuzz_made"
 
 
 def _as_shape(size) -> tuple[int, ...]:
@@ -49,7 +51,7 @@ class _AskedTorch:
         if name in ("zeros", "empty", "ones"):
             return lambda *size, **kw: self._made(real, _as_shape(size), (), kw)
         if name == "full":
-            return lambda size, *fill, **kw: self._made(real, _as_shape((size,)), fill, kw)
+            return lambda size, *fill, **kw: self._full(real, size, fill, kw)
         return real
 
     @staticmethod
@@ -59,6 +61,13 @@ class _AskedTorch:
         setattr(t, _ASKED, shape)
         return t
 
+    @classmethod
+    def _full(cls, real, size, fill: tuple, kw: dict):
+        value = fill[0] if fill else kw.get("fill_value")
+        t = cls._made(real, _as_shape((size,)), fill, kw)
+        setattr(t, _MADE, ("full", int(value)))
+        return t
+
     @staticmethod
     def _arange(*bounds, step=1, **kw):
         start, end, step = (0, bounds[0], step) if len(bounds) == 1 else (*bounds[:2], bounds[2] if len(bounds) > 2
@@ -66,12 +75,14 @@ class _AskedTorch:
         count = math.ceil((end - start) / step)  # negative where torch refuses: fewer than none
         t = torch.arange(start, start + max(count, 0) * step, step, **dict(kw, device="meta"))
         setattr(t, _ASKED, (count,))
+        setattr(t, _MADE, ("arange", int(start), int(step)))
         return t
 
 
 @functools.lru_cache(maxsize=256)
-def _shapes(target, numbers: ServerNumbers, page_size: int) -> dict[str, tuple[int, ...]]:
-    """"dict.key" -> asked shape, of every tensor in a dict the set-up left on the backend."""
+def _asked(target, numbers: ServerNumbers, page_size: int) -> dict[str, tuple[tuple[int, ...], tuple | None]]:
+    """"dict.key" -> (asked shape, how it was filled or None), of every tensor in a dict the set-up left on
+    the backend."""
     mod, cls, backend = site_backend(target, SITE, numbers, page_size)
     patches = [(mod, "torch", _AskedTorch()),
                *lookup_patches([mod], {"maybe_create_verify_mask": lambda *a, **k: None}),
@@ -79,7 +90,7 @@ def _shapes(target, numbers: ServerNumbers, page_size: int) -> dict[str, tuple[i
     with bound(*patches):
         call_method(backend, "init_cuda_graph_state", max_bs=numbers.max_bs,
                     max_num_tokens=numbers.max_bs * numbers.num_draft_tokens)
-    return {f"{name}.{key}": getattr(t, _ASKED, tuple(t.shape))
+    return {f"{name}.{key}": (getattr(t, _ASKED, tuple(t.shape)), getattr(t, _MADE, None))
             for name, buffers in vars(backend).items() if isinstance(buffers, dict)
             for key, t in buffers.items() if isinstance(key, str) and isinstance(t, torch.Tensor)}
 
@@ -88,9 +99,19 @@ def graph_buffers(target, numbers: ServerNumbers, names, page_size: int = 1) -> 
     """The shape ``init_cuda_graph_state(numbers.max_bs, ...)`` asked for each buffer in ``names``
     ("dict.key") on a server whose KV pages hold ``page_size`` tokens; one it did not make is out of
     step (renamed or moved), not a finding."""
-    shapes = _shapes(target, numbers, page_size)
-    missing = [name for name in names if name not in shapes]
+    return {name: shape for name, (shape, _) in _judged(target, numbers, names, page_size).items()}
+
+
+def graph_constants(target, numbers: ServerNumbers, names, page_size: int = 1) -> dict[str, tuple | None]:
+    """How the set-up filled each buffer in ``names``: ``("arange", start, step)``, ``("full", value)``,
+    or None (made empty, or by anything else: its content is the replay's to write)."""
+    return {name: made for name, (_, made) in _judged(target, numbers, names, page_size).items()}
+
+
+def _judged(target, numbers: ServerNumbers, names, page_size: int) -> dict:
+    asked = _asked(target, numbers, page_size)
+    missing = [name for name in names if name not in asked]
     if missing:
         raise OutOfStep(f"{SITES[SITE][1]}.init_cuda_graph_state", _FILE,
                         f"left no {', '.join(missing)}, the cuda-graph buffers vmfuzz judges")
-    return {name: shapes[name] for name in names}
+    return {name: asked[name] for name in names}

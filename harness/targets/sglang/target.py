@@ -35,8 +35,8 @@ from vmfuzz.harness.targets.sglang.structs import replaced
 
 
 #: (SGLang file, function, properties that drive it): what ``vmfuzz surface`` lists.
-_ALL = ("no-oob-write", "fallback-equivalence", "reference-agreement", "capacity-soundness",
-        "capacity-liveness", "multi-step-reuse", "trivial-path", "chain-writer")
+_ALL = ("no-oob-write", "fallback-equivalence", "reference-agreement", "capacity-soundness", "capacity-liveness",
+        "multi-step-reuse", "trivial-path", "chain-writer")
 SURFACE = (
     # every property allocates its mask through SGLang's allocator and sizing
     ("srt/layers/attention/verify_mask.py", "maybe_create_verify_mask", _ALL),
@@ -260,8 +260,7 @@ class SglangTarget:
         """The eager read on a server whose model reads a sliding ``window`` of tokens (``readers``)."""
         return readers.read_eager(config, batch, step, heap, window)
 
-    def read_window_replay(self, mask, config: Config, batch: Batch, step: StepOutput, heap: ShadowHeap,
-                           window: int):
+    def read_window_replay(self, mask, config: Config, batch: Batch, step: StepOutput, heap: ShadowHeap, window):
         """The replay read on a server whose model reads a sliding ``window`` of tokens (``readers``)."""
         return readers.read_replay(mask, config, batch, step, heap, window)
 
@@ -274,13 +273,11 @@ class SglangTarget:
 
     def read_fa3_verify(self, config: Config, batch: Batch, step: StepOutput, page_size: int = 1,
                         window: int | None = None, verify_lens: list[int] | None = None):
-        """FlashAttention's eager verify metadata over the step's mask, KV pages of ``page_size`` tokens,
-        layers windowed to ``window`` tokens, a chain's requests verifying ``verify_lens`` (``fa3_reader``)."""
+        """FlashAttention's eager verify metadata over the step's mask (pages, window, lens: ``fa3_reader``)."""
         from vmfuzz.harness.targets.sglang import fa3_reader
         return fa3_reader.read_verify(config, batch, step, page_size, window, verify_lens)
 
-    def read_fa3_replay(self, config: Config, batch: Batch, step: StepOutput, page_size: int = 1,
-                        window: int | None = None):
+    def read_fa3_replay(self, config: Config, batch: Batch, step: StepOutput, page_size: int = 1, window=None):
         """The same metadata in the cuda graph's buffers, replayed at the captured bs >= bs (``fa3_reader``)."""
         from vmfuzz.harness.targets.sglang import fa3_reader
         return fa3_reader.read_replay(config, batch, step, page_size, window)
@@ -373,9 +370,8 @@ class SglangTarget:
         return routers.tbo_replay(self.sglang, config, batch)
 
     def _allocation_sites(self) -> dict:
-        if getattr(self, "_sites", None) is None:
-            from vmfuzz.harness.targets.sglang.allocation import load_sites
-            self._sites = load_sites()
+        from vmfuzz.harness.targets.sglang.allocation import load_sites
+        self._sites = self._sites if getattr(self, "_sites", None) is not None else load_sites()
         return self._sites
 
     def allocating_backends(self) -> dict[str, str | None]:
@@ -388,10 +384,14 @@ class SglangTarget:
         return allocation_call(self, backend, numbers)
 
     def fa3_graph_buffers(self, numbers, names, page_size: int = 1) -> dict[str, tuple[int, ...]]:
-        """The shapes FlashAttention's cuda-graph set-up asks for its metadata buffers (``fa3_graph``)
-        on a server whose KV pages hold ``page_size`` tokens."""
+        """The shapes FlashAttention's cuda-graph set-up asks for its metadata buffers (``fa3_graph``)."""
         from vmfuzz.harness.targets.sglang import fa3_graph
         return fa3_graph.graph_buffers(self, numbers, names, page_size)
+
+    def fa3_graph_constants(self, numbers, names) -> dict[str, tuple | None]:
+        """How that set-up filled each of them (``fa3_graph``)."""
+        from vmfuzz.harness.targets.sglang import fa3_graph
+        return fa3_graph.graph_constants(self, numbers, names)
 
     def triton_indptr_buffers(self, numbers) -> dict[str, tuple[int, ...]]:
         """The shapes of the per-request index pointers the Triton backend's ``__init__`` allocates."""
