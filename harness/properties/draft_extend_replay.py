@@ -11,7 +11,11 @@ replayed at its padded bs and run as the worker's eager path runs it:
 - ``graph-replay-equivalence``: on the real rows, every step's logits, hidden
   states and top-k equal the eager run's, each token is handed the same
   query rows and prefix KV slots and writes the same KV, and the rows the
-  logits processor's ``select_index`` pruning keeps are the worker's rows.
+  logits processor's ``select_index`` pruning keeps are the worker's rows;
+  on a multi-step runner, in the replay and in the eager loop alike, each
+  request's token ids at step i+1 are step i's window shifted left by one
+  with step i's top-1 pick at its accepted row (``_rotation``: the meaning
+  of ``rotate_input_ids``, which both share).
 - ``padding-inert``: the padded rows of every buffer a step writes hold what
   a previous, larger step leaves (the batch's own KV slots, a live request's
   pool row, long lengths, stale picks); the real rows still equal the eager
@@ -116,10 +120,34 @@ def _compare(prop: str, runner: str, got, want, n: int, where: str, cell: str = 
                    f"{want.forward.selected[:raw]}", **_origin(runner, buffer="select_index", cell=cell))
 
 
+def _rotation(runner: str, steps, select: list[int], w: int, where: str, which: str) -> None:
+    """Step i+1's window of each real request is step i's rotated by the meaning of ``rotate_input_ids``:
+    the multi-layer worker rotates with that one kernel in the replay and in the eager loop alike, so a
+    wrong rotate makes them agree and both be wrong; only the meaning sees it. Request b's window is
+    ``[b·w, (b+1)·w)``: cell j takes cell j+1's token for j < w-1, nothing shifts into the last cell (it
+    keeps its token), then the accepted row ``select_index[b]`` gets step i's top-1 pick (the last cell
+    too, when every draft was accepted)."""
+    for step, (a, b) in enumerate(zip(steps, steps[1:]), start=1):
+        old, new, picks = a.forward.input_ids, b.forward.input_ids, a.topk_index[:, 0].tolist()
+        for r, row in enumerate(select):
+            lo = r * w
+            want = old[lo + 1:lo + w] + old[lo + w - 1:lo + w]
+            want[row - lo] = picks[r]
+            if new[lo:lo + w] != want:
+                fail(EQUIVALENCE, f"{where}, step {step} ({which}): request {r} is handed token ids "
+                                  f"{new[lo:lo + w]}, the step before's {old[lo:lo + w]} shifted left by one with "
+                                  f"its pick {picks[r]} at the accepted row {row - lo} is {want}",
+                     **_origin(runner, buffer="input_ids", cell="real row"))
+
+
 def _equivalence(runner: str, target, config: Config, batches: list[Batch], obs: Observation) -> None:
     for session, batch, x in _steps(EQUIVALENCE, runner, target, config, batches, obs):
         got, want = session.replay(batch, x), session.eager(batch, x)
         want_picks(want, x)
+        select = x["select"].tolist()
+        where = f"{runner}: a batch of bs {batch.bs} (graph bs {got[0].graph_bs})"
+        _rotation(runner, got, select, session.width, where, "replay")
+        _rotation(runner, want, select, session.width, where, "eager")
         for step, (g, w) in enumerate(zip(got, want)):
             _compare(EQUIVALENCE, runner, g, w, batch.bs * session.width, _where(runner, batch, g, step))
         _overruns(EQUIVALENCE, runner, session)
