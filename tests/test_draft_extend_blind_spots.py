@@ -1,11 +1,17 @@
-"""Draft-extend mutants a mutation sample left green, each now caught by the property meant for it.
+"""Three draft-extend mutants a mutation sample left green, each now caught by the property meant for it.
 
-The sample (bench/mutation-0.5.23/survivors-seed20261206.md) found changes to SGLang 0.5.23's
+The sample (bench/mutation-0.5.23/survivors-seed20261206.md) found three changes to SGLang 0.5.23's
 draft-extend cuda-graph path whose outputs differ on the gate's examples while every check held:
 
 - ``rotate_input_ids_kernel`` writing the shifted window through ``start_loc % offsets``: the replay
   and the eager loop both rotate with it, so they agree and both are wrong. graph-replay-equivalence
   now judges each step's token ids by the rotation's meaning, in both.
+- the EAGLE v2 runner rebinding its padded ``spec_info`` views only when NOT padded: the view keeps
+  the raw batch's per-request counts. capture-replay-agreement now judges that the view's per-request
+  ``spec_info`` fields hold the graph's B rows, read or not.
+- the multi-layer step runner cutting its view's ``input_ids`` / ``out_cache_loc`` to ``bs & w``
+  tokens. capture-replay-agreement now judges their B·w cells on the multi-layer runners, read or not
+  (measured: pristine always hands B·w there).
 
 Each alteration fails as the property's own check naming the buffer (never a raise); a rewrite of the
 same lines that keeps what they do holds; the pristine copy holds.
@@ -23,12 +29,17 @@ from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_cop
 from vmfuzz.harness.properties.kit import PropertyFailure
 
 ML_KERNEL = ["kernels/ops/speculative/multi_layer_eagle.py"]
-#: topk 1, d = steps + 1 = 3: every runner, the multi-layer ones too. Graphs at bs 1, 2, 4: the batch
-#: (5, 7, 3) replays padded to 4
-CHAIN = {"mode": "FULL_MASK", "max_bs": 4, "max_context_len": 32, "num_draft_tokens": 3, "topk": 1,
-         "spec_steps": 2, "is_read": True}
+DE_RUNNER = ["srt/speculative/eagle_draft_extend_cuda_graph_runner.py"]
+ML_RUNNER = ["srt/speculative/multi_layer_eagle_draft_extend_cuda_graph_runner.py"]
+#: topk 2, d 4: the EAGLE v2 runner only; topk 1, d = steps + 1 = 3: the multi-layer runners too. Graphs
+#: at bs 1, 2, 4: the batch (5, 7, 3) replays padded to 4
+TREE = {"mode": "FULL_MASK", "max_bs": 4, "max_context_len": 32, "num_draft_tokens": 4, "topk": 2,
+        "spec_steps": 2, "is_read": True}
+CHAIN = dict(TREE, num_draft_tokens=3, topk=1)
 LENS = (5, 7, 3)
 _ROTATE_WRITE = r"write_ptr = input_ids_ptr \+ start_loc \+ offsets"
+_PADDED_SPEC = r"if bs != raw_bs:(\n\s+forward_batch\.spec_info\.positions)"
+_STEP_TOKENS = r"(self\.deepep_adapter\.replay\(\)\n\s+buffers = self\.buffers\n\s+)num_tokens = bs \* self\.captured_req_width"
 
 #: name -> (edits, case, the property meant to catch it, the origin fields it must name)
 ALTERATIONS = {
@@ -36,12 +47,24 @@ ALTERATIONS = {
         [(ML_KERNEL, _ROTATE_WRITE, "write_ptr = input_ids_ptr + start_loc % offsets")], CHAIN,
         "graph-replay-equivalence",
         {"writer": "multi-layer draft extend replay", "buffer": "input_ids", "cell": "real row"}),
+    "padded-spec-views-rebound-only-unpadded": (
+        [(DE_RUNNER, _PADDED_SPEC, r"if bs == raw_bs:\1")], TREE, "capture-replay-agreement",
+        {"writer": "draft extend replay", "buffer": "num_correct_drafts", "cell": "capture-replay"}),
+    "step-view-tokens-by-bitwise-and": (
+        [(ML_RUNNER, _STEP_TOKENS, r"\1num_tokens = bs & self.captured_req_width")], CHAIN,
+        "capture-replay-agreement",
+        {"writer": "multi-layer draft extend replay", "buffer": "input_ids", "cell": "capture-replay"}),
 }
 
 #: name -> (edits, case, property): the same lines rewritten without changing what they do
 REFACTORS = {
     "rotate-writes-one-before-the-read": (
         [(ML_KERNEL, _ROTATE_WRITE, "write_ptr = read_ptr - 1")], CHAIN, "graph-replay-equivalence"),
+    "padded-spec-views-when-raw-is-smaller": (
+        [(DE_RUNNER, _PADDED_SPEC, r"if raw_bs < bs:\1")], TREE, "capture-replay-agreement"),
+    "step-view-tokens-width-first": (
+        [(ML_RUNNER, _STEP_TOKENS, r"\1num_tokens = self.captured_req_width * bs")], CHAIN,
+        "capture-replay-agreement"),
 }
 
 
@@ -66,7 +89,7 @@ def test_a_rewrite_of_the_same_lines_holds(tmp_path, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("prop", ["graph-replay-equivalence"])
+@pytest.mark.parametrize("prop", ["graph-replay-equivalence", "capture-replay-agreement"])
 def test_the_pristine_copy_holds_on_every_runner(tmp_path, prop):
     sglang_or_skip()
     proc, out = replay_on_copy(altered_copy(tmp_path, []), tmp_path, CHAIN, LENS, prop)
