@@ -11,7 +11,11 @@ replayed at its padded bs and run as the worker's eager path runs it:
 - ``graph-replay-equivalence``: on the real rows, every step's logits, hidden
   states and top-k equal the eager run's, each token is handed the same
   query rows and prefix KV slots and writes the same KV, and the rows the
-  logits processor's ``select_index`` pruning keeps are the worker's rows.
+  logits processor's ``select_index`` pruning keeps are the worker's rows;
+  on a multi-step runner, in the replay and in the eager loop alike, each
+  request's token ids at step i+1 are step i's window shifted left by one
+  with step i's top-1 pick at its accepted row (``_rotation``: the meaning
+  of ``rotate_input_ids``, which both share).
 - ``padding-inert``: the padded rows of every buffer a step writes hold what
   a previous, larger step leaves (the batch's own KV slots, a live request's
   pool row, long lengths, stale picks); the real rows still equal the eager
@@ -19,8 +23,12 @@ replayed at its padded bs and run as the worker's eager path runs it:
   a live request's KV, and no write leaves a static buffer.
 - ``capture-replay-agreement``: the view the backend's replay metadata is built
   from has the bucket's batch size and a length sum equal to its padded
-  lengths, every per-token field the backend reads holds B·w cells (a field
-  it does not read is recorded, not judged), ``qo_indptr`` steps by the
+  lengths, the fields the runner hands at the graph's size (``_SIZED``:
+  every runner's per-request ``spec_info`` counts and extend lengths hold B
+  rows; the multi-layer runners' ``input_ids``, ``out_cache_loc`` and
+  ``spec_info`` positions and hidden states B·w), read or not, hold them;
+  every other per-token field the backend reads holds B·w cells (one it does
+  not read is recorded, not judged), ``qo_indptr`` steps by the
   captured width w and equals the eager ``cumsum(extend_seq_lens)`` on the
   real rows, the real rows' KV lengths are the eager ones, every request's
   ``select_index`` (padded ones too) lies in its own window ``[b·w, (b+1)·w)``,
@@ -116,10 +124,34 @@ def _compare(prop: str, runner: str, got, want, n: int, where: str, cell: str = 
                    f"{want.forward.selected[:raw]}", **_origin(runner, buffer="select_index", cell=cell))
 
 
+def _rotation(runner: str, steps, select: list[int], w: int, where: str, which: str) -> None:
+    """Step i+1's window of each real request is step i's rotated by the meaning of ``rotate_input_ids``:
+    the multi-layer worker rotates with that one kernel in the replay and in the eager loop alike, so a
+    wrong rotate makes them agree and both be wrong; only the meaning sees it. Request b's window is
+    ``[b·w, (b+1)·w)``: cell j takes cell j+1's token for j < w-1, nothing shifts into the last cell (it
+    keeps its token), then the accepted row ``select_index[b]`` gets step i's top-1 pick (the last cell
+    too, when every draft was accepted)."""
+    for step, (a, b) in enumerate(zip(steps, steps[1:]), start=1):
+        old, new, picks = a.forward.input_ids, b.forward.input_ids, a.topk_index[:, 0].tolist()
+        for r, row in enumerate(select):
+            lo = r * w
+            want = old[lo + 1:lo + w] + old[lo + w - 1:lo + w]
+            want[row - lo] = picks[r]
+            if new[lo:lo + w] != want:
+                fail(EQUIVALENCE, f"{where}, step {step} ({which}): request {r} is handed token ids "
+                                  f"{new[lo:lo + w]}, the step before's {old[lo:lo + w]} shifted left by one with "
+                                  f"its pick {picks[r]} at the accepted row {row - lo} is {want}",
+                     **_origin(runner, buffer="input_ids", cell="real row"))
+
+
 def _equivalence(runner: str, target, config: Config, batches: list[Batch], obs: Observation) -> None:
     for session, batch, x in _steps(EQUIVALENCE, runner, target, config, batches, obs):
         got, want = session.replay(batch, x), session.eager(batch, x)
         want_picks(want, x)
+        select = x["select"].tolist()
+        where = f"{runner}: a batch of bs {batch.bs} (graph bs {got[0].graph_bs})"
+        _rotation(runner, got, select, session.width, where, "replay")
+        _rotation(runner, want, select, session.width, where, "eager")
         for step, (g, w) in enumerate(zip(got, want)):
             _compare(EQUIVALENCE, runner, g, w, batch.bs * session.width, _where(runner, batch, g, step))
         _overruns(EQUIVALENCE, runner, session)
@@ -191,8 +223,39 @@ def _agreement(runner: str, target, config: Config, batches: list[Batch], obs: O
                            sorted({s.path for s in session.stale if s.read and not s.after_captures}))
 
 
+#: The view's per-request (1 cell a request) and per-token (w cells) fields each runner hands the backend at
+#: the graph's bs on pristine SGLang 0.5.23: judged on every replay, read or not. Measured over 5 servers
+#: and 7 batch shapes, exact and padded, poisoned or not: 54 EAGLE v2 replays and 106 replayed steps of
+#: each multi-layer runner, every one at B rows / B·w cells. The EAGLE v2 runner hands the live batch's
+#: raw-length ``input_ids``, ``out_cache_loc`` and ``spec_info.hidden_states`` and, padded, a raw-length
+#: ``spec_info.positions`` view (None when exact): those are judged only where its backend reads them.
+_PER_REQUEST = {"spec_info.num_correct_drafts": 1, "spec_info.num_accept_tokens": 1,
+                "spec_info.extend_seq_lens_tensor": 1}
+_MULTI_LAYER = _PER_REQUEST | {"spec_info.positions": "w", "spec_info.hidden_states": "w", "input_ids": "w",
+                               "out_cache_loc": "w"}
+_SIZED = {RUNNERS[0]: _PER_REQUEST, RUNNERS[1]: _MULTI_LAYER, RUNNERS[2]: _MULTI_LAYER}
+#: the origin's buffer where it is not the field's own name
+_BUFFER = {"spec_info.extend_seq_lens_tensor": "extend_seq_lens"}
+
+
+def _field(view, path: str):
+    *outer, name = path.split(".")
+    for part in outer:
+        view = getattr(view, part, None)
+    return getattr(view, name, None)
+
+
 def _view_agrees(runner: str, g, w: int, where: str, obs: Observation) -> None:
-    """The view handed to the backend: its size and sum, and each per-token field the backend reads."""
+    """The view handed to the backend: its size and sum, the fields the runner hands at the graph's bs
+    (``_SIZED``), and each other per-token field the backend reads.
+
+    No backend driven here reads the sized ``spec_info`` fields (Triton's draft-extend metadata takes
+    only ``extend_seq_lens_tensor`` of them; FA3 and TRT-LLM none), but others do, in SGLang 0.5.23:
+    ``num_accept_tokens`` in FlashInfer's sliding-window prefill plan (prefix = seq_lens -
+    num_accept_tokens[:bs]), DSA's index-K pool metadata and write plan (``dsa_backend``,
+    ``dsa_backend_kpool``), and Qwen sparse's MTP anchor rows, which silently fall back to each block's
+    end when it has fewer than bs rows. A backend writing KV from the view's ``out_cache_loc`` would be
+    handed a short tensor by a multi-layer view cut short."""
     view, B = g.view, g.graph_bs
     origin = dict(cell=CAPTURE_REPLAY)
     if view is None:
@@ -204,18 +267,25 @@ def _view_agrees(runner: str, g, w: int, where: str, obs: Observation) -> None:
     if view.seq_lens_sum is not None and view.seq_lens_sum != int(view.seq_lens[:B].sum()):
         fail(AGREEMENT, f"{where}: the view's seq_lens_sum is {view.seq_lens_sum}, its padded seq_lens sum to "
                         f"{int(view.seq_lens[:B].sum())}", **_origin(runner, buffer="seq_lens_sum", **origin))
-    for name in ("input_ids", "out_cache_loc", "positions"):
-        value = getattr(view, name, None)
-        if value is None or value.numel() == B * w:
+    sized = _SIZED.get(runner, _PER_REQUEST)
+    for path, per in sized.items():
+        value, want = _field(view, path), B * (w if per == "w" else 1)
+        have = None if value is None else value.shape[0]
+        unit = "cells" if per == "w" and (value is None or value.dim() == 1) else "rows"
+        if have != want:
+            fail(AGREEMENT, f"{where}: the view's {path} has {have} {unit}, the graph of bs {B} holds {want}",
+                 **_origin(runner, buffer=_BUFFER.get(path, path.rsplit(".", 1)[-1]), **origin))
+    for path in ("input_ids", "out_cache_loc", "positions", "spec_info.positions", "spec_info.hidden_states"):
+        value = _field(view, path)
+        if path in sized or value is None or value.shape[0] == B * w:
             continue
-        if name in g.view_reads:
-            fail(AGREEMENT, f"{where}: the backend reads the view's {name} of {value.numel()} cells, the graph of "
-                            f"bs {B} holds {B * w}", **_origin(runner, buffer=name, **origin))
-        obs.classes.add(f"{runner}: view {name} holds {value.numel()} of B*w cells, unread by the backend")
-    extend = getattr(view.spec_info, "extend_seq_lens_tensor", None)
-    if "spec_info" in g.view_reads and extend is not None and extend.numel() != B:
-        fail(AGREEMENT, f"{where}: the view's extend_seq_lens_tensor has {extend.numel()} rows for bs {B}",
-             **_origin(runner, buffer="extend_seq_lens", **origin))
+        # reads are recorded per field of the view: a spec_info field outside _SIZED is recorded only
+        if path in g.view_reads:
+            fail(AGREEMENT, f"{where}: the backend reads the view's {path} of {value.numel()} cells, the graph of "
+                            f"bs {B} holds {B * w}", **_origin(runner, buffer=path, **origin))
+        unit = "rows" if value.dim() > 1 else "cells"
+        why = "the live batch's, not judged" if "." in path else "unread by the backend"
+        obs.classes.add(f"{runner}: view {path} holds {value.shape[0]} of B*w {unit}, {why}")
 
 
 def _rows_agree(runner: str, g, e, batch: Batch, w: int, where: str) -> None:
