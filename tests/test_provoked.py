@@ -73,6 +73,12 @@ def mask_for(mask, needed):
     if len(out) < needed:
         out = out + [True] * (needed - len(out))
     return out
+
+
+def draft_fast(on_device, topk, mode):
+    if on_device and topk == 1 and mode == "qlen":
+        return "fast"
+    return "general"
 '''
 
 HEAD = '''\
@@ -121,10 +127,18 @@ def capacity(bs, log):
 def mask_for(mask, needed):
     out = mask
     return out
+
+
+def draft_fast(on_device, topk, mode):
+    if on_device and topk < 1 and mode == "qlen":
+        return "fast"
+    return "general"
 '''
 
+#: an operand changed behind a short-circuit: when reached it differs from the base's, the test never does
+FAST = HEAD.splitlines().index('    if on_device and topk < 1 and mode == "qlen":') + 1
 #: The head's changed lines, as ``git diff -U0`` gives them.
-CHANGED = frozenset({4, 5, 15, 20, 26, 32, 38, 44, 45})
+CHANGED = frozenset({4, 5, 15, 20, 26, 32, 38, 44, 45, FAST})
 
 
 def by_function(probes):
@@ -141,6 +155,9 @@ def test_the_plan_finds_each_changed_condition_a_deleted_operand_and_guard_and_s
     mm = probes["positions_from_layout"]
     assert mm.head.startswith("any(") and mm.base.startswith("all(") and not mm.unsafe
     assert probes["reuse"].kind == "test"  # operands swapped: one condition, set beside the base's
+    fast = probes["draft_fast"]  # a changed operand is judged by the whole test's truth, which the code uses
+    assert (fast.kind, fast.base, fast.head) == ("test", "on_device and topk == 1 and (mode == 'qlen')",
+                                                 "on_device and topk < 1 and (mode == 'qlen')"), fast
     assert "fallback" not in probes  # `not (a is None)` is `a is not None` exactly: no change to provoke
     assert "log.pop" in probes["capacity"].unsafe  # the base's expression has effects: never evaluated twice
     block = probes["mask_for"]  # deleted with its body: the head's "test" is False where the base's held
@@ -176,10 +193,12 @@ def examples():
     assert mod.fallback([], "full") == 1
     assert mod.capacity(2, [1]) == 2
     assert mod.mask_for([True, True], 2) == [True, True]
+    assert mod.draft_fast(True, 1, "full") == "general"  # reaches `topk < 1`, which is not `topk == 1`
     if len(sys.argv) > 3:  # the inputs that tell each change from the base
         assert mod.VerifyArgs([True] * 5).padded(3) == 5
         assert mod.positions_from_layout([None, object()]) == "layout"
         assert mod.mask_for([True], 3) == [True]
+        assert mod.draft_fast(True, 1, "qlen") == "general"  # the base's test held here: the branch differs
 
 
 with line_trace.judging("no-oob-write"):
@@ -211,7 +230,7 @@ def drive(tmp_path, provoke_them: bool):
     probes = [Probe(**p) for p in out["probes"]]
     ran = {int(n): set(c) for n, c in out["ran"].items()}
     functions = {"chain_ready": "p", "VerifyArgs.padded": "p", "positions_from_layout": "p", "reuse": "p",
-                 "fallback": "p", "capacity": "p", "mask_for": "p"}
+                 "fallback": "p", "capacity": "p", "mask_for": "p", "draft_fast": "p"}
     measured = measure("mod.py", HEAD, str(tmp_path / "mod.py"), CHANGED, functions, ran)
     judge(measured, probes, out["counts"])
     return measured, out["counts"], probes
@@ -220,9 +239,10 @@ def drive(tmp_path, provoke_them: bool):
 def test_changes_no_example_told_from_the_base_ran_but_are_not_judged(tmp_path):
     measured, counts, probes = drive(tmp_path, provoke_them=False)
     # chain (the CPU short-circuits first), padding guard, all->any, swapped operands: all ran, none provoked
-    assert measured.unprovoked == [2, 15, 20, 26, 44, 45], measured.as_dict()
+    assert measured.unprovoked == [2, 15, 20, 26, 44, 45, FAST], measured.as_dict()
     assert not measured.exercised
     why = measured.why_unprovoked
+    assert "its operand `topk == 1` made `topk < 1`" in why[FAST] and "equal to the base's each time" in why[FAST]
     assert "CUDA `seq_lens`" in why[2] and "its operand `tokens == steps + 1` deleted" in why[2], why
     assert "len(self.mask) < needed" in why[15] and "equal to the base's each time" in why[15], why
     assert "mixing requests with and without multimodal inputs" in why[20], why
@@ -241,6 +261,7 @@ def test_an_example_that_tells_a_change_from_the_base_makes_it_judged(tmp_path):
     assert measured.rules[15].startswith("provoked:") and "capacity-soundness" in measured.rules[15]
     assert measured.rules[20].startswith("provoked:"), measured.rules
     assert 15 in measured.judged and 20 in measured.judged
+    assert measured.rules[FAST].startswith("provoked:") and "differed on 2 of 4" in measured.rules[FAST], measured.rules
 
 
 def test_a_probe_hands_the_head_its_own_value_and_counts_a_base_that_raises_apart(tmp_path, monkeypatch):

@@ -284,10 +284,27 @@ def _joined(found: list) -> list:
     return [_standalone(*stack[-1], stack[:-1])]
 
 
+def _whole_test(h, stack):
+    """The whole test a changed part of it sits in, as (base's, head's, their ancestors), or None.
+
+    A condition's operand is used only through the test's truth: ``topk < 1`` for ``topk == 1`` after a
+    short-circuiting ``is_cuda and`` differs from the base's operand whenever it runs, yet the branch
+    goes the same way unless every operand before and after it lets the difference through. So a part
+    of a test is provoked only when the whole test came out otherwise, where that test can be
+    evaluated twice safely; else the part is probed alone, as before."""
+    for i, (pb, ph) in enumerate(stack):
+        inner = stack[i + 1][1] if i + 1 < len(stack) else h
+        if isinstance(ph, _TESTS + (ast.IfExp,)) and ph.test is inner and inner is not h:
+            if not unsafe(pb.test):
+                return pb.test, ph.test, stack[:i + 1]
+    return None
+
+
 def _statement_probes(bs, hs, qual, patch, ident) -> list[Probe]:
     out = []
     found = [c for c in (_standalone(b, h, s) for b, h, s in _pairs(bs, hs, [])) if c is not None]
     for b, h, stack in _joined(found):
+        b, h, stack = _whole_test(h, stack) or (b, h, stack)
         parent = stack[-1][1] if stack else hs
         test = (isinstance(parent, _TESTS + (ast.IfExp,)) and parent.test is h) \
             or (isinstance(parent, ast.comprehension) and h in parent.ifs)

@@ -39,6 +39,8 @@ def described(probe: Probe) -> str:
             return f"`{probe.base}` with its operand {', '.join(f'`{v}`' for v in gone)} deleted"
         if new and not gone:
             return f"`{probe.base}` with the operand {', '.join(f'`{v}`' for v in new)} added"
+        if len(gone) == len(new) == 1:
+            return f"`{probe.base}` with its operand `{gone[0]}` made `{new[0]}`"
     return f"`{probe.head}` (the base's: `{probe.base}`)"
 
 
