@@ -94,3 +94,30 @@ def test_a_probe_cache_that_is_not_a_regular_file_of_ours_is_never_read(tmp_path
     os.mkfifo(planted)
     got = core.probe("import json", cwd=tmp_path, env=env, cache_key="import json")
     assert got != planted and got.is_file() and "json" in got.read_text().split()
+
+
+def test_a_sweep_removes_the_folders_of_dead_zygotes_and_keeps_live_and_unknown_ones(tmp_path):
+    """An owner killed by SIGKILL leaves its zygote's folder (the zygote dies with it, by SIGKILL too):
+    the next owner's sweep removes it, and never a folder whose zygote may still serve."""
+    import os
+    import subprocess
+    import time
+    from vmfuzz.harness.engine.core.zygote_client import FOLDER_PREFIX, sweep_stale
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+
+    def folder(name, pid=None, age=0.0):
+        d = tmp_path / (FOLDER_PREFIX + name)
+        d.mkdir()
+        (d / "sock").write_text("")
+        if pid is not None:
+            (d / "pid").write_text(str(pid))
+        if age:
+            os.utime(d, (time.time() - age, time.time() - age))
+        return d
+    killed, live = folder("killed", dead.pid), folder("live", os.getpid(), age=7200)
+    old, fresh = folder("old", age=7200), folder("fresh")
+    check = folder("check-x", age=7200)
+    (tmp_path / (FOLDER_PREFIX + "preload-abc.txt")).write_text("a cache file, not a folder")
+    assert sorted(sweep_stale(tmp_path)) == sorted([killed, old])
+    assert live.exists() and fresh.exists() and check.exists() and not killed.exists() and not old.exists()

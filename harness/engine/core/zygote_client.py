@@ -44,7 +44,8 @@ def serving(env: dict, *, probe_code: str, switches: tuple[str, ...] = (), start
     and it ends itself if this process dies first (its stdin closes). ``switches``: the
     import-time environment switches a cold run sets itself (``zygote.probe``)."""
     from vmfuzz.harness.engine.core import zygote
-    where = Path(tempfile.mkdtemp(prefix="vmfuzz-zygote-"))  # short: a socket's path has ~100 bytes
+    sweep_stale(Path(tempfile.gettempdir()))
+    where = Path(tempfile.mkdtemp(prefix=FOLDER_PREFIX))  # short: a socket's path has ~100 bytes
     sock = where / "sock"
     proc = None
     try:
@@ -56,6 +57,7 @@ def serving(env: dict, *, probe_code: str, switches: tuple[str, ...] = (), start
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                     env={k: v for k, v in env.items() if k != "PYTHONPATH"}, cwd=where,
                                     start_new_session=True)
+            (where / "pid").write_text(str(proc.pid))  # who owns the folder, for a later sweep_stale
             ready = _line(proc.stdout, start_timeout)
         except (OSError, subprocess.SubprocessError, ValueError):
             ready = {}
@@ -64,6 +66,46 @@ def serving(env: dict, *, probe_code: str, switches: tuple[str, ...] = (), start
         if proc is not None:
             _end(proc)
         shutil.rmtree(where, ignore_errors=True)
+
+
+#: a zygote's folder (its socket, its pid): removed by its owner, or by a later owner's sweep
+FOLDER_PREFIX = "vmfuzz-zygote-"
+#: a folder with no pid this old is a leftover (the pid is written within a second of the folder)
+_UNOWNED_AGE = 3600.0
+
+
+def sweep_stale(tmp: Path) -> list[Path]:
+    """Removes the zygote folders that outlived their zygote: an owner killed by SIGKILL cannot
+    remove its own, and the kernel kills its zygote (by SIGKILL too) before that could. A folder
+    goes when the pid it names is gone, or, naming none, when it is an hour old; a live zygote's
+    folder, and one whose pid a new process has taken, stay (never removed in doubt)."""
+    import time
+    gone = []
+    for folder in tmp.glob(FOLDER_PREFIX + "*"):
+        if not folder.is_dir() or folder.is_symlink() or folder.name.startswith(FOLDER_PREFIX + "check-"):
+            continue
+        try:
+            pid = int((folder / "pid").read_text())
+        except (OSError, ValueError):
+            pid = None
+        try:
+            stale = _gone(pid) if pid is not None else time.time() - folder.stat().st_mtime > _UNOWNED_AGE
+        except OSError:
+            continue
+        if stale:
+            shutil.rmtree(folder, ignore_errors=True)
+            gone.append(folder)
+    return gone
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, another user's
+        return False
+    return False
 
 
 def _end(proc: subprocess.Popen) -> None:
