@@ -98,16 +98,21 @@ def _padded_draft_case(prop: Property, bounds, site: str) -> list[DeepCase]:
     """A graph property's draft-decode runner replayed padded, every request drafting inside its context:
     a tree of topk 2 and 3 steps, bs 3 in the graph captured at 4. The draft runner is built for one case
     in ``DRAFT_SHARE`` (chosen by the config) and pads only a bs between captured sizes, so a search meets
-    its padded rows late or never; the context is the first from 16 up whose config is chosen."""
-    from vmfuzz.harness.properties.draft_graph import draft_judged
+    its padded rows late or never. The context is the first from 16 up whose config is chosen and whose
+    draft model has window layers on an unpaged server (``draft_window``, ``draft_page_size``): a topk > 1
+    branch's window reads then take the unpaged chain slots, the form a search reaches in one case in
+    sixteen; failing that, the first chosen at all."""
+    from vmfuzz.harness.properties.draft_graph import draft_judged, draft_page_size, draft_window
     if "graph_session" not in prop.needs or "eagle" not in bounds.call_sites:
         return []
     lens = (5, 7, 3)
-    for ctx in range(16, 48):
-        config = Config(TreeMaskMode.FULL_MASK, 4, ctx, 6, 2, 3, True, site)
-        if draft_judged(config) is None and prop.applies(config):
-            return [(f"padded draft replay: topk 2, 3 steps, bs 3 in the graph of 4, context {ctx} [FULL_MASK]",
-                     config, [Batch(lens)])]
+    chosen = [c for c in (Config(TreeMaskMode.FULL_MASK, 4, ctx, 6, 2, 3, True, site) for ctx in range(16, 128))
+              if draft_judged(c) is None and prop.applies(c)]
+    windowed = [c for c in chosen if draft_window(c) and draft_page_size(c) == 1]
+    for config in (windowed or chosen)[:1]:
+        window = f", window {draft_window(config)}" if draft_window(config) else ""
+        return [(f"padded draft replay: topk 2, 3 steps, bs 3 in the graph of 4, context {config.max_context_len}"
+                 f"{window} [FULL_MASK]", config, [Batch(lens)])]
     return []
 
 
