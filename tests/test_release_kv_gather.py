@@ -73,6 +73,41 @@ def test_a_foreign_table_is_left_unjudged_and_a_paged_launch_is_out_of_step():
         _launch(table, paged=16)
 
 
+def test_a_launch_over_the_no_kv_translator_s_view_is_left_unjudged_not_out_of_step():
+    """0.5.19 hands the gather the fields of its per-batch index-table view; a backend vmfuzz gave the
+    no-KV translator (an allocation site's) gets views with no fields, whose launch judges nothing."""
+    from vmfuzz.harness.targets.sglang.seams import TranslatesNothing
+    table = kv_slot_table(3, 40, "cpu")
+    view = TranslatesNothing().index_table_for_batch(object())
+    out, translator = _launch(table, handed=view.ids, stride=view.row_stride, paged=view.entry_page_size)
+    assert translator.gathered_into == set()
+
+
+def test_the_per_batch_view_is_sglang_s_own_method_over_the_stand_in_table(monkeypatch):
+    """0.5.19's eager path asks ``index_table_for_batch`` (memoized by a weak reference to the batch),
+    which calls ``build_index_table``: both run as SGLang's own methods over a plain pool whose table
+    is the stand-in's, so the gather reads the stand-in's slots."""
+    import weakref
+    from types import SimpleNamespace
+    from vmfuzz.harness.targets.sglang import kv_ids
+    from vmfuzz.harness.targets.sglang.stand_in import StandIn
+
+    class Translator:  # the two methods as 0.5.19 shapes them
+        def build_index_table(self, *, req_pool_indices, seq_lens, max_pages=None, into=None):
+            return SimpleNamespace(ids=self.req_to_token, row_ids=req_pool_indices, entry_page_size=1)
+
+        def index_table_for_batch(self, forward_batch):
+            view = self.build_index_table(req_pool_indices=forward_batch.req_pool_indices,
+                                          seq_lens=forward_batch.seq_lens)
+            self._index_table_memo = (weakref.ref(forward_batch), view)
+            return view
+    monkeypatch.setattr(kv_ids, "_real", lambda translator, method: getattr(Translator, method))
+    table = kv_slot_table(3, 40, "cpu")
+    fb = StandIn("ForwardBatch", req_pool_indices=torch.tensor([2, 0]), seq_lens=torch.tensor([3, 2]))
+    view = GathersKvSlots(ShadowHeap("cpu"), 40, table).index_table_for_batch(fb)
+    assert view.ids is table and view.row_ids.tolist() == [2, 0]
+
+
 TRITON = Path("srt/layers/attention/triton_backend.py")
 _FILL = r"(self\.kv_index_translator\.fill_packed_read_stream\(\n\s*)req_pool_indices=req_pool_indices\[:bs\],"
 _CASE = {"mode": "FULL_MASK", "max_bs": 2, "max_context_len": 16, "num_draft_tokens": 4, "topk": 1, "spec_steps": 3}

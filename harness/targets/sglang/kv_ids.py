@@ -28,6 +28,7 @@ from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.model.errors import OutOfStep
 from vmfuzz.harness.model.readers import kv_slot_stride, stale_kv_indices
 from vmfuzz.harness.targets.sglang.seams import TranslatesNothing, bind
+from vmfuzz.harness.targets.sglang.seams import _NoKvField as NO_KV_FIELD
 
 TRANSLATOR = "srt/mem_cache/kv_index_translator.py"
 
@@ -61,14 +62,24 @@ class GathersKvSlots(TranslatesNothing):
     def build_index_table(self, *args, **kwargs):
         """0.5.19's per-batch view of what the KV gather reads: SGLang's own method, run as on a pool
         whose ids need no translating, over the stand-in table."""
-        self.calls.append("build_index_table")
-        fn = _real(self, "build_index_table")
-        pool = SimpleNamespace(is_translating=False, defer_read_translate=False, req_to_token=self.table)
+        return self._as_plain_pool("build_index_table", args, kwargs)
+
+    def index_table_for_batch(self, *args, **kwargs):
+        """0.5.19's eager path asks for the same view through this (memoized per batch): SGLang's own
+        method too, over the same plain pool, its ``build_index_table`` SGLang's."""
+        return self._as_plain_pool("index_table_for_batch", args, kwargs)
+
+    def _as_plain_pool(self, method: str, args, kwargs):
+        self.calls.append(method)
+        fn, build = _real(self, method), _real(self, "build_index_table")
+        pool = SimpleNamespace(is_translating=False, defer_read_translate=False, req_to_token=self.table,
+                               _index_table_memo=None)
+        pool.build_index_table = lambda *a, **k: build(pool, *a, **k)
         try:
             return fn(pool, *args, **kwargs)
         except AttributeError as exc:
             if getattr(exc, "obj", None) is pool:
-                raise OutOfStep("KVIndexTranslator.build_index_table", TRANSLATOR,
+                raise OutOfStep(f"KVIndexTranslator.{method}", TRANSLATOR,
                                 f"reads {exc.name!r}, which the stand-in translator does not set") from None
             raise
 
@@ -124,6 +135,8 @@ class GathersFromTable:
         got = dict(zip(self.params, args), **kwargs)
         names = ("req_to_token", "req_pool_indices", "lens", "kv_indptr", "kv_start_idx", "kv_indices", "stride")
         table, pool, lens, indptr, start, out, stride = [got.get(p) for p in (self.params + [""] * 7)[:7]]
+        if any(isinstance(v, NO_KV_FIELD) for v in got.values()):
+            return  # 0.5.19's index-table view from the no-KV translator (``TranslatesNothing``): nothing to judge
         paged = [p for p in self.params[7:] if "PAGE" in p.upper() and got.get(p, 1) != 1]
         if table is None or out is None or paged or not isinstance(stride, int):
             raise OutOfStep(KV_GATHER, "the KV-id gather kernel",

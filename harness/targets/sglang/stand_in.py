@@ -32,7 +32,7 @@ class StandIn(types.SimpleNamespace):
     fields that must be read for a failure to be SGLang's.
     """
 
-    __slots__ = ("_consultation",)
+    __slots__ = ("_consultation", "__weakref__")  # a real ForwardBatch can be held weakly (0.5.19 memoizes by it)
 
     def __init__(self, seam: str, file: str = "", /, *, load_bearing=(), **fields):
         super().__init__(**fields)
