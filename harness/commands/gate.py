@@ -75,7 +75,8 @@ def run(request: RunRequest) -> int:
     if changed is not None:
         from vmfuzz.harness.engine.campaign.watch import GateWatch
         watch = GateWatch(request.target, changed, hits, checkout, sglang_root, traced=sglang)
-    return execute_and_report(plan_, target, watch, verbose=request.verbose)
+    return execute_and_report(plan_, target, watch, verbose=request.verbose,
+                              culprit=_culprit(request, checkout, sglang_root, plan_) if sglang else None)
 
 
 def vendored_checkout(checkout, changed: list[str] | None) -> Path | None:
@@ -106,6 +107,19 @@ def _known_on_base(request: RunRequest, checkout):
     if not found:
         return None, []
     return start(checkout.root, checkout.base, [p for p, _ in found]), found
+
+
+def _culprit(request: RunRequest, checkout, sglang_root: Path | None, plan_):
+    """With a base: the cases vmfuzz fell out of step on, asked of the base's code (``out_of_step_on_base``),
+    so SGLang's own raise in the change is its finding, not vmfuzz's; a gate of the installed package
+    (no checkout) has no base code to ask, and says so. Without a base: None, out of step as ever."""
+    base = getattr(checkout, "base", None)
+    if not base:
+        return None
+    from functools import partial
+    from vmfuzz.harness.engine.regression.out_of_step_on_base import ask_base
+    root = checkout.root if sglang_root is not None else None
+    return partial(ask_base, checkout_root=root, base=base, spec=request.target, case_seconds=plan_.example_timeout)
 
 
 def _changes(changed_files: Path | None, base: str | None, repo: Path):

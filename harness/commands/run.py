@@ -61,9 +61,11 @@ def show_result(res, log, *, verbose: bool = False) -> None:
         log(f"      repro:   {f.path}")
 
 
-def execute_and_report(plan_, target, gate: GateWatch | None = None, *, verbose: bool = False) -> int:
+def execute_and_report(plan_, target, gate: GateWatch | None = None, *, verbose: bool = False,
+                       culprit=None) -> int:
     """``gate``: the gate's watch over its change, started before the search and stopped once its
-    coverage is computed from what ran, for the reports."""
+    coverage is computed from what ran, for the reports. ``culprit(outcome)``: a gate's base asked about
+    the cases vmfuzz fell out of step on, before the coverage and the verdict read them (its records)."""
     from vmfuzz.harness.engine.campaign.session import execute
     from vmfuzz.harness.report.progress import progress
     from vmfuzz.harness.report.summary import build_summary, write_summary
@@ -87,8 +89,11 @@ def execute_and_report(plan_, target, gate: GateWatch | None = None, *, verbose:
         outcome = execute(plan_, target, partial(show_result, verbose=verbose), ui)
         from vmfuzz.harness.engine.search.deep_corpus import constants_of
         outcome.shape_constants = constants_of(target).source
+        asked = culprit(outcome) if culprit is not None and not outcome.interrupted else []
         if gate is not None:
             outcome.gate = gate.coverage(target, outcome)
+            if asked:
+                outcome.gate["out_of_step_on_base"] = asked
     finally:
         # the lines are measured: the reports need no more of them
         if gate is not None:

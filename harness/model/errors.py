@@ -35,6 +35,25 @@ class OutOfStep(Exception):
         return (OutOfStep, (self.seam, self.file, self.why))
 
 
+class SetUpRaised(OutOfStep):
+    """The code under test raised while vmfuzz built and captured one of its runners (exit 3).
+
+    vmfuzz wires that set-up over stand-ins of the model and the device, so alone the raise
+    cannot be told from vmfuzz's own gap: out of step. A gate with a base tells them apart
+    (``engine.regression.out_of_step_on_base``): the base, set up the same way on the same case,
+    runs it, so the raise is the change's, a finding. ``raised``: (type, innermost frame of the
+    code under test, message) of SGLang's own raise, filled by the engine (``failures.own_raise``)
+    where the traceback still exists; None when the raise was vmfuzz's wiring or a stand-in's.
+    """
+
+    def __init__(self, seam: str, file: str, why: str, raised: tuple[str, str, str] | None = None):
+        super().__init__(seam, file, why)
+        self.raised = raised
+
+    def __reduce__(self):
+        return (SetUpRaised, (self.seam, self.file, self.why, self.raised))
+
+
 class CannotLoad(OutOfStep):
     """The code under test cannot load in this environment, for a reason outside it and outside
     vmfuzz: a package it pins is missing here, or installed at another version (exit 3).

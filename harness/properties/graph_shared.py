@@ -22,7 +22,7 @@ from contextlib import contextmanager
 
 import msgspec
 
-from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.model.errors import OutOfStep, SetUpRaised
 from vmfuzz.harness.model.layouts import TreeMaskMode
 from vmfuzz.harness.properties.kit import Observation, PropertyFailure, fail
 
@@ -65,8 +65,9 @@ def built(key, make):
 def _set_up(key, make):
     """``make()``; a raise from it is vmfuzz out of step, never a finding: the runner is set up by
     the harness's wiring over stand-ins of the model and the device, so what raises there cannot
-    be told apart from SGLang's own failure (a failure of a property, or the stand-in saying it
-    cannot be faithful, stays what it is)."""
+    be told apart from SGLang's own failure here (a failure of a property, or the stand-in saying it
+    cannot be faithful, stays what it is). ``SetUpRaised`` keeps the raise as its cause, so a gate's
+    base can tell them apart: a base that runs the same case makes it the change's raise."""
     try:
         return make()
     except (PropertyFailure, OutOfStep):
@@ -75,9 +76,9 @@ def _set_up(key, make):
         where = exc.__traceback__
         while where.tb_next is not None:
             where = where.tb_next
-        raise OutOfStep(f"the {key[0]} runner's set-up", where.tb_frame.f_code.co_filename,
-                        f"building and capturing it as vmfuzz drives it raised {type(exc).__name__}: "
-                        f"{str(exc)[:200]}") from exc
+        raise SetUpRaised(f"the {key[0]} runner's set-up", where.tb_frame.f_code.co_filename,
+                          f"building and capturing it as vmfuzz drives it raised {type(exc).__name__}: "
+                          f"{str(exc)[:200]}") from exc
 
 
 def judge(target, config, batches, device="cpu", checks=None) -> Observation:

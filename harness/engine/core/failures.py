@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections import Counter
 
 from vmfuzz.harness.model import consultation
-from vmfuzz.harness.model.errors import ImportRaised, OutOfStep
+from vmfuzz.harness.model.errors import ImportRaised, OutOfStep, SetUpRaised
 from vmfuzz.harness.model.origin import Origin
 from vmfuzz.harness.properties.kit import PropertyFailure
 
@@ -70,6 +71,46 @@ def raise_place(exc: BaseException | None) -> str:
     return place
 
 
+def own_raise(exc: BaseException) -> tuple[str, str, str] | None:
+    """The code under test's own raise behind a ``SetUpRaised``: (type, ``raise_place``, message), or
+    None when it is no set-up raise, or vmfuzz raised it: its innermost frame is vmfuzz's (a stand-in,
+    a call vmfuzz made that does not bind), or no frame of SGLang's package is on its way (vmfuzz's
+    wiring calling torch). A raise inside Triton's interpreter, under a kernel SGLang launched, is
+    SGLang's, whatever vmfuzz frame (its interpreter speed-ups) lies between. Read where the traceback
+    still exists (the checking process); across a pipe the exception carries it (``raised``)."""
+    if not isinstance(exc, SetUpRaised):
+        return None
+    if exc.raised is not None:
+        return exc.raised
+    cause = exc.__cause__
+    package = tuple(os.path.abspath(p) + os.sep for p in getattr(sys.modules.get("sglang"), "__path__", ()))
+    frames = [_files(e) for e in _chain(cause)]  # an interpreter's error holds the kernel's own frames behind it
+    if not frames or not frames[0] or not _under_test(frames[0][-1]):
+        return None
+    if not any(os.path.abspath(f).startswith(package + _REFERENCE) for fs in frames for f in fs if f[:1] != "<"):
+        return None
+    return type(cause).__name__, raise_place(cause), str(cause)[:300]
+
+
+def _files(exc: BaseException) -> list[str]:
+    """The files of ``exc``'s traceback, outermost first."""
+    files, tb = [], exc.__traceback__
+    while tb is not None:
+        files.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    return files
+
+
+def vouched(exc: BaseException, recorded: Origin | None) -> TargetRaised | None:
+    """A set-up raise that a repro's own origin names, as the raise it is: the gate that filed the repro
+    saw its base run the case, so it was the change's raise, and replayed it is that raise again, not
+    out of step (``vmfuzz replay``, ``bisect``). None for any other out of step, or another raise."""
+    raised = own_raise(exc)
+    if raised is None or recorded is None or recorded.effect != "raise":
+        return None
+    return TargetRaised(raised[0], raised[2], raised[1]) if (recorded.exc_type, recorded.frame) == raised[:2] else None
+
+
 def raise_origin(prop: str, exc: BaseException) -> Origin:
     """The origin of ``exc`` raised by the target while ``prop`` was checked (here or in a worker)."""
     if isinstance(exc, TargetRaised):  # raised in a worker: it sent its type and frame across
@@ -115,6 +156,8 @@ def consulted_check():
 
 def out_of_step_of(exc: BaseException, ledger: consultation.Ledger) -> OutOfStep | None:
     """``exc`` as out of step, when its path crossed a stand-in that was not consulted; else None."""
+    if isinstance(exc, SetUpRaised):
+        return _stand_in_behind(exc, ledger)
     if isinstance(exc, (OutOfStep, ImportRaised)):
         return None  # already the harness's, or decided where the module was imported
     ending = (f"a property failed ({str(exc)[:300]})" if isinstance(exc, PropertyFailure)
@@ -136,6 +179,23 @@ def out_of_step_of(exc: BaseException, ledger: consultation.Ledger) -> OutOfStep
     first, also = unread[0], "".join(f"; nor {', '.join(e.unread())} of {e.seam}" for e in unread[1:])
     return OutOfStep(first.seam, first.file, f"the code under test never read {', '.join(first.unread())} of "
                      f"vmfuzz's stand-in{also}, so what it did was not computed from them, and {ending}")
+
+
+def _stand_in_behind(exc: SetUpRaised, ledger: consultation.Ledger) -> OutOfStep | None:
+    """A set-up raise that asked a stand-in for a part it lacks, or came after SGLang read what vmfuzz
+    left unset, is vmfuzz's own gap (a plain ``OutOfStep`` naming that seam), whatever a base says;
+    None keeps it a set-up raise, which a gate's base may show to be the change's."""
+    for asked in _chain(exc.__cause__):
+        entry = ledger.of(getattr(asked, "obj", None)) if isinstance(asked, AttributeError) else None
+        if entry is not None and getattr(asked, "name", None) in entry.lacking:
+            return OutOfStep(entry.seam, entry.file, f"the code under test asked vmfuzz's stand-in for "
+                             f"{asked.name}, which it does not provide, while {exc.seam} was built")
+    unset = ledger.read_unset()
+    if unset:
+        return OutOfStep(unset[0].seam, unset[0].file, f"the code under test read "
+                         f"{', '.join(sorted(unset[0].unset))}, which that set-up sets and vmfuzz did not, "
+                         f"and {exc.seam} raised")
+    return None
 
 
 def _chain(exc: BaseException):

@@ -11,9 +11,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import signal
 
-from vmfuzz.harness.engine.core.failures import ImportRaised, TargetFault, TargetRaised, raise_place  # noqa: F401 - re-exported
+from vmfuzz.harness.engine.core.failures import ImportRaised, TargetFault, TargetRaised, own_raise, raise_place  # noqa: F401 - re-exported
 from vmfuzz.harness.guard.tree_write import LAUNCHES
-from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.model.errors import OutOfStep, SetUpRaised
 from vmfuzz.harness.properties import Observation, PropertyFailure, lookup
 
 CRASH, HANG = "target-crash", "target-hang"
@@ -57,8 +57,9 @@ def _serve_checks(target, conn) -> None:
                        {n: sorted(c) for n, c in getattr(obs, "by_property", {}).items()}, spent()))
         except PropertyFailure as exc:
             conn.send(("fail", exc.origin, exc.detail, spent()))
-        except OutOfStep as exc:  # the harness's seam, not the target: crosses as itself
-            conn.send(("out-of-step", exc.seam, exc.file, exc.why, spent()))
+        except OutOfStep as exc:  # the harness's seam, not the target: crosses as itself, with the
+            # code's own raise behind a set-up's (read here, where its traceback is)
+            conn.send(("out-of-step", exc.seam, exc.file, exc.why, own_raise(exc), spent()))
         except ImportRaised as exc:  # SGLang's code raised on import: its own origin (stage import), not its type
             conn.send(("fail", exc.origin(prop_name), exc.detail(), spent()))
         except BaseException as exc:  # noqa: BLE001 - the target's own error (even exit()), reported as the property's
@@ -207,7 +208,8 @@ class IsolatedChecker:
         if kind == "fail":
             raise PropertyFailure(*rest)
         if kind == "out-of-step":
-            raise OutOfStep(*rest)
+            *where, raised = rest
+            raise SetUpRaised(*where, raised) if raised else OutOfStep(*where)
         raise TargetRaised(*rest)
 
     def __enter__(self):

@@ -23,7 +23,6 @@ whether the entry's origin patterns match what the replay failed with.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -108,39 +107,19 @@ class Pending:
 def start(checkout_root: Path, base: str, entry_paths: list[Path]) -> Pending:
     """The base's ``python/`` taken out of git (nothing of the user's checkout or its worktrees is
     touched) and a fresh process replaying ``entry_paths`` on it, started now."""
+    from vmfuzz.harness.engine.regression.base_code import start_on_base
     scratch = Path(tempfile.mkdtemp(prefix="vmfuzz-base-"))
-    tree = scratch / "base"
-    tree.mkdir()
-    archive = subprocess.run(["git", "-C", str(checkout_root), "archive", "--format=tar", base, "--", "python"],
-                             capture_output=True)
-    if archive.returncode:
-        why = archive.stderr.decode(errors="replace").strip().splitlines()
-        return Pending(base, None, scratch, f"git archive of the base failed: {why[-1] if why else archive.returncode}")
-    untar = subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, capture_output=True)
-    if untar.returncode or not (tree / "python" / "sglang").is_dir():
-        return Pending(base, None, scratch, "the base has no python/sglang")
-    import vmfuzz
-    harness_root = str(Path(vmfuzz.__file__).resolve().parent.parent)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = os.pathsep.join([str(tree / "python"), harness_root])
-    proc = subprocess.Popen([sys.executable, "-W", "ignore", "-m", __name__, str(tree / "python"),
-                             *map(str, entry_paths)], env=env, cwd=scratch, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=False)
-    return Pending(base, proc, scratch)
+    proc, failed = start_on_base(checkout_root, base, scratch, __name__, list(map(str, entry_paths)))
+    return Pending(base, proc, scratch, failed)
 
 
 def _child(python_dir: Path, paths: list[Path]) -> int:
     """In the fresh process: the base's SGLang imported from ``python_dir`` alone, each entry replayed."""
+    from vmfuzz.harness.engine.regression.base_code import load_base
     from vmfuzz.harness.engine.regression.regressions import outcome_of
     from vmfuzz.harness.model.known_file import load
-    from vmfuzz.harness.targets import resolve
-    from vmfuzz.harness.targets.sglang.loader import import_from_checkout, imported_sglang
     try:
-        import_from_checkout(python_dir)
-        target = resolve("sglang")
-        where = imported_sglang()[1]
-        if python_dir.resolve() not in where.resolve().parents:
-            raise ImportError(f"sglang imports from {where}, not from the base")
+        target = load_base(python_dir)
     except Exception as exc:  # noqa: BLE001 - the base not loading: nothing can be excused, said why
         print(json.dumps({"failed": f"the base's SGLang does not load: {type(exc).__name__}: {exc}"[:300]}))
         return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from vmfuzz.harness.model.config import Config
+from vmfuzz.harness.model.errors import OutOfStep
 from vmfuzz.harness.properties import PROPERTIES, Observation, Property, named
 from vmfuzz.harness.model.repro_file import Repro, ReproError, to_case
 
@@ -78,10 +79,17 @@ def replay(repro: Repro, target, device: str = "cpu", *, isolate: bool = False,
                          f"({not_driven_here(target, props[0])})")
     # the case is built only for a property that can be driven (properties_for proved it builds)
     config, batches = to_case(repro)
-    if isolate or repro.fault:
-        from vmfuzz.harness.engine.core.isolation import IsolatedChecker
-        with IsolatedChecker(target, timeout) as check:
-            return [check(p, config, batches, device) for p in driven]
-    from vmfuzz.harness.engine.core.line_trace import direct_check
-    check = direct_check(target)
-    return [check(p, config, batches, device) for p in driven]
+    try:
+        if isolate or repro.fault:
+            from vmfuzz.harness.engine.core.isolation import IsolatedChecker
+            with IsolatedChecker(target, timeout) as check:
+                return [check(p, config, batches, device) for p in driven]
+        from vmfuzz.harness.engine.core.line_trace import direct_check
+        check = direct_check(target)
+        return [check(p, config, batches, device) for p in driven]
+    except OutOfStep as exc:  # a set-up raise the repro's origin names is that raise (failures.vouched)
+        from vmfuzz.harness.engine.core.failures import vouched
+        raised = vouched(exc, repro.origin)
+        if raised is None:
+            raise
+        raise raised from None

@@ -30,6 +30,30 @@ class Finding:
 
 
 @dataclass
+class Stuck:
+    """The case a search was on when vmfuzz fell out of step: what a gate's base is asked to run.
+
+    ``members``: the properties judged on it together (one, or a shared group's); ``raised``: the
+    code under test's own raise behind a set-up's out of step (type, frame, message), else None."""
+    members: tuple[str, ...]
+    config: Config
+    batches: list[Batch]
+    raised: tuple[str, str, str] | None = None
+    #: the seam it fell out of step at ("the target verify runner's set-up")
+    seam: str = ""
+
+    @classmethod
+    def on(cls, name: str, config: Config, batches: list[Batch], exc) -> "Stuck":
+        """``exc`` (an ``OutOfStep``) met by ``name``'s check of the case, its code's own raise read now."""
+        from vmfuzz.harness.engine.core.failures import own_raise
+        return cls((name,), config, list(batches), own_raise(exc), exc.seam)
+
+    def of(self, members: tuple[str, ...]) -> "Stuck":
+        """The same case, judged by a shared group's ``members`` together."""
+        return Stuck(tuple(members), self.config, self.batches, self.raised, self.seam)
+
+
+@dataclass
 class PropertyResult:
     prop: str
     examples: int = 0
@@ -56,6 +80,8 @@ class PropertyResult:
     not_driven: str | None = None
     #: vmfuzz is out of step with the target's code ("<seam> in <file>: <why>"): could not check, never held
     out_of_step: str | None = None
+    #: the case it fell out of step on (None: none, or the search lane was lost)
+    stuck: Stuck | None = None
     #: its search lane was lost (killed, or past the run's cap): ``out_of_step`` says why; could not
     #: check whatever the change touched, since nothing of the property was searched
     lane_lost: bool = False
@@ -128,6 +154,7 @@ class PropertyResult:
         self.seconds += other.seconds
         self.finding = self.finding or other.finding
         self.out_of_step = self.out_of_step or other.out_of_step
+        self.stuck = self.stuck or other.stuck
         self.cut_short = self.cut_short or other.cut_short
         self.planned += other.planned
         self.faults += other.faults

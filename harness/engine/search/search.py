@@ -21,7 +21,7 @@ from vmfuzz.harness.engine.core.line_trace import direct_check
 from vmfuzz.harness.engine.search.database import KeyedDatabase
 from vmfuzz.harness.engine.core.failures import (failure_of, judged_past_known, known_cause, passed_over_as_known,
                                                  raise_place)
-from vmfuzz.harness.engine.search.results import Finding, PropertyResult
+from vmfuzz.harness.engine.search.results import Finding, PropertyResult, Stuck
 from vmfuzz.harness.engine.search.cases import cases
 from vmfuzz.harness.engine.search.deep_corpus import case_key, fixed_cases
 from vmfuzz.harness.engine.core.isolation import TargetFault, TargetRaised
@@ -42,7 +42,8 @@ class _OutOfTime(BaseException):
 
 
 class _OutOfStep(BaseException):
-    """Ends a search whose seam no longer fits the code under test: never shrunk, never recorded."""
+    """Ends a search whose seam no longer fits the code under test: never shrunk, never recorded as
+    a finding; its case is kept (``PropertyResult.stuck``) for a gate's base to run."""
 
 
 def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds: Bounds,
@@ -82,7 +83,7 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
         except OutOfStep as exc:
             if state["failed"]:
                 return  # a shrink step the harness cannot drive is not the failure being shrunk
-            state["out_of_step"] = exc
+            state["out_of_step"], result.stuck = exc, Stuck.on(prop.name, config, steps, exc)
             raise _OutOfStep from None
         except TargetFault as fault:
             # Shrinking a crash would re-crash (or re-hang for the full timeout)
@@ -90,7 +91,7 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
             if fault.kind not in faulted:
                 faulted.add(fault.kind)
                 origin, detail = failure_of(_owner(prop), fault)
-                result.faults.append(_record(target, origin, fault.detail, case, seed, findings_dir))
+                result.faults.append(record(target, origin, fault.detail, case, seed, findings_dir))
             return
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             failure = _as_failure(exc)
@@ -122,7 +123,7 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
         result.out_of_step = str(state["out_of_step"])
     except (PropertyFailure, _OutOfTime, Exception) as exc:
         result.cut_short = isinstance(exc, _OutOfTime)
-        result.finding = _ending(exc, prop, state, lambda origin, detail: _record(
+        result.finding = _ending(exc, prop, state, lambda origin, detail: record(
             target, origin, detail, state["case"], seed, findings_dir))
     return result.counted(time.perf_counter() - start, len(explicit), max_examples)
 
@@ -182,7 +183,7 @@ def _owner(prop: Property, exc: Exception | None = None) -> str:
     return exc.prop if isinstance(exc, PropertyFailure) and exc.prop in members else members[0]
 
 
-def _record(target, origin: Origin, detail: str, case, seed: int, findings_dir: Path) -> Finding:
+def record(target, origin: Origin, detail: str, case, seed: int, findings_dir: Path) -> Finding:
     config, steps = case
     prop, kind = origin.property, origin.kind()
     # A target's message may carry anything: keep what JSON, XML and a terminal can hold.
@@ -203,7 +204,7 @@ def record_death(target, prop: str, detail: str, case, seed: int, findings_dir: 
     """A worker that died while searching ``prop``: a ``target-crash`` finding with the case it
     was checking, or, when it died outside any check, a note naming the property and seed."""
     if case is not None:
-        return _record(target, Origin(prop, "crash"), detail, case, seed, findings_dir)
+        return record(target, Origin(prop, "crash"), detail, case, seed, findings_dir)
     note = (f"vmfuzz: the worker searching {prop} on {target.name} (seed {seed}) died outside any check: "
             f"{detail}\nRerun that property with --seed {seed} --workers 1 --isolate on to find its case.\n")
     path = findings_dir / f"{prop}-target-crash.txt"
@@ -384,7 +385,7 @@ def search_shared(target, props: list[Property], *, seed: int, max_examples: int
         if res.out_of_step is not None:
             # One run judges every member: a seam out of step leaves none of them checked.
             for n in members:
-                totals[n].out_of_step = res.out_of_step
+                totals[n].out_of_step, totals[n].stuck = res.out_of_step, res.stuck and res.stuck.of(members)
             break
         if res.finding is not None:
             # "target raised" names no member: it is the first one's, as when each searched alone.
