@@ -141,8 +141,11 @@ def test_what_cannot_be_emulated_is_refused_never_passed():
     with pytest.raises(NotFaithful):
         space.CUDAGraph().replay()  # never captured
     dev = space.device_module()
-    with pytest.raises(NotFaithful):
-        dev.Stream()
+    side = dev.Stream()  # made: only capturing on it is faithful
+    for use in (lambda: side.wait_stream(dev.current_stream()), lambda: dev.current_stream().wait_stream(side),
+                lambda: dev.Event().record(side), side.synchronize, lambda: dev.stream(side)):
+        with pytest.raises(NotFaithful):
+            use()
     with pytest.raises(NotFaithful):
         dev.Event(external=True)
     event = dev.Event()
@@ -169,3 +172,47 @@ def test_reset_drops_the_body():
     g.reset()
     with pytest.raises(NotFaithful):
         g.replay()
+
+
+def test_a_capture_on_a_side_stream_is_faithful_and_a_refusal_inside_one_is_kept_though_caught():
+    """What SGLang's metadata glue graph does: capture on a side stream of its own, thread-local errors,
+    and on any failure of the capture fall back to eager work. The capture's stream orders nothing (it
+    runs nothing, and replay is on the current stream); a refusal the program catches is still kept."""
+    space = GraphSpace()
+    x = space.static("x", torch.zeros(2))
+    dev = space.device_module()
+    side = dev.Stream()
+    g = space.CUDAGraph()
+    with space.graph(g, stream=side, capture_error_mode="thread_local"):
+        space.capturable(lambda: x.add_(1))()
+    g.replay()
+    assert x.tolist() == [2, 2] and side.captures == 1 and space.refusals == []
+    try:  # the program under test swallows the failed capture, as the glue graph does
+        with space.graph(space.CUDAGraph(), stream=side):
+            side.wait_stream(dev.current_stream())
+    except Exception:  # noqa: BLE001 - the program's own fallback
+        pass
+    [kept] = space.refusals
+    assert isinstance(kept, NotFaithful) and "wait_stream" in kept.why
+    with pytest.raises(NotFaithful):
+        with space.graph(space.CUDAGraph(), capture_error_mode="lenient"):
+            pass
+
+
+def test_a_body_kept_as_not_executing_leaves_its_contents_as_it_found_them():
+    """A device's capture records and runs nothing: a program that relies on replaying right after its
+    capture (the glue graph: "capture records without executing") must be seen to need that replay."""
+    space = GraphSpace()
+    holder = SimpleNamespace(buf=torch.zeros(3))
+    out = space.static("out", torch.zeros(3))
+    src = space.static("src", torch.tensor([1.0, 2.0, 3.0]))
+
+    def prep():
+        holder.buf.copy_(src)
+        out.copy_(src * 2)
+    g = space.CUDAGraph()
+    with space.graph(g):
+        space.capturable(prep, executes=False)()
+    assert holder.buf.tolist() == [0, 0, 0] and out.tolist() == [0, 0, 0]  # recorded, not run
+    g.replay()
+    assert holder.buf.tolist() == [1, 2, 3] and out.tolist() == [2, 4, 6]

@@ -30,15 +30,24 @@ checked, so a write that leaves a static buffer is recorded as an
 Where the emulation cannot be faithful it raises ``NotFaithful`` (an
 ``OutOfStep``: vmfuzz could not check, never a pass): a stream or an event
 used for ordering (a CPU runs everything in order, so a program that depends
-on a second stream's timing is not being reproduced), a graph replayed
-whose capture kept no body (something captured kernels this stand-in never
-saw), a capture begun inside another.
+on a second stream's timing is not being reproduced; ``graph_device`` says
+which uses are faithful: a side stream handed to ``torch.cuda.graph`` as the
+capture's stream is), a graph replayed whose capture kept no body (something
+captured kernels this stand-in never saw), a capture begun inside another. A
+refusal raised inside a capture is also recorded (``refusals``), so a program
+that catches a failed capture and goes on eagerly cannot hide it.
+
+A capture runs its body, where a device's records it and runs nothing: the
+runners' own captures follow warm-ups of the same body, so what the capture
+run leaves is what the warm-ups left; a body kept with ``executes=False`` has
+its contents put back after the capture run, for a program (the metadata glue
+graph) that relies on replaying right after capturing.
 
 API (small on purpose; the draft-side runners reuse it):
 
 - ``GraphSpace(heap)``: one emulated device. ``static(name, tensor,
-  redzone_cells)``, ``capturable(fn, watch=())``, ``settle()`` (captures
-  done), ``CUDAGraph``, ``graph``,
+  redzone_cells)``, ``capturable(fn, watch=(), executes=True)``, ``settle()``
+  (captures done), ``CUDAGraph``, ``graph``, ``Stream``, ``refusals``,
   ``graph_pool_handle``, ``device_module()`` (what a runner's
   ``device_module`` is), ``stale``, ``overruns``, ``capturing``.
 - ``Graph``: ``capture_begin``, ``capture_end``, ``replay``, ``reset``,
@@ -56,22 +65,16 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from vmfuzz.harness.guard.graph_state import ACTIVE, GONE, ReadLog, Watched, described, shown, snapshot
+from vmfuzz.harness.guard.graph_device import (CAPTURE_ERROR_MODES, CAPTURING_SPACES, FILE, SEAM, DefaultStream, Event,
+                                                NotFaithful, SideStream, capture_stream_ok, refuse)
+from vmfuzz.harness.guard.graph_state import (ACTIVE, GONE, ReadLog, Watched, described, put_back, reachable_contents,
+                                              shown, snapshot)
 from vmfuzz.harness.guard.shadow import ShadowHeap
-from vmfuzz.harness.model.errors import OutOfStep
 from vmfuzz.harness.model.outputs import Violation
 
-#: what every NotFaithful names as its seam
-SEAM, FILE = "cuda-graph stand-in", "torch/cuda/graphs.py"
-
-class NotFaithful(OutOfStep):
-    """The emulation cannot reproduce what a real device would do here: vmfuzz could not check."""
-
-    def __init__(self, why: str):
-        super().__init__(SEAM, FILE, why)
-
-    def __reduce__(self):
-        return (NotFaithful, (self.why,))
+# NotFaithful, SEAM and FILE are this module's names for their users; the device around the graphs
+# (streams, events, refusals) lives in graph_device
+__all__ = ["FILE", "SEAM", "Graph", "GraphSpace", "NotFaithful", "Overrun", "StaleRead", "rewrite"]
 
 
 @dataclass(frozen=True)
@@ -127,14 +130,14 @@ class Graph:
         if self.space.capturing is not None:
             raise NotFaithful("a capture begun inside another capture (nested graphs are not emulated)")
         self.space.capturing, self.capturing = self, True
-        _CAPTURING_SPACES.add(id(self.space))
+        CAPTURING_SPACES.add(id(self.space))
         self._pool = pool if pool is not None else self.space.graph_pool_handle()
 
     def capture_end(self) -> None:
         if self.space.capturing is not self:
             raise NotFaithful("capture_end of a graph that is not capturing")
         self.space.capturing, self.capturing, self.captured = None, False, True
-        _CAPTURING_SPACES.discard(id(self.space))
+        CAPTURING_SPACES.discard(id(self.space))
         if self.body is not None:
             # what the graph keeps is the host state as the capture run left it
             self.watched = snapshot(self.body, self._watch)
@@ -244,6 +247,8 @@ class GraphSpace:
         self.graphs: list[Graph] = []
         #: (graph, path) -> the watched value's description once every capture was done
         self.settled: dict[tuple[int, str], Any] = {}
+        #: every NotFaithful raised inside a capture, kept though the program under test caught it
+        self.refusals: list[NotFaithful] = []
 
     def settle(self) -> None:
         """Every capture is done: what each graph's watched state holds now is the capture phase's
@@ -266,8 +271,16 @@ class GraphSpace:
         self._reported = max(self._reported, len(found))
 
     # -- bodies --------------------------------------------------------------------------------
-    def capturable(self, fn: Callable, watch: Iterable[tuple[str, Any]] = ()) -> Callable:
-        """``fn``, kept as the body of whichever graph is capturing when it is called."""
+    def capturable(self, fn: Callable, watch: Iterable[tuple[str, Any]] = (), executes: bool = True) -> Callable:
+        """``fn``, kept as the body of whichever graph is capturing when it is called.
+
+        ``executes`` False: the capture run leaves no contents behind, as a device's capture (which
+        records and runs nothing): every tensor the body reaches through its closure and ``watch``
+        (``graph_state.DEPTH`` deep) holds afterwards what it held before (the run is still needed, for
+        the host state a graph keeps). A program that relies on its capture having run shows it; a write
+        into a tensor the body reaches otherwise (a module global) would stay, which no body the
+        harness keeps this way makes. The runners' own captures run warm-ups of the same body first,
+        so they keep the default."""
         watch = tuple(watch)
 
         def body(*args, **kwargs):
@@ -276,7 +289,11 @@ class GraphSpace:
             graph = self.capturing
             if graph is not None:
                 graph.keep(fn, watch)
-            out = fn()
+            saved = reachable_contents(fn, watch) if graph is not None and not executes else []
+            try:
+                out = fn()
+            finally:
+                put_back(saved)
             if graph is not None:  # what the capture returned is the graph's output memory
                 graph.outputs = out
             return out
@@ -291,75 +308,40 @@ class GraphSpace:
 
     @contextlib.contextmanager
     def graph(self, cuda_graph: Graph, pool=None, stream=None, capture_error_mode: str = "global", **_):
-        """``torch.cuda.graph``: capture what runs inside into ``cuda_graph``."""
-        if stream is not None and not isinstance(stream, _DefaultStream):
-            raise NotFaithful("capture on a side stream (the CPU has one stream, in order)")
-        cuda_graph.capture_begin(pool=pool, capture_error_mode=capture_error_mode)
+        """``torch.cuda.graph``: capture what runs inside into ``cuda_graph`` (on the default stream, or on a
+        side stream this space made: ``graph_device``'s docstring says why that is faithful). A refusal
+        raised inside is recorded (``refusals``) before it leaves, so a caller that swallows a failed
+        capture (falling back to eager) cannot make it silent."""
+        try:
+            capture_stream_ok(stream)
+            if capture_error_mode not in CAPTURE_ERROR_MODES:
+                raise NotFaithful(f"capture_error_mode {capture_error_mode!r} is none torch knows")
+            cuda_graph.capture_begin(pool=pool, capture_error_mode=capture_error_mode)
+        except NotFaithful as exc:
+            self.refusals.append(exc)
+            raise
         try:
             yield cuda_graph
+        except NotFaithful as exc:
+            self.refusals.append(exc)
+            raise
         finally:
             if self.capturing is cuda_graph:
                 cuda_graph.capture_end()
+
+    def Stream(self, *args, **kwargs) -> SideStream:  # noqa: N802 - torch's name
+        """``torch.cuda.Stream()``: a side stream, faithful only as a capture's stream (``graph_device``)."""
+        return SideStream(*args, **kwargs)
 
     def graph_pool_handle(self):
         return ("graph-pool", next(self._pools))
 
     def device_module(self) -> types.SimpleNamespace:
         """What a runner's ``device_module`` (``torch.cuda``) is, on this emulated device."""
-        default = _DefaultStream()
+        default = DefaultStream()
         return types.SimpleNamespace(
             CUDAGraph=self.CUDAGraph, graph=self.graph, graph_pool_handle=self.graph_pool_handle,
             synchronize=lambda *a, **k: None,  # one in-order stream: everything has run
             is_current_stream_capturing=lambda: self.capturing is not None,
             current_stream=lambda *a, **k: default, default_stream=lambda *a, **k: default,
-            stream=_refuse("torch.cuda.stream"), Stream=_refuse("torch.cuda.Stream"), Event=_Event)
-
-
-class _DefaultStream:
-    """The one in-order stream a CPU has: waiting on it, or on itself, is trivially faithful."""
-
-    def synchronize(self):
-        return None
-
-    def wait_stream(self, other):
-        if not isinstance(other, _DefaultStream):
-            raise NotFaithful("waiting on a side stream")
-
-
-class _Event:
-    """An event on the one in-order stream: by the time it is recorded everything before it has run,
-    so recording, querying and waiting on it are faithful. An external or interprocess event (another
-    process or a graph node waits on it) is not."""
-
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
-                 external: bool = False):
-        if interprocess or external:
-            raise NotFaithful("an interprocess or external event needs a device")
-        self.recorded = False
-
-    def record(self, stream=None):
-        if stream is not None and not isinstance(stream, _DefaultStream):
-            raise NotFaithful("an event recorded on a side stream")
-        if _CAPTURING_SPACES:
-            raise NotFaithful("an event recorded inside a graph capture (a graph node) needs a device")
-        self.recorded = True
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        return None
-
-    def wait(self, stream=None):
-        if stream is not None and not isinstance(stream, _DefaultStream):
-            raise NotFaithful("a side stream waiting on an event")
-
-
-#: spaces with a capture in progress (an event recorded then would be a node of the graph)
-_CAPTURING_SPACES: set[int] = set()
-
-
-def _refuse(what: str):
-    def refuse(*args, **kwargs):
-        raise NotFaithful(f"{what}: streams and events need a device")
-    return refuse
+            stream=refuse("torch.cuda.stream"), Stream=self.Stream, Event=Event)

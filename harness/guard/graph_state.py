@@ -10,6 +10,9 @@ holding the same tensors and numbers is no change. ``ReadLog`` notes which
 fields of a watched object a replay read, by swapping the object's class for a
 recording subclass for the replay's duration (an object whose class cannot be
 swapped is noted as untracked: its changes are kept, its reads unknown).
+``reachable_contents`` / ``put_back`` copy and restore the contents of every
+tensor a body reaches the same way, for a capture that must leave memory as it
+found it (a device's capture runs nothing).
 """
 
 from __future__ import annotations
@@ -157,3 +160,47 @@ GONE = object()
 def shown(value):
     d = described(value)
     return d if not (isinstance(d, tuple) and d and d[0] == "tensor") else f"tensor@{d[1]:#x}{list(d[2])}"
+
+
+def reachable_contents(fn: Callable, watch: Iterable[tuple[str, Any]] = ()) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(tensor, a copy of its contents) for every tensor ``fn`` reaches through its closure and ``watch``
+    (tensors held directly, in a plain object's fields ``DEPTH`` deep, or in a short tuple or list
+    there): what a capture that runs nothing leaves as it found (``put_back``)."""
+    out: list[tuple[torch.Tensor, torch.Tensor]] = []
+    seen: set[int] = set()
+
+    def visit(value, depth: int):
+        if isinstance(value, torch.Tensor):
+            if id(value) not in seen:
+                seen.add(id(value))
+                out.append((value, value.detach().clone()))
+            return
+        if isinstance(value, (tuple, list)) and len(value) <= 64:
+            for v in value:
+                visit(v, depth)
+            return
+        fields = _fields(value)
+        if fields is None or depth > DEPTH or id(value) in seen:
+            return
+        seen.add(id(value))
+        for name, v in list(fields.items()):
+            if not name.startswith("__"):
+                visit(v, depth + 1)
+
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        visit(value, 1)
+    for _, obj in watch:
+        visit(obj, 1)
+    return out
+
+
+def put_back(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Each tensor's contents as ``reachable_contents`` copied them (views of one storage restored from
+    copies made before any write, so their order does not matter)."""
+    with torch.no_grad():
+        for tensor, contents in reversed(saved):
+            tensor.copy_(contents)

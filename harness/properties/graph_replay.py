@@ -24,6 +24,11 @@ properties judge the replay:
   than the largest captured graph is admitted (``refused_though_captured``).
 
 Each then judges the draft-decode runner the same way (``draft_graph.judge_draft``).
+
+One case in ``graph_glue.GLUE_SHARE`` switches SGLang's metadata glue graph on
+(``graph_glue``): its batches of a captured bs are then replayed after lead-ins
+that make their own replay's prep a replay of the glue graph, judged by the same
+three properties.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import torch
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.oracle import expected
+from vmfuzz.harness.properties import graph_glue as glue
 from vmfuzz.harness.properties.draft_graph import judge_draft
 from vmfuzz.harness.properties.graph_shared import (AGREEMENT, EQUIVALENCE, INIT_SUB_CHECK, PADDING, built,
                                                     read_layout, refused_though_captured)
@@ -46,16 +52,19 @@ CAPTURE_REPLAY = "capture-replay"
 def _session(prop: str, target, config: Config):
     def make():
         heap = ShadowHeap()
-        return target.graph_session(config, allocated(prop, target, config, heap), heap)
+        return target.graph_session(config, allocated(prop, target, config, heap), heap,
+                                    **glue.session_options(config))
     return built(("target verify", config), make)
 
 
 def _steps(prop: str, target, config: Config, batches: list[Batch], obs: Observation):
-    """Each admitted batch of the case: (session, batch, mask, ids, loc)."""
+    """Each admitted batch of the case, each preceded by the lead-ins its glue graph needs (``graph_glue``):
+    (session, batch, mask, ids, loc)."""
     session = _session(prop, target, config)
     note_set_up(session, obs)
+    glue.note_case(obs, session, config)
     _overruns(prop, session, "capture")
-    for batch in batches:
+    for batch in (step for b in batches for step in (*glue.lead_ins(session, b), b)):
         mask = expected(config, batch).tree_mask
         ids, loc = session.inputs(batch)
         if not session.can_run(batch, mask, ids, loc):
@@ -105,29 +114,29 @@ def _overruns(prop: str, session, where: str) -> None:
              side="below" if v.side == "front" else "above", stage=o.phase)
 
 
-def _compare_rows(prop: str, got, want, n: int, d: int, where: str) -> None:
-    """The replay's real rows against the eager run (n tokens)."""
+def _compare_rows(prop: str, got, want, n: int, d: int, where: str, writer: str = REPLAY) -> None:
+    """The replay's real rows against the eager run (n tokens); ``writer``: who prepared its metadata."""
     for name, a, b in (("logits", got.logits, want.logits), ("hidden_states", got.hidden, want.hidden)):
         if tuple(a.shape) != tuple(b.shape):
             fail(prop, f"{where}: {name} has {tuple(a.shape)} rows, the eager run {tuple(b.shape)}",
-                 effect="wrong", writer=REPLAY, buffer=name, cell="rows", stage="replay")
+                 effect="wrong", writer=writer, buffer=name, cell="rows", stage="replay")
         if not torch.equal(a, b):
             row = int((a != b).any(dim=-1).nonzero()[0])
-            fail(prop, f"{where}: {name} row {row} (request {row // d}) differs from the eager run", effect="wrong", writer=REPLAY, buffer=name,
+            fail(prop, f"{where}: {name} row {row} (request {row // d}) differs from the eager run", effect="wrong", writer=writer, buffer=name,
                  cell="real row", stage="replay")
     attended = got.forward.attended[:n]
     for i, (a, b) in enumerate(zip(attended, want.attended)):
         if a != b:
             fail(prop, f"{where}: token {i} is handed {a} by the replay's attention metadata, {b} eagerly",
-                 effect="wrong", writer=REPLAY, buffer="attention", cell="real row", stage="replay")
+                 effect="wrong", writer=writer, buffer="attention", cell="real row", stage="replay")
     if got.forward.kv_writes[:n] != want.kv_writes:
         i = next(i for i, (a, b) in enumerate(zip(got.forward.kv_writes, want.kv_writes)) if a != b)
         fail(prop, f"{where}: token {i} writes KV {got.forward.kv_writes[i]}, eagerly {want.kv_writes[i]}",
-             effect="wrong", writer=REPLAY, buffer="out_cache_loc", cell="real row", stage="replay")
+             effect="wrong", writer=writer, buffer="out_cache_loc", cell="real row", stage="replay")
 
 
 def _where(batch: Batch, got) -> str:
-    return f"replay of bs {batch.bs} in the graph captured at bs {got.graph_bs}"
+    return f"replay of bs {batch.bs} in the graph captured at bs {got.graph_bs}{glue.where(got, batch)}"
 
 
 def graph_replay_equivalence(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
@@ -137,10 +146,13 @@ def graph_replay_equivalence(target, config: Config, batches: list[Batch], devic
     for session, batch, mask, ids, loc in _steps(EQUIVALENCE, target, config, batches, obs):
         got = session.replay(batch, mask, ids, loc)
         want = session.eager(batch, mask, ids, loc)
-        _compare_rows(EQUIVALENCE, got, want, batch.bs * config.d, config.d, _where(batch, got))
+        with glue.known_goes_on(target, obs, got):
+            _compare_rows(EQUIVALENCE, got, want, batch.bs * config.d, config.d, _where(batch, got),
+                          glue.writer(session, got, REPLAY))
         _overruns(EQUIVALENCE, session, "replay")
         obs.add_step(config, batch, None, config.max_bs)
         obs.classes.add("padded replay" if got.graph_bs > batch.bs else "exact replay")
+        glue.note_step(obs, got)
         _note_stage(session, obs)
     _idle(EQUIVALENCE, session, obs)
     judge_draft(EQUIVALENCE, target, config, batches, obs)
@@ -177,10 +189,12 @@ def padding_inert(target, config: Config, batches: list[Batch], device="cpu") ->
             fail(PADDING, f"{where}: padded token {i} writes KV into slot {s}, which request "
                           f"{loc.tolist().index(s) // config.d} of the batch owns ({len(stray)} such writes)",
                  effect="wrong", writer=REPLAY, buffer="out_cache_loc", cell="padded row", stage="replay")
-        _compare_rows(PADDING, got, want, n, config.d, where)
+        with glue.known_goes_on(target, obs, got):
+            _compare_rows(PADDING, got, want, n, config.d, where, glue.writer(session, got, REPLAY))
         obs.add_step(config, batch, None, config.max_bs)
         if got.graph_bs > batch.bs:
             obs.classes.add("padded replay")
+        glue.note_step(obs, got)
         _note_stage(session, obs)
         last = (batch, loc)
     if last is not None:
@@ -216,13 +230,16 @@ def _idle(prop: str, session, obs: Observation, poison=None, live: set | None = 
     obs.classes.add("pipeline stage: idle replay")
 
 
-def judge_stale_reads(session, where: str) -> None:
+def judge_stale_reads(session, where: str, target=None, obs: Observation | None = None) -> None:
     """A host value the graph read that the live program changed after every capture: a device replays
-    the capture's value, so what the replay prepared for it is not what the graph runs."""
-    stale = [s for s in session.stale if s.read and s.after_captures]
-    if stale:
-        fail(AGREEMENT, f"{where}: the graph read {stale[0].describe()}; a device replays the capture's value",
-             effect="wrong", writer=REPLAY, buffer=stale[0].path, cell=CAPTURE_REPLAY, stage="replay")
+    the capture's value, so what the replay prepared for it is not what the graph runs (a glue graph's:
+    what its prep would have computed from the live view is not what it replays). Each such read is
+    judged in turn; with ``target`` and ``obs``, one a known entry names is recorded and the next judged."""
+    for stale in (s for s in session.stale if s.read and s.after_captures):
+        with glue.known_goes_on(target, obs, stale):
+            fail(AGREEMENT, f"{where}: the graph read {stale.describe()}; a device replays the capture's value",
+                 effect="wrong", writer=glue.stale_writer(session, stale, REPLAY), buffer=stale.path,
+                 cell=CAPTURE_REPLAY, stage="replay")
 
 
 def capture_replay_agreement(target, config: Config, batches: list[Batch], device="cpu") -> Observation:
@@ -233,7 +250,7 @@ def capture_replay_agreement(target, config: Config, batches: list[Batch], devic
         got = session.replay(batch, mask, ids, loc)
         B, view = got.graph_bs, got.view
         where = _where(batch, got)
-        origin = dict(effect="wrong", writer=REPLAY, cell=CAPTURE_REPLAY, stage="replay")
+        origin = dict(effect="wrong", writer=glue.writer(session, got, REPLAY), cell=CAPTURE_REPLAY, stage="replay")
         if view is None:
             fail(AGREEMENT, f"{where}: the backend's replay metadata was never set up", buffer="replay view",
                  **origin)
@@ -253,8 +270,10 @@ def capture_replay_agreement(target, config: Config, batches: list[Batch], devic
             fail(AGREEMENT, f"{where}: the replay's seq_lens_sum is {view.seq_lens_sum}, its padded seq_lens "
                             f"sum to {int(view.seq_lens.sum())} (the padding's lengths left out of the sum)",
                  buffer="seq_lens_sum", **origin)
-        judge_stale_reads(session, where)
+        judge_stale_reads(session, where, target, obs)
+        glue.judge_route(AGREEMENT, got, batch, where)
         obs.add_step(config, batch, None, config.max_bs)
+        glue.note_step(obs, got)
         kept = {s.path for s in session.stale if s.read and not s.after_captures}
         obs.classes.update(f"capture-order read: {p}" for p in sorted(kept))
     judge_draft(AGREEMENT, target, config, batches, obs)

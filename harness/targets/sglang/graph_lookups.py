@@ -131,6 +131,8 @@ def runner_lookups(config, capture_bs: list[int], space: GraphSpace, pp_size: in
         (torch.cuda, "CUDAGraph", space.CUDAGraph),
         (torch.cuda, "graph", space.graph),
         (torch.cuda, "graph_pool_handle", space.graph_pool_handle),
+        # the side stream the metadata glue graph captures on (faithful only as a capture's stream)
+        (torch.cuda, "Stream", space.Stream),
     ]
     return out
 

@@ -2,7 +2,8 @@
 
 The runner is made by its own ``__init__`` (``verify_runner_init``) over a
 stand-in model runner of a single-GPU EAGLE target (no DP, TBO, LoRA, DLLM,
-ragged verify, metadata glue): SGLang picks its captured batch sizes from the
+ragged verify; the metadata glue graph only where a case's server switches it
+on, ``glue_graph``): SGLang picks its captured batch sizes from the
 server's configured list, sizes ``max_bs`` and its tokens a request, sets up
 the Triton attention backend's graph state (its own ``init_cuda_graph_state``;
 the backend is the one ``readers.triton_backend`` builds, the KV-id gather
@@ -41,6 +42,7 @@ and events (``NotFaithful``), and every configuration the stand-ins switch off.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -115,6 +117,8 @@ class Replayed:
     forward: Forward
     graph_bs: int
     view: SimpleNamespace | None
+    #: what the metadata glue graph did for this replay's prep (``glue_graph``'s outcomes; None: no glue)
+    glue: str | None = None
 
 
 @dataclass
@@ -137,13 +141,17 @@ class GraphServer:
     init_not_driven: str | None = None
     #: the lookups its set-up was made under, which its captures and replays are made under too
     set_up: list = field(default_factory=list)
+    #: the runner's metadata glue graph, watched (``glue_graph.GlueWatch``; None: not switched on)
+    glue: object = None
+    #: why the glue graph asked for is not driven (None: driven, or not asked for)
+    glue_not_driven: str | None = None
 
     def lookups(self) -> list[tuple]:
         return list(self.set_up)
 
 
 def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None = None,
-          pp_size: int = 1, capture: bool = True) -> GraphServer:
+          pp_size: int = 1, capture: bool = True, glue: bool = False) -> GraphServer:
     """A ``DecodeCudaGraphRunner`` for a TARGET_VERIFY EAGLE target of ``config``'s shape, made by its own
     ``__init__`` (``verify_runner_init``) for a server configured to capture ``capture_bs`` (the buckets
     and buffers are what that ``__init__`` decides), its graphs then captured at each of its buckets
@@ -153,7 +161,9 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
     allocation made, which only the hand-assembled runner's backend is handed (an ``__init__``-made one
     gets the mask its own graph set-up allocates); on ``heap`` with the other static buffers.
     ``pp_size`` > 1: the runner of a later pipeline stage, its graphs reading the proxy hidden states
-    it is handed."""
+    it is handed. ``glue``: the server switches the metadata glue graph on (``glue_graph``) for the
+    runner's ``__init__``."""
+    from vmfuzz.harness.targets.sglang import glue_graph
     from vmfuzz.harness.targets.sglang import verify_runner_init as init
     from vmfuzz.harness.targets.sglang.readers import triton_backend
     space = GraphSpace(heap or ShadowHeap())
@@ -161,16 +171,26 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
     model = RecordingModel(space, config.d)
     backend = triton_backend(None, config, capture_bs[-1], torch.device("cpu"), space.heap, graphs=False)
     why = None
+    glue_why = None if not glue or glue_graph.switch(modules().runner) is not None else (
+        f"this SGLang has no {glue_graph.SWITCH} (no metadata glue graph)")
     try:
-        runner, lookups = init.made_by_init(config, capture_bs, space, model, backend, pp_size)
+        with glue_graph.switched_on(modules().runner) if glue and not glue_why else contextlib.nullcontext():
+            runner, lookups = init.made_by_init(config, capture_bs, space, model, backend, pp_size)
     except init.NotDriven as exc:
         why = str(exc)
         space = GraphSpace(space.heap)  # what the failed __init__ left in its space is no graph's
         model = RecordingModel(space, config.d)
         lookups = runner_lookups(config, capture_bs, space, pp_size)
         runner, backend = _assembled(config, capture_bs, mask, space, model, lookups, pp_size)
+        glue_why = glue_why or (f"the runner was assembled by hand ({why})" if glue else None)
     server = GraphServer(config, runner, space, model, backend, list(runner.capture_bs), pp_size=pp_size,
-                         sizing=init.Sizing.of(runner), init_not_driven=why, set_up=lookups)
+                         sizing=init.Sizing.of(runner), init_not_driven=why, set_up=lookups, glue_not_driven=glue_why)
+    made = getattr(runner, "_metadata_glue", None)
+    if glue and not glue_why:
+        if made is None:
+            server.glue_not_driven = f"the runner's __init__ made no metadata glue graph with {glue_graph.SWITCH} on"
+        else:
+            server.glue = glue_graph.GlueWatch(made, space, server.replay_views)
     if capture:
         capture_graphs(server)
     return server
@@ -319,23 +339,31 @@ def replay(server: GraphServer, fb, proxy=None, planned: bool = False) -> Replay
     views = server.replay_views
     backend = server.backend
     real = type(backend).init_forward_metadata_out_graph
+    glue = server.glue
 
     def recording(forward_batch, *args, **kwargs):
         if not kwargs.get("in_capture", False):
             views.append(forward_batch)
+        if glue is not None and server.space.capturing is not None:  # the glue graph's capture of the prep
+            return glue.capture_body(backend, forward_batch, lambda b, fb: real(b, fb, *args, **kwargs))
         return real(backend, forward_batch, *args, **kwargs)
     n0 = len(server.model.calls)
-    with bound(*server.lookups(), (backend, "init_forward_metadata_out_graph", recording)):
+    if glue is not None:
+        glue.outcome = None
+    with bound(*server.lookups(), (backend, "init_forward_metadata_out_graph", recording),
+               *(glue.lookups() if glue is not None else ())):
         if planned:
             server.runner.load_batch(fb)
             fb.mark_forward_metadata_ready()
         out = server.runner.execute(fb, proxy)
+    if server.space.refusals:  # a capture the stand-in refused, which SGLang's fallback would hide
+        raise server.space.refusals[0]
     calls = server.model.calls[n0:]
     if len(calls) != 1:
         raise OutOfStep("DecodeCudaGraphRunner.execute", RUNNER_FILE,
                         f"a replay ran the model {len(calls)} times (the graph body runs it once)")
     return Replayed(out.next_token_logits.clone(), out.hidden_states.clone(), calls[0], server.runner.bs,
-                    views[-1] if views else None)
+                    views[-1] if views else None, glue.outcome if glue is not None else None)
 
 
 def eager(server: GraphServer, config: Config, batch: Batch, fb, proxy=None) -> Forward:

@@ -18,7 +18,7 @@ from vmfuzz.harness.targets.sglang.graph_model import Forward
 from vmfuzz.harness.model.oracle import expected
 from vmfuzz.harness.targets.sglang import pp_stage
 from vmfuzz.harness.targets.sglang.graph_runner import (Replayed, build, can_run, eager, idle_batch, live_batch,
-                                                        replay)
+                                                        modules, replay)
 
 
 def captured_sizes(max_bs: int) -> list[int]:
@@ -69,15 +69,28 @@ class GraphSession(RunnerView):
     input SGLang's rebuild makes from a relay labelled for another order, the length sum unknown,
     with the earlier stage's hidden states handed in (one step in two loaded ahead without them, as
     the verify preparation loads it: ``execute`` then refreshes them); the eager run is the batch as it means (the
-    oracle's tokens, positions and mask) with the same hidden states."""
+    oracle's tokens, positions and mask) with the same hidden states.
 
-    def __init__(self, config: Config, mask, heap: ShadowHeap, stage=None, capture: bool = True):
+    ``glue``: the server switches SGLang's metadata glue graph on (``glue_graph``; ``glue_watch`` is it,
+    watched, or None with ``glue_not_driven`` saying why). Its graph freezes the host values of the prep
+    it captures, the verify mask's address and length among them, so a replayed batch then hands its
+    mask as the server's call site does: written into the backend's own mask buffer, which a graph-admitted
+    batch always fits (EAGLE's and the chain's call sites; the pipeline rebuild's, SGLang's own), or a
+    tensor of its own each step (the frozen-KV MTP worker's, which never passes a buffer:
+    ``per_step_mask``)."""
+
+    def __init__(self, config: Config, mask, heap: ShadowHeap, stage=None, capture: bool = True,
+                 glue: bool = False):
         self.config, self.stage = config, stage
         self.pp = stage is not None
         self.server = build(config, captured_sizes(config.max_bs), mask, heap,
-                            pp_size=pp_stage.PP_SIZE if self.pp else 1, capture=capture)
+                            pp_size=pp_stage.PP_SIZE if self.pp else 1, capture=capture, glue=glue)
         self.capture_bs = self.server.capture_bs
         self.steps = 0
+        self.glue_asked = glue
+        self.glue_watch = self.server.glue
+        self.glue_not_driven = self.server.glue_not_driven
+        self.per_step_mask = config.call_site == "frozen_kv_mtp"
 
     def inputs(self, batch: Batch):
         """(draft token ids, out_cache_loc) of this step's live batch: ids in [1, 13], slots distinct and
@@ -90,9 +103,34 @@ class GraphSession(RunnerView):
         loc = torch.arange(n, dtype=torch.long) + 100000 * self.steps
         return ids, loc
 
-    def live(self, batch: Batch, mask, ids, loc):
+    def live(self, batch: Batch, mask, ids, loc, replayed: bool = False):
+        """The live batch (``replayed``: the one handed to ``execute``, its mask as the call site hands it
+        where the glue graph is on; else a tensor of its own, as the eager reference reads it)."""
         positions = expected(self.config, batch).positions if self.pp else None
-        return live_batch(self.server, batch, mask.clone(), ids.clone(), loc.clone(), positions)
+        return live_batch(self.server, batch, self._mask(mask) if replayed else mask.clone(), ids.clone(),
+                          loc.clone(), positions)
+
+    def _mask(self, mask):
+        if self.glue_watch is None or self.per_step_mask:
+            return mask.clone()
+        buffer = self.server.backend._verify_mask.buffer  # the call site's: written in place, handed whole
+        buffer[:mask.numel()].copy_(mask)
+        return buffer
+
+    def glue_lead_ins(self, batch: Batch) -> list[Batch]:
+        """The batches of ``batch``'s bs to replay before it so that its replay is one of the glue graph's
+        (its warm-ups, then its capture): each request one token shorter a step back (a decode's lengths
+        grow by one a step; wrapping below zero to the context's end), so what the prep reads moves
+        between the capture and the replay. None where the glue is off, the batch pads (SGLang prepares a
+        padded replay eagerly), or its graph is captured already."""
+        watch = self.glue_watch
+        if watch is None or batch.bs not in self.capture_bs:
+            return []
+        m = modules()
+        key = self.server.runner._glue_key(batch.bs, str(m.forward_info.ForwardMode.TARGET_VERIFY), None)
+        wrap = self.config.max_context_len + 1
+        return [Batch(tuple((s - j) % wrap for s in batch.seq_lens), batch.trees)
+                for j in range(watch.steps_to_replay(key), 0, -1)]
 
     def _proxy(self, loc):
         return self.stage.proxy(loc) if self.pp else None
@@ -103,7 +141,7 @@ class GraphSession(RunnerView):
     def replay(self, batch: Batch, mask, ids, loc, poison: dict[str, torch.Tensor] | None = None) -> Replayed:
         """``execute`` the batch; ``poison``: buffer name -> values written over its rows past the
         batch's (``PADDED_ROWS``) first, as a previous, larger step would have left them."""
-        fb = self.live(batch, mask, ids, loc)
+        fb = self.live(batch, mask, ids, loc, replayed=True)
         if self.pp:
             spec = self.stage.verify_input(batch)
             fb = live_batch(self.server, batch, mask, ids, loc.clone(), spec=spec)

@@ -17,7 +17,8 @@ What only the harness can supply, and is never judged as SGLang's:
 - the server's configuration: the configured capture list
   (``cuda_graph_config.decode.bs``, the caller's ``capture_bs``), the request
   pool's depth (``req_to_token_pool.size`` = the largest of that list), one GPU,
-  no DP, TBO, LoRA, DLLM, mamba, metadata glue (``init_lookups``);
+  no DP, TBO, LoRA, DLLM, mamba (``init_lookups``), the metadata glue graph
+  switched on only where the caller asks (``glue_graph.switched_on``);
 - the model: the recording stand-in (``graph_model``), its width, vocabulary
   and dtype (``HIDDEN``, ``VOCAB``, float32), a Llama-like hf config;
 - the shared logits output (``graph_shared_output``): a zeroed tensor of the

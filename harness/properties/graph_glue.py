@@ -1,0 +1,150 @@
+"""SGLang's metadata glue graph on the target verify runner, as the three graph properties drive and judge it.
+
+``DecodeCudaGraphRunner`` can prepare a padding-free replay's out-of-graph
+attention metadata through a glue graph of its own
+(``SGLANG_ENABLE_METADATA_GLUE_GRAPH``; ``metadata_glue_graph.py``): two eager
+warm-ups per replay key, a capture of the prep, then replays of that graph. Its
+own docstring names the failure: a prep that computes on the host each replay
+replays its capture-time values, silently. One case in ``GLUE_SHARE`` (chosen
+by the config, so a repro replays as it was judged) builds its server's runner
+with the glue graph switched on (``target.graph_session(..., glue=True)``).
+Each batch whose bs is a captured one is then preceded by lead-in replays of
+its bs (``session.glue_lead_ins``: its warm-ups and its capture, each request
+one token longer a step), so its own replay's prep is a replay of the glue
+graph, with lengths and contents other than the capture's. Every step is
+judged as any replay is:
+
+- ``graph-replay-equivalence`` and ``padding-inert``: a glued replay's real
+  rows equal the eager run's;
+- ``capture-replay-agreement``: the view its prep was handed agrees with the
+  capture of its bs, no host value the glue graph's prep read moved since the
+  glue graph's capture (the graph stand-in's stale reads of a glue graph), and
+  no padded replay is routed to the glue graph (``judge_route``: the glue's
+  contract keeps every Python branch of the prep constant per key only for
+  padding-free replays; judged whether or not this backend's prep branches on
+  the padding, as the view's other fields are).
+
+A failure on a step whose prep the glue graph ran names it as its writer
+(``writer``), with how the step's verify mask was handed where that decides the
+outcome (``PER_STEP_MASK``), so a known defect of one wiring excuses no other.
+Each case says what the glue graph did (``note_case``, ``note_step``): off,
+not driven (and why), warmed up, captured, captured and replayed, not routed (a
+padded replay: SGLang prepares it eagerly by design), or its capture failed
+(SGLang then prepares eagerly for good).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import zlib
+
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.glue import CAPTURE, FAILED, GLUED, NOT_ROUTED, REPLAY, WARM_UP, is_glue_graph
+from vmfuzz.harness.properties.kit import Observation, fail
+from vmfuzz.harness.properties.kit import known_goes_on as _known_goes_on
+
+#: one case in this many switches the glue graph on (``VMFUZZ_GLUE_SHARE=1``: every case, for a test of a
+#: glue-side alteration); its lead-ins are three more replays per captured bs the case replays exactly
+GLUE_SHARE = 4
+#: the writer of a failure on a step whose metadata the glue graph prepared
+GLUE_REPLAY = "metadata glue graph replay"
+#: the writer of a replay routed to the glue graph against its contract (``judge_route``)
+GLUE_ROUTE = "metadata glue graph route"
+#: said of such a step whose verify input carries a mask tensor of its own each step (frozen-KV MTP's)
+PER_STEP_MASK = ", a per-step verify mask"
+CLASS = "metadata glue graph: "
+_STEP_CLASSES = {
+    WARM_UP: "warm-up (eager)",
+    CAPTURE: "captured, replayed at once",
+    REPLAY: "captured and replayed",
+    NOT_ROUTED: "not routed (a padded replay: SGLang prepares it eagerly by design)",
+    FAILED: "capture failed (SGLang prepares eagerly from then on)",
+}
+
+
+def glue_share() -> int:
+    try:
+        return max(1, int(os.environ.get("VMFUZZ_GLUE_SHARE") or GLUE_SHARE))
+    except ValueError:
+        return GLUE_SHARE
+
+
+def glued(config: Config) -> bool:
+    """Whether this case's server switches the metadata glue graph on (one in ``glue_share()``)."""
+    return zlib.crc32(b"metadata glue graph " + repr(config).encode()) % glue_share() == 0
+
+
+def session_options(config: Config) -> dict:
+    """What ``target.graph_session`` is asked besides the case (nothing for a case without the glue, so a
+    target whose seam predates it still builds the others)."""
+    return {"glue": True} if glued(config) else {}
+
+
+def lead_ins(session, batch: Batch) -> list[Batch]:
+    """The batches to replay before ``batch`` for its replay to be the glue graph's (none: no glue, a
+    padded batch, its graph captured already)."""
+    make = getattr(session, "glue_lead_ins", None)
+    return make(batch) if make is not None else []
+
+
+def _mask_wiring(session) -> str:
+    return PER_STEP_MASK if getattr(session, "per_step_mask", False) else ""
+
+
+def writer(session, got, default: str) -> str:
+    """Who prepared this replay's metadata: the glue graph (its capture or a replay), or ``default``."""
+    if getattr(got, "glue", None) in GLUED:
+        return GLUE_REPLAY + _mask_wiring(session)
+    return default
+
+
+def stale_writer(session, stale, default: str) -> str:
+    """The writer of a stale read: the glue graph's replay for a read of its own graph."""
+    return GLUE_REPLAY + _mask_wiring(session) if is_glue_graph(stale.graph) else default
+
+
+def where(got, batch: Batch) -> str:
+    """What a replay's place says of the glue graph: the lengths it replayed (a lead-in's are not the
+    case's) and whether the glue graph prepared its metadata."""
+    outcome = getattr(got, "glue", None)
+    if outcome is None:
+        return ""
+    how = f"its metadata prepared by the glue graph's {outcome}" if outcome in GLUED else f"glue graph {outcome}"
+    return f" (lengths {list(batch.seq_lens)}, {how})"
+
+
+def note_case(obs: Observation, session, config: Config) -> None:
+    if not glued(config):
+        obs.classes.add(f"{CLASS}off (not among the one case in {glue_share()} whose server switches it on)")
+        return
+    why = getattr(session, "glue_not_driven", None)
+    if why or getattr(session, "glue_watch", None) is None:
+        obs.classes.add(f"{CLASS}not driven ({why or 'the target does not switch it on'})")
+
+
+def note_step(obs: Observation, got) -> None:
+    outcome = getattr(got, "glue", None)
+    if outcome in _STEP_CLASSES:
+        obs.classes.add(CLASS + _STEP_CLASSES[outcome])
+
+
+def known_goes_on(target, obs: Observation | None, part):
+    """Judging a glued replay (``part``: what the replay returned) or a stale read of a glue graph (a
+    ``StaleRead``) so that a failure a known entry names is recorded as a class and the case goes on
+    (``kit.known_goes_on``): its next steps, its draft runners, a new defect on another step. Anything
+    else is judged as it stands."""
+    glue_part = getattr(part, "glue", None) in GLUED or is_glue_graph(getattr(part, "graph", None))
+    if target is None or obs is None or not glue_part:
+        return contextlib.nullcontext()
+    return _known_goes_on(target, obs, CLASS.rstrip(": "))
+
+
+def judge_route(prop: str, got, batch: Batch, where: str) -> None:
+    """A replay whose prep the glue graph ran fills its graph: the glue's contract (its module's
+    docstring) routes only padding-free replays there, the padding being a host value of the view a
+    captured prep may have branched on."""
+    if getattr(got, "glue", None) in GLUED and got.graph_bs != batch.bs:
+        fail(prop, f"{where}: a padded replay (bs {batch.bs} in the graph of bs {got.graph_bs}) was prepared by "
+                   f"the glue graph, whose capture holds its host values only for padding-free replays",
+             effect="unsound", writer=GLUE_ROUTE, buffer="num_padding", cell="capture-replay", stage="replay")
