@@ -124,8 +124,9 @@ def test_a_wrong_derivation_is_caught_by_allocation_soundness(sglang_target, nam
     assert_caught_by(tmp_path / "report", "allocation-soundness", out=out)
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
     origins = [f.get("origin") or {} for f in summary["findings"]]
-    assert all(o.get("property") == "allocation-soundness" and o.get("effect") in ("overrun", "unsound")
-               for o in origins), origins
+    # a size too small (overrun, unsound), or FA3's constant running sum stepped by the wrong width
+    assert all(o.get("property") == "allocation-soundness" and (o.get("effect") in ("overrun", "unsound") or (
+        o.get("effect"), o.get("cell")) == ("wrong", "constant running sum")) for o in origins), origins
 
 
 @pytest.mark.slow
