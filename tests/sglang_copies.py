@@ -150,3 +150,19 @@ def failed_check_origin(report_dir: Path, out: str = "") -> dict:
     assert (check["status"], check["kind"]) == ("failed", "property"), out
     assert_not_a_raise(check["detail"], check["origin"])
     return check["origin"]
+
+
+def assert_altered_replay_caught(tmp_path: Path, edits, name: str, config: dict, seq_lens, prop: str,
+                                 want: dict) -> None:
+    """One case replayed on a copy altered by ``edits`` fails ``prop``'s own check (exit 1, never a raise),
+    its origin naming each of ``want``'s fields as given."""
+    proc, out = replay_on_copy(altered_copy(tmp_path, edits, name), tmp_path, config, seq_lens, prop)
+    assert proc.returncode == 1, out
+    origin = failed_check_origin(tmp_path / "report", out)
+    assert origin["property"] == prop and {f: origin[f] for f in want} == want, origin
+
+
+def assert_altered_replay_holds(tmp_path: Path, edits, name: str, config: dict, seq_lens, prop: str) -> None:
+    """One case replayed on a copy altered by ``edits`` (a rewrite that keeps behaviour) holds ``prop``."""
+    proc, out = replay_on_copy(altered_copy(tmp_path, edits, name), tmp_path, config, seq_lens, prop)
+    assert proc.returncode == 0 and f"held {prop}" in out, out

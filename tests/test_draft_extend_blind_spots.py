@@ -25,17 +25,15 @@ import pytest
 import torch
 
 from tests.helpers import sglang_or_skip
-from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_copy
+from tests.sglang_copies import (altered_copy, assert_altered_replay_caught, assert_altered_replay_holds,
+                                 replay_on_copy)
+from tests.test_draft_extend_graph import _CHAIN, _TREE, DE_RUNNER, ML_KERNEL
 from vmfuzz.harness.properties.kit import PropertyFailure
 
-ML_KERNEL = ["kernels/ops/speculative/multi_layer_eagle.py"]
-DE_RUNNER = ["srt/speculative/eagle_draft_extend_cuda_graph_runner.py"]
 ML_RUNNER = ["srt/speculative/multi_layer_eagle_draft_extend_cuda_graph_runner.py"]
 #: topk 2, d 4: the EAGLE v2 runner only; topk 1, d = steps + 1 = 3: the multi-layer runners too. Graphs
 #: at bs 1, 2, 4: the batch (5, 7, 3) replays padded to 4
-TREE = {"mode": "FULL_MASK", "max_bs": 4, "max_context_len": 32, "num_draft_tokens": 4, "topk": 2,
-        "spec_steps": 2, "is_read": True}
-CHAIN = dict(TREE, num_draft_tokens=3, topk=1)
+TREE, CHAIN = _TREE, _CHAIN
 LENS = (5, 7, 3)
 _ROTATE_WRITE = r"write_ptr = input_ids_ptr \+ start_loc \+ offsets"
 _PADDED_SPEC = r"if bs != raw_bs:(\n\s+forward_batch\.spec_info\.positions)"
@@ -73,10 +71,7 @@ REFACTORS = {
 def test_each_blind_spot_is_caught_by_its_property(tmp_path, name):
     sglang_or_skip()
     edits, case, prop, want = ALTERATIONS[name]
-    proc, out = replay_on_copy(altered_copy(tmp_path, edits, name), tmp_path, case, LENS, prop)
-    assert proc.returncode == 1, out
-    origin = failed_check_origin(tmp_path / "report", out)
-    assert origin["property"] == prop and {f: origin[f] for f in want} == want, origin
+    assert_altered_replay_caught(tmp_path, edits, name, case, LENS, prop, want)
 
 
 @pytest.mark.slow
@@ -84,8 +79,7 @@ def test_each_blind_spot_is_caught_by_its_property(tmp_path, name):
 def test_a_rewrite_of_the_same_lines_holds(tmp_path, name):
     sglang_or_skip()
     edits, case, prop = REFACTORS[name]
-    proc, out = replay_on_copy(altered_copy(tmp_path, edits, name), tmp_path, case, LENS, prop)
-    assert proc.returncode == 0 and f"held {prop}" in out, out
+    assert_altered_replay_holds(tmp_path, edits, name, case, LENS, prop)
 
 
 @pytest.mark.slow

@@ -22,7 +22,8 @@ from vmfuzz.harness.model.fa3_graph import WRITER, graph_needs
 from vmfuzz.harness.properties.allocation import check_fa3_graph
 from vmfuzz.harness.properties.kit import Observation, PropertyFailure
 from vmfuzz.harness.targets import resolve
-from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_copy, run_on_copy
+from tests.sglang_copies import (altered_copy, assert_altered_replay_caught, failed_check_origin, replay_on_copy,
+                                 run_on_copy)
 
 FA3 = ("srt/layers/attention/flashattention_backend.py",)
 TREE = ServerNumbers(max_bs=4, context_len=64, num_draft_tokens=5, topk=2, spec_steps=3)
@@ -194,12 +195,8 @@ def test_a_constant_fa3_running_sum_of_the_wrong_content_is_caught(sglang_target
     edit, buffer = WRONG_SUMS[name]
     config = {"mode": "FULL_MASK", "max_bs": 2, "max_context_len": 16, "num_draft_tokens": 4, "topk": 2,
               "spec_steps": 2}
-    proc, out = replay_on_copy(altered_copy(tmp_path, [edit], name), tmp_path, config, [5],
-                               "allocation-soundness")
-    assert proc.returncode == 1, out
-    o = failed_check_origin(tmp_path / "report", out)
-    assert (o["property"], o["effect"], o["buffer"], o["cell"]) == (
-        "allocation-soundness", "wrong", buffer, "constant running sum"), out
+    assert_altered_replay_caught(tmp_path, [edit], name, config, [5], "allocation-soundness",
+                                 {"effect": "wrong", "buffer": buffer, "cell": "constant running sum"})
 
 
 #: the same sizes and sums computed other ways: never a finding

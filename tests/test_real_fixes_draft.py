@@ -30,7 +30,8 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import sglang_or_skip
-from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_copy
+from tests.sglang_copies import (altered_copy, assert_altered_replay_caught, assert_altered_replay_holds,
+                                 replay_on_copy)
 
 RUNNER = ["srt/speculative/eagle_draft_cuda_graph_runner.py"]
 WORKER = ["srt/speculative/eagle_worker_v2.py"]
@@ -92,10 +93,7 @@ def every_case_drafts(monkeypatch):
 def test_each_reverted_fix_is_caught_by_its_property(tmp_path, name):
     sglang_or_skip()
     edits, case, lens, prop, want = ALTERATIONS[name]
-    proc, out = replay_on_copy(altered_copy(tmp_path, edits, name), tmp_path, case, lens, prop)
-    assert proc.returncode == 1, out
-    origin = failed_check_origin(tmp_path / "report", out)
-    assert origin["property"] == prop and {f: origin[f] for f in want} == want, origin
+    assert_altered_replay_caught(tmp_path, edits, name, case, lens, prop, want)
 
 
 @pytest.mark.slow
@@ -103,8 +101,7 @@ def test_each_reverted_fix_is_caught_by_its_property(tmp_path, name):
 def test_a_rewrite_of_the_same_lines_holds(tmp_path, name):
     sglang_or_skip()
     edits, case, lens, prop = REFACTORS[name]
-    proc, out = replay_on_copy(altered_copy(tmp_path, edits, name), tmp_path, case, lens, prop)
-    assert proc.returncode == 0 and f"held {prop}" in out, out
+    assert_altered_replay_holds(tmp_path, edits, name, case, lens, prop)
 
 
 @pytest.mark.parametrize("name", ["graph-replay-equivalence", "padding-inert", "capture-replay-agreement"])
