@@ -109,11 +109,12 @@ def _padded_draft_case(prop: Property, bounds, site: str) -> list[DeepCase]:
     chosen = [c for c in (Config(TreeMaskMode.FULL_MASK, 4, ctx, 6, 2, 3, True, site) for ctx in range(16, 128))
               if draft_judged(c) is None and prop.applies(c)]
     windowed = [c for c in chosen if draft_window(c) and draft_page_size(c) == 1]
-    for config in (windowed or chosen)[:1]:
-        window = f", window {draft_window(config)}" if draft_window(config) else ""
-        return [(f"padded draft replay: topk 2, 3 steps, bs 3 in the graph of 4, context {config.max_context_len}"
-                 f"{window} [FULL_MASK]", config, [Batch(lens)])]
-    return []
+    if not chosen:
+        return []
+    config = (windowed or chosen)[0]
+    window = f", window {draft_window(config)}" if draft_window(config) else ""
+    return [(f"padded draft replay: topk 2, 3 steps, bs 3 in the graph of 4, context {config.max_context_len}"
+             f"{window} [FULL_MASK]", config, [Batch(lens)])]
 
 
 def deep_cases(prop: Property, bounds, k: ShapeConstants) -> list[DeepCase]:
