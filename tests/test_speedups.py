@@ -287,3 +287,56 @@ def test_a_helpers_patch_is_skipped_only_inside_the_launch_that_covered_it_and_k
         space["failing"][(1,)](torch.arange(8, dtype=torch.int32), n=8)
     assert fast.launches == []  # a launch that raised is over too
     assert run() == got
+
+
+_SHAPED = """
+import triton
+import triton.language as tl
+
+@triton.jit
+def kernel(x_ptr, out_ptr, n: tl.constexpr, m: tl.constexpr):
+    rows = tl.arange(0, n)[:, None]
+    cols = tl.arange(0, m)[None, :]
+    x = tl.load(x_ptr + rows * m + cols)
+    flat = tl.reshape(x, (n * m,))
+    back = tl.reshape(flat, (m, n))
+    y = tl.trans(back) + tl.broadcast_to(tl.sum(x, axis=1)[:, None], (x.shape[0], x.shape[1]))
+    tl.store(out_ptr + rows * m + cols, y * x.numel)
+"""
+
+
+def test_shapes_built_on_read_equal_the_eager_constructors_and_kernels_answer_the_same():
+    pytest.importorskip("triton.language")
+    import torch
+    from triton.language import core
+    interpreter_speed.install()
+    init = core.tensor.__init__
+    assert init._vmfuzz_on_read and interpreter_speed._shapes_on_read()  # a second install keeps the first
+    for ty in (core.int1, core.block_type(core.int32, [8]), core.block_type(core.float16, [4, 2]),
+               core.block_type(core.pointer_type(core.int8), [2, 4])):
+        lazy = interpreter_speed._shown(init, core.tensor, ty)
+        assert lazy == interpreter_speed._shown(init.original, core.tensor, ty), ty
+    t = core.tensor(None, core.block_type(core.int32, [4]))
+    t.shape = core.tuple([core.constexpr(2)])  # an assignment wins over the built value, as an attribute's would
+    assert [s.value for s in t.shape] == [2] and t.numel.value == 4
+    space: dict = {"__name__": "vmfuzz_shape_probe"}
+    exec(compile(_SHAPED, "<vmfuzz shape probe>", "exec"), space)
+
+    def run():
+        x = torch.arange(32, dtype=torch.int32)
+        out = torch.zeros(32, dtype=torch.int32)
+        space["kernel"][(1,)](x, out, n=4, m=8)
+        return out.tolist()
+
+    got = run()
+    shape, numel, name, type_init = core.tensor.shape, core.tensor.numel, core.tuple_type.name, core.tuple_type.__init__
+    core.tensor.__init__, core.tuple_type.__init__ = init.original, type_init.original
+    del core.tensor.shape, core.tensor.numel, core.tuple_type.name
+    try:
+        assert run() == got  # the eager constructors answer the same
+    finally:
+        core.tensor.__init__, core.tensor.shape, core.tensor.numel = init, shape, numel
+        core.tuple_type.__init__, core.tuple_type.name = type_init, name
+    x = torch.arange(32).reshape(4, 8)
+    want = (x.reshape(-1).reshape(8, 4).T + x.sum(1, keepdim=True)) * 32
+    assert got == want.reshape(-1).tolist()

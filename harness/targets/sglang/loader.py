@@ -165,8 +165,9 @@ def _interpret_kernels() -> None:
                           "functions cannot run in the interpreter; set TRITON_INTERPRET=1 before "
                           "anything imports triton (no CUDA device here)")
     os.environ["TRITON_INTERPRET"] = "1"
-    from vmfuzz.harness.targets.sglang import interpreter_speed
+    from vmfuzz.harness.targets.sglang import fork_ready, interpreter_speed
     interpreter_speed.install()
+    fork_ready.compiled_as_python()
 
 
 def import_sglang(kernel_choice: str) -> Sglang:

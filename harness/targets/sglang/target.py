@@ -24,7 +24,7 @@ from vmfuzz.harness.guard.tree_write import KernelCall
 from vmfuzz.harness.model.outputs import StepOutput
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.targets.sglang.binding import bound as _bound
-from vmfuzz.harness.targets.sglang import (call_sites, compile_warm, flashinfer, graph_support, imitated_host,
+from vmfuzz.harness.targets.sglang import (call_sites, flashinfer, fork_ready, graph_support, imitated_host,
                                            readers, writers)
 from vmfuzz.harness.targets.sglang.imitated_host import VERIFY_MASK
 from vmfuzz.harness.targets.sglang.loader import Sglang
@@ -48,7 +48,7 @@ SURFACE = (
 
 class SglangTarget:
     name = "sglang"
-    before_forks = staticmethod(compile_warm.before_forks)  # see compile_warm: done once, not per fork
+    before_forks = staticmethod(fork_ready.before_forks)  # see fork_ready: done once, not per fork
 
     #: The Triton interpreter costs ~4 ms a launch at bs 1, d 2 and ~150 ms at
     #: bs 8, d 8; every verify step is one launch and a property runs 2-4 steps
