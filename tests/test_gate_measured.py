@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from vmfuzz.harness.engine.campaign.changes import Checkout, sglang_relative, tr
 from vmfuzz.harness.engine.campaign.covered_files import COVERED_BY_PROPERTIES
 from vmfuzz.harness.engine.campaign.diff_coverage import measure
 from vmfuzz.harness.engine.campaign.surface import gate_coverage
-from tests.helpers import vmfuzz
+from tests.helpers import ROOT, vmfuzz
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -328,3 +329,40 @@ def test_a_release_sized_file_list_reaches_every_child_through_a_file(tmp_path, 
         assert line_trace._listed(os.environ[line_trace.FILES_ENV]) == [str(f) for f in files[:2]]
     finally:
         line_trace.stop()
+
+
+def test_a_checker_starts_its_record_without_reading_its_stack_and_still_records(tmp_path):
+    """coverage.py's collector keeps a text of the stack that started it, for its debug output only;
+    built from ``inspect.stack()``, it was 3.8 s of a gate's CPU. The record is started without it, the
+    library's function is put back, and the lines a check ran are still recorded under its property."""
+    module = tmp_path / "under_review.py"
+    module.write_text("def fits(bs, capacity):\n    footprint = bs * 4\n    return footprint <= capacity\n")
+    script = tmp_path / "child.py"
+    script.write_text(f"""
+import inspect, os, sys
+sys.path.insert(0, {str(tmp_path)!r})
+from vmfuzz.harness.engine.core import line_trace
+import coverage.debug, coverage.collector
+from pathlib import Path
+line_trace.start(Path({str(tmp_path / "rec")!r}), [{str(module)!r}])
+stack_reads = []
+real_stack = inspect.stack
+inspect.stack = lambda *a, **k: (stack_reads.append(1), real_stack(*a, **k))[1]
+import under_review
+def deep(n):
+    if n:
+        return deep(n - 1)
+    with line_trace.judging("capacity-soundness"):
+        return under_review.fits(3, 16)
+assert deep(40) is True
+line_trace.stop()
+assert stack_reads == [], "the recorder read the stack"
+assert coverage.collector.short_stack is coverage.debug.short_stack
+""")
+    from vmfuzz.harness.engine.core import line_trace
+    env = {k: v for k, v in os.environ.items() if k not in (line_trace.DIR_ENV, line_trace.FILES_ENV)}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = line_trace.merged(tmp_path / "rec")[os.path.realpath(module)]
+    assert lines[2] == {"capacity-soundness"} and lines[3] == {"capacity-soundness"}, lines

@@ -175,6 +175,23 @@ def test_a_kernel_source_anywhere_in_the_checkout_is_could_not_check_and_needs_a
     assert g["could_not_check"] == g["needs_gpu"] and len(g["needs_gpu"]) == 1 and GPU_CHECK in g["needs_gpu"][0]
 
 
+@pytest.mark.parametrize("path,needs", [
+    ("python/sglang/srt/layers/attention/deepseek_v4_backend_hip_radix.py", "HIP-only backend"),
+    ("python/sglang/srt/layers/attention/aiter_backend.py", "AITER backend"),
+    ("python/sglang/srt/layers/attention/triton_backend.py", None),
+])
+def test_a_traced_file_only_one_device_runs_needs_it_for_every_unrun_line(path, needs):
+    """Before: the file-kind rows applied only to files with nothing traced, so a HIP backend's
+    Python lines (no CPU branch test in them) read "not driven here", a harness gap to close."""
+    m = measure(path, SOURCE, "/x/p.py", frozenset({11}), {"Mask.fits": "no-oob-write"}, {})
+    if needs is None:
+        assert m.needs_device == [] and m.never_ran == [11]
+    else:
+        assert m.needs_device == [11] and m.never_ran == [] and m.why_device[11].startswith(needs)
+    ran = measure(path, SOURCE, "/x/p.py", frozenset({11}), {"Mask.fits": "no-oob-write"}, {11: {"no-oob-write"}})
+    assert ran.judged == {11: ["no-oob-write"]} and ran.needs_device == []  # what ran is judged, device or not
+
+
 def test_a_file_is_exercised_when_its_mask_path_lines_ran_under_a_property():
     ran = {10: {"shared:no-oob-write+fallback-equivalence"}, 11: {"capacity-soundness"}}
     m = measure("p.py", SOURCE, "/x/p.py", frozenset({10, 11}), {"Mask.fits": "no-oob-write"}, ran)

@@ -44,6 +44,8 @@ DEVICE_FILES: tuple[tuple[str, str], ...] = (
     ("*.hpp", "C/C++ kernel header: needs a CUDA GPU"),
     ("kernels/jit/*", "JIT CUDA kernel: needs a CUDA GPU"),
     ("*_hip*", "HIP-only backend: needs a ROCm device"),
+    # AMD's kernel library: the module imports without it only to fail at its first call
+    ("*/aiter_backend.py", "AITER backend: needs a ROCm device with aiter installed"),
 )
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vmfuzz.harness.engine.core.line_trace import NO_PROPERTY
-from vmfuzz.harness.model.device_only import device_branch
+from vmfuzz.harness.model.device_only import device_branch, device_file
 from vmfuzz.harness.report.terminal import spans  # noqa: F401 - re-exported: the gate's messages use it
 
 #: Branches this machine could take but vmfuzz does not, keyed by the branch's condition as the
@@ -318,7 +318,9 @@ def _enclosing(qual: str, on_path: dict[str, str]) -> str | None:
 def _unjudged(out: FileLines, s: Statement, qual: str, driver: str | None, at_import: bool) -> None:
     """A changed statement no property ran: needs a GPU (``device_only``), else not driven here,
     with the most telling reason the tables and the measurement give."""
-    if (device := device_branch(s.conditions)) is not None:
+    # a file only one device runs (a HIP backend, a JIT CUDA wrapper: ``device_only.DEVICE_FILES``)
+    # needs it for every line, whatever the line's own branch says
+    if (device := device_file(out.path) or device_branch(s.conditions)) is not None:
         out.needs_device.append(s.first)
         out.why_device[s.first] = device
         return
