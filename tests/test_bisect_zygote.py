@@ -128,8 +128,12 @@ def _spawn_with_stdout(argv, stdout, env):
     return proc
 
 
+#: The owner takes Ctrl-C whatever it inherited: an xdist worker that ran an in-process check before may
+#: hand its children SIGINT ignored (the harness's workers ignore it), and the block then never ends.
 OWNER = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGINT}})
 sys.path.insert(0, {root!r})
 from vmfuzz.harness.engine.core.zygote_client import serving
 with serving(dict(__import__('os').environ), probe_code={probe!r}) as sock:

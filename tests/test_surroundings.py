@@ -284,7 +284,10 @@ def test_a_saved_failure_not_driven_here_stays_for_a_night_that_drives_it(tmp_pa
     db = tmp_path / "db"
     (db / "last-failures").mkdir(parents=True)
     (db / "last-failures" / "routing-case.json").write_text(json.dumps(ROUTING_CASE))
-    night = ("run", "--profile", "nightly", "--time-budget", "1", "--db", str(db), "--property", "no-oob-write")
+    # rounds of 20: a first round of the nightly's 500 did not finish inside the 1 s budget on a loaded
+    # host (exit 3, could not check), which is not what this test is about
+    night = ("run", "--profile", "nightly", "--time-budget", "1", "--max-examples", "20", "--db", str(db),
+             "--property", "no-oob-write")
     r = vmfuzz(*night, "--target", "tests.plugins:NoRoutingTarget", "--report-dir", str(tmp_path / "n1"),
                timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
