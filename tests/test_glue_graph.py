@@ -28,8 +28,10 @@ GLUE = ["srt/model_executor/runner/metadata_glue_graph.py"]
 GLUE_REPLAY, GLUE_ROUTE = "metadata glue graph replay", "metadata glue graph route"
 
 #: a server capturing bs 1, 2, 4: a padded batch (not routed), bs 1 and bs 4 each replayed exactly (after
-#: their lead-ins), then a padded batch in bs 4's graph, whose glue graph is captured by then
-CONFIG = {"mode": "FULL_MASK", "max_bs": 4, "max_context_len": 32, "num_draft_tokens": 4, "topk": 2,
+#: their lead-ins), then a padded batch in bs 4's graph, whose glue graph is captured by then; its context
+#: (34) one whose case is no window-pool server with every case glued (a window pool's write slots are
+#: another defect: tests/test_glue_window_pool.py)
+CONFIG = {"mode": "FULL_MASK", "max_bs": 4, "max_context_len": 34, "num_draft_tokens": 4, "topk": 2,
           "spec_steps": 2, "is_read": True}
 SEQ_LENS = [(5, 7, 3), (9,), (2, 3, 4, 5), (1, 2, 3)]
 
@@ -96,7 +98,12 @@ def test_a_glue_refactor_holds_and_so_does_the_pristine_copy(tmp_path, monkeypat
 # -- in-process, on the installed SGLang -----------------------------------------------------------------
 
 def _config(site: str) -> Config:
-    return Config(TreeMaskMode.FULL_MASK, 4, 32, 4, 2, 2, True, site)
+    """The server of ``CONFIG``'s shape at ``site``, its context widened past any case that glues on a
+    window pool (``graph_glue.window_pool``: its window layers' writes are another defect,
+    tests/test_glue_window_pool.py)."""
+    from vmfuzz.harness.properties.graph_glue import window_pool
+    return next(c for c in (Config(TreeMaskMode.FULL_MASK, 4, n, 4, 2, 2, True, site) for n in range(34, 64))
+                if not window_pool(c))
 
 
 @pytest.mark.parametrize("site", ["eagle", "pp"])
@@ -115,6 +122,7 @@ def test_a_glued_replay_holds_where_the_mask_is_written_into_the_backends_buffer
                 "metadata glue graph: warm-up (eager)",
                 "metadata glue graph: not routed (a padded replay: SGLang prepares it eagerly by design)",
                 } <= obs.classes, sorted(obs.classes)
+        assert not [c for c in obs.classes if "known finding" in c], sorted(obs.classes)
 
 
 def test_a_per_step_mask_is_replayed_frozen_and_ends_in_the_known_entries(sglang_target, monkeypatch):
@@ -128,6 +136,15 @@ def test_a_per_step_mask_is_replayed_frozen_and_ends_in_the_known_entries(sglang
         obs = PROPERTIES[name].check(sglang_target, _config("frozen_kv_mtp"), batches)
         assert f"metadata glue graph: known finding metadata-glue-per-step-mask-{entry}" in obs.classes, \
             sorted(obs.classes)
+
+
+def test_the_altered_copies_case_is_no_window_pool_server(monkeypatch):
+    from vmfuzz.harness.model.repro_file import decode, to_case
+    from vmfuzz.harness.properties.graph_glue import glued, window_pool
+    monkeypatch.setenv("VMFUZZ_GLUE_SHARE", "1")
+    repro = json.dumps({"config": CONFIG, "batches": [{"seq_lens": list(s)} for s in SEQ_LENS]}).encode()
+    config, _ = to_case(decode(repro))
+    assert glued(config) and not window_pool(config)
 
 
 def test_a_case_off_the_share_says_so(sglang_target):

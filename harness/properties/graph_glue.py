@@ -24,9 +24,17 @@ judged as any replay is:
   padding-free replays; judged whether or not this backend's prep branches on
   the padding, as the view's other fields are).
 
+Every other glued case (``window_pool``: the next bit of the draw that glued it) is a
+window-pool server (``targets/sglang/swa_server``): its KV pool keeps the window
+layers apart, so each step's window layers write through the backend's own
+buffer of window slots, which its prep refills from the step's KV-location plan.
+``graph-replay-equivalence`` and ``padding-inert`` then also judge where the
+window layers wrote (``swa_out_cache_loc``) and what they read.
+
 A failure on a step whose prep the glue graph ran names it as its writer
 (``writer``), with how the step's verify mask was handed where that decides the
-outcome (``PER_STEP_MASK``), so a known defect of one wiring excuses no other.
+outcome (``PER_STEP_MASK``) and the server's pool where it keeps window layers
+apart (``WINDOW_POOL``), so a known defect of one wiring excuses no other.
 Each case says what the glue graph did (``note_case``, ``note_step``): off,
 not driven (and why), warmed up, captured, captured and replayed, not routed (a
 padded replay: SGLang prepares it eagerly by design), or its capture failed
@@ -53,6 +61,8 @@ GLUE_REPLAY = "metadata glue graph replay"
 GLUE_ROUTE = "metadata glue graph route"
 #: said of such a step whose verify input carries a mask tensor of its own each step (frozen-KV MTP's)
 PER_STEP_MASK = ", a per-step verify mask"
+#: said of such a step on a server whose KV pool keeps its window layers apart (``swa_server``)
+WINDOW_POOL = ", a sliding-window KV pool"
 CLASS = "metadata glue graph: "
 _STEP_CLASSES = {
     WARM_UP: "warm-up (eager)",
@@ -70,15 +80,27 @@ def glue_share() -> int:
         return GLUE_SHARE
 
 
+def _drawn(config: Config) -> int:
+    return zlib.crc32(b"metadata glue graph " + repr(config).encode())
+
+
 def glued(config: Config) -> bool:
     """Whether this case's server switches the metadata glue graph on (one in ``glue_share()``)."""
-    return zlib.crc32(b"metadata glue graph " + repr(config).encode()) % glue_share() == 0
+    return _drawn(config) % glue_share() == 0
+
+
+def window_pool(config: Config) -> bool:
+    """Whether this glued case's server is a window-pool server (every other glued case: the next bit of the
+    draw that glued it; a second CRC of the same config would follow the first one's low bits)."""
+    return glued(config) and (_drawn(config) // glue_share()) % 2 == 1
 
 
 def session_options(config: Config) -> dict:
     """What ``target.graph_session`` is asked besides the case (nothing for a case without the glue, so a
     target whose seam predates it still builds the others)."""
-    return {"glue": True} if glued(config) else {}
+    if not glued(config):
+        return {}
+    return {"glue": True, "window_pool": True} if window_pool(config) else {"glue": True}
 
 
 def lead_ins(session, batch: Batch) -> list[Batch]:
@@ -89,7 +111,8 @@ def lead_ins(session, batch: Batch) -> list[Batch]:
 
 
 def _mask_wiring(session) -> str:
-    return PER_STEP_MASK if getattr(session, "per_step_mask", False) else ""
+    mask = PER_STEP_MASK if getattr(session, "per_step_mask", False) else ""
+    return mask + (WINDOW_POOL if getattr(session, "window_pool", None) is not None else "")
 
 
 def writer(session, got, default: str) -> str:
@@ -121,6 +144,11 @@ def note_case(obs: Observation, session, config: Config) -> None:
     why = getattr(session, "glue_not_driven", None)
     if why or getattr(session, "glue_watch", None) is None:
         obs.classes.add(f"{CLASS}not driven ({why or 'the target does not switch it on'})")
+    if window_pool(config):
+        pool_why = getattr(session, "window_pool_not_driven", None)
+        driven = getattr(session, "window_pool", None) is not None
+        obs.classes.add(f"{CLASS}on a sliding-window KV pool server" if driven else
+                        f"{CLASS}sliding-window KV pool not driven ({pool_why or 'the target does not build one'})")
 
 
 def note_step(obs: Observation, got) -> None:

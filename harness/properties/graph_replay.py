@@ -129,10 +129,14 @@ def _compare_rows(prop: str, got, want, n: int, d: int, where: str, writer: str 
         if a != b:
             fail(prop, f"{where}: token {i} is handed {a} by the replay's attention metadata, {b} eagerly",
                  effect="wrong", writer=writer, buffer="attention", cell="real row", stage="replay")
-    if got.forward.kv_writes[:n] != want.kv_writes:
-        i = next(i for i, (a, b) in enumerate(zip(got.forward.kv_writes, want.kv_writes)) if a != b)
-        fail(prop, f"{where}: token {i} writes KV {got.forward.kv_writes[i]}, eagerly {want.kv_writes[i]}",
-             effect="wrong", writer=writer, buffer="out_cache_loc", cell="real row", stage="replay")
+    for buffer, says, a, b in (("out_cache_loc", " writes", got.forward.kv_writes, want.kv_writes),
+                               ("swa_out_cache_loc", "'s window layers write", got.forward.window_writes,
+                                want.window_writes)):
+        if a[:n] != b:  # (slot, value) per token; a window pool's window layers write slots of their own
+            i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            fail(prop, f"{where}: token {i}{says} KV {a[i] if i < len(a) else None}, eagerly "
+                       f"{b[i] if i < len(b) else None}",
+                 effect="wrong", writer=writer, buffer=buffer, cell="real row", stage="replay")
 
 
 def _where(batch: Batch, got) -> str:
@@ -182,13 +186,7 @@ def padding_inert(target, config: Config, batches: list[Batch], device="cpu") ->
         n = batch.bs * config.d
         where = _where(batch, got) + " over stale padded rows"
         _overruns(PADDING, session, "replay")
-        real = set(loc.tolist())
-        stray = [(i, s) for i, (s, _) in enumerate(got.forward.kv_writes[n:], start=n) if s in real]
-        if stray:
-            i, s = stray[0]
-            fail(PADDING, f"{where}: padded token {i} writes KV into slot {s}, which request "
-                          f"{loc.tolist().index(s) // config.d} of the batch owns ({len(stray)} such writes)",
-                 effect="wrong", writer=REPLAY, buffer="out_cache_loc", cell="padded row", stage="replay")
+        _padded_writes(config, got, want, loc, n, where)
         with glue.known_goes_on(target, obs, got):
             _compare_rows(PADDING, got, want, n, config.d, where, glue.writer(session, got, REPLAY))
         obs.add_step(config, batch, None, config.max_bs)
@@ -201,6 +199,20 @@ def padding_inert(target, config: Config, batches: list[Batch], device="cpu") ->
         _idle(PADDING, session, obs, _poison(config, last[0], last[1], None), set(last[1].tolist()))
     judge_draft(PADDING, target, config, batches, obs)
     return obs
+
+
+def _padded_writes(config: Config, got, want, loc: torch.Tensor, n: int, where: str) -> None:
+    """No padded token writes KV into a slot of the batch's (its window layers: into a window slot the
+    eager run's real tokens write)."""
+    for buffer, writes, real in (("out_cache_loc", got.forward.kv_writes, loc.tolist()),
+                                 ("swa_out_cache_loc", got.forward.window_writes, [s for s, _ in want.window_writes])):
+        owned = set(real)
+        stray = [(i, s) for i, (s, _) in enumerate(writes[n:], start=n) if s in owned]
+        if stray:
+            i, s = stray[0]
+            fail(PADDING, f"{where}: padded token {i} writes KV into slot {s} ({buffer}), which request "
+                          f"{real.index(s) // config.d} of the batch owns ({len(stray)} such writes)",
+                 effect="wrong", writer=REPLAY, buffer=buffer, cell="padded row", stage="replay")
 
 
 def _note_stage(session, obs: Observation) -> None:

@@ -88,6 +88,7 @@ NAMED_FOR_THE_WORKFLOW = (
     "srt/layers/logits_processor.py",  # imported by the graph driver: the output its model stand-in returns
     "srt/mem_cache/allocation_sizing.py",  # driven: the decode allocation a draft writes inside
     "srt/mem_cache/kv_index_translator.py",  # driven: the draft graphs' KV read source (a static pool)
+    "srt/mem_cache/unified_draft_pool.py",  # run: the window-pool translator asks whether its pool is a fused draft
     "srt/model_executor/cuda_graph_buffer_registry.py",  # driven: the graph replay's copy-in and padding
     "srt/model_executor/cuda_graph_config.py",  # imported by the draft-side drivers: the graph backend kinds
     "srt/model_executor/forward_batch_info.py",  # imported by the harness: the forward modes it hands in

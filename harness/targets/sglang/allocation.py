@@ -92,10 +92,10 @@ def _attributes(name: str, n: ServerNumbers) -> dict:
     raise ValueError(f"unknown allocating backend {name!r} (known: {', '.join(ALLOCATING_BACKENDS)})")
 
 
-def built_by_init(mod, cls, n: ServerNumbers, device="meta", sliding_window_size: int | None = None):
+def built_by_init(mod, cls, n: ServerNumbers, device="meta", sliding_window_size: int | None = None, kv_pool=None):
     """``cls`` (the Triton backend) made by its own ``__init__`` over a stand-in target model runner of a
     server started with ``n``, its request pool ``n.max_bs`` deep (``backend_init.built_by_init``)."""
-    return backend_init.built_by_init(mod, cls, n, device, sliding_window_size=sliding_window_size)
+    return backend_init.built_by_init(mod, cls, n, device, sliding_window_size=sliding_window_size, kv_pool=kv_pool)
 
 
 #: Sites whose module imports CUDA-only extensions at load: imported with those

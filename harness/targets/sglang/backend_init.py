@@ -105,10 +105,10 @@ def _context(args: StandIn) -> dict[str, object]:
 
 
 def model_runner(n: ServerNumbers, device="meta", page_size: int = 1,
-                 sliding_window_size: int | None = None) -> StandIn:
+                 sliding_window_size: int | None = None, kv_pool=None) -> StandIn:
     """A target model runner of a server started with ``n``, its KV in pages of ``page_size`` tokens, on
     ``device`` (meta: nothing is allocated); ``sliding_window_size``: a model whose every layer reads a
-    window of that many tokens over one ordinary KV pool (no hybrid SWA pool).
+    window of that many tokens over one ordinary KV pool, unless ``kv_pool`` is the server's (a hybrid one).
 
     The model is a small dense one that also answers the MLA shape questions
     (kv_lora_rank, ...) the MLA backends ask; its request pool is ``max_bs``
@@ -124,8 +124,8 @@ def model_runner(n: ServerNumbers, device="meta", page_size: int = 1,
         hf_text_config=StandIn("hf_text_config", _RUNNER, num_attention_heads=8))
     pool = StandIn("req_to_token_pool", _RUNNER, size=args.max_running_requests,
                            req_to_token=torch.zeros(args.max_running_requests, 1, dtype=torch.int32, device=device))
-    kv_pool = StandIn("token_to_kv_pool", _RUNNER, start_layer=0,
-                      get_value_buffer=lambda layer: torch.empty(1, 8, 64, device="meta"))
+    kv_pool = kv_pool if kv_pool is not None else StandIn(
+        "token_to_kv_pool", _RUNNER, start_layer=0, get_value_buffer=lambda layer: torch.empty(1, 8, 64, device="meta"))
     return StandIn(
         "ModelRunner", _RUNNER,
         server_args=args, model_config=model_config, req_to_token_pool=pool, token_to_kv_pool=kv_pool,
@@ -237,16 +237,17 @@ def lookups_bound(mod, cls, n: ServerNumbers, page_size: int = 1) -> list[tuple]
 
 
 def built_by_init(mod, cls, n: ServerNumbers, device="meta", name: str | None = None, stubs=(),
-                  sliding_window_size: int | None = None, page_size: int = 1):
+                  sliding_window_size: int | None = None, page_size: int = 1, kv_pool=None):
     """``cls`` made by its own ``__init__`` over a stand-in target model runner of a server started with ``n``
-    (its model windowed to ``sliding_window_size`` tokens, if given; its KV in pages of ``page_size`` tokens).
+    (its model windowed to ``sliding_window_size`` tokens, if given; its KV in pages of ``page_size`` tokens,
+    in ``kv_pool`` where given).
 
     ``name`` (the harness's backend name) selects the CUDA-only stand-ins;
     ``stubs``: a context manager factory that puts back the stubbed extension
     modules ``mod`` was imported with, for the imports ``__init__`` makes.
     What the stand-in runner lacks that this SGLang's ``__init__`` reads is out of step.
     """
-    runner = model_runner(n, device, page_size=page_size, sliding_window_size=sliding_window_size)
+    runner = model_runner(n, device, page_size=page_size, sliding_window_size=sliding_window_size, kv_pool=kv_pool)
     with contextlib.ExitStack() as stack:
         for enter in stubs:
             stack.enter_context(enter())

@@ -28,9 +28,10 @@ objects are never written.
 
 Not driven here: ``SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW`` (a glued replay with
 no view), the DSpark target and draft glue switches and the early verify
-metadata (DSpark only), TBO, pdmux, LoRA (switched off on this server), and
-the KV-location plan a server's ForwardBatch carries (None here: the
-backend's KV-id gather is the harness's).
+metadata (DSpark only), TBO, pdmux, LoRA (switched off on this server), and,
+on a server with one ordinary KV pool, the KV-location plan a ForwardBatch
+carries (None there: the backend's KV-id gather is the harness's; a
+window-pool server's batches carry SGLang's own plan, ``swa_server``).
 """
 
 from __future__ import annotations

@@ -35,6 +35,9 @@ wrong position gives a different number, and the eager run of the same batch
 (``eager``: the backend's eager TARGET_VERIFY metadata, the same model) is what
 the replay must give on the real rows.
 
+On a window-pool server (``swa_server``; one glued case in two) the backend
+is built over SGLang's ``SWAKVPool``, and each live batch carries its KV-location plan.
+
 Not driven here: the process-wide buffer sharing with other runners (the pool
 is scoped to this runner's session: nothing else aliases its buffers), streams
 and events (``NotFaithful``), and every configuration the stand-ins switch off.
@@ -57,6 +60,7 @@ from vmfuzz.harness.targets.sglang.binding import bound
 from vmfuzz.harness.targets.sglang.graph_model import HIDDEN, VOCAB, Forward, RecordingModel
 from vmfuzz.harness.targets.sglang.graph_lookups import adopt_static, runner_lookups, static, verify_modules
 from vmfuzz.harness.targets.sglang.stand_in import StandIn
+from vmfuzz.harness.targets.sglang import swa_server
 
 RUNNER_FILE = "srt/model_executor/runner/decode_cuda_graph_runner.py"
 _GRAPH_PROPS = ("graph-replay-equivalence", "padding-inert", "capture-replay-agreement")
@@ -145,13 +149,16 @@ class GraphServer:
     glue: object = None
     #: why the glue graph asked for is not driven (None: driven, or not asked for)
     glue_not_driven: str | None = None
+    #: the server's window pool (``swa_server.WindowPool``; None: one ordinary pool), or why it is not driven
+    window_pool: object = None
+    window_pool_not_driven: str | None = None
 
     def lookups(self) -> list[tuple]:
         return list(self.set_up)
 
 
 def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None = None,
-          pp_size: int = 1, capture: bool = True, glue: bool = False) -> GraphServer:
+          pp_size: int = 1, capture: bool = True, glue: bool = False, window_pool: bool = False) -> GraphServer:
     """A ``DecodeCudaGraphRunner`` for a TARGET_VERIFY EAGLE target of ``config``'s shape, made by its own
     ``__init__`` (``verify_runner_init``) for a server configured to capture ``capture_bs`` (the buckets
     and buffers are what that ``__init__`` decides), its graphs then captured at each of its buckets
@@ -162,14 +169,16 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
     gets the mask its own graph set-up allocates); on ``heap`` with the other static buffers.
     ``pp_size`` > 1: the runner of a later pipeline stage, its graphs reading the proxy hidden states
     it is handed. ``glue``: the server switches the metadata glue graph on (``glue_graph``) for the
-    runner's ``__init__``."""
+    runner's ``__init__``; ``window_pool``: its KV pool keeps window layers apart (``swa_server``)."""
     from vmfuzz.harness.targets.sglang import glue_graph
     from vmfuzz.harness.targets.sglang import verify_runner_init as init
     from vmfuzz.harness.targets.sglang.readers import triton_backend
     space = GraphSpace(heap or ShadowHeap())
     capture_bs = sorted(set(capture_bs))
     model = RecordingModel(space, config.d)
-    backend = triton_backend(None, config, capture_bs[-1], torch.device("cpu"), space.heap, graphs=False)
+    pool, pool_why = swa_server.asked(config, capture_bs[-1], window_pool)
+    backend = (pool.backend(config, capture_bs[-1], space.heap, graphs=False) if pool is not None else
+               triton_backend(None, config, capture_bs[-1], torch.device("cpu"), space.heap, graphs=False))
     why = None
     glue_why = None if not glue or glue_graph.switch(modules().runner) is not None else (
         f"this SGLang has no {glue_graph.SWITCH} (no metadata glue graph)")
@@ -183,8 +192,12 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
         lookups = runner_lookups(config, capture_bs, space, pp_size)
         runner, backend = _assembled(config, capture_bs, mask, space, model, lookups, pp_size)
         glue_why = glue_why or (f"the runner was assembled by hand ({why})" if glue else None)
+        pool, pool_why = None, pool_why or (f"the runner was assembled by hand ({why})" if pool is not None else None)
     server = GraphServer(config, runner, space, model, backend, list(runner.capture_bs), pp_size=pp_size,
-                         sizing=init.Sizing.of(runner), init_not_driven=why, set_up=lookups, glue_not_driven=glue_why)
+                         sizing=init.Sizing.of(runner), init_not_driven=why, set_up=lookups, glue_not_driven=glue_why,
+                         window_pool=pool, window_pool_not_driven=pool_why)
+    if pool is not None:
+        pool.adopt(runner, space)
     made = getattr(runner, "_metadata_glue", None)
     if glue and not glue_why:
         if made is None:
@@ -304,14 +317,14 @@ def live_batch(server: GraphServer, batch: Batch, mask: torch.Tensor, input_ids,
         spec_steps=server.config.spec_steps, topk=server.config.topk, draft_token_num=d,
         capture_hidden_mode=m.forward_info.CaptureHiddenMode.NULL, seq_lens_sum=int(seq_lens.sum()),
         seq_lens_cpu=seq_lens.clone())
-    return m.forward_info.ForwardBatch(
+    return swa_server.with_plan(server.window_pool, m.forward_info.ForwardBatch(
         forward_mode=m.forward_info.ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=input_ids,
         req_pool_indices=torch.tensor(pool_slots(bs), dtype=torch.long), seq_lens=seq_lens,
         seq_lens_cpu=seq_lens.clone(), orig_seq_lens=seq_lens, out_cache_loc=out_cache_loc,
         seq_lens_sum=int(seq_lens.sum()), return_logprob=False, positions=positions,
         spec_algorithm=server.runner.model_runner.spec_algorithm, spec_info=spec,
         capture_hidden_mode=m.forward_info.CaptureHiddenMode.NULL,
-        global_forward_mode=m.forward_info.ForwardMode.TARGET_VERIFY)
+        global_forward_mode=m.forward_info.ForwardMode.TARGET_VERIFY))
 
 
 def idle_batch(server: GraphServer, spec):
@@ -319,11 +332,11 @@ def idle_batch(server: GraphServer, spec):
     m = modules()
     empty = torch.empty(0, dtype=torch.long)
     idle = m.forward_info.ForwardMode.IDLE
-    return m.forward_info.ForwardBatch(
+    return swa_server.with_plan(server.window_pool, m.forward_info.ForwardBatch(
         forward_mode=idle, batch_size=0, input_ids=empty, req_pool_indices=empty, seq_lens=empty,
         seq_lens_cpu=empty, orig_seq_lens=empty, out_cache_loc=empty, seq_lens_sum=0, return_logprob=False,
         positions=empty, spec_algorithm=server.runner.model_runner.spec_algorithm, spec_info=spec,
-        capture_hidden_mode=m.forward_info.CaptureHiddenMode.NULL, global_forward_mode=idle)
+        capture_hidden_mode=m.forward_info.CaptureHiddenMode.NULL, global_forward_mode=idle))
 
 
 def can_run(server: GraphServer, fb) -> bool:
@@ -370,9 +383,9 @@ def eager(server: GraphServer, config: Config, batch: Batch, fb, proxy=None) -> 
     """The same batch, eagerly: the Triton backend's eager TARGET_VERIFY metadata, the same model."""
     from vmfuzz.harness.targets.sglang.readers import triton_backend
     m = modules()
-    heap = ShadowHeap()
-    backend = triton_backend(None, config, max(server.runner.max_bs, batch.bs), torch.device("cpu"), heap,
-                             graphs=False)
+    heap, rows = ShadowHeap(), max(server.runner.max_bs, batch.bs)
+    backend = (server.window_pool.backend(config, rows, heap, graphs=False) if server.window_pool is not None else
+               triton_backend(None, config, rows, torch.device("cpu"), heap, graphs=False))
     backend.init_forward_metadata(fb)
     saved = fb.next_token_logits_buffer
     fb.next_token_logits_buffer = None

@@ -77,30 +77,39 @@ class GraphSession(RunnerView):
     mask as the server's call site does: written into the backend's own mask buffer, which a graph-admitted
     batch always fits (EAGLE's and the chain's call sites; the pipeline rebuild's, SGLang's own), or a
     tensor of its own each step (the frozen-KV MTP worker's, which never passes a buffer:
-    ``per_step_mask``)."""
+    ``per_step_mask``).
+
+    ``window_pool``: the server's KV pool keeps its window layers apart (``swa_server``; ``window_pool``
+    is it, or None with ``window_pool_not_driven`` saying why): each live batch carries its KV-location
+    plan, and its write slots come from the pool's ring."""
 
     def __init__(self, config: Config, mask, heap: ShadowHeap, stage=None, capture: bool = True,
-                 glue: bool = False):
+                 glue: bool = False, window_pool: bool = False):
         self.config, self.stage = config, stage
         self.pp = stage is not None
         self.server = build(config, captured_sizes(config.max_bs), mask, heap,
-                            pp_size=pp_stage.PP_SIZE if self.pp else 1, capture=capture, glue=glue)
+                            pp_size=pp_stage.PP_SIZE if self.pp else 1, capture=capture, glue=glue,
+                            window_pool=window_pool)
         self.capture_bs = self.server.capture_bs
         self.steps = 0
         self.glue_asked = glue
         self.glue_watch = self.server.glue
         self.glue_not_driven = self.server.glue_not_driven
         self.per_step_mask = config.call_site == "frozen_kv_mtp"
+        self.window_pool = self.server.window_pool
+        self.window_pool_not_driven = self.server.window_pool_not_driven
 
     def inputs(self, batch: Batch):
         """(draft token ids, out_cache_loc) of this step's live batch: ids in [1, 13], slots distinct and
-        never 0 (step-unique, so a slot left from an earlier step is not this step's)."""
+        never 0 (step-unique, so a slot left from an earlier step is not this step's; a window pool's
+        from its ring, which its slot map covers)."""
         n = batch.bs * self.config.d
         self.steps += 1
         ids = (torch.arange(n, dtype=torch.long) * 5 + self.steps) % 13 + 1
         if self.pp:  # the tokens the relayed tree carries, in the order the verify step means them
             ids = expected(self.config, batch).draft_token
-        loc = torch.arange(n, dtype=torch.long) + 100000 * self.steps
+        loc = (self.window_pool.slots(n) if self.window_pool is not None else
+               torch.arange(n, dtype=torch.long) + 100000 * self.steps)
         return ids, loc
 
     def live(self, batch: Batch, mask, ids, loc, replayed: bool = False):

@@ -40,8 +40,9 @@ class GathersKvSlots(TranslatesNothing):
     ids from ``indptr[b]`` on, as SGLang's gather does -- with the slots the
     stand-in request-to-token table holds for the request in pool slot
     ``req_pool_indices[b]`` (``readers.kv_slot``), through the shadow heap: a row
-    written past ``out`` lands in its redzone. Everything else does as
-    ``TranslatesNothing`` does.
+    written past ``out`` lands in its redzone; a static window pool's slot map
+    handed as ``token_mapping`` is applied to each id, as SGLang's gather fuses
+    it. Everything else does as ``TranslatesNothing`` does.
     """
 
     def __init__(self, heap: ShadowHeap, max_context_len: int, table: torch.Tensor | None = None):
@@ -88,15 +89,23 @@ class GathersKvSlots(TranslatesNothing):
         seam = f"KVIndexTranslator.{method}"
         got = bind(_real(self, method), seam, TRANSLATOR, self, *args, **kwargs).arguments
         missing = [n for n in ("req_pool_indices", "seq_lens", "indptr", "out") if n not in got]
-        if missing or got.get("token_mapping") is not None:
-            raise OutOfStep(seam, TRANSLATOR,
-                            f"the call names no {', '.join(missing)}" if missing else
-                            "the call remaps ids (token_mapping), which the stand-in gather does not")
+        if missing:
+            raise OutOfStep(seam, TRANSLATOR, f"the call names no {', '.join(missing)}")
         self.gathered_into.add(got["out"].data_ptr())
         stride = kv_slot_stride(self.max_context_len)
+        # a static window pool's map fused into the gather, as SGLang's kernel applies it to each id it reads
+        mapping = got.get("token_mapping")
         _gather(self.heap, got["out"], got["req_pool_indices"], got["seq_lens"], got["indptr"],
-                got.get("kv_start_idx"), lambda slot, tokens: (slot + 1) * stride + tokens)
-        return True  # the stand-in's slots are final ids
+                got.get("kv_start_idx"), lambda slot, tokens: _mapped((slot + 1) * stride + tokens, mapping))
+        return True  # the stand-in's slots are final ids (mapped where a map was handed)
+
+
+def _mapped(ids: torch.Tensor, mapping: torch.Tensor | None) -> torch.Tensor:
+    """``ids`` through a slot map (an id past its end is none: -1)."""
+    if mapping is None:
+        return ids
+    inside = (ids >= 0) & (ids < mapping.numel())
+    return torch.where(inside, mapping[ids.clamp(0, mapping.numel() - 1)], -1)
 
 
 def _real(translator, method: str):

@@ -104,11 +104,12 @@ def _stand_in_checked(backend):
 
 
 def triton_backend(mask, config: Config, pool: int, dev, heap: ShadowHeap, graphs: bool,
-                   window: int | None = None):
+                   window: int | None = None, kv_pool=None):
     """A ``TritonAttnBackend`` made by its own ``__init__`` for a server with ``config``'s numbers and a
     request pool ``pool`` deep, then given what its cuda-graph set-up would: the KV-id buffer and ``mask``.
     ``window``: its model reads a sliding window of that many tokens, so the set-up also gives it the
-    window's KV-id and mask-offset buffers (redzoned, holding no slot id or offset yet).
+    window's KV-id and mask-offset buffers (redzoned, holding no slot id or offset yet). ``kv_pool``: the
+    server's KV pool, where it is not one ordinary pool (``swa_server``'s window pool).
 
     So what ``__init__`` derives (indptr buffers, draft width, context length)
     is SGLang's own, wherever it now sets it and however the class stores it
@@ -122,7 +123,7 @@ def triton_backend(mask, config: Config, pool: int, dev, heap: ShadowHeap, graph
     m = modules()
     numbers = ServerNumbers(pool, config.max_context_len, config.d, config.topk, config.spec_steps)
     backend = built_by_init(m.triton_backend, m.triton_backend.TritonAttnBackend, numbers, dev,
-                            sliding_window_size=window)
+                            sliding_window_size=window, kv_pool=kv_pool)
     max_num_tokens = config.max_bs * config.d
     kv_cells = max(1, max_num_tokens * config.max_context_len)
     # What init_cuda_graph_state would set (the KV-id buffer it sizes so, the mask it allocates).

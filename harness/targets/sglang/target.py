@@ -347,13 +347,13 @@ class SglangTarget:
         from vmfuzz.harness.targets.sglang import draft_graph_session
         return draft_graph_session.DraftSession(shape, max_bs, heap, largest_only)
 
-    def graph_session(self, config: Config, mask, heap: ShadowHeap, capture: bool = True, glue: bool = False):
-        """SGLang's target verify cuda-graph runner, captured at every bs (False: held back); ``glue``: on."""
+    def graph_session(self, config: Config, mask, heap: ShadowHeap, capture: bool = True, **server):
+        """SGLang's target verify cuda-graph runner, captured at every bs (False: held back), as ``GraphSession``."""
         from vmfuzz.harness.targets.sglang import graph_session, pp_stage
         # a pp-site server's runner is a later pipeline stage's: its rebuild routed as the pp site's
         stage = (pp_stage.Stage(self.sglang, mask, config, lambda: self._routed(heap, mask, "pp"))
                  if config.call_site == "pp" else None)
-        return graph_session.GraphSession(config, mask, heap, stage, capture, glue)
+        return graph_session.GraphSession(config, mask, heap, stage, capture, **server)
 
     def draft_extend_session(self, config: Config, heap: ShadowHeap, runner: str):
         """One of SGLang's draft-extend cuda-graph runners (``draft_extend_session.RUNNERS``), captured."""
