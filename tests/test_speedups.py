@@ -340,3 +340,47 @@ def test_shapes_built_on_read_equal_the_eager_constructors_and_kernels_answer_th
     x = torch.arange(32).reshape(4, 8)
     want = (x.reshape(-1).reshape(8, 4).T + x.sum(1, keepdim=True)) * 32
     assert got == want.reshape(-1).tolist()
+
+
+def _decorated(fn):
+    import functools
+
+    @functools.wraps(fn)
+    def inner(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return inner
+
+
+class _Holder:
+    @staticmethod
+    def plain(bs):
+        return bs * 2
+
+    @_decorated
+    def wrapped(self, bs, *, capacity=8):
+        if bs > capacity:  # a comment, and a string with "def" in it
+            return None
+        return [bs for _ in range(bs)]
+
+
+def test_function_source_read_cheaply_is_inspects_own_text(sglang_target):
+    """source_text reads what inspect.getsource reads, for SGLang's functions, their code objects, methods,
+    static methods, wrapped and nested functions, without inspect.getmodule's scan of every module."""
+    import inspect
+
+    from vmfuzz.harness.targets.sglang import source_text
+    sg = sglang_target.sglang
+    functions = [f for module in (sg.eagle_utils, sg.verify_mask) for f in vars(module).values()
+                 if inspect.isfunction(f) and f.__module__ == module.__name__]
+    functions += [f for cls in (_Holder,) + tuple(c for c in vars(sg.verify_mask).values() if isinstance(c, type))
+                  for f in vars(cls).values() if inspect.isfunction(f) or isinstance(f, staticmethod)]
+    functions += [_Holder.wrapped, _decorated, test_function_source_read_cheaply_is_inspects_own_text]
+    assert len(functions) > 20
+    for fn in functions:
+        assert source_text.of(fn) == inspect.getsource(fn), fn
+        code = inspect.unwrap(fn).__code__ if callable(fn) else fn.__func__.__code__
+        assert source_text.of(code) == inspect.getsource(code), fn
+    nested = [c for c in _decorated.__code__.co_consts if inspect.iscode(c)]
+    assert nested and all(source_text.of(c) == inspect.getsource(c) for c in nested)
+    with pytest.raises(TypeError):  # what inspect refuses, refused the same way
+        source_text.of(42)

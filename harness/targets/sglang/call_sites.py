@@ -297,10 +297,11 @@ def _import_source(code, name: str) -> str | None:
     """The module a function's own ``from M import name`` names, read once per code object
     (``code`` may be any object inspect finds the source of)."""
     import ast
-    import inspect
     import textwrap
+
+    from vmfuzz.harness.targets.sglang import source_text
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(code)))
+        tree = ast.parse(textwrap.dedent(source_text.of(code)))
     except (OSError, TypeError, SyntaxError):
         return None
     for node in ast.walk(tree):

@@ -115,12 +115,12 @@ def watch_unset(obj, seam: str, file: str, set_up: str, built: tuple[str, ...]):
     another name is watched under that name. Returns ``obj`` (its class now a watching subclass);
     an object whose layout refuses the swap, or a set-up with no source, is handed back unwatched.
     """
-    import inspect
     import re
 
+    from vmfuzz.harness.targets.sglang import source_text
     owner = next((k for k in type(obj).__mro__ if set_up in vars(k)), None)
     try:
-        source = inspect.getsource(vars(owner)[set_up]) if owner is not None else ""
+        source = source_text.of(vars(owner)[set_up]) if owner is not None else ""
     except (OSError, TypeError):
         source = ""
     names = sorted(set(re.findall(r"\bself\.(\w+)\s*(?::[^=\n]*)?=(?!=)", source)) - set(built))
