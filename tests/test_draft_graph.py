@@ -211,7 +211,9 @@ def test_a_refactor_of_the_window_offsets_and_the_pristine_window_hold(tmp_path,
 
 #: a windowed case whose server is unpaged (``draft_page_size``): a topk > 1 branch's chain slots then step
 #: by the branch's number of steps, a form only page size 1 takes (9 of 18 tokens; the 9-token request clips)
-WINDOW_UNPAGED_CASE = {**CASE, "max_bs": 3, "max_context_len": 18}
+#: context 21: a window of 10 tokens, unpaged, on a server without the metadata glue graph (context 18, the
+#: first choice, became a glued window-pool server, where this alteration was measured not to be met)
+WINDOW_UNPAGED_CASE = {**CASE, "max_bs": 3, "max_context_len": 21}
 #: the same chain slots written another way round (what the kernel reads is unchanged)
 WINDOW_UNPAGED_REFACTOR = [(CACHE_LOCS, r"chain_pos = seq_len \+ topk_id \* num_steps \+ chain_step",
                             "chain_pos = chain_step + num_steps * topk_id + seq_len")]
@@ -219,8 +221,9 @@ WINDOW_UNPAGED_REFACTOR = [(CACHE_LOCS, r"chain_pos = seq_len \+ topk_id \* num_
 
 def test_the_unpaged_window_case_is_judged_unpaged():
     from vmfuzz.harness.properties.draft_graph import draft_page_size, draft_window
-    config = Config(TreeMaskMode.FULL_MASK, 3, 18, 6, 2, 3, is_read=True).validate()
-    assert (draft_window(config), draft_page_size(config)) == (9, 1)
+    from vmfuzz.harness.properties.graph_glue import glued
+    config = Config(TreeMaskMode.FULL_MASK, 3, 21, 6, 2, 3, is_read=True).validate()
+    assert (draft_window(config), draft_page_size(config), glued(config)) == (10, 1, False)
 
 
 @pytest.mark.slow
