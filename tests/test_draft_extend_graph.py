@@ -17,6 +17,7 @@ import torch
 
 from tests.helpers import sglang_or_skip
 from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_copy
+from tests.surface_ran import assert_texts_ran, surface_never_ran
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.layouts import TreeMaskMode
@@ -108,7 +109,6 @@ def test_the_properties_judge_every_runner_on_the_installed_sglang(sglang_target
 def test_the_runners_capture_and_replay_lines_ran_under_the_properties(sglang_target):
     """coverage.py, as the gate measures: each driven SGLang function's body ran under the properties
     (Triton kernels run in the interpreter's rewritten copy: their outputs are judged, lines not counted)."""
-    import ast
     import importlib.util
     from pathlib import Path
 
@@ -126,29 +126,13 @@ def test_the_runners_capture_and_replay_lines_ran_under_the_properties(sglang_ta
     finally:
         cov.stop()
     data = cov.get_data()
-    unrun = []
-    for rel, name, _ in surface:
-        path = root / rel
-        *outer, fn_name = name.split(".")
-        scope = ast.parse(path.read_text())
-        if outer:
-            [scope] = [n for n in scope.body if isinstance(n, ast.ClassDef) and n.name == outer[0]]
-        for fn in [n for n in scope.body if isinstance(n, ast.FunctionDef) and n.name == fn_name]:
-            if any("jit" in ast.unparse(dec) for dec in fn.decorator_list):
-                continue
-            body = {n.lineno for stmt in fn.body[1 if ast.get_docstring(fn) else 0:] for n in ast.walk(stmt)
-                    if isinstance(n, ast.stmt)}
-            if body and not body & set(data.lines(str(path)) or ()):
-                unrun.append(f"{rel}:{name}")
+    unrun = surface_never_ran(root, surface, data)
     assert not unrun, f"driven functions whose lines never ran: {unrun}"
-    for rel, text in (("srt/speculative/eagle_draft_extend_cuda_graph_runner.py", "buffers.out_cache_loc.zero_()"),
-                      ("srt/speculative/eagle_draft_extend_cuda_graph_runner.py", "self.backend.capture_one("),
-                      ("srt/speculative/multi_layer_eagle_draft_extend_cuda_graph_runner.py",
-                       "fill_draft_extend_prepare_buffers("),
-                      ("srt/layers/attention/triton_backend.py", "bs * num_tokens_per_req + 1")):
-        lines = (root / rel).read_text().splitlines()
-        at = [i + 1 for i, line in enumerate(lines) if text in line]
-        assert at and set(at) & set(data.lines(str(root / rel)) or ()), f"{rel}: {text!r} never ran"
+    assert_texts_ran(root, (("srt/speculative/eagle_draft_extend_cuda_graph_runner.py", "buffers.out_cache_loc.zero_()"),
+                            ("srt/speculative/eagle_draft_extend_cuda_graph_runner.py", "self.backend.capture_one("),
+                            ("srt/speculative/multi_layer_eagle_draft_extend_cuda_graph_runner.py",
+                             "fill_draft_extend_prepare_buffers("),
+                            ("srt/layers/attention/triton_backend.py", "bs * num_tokens_per_req + 1")), data)
 
 
 # -- real bugs, planted in a copy ------------------------------------------------------------

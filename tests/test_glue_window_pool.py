@@ -21,6 +21,7 @@ import pytest
 
 from tests.helpers import sglang_or_skip
 from tests.sglang_copies import altered_copy, run_on_copy
+from tests.surface_ran import assert_texts_ran, surface_never_ran
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.layouts import TreeMaskMode
 
@@ -142,7 +143,6 @@ def test_the_window_pool_server_is_sglangs_own_decision_over_its_pool(sglang_tar
 def test_the_judged_sglang_lines_ran(sglang_target):
     """coverage.py, as the gate measures: every function the window-pool server drives ran a line under the
     properties, and so did the lines the finding sits on (the fill's copy, the plan's window ids, the map)."""
-    import ast
     import importlib.util
     from pathlib import Path
 
@@ -159,36 +159,26 @@ def test_the_judged_sglang_lines_ran(sglang_target):
     finally:
         cov.stop()
     data = cov.get_data()
-    unrun = []
-    for rel, name, _ in SURFACE:
-        path = root / rel
-        tree = ast.parse(path.read_text())
-        *owner, leaf = name.split(".")
-        scope = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == owner[0]) if owner else tree
-        fns = [n for n in ast.walk(scope) if isinstance(n, ast.FunctionDef) and n.name == leaf]
-        body = {n.lineno for fn in fns for stmt in fn.body[1 if ast.get_docstring(fn) else 0:]
-                for n in ast.walk(stmt) if isinstance(n, ast.stmt)}
-        if not fns or not body & set(data.lines(str(path)) or ()):
-            unrun.append(f"{rel}:{name}")
+    unrun = surface_never_ran(root, SURFACE, data)
     assert not unrun, f"driven functions whose lines never ran: {unrun}"
-    for rel, text in (("srt/layers/attention/triton_backend.py", "self.cuda_graph_swa_out_cache_loc[:n].copy_("),
-                      ("srt/layers/attention/triton_backend.py", "self.cuda_graph_swa_out_cache_loc[:n].zero_()"),
-                      ("srt/layers/attention/triton_backend.py", "if not translated and isinstance(token_to_kv_pool"),
-                      ("srt/mem_cache/kv_index_translator.py", "return pad_with_sink(ids, out_cache_loc.shape[0])"),
-                      ("srt/mem_cache/kv_loc_plan.py", "return space.write(self.write_virtual)"),
-                      ("srt/mem_cache/swa_memory_pool.py", "return self.full_to_swa_index_mapping[kv_indices]")):
-        lines = (root / rel).read_text().splitlines()
-        at = [i + 1 for i, line in enumerate(lines) if text in line]
-        assert at and set(at) & set(data.lines(str(root / rel)) or ()), f"{rel}: {text!r} never ran"
+    assert_texts_ran(root, (
+        ("srt/layers/attention/triton_backend.py", "self.cuda_graph_swa_out_cache_loc[:n].copy_("),
+        ("srt/layers/attention/triton_backend.py", "self.cuda_graph_swa_out_cache_loc[:n].zero_()"),
+        ("srt/layers/attention/triton_backend.py", "if not translated and isinstance(token_to_kv_pool"),
+        ("srt/mem_cache/kv_index_translator.py", "return pad_with_sink(ids, out_cache_loc.shape[0])"),
+        ("srt/mem_cache/kv_loc_plan.py", "return space.write(self.write_virtual)"),
+        ("srt/mem_cache/swa_memory_pool.py", "return self.full_to_swa_index_mapping[kv_indices]"),
+    ), data)
 
 
 # -- copies of SGLang, through the CLI ------------------------------------------------------------------
 
 @pytest.mark.slow
+@pytest.mark.parametrize("edits,name", [([], None), (REFACTOR, "fill-rewritten")], ids=["pristine", "fill-rewritten"])
 @pytest.mark.parametrize("prop", PROPS)
-def test_pristine_sglang_ends_in_the_known_entry_of_the_property(tmp_path, prop):
+def test_pristine_sglang_and_a_rewrite_of_the_fill_end_in_the_known_entry_and_add_none(tmp_path, prop, edits, name):
     sglang_or_skip()
-    proc, out, summary = _replay(altered_copy(tmp_path, [], None), tmp_path, prop)
+    proc, out, summary = _replay(altered_copy(tmp_path, edits, name), tmp_path, prop)
     assert proc.returncode == 0 and f"known {prop} on sglang: known finding {KNOWN[prop]}:" in out, out
     [check] = summary["checks"]
     assert check["origin"]["property"] == prop and check["origin"]["buffer"] in BUFFERS[prop], check
@@ -200,16 +190,6 @@ def test_a_copy_whose_fill_copies_the_live_steps_ids_holds(tmp_path, prop):
     sglang_or_skip()
     proc, out, _ = _replay(altered_copy(tmp_path, FIX, "fill-from-static-out-cache-loc"), tmp_path, prop)
     assert proc.returncode == 0 and f"held {prop}" in out, out
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("prop", PROPS)
-def test_a_rewrite_of_the_fill_keeps_the_finding_and_adds_none(tmp_path, prop):
-    sglang_or_skip()
-    proc, out, summary = _replay(altered_copy(tmp_path, REFACTOR, "fill-rewritten"), tmp_path, prop)
-    assert proc.returncode == 0 and f"known {prop} on sglang: known finding {KNOWN[prop]}:" in out, out
-    [check] = summary["checks"]
-    assert check["origin"]["property"] == prop and check["origin"]["buffer"] in BUFFERS[prop], check
 
 
 @pytest.mark.slow

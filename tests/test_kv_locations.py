@@ -18,6 +18,7 @@ from vmfuzz.harness.properties.kit import Observation
 from vmfuzz.harness.properties.kv_locations import SUB_CHECKS, judge_case
 from vmfuzz.strategies.kv_locations import kv_cases
 from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_copy
+from tests.surface_ran import assert_texts_ran, surface_never_ran
 
 PROP = "kv-location-soundness"
 #: a tree draft (topk 2, 3 steps, 6 nodes); a request at the context length, one mid-page, one empty
@@ -127,7 +128,6 @@ def test_sglang_lines_judged_ran(sglang_target):
     """coverage.py, as the gate measures: each driven SGLang function's body ran, and the lines the
     real bugs sit on ran under the property (the Triton kernels run in the interpreter, which executes
     a rewritten copy: their outputs are judged, their lines are not counted here)."""
-    import ast
     import importlib.util
     from pathlib import Path
 
@@ -147,44 +147,28 @@ def test_sglang_lines_judged_ran(sglang_target):
     finally:
         cov.stop()
     data = cov.get_data()
-    unrun = []
-    for rel, name, _ in SURFACE:
-        path = root / rel
-        tree = ast.parse(path.read_text())
-        *owner, leaf = name.split(".")
-        scope = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == owner[0]][0] if owner else tree
-        [fn] = [n for n in ast.walk(scope) if isinstance(n, ast.FunctionDef) and n.name == leaf]
-        if any("jit" in ast.unparse(dec) for dec in fn.decorator_list):
-            continue
-        body = {n.lineno for stmt in fn.body[1 if ast.get_docstring(fn) else 0:] for n in ast.walk(stmt)
-                if isinstance(n, ast.stmt)}
-        ran = set(data.lines(str(path)) or ())
-        if not body & ran:
-            unrun.append(f"{rel}:{name}")
+    unrun = surface_never_ran(root, SURFACE, data)
     assert not unrun, f"driven functions whose lines never ran: {unrun}"
-    for rel, text in (("srt/speculative/spec_utils.py", "size = bs * accept_index.shape[1]"),
-                      ("srt/speculative/eagle_worker_common.py", "accept_index.shape[1],"),
-                      ("srt/speculative/eagle_worker_common.py", "num_new_pages = (last_page + num_steps"),
-                      ("srt/mem_cache/allocation_sizing.py", "extra = max(extra, get_alloc_reserve_per_decode()"),
-                      # the verify window's producer: its wrapper's fused-output checks and its branch for a host
-                      # with no Triton device, and the translating pool's launch of it
-                      ("kernels/ops/speculative/cache_locs.py", "assert full_out is not None and full_out.numel()"),
-                      ("kernels/ops/speculative/cache_locs.py", "positions_out.copy_("),
-                      ("kernels/ops/speculative/cache_locs.py", "anchor_out[:, 0].copy_(anchor_src"),
-                      ("srt/mem_cache/kv_index_translator.py", "mappings[kind] = space.read_v2p"),
-                      # the plan's reads: the stream before a table, the table, the stream packed from it
-                      ("srt/mem_cache/kv_index_translator.py", "return self._plan_table(plan, kind=kind, rows=bs)"),
-                      ("srt/mem_cache/kv_index_translator.py", "build_kv_read_table_packed("),
-                      ("srt/mem_cache/kv_index_translator.py", "src = self.read_source("),
-                      ("srt/mem_cache/kv_loc_plan.py", "return self._read_space(kind, reader).key in self._read_tables"),
-                      ("srt/mem_cache/kv_loc_plan.py", "table = self._source.build_iteration_table("),
-                      # eagle_sample's sampling branch, as a rejection-sampling server verifies a chain draft
-                      ("srt/speculative/eagle_utils.py", "sampling_fn = chain_speculative_sampling_triton"),
-                      ("srt/speculative/eagle_utils.py", "sampling_fn = partial(sampling_fn, block_verification"),
-                      ("srt/speculative/eagle_utils.py", "expanded_temperature = torch.repeat_interleave(")):
-        lines = (root / rel).read_text().splitlines()
-        at = [i + 1 for i, line in enumerate(lines) if text in line]
-        assert at and set(at) & set(data.lines(str(root / rel)) or ()), f"{rel}: {text!r} never ran"
+    assert_texts_ran(root, (("srt/speculative/spec_utils.py", "size = bs * accept_index.shape[1]"),
+                            ("srt/speculative/eagle_worker_common.py", "accept_index.shape[1],"),
+                            ("srt/speculative/eagle_worker_common.py", "num_new_pages = (last_page + num_steps"),
+                            ("srt/mem_cache/allocation_sizing.py", "extra = max(extra, get_alloc_reserve_per_decode()"),
+                            # the verify window's producer: its wrapper's fused-output checks and its branch for a host
+                            # with no Triton device, and the translating pool's launch of it
+                            ("kernels/ops/speculative/cache_locs.py", "assert full_out is not None and full_out.numel()"),
+                            ("kernels/ops/speculative/cache_locs.py", "positions_out.copy_("),
+                            ("kernels/ops/speculative/cache_locs.py", "anchor_out[:, 0].copy_(anchor_src"),
+                            ("srt/mem_cache/kv_index_translator.py", "mappings[kind] = space.read_v2p"),
+                            # the plan's reads: the stream before a table, the table, the stream packed from it
+                            ("srt/mem_cache/kv_index_translator.py", "return self._plan_table(plan, kind=kind, rows=bs)"),
+                            ("srt/mem_cache/kv_index_translator.py", "build_kv_read_table_packed("),
+                            ("srt/mem_cache/kv_index_translator.py", "src = self.read_source("),
+                            ("srt/mem_cache/kv_loc_plan.py", "return self._read_space(kind, reader).key in self._read_tables"),
+                            ("srt/mem_cache/kv_loc_plan.py", "table = self._source.build_iteration_table("),
+                            # eagle_sample's sampling branch, as a rejection-sampling server verifies a chain draft
+                            ("srt/speculative/eagle_utils.py", "sampling_fn = chain_speculative_sampling_triton"),
+                            ("srt/speculative/eagle_utils.py", "sampling_fn = partial(sampling_fn, block_verification"),
+                            ("srt/speculative/eagle_utils.py", "expanded_temperature = torch.repeat_interleave(")), data)
 
 
 # -- real bugs, planted in a copy ------------------------------------------------------------
