@@ -152,6 +152,7 @@ def test_a_cpu_engine_branch_is_not_driven_here_never_needs_a_gpu():
     ("self.fa_impl_ver == 4", "FA4 branch"),
     ("torch.cuda.is_available()", "CUDA branch"),
     ("not (not _is_cuda)", "CUDA branch"),  # the else of ``if not _is_cuda:``
+    ("self._forks_draft_metadata_prep()", "CUDA side-stream fork"),  # true only on torch.cuda
     ("_is_cuda or bs > 8", None),  # a CPU takes it when bs > 8
     ("not _is_cuda", None),  # the CPU's own branch
     ("bs > 8", None),

@@ -32,6 +32,10 @@ DEVICE_ATOMS: tuple[tuple[re.Pattern, str], ...] = tuple((re.compile(p), why) fo
     (r"^(?:\w+\.)*fa_impl_ver == 4$", "FA4 branch: needs a Blackwell GPU"),
     (r"^(?:[\w()]+\.)*_?is_(?:sm\d+|blackwell|hopper)\w*(?:\(\))?$", "device-capability branch: needs that GPU generation"),
     (r"^(?:\w+\.)*get_device_capability\(.*\).*$", "device-capability branch: needs a CUDA GPU"),
+    # true only where the runner's device module is torch.cuda (its own test says so); what it sets up is a
+    # side stream and an event recorded inside a capture, which one in-order CPU stream cannot be faithful to
+    (r"^(?:\w+\.)*_forks_draft_metadata_prep\(\)$",
+     "CUDA side-stream fork of the draft's in-graph metadata prep: needs a CUDA GPU"),
 ))
 
 #: Files no CPU runs at all: kernel sources, wherever in the checkout they sit (first match wins).

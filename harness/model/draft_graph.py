@@ -16,7 +16,9 @@ the rest padding at the fill length ``f``), each drafting ``k`` branches:
 
 A model with window layers (sliding window ``W``) reads, in those layers, only
 the last ``W`` of what a branch attends (``window_reads``): per step row up to
-``B·k·W`` ids, and ``B·k + 1`` offsets.
+``B·k·W`` ids, and ``B·k + 1`` offsets. On a server whose pool keeps those
+layers' KV apart (``window_pool``), each such id, and each window-layer write,
+is the window slot of the full slot it stands for (``window_slot``).
 
 The worst a captured graph must hold is the largest bucket with every request
 at the context limit (``s_b = C``). Nothing here reads SGLang.
@@ -25,6 +27,7 @@ at the context limit (``s_b = C``). Nothing here reads SGLang.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import gcd
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,9 @@ class DraftShape:
     #: the draft model's sliding window (its window layers read the last ``window`` of what a branch attends;
     #: 0: a model with no window layers)
     window: int = 0
+    #: the server's KV pool keeps the window layers' KV apart (a hybrid pool, SGLang's ``SWAKVPool``): their
+    #: reads and writes then name window slots (``window_slot`` of the full slot), not full ones
+    window_pool: bool = False
 
     @property
     def pages_per_branch(self) -> int:
@@ -94,3 +100,14 @@ def chain_column(shape: DraftShape, s: int, t: int, i: int) -> int:
 def branch_read_columns(shape: DraftShape, s: int, t: int, step: int) -> list[int]:
     """The row columns branch ``t`` attends at draft step ``step``: the prefix, then its chain so far."""
     return list(range(s)) + [chain_column(shape, s, t, j) for j in range(step + 1)]
+
+
+def window_slot(full, slots: int):
+    """The window slot of full slot ``full`` (an int or a tensor of them) in a hybrid pool of ``slots`` full
+    slots: the sink (0) stays the sink; every other slot moves by a stride coprime with ``slots - 1``, so the map
+    is one to one and, as a window sub-pool no larger than the full one keeps its ids, inside the pool (a row
+    translated twice still indexes the map: what it then names is wrong, not out of bounds)."""
+    span = max(1, slots - 1)
+    stride = next(a for a in range(5, span + 6) if gcd(a, span) == 1)
+    moved = ((full - 1) * stride + 3) % span + 1 if span > 1 else full
+    return moved * (full > 0) if not isinstance(full, int) else (moved if full > 0 else 0)

@@ -77,7 +77,9 @@ def draft_shape(config: Config, page_size: int = 1) -> DraftShape | None:
     k, n, d = config.topk, config.spec_steps, config.d
     if n < 2 or k < 1 or (k == 1 and d != n + 1) or d - 1 > num_candidates(k, n):
         return None
-    return DraftShape(k, n, d, config.max_context_len, page_size, draft_window(config))
+    window = draft_window(config)
+    # an unpaged windowed server keeps its window layers' KV apart (SGLang's SWAKVPool is driven unpaged here)
+    return DraftShape(k, n, d, config.max_context_len, page_size, window, window_pool=bool(window) and page_size == 1)
 
 
 def session(prop: str, target, config: Config, obs: Observation, page_size: int = 1, largest_only: bool = False):
@@ -102,9 +104,13 @@ def _overruns(prop: str, s, where: str) -> None:
              buffer=v.buffer, side="below" if v.side == "front" else "above", stage=o.phase)
 
 
-def _windows(prop: str, drafted, raw: int, k: int, window: int, where: str, which: str) -> None:
+def _windows(prop: str, drafted, raw: int, k: int, s, where: str, which: str) -> None:
     """Each real branch's window-layer reads are the last ``window`` of what it attends (the meaning's
-    ``window_reads``), in the replay and in the eager draft alike (one kernel fills both)."""
+    ``window_reads``), in the replay and in the eager draft alike (one kernel fills both). On a hybrid pool
+    (``window_pool``) each is the window slot of that full slot, and each branch's window layers write at
+    the window slot of its full write (both paths derive them from the step's columns of the plan)."""
+    shape = s.shape
+    window = shape.window
     for step in drafted.steps:
         if not window:
             continue
@@ -114,10 +120,25 @@ def _windows(prop: str, drafted, raw: int, k: int, window: int, where: str, whic
                  buffer="window_kv_indices", cell="real row", stage="replay")
         for z in range(raw * k):
             want = window_reads(step.attended[z], window)
+            if shape.window_pool:
+                want = tuple(s.window_slot(slot) for slot in want)
             if step.window_attended[z] != want:
                 fail(prop, f"{where}: step {step.step}, branch {z} ({which}): its window layers read "
-                           f"{step.window_attended[z]}, the last {window} of what it attends are {want}",
+                           f"{step.window_attended[z]}, the last {window} of what it attends are {want}"
+                           + (" (their window slots)" if shape.window_pool else ""),
                      effect="wrong", writer=REPLAY, buffer="window_kv_indices", cell="real row", stage="replay")
+        if shape.window_pool:
+            _window_writes(prop, s, step, raw * k, where, which)
+
+
+def _window_writes(prop: str, s, step, branches: int, where: str, which: str) -> None:
+    for z in range(branches):
+        want = s.window_slot(step.kv_writes[z][0])
+        got = step.window_writes[z] if z < len(step.window_writes) else None
+        if got != want:
+            fail(prop, f"{where}: step {step.step}, branch {z} ({which}): its window layers write slot {got}, "
+                       f"the window slot of its write (full slot {step.kv_writes[z][0]}) is {want}",
+                 effect="wrong", writer=REPLAY, buffer="swa_out_cache_loc", cell="real row", stage="replay")
 
 
 def _positions(prop: str, drafted, lens: list[int], k: int, where: str, which: str) -> None:
@@ -133,10 +154,10 @@ def _positions(prop: str, drafted, lens: list[int], k: int, where: str, which: s
                      writer=REPLAY, buffer="positions", cell="real row", stage="replay")
 
 
-def _compare(prop: str, got, want, lens: list[int], k: int, where: str, window: int = 0) -> None:
+def _compare(prop: str, got, want, lens: list[int], k: int, where: str, s) -> None:
     raw = len(lens)
-    _windows(prop, want, raw, k, window, where, "eager")
-    _windows(prop, got, raw, k, window, where, "replay")
+    _windows(prop, want, raw, k, s, where, "eager")
+    _windows(prop, got, raw, k, s, where, "replay")
     _positions(prop, want, lens, k, where, "eager")
     _positions(prop, got, lens, k, where, "replay")
     for name in ("parent_list", "top_scores_index", "draft_tokens"):
@@ -249,12 +270,13 @@ def judge_draft(prop: str, target, config: Config, batches: list[Batch], obs: Ob
         if prop == "padding-inert":
             _padded(prop, s, got, lens, where)
         if prop != "capture-replay-agreement":
-            _compare(prop, got, s.eager(lens), lens, k, where, s.shape.window)
+            _compare(prop, got, s.eager(lens), lens, k, where, s)
         obs.classes.add("draft: padded replay" if got.graph_bs > len(lens) else "draft: exact replay")
         obs.classes.add(f"draft: page size {s.shape.page_size}")
         if s.shape.window:
             clipped = any(v + config.spec_steps > s.shape.window for v in lens)
             obs.classes.add(f"draft: window layers, {'a clipped' if clipped else 'no clipped'} window")
+            obs.classes.add(f"draft: window layers' KV {'apart (a hybrid pool)' if s.shape.window_pool else 'in one pool'}")
         obs.classes.add(f"{SUB_CHECK}draft runner: {DONE}")
 
 

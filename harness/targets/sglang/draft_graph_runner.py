@@ -25,8 +25,15 @@ single-GPU EAGLE server of the case's shape: ``k`` = topk, ``n`` = steps,
 A shape with a ``window`` is a model with window layers (``sliding_window_size``):
 the backend then builds its per-step window rail (``_fill_window_rail``, the
 ``generate_draft_decode_window_kv_indices`` kernel), whose graph buffers are
-adopted as redzoned static buffers too; its KV stays one static pool (reads pass
-through), so ``_step_writes``' sliding-window sub-pool branch is not driven.
+adopted as redzoned static buffers too. Its KV is one static pool (reads pass
+through) unless the shape's ``window_pool``: then it is ``swa_server``'s hybrid
+pool (SGLang's ``SWAKVPool``, the harness's map) under SGLang's own
+``KVIndexTranslator`` over the redzoned ``req_to_token``, so the rail's rows are
+translated to window slots, each live batch carries its KV-location plan
+(``own_plan``, as a lone forward's), and before a replay each step's window
+write slots are refilled from its columns of the plan (``_step_writes``,
+``_fill_cuda_graph_swa_out_cache_loc``), the per-step buffers adopted as
+redzoned static buffers.
 
 Pool row 0 is the reserved row padding reads; real requests sit in rows
 ``max_bs .. 1`` (last first). Not driven: rejection sampling, DP/MLP-sync
@@ -43,8 +50,9 @@ import torch
 from vmfuzz.harness.guard.graph import GraphSpace
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.model.allocation import ServerNumbers
-from vmfuzz.harness.model.draft_graph import DraftShape
+from vmfuzz.harness.model.draft_graph import DraftShape, window_slot
 from vmfuzz.harness.model.errors import OutOfStep
+from vmfuzz.harness.targets.sglang import swa_server
 from vmfuzz.harness.targets.sglang.binding import bound
 from vmfuzz.harness.targets.sglang.draft_model import HIDDEN, VOCAB, RecordingDraftModel, Step
 from vmfuzz.harness.targets.sglang.graph_lookups import adopt_static, answers, draft_lookups, module_set
@@ -164,13 +172,18 @@ def _model_runner(shape: DraftShape, capture_bs: list[int], heap: ShadowHeap, sp
     from vmfuzz.harness.targets.sglang import backend_init
     m = modules()
     numbers = ServerNumbers(max(capture_bs), shape.context_len, shape.draft_tokens, shape.topk, shape.steps)
-    runner = backend_init.model_runner(numbers, "cpu", page_size=shape.page_size,
-                                       sliding_window_size=shape.window or None)
     # row 0 for padding, then room for a batch past max_bs (which can_run_graph must refuse)
     table = _pool(shape, heap, 2 * max(capture_bs) + 2)
-    translator = object.__new__(m.translator.KVIndexTranslator)
-    translator.req_to_token, translator._spaces = table, {}  # a static pool: reads pass through
-    translator.bind_runner_slots = lambda fb: None
+    slots = table.numel() + 1  # every slot a cell names (``1 + row*R + column``), and the sink
+    kv_pool = swa_server.hybrid_pool(slots, lambda full: window_slot(full, slots)) if shape.window_pool else None
+    runner = backend_init.model_runner(numbers, "cpu", page_size=shape.page_size,
+                                       sliding_window_size=shape.window or None, kv_pool=kv_pool)
+    if kv_pool is not None:
+        translator = swa_server.translator_over(kv_pool, table)
+    else:
+        translator = object.__new__(m.translator.KVIndexTranslator)
+        translator.req_to_token, translator._spaces = table, {}  # a static pool: reads pass through
+        translator.bind_runner_slots = lambda fb: None
     runner.req_to_token_pool = SimpleNamespace(size=table.shape[0], req_to_token=table)
     runner.kv_index_translator = translator
     runner.server_args.speculative_draft_window_size = None
@@ -194,6 +207,10 @@ def _adopt_graph_state(backend, space: GraphSpace) -> None:
         backend.cuda_graph_window_kv_indices = space.static("window_kv_indices", backend.cuda_graph_window_kv_indices,
                                                             redzone_cells=512)
         backend.window_kv_indptr = space.static("window_kv_indptr", backend.window_kv_indptr, redzone_cells=64)
+    for i, step in enumerate(backend.attn_backends):  # a hybrid pool's per-step window write slots
+        loc = getattr(step, "cuda_graph_swa_out_cache_loc", None)
+        if isinstance(loc, torch.Tensor) and loc.numel():
+            step.cuda_graph_swa_out_cache_loc = space.static(f"swa_out_cache_loc[{i}]", loc, redzone_cells=64)
 
 
 def build(shape: DraftShape, capture_bs: list[int], heap: ShadowHeap | None = None) -> DraftServer:
@@ -287,12 +304,15 @@ def live_batch(server: DraftServer, seq_lens: list[int], topk_p, topk_index, hid
         temperatures=torch.ones(bs, 1), top_ps=torch.ones(bs), top_ks=torch.ones(bs, dtype=torch.int32),
         min_ps=torch.zeros(bs), is_all_greedy=False, is_any_greedy=False, need_top_p_sampling=False,
         need_top_k_sampling=False, need_min_p_sampling=False, vocab_size=VOCAB)
-    return m.forward_info.ForwardBatch(
+    fb = m.forward_info.ForwardBatch(
         forward_mode=m.forward_info.ForwardMode.DECODE, batch_size=bs, input_ids=None,
         req_pool_indices=torch.arange(bs, 0, -1, dtype=torch.long), seq_lens=lens, seq_lens_cpu=lens.clone(),
         out_cache_loc=out_cache_loc.clone(), seq_lens_sum=int(lens.sum()), return_logprob=False,
         positions=lens.repeat_interleave(k), spec_algorithm=server.runner.model_runner.spec_algorithm,
         spec_info=spec, sampling_info=sampling, capture_hidden_mode=m.forward_info.CaptureHiddenMode.LAST)
+    if server.shape.window_pool:  # the plan a lone draft forward gets (its window writes are read from it)
+        server.runner.model_runner.kv_index_translator.bind_own_plan(fb)
+    return fb
 
 
 def can_run(server: DraftServer, fb) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from vmfuzz.harness.guard.shadow import ShadowHeap
-from vmfuzz.harness.model.draft_graph import DraftShape, chain_column, footprints
+from vmfuzz.harness.model.draft_graph import DraftShape, chain_column, footprints, window_slot
 from vmfuzz.harness.targets.sglang.draft_graph_runner import (
     Drafted, build, can_run, eager, live_batch, replay)
 from vmfuzz.harness.targets.sglang.draft_model import HIDDEN, VOCAB
@@ -79,6 +79,10 @@ class DraftSession(RunnerView):
 
     def eager(self, seq_lens: list[int]) -> Drafted:
         return eager(self.server, self.live(seq_lens))
+
+    def window_slot(self, full: int) -> int:
+        """The window slot the server's hybrid pool (``shape.window_pool``) maps full slot ``full`` to."""
+        return window_slot(full, self.server.req_to_token.numel() + 1)
 
     def pool_row(self, slot: int) -> int:
         """The ``req_to_token`` row a KV slot belongs to: the pool names each cell ``1 + row*R + column``."""

@@ -9,7 +9,8 @@ never the slice lengths its capture's view had), so a replay that hands a
 branch the wrong range of KV slots gives another number. It reads the KV it
 attends to (a prefix slot holds a number only that slot has; a slot an
 earlier draft step wrote holds what was written), writes the branch's KV at
-its ``out_cache_loc`` slot, and returns hidden states and logits that are a
+its ``out_cache_loc`` slot (a window layer on a hybrid pool: at the window
+slot its metadata's ``swa_out_cache_loc`` holds, recorded), and returns hidden states and logits that are a
 deterministic function of what it read, exact in float64.
 
 A token id outside ``[0, VOCAB)`` is what an embedding gather would read out of
@@ -57,6 +58,9 @@ class Step:
     out_of_vocab: list[tuple[int, int]] = field(default_factory=list)  # (branch, id)
     #: per branch, the KV slots a window layer was handed (a model with window layers; else empty)
     window_attended: list[tuple[int, ...]] = field(default_factory=list)
+    #: per branch, the slot a window layer writes its KV at, where the pool keeps window layers apart
+    #: (the backend's ``swa_out_cache_loc``; else empty)
+    window_writes: list[int] = field(default_factory=list)
 
 
 def _window_reads(meta, n: int) -> list[tuple[int, ...]]:
@@ -112,8 +116,9 @@ class RecordingDraftModel:
         v = torch.tensor(values, dtype=torch.float64).reshape(n, 1)
         hidden = (v % 65521) + torch.arange(HIDDEN, dtype=torch.float64)
         logits = ((v * (torch.arange(VOCAB, dtype=torch.float64) * 2 + 1)) % 97 / 8.0).to(torch.float32)
+        swa_loc = getattr(meta, "swa_out_cache_loc", None)
         self.steps.append(Step(step, ids, pos, attended, writes, hidden.clone(), logits.clone(), oov,
-                               _window_reads(meta, n)))
+                               _window_reads(meta, n), [] if swa_loc is None else swa_loc[:n].tolist()))
         if self.in_graph:  # a graph's outputs: the same memory every run
             out = self._outputs.get(n)
             if out is None:

@@ -124,36 +124,47 @@ def _sub_pool(which: str) -> StandIn:
                    get_value_buffer=lambda layer: torch.empty(1, 8, 64, device="meta"))
 
 
+def hybrid_pool(slots: int, to_window=swa_slot):
+    """SGLang's ``SWAKVPool`` over full-pool slots ``[0, slots)``, made with ``__new__``: one full and one window
+    layer, sub-pools that only answer a value width, the harness's map (``to_window`` of each full slot, the sink
+    to the sink, the -1 sentinel last) registered through the pool's own ``register_mapping``."""
+    m = _modules()
+    full = torch.arange(slots, dtype=torch.int64)
+    mapping = torch.where(full > 0, to_window(full), 0)  # the sink is the sink in both sub-pools
+    pool = m.pool.SWAKVPool.__new__(m.pool.SWAKVPool)
+    vars(pool).update(layers_mapping=dict(LAYERS), full_kv_pool=_sub_pool("full"), swa_kv_pool=_sub_pool("swa"),
+                      full_layer_nums=1, swa_layer_nums=1, layer_num=2, start_layer=0, page_size=1,
+                      size=full.numel(), size_swa=full.numel(), layer_transfer_counter=None, device="cpu")
+    pool.register_mapping(torch.cat([mapping, torch.tensor([-1])]))
+    return pool
+
+
+def translator_over(pool, req_to_token: torch.Tensor):
+    """SGLang's ``KVIndexTranslator`` over ``pool`` and ``req_to_token``, made by its own ``__init__`` on one GPU."""
+    m = _modules()
+    parallel = StandIn("get_parallel()", "srt/runtime_context.py", attn_dcp_size=1, dcp_enabled=False,
+                       dcp_size=1, dcp_rank=0)
+    with bound((m.translator, "get_parallel", lambda: parallel)):
+        # bound by name: a release whose set-up asks for what this does not hand is out of step
+        return call_with(m.translator.KVIndexTranslator, "KVIndexTranslator.__init__", TRANSLATOR_FILE,
+                         req_to_token=req_to_token, token_to_kv_pool_allocator=None, token_to_kv_pool=pool,
+                         page_size=1, device="cpu")
+
+
 class WindowPool:
     """One window-pool server's pool, window and write slots; ``rows``: its deepest request row."""
 
     def __init__(self, config: Config, rows: int, max_tokens: int):
-        m = _modules()
         self.window = window_size(config)
         # every prefix slot a read gathers lies below (stand-in table: one stride per request row)
         self.write_base = (rows + 2) * kv_slot_stride(config.max_context_len)
         self.ring = max(1 << 12, 8 * max_tokens)
         self._next = 0
-        full = torch.arange(self.write_base + self.ring, dtype=torch.int64)
-        mapping = torch.where(full > 0, swa_slot(full), 0)  # the sink is the sink in both sub-pools
-        pool = m.pool.SWAKVPool.__new__(m.pool.SWAKVPool)
-        vars(pool).update(layers_mapping=dict(LAYERS), full_kv_pool=_sub_pool("full"), swa_kv_pool=_sub_pool("swa"),
-                          full_layer_nums=1, swa_layer_nums=1, layer_num=2, start_layer=0, page_size=1,
-                          size=full.numel(), size_swa=full.numel(), layer_transfer_counter=None, device="cpu")
-        pool.register_mapping(torch.cat([mapping, torch.tensor([-1])]))
-        self.pool = pool
+        self.pool = hybrid_pool(self.write_base + self.ring)
         self.translator = self._translator()
 
     def _translator(self):
-        """SGLang's ``KVIndexTranslator`` over the pool, made by its own ``__init__`` on one GPU."""
-        m = _modules()
-        parallel = StandIn("get_parallel()", "srt/runtime_context.py", attn_dcp_size=1, dcp_enabled=False,
-                           dcp_size=1, dcp_rank=0)
-        with bound((m.translator, "get_parallel", lambda: parallel)):
-            # bound by name: a release whose set-up asks for what this does not hand is out of step
-            return call_with(m.translator.KVIndexTranslator, "KVIndexTranslator.__init__", TRANSLATOR_FILE,
-                             req_to_token=torch.zeros(1, 1, dtype=torch.int32), token_to_kv_pool_allocator=None,
-                             token_to_kv_pool=self.pool, page_size=1, device="cpu")
+        return translator_over(self.pool, torch.zeros(1, 1, dtype=torch.int32))
 
     def backend(self, config: Config, pool_rows: int, heap, graphs: bool):
         """The Triton backend of this server (``readers.triton_backend`` with the pool and the window),
