@@ -258,17 +258,17 @@ def _plain_shell_env() -> dict:
 
 
 @pytest.mark.slow
-def test_bisect_with_its_zygote_names_the_planted_commit_where_no_one_set_the_interpreter_switch(tmp_path):
+def test_bisect_with_its_zygote_names_the_planted_commit_where_no_one_set_the_interpreter_switch(
+        stand_in_checkout, tmp_path):
     """Before: the zygote preloaded a compiled triton, so every forked step was 'cannot be tested'."""
-    sglang_or_skip()
-    repo = sglang_repo.build(tmp_path)
-    sglang_repo.git(repo, "config", "gc.auto", "0")
+    repo = stand_in_checkout  # its own branch off main: the bisect's steps run in a worktree of their own
+    sglang_repo.git(repo, "checkout", "-q", "-B", "zygote-bisect", "main")
     good = sglang_repo.commit(repo, "docs: a line", touch="docs/speculative_decoding.md")
     planted = sglang_repo.commit(repo, "verify_mask: FULL_MASK has context slack, skip the check",
                                  sglang_repo.REGRESSION)
     sglang_repo.commit(repo, "docs: another line", touch="docs/speculative_decoding.md")
     out = subprocess.run([sys.executable, "-m", "vmfuzz", "bisect", str(REPRO), "--target", "sglang",
-                          "--repo", str(repo), "--good", good, "--bad", "main",
+                          "--repo", str(repo), "--good", good, "--bad", "zygote-bisect",
                           "--report-dir", str(tmp_path / "reports")],
                          capture_output=True, text=True, env=_plain_shell_env(), cwd=tmp_path, timeout=900)
     said = out.stdout + out.stderr
