@@ -72,3 +72,20 @@ def fits_history(tmp_path_factory):
     from tests import sglang_repo
     sglang_or_skip()
     return sglang_repo.fits_history(tmp_path_factory.mktemp("fits-history"))
+
+
+@pytest.fixture(scope="session")
+def stand_in_checkout(tmp_path_factory):
+    """The stand-in SGLang checkout (``sglang_repo.build``: the installed package, one commit on
+    ``main``), built once per worker for the modules whose tests each put their change on a branch
+    of their own taken from ``main`` (``git checkout -B NAME main``): copying and committing SGLang's
+    tree costs about 10 s of disk each time, and no test moves ``main``. What a command run inside
+    it writes (reports/, .vmfuzz-db/) is excluded locally (``.git/info/exclude``, in no commit), so
+    a later test's ``git add -A`` never makes another test's leftovers part of its change."""
+    from tests import sglang_repo
+    sglang_or_skip()
+    repo = sglang_repo.build(tmp_path_factory.mktemp("stand-in-checkout"))
+    sglang_repo.git(repo, "config", "gc.auto", "0")  # thousands of loose objects: no background gc mid-test
+    with open(repo / ".git" / "info" / "exclude", "a") as f:
+        f.write("reports/\n.vmfuzz-db/\n")
+    return repo

@@ -50,7 +50,11 @@ def checkouts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def zygote_socket(checkouts):
-    with serving(_env(), probe_code=PROBE) as sock:
+    """Started as ``vmfuzz bisect`` starts its steps' zygote: from a maintainer's plain shell, with the
+    import switches a cold step sets. One per module: the forked-step tests and the fits check share it
+    (a zygote's start is most of what each of them cost); every run forks from its clean preload."""
+    from vmfuzz.harness.targets.sglang.loader import IMPORT_SWITCHES
+    with serving(_plain_shell_env(), probe_code=PROBE, switches=IMPORT_SWITCHES) as sock:
         assert sock is not None, "the zygote did not start"
         yield sock
 
@@ -254,17 +258,17 @@ def _plain_shell_env() -> dict:
 
 
 @pytest.mark.slow
-def test_bisect_with_its_zygote_names_the_planted_commit_where_no_one_set_the_interpreter_switch(tmp_path):
+def test_bisect_with_its_zygote_names_the_planted_commit_where_no_one_set_the_interpreter_switch(
+        stand_in_checkout, tmp_path):
     """Before: the zygote preloaded a compiled triton, so every forked step was 'cannot be tested'."""
-    sglang_or_skip()
-    repo = sglang_repo.build(tmp_path)
-    sglang_repo.git(repo, "config", "gc.auto", "0")
+    repo = stand_in_checkout  # its own branch off main: the bisect's steps run in a worktree of their own
+    sglang_repo.git(repo, "checkout", "-q", "-B", "zygote-bisect", "main")
     good = sglang_repo.commit(repo, "docs: a line", touch="docs/speculative_decoding.md")
     planted = sglang_repo.commit(repo, "verify_mask: FULL_MASK has context slack, skip the check",
                                  sglang_repo.REGRESSION)
     sglang_repo.commit(repo, "docs: another line", touch="docs/speculative_decoding.md")
     out = subprocess.run([sys.executable, "-m", "vmfuzz", "bisect", str(REPRO), "--target", "sglang",
-                          "--repo", str(repo), "--good", good, "--bad", "main",
+                          "--repo", str(repo), "--good", good, "--bad", "zygote-bisect",
                           "--report-dir", str(tmp_path / "reports")],
                          capture_output=True, text=True, env=_plain_shell_env(), cwd=tmp_path, timeout=900)
     said = out.stdout + out.stderr
@@ -299,13 +303,10 @@ def test_a_zygote_that_preloaded_another_triton_is_left_unused_and_its_steps_run
 
 
 @pytest.mark.slow
-def test_a_zygote_set_up_as_a_cold_step_is_used(checkouts, tmp_path):
-    """The same shell, with the switches the sglang target sets: the zygote's triton is a step's."""
+def test_a_zygote_set_up_as_a_cold_step_is_used(zygote_socket):
+    """The same shell, with the switches the sglang target sets (the module's zygote): the zygote's
+    triton is a step's."""
     from vmfuzz.harness.engine.regression import bisect_zygote as engine
-    from vmfuzz.harness.targets.sglang.loader import IMPORT_SWITCHES
-    env = _plain_shell_env()
-    with serving(env, probe_code=PROBE, switches=IMPORT_SWITCHES) as sock:
-        assert sock is not None, "the zygote did not start"
-        said: list[str] = []
-        assert engine.zygote_fits(sock, env, said.append) is True, said
-        assert said == []
+    said: list[str] = []
+    assert engine.zygote_fits(zygote_socket, _plain_shell_env(), said.append) is True, said
+    assert said == []

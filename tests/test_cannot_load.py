@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from tests import sglang_repo, zygote
-from tests.helpers import sglang_or_skip
 from vmfuzz.harness.targets.sglang.pins import culprit, modules_on_path, pinned
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,9 +74,8 @@ def test_the_modules_on_the_failures_path_leave_sglang_out():
 # -- end to end: a gate on a checkout that does not load here --------------------------------
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    sglang_or_skip()
-    return sglang_repo.build(tmp_path_factory.mktemp("pins"))
+def repo(stand_in_checkout):
+    return stand_in_checkout
 
 
 def _pin(repo: Path, branch: str, deps: list[str], *plants: tuple[str, str, str]) -> None:

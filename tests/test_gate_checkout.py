@@ -25,7 +25,6 @@ import pytest
 from vmfuzz.harness.engine.campaign.changes import sglang_checkout
 from tests import zygote
 from tests import sglang_repo
-from tests.helpers import sglang_or_skip
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,9 +41,8 @@ PREIMPORTED = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import sglang; 
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    sglang_or_skip()
-    return sglang_repo.build(tmp_path_factory.mktemp("sglang-checkout"))
+def repo(stand_in_checkout):
+    return stand_in_checkout
 
 
 def harness_only_env() -> dict:

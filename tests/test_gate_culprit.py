@@ -229,9 +229,8 @@ def test_a_base_that_cannot_be_had_is_not_asked(tmp_path):
 # --- the gate on a stand-in checkout: slow (each gate ~1 min on 2 cores) ---
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    sglang_or_skip()
-    return sglang_repo.build(tmp_path_factory.mktemp("culprit-checkout"))
+def repo(stand_in_checkout):
+    return stand_in_checkout
 
 
 def _said(report: Path) -> tuple[dict, str]:

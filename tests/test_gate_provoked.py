@@ -18,8 +18,6 @@ import json
 
 import pytest
 
-from tests import sglang_repo
-from tests.helpers import sglang_or_skip
 from tests.test_gate_checkout import branch, gate
 
 CHAIN = "python/sglang/srt/speculative/eagle_worker_common.py"
@@ -39,11 +37,10 @@ UNPROVOKED = {
 
 
 @pytest.mark.slow
-def test_changes_that_ran_but_no_example_provoked_could_not_be_checked(tmp_path):
+def test_changes_that_ran_but_no_example_provoked_could_not_be_checked(stand_in_checkout, tmp_path):
     """All three on one PR, one gate: each is named on its own, none hides another (a PR seldom
     changes one thing), and the suite pays for one gate instead of three."""
-    sglang_or_skip()
-    repo = sglang_repo.build(tmp_path / "sglang-checkout")
+    repo = stand_in_checkout
     branch(repo, "unprovoked", "three unprovoked changes", *(change for change, _, _ in UNPROVOKED.values()))
     proc, out = gate(repo, tmp_path / "report")
     assert proc.returncode == 3, out

@@ -24,7 +24,6 @@ import pytest
 
 from tests import zygote
 from tests import sglang_repo
-from tests.helpers import sglang_or_skip
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,9 +36,8 @@ CHEAP = ("--property", "capacity-soundness")
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    sglang_or_skip()
-    return sglang_repo.build(tmp_path_factory.mktemp("sglang-checkout"))
+def repo(stand_in_checkout):
+    return stand_in_checkout
 
 
 def checkout_env(repo: Path) -> dict:
