@@ -181,3 +181,17 @@ def test_junit_shows_a_reproducing_known_finding_skipped_with_its_reason_never_a
     assert known is not None and known.get("message") == f"{REPRODUCES}: upstream's"
     assert list(cases[("vmfuzz.known", "old")]) == [] and list(cases[("vmfuzz.sglang", "no-oob-write")]) == []
     assert root.get("failures") == "0"
+
+
+def test_a_known_entry_whose_property_the_code_under_test_cannot_drive_is_unchecked_and_the_run_goes_on():
+    """The base's known entries apply to a head whatever its version: gating 0.5.23 back to 0.5.22 in
+    0.5.22's environment, the graph entries met a release whose runners vmfuzz does not drive. Their
+    replay raised out of the gate (exit 2, no report); it is "could not run" for that entry alone."""
+    from vmfuzz.harness.engine.regression.known import default_known_root, replay_known
+    from vmfuzz.harness.model.known_file import UNCHECKED, load
+    graph = default_known_root() / "draft-kv-indices-past-context.json"
+    target = resolve("reference")  # no cuda-graph runners to drive
+    [o] = replay_known([(graph, load(graph))], target, findings_dir=None, device="cpu", isolate=False, timeout=30)
+    assert o.status == UNCHECKED and "cannot drive graph-buffer-soundness" in o.detail
+    assert o.repro is None and o.finding is None
+    assert getattr(target, "known_findings", ()) == ()  # what the replay attached is taken back

@@ -89,12 +89,20 @@ def replay_known(found: list[tuple[Path, Known]], target, *, findings_dir: Path 
     earlier in the same case does not stand in for this one.
     """
     from vmfuzz.harness.engine.regression.regressions import outcome_of
+    from vmfuzz.harness.engine.regression.replay import NotDriven
     saved = getattr(target, "known_findings", None)
     out = []
     try:
         for path, k in found:
             attach(target, [(p, other) for p, other in found if other is not k])
-            got = outcome_of(k.repro, target, device, isolate, timeout)
+            try:
+                got = outcome_of(k.repro, target, device, isolate, timeout)
+            except NotDriven as exc:
+                # An entry the base reproduces applies to a head whatever its version (known_on_base), and
+                # that head may lack the entry's seam (an older release): nothing can be said of it there,
+                # and the run goes on to write its reports (the property's own result says not driven).
+                out.append(KnownOutcome(k, path, UNCHECKED, str(exc)))
+                continue
             status = {"held": GONE, "out of step": UNCHECKED}.get(got.status) or (
                 REPRODUCES if k.matches(got.origin) else DIFFERENT)
             o = KnownOutcome(k, path, status, got.detail, origin=got.origin)
