@@ -105,4 +105,46 @@ def test_an_entry_whose_repro_the_base_fails_another_way_is_left_to_its_range(tm
     assert said.excused([masked, held], in_range=[masked, held]) == [masked]  # held on the base: new
     assert said.excused([masked, held], in_range=[]) == []  # out of its range: new
     note = said.note([masked, held])
-    assert "do not: held-entry" in note and "another way, so their version ranges decide: masked-entry" in note
+    assert "do not: held-entry" in note and "another way, or vmfuzz cannot replay it there), so their version ranges decide: masked-entry" in note
+
+
+def test_an_entry_the_base_release_cannot_drive_is_left_to_its_range_and_the_others_are_still_asked(
+        tmp_path, monkeypatch, capsys):
+    """Gating 0.5.22 -> 0.5.23: the base (0.5.22) has no cuda-graph runners vmfuzz drives. The base's child
+    raised at the first graph entry and the base said nothing of any entry; now that entry alone is
+    'cannot say' (its range decides) and the entries after it are replayed on the base as before."""
+    from vmfuzz.harness.engine.regression import base_code, known_on_base
+    from vmfuzz.harness.engine.regression.known import default_known_root
+    from vmfuzz.harness.targets import resolve
+    monkeypatch.setattr(base_code, "load_base", lambda python_dir: resolve("reference"))  # no graph seam
+    graph, policy = (default_known_root() / f"{n}.json" for n in ("draft-kv-indices-past-context",
+                                                                    "dflash-policy-behind-router"))
+    assert known_on_base._child(tmp_path, [graph, policy]) == 0
+    lines = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
+    assert [d["status"] for d in lines] == ["not driven", "held"]
+    said = {d["path"]: known_on_base._said(d) for d in lines}
+    assert said == {str(graph): None, str(policy): False}
+
+
+@pytest.mark.parametrize("line, said", [
+    ({"status": "failed", "matches": True}, True), ({"status": "failed", "matches": False}, None),
+    ({"status": "not driven", "matches": None}, None), ({"status": "out of step", "matches": False}, None),
+    ({"status": "held", "matches": False}, False)])
+def test_what_each_of_the_bases_answers_leaves_to_the_range(line, said):
+    from vmfuzz.harness.engine.regression.known_on_base import _said
+    assert _said(line) is said
+
+
+def test_the_base_is_asked_only_of_the_entries_of_the_properties_the_gate_searches(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from vmfuzz.harness.commands import gate
+    from vmfuzz.harness.engine.regression import known_on_base
+    asked = []
+    monkeypatch.setattr(known_on_base, "start", lambda root, base, paths: asked.extend(paths) or "pending")
+    request = SimpleNamespace(known=(), properties=("routing",))
+    pending, found = gate._known_on_base(request, SimpleNamespace(base="f" * 40, root=tmp_path))
+    assert pending == "pending" and found and {k.repro.property for _, k in found} == {"routing"}
+    assert sorted(p.name for p in asked) == ["dflash-policy-behind-dots-wrapper.json", "dflash-policy-behind-router.json"]
+    request = SimpleNamespace(known=(), properties=("no-oob-write",))
+    assert gate._known_on_base(request, SimpleNamespace(base="f" * 40, root=tmp_path)) == (None, [])

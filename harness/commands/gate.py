@@ -64,17 +64,27 @@ def run(request: RunRequest) -> int:
         if on_base is not None:
             on_base.cancel()
         raise
-    if on_base is not None:
-        said = on_base.result()
-        if not said.failed:  # else the ranges the plan chose stand: the base is not the PR's to change
-            plan_.known = tuple(said.excused(known_found, in_range=plan_.known))
-        plan_.warnings = (*plan_.warnings, said.note(known_found))
     if sglang:
         _say_code_under_test(sglang_root)
     watch = None
     if changed is not None:
         from vmfuzz.harness.engine.campaign.watch import GateWatch
         watch = GateWatch(request.target, changed, hits, checkout, sglang_root, traced=sglang)
+    if on_base is not None:
+        try:
+            # the watch's set-up (both sides of every triggered file parsed for the provoked rule) runs while
+            # the base's process imports and replays: the search waits for the slower of the two, not both
+            if watch is not None:
+                watch.start()
+            said = on_base.result()
+        except BaseException:
+            on_base.cancel()
+            if watch is not None:
+                watch.stop()
+            raise
+        if not said.failed:  # else the ranges the plan chose stand: the base is not the PR's to change
+            plan_.known = tuple(said.excused(known_found, in_range=plan_.known))
+        plan_.warnings = (*plan_.warnings, said.note(known_found))
     return execute_and_report(plan_, target, watch, verbose=request.verbose,
                               culprit=_culprit(request, checkout, sglang_root, plan_) if sglang else None)
 
@@ -103,7 +113,9 @@ def _known_on_base(request: RunRequest, checkout):
         return None, []
     from vmfuzz.harness.engine.regression.known import default_known_root, entries
     from vmfuzz.harness.engine.regression.known_on_base import start
-    found = entries(default_known_root(), *request.known)
+    # only the entries of properties this gate searches: the others could excuse nothing here
+    found = [(p, k) for p, k in entries(default_known_root(), *request.known)
+             if k.repro.property in request.properties]
     if not found:
         return None, []
     return start(checkout.root, checkout.base, [p for p, _ in found]), found

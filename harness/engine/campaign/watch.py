@@ -30,7 +30,8 @@ class GateWatch:
     tracing: Tracing | None = None
 
     def start(self) -> None:
-        if self.traced:
+        """Idempotent: a gate with a base starts it early, beside the base's replay."""
+        if self.traced and self.tracing is None:
             self.tracing = _start_tracing(self.hits, self.checkout, measured_only(self.changed, self.hits))
 
     def coverage(self, target, outcome) -> dict:
