@@ -23,9 +23,11 @@ from vmfuzz.harness.model.layouts import TreeMaskMode
 
 RUNNER = ["srt/model_executor/runner/decode_cuda_graph_runner.py"]
 AGREEMENT = "capture-replay-agreement"
-#: a server capturing bs 1, 2, 4 whose context (35) draws a DSpark server among glued cases
+#: a server capturing bs 1, 2, 4 whose context (35) draws a DSpark server among glued cases; at context 28
+#: one that also replays its captured glue graphs with no view (SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW)
 CONFIG = {"mode": "FULL_MASK", "max_bs": 4, "max_context_len": 35, "num_draft_tokens": 4, "topk": 2,
           "spec_steps": 2, "is_read": True}
+SKIP_VIEW_CONTEXT = 28
 #: bs 1 after its lead-ins (glue warm-ups, capture), then staged from its own tensors (taken), and at the
 #: sixth step from the fifth's (rejected); bs 4 likewise; a padded batch (bs 3: its stage is discarded)
 SEQ_LENS = [(9,), (10,), (11,), (12,), (1, 2, 3), (6, 7, 8, 9)]
@@ -60,16 +62,18 @@ REFACTOR = [(RUNNER, r"if not isinstance\(variants, Dsv41CandidateGraphVariants\
              "            return variants.select_for_max_seq_len(max_seq_len)\n        return None")]
 
 
-def _config() -> Config:
-    from vmfuzz.harness.properties.graph_glue import dspark
-    config = Config(TreeMaskMode.FULL_MASK, 4, 35, 4, 2, 2, True, "eagle")
-    assert dspark(config), "the case no longer draws a DSpark server: pick another context"
+def _config(context: int = 35, skip_view: bool = False) -> Config:
+    from vmfuzz.harness.properties.graph_glue import session_options
+    config = Config(TreeMaskMode.FULL_MASK, 4, context, 4, 2, 2, True, "eagle")
+    want = "skip view" if skip_view else True
+    assert session_options(config).get("dspark") == want, "the case no longer draws its server: pick another context"
     return config
 
 
-def _run(site, tmp_path, prop: str):
+def _run(site, tmp_path, prop: str, context: int = 35):
     repro = tmp_path / "case.json"
-    repro.write_text(json.dumps({"config": CONFIG, "batches": [{"seq_lens": list(s)} for s in SEQ_LENS]}))
+    config = {**CONFIG, "max_context_len": context}
+    repro.write_text(json.dumps({"config": config, "batches": [{"seq_lens": list(s)} for s in SEQ_LENS]}))
     return run_on_copy(site, tmp_path, "replay", str(repro), "--target", "sglang", "--property", prop,
                        "--isolate", "off", "--report-dir", str(tmp_path / "report"))
 
@@ -87,12 +91,13 @@ def test_each_planted_dspark_bug_is_caught_by_capture_replay_agreement(tmp_path,
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("context", [35, SKIP_VIEW_CONTEXT], ids=["view", "skip-view"])
 @pytest.mark.parametrize("prop", [AGREEMENT, "graph-replay-equivalence", "padding-inert"])
-def test_the_pristine_copy_holds_and_so_does_the_rewrite(tmp_path, monkeypatch, prop):
+def test_the_pristine_copy_holds_and_so_does_the_rewrite(tmp_path, monkeypatch, prop, context):
     sglang_or_skip()
     monkeypatch.setenv("VMFUZZ_GLUE_SHARE", "1")
-    edits = REFACTOR if prop == AGREEMENT else []
-    proc, out = _run(altered_copy(tmp_path, edits, "refactor" if edits else None), tmp_path, prop)
+    edits = REFACTOR if prop == AGREEMENT and context == 35 else []
+    proc, out = _run(altered_copy(tmp_path, edits, "refactor" if edits else None), tmp_path, prop, context)
     assert proc.returncode == 0 and f"held {prop}" in out, out
 
 
@@ -114,9 +119,11 @@ def test_the_dspark_lines_ran_under_the_properties(sglang_target, monkeypatch):
     obs = {}
     cov.start()
     try:
-        with one_build_per_case():
-            for prop in ("graph-replay-equivalence", AGREEMENT):
-                obs[prop] = PROPERTIES[prop].check(sglang_target, _config(), [Batch(s) for s in SEQ_LENS])
+        for config in (_config(), _config(SKIP_VIEW_CONTEXT, skip_view=True)):
+            with one_build_per_case():
+                for prop in ("graph-replay-equivalence", AGREEMENT):
+                    obs[prop, config.max_context_len] = PROPERTIES[prop].check(
+                        sglang_target, config, [Batch(s) for s in SEQ_LENS])
     finally:
         cov.stop()
     data = cov.get_data()
@@ -128,6 +135,7 @@ def test_the_dspark_lines_ran_under_the_properties(sglang_target, monkeypatch):
         (runner, "self.attn_backend.enable_early_verify_metadata()"),
         (runner, 'logger.info("Target verify metadata prep through the glue graph, one per key.")'),
         (runner, "self._metadata_glue.reinstall(glue_key)"),
+        (runner, "            self._metadata_glue.replay(glue_key)"),
         (runner, "self._prefilled_inputs = (forward_batch.input_ids, forward_batch.positions)"),
         (runner, "self._early_verify_metadata.count_variant("),
         (runner, "return early.take(key=key, forward_batch=forward_batch)"),

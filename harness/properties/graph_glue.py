@@ -119,8 +119,9 @@ def session_options(config: Config) -> dict:
     target whose seam predates it still builds the others)."""
     if not glued(config):
         return {}
-    if dspark(config):
-        return {"glue": True, "dspark": True}
+    if dspark(config):  # one DSpark server in two also replays its captured glue graphs with no view
+        skip_view = hashlib.sha256(repr(config).encode()).digest()[1] % 2 == 0
+        return {"glue": True, "dspark": "skip view" if skip_view else True}
     return {"glue": True, "window_pool": True} if window_pool(config) else {"glue": True}
 
 

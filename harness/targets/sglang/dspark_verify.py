@@ -9,8 +9,10 @@ and can stage a step's verify inputs and glue replay on a side stream while the
 draft graph runs (``SGLANG_OPT_DSV41_TARGET_METADATA_EARLY``:
 ``stage_verify_metadata_early``, taken or discarded by the next ``load_batch``).
 ``switched_on`` sets the three through SGLang's own ``envs`` for the runner's
-``__init__``; ``stage`` calls ``stage_verify_metadata_early`` as DSpark's worker
-does, right before the verify step loads its batch.
+``__init__`` (on some servers also ``SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW``: a
+glued load replays its captured graph by key, with no view); ``stage`` calls
+``stage_verify_metadata_early`` as DSpark's worker does, right before the
+verify step loads its batch.
 
 What only the harness answers here, never judged as SGLang's (DeepSeek V4's
 attention backend needs FlashMLA, its compressed indexers and its KV pool, none
@@ -51,6 +53,9 @@ _GLUE_FILE = "srt/model_executor/runner/metadata_glue_graph.py"
 _EARLY_FILE = "srt/model_executor/runner/early_verify_metadata.py"
 SWITCHES = ("SGLANG_OPT_DSV41_TARGET_VERIFY_METADATA_GLUE", "SGLANG_OPT_DSV41_TARGET_METADATA_EARLY",
             "SGLANG_OPT_DSV41_DSPARK_SKIP_PREFILLED_INPUTS")
+#: the switch of a glued replay with no view (``dspark="skip view"``: on for the server too)
+SKIP_VIEW = "SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW"
+SKIP_VIEW_ASKED = "skip view"
 _PROPS = ("graph-replay-equivalence", "padding-inert", "capture-replay-agreement")
 _R = "DecodeCudaGraphRunner."
 
@@ -91,17 +96,18 @@ def hf_config(context_len: int) -> SimpleNamespace:
                            candidate_block_size=1, compress_ratios=[4], index_topk=0)
 
 
-def switch_fields(runner_module) -> list:
-    """SGLang's ``envs`` fields for the three switches (an empty list where this release lacks one)."""
+def switch_fields(runner_module, skip_view: bool = False) -> list:
+    """SGLang's ``envs`` fields for the switches (an empty list where this release lacks one)."""
     envs = getattr(runner_module, "envs", None)
-    fields = [getattr(envs, name, None) for name in SWITCHES] if envs is not None else [None]
+    names = SWITCHES + ((SKIP_VIEW,) if skip_view else ())
+    fields = [getattr(envs, name, None) for name in names] if envs is not None else [None]
     return [] if None in fields else fields
 
 
 @contextlib.contextmanager
-def switched_on(runner_module):
+def switched_on(runner_module, skip_view: bool = False):
     with contextlib.ExitStack() as stack:
-        for field in switch_fields(runner_module):
+        for field in switch_fields(runner_module, skip_view):
             stack.enter_context(field.override(True))
         yield
 
@@ -146,7 +152,8 @@ def _capability():
 def init_lookups(runner_module) -> list:
     """The patches the runner's ``__init__`` runs under on a DSpark server (the device answers)."""
     R = runner_module.DecodeCudaGraphRunner
-    return [(R, "_wants_early_verify_metadata", _on_a_gpu(R._wants_early_verify_metadata, lambda self: self.model_runner)),
+    wants = _on_a_gpu(R._wants_early_verify_metadata, lambda self: self.model_runner)
+    return [(R, "_wants_early_verify_metadata", wants),
             (runner_module, "create_dsv41_candidate_graph_variants",
              _on_a_gpu(runner_module.create_dsv41_candidate_graph_variants, lambda mr, *a: mr)),
             (torch.cuda, "Stream", graph_device.StagingStream), (torch.cuda, "Event", graph_device.Event)]
@@ -170,22 +177,36 @@ class DSparkWatch(GlueWatch):
         self.runner, self.hooks = runner, hooks
         self.staged = None  # (key, the ForwardBatch staged, its view) of the last stage the glue replayed
         self.taken = None  # that stage, where the last replay took it
+        self.live = None  # the live batch of the replay under way (the session's)
         self.glued: set = set()  # the glue keys (``_key``) whose glue graph a replay was seen to capture or run
         self._staging = None
+        self._replaying = False
 
     def lookups(self) -> list[tuple]:
         return super().lookups() + [(self.glue, "replay", self.replay), (self.glue, "reinstall", self.reinstall)]
 
     def replay(self, key):
+        """A replay of the glue graph by key: a stage's (its batch's view mirrored in), or a load's with no
+        view (``SKIP_VIEW``: the live batch's view, as the runner would have built it, mirrored in)."""
         if self._staging is not None:
             fb, view = self._staging
-            captured = self.captured.get(key)
-            if captured is not None:
-                self._mirror(captured, view)
             self.staged = (key, fb, view)
-        return type(self.glue).replay(self.glue, key)
+        else:
+            view = _view(self.runner, self.live, self.live.batch_size)
+            self.outcome = REPLAY
+            self.views.append(view)
+        captured = self.captured.get(key)
+        if captured is not None:
+            self._mirror(captured, view)
+        self._replaying = True  # its own re-install is no load's taking a stage
+        try:
+            return type(self.glue).replay(self.glue, key)
+        finally:
+            self._replaying = False
 
     def reinstall(self, key):
+        if self._replaying:
+            return type(self.glue).reinstall(self.glue, key)
         self.outcome = EARLY
         self.taken = self.staged
         if self.staged is not None:
@@ -249,10 +270,11 @@ def asked(runner_module, glue: bool, dspark: bool, backend):
     hooks, a DSpark server's only)."""
     from vmfuzz.harness.targets.sglang import glue_graph
     if dspark:
-        if not switch_fields(runner_module):
-            why = f"this SGLang lacks one of {', '.join(SWITCHES)} (no DSpark target glue)"
+        skip_view = dspark == SKIP_VIEW_ASKED
+        if not switch_fields(runner_module, skip_view):
+            why = f"this SGLang lacks one of {', '.join(SWITCHES)} or {SKIP_VIEW} (no DSpark target glue)"
             return why, contextlib.nullcontext(), None
-        return None, switched_on(runner_module), BackendHooks(backend)
+        return None, switched_on(runner_module, skip_view), BackendHooks(backend)
     if not glue:
         return None, contextlib.nullcontext(), None
     if glue_graph.switch(runner_module) is None:

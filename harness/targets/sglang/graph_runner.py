@@ -158,7 +158,7 @@ class GraphServer:
 
 def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None = None,
           pp_size: int = 1, capture: bool = True, glue: bool = False, window_pool: bool = False,
-          dspark: bool = False) -> GraphServer:
+          dspark: bool | str = False) -> GraphServer:
     """A ``DecodeCudaGraphRunner`` for a TARGET_VERIFY EAGLE target of ``config``'s shape, made by its own
     ``__init__`` (``verify_runner_init``) for a server configured to capture ``capture_bs`` (the buckets
     and buffers are what that ``__init__`` decides), its graphs then captured at each of its buckets
@@ -185,7 +185,7 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
     glue = glue or dspark
     try:
         with switches:
-            runner, lookups = init.made_by_init(config, capture_bs, space, model, backend, pp_size, dspark=dspark)
+            runner, lookups = init.made_by_init(config, capture_bs, space, model, backend, pp_size, bool(dspark))
     except init.NotDriven as exc:
         why = str(exc)
         space = GraphSpace(space.heap)  # what the failed __init__ left in its space is no graph's

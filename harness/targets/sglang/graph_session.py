@@ -86,7 +86,7 @@ class GraphSession(RunnerView):
     plan, and its write slots come from the pool's ring."""
 
     def __init__(self, config: Config, mask, heap: ShadowHeap, stage=None, capture: bool = True,
-                 glue: bool = False, window_pool: bool = False, dspark: bool = False):
+                 glue: bool = False, window_pool: bool = False, dspark: bool | str = False):
         self.config, self.stage = config, stage
         self.pp = stage is not None
         self.server = build(config, captured_sizes(config.max_bs), mask, heap,
@@ -165,6 +165,7 @@ class GraphSession(RunnerView):
         self._poison(batch, poison)
         self.replayed_batch = fb
         if self.dspark:  # staged early from this step's tensors, or (one step in three) from the step before's
+            self.dspark.live = fb
             own = not (self.steps % 3 == 0 and self._staged is not None)
             self.early_expected = own and self.dspark.expects_early(batch, self.config, self.capture_bs)
             self.dspark.stage(fb if own else self._staged, self.server.lookups())

@@ -226,10 +226,11 @@ def _fits(runner_cls) -> str | None:
 def made_by_init(config: Config, capture_bs: list[int], space: GraphSpace, model, backend, pp_size: int = 1,
                  dspark: bool = False):
     """(the runner, made by its own ``__init__`` with its capture held back; the lookups it was made
-    under, ``init_lookups``). ``dspark``: a DSpark server's target (``dspark_verify``: its algorithm,
-    its DeepSeek V4.1 config, the device its early path asks for, answered). Raises ``NotDriven`` where this release's ``__init__`` cannot be driven
-    over the stand-ins; what the failed attempt noted of them is then cleared from the check's ledger
-    (the reason says it), so it cannot make a later finding on the hand-assembled runner out of step."""
+    under, ``init_lookups``). ``dspark``: a DSpark server's target (``dspark_verify``: its
+    algorithm, its DeepSeek V4.1 config, the device its early path asks for, answered). Raises
+    ``NotDriven`` where this release's ``__init__`` cannot be driven over the stand-ins; what the
+    failed attempt noted of them is then cleared from the check's ledger (the reason says it), so it
+    cannot make a later finding on the hand-assembled runner out of step."""
     m = verify_modules()
     R = m.runner.DecodeCudaGraphRunner
     why = _fits(R)
