@@ -3,7 +3,7 @@
 A glued case drawn as a DSpark server's (``graph_glue.dspark``; ``VMFUZZ_GLUE_SHARE=1`` glues every
 case) builds the target verify runner with DSpark's three switches on
 (``targets/sglang/dspark_verify``), stages each step early before its planned
-load, one step in three from the step before's tensors. A bug planted in the
+load, from the step before's tensors after a step that took its stage. A bug planted in the
 runner's DSpark lines of a copy of SGLang must be caught by the property meant
 for it, as its own failure; a rewrite that keeps what the code does holds; the
 pristine copy holds; and coverage shows the DSpark lines ran.
@@ -28,8 +28,8 @@ AGREEMENT = "capture-replay-agreement"
 CONFIG = {"mode": "FULL_MASK", "max_bs": 4, "max_context_len": 35, "num_draft_tokens": 4, "topk": 2,
           "spec_steps": 2, "is_read": True}
 SKIP_VIEW_CONTEXT = 28
-#: bs 1 after its lead-ins (glue warm-ups, capture), then staged from its own tensors (taken), and at the
-#: sixth step from the fifth's (rejected); bs 4 likewise; a padded batch (bs 3: its stage is discarded)
+#: bs 1 after its lead-ins (glue warm-ups, capture), staged from its own tensors (taken), then from the
+#: step before's (rejected), and so on; bs 4 likewise; a padded batch (bs 3: its stage is discarded)
 SEQ_LENS = [(9,), (10,), (11,), (12,), (1, 2, 3), (6, 7, 8, 9)]
 EARLY_STAGE = "early verify metadata stage"
 

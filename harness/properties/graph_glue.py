@@ -34,8 +34,8 @@ window layers wrote (``swa_out_cache_loc``) and what they read.
 Among the glued cases on the EAGLE and chain call sites that are no window-pool server, one in two
 (``dspark``) is a DSpark server's target (a draw of its own; ``targets/sglang/dspark_verify``): its
 runner glues its prep behind DSpark's own switch, loads every verify batch planned ahead, and each
-step is staged early first (``stage_verify_metadata_early``: from the step's own tensors, one step in
-three from the step before's). ``capture-replay-agreement`` also judges a replay that took an early
+step is staged early first (``stage_verify_metadata_early``: from the step's own tensors, or, after a step
+that took its stage, from that step's). ``capture-replay-agreement`` also judges a replay that took an early
 stage (``judge_early``): the stage it took must be this step's own (a stale one, taken, prepared
 another step's metadata), and a step staged from its own batch whose glue key the harness reads as
 early and captured must take it (a stage keyed, sized or variant-picked wrong is thrown away).

@@ -178,6 +178,7 @@ class DSparkWatch(GlueWatch):
         self.staged = None  # (key, the ForwardBatch staged, its view) of the last stage the glue replayed
         self.taken = None  # that stage, where the last replay took it
         self.live = None  # the live batch of the replay under way (the session's)
+        self.last_outcome = None  # what the glue did for the last replay's prep
         self.glued: set = set()  # the glue keys (``_key``) whose glue graph a replay was seen to capture or run
         self._staging = None
         self._replaying = False
@@ -247,6 +248,7 @@ class DSparkWatch(GlueWatch):
         return batch.bs in capture_bs and key[1] and key in self.glued
 
     def note(self, batch, config, outcome) -> None:
+        self.last_outcome = outcome
         if outcome in (CAPTURE, REPLAY, EARLY):
             self.glued.add(self._key(batch, config))
 

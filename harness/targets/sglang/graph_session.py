@@ -16,6 +16,7 @@ import torch
 
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.glue import EARLY
 from vmfuzz.harness.targets.sglang.graph_model import Forward
 from vmfuzz.harness.model.oracle import expected
 from vmfuzz.harness.targets.sglang import pp_stage
@@ -164,9 +165,11 @@ class GraphSession(RunnerView):
             fb = live_batch(self.server, batch, mask, ids, loc.clone(), spec=spec)
         self._poison(batch, poison)
         self.replayed_batch = fb
-        if self.dspark:  # staged early from this step's tensors, or (one step in three) from the step before's
+        # a DSpark server's step is staged early from its own tensors, or, after a step that took its stage,
+        # from that step's (which its load must reject)
+        if self.dspark:
             self.dspark.live = fb
-            own = not (self.steps % 3 == 0 and self._staged is not None)
+            own = not (self.dspark.last_outcome == EARLY and self._staged is not None)
             self.early_expected = own and self.dspark.expects_early(batch, self.config, self.capture_bs)
             self.dspark.stage(fb if own else self._staged, self.server.lookups())
             self._staged = fb
