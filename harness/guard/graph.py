@@ -66,7 +66,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from vmfuzz.harness.guard.graph_device import (CAPTURE_ERROR_MODES, CAPTURING_SPACES, FILE, SEAM, DefaultStream, Event,
-                                                NotFaithful, SideStream, capture_stream_ok, refuse)
+                                               NotFaithful, SideStream, capture_stream_ok, check_staged_joined, refuse)
 from vmfuzz.harness.guard.graph_state import (ACTIVE, GONE, ReadLog, Watched, described, put_back, reachable_contents,
                                               shown, snapshot)
 from vmfuzz.harness.guard.shadow import ShadowHeap
@@ -146,6 +146,7 @@ class Graph:
     def replay(self) -> None:
         if not self.captured:
             raise NotFaithful(f"graph {self.key!r} replayed before it was captured")
+        check_staged_joined()
         if self.body is None:
             raise NotFaithful(f"graph {self.key!r} was captured, but no body this stand-in can run was called "
                               "inside the capture (only a GraphSpace.capturable callable is kept)")

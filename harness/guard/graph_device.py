@@ -15,7 +15,13 @@ same order a device would; elsewhere the stand-in refuses (``NotFaithful``, an
   waiting, an event recorded on it, work run on it) depends on a second
   stream's timing: refused;
 - an event recorded inside a capture (a graph node), an interprocess or
-  external event: refused.
+  external event: refused;
+- a staging stream (``StagingStream``, made only where a driver asks for one):
+  its work runs when it is issued, after everything issued before it, which is
+  what a device gives only while the default stream issues nothing until it
+  waits for that work. So a graph replayed on the default stream while a
+  staging stream's work is not yet waited for refuses (``check_staged_joined``);
+  what ran beside it on a device (a draft graph) is not emulated.
 """
 
 from __future__ import annotations
@@ -50,6 +56,9 @@ class DefaultStream:
         if not isinstance(other, DefaultStream):
             raise NotFaithful("waiting on a side stream")
 
+    def wait_event(self, event):
+        joined(event)
+
 
 class SideStream:
     """``torch.cuda.Stream()``: a second stream. Only handing it to ``torch.cuda.graph`` as the capture's
@@ -83,6 +92,51 @@ class SideStream:
         return False
 
 
+#: staging streams whose work the default stream has not yet waited for
+UNJOINED: set[int] = set()
+#: the staging streams whose context the running code is inside (work issued now is theirs)
+STAGING: list = []
+
+
+class StagingStream(SideStream):
+    """A side stream whose work runs as it is issued (see the module's docstring for when that is faithful):
+    it may wait on an event, run work as a stream context, and record an event the default stream then
+    waits on (which joins it)."""
+
+    def wait_event(self, event):
+        if not getattr(event, "recorded", False):
+            raise NotFaithful("a staging stream waiting on an event never recorded")
+
+    def __enter__(self):
+        STAGING.append(self)
+        UNJOINED.add(id(self))
+        return self
+
+    def __exit__(self, *exc):
+        STAGING.remove(self)
+        return False
+
+
+def staging_context(stream):
+    """``torch.cuda.stream(stream)``: a staging stream's context; any other stream's refuses."""
+    if not isinstance(stream, StagingStream):
+        raise NotFaithful("work on a side stream: ordering against a second stream needs a device")
+    return stream
+
+
+def record_stream(tensor, stream) -> None:
+    """``Tensor.record_stream``: on one in-order stream no allocation is reused under pending work."""
+    if not isinstance(stream, (StagingStream, DefaultStream)):
+        raise NotFaithful(f"a tensor's use recorded on a stream the stand-in did not make ({type(stream).__name__})")
+
+
+def check_staged_joined() -> None:
+    """A graph replayed on the default stream: refused while a staging stream's work is not waited for."""
+    if UNJOINED and not STAGING:
+        raise NotFaithful("the default stream replays a graph before waiting for a staging stream's work: "
+                          "their order needs a device")
+
+
 class Event:
     """An event on the one in-order stream: by the time it is recorded everything before it has run,
     so recording, querying and waiting on it are faithful. An external or interprocess event (another
@@ -93,6 +147,7 @@ class Event:
         if interprocess or external:
             raise NotFaithful("an interprocess or external event needs a device")
         self.recorded = False
+        self.on = None
 
     def record(self, stream=None):
         if stream is not None and not isinstance(stream, DefaultStream):
@@ -100,6 +155,7 @@ class Event:
         if CAPTURING_SPACES:
             raise NotFaithful("an event recorded inside a graph capture (a graph node) needs a device")
         self.recorded = True
+        self.on = STAGING[-1] if STAGING else None  # a staging stream's event: waiting on it joins that stream
 
     def query(self) -> bool:
         return True
@@ -110,6 +166,14 @@ class Event:
     def wait(self, stream=None):
         if stream is not None and not isinstance(stream, DefaultStream):
             raise NotFaithful("a side stream waiting on an event")
+        joined(self)
+
+
+def joined(event) -> None:
+    """The default stream waits on ``event``: a staging stream it was recorded on is joined."""
+    on = getattr(event, "on", None)
+    if on is not None:
+        UNJOINED.discard(id(on))
 
 
 #: ``torch.cuda.graph``'s capture error modes: how other threads' CUDA calls are treated while one thread

@@ -31,6 +31,15 @@ buffer of window slots, which its prep refills from the step's KV-location plan.
 ``graph-replay-equivalence`` and ``padding-inert`` then also judge where the
 window layers wrote (``swa_out_cache_loc``) and what they read.
 
+Among the glued cases on the EAGLE and chain call sites that are no window-pool server, one in two
+(``dspark``) is a DSpark server's target (a draw of its own; ``targets/sglang/dspark_verify``): its
+runner glues its prep behind DSpark's own switch, loads every verify batch planned ahead, and each
+step is staged early first (``stage_verify_metadata_early``: from the step's own tensors, or, after a step
+that took its stage, from that step's). ``capture-replay-agreement`` also judges a replay that took an early
+stage (``judge_early``): the stage it took must be this step's own (a stale one, taken, prepared
+another step's metadata), and a step staged from its own batch whose glue key the harness reads as
+early and captured must take it (a stage keyed, sized or variant-picked wrong is thrown away).
+
 A failure on a step whose prep the glue graph ran names it as its writer
 (``writer``), with how the step's verify mask was handed where that decides the
 outcome (``PER_STEP_MASK``) and the server's pool where it keeps window layers
@@ -44,11 +53,12 @@ padded replay: SGLang prepares it eagerly by design), or its capture failed
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import zlib
 
 from vmfuzz.harness.model.config import Batch, Config
-from vmfuzz.harness.model.glue import CAPTURE, FAILED, GLUED, NOT_ROUTED, REPLAY, WARM_UP, is_glue_graph
+from vmfuzz.harness.model.glue import CAPTURE, EARLY, FAILED, GLUED, NOT_ROUTED, REPLAY, WARM_UP, is_glue_graph
 from vmfuzz.harness.properties.kit import Observation, fail
 from vmfuzz.harness.properties.kit import known_goes_on as _known_goes_on
 
@@ -57,6 +67,8 @@ from vmfuzz.harness.properties.kit import known_goes_on as _known_goes_on
 GLUE_SHARE = 4
 #: the writer of a failure on a step whose metadata the glue graph prepared
 GLUE_REPLAY = "metadata glue graph replay"
+#: the writer of a replay that took an early stage not made from its own batch (``judge_early``)
+EARLY_STAGE = "early verify metadata stage"
 #: the writer of a replay routed to the glue graph against its contract (``judge_route``)
 GLUE_ROUTE = "metadata glue graph route"
 #: said of such a step whose verify input carries a mask tensor of its own each step (frozen-KV MTP's)
@@ -70,6 +82,7 @@ _STEP_CLASSES = {
     REPLAY: "captured and replayed",
     NOT_ROUTED: "not routed (a padded replay: SGLang prepares it eagerly by design)",
     FAILED: "capture failed (SGLang prepares eagerly from then on)",
+    EARLY: "staged early (its glue graph replayed before the load, which took it)",
 }
 
 
@@ -95,11 +108,20 @@ def window_pool(config: Config) -> bool:
     return glued(config) and (_drawn(config) // glue_share()) % 2 == 1
 
 
+def dspark(config: Config) -> bool:
+    """Whether this glued case's server is a DSpark server's target (see the module's docstring)."""
+    return (glued(config) and not window_pool(config) and config.call_site in ("eagle", "chain")
+            and hashlib.sha256(repr(config).encode()).digest()[0] % 2 == 0)  # a CRC's bits follow the glue draw's
+
+
 def session_options(config: Config) -> dict:
     """What ``target.graph_session`` is asked besides the case (nothing for a case without the glue, so a
     target whose seam predates it still builds the others)."""
     if not glued(config):
         return {}
+    if dspark(config):  # one DSpark server in two also replays its captured glue graphs with no view
+        skip_view = hashlib.sha256(repr(config).encode()).digest()[1] % 2 == 0
+        return {"glue": True, "dspark": "skip view" if skip_view else True}
     return {"glue": True, "window_pool": True} if window_pool(config) else {"glue": True}
 
 
@@ -144,6 +166,8 @@ def note_case(obs: Observation, session, config: Config) -> None:
     why = getattr(session, "glue_not_driven", None)
     if why or getattr(session, "glue_watch", None) is None:
         obs.classes.add(f"{CLASS}not driven ({why or 'the target does not switch it on'})")
+    if dspark(config):
+        obs.classes.add(f"{CLASS}a DSpark target's (its own glue switch, early verify metadata)")
     if window_pool(config):
         pool_why = getattr(session, "window_pool_not_driven", None)
         driven = getattr(session, "window_pool", None) is not None
@@ -176,3 +200,24 @@ def judge_route(prop: str, got, batch: Batch, where: str) -> None:
         fail(prop, f"{where}: a padded replay (bs {batch.bs} in the graph of bs {got.graph_bs}) was prepared by "
                    f"the glue graph, whose capture holds its host values only for padding-free replays",
              effect="unsound", writer=GLUE_ROUTE, buffer="num_padding", cell="capture-replay", stage="replay")
+
+
+def judge_early(prop: str, session, got, where: str) -> None:
+    """A replay that took an early stage (``EARLY``) took the one made from its own batch: a stage made from
+    another step's tensors holds that step's inputs in the staged slots and its metadata, which the load
+    then neither refills nor re-prepares."""
+    if getattr(session, "early_expected", False) and getattr(got, "glue", None) != EARLY:
+        fail(prop, f"{where}: staged early from its own batch, of a captured bs and the early variant, its glue "
+                   f"graph captured, yet its load prepared the metadata again (glue graph {got.glue}): the "
+                   f"stage was discarded or rejected", effect="wrong", writer=EARLY_STAGE,
+             buffer="early verify metadata", cell="not taken", stage="replay")
+    if getattr(got, "glue", None) != EARLY:
+        return
+    taken = getattr(getattr(session, "dspark", None), "taken", None)
+    live = getattr(session, "replayed_batch", None)
+    if taken is None or taken[1] is not live:
+        staged = "no stage the harness made" if taken is None else (
+            f"the stage of a batch of lengths {taken[1].seq_lens.tolist()}")
+        fail(prop, f"{where}: the load took {staged} as this step's early verify metadata; its staged inputs "
+                   f"and metadata are another step's", effect="wrong", writer=EARLY_STAGE,
+             buffer="early verify metadata", cell="capture-replay", stage="replay")

@@ -284,6 +284,7 @@ def capture_replay_agreement(target, config: Config, batches: list[Batch], devic
                  buffer="seq_lens_sum", **origin)
         judge_stale_reads(session, where, target, obs)
         glue.judge_route(AGREEMENT, got, batch, where)
+        glue.judge_early(AGREEMENT, session, got, where)
         obs.add_step(config, batch, None, config.max_bs)
         glue.note_step(obs, got)
         kept = {s.path for s in session.stale if s.read and not s.after_captures}

@@ -97,6 +97,7 @@ NAMED_FOR_THE_WORKFLOW = (
     "srt/model_executor/runner/base_cuda_graph_runner.py",  # driven: the graph runner's bucket padding
     "srt/model_executor/runner/base_runner.py",  # driven: the graph runner's base
     "srt/model_executor/runner/decode_cuda_graph_runner.py",
+    "srt/model_executor/runner/early_verify_metadata.py",  # driven: DSpark's early verify metadata (dspark_verify)
     "srt/model_executor/runner/metadata_glue_graph.py",  # driven: the verify metadata prep's glue graph
     "srt/model_executor/runner_backend/full_cuda_graph_backend.py",  # driven: the graph capture and replay
     "srt/model_executor/runner_backend/utils.py",  # driven: the draft-side runners pick their graph backend

@@ -27,8 +27,8 @@ fields, in a class whose reads the stand-in tracks), so the live step's
 objects are never written.
 
 Not driven here: ``SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW`` (a glued replay with
-no view), the DSpark target and draft glue switches and the early verify
-metadata (DSpark only), TBO, pdmux, LoRA (switched off on this server), and,
+no view), TBO, pdmux, LoRA (switched off on this server); DSpark's target glue
+switch and its early verify metadata are ``dspark_verify``'s; and,
 on a server with one ordinary KV pool, the KV-location plan a ForwardBatch
 carries (None there: the backend's KV-id gather is the harness's; a
 window-pool server's batches carry SGLang's own plan, ``swa_server``).
@@ -48,8 +48,6 @@ RUNNER_FILE = "srt/model_executor/runner/decode_cuda_graph_runner.py"
 SWITCH = "SGLANG_ENABLE_METADATA_GLUE_GRAPH"
 _PROPS = ("graph-replay-equivalence", "padding-inert", "capture-replay-agreement")
 _GLUE = "MetadataGlueGraph."
-_SKIPPED_VIEW = "SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW (a glued replay with no view) is not switched on"
-_DSPARK = "DSpark's glue switches and its early verify metadata: a DSpark server, none here"
 
 #: What this module drives: the glue graph of a case whose server switches it on, through the runner's glue
 #: route (the runner's own functions on that route are graph_runner's, ``_init_replay_attn_metadata`` and
@@ -58,12 +56,9 @@ SURFACE = tuple((GLUE_FILE, _GLUE + fn, _PROPS) for fn in (
     "__init__", "note_not_routed", "_leaves", "is_captured", "run")) + tuple(
     (RUNNER_FILE, "DecodeCudaGraphRunner." + fn, _PROPS) for fn in ("_glue_draft_inputs", "_prep_attention_variant"))
 
-NOT_DRIVEN = tuple((GLUE_FILE, _GLUE + fn, why) for fn, why in (
-    ("replay", _SKIPPED_VIEW + "; " + _DSPARK),
-    ("reinstall", _SKIPPED_VIEW + "; " + _DSPARK),
-    ("reset", "nothing in this SGLang calls it (a runner's graphs are captured once)"),
-)) + tuple((RUNNER_FILE, "DecodeCudaGraphRunner." + fn, _DSPARK) for fn in (
-    "_maybe_log_draft_glue", "stage_verify_metadata_early", "_early_variant_for"))
+NOT_DRIVEN = (
+    (GLUE_FILE, _GLUE + "reset", "nothing in this SGLang calls it (a runner's graphs are captured once)"),
+)
 
 
 def switch(runner_module):

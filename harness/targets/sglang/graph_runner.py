@@ -45,7 +45,6 @@ and events (``NotFaithful``), and every configuration the stand-ins switch off.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -158,7 +157,8 @@ class GraphServer:
 
 
 def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None = None,
-          pp_size: int = 1, capture: bool = True, glue: bool = False, window_pool: bool = False) -> GraphServer:
+          pp_size: int = 1, capture: bool = True, glue: bool = False, window_pool: bool = False,
+          dspark: bool | str = False) -> GraphServer:
     """A ``DecodeCudaGraphRunner`` for a TARGET_VERIFY EAGLE target of ``config``'s shape, made by its own
     ``__init__`` (``verify_runner_init``) for a server configured to capture ``capture_bs`` (the buckets
     and buffers are what that ``__init__`` decides), its graphs then captured at each of its buckets
@@ -169,8 +169,9 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
     gets the mask its own graph set-up allocates); on ``heap`` with the other static buffers.
     ``pp_size`` > 1: the runner of a later pipeline stage, its graphs reading the proxy hidden states
     it is handed. ``glue``: the server switches the metadata glue graph on (``glue_graph``) for the
-    runner's ``__init__``; ``window_pool``: its KV pool keeps window layers apart (``swa_server``)."""
-    from vmfuzz.harness.targets.sglang import glue_graph
+    runner's ``__init__``; ``window_pool``: its KV pool keeps window layers apart (``swa_server``);
+    ``dspark``: a DSpark server's target, its own glue graph and early verify metadata on (``dspark_verify``)."""
+    from vmfuzz.harness.targets.sglang import dspark_verify, glue_graph
     from vmfuzz.harness.targets.sglang import verify_runner_init as init
     from vmfuzz.harness.targets.sglang.readers import triton_backend
     space = GraphSpace(heap or ShadowHeap())
@@ -180,11 +181,11 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
     backend = (pool.backend(config, capture_bs[-1], space.heap, graphs=False) if pool is not None else
                triton_backend(None, config, capture_bs[-1], torch.device("cpu"), space.heap, graphs=False))
     why = None
-    glue_why = None if not glue or glue_graph.switch(modules().runner) is not None else (
-        f"this SGLang has no {glue_graph.SWITCH} (no metadata glue graph)")
+    glue_why, switches, hooks = dspark_verify.asked(modules().runner, glue, dspark, backend)
+    glue = glue or dspark
     try:
-        with glue_graph.switched_on(modules().runner) if glue and not glue_why else contextlib.nullcontext():
-            runner, lookups = init.made_by_init(config, capture_bs, space, model, backend, pp_size)
+        with switches:
+            runner, lookups = init.made_by_init(config, capture_bs, space, model, backend, pp_size, bool(dspark))
     except init.NotDriven as exc:
         why = str(exc)
         space = GraphSpace(space.heap)  # what the failed __init__ left in its space is no graph's
@@ -203,7 +204,7 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
         if made is None:
             server.glue_not_driven = f"the runner's __init__ made no metadata glue graph with {glue_graph.SWITCH} on"
         else:
-            server.glue = glue_graph.GlueWatch(made, space, server.replay_views)
+            server.glue = dspark_verify.watch(made, space, server.replay_views, runner, hooks, server.set_up)
     if capture:
         capture_graphs(server)
     return server

@@ -10,10 +10,13 @@ overruns) is handed through.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.glue import EARLY
 from vmfuzz.harness.targets.sglang.graph_model import Forward
 from vmfuzz.harness.model.oracle import expected
 from vmfuzz.harness.targets.sglang import pp_stage
@@ -84,12 +87,13 @@ class GraphSession(RunnerView):
     plan, and its write slots come from the pool's ring."""
 
     def __init__(self, config: Config, mask, heap: ShadowHeap, stage=None, capture: bool = True,
-                 glue: bool = False, window_pool: bool = False):
+                 glue: bool = False, window_pool: bool = False, dspark: bool | str = False):
         self.config, self.stage = config, stage
         self.pp = stage is not None
         self.server = build(config, captured_sizes(config.max_bs), mask, heap,
                             pp_size=pp_stage.PP_SIZE if self.pp else 1, capture=capture, glue=glue,
-                            window_pool=window_pool)
+                            window_pool=window_pool, dspark=dspark)
+        self.dspark = getattr(self.server.glue, "stage", None) and self.server.glue  # its watch, where staged
         self.capture_bs = self.server.capture_bs
         self.steps = 0
         self.glue_asked = glue
@@ -98,6 +102,9 @@ class GraphSession(RunnerView):
         self.per_step_mask = config.call_site == "frozen_kv_mtp"
         self.window_pool = self.server.window_pool
         self.window_pool_not_driven = self.server.window_pool_not_driven
+        self._staged = None  # the last live batch staged early (a DSpark server's)
+        self.replayed_batch = None  # the live batch of the last replay
+        self.early_expected = False  # whether its load should take the early stage (``DSparkWatch.expects_early``)
 
     def inputs(self, batch: Batch):
         """(draft token ids, out_cache_loc) of this step's live batch: ids in [1, 13], slots distinct and
@@ -136,7 +143,9 @@ class GraphSession(RunnerView):
         if watch is None or batch.bs not in self.capture_bs:
             return []
         m = modules()
-        key = self.server.runner._glue_key(batch.bs, str(m.forward_info.ForwardMode.TARGET_VERIFY), None)
+        variant = self.server.runner._resolve_attention_variant(SimpleNamespace(seq_lens_cpu=torch.tensor(
+            batch.seq_lens), spec_info=None), batch.bs)  # the candidate variant a DSpark server keys its glue by
+        key = self.server.runner._glue_key(batch.bs, str(m.forward_info.ForwardMode.TARGET_VERIFY), variant)
         wrap = self.config.max_context_len + 1
         return [Batch(tuple((s - j) % wrap for s in batch.seq_lens), batch.trees)
                 for j in range(watch.steps_to_replay(key), 0, -1)]
@@ -155,8 +164,21 @@ class GraphSession(RunnerView):
             spec = self.stage.verify_input(batch)
             fb = live_batch(self.server, batch, mask, ids, loc.clone(), spec=spec)
         self._poison(batch, poison)
-        # a stage's odd steps are loaded ahead by the verify preparation, its even ones by the forward
-        return replay(self.server, fb, self._proxy(loc), planned=self.pp and self.steps % 2 == 1)
+        self.replayed_batch = fb
+        # a DSpark server's step is staged early from its own tensors, or, after a step that took its stage,
+        # from that step's (which its load must reject)
+        if self.dspark:
+            self.dspark.live = fb
+            own = not (self.dspark.last_outcome == EARLY and self._staged is not None)
+            self.early_expected = own and self.dspark.expects_early(batch, self.config, self.capture_bs)
+            self.dspark.stage(fb if own else self._staged, self.server.lookups())
+            self._staged = fb
+        # a stage's odd steps are loaded ahead by the verify preparation, its even ones by the forward; a
+        # DSpark server's verify batches are all planned ahead
+        got = replay(self.server, fb, self._proxy(loc), planned=bool(self.dspark) or self.pp and self.steps % 2 == 1)
+        if self.dspark:
+            self.dspark.note(batch, self.config, got.glue)
+        return got
 
     def _poison(self, batch: Batch, poison: dict[str, torch.Tensor] | None) -> None:
         for name, values in (poison or {}).items():

@@ -394,7 +394,7 @@ NOT_DRIVEN: tuple[tuple[str, str, str], ...] = (
     ("srt/model_executor/runner/decode_cuda_graph_runner.py", "DecodeCudaGraphRunner",
      "its TARGET_VERIFY __init__ (single-GPU EAGLE), capture and replay are driven by the graph properties "
      "(graph_runner.py, verify_runner_init.py: what ran is judged by measurement); not driven: the decode and "
-     "draft modes' branches, multi-GPU, DP, LoRA, DLLM and DSpark paths, the DFlash capture-time custom_mask "
-     "(driven under routing), and on a release whose __init__ vmfuzz cannot drive, that __init__ (the runner "
-     "is then made with object.__new__, and the graph properties say its set-up is not driven)"),
+     "draft modes' branches, multi-GPU, DP, LoRA, DLLM, DSpark's draft side (its target: dspark_verify), the "
+     "DFlash capture-time custom_mask (driven under routing), and on a release whose __init__ vmfuzz cannot drive, "
+     "that __init__ (the runner is then made with object.__new__, the graph properties say its set-up is not driven)"),
 )

@@ -105,10 +105,11 @@ def _hf_config() -> SimpleNamespace:
     return SimpleNamespace(architectures=["LlamaForCausalLM"], model_type="llama")
 
 
-def model_runner(config: Config, model, backend, spec_algorithm, pool_size: int, pp_size: int) -> StandIn:
+def model_runner(config: Config, model, backend, spec_algorithm, pool_size: int, pp_size: int,
+                 hf=None) -> StandIn:
     """The target ``ModelRunner`` the runner's ``__init__`` reads, SGLang's own methods bound to it."""
     m = _modules()
-    hf = _hf_config()
+    hf = hf or _hf_config()
     runner = StandIn(
         "target ModelRunner", _MODEL_RUNNER,
         device="cpu", gpu_id=0, is_draft_worker=False, spec_algorithm=spec_algorithm, model=model,
@@ -222,11 +223,14 @@ def _fits(runner_cls) -> str | None:
     return None
 
 
-def made_by_init(config: Config, capture_bs: list[int], space: GraphSpace, model, backend, pp_size: int = 1):
+def made_by_init(config: Config, capture_bs: list[int], space: GraphSpace, model, backend, pp_size: int = 1,
+                 dspark: bool = False):
     """(the runner, made by its own ``__init__`` with its capture held back; the lookups it was made
-    under, ``init_lookups``). Raises ``NotDriven`` where this release's ``__init__`` cannot be driven
-    over the stand-ins; what the failed attempt noted of them is then cleared from the check's ledger
-    (the reason says it), so it cannot make a later finding on the hand-assembled runner out of step."""
+    under, ``init_lookups``). ``dspark``: a DSpark server's target (``dspark_verify``: its
+    algorithm, its DeepSeek V4.1 config, the device its early path asks for, answered). Raises
+    ``NotDriven`` where this release's ``__init__`` cannot be driven over the stand-ins; what the
+    failed attempt noted of them is then cleared from the check's ledger (the reason says it), so it
+    cannot make a later finding on the hand-assembled runner out of step."""
     m = verify_modules()
     R = m.runner.DecodeCudaGraphRunner
     why = _fits(R)
@@ -238,12 +242,16 @@ def made_by_init(config: Config, capture_bs: list[int], space: GraphSpace, model
         raise NotDriven(f"{INIT}: {why}")
     ledger = consultation.current()
     n0 = len(ledger.entries) if ledger is not None else 0
-    mr = model_runner(config, model, backend, m.spec_info.SpeculativeAlgorithm.EAGLE, max(capture_bs), pp_size)
+    from vmfuzz.harness.targets.sglang import dspark_verify
+    eagle = m.spec_info.SpeculativeAlgorithm.EAGLE
+    mr = model_runner(config, model, backend, dspark_verify.DSparkAlgorithm(eagle) if dspark else eagle,
+                      max(capture_bs), pp_size, dspark_verify.hf_config(config.max_context_len) if dspark else None)
     lookups = init_lookups(config, capture_bs, space, {}, pp_size)
     held: list = []
     graph_state(backend, space, config.max_context_len)
     try:
-        with bound(*lookups, (R, "capture", lambda self: held.append(self))):
+        with bound(*lookups, *(dspark_verify.init_lookups(m.runner) if dspark else ()),
+                   (R, "capture", lambda self: held.append(self))):
             runner = R(mr, attn_backend=backend)
     except Exception as exc:  # noqa: BLE001 - what the stand-ins lack is vmfuzz's gap, said
         noted = (ledger.entries[n0:] if ledger is not None else

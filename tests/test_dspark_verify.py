@@ -1,0 +1,148 @@
+"""DSpark's target verify wiring of SGLang's runner (its own glue switch, early verify metadata), judged.
+
+A glued case drawn as a DSpark server's (``graph_glue.dspark``; ``VMFUZZ_GLUE_SHARE=1`` glues every
+case) builds the target verify runner with DSpark's three switches on
+(``targets/sglang/dspark_verify``), stages each step early before its planned
+load, from the step before's tensors after a step that took its stage. A bug planted in the
+runner's DSpark lines of a copy of SGLang must be caught by the property meant
+for it, as its own failure; a rewrite that keeps what the code does holds; the
+pristine copy holds; and coverage shows the DSpark lines ran.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import sglang_or_skip
+from tests.sglang_copies import altered_copy, failed_check_origin, run_on_copy
+from tests.surface_ran import assert_texts_ran, surface_never_ran
+from vmfuzz.harness.model.config import Batch, Config
+from vmfuzz.harness.model.layouts import TreeMaskMode
+
+RUNNER = ["srt/model_executor/runner/decode_cuda_graph_runner.py"]
+AGREEMENT = "capture-replay-agreement"
+#: a server capturing bs 1, 2, 4 whose context (35) draws a DSpark server among glued cases; at context 28
+#: one that also replays its captured glue graphs with no view (SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW)
+CONFIG = {"mode": "FULL_MASK", "max_bs": 4, "max_context_len": 35, "num_draft_tokens": 4, "topk": 2,
+          "spec_steps": 2, "is_read": True}
+SKIP_VIEW_CONTEXT = 28
+#: bs 1 after its lead-ins (glue warm-ups, capture), staged from its own tensors (taken), then from the
+#: step before's (rejected), and so on; bs 4 likewise; a padded batch (bs 3: its stage is discarded)
+SEQ_LENS = [(9,), (10,), (11,), (12,), (1, 2, 3), (6, 7, 8, 9)]
+EARLY_STAGE = "early verify metadata stage"
+
+_STAGE_KEY = r"key = self\._glue_key\(bs, str\(ForwardMode\.TARGET_VERIFY\), variant\)"
+#: name -> (edits, the cell its origin names): each caught by capture-replay-agreement
+ALTERATIONS = {
+    # the load takes whatever was staged: a stage of the step before's tensors, whose slots and metadata
+    # are that step's, is replayed as this one's
+    "take-ignores-its-answer": (
+        [(RUNNER, r"return early\.take\(key=key, forward_batch=forward_batch\)",
+          "early.take(key=key, forward_batch=forward_batch)\n        return True")], "capture-replay"),
+    # the stage keyed at the largest bs: its glue graph (not captured, or another bs's) never matches the
+    # load's key, so every stage is thrown away
+    "stage-keyed-at-max-bs": (
+        [(RUNNER, _STAGE_KEY, "key = self._glue_key(self.max_bs, str(ForwardMode.TARGET_VERIFY), variant)")],
+        "not taken"),
+    # the stage's token width from the draft steps, not the captured width: no step's positions fit
+    "stage-width-from-steps": (
+        [(RUNNER, r"num_tokens = bs \* self\.captured_req_width\n        variant",
+          "num_tokens = bs * self.speculative_num_steps\n        variant")], "not taken"),
+    # the early variant picked as if the length were unknown: always the filtered fallback, never early
+    "early-variant-unknown-length": (
+        [(RUNNER, r"return variants\.select_for_max_seq_len\(max_seq_len\)",
+          "return variants.select_for_max_seq_len(None)")], "not taken"),
+}
+#: the early variant's pick written with its test the other way round, which does the same
+REFACTOR = [(RUNNER, r"if not isinstance\(variants, Dsv41CandidateGraphVariants\):\n            return None\n"
+                     r"        return variants\.select_for_max_seq_len\(max_seq_len\)",
+             "if isinstance(variants, Dsv41CandidateGraphVariants):\n"
+             "            return variants.select_for_max_seq_len(max_seq_len)\n        return None")]
+
+
+def _config(context: int = 35, skip_view: bool = False) -> Config:
+    from vmfuzz.harness.properties.graph_glue import session_options
+    config = Config(TreeMaskMode.FULL_MASK, 4, context, 4, 2, 2, True, "eagle")
+    want = "skip view" if skip_view else True
+    assert session_options(config).get("dspark") == want, "the case no longer draws its server: pick another context"
+    return config
+
+
+def _run(site, tmp_path, prop: str, context: int = 35):
+    repro = tmp_path / "case.json"
+    config = {**CONFIG, "max_context_len": context}
+    repro.write_text(json.dumps({"config": config, "batches": [{"seq_lens": list(s)} for s in SEQ_LENS]}))
+    return run_on_copy(site, tmp_path, "replay", str(repro), "--target", "sglang", "--property", prop,
+                       "--isolate", "off", "--report-dir", str(tmp_path / "report"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(ALTERATIONS))
+def test_each_planted_dspark_bug_is_caught_by_capture_replay_agreement(tmp_path, monkeypatch, name):
+    sglang_or_skip()
+    monkeypatch.setenv("VMFUZZ_GLUE_SHARE", "1")
+    edits, cell = ALTERATIONS[name]
+    proc, out = _run(altered_copy(tmp_path, edits, name), tmp_path, AGREEMENT)
+    assert proc.returncode == 1, out
+    origin = failed_check_origin(tmp_path / "report", out)
+    assert (origin["property"], origin["writer"], origin["cell"]) == (AGREEMENT, EARLY_STAGE, cell), origin
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context", [35, SKIP_VIEW_CONTEXT], ids=["view", "skip-view"])
+@pytest.mark.parametrize("prop", [AGREEMENT, "graph-replay-equivalence", "padding-inert"])
+def test_the_pristine_copy_holds_and_so_does_the_rewrite(tmp_path, monkeypatch, prop, context):
+    sglang_or_skip()
+    monkeypatch.setenv("VMFUZZ_GLUE_SHARE", "1")
+    edits = REFACTOR if prop == AGREEMENT and context == 35 else []
+    proc, out = _run(altered_copy(tmp_path, edits, "refactor" if edits else None), tmp_path, prop, context)
+    assert proc.returncode == 0 and f"held {prop}" in out, out
+
+
+def test_the_dspark_lines_ran_under_the_properties(sglang_target, monkeypatch):
+    """coverage.py, as the gate measures: every function ``dspark_verify`` declares driven ran a line under
+    the graph properties, and so did the lines that switch DSpark's wiring on and take, reject and
+    discard a stage; the staged step was taken and judged."""
+    import importlib.util
+    from pathlib import Path
+
+    import coverage
+
+    from vmfuzz.harness.properties import PROPERTIES
+    from vmfuzz.harness.properties.graph_shared import one_build_per_case
+    from vmfuzz.harness.targets.sglang.dspark_verify import SURFACE
+    monkeypatch.setenv("VMFUZZ_GLUE_SHARE", "1")
+    root = Path(importlib.util.find_spec("sglang").origin).parent
+    cov = coverage.Coverage(include=sorted({str(root / rel) for rel, _, _ in SURFACE}), data_file=None)
+    obs = {}
+    cov.start()
+    try:
+        for config in (_config(), _config(SKIP_VIEW_CONTEXT, skip_view=True)):
+            with one_build_per_case():
+                for prop in ("graph-replay-equivalence", AGREEMENT):
+                    obs[prop, config.max_context_len] = PROPERTIES[prop].check(
+                        sglang_target, config, [Batch(s) for s in SEQ_LENS])
+    finally:
+        cov.stop()
+    data = cov.get_data()
+    unrun = surface_never_ran(root, SURFACE, data)
+    assert not unrun, f"driven functions whose lines never ran: {unrun}"
+    runner, early = RUNNER[0], "srt/model_executor/runner/early_verify_metadata.py"
+    assert_texts_ran(root, (
+        (runner, "            self._metadata_glue = MetadataGlueGraph(self.device)"),
+        (runner, "self.attn_backend.enable_early_verify_metadata()"),
+        (runner, 'logger.info("Target verify metadata prep through the glue graph, one per key.")'),
+        (runner, "self._metadata_glue.reinstall(glue_key)"),
+        (runner, "            self._metadata_glue.replay(glue_key)"),
+        (runner, "self._prefilled_inputs = (forward_batch.input_ids, forward_batch.positions)"),
+        (runner, "self._early_verify_metadata.count_variant("),
+        (runner, "return early.take(key=key, forward_batch=forward_batch)"),
+        (early, "self.taken_ct += 1"),
+        (early, "self.rejected_ct += 1"),
+        (early, "torch.cuda.current_stream().wait_event(self._done)"),
+    ), data)
+    for prop, o in obs.items():
+        assert "metadata glue graph: staged early (its glue graph replayed before the load, which took it)" \
+            in o.classes, (prop, sorted(o.classes))
