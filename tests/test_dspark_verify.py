@@ -146,3 +146,24 @@ def test_the_dspark_lines_ran_under_the_properties(sglang_target, monkeypatch):
     for prop, o in obs.items():
         assert "metadata glue graph: staged early (its glue graph replayed before the load, which took it)" \
             in o.classes, (prop, sorted(o.classes))
+
+
+@pytest.mark.parametrize("name", ["graph-replay-equivalence", "padding-inert", "capture-replay-agreement"])
+def test_the_graph_corpus_stages_a_dspark_targets_early_metadata_to_be_taken(monkeypatch, name):
+    """A gate meets a taken early stage first: its search draws a DSpark server for one glued EAGLE case in
+    four and almost never replays one bs's captured glue graph again on it (a gate on the runner at 7005ab4's
+    successor ran ``stage_verify_metadata_early`` to its discard only, never ``EarlyVerifyMetadata.take``)."""
+    from vmfuzz.harness.engine.search.deep_corpus import deep_cases
+    from vmfuzz.harness.model.bounds import Bounds
+    from vmfuzz.harness.model.shapes import model_constants
+    from vmfuzz.harness.properties import PROPERTIES
+    from vmfuzz.harness.properties.graph_glue import session_options
+    from vmfuzz.harness.targets.sglang.graph_session import captured_sizes
+    monkeypatch.delenv("VMFUZZ_GLUE_SHARE", raising=False)  # the gate's own share
+    [(config, batches)] = [(c, s) for label, c, s in deep_cases(PROPERTIES[name], Bounds(), model_constants())
+                           if label.startswith("DSpark target")]
+    assert session_options(config).get("dspark")
+    first = batches[0].bs
+    # the same captured bs, early variant, step after step: warm-ups, the glue's capture, then a stage taken
+    assert first in captured_sizes(config.max_bs) and [b.bs for b in batches[:4]] == [first] * 4
+    assert all(max(b.seq_lens) + config.num_draft_tokens <= config.max_context_len for b in batches)

@@ -117,6 +117,29 @@ def _padded_draft_case(prop: Property, bounds, site: str) -> list[DeepCase]:
              f"{window} [FULL_MASK]", config, [Batch(lens)])]
 
 
+#: a DSpark target's steps: bs 1 four times (its glue warmed up and captured, then staged from its own
+#: tensors and taken, and from the step before's and rejected), a padded bs 3 (its stage thrown away), bs 4
+_DSPARK_STEPS = ((9,), (10,), (11,), (12,), (1, 2, 3), (6, 7, 8, 9))
+
+
+def _dspark_case(prop: Property, bounds, site: str) -> list[DeepCase]:
+    """A graph property's case on a DSpark target's server (``graph_glue.dspark``), whose early verify
+    metadata a load takes only after its key's glue graph was captured on earlier steps of the same bs: a
+    search's few multi-step cases of one bs on such a server almost never stage one that is taken, so a
+    gate would leave the stage, take and discard of ``EarlyVerifyMetadata`` unrun."""
+    from vmfuzz.harness.properties.graph_glue import dspark
+    if "graph_session" not in prop.needs or site != "eagle":
+        return []
+    lens = max(len(s) for s in _DSPARK_STEPS)
+    chosen = [c for c in (Config(TreeMaskMode.FULL_MASK, lens, ctx, 4, 2, 2, True, site) for ctx in range(24, 128))
+              if dspark(c) and prop.applies(c)]
+    if not chosen:
+        return []
+    config = chosen[0]
+    return [(f"DSpark target: its early verify metadata staged and taken, bs 1 x4, 3 (padded), 4, context "
+             f"{config.max_context_len} [FULL_MASK]", config, [Batch(s) for s in _DSPARK_STEPS])]
+
+
 def deep_cases(prop: Property, bounds, k: ShapeConstants) -> list[DeepCase]:
     site = "eagle" if "eagle" in bounds.call_sites else bounds.call_sites[0]
     out = []
@@ -137,7 +160,7 @@ def deep_cases(prop: Property, bounds, k: ShapeConstants) -> list[DeepCase]:
         # a second would double the case's cost for no class it lacks)
         batches = [first, Batch(lens[::-1], trees)] if prop.steps and lens[0] > lens[-1] else [first]
         out.append((f"{label}, spec_steps={steps} [{mode.name}]", config, batches))
-    return out + _padded_draft_case(prop, bounds, site)
+    return out + _padded_draft_case(prop, bounds, site) + _dspark_case(prop, bounds, site)
 
 
 def fixed_cases(target, prop: Property, bounds: Bounds, strategy) -> tuple[list, dict]:
