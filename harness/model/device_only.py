@@ -36,6 +36,10 @@ DEVICE_ATOMS: tuple[tuple[re.Pattern, str], ...] = tuple((re.compile(p), why) fo
     # side stream and an event recorded inside a capture, which one in-order CPU stream cannot be faithful to
     (r"^(?:\w+\.)*_forks_draft_metadata_prep\(\)$",
      "CUDA side-stream fork of the draft's in-graph metadata prep: needs a CUDA GPU"),
+    # a loop over the capture's tail hooks: only a GPU kernel plugin's install appends one (the NVIDIA
+    # megakernel's, the AMD monokernel's), after building its kernels on the device
+    (r"^(?:\w+\.)*capture_tail_hooks$",
+     "capture tail hook of a GPU kernel plugin (NVIDIA megakernel, AMD monokernel): needs a GPU"),
 ))
 
 #: Files no CPU runs at all: kernel sources, wherever in the checkout they sit (first match wins).
