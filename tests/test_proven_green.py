@@ -155,6 +155,9 @@ def test_a_cpu_engine_branch_is_not_driven_here_never_needs_a_gpu():
     ("self._forks_draft_metadata_prep()", "CUDA side-stream fork"),  # true only on torch.cuda
     ("self.model_runner.capture_tail_hooks", "capture tail hook"),  # a loop over it: appended only on a GPU
     ("self.model_runner.capture_head_hooks", None),  # nothing appends one: not the device's
+    ("self.model_runner.hisparse_coordinator is not None", "HiSparse row count"),
+    ("self._cp_kv_pending is not None", "pending context-parallel"),
+    ("self.hisparse_coordinator is not None", None),  # other HiSparse branches: not claimed here
     ("_is_cuda or bs > 8", None),  # a CPU takes it when bs > 8
     ("not _is_cuda", None),  # the CPU's own branch
     ("bs > 8", None),
