@@ -153,6 +153,11 @@ def test_a_cpu_engine_branch_is_not_driven_here_never_needs_a_gpu():
     ("torch.cuda.is_available()", "CUDA branch"),
     ("not (not _is_cuda)", "CUDA branch"),  # the else of ``if not _is_cuda:``
     ("self._forks_draft_metadata_prep()", "CUDA side-stream fork"),  # true only on torch.cuda
+    ("self.model_runner.capture_tail_hooks", "capture tail hook"),  # a loop over it: appended only on a GPU
+    ("self.model_runner.capture_head_hooks", None),  # nothing appends one: not the device's
+    ("self.model_runner.hisparse_coordinator is not None", "HiSparse row count"),
+    ("self._cp_kv_pending is not None", "pending context-parallel"),
+    ("self.hisparse_coordinator is not None", None),  # other HiSparse branches: not claimed here
     ("_is_cuda or bs > 8", None),  # a CPU takes it when bs > 8
     ("not _is_cuda", None),  # the CPU's own branch
     ("bs > 8", None),
@@ -465,3 +470,17 @@ def test_a_decode_branch_of_a_mask_path_function_is_could_not_check_and_the_tabl
     assert m.why_never[3] == ("not driven: init_forward_metadata: off the mask's path: runs only when "
                               "forward_mode.is_decode_or_idle()")
     assert m.why_never[5] == "init_forward_metadata: reader-agreement"
+
+
+def test_a_loop_body_is_read_by_what_it_iterates():
+    """A body that runs only when its loop's iterable holds something: the decode runner's capture tail hooks,
+    which only a GPU kernel plugin appends (0.5.23's line 1470 was "not driven" before)."""
+    from vmfuzz.harness.engine.campaign.diff_coverage import parse
+    text = ("def run_once(self, out):\n"
+            "    for hook in self.model_runner.capture_tail_hooks:\n"
+            "        hook(self, out)\n"
+            "    else:\n"
+            "        done = True\n"
+            "    return out\n")
+    by_line = {s.first: s.conditions for s in parse(text).statements}
+    assert by_line[3] == ("self.model_runner.capture_tail_hooks",) and by_line[5] == ()

@@ -36,6 +36,18 @@ DEVICE_ATOMS: tuple[tuple[re.Pattern, str], ...] = tuple((re.compile(p), why) fo
     # side stream and an event recorded inside a capture, which one in-order CPU stream cannot be faithful to
     (r"^(?:\w+\.)*_forks_draft_metadata_prep\(\)$",
      "CUDA side-stream fork of the draft's in-graph metadata prep: needs a CUDA GPU"),
+    # a loop over the capture's tail hooks: only a GPU kernel plugin's install appends one (the NVIDIA
+    # megakernel's, the AMD monokernel's), after building its kernels on the device
+    (r"^(?:\w+\.)*capture_tail_hooks$",
+     "capture tail hook of a GPU kernel plugin (NVIDIA megakernel, AMD monokernel): needs a GPU"),
+    # the decode graph runner's HiSparse row count: only the JIT CUDA swap-in kernels (kvcacheio/hisparse.cuh)
+    # read num_real_reqs, so nothing a CPU runs reads what the branch sets
+    (r"^(?:self\.model_runner|forward_batch)\.hisparse_coordinator is not None$",
+     "HiSparse row count for the JIT CUDA swap-in kernels (its only readers): needs a CUDA GPU"),
+    # Qwen sparse attention's context-parallel K/V prefetch left pending: set only by prefetch_cp_kv, a gather
+    # on the CP group in a side CUDA stream (several GPUs)
+    (r"^(?:\w+\.)*_cp_kv_pending is not None$",
+     "pending context-parallel K/V prefetch (a CP group's gather on a side CUDA stream): needs several GPUs"),
 ))
 
 #: Files no CPU runs at all: kernel sources, wherever in the checkout they sit (first match wins).

@@ -45,6 +45,9 @@ class DraftShape:
     #: the server's KV pool keeps the window layers' KV apart (a hybrid pool, SGLang's ``SWAKVPool``): their
     #: reads and writes then name window slots (``window_slot`` of the full slot), not full ones
     window_pool: bool = False
+    #: the server samples its chain drafts for rejection sampling under deterministic inference: each
+    #: request's draw is keyed by its own sampling seed, copied into the graph's seed buffer before a replay
+    seeded_sampling: bool = False
 
     @property
     def pages_per_branch(self) -> int:

@@ -42,6 +42,7 @@ import torch
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.readers import kv_slot_stride
+from vmfuzz.harness.properties.draft_graph import draft_window
 from vmfuzz.harness.properties.graph_replay import AGREEMENT, CAPTURE_REPLAY, EQUIVALENCE, PADDING, judge_stale_reads
 from vmfuzz.harness.properties.graph_shared import INIT_SUB_CHECK, built
 from vmfuzz.harness.properties.kit import Observation, fail, known_goes_on, sub_check_done, sub_check_skipped
@@ -73,8 +74,11 @@ def with_draft_extend(prop: str, verify_check):
 
 def _steps(prop: str, runner: str, target, config: Config, batches: list[Batch], obs: Observation):
     """Each admitted batch of the case: (session, batch, inputs)."""
+    # the EAGLE runner's draft model has window layers where the case's draft-decode model has (the same
+    # choice, by the config): its replay then refills the backend's window rail
+    window = draft_window(config) if runner == RUNNERS[0] else 0
     session = built(("draft extend", config, runner),
-                    lambda: target.draft_extend_session(config, ShadowHeap(), runner))
+                    lambda: target.draft_extend_session(config, ShadowHeap(), runner, window))
     _overruns(prop, runner, session)
     for batch in batches:
         x = session.inputs(batch)

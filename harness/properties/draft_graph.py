@@ -79,7 +79,17 @@ def draft_shape(config: Config, page_size: int = 1) -> DraftShape | None:
         return None
     window = draft_window(config)
     # an unpaged windowed server keeps its window layers' KV apart (SGLang's SWAKVPool is driven unpaged here)
-    return DraftShape(k, n, d, config.max_context_len, page_size, window, window_pool=bool(window) and page_size == 1)
+    return DraftShape(k, n, d, config.max_context_len, page_size, window, window_pool=bool(window) and page_size == 1,
+                      seeded_sampling=draft_seeded(config))
+
+
+def draft_seeded(config: Config) -> bool:
+    """Whether the case's server samples its drafts for rejection sampling under deterministic inference
+    (each request's draw keyed by its seed, which a replay copies into the graph): half the chain servers
+    (rejection sampling verifies topk-1 chains), chosen by the config, so a repro replays as it was judged."""
+    if config.topk != 1 or config.d != config.spec_steps + 1:
+        return False
+    return (zlib.crc32(repr(config).encode()) // (4 * DRAFT_SHARE)) % 2 == 0
 
 
 def session(prop: str, target, config: Config, obs: Observation, page_size: int = 1, largest_only: bool = False):

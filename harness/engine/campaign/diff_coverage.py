@@ -70,7 +70,7 @@ class Statement:
     last: int
     function: str  # qualified name of the innermost enclosing function ("" at module level)
     header: bool  # a def/class header (with decorators): runs at import
-    conditions: tuple[str, ...]  # the tests of the if-statements around it, outermost first
+    conditions: tuple[str, ...]  # the tests of the if-statements (a loop's: what it iterates) around it, outermost first
     definition: str = ""  # why it is a pure definition that runs nothing to judge ("" when it is code)
 
 
@@ -165,10 +165,14 @@ def parse(text: str) -> Source:
             statements.append(Statement(node.lineno, max(node.lineno, first_child - 1), function, False, conditions,
                                         block_kind))
             test = ast.unparse(node.test) if isinstance(node, (ast.If, ast.While)) else None
+            # a loop's body runs only when what it iterates holds something; its else runs either way
+            loop = ast.unparse(node.iter) if isinstance(node, (ast.For, ast.AsyncFor)) else None
             for name, block in blocks:
                 cond = conditions
                 if test is not None:
                     cond = conditions + ((test,) if name == "body" else (f"not ({test})",))
+                elif loop is not None and name == "body":
+                    cond = conditions + (loop,)
                 # only the TYPE_CHECKING branch is typing: its else runs
                 walk(block, scope, function, cond, block_kind if name == "body" else typing)
             for h in handlers:

@@ -140,6 +140,23 @@ def _dspark_case(prop: Property, bounds, site: str) -> list[DeepCase]:
              f"{config.max_context_len} [FULL_MASK]", config, [Batch(s) for s in _DSPARK_STEPS])]
 
 
+def _seeded_draft_case(prop: Property, bounds, site: str) -> list[DeepCase]:
+    """The graph properties' draft-decode runner on a server that samples its drafts under seeds
+    (``draft_seeded``: a chain server with rejection sampling and deterministic inference, whose replay
+    copies each request's seed into its graph), which a search meets in one chain case in eight at best: a
+    chain of 3 steps, two requests, the first context from 16 up whose config has its draft runner built,
+    seeded, with no window layers (the cheapest such server: about a second of build and replay)."""
+    from vmfuzz.harness.properties.draft_graph import draft_judged, draft_seeded, draft_window
+    if "graph_session" not in prop.needs or "eagle" not in bounds.call_sites:
+        return []
+    chosen = [c for c in (Config(TreeMaskMode.FULL_MASK, 2, ctx, 4, 1, 3, True, site) for ctx in range(16, 128))
+              if draft_judged(c) is None and draft_seeded(c) and not draft_window(c) and prop.applies(c)]
+    if not chosen:
+        return []
+    return [(f"seeded draft replay: topk 1, 3 steps, rejection sampling, context {chosen[0].max_context_len} "
+             "[FULL_MASK]", chosen[0], [Batch((5, 9))])]
+
+
 def deep_cases(prop: Property, bounds, k: ShapeConstants) -> list[DeepCase]:
     site = "eagle" if "eagle" in bounds.call_sites else bounds.call_sites[0]
     out = []
@@ -160,7 +177,8 @@ def deep_cases(prop: Property, bounds, k: ShapeConstants) -> list[DeepCase]:
         # a second would double the case's cost for no class it lacks)
         batches = [first, Batch(lens[::-1], trees)] if prop.steps and lens[0] > lens[-1] else [first]
         out.append((f"{label}, spec_steps={steps} [{mode.name}]", config, batches))
-    return out + _padded_draft_case(prop, bounds, site) + _dspark_case(prop, bounds, site)
+    return (out + _padded_draft_case(prop, bounds, site) + _seeded_draft_case(prop, bounds, site)
+            + _dspark_case(prop, bounds, site))
 
 
 def fixed_cases(target, prop: Property, bounds: Bounds, strategy) -> tuple[list, dict]:

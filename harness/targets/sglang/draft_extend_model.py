@@ -7,7 +7,9 @@ forward context, as SGLang's attention layers do: the request's query rows
 (``qo_indptr``, and only the first ``max_extend_len`` of them, as the extend
 kernel's grid covers no more) and its prefix KV slots (``kv_indptr`` /
 ``kv_indices``); a row sees its prefix and the rows before it in its own
-window. It writes the token's KV at its ``out_cache_loc`` slot and computes a
+window. Where the backend has a sliding window its window layers also read the
+request's window rail (``window_kv_indptr``/``window_kv_indices``, and the
+prefix position ``window_kv_offsets`` says the window starts at). It writes the token's KV at its ``out_cache_loc`` slot and computes a
 hidden state that is a deterministic function of what it read and of the
 target hidden state it was handed (``spec_info.hidden_states``), exact in
 float64.
@@ -46,6 +48,9 @@ class ExtendRow:
     request: int
     row: int  # the token's place in its request's window
     prefix_slots: tuple[int, ...]
+    #: a window layer's: the prefix slots its window rail names, and the prefix position the window starts at
+    window_slots: tuple[int, ...] = ()
+    window_start: int = 0
 
 
 @dataclass
@@ -64,6 +69,18 @@ class ExtendForward:
 
 def _lm_head(states: torch.Tensor) -> torch.Tensor:
     return (states[:, :1] * (torch.arange(VOCAB, dtype=torch.float64) + 1) % 9973).to(torch.float32)
+
+
+def _window_rail(meta, b: int) -> tuple[tuple[int, ...], int]:
+    """Request ``b``'s window rail as a window layer reads it (its slots through the window indptr, the
+    position its window starts at); nothing where the metadata holds no rail (no window layers)."""
+    ptr, ids, offsets = (getattr(meta, f, None) for f in ("window_kv_indptr", "window_kv_indices",
+                                                           "window_kv_offsets"))
+    if ids is None or ptr is None or b + 1 >= ptr.numel():
+        return (), 0
+    lo, hi = int(ptr[b]), int(ptr[b + 1])
+    start = int(offsets[b]) if offsets is not None and b < offsets.numel() else 0
+    return tuple(ids[lo:hi].tolist()), start
 
 
 class DraftExtendModel:
@@ -85,9 +102,10 @@ class DraftExtendModel:
         attended: list[ExtendRow | None] = [None] * n
         for b in range(len(qo) - 1):
             slots = tuple(meta.kv_indices[kv_ptr[b]:kv_ptr[b + 1]].tolist())
+            window, start = _window_rail(meta, b)
             for j in range(min(qo[b + 1] - qo[b], width)):
                 if 0 <= qo[b] + j < n:
-                    attended[qo[b] + j] = ExtendRow(b, j, slots)
+                    attended[qo[b] + j] = ExtendRow(b, j, slots, window, start)
         return attended
 
     def forward(self, input_ids, positions, forward_batch, **kwargs):
@@ -107,6 +125,7 @@ class DraftExtendModel:
                 values.append(-1.0)
                 continue
             acc = sum(_prefix_content(s) for s in a.prefix_slots) + running.get(a.request, 0)
+            acc += 3 * sum(_prefix_content(s) for s in a.window_slots) + 5 * a.window_start
             running[a.request] = running.get(a.request, 0) + ids[i] * 1000 + pos[i]
             values.append(float((acc * 1000003 + ids[i] * 7919 + pos[i] + int(carried[i]) * 31) % _MOD))
         v = torch.tensor(values, dtype=torch.float64).reshape(n, 1)

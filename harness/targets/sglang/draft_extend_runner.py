@@ -16,6 +16,12 @@ pruning over a deterministic stand-in forward). The eager reference
 (``eager``) is the worker's eager path: the Triton backend's eager
 DRAFT_EXTEND_V2 metadata, the full-width forward, then the rows gathered at
 ``select_index``.
+
+Where the case's draft model has window layers (``window``, the same choice
+as its draft-decode model's) the backend has a sliding window: a replay
+refills its window rail (the slots of each request's last ``window`` prefix
+tokens and where that window starts), which the model's window layers read,
+as they read the eager path's own rail.
 """
 
 from __future__ import annotations
@@ -57,13 +63,14 @@ modules = module_set(dict(
     eagle_info="sglang.srt.speculative.eagle_info"))
 
 
-def build(config: Config, capture_bs: list[int], heap: ShadowHeap | None = None) -> DraftServer:
+def build(config: Config, capture_bs: list[int], heap: ShadowHeap | None = None, window: int = 0) -> DraftServer:
     """An ``EAGLEDraftExtendCudaGraphRunner`` for ``config``'s server, made by its own ``__init__``
-    (which captures a graph at every bs of ``capture_bs``)."""
+    (which captures a graph at every bs of ``capture_bs``). ``window``: the draft model has window
+    layers of that many tokens, which read the backend's window rail (its graph refill)."""
     m = modules()
     space = GraphSpace(heap or ShadowHeap())
     model = DraftExtendModel(space)
-    server = DraftServer(config, space, model, sorted(set(capture_bs)))
+    server = DraftServer(config, space, model, sorted(set(capture_bs)), window=window)
     backend = extend_backend(server)
     worker = draft_worker(server, [backend])
     with bound(*bindings(server, [m.runner])):

@@ -44,12 +44,12 @@ def not_driven(config: Config, runner: str) -> str | None:
 class DraftExtendSession(RunnerView):
     """One draft-extend runner of a server, its graphs captured at every captured bs."""
 
-    def __init__(self, config: Config, heap: ShadowHeap, runner: str = RUNNERS[0]):
+    def __init__(self, config: Config, heap: ShadowHeap, runner: str = RUNNERS[0], window: int = 0):
         self.config, self.runner_name = config, runner
         sizes = captured_sizes(config.max_bs)
         if runner == RUNNERS[0]:
             self.driver = draft_extend_runner
-            self.server = draft_extend_runner.build(config, sizes, heap)
+            self.server = draft_extend_runner.build(config, sizes, heap, window=window)
             self.server.width = config.d
         else:
             self.driver = multi_layer_runner

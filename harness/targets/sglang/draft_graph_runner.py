@@ -36,7 +36,12 @@ write slots are refilled from its columns of the plan (``_step_writes``,
 redzoned static buffers.
 
 Pool row 0 is the reserved row padding reads; real requests sit in rows
-``max_bs .. 1`` (last first). Not driven: rejection sampling, DP/MLP-sync
+``max_bs .. 1`` (last first). A shape's ``seeded_sampling`` is a chain server
+with rejection sampling under deterministic inference: each live batch then
+carries warm temperatures, the whole vocabulary and a seed per request, the
+draft steps sample (SGLang's seeded draw, its hash SGLang's Triton kernel run
+interpreted, ``_seed_hash``), and the runner copies the seeds into its graph's
+buffer before a replay. Not driven: unseeded sampling (a graph's RNG), DP/MLP-sync
 gathers, DSA seeds, mrope, canary, hot-token maps (each off in this server).
 """
 
@@ -95,6 +100,7 @@ _MODULES = {
     "eagle_info": "sglang.srt.speculative.eagle_info",
     "spec_info": "sglang.srt.speculative.spec_info",
     "sampling": "sglang.srt.sampling.sampling_batch_info",
+    "murmur": "sglang.kernels.ops.sampling.murmur_hash",
 }
 
 
@@ -138,9 +144,9 @@ def _context(shape: DraftShape, capture_bs: list[int]) -> dict:
     config = SimpleNamespace(topk=shape.topk, spec_steps=shape.steps, d=shape.draft_tokens)
     out = answers(config, capture_bs)
     spec = out["get_spec"]()
-    spec.speculative_use_rejection_sampling = False
+    spec.speculative_use_rejection_sampling = shape.seeded_sampling
     exec_ = out["get_exec"]()
-    exec_.deterministic = SimpleNamespace(enable_deterministic_inference=False)
+    exec_.deterministic = SimpleNamespace(enable_deterministic_inference=shape.seeded_sampling)
     schedule = SimpleNamespace(page_size=shape.page_size, max_running_requests=max(capture_bs))
     out["get_schedule"] = lambda: schedule
     for probe in ("require_gathered_buffer", "require_mlp_tp_gather", "require_mlp_sync", "require_attn_tp_gather"):
@@ -157,7 +163,18 @@ def bindings(server_or_shape, capture_bs: list[int], space: GraphSpace) -> list[
                         [m.runner, m.worker, m.base_worker, m.backend_utils, m.capture_mode, m.spec_utils],
                         _context(shape, capture_bs))
     return out + [(m.runner, "get_batch_sizes_to_capture", lambda *a, **k: (list(capture_bs), [])),
-                  (m.runner, "maybe_flashinfer_autotune_speculative_draft", lambda *a, **k: None)]
+                  (m.runner, "maybe_flashinfer_autotune_speculative_draft", lambda *a, **k: None),
+                  (m.murmur, "murmur_hash32", _seed_hash)]
+
+
+def _seed_hash(seed, positions, col_indices):
+    """A seeded draw's hash through SGLang's own Triton kernel (interpreted here): on CPU tensors its wrapper
+    would load the CPU engine's compiled op instead (sgl_kernel: not installed, not the code under test)."""
+    rows, cols, block = seed.shape[0], col_indices.shape[0], 1024
+    hashed = torch.empty((rows, cols), dtype=torch.uint32)
+    modules().murmur.murmur_hash32_kernel[(rows, -(-cols // block))](
+        seed, positions, col_indices, hashed, rows, cols, BLOCK_SIZE=block)
+    return hashed
 
 
 def _pool(shape: DraftShape, heap: ShadowHeap, rows: int) -> torch.Tensor:
@@ -304,6 +321,12 @@ def live_batch(server: DraftServer, seq_lens: list[int], topk_p, topk_index, hid
         temperatures=torch.ones(bs, 1), top_ps=torch.ones(bs), top_ks=torch.ones(bs, dtype=torch.int32),
         min_ps=torch.zeros(bs), is_all_greedy=False, is_any_greedy=False, need_top_p_sampling=False,
         need_top_k_sampling=False, need_min_p_sampling=False, vocab_size=VOCAB)
+    if server.shape.seeded_sampling:  # sampled drafts: warm rows over the whole vocabulary, a seed per request
+        # never 0 (the seed buffer's start) and a batch's own, so a seed a replay leaves stale draws otherwise
+        sampling.temperatures = torch.tensor([[0.5 + 0.25 * b] for b in range(bs)])
+        sampling.top_ks = torch.full((bs,), VOCAB, dtype=torch.int32)
+        sampling.sampling_seed = torch.tensor([7919 * s + 104729 * b + 31 * bs + 1 for b, s in enumerate(seq_lens)])
+        spec.draft_probs = torch.softmax(torch.arange(bs * VOCAB, dtype=torch.float32).view(bs, VOCAB) % 5, dim=-1)
     fb = m.forward_info.ForwardBatch(
         forward_mode=m.forward_info.ForwardMode.DECODE, batch_size=bs, input_ids=None,
         req_pool_indices=torch.arange(bs, 0, -1, dtype=torch.long), seq_lens=lens, seq_lens_cpu=lens.clone(),

@@ -55,6 +55,8 @@ class DraftServer:
     pool: dict = field(default_factory=dict)
     #: per-request width of the window the runner captures (d, or d + front)
     width: int = 0
+    #: the draft model's sliding window (0: no window layers), its layers then reading the window rail
+    window: int = 0
 
     @property
     def spec_algorithm(self):
@@ -121,7 +123,8 @@ def extend_backend(server: DraftServer, graphs: bool = True):
     runner will call its ``init_cuda_graph_state``, whose KV-id buffer becomes a redzoned static."""
     from vmfuzz.harness.targets.sglang.readers import triton_backend
     config = server.config
-    backend = triton_backend(None, config, config.max_bs, torch.device("cpu"), server.space.heap, graphs=False)
+    backend = triton_backend(None, config, config.max_bs, torch.device("cpu"), server.space.heap, graphs=False,
+                             window=server.window or None)
     if graphs:
         real = type(backend).init_cuda_graph_state
 
@@ -130,6 +133,10 @@ def extend_backend(server: DraftServer, graphs: bool = True):
             out = real(backend, max_bs, max_num_tokens, *args, **kwargs)
             backend.cuda_graph_kv_indices = server.space.static(
                 "kv_indices", backend.cuda_graph_kv_indices, redzone_cells=config.max_context_len + 64)
+            if server.window:  # the window rail a replay refills (indices, and each request's first column)
+                for name in ("cuda_graph_window_kv_indices", "cuda_graph_window_kv_offsets", "window_kv_indptr"):
+                    setattr(backend, name, server.space.static(name.removeprefix("cuda_graph_"),
+                                                               getattr(backend, name), redzone_cells=64))
             backend.kv_index_translator = gathers
             return out
         backend.init_cuda_graph_state = init_cuda_graph_state

@@ -54,11 +54,15 @@ SURFACE = tuple((RUNNER_FILE, fn, _PROPS) for fn in (
     "fill_draft_extend_prepare_buffers_native", "rotate_input_ids", "rotate_input_ids_kernel"))
 
 _ONE = "OneGraphMultiLayerEagleMultiStepDraftExtendCudaGraphRunner."
+#: why the single-graph variant is not built: the worker picks it (SGLANG_ENABLE_SINGLE_CG_DRAFT, on by default)
+#: only where every step's backend rebuilds or stages its draft-extend metadata in graph; Triton does neither
+_ONE_WHY = ("the single-graph variant: the worker builds it only over draft-extend backends that rebuild or stage "
+            "their metadata in graph (FA3 in 0.5.23); over Triton, driven here, a server runs the per-step graphs")
 #: What it does not reach, and why (docs/generated/not-driven.md).
 NOT_DRIVEN = tuple((RUNNER_FILE, fn, why) for fn, why in (
-    (_ONE + "_init_and_capture", "the single-graph variant (SGLANG_ENABLE_SINGLE_CG_DRAFT) is not built here"),
-    (_ONE + "_capture_one_graph", "the single-graph variant (SGLANG_ENABLE_SINGLE_CG_DRAFT) is not built here"),
-    (_ONE + "replay", "the single-graph variant (SGLANG_ENABLE_SINGLE_CG_DRAFT) is not built here"),
+    (_ONE + "_init_and_capture", _ONE_WHY),
+    (_ONE + "_capture_one_graph", _ONE_WHY),
+    (_ONE + "replay", _ONE_WHY),
     (_MULTI + "stage_shared_reads", "metadata staging needs a backend that stages it (Triton does not) and the "
                                     "target graph's in-graph read fence"),
     (_MULTI + "clone_draft_probs", "rejection sampling's in-graph proposal belongs to the single-graph variant"),

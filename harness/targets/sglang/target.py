@@ -355,10 +355,10 @@ class SglangTarget:
                  if config.call_site == "pp" else None)
         return graph_session.GraphSession(config, mask, heap, stage, capture, **server)
 
-    def draft_extend_session(self, config: Config, heap: ShadowHeap, runner: str):
-        """One of SGLang's draft-extend cuda-graph runners (``draft_extend_session.RUNNERS``), captured."""
+    def draft_extend_session(self, config: Config, heap: ShadowHeap, runner: str, window: int = 0):
+        """One of SGLang's draft-extend cuda-graph runners, captured; ``window``: its model's (0: none)."""
         from vmfuzz.harness.targets.sglang import draft_extend_session
-        return draft_extend_session.DraftExtendSession(config, heap, runner)
+        return draft_extend_session.DraftExtendSession(config, heap, runner, window)
 
     def draft_extend_not_driven(self, config: Config, runner: str) -> str | None:
         from vmfuzz.harness.targets.sglang import draft_extend_session
