@@ -49,6 +49,28 @@ EXCLUDED = {
 }
 
 
+#: Where SGLang itself keys by an object's ``id()`` (an address: another one in every run of the same code),
+#: (type name, field) -> why. The field is recorded with each such address written ``<address>``; a dict of
+#: them (a ``_write_ids`` keyed by that key) has its keys written so too, in their own order, so two runs
+#: compare entry by entry, and the entries' values still are.
+ADDRESSED = {
+    ("IdSpace", "key"): "a KV id space's key: its kind and id() of the allocator it maps to",
+    ("KVLocPlan", "_write_ids"): "the write slots per id space, keyed by that space's key (kind, id() of its "
+                                 "allocator)",
+}
+#: an id() on a 64-bit CPython: an address far past any count, length or slot a case makes
+_ADDRESS = 2 ** 40
+
+
+def without_addresses(value):
+    """``value`` (an int, or a tuple of them and other keys) with each address written ``<address>``."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= _ADDRESS:
+        return "<address>"
+    if isinstance(value, tuple):
+        return tuple(without_addresses(v) for v in value)
+    return value
+
+
 class Leaves:
     """Digests of values' leaves, by path; ``root`` (a checkout's folder) is written as <checkout>."""
 
@@ -84,16 +106,27 @@ class Leaves:
                 self.walk(value[key], f"{path}[{key}]", depth, seen)
         elif isinstance(value, msgspec.Struct):
             for name in value.__struct_fields__:
-                self.walk(getattr(value, name), f"{path}.{name}", depth, seen)
+                self._field(type(value).__name__, name, getattr(value, name), path, depth, seen)
         elif dataclasses.is_dataclass(value) and not isinstance(value, type):
             for f in dataclasses.fields(value):
-                self.walk(getattr(value, f.name, None), f"{path}.{f.name}", depth, seen)
+                self._field(type(value).__name__, f.name, getattr(value, f.name, None), path, depth, seen)
         elif depth < OBJECT_DEPTH and hasattr(value, "__dict__"):
             self.put(path + "#type", type(value).__name__.encode())
             kind = type(value).__name__
             for name in sorted(vars(value)):
                 if (kind, name) not in EXCLUDED and ("*", name) not in EXCLUDED:
-                    self.walk(vars(value)[name], f"{path}.{name}", depth + 1, seen)
+                    self._field(kind, name, vars(value)[name], f"{path}", depth + 1, seen)
+
+    def _field(self, kind: str, name: str, value, path: str, depth: int, seen: frozenset) -> None:
+        where = f"{path}.{name}"
+        if (kind, name) not in ADDRESSED:
+            return self.walk(value, where, depth, seen)
+        if isinstance(value, dict):
+            self.put(where + "#len", str(len(value)).encode())
+            for i, (key, item) in enumerate(value.items()):
+                self.walk(item, f"{where}[{without_addresses(key)} #{i}]", depth, seen)
+            return None
+        return self.walk(without_addresses(value), where, depth, seen)
 
     def _tensor(self, t, path: str) -> None:
         import torch
