@@ -70,6 +70,7 @@ VERIFY_MASK_PATTERNS = (
 #: none is missing.
 NAMED_FOR_THE_WORKFLOW = (
     "kernels/jit/include/sgl_kernel/speculative/eagle.cuh",
+    "kernels/ops/sampling/murmur_hash.py",  # driven: the seeded draft sampling's per-request hash (draft_seeded)
     "kernels/ops/speculative/__init__.py",
     "kernels/ops/speculative/cache_locs.py",  # driven: the draft and verify windows' KV slots
     "kernels/ops/speculative/multi_layer_eagle.py",  # driven: the multi-layer draft-extend prepare and id rotation
