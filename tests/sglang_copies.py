@@ -134,10 +134,15 @@ def assert_not_a_raise(detail: str, origin=None) -> None:
 def replay_on_copy(site: Path, tmp_path: Path, config: dict, seq_lens, prop: str):
     """``vmfuzz replay`` of one case (``config``, one batch of ``seq_lens``) on the copy at ``site``,
     checked by ``prop`` alone, in-process; returns (process, its output)."""
+    return replay_steps_on_copy(site, tmp_path, config, [seq_lens], prop)
+
+
+def replay_steps_on_copy(site: Path, tmp_path: Path, config: dict, steps, prop: str):
+    """As ``replay_on_copy``, with a batch of lengths per step (``steps``: one ``seq_lens`` each)."""
     import json
 
     repro = tmp_path / "case.json"
-    repro.write_text(json.dumps({"config": config, "batches": [{"seq_lens": list(seq_lens)}]}))
+    repro.write_text(json.dumps({"config": config, "batches": [{"seq_lens": list(s)} for s in steps]}))
     return run_on_copy(site, tmp_path, "replay", str(repro), "--target", "sglang", "--property", prop,
                        "--isolate", "off", "--report-dir", str(tmp_path / "report"))
 

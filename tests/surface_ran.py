@@ -37,3 +37,21 @@ def assert_texts_ran(root: Path, places, data) -> None:
         lines = (root / rel).read_text().splitlines()
         at = [i + 1 for i, line in enumerate(lines) if text in line]
         assert at and set(at) & set(data.lines(str(root / rel)) or ()), f"{rel}: {text!r} never ran"
+
+
+def checked_under_coverage(target, prop: str, config, batches, files):
+    """One check of ``prop`` on the installed SGLang with coverage.py over ``files`` (relative to SGLang's
+    package), as the gate measures: (the package root, the check's observation, the coverage data)."""
+    import importlib.util
+
+    import coverage
+
+    from vmfuzz.harness.properties import PROPERTIES
+    root = Path(importlib.util.find_spec("sglang").origin).parent
+    cov = coverage.Coverage(include=sorted({str(root / f) for f in files}), data_file=None)
+    cov.start()
+    try:
+        obs = PROPERTIES[prop].check(target, config, batches)
+    finally:
+        cov.stop()
+    return root, obs, cov.get_data()

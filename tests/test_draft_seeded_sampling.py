@@ -17,7 +17,7 @@ import pytest
 
 from tests.helpers import sglang_or_skip
 from tests.sglang_copies import assert_altered_replay_caught, assert_altered_replay_holds
-from tests.surface_ran import assert_texts_ran
+from tests.surface_ran import assert_texts_ran, checked_under_coverage
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.layouts import TreeMaskMode
 
@@ -75,20 +75,8 @@ def test_a_seeded_replay_draws_what_the_eager_draft_draws(sglang_target):
 
 def test_the_judged_sglang_lines_ran(sglang_target):
     """coverage.py, as the gate measures: the seed copy ran under the property."""
-    import importlib.util
-    from pathlib import Path
-
-    import coverage
-
-    from vmfuzz.harness.properties import PROPERTIES
-    root = Path(importlib.util.find_spec("sglang").origin).parent
-    cov = coverage.Coverage(include=[str(root / RUNNER[0])], data_file=None)
-    cov.start()
-    try:
-        PROPERTIES[PROP].check(sglang_target, _config(), [Batch(LENS)])
-    finally:
-        cov.stop()
-    assert_texts_ran(root, LINES, cov.get_data())
+    root, _, data = checked_under_coverage(sglang_target, PROP, _config(), [Batch(LENS)], [RUNNER[0]])
+    assert_texts_ran(root, LINES, data)
 
 
 @pytest.mark.slow

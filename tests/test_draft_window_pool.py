@@ -17,7 +17,7 @@ import pytest
 
 from tests.helpers import sglang_or_skip
 from tests.sglang_copies import assert_altered_replay_caught, assert_altered_replay_holds
-from tests.surface_ran import assert_texts_ran, surface_never_ran
+from tests.surface_ran import assert_texts_ran, checked_under_coverage, surface_never_ran
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.layouts import TreeMaskMode
 
@@ -87,23 +87,10 @@ def test_the_judged_sglang_lines_ran(sglang_target):
     """coverage.py, as the gate measures: the draft backend's surface ran under the property (an exact replay:
     the runner's padded-row cut is test_draft_graph's), and so did the two branches only a window-pool server
     takes."""
-    import importlib.util
-    from pathlib import Path
-
-    import coverage
-
-    from vmfuzz.harness.properties import PROPERTIES
     from vmfuzz.harness.targets.sglang.draft_graph_runner import SURFACE, TRITON_FILE
     surface = [row for row in SURFACE if row[0] == TRITON_FILE]
-    root = Path(importlib.util.find_spec("sglang").origin).parent
-    cov = coverage.Coverage(include=[str(root / TRITON_FILE)], data_file=None)
-    cov.start()
-    try:
-        obs = PROPERTIES[PROP].check(sglang_target, _config(), [Batch(LENS)])
-    finally:
-        cov.stop()
+    root, obs, data = checked_under_coverage(sglang_target, PROP, _config(), [Batch(LENS)], [TRITON_FILE])
     assert "draft: window layers' KV apart (a hybrid pool)" in obs.classes, sorted(obs.classes)
-    data = cov.get_data()
     unrun = surface_never_ran(root, surface, data)
     assert not unrun, f"driven functions whose lines never ran: {unrun}"
     assert_texts_ran(root, LINES, data)

@@ -11,12 +11,10 @@ pristine copy holds; and coverage shows the DSpark lines ran.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from tests.helpers import sglang_or_skip
-from tests.sglang_copies import altered_copy, failed_check_origin, run_on_copy
+from tests.sglang_copies import altered_copy, failed_check_origin, replay_steps_on_copy
 from tests.surface_ran import assert_texts_ran, surface_never_ran
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.layouts import TreeMaskMode
@@ -71,11 +69,7 @@ def _config(context: int = 35, skip_view: bool = False) -> Config:
 
 
 def _run(site, tmp_path, prop: str, context: int = 35):
-    repro = tmp_path / "case.json"
-    config = {**CONFIG, "max_context_len": context}
-    repro.write_text(json.dumps({"config": config, "batches": [{"seq_lens": list(s)} for s in SEQ_LENS]}))
-    return run_on_copy(site, tmp_path, "replay", str(repro), "--target", "sglang", "--property", prop,
-                       "--isolate", "off", "--report-dir", str(tmp_path / "report"))
+    return replay_steps_on_copy(site, tmp_path, {**CONFIG, "max_context_len": context}, SEQ_LENS, prop)
 
 
 @pytest.mark.slow

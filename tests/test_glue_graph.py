@@ -19,7 +19,7 @@ import json
 import pytest
 
 from tests.helpers import sglang_or_skip
-from tests.sglang_copies import altered_copy, failed_check_origin, run_on_copy
+from tests.sglang_copies import altered_copy, failed_check_origin, replay_steps_on_copy
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.layouts import TreeMaskMode
 
@@ -64,20 +64,13 @@ REFACTOR = [(GLUE, r"            for backend, metadata in st\[\"meta\"\]:\n"
              "            self.reinstall(key)\n")]
 
 
-def _run(site, tmp_path, config: dict, seq_lens, prop: str):
-    repro = tmp_path / "case.json"
-    repro.write_text(json.dumps({"config": config, "batches": [{"seq_lens": list(s)} for s in seq_lens]}))
-    return run_on_copy(site, tmp_path, "replay", str(repro), "--target", "sglang", "--property", prop,
-                       "--isolate", "off", "--report-dir", str(tmp_path / "report"))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ALTERATIONS))
 def test_each_planted_glue_bug_is_caught_by_its_property(tmp_path, monkeypatch, name):
     sglang_or_skip()
     monkeypatch.setenv("VMFUZZ_GLUE_SHARE", "1")
     edits, prop, buffers = ALTERATIONS[name]
-    proc, out = _run(altered_copy(tmp_path, edits, name), tmp_path, CONFIG, SEQ_LENS, prop)
+    proc, out = replay_steps_on_copy(altered_copy(tmp_path, edits, name), tmp_path, CONFIG, SEQ_LENS, prop)
     assert proc.returncode == 1, out
     origin = failed_check_origin(tmp_path / "report", out)
     assert origin["property"] == prop and origin["writer"] in (GLUE_REPLAY, GLUE_ROUTE), origin
@@ -90,8 +83,8 @@ def test_a_glue_refactor_holds_and_so_does_the_pristine_copy(tmp_path, monkeypat
     sglang_or_skip()
     monkeypatch.setenv("VMFUZZ_GLUE_SHARE", "1")
     edits = REFACTOR if prop != "padding-inert" else []
-    proc, out = _run(altered_copy(tmp_path, edits, "refactor" if edits else None), tmp_path, CONFIG, SEQ_LENS,
-                     prop)
+    site = altered_copy(tmp_path, edits, "refactor" if edits else None)
+    proc, out = replay_steps_on_copy(site, tmp_path, CONFIG, SEQ_LENS, prop)
     assert proc.returncode == 0 and f"held {prop}" in out, out
 
 
