@@ -28,6 +28,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vmfuzz.harness.engine.campaign.operand_lines import code_lines, ran_around, unrun_lines
+
 from vmfuzz.harness.engine.core.line_trace import NO_PROPERTY
 from vmfuzz.harness.model.device_only import device_branch, device_file
 from vmfuzz.harness.report.terminal import spans  # noqa: F401 - re-exported: the gate's messages use it
@@ -214,6 +216,8 @@ class FileLines:
     unprovoked: list[int] = field(default_factory=list)
     why_unprovoked: dict[int, str] = field(default_factory=dict)
     rules: dict[int, str] = field(default_factory=dict)  # judged line -> the rule that judged it
+    #: judged statements whose changed line with code of its own never ran -> why (``settle_operands``)
+    operands_unrun: dict[int, str] = field(default_factory=dict)
     ran_under_property: bool = False  # some line of the file (changed or not) ran inside a check
 
     @property
@@ -259,6 +263,7 @@ def measure(path: str, text: str, traced: str, changed: frozenset[int] | None,
     ``ran``: line -> contexts.
     """
     src = parse(text)
+    code = code_lines(text)
     out = FileLines(path, traced)
     out.ran_under_property = any(ctx != NO_PROPERTY for ctxs in ran.values() for ctx in ctxs)
     on_path: dict[str, str] = {}  # qualified name -> what drives it
@@ -294,15 +299,19 @@ def measure(path: str, text: str, traced: str, changed: frozenset[int] | None,
         if s.header:  # its decorators, defaults and bases are code: judged once its body ran in a check
             qual = next((q for q, (lo, _) in src.functions.items() if lo == s.first), "")
             lo, hi = src.functions.get(qual, (s.first, s.last))
-            props = _properties(contexts(s.last + 1, hi))
+            props, unrun = _properties(contexts(s.last + 1, hi)), []
         else:
             qual = s.function
             props = _properties(contexts(s.first, s.last))
+            own = [n for n in changed if s.first <= n <= s.last and n in code] if s.last > s.first else []
+            unrun = unrun_lines(props, own, contexts, _properties)
         home = _enclosing(qual, on_path)
         if home:
             touched.add(home)
         if props:
             out.judged[s.first] = props
+            if unrun:
+                out.operands_unrun[s.first] = ran_around(qual, props, unrun)
         else:
             _unjudged(out, s, qual, home and f"{home}: {on_path[home]}", NO_PROPERTY in contexts(s.first, s.last))
     out.changed = sorted(firsts)

@@ -146,6 +146,7 @@ def _measured_lines(target, tracing: Tracing) -> dict:
     from vmfuzz.harness.engine.campaign.changes import sglang_relative
     from vmfuzz.harness.engine.campaign.change_paths import changed_lines
     from vmfuzz.harness.engine.campaign.diff_coverage import measure, read_text, untraced
+    from vmfuzz.harness.engine.campaign.operand_lines import settle_operands
     from vmfuzz.harness.engine.campaign.provoked_verdict import judge
     from vmfuzz.harness.engine.core.line_trace import NO_PROPERTY
     from vmfuzz.harness.engine.campaign.surface import loaded_package, sglang_rows
@@ -179,6 +180,7 @@ def _measured_lines(target, tracing: Tracing) -> dict:
             out[path] = measure(path, text, str(real), tracing.changed_lines.get(path), mask_functions,
                                 ran.get(str(real), {}))
             judge(out[path], tracing.probes.get(path, []), counts)
+            settle_operands(out[path])
         except SyntaxError as exc:
             out[path] = untraced(path, f"not driven: it does not parse ({exc.msg}, line {exc.lineno})")
     return out

@@ -117,6 +117,20 @@ def _padded_draft_case(prop: Property, bounds, site: str) -> list[DeepCase]:
              f"{window} [FULL_MASK]", config, [Batch(lens)])]
 
 
+def _padded_multi_layer_case(prop: Property, bounds, site: str) -> list[DeepCase]:
+    """The graph properties' multi-layer draft-extend runners replayed padded: they are judged only on a
+    topk-1 chain with d = steps + 1, and pad only a bs between captured sizes, so a search meets their
+    padded rows (what the prepare kernel writes past the raw rows) late or never: a chain of 2 steps, bs 3
+    in the graph captured at 4, context 32."""
+    if "graph_session" not in prop.needs or "eagle" not in bounds.call_sites:
+        return []
+    config = Config(TreeMaskMode.FULL_MASK, 4, 32, 3, 1, 2, True, site)
+    if not prop.applies(config):
+        return []
+    return [("padded multi-layer draft extend: topk 1, 2 steps, bs 3 in the graph of 4, context 32 [FULL_MASK]",
+             config, [Batch((5, 7, 3))])]
+
+
 #: a DSpark target's steps: bs 1 four times (its glue warmed up and captured, then staged from its own
 #: tensors and taken, and from the step before's and rejected), a padded bs 3 (its stage thrown away), bs 4
 _DSPARK_STEPS = ((9,), (10,), (11,), (12,), (1, 2, 3), (6, 7, 8, 9))
@@ -177,8 +191,8 @@ def deep_cases(prop: Property, bounds, k: ShapeConstants) -> list[DeepCase]:
         # a second would double the case's cost for no class it lacks)
         batches = [first, Batch(lens[::-1], trees)] if prop.steps and lens[0] > lens[-1] else [first]
         out.append((f"{label}, spec_steps={steps} [{mode.name}]", config, batches))
-    return (out + _padded_draft_case(prop, bounds, site) + _seeded_draft_case(prop, bounds, site)
-            + _dspark_case(prop, bounds, site))
+    return (out + _padded_draft_case(prop, bounds, site) + _padded_multi_layer_case(prop, bounds, site)
+            + _seeded_draft_case(prop, bounds, site) + _dspark_case(prop, bounds, site))
 
 
 def fixed_cases(target, prop: Property, bounds: Bounds, strategy) -> tuple[list, dict]:

@@ -86,26 +86,46 @@ def build(config: Config, capture_bs: list[int], heap: ShadowHeap | None = None,
 def live_batch(server: DraftServer, batch: Batch, ids, loc, hidden, accept_lens):
     """The live DRAFT_EXTEND_V2 ForwardBatch ``prepare_for_draft_extend`` makes for ``batch`` after a
     verify that accepted ``accept_lens``: each request's d-token window (ids, KV slots ``loc``, the
-    target's ``hidden`` rows) over its prefix, the forward's lengths the post-write ones."""
+    target's ``hidden`` rows) over its prefix, the forward's lengths the post-write ones. The tensors a
+    prepare reads by row are cut from longer ones whose rest is poison (``past_end``)."""
     m = modules()
-    d, bs = server.config.d, batch.bs
+    d, bs, c = server.config.d, batch.bs, server.config
     prefix = torch.tensor(batch.seq_lens, dtype=torch.long)
-    seq_lens = prefix + d
-    positions = torch.cat([torch.arange(d, dtype=torch.long) + s for s in batch.seq_lens])
+    seq_lens = past_end(prefix + d, c.max_context_len + d, c)
+    positions = past_end(torch.cat([torch.arange(d, dtype=torch.long) + s for s in batch.seq_lens]),
+                         c.max_context_len + d, c)
     accept = torch.tensor(accept_lens, dtype=torch.int32)
     spec = m.eagle_info.EagleDraftExtendInput(
-        hidden_states=hidden.clone(), num_correct_drafts=accept - 1, num_accept_tokens=accept.clone(),
-        num_tokens_per_req=d, num_tokens_for_logprob_per_req=d)
+        hidden_states=hidden.clone(), num_correct_drafts=past_end(accept - 1, d - 1, c),
+        num_accept_tokens=past_end(accept.clone(), d, c), num_tokens_per_req=d, num_tokens_for_logprob_per_req=d)
     fi = m.forward_info
+    rows = request_rows(bs)
     return fi.ForwardBatch(
-        forward_mode=fi.ForwardMode.DRAFT_EXTEND_V2, batch_size=bs, input_ids=ids.clone(),
-        req_pool_indices=torch.tensor(request_rows(bs), dtype=torch.long), seq_lens=seq_lens,
-        seq_lens_cpu=seq_lens.clone(), seq_lens_sum=int(seq_lens.sum()), out_cache_loc=loc.clone(),
+        forward_mode=fi.ForwardMode.DRAFT_EXTEND_V2, batch_size=bs, input_ids=past_end(ids.clone(), 12, c),
+        req_pool_indices=past_end(torch.tensor(rows, dtype=torch.long), rows[0], c), seq_lens=seq_lens,
+        seq_lens_cpu=seq_lens.clone(), seq_lens_sum=int(seq_lens.sum()), out_cache_loc=past_end(loc.clone(), loc, c),
         positions=positions, extend_seq_lens=torch.full((bs,), d, dtype=torch.int32),
         extend_prefix_lens=prefix.to(torch.int32), extend_seq_lens_cpu=[d] * bs,
         extend_prefix_lens_cpu=list(batch.seq_lens), extend_num_tokens=bs * d,
         extend_start_loc=torch.arange(0, bs * d, d, dtype=torch.int32), return_logprob=False,
         spec_algorithm=server.spec_algorithm, spec_info=spec, capture_hidden_mode=fi.CaptureHiddenMode.FULL)
+
+
+def past_end(values: torch.Tensor, poison, config: Config) -> torch.Tensor:
+    """``values``, as the first cells of a tensor ``max_bs * d`` cells longer whose rest holds ``poison``
+    (a value, or a tensor repeated): a live request's pool row, a long length, the batch's own KV slots.
+
+    A server's live batch holds its bs rows and, past them, whatever the allocator left: a prepare
+    kernel whose mask lets a padded row read its source (``i < raw_bs`` lost) reads that. Here it reads
+    poison, the same in every run, so padding-inert sees a padded request take a live request's pool
+    row and a long length, or a padded token a live KV slot, where unguarded memory would make the
+    catch a matter of chance."""
+    n, extra = values.shape[0], config.max_bs * config.d
+    whole = torch.empty((n + extra,), dtype=values.dtype)
+    whole[:n] = values
+    tail = torch.as_tensor(poison, dtype=values.dtype).reshape(-1)
+    whole[n:] = tail.repeat(extra // tail.numel() + 1)[:extra]
+    return whole[:n]
 
 
 def request_rows(bs: int) -> list[int]:
