@@ -39,6 +39,8 @@ def start_on_base(checkout_root: Path, base: str, scratch: Path, module: str,
     env["PYTHONPATH"] = os.pathsep.join([str(tree / "python"), harness_root])
     proc = subprocess.Popen([sys.executable, "-W", "ignore", "-m", module, str(tree / "python"), *args],
                             env=env, cwd=scratch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    from vmfuzz.harness.engine.core import clock
+    clock.track(proc)  # a gate its cap ends leaves no base process running
     return proc, None
 
 

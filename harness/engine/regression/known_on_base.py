@@ -91,14 +91,21 @@ class Pending:
         self.base, self.proc, self.scratch, self.failed = base, proc, scratch, failed
 
     def result(self, timeout: float = BASE_TIMEOUT) -> BaseVerdict:
+        """The base's answer, waited for at most ``timeout`` and never past a gate's time cap: a base the
+        cap stops is could not check (``clock.cut``), and the entries' ranges decide meanwhile."""
+        from vmfuzz.harness.engine.core import clock
         try:
             if self.failed or self.proc is None:
                 return BaseVerdict(self.base, failed=self.failed or "no replay process")
             try:
-                out, err = self.proc.communicate(timeout=timeout)
+                out, err = self.proc.communicate(timeout=clock.bounded(timeout))
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.communicate()
+                if clock.reached():
+                    clock.cut(f"the time cap of {clock.cap():g} s was reached before the base {self.base[:12]} "
+                              "had replayed the known entries, so which are known was not decided on the base")
+                    return BaseVerdict(self.base, failed="the gate's time cap was reached first")
                 return BaseVerdict(self.base, failed=f"no answer within {timeout:g}s")
             said = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
             if self.proc.returncode or any("failed" in d for d in said):
