@@ -68,3 +68,27 @@ def test_a_gate_hung_in_a_phase_ends_within_its_grace_with_reports_saying_where(
     assert s["time_cap"]["reached"] and s["time_cap"]["used_seconds"] <= wall
     assert f"the time cap of {CAP:g} s was reached" in why and "(reached)" in proc.stdout
     assert "**COULD NOT CHECK**" in (rep / "summary.md").read_text()
+
+
+def test_a_search_whose_check_runs_into_the_cap_is_cut_there_never_a_hang_finding(tmp_path, monkeypatch):
+    """The check in flight at the cap (a lane's, a replay's) is stopped at the cap, not at its example
+    timeout, and that is could not check: no target-hang finding, no example timeout waited for."""
+    from vmfuzz.harness.engine.core import clock
+    from vmfuzz.harness.engine.core.isolation import IsolatedChecker
+    from vmfuzz.harness.engine.search.search import run_property
+    from vmfuzz.harness.model.bounds import Bounds
+    from vmfuzz.harness.properties import PROPERTIES
+    from vmfuzz.harness.targets import resolve
+    monkeypatch.setenv("VMFUZZ_TEST_SLOW", "2")  # each allocation: longer than the cap
+    target = resolve("tests.plugins:SlowTarget")
+    clock.entered(process_entry=False)
+    clock.start(1.0, watched=False)
+    try:
+        began = time.monotonic()
+        with IsolatedChecker(target, 30) as check:
+            res = run_property(target, PROPERTIES["capacity-liveness"], seed=1, max_examples=5, bounds=Bounds(),
+                               findings_dir=tmp_path, check=check)
+        assert time.monotonic() - began < 1.0 + 1.5
+    finally:
+        clock.stop()
+    assert res.cut_short and not res.faults and res.finding is None, res

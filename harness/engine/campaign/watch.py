@@ -193,7 +193,7 @@ def _past_measuring() -> bool:
     """Past the cap and part of its grace: the lines not yet measured are left (could not check), so
     the reports are written within the grace."""
     from vmfuzz.harness.engine.core import clock
-    if not clock.running() or clock.left() > -0.4 * clock.grace(clock.cap()):
+    if not clock.running() or clock.left() > -0.25 * clock.grace(clock.cap()):
         return False
     clock.cut(f"the gate's time cap of {clock.cap():g} s was reached before every changed file's lines "
               "were measured")

@@ -59,12 +59,15 @@ def _process_started() -> float:
     return time.monotonic() - age if 0 <= age < 3600 else time.monotonic()
 
 
-def start(cap: float, on_overrun: Callable[[], None] | None = None) -> None:
+def start(cap: float, on_overrun: Callable[[], None] | None = None, *, watched: bool = True) -> None:
     """The cap counts from the command's start (``entered``, else now); the watch that holds the
-    process to it starts. ``on_overrun()`` writes the reports of a gate the watch ends."""
+    process to it starts (not ``watched``: a caller that is no command, a test). ``on_overrun()``
+    writes the reports of a gate the watch ends."""
     stop()
     began = _clock["entered"] or time.monotonic()
     _clock.update(start=began, cap=float(cap), cut=[], phase="", settled=False, fired=False)
+    if not watched:
+        return
     done = threading.Event()
     watch = threading.Thread(target=_watch, args=(done, threading.main_thread().ident, on_overrun),
                              name="vmfuzz-cap", daemon=True)
@@ -151,12 +154,12 @@ def fired() -> bool:
 def _watch(done: threading.Event, main_thread: int | None, on_overrun) -> None:
     """Part-way through the grace, ``CapReached`` in the main thread; at its end, the process ended."""
     total = grace(_clock["cap"])
-    if done.wait(max(0.0, end() + total * 0.6 - time.monotonic())):
+    if done.wait(max(0.0, end() + total * 0.4 - time.monotonic())):
         return
     if not _clock["settled"] and main_thread is not None:
         _clock["fired"] = True
         _raise_in(main_thread)
-    if done.wait(max(0.0, end() + total - 1.0 - time.monotonic())):
+    if done.wait(max(0.0, end() + total - 0.5 - time.monotonic())):
         return
     try:
         print(f"vmfuzz: the time cap of {_clock['cap']:g} s and its {total:g} s grace were spent "
