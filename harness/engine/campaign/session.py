@@ -209,7 +209,8 @@ def execute(plan: RunPlan, target, show, ui) -> RunOutcome:
         _warn(outcome, list(plan.warnings))
         names, not_driven = _searchable(plan)
         # a target's one-off work that every forked lane and checker would otherwise repeat alone
-        getattr(target, "before_forks", lambda names: None)(names)
+        if not clock.reached():  # past a gate's cap nothing forks: its one-off work would serve nobody
+            getattr(target, "before_forks", lambda names: None)(names)
         lanes = _lanes_started(plan, target, names, t0)
         _replays(plan, target, ui, outcome.replays)
         _known(plan, target, ui, outcome.known)
@@ -274,7 +275,7 @@ def _lanes_started(plan: RunPlan, target, names: list[str], t0: float):
     """Lanes searching while this process replays, where this run searches in lanes; else None."""
     from vmfuzz.harness.engine.campaign.parallel import lane_slots, start_lanes
     slots = lane_slots(plan, target, names) if plan.workers <= 1 else None
-    if not slots:
+    if not slots or clock.reached():  # past a gate's cap no lane is forked: nothing would be searched in it
         return None
     from vmfuzz.harness.engine.regression.known import attach
     attach(target, list(plan.known))  # forked with the entries the search sees, as _known attaches them

@@ -29,7 +29,7 @@ from typing import Callable
 
 #: the state of this process's clock (a forked child's copy is its parent's at the fork)
 _clock: dict = {"entered": None, "start": None, "cap": None, "cut": [], "phase": "", "watch": None,
-                "settled": False, "children": [], "fired": False}
+                "settled": False, "children": [], "fired": False, "folders": []}
 
 
 from vmfuzz.harness.model.errors import CapReached  # noqa: F401 - raised and caught as clock.CapReached
@@ -79,7 +79,8 @@ def stop() -> None:
     """The command ended: the watch ends, the clock stops."""
     if _clock["watch"] is not None:
         _clock["watch"][1].set()
-    _clock.update(start=None, cap=None, cut=[], phase="", watch=None, settled=False, children=[], fired=False)
+    _clock.update(start=None, cap=None, cut=[], phase="", watch=None, settled=False, children=[], fired=False,
+                  folders=[])
 
 
 def running() -> bool:
@@ -112,6 +113,11 @@ def bounded(seconds: float) -> float:
     """``seconds``, or what is left of the cap when that is less (never below 0)."""
     remaining = left()
     return seconds if remaining is None else max(0.0, min(seconds, remaining))
+
+
+def leave_no(folder) -> None:
+    """A scratch folder the watch has removed (by a detached ``rm``, not waited for) if it ends the gate."""
+    _clock["folders"].append(str(folder))
 
 
 def track(proc) -> None:
@@ -173,7 +179,20 @@ def _watch(done: threading.Event, main_thread: int | None, on_overrun) -> None:
                 proc.kill()
             except OSError:
                 pass
+        _remove_detached([f for f in _clock["folders"] if os.path.isdir(f)])
         os._exit(3)
+
+
+def _remove_detached(folders: list[str]) -> None:
+    """The folders removed by a process of their own, which outlives this one: thousands of files take
+    seconds the grace has not got."""
+    if folders:
+        import subprocess
+        try:
+            subprocess.Popen(["rm", "-rf", "--", *folders], start_new_session=True, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except OSError:
+            pass
 
 
 def _raise_in(thread_id: int) -> None:

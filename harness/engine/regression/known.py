@@ -109,7 +109,7 @@ def replay_known(found: list[tuple[Path, Known]], target, *, findings_dir: Path 
                 continue
             if got.status == CUT or (got.stopped and not k.matches(got.origin)):
                 out.append(_unfinished(k, path, got, timeout))
-                continue
+                continue  # the cap's: said once for all of them, below
             status = {"held": GONE, "out of step": UNCHECKED}.get(got.status) or (
                 REPRODUCES if k.matches(got.origin) else DIFFERENT)
             o = KnownOutcome(k, path, status, got.detail, origin=got.origin)
@@ -124,7 +124,19 @@ def replay_known(found: list[tuple[Path, Known]], target, *, findings_dir: Path 
             out.append(o)
     finally:
         target.known_findings = saved if saved is not None else ()
+        _cut_by_cap(out)
     return out
+
+
+def _cut_by_cap(out: list[KnownOutcome]) -> None:
+    """One could-not-check line for the entries a gate's time cap left unreplayed."""
+    from vmfuzz.harness.engine.core import clock
+    from vmfuzz.harness.engine.regression.regressions import cap_cut_detail
+    cut = [o for o in out if o.detail == cap_cut_detail()] if clock.running() else []
+    if cut:
+        clock.cut(f"the gate's time cap of {clock.cap():g} s was reached before {len(cut)} known entr"
+                  f"{'y was' if len(cut) == 1 else 'ies were'} replayed ({', '.join(o.entry.name for o in cut)}): "
+                  "whether their repros still fail the way the entries say is unknown")
 
 
 def _replayed(k: Known, target, device: str, isolate: bool, timeout: float):
@@ -141,8 +153,9 @@ def _replayed(k: Known, target, device: str, isolate: bool, timeout: float):
 def _unfinished(k: Known, path: Path, got, timeout: float) -> KnownOutcome:
     """An entry whose replay never ended: could not check (exit 3), never a finding."""
     from vmfuzz.harness.engine.regression.regressions import CUT
-    why = (got.detail if got.status == CUT else
-           f"its replay was stopped before it ended (its timeout, or SIGKILL from outside), and again when "
+    if got.status == CUT:
+        return KnownOutcome(k, path, UNCHECKED, got.detail)
+    why = (f"its replay was stopped before it ended (its timeout, or SIGKILL from outside), and again when "
            f"tried once more with {2 * timeout:g} s ({got.detail})")
     return KnownOutcome(k, path, UNCHECKED, why, unfinished=f"known entry {k.name}: {why}, so whether its repro "
                         "still fails the way the entry says, or another way, is unknown")

@@ -23,7 +23,6 @@ whether the entry's origin patterns match what the replay failed with.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -114,13 +113,18 @@ class Pending:
                 return BaseVerdict(self.base, failed=why)
             return BaseVerdict(self.base, {d["path"]: _said(d) for d in said})
         finally:
-            shutil.rmtree(self.scratch, ignore_errors=True)
+            remove_later(self.scratch)
 
     def cancel(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.communicate()
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        remove_later(self.scratch)
+
+
+def remove_later(scratch: Path) -> None:
+    from vmfuzz.harness.engine.regression.base_code import remove_later as removal
+    removal(scratch)
 
 
 def start(checkout_root: Path, base: str, entry_paths: list[Path]) -> Pending:

@@ -26,7 +26,6 @@ process that imports the base's SGLang and nothing of the change's.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -132,7 +131,7 @@ def _note(stuck, answer: Answer, sha: str) -> str:
 def _asked(cases, checkout_root: Path, base: str, spec: str, case_seconds: float) -> list[Answer]:
     """The base's answer for each case, from one fresh process on its code; "unasked" where it gave none."""
     from vmfuzz.harness.engine.core import clock
-    from vmfuzz.harness.engine.regression.base_code import start_on_base
+    from vmfuzz.harness.engine.regression.base_code import remove_later, start_on_base
     from vmfuzz.harness.model.repro_file import dump, from_case
     if clock.reached():
         return [Answer("unasked", _cap_cut(base, len(cases)))] * len(cases)
@@ -159,7 +158,7 @@ def _asked(cases, checkout_root: Path, base: str, spec: str, case_seconds: float
         by_job = {d["job"]: Answer(d["status"], d.get("detail", ""), d.get("seam", "")) for d in said if "job" in d}
         return [by_job.get(i, Answer("unasked", whole)) for i in range(len(cases))]
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        remove_later(scratch)
 
 
 def _cap_cut(base: str, cases: int) -> str:

@@ -14,8 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable
 
-from hypothesis import HealthCheck, Phase, event, example, given, seed as hseed, settings
-from hypothesis import target as hypothesis_target
+from hypothesis import HealthCheck, Phase, event, example, given, seed as hseed, settings, target as hypothesis_target
 
 from vmfuzz.harness.engine.core.line_trace import direct_check
 from vmfuzz.harness.engine.search.database import KeyedDatabase
@@ -25,7 +24,7 @@ from vmfuzz.harness.engine.search.results import Finding, PropertyResult, Stuck
 from vmfuzz.harness.engine.search.cases import cases
 from vmfuzz.harness.engine.search.deep_corpus import case_key, fixed_cases
 from vmfuzz.harness.engine.core.isolation import TargetFault, TargetRaised
-from vmfuzz.harness.engine.core.signals import check as interrupt_check
+from vmfuzz.harness.engine.core import clock, signals
 from vmfuzz.harness.model.bounds import Bounds
 from vmfuzz.harness.model.errors import CapReached, HarnessError, OutOfStep
 from vmfuzz.harness.model.origin import Origin
@@ -63,12 +62,12 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
     @hseed(seed)
     @given(strategy if strategy is not None else cases(prop, bounds))
     def search(case):
-        # Past the deadline, skip new examples, but never while shrinking or the corpus (a fixed cost)
         config, steps = case
         key = case_key(config, steps) if fixed and not state["failed"] else None
-        if not state["failed"] and deadline is not None and time.monotonic() > deadline and key not in fixed:
+        past = deadline is not None and time.monotonic() > deadline and (key not in fixed or clock.reached())
+        if past and not state["failed"]:  # a shrink never stops; the corpus (a fixed cost) only at a gate's cap
             raise _OutOfTime
-        interrupt_check()  # a Ctrl-C that Hypothesis or a gc callback swallowed ends the search here
+        signals.check()  # a Ctrl-C that Hypothesis or a gc callback swallowed ends the search here
         state["case"] = case
         began = time.perf_counter()
         # Counted before the check: "examples to first detection" includes the failing one.
