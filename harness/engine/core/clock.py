@@ -179,13 +179,13 @@ def _watch(done: threading.Event, main_thread: int | None, on_overrun) -> None:
                 proc.kill()
             except OSError:
                 pass
-        _remove_detached([f for f in _clock["folders"] if os.path.isdir(f)])
+        remove_detached([f for f in _clock["folders"] if os.path.isdir(f)])
         os._exit(3)
 
 
-def _remove_detached(folders: list[str]) -> None:
-    """The folders removed by a process of their own, which outlives this one: thousands of files take
-    seconds the grace has not got."""
+def remove_detached(folders: list[str]) -> None:
+    """The folders removed by a process of their own, which outlives this one: a base's scratch (about
+    100 MB, thousands of files) takes seconds the grace has not got."""
     if folders:
         import subprocess
         try:

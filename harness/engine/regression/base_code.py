@@ -70,12 +70,19 @@ def remove_later(scratch: Path) -> None:
     remover = threading.Thread(target=shutil.rmtree, args=(scratch,), kwargs={"ignore_errors": True},
                                name="vmfuzz-remove-base", daemon=True)
     remover.start()
-    _removing.append(remover)
+    _removing.append((remover, scratch))
 
 
 def removed(timeout: float) -> None:
-    """Waits for the removals begun, at most ``timeout`` seconds in all: the gate's last act."""
+    """Waits for the removals begun, at most ``timeout`` seconds in all (the gate's last act); what is
+    still there then is left to a detached ``rm``, which outlives this process."""
     import time
+    from vmfuzz.harness.engine.core import clock
     end = time.monotonic() + timeout
+    left = []
     while _removing:
-        _removing.pop().join(max(0.0, end - time.monotonic()))
+        remover, scratch = _removing.pop()
+        remover.join(max(0.0, end - time.monotonic()))
+        if remover.is_alive():
+            left.append(str(scratch))
+    clock.remove_detached(left)
