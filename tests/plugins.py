@@ -300,3 +300,37 @@ class KilledOnceTarget(ReferenceTarget):
             open(flag, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
         return super().verify(mask, config, batch, heap)
+
+
+class SlowToLoadTarget(ReferenceTarget):
+    """The reference target whose loading takes ``$VMFUZZ_TEST_SLOW_LOAD`` seconds (a large import of the
+    code under test); ``$VMFUZZ_TEST_SLOW_LOAD_HANG=1`` sleeps it in one call that no Python-level
+    interruption ends (a hang inside a C extension)."""
+
+    name = "slow-to-load"
+
+    def __init__(self):
+        seconds = float(os.environ.get("VMFUZZ_TEST_SLOW_LOAD", "0"))
+        if os.environ.get("VMFUZZ_TEST_SLOW_LOAD_HANG") == "1":
+            time.sleep(seconds)
+            return
+        stop = time.monotonic() + seconds
+        while time.monotonic() < stop:
+            time.sleep(0.05)
+
+
+class SlowKnownReplayOnOldSGLang(AdmitsElevenOnOldSGLang):
+    """``AdmitsElevenOnOldSGLang`` whose verify step of an 11-request batch (a known entry's repro) sleeps
+    ``$VMFUZZ_TEST_SLOW_ELEVEN`` seconds: a replay a loaded machine makes slow. Once
+    ``$VMFUZZ_TEST_SLOW_ONCE`` names a file, only the first such step sleeps (it leaves the file)."""
+
+    name = "slow-known-replay"
+
+    def verify(self, mask, config, batch, heap):
+        if len(batch.seq_lens) == 11:
+            once = os.environ.get("VMFUZZ_TEST_SLOW_ONCE")
+            if not once or not os.path.exists(once):
+                if once:
+                    open(once, "w").close()
+                time.sleep(float(os.environ.get("VMFUZZ_TEST_SLOW_ELEVEN", "0")))
+        return super().verify(mask, config, batch, heap)

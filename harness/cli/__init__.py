@@ -13,6 +13,8 @@ from vmfuzz.harness.commands.request import request_of
 
 
 def main(argv: list[str] | None = None) -> int:
+    from vmfuzz.harness.engine.core import clock
+    clock.entered(process_entry=argv is None)  # a gate's time cap counts from here, the process's start
     code = guarded(_dispatch, argv)
     if argv is None:
         # The process's own entry (the ``vmfuzz`` script, ``python -m vmfuzz``): its work is done.

@@ -159,6 +159,10 @@ def _gate(sub) -> None:
                            "--target sglang, it must be one (holding python/sglang/__init__.py)")
     gate.add_argument("--property", action="append", dest="properties", metavar="NAME",
                       help="search only this property (repeatable; default every one); saved repros still replay")
+    gate.add_argument("--time-cap", type=float, default=None, metavar="S", dest="time_budget",
+                      help="seconds the whole gate may take, from its start to its exit (default: the pr "
+                           "profile's 300); what it stops is could not check (exit 3), and the gate ends "
+                           "within a grace of a tenth of the cap (5 to 30 s)")
     _common_run_args(gate)
 
 

@@ -19,9 +19,56 @@ from vmfuzz.harness.model.errors import EXIT_OK, CannotLoad, OutOfStep, UsageErr
 
 
 def run(request: RunRequest) -> int:
+    """The gate under its time cap, counted from the process's start to its exit (``clock``): a phase
+    the cap stops is could not check (exit 3), and a gate the cap ends mid-phase still writes its reports."""
+    from vmfuzz.harness.engine.campaign.profiles import PROFILES
+    from vmfuzz.harness.engine.core import clock
+    profile = PROFILES[request.profile]
+    cap = request.time_budget if request.time_budget is not None else profile.time_budget
+    if cap is None or profile.rounds:  # a budget that bounds a search in rounds is the search's own
+        return _gate(request)
+    clock.start(cap, on_overrun=lambda: _overran(request, cap))
+    try:
+        code = _gate(request)
+        # the cap's raise, caught on its way and said as something else (a plug-in that "did not load")
+        return _overran(request, cap) if clock.fired() else code
+    except clock.CapReached:
+        return _overran(request, cap)
+    except BaseException:
+        if clock.fired():
+            return _overran(request, cap)
+        raise
+    finally:
+        from vmfuzz.harness.engine.regression.base_code import removed
+        removed(max(1.0, clock.left() + clock.grace(cap) / 2))  # the base's scratch, removed meanwhile
+        clock.stop()
+
+
+def _overran(request: RunRequest, cap: float) -> int:
+    """The cap ended the gate mid-phase: could not check (exit 3), with reports saying where it stopped."""
+    from vmfuzz.harness.engine.core import clock
+    from vmfuzz.harness.model.verdict import Kind, Verdict
+    from vmfuzz.harness.report.summary import Check, CommandSummary
+    clock.settle()
+    v = Verdict.of(Kind.COULD_NOT_CHECK, f"the time cap of {cap:g} s was reached "
+                   f"{clock.current_phase() or 'before the gate ended'}; nothing after it ran (the cap counts "
+                   f"from the gate's start to its exit)" + "".join(f"; {line}" for line in clock.cut_lines()))
+    used = round(clock.elapsed(), 1)
+    write_command_report(CommandSummary("gate", request.target, [Check("gate", "error", v.why, kind=v.kind.value)],
+                                        headline=f"{v.headline}: {v.why}", outcome=v,
+                                        extra={"time_cap": {"cap_seconds": float(cap), "used_seconds": used,
+                                                            "reached": True}}), request.report_dir)
+    print(f"time: used {used:.1f} s of a {cap:g} s cap (reached)")
+    print(f"{v.headline}: {v.why}", flush=True)
+    return v.exit_code
+
+
+def _gate(request: RunRequest) -> int:
     # Nothing here imports SGLang before the change is known to touch the mask:
     # a docs-only change is a skip that costs seconds.
+    from vmfuzz.harness.engine.core import clock
     from vmfuzz.harness.engine.campaign.surface import runs_sglang
+    clock.phase("while finding what the change touches")
     sglang = runs_sglang(request.target)
     repo = request.repo or Path(".")
     try:
@@ -46,6 +93,7 @@ def run(request: RunRequest) -> int:
     from vmfuzz.harness.engine.campaign.changes import sglang_checkout
     from vmfuzz.harness.engine.core.failures import ImportRaised
     sglang_root = (sglang_checkout(repo) or vendored) if sglang else None
+    clock.phase("while importing the code under test")
     # started before this process imports the PR's SGLang: the base's import runs beside it
     on_base, known_found = _known_on_base(request, checkout) if sglang_root is not None else (None, [])
     try:
@@ -71,6 +119,7 @@ def run(request: RunRequest) -> int:
         from vmfuzz.harness.engine.campaign.watch import GateWatch
         watch = GateWatch(request.target, changed, hits, checkout, sglang_root, traced=sglang)
     if on_base is not None:
+        clock.phase("while the base replayed the known entries")
         try:
             # the watch's set-up (both sides of every triggered file parsed for the provoked rule) runs while
             # the base's process imports and replays: the search waits for the slower of the two, not both

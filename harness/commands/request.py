@@ -184,7 +184,7 @@ def _run(args, report_dir: Path | None) -> RunRequest:
     selection = property_names(args.properties or list(PROPERTIES))
     shard, properties = _shard(args.shard, selection)
     _numbers([("--max-examples", getattr(args, "max_examples", None), dict(low=1, high=limits.MAX_EXAMPLES)),
-              ("--time-budget", getattr(args, "time_budget", None),
+              ("--time-cap" if args.command == "gate" else "--time-budget", getattr(args, "time_budget", None),
                dict(low=0, high=limits.MAX_TIME_BUDGET, low_open=True)),
               ("--seed", getattr(args, "seed", None), dict(low=0, high=limits.MAX_SEED)),
               ("--workers", args.workers, dict(low=1, high=limits.MAX_WORKERS)),
@@ -195,7 +195,7 @@ def _run(args, report_dir: Path | None) -> RunRequest:
     return RunRequest(
         command=args.command, report_dir=report_dir, target=args.target, profile="pr" if gate else args.profile,
         properties=properties, selection=selection, seed=None if gate else args.seed, max_examples=None if gate else args.max_examples,
-        time_budget=None if gate else args.time_budget, deployment=None if gate else _path(args.deployment),
+        time_budget=args.time_budget, deployment=None if gate else _path(args.deployment),
         bounds=None if gate or args.bounds is None else bounds_given(args.bounds),
         share=getattr(args, "share", True),
         # more workers than properties would only start idle processes

@@ -67,12 +67,14 @@ def execute_and_report(plan_, target, gate: GateWatch | None = None, *, verbose:
     coverage is computed from what ran, for the reports. ``culprit(outcome)``: a gate's base asked about
     the cases vmfuzz fell out of step on, before the coverage and the verdict read them (its records)."""
     from vmfuzz.harness.engine.campaign.session import execute
+    from vmfuzz.harness.engine.core import clock
     from vmfuzz.harness.report.progress import progress
     from vmfuzz.harness.report.summary import build_summary, write_summary
     from vmfuzz.harness.report.terminal import gate_line
     from vmfuzz.harness.report.verdict import say_written, verdict, write_reports_somewhere
 
     if gate is not None:
+        clock.phase("while setting up the watch over the changed lines")
         gate.start()
     try:
         budget = f", budget {plan_.time_budget:g}s" if plan_.time_budget else ""
@@ -86,11 +88,14 @@ def execute_and_report(plan_, target, gate: GateWatch | None = None, *, verbose:
         # made here, beside the lines it interleaves with, and handed down: the engine draws no screen of its own
         ui = progress(len(plan_.properties), f"{target.name} ({plan_.profile.name})", per_slot=plan_.max_examples,
                       budget=plan_.time_budget if plan_.profile.rounds else None)
+        clock.phase("while searching")
         outcome = execute(plan_, target, partial(show_result, verbose=verbose), ui)
         from vmfuzz.harness.engine.search.deep_corpus import constants_of
         outcome.shape_constants = constants_of(target).source
+        clock.phase("while the base ran the cases vmfuzz fell out of step on")
         asked = culprit(outcome) if culprit is not None and not outcome.interrupted else []
         if gate is not None:
+            clock.phase("while measuring the changed lines")
             outcome.gate = gate.coverage(target, outcome)
             if asked:
                 outcome.gate["out_of_step_on_base"] = asked
@@ -98,6 +103,11 @@ def execute_and_report(plan_, target, gate: GateWatch | None = None, *, verbose:
         # the lines are measured: the reports need no more of them
         if gate is not None:
             gate.stop()
+    if clock.running():
+        # a gate's cap is the whole gate's: its time is the gate's wall, and what the cap stopped is said
+        clock.settle()
+        outcome.seconds = clock.elapsed()
+        outcome.unfinished += [line for line in clock.cut_lines() if line not in outcome.unfinished]
     if gate is not None:
         print(gate_line(outcome.gate))
     # the verdict is decided here, once, before any report is written: every report and the exit code read it

@@ -13,6 +13,11 @@ class UsageError(Exception):
     """Bad input or an unavailable target: one line on stderr, exit 2."""
 
 
+class CapReached(BaseException):
+    """A gate's time cap stopped what was running (``vmfuzz.harness.engine.core.clock``). A BaseException:
+    no ``except Exception`` that reads a target's raise as a finding may take it for one."""
+
+
 class HarnessError(RuntimeError):
     """The harness failed, not the target: reported as such (exit 2), never as a finding."""
 

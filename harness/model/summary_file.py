@@ -210,6 +210,9 @@ class RunSummary(_Strict):
     fail_on_known: bool = False
     #: the pr profile's cap and how close the run came to it; None where a budget bounds the search
     time_cap: Union[TimeCap, None] = None
+    #: could-not-check lines for work no property's result carries that the run did not finish: what a
+    #: gate's time cap stopped, a known entry whose replay never ended (exit 3)
+    unfinished: list[str] = []
     #: the run's verdict, decided once before any report was written; None only in a summary from an
     #: older vmfuzz (readers then decide it from the summary: ``vmfuzz.harness.report.decide``)
     verdict: Union[VerdictRecord, None] = None

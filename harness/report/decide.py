@@ -74,6 +74,8 @@ def decide(s: dict, *, signal_code: int | None = None) -> Verdict:
     out = out_of_step_lines(s)
     if out:
         return Verdict.of(Kind.OUT_OF_STEP, "vmfuzz is out of step with this SGLang: " + _more(out))
+    if s.get("unfinished"):  # work no property's result carries, stopped before it ended (a gate's cap)
+        return Verdict.of(Kind.COULD_NOT_CHECK, _more(s["unfinished"]))
     gate = s.get("gate") or {}
     lines = list(gate.get("could_not_check") or [])
     if lines:

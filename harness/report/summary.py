@@ -184,6 +184,7 @@ def _record(outcome) -> dict:
         "kernel": getattr(outcome, "kernel", None),
         "warnings": list(getattr(outcome, "warnings", [])),
         "history": list(getattr(outcome, "history", [])),  # a nightly's last nights, this one last
+        "unfinished": list(getattr(outcome, "unfinished", [])),  # what it did not finish: exit 3
     }
 
 

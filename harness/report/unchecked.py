@@ -48,8 +48,9 @@ def time_cap(outcome) -> dict | None:
     plan = outcome.plan
     if plan.time_budget is None or plan.profile.rounds:
         return None
+    # a gate's seconds are its whole wall, from its start to its reports (vmfuzz.harness.engine.core.clock)
     return {"cap_seconds": float(plan.time_budget), "used_seconds": round(outcome.seconds, 1),
-            "reached": any(r.unchecked for r in outcome.results)}
+            "reached": any(r.unchecked for r in outcome.results) or outcome.seconds >= plan.time_budget}
 
 
 def cap_line(s: dict) -> str | None:

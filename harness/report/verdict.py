@@ -159,7 +159,11 @@ def verdict(plan_, target, outcome, summary: dict, written: Path | None) -> int:
     for w in (summary.get("gate") or {}).get("warnings", []):
         print(f"vmfuzz: warning: {w}", file=sys.stderr)
     gate_lines = (summary.get("gate") or {}).get("could_not_check") or []
-    if v.kind in (Kind.COULD_NOT_CHECK, Kind.NEEDS_GPU) and gate_lines and v.why.startswith(gate_lines[0]):
+    unfinished = summary.get("unfinished") or []
+    if unfinished and v.kind is Kind.COULD_NOT_CHECK and v.why.startswith(unfinished[0]):
+        for line in unfinished + gate_lines:  # what the run did not finish, then the gate's lines: each a line
+            print(f"vmfuzz: could not check: {line}", file=sys.stderr)
+    elif v.kind in (Kind.COULD_NOT_CHECK, Kind.NEEDS_GPU) and gate_lines and v.why.startswith(gate_lines[0]):
         for line in gate_lines:  # the gate's measured lines: each is a line
             print(f"vmfuzz: could not check: {line}", file=sys.stderr)
     elif v.exit_code == EXIT_COULD_NOT_CHECK:

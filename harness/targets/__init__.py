@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import importlib
 
+from vmfuzz.harness.model.errors import CapReached
 from vmfuzz.harness.targets.protocol import Target, TargetUnavailable
 from vmfuzz.harness.targets.variants import CATALOGUE, Variant
 
@@ -65,7 +66,7 @@ def _checked_plugin(spec: str, obj):
     if isinstance(obj, type):
         try:
             target = obj()
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, CapReached):
             raise
         except BaseException as exc:  # noqa: BLE001 - SystemExit included: the plug-in's fault, exit 2
             raise TargetUnavailable(f"plug-in {spec!r}: constructing it raised {type(exc).__name__}: {exc}") from None

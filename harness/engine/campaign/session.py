@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from vmfuzz.harness.engine.core import clock
 from vmfuzz.harness.engine.search.database import database_for
 from vmfuzz.harness.engine.search.results import PropertyResult
 from vmfuzz.harness.engine.search.search import MIN_SHARE, run_campaign
@@ -97,6 +98,9 @@ class RunOutcome:
     warnings: list[str] = field(default_factory=list)
     #: a nightly's last nights, this one last (vmfuzz.harness.engine.campaign.history); empty for other runs
     history: list = field(default_factory=list)
+    #: could-not-check lines for work the run did not finish and that no property's result carries: what
+    #: a gate's time cap stopped (``clock.cut``), a known entry whose replay no timeout let end
+    unfinished: list[str] = field(default_factory=list)
 
     def known_name(self, origin) -> str | None:
         """The known entry (applying to the code under test) that names this origin, if any."""
@@ -205,12 +209,16 @@ def execute(plan: RunPlan, target, show, ui) -> RunOutcome:
         _warn(outcome, list(plan.warnings))
         names, not_driven = _searchable(plan)
         # a target's one-off work that every forked lane and checker would otherwise repeat alone
-        getattr(target, "before_forks", lambda names: None)(names)
+        if not clock.reached():  # past a gate's cap nothing forks: its one-off work would serve nobody
+            getattr(target, "before_forks", lambda names: None)(names)
         lanes = _lanes_started(plan, target, names, t0)
         _replays(plan, target, ui, outcome.replays)
         _known(plan, target, ui, outcome.known)
+        outcome.unfinished += [o.unfinished for o in outcome.known if o.unfinished]
         outcome.replay_seconds = time.monotonic() - t0
         budget = None if plan.time_budget is None else max(0.0, plan.time_budget - outcome.replay_seconds)
+        if clock.running():  # a gate's cap counts from its start: what came before the search is spent
+            budget = clock.bounded(budget if budget is not None else clock.cap())
         t1 = time.monotonic()
 
         def done(res):
@@ -267,7 +275,7 @@ def _lanes_started(plan: RunPlan, target, names: list[str], t0: float):
     """Lanes searching while this process replays, where this run searches in lanes; else None."""
     from vmfuzz.harness.engine.campaign.parallel import lane_slots, start_lanes
     slots = lane_slots(plan, target, names) if plan.workers <= 1 else None
-    if not slots:
+    if not slots or clock.reached():  # past a gate's cap no lane is forked: nothing would be searched in it
         return None
     from vmfuzz.harness.engine.regression.known import attach
     attach(target, list(plan.known))  # forked with the entries the search sees, as _known attaches them
@@ -275,6 +283,11 @@ def _lanes_started(plan: RunPlan, target, names: list[str], t0: float):
     # a lane's search stops at the cap by itself; one example past it may still be checking, for at
     # most its timeout: past that too, the lane is killed and its slot could not be checked
     deadline = None if end is None else end + plan.example_timeout + LANE_GRACE
+    if clock.running():
+        # a gate's cap, from the gate's start: its checkers' waits end at the cap, so a lane hands back
+        # what it searched within a part of the grace, or is killed
+        end = clock.end()
+        deadline = end + min(LANE_GRACE, clock.grace(clock.cap()) / 2)
     return start_lanes(slots, partial(_lane_search, plan, target, end), _lane_done, deadline)
 
 

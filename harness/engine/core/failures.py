@@ -27,10 +27,20 @@ _REFERENCE = (os.path.join(_HERE, "targets", "reference") + os.sep, os.path.join
 class TargetFault(Exception):
     """The worker died or stopped answering while checking one case."""
 
-    def __init__(self, kind: str, detail: str):
+    def __init__(self, kind: str, detail: str, *, stopped: bool = False):
         super().__init__(f"{kind}: {detail}")
         self.kind = kind
         self.detail = detail
+        #: the check was stopped rather than ended: its timeout ran out, or SIGKILL came from outside
+        #: (the OOM killer, a runner's cancel) on each try; what it would have come to is unknown
+        self.stopped = stopped
+
+    def __reduce__(self):
+        return (_fault, (self.kind, self.detail, self.stopped))
+
+
+def _fault(kind: str, detail: str, stopped: bool) -> TargetFault:
+    return TargetFault(kind, detail, stopped=stopped)
 
 
 class TargetRaised(Exception):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import signal
 
+from vmfuzz.harness.engine.core import clock
 from vmfuzz.harness.engine.core.failures import ImportRaised, TargetFault, TargetRaised, own_raise, raise_place  # noqa: F401 - re-exported
 from vmfuzz.harness.guard.tree_write import LAUNCHES
 from vmfuzz.harness.model.errors import OutOfStep, SetUpRaised
@@ -181,17 +182,23 @@ class IsolatedChecker:
             try:
                 return self._check(prop, config, batches, device)
             except KilledFromOutside:
-                raise TargetFault(CRASH, "target process died: killed by signal SIGKILL, twice on this case") from None
+                raise TargetFault(CRASH, "target process died: killed by signal SIGKILL, twice on this case",
+                                  stopped=True) from None
 
     def _check(self, prop, config, batches, device="cpu") -> Observation:
+        if clock.reached():  # a gate's time cap: no check starts past it
+            raise clock.CapReached()
         if self._proc is None or not self._proc.is_alive():
             if self._proc is not None:
                 self._discard()
             self._start()
         self._conn.send((prop.name, config, batches, device))
-        if not self._conn.poll(self.timeout):
+        wait = clock.bounded(self.timeout)
+        if not self._conn.poll(wait):
             self._discard()
-            raise TargetFault(HANG, f"no answer within {self.timeout:g}s (per-example timeout)")
+            if wait < self.timeout:  # the cap, not the example's timeout, ended the wait: no hang of the target's
+                raise clock.CapReached()
+            raise TargetFault(HANG, f"no answer within {self.timeout:g}s (per-example timeout)", stopped=True)
         try:
             msg = self._conn.recv()
         except (EOFError, OSError):

@@ -39,6 +39,9 @@ def start_on_base(checkout_root: Path, base: str, scratch: Path, module: str,
     env["PYTHONPATH"] = os.pathsep.join([str(tree / "python"), harness_root])
     proc = subprocess.Popen([sys.executable, "-W", "ignore", "-m", module, str(tree / "python"), *args],
                             env=env, cwd=scratch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    from vmfuzz.harness.engine.core import clock
+    clock.track(proc)  # a gate its cap ends leaves no base process running, nor its scratch
+    clock.leave_no(scratch)
     return proc, None
 
 
@@ -53,3 +56,33 @@ def load_base(python_dir: Path, spec: str = "sglang"):
     if python_dir.resolve() not in where.resolve().parents:
         raise ImportError(f"sglang imports from {where}, not from the base")
     return target
+
+
+#: the base's scratch trees being removed beside the gate's own work
+_removing: list = []
+
+
+def remove_later(scratch: Path) -> None:
+    """``scratch`` (the base's ``python/`` and the bytecode its process wrote: thousands of files, seconds
+    on a loaded machine) removed in the background, off the gate's way to its verdict."""
+    import shutil
+    import threading
+    remover = threading.Thread(target=shutil.rmtree, args=(scratch,), kwargs={"ignore_errors": True},
+                               name="vmfuzz-remove-base", daemon=True)
+    remover.start()
+    _removing.append((remover, scratch))
+
+
+def removed(timeout: float) -> None:
+    """Waits for the removals begun, at most ``timeout`` seconds in all (the gate's last act); what is
+    still there then is left to a detached ``rm``, which outlives this process."""
+    import time
+    from vmfuzz.harness.engine.core import clock
+    end = time.monotonic() + timeout
+    left = []
+    while _removing:
+        remover, scratch = _removing.pop()
+        remover.join(max(0.0, end - time.monotonic()))
+        if remover.is_alive():
+            left.append(str(scratch))
+    clock.remove_detached(left)

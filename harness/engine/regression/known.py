@@ -39,6 +39,10 @@ class KnownOutcome:
     #: DIFFERENT only: the new cause as a finding of this run, so it is grouped (and keyed, for
     #: compare and merge) like any other; never labelled known, whatever entry names its origin
     finding: Finding | None = None
+    #: UNCHECKED only, when its replay was stopped rather than ended (its timeout, twice; SIGKILL from
+    #: outside, twice; a gate's time cap): whether it fails differently is unknown, so could not check
+    #: (exit 3), said in this line
+    unfinished: str = ""
 
     @property
     def reproduces(self) -> bool:
@@ -88,7 +92,7 @@ def replay_known(found: list[tuple[Path, Known]], target, *, findings_dir: Path 
     The other entries are attached while one replays, so a known defect met
     earlier in the same case does not stand in for this one.
     """
-    from vmfuzz.harness.engine.regression.regressions import outcome_of
+    from vmfuzz.harness.engine.regression.regressions import CUT
     from vmfuzz.harness.engine.regression.replay import NotDriven
     saved = getattr(target, "known_findings", None)
     out = []
@@ -96,13 +100,16 @@ def replay_known(found: list[tuple[Path, Known]], target, *, findings_dir: Path 
         for path, k in found:
             attach(target, [(p, other) for p, other in found if other is not k])
             try:
-                got = outcome_of(k.repro, target, device, isolate, timeout)
+                got = _replayed(k, target, device, isolate, timeout)
             except NotDriven as exc:
                 # An entry the base reproduces applies to a head whatever its version (known_on_base), and
                 # that head may lack the entry's seam (an older release): nothing can be said of it there,
                 # and the run goes on to write its reports (the property's own result says not driven).
                 out.append(KnownOutcome(k, path, UNCHECKED, str(exc)))
                 continue
+            if got.status == CUT or (got.stopped and not k.matches(got.origin)):
+                out.append(_unfinished(k, path, got, timeout))
+                continue  # the cap's: said once for all of them, below
             status = {"held": GONE, "out of step": UNCHECKED}.get(got.status) or (
                 REPRODUCES if k.matches(got.origin) else DIFFERENT)
             o = KnownOutcome(k, path, status, got.detail, origin=got.origin)
@@ -117,7 +124,41 @@ def replay_known(found: list[tuple[Path, Known]], target, *, findings_dir: Path 
             out.append(o)
     finally:
         target.known_findings = saved if saved is not None else ()
+        _cut_by_cap(out)
     return out
+
+
+def _cut_by_cap(out: list[KnownOutcome]) -> None:
+    """One could-not-check line for the entries a gate's time cap left unreplayed."""
+    from vmfuzz.harness.engine.core import clock
+    from vmfuzz.harness.engine.regression.regressions import cap_cut_detail
+    cut = [o for o in out if o.detail == cap_cut_detail()] if clock.running() else []
+    if cut:
+        clock.cut(f"the gate's time cap of {clock.cap():g} s was reached before {len(cut)} known entr"
+                  f"{'y was' if len(cut) == 1 else 'ies were'} replayed ({', '.join(o.entry.name for o in cut)}): "
+                  "whether their repros still fail the way the entries say is unknown")
+
+
+def _replayed(k: Known, target, device: str, isolate: bool, timeout: float):
+    """The entry's repro replayed; once more with twice the timeout when the first was stopped (its
+    timeout ran out, or SIGKILL came from outside): on a loaded machine a slow replay is no new cause."""
+    from vmfuzz.harness.engine.core import clock
+    from vmfuzz.harness.engine.regression.regressions import outcome_of
+    got = outcome_of(k.repro, target, device, isolate, timeout)
+    if got.stopped and not k.matches(got.origin) and clock.bounded(2 * timeout) > 0:
+        got = outcome_of(k.repro, target, device, isolate, clock.bounded(2 * timeout))
+    return got
+
+
+def _unfinished(k: Known, path: Path, got, timeout: float) -> KnownOutcome:
+    """An entry whose replay never ended: could not check (exit 3), never a finding."""
+    from vmfuzz.harness.engine.regression.regressions import CUT
+    if got.status == CUT:
+        return KnownOutcome(k, path, UNCHECKED, got.detail)
+    why = (f"its replay was stopped before it ended (its timeout, or SIGKILL from outside), and again when "
+           f"tried once more with {2 * timeout:g} s ({got.detail})")
+    return KnownOutcome(k, path, UNCHECKED, why, unfinished=f"known entry {k.name}: {why}, so whether its repro "
+                        "still fails the way the entry says, or another way, is unknown")
 
 
 __all__ = ["KnownOutcome", "ReproError", "applicable", "attach", "default_known_root", "entries", "replay_known",

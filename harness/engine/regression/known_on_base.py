@@ -23,7 +23,6 @@ whether the entry's origin patterns match what the replay failed with.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -91,14 +90,21 @@ class Pending:
         self.base, self.proc, self.scratch, self.failed = base, proc, scratch, failed
 
     def result(self, timeout: float = BASE_TIMEOUT) -> BaseVerdict:
+        """The base's answer, waited for at most ``timeout`` and never past a gate's time cap: a base the
+        cap stops is could not check (``clock.cut``), and the entries' ranges decide meanwhile."""
+        from vmfuzz.harness.engine.core import clock
         try:
             if self.failed or self.proc is None:
                 return BaseVerdict(self.base, failed=self.failed or "no replay process")
             try:
-                out, err = self.proc.communicate(timeout=timeout)
+                out, err = self.proc.communicate(timeout=clock.bounded(timeout))
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.communicate()
+                if clock.reached():
+                    clock.cut(f"the time cap of {clock.cap():g} s was reached before the base {self.base[:12]} "
+                              "had replayed the known entries, so which are known was not decided on the base")
+                    return BaseVerdict(self.base, failed="the gate's time cap was reached first")
                 return BaseVerdict(self.base, failed=f"no answer within {timeout:g}s")
             said = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
             if self.proc.returncode or any("failed" in d for d in said):
@@ -107,13 +113,18 @@ class Pending:
                 return BaseVerdict(self.base, failed=why)
             return BaseVerdict(self.base, {d["path"]: _said(d) for d in said})
         finally:
-            shutil.rmtree(self.scratch, ignore_errors=True)
+            remove_later(self.scratch)
 
     def cancel(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.communicate()
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        remove_later(self.scratch)
+
+
+def remove_later(scratch: Path) -> None:
+    from vmfuzz.harness.engine.regression.base_code import remove_later as removal
+    removal(scratch)
 
 
 def start(checkout_root: Path, base: str, entry_paths: list[Path]) -> Pending:

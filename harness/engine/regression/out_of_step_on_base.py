@@ -26,7 +26,6 @@ process that imports the base's SGLang and nothing of the change's.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -131,8 +130,11 @@ def _note(stuck, answer: Answer, sha: str) -> str:
 
 def _asked(cases, checkout_root: Path, base: str, spec: str, case_seconds: float) -> list[Answer]:
     """The base's answer for each case, from one fresh process on its code; "unasked" where it gave none."""
-    from vmfuzz.harness.engine.regression.base_code import start_on_base
+    from vmfuzz.harness.engine.core import clock
+    from vmfuzz.harness.engine.regression.base_code import remove_later, start_on_base
     from vmfuzz.harness.model.repro_file import dump, from_case
+    if clock.reached():
+        return [Answer("unasked", _cap_cut(base, len(cases)))] * len(cases)
     scratch = Path(tempfile.mkdtemp(prefix="vmfuzz-base-"))
     try:
         jobs = []
@@ -144,18 +146,27 @@ def _asked(cases, checkout_root: Path, base: str, spec: str, case_seconds: float
         if proc is None:
             return [Answer("unasked", failed)] * len(cases)
         try:
-            out, err = proc.communicate(timeout=IMPORT_SECONDS + case_seconds * len(cases))
+            out, err = proc.communicate(timeout=clock.bounded(IMPORT_SECONDS + case_seconds * len(cases)))
         except subprocess.TimeoutExpired:
             proc.kill()
             out, err = proc.communicate()
-            err = f"no answer within {IMPORT_SECONDS + case_seconds * len(cases):g}s"
+            err = (_cap_cut(base, len(cases)) if clock.reached()
+                   else f"no answer within {IMPORT_SECONDS + case_seconds * len(cases):g}s")
         said = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         whole = next((d["failed"] for d in said if "failed" in d), None) or \
             (err.strip().splitlines() or [f"its process ended with exit {proc.returncode}"])[-1]
         by_job = {d["job"]: Answer(d["status"], d.get("detail", ""), d.get("seam", "")) for d in said if "job" in d}
         return [by_job.get(i, Answer("unasked", whole)) for i in range(len(cases))]
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        remove_later(scratch)
+
+
+def _cap_cut(base: str, cases: int) -> str:
+    """The base's answer the gate's time cap stopped, said as could not check (``clock.cut``)."""
+    from vmfuzz.harness.engine.core import clock
+    why = f"the gate's time cap of {clock.cap():g} s was reached before the base {base[:12]} answered"
+    clock.cut(f"{why} on the {cases} case(s) vmfuzz fell out of step on")
+    return why
 
 
 def _child(python_dir: Path, jobs_file: Path) -> int:

@@ -74,22 +74,38 @@ def saved_repros(roots: list[Path]) -> list[Path]:
 class Outcome:
     """One replay of a repro: held, failed (with the failure's origin), or out of step."""
 
-    status: str  # held / failed / out of step
+    status: str  # held / failed / out of step / cut (a gate's time cap stopped it)
     detail: str = ""
     #: the case could not be checked to the end: "target-raised", "target-hang" or "target-crash"
     fault: str | None = None
     origin: Origin | None = None
+    #: failed only because it was stopped: its timeout ran out, or it was SIGKILLed from outside twice
+    stopped: bool = False
+
+
+#: ``Outcome.status`` of a replay a gate's time cap stopped (or never began)
+CUT = "cut"
+
+
+def cap_cut_detail() -> str:
+    from vmfuzz.harness.engine.core import clock
+    return f"not replayed: the gate's time cap of {clock.cap():g} s was reached first"
 
 
 def outcome_of(repro, target, device: str, isolate: bool, timeout: float) -> Outcome:
     """A target that raises, exits or hangs is a failure, never fatal."""
+    from vmfuzz.harness.engine.core import clock
     from vmfuzz.harness.engine.core.failures import failure_of
     from vmfuzz.harness.engine.regression.replay import replay
     prop = repro.property or "replay"
+    if clock.reached():
+        return Outcome(CUT, cap_cut_detail())
     try:
         replay(repro, target, device, isolate=isolate, timeout=timeout)
     except ReproError:
         raise
+    except clock.CapReached:
+        return Outcome(CUT, cap_cut_detail())
     except OutOfStep as exc:  # the harness's seam, not the target: could not check, never a finding
         return Outcome("out of step", str(exc))
     except KeyboardInterrupt as exc:
@@ -102,7 +118,7 @@ def outcome_of(repro, target, device: str, isolate: bool, timeout: float) -> Out
         origin, detail = failure_of(prop, exc)
         fault = None if isinstance(exc, PropertyFailure) else (
             exc.kind if isinstance(exc, TargetFault) else "target-raised")
-        return Outcome("failed", detail, fault, origin)
+        return Outcome("failed", detail, fault, origin, stopped=getattr(exc, "stopped", False))
     return Outcome("held")
 
 
@@ -171,6 +187,10 @@ def replay_saved(saved: list[Saved], target, *, source: str, findings_dir: Path,
             o.property, o.recorded_target = repro.property, repro.target
             got = outcome_of(repro, target, device, isolate or bool(repro.fault), timeout)
             o.status, o.detail, o.fault, o.origin = got.status, got.detail, got.fault, got.origin
+            if got.status == CUT:  # a sound repro the cap left unreplayed: could not check (exit 3), kept
+                o.status = "error"
+                out.append(o)
+                continue
         except ReproError as exc:
             o.status, o.detail, o.unreadable = "error", str(exc), not isinstance(exc, NotDriven)
             out.append(o)
@@ -189,7 +209,7 @@ def replay_saved(saved: list[Saved], target, *, source: str, findings_dir: Path,
             except TargetUnavailable:
                 recorded = None
             if recorded is not None:
-                o.teeth = outcome_of(repro, recorded, device, isolate or bool(repro.fault),
-                                     timeout).status == "failed"
+                teeth = outcome_of(repro, recorded, device, isolate or bool(repro.fault), timeout).status
+                o.teeth = None if teeth == CUT else teeth == "failed"  # one the cap stopped is not checked
         out.append(o)
     return out

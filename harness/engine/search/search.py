@@ -14,8 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable
 
-from hypothesis import HealthCheck, Phase, event, example, given, seed as hseed, settings
-from hypothesis import target as hypothesis_target
+from hypothesis import HealthCheck, Phase, event, example, given, seed as hseed, settings, target as hypothesis_target
 
 from vmfuzz.harness.engine.core.line_trace import direct_check
 from vmfuzz.harness.engine.search.database import KeyedDatabase
@@ -25,9 +24,9 @@ from vmfuzz.harness.engine.search.results import Finding, PropertyResult, Stuck
 from vmfuzz.harness.engine.search.cases import cases
 from vmfuzz.harness.engine.search.deep_corpus import case_key, fixed_cases
 from vmfuzz.harness.engine.core.isolation import TargetFault, TargetRaised
-from vmfuzz.harness.engine.core.signals import check as interrupt_check
+from vmfuzz.harness.engine.core import clock, signals
 from vmfuzz.harness.model.bounds import Bounds
-from vmfuzz.harness.model.errors import HarnessError, OutOfStep
+from vmfuzz.harness.model.errors import CapReached, HarnessError, OutOfStep
 from vmfuzz.harness.model.origin import Origin
 from vmfuzz.harness.model.repro_file import dump, from_case
 from vmfuzz.harness.properties import PROPERTIES, Property, PropertyFailure, shared_group
@@ -50,10 +49,9 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
                  findings_dir: Path, device: str = "cpu", database=None, deadline: float | None = None,
                  check: Callable | None = None, strategy=None, faulted: set[str] | None = None,
                  on_example: Callable[[], None] | None = None) -> PropertyResult:
-    """One Hypothesis search for ``prop``. ``deadline`` (time.monotonic) stops new examples;
-    ``check`` replaces ``prop.check`` (an isolated worker); ``strategy`` the case strategy (a
-    deployment-scoped search); ``faulted``: fault kinds already saved (one finding per kind);
-    ``on_example()`` is called for each example run (a progress bar)."""
+    """One Hypothesis search for ``prop``. ``deadline`` (time.monotonic) stops new examples; ``check`` replaces
+    ``prop.check`` (an isolated worker); ``strategy`` the case strategy (a deployment-scoped search); ``faulted``:
+    fault kinds already saved (one finding per kind); ``on_example()`` is called per example (a progress bar)."""
     result = PropertyResult(prop.name, rounds=1)
     state = {"case": None, "failed": False, "out_of_step": None, "cause": None}
     faulted = set() if faulted is None else faulted
@@ -64,13 +62,12 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
     @hseed(seed)
     @given(strategy if strategy is not None else cases(prop, bounds))
     def search(case):
-        # Past the deadline, skip new examples; never while shrinking (the failure would stop failing).
         config, steps = case
         key = case_key(config, steps) if fixed and not state["failed"] else None
-        # The corpus is a fixed cost run whatever the budget: only the search is cut short.
-        if not state["failed"] and deadline is not None and time.monotonic() > deadline and key not in fixed:
+        past = deadline is not None and time.monotonic() > deadline and (key not in fixed or clock.reached())
+        if past and not state["failed"]:  # a shrink never stops; the corpus (a fixed cost) only at a gate's cap
             raise _OutOfTime
-        interrupt_check()  # a Ctrl-C that Hypothesis or a gc callback swallowed ends the search here
+        signals.check()  # a Ctrl-C that Hypothesis or a gc callback swallowed ends the search here
         state["case"] = case
         began = time.perf_counter()
         # Counted before the check: "examples to first detection" includes the failing one.
@@ -80,9 +77,11 @@ def run_property(target, prop: Property, *, seed: int, max_examples: int, bounds
                 on_example()
         try:
             obs = run_check(prop, config, steps, device)
-        except OutOfStep as exc:
+        except (OutOfStep, CapReached) as exc:
             if state["failed"]:
-                return  # a shrink step the harness cannot drive is not the failure being shrunk
+                return  # a shrink step the harness cannot drive (or the cap stopped) is not the failure shrunk
+            if isinstance(exc, CapReached):
+                raise _OutOfTime from None  # a gate's time cap, met in the check: the search ends here
             state["out_of_step"], result.stuck = exc, Stuck.on(prop.name, config, steps, exc)
             raise _OutOfStep from None
         except TargetFault as fault:
