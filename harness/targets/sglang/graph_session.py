@@ -145,7 +145,7 @@ class GraphSession(RunnerView):
         m = modules()
         variant = self.server.runner._resolve_attention_variant(SimpleNamespace(seq_lens_cpu=torch.tensor(
             batch.seq_lens), spec_info=None), batch.bs)  # the candidate variant a DSpark server keys its glue by
-        key = self.server.runner._glue_key(batch.bs, str(m.forward_info.ForwardMode.TARGET_VERIFY), variant)
+        key = watch.key_for(self.server.runner, batch.bs, str(m.forward_info.ForwardMode.TARGET_VERIFY), variant)
         wrap = self.config.max_context_len + 1
         return [Batch(tuple((s - j) % wrap for s in batch.seq_lens), batch.trees)
                 for j in range(watch.steps_to_replay(key), 0, -1)]

@@ -138,8 +138,8 @@ class SglangTarget:
         return None
 
     def _graph_path_not_driven(self) -> str | None:
-        if self._graph_why is None:  # read once: the code under test's version does not change
-            self._graph_why = graph_support.not_driven(self.versions()["sglang"]) or ""
+        if self._graph_why is None:  # read once: the code under test does not change
+            self._graph_why = graph_support.not_driven() or ""
         return self._graph_why or None
 
     def site_fits(self, site: str, mask, bs: int) -> bool:
