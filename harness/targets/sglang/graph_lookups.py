@@ -77,7 +77,7 @@ def answers(config, capture_bs: list[int], pp_size: int = 1) -> dict:
     flags = StandIn("get_flags()", _CONTEXT, capture=StandIn("get_flags().capture", _CONTEXT,
                                                              enable_torch_compile=False))
     parallel = StandIn("get_parallel()", _CONTEXT, tp_rank=0, tp_size=1, num_dp_ranks=1, dp_size=1, pp_size=pp_size,
-                       attn_tp_size=1, attn_dp_enabled=False, moe_ep_size=1,
+                       attn_tp_size=1, attn_dp_enabled=False, moe_ep_size=1, attn_tp_rank=0, enable_dp_attention=False,
                        tp_group=SimpleNamespace(barrier=lambda: None))
     resources = StandIn("get_resources()", _CONTEXT, graph_memory_pool=None, graph_pool_borrow=None)
 

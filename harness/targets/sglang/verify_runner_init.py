@@ -151,6 +151,7 @@ def init_lookups(config: Config, capture_bs: list[int], space: GraphSpace, pool:
                     deterministic=SimpleNamespace(enable_deterministic_inference=False))
     parallel = StandIn("get_parallel()", _CONTEXT, tp_rank=0, tp_size=1, num_dp_ranks=1, dp_size=1, pp_size=pp_size,
                        pp_rank=pp_size - 1, attn_tp_size=1, attn_cp_size=1, attn_dp_enabled=False, moe_ep_size=1,
+                       attn_tp_rank=0, enable_dp_attention=False,  # the names 0.5.21 reads them by
                        tp_group=SimpleNamespace(barrier=lambda: None))
     answers = {"get_exec": lambda: exec_, "get_parallel": lambda: parallel,
                "get_disagg": lambda: SimpleNamespace(enable_pdmux=False),
