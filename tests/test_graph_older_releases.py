@@ -5,7 +5,7 @@ replay; an eager forward's context opened as this release's ``forward_context`` 
 and glue state read where the glue graph gives no method for them; the KV-location step's draft-window
 launch guarded where the release launches its Triton kernel itself; the greedy walk found where the
 release keeps it. CI has 0.5.23 alone, so the older shapes are built here from plain objects; the run of
-the graph properties on an installed 0.5.22 is the ``release``-marked test at the end.
+the graph properties on an installed 0.5.21 and 0.5.22 is the ``release``-marked test at the end.
 """
 
 from __future__ import annotations
@@ -148,18 +148,19 @@ def test_the_installed_release_drives_every_draft_piece():
 
 # -- on an installed older release ----------------------------------------------------------------------
 
-#: where scripts/release_matrix.sh (or bench/release_diffs.py) left a 0.5.22 environment
-OLDER = Path(os.environ.get("VMFUZZ_RELEASES_DIR", "/tmp/vmfuzz-releases")) / "venv-0.5.22"
+#: where scripts/release_matrix.sh (or bench/release_diffs.py) leaves each release's environment
+RELEASES_DIR = Path(os.environ.get("VMFUZZ_RELEASES_DIR", "/tmp/vmfuzz-releases"))
 
 
 @pytest.mark.slow
 @pytest.mark.release
+@pytest.mark.parametrize("release", ["0.5.21", "0.5.22"])
 @pytest.mark.parametrize("prop", ["graph-replay-equivalence", "padding-inert", "capture-replay-agreement",
                                   "graph-buffer-soundness", "kv-location-soundness"])
-def test_the_graph_properties_are_driven_and_hold_on_pristine_0_5_22(tmp_path, prop):
-    python = OLDER / "bin" / "python"
+def test_the_graph_properties_are_driven_and_hold_on_a_pristine_older_release(tmp_path, release, prop):
+    python = RELEASES_DIR / f"venv-{release}" / "bin" / "python"
     if not python.exists():
-        pytest.skip(f"no SGLang 0.5.22 environment at {OLDER} (scripts/release_matrix.sh --reuse 0.5.22 makes one)")
+        pytest.skip(f"no SGLang {release} environment under {RELEASES_DIR} (scripts/release_matrix.sh makes one)")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CI": "true"}
     env.pop("SGLANG_USE_CPU_ENGINE", None)
     r = subprocess.run([str(python), "-m", "vmfuzz", "run", "--target", "sglang", "--property", prop, "--seed", "7",
@@ -167,6 +168,6 @@ def test_the_graph_properties_are_driven_and_hold_on_pristine_0_5_22(tmp_path, p
                        capture_output=True, text=True, timeout=1200)
     out = r.stdout + r.stderr
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
-    assert s["versions"]["sglang"] == "0.5.22", s["versions"]
+    assert s["versions"]["sglang"] == release, s["versions"]
     assert r.returncode == 0, out  # held, its only findings known ones: never "not driven" (exit 3)
     assert [p["status"] for p in s["properties"]] == ["held"], out

@@ -158,7 +158,8 @@ def _model_runner(server: DraftServer, backend) -> StandIn:
         kv_index_translator=SimpleNamespace(bind_runner_slots=lambda fb: None),
         canary_manager=None, device_timer=None, shared_read_done_event=None, capture_head_hooks=[],
         capture_tail_hooks=[], lora_manager=None, hisparse_coordinator=None,
-        attn_tp_sequence_sharded=lambda n: False)
+        attn_tp_sequence_sharded=lambda n: False,  # one GPU, as 0.5.21 reads it off the runner
+        tp_size=1, tp_group=SimpleNamespace(barrier=lambda: None))
 
 
 def draft_worker(server: DraftServer, backends: list) -> StandIn:
@@ -211,6 +212,7 @@ def bindings(server: DraftServer, runner_modules) -> list[tuple]:
                    speculative_algorithm="EAGLE", speculative_use_rejection_sampling=False)
     parallel = StandIn("get_parallel()", _CONTEXT, tp_rank=0, tp_size=1, num_dp_ranks=1, pp_size=1,
                        attn_tp_size=1, attn_cp_size=1, attn_dp_enabled=False, moe_ep_size=1,
+                       dp_size=1, attn_tp_rank=0, enable_dp_attention=False,  # the names 0.5.21 reads them by
                        tp_group=SimpleNamespace(barrier=lambda: None))
     answers = {"get_exec": lambda: exec_, "get_spec": lambda: spec, "get_parallel": lambda: parallel,
                "get_disagg": lambda: SimpleNamespace(enable_pdmux=False),

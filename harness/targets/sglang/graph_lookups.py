@@ -144,9 +144,17 @@ def draft_lookups(config, capture_bs: list[int], space: GraphSpace, modules: lis
     """A draft runner's lookups: the target verify runner's (``runner_lookups``), then ``context``'s
     answers wherever ``modules`` look them up, and the device module the graph space stands for."""
     out = runner_lookups(config, capture_bs, space)
-    out += lookup_patches(modules, context)
+    out += lookup_patches([*modules, *bucket_helpers()], context)
     device = space.device_module()
     return out + [(torch, "get_device_module", lambda *a, **k: device)]
+
+
+def bucket_helpers() -> list:
+    """The modules of the helpers a release's bucket sizing calls by name and that make server-wide
+    lookups in their own module (0.5.21's ``get_cuda_graph_max_batch_size``), for those lookups to be
+    answered there too while the helper runs as itself; none where the sizing makes them itself."""
+    helper = getattr(verify_modules().base_graph, "get_cuda_graph_max_batch_size", None)
+    return [inspect.getmodule(helper)] if helper is not None else []
 
 
 def static(space: GraphSpace, name: str, value: torch.Tensor) -> torch.Tensor:

@@ -186,7 +186,9 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
     glue = glue or dspark
     try:
         with switches:
-            runner, lookups = init.made_by_init(config, capture_bs, space, model, backend, pp_size, bool(dspark))
+            # a DSpark target only where this release has its wiring (else the glue asked for says why not)
+            runner, lookups = init.made_by_init(config, capture_bs, space, model, backend, pp_size,
+                                                bool(dspark) and glue_why is None)
     except init.NotDriven as exc:
         why = str(exc)
         space = GraphSpace(space.heap)  # what the failed __init__ left in its space is no graph's

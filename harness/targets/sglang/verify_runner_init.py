@@ -48,8 +48,8 @@ from vmfuzz.harness.model import consultation
 from vmfuzz.harness.model.config import Config
 from vmfuzz.harness.targets.sglang.binding import bound
 from vmfuzz.harness.targets.sglang.graph_lookups import answers as graph_answers
-from vmfuzz.harness.targets.sglang.graph_lookups import (keep_bodies, module_set, runner_lookups, scoped_pool,
-                                                        verify_modules)
+from vmfuzz.harness.targets.sglang.graph_lookups import (bucket_helpers, keep_bodies, module_set, runner_lookups,
+                                                        scoped_pool, verify_modules)
 from vmfuzz.harness.targets.sglang.graph_model import HIDDEN, VOCAB
 from vmfuzz.harness.targets.sglang.reach import lookup_patches
 from vmfuzz.harness.targets.sglang.stand_in import StandIn, consultation_of
@@ -121,6 +121,7 @@ def model_runner(config: Config, model, backend, spec_algorithm, pool_size: int,
         server_args=SimpleNamespace(dllm_algorithm=None), req_to_token_pool=SimpleNamespace(size=pool_size),
         ngram_embedding_manager=SimpleNamespace(enabled=False), layer_info=SimpleNamespace(start_layer=0),
         pp_group=SimpleNamespace(world_size=pp_size, rank_in_group=pp_size - 1),
+        pp_size=pp_size, pp_rank=pp_size - 1, tp_group=SimpleNamespace(barrier=lambda: None),  # as 0.5.21 reads them
         # the rows SGLang asks of the process-wide logits output, allocated as asked
         graph_shared_output=SimpleNamespace(
             get_logits_buffer=lambda vocab, rows: torch.zeros(rows, vocab, dtype=torch.float32)),
@@ -168,7 +169,8 @@ def init_lookups(config: Config, capture_bs: list[int], space: GraphSpace, pool:
     # the runner's own methods bound to the stand-in model runner, and the helpers they call
     out += lookup_patches([mi.model_runner, mi.spec_utils, mi.misc_utils], {
         **graph_answers(config, capture_bs, pp_size), "get_parallel": lambda: parallel})
-    out += lookup_patches([m.runner, m.base_runner, m.base_graph, mi.misc_utils, mi.backend_utils, mi.tbo], answers)
+    out += lookup_patches([m.runner, m.base_runner, m.base_graph, mi.misc_utils, mi.backend_utils, mi.tbo,
+                           *bucket_helpers()], answers)
     return out + [(torch, "get_device_module", lambda *a, **k: device),
                   (mi.input_buffers, "share_input_buffer", scoped_pool(space, pool)),
                   (m.runner, "resolve_decode_backend", _keeping_bodies(space, m.runner.resolve_decode_backend))]
