@@ -171,3 +171,16 @@ def test_the_graph_properties_are_driven_and_hold_on_a_pristine_older_release(tm
     assert s["versions"]["sglang"] == release, s["versions"]
     assert r.returncode == 0, out  # held, its only findings known ones: never "not driven" (exit 3)
     assert [p["status"] for p in s["properties"]] == ["held"], out
+
+
+def test_a_base_that_cannot_drive_the_piece_a_known_defect_is_of_cannot_say_it_holds():
+    """A gate excuses a known entry only where its repro fails on the base; on a base whose release keeps
+    vmfuzz from driving the entry's piece (0.5.21's window pool) the case runs without it and holds, which
+    says nothing: that base cannot say, and the entry's range decides."""
+    from vmfuzz.harness.engine.regression.known_on_base import _names_a_piece
+    from vmfuzz.harness.model.known_file import load
+    pool = load(ROOT / "known" / "metadata-glue-window-pool-write-slots-agreement.json")
+    per_step = load(ROOT / "known" / "metadata-glue-per-step-mask-agreement.json")
+    missing = {"a sliding-window KV pool": "this SGLang has no write_ids where 0.5.23 has it"}
+    assert _names_a_piece(pool, missing) and not _names_a_piece(pool, {})
+    assert not _names_a_piece(per_step, missing)  # also written without the pool: the base can say

@@ -50,3 +50,12 @@ def not_driven(needs=NEEDS) -> str | None:
             return (f"this SGLang's {class_name or module_name} has no {', '.join(missing)}, which the graph "
                     "drivers bind")
     return None
+
+
+def pieces_not_driven() -> dict[str, str]:
+    """Pieces of a case's server the installed SGLang keeps vmfuzz from driving (a case that asks for one
+    runs without it, and says so), each by the words a finding's writer names it with, and why. A replay
+    there cannot say that a defect of such a piece holds (``known_on_base``)."""
+    from vmfuzz.harness.targets.sglang import swa_server
+    why = swa_server.missing()
+    return {"a sliding-window KV pool": why} if why else {}

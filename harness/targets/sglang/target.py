@@ -64,13 +64,13 @@ class SglangTarget:
         Bounds(max_bs=8, max_context_len=64, num_draft_tokens=10, topk=5, spec_steps=4, overshoot=4),
         Bounds(max_bs=16, max_context_len=256, num_draft_tokens=16, topk=8, spec_steps=6, overshoot=4),
     )}
-    #: seconds one isolated example may take before it is a target-hang: a
-    #: shared case at the widest nightly bounds (up to 36 requests, d 16, five
-    #: steps) took over 30 s in the interpreter on a loaded 2-core host; in a
-    #: gate, one graph case (every runner built and captured, then replayed by
-    #: three properties) took over 30 s on a 2-core host at load 6, where a
-    #: hang would be a false finding
+    #: seconds one isolated example may take before it is a target-hang: a shared case at the widest
+    #: nightly bounds (up to 36 requests, d 16, five steps) took over 30 s in the interpreter on a loaded
+    #: 2-core host; in a gate, one graph case (every runner built and captured, then replayed by three
+    #: properties) took over 30 s on a 2-core host at load 6, where a hang would be a false finding
     example_timeout = {"nightly": 600.0, "pr": 120.0}
+    #: pieces of a case's server this SGLang keeps vmfuzz from driving, and why (``known_on_base``)
+    pieces_not_driven = staticmethod(graph_support.pieces_not_driven)
 
     def __init__(self, sg: Sglang, kernel_choice: str = "triton"):
         self.sglang = sg
