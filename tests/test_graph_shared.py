@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.helpers import sglang_or_skip
 from tests.test_graph_runner import BATCHES, CONFIG
 from vmfuzz.harness.engine.search.search import shareable, slots_of
 from vmfuzz.harness.properties import PROPERTIES, shared_group
@@ -83,10 +84,13 @@ def test_a_raise_while_a_runner_is_set_up_is_out_of_step_never_a_finding():
         graph_shared.built(("target verify", 2), lambda: fail("padding-inert", "x", effect="wrong"))
 
 
-def test_code_of_a_release_before_the_drivers_is_not_driven_on_the_graph_path():
+def test_code_that_lacks_what_the_graph_drivers_bind_is_not_driven_and_says_which():
+    sglang_or_skip()
     from vmfuzz.harness.targets.sglang import graph_support
-    assert graph_support.not_driven("0.5.23") is None and graph_support.not_driven("0.5.23.post1+g1") is None
-    assert graph_support.not_driven("0.6.0") is None
-    for older in ("0.5.22", "0.5.22.post12", "not a version", ""):
-        assert "0.5.23 and later" in graph_support.not_driven(older), older
+    assert graph_support.not_driven() is None  # the installed SGLang has every piece
+    runner = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
+    assert "has no replay_everything" in graph_support.not_driven(
+        ((runner, "DecodeCudaGraphRunner", ("execute", "replay_everything")),))
+    assert "has no NoSuchRunner" in graph_support.not_driven(((runner, "NoSuchRunner", ()),))
+    assert "no sglang.srt.no_such_module" in graph_support.not_driven((("sglang.srt.no_such_module", None, ()),))
     assert set(GRAPH) < graph_support.PROPERTIES and "kv-location-soundness" in graph_support.PROPERTIES

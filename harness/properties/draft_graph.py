@@ -1,8 +1,7 @@
 """The draft-decode cuda-graph path: SGLang's ``EAGLEDraftCudaGraphRunner`` captured, then replayed.
 
-The graph properties' second runner (``graph_replay`` judges the target verify
-runner, then calls ``judge_draft`` here with its own property's name), and
-``graph-buffer-soundness``:
+The graph properties' second runner (``graph_replay`` judges the target verify runner, then
+calls ``judge_draft`` here with its own property's name), and ``graph-buffer-soundness``:
 
 - ``graph-replay-equivalence``: on the real rows a replay at the padded bs
   drafts what ``draft_forward`` drafts eagerly on the raw batch: parents,
@@ -99,10 +98,11 @@ def session(prop: str, target, config: Config, obs: Observation, page_size: int 
         obs.classes.add("draft-decode runner: " + ("not driven by this target" if make is None else
                                                     "none for this shape (one step, or no such server)"))
         return None
-    if largest_only:
-        return built(("draft decode, largest bucket", shape, config.max_bs),
-                     lambda: make(shape, config.max_bs, largest_only=True))
-    return built(("draft decode", shape, config.max_bs), lambda: make(shape, config.max_bs))
+    s = built(("draft decode, largest bucket" if largest_only else "draft decode", shape, config.max_bs),
+              lambda: make(shape, config.max_bs, largest_only=True) if largest_only else make(shape, config.max_bs))
+    for piece, why in getattr(s, "pieces_not_driven", {}).items():  # the case's server driven without it
+        obs.classes.add(f"draft-decode runner: {piece} not driven ({why})")
+    return s
 
 
 def _overruns(prop: str, s, where: str) -> None:

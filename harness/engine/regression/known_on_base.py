@@ -136,6 +136,13 @@ def start(checkout_root: Path, base: str, entry_paths: list[Path]) -> Pending:
     return Pending(base, proc, scratch, failed)
 
 
+def _names_a_piece(entry, pieces: dict[str, str]) -> bool:
+    """Whether every writer ``entry``'s origins name is a piece the base's target cannot drive (named by
+    the words the target gives it): the defect is that piece's alone."""
+    writers = [w for p in entry.origins for w in (p.writer if isinstance(p.writer, list) else [p.writer])]
+    return bool(writers) and all(w and any(piece in w for piece in pieces) for w in writers)
+
+
 def _child(python_dir: Path, paths: list[Path]) -> int:
     """In the fresh process: the base's SGLang imported from ``python_dir`` alone, each entry replayed."""
     from vmfuzz.harness.engine.regression.base_code import load_base
@@ -147,8 +154,13 @@ def _child(python_dir: Path, paths: list[Path]) -> int:
         print(json.dumps({"failed": f"the base's SGLang does not load: {type(exc).__name__}: {exc}"[:300]}))
         return 0
     from vmfuzz.harness.engine.regression.replay import NotDriven
+    pieces = getattr(target, "pieces_not_driven", dict)()
     for path in paths:
         entry = load(path)
+        if _names_a_piece(entry, pieces):
+            # its repro's case runs there without the piece the defect is of: a hold would say nothing
+            print(json.dumps({"path": str(path), "status": NOT_DRIVEN, "matches": None}), flush=True)
+            continue
         try:
             got = outcome_of(entry.repro, target, "cpu", False, 120.0)
         except NotDriven:

@@ -37,7 +37,7 @@ from vmfuzz.harness.targets.sglang.binding import bound
 from vmfuzz.harness.targets.sglang.draft_extend_model import DraftExtendModel
 from vmfuzz.harness.targets.sglang.draft_worker import (DraftServer, StepResult, backend_rows, bindings, draft_worker,
                                                         extend_backend, viewing)
-from vmfuzz.harness.targets.sglang.graph_lookups import module_set
+from vmfuzz.harness.targets.sglang.graph_lookups import attention_context, module_set
 
 RUNNER_FILE = "srt/speculative/eagle_draft_extend_cuda_graph_runner.py"
 _PROPS = ("graph-replay-equivalence", "padding-inert", "capture-replay-agreement")
@@ -159,12 +159,10 @@ def replay(server: DraftServer, fb, select_index) -> list[StepResult]:
 def eager(server: DraftServer, fb, select_index) -> list[StepResult]:
     """The worker's eager draft extend of the same batch: the backend's eager metadata, every token
     forward, then the rows at ``select_index``."""
-    m = modules()
     backend = extend_backend(server, graphs=False)
     with bound(*bindings(server, [modules().runner])):
         backend.init_forward_metadata(fb)
-        with m.forward_context.forward_context(m.forward_context.ForwardContext(attn_backend=backend),
-                                               forward_batch=fb):
+        with attention_context(backend, fb):
             out = server.model.forward(fb.input_ids, fb.positions, fb)
     qo, kv = backend_rows(backend, fb.batch_size)
     return [StepResult(out.next_token_logits[select_index].clone(), out.hidden_states[select_index].clone(),

@@ -198,9 +198,7 @@ def _model_runner(shape: DraftShape, capture_bs: list[int], heap: ShadowHeap, sp
     if kv_pool is not None:
         translator = swa_server.translator_over(kv_pool, table)
     else:
-        translator = object.__new__(m.translator.KVIndexTranslator)
-        translator.req_to_token, translator._spaces = table, {}  # a static pool: reads pass through
-        translator.bind_runner_slots = lambda fb: None
+        translator = _static_translator(m.translator.KVIndexTranslator, table, shape.page_size)
     runner.req_to_token_pool = SimpleNamespace(size=table.shape[0], req_to_token=table)
     runner.kv_index_translator = translator
     runner.server_args.speculative_draft_window_size = None
@@ -209,7 +207,24 @@ def _model_runner(shape: DraftShape, capture_bs: list[int], heap: ShadowHeap, sp
     mc.hf_config = SimpleNamespace(architectures=["LlamaForCausalLMEagle"])
     runner.spec_algorithm = m.spec_info.SpeculativeAlgorithm.EAGLE
     runner.is_draft_worker, runner.canary_manager, runner.device_timer = True, None, None
+    # one GPU, where the draft runner's set-up reads it off the runner (0.5.21)
+    runner.tp_size, runner.tp_group = 1, SimpleNamespace(barrier=lambda: None)
     return runner, numbers, table
+
+
+def _static_translator(cls, table: torch.Tensor, page_size: int):
+    """The KV-index translator of a static pool (reads pass through): by its own ``__init__`` where that
+    takes the pools (0.5.21: no translating allocator, so it translates nothing), else assembled with no
+    id spaces (0.5.23's, whose ``__init__`` asks for a server's pools)."""
+    import inspect
+    if "token_to_kv_pool_allocator" in inspect.signature(cls.__init__).parameters:
+        translator = cls(req_to_token=table, token_to_kv_pool_allocator=None, token_to_kv_pool=None,
+                         page_size=page_size, device="cpu")
+    else:
+        translator = object.__new__(cls)
+        translator.req_to_token, translator._spaces = table, {}
+    translator.bind_runner_slots = lambda fb: None
+    return translator
 
 
 def _adopt_graph_state(backend, space: GraphSpace) -> None:

@@ -10,12 +10,14 @@ drafts it eagerly for comparison.
 
 from __future__ import annotations
 
+from dataclasses import fields, replace
+
 import torch
 
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.model.draft_graph import DraftShape, chain_column, footprints, window_slot
 from vmfuzz.harness.targets.sglang.draft_graph_runner import (
-    Drafted, build, can_run, eager, live_batch, replay)
+    Drafted, build, can_run, eager, live_batch, modules, replay)
 from vmfuzz.harness.targets.sglang.draft_model import HIDDEN, VOCAB
 from vmfuzz.harness.targets.sglang.graph_session import RunnerView, captured_sizes
 
@@ -25,6 +27,26 @@ PADDED_ROWS = {"seq_lens": "1", "seq_lens_cpu": "1", "req_pool_indices": "1", "t
                "hidden_states": "h", "positions": "k", "out_cache_loc": "kn"}
 
 
+def window_not_driven() -> str | None:
+    """Why a draft model's window layers are not driven on this SGLang (None: they are). vmfuzz judges
+    their reads through the per-step window rail the multi-step draft backend builds (0.5.23's
+    ``_fill_window_rail``); a release whose backend has none (0.5.22) lays window reads out otherwise."""
+    backend = getattr(modules().triton, "TritonMultiStepDraftBackend", None)
+    if backend is not None and hasattr(backend, "_fill_window_rail"):
+        return None
+    return ("this SGLang's Triton multi-step draft backend builds no per-step window rail, which vmfuzz's "
+            "window reads follow")
+
+
+def seeded_not_driven() -> str | None:
+    """Why seeded draft sampling is not driven on this SGLang (None: it is): the runner keeps no per-request
+    seed among its static buffers (0.5.22's draft steps draw from the device's generator, unseeded)."""
+    buffers = getattr(modules().runner, "EagleDraftInputBuffers", None)
+    if buffers is not None and "sampling_seed" in {f.name for f in fields(buffers)}:
+        return None
+    return "this SGLang's draft runner keeps no sampling seed among its buffers: its draft steps sample unseeded"
+
+
 class DraftSession(RunnerView):
     """The draft-decode runner of a server of ``shape`` capturing up to ``max_bs``."""
 
@@ -32,6 +54,15 @@ class DraftSession(RunnerView):
         """``largest_only``: capture only the largest bucket; SGLang sizes every static buffer for the
         largest captured bs, so the buffers are those of the whole list, for a check that replays
         only a full bucket (one capture where a list of them costs a draft forward each)."""
+        # what a release lays out otherwise is not driven, the case's server then without it: window layers
+        # (no per-step window rail), seeded draft sampling (no seed among the runner's buffers)
+        pieces = {"window layers": shape.window and window_not_driven(),
+                  "seeded sampling": shape.seeded_sampling and seeded_not_driven()}
+        self.pieces_not_driven = {piece: why for piece, why in pieces.items() if why}
+        if "window layers" in self.pieces_not_driven:
+            shape = replace(shape, window=0, window_pool=False)
+        if "seeded sampling" in self.pieces_not_driven:
+            shape = replace(shape, seeded_sampling=False)
         self.shape = shape
         sizes = captured_sizes(max_bs)
         self.server = build(shape, sizes[-1:] if largest_only else sizes, heap)
@@ -108,7 +139,7 @@ class DraftSession(RunnerView):
         out["input_ids"] = buffers.input_ids.numel()
         out["kv_indices"] = int(backend.cuda_graph_kv_indices.shape[1])
         out["kv_indptr"] = int(backend.kv_indptr.shape[1])
-        if self.shape.window:
+        if self.shape.window and getattr(backend, "window_rail", False):
             out["window_kv_indices"] = int(backend.cuda_graph_window_kv_indices.shape[1])
             out["window_kv_indptr"] = int(backend.window_kv_indptr.shape[1])
         return out

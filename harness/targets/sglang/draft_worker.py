@@ -22,7 +22,7 @@ import torch
 from vmfuzz.harness.guard.graph import GraphSpace
 from vmfuzz.harness.model.config import Config
 from vmfuzz.harness.targets.sglang.graph_model import HIDDEN, VOCAB
-from vmfuzz.harness.targets.sglang.graph_lookups import (draft_lookups, module_set, scoped_pool, static,
+from vmfuzz.harness.targets.sglang.graph_lookups import (draft_lookups, keep_bodies, module_set, scoped_pool, static,
                                                         verify_modules)
 from vmfuzz.harness.targets.sglang.stand_in import StandIn
 
@@ -34,7 +34,6 @@ _modules = module_set(dict(
     input_buffers="sglang.srt.model_executor.input_buffers",
     spec_info="sglang.srt.speculative.spec_info",
     spec_utils="sglang.srt.speculative.spec_utils",
-    forward_context="sglang.srt.model_executor.forward_context",
     triton="sglang.srt.layers.attention.triton_backend",
     backend_utils="sglang.srt.model_executor.runner_backend.utils",
     graph_config="sglang.srt.model_executor.cuda_graph_config"))
@@ -159,7 +158,8 @@ def _model_runner(server: DraftServer, backend) -> StandIn:
         kv_index_translator=SimpleNamespace(bind_runner_slots=lambda fb: None),
         canary_manager=None, device_timer=None, shared_read_done_event=None, capture_head_hooks=[],
         capture_tail_hooks=[], lora_manager=None, hisparse_coordinator=None,
-        attn_tp_sequence_sharded=lambda n: False)
+        attn_tp_sequence_sharded=lambda n: False,  # one GPU, as 0.5.21 reads it off the runner
+        tp_size=1, tp_group=SimpleNamespace(barrier=lambda: None))
 
 
 def draft_worker(server: DraftServer, backends: list) -> StandIn:
@@ -212,6 +212,7 @@ def bindings(server: DraftServer, runner_modules) -> list[tuple]:
                    speculative_algorithm="EAGLE", speculative_use_rejection_sampling=False)
     parallel = StandIn("get_parallel()", _CONTEXT, tp_rank=0, tp_size=1, num_dp_ranks=1, pp_size=1,
                        attn_tp_size=1, attn_cp_size=1, attn_dp_enabled=False, moe_ep_size=1,
+                       dp_size=1, attn_tp_rank=0, enable_dp_attention=False,  # the names 0.5.21 reads them by
                        tp_group=SimpleNamespace(barrier=lambda: None))
     answers = {"get_exec": lambda: exec_, "get_spec": lambda: spec, "get_parallel": lambda: parallel,
                "get_disagg": lambda: SimpleNamespace(enable_pdmux=False),
@@ -230,29 +231,12 @@ def bindings(server: DraftServer, runner_modules) -> list[tuple]:
 
 
 def _keeping_bodies(server: DraftServer, real):
-    """``resolve_decode_backend``, its graph backend made to capture through the graph stand-in: each
-    captured callable kept as a graph's body, and the forward context it was captured in kept with it
-    (a graph's kernels read the attention metadata of the backend they were captured against; the
-    stand-in re-runs Python that finds that backend through the forward context, so replay restores it)."""
-    fc = _modules().forward_context
-
+    """``resolve_decode_backend``, its graph backend made to capture through the graph stand-in
+    (``graph_lookups.keep_bodies``): each captured callable's outputs pooled, its closure watched."""
     def resolve_decode_backend(runner):
         backend = real(runner)
-        capture_one, replay = type(backend).capture_one, type(backend).replay
-        contexts: dict = {}
-
-        def capturing(shape_key, forward_fn, *args, **kwargs):
-            contexts[shape_key] = fc.get_forward_context() if fc.has_forward_context() else None
-            body = server.space.capturable(_pool_outputs(server.space, forward_fn), watch=_closure(forward_fn))
-            return capture_one(backend, shape_key, body, *args, **kwargs)
-
-        def replaying(shape_key, *args, **kwargs):
-            prev = fc.set_forward_context(contexts.get(shape_key))
-            try:
-                return replay(backend, shape_key, *args, **kwargs)
-            finally:
-                fc.set_forward_context(prev)
-        backend.capture_one, backend.replay = capturing, replaying
+        keep_bodies(backend, server.space, lambda forward_fn: server.space.capturable(
+            _pool_outputs(server.space, forward_fn), watch=_closure(forward_fn)))
         return backend
     return resolve_decode_backend
 

@@ -92,11 +92,25 @@ class GlueWatch:
         self.captured: dict = {}  # glue key -> the GlueView its graph was recorded on
         self.outcome: str | None = None
         self._recorded: GlueView | None = None
+        self._routed: dict = {}  # bs -> the key the runner last routed a prep of that bs under
+
+    def key_for(self, runner, bs: int, actual_mode: str, variant):
+        """The glue key the runner routes a full ``bs`` batch's prep under: its own ``_glue_key`` where
+        this release has one; else (SGLang 0.5.22 builds the key inline) the key its last routed prep of
+        that bs was run under, None before any (no state: every warm-up still to come)."""
+        own = getattr(runner, "_glue_key", None)
+        if own is not None:
+            return own(bs, actual_mode, variant)
+        return self._routed.get(bs)
 
     def lookups(self) -> list[tuple]:
         """The patches a replay runs under (``binding.bound``): the glue's ``run`` and
-        ``note_not_routed``, watched."""
-        return [(self.glue, "run", self.run), (self.glue, "note_not_routed", self.not_routed)]
+        ``note_not_routed``, watched (a release whose glue is told of no unrouted prep, 0.5.22's: its
+        ``run`` alone)."""
+        out = [(self.glue, "run", self.run)]
+        if hasattr(self.glue, "note_not_routed"):
+            out.append((self.glue, "note_not_routed", self.not_routed))
+        return out
 
     def steps_to_replay(self, key) -> int:
         """How many more routed preps of ``key`` the glue takes before one is a replay of its graph
@@ -107,13 +121,23 @@ class GlueWatch:
         warmups = st["warmups"] if st is not None else 0
         return max(0, type(self.glue).NUM_WARMUP - warmups) + 1
 
+    def _captured(self, key) -> bool:
+        """Whether ``key``'s prep is a graph now: the glue's own answer, or (a release whose glue gives
+        none, 0.5.22's) its state for the key read as ``steps_to_replay`` reads it."""
+        own = getattr(self.glue, "is_captured", None)
+        if own is not None:
+            return own(key)
+        state = self.glue._states.get(key)
+        return not self.glue.disabled and state is not None and state["graph"] is not None
+
     def not_routed(self):
         self.outcome = NOT_ROUTED
         return type(self.glue).note_not_routed(self.glue)
 
     def run(self, attn_backend, fb_view, key):
         real = type(self.glue).run
-        if self.glue.is_captured(key):
+        self._routed[getattr(fb_view, "batch_size", None)] = key
+        if self._captured(key):
             self.outcome = REPLAY
             self.views.append(fb_view)  # the view this replay's metadata is prepared from
             captured = self.captured.get(key)
@@ -122,7 +146,7 @@ class GlueWatch:
             return real(self.glue, attn_backend, fb_view, key)
         self._recorded = None
         out = real(self.glue, attn_backend, fb_view, key)
-        if self.glue.is_captured(key):
+        if self._captured(key):
             self.outcome = CAPTURE
             graph = self.glue._states[key]["graph"]
             graph.key = (GLUE, key)

@@ -7,19 +7,22 @@ through ``torch.cuda``'s graph names and keeps its inputs in a buffer set.
 ``runner_lookups`` answers the target verify runner's lookups with the graph
 stand-in (``guard.graph``); ``draft_lookups`` adds a draft runner's own
 answers over it. ``adopt_static`` makes a runner's buffer set the redzoned
-static buffers of its graph space, and ``sglang_modules`` imports a runner's
-SGLang modules quietly.
+static buffers of its graph space, ``keep_bodies`` makes a graph backend capture
+through the stand-in, ``attention_context`` opens the forward context an eager
+forward runs in, and ``sglang_modules`` imports a runner's SGLang modules quietly.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from types import SimpleNamespace
 
 import torch
 
 from vmfuzz.harness.guard.graph import GraphSpace
+from vmfuzz.harness.model.errors import OutOfStep
 from vmfuzz.harness.targets.sglang.loader import _quiet_import
 from vmfuzz.harness.targets.sglang.reach import lookup_patches
 from vmfuzz.harness.targets.sglang.stand_in import StandIn
@@ -73,8 +76,8 @@ def answers(config, capture_bs: list[int], pp_size: int = 1) -> dict:
                                      enable_encoder_swa_bounded_replay=False))
     flags = StandIn("get_flags()", _CONTEXT, capture=StandIn("get_flags().capture", _CONTEXT,
                                                              enable_torch_compile=False))
-    parallel = StandIn("get_parallel()", _CONTEXT, tp_rank=0, tp_size=1, num_dp_ranks=1, pp_size=pp_size,
-                       attn_tp_size=1, attn_dp_enabled=False, moe_ep_size=1,
+    parallel = StandIn("get_parallel()", _CONTEXT, tp_rank=0, tp_size=1, num_dp_ranks=1, dp_size=1, pp_size=pp_size,
+                       attn_tp_size=1, attn_dp_enabled=False, moe_ep_size=1, attn_tp_rank=0, enable_dp_attention=False,
                        tp_group=SimpleNamespace(barrier=lambda: None))
     resources = StandIn("get_resources()", _CONTEXT, graph_memory_pool=None, graph_pool_borrow=None)
 
@@ -141,9 +144,17 @@ def draft_lookups(config, capture_bs: list[int], space: GraphSpace, modules: lis
     """A draft runner's lookups: the target verify runner's (``runner_lookups``), then ``context``'s
     answers wherever ``modules`` look them up, and the device module the graph space stands for."""
     out = runner_lookups(config, capture_bs, space)
-    out += lookup_patches(modules, context)
+    out += lookup_patches([*modules, *bucket_helpers()], context)
     device = space.device_module()
     return out + [(torch, "get_device_module", lambda *a, **k: device)]
+
+
+def bucket_helpers() -> list:
+    """The modules of the helpers a release's bucket sizing calls by name and that make server-wide
+    lookups in their own module (0.5.21's ``get_cuda_graph_max_batch_size``), for those lookups to be
+    answered there too while the helper runs as itself; none where the sizing makes them itself."""
+    helper = getattr(verify_modules().base_graph, "get_cuda_graph_max_batch_size", None)
+    return [inspect.getmodule(helper)] if helper is not None else []
 
 
 def static(space: GraphSpace, name: str, value: torch.Tensor) -> torch.Tensor:
@@ -169,3 +180,51 @@ def adopt_static(buffers, space: GraphSpace) -> None:
     for name, value in list(vars(buffers).items()):
         if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.numel():
             setattr(buffers, name, static(space, name, value))
+
+
+def keep_bodies(backend, space: GraphSpace, body=None) -> None:
+    """A graph backend's ``capture_one`` and ``replay`` made the stand-in's: each captured callable kept
+    as a graph's body (``body(forward_fn)``; default ``space.capturable``), and the forward context it was
+    captured in kept with it. A graph's kernels read the attention metadata of the backend they were
+    captured against, whichever context is current at replay; the stand-in re-runs Python that finds that
+    backend through the forward context, so a replay restores the capture's (SGLang 0.5.22's capture
+    body opens none of its own; 0.5.23's opens the same one inside)."""
+    fc = verify_modules().forward_context
+    capture_one, replay = type(backend).capture_one, type(backend).replay
+    make = body or space.capturable
+    contexts: dict = {}
+
+    def capturing(shape_key, forward_fn, *args, **kwargs):
+        contexts[shape_key] = fc.get_forward_context() if fc.has_forward_context() else None
+        return capture_one(backend, shape_key, make(forward_fn), *args, **kwargs)
+
+    def replaying(shape_key, *args, **kwargs):
+        prev = fc.set_forward_context(contexts.get(shape_key))
+        try:
+            return replay(backend, shape_key, *args, **kwargs)
+        finally:
+            fc.set_forward_context(prev)
+    backend.capture_one, backend.replay = capturing, replaying
+
+
+def attention_context(backend, forward_batch):
+    """The forward context an eager forward of ``forward_batch`` over ``backend`` runs in, opened as this
+    SGLang's ``forward_context`` takes it (0.5.23 also lends it the batch; 0.5.22 takes the context alone)."""
+    fc = verify_modules().forward_context
+    ctx = fc.ForwardContext(attn_backend=backend)
+    if "forward_batch" in inspect.signature(fc.forward_context).parameters:
+        return fc.forward_context(ctx, forward_batch=forward_batch)
+    return fc.forward_context(ctx)
+
+
+def fitted(fn, name: str):
+    """``fn``, refused before the call (out of step) where this release's signature takes other arguments
+    than the hand assembly passes (0.5.21's buffer set): the harness's wiring, never SGLang's raise."""
+    def call(**kwargs):
+        try:
+            inspect.signature(fn).bind(**kwargs)
+        except TypeError as exc:
+            raise OutOfStep(name, fn.__module__, f"takes other arguments than the runner's hand assembly passes "
+                                                 f"({exc})") from None
+        return fn(**kwargs)
+    return call

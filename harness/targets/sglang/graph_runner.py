@@ -57,7 +57,8 @@ from vmfuzz.harness.model.errors import OutOfStep
 from vmfuzz.harness.model.readers import pool_slots
 from vmfuzz.harness.targets.sglang.binding import bound
 from vmfuzz.harness.targets.sglang.graph_model import HIDDEN, VOCAB, Forward, RecordingModel
-from vmfuzz.harness.targets.sglang.graph_lookups import adopt_static, runner_lookups, static, verify_modules
+from vmfuzz.harness.targets.sglang.graph_lookups import (adopt_static, attention_context, fitted, keep_bodies,
+                                                        runner_lookups, static, verify_modules)
 from vmfuzz.harness.targets.sglang.stand_in import StandIn
 from vmfuzz.harness.targets.sglang import swa_server
 
@@ -185,7 +186,9 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
     glue = glue or dspark
     try:
         with switches:
-            runner, lookups = init.made_by_init(config, capture_bs, space, model, backend, pp_size, bool(dspark))
+            # a DSpark target only where this release has its wiring (else the glue asked for says why not)
+            runner, lookups = init.made_by_init(config, capture_bs, space, model, backend, pp_size,
+                                                bool(dspark) and glue_why is None)
     except init.NotDriven as exc:
         why = str(exc)
         space = GraphSpace(space.heap)  # what the failed __init__ left in its space is no graph's
@@ -225,7 +228,6 @@ def _assembled(config: Config, capture_bs: list[int], mask, space: GraphSpace, m
     vmfuzz computes (``max_bs`` the largest of ``capture_bs``, ``d`` tokens a request): the fallback
     for a release whose ``__init__`` cannot be driven, whose sizing is then the harness's, not judged."""
     from vmfuzz.harness.targets.sglang.readers import triton_backend
-    from vmfuzz.harness.targets.sglang.verify_runner_init import keep_bodies
     m = modules()
     max_bs, d = capture_bs[-1], config.d
     max_num_token = max_bs * d
@@ -268,7 +270,7 @@ def _assembled(config: Config, capture_bs: list[int], mask, space: GraphSpace, m
     for k, v in fields.items():
         setattr(runner, k, v)
     with bound(*lookups):
-        buffers = m.buffers.DecodeInputBuffers.create(
+        buffers = fitted(m.buffers.DecodeInputBuffers.create, "DecodeInputBuffers.create")(
             device="cpu", max_bs=max_bs, max_num_token=max_num_token, hidden_size=HIDDEN,
             next_token_logits_buffer=torch.zeros(max_num_token, VOCAB, dtype=torch.float32),
             dtype=torch.float32, num_dp_ranks=1, pp_size=pp_size, is_encoder_decoder=False,
@@ -279,7 +281,7 @@ def _assembled(config: Config, capture_bs: list[int], mask, space: GraphSpace, m
             buffers.pp_proxy_tensors = {k: static(space, f"pp_proxy_tensors.{k}", v)
                                         for k, v in buffers.pp_proxy_tensors.items()}
         runner.buffers = buffers
-        runner.buffer_registry = m.registry.build_decode_registry(
+        runner.buffer_registry = fitted(m.registry.build_decode_registry, "build_decode_registry")(
             device="cpu", max_bs=max_bs, max_num_token=max_num_token, seq_len_fill_value=fill,
             cache_loc_dtype=torch.int64, enable_mamba_track=False, is_encoder_decoder=False,
             encoder_len_fill_value=0, enable_num_token_non_padded=False, require_gathered_buffer=False,
@@ -383,7 +385,6 @@ def replay(server: GraphServer, fb, proxy=None, planned: bool = False) -> Replay
 def eager(server: GraphServer, config: Config, batch: Batch, fb, proxy=None) -> Forward:
     """The same batch, eagerly: the Triton backend's eager TARGET_VERIFY metadata, the same model."""
     from vmfuzz.harness.targets.sglang.readers import triton_backend
-    m = modules()
     heap, rows = ShadowHeap(), max(server.runner.max_bs, batch.bs)
     backend = (server.window_pool.backend(config, rows, heap, graphs=False) if server.window_pool is not None else
                triton_backend(None, config, rows, torch.device("cpu"), heap, graphs=False))
@@ -391,8 +392,7 @@ def eager(server: GraphServer, config: Config, batch: Batch, fb, proxy=None) -> 
     saved = fb.next_token_logits_buffer
     fb.next_token_logits_buffer = None
     try:
-        with m.forward_context.forward_context(m.forward_context.ForwardContext(attn_backend=backend),
-                                               forward_batch=fb):
+        with attention_context(backend, fb):
             server.model.forward(fb.input_ids, fb.positions, fb, pp_proxy_tensors=proxy)
     finally:
         fb.next_token_logits_buffer = saved

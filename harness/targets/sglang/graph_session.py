@@ -142,10 +142,12 @@ class GraphSession(RunnerView):
         watch = self.glue_watch
         if watch is None or batch.bs not in self.capture_bs:
             return []
-        m = modules()
-        variant = self.server.runner._resolve_attention_variant(SimpleNamespace(seq_lens_cpu=torch.tensor(
-            batch.seq_lens), spec_info=None), batch.bs)  # the candidate variant a DSpark server keys its glue by
-        key = self.server.runner._glue_key(batch.bs, str(m.forward_info.ForwardMode.TARGET_VERIFY), variant)
+        m, runner = modules(), self.server.runner
+        # the candidate variant a DSpark server keys its glue by (a release whose runner builds no glue key of
+        # its own, 0.5.22's, keys it by none)
+        variant = runner._resolve_attention_variant(SimpleNamespace(seq_lens_cpu=torch.tensor(
+            batch.seq_lens), spec_info=None), batch.bs) if hasattr(runner, "_glue_key") else None
+        key = watch.key_for(runner, batch.bs, str(m.forward_info.ForwardMode.TARGET_VERIFY), variant)
         wrap = self.config.max_context_len + 1
         return [Batch(tuple((s - j) % wrap for s in batch.seq_lens), batch.trees)
                 for j in range(watch.steps_to_replay(key), 0, -1)]

@@ -1,33 +1,77 @@
-"""Which SGLang code the cuda-graph runners' and the KV-location step's drivers follow.
+"""Whether the code under test has what the cuda-graph runners' and the KV-location step's drivers bind.
 
 The drivers build SGLang's runners by their own set-up, with stand-ins for the
-model and the device, as SGLang 0.5.23 lays that set-up out. On an earlier
-release it differs in ways no binding by name can follow (0.5.22 hands
-attention a forward context the drivers do not open; 0.5.21's buffer sets take
-other arguments; the KV-location kernels have other names), and a driver run
-there would raise from the harness's own wiring, which reads as SGLang's
-crash. So on such code these properties are not driven, and say why: a gate
-whose changed lines needed them is could not check, never green.
+model and the device, and follow each release where it differs by what its
+classes and signatures show (``graph_lookups.keep_bodies``,
+``graph_lookups.attention_context``, ``glue_graph.GlueWatch``,
+``kv_launches``); a piece one release lays out otherwise says so where it is
+met (``OutOfStep``, ``verify_runner_init.NotDriven``, a sub-check's reason).
+What no driver can stand without is checked here, on the installed SGLang's
+own modules: the target verify runner's capture and replay, the graph backend
+it captures through, and the forward context attention finds its backend in.
+Code that lacks one is not driven on the graph path, and says which: a gate
+whose changed lines needed these properties is could not check, never green.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+
 #: the properties that drive the cuda-graph runners and the KV-location step
 PROPERTIES = frozenset({"graph-replay-equivalence", "padding-inert", "capture-replay-agreement",
                         "graph-buffer-soundness", "kv-location-soundness"})
-#: the first SGLang release whose set-up of them the drivers follow
-FROM = (0, 5, 23)
+
+#: what every graph driver binds: (module, class or None for the module itself, the names it must hold)
+NEEDS = (
+    ("sglang.srt.model_executor.runner.decode_cuda_graph_runner", "DecodeCudaGraphRunner",
+     ("capture", "can_run_graph", "load_batch", "execute")),
+    ("sglang.srt.model_executor.runner_backend.full_cuda_graph_backend", "FullCudaGraphBackend",
+     ("capture_one", "replay")),
+    ("sglang.srt.model_executor.forward_context", None,
+     ("ForwardContext", "forward_context", "get_forward_context", "has_forward_context", "set_forward_context")),
+)
 
 
-def not_driven(version: str) -> str | None:
-    """Why code of SGLang ``version`` (as the code under test describes itself) is not driven on the
-    graph path; None: it is (this release or a later one, a checkout past its tag included)."""
-    from packaging.version import InvalidVersion, Version
-    try:
-        release = Version(version).release
-    except InvalidVersion:
-        release = None
-    if release is not None and tuple(release[:3]) >= FROM:
+def not_driven(needs=NEEDS) -> str | None:
+    """Why the installed SGLang is not driven on the graph path (the first of ``needs`` it lacks); None:
+    it has every one."""
+    from vmfuzz.harness.targets.sglang.loader import _quiet_import
+    for module_name, class_name, names in needs:
+        try:
+            with _quiet_import():
+                module = importlib.import_module(module_name)
+        except ImportError as exc:
+            return f"this SGLang has no {module_name} ({exc}), which the graph drivers bind"
+        owner = getattr(module, class_name, None) if class_name else module
+        if owner is None:
+            return f"this SGLang's {module_name} has no {class_name}, which the graph drivers build"
+        missing = [n for n in names if not hasattr(owner, n)]
+        if missing:
+            return (f"this SGLang's {class_name or module_name} has no {', '.join(missing)}, which the graph "
+                    "drivers bind")
+    return None
+
+
+def pieces_not_driven() -> dict[str, str]:
+    """Pieces of a case's server the installed SGLang keeps vmfuzz from driving (a case that asks for one
+    runs without it, and says so), each by the words a finding's writer names it with, and why. A replay
+    there cannot say that a defect of such a piece holds (``known_on_base``)."""
+    from vmfuzz.harness.targets.sglang import swa_server
+    why = swa_server.missing()
+    return {"a sliding-window KV pool": why} if why else {}
+
+
+@functools.lru_cache(maxsize=None)
+def step_not_driven(prop: str) -> str | None:
+    """Why ``prop`` is not driven as a whole on the installed SGLang though the graph path is (None: it
+    is). kv-location-soundness promises its fused verify window and its plan's reads, which both need the
+    translating pool's fused producer (``KVIndexTranslator.plan_uniform_extend``); on a release without
+    it (0.5.21, 0.5.22) the rest of the step is driven and holds, but the property would hold in part on
+    every run, so it waits for that producer and says so, as a property whose code is absent does."""
+    if prop != "kv-location-soundness":
         return None
-    return (f"vmfuzz drives the cuda-graph runners and the KV-location step as SGLang {'.'.join(map(str, FROM))} "
-            f"and later build them; the code under test is {version or 'of no version'}")
+    from vmfuzz.harness.targets.sglang import kv_locations, kv_translation
+    why = kv_translation._missing(kv_locations.kv_modules())
+    return (f"{why}: the step's fused verify window and its plan's reads, two of this property's promised "
+            "sub-checks, have no producer here") if why else None

@@ -32,7 +32,7 @@ from vmfuzz.harness.targets.sglang.draft_extend_model import DraftExtendModel
 from vmfuzz.harness.targets.sglang.draft_extend_runner import live_batch
 from vmfuzz.harness.targets.sglang.draft_worker import (DraftServer, StepResult, adopt, backend_rows, bindings,
                                                         draft_worker, extend_backend, viewing)
-from vmfuzz.harness.targets.sglang.graph_lookups import module_set
+from vmfuzz.harness.targets.sglang.graph_lookups import attention_context, module_set
 
 RUNNER_FILE = "srt/speculative/multi_layer_eagle_draft_extend_cuda_graph_runner.py"
 KERNEL_FILE = "kernels/ops/speculative/multi_layer_eagle.py"
@@ -155,8 +155,7 @@ def eager(server: DraftServer, fb, select_index) -> list[StepResult]:
         for step in range(server.config.spec_steps):
             backend = extend_backend(server, graphs=False)
             backend.init_forward_metadata(fb)
-            with m.forward_context.forward_context(m.forward_context.ForwardContext(attn_backend=backend),
-                                                   forward_batch=fb):
+            with attention_context(backend, fb):
                 ret = server.model.forward(fb.input_ids, fb.positions, fb)
             _, topk_index = m.runner.fast_topk(torch.softmax(ret.next_token_logits, dim=-1), server.config.topk,
                                                dim=-1)

@@ -64,13 +64,13 @@ class SglangTarget:
         Bounds(max_bs=8, max_context_len=64, num_draft_tokens=10, topk=5, spec_steps=4, overshoot=4),
         Bounds(max_bs=16, max_context_len=256, num_draft_tokens=16, topk=8, spec_steps=6, overshoot=4),
     )}
-    #: seconds one isolated example may take before it is a target-hang: a
-    #: shared case at the widest nightly bounds (up to 36 requests, d 16, five
-    #: steps) took over 30 s in the interpreter on a loaded 2-core host; in a
-    #: gate, one graph case (every runner built and captured, then replayed by
-    #: three properties) took over 30 s on a 2-core host at load 6, where a
-    #: hang would be a false finding
+    #: seconds one isolated example may take before it is a target-hang: a shared case at the widest
+    #: nightly bounds (up to 36 requests, d 16, five steps) took over 30 s in the interpreter on a loaded
+    #: 2-core host; in a gate, one graph case (every runner built and captured, then replayed by three
+    #: properties) took over 30 s on a 2-core host at load 6, where a hang would be a false finding
     example_timeout = {"nightly": 600.0, "pr": 120.0}
+    #: pieces of a case's server this SGLang keeps vmfuzz from driving, and why (``known_on_base``)
+    pieces_not_driven = staticmethod(graph_support.pieces_not_driven)
 
     def __init__(self, sg: Sglang, kernel_choice: str = "triton"):
         self.sglang = sg
@@ -130,7 +130,7 @@ class SglangTarget:
     def not_driven_here(self, prop: str) -> str | None:
         """Why ``prop`` cannot be driven on this SGLang, found from its code; None: it can."""
         if prop in graph_support.PROPERTIES:
-            return self._graph_path_not_driven()
+            return self._graph_path_not_driven() or graph_support.step_not_driven(prop)
         if prop == "chain-writer" and self.sglang.build_chain_tree is None:
             return "this SGLang has no build_chain_tree (kernels/ops/speculative/eagle.py): no chain writer to check"
         if prop == "packed-mask":
@@ -138,8 +138,8 @@ class SglangTarget:
         return None
 
     def _graph_path_not_driven(self) -> str | None:
-        if self._graph_why is None:  # read once: the code under test's version does not change
-            self._graph_why = graph_support.not_driven(self.versions()["sglang"]) or ""
+        if self._graph_why is None:  # read once: the code under test does not change
+            self._graph_why = graph_support.not_driven() or ""
         return self._graph_why or None
 
     def site_fits(self, site: str, mask, bs: int) -> bool:

@@ -48,7 +48,8 @@ from vmfuzz.harness.model import consultation
 from vmfuzz.harness.model.config import Config
 from vmfuzz.harness.targets.sglang.binding import bound
 from vmfuzz.harness.targets.sglang.graph_lookups import answers as graph_answers
-from vmfuzz.harness.targets.sglang.graph_lookups import module_set, runner_lookups, scoped_pool, verify_modules
+from vmfuzz.harness.targets.sglang.graph_lookups import (bucket_helpers, keep_bodies, module_set, runner_lookups,
+                                                        scoped_pool, verify_modules)
 from vmfuzz.harness.targets.sglang.graph_model import HIDDEN, VOCAB
 from vmfuzz.harness.targets.sglang.reach import lookup_patches
 from vmfuzz.harness.targets.sglang.stand_in import StandIn, consultation_of
@@ -120,6 +121,7 @@ def model_runner(config: Config, model, backend, spec_algorithm, pool_size: int,
         server_args=SimpleNamespace(dllm_algorithm=None), req_to_token_pool=SimpleNamespace(size=pool_size),
         ngram_embedding_manager=SimpleNamespace(enabled=False), layer_info=SimpleNamespace(start_layer=0),
         pp_group=SimpleNamespace(world_size=pp_size, rank_in_group=pp_size - 1),
+        pp_size=pp_size, pp_rank=pp_size - 1, tp_group=SimpleNamespace(barrier=lambda: None),  # as 0.5.21 reads them
         # the rows SGLang asks of the process-wide logits output, allocated as asked
         graph_shared_output=SimpleNamespace(
             get_logits_buffer=lambda vocab, rows: torch.zeros(rows, vocab, dtype=torch.float32)),
@@ -128,10 +130,11 @@ def model_runner(config: Config, model, backend, spec_algorithm, pool_size: int,
         lora_manager=None, attn_tp_sequence_sharded=lambda n: False, device_timer=None,
         shared_read_done_event=None)
     for name in _RUNNER_METHODS:
+        # a method this release's ModelRunner lacks is one its runner's __init__ does not call (0.5.21 has no
+        # get_aux_hidden_states_width); should it call it, the stand-in says what it lacked
         real = getattr(m.model_runner.ModelRunner, name, None)
-        if real is None:
-            raise NotDriven(f"this SGLang's ModelRunner has no {name}, which vmfuzz binds for the runner's __init__")
-        setattr(runner, name, functools.partial(real, runner))
+        if real is not None:
+            setattr(runner, name, functools.partial(real, runner))
     return runner
 
 
@@ -147,8 +150,9 @@ def init_lookups(config: Config, capture_bs: list[int], space: GraphSpace, pool:
                     features=SimpleNamespace(enable_memory_saver=False, enable_encoder_swa_bounded_replay=False),
                     mamba=SimpleNamespace(enable_mamba_extra_buffer=False),
                     deterministic=SimpleNamespace(enable_deterministic_inference=False))
-    parallel = StandIn("get_parallel()", _CONTEXT, tp_rank=0, tp_size=1, num_dp_ranks=1, pp_size=pp_size,
+    parallel = StandIn("get_parallel()", _CONTEXT, tp_rank=0, tp_size=1, num_dp_ranks=1, dp_size=1, pp_size=pp_size,
                        pp_rank=pp_size - 1, attn_tp_size=1, attn_cp_size=1, attn_dp_enabled=False, moe_ep_size=1,
+                       attn_tp_rank=0, enable_dp_attention=False,  # the names 0.5.21 reads them by
                        tp_group=SimpleNamespace(barrier=lambda: None))
     answers = {"get_exec": lambda: exec_, "get_parallel": lambda: parallel,
                "get_disagg": lambda: SimpleNamespace(enable_pdmux=False),
@@ -165,7 +169,8 @@ def init_lookups(config: Config, capture_bs: list[int], space: GraphSpace, pool:
     # the runner's own methods bound to the stand-in model runner, and the helpers they call
     out += lookup_patches([mi.model_runner, mi.spec_utils, mi.misc_utils], {
         **graph_answers(config, capture_bs, pp_size), "get_parallel": lambda: parallel})
-    out += lookup_patches([m.runner, m.base_runner, m.base_graph, mi.misc_utils, mi.backend_utils, mi.tbo], answers)
+    out += lookup_patches([m.runner, m.base_runner, m.base_graph, mi.misc_utils, mi.backend_utils, mi.tbo,
+                           *bucket_helpers()], answers)
     return out + [(torch, "get_device_module", lambda *a, **k: device),
                   (mi.input_buffers, "share_input_buffer", scoped_pool(space, pool)),
                   (m.runner, "resolve_decode_backend", _keeping_bodies(space, m.runner.resolve_decode_backend))]
@@ -178,15 +183,6 @@ def _keeping_bodies(space: GraphSpace, real):
         keep_bodies(backend, space)
         return backend
     return resolve_decode_backend
-
-
-def keep_bodies(backend, space: GraphSpace) -> None:
-    """The graph backend's capture_one, its forward_fn made the stand-in's capturable body."""
-    real = type(backend).capture_one
-
-    def capture_one(shape_key, forward_fn, *args, **kwargs):
-        return real(backend, shape_key, space.capturable(forward_fn), *args, **kwargs)
-    backend.capture_one = capture_one
 
 
 def graph_state(backend, space: GraphSpace, max_context_len: int) -> None:
