@@ -217,6 +217,24 @@ def test_the_shards_numbers_are_added_not_copied_from_the_first(runs, tmp_path, 
     assert merged["started"] == min(_summary(f)["started"] for f in folders)
 
 
+def test_what_one_shards_cap_stopped_is_unfinished_for_the_merged_run(runs, tmp_path, capsys):
+    """A shard whose cap cut it short left work undone: the merge says so and, its findings all
+    known, is could not check (exit 3), never the passing exit 0 of the same shards uncut."""
+    def all_known(s):
+        for g in s["groups"]:
+            g["known"] = "upstream-entry"
+        s["counts"]["new_groups"] = 0
+
+    def cut(s):
+        all_known(s)
+        s["unfinished"] = ["the cap stopped the search of trivial-path"]
+    folders = [_copy(f, tmp_path / f"s{i}", cut if i == 1 else all_known) for i, f in enumerate(_shards(runs))]
+    code, out, err = _vmfuzz(capsys, "merge", *folders, "--report-dir", tmp_path / "m")
+    merged = _summary(tmp_path / "m")
+    assert merged["unfinished"] == ["the cap stopped the search of trivial-path"], out + err
+    assert code == 3 and merged["verdict"]["exit_code"] == 3, out + err
+
+
 def test_compare_refuses_runs_of_another_profile_or_target(runs, tmp_path, capsys):
     held = _copy(runs / "before", tmp_path / "held")
     for change, says in ((_set(profile="nightly"), "ran profile"), (_set(target="sglang+fits-off-by-one"), "ran target")):

@@ -276,6 +276,8 @@ def merge_summaries(summaries: list[dict]) -> dict:
               "time_cap": _join_cap([s.get("time_cap") for s in summaries]),
               "started": min(s["started"] for s in summaries),
               "warnings": [w for s in summaries for w in s.get("warnings", [])],
+              # what any shard's cap stopped is unfinished for the merged run too (exit 3)
+              "unfinished": list(dict.fromkeys(u for s in summaries for u in s.get("unfinished") or [])),
               "timings": {"replay_seconds": sum(s["timings"]["replay_seconds"] for s in summaries),
                           "search_seconds": sum(s["timings"]["search_seconds"] for s in summaries),
                           # the shards ran side by side: the merged run took as long as the slowest
@@ -340,7 +342,7 @@ FIELDS = {
     **dict.fromkeys(("interrupted", "started", "counts", "properties", "boundary_classes", "overflow_margin",
                      "overflow_margin_by_path", "findings", "replays", "known_findings", "timings", "reached",
                      "kernel", "warnings", "groups", "deep_boundary_corpus", "shard", "shards", "time_cap",
-                     "verdict"),
+                     "verdict", "unfinished"),
                     "joined"),
 }
 
