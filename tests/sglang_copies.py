@@ -171,3 +171,20 @@ def assert_altered_replay_holds(tmp_path: Path, edits, name: str, config: dict, 
     """One case replayed on a copy altered by ``edits`` (a rewrite that keeps behaviour) holds ``prop``."""
     proc, out = replay_on_copy(altered_copy(tmp_path, edits, name), tmp_path, config, seq_lens, prop)
     assert proc.returncode == 0 and f"held {prop}" in out, out
+
+
+def script_on_copy(tmp_path: Path, edits, name: str, script: str) -> list[str]:
+    """``tests/SCRIPT`` run on a copy of the installed SGLang with ``edits`` applied, under Triton's
+    interpreter: its stdout's lines (the scope scripts print one record per shape)."""
+    import os
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parent.parent
+    site = altered_copy(tmp_path / name, edits, name)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(root)]), TRITON_INTERPRET="1",
+               PYTHONDONTWRITEBYTECODE="1")
+    env.pop("SGLANG_USE_CPU_ENGINE", None)
+    proc = subprocess.run([sys.executable, "-W", "ignore", str(root / "tests" / script)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.splitlines()

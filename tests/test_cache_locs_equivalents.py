@@ -16,17 +16,13 @@ on the pristine copy and on each mutant: every output, and every cell around it,
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import sglang_or_skip
-from tests.sglang_copies import altered_copy
+from tests.sglang_copies import script_on_copy
 
-ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ["kernels/ops/speculative/cache_locs.py"]
 MUTANTS = {
     "extend-loops-start-plus-end": [(KERNELS, r"num_loop = tl\.cdiv\(kv_end - kv_start, BLOCK_SIZE\)",
@@ -37,14 +33,7 @@ MUTANTS = {
 
 
 def _scope(tmp_path: Path, edits, name: str) -> list[str]:
-    site = altered_copy(tmp_path / name, edits, name)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]), TRITON_INTERPRET="1",
-               PYTHONDONTWRITEBYTECODE="1")
-    env.pop("SGLANG_USE_CPU_ENGINE", None)
-    proc = subprocess.run([sys.executable, "-W", "ignore", str(ROOT / "tests" / "cache_locs_scope.py")], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout.splitlines()
+    return script_on_copy(tmp_path, edits, name, "cache_locs_scope.py")
 
 
 @pytest.mark.slow

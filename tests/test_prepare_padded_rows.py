@@ -21,22 +21,18 @@ of ``fill_draft_extend_prepare_buffers_kernel``'s row roles green:
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.helpers import sglang_or_skip
-from tests.sglang_copies import altered_copy, assert_altered_replay_caught, replay_on_copy
+from tests.sglang_copies import altered_copy, assert_altered_replay_caught, replay_on_copy, script_on_copy
 from tests.surface_ran import assert_texts_ran, checked_under_coverage
 from tests.test_draft_extend_graph import _CHAIN, ML_KERNEL
 from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.layouts import TreeMaskMode
 
-ROOT = Path(__file__).resolve().parent.parent
 LENS = (5, 7, 3)  # graphs at bs 1, 2, 4: a batch of 3 replays padded to 4
 PROP = "padding-inert"
 _REAL = r"is_real = i < raw_bs"
@@ -95,14 +91,8 @@ def test_the_prepare_ran_under_padding_inert_on_a_padded_replay(sglang_target):
 
 def _scope(tmp_path: Path, edits, name) -> dict:
     """tests/prepare_scope.py on a copy: shape -> buffers."""
-    site = altered_copy(tmp_path / name, edits, name)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]), TRITON_INTERPRET="1",
-               PYTHONDONTWRITEBYTECODE="1")
-    env.pop("SGLANG_USE_CPU_ENGINE", None)
-    proc = subprocess.run([sys.executable, "-W", "ignore", str(ROOT / "tests" / "prepare_scope.py")], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return {tuple(r["shape"]): r["buffers"] for r in map(json.loads, proc.stdout.splitlines())}
+    return {tuple(r["shape"]): r["buffers"]
+            for r in map(json.loads, script_on_copy(tmp_path, edits, name, "prepare_scope.py"))}
 
 
 def _differing(base: dict, got: dict) -> set:
