@@ -88,14 +88,13 @@ class _Finder:
     wrapped to trace a traced file's body and pause for any other's."""
 
     def find_spec(self, name, path=None, target=None):
-        watch = _here()
-        if watch is None:
+        if _watch is None:
             return None
         at = sys.meta_path.index(self) if self in sys.meta_path else len(sys.meta_path)
         for finder in sys.meta_path[at + 1:]:
             find = getattr(finder, "find_spec", None)
-            if find is None:
-                continue
+            if find is None:  # an old-style finder: the import system asks it, in its place, unwrapped
+                return None
             spec = find(name, path, target)
             if spec is not None:
                 _wrap(spec)
@@ -114,11 +113,18 @@ def _wrap(spec) -> None:
     origin = spec.origin
 
     def exec_module(module):
-        watch = _here()
+        watch, file = _watch, getattr(module, "__file__", None) or origin
         if watch is None:
             return run(module)
+        if watch.pid != os.getpid():
+            # a forked process with no watch of its own traces nothing: only a traced module's body needs one
+            if not watch.traced(file):
+                return run(module)
+            watch = _here()
+            if watch is None:
+                return run(module)
         was = watch.tracing
-        watch.set(watch.traced(getattr(module, "__file__", None) or origin))
+        watch.set(watch.traced(file))
         try:
             return run(module)
         finally:
@@ -132,8 +138,8 @@ def _wrap(spec) -> None:
 
 def _here() -> _ImportWatch | None:
     """This process's watch. A process forked from a watching one imports too before its first check (a
-    lane's set-up, an allocation site's backend): its first import starts a watch of its own, into the same
-    folder, with the same files."""
+    lane's set-up, an allocation site's backend): its first import of a traced file starts a watch of its
+    own, into the same folder, with the same files (a fork that imports none pays nothing)."""
     global _watch
     watch = _watch
     if watch is None or watch.pid == os.getpid():
