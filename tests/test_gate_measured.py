@@ -501,3 +501,55 @@ assert coverage.collector.short_stack is coverage.debug.short_stack
     assert proc.returncode == 0, proc.stderr
     lines = line_trace.merged(tmp_path / "rec")[os.path.realpath(module)]
     assert lines[2] == {"capacity-soundness"} and lines[3] == {"capacity-soundness"}, lines
+
+
+def test_the_import_is_observed_only_in_the_traced_files_bodies_and_a_fork_records_its_own(tmp_path):
+    """A traced module's top level and class body are recorded while it is imported, under the import's
+    contexts (never a property's); an untraced module it imports runs untraced; a module another finder hands
+    over first (the provoked rule's) is watched too; a fork that imports a traced module records it itself."""
+    (tmp_path / "helper.py").write_text("def double(x):\n    return 2 * x\n")
+    (tmp_path / "under_review.py").write_text(
+        "import helper\n\nMARGIN = helper.double(1)\n\n\nclass Runner:\n    slack = 0\n\n    def fits(self):\n"
+        "        return self.slack\n")
+    (tmp_path / "late.py").write_text("LATE = 1\n")
+    (tmp_path / "forked.py").write_text("FORKED = 1\n")
+    script = tmp_path / "child.py"
+    script.write_text(f"""
+import importlib.machinery, os, sys
+sys.path.insert(0, {str(tmp_path)!r})
+from pathlib import Path
+from vmfuzz.harness.engine.core import import_trace, line_trace
+traced = [os.path.join({str(tmp_path)!r}, n) for n in ("under_review.py", "late.py", "forked.py")]
+line_trace.observe_imports(Path({str(tmp_path / "rec")!r}), traced)
+
+class Ahead:  # a finder ahead of the watch's, as the provoked rule's is for a module not yet loaded
+    def find_spec(self, name, path=None, target=None):
+        if name != "late":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        import_trace.watched(spec)
+        return spec
+import under_review
+sys.meta_path.insert(0, Ahead())
+with line_trace.imports_for_checks():
+    import late
+pid = os.fork()
+if pid == 0:
+    import forked
+    line_trace.flush()
+    os._exit(0)
+os.waitpid(pid, 0)
+line_trace.flush()
+""")
+    from vmfuzz.harness.engine.core import line_trace
+    env = {k: v for k, v in os.environ.items() if k not in (line_trace.DIR_ENV, line_trace.FILES_ENV)}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    ran = line_trace.merged(tmp_path / "rec")
+    review = ran[os.path.realpath(tmp_path / "under_review.py")]
+    assert {n: review.get(n) for n in (1, 3, 6, 7, 10)} == {
+        1: {AT_IMPORT}, 3: {AT_IMPORT}, 6: {AT_IMPORT}, 7: {AT_IMPORT}, 10: None}, review
+    assert os.path.realpath(tmp_path / "helper.py") not in ran  # not listed: never recorded
+    assert ran[os.path.realpath(tmp_path / "late.py")] == {1: {line_trace.FOR_CHECKS}}
+    assert ran[os.path.realpath(tmp_path / "forked.py")] == {1: {AT_IMPORT}}

@@ -97,7 +97,7 @@ def _gate(request: RunRequest) -> int:
     clock.phase("while importing the code under test")
     # started before this process imports the PR's SGLang: the base's import runs beside it
     on_base, known_found = _known_on_base(request, checkout) if sglang_root is not None else (None, [])
-    from vmfuzz.harness.engine.campaign.watch import drop_imports, observe_imports
+    from vmfuzz.harness.engine.campaign.watch import observe_imports
     try:
         # a changed module constant or class default runs once, at the import: observed, never assumed
         observe = partial(observe_imports, changed) if changed is not None and sglang else (lambda: None)
@@ -107,19 +107,13 @@ def _gate(request: RunRequest) -> int:
             observe()
         plan_, target = plan(request)
     except ImportRaised as exc:  # the code under review does not load: that is the finding
-        drop_imports()
-        if on_base is not None:
-            on_base.cancel()
+        _abandon(on_base)
         return import_finding(exc, "gate", request.target, request.report_dir)
     except (CannotLoad, OutOfStep) as exc:  # it cannot load here: could not check, with its reports
-        drop_imports()
-        if on_base is not None:
-            on_base.cancel()
+        _abandon(on_base)
         return load_failed(exc, "gate", request.target, request.report_dir)
     except BaseException:
-        drop_imports()
-        if on_base is not None:
-            on_base.cancel()
+        _abandon(on_base)
         raise
     if sglang:
         _say_code_under_test(sglang_root)
@@ -145,6 +139,14 @@ def _gate(request: RunRequest) -> int:
         plan_.warnings = (*plan_.warnings, said.note(known_found))
     return execute_and_report(plan_, target, watch, verbose=request.verbose,
                               culprit=_culprit(request, checkout, sglang_root, plan_) if sglang else None)
+
+
+def _abandon(on_base) -> None:
+    """The code under test did not load: no base replay is waited for, and no import record is kept."""
+    from vmfuzz.harness.engine.campaign.watch import drop_imports
+    drop_imports()
+    if on_base is not None:
+        on_base.cancel()
 
 
 def vendored_checkout(checkout, changed: list[str] | None) -> Path | None:

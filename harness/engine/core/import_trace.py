@@ -102,6 +102,12 @@ class _Finder:
         return None
 
 
+def watched(spec) -> None:
+    """A spec another finder found ahead of this module's: its module body is watched like any other."""
+    if _watch is not None:
+        _wrap(spec)
+
+
 def _wrap(spec) -> None:
     loader = spec.loader
     # a loader that is a class (builtins, frozen modules) serves every module of its kind: never patched

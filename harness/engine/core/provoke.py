@@ -151,6 +151,10 @@ class _Pending:
             run(module)
             _install_file(module, file, probes)
         spec.loader.exec_module = exec_module
+        # first on sys.meta_path, this finder answers before the import's watch could: it hands the spec over,
+        # or the module's body would run unobserved (``import_trace``)
+        from vmfuzz.harness.engine.core import import_trace
+        import_trace.watched(spec)
         return spec
 
 
