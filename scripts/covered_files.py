@@ -3,9 +3,12 @@
     python scripts/covered_files.py [--work DIR] [--check]
 
 Runs the gate's profile (``vmfuzz run --target sglang --profile pr``) on the
-installed SGLang with every file of the package under coverage.py, and writes
-the files some property's check ran a line of (sglang-relative) to
-``harness/engine/campaign/covered_files.py``. A changed file on that list
+installed SGLang with every file of the package under coverage.py, the import
+observed too (``core.import_trace``), and writes the files some property's check
+ran a line of, or the imports a check makes ran a line of (made once before the
+forks, ``fork_ready``), sglang-relative, to
+``harness/engine/campaign/covered_files.py``. What the target's own load or the
+harness's set-up imports for every run, whatever it checks, is not counted. A changed file on that list
 triggers the gate even when it names no mask code: its code ran under a
 property, so its changed lines must be judged. ``--check`` exits 1 when the
 shipped list differs from a fresh measurement. Regenerate it with each SGLang
@@ -15,6 +18,7 @@ release vmfuzz is written against.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -29,8 +33,8 @@ OUT = ROOT / "harness" / "engine" / "campaign" / "covered_files.py"
 HEAD = '''"""The SGLang files the gate's properties ran a line of, on sglang {version} (generated).
 
 Written by scripts/covered_files.py from a measurement (coverage.py over the
-whole package during ``vmfuzz run --target sglang --profile pr``); never edit
-it by hand. The gate's trigger reads it (``changes.triggers``).
+whole package during ``vmfuzz run --target sglang --profile pr``, the imports a
+check makes included, though made before the forks); never edit it by hand. The gate's trigger reads it (``changes.triggers``).
 """
 
 COVERED_BY_PROPERTIES = (
@@ -47,13 +51,23 @@ def measure(work: Path) -> list[str]:
     subprocess.run([sys.executable, "-m", "vmfuzz", "run", "--target", "sglang", "--profile", "pr",
                     "--report-dir", str(work / "report")], cwd=ROOT, env=env, check=False)
     ran = line_trace.merged(folder)
-    out = set()
+    out, counted = set(), {"check": set(), "for-checks": set(), "import-only": set()}
     for name, by_line in ran.items():
-        if any(ctx != line_trace.NO_PROPERTY for ctxs in by_line.values() for ctx in ctxs):
-            try:
-                out.add(Path(name).resolve().relative_to(package).as_posix())
-            except ValueError:
-                continue
+        try:
+            rel = Path(name).resolve().relative_to(package).as_posix()
+        except ValueError:
+            continue
+        contexts = {ctx for ctxs in by_line.values() for ctx in ctxs}
+        # a line a check ran, or one the imports a check makes ran (made once before the forks, for speed,
+        # ``fork_ready``: the same imports a check would make, so the same files); never what the target's
+        # own load, or the harness's set-up, imported for every run whatever it checks
+        kind = ("check" if any(line_trace.is_check(c) for c in contexts)
+                else "for-checks" if line_trace.FOR_CHECKS in contexts else "import-only")
+        counted[kind].add(rel)
+        if kind != "import-only":
+            out.add(rel)
+    print("files: " + ", ".join(f"{kind} {len(files)}" for kind, files in counted.items()), file=sys.stderr)
+    (work / "counted.json").write_text(json.dumps({k: sorted(v) for k, v in counted.items()}))
     return sorted(out)
 
 

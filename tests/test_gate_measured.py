@@ -24,7 +24,9 @@ from vmfuzz.harness.commands.gate import vendored_checkout
 from vmfuzz.harness.engine.campaign.change_paths import changed_lines
 from vmfuzz.harness.engine.campaign.changes import Checkout, sglang_relative, triggers
 from vmfuzz.harness.engine.campaign.covered_files import COVERED_BY_PROPERTIES
-from vmfuzz.harness.engine.campaign.diff_coverage import measure
+from vmfuzz.harness.engine.campaign.bound_at_import import read_plan, reads
+from vmfuzz.harness.engine.campaign.diff_coverage import measure, properties
+from vmfuzz.harness.engine.core.line_trace import AT_IMPORT
 from vmfuzz.harness.engine.campaign.surface import gate_coverage
 from tests.helpers import ROOT, vmfuzz
 
@@ -79,7 +81,7 @@ def test_a_module_level_line_under_a_cuda_test_needs_a_gpu_and_one_seen_only_at_
     m = measure("p.py", MODULE, "/x/p.py", frozenset({8, 9, 10}), {}, ran)
     # before: all three were "at import" and the gate exited 0 without ever seeing line 10 run
     assert m.needs_device == [10] and m.why_device[10].startswith("CUDA branch")
-    assert m.never_ran == [8, 9] and "ran only at import" in m.why_never[8]
+    assert m.never_ran == m.at_import == [8, 9] and "outside every property's check" in m.why_never[8]
     assert not m.exercised
 
 
@@ -110,8 +112,88 @@ def test_a_def_line_is_judged_once_its_body_ran_in_a_check():
 
 def test_a_module_table_entry_no_check_read_is_not_judged():
     text = "POLICY = {\n    'triton': 1,\n    'aiter': 2,\n}\n\ndef pick(name):\n    return POLICY[name]\n"
-    m = measure("p.py", text, "/x/p.py", frozenset({3}), {}, {1: {""}, 2: {""}, 3: {""}, 7: {"routing"}})
-    assert m.never_ran == [1] and "ran only at import" in m.why_never[1]
+    ran = {1: {AT_IMPORT}, 2: {AT_IMPORT}, 3: {AT_IMPORT}, 7: {"routing"}}
+    # routing read the table, but a lookup of 'triton' never consults the changed 'aiter' entry
+    m = measure("p.py", text, "/x/p.py", frozenset({3}), {}, ran, _reads(text, {3}, ran))
+    assert m.at_import == [1] and "no literal scalar" in m.why_never[1]
+
+
+def _reads(text, changed, ran, plan=(), counts=None):
+    return reads(text, changed, ran, properties, list(plan), counts or {})
+
+
+CONSTANTS = '''\
+MARGIN = 0
+UNREAD = 0
+
+
+class Runner:
+    """Docstring."""
+
+    slack = 0
+    spare = 0
+
+    def __init__(self):
+        self.spare = 1
+
+    def fits(self, bs, max_bs):
+        return bs <= max_bs + MARGIN + self.slack + self.spare
+
+
+def local(MARGIN=3):
+    UNREAD = 2
+    return MARGIN + UNREAD
+'''
+
+
+def test_a_module_constant_a_check_read_is_judged_and_one_nobody_read_is_could_not_check():
+    ran = {1: {AT_IMPORT}, 2: {AT_IMPORT}, 15: {"capacity-soundness"}, 19: {"routing"}, 20: {"routing"}}
+    m = measure("p.py", CONSTANTS, "/x/p.py", frozenset({1, 2}), {}, ran, _reads(CONSTANTS, {1, 2}, ran))
+    assert m.judged == {1: ["capacity-soundness"]} and m.rules[1].startswith("read: MARGIN")
+    # a local and a parameter of the same name are not the module's constant
+    assert m.never_ran == m.at_import == [2] and "no property's check read UNREAD" in m.why_never[2]
+
+
+def test_a_class_default_is_judged_by_a_read_that_reached_the_class_not_by_the_instances_value():
+    plan = read_plan(CONSTANTS, {8, 9}, "/x/p.py", "p", "c0")
+    assert [(p["class"], p["name"]) for p in plan] == [("Runner", "slack"), ("Runner", "spare")]
+    counts = {plan[0]["id"]: {"installed": True, "by": {"capacity-soundness": [3, 0, 0], "": [1, 0, 0]}},
+              plan[1]["id"]: {"installed": True, "by": {"": [1, 0, 0]}}}  # read once, outside any check
+    ran = {8: {AT_IMPORT}, 9: {AT_IMPORT}, 15: {"capacity-soundness"}}
+    m = measure("p.py", CONSTANTS, "/x/p.py", frozenset({8, 9}), {}, ran,
+                _reads(CONSTANTS, {8, 9}, ran, plan, counts))
+    assert m.judged == {8: ["capacity-soundness"]} and "class default" in m.rules[8]
+    assert m.at_import == [9] and "from the class" in m.why_never[9]
+
+
+def test_a_default_that_never_ran_at_import_is_never_ran_and_no_read_stands_for_a_run():
+    ran = {15: {"capacity-soundness"}}  # the import was not observed: nothing shows line 1 ran
+    m = measure("p.py", CONSTANTS, "/x/p.py", frozenset({1}), {}, ran, _reads(CONSTANTS, {1}, ran))
+    assert m.never_ran == [1] and m.at_import == [] and "not even at import" in m.why_never[1]
+
+
+def test_a_watched_class_default_counts_reads_of_the_class_value_only():
+    from vmfuzz.harness.engine.core import class_reads
+    import types
+    mod = types.ModuleType("m")
+    exec("class C:\n    x = 5\n    y = 6\n    def __init__(self):\n        self.y = 7\n", mod.__dict__)
+    seen = []
+    assert class_reads.watch(mod, "C", "x", lambda: seen.append("x")) == ""
+    assert class_reads.watch(mod, "C", "y", lambda: seen.append("y")) == ""
+    c = mod.C()
+    assert (c.x, c.y, mod.C.x) == (5, 7, 5) and seen == ["x", "x"]
+    c.x = 9
+    assert c.x == 9 and seen == ["x", "x"]  # the instance's own value wins, unwatched
+    exec("import enum\nclass E(enum.Enum):\n    A = 1\n", mod.__dict__)
+    assert "not plain" in class_reads.watch(mod, "E", "A", lambda: None)
+
+
+def test_a_rebound_global_and_a_compound_statement_are_not_judged_by_a_read():
+    text = "FLAG = 0\nif FLAG:\n    X = 1\n\ndef f():\n    global FLAG\n    FLAG = 1\n    return FLAG + X\n"
+    ran = {1: {AT_IMPORT}, 2: {AT_IMPORT}, 8: {"routing"}}
+    m = measure("p.py", text, "/x/p.py", frozenset({1, 2}), {}, ran, _reads(text, {1, 2}, ran))
+    assert m.judged == {} and m.at_import == [1, 2]
+    assert "bound again at run time" in m.why_never[1] and "compound statement" in m.why_never[2]
 
 
 # -- where the checkout and its files are ------------------------------------------
@@ -265,7 +347,60 @@ def test_a_module_table_entry_for_a_backend_never_built_is_could_not_check(tmp_p
     rc, g, out = gate(repo, tmp_path, "routing")
     assert rc == 3, out  # before: "at import", exit 0
     [lines] = g["lines"]
-    assert lines["never_ran"] and "no property's check ran it" in next(iter(lines["why_never_ran"].values())), lines
+    # it ran at import, and routing reads the tuple, but no lookup of it is shown to consult the new entry
+    assert lines["at_import"] == lines["never_ran"] != [], lines
+    assert "no literal scalar" in next(iter(lines["why_never_ran"].values())), lines
+
+
+TRITON = "srt/layers/attention/triton_backend.py"
+
+
+def _with_margins(tmp_path) -> Path:
+    """A checkout whose triton backend sizes its verify mask with a class default and a module constant."""
+    repo = checkout_with(tmp_path, [TRITON])
+    edit(repo, TRITON, "    needs_cpu_seq_lens: bool = False\n",
+         "    needs_cpu_seq_lens: bool = False\n    _verify_mask_margin = 0\n")
+    edit(repo, TRITON, "import torch\n", "import torch\n\n_VERIFY_MASK_SLACK = 0\n")
+    edit(repo, TRITON, "            max_bs=max_bs,\n            max_context_len=self.max_context_len,",
+         "            max_bs=max_bs - self._verify_mask_margin + _VERIFY_MASK_SLACK,\n"
+         "            max_context_len=self.max_context_len,")
+    _git(repo, "commit", "-qam", "margins")
+    return repo
+
+
+@pytest.mark.slow
+def test_a_class_default_the_allocation_reads_is_caught_when_it_shrinks_the_mask(tmp_path, sglang_target):
+    repo = _with_margins(tmp_path)
+    edit(repo, TRITON, "    _verify_mask_margin = 0\n", "    _verify_mask_margin = 1\n")
+    rc, g, out = gate(repo, tmp_path, "allocation-soundness")
+    assert rc == 1 and "allocation-soundness   FAILED" in out, out
+    [lines] = g["lines"]
+    # before: "never ran" (the class body ran at import, unobserved); now the read from the class judged it
+    [line] = lines["changed_lines"]
+    assert lines["judged"] == {str(line): ["allocation-soundness"]}, lines
+    assert "read from the class" in lines["rules"][str(line)], lines
+
+
+@pytest.mark.slow
+def test_a_read_constant_is_judged_an_unread_default_is_could_not_check_and_typing_stays_typing(
+        tmp_path, sglang_target):
+    repo = _with_margins(tmp_path)
+    edit(repo, TRITON, "_VERIFY_MASK_SLACK = 0\n", "_VERIFY_MASK_SLACK = False\n")  # the same margin, respelled
+    edit(repo, TRITON, "    _verify_mask_margin = 0\n", "    _verify_mask_margin = 0\n    _unread_margin = 0\n")
+    edit(repo, TRITON, "import torch\n", "import torch\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+         "    from sglang.srt.layers.attention.verify_mask import VerifyMask\n")
+    rc, g, out = gate(repo, tmp_path, "allocation-soundness")
+    assert rc == 3, out  # never 0: nobody read the new default
+    [lines] = g["lines"]
+    text = (repo / "python/sglang" / TRITON).read_text().splitlines()
+    said = {text[int(n) - 1].strip(): rule for n, rule in lines["rules"].items()}
+    assert said["_VERIFY_MASK_SLACK = False"].startswith("read: _VERIFY_MASK_SLACK"), lines
+    assert [text[n - 1].strip() for n in lines["at_import"]] == ["_unread_margin = 0"], lines
+    assert lines["never_ran"] == lines["at_import"], lines
+    assert {text[n - 1].strip() for n in lines["definitions"]} == {
+        "from typing import TYPE_CHECKING", "if TYPE_CHECKING:",
+        "from sglang.srt.layers.attention.verify_mask import VerifyMask"}, lines
+    assert f"line {lines['at_import'][0]} ran only at import, and no property judged it" in out, out
 
 
 @pytest.mark.slow
@@ -366,3 +501,55 @@ assert coverage.collector.short_stack is coverage.debug.short_stack
     assert proc.returncode == 0, proc.stderr
     lines = line_trace.merged(tmp_path / "rec")[os.path.realpath(module)]
     assert lines[2] == {"capacity-soundness"} and lines[3] == {"capacity-soundness"}, lines
+
+
+def test_the_import_is_observed_only_in_the_traced_files_bodies_and_a_fork_records_its_own(tmp_path):
+    """A traced module's top level and class body are recorded while it is imported, under the import's
+    contexts (never a property's); an untraced module it imports runs untraced; a module another finder hands
+    over first (the provoked rule's) is watched too; a fork that imports a traced module records it itself."""
+    (tmp_path / "helper.py").write_text("def double(x):\n    return 2 * x\n")
+    (tmp_path / "under_review.py").write_text(
+        "import helper\n\nMARGIN = helper.double(1)\n\n\nclass Runner:\n    slack = 0\n\n    def fits(self):\n"
+        "        return self.slack\n")
+    (tmp_path / "late.py").write_text("LATE = 1\n")
+    (tmp_path / "forked.py").write_text("FORKED = 1\n")
+    script = tmp_path / "child.py"
+    script.write_text(f"""
+import importlib.machinery, os, sys
+sys.path.insert(0, {str(tmp_path)!r})
+from pathlib import Path
+from vmfuzz.harness.engine.core import import_trace, line_trace
+traced = [os.path.join({str(tmp_path)!r}, n) for n in ("under_review.py", "late.py", "forked.py")]
+line_trace.observe_imports(Path({str(tmp_path / "rec")!r}), traced)
+
+class Ahead:  # a finder ahead of the watch's, as the provoked rule's is for a module not yet loaded
+    def find_spec(self, name, path=None, target=None):
+        if name != "late":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        import_trace.watched(spec)
+        return spec
+import under_review
+sys.meta_path.insert(0, Ahead())
+with line_trace.imports_for_checks():
+    import late
+pid = os.fork()
+if pid == 0:
+    import forked
+    line_trace.flush()
+    os._exit(0)
+os.waitpid(pid, 0)
+line_trace.flush()
+""")
+    from vmfuzz.harness.engine.core import line_trace
+    env = {k: v for k, v in os.environ.items() if k not in (line_trace.DIR_ENV, line_trace.FILES_ENV)}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    ran = line_trace.merged(tmp_path / "rec")
+    review = ran[os.path.realpath(tmp_path / "under_review.py")]
+    assert {n: review.get(n) for n in (1, 3, 6, 7, 10)} == {
+        1: {AT_IMPORT}, 3: {AT_IMPORT}, 6: {AT_IMPORT}, 7: {AT_IMPORT}, 10: None}, review
+    assert os.path.realpath(tmp_path / "helper.py") not in ran  # not listed: never recorded
+    assert ran[os.path.realpath(tmp_path / "late.py")] == {1: {line_trace.FOR_CHECKS}}
+    assert ran[os.path.realpath(tmp_path / "forked.py")] == {1: {AT_IMPORT}}

@@ -9,6 +9,7 @@ refusal (exit 2), never a verdict on code that was not tested.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from vmfuzz.harness.commands.common import import_finding, load_failed, sglang_checkout_at, write_command_report
@@ -96,21 +97,23 @@ def _gate(request: RunRequest) -> int:
     clock.phase("while importing the code under test")
     # started before this process imports the PR's SGLang: the base's import runs beside it
     on_base, known_found = _known_on_base(request, checkout) if sglang_root is not None else (None, [])
+    from vmfuzz.harness.engine.campaign.watch import observe_imports
     try:
+        # a changed module constant or class default runs once, at the import: observed, never assumed
+        observe = partial(observe_imports, changed) if changed is not None and sglang else (lambda: None)
         if sglang_root is not None:
-            _import_checkout(sglang_root)
+            _import_checkout(sglang_root, observe)
+        else:
+            observe()
         plan_, target = plan(request)
     except ImportRaised as exc:  # the code under review does not load: that is the finding
-        if on_base is not None:
-            on_base.cancel()
+        _abandon(on_base)
         return import_finding(exc, "gate", request.target, request.report_dir)
     except (CannotLoad, OutOfStep) as exc:  # it cannot load here: could not check, with its reports
-        if on_base is not None:
-            on_base.cancel()
+        _abandon(on_base)
         return load_failed(exc, "gate", request.target, request.report_dir)
     except BaseException:
-        if on_base is not None:
-            on_base.cancel()
+        _abandon(on_base)
         raise
     if sglang:
         _say_code_under_test(sglang_root)
@@ -136,6 +139,14 @@ def _gate(request: RunRequest) -> int:
         plan_.warnings = (*plan_.warnings, said.note(known_found))
     return execute_and_report(plan_, target, watch, verbose=request.verbose,
                               culprit=_culprit(request, checkout, sglang_root, plan_) if sglang else None)
+
+
+def _abandon(on_base) -> None:
+    """The code under test did not load: no base replay is waited for, and no import record is kept."""
+    from vmfuzz.harness.engine.campaign.watch import drop_imports
+    drop_imports()
+    if on_base is not None:
+        on_base.cancel()
 
 
 def vendored_checkout(checkout, changed: list[str] | None) -> Path | None:
@@ -198,9 +209,10 @@ def _changes(changed_files: Path | None, base: str | None, repo: Path):
     return None, None
 
 
-def _import_checkout(root: Path) -> None:
+def _import_checkout(root: Path, before_import=lambda: None) -> None:
     """Loads the checkout's SGLang here (and, through the environment, in every worker),
-    or refuses in one line: a gate must never pass on code other than the code under review."""
+    or refuses in one line: a gate must never pass on code other than the code under review.
+    ``before_import()`` runs once the checkout is first on the path, before anything of it is imported."""
     from vmfuzz.harness.report.terminal import shown
     from vmfuzz.harness.targets import TargetUnavailable, resolve
     from vmfuzz.harness.targets.sglang.loader import import_from_checkout, imported_sglang
@@ -210,6 +222,7 @@ def _import_checkout(root: Path) -> None:
         import_from_checkout(python_dir)
     except ImportError as exc:  # another SGLang is already loaded here: the wrong setup, not the checkout
         raise UsageError(f"{refusal}: {shown(str(exc))}") from None
+    before_import()
     try:
         # The bare target: a bad +VARIANT is the plan's error to report, not the checkout's.
         resolve("sglang")

@@ -23,6 +23,9 @@ def run(request: RunRequest) -> int:
     from vmfuzz.harness.commands.common import import_finding, load_failed
     from vmfuzz.harness.engine.core.failures import ImportRaised
     from vmfuzz.harness.model.errors import CannotLoad, OutOfStep
+    from vmfuzz.harness.engine.core import line_trace
+    # a run asked for a line record (scripts/covered_files.py) records what the import runs too
+    line_trace.observe_imports_from_environment()
     try:
         plan_, target = plan(request)
     except ImportRaised as exc:  # the code under test does not load: that is the finding

@@ -1,8 +1,8 @@
 """The SGLang files the gate's properties ran a line of, on sglang 0.5.23 (generated).
 
 Written by scripts/covered_files.py from a measurement (coverage.py over the
-whole package during ``vmfuzz run --target sglang --profile pr``); never edit
-it by hand. The gate's trigger reads it (``changes.triggers``).
+whole package during ``vmfuzz run --target sglang --profile pr``, the imports a
+check makes included, though made before the forks); never edit it by hand. The gate's trigger reads it (``changes.triggers``).
 """
 
 COVERED_BY_PROPERTIES = (
@@ -202,6 +202,7 @@ COVERED_BY_PROPERTIES = (
     'srt/mem_cache/kv_index_translator.py',
     'srt/mem_cache/kv_loc_plan.py',
     'srt/mem_cache/swa_memory_pool.py',
+    'srt/mem_cache/unified_draft_pool.py',
     'srt/model_executor/cpu_graph_runner.py',
     'srt/model_executor/cuda_graph_buffer_registry.py',
     'srt/model_executor/cuda_graph_config.py',
@@ -227,7 +228,9 @@ COVERED_BY_PROPERTIES = (
     'srt/model_executor/runner/base_cuda_graph_runner.py',
     'srt/model_executor/runner/base_runner.py',
     'srt/model_executor/runner/decode_cuda_graph_runner.py',
+    'srt/model_executor/runner/early_verify_metadata.py',
     'srt/model_executor/runner/flashinfer_autotune.py',
+    'srt/model_executor/runner/metadata_glue_graph.py',
     'srt/model_executor/runner_backend/full_cuda_graph_backend.py',
     'srt/model_executor/runner_backend/utils.py',
     'srt/model_executor/runner_backend_utils/breakable_cuda_graph/breakable_cuda_graph.py',

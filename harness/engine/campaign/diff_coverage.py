@@ -12,9 +12,14 @@ file is one of
 - ``needs_device``: run by no property, under a branch no CPU takes
   (``vmfuzz.harness.model.device_only``): could not check, needs a GPU;
 - ``never_ran``: run by no property: could not check (exit 3), whatever encloses
-  it. Module-level and class-body lines are observed like any other: one that
-  ran only at import ran outside every check, so nothing judged it. The surface
-  table and ``OFF_MASK_PATH`` only say why and what would drive it.
+  it. The surface table and ``OFF_MASK_PATH`` only say why and what would drive it.
+
+Module-level and class-body lines run once, at import, and the import is observed
+like any check (``core.import_trace``), never assumed. Having run there is not
+being judged: such a line is judged only when it bound a literal scalar and a
+property's check then read it (``bound_at_import``: why, and how a read is
+measured); one nobody read is could not check, naming it. Whether its import ran
+inside a check or before the forks changes nothing: an import is no judgement.
 
 Without a diff (``--changed-files`` alone) the changed lines are unknown, so each
 mask-path function of the file must be entered, and its line coverage is
@@ -30,7 +35,7 @@ from pathlib import Path
 
 from vmfuzz.harness.engine.campaign.operand_lines import code_lines, ran_around, unrun_lines
 
-from vmfuzz.harness.engine.core.line_trace import NO_PROPERTY
+from vmfuzz.harness.engine.core.line_trace import is_check
 from vmfuzz.harness.model.device_only import device_branch, device_file
 from vmfuzz.harness.report.terminal import spans  # noqa: F401 - re-exported: the gate's messages use it
 
@@ -74,6 +79,7 @@ class Statement:
     header: bool  # a def/class header (with decorators): runs at import
     conditions: tuple[str, ...]  # the tests of the if-statements (a loop's: what it iterates) around it, outermost first
     definition: str = ""  # why it is a pure definition that runs nothing to judge ("" when it is code)
+    scope: str = ""  # the class whose body holds it, when no function does
 
 
 @dataclass
@@ -159,13 +165,13 @@ def parse(text: str) -> Source:
             cases = getattr(node, "cases", None) or []
             if not blocks and not handlers and not cases:
                 statements.append(Statement(node.lineno, node.end_lineno, function, False, conditions,
-                                            typing or definition_kind(node)))
+                                            typing or definition_kind(node), "" if function else scope))
                 continue
             inner = [b for _, b in blocks] + [h.body for h in handlers] + [c.body for c in cases]
             first_child = min(b[0].lineno for b in inner)
             block_kind = typing or ("TYPE_CHECKING block" if _is_type_checking(node) else "")
             statements.append(Statement(node.lineno, max(node.lineno, first_child - 1), function, False, conditions,
-                                        block_kind))
+                                        block_kind, "" if function else scope))
             test = ast.unparse(node.test) if isinstance(node, (ast.If, ast.While)) else None
             # a loop's body runs only when what it iterates holds something; its else runs either way
             loop = ast.unparse(node.iter) if isinstance(node, (ast.For, ast.AsyncFor)) else None
@@ -206,6 +212,8 @@ class FileLines:
     judged: dict[int, list[str]] = field(default_factory=dict)  # first line -> properties that ran it
     definitions: list[int] = field(default_factory=list)  # pure definitions: nothing to judge
     never_ran: list[int] = field(default_factory=list)  # run by no property: could not check
+    #: of ``never_ran``: module-level or class-body lines that ran at import, which no property's check read
+    at_import: list[int] = field(default_factory=list)
     #: run by no property, under a branch no CPU takes (``device_only``): could not check, and needs a GPU
     needs_device: list[int] = field(default_factory=list)
     why_device: dict[int, str] = field(default_factory=dict)
@@ -232,7 +240,7 @@ class FileLines:
         return {"path": self.path, "traced": self.traced, "exercised": self.exercised,
                 "changed_lines": self.changed,
                 "judged": {str(k): v for k, v in sorted(self.judged.items())},
-                "definitions": self.definitions, "never_ran": self.never_ran,
+                "definitions": self.definitions, "never_ran": self.never_ran, "at_import": self.at_import,
                 "needs_device": self.needs_device,
                 "why_needs_device": {str(k): v for k, v in sorted(self.why_device.items())},
                 "why_never_ran": {str(k): v for k, v in sorted(self.why_never.items())},
@@ -243,29 +251,31 @@ class FileLines:
                 **({"why_untraced": self.why_untraced} if self.why_untraced else {})}
 
 
-def _properties(contexts: set[str]) -> list[str]:
-    """The registered properties a set of contexts names (a shared group's name stands for its members)."""
+def properties(contexts: set[str]) -> list[str]:
+    """The registered properties a set of contexts names (a shared group's name stands for its members);
+    the import's contexts and the harness's own (``line_trace.is_check``) name none."""
     from vmfuzz.harness.properties.shared import group_members
     out: set[str] = set()
     for ctx in contexts:
-        if ctx == NO_PROPERTY:
+        if not is_check(ctx):
             continue
         out.update(group_members(ctx) or (ctx,))
     return sorted(out)
 
 
 def measure(path: str, text: str, traced: str, changed: frozenset[int] | None,
-            mask_functions: dict[str, str], ran: dict[int, set[str]]) -> FileLines:
+            mask_functions: dict[str, str], ran: dict[int, set[str]], reads: dict | None = None) -> FileLines:
     """One file's verdict.
 
     ``mask_functions``: the surface's functions of this file (as it declares them) ->
     what drives them (its properties, or why nothing does): reasons, never the decision.
-    ``ran``: line -> contexts.
+    ``ran``: line -> contexts. ``reads``: first line -> ``bound_at_import.Read`` for the changed
+    module-level and class-body statements (none given: no read of them is known, so none is judged).
     """
     src = parse(text)
     code = code_lines(text)
     out = FileLines(path, traced)
-    out.ran_under_property = any(ctx != NO_PROPERTY for ctxs in ran.values() for ctx in ctxs)
+    out.ran_under_property = any(is_check(ctx) for ctxs in ran.values() for ctx in ctxs)
     on_path: dict[str, str] = {}  # qualified name -> what drives it
     for declared, driver in mask_functions.items():
         for qual in src.resolve(declared):
@@ -281,7 +291,7 @@ def measure(path: str, text: str, traced: str, changed: frozenset[int] | None,
     for qual, driver in on_path.items():
         lo, hi = src.functions[qual]
         body = [s for s in src.statements if lo <= s.first <= hi and not s.header and s.function]
-        hit = [s for s in body if _properties(contexts(s.first, s.last))]
+        hit = [s for s in body if properties(contexts(s.first, s.last))]
         out.functions[qual] = {"entered": bool(hit), "statements": len(body), "ran": len(hit),
                                "driven_by": driver}
     if changed is None:
@@ -299,12 +309,18 @@ def measure(path: str, text: str, traced: str, changed: frozenset[int] | None,
         if s.header:  # its decorators, defaults and bases are code: judged once its body ran in a check
             qual = next((q for q, (lo, _) in src.functions.items() if lo == s.first), "")
             lo, hi = src.functions.get(qual, (s.first, s.last))
-            props, unrun = _properties(contexts(s.last + 1, hi)), []
+            # a function's body, a class's methods: never a class body, which runs at import
+            inside = set().union(*(contexts(t.first, t.last) for t in src.statements
+                                   if s.last < t.first <= hi and t.function))
+            props, unrun = properties(inside), []
+        elif not s.function and contexts(s.first, s.last):
+            _at_import(out, s, (reads or {}).get(s.first), contexts(s.first, s.last))
+            continue
         else:
             qual = s.function
-            props = _properties(contexts(s.first, s.last))
+            props = properties(contexts(s.first, s.last))
             own = [n for n in changed if s.first <= n <= s.last and n in code] if s.last > s.first else []
-            unrun = unrun_lines(props, own, contexts, _properties)
+            unrun = unrun_lines(props, own, contexts, properties)
         home = _enclosing(qual, on_path)
         if home:
             touched.add(home)
@@ -313,10 +329,27 @@ def measure(path: str, text: str, traced: str, changed: frozenset[int] | None,
             if unrun:
                 out.operands_unrun[s.first] = ran_around(qual, props, unrun)
         else:
-            _unjudged(out, s, qual, home and f"{home}: {on_path[home]}", NO_PROPERTY in contexts(s.first, s.last))
+            _unjudged(out, s, qual, home and f"{home}: {on_path[home]}", bool(contexts(s.first, s.last)))
     out.changed = sorted(firsts)
     out.functions = {q: f for q, f in out.functions.items() if q in touched}
     return out
+
+
+def _at_import(out: FileLines, s: Statement, read, ran_under: set[str]) -> None:
+    """A changed module-level or class-body statement that ran (at import): judged by a property's read of what
+    it bound, else could not check (``bound_at_import``)."""
+    if read is not None and read.props:
+        out.judged[s.first] = list(read.props)
+        out.rules[s.first] = read.said
+        return
+    where = f"class {s.scope}: " if s.scope else "module level: "
+    inside = properties(ran_under)
+    when = f"inside {', '.join(inside)}'s check, where its module was first imported" if inside else \
+        "outside every property's check"
+    out.never_ran.append(s.first)
+    out.at_import.append(s.first)
+    out.why_never[s.first] = (f"{where}{read.said if read is not None and read.said else 'no read of it was measured'}"
+                              f"; its import ran {when}")
 
 
 def _enclosing(qual: str, on_path: dict[str, str]) -> str | None:
@@ -343,10 +376,11 @@ def _unjudged(out: FileLines, s: Statement, qual: str, driver: str | None, at_im
         out.why_never[s.first] = f"not driven: {why}"
     elif (off := off_mask_path(s.conditions)) is not None:
         out.why_never[s.first] = f"not driven: {where}{off}"
-    elif at_import or not s.function:
-        out.why_never[s.first] = (f"{where or 'module level: '}ran only at import, outside every property's "
-                                  "check" if at_import else f"{where or 'module level: '}no property's check ran it"
-                                  " (a module-level or class-body line is observed, not assumed run)")
+    elif not s.function:
+        out.why_never[s.first] = (f"{'class ' + s.scope + ': ' if s.scope else 'module level: '}never ran, not even "
+                                  "at import (the import is observed, never assumed run)")
+    elif at_import:
+        out.why_never[s.first] = f"{where}ran only outside every property's check"
     elif driver:
         out.why_never[s.first] = driver
     else:

@@ -209,8 +209,11 @@ def execute(plan: RunPlan, target, show, ui) -> RunOutcome:
         _warn(outcome, list(plan.warnings))
         names, not_driven = _searchable(plan)
         # a target's one-off work that every forked lane and checker would otherwise repeat alone
+        from vmfuzz.harness.engine.core import line_trace
         if not clock.reached():  # past a gate's cap nothing forks: its one-off work would serve nobody
-            getattr(target, "before_forks", lambda names: None)(names)
+            # the imports a check would make are recorded as the checks' imports, though they run here
+            with line_trace.imports_for_checks():
+                getattr(target, "before_forks", lambda names: None)(names)
         lanes = _lanes_started(plan, target, names, t0)
         _replays(plan, target, ui, outcome.replays)
         _known(plan, target, ui, outcome.known)

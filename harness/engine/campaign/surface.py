@@ -355,10 +355,16 @@ def _why_not_exercised(measured) -> tuple[str, list[str]]:
         word = "line" if len(measured.needs_device) == 1 else "lines"
         stuck.append(f"{name} {word} {spans(measured.needs_device)} {NEEDS_GPU} ({'; '.join(whys)}); "
                      f"check them with {GPU_CHECK}")
-    if measured.never_ran:
-        whys = sorted(set(measured.why_never.values()))
-        word = "line" if len(measured.never_ran) == 1 else "lines"
-        stuck.append(f"{name} {word} {spans(measured.never_ran)} never ran ({'; '.join(whys)})")
+    unrun = [n for n in measured.never_ran if n not in measured.at_import]
+    if unrun:
+        whys = sorted({measured.why_never.get(n, "") for n in unrun})
+        word = "line" if len(unrun) == 1 else "lines"
+        stuck.append(f"{name} {word} {spans(unrun)} never ran ({'; '.join(whys)})")
+    if measured.at_import:  # ran, once, at import: what judges it is a property's read (``bound_at_import``)
+        whys = sorted({measured.why_never.get(n, "") for n in measured.at_import})
+        word = "line" if len(measured.at_import) == 1 else "lines"
+        stuck.append(f"{name} {word} {spans(measured.at_import)} ran only at import, and no property judged "
+                     f"{'it' if len(measured.at_import) == 1 else 'them'} ({'; '.join(whys)})")
     for line in measured.unprovoked:
         stuck.append(f"{name} line {line} ran, but no example made it differ from the base: "
                      f"{measured.why_unprovoked.get(line, '')}")

@@ -50,6 +50,47 @@ def measured_only(changed: list[str], hits: list[str]) -> list[str]:
     return [p for p in changed if p not in hits and p.endswith(".py") and sglang_relative(p) is not None]
 
 
+def observe_imports(changed: list[str]) -> None:
+    """Before the gate imports the code under test: the changed SGLang Python files' lines its import runs are
+    recorded (``line_trace.observe_imports``), into the folder the watch then records its checks into."""
+    import tempfile
+    from importlib.util import find_spec
+    from vmfuzz.harness.engine.core import line_trace
+    try:
+        spec = find_spec("sglang")  # where it will load from, found without running it
+    except (ImportError, ValueError):
+        return
+    if spec is None or not spec.submodule_search_locations:
+        return
+    package = Path(list(spec.submodule_search_locations)[0])
+    files = _names(package, {p: package / rel for p in changed
+                             if (rel := _sglang_python(p)) is not None and (package / rel).is_file()})
+    if files:
+        line_trace.observe_imports(Path(tempfile.mkdtemp(prefix="vmfuzz-lines-")), files)
+
+
+def drop_imports() -> None:
+    """The gate ends before its watch starts (the code under test did not load): the import's record goes."""
+    import shutil
+    from vmfuzz.harness.engine.core import line_trace
+    folder = line_trace.imports_observed()
+    line_trace.imports_done(keep=False)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _sglang_python(path: str) -> str | None:
+    from vmfuzz.harness.engine.campaign.changes import sglang_relative
+    rel = sglang_relative(path)
+    return rel if rel is not None and rel.endswith(".py") else None
+
+
+def _names(package: Path, files: dict) -> list[str]:
+    """Both spellings of each file: a module imported through a symlinked folder runs under the link's name."""
+    from vmfuzz.harness.engine.campaign.changes import sglang_relative
+    return sorted({str(package / sglang_relative(p)) for p in files} | {str(Path(f).resolve()) for f in files.values()})
+
+
 def _coverage(spec: str, target, changed, hits, sglang_root, tracing, outcome) -> dict:
     """The gate's coverage, computed from what ran, for the reports."""
     from vmfuzz.harness.engine.campaign.surface import gate_coverage
@@ -76,8 +117,9 @@ class Tracing:
     """What the gate traces: each triggered path's file in the loaded SGLang and its changed lines."""
 
     def __init__(self, folder, files: dict, changed_lines: dict, untraced: dict, extra: list[str] = (),
-                 checkout=None, probes: dict | None = None):
+                 checkout=None, probes: dict | None = None, reads: dict | None = None):
         self.folder = folder
+        self.reads = reads or {}  # listed path -> its watched class defaults (``bound_at_import.read_plan``)
         self.checkout = checkout
         self.extra = [p for p in extra if p in files]  # traced though no table triggers on them
         self.probes = probes or {}  # listed path -> its changed expressions (``provoked``)
@@ -121,15 +163,35 @@ def _start_tracing(hits: list[str], checkout, extra: list[str] = ()) -> Tracing:
     except ImportError:
         raise UsageError("vmfuzz gate: coverage (coverage.py) is not installed, so the gate cannot measure "
                          "which changed lines ran; reinstall vmfuzz (bash scripts/bootstrap.sh)") from None
-    folder = Path(tempfile.mkdtemp(prefix="vmfuzz-lines-"))
-    # Both spellings: a module imported through a symlinked folder runs under the link's name.
-    names = {str(package / sglang_relative(p)) for p in files} | {str(f) for f in files.values()}
-    line_trace.start(folder, sorted(names))
+    # the folder the import was recorded into, when it was (``observe_imports``): one record of the whole run
+    folder = line_trace.imports_observed() or Path(tempfile.mkdtemp(prefix="vmfuzz-lines-"))
+    line_trace.start(folder, _names(package, files))
     probes = provoked.plan_files(files, lines, checkout)
+    reads = _class_defaults(files, lines)
     provoke.start(folder, [p.as_plan(str(files[path]), provoked.module_name(path))
-                           for path, ps in probes.items() for p in ps if not p.unsafe])
+                           for path, ps in probes.items() for p in ps if not p.unsafe]
+                  + [r for rs in reads.values() for r in rs])
     provoke.install()  # here, once: the checkers forked from this process inherit the new code
-    return Tracing(folder, files, lines, untraced, list(extra), checkout, probes)
+    return Tracing(folder, files, lines, untraced, list(extra), checkout, probes, reads)
+
+
+def _class_defaults(files: dict, lines: dict) -> dict[str, list[dict]]:
+    """Listed path -> its changed class defaults, watched where they are looked up (``bound_at_import``)."""
+    from vmfuzz.harness.engine.campaign import provoked
+    from vmfuzz.harness.engine.campaign.bound_at_import import read_plan
+    out = {}
+    for n, (path, real) in enumerate(sorted(files.items())):
+        changed = lines.get(path)
+        if not changed:
+            continue
+        try:
+            text = real.read_text(encoding="utf-8")
+            plan = read_plan(text, changed, str(real), provoked.module_name(path), f"c{n}")
+        except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+            continue  # unread, unwatched: its class defaults are could not check, said so
+        if plan:
+            out[path] = plan
+    return out
 
 
 def _end_tracing(tracing: Tracing) -> None:
@@ -148,7 +210,9 @@ def _measured_lines(target, tracing: Tracing) -> dict:
     from vmfuzz.harness.engine.campaign.diff_coverage import measure, read_text, untraced
     from vmfuzz.harness.engine.campaign.operand_lines import settle_operands
     from vmfuzz.harness.engine.campaign.provoked_verdict import judge
-    from vmfuzz.harness.engine.core.line_trace import NO_PROPERTY
+    from vmfuzz.harness.engine.core.line_trace import is_check
+    from vmfuzz.harness.engine.campaign.bound_at_import import reads
+    from vmfuzz.harness.engine.campaign.diff_coverage import properties
     from vmfuzz.harness.engine.campaign.surface import loaded_package, sglang_rows
     line_trace.flush()
     broken = line_trace.failures(tracing.folder)
@@ -165,7 +229,7 @@ def _measured_lines(target, tracing: Tracing) -> dict:
             out[path] = untraced(path, "not measured: the gate's time cap was reached first")
             continue
         if path in tracing.extra:
-            if not any(ctx != NO_PROPERTY for ctxs in ran.get(str(real), {}).values() for ctx in ctxs):
+            if not any(is_check(ctx) for ctxs in ran.get(str(real), {}).values() for ctx in ctxs):
                 continue  # no property ran it: not on the mask's path, and never measured
             tracing.changed_lines[path] = changed_lines(tracing.checkout, path) if tracing.checkout else None
         rel = sglang_relative(path)
@@ -180,8 +244,10 @@ def _measured_lines(target, tracing: Tracing) -> dict:
             out[path] = untraced(path, "could not be read back after the run")
             continue
         try:
-            out[path] = measure(path, text, str(real), tracing.changed_lines.get(path), mask_functions,
-                                ran.get(str(real), {}))
+            changed = tracing.changed_lines.get(path)
+            at_import = reads(text, changed, ran.get(str(real), {}), properties, tracing.reads.get(path, []),
+                              counts) if changed else None
+            out[path] = measure(path, text, str(real), changed, mask_functions, ran.get(str(real), {}), at_import)
             judge(out[path], tracing.probes.get(path, []), counts)
             settle_operands(out[path])
         except SyntaxError as exc:

@@ -13,6 +13,10 @@ is asked about, not for the whole of SGLang and torch.
 The parent switches it on for its children through the environment, so a
 forked checker and a spawned ``--workers`` process record alike without being
 handed anything.
+
+What the code under test runs while it is imported, before any check, is
+recorded into the same folder under contexts of its own (``import_trace``):
+observed, never a property's.
 """
 
 from __future__ import annotations
@@ -23,14 +27,22 @@ import sys
 import time
 from pathlib import Path
 
-from vmfuzz.harness.engine.core import provoke
+from vmfuzz.harness.engine.core import import_trace, provoke
+# the contexts a merged record's import lines carry, read by the campaign beside NO_PROPERTY
+from vmfuzz.harness.engine.core.import_trace import AT_IMPORT, FOR_CHECKS, IMPORT_CONTEXTS  # noqa: F401
 
 #: The folder the records go to; set by the gate, read by every process that runs checks.
 DIR_ENV = "VMFUZZ_LINE_TRACE_DIR"
 #: The absolute paths of the files to trace, os.pathsep-joined.
 FILES_ENV = "VMFUZZ_LINE_TRACE_FILES"
-#: The context of lines that ran outside any property's check (imports, the harness's set-up).
+#: The context of lines that ran outside any property's check and outside the observed import (the
+#: harness's set-up, an import a checker made between two checks).
 NO_PROPERTY = ""
+
+
+def is_check(context: str) -> bool:
+    """Does a line recorded under ``context`` run inside a property's check (never at import)?"""
+    return context != NO_PROPERTY and context not in IMPORT_CONTEXTS
 
 #: Seconds between saves of a long-lived worker's record: a worker killed for a hang
 #: loses at most this much of what it ran (its case is a finding either way).
@@ -132,6 +144,8 @@ def _active() -> _Recorder | None:
             _recorder.cov.stop()
         _recorder = None
     if _recorder is None:
+        # the import is over where the first check begins: its record is kept beside the checks'
+        import_trace.end()
         try:
             _recorder = _Recorder(folder, _listed(files))
         except Exception as exc:  # noqa: BLE001 - the harness's own tool, never the code under test's
@@ -173,7 +187,8 @@ def judging(prop_name: str):
 
 
 def flush() -> None:
-    """Writes this process's record; a worker calls it before it ends."""
+    """Writes this process's record (its import's too); a worker calls it before it ends."""
+    import_trace.save()
     rec = _recorder
     if rec is not None and rec.pid == os.getpid():
         with contextlib.suppress(Exception):
@@ -204,9 +219,39 @@ def _listed(value: str) -> list[str]:
     return value.split(os.pathsep)
 
 
+def observe_imports(folder: Path, files: list[str]) -> None:
+    """Records, into ``folder``, the lines of ``files`` that this process's coming imports run (``import_trace``),
+    until its own record starts (its first check), ``stop`` or ``imports_done``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    import_trace.observe(folder, files, _no_origin_stack)
+
+
+def observe_imports_from_environment() -> None:
+    """``observe_imports`` where the environment already asks for a record (scripts/covered_files.py's run)."""
+    folder, files = os.environ.get(DIR_ENV), os.environ.get(FILES_ENV)
+    if folder and files:
+        observe_imports(Path(folder), _listed(files))
+
+
+def imports_observed() -> Path | None:
+    """The folder this process's import is being recorded into, if it is."""
+    return import_trace.observing()
+
+
+def imports_for_checks():
+    """Imports a property's check would make, made here before the forks: recorded as such."""
+    return import_trace.for_checks()
+
+
+def imports_done(keep: bool = True) -> None:
+    """No more imports are observed here: their record is saved, or dropped (``keep=False``)."""
+    import_trace.end(keep)
+
+
 def stop() -> None:
     """Saves this process's record and switches recording off for what follows."""
     global _recorder
+    import_trace.end(keep=False)
     flush()
     if _recorder is not None and _recorder.pid == os.getpid():
         with contextlib.suppress(Exception):

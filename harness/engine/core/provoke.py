@@ -9,6 +9,9 @@ modules get new code in which that expression is wrapped as
 
     __vmfuzz_probe__(ID, <head's expression>, lambda: <base's expression>)
 
+A changed class default is watched instead (``class_reads``, kind "read"): each
+read that reaches the class's own value is counted, the same way.
+
 The head's expression is evaluated where it always was, once, and its value is
 what the code gets; the base's is evaluated right after, by a closure over the
 same frame, and the two are compared. A deleted guard is probed as the constant
@@ -148,10 +151,29 @@ class _Pending:
             run(module)
             _install_file(module, file, probes)
         spec.loader.exec_module = exec_module
+        # first on sys.meta_path, this finder answers before the import's watch could: it hands the spec over,
+        # or the module's body would run unobserved (``import_trace``)
+        from vmfuzz.harness.engine.core import import_trace
+        import_trace.watched(spec)
         return spec
 
 
+def _read(ident: str) -> None:
+    """A watched class default was read (``class_reads``): counted under the property whose check runs."""
+    _count(ident)["by"].setdefault(current, [0, 0, 0])[0] += 1
+
+
 def _install_file(module, file: str, probes: list[dict]) -> None:
+    from vmfuzz.harness.engine.core import class_reads
+    reads = [p for p in probes if p["kind"] == "read"]
+    for p in reads:  # a class default is watched where it is looked up, not recompiled
+        why = (class_reads.watch(module, p["class"], p["name"], lambda ident=p["id"]: _read(ident))
+               if os.path.realpath(getattr(module, "__file__", None) or "") == file
+               else f"{module.__name__} loads from {module.__file__}, not from the file traced")
+        _count(p["id"]).update(installed=not why, why=why)
+    probes = [p for p in probes if p["kind"] != "read"]
+    if not probes:
+        return
     try:
         if os.path.realpath(getattr(module, "__file__", None) or "") != file:
             raise ImportError(f"{module.__name__} loads from {module.__file__}, not from the file traced")
