@@ -26,6 +26,8 @@ AGREEMENT = "capture-replay-agreement"
 CONFIG = {"mode": "FULL_MASK", "max_bs": 4, "max_context_len": 35, "num_draft_tokens": 4, "topk": 2,
           "spec_steps": 2, "is_read": True}
 SKIP_VIEW_CONTEXT = 28
+#: at context 23 a DSpark server serving DeepSeek V4 (no candidate variants: no stage has an early variant)
+V4_CONTEXT = 23
 #: bs 1 after its lead-ins (glue warm-ups, capture), staged from its own tensors (taken), then from the
 #: step before's (rejected), and so on; bs 4 likewise; a padded batch (bs 3: its stage is discarded)
 SEQ_LENS = [(9,), (10,), (11,), (12,), (1, 2, 3), (6, 7, 8, 9)]
@@ -53,6 +55,21 @@ ALTERATIONS = {
         [(RUNNER, r"return variants\.select_for_max_seq_len\(max_seq_len\)",
           "return variants.select_for_max_seq_len(None)")], "not taken"),
 }
+#: name -> (edits, context, property, the cell its origin names): bugs of the runner's other DSpark wirings
+OTHER_WIRINGS = {
+    # a load with nothing staged says it took a stage: it skips refilling the staged slots and reinstalls
+    # the glue graph's last metadata (another step's) instead of preparing its own (a V4 server's loads)
+    "take-with-nothing-staged-says-taken": (
+        [(["srt/model_executor/runner/early_verify_metadata.py"],
+          r"staged = self\._staged\n        if staged is None:\n            return False",
+          "staged = self._staged\n        if staged is None:\n            return True")],
+        V4_CONTEXT, AGREEMENT, "capture-replay"),
+    # a glued load with no view that skips its glue graph's replay: the graph reads the metadata the last
+    # prep left (a rejected stage's, of the step before's lengths)
+    "skip-view-replay-dropped": (
+        [(RUNNER, r"            self\._metadata_glue\.replay\(glue_key\)\n        else:",
+          "            pass\n        else:")], SKIP_VIEW_CONTEXT, "graph-replay-equivalence", None),
+}
 #: the early variant's pick written with its test the other way round, which does the same
 REFACTOR = [(RUNNER, r"if not isinstance\(variants, Dsv41CandidateGraphVariants\):\n            return None\n"
                      r"        return variants\.select_for_max_seq_len\(max_seq_len\)",
@@ -60,10 +77,10 @@ REFACTOR = [(RUNNER, r"if not isinstance\(variants, Dsv41CandidateGraphVariants\
              "            return variants.select_for_max_seq_len(max_seq_len)\n        return None")]
 
 
-def _config(context: int = 35, skip_view: bool = False) -> Config:
+def _config(context: int = 35, skip_view: bool = False, want=None) -> Config:
     from vmfuzz.harness.properties.graph_glue import session_options
     config = Config(TreeMaskMode.FULL_MASK, 4, context, 4, 2, 2, True, "eagle")
-    want = "skip view" if skip_view else True
+    want = want or ("skip view" if skip_view else True)
     assert session_options(config).get("dspark") == want, "the case no longer draws its server: pick another context"
     return config
 
@@ -85,12 +102,24 @@ def test_each_planted_dspark_bug_is_caught_by_capture_replay_agreement(tmp_path,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("context", [35, SKIP_VIEW_CONTEXT], ids=["view", "skip-view"])
+@pytest.mark.parametrize("name", sorted(OTHER_WIRINGS))
+def test_each_planted_bug_of_another_dspark_wiring_is_caught(tmp_path, monkeypatch, name):
+    sglang_or_skip()
+    monkeypatch.setenv("VMFUZZ_GLUE_SHARE", "1")
+    edits, context, prop, cell = OTHER_WIRINGS[name]
+    proc, out = _run(altered_copy(tmp_path, edits, name), tmp_path, prop, context)
+    assert proc.returncode == 1, out
+    origin = failed_check_origin(tmp_path / "report", out)
+    assert origin["property"] == prop and (cell is None or origin["cell"] == cell), origin
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context", [35, SKIP_VIEW_CONTEXT, V4_CONTEXT], ids=["view", "skip-view", "deepseek-v4"])
 @pytest.mark.parametrize("prop", [AGREEMENT, "graph-replay-equivalence", "padding-inert"])
 def test_the_pristine_copy_holds_and_so_does_the_rewrite(tmp_path, monkeypatch, prop, context):
     sglang_or_skip()
     monkeypatch.setenv("VMFUZZ_GLUE_SHARE", "1")
-    edits = REFACTOR if prop == AGREEMENT and context == 35 else []
+    edits = REFACTOR if prop == AGREEMENT and context in (35, V4_CONTEXT) else []
     proc, out = _run(altered_copy(tmp_path, edits, "refactor" if edits else None), tmp_path, prop, context)
     assert proc.returncode == 0 and f"held {prop}" in out, out
 
@@ -98,7 +127,8 @@ def test_the_pristine_copy_holds_and_so_does_the_rewrite(tmp_path, monkeypatch, 
 def test_the_dspark_lines_ran_under_the_properties(sglang_target, monkeypatch):
     """coverage.py, as the gate measures: every function ``dspark_verify`` declares driven ran a line under
     the graph properties, and so did the lines that switch DSpark's wiring on and take, reject and
-    discard a stage; the staged step was taken and judged."""
+    discard a stage; the staged step was taken and judged; on a DeepSeek V4 server, the early variant's
+    pick that finds no candidate variants and the take that finds nothing staged ran too."""
     import importlib.util
     from pathlib import Path
 
@@ -113,9 +143,10 @@ def test_the_dspark_lines_ran_under_the_properties(sglang_target, monkeypatch):
     obs = {}
     cov.start()
     try:
-        for config in (_config(), _config(SKIP_VIEW_CONTEXT, skip_view=True)):
+        for config in (_config(), _config(SKIP_VIEW_CONTEXT, skip_view=True), _config(V4_CONTEXT, want="DeepSeek V4")):
             with one_build_per_case():
-                for prop in ("graph-replay-equivalence", AGREEMENT):
+                for prop in ("graph-replay-equivalence", AGREEMENT) if config.max_context_len != V4_CONTEXT else (
+                        "padding-inert",):
                     obs[prop, config.max_context_len] = PROPERTIES[prop].check(
                         sglang_target, config, [Batch(s) for s in SEQ_LENS])
     finally:
@@ -137,16 +168,24 @@ def test_the_dspark_lines_ran_under_the_properties(sglang_target, monkeypatch):
         (early, "self.rejected_ct += 1"),
         (early, "torch.cuda.current_stream().wait_event(self._done)"),
     ), data)
-    for prop, o in obs.items():
-        assert "metadata glue graph: staged early (its glue graph replayed before the load, which took it)" \
-            in o.classes, (prop, sorted(o.classes))
+    for where, before in ((runner, "        return variants.select_for_max_seq_len(max_seq_len)"),
+                          (early, "        self.discard()\n        src = staged.sources")):
+        # the line before ``before``: the early variant's ``return None``, the take's ``return False``
+        text = (root / where).read_text()
+        line = text[:text.index(before)].count("\n")
+        assert line in set(data.lines(str(root / where)) or ()), f"{where}:{line} never ran"
+    for (prop, context), o in obs.items():
+        taken = "metadata glue graph: staged early (its glue graph replayed before the load, which took it)"
+        assert (taken in o.classes) == (context != V4_CONTEXT), (prop, sorted(o.classes))
 
 
 @pytest.mark.parametrize("name", ["graph-replay-equivalence", "padding-inert", "capture-replay-agreement"])
 def test_the_graph_corpus_stages_a_dspark_targets_early_metadata_to_be_taken(monkeypatch, name):
     """A gate meets a taken early stage first: its search draws a DSpark server for one glued EAGLE case in
     four and almost never replays one bs's captured glue graph again on it (a gate on the runner at 7005ab4's
-    successor ran ``stage_verify_metadata_early`` to its discard only, never ``EarlyVerifyMetadata.take``)."""
+    successor ran ``stage_verify_metadata_early`` to its discard only, never ``EarlyVerifyMetadata.take``).
+    Each property's server is wired as ``_DSPARK_WIRING`` says: a gate of the release diff 0.5.22 to 0.5.23
+    left the glued replay with no view and a load with nothing staged unrun where all three were plain."""
     from vmfuzz.harness.engine.search.deep_corpus import deep_cases
     from vmfuzz.harness.model.bounds import Bounds
     from vmfuzz.harness.model.shapes import model_constants
@@ -156,7 +195,8 @@ def test_the_graph_corpus_stages_a_dspark_targets_early_metadata_to_be_taken(mon
     monkeypatch.delenv("VMFUZZ_GLUE_SHARE", raising=False)  # the gate's own share
     [(config, batches)] = [(c, s) for label, c, s in deep_cases(PROPERTIES[name], Bounds(), model_constants())
                            if label.startswith("DSpark target")]
-    assert session_options(config).get("dspark")
+    want = {"graph-replay-equivalence": "skip view", "padding-inert": "DeepSeek V4"}.get(name, True)
+    assert session_options(config).get("dspark") == want
     first = batches[0].bs
     # the same captured bs, early variant, step after step: warm-ups, the glue's capture, then a stage taken
     assert first in captured_sizes(config.max_bs) and [b.bs for b in batches[:4]] == [first] * 4

@@ -35,7 +35,10 @@ Among the glued cases on the EAGLE and chain call sites that are no window-pool 
 (``dspark``) is a DSpark server's target (a draw of its own; ``targets/sglang/dspark_verify``): its
 runner glues its prep behind DSpark's own switch, loads every verify batch planned ahead, and each
 step is staged early first (``stage_verify_metadata_early``: from the step's own tensors, or, after a step
-that took its stage, from that step's). ``capture-replay-agreement`` also judges a replay that took an early
+that took its stage, from that step's). Half of those servers also replay a captured glue graph with no
+view (``SKIP_VIEW``); one in four of the others serves DeepSeek V4, not V4.1 (``NO_CANDIDATES``): its model
+makes no candidate variants, so no stage has an early variant, each is thrown away, and its load finds
+none staged. ``capture-replay-agreement`` also judges a replay that took an early
 stage (``judge_early``): the stage it took must be this step's own (a stale one, taken, prepared
 another step's metadata), and a step staged from its own batch whose glue key the harness reads as
 early and captured must take it (a stage keyed, sized or variant-picked wrong is thrown away).
@@ -65,6 +68,9 @@ from vmfuzz.harness.properties.kit import known_goes_on as _known_goes_on
 #: one case in this many switches the glue graph on (``VMFUZZ_GLUE_SHARE=1``: every case, for a test of a
 #: glue-side alteration); its lead-ins are three more replays per captured bs the case replays exactly
 GLUE_SHARE = 4
+#: the DSpark wirings a glued case's server may be asked for besides the plain one (``session_options``;
+#: ``targets/sglang/dspark_verify`` says what each switches on)
+SKIP_VIEW, NO_CANDIDATES = "skip view", "DeepSeek V4"
 #: the writer of a failure on a step whose metadata the glue graph prepared
 GLUE_REPLAY = "metadata glue graph replay"
 #: the writer of a replay that took an early stage not made from its own batch (``judge_early``)
@@ -120,8 +126,12 @@ def session_options(config: Config) -> dict:
     if not glued(config):
         return {}
     if dspark(config):  # one DSpark server in two also replays its captured glue graphs with no view
-        skip_view = hashlib.sha256(repr(config).encode()).digest()[1] % 2 == 0
-        return {"glue": True, "dspark": "skip view" if skip_view else True}
+        drawn = hashlib.sha256(repr(config).encode()).digest()
+        if drawn[1] % 2 == 0:
+            return {"glue": True, "dspark": SKIP_VIEW}
+        # one in four of the others serves DeepSeek V4, whose config makes no early variant: its stages are
+        # all thrown away, and each load finds none staged
+        return {"glue": True, "dspark": NO_CANDIDATES if drawn[2] % 4 == 2 else True}
     return {"glue": True, "window_pool": True} if window_pool(config) else {"glue": True}
 
 

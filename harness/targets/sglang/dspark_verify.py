@@ -12,7 +12,8 @@ draft graph runs (``SGLANG_OPT_DSV41_TARGET_METADATA_EARLY``:
 ``__init__`` (on some servers also ``SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW``: a
 glued load replays its captured graph by key, with no view); ``stage`` calls
 ``stage_verify_metadata_early`` as DSpark's worker does, right before the
-verify step loads its batch.
+verify step loads its batch. A server asked as ``NO_CANDIDATES_ASKED`` serves DeepSeek V4 rather than
+V4.1: its config makes no candidate graph variants, so the runner finds no early variant for any batch.
 
 What only the harness answers here, never judged as SGLang's (DeepSeek V4's
 attention backend needs FlashMLA, its compressed indexers and its KV pool, none
@@ -56,6 +57,9 @@ SWITCHES = ("SGLANG_OPT_DSV41_TARGET_VERIFY_METADATA_GLUE", "SGLANG_OPT_DSV41_TA
 #: the switch of a glued replay with no view (``dspark="skip view"``: on for the server too)
 SKIP_VIEW = "SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW"
 SKIP_VIEW_ASKED = "skip view"
+#: a DSpark target serving DeepSeek V4, not V4.1 (``dspark="DeepSeek V4"``): its config makes no candidate graph
+#: variants, so no batch has an early variant and every stage is thrown away (and a load finds none staged)
+NO_CANDIDATES_ASKED = "DeepSeek V4"
 _PROPS = ("graph-replay-equivalence", "padding-inert", "capture-replay-agreement")
 _R = "DecodeCudaGraphRunner."
 
@@ -89,9 +93,11 @@ class DSparkAlgorithm:
         return "DSPARK (EAGLE's verify input)"
 
 
-def hf_config(context_len: int) -> SimpleNamespace:
-    """A DeepSeek V4.1 text config whose candidate span (topk blocks x block size) is the context."""
-    return SimpleNamespace(architectures=["DeepseekV4ForCausalLM"], model_type="deepseek_v41",
+def hf_config(context_len: int, dspark: bool | str = True) -> SimpleNamespace:
+    """A DeepSeek V4.1 text config whose candidate span (topk blocks x block size) is the context; for a
+    server asked as ``NO_CANDIDATES_ASKED``, the same config of a DeepSeek V4 model (no candidate variants)."""
+    model_type = "deepseek_v4" if dspark == NO_CANDIDATES_ASKED else "deepseek_v41"
+    return SimpleNamespace(architectures=["DeepseekV4ForCausalLM"], model_type=model_type,
                            candidate_source_layer_id=0, candidate_topk_blocks=max(1, context_len),
                            candidate_block_size=1, compress_ratios=[4], index_topk=0)
 
@@ -172,9 +178,10 @@ class DSparkWatch(GlueWatch):
     batch each stage was made from (``staged``), mirrored into the glue graph's capture before its replay,
     and a replay that took a stage (``EARLY``)."""
 
-    def __init__(self, glue, space, views: list, runner, hooks: BackendHooks):
+    def __init__(self, glue, space, views: list, runner, hooks: BackendHooks, candidates: bool = True):
         super().__init__(glue, space, views)
         self.runner, self.hooks = runner, hooks
+        self.candidates = candidates  # the server's model makes candidate graph variants (a V4.1 config)
         self.staged = None  # (key, the ForwardBatch staged, its view) of the last stage the glue replayed
         self.taken = None  # that stage, where the last replay took it
         self.live = None  # the live batch of the replay under way (the session's)
@@ -243,9 +250,10 @@ class DSparkWatch(GlueWatch):
 
     def expects_early(self, batch, config, capture_bs) -> bool:
         """Whether a stage made from ``batch``'s own tensors should be taken by its load: a captured bs, the
-        early variant, and a glue graph already captured for both (seen on an earlier step)."""
+        early variant (a V4.1 server's only), and a glue graph already captured for both (seen on an earlier
+        step)."""
         key = self._key(batch, config)
-        return batch.bs in capture_bs and key[1] and key in self.glued
+        return self.candidates and batch.bs in capture_bs and key[1] and key in self.glued
 
     def note(self, batch, config, outcome) -> None:
         self.last_outcome = outcome
@@ -284,10 +292,10 @@ def asked(runner_module, glue: bool, dspark: bool, backend):
     return None, glue_graph.switched_on(runner_module), None
 
 
-def watch(glue, space, views: list, runner, hooks, set_up: list):
-    """The runner's glue graph watched: a DSpark server's with its early stages (its replays' lookups
-    joined to ``set_up``), any other's as ``GlueWatch`` watches it."""
+def watch(glue, space, views: list, runner, hooks, set_up: list, dspark: bool | str = True):
+    """The runner's glue graph watched: a DSpark server's (``dspark``: as asked) with its early stages (its
+    replays' lookups joined to ``set_up``), any other's as ``GlueWatch`` watches it."""
     if hooks is None:
         return GlueWatch(glue, space, views)
     set_up.extend(replay_lookups())
-    return DSparkWatch(glue, space, views, runner, hooks)
+    return DSparkWatch(glue, space, views, runner, hooks, candidates=dspark != NO_CANDIDATES_ASKED)

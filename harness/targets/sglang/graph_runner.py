@@ -188,7 +188,7 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
         with switches:
             # a DSpark target only where this release has its wiring (else the glue asked for says why not)
             runner, lookups = init.made_by_init(config, capture_bs, space, model, backend, pp_size,
-                                                bool(dspark) and glue_why is None)
+                                                dspark if glue_why is None else False)
     except init.NotDriven as exc:
         why = str(exc)
         space = GraphSpace(space.heap)  # what the failed __init__ left in its space is no graph's
@@ -207,7 +207,7 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
         if made is None:
             server.glue_not_driven = f"the runner's __init__ made no metadata glue graph with {glue_graph.SWITCH} on"
         else:
-            server.glue = dspark_verify.watch(made, space, server.replay_views, runner, hooks, server.set_up)
+            server.glue = dspark_verify.watch(made, space, server.replay_views, runner, hooks, server.set_up, dspark)
     if capture:
         capture_graphs(server)
     return server
