@@ -70,6 +70,30 @@ OTHER_WIRINGS = {
         [(RUNNER, r"            self\._metadata_glue\.replay\(glue_key\)\n        else:",
           "            pass\n        else:")], SKIP_VIEW_CONTEXT, "graph-replay-equivalence", None),
 }
+DSV4 = ["srt/layers/attention/deepseek_v4_backend.py"]
+DECLINED = "target verify glue policy"
+#: name -> (edits, writer, cell): bugs in DeepSeek V4's hooks the runner asks, each caught by capture-replay-agreement
+HOOK_ALTERATIONS = {
+    # the draft-runner test turned round: a target is declined, so a DSpark target never glues its prep
+    "dsv4-glue-declines-a-target": (
+        [(DSV4, r"\(self\.is_draft_runner, \"a draft runner\"\),", '(not self.is_draft_runner, "a draft runner"),')],
+        DECLINED, "declined"),
+    # the host-lengths test turned round: a DSpark target (device lengths) is declined
+    "dsv4-glue-declines-device-lengths": (
+        [(DSV4, r"\(self\.needs_cpu_seq_lens, \"host sequence lengths\"\),",
+          '(not self.needs_cpu_seq_lens, "host sequence lengths"),')], DECLINED, "declined"),
+    # the early switch acknowledged but not kept: the backend builds the in-graph metadata the replays skip
+    "dsv4-early-flag-not-kept": (
+        [(DSV4, r"self\.builds_verify_metadata_early = True", "self.builds_verify_metadata_early = False")],
+        EARLY_STAGE, "backend not told"),
+    # the runner stages early without telling its backend
+    "runner-never-tells-the-backend": (
+        [(RUNNER, r"            self\.attn_backend\.enable_early_verify_metadata\(\)\n", "            pass\n")],
+        EARLY_STAGE, "backend not told"),
+}
+#: DeepSeek V4's glue hook with its loop's test turned into an early continue, which does the same
+HOOK_REFACTOR = [(DSV4, r"            if bad:\n                return why\n        return \"\"",
+                  "            if not bad:\n                continue\n            return why\n        return \"\"")]
 #: the early variant's pick written with its test the other way round, which does the same
 REFACTOR = [(RUNNER, r"if not isinstance\(variants, Dsv41CandidateGraphVariants\):\n            return None\n"
                      r"        return variants\.select_for_max_seq_len\(max_seq_len\)",
@@ -99,6 +123,26 @@ def test_each_planted_dspark_bug_is_caught_by_capture_replay_agreement(tmp_path,
     assert proc.returncode == 1, out
     origin = failed_check_origin(tmp_path / "report", out)
     assert (origin["property"], origin["writer"], origin["cell"]) == (AGREEMENT, EARLY_STAGE, cell), origin
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(HOOK_ALTERATIONS))
+def test_each_planted_bug_of_the_backend_hooks_is_caught_by_capture_replay_agreement(tmp_path, monkeypatch, name):
+    sglang_or_skip()
+    monkeypatch.setenv("VMFUZZ_GLUE_SHARE", "1")
+    edits, writer, cell = HOOK_ALTERATIONS[name]
+    proc, out = _run(altered_copy(tmp_path, edits, name), tmp_path, AGREEMENT)
+    assert proc.returncode == 1, out
+    origin = failed_check_origin(tmp_path / "report", out)
+    assert (origin["property"], origin["writer"], origin["cell"]) == (AGREEMENT, writer, cell), origin
+
+
+@pytest.mark.slow
+def test_the_glue_hook_rewritten_holds(tmp_path, monkeypatch):
+    sglang_or_skip()
+    monkeypatch.setenv("VMFUZZ_GLUE_SHARE", "1")
+    proc, out = _run(altered_copy(tmp_path, HOOK_REFACTOR, "hook-refactor"), tmp_path, AGREEMENT)
+    assert proc.returncode == 0 and f"held {AGREEMENT}" in out, out
 
 
 @pytest.mark.slow
@@ -201,3 +245,19 @@ def test_the_graph_corpus_stages_a_dspark_targets_early_metadata_to_be_taken(mon
     # the same captured bs, early variant, step after step: warm-ups, the glue's capture, then a stage taken
     assert first in captured_sizes(config.max_bs) and [b.bs for b in batches[:4]] == [first] * 4
     assert all(max(b.seq_lens) + config.num_draft_tokens <= config.max_context_len for b in batches)
+
+
+def test_a_shared_graph_run_gets_a_dspark_case_of_each_wiring(monkeypatch):
+    """A gate judges the three graph properties together on one run of each case (``shared_group``): its corpus
+    holds a DSpark case of each member's wiring (a gate of the release diff 0.5.22 to 0.5.23 whose shared run
+    had only the plain one left the no-view replay and the load that finds nothing staged unrun)."""
+    from vmfuzz.harness.engine.search.deep_corpus import deep_cases
+    from vmfuzz.harness.model.bounds import Bounds
+    from vmfuzz.harness.model.shapes import model_constants
+    from vmfuzz.harness.properties import shared_group
+    from vmfuzz.harness.properties.graph_glue import session_options
+    monkeypatch.delenv("VMFUZZ_GLUE_SHARE", raising=False)
+    group = shared_group(["graph-replay-equivalence", "padding-inert", AGREEMENT])
+    wirings = [session_options(c)["dspark"] for label, c, _ in deep_cases(group, Bounds(), model_constants())
+               if label.startswith("DSpark target")]
+    assert sorted(map(str, wirings)) == ["DeepSeek V4", "True", "skip view"]

@@ -43,6 +43,17 @@ stage (``judge_early``): the stage it took must be this step's own (a stale one,
 another step's metadata), and a step staged from its own batch whose glue key the harness reads as
 early and captured must take it (a stage keyed, sized or variant-picked wrong is thrown away).
 
+A DSpark server's runner asks its attention backend whether the prep may be glued
+(``glue_target_verify_metadata``): DeepSeek V4's own answer, of a DeepSeek V4
+backend made for the server, which here is a static-verify target on one GPU with
+no request window, trtllm-gen attention or online c128 MTP, the server that
+answer declares host-free. ``capture-replay-agreement`` judges that answer
+(``judge_declined``): declined, every step would prepare its metadata eagerly,
+the glue switched on for nothing; and, on a replay that took an early stage,
+that the runner told the backend it stages early
+(``enable_early_verify_metadata``) and the backend holds it (``judge_early``):
+else capture and replay disagree on which metadata object the graph reads.
+
 A failure on a step whose prep the glue graph ran names it as its writer
 (``writer``), with how the step's verify mask was handed where that decides the
 outcome (``PER_STEP_MASK``) and the server's pool where it keeps window layers
@@ -75,6 +86,8 @@ SKIP_VIEW, NO_CANDIDATES = "skip view", "DeepSeek V4"
 GLUE_REPLAY = "metadata glue graph replay"
 #: the writer of a replay that took an early stage not made from its own batch (``judge_early``)
 EARLY_STAGE = "early verify metadata stage"
+#: the writer of a DSpark target's glue declined by its backend's hook (``judge_declined``)
+GLUE_POLICY = "target verify glue policy"
 #: the writer of a replay routed to the glue graph against its contract (``judge_route``)
 GLUE_ROUTE = "metadata glue graph route"
 #: said of such a step whose verify input carries a mask tensor of its own each step (frozen-KV MTP's)
@@ -178,6 +191,9 @@ def note_case(obs: Observation, session, config: Config) -> None:
         obs.classes.add(f"{CLASS}not driven ({why or 'the target does not switch it on'})")
     if dspark(config):
         obs.classes.add(f"{CLASS}a DSpark target's (its own glue switch, early verify metadata)")
+        hooks = getattr(session, "dspark_hooks", None)
+        if hooks is not None and hooks.dsv4_not_driven:
+            obs.classes.add(f"{CLASS}DeepSeek V4's glue hooks not driven ({hooks.dsv4_not_driven})")
     if window_pool(config):
         pool_why = getattr(session, "window_pool_not_driven", None)
         driven = getattr(session, "window_pool", None) is not None
@@ -202,6 +218,18 @@ def known_goes_on(target, obs: Observation | None, part):
     return _known_goes_on(target, obs, CLASS.rstrip(": "))
 
 
+def judge_declined(prop: str, session, where: str) -> None:
+    """A DSpark target's DeepSeek V4 backend, asked by the runner whether its static verify prep may be glued,
+    on the server it declares that prep host-free for (see the module's docstring), accepted."""
+    hooks = getattr(session, "dspark_hooks", None)
+    answer = getattr(hooks, "glue_answer", None)
+    if answer:
+        fail(prop, f"{where}: DeepSeek V4's backend declined the DSpark target's metadata glue graph ({answer!r}) on "
+                   "a static-verify target on one GPU with no request window, trtllm-gen attention or online c128 "
+                   "MTP: every step prepares its metadata eagerly", effect="unsound", writer=GLUE_POLICY,
+             buffer="metadata glue graph", cell="declined", stage="replay")
+
+
 def judge_route(prop: str, got, batch: Batch, where: str) -> None:
     """A replay whose prep the glue graph ran fills its graph: the glue's contract (its module's
     docstring) routes only padding-free replays there, the padding being a host value of the view a
@@ -223,6 +251,13 @@ def judge_early(prop: str, session, got, where: str) -> None:
              buffer="early verify metadata", cell="not taken", stage="replay")
     if getattr(got, "glue", None) != EARLY:
         return
+    hooks = getattr(session, "dspark_hooks", None)
+    told = hooks is None or (hooks.early_enabled and (hooks.dsv4 is None or hooks.dsv4.builds_verify_metadata_early))
+    if not told:
+        fail(prop, f"{where}: the load took an early stage, yet the runner's attention backend does not build its "
+                   "verify metadata early (never told, or its flag left unset): its capture recorded the in-graph "
+                   "metadata while its replays read the staged one", effect="wrong", writer=EARLY_STAGE,
+             buffer="early verify metadata", cell="backend not told", stage="replay")
     taken = getattr(getattr(session, "dspark", None), "taken", None)
     live = getattr(session, "replayed_batch", None)
     if taken is None or taken[1] is not live:

@@ -151,19 +151,23 @@ def _dspark_case(prop: Property, bounds, site: str) -> list[DeepCase]:
     metadata a load takes only after its key's glue graph was captured on earlier steps of the same bs: a
     search's few multi-step cases of one bs on such a server almost never stage one that is taken, so a
     gate would leave the stage, take and discard of ``EarlyVerifyMetadata`` unrun. Its wiring is the
-    property's in ``_DSPARK_WIRING`` (the plain one elsewhere), the first context from 24 up that draws it."""
+    property's in ``_DSPARK_WIRING`` (the plain one elsewhere), the first context from 24 up that draws it;
+    a shared run of several properties (a gate's) gets one case for each of its members' wirings."""
     from vmfuzz.harness.properties.graph_glue import dspark, session_options
+    from vmfuzz.harness.properties.shared import group_members
     if "graph_session" not in prop.needs or site != "eagle":
         return []
     lens = max(len(s) for s in _DSPARK_STEPS)
-    wiring = _DSPARK_WIRING.get(prop.name, True)
-    configs = (Config(TreeMaskMode.FULL_MASK, lens, ctx, 4, 2, 2, True, site) for ctx in range(24, 1024))
-    config = next((c for c in configs if dspark(c) and session_options(c)["dspark"] == wiring and prop.applies(c)),
-                  None)
-    if config is None:
-        return []
-    return [(f"DSpark target: {_DSPARK_SAID[wiring]}, bs 1 x4, 3 (padded), 4, context {config.max_context_len} "
-             "[FULL_MASK]", config, [Batch(s) for s in _DSPARK_STEPS])]
+    wirings = dict.fromkeys(_DSPARK_WIRING.get(name, True) for name in group_members(prop.name) or (prop.name,))
+    out = []
+    for wiring in wirings:
+        configs = (Config(TreeMaskMode.FULL_MASK, lens, ctx, 4, 2, 2, True, site) for ctx in range(24, 1024))
+        config = next((c for c in configs if dspark(c) and session_options(c)["dspark"] == wiring
+                       and prop.applies(c)), None)
+        if config is not None:
+            out.append((f"DSpark target: {_DSPARK_SAID[wiring]}, bs 1 x4, 3 (padded), 4, context "
+                        f"{config.max_context_len} [FULL_MASK]", config, [Batch(s) for s in _DSPARK_STEPS]))
+    return out
 
 
 def _seeded_draft_case(prop: Property, bounds, site: str) -> list[DeepCase]:

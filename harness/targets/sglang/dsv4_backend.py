@@ -39,9 +39,10 @@ DSV4_CUDA_ONLY = (
 )
 
 
-def model_runner(n: ServerNumbers, device="meta") -> StandIn:
-    """A DeepSeek V4 target model runner of a server started with ``n``: ``backend_init.model_runner``'s, with the model,
-    page size and KV pool its backend's ``__init__`` asserts (``DSV4_*``), an EAGLE target, no HiSparse.
+def model_runner(n: ServerNumbers, device="meta", spec_algorithm=None) -> StandIn:
+    """A DeepSeek V4 target model runner of a server started with ``n``: ``backend_init.model_runner``'s, with
+    the model, page size and KV pool its backend's ``__init__`` asserts (``DSV4_*``), no HiSparse, the target
+    of ``spec_algorithm`` (EAGLE where not given).
 
     The pool is SGLang's ``DeepSeekV4TokenToKVPool`` class (the backend checks it is one), made with
     ``__new__`` and given only what ``__init__`` reads: its own set-up allocates the compressed KV of
@@ -53,14 +54,13 @@ def model_runner(n: ServerNumbers, device="meta") -> StandIn:
     model = dict(head_dim=DSV4_HEAD_DIM, v_head_dim=DSV4_HEAD_DIM, hf_text_config=StandIn(
         "hf_text_config", _RUNNER, model_type="deepseek_v4", num_attention_heads=8))
     return backend_init.model_runner(n, device, page_size=DSV4_PAGE_SIZE, kv_pool=pool, model=model,
-                                     runner=dict(hisparse_coordinator=None, spec_algorithm=SpeculativeAlgorithm.EAGLE))
+                                     runner=dict(hisparse_coordinator=None,
+                                                 spec_algorithm=spec_algorithm or SpeculativeAlgorithm.EAGLE))
 
 
-def built_by_init(mod, cls, n: ServerNumbers, device="meta"):
-    """DeepSeek V4's attention backend ``cls`` made by its own ``__init__`` over ``model_runner``, the
-    lookups bound where it and its top-k resolver make them. Its ``__init__`` takes topk 1 at most (a
-    DeepSeek V4 server drafts chains only): a caller asks only for such a server."""
-    runner = model_runner(n, device)
+def lookups(mod, cls, n: ServerNumbers) -> list[tuple]:
+    """What DeepSeek V4's backend ``cls`` (of module ``mod``) is made and asked under on a server started with
+    ``n``: the runtime-context lookups where it and its top-k resolver make them, and ``DSV4_CUDA_ONLY``."""
     extra = [importlib.import_module(name) for name in _DSV4_LOOKUP_MODULES]
     patches = [*backend_init.lookups_bound(mod, cls, n, DSV4_PAGE_SIZE),
                *lookup_patches(extra, backend_init._context(backend_init.server_args(n, DSV4_PAGE_SIZE)))]
@@ -68,7 +68,15 @@ def built_by_init(mod, cls, n: ServerNumbers, device="meta"):
         held = importlib.import_module(module)
         if hasattr(held, name):
             patches.append((held, name, stand_in))
-    with bound(*patches):
+    return patches
+
+
+def built_by_init(mod, cls, n: ServerNumbers, device="meta", spec_algorithm=None):
+    """DeepSeek V4's attention backend ``cls`` made by its own ``__init__`` over ``model_runner`` (the target of
+    ``spec_algorithm``), under ``lookups``. Its ``__init__`` takes topk 1 at most (a DeepSeek V4 server drafts
+    chains only): a caller asks only for such a server."""
+    runner = model_runner(n, device, spec_algorithm)
+    with bound(*lookups(mod, cls, n)):
         try:
             return call_with(cls, f"{cls.__name__}.__init__", where(cls), model_runner=runner)
         except AttributeError as exc:

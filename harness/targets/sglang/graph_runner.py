@@ -152,6 +152,7 @@ class GraphServer:
     #: the server's window pool (``swa_server.WindowPool``; None: one ordinary pool), or why it is not driven
     window_pool: object = None
     window_pool_not_driven: str | None = None
+    dspark_hooks: object = None  # a DSpark server's backend hooks (``dspark_verify.BackendHooks``)
 
     def lookups(self) -> list[tuple]:
         return list(self.set_up)
@@ -182,7 +183,7 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
     backend = (pool.backend(config, capture_bs[-1], space.heap, graphs=False) if pool is not None else
                triton_backend(None, config, capture_bs[-1], torch.device("cpu"), space.heap, graphs=False))
     why = None
-    glue_why, switches, hooks = dspark_verify.asked(modules().runner, glue, dspark, backend)
+    glue_why, switches, hooks = dspark_verify.asked(modules().runner, glue, dspark, backend, config)
     glue = glue or dspark
     try:
         with switches:
@@ -199,7 +200,7 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
         pool, pool_why = None, pool_why or (f"the runner was assembled by hand ({why})" if pool is not None else None)
     server = GraphServer(config, runner, space, model, backend, list(runner.capture_bs), pp_size=pp_size,
                          sizing=init.Sizing.of(runner), init_not_driven=why, set_up=lookups, glue_not_driven=glue_why,
-                         window_pool=pool, window_pool_not_driven=pool_why)
+                         window_pool=pool, window_pool_not_driven=pool_why, dspark_hooks=hooks)
     if pool is not None:
         pool.adopt(runner, space)
     made = getattr(runner, "_metadata_glue", None)

@@ -99,6 +99,7 @@ class GraphSession(RunnerView):
         self.glue_asked = glue
         self.glue_watch = self.server.glue
         self.glue_not_driven = self.server.glue_not_driven
+        self.dspark_hooks = self.server.dspark_hooks
         self.per_step_mask = config.call_site == "frozen_kv_mtp"
         self.window_pool = self.server.window_pool
         self.window_pool_not_driven = self.server.window_pool_not_driven
