@@ -28,6 +28,8 @@ CONFIG = {"mode": "FULL_MASK", "max_bs": 4, "max_context_len": 35, "num_draft_to
 SKIP_VIEW_CONTEXT = 28
 #: at context 23 a DSpark server serving DeepSeek V4 (no candidate variants: no stage has an early variant)
 V4_CONTEXT = 23
+#: at context 52 one whose KV pool keeps a request window (its backend declines the glue)
+WINDOW_CONTEXT = 52
 #: bs 1 after its lead-ins (glue warm-ups, capture), staged from its own tensors (taken), then from the
 #: step before's (rejected), and so on; bs 4 likewise; a padded batch (bs 3: its stage is discarded)
 SEQ_LENS = [(9,), (10,), (11,), (12,), (1, 2, 3), (6, 7, 8, 9)]
@@ -91,6 +93,22 @@ HOOK_ALTERATIONS = {
         [(RUNNER, r"            self\.attn_backend\.enable_early_verify_metadata\(\)\n", "            pass\n")],
         EARLY_STAGE, "backend not told"),
 }
+#: name -> (edits, writer, cell): bugs on a server whose pool keeps a request window, caught by agreement
+WINDOW_ALTERATIONS = {
+    # the request-window test dropped: the backend accepts a glue whose prep reads the window's host layout
+    "dsv4-glue-accepts-a-request-window": (
+        [(DSV4, r"\(self\.token_to_kv_pool\.request_window is not None, \"a request window\"\),",
+          '(False, "a request window"),')], DECLINED, "accepted"),
+    # the runner logs its backend's refusal, then glues anyway
+    "runner-glues-what-its-backend-declined": (
+        [(RUNNER, r'(logger\.info\("Target verify metadata glue graph off: %s\.", why\)\n            )return False',
+          r"\1return True")], DECLINED, "glued when declined"),
+    # a runner with no early metadata says it staged
+    "runner-stages-without-early-metadata": (
+        [(RUNNER, r'(cannot be staged\."""\n        early = self\._early_verify_metadata\n        if early is None:\n'
+                  r"            )return False", r"\1return True")],
+        EARLY_STAGE, "staged when declined"),
+}
 #: DeepSeek V4's glue hook with its loop's test turned into an early continue, which does the same
 HOOK_REFACTOR = [(DSV4, r"            if bad:\n                return why\n        return \"\"",
                   "            if not bad:\n                continue\n            return why\n        return \"\"")]
@@ -138,6 +156,18 @@ def test_each_planted_bug_of_the_backend_hooks_is_caught_by_capture_replay_agree
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(WINDOW_ALTERATIONS))
+def test_each_planted_bug_on_a_request_window_server_is_caught(tmp_path, monkeypatch, name):
+    sglang_or_skip()
+    monkeypatch.setenv("VMFUZZ_GLUE_SHARE", "1")
+    edits, writer, cell = WINDOW_ALTERATIONS[name]
+    proc, out = _run(altered_copy(tmp_path, edits, name), tmp_path, AGREEMENT, WINDOW_CONTEXT)
+    assert proc.returncode == 1, out
+    origin = failed_check_origin(tmp_path / "report", out)
+    assert (origin["property"], origin["writer"], origin["cell"]) == (AGREEMENT, writer, cell), origin
+
+
+@pytest.mark.slow
 def test_the_glue_hook_rewritten_holds(tmp_path, monkeypatch):
     sglang_or_skip()
     monkeypatch.setenv("VMFUZZ_GLUE_SHARE", "1")
@@ -158,12 +188,14 @@ def test_each_planted_bug_of_another_dspark_wiring_is_caught(tmp_path, monkeypat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("context", [35, SKIP_VIEW_CONTEXT, V4_CONTEXT], ids=["view", "skip-view", "deepseek-v4"])
+@pytest.mark.parametrize("context", [35, SKIP_VIEW_CONTEXT, V4_CONTEXT, WINDOW_CONTEXT],
+                         ids=["view", "skip-view", "deepseek-v4", "request-window"])
 @pytest.mark.parametrize("prop", [AGREEMENT, "graph-replay-equivalence", "padding-inert"])
 def test_the_pristine_copy_holds_and_so_does_the_rewrite(tmp_path, monkeypatch, prop, context):
     sglang_or_skip()
     monkeypatch.setenv("VMFUZZ_GLUE_SHARE", "1")
-    edits = REFACTOR if prop == AGREEMENT and context in (35, V4_CONTEXT) else []
+    edits = (REFACTOR if context in (35, V4_CONTEXT) else HOOK_REFACTOR if context == WINDOW_CONTEXT else []
+             ) if prop == AGREEMENT else []
     proc, out = _run(altered_copy(tmp_path, edits, "refactor" if edits else None), tmp_path, prop, context)
     assert proc.returncode == 0 and f"held {prop}" in out, out
 
@@ -237,10 +269,12 @@ def test_the_graph_corpus_stages_a_dspark_targets_early_metadata_to_be_taken(mon
     from vmfuzz.harness.properties.graph_glue import session_options
     from vmfuzz.harness.targets.sglang.graph_session import captured_sizes
     monkeypatch.delenv("VMFUZZ_GLUE_SHARE", raising=False)  # the gate's own share
-    [(config, batches)] = [(c, s) for label, c, s in deep_cases(PROPERTIES[name], Bounds(), model_constants())
-                           if label.startswith("DSpark target")]
-    want = {"graph-replay-equivalence": "skip view", "padding-inert": "DeepSeek V4"}.get(name, True)
-    assert session_options(config).get("dspark") == want
+    cases = [(c, s) for label, c, s in deep_cases(PROPERTIES[name], Bounds(), model_constants())
+             if label.startswith("DSpark target")]
+    want = {"graph-replay-equivalence": ["skip view"], "padding-inert": ["DeepSeek V4"]}.get(
+        name, [True, "request window"])
+    assert [session_options(c).get("dspark") for c, _ in cases] == want
+    config, batches = cases[0]
     first = batches[0].bs
     # the same captured bs, early variant, step after step: warm-ups, the glue's capture, then a stage taken
     assert first in captured_sizes(config.max_bs) and [b.bs for b in batches[:4]] == [first] * 4
@@ -260,4 +294,4 @@ def test_a_shared_graph_run_gets_a_dspark_case_of_each_wiring(monkeypatch):
     group = shared_group(["graph-replay-equivalence", "padding-inert", AGREEMENT])
     wirings = [session_options(c)["dspark"] for label, c, _ in deep_cases(group, Bounds(), model_constants())
                if label.startswith("DSpark target")]
-    assert sorted(map(str, wirings)) == ["DeepSeek V4", "True", "skip view"]
+    assert sorted(map(str, wirings)) == ["DeepSeek V4", "True", "request window", "skip view"]

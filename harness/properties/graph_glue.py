@@ -38,7 +38,9 @@ step is staged early first (``stage_verify_metadata_early``: from the step's own
 that took its stage, from that step's). Half of those servers also replay a captured glue graph with no
 view (``SKIP_VIEW``); one in four of the others serves DeepSeek V4, not V4.1 (``NO_CANDIDATES``): its model
 makes no candidate variants, so no stage has an early variant, each is thrown away, and its load finds
-none staged. ``capture-replay-agreement`` also judges a replay that took an early
+none staged; one in four keeps a request window in its KV pool (``REQUEST_WINDOW``), whose layout its
+backend's prep reads from the host: the backend declines the glue, and the runner must then glue
+nothing and stage nothing early. ``capture-replay-agreement`` also judges a replay that took an early
 stage (``judge_early``): the stage it took must be this step's own (a stale one, taken, prepared
 another step's metadata), and a step staged from its own batch whose glue key the harness reads as
 early and captured must take it (a stage keyed, sized or variant-picked wrong is thrown away).
@@ -81,7 +83,7 @@ from vmfuzz.harness.properties.kit import known_goes_on as _known_goes_on
 GLUE_SHARE = 4
 #: the DSpark wirings a glued case's server may be asked for besides the plain one (``session_options``;
 #: ``targets/sglang/dspark_verify`` says what each switches on)
-SKIP_VIEW, NO_CANDIDATES = "skip view", "DeepSeek V4"
+SKIP_VIEW, NO_CANDIDATES, REQUEST_WINDOW = "skip view", "DeepSeek V4", "request window"
 #: the writer of a failure on a step whose metadata the glue graph prepared
 GLUE_REPLAY = "metadata glue graph replay"
 #: the writer of a replay that took an early stage not made from its own batch (``judge_early``)
@@ -143,8 +145,9 @@ def session_options(config: Config) -> dict:
         if drawn[1] % 2 == 0:
             return {"glue": True, "dspark": SKIP_VIEW}
         # one in four of the others serves DeepSeek V4, whose config makes no early variant: its stages are
-        # all thrown away, and each load finds none staged
-        return {"glue": True, "dspark": NO_CANDIDATES if drawn[2] % 4 == 2 else True}
+        # all thrown away, and each load finds none staged; one in four keeps a request window in its KV
+        # pool, for which its backend declines the glue
+        return {"glue": True, "dspark": {2: NO_CANDIDATES, 3: REQUEST_WINDOW}.get(drawn[2] % 4, True)}
     return {"glue": True, "window_pool": True} if window_pool(config) else {"glue": True}
 
 
@@ -187,11 +190,14 @@ def note_case(obs: Observation, session, config: Config) -> None:
         obs.classes.add(f"{CLASS}off (not among the one case in {glue_share()} whose server switches it on)")
         return
     why = getattr(session, "glue_not_driven", None)
-    if why or getattr(session, "glue_watch", None) is None:
+    declined = getattr(getattr(session, "dspark_hooks", None), "expect_declined", False)  # no glue, by design
+    if not declined and (why or getattr(session, "glue_watch", None) is None):
         obs.classes.add(f"{CLASS}not driven ({why or 'the target does not switch it on'})")
     if dspark(config):
         obs.classes.add(f"{CLASS}a DSpark target's (its own glue switch, early verify metadata)")
         hooks = getattr(session, "dspark_hooks", None)
+        if getattr(hooks, "expect_declined", False):
+            obs.classes.add(f"{CLASS}a DSpark target whose KV pool keeps a request window (its backend declines)")
         if hooks is not None and hooks.dsv4_not_driven:
             obs.classes.add(f"{CLASS}DeepSeek V4's glue hooks not driven ({hooks.dsv4_not_driven})")
     if window_pool(config):
@@ -220,14 +226,33 @@ def known_goes_on(target, obs: Observation | None, part):
 
 def judge_declined(prop: str, session, where: str) -> None:
     """A DSpark target's DeepSeek V4 backend, asked by the runner whether its static verify prep may be glued,
-    on the server it declares that prep host-free for (see the module's docstring), accepted."""
+    accepted on the server it declares that prep host-free for (see the module's docstring), and declined on
+    one whose pool keeps a request window; a runner whose backend declined glued nothing and staged nothing."""
     hooks = getattr(session, "dspark_hooks", None)
     answer = getattr(hooks, "glue_answer", None)
+    if getattr(hooks, "expect_declined", False):
+        _judge_window(prop, session, hooks, where)
+        return
     if answer:
         fail(prop, f"{where}: DeepSeek V4's backend declined the DSpark target's metadata glue graph ({answer!r}) on "
                    "a static-verify target on one GPU with no request window, trtllm-gen attention or online c128 "
                    "MTP: every step prepares its metadata eagerly", effect="unsound", writer=GLUE_POLICY,
              buffer="metadata glue graph", cell="declined", stage="replay")
+
+
+def _judge_window(prop: str, session, hooks, where: str) -> None:
+    said = dict(effect="unsound", buffer="metadata glue graph", stage="replay")
+    if hooks.dsv4 is not None and not hooks.glue_answer:
+        fail(prop, f"{where}: DeepSeek V4's backend accepted the DSpark target's metadata glue graph on a server "
+                   "whose KV pool keeps a request window, whose layout its verify prep reads from the host: each "
+                   "glued replay would replay the capture's window", writer=GLUE_POLICY, cell="accepted", **said)
+    if getattr(session, "glue_watch", None) is not None:
+        fail(prop, f"{where}: the runner glued the verify metadata prep its backend declined "
+                   f"({hooks.glue_answer!r})", writer=GLUE_POLICY, cell="glued when declined", **said)
+    if getattr(session, "staged_declined", None):
+        fail(prop, f"{where}: the runner, with no glue graph (its backend declined it), staged a step's verify "
+                   "metadata early, which only a glue graph's replay prepares", writer=EARLY_STAGE,
+             cell="staged when declined", **said)
 
 
 def judge_route(prop: str, got, batch: Batch, where: str) -> None:

@@ -65,6 +65,9 @@ SKIP_VIEW_ASKED = "skip view"
 #: a DSpark target serving DeepSeek V4, not V4.1 (``dspark="DeepSeek V4"``): its config makes no candidate graph
 #: variants, so no batch has an early variant and every stage is thrown away (and a load finds none staged)
 NO_CANDIDATES_ASKED = "DeepSeek V4"
+#: a DSpark target whose DeepSeek V4.1 KV pool keeps a request window (``dspark="request window"``): its backend
+#: declines the glue (the window's layout is host-fed), so the runner glues nothing and stages nothing early
+WINDOW_ASKED = "request window"
 _PROPS = ("graph-replay-equivalence", "padding-inert", "capture-replay-agreement")
 _R = "DecodeCudaGraphRunner."
 
@@ -132,9 +135,11 @@ class BackendHooks:
     backend made for the server, under ``lookups``), or, where it is None, answered as it answers on a
     static-verify server (see the module's docstring). ``glue_answer``: what the last ask answered."""
 
-    def __init__(self, backend, dsv4=None, lookups: list | tuple = (), dsv4_not_driven: str | None = None):
+    def __init__(self, backend, dsv4=None, lookups: list | tuple = (), dsv4_not_driven: str | None = None,
+                 expect_declined: bool = False):
         self.early_enabled = 0
         self.dsv4, self.lookups, self.dsv4_not_driven = dsv4, list(lookups), dsv4_not_driven
+        self.expect_declined = expect_declined  # the server keeps a request window (``WINDOW_ASKED``)
         self.glue_answer = None
         backend.glue_target_verify_metadata = self._glue
         backend.enable_early_verify_metadata = self._enable
@@ -155,10 +160,11 @@ class BackendHooks:
                 self.dsv4.enable_early_verify_metadata()
 
 
-def dsv4_hooks(backend, config) -> BackendHooks:
+def dsv4_hooks(backend, config, dspark: bool | str = True) -> BackendHooks:
     """``BackendHooks`` asking a DeepSeek V4 backend made by its own ``__init__`` for a DSpark server of
-    ``config``'s capture, context and draft width (``dsv4_backend``; topk 1: DSpark's), or answering
-    themselves where that backend cannot be made here (``dsv4_not_driven`` says why)."""
+    ``config``'s capture, context and draft width (``dsv4_backend``; topk 1: DSpark's), its pool keeping a
+    request window where asked (``WINDOW_ASKED``: what the backend reads of it is only that there is one), or
+    answering themselves where that backend cannot be made here (``dsv4_not_driven`` says why)."""
     from vmfuzz.harness.model.allocation import ServerNumbers
     from vmfuzz.harness.model.errors import OutOfStep
     from vmfuzz.harness.targets.sglang import dsv4_backend
@@ -173,11 +179,30 @@ def dsv4_hooks(backend, config) -> BackendHooks:
         return BackendHooks(backend, dsv4_not_driven=f"{_DSV4_FILE} has no DeepseekV4AttnBackend with the glue hook")
     n = ServerNumbers(config.max_bs, config.max_context_len, config.d, 1, config.spec_steps)
     algorithm = DSparkAlgorithm(verify_modules().spec_info.SpeculativeAlgorithm.EAGLE)
+    window = dspark == WINDOW_ASKED
     try:
-        dsv4 = dsv4_backend.built_by_init(mod, cls, n, spec_algorithm=algorithm)
+        dsv4 = dsv4_backend.built_by_init(mod, cls, n, spec_algorithm=algorithm,
+                                          request_window=RequestWindow() if window else None)
     except OutOfStep as exc:
         return BackendHooks(backend, dsv4_not_driven=f"DeepseekV4AttnBackend.__init__ is not driven here ({exc})")
-    return BackendHooks(backend, dsv4, dsv4_backend.lookups(mod, cls, n))
+    return BackendHooks(backend, dsv4, dsv4_backend.lookups(mod, cls, n), expect_declined=window)
+
+
+class RequestWindow:
+    """A DeepSeek V4.1 KV pool's request window, as the backend's glue hook sees it: there is one."""
+
+
+def stage_unwatched(runner, fb, lookups: list) -> bool:
+    """``stage_verify_metadata_early`` for ``fb``'s tensors, as DSpark's worker calls it after every draft
+    launch, on a runner that glued nothing (its backend declined): what it answered (staged or not)."""
+    from vmfuzz.harness.targets.sglang.binding import bound
+    with bound(*lookups, *replay_lookups()):
+        after = torch.cuda.Event()
+        after.record()
+        return runner.stage_verify_metadata_early(
+            seq_lens=fb.seq_lens, req_pool_indices=fb.req_pool_indices, out_cache_loc=fb.out_cache_loc,
+            positions=fb.positions, after=after,
+            max_seq_len=int(fb.seq_lens_cpu.max()) if fb.seq_lens_cpu.numel() else None)
 
 
 def _on_a_gpu(real, model_runner_of):
@@ -334,7 +359,7 @@ def asked(runner_module, glue: bool, dspark: bool, backend, config):
         if not switch_fields(runner_module, skip_view):
             why = f"this SGLang lacks one of {', '.join(SWITCHES)} or {SKIP_VIEW} (no DSpark target glue)"
             return why, contextlib.nullcontext(), None
-        return None, switched_on(runner_module, skip_view), dsv4_hooks(backend, config)
+        return None, switched_on(runner_module, skip_view), dsv4_hooks(backend, config, dspark)
     if not glue:
         return None, contextlib.nullcontext(), None
     if glue_graph.switch(runner_module) is None:

@@ -39,10 +39,10 @@ DSV4_CUDA_ONLY = (
 )
 
 
-def model_runner(n: ServerNumbers, device="meta", spec_algorithm=None) -> StandIn:
+def model_runner(n: ServerNumbers, device="meta", spec_algorithm=None, request_window=None) -> StandIn:
     """A DeepSeek V4 target model runner of a server started with ``n``: ``backend_init.model_runner``'s, with
     the model, page size and KV pool its backend's ``__init__`` asserts (``DSV4_*``), no HiSparse, the target
-    of ``spec_algorithm`` (EAGLE where not given).
+    of ``spec_algorithm`` (EAGLE where not given), its KV pool keeping ``request_window`` (a V4.1 pool's).
 
     The pool is SGLang's ``DeepSeekV4TokenToKVPool`` class (the backend checks it is one), made with
     ``__new__`` and given only what ``__init__`` reads: its own set-up allocates the compressed KV of
@@ -50,7 +50,8 @@ def model_runner(n: ServerNumbers, device="meta", spec_algorithm=None) -> StandI
     from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     pool = DeepSeekV4TokenToKVPool.__new__(DeepSeekV4TokenToKVPool)
-    vars(pool).update(swa_page_size=DSV4_SWA_PAGE_SIZE, present_ratios=DSV4_RATIOS, request_window=None)
+    vars(pool).update(swa_page_size=DSV4_SWA_PAGE_SIZE, present_ratios=DSV4_RATIOS,
+                      request_window=request_window)
     model = dict(head_dim=DSV4_HEAD_DIM, v_head_dim=DSV4_HEAD_DIM, hf_text_config=StandIn(
         "hf_text_config", _RUNNER, model_type="deepseek_v4", num_attention_heads=8))
     return backend_init.model_runner(n, device, page_size=DSV4_PAGE_SIZE, kv_pool=pool, model=model,
@@ -71,11 +72,11 @@ def lookups(mod, cls, n: ServerNumbers) -> list[tuple]:
     return patches
 
 
-def built_by_init(mod, cls, n: ServerNumbers, device="meta", spec_algorithm=None):
+def built_by_init(mod, cls, n: ServerNumbers, device="meta", spec_algorithm=None, request_window=None):
     """DeepSeek V4's attention backend ``cls`` made by its own ``__init__`` over ``model_runner`` (the target of
     ``spec_algorithm``), under ``lookups``. Its ``__init__`` takes topk 1 at most (a DeepSeek V4 server drafts
     chains only): a caller asks only for such a server."""
-    runner = model_runner(n, device, spec_algorithm)
+    runner = model_runner(n, device, spec_algorithm, request_window)
     with bound(*lookups(mod, cls, n)):
         try:
             return call_with(cls, f"{cls.__name__}.__init__", where(cls), model_runner=runner)
