@@ -131,40 +131,33 @@ def _run(site, tmp_path, prop: str, context: int = 35):
     return replay_steps_on_copy(site, tmp_path, {**CONFIG, "max_context_len": context}, SEQ_LENS, prop)
 
 
+def _caught(tmp_path, monkeypatch, edits, name: str, prop: str = AGREEMENT, context: int = 35) -> dict:
+    """The origin of ``prop``'s own failure on a copy altered by ``edits`` (exit 1, never a raise)."""
+    sglang_or_skip()
+    monkeypatch.setenv("VMFUZZ_GLUE_SHARE", "1")
+    proc, out = _run(altered_copy(tmp_path, edits, name), tmp_path, prop, context)
+    assert proc.returncode == 1, out
+    origin = failed_check_origin(tmp_path / "report", out)
+    assert origin["property"] == prop, origin
+    return origin
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ALTERATIONS))
 def test_each_planted_dspark_bug_is_caught_by_capture_replay_agreement(tmp_path, monkeypatch, name):
-    sglang_or_skip()
-    monkeypatch.setenv("VMFUZZ_GLUE_SHARE", "1")
     edits, cell = ALTERATIONS[name]
-    proc, out = _run(altered_copy(tmp_path, edits, name), tmp_path, AGREEMENT)
-    assert proc.returncode == 1, out
-    origin = failed_check_origin(tmp_path / "report", out)
-    assert (origin["property"], origin["writer"], origin["cell"]) == (AGREEMENT, EARLY_STAGE, cell), origin
+    origin = _caught(tmp_path, monkeypatch, edits, name)
+    assert (origin["writer"], origin["cell"]) == (EARLY_STAGE, cell), origin
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(HOOK_ALTERATIONS))
+@pytest.mark.parametrize("name", sorted(HOOK_ALTERATIONS) + sorted(WINDOW_ALTERATIONS))
 def test_each_planted_bug_of_the_backend_hooks_is_caught_by_capture_replay_agreement(tmp_path, monkeypatch, name):
-    sglang_or_skip()
-    monkeypatch.setenv("VMFUZZ_GLUE_SHARE", "1")
-    edits, writer, cell = HOOK_ALTERATIONS[name]
-    proc, out = _run(altered_copy(tmp_path, edits, name), tmp_path, AGREEMENT)
-    assert proc.returncode == 1, out
-    origin = failed_check_origin(tmp_path / "report", out)
-    assert (origin["property"], origin["writer"], origin["cell"]) == (AGREEMENT, writer, cell), origin
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(WINDOW_ALTERATIONS))
-def test_each_planted_bug_on_a_request_window_server_is_caught(tmp_path, monkeypatch, name):
-    sglang_or_skip()
-    monkeypatch.setenv("VMFUZZ_GLUE_SHARE", "1")
-    edits, writer, cell = WINDOW_ALTERATIONS[name]
-    proc, out = _run(altered_copy(tmp_path, edits, name), tmp_path, AGREEMENT, WINDOW_CONTEXT)
-    assert proc.returncode == 1, out
-    origin = failed_check_origin(tmp_path / "report", out)
-    assert (origin["property"], origin["writer"], origin["cell"]) == (AGREEMENT, writer, cell), origin
+    """DeepSeek V4's hooks and the runner's use of them, on a plain DSpark server and on one whose pool keeps a
+    request window (``WINDOW_ALTERATIONS``)."""
+    edits, writer, cell = HOOK_ALTERATIONS.get(name) or WINDOW_ALTERATIONS[name]
+    origin = _caught(tmp_path, monkeypatch, edits, name, context=WINDOW_CONTEXT if name in WINDOW_ALTERATIONS else 35)
+    assert (origin["writer"], origin["cell"]) == (writer, cell), origin
 
 
 @pytest.mark.slow
@@ -178,13 +171,9 @@ def test_the_glue_hook_rewritten_holds(tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(OTHER_WIRINGS))
 def test_each_planted_bug_of_another_dspark_wiring_is_caught(tmp_path, monkeypatch, name):
-    sglang_or_skip()
-    monkeypatch.setenv("VMFUZZ_GLUE_SHARE", "1")
     edits, context, prop, cell = OTHER_WIRINGS[name]
-    proc, out = _run(altered_copy(tmp_path, edits, name), tmp_path, prop, context)
-    assert proc.returncode == 1, out
-    origin = failed_check_origin(tmp_path / "report", out)
-    assert origin["property"] == prop and (cell is None or origin["cell"] == cell), origin
+    origin = _caught(tmp_path, monkeypatch, edits, name, prop, context)
+    assert cell is None or origin["cell"] == cell, origin
 
 
 @pytest.mark.slow
