@@ -21,6 +21,7 @@ _ATTN = "srt/layers/attention/"
 TRITON = [_ATTN + "triton_backend.py"]
 FA = [_ATTN + "flashattention_backend.py"]
 TRTLLM_MLA = [_ATTN + "trtllm_mla_backend.py"]
+DSV4 = [_ATTN + "deepseek_v4_backend.py"]
 
 _FA_VERIFY_MASK_CALL = r"(self\._verify_mask = maybe_create_verify_mask\(\n(?:.*\n)*?\s*)"
 
@@ -37,6 +38,31 @@ def test_each_site_allocates_what_its_init_derived_from_the_servers_arguments(sg
         assert (call.max_bs, call.max_context_len, call.num_draft_tokens) == (6, 3000, 5), name
         assert call.is_read == reads_mask(name, numbers.topk) and not call.is_draft_runner, name
         assert call.mask is not None and call.mask.buffer.device.type == "meta", name
+
+
+def test_deepseek_v4_is_built_by_its_init_on_a_chain_server(sglang_target):
+    """DeepSeek V4's backend asserts topk 1 at most: on such a server its ``__init__`` derives what it
+    allocates with (its changed lines ran under the check); a tree server, which it never runs, still has
+    its set-up driven on the attributes ``__init__`` would set."""
+    import importlib.util
+    from pathlib import Path
+
+    import coverage
+    root = Path(importlib.util.find_spec("sglang").origin).parent
+    path = str(root / DSV4[0])
+    cov = coverage.Coverage(include=[path], data_file=None)
+    cov.start()
+    try:
+        chain = sglang_target.allocation_call("deepseek_v4", ServerNumbers(6, 3000, 5, 1, 4))
+    finally:
+        cov.stop()
+    text = (root / DSV4[0]).read_text().splitlines()
+    init = next(i for i, line in enumerate(text) if "self._early_verify_metadata_ids: set = set()" in line) + 1
+    assert init in set(cov.get_data().lines(path) or ()), "DeepseekV4AttnBackend.__init__ never ran to its end"
+    tree = sglang_target.allocation_call("deepseek_v4", ServerNumbers(6, 3000, 5, 2, 3))
+    for call in (chain, tree):
+        assert (call.max_bs, call.max_context_len, call.num_draft_tokens) == (6, 3000, 5)
+        assert not call.is_read and not call.is_draft_runner and call.mask is not None
 
 
 def test_the_stand_in_runner_leaves_the_process_as_found(sglang_target):
@@ -84,6 +110,14 @@ ALTERATIONS = {
     "trtllm-max-bs-from-decode-indptr": [
         (TRTLLM_MLA, r"(self\._verify_mask = maybe_create_verify_mask\(\n(?:.*\n)*?\s*)max_bs=max_bs,",
          r"\1max_bs=self.q_indptr_decode.numel() - 2,")],
+    # DeepSeek V4 (a chain server's: built by its __init__ there) with its context one short, and its draft
+    # width read from the step count
+    "dsv4-init-context-off-by-one": [
+        (DSV4, r"self\.max_context_len = model_runner\.model_config\.context_len\n",
+         "self.max_context_len = model_runner.model_config.context_len - 1\n")],
+    "dsv4-init-draft-width-from-steps": [
+        (DSV4, r"self\.speculative_num_draft_tokens: int = get_spec\(\)\.speculative_num_draft_tokens",
+         "self.speculative_num_draft_tokens: int = get_spec().speculative_num_steps")],
 }
 
 #: Behaviour-preserving refactors of the same code: each must be driven (exit 0). Before the
@@ -102,6 +136,11 @@ REFACTORS = {
          r"\1num_draft_tokens=self.verify_width,"),
         (FA, r"\Z", "\n\ndef _init_verify_width(backend):\n"
                     "    backend.verify_width = get_spec().speculative_num_draft_tokens\n")],
+    # DeepSeek V4's early-metadata flag set with the draft glue flag it sits beside
+    "dsv4-init-flags-set-together": [
+        (DSV4, r"self\.draft_metadata_glued = False\n",
+         "self.draft_metadata_glued = self.builds_verify_metadata_early = False\n"),
+        (DSV4, r"        self\.builds_verify_metadata_early = False\n", "")],
     # the backend's verify state kept in slots
     "trtllm-backend-gains-slots": [
         (TRTLLM_MLA, r"(class TRTLLMMLABackend\(FlashInferMLAAttnBackend\):\n)",

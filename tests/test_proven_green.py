@@ -153,6 +153,8 @@ def test_a_cpu_engine_branch_is_not_driven_here_never_needs_a_gpu():
     ("torch.cuda.is_available()", "CUDA branch"),
     ("not (not _is_cuda)", "CUDA branch"),  # the else of ``if not _is_cuda:``
     ("self._forks_draft_metadata_prep()", "CUDA side-stream fork"),  # true only on torch.cuda
+    ("join_in_graph_metadata_prep()", "a forked draft in-graph metadata prep"),  # left only by that fork
+    ("not join_in_graph_metadata_prep()", None),
     ("self.model_runner.capture_tail_hooks", "capture tail hook"),  # a loop over it: appended only on a GPU
     ("self.model_runner.capture_head_hooks", None),  # nothing appends one: not the device's
     ("self.model_runner.hisparse_coordinator is not None", "HiSparse row count"),

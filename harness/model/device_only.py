@@ -36,6 +36,11 @@ DEVICE_ATOMS: tuple[tuple[re.Pattern, str], ...] = tuple((re.compile(p), why) fo
     # side stream and an event recorded inside a capture, which one in-order CPU stream cannot be faithful to
     (r"^(?:\w+\.)*_forks_draft_metadata_prep\(\)$",
      "CUDA side-stream fork of the draft's in-graph metadata prep: needs a CUDA GPU"),
+    # what that fork leaves: a forked prep pending its join (only ``fork_in_graph_metadata_prep``, called only
+    # with the fork the test above sets up, leaves one)
+    (r"^(?:\w+\.)*join_in_graph_metadata_prep\(\)$",
+     "a forked draft in-graph metadata prep pending its join (only the CUDA side-stream fork leaves one): "
+     "needs a CUDA GPU"),
     # a loop over the capture's tail hooks: only a GPU kernel plugin's install appends one (the NVIDIA
     # megakernel's, the AMD monokernel's), after building its kernels on the device
     (r"^(?:\w+\.)*capture_tail_hooks$",

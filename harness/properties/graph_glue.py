@@ -35,10 +35,26 @@ Among the glued cases on the EAGLE and chain call sites that are no window-pool 
 (``dspark``) is a DSpark server's target (a draw of its own; ``targets/sglang/dspark_verify``): its
 runner glues its prep behind DSpark's own switch, loads every verify batch planned ahead, and each
 step is staged early first (``stage_verify_metadata_early``: from the step's own tensors, or, after a step
-that took its stage, from that step's). ``capture-replay-agreement`` also judges a replay that took an early
+that took its stage, from that step's). Half of those servers also replay a captured glue graph with no
+view (``SKIP_VIEW``); one in four of the others serves DeepSeek V4, not V4.1 (``NO_CANDIDATES``): its model
+makes no candidate variants, so no stage has an early variant, each is thrown away, and its load finds
+none staged; one in four keeps a request window in its KV pool (``REQUEST_WINDOW``), whose layout its
+backend's prep reads from the host: the backend declines the glue, and the runner must then glue
+nothing and stage nothing early. ``capture-replay-agreement`` also judges a replay that took an early
 stage (``judge_early``): the stage it took must be this step's own (a stale one, taken, prepared
 another step's metadata), and a step staged from its own batch whose glue key the harness reads as
 early and captured must take it (a stage keyed, sized or variant-picked wrong is thrown away).
+
+A DSpark server's runner asks its attention backend whether the prep may be glued
+(``glue_target_verify_metadata``): DeepSeek V4's own answer, of a DeepSeek V4
+backend made for the server, which here is a static-verify target on one GPU with
+no request window, trtllm-gen attention or online c128 MTP, the server that
+answer declares host-free. ``capture-replay-agreement`` judges that answer
+(``judge_declined``): declined, every step would prepare its metadata eagerly,
+the glue switched on for nothing; and, on a replay that took an early stage,
+that the runner told the backend it stages early
+(``enable_early_verify_metadata``) and the backend holds it (``judge_early``):
+else capture and replay disagree on which metadata object the graph reads.
 
 A failure on a step whose prep the glue graph ran names it as its writer
 (``writer``), with how the step's verify mask was handed where that decides the
@@ -65,10 +81,15 @@ from vmfuzz.harness.properties.kit import known_goes_on as _known_goes_on
 #: one case in this many switches the glue graph on (``VMFUZZ_GLUE_SHARE=1``: every case, for a test of a
 #: glue-side alteration); its lead-ins are three more replays per captured bs the case replays exactly
 GLUE_SHARE = 4
+#: the DSpark wirings a glued case's server may be asked for besides the plain one (``session_options``;
+#: ``targets/sglang/dspark_verify`` says what each switches on)
+SKIP_VIEW, NO_CANDIDATES, REQUEST_WINDOW = "skip view", "DeepSeek V4", "request window"
 #: the writer of a failure on a step whose metadata the glue graph prepared
 GLUE_REPLAY = "metadata glue graph replay"
 #: the writer of a replay that took an early stage not made from its own batch (``judge_early``)
 EARLY_STAGE = "early verify metadata stage"
+#: the writer of a DSpark target's glue declined by its backend's hook (``judge_declined``)
+GLUE_POLICY = "target verify glue policy"
 #: the writer of a replay routed to the glue graph against its contract (``judge_route``)
 GLUE_ROUTE = "metadata glue graph route"
 #: said of such a step whose verify input carries a mask tensor of its own each step (frozen-KV MTP's)
@@ -120,8 +141,13 @@ def session_options(config: Config) -> dict:
     if not glued(config):
         return {}
     if dspark(config):  # one DSpark server in two also replays its captured glue graphs with no view
-        skip_view = hashlib.sha256(repr(config).encode()).digest()[1] % 2 == 0
-        return {"glue": True, "dspark": "skip view" if skip_view else True}
+        drawn = hashlib.sha256(repr(config).encode()).digest()
+        if drawn[1] % 2 == 0:
+            return {"glue": True, "dspark": SKIP_VIEW}
+        # one in four of the others serves DeepSeek V4, whose config makes no early variant: its stages are
+        # all thrown away, and each load finds none staged; one in four keeps a request window in its KV
+        # pool, for which its backend declines the glue
+        return {"glue": True, "dspark": {2: NO_CANDIDATES, 3: REQUEST_WINDOW}.get(drawn[2] % 4, True)}
     return {"glue": True, "window_pool": True} if window_pool(config) else {"glue": True}
 
 
@@ -164,10 +190,16 @@ def note_case(obs: Observation, session, config: Config) -> None:
         obs.classes.add(f"{CLASS}off (not among the one case in {glue_share()} whose server switches it on)")
         return
     why = getattr(session, "glue_not_driven", None)
-    if why or getattr(session, "glue_watch", None) is None:
+    declined = getattr(getattr(session, "dspark_hooks", None), "expect_declined", False)  # no glue, by design
+    if not declined and (why or getattr(session, "glue_watch", None) is None):
         obs.classes.add(f"{CLASS}not driven ({why or 'the target does not switch it on'})")
     if dspark(config):
         obs.classes.add(f"{CLASS}a DSpark target's (its own glue switch, early verify metadata)")
+        hooks = getattr(session, "dspark_hooks", None)
+        if getattr(hooks, "expect_declined", False):
+            obs.classes.add(f"{CLASS}a DSpark target whose KV pool keeps a request window (its backend declines)")
+        if hooks is not None and hooks.dsv4_not_driven:
+            obs.classes.add(f"{CLASS}DeepSeek V4's glue hooks not driven ({hooks.dsv4_not_driven})")
     if window_pool(config):
         pool_why = getattr(session, "window_pool_not_driven", None)
         driven = getattr(session, "window_pool", None) is not None
@@ -192,6 +224,37 @@ def known_goes_on(target, obs: Observation | None, part):
     return _known_goes_on(target, obs, CLASS.rstrip(": "))
 
 
+def judge_declined(prop: str, session, where: str) -> None:
+    """A DSpark target's DeepSeek V4 backend, asked by the runner whether its static verify prep may be glued,
+    accepted on the server it declares that prep host-free for (see the module's docstring), and declined on
+    one whose pool keeps a request window; a runner whose backend declined glued nothing and staged nothing."""
+    hooks = getattr(session, "dspark_hooks", None)
+    answer = getattr(hooks, "glue_answer", None)
+    if getattr(hooks, "expect_declined", False):
+        _judge_window(prop, session, hooks, where)
+        return
+    if answer:
+        fail(prop, f"{where}: DeepSeek V4's backend declined the DSpark target's metadata glue graph ({answer!r}) on "
+                   "a static-verify target on one GPU with no request window, trtllm-gen attention or online c128 "
+                   "MTP: every step prepares its metadata eagerly", effect="unsound", writer=GLUE_POLICY,
+             buffer="metadata glue graph", cell="declined", stage="replay")
+
+
+def _judge_window(prop: str, session, hooks, where: str) -> None:
+    said = dict(effect="unsound", buffer="metadata glue graph", stage="replay")
+    if hooks.dsv4 is not None and not hooks.glue_answer:
+        fail(prop, f"{where}: DeepSeek V4's backend accepted the DSpark target's metadata glue graph on a server "
+                   "whose KV pool keeps a request window, whose layout its verify prep reads from the host: each "
+                   "glued replay would replay the capture's window", writer=GLUE_POLICY, cell="accepted", **said)
+    if getattr(session, "glue_watch", None) is not None:
+        fail(prop, f"{where}: the runner glued the verify metadata prep its backend declined "
+                   f"({hooks.glue_answer!r})", writer=GLUE_POLICY, cell="glued when declined", **said)
+    if getattr(session, "staged_declined", None):
+        fail(prop, f"{where}: the runner, with no glue graph (its backend declined it), staged a step's verify "
+                   "metadata early, which only a glue graph's replay prepares", writer=EARLY_STAGE,
+             cell="staged when declined", **said)
+
+
 def judge_route(prop: str, got, batch: Batch, where: str) -> None:
     """A replay whose prep the glue graph ran fills its graph: the glue's contract (its module's
     docstring) routes only padding-free replays there, the padding being a host value of the view a
@@ -213,6 +276,13 @@ def judge_early(prop: str, session, got, where: str) -> None:
              buffer="early verify metadata", cell="not taken", stage="replay")
     if getattr(got, "glue", None) != EARLY:
         return
+    hooks = getattr(session, "dspark_hooks", None)
+    told = hooks is None or (hooks.early_enabled and (hooks.dsv4 is None or hooks.dsv4.builds_verify_metadata_early))
+    if not told:
+        fail(prop, f"{where}: the load took an early stage, yet the runner's attention backend does not build its "
+                   "verify metadata early (never told, or its flag left unset): its capture recorded the in-graph "
+                   "metadata while its replays read the staged one", effect="wrong", writer=EARLY_STAGE,
+             buffer="early verify metadata", cell="backend not told", stage="replay")
     taken = getattr(getattr(session, "dspark", None), "taken", None)
     live = getattr(session, "replayed_batch", None)
     if taken is None or taken[1] is not live:

@@ -283,6 +283,7 @@ def capture_replay_agreement(target, config: Config, batches: list[Batch], devic
                             f"sum to {int(view.seq_lens.sum())} (the padding's lengths left out of the sum)",
                  buffer="seq_lens_sum", **origin)
         judge_stale_reads(session, where, target, obs)
+        glue.judge_declined(AGREEMENT, session, where)
         glue.judge_route(AGREEMENT, got, batch, where)
         glue.judge_early(AGREEMENT, session, got, where)
         obs.add_step(config, batch, None, config.max_bs)

@@ -136,22 +136,41 @@ def _padded_multi_layer_case(prop: Property, bounds, site: str) -> list[DeepCase
 _DSPARK_STEPS = ((9,), (10,), (11,), (12,), (1, 2, 3), (6, 7, 8, 9))
 
 
+#: the DSpark wiring each graph property's case is drawn on (``graph_glue.session_options``): a search draws
+#: the two others one case in eight and sixteen of its DSpark ones, so a gate would leave the runner's
+#: replay of a captured glue graph with no view, and a DeepSeek V4 target's stages (none an early variant,
+#: each thrown away and none found by its load), unrun
+_DSPARK_WIRING = {"graph-replay-equivalence": ("skip view",), "padding-inert": ("DeepSeek V4",),
+                  "capture-replay-agreement": (True, "request window")}
+_DSPARK_SAID = {True: "its early verify metadata staged and taken", "skip view": (
+    "its early verify metadata staged and taken, its captured glue graphs replayed with no view"),
+                "DeepSeek V4": "DeepSeek V4's (no candidate variants): every stage thrown away",
+                "request window": "its pool keeps a request window: glue declined, nothing staged"}
+
+
 def _dspark_case(prop: Property, bounds, site: str) -> list[DeepCase]:
     """A graph property's case on a DSpark target's server (``graph_glue.dspark``), whose early verify
     metadata a load takes only after its key's glue graph was captured on earlier steps of the same bs: a
     search's few multi-step cases of one bs on such a server almost never stage one that is taken, so a
-    gate would leave the stage, take and discard of ``EarlyVerifyMetadata`` unrun."""
-    from vmfuzz.harness.properties.graph_glue import dspark
+    gate would leave the stage, take and discard of ``EarlyVerifyMetadata`` unrun. Its wirings are the
+    property's in ``_DSPARK_WIRING`` (the plain one elsewhere), each at the first context from 24 up that draws it;
+    a shared run of several properties (a gate's) gets one case for each of its members' wirings."""
+    from vmfuzz.harness.properties.graph_glue import dspark, session_options
+    from vmfuzz.harness.properties.shared import group_members
     if "graph_session" not in prop.needs or site != "eagle":
         return []
     lens = max(len(s) for s in _DSPARK_STEPS)
-    chosen = [c for c in (Config(TreeMaskMode.FULL_MASK, lens, ctx, 4, 2, 2, True, site) for ctx in range(24, 128))
-              if dspark(c) and prop.applies(c)]
-    if not chosen:
-        return []
-    config = chosen[0]
-    return [(f"DSpark target: its early verify metadata staged and taken, bs 1 x4, 3 (padded), 4, context "
-             f"{config.max_context_len} [FULL_MASK]", config, [Batch(s) for s in _DSPARK_STEPS])]
+    wirings = dict.fromkeys(w for name in group_members(prop.name) or (prop.name,)
+                            for w in _DSPARK_WIRING.get(name, (True,)))
+    out = []
+    for wiring in wirings:
+        configs = (Config(TreeMaskMode.FULL_MASK, lens, ctx, 4, 2, 2, True, site) for ctx in range(24, 1024))
+        config = next((c for c in configs if dspark(c) and session_options(c)["dspark"] == wiring
+                       and prop.applies(c)), None)
+        if config is not None:
+            out.append((f"DSpark target: {_DSPARK_SAID[wiring]}, bs 1 x4, 3 (padded), 4, context "
+                        f"{config.max_context_len} [FULL_MASK]", config, [Batch(s) for s in _DSPARK_STEPS]))
+    return out
 
 
 def _seeded_draft_case(prop: Property, bounds, site: str) -> list[DeepCase]:

@@ -3,16 +3,20 @@
 Each backend in ``BUILT_BY_INIT`` is built by its own ``__init__`` over a
 stand-in target model runner that carries the server's arguments
 (``backend_init``), so the context length, draft width and draft-runner flag it
-allocates with are what SGLang derives from them. The DeepSeek-V4 backends are
-made with ``cls.__new__`` and given the attributes their
-``init_cuda_graph_state`` reads, set to what their ``__init__`` derives.
+allocates with are what SGLang derives from them. DeepSeek V4's backend is built
+by its own ``__init__`` too, over a DeepSeek V4 server's runner
+(``dsv4_backend.built_by_init``), for a server that drafts chains (topk 1
+at most, which its ``__init__`` asserts); for a tree server, which DeepSeek V4
+never runs, and for its ROCm backend, the backend is made with ``cls.__new__``
+and given the attributes its ``init_cuda_graph_state`` reads, set to what its
+``__init__`` derives.
 Then the backend's own ``init_cuda_graph_state(max_bs, max_bs * d)`` runs:
 the two numbers SGLang's cuda-graph runner hands it.
 ``maybe_create_verify_mask`` is bound in the backend's module for that call:
 it records the arguments, runs SGLang's real allocator (meta device) and stops
 the set-up there, so the CUDA-only work after the mask is never reached.
 
-Not driven: ``__init__`` of the DeepSeek-V4 backends (``NOT_DRIVEN``), and the
+Not driven: ``__init__`` of DeepSeek V4's ROCm backend, and the
 backends whose module this release does not have (``load_sites`` says which). A
 module that is there but raises when imported is never left undriven: it is
 raised as ``imports.decide`` says (SGLang's own raise a finding, the rest out of step).
@@ -28,7 +32,7 @@ import torch
 from vmfuzz.harness.model.allocation import (ALLOCATING_BACKENDS, TRITON_INDPTRS, TRITON_INIT, AllocationCall,
                                       ServerNumbers)
 from vmfuzz.harness.model.errors import OutOfStep
-from vmfuzz.harness.targets.sglang import backend_init
+from vmfuzz.harness.targets.sglang import backend_init, dsv4_backend
 from vmfuzz.harness.targets.sglang.binding import bound
 from vmfuzz.harness.targets.sglang.reach import lookup_patches, reached
 from vmfuzz.harness.targets.sglang.seams import (ALLOCATOR_SYNONYMS, TranslatesNothing, call_method, quantities_of_call,
@@ -58,6 +62,9 @@ DRIVERS = ("triton", "flashattention", "flashmla", "trtllm_mla", "deepseek_v4", 
 #: Sites built by their own ``__init__`` over the stand-in runner (``backend_init``): what they
 #: allocate with is what SGLang derives from the server's arguments.
 BUILT_BY_INIT = ("triton", "flashattention", "flashmla", "trtllm_mla", "qwen_sparse")
+#: Sites built by their own ``__init__`` over a runner of their model family's server, where that server runs the
+#: case's draft (``_built_for_family``)
+BUILT_FOR_FAMILY = ("deepseek_v4",)
 
 #: (sglang-relative path, what is driven, properties that drive it); only the
 #: sites a CPU host can import -- ``not_driven`` says why the others are not.
@@ -67,7 +74,7 @@ SURFACE: tuple[tuple[str, str, tuple[str, ...]], ...] = tuple(
 ) + tuple(
     # where each derives max_context_len, the draft width and the runner role it allocates with
     (_ATTN + module + ".py", f"{cls}.__init__", ("allocation-soundness",))
-    for name, (module, cls) in SITES.items() if name in BUILT_BY_INIT
+    for name, (module, cls) in SITES.items() if name in BUILT_BY_INIT + BUILT_FOR_FAMILY
 ) + (
     # the parent __init__ of both MLA backends: where they derive max_context_len
     (_ATTN + "flashinfer_mla_backend.py", "FlashInferMLAAttnBackend.__init__", ("allocation-soundness",)),
@@ -140,11 +147,19 @@ def site_backend(target, name: str, numbers: ServerNumbers, page_size: int = 1):
     if name in BUILT_BY_INIT:
         stubs = [lambda: backend_init.extensions_stubbed_again(mod.__name__)] if name in STUBBED_IMPORT else []
         backend = backend_init.built_by_init(mod, cls, numbers, name=name, stubs=stubs, page_size=page_size)
+    elif _built_for_family(name, numbers):
+        backend = dsv4_backend.built_by_init(mod, cls, numbers)
     else:
         backend = cls.__new__(cls)
         for attr, value in _attributes(name, numbers).items():
             object.__setattr__(backend, attr, value)
     return mod, cls, backend
+
+
+def _built_for_family(name: str, numbers: ServerNumbers) -> bool:
+    """Whether site ``name`` is built by its own ``__init__`` for ``numbers``: DeepSeek V4's, on a server
+    drafting chains (its ``__init__`` asserts topk 1 at most: no DeepSeek V4 server drafts a tree)."""
+    return name in BUILT_FOR_FAMILY and numbers.topk <= 1
 
 
 def allocation_call(target, name: str, numbers: ServerNumbers) -> AllocationCall:
@@ -202,8 +217,4 @@ def triton_indptr_buffers(target, numbers: ServerNumbers) -> dict[str, tuple[int
 
 
 #: (sglang-relative path, what, why not driven): the other allocation sites.
-NOT_DRIVEN: tuple[tuple[str, str, str], ...] = (
-    (_ATTN + "deepseek_v4_backend.py", "DeepseekV4AttnBackend.__init__",
-     "it needs a DeepSeek-V4 KV pool (its SWA layout), a top-k kernel resolver and a HiSparse coordinator; "
-     "only init_cuda_graph_state is driven, its attributes set as __init__ would"),
-)
+NOT_DRIVEN: tuple[tuple[str, str, str], ...] = ()

@@ -81,7 +81,11 @@ def _context(args: StandIn) -> dict[str, object]:
         kernel=StandIn("get_exec().kernel", _CONTEXT, enable_lean_attention=args.enable_lean_attention,
                                triton_attention_num_kv_splits=args.triton_attention_num_kv_splits,
                                triton_attention_split_tile_size=args.triton_attention_split_tile_size,
-                               flashinfer_mla_disable_ragged=args.flashinfer_mla_disable_ragged),
+                               flashinfer_mla_disable_ragged=args.flashinfer_mla_disable_ragged,
+                               # DeepSeek V4's kernel choices, at ServerArgs' defaults
+                               enable_deepseek_v4_fp4_indexer=False, dsa_topk_backend="sgl-kernel",
+                               dsv4_prefill_backend="auto"),
+        features=StandIn("get_exec().features", _CONTEXT, enable_decoder_swa_bounded_replay=None),
         dllm=StandIn("get_exec().dllm", _CONTEXT, dllm_algorithm=None),
         overlap=StandIn("get_exec().overlap", _CONTEXT, enable_two_batch_overlap=args.enable_two_batch_overlap),
         deterministic=StandIn("get_exec().deterministic", _CONTEXT,
@@ -105,29 +109,30 @@ def _context(args: StandIn) -> dict[str, object]:
 
 
 def model_runner(n: ServerNumbers, device="meta", page_size: int = 1,
-                 sliding_window_size: int | None = None, kv_pool=None) -> StandIn:
+                 sliding_window_size: int | None = None, kv_pool=None, model: dict | None = None,
+                 runner: dict | None = None) -> StandIn:
     """A target model runner of a server started with ``n``, its KV in pages of ``page_size`` tokens, on
     ``device`` (meta: nothing is allocated); ``sliding_window_size``: a model whose every layer reads a
     window of that many tokens over one ordinary KV pool, unless ``kv_pool`` is the server's (a hybrid one).
 
     The model is a small dense one that also answers the MLA shape questions
     (kv_lora_rank, ...) the MLA backends ask; its request pool is ``max_bs``
-    deep, the least a server capturing ``max_bs`` has.
+    deep, the least a server capturing ``max_bs`` has. ``model`` and ``runner``: fields of the model
+    config and of the runner that a model family's server has otherwise (``dsv4_backend.model_runner``).
     """
     args = server_args(n, page_size)
-    model_config = StandIn(
-        "ModelConfig", _RUNNER,
-        context_len=args.context_length, attention_arch=None, get_max_num_attention_heads=lambda: 8,
-        get_num_kv_heads=lambda *a: 8, num_attention_heads=8, v_head_dim=64, swa_v_head_dim=64, head_dim=64,
-        is_encoder_decoder=False, is_local_attention_model=False, kv_lora_rank=512, qk_nope_head_dim=128,
-        qk_rope_head_dim=64, scaling=1.0, hf_config=None,
-        hf_text_config=StandIn("hf_text_config", _RUNNER, num_attention_heads=8))
+    model_config = StandIn("ModelConfig", _RUNNER, **{
+        **dict(context_len=args.context_length, attention_arch=None, get_max_num_attention_heads=lambda: 8,
+               get_num_kv_heads=lambda *a: 8, num_attention_heads=8, v_head_dim=64, swa_v_head_dim=64, head_dim=64,
+               is_encoder_decoder=False, is_local_attention_model=False, kv_lora_rank=512, qk_nope_head_dim=128,
+               qk_rope_head_dim=64, scaling=1.0, hf_config=None,
+               hf_text_config=StandIn("hf_text_config", _RUNNER, num_attention_heads=8)),
+        **(model or {})})
     pool = StandIn("req_to_token_pool", _RUNNER, size=args.max_running_requests,
                            req_to_token=torch.zeros(args.max_running_requests, 1, dtype=torch.int32, device=device))
     kv_pool = kv_pool if kv_pool is not None else StandIn(
         "token_to_kv_pool", _RUNNER, start_layer=0, get_value_buffer=lambda layer: torch.empty(1, 8, 64, device="meta"))
-    return StandIn(
-        "ModelRunner", _RUNNER,
+    return StandIn("ModelRunner", _RUNNER, **{**dict(
         server_args=args, model_config=model_config, req_to_token_pool=pool, token_to_kv_pool=kv_pool,
         token_to_kv_pool_allocator=None, sliding_window_size=sliding_window_size, page_size=args.page_size,
         attention_chunk_size=None,  # no chunked local attention (model_config.is_local_attention_model)
@@ -137,7 +142,7 @@ def model_runner(n: ServerNumbers, device="meta", page_size: int = 1,
         attn_cp_size=1, ps=StandIn("ModelRunner.ps", _RUNNER, attn_cp_size=1, tp_size=1, attn_tp_size=1, dp_size=1),
         decode_num_tokens_per_req=lambda: args.speculative_num_draft_tokens, device=device, gpu_id=0,
         dtype=torch.bfloat16, kv_cache_dtype=torch.bfloat16, kv_cache_dtype_str="auto",
-        max_running_requests=args.max_running_requests)
+        max_running_requests=args.max_running_requests), **(runner or {})})
 
 
 class HostTorch:

@@ -12,19 +12,25 @@ draft graph runs (``SGLANG_OPT_DSV41_TARGET_METADATA_EARLY``:
 ``__init__`` (on some servers also ``SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW``: a
 glued load replays its captured graph by key, with no view); ``stage`` calls
 ``stage_verify_metadata_early`` as DSpark's worker does, right before the
-verify step loads its batch.
+verify step loads its batch. A server asked as ``NO_CANDIDATES_ASKED`` serves DeepSeek V4 rather than
+V4.1: its config makes no candidate graph variants, so the runner finds no early variant for any batch.
 
-What only the harness answers here, never judged as SGLang's (DeepSeek V4's
-attention backend needs FlashMLA, its compressed indexers and its KV pool, none
-of which a CPU builds, so its own hook lines stay not driven):
+The backend's two hooks the runner calls (``glue_target_verify_metadata``,
+``enable_early_verify_metadata``) are DeepSeek V4's own methods, on a DeepSeek
+V4 backend made by its own ``__init__`` for this server (``dsv4_backend``: a
+DSpark target drafting chains, topk 1 as DSpark's arguments force it), while
+the Triton backend prepares the metadata (``BackendHooks``): DeepSeek V4's
+prep needs FlashMLA and its compressed indexers, which no CPU runs. Where that
+backend cannot be made here, the Triton backend answers as DeepSeek V4's does
+on a static-verify server (empty: its prep is host-free), and ``dsv4_not_driven``
+says why.
+
+What only the harness answers here, never judged as SGLang's:
 
 - the speculative algorithm (``DSparkAlgorithm``): DSpark for every switch the
   runner reads (``is_dspark``), while the verify input a step carries, and the
   one the capture builds, stay EAGLE's tree (the harness's verify path); a DSpark
   server's is DFlash's block, which none of the lines driven here reads;
-- the backend's hooks: the Triton backend answers ``glue_target_verify_metadata``
-  as DeepSeek V4's does on a static-verify server (empty: its prep is host-free)
-  and notes ``enable_early_verify_metadata`` (``BackendHooks``);
 - a GPU of compute capability 10 for the two device tests the early path is
   built behind (``_wants_early_verify_metadata``'s, and
   ``create_dsv41_candidate_graph_variants``'s, which then makes SGLang's own
@@ -56,6 +62,12 @@ SWITCHES = ("SGLANG_OPT_DSV41_TARGET_VERIFY_METADATA_GLUE", "SGLANG_OPT_DSV41_TA
 #: the switch of a glued replay with no view (``dspark="skip view"``: on for the server too)
 SKIP_VIEW = "SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW"
 SKIP_VIEW_ASKED = "skip view"
+#: a DSpark target serving DeepSeek V4, not V4.1 (``dspark="DeepSeek V4"``): its config makes no candidate graph
+#: variants, so no batch has an early variant and every stage is thrown away (and a load finds none staged)
+NO_CANDIDATES_ASKED = "DeepSeek V4"
+#: a DSpark target whose DeepSeek V4.1 KV pool keeps a request window (``dspark="request window"``): its backend
+#: declines the glue (the window's layout is host-fed), so the runner glues nothing and stages nothing early
+WINDOW_ASKED = "request window"
 _PROPS = ("graph-replay-equivalence", "padding-inert", "capture-replay-agreement")
 _R = "DecodeCudaGraphRunner."
 
@@ -67,9 +79,13 @@ SURFACE = tuple((RUNNER_FILE, _R + fn, _PROPS) for fn in (
     (_EARLY_FILE, "EarlyVerifyMetadata." + fn, _PROPS) for fn in ("__init__", "stage", "take", "count_variant",
                                                                    "discard"))
 
-_DSV4 = "DeepseekV4AttnBackend needs FlashMLA, its compressed indexers and its KV pool: no CPU builds it"
-NOT_DRIVEN = tuple(("srt/layers/attention/deepseek_v4_backend.py", "DeepseekV4AttnBackend." + fn, _DSV4) for fn in (
-    "glue_target_verify_metadata", "enable_early_verify_metadata", "get_swa_out_cache_loc"))
+_DSV4_FILE = "srt/layers/attention/deepseek_v4_backend.py"
+#: DeepSeek V4's hooks, asked of its backend made for a DSpark server (``BackendHooks``)
+SURFACE += tuple((_DSV4_FILE, "DeepseekV4AttnBackend." + fn, _PROPS) for fn in (
+    "glue_target_verify_metadata", "enable_early_verify_metadata"))
+NOT_DRIVEN = ((_DSV4_FILE, "DeepseekV4AttnBackend.get_swa_out_cache_loc",
+               "a DeepSeek V4 layer's KV store reads it: DeepSeek V4's forward needs FlashMLA and its compressed "
+               "indexers, which no CPU runs (the verify forward here is the recording model's)"),)
 
 
 class DSparkAlgorithm:
@@ -89,9 +105,11 @@ class DSparkAlgorithm:
         return "DSPARK (EAGLE's verify input)"
 
 
-def hf_config(context_len: int) -> SimpleNamespace:
-    """A DeepSeek V4.1 text config whose candidate span (topk blocks x block size) is the context."""
-    return SimpleNamespace(architectures=["DeepseekV4ForCausalLM"], model_type="deepseek_v41",
+def hf_config(context_len: int, dspark: bool | str = True) -> SimpleNamespace:
+    """A DeepSeek V4.1 text config whose candidate span (topk blocks x block size) is the context; for a
+    server asked as ``NO_CANDIDATES_ASKED``, the same config of a DeepSeek V4 model (no candidate variants)."""
+    model_type = "deepseek_v4" if dspark == NO_CANDIDATES_ASKED else "deepseek_v41"
+    return SimpleNamespace(architectures=["DeepseekV4ForCausalLM"], model_type=model_type,
                            candidate_source_layer_id=0, candidate_topk_blocks=max(1, context_len),
                            candidate_block_size=1, compress_ratios=[4], index_topk=0)
 
@@ -113,15 +131,78 @@ def switched_on(runner_module, skip_view: bool = False):
 
 
 class BackendHooks:
-    """The Triton backend's answers to DeepSeek V4's hooks (the harness's, see the module's docstring)."""
+    """DeepSeek V4's hooks as the runner finds them on the Triton backend: asked of ``dsv4`` (a DeepSeek V4
+    backend made for the server, under ``lookups``), or, where it is None, answered as it answers on a
+    static-verify server (see the module's docstring). ``glue_answer``: what the last ask answered."""
 
-    def __init__(self, backend):
+    def __init__(self, backend, dsv4=None, lookups: list | tuple = (), dsv4_not_driven: str | None = None,
+                 expect_declined: bool = False):
         self.early_enabled = 0
-        backend.glue_target_verify_metadata = lambda: ""
+        self.dsv4, self.lookups, self.dsv4_not_driven = dsv4, list(lookups), dsv4_not_driven
+        self.expect_declined = expect_declined  # the server keeps a request window (``WINDOW_ASKED``)
+        self.glue_answer = None
+        backend.glue_target_verify_metadata = self._glue
         backend.enable_early_verify_metadata = self._enable
 
+    def _glue(self) -> str:
+        from vmfuzz.harness.targets.sglang.binding import bound
+        if self.dsv4 is None:
+            return ""
+        with bound(*self.lookups):
+            self.glue_answer = self.dsv4.glue_target_verify_metadata()
+        return self.glue_answer
+
     def _enable(self):
+        from vmfuzz.harness.targets.sglang.binding import bound
         self.early_enabled += 1
+        if self.dsv4 is not None:
+            with bound(*self.lookups):
+                self.dsv4.enable_early_verify_metadata()
+
+
+def dsv4_hooks(backend, config, dspark: bool | str = True) -> BackendHooks:
+    """``BackendHooks`` asking a DeepSeek V4 backend made by its own ``__init__`` for a DSpark server of
+    ``config``'s capture, context and draft width (``dsv4_backend``; topk 1: DSpark's), its pool keeping a
+    request window where asked (``WINDOW_ASKED``: what the backend reads of it is only that there is one), or
+    answering themselves where that backend cannot be made here (``dsv4_not_driven`` says why)."""
+    from vmfuzz.harness.model.allocation import ServerNumbers
+    from vmfuzz.harness.model.errors import OutOfStep
+    from vmfuzz.harness.targets.sglang import dsv4_backend
+    from vmfuzz.harness.targets.sglang.graph_lookups import verify_modules
+    from vmfuzz.harness.targets.sglang.imports import NotInRelease, sglang_module
+    try:
+        mod = sglang_module("sglang.srt.layers.attention.deepseek_v4_backend")
+    except NotInRelease:  # a release without it: the runner's hooks are answered here
+        return BackendHooks(backend, dsv4_not_driven=f"{_DSV4_FILE} is not in this release")
+    cls = getattr(mod, "DeepseekV4AttnBackend", None)
+    if cls is None or not hasattr(cls, "glue_target_verify_metadata"):
+        return BackendHooks(backend, dsv4_not_driven=f"{_DSV4_FILE} has no DeepseekV4AttnBackend with the glue hook")
+    n = ServerNumbers(config.max_bs, config.max_context_len, config.d, 1, config.spec_steps)
+    algorithm = DSparkAlgorithm(verify_modules().spec_info.SpeculativeAlgorithm.EAGLE)
+    window = dspark == WINDOW_ASKED
+    try:
+        dsv4 = dsv4_backend.built_by_init(mod, cls, n, spec_algorithm=algorithm,
+                                          request_window=RequestWindow() if window else None)
+    except OutOfStep as exc:
+        return BackendHooks(backend, dsv4_not_driven=f"DeepseekV4AttnBackend.__init__ is not driven here ({exc})")
+    return BackendHooks(backend, dsv4, dsv4_backend.lookups(mod, cls, n), expect_declined=window)
+
+
+class RequestWindow:
+    """A DeepSeek V4.1 KV pool's request window, as the backend's glue hook sees it: there is one."""
+
+
+def stage_unwatched(runner, fb, lookups: list) -> bool:
+    """``stage_verify_metadata_early`` for ``fb``'s tensors, as DSpark's worker calls it after every draft
+    launch, on a runner that glued nothing (its backend declined): what it answered (staged or not)."""
+    from vmfuzz.harness.targets.sglang.binding import bound
+    with bound(*lookups, *replay_lookups()):
+        after = torch.cuda.Event()
+        after.record()
+        return runner.stage_verify_metadata_early(
+            seq_lens=fb.seq_lens, req_pool_indices=fb.req_pool_indices, out_cache_loc=fb.out_cache_loc,
+            positions=fb.positions, after=after,
+            max_seq_len=int(fb.seq_lens_cpu.max()) if fb.seq_lens_cpu.numel() else None)
 
 
 def _on_a_gpu(real, model_runner_of):
@@ -172,9 +253,10 @@ class DSparkWatch(GlueWatch):
     batch each stage was made from (``staged``), mirrored into the glue graph's capture before its replay,
     and a replay that took a stage (``EARLY``)."""
 
-    def __init__(self, glue, space, views: list, runner, hooks: BackendHooks):
+    def __init__(self, glue, space, views: list, runner, hooks: BackendHooks, candidates: bool = True):
         super().__init__(glue, space, views)
         self.runner, self.hooks = runner, hooks
+        self.candidates = candidates  # the server's model makes candidate graph variants (a V4.1 config)
         self.staged = None  # (key, the ForwardBatch staged, its view) of the last stage the glue replayed
         self.taken = None  # that stage, where the last replay took it
         self.live = None  # the live batch of the replay under way (the session's)
@@ -243,9 +325,10 @@ class DSparkWatch(GlueWatch):
 
     def expects_early(self, batch, config, capture_bs) -> bool:
         """Whether a stage made from ``batch``'s own tensors should be taken by its load: a captured bs, the
-        early variant, and a glue graph already captured for both (seen on an earlier step)."""
+        early variant (a V4.1 server's only), and a glue graph already captured for both (seen on an earlier
+        step)."""
         key = self._key(batch, config)
-        return batch.bs in capture_bs and key[1] and key in self.glued
+        return self.candidates and batch.bs in capture_bs and key[1] and key in self.glued
 
     def note(self, batch, config, outcome) -> None:
         self.last_outcome = outcome
@@ -266,17 +349,17 @@ def _view(runner, fb, bs: int):
     return view
 
 
-def asked(runner_module, glue: bool, dspark: bool, backend):
-    """What a server asking for the glue graph (``glue``) or DSpark's wiring (``dspark``) builds its runner
-    under: (why the glue graph asked for is not driven, or None; the switches' context; the backend's
-    hooks, a DSpark server's only)."""
+def asked(runner_module, glue: bool, dspark: bool, backend, config):
+    """What a server of ``config`` asking for the glue graph (``glue``) or DSpark's wiring (``dspark``) builds
+    its runner under: (why the glue graph asked for is not driven, or None; the switches' context; the
+    backend's hooks, a DSpark server's only)."""
     from vmfuzz.harness.targets.sglang import glue_graph
     if dspark:
         skip_view = dspark == SKIP_VIEW_ASKED
         if not switch_fields(runner_module, skip_view):
             why = f"this SGLang lacks one of {', '.join(SWITCHES)} or {SKIP_VIEW} (no DSpark target glue)"
             return why, contextlib.nullcontext(), None
-        return None, switched_on(runner_module, skip_view), BackendHooks(backend)
+        return None, switched_on(runner_module, skip_view), dsv4_hooks(backend, config, dspark)
     if not glue:
         return None, contextlib.nullcontext(), None
     if glue_graph.switch(runner_module) is None:
@@ -284,10 +367,10 @@ def asked(runner_module, glue: bool, dspark: bool, backend):
     return None, glue_graph.switched_on(runner_module), None
 
 
-def watch(glue, space, views: list, runner, hooks, set_up: list):
-    """The runner's glue graph watched: a DSpark server's with its early stages (its replays' lookups
-    joined to ``set_up``), any other's as ``GlueWatch`` watches it."""
+def watch(glue, space, views: list, runner, hooks, set_up: list, dspark: bool | str = True):
+    """The runner's glue graph watched: a DSpark server's (``dspark``: as asked) with its early stages (its
+    replays' lookups joined to ``set_up``), any other's as ``GlueWatch`` watches it."""
     if hooks is None:
         return GlueWatch(glue, space, views)
     set_up.extend(replay_lookups())
-    return DSparkWatch(glue, space, views, runner, hooks)
+    return DSparkWatch(glue, space, views, runner, hooks, candidates=dspark != NO_CANDIDATES_ASKED)

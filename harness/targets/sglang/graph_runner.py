@@ -152,6 +152,7 @@ class GraphServer:
     #: the server's window pool (``swa_server.WindowPool``; None: one ordinary pool), or why it is not driven
     window_pool: object = None
     window_pool_not_driven: str | None = None
+    dspark_hooks: object = None  # a DSpark server's backend hooks (``dspark_verify.BackendHooks``)
 
     def lookups(self) -> list[tuple]:
         return list(self.set_up)
@@ -182,13 +183,13 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
     backend = (pool.backend(config, capture_bs[-1], space.heap, graphs=False) if pool is not None else
                triton_backend(None, config, capture_bs[-1], torch.device("cpu"), space.heap, graphs=False))
     why = None
-    glue_why, switches, hooks = dspark_verify.asked(modules().runner, glue, dspark, backend)
+    glue_why, switches, hooks = dspark_verify.asked(modules().runner, glue, dspark, backend, config)
     glue = glue or dspark
     try:
         with switches:
             # a DSpark target only where this release has its wiring (else the glue asked for says why not)
             runner, lookups = init.made_by_init(config, capture_bs, space, model, backend, pp_size,
-                                                bool(dspark) and glue_why is None)
+                                                dspark if glue_why is None else False)
     except init.NotDriven as exc:
         why = str(exc)
         space = GraphSpace(space.heap)  # what the failed __init__ left in its space is no graph's
@@ -199,7 +200,7 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
         pool, pool_why = None, pool_why or (f"the runner was assembled by hand ({why})" if pool is not None else None)
     server = GraphServer(config, runner, space, model, backend, list(runner.capture_bs), pp_size=pp_size,
                          sizing=init.Sizing.of(runner), init_not_driven=why, set_up=lookups, glue_not_driven=glue_why,
-                         window_pool=pool, window_pool_not_driven=pool_why)
+                         window_pool=pool, window_pool_not_driven=pool_why, dspark_hooks=hooks)
     if pool is not None:
         pool.adopt(runner, space)
     made = getattr(runner, "_metadata_glue", None)
@@ -207,7 +208,7 @@ def build(config: Config, capture_bs: list[int], mask, heap: ShadowHeap | None =
         if made is None:
             server.glue_not_driven = f"the runner's __init__ made no metadata glue graph with {glue_graph.SWITCH} on"
         else:
-            server.glue = dspark_verify.watch(made, space, server.replay_views, runner, hooks, server.set_up)
+            server.glue = dspark_verify.watch(made, space, server.replay_views, runner, hooks, server.set_up, dspark)
     if capture:
         capture_graphs(server)
     return server

@@ -99,6 +99,8 @@ class GraphSession(RunnerView):
         self.glue_asked = glue
         self.glue_watch = self.server.glue
         self.glue_not_driven = self.server.glue_not_driven
+        self.dspark_hooks = self.server.dspark_hooks
+        self.staged_declined = None  # what a runner whose backend declined the glue answered a stage
         self.per_step_mask = config.call_site == "frozen_kv_mtp"
         self.window_pool = self.server.window_pool
         self.window_pool_not_driven = self.server.window_pool_not_driven
@@ -175,12 +177,20 @@ class GraphSession(RunnerView):
             self.early_expected = own and self.dspark.expects_early(batch, self.config, self.capture_bs)
             self.dspark.stage(fb if own else self._staged, self.server.lookups())
             self._staged = fb
+        elif getattr(self.dspark_hooks, "expect_declined", False):
+            self._stage_declined(fb)
         # a stage's odd steps are loaded ahead by the verify preparation, its even ones by the forward; a
         # DSpark server's verify batches are all planned ahead
         got = replay(self.server, fb, self._proxy(loc), planned=bool(self.dspark) or self.pp and self.steps % 2 == 1)
         if self.dspark:
             self.dspark.note(batch, self.config, got.glue)
         return got
+
+    def _stage_declined(self, fb) -> None:
+        """A DSpark step on a runner whose backend declined the glue: staged as DSpark's worker stages every
+        step, which such a runner must refuse (``staged_declined``: what it answered last)."""
+        from vmfuzz.harness.targets.sglang.dspark_verify import stage_unwatched
+        self.staged_declined = stage_unwatched(self.server.runner, fb, self.server.lookups())
 
     def _poison(self, batch: Batch, poison: dict[str, torch.Tensor] | None) -> None:
         for name, values in (poison or {}).items():

@@ -220,10 +220,11 @@ def _fits(runner_cls) -> str | None:
 
 
 def made_by_init(config: Config, capture_bs: list[int], space: GraphSpace, model, backend, pp_size: int = 1,
-                 dspark: bool = False):
+                 dspark: bool | str = False):
     """(the runner, made by its own ``__init__`` with its capture held back; the lookups it was made
     under, ``init_lookups``). ``dspark``: a DSpark server's target (``dspark_verify``: its
-    algorithm, its DeepSeek V4.1 config, the device its early path asks for, answered). Raises
+    algorithm, its DeepSeek V4.1 config (V4's, where asked as ``dspark_verify.NO_CANDIDATES_ASKED``), the
+    device its early path asks for, answered). Raises
     ``NotDriven`` where this release's ``__init__`` cannot be driven over the stand-ins; what the
     failed attempt noted of them is then cleared from the check's ledger (the reason says it), so it
     cannot make a later finding on the hand-assembled runner out of step."""
@@ -241,7 +242,7 @@ def made_by_init(config: Config, capture_bs: list[int], space: GraphSpace, model
     from vmfuzz.harness.targets.sglang import dspark_verify
     eagle = m.spec_info.SpeculativeAlgorithm.EAGLE
     mr = model_runner(config, model, backend, dspark_verify.DSparkAlgorithm(eagle) if dspark else eagle,
-                      max(capture_bs), pp_size, dspark_verify.hf_config(config.max_context_len) if dspark else None)
+                      max(capture_bs), pp_size, dspark_verify.hf_config(config.max_context_len, dspark) if dspark else None)
     lookups = init_lookups(config, capture_bs, space, {}, pp_size)
     held: list = []
     graph_state(backend, space, config.max_context_len)
