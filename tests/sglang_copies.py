@@ -188,3 +188,47 @@ def script_on_copy(tmp_path: Path, edits, name: str, script: str) -> list[str]:
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout.splitlines()
+
+
+#: The changed files of the pristine copy's whole gate: verify_mask.py for the deep corpus's pristine
+#: case (tests/test_deep_corpus.py), the FA3 backend for no-silent-downgrade's (a file imported by the FA3
+#: reader and the allocation sites only). One gate with both listed asks of each what its own gate asked
+#: (every mask-path function of both measured, exit 0), for one whole gate of CI instead of two.
+PRISTINE_GATE_CHANGES = ("python/sglang/srt/layers/attention/verify_mask.py",
+                         "python/sglang/srt/layers/attention/flashattention_backend.py")
+
+
+def _pristine_gate(folder: Path) -> dict:
+    import json
+    site = altered_copy(folder, [], "pristine")
+    changed = folder / "changed.txt"
+    changed.write_text("".join(f"{p}\n" for p in PRISTINE_GATE_CHANGES))
+    report = folder / "report"
+    proc, out = run_on_copy(site, folder, "gate", "--target", "sglang", "--changed-files", str(changed),
+                            "--report-dir", str(report))
+    said = {"returncode": proc.returncode, "stdout": proc.stdout, "out": out, "report": str(report)}
+    (folder / "gate.json").write_text(json.dumps(said))
+    return said
+
+
+def pristine_gate(tmp_path_factory) -> dict:
+    """The pristine copy's whole gate (``PRISTINE_GATE_CHANGES``), run once for the whole session where
+    it can be: its folder is shared by the xdist workers, and a worker finding another one running it
+    runs its own rather than wait idle (a worker waiting on a lock holds a core of CI's two unused).
+    Returns returncode, stdout, out (stdout and stderr) and report (its folder); read it, never write."""
+    import fcntl
+    import json
+    import os
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "pristine-gate"
+    shared.mkdir(exist_ok=True)
+    fd = os.open(shared / "lock", os.O_CREAT | os.O_RDWR)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _pristine_gate(tmp_path_factory.mktemp("pristine-gate"))
+        said = shared / "gate.json"
+        return json.loads(said.read_text()) if said.is_file() else _pristine_gate(shared)
+    finally:
+        os.close(fd)
