@@ -173,19 +173,26 @@ def assert_altered_replay_holds(tmp_path: Path, edits, name: str, config: dict, 
     assert proc.returncode == 0 and f"held {prop}" in out, out
 
 
+#: Runs the script its first argument names as ``python SCRIPT`` would (a ``-c`` the zygote can fork).
+_RUN_SCRIPT = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+
+
 def script_on_copy(tmp_path: Path, edits, name: str, script: str) -> list[str]:
     """``tests/SCRIPT`` run on a copy of the installed SGLang with ``edits`` applied, under Triton's
     interpreter: its stdout's lines (the scope scripts print one record per shape)."""
     import os
-    import subprocess
     import sys
+
+    from tests import zygote
     root = Path(__file__).resolve().parent.parent
     site = altered_copy(tmp_path / name, edits, name)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(root)]), TRITON_INTERPRET="1",
                PYTHONDONTWRITEBYTECODE="1")
     env.pop("SGLANG_USE_CPU_ENGINE", None)
-    proc = subprocess.run([sys.executable, "-W", "ignore", str(root / "tests" / script)], env=env,
-                          capture_output=True, text=True, timeout=600)
+    # forked from the tests' zygote as a CLI run on a copy is (run_on_copy): the script as its own
+    # process, without importing torch and its neighbours again
+    proc = zygote.run([sys.executable, "-W", "ignore", "-c", _RUN_SCRIPT, str(root / "tests" / script)], env=env,
+                      cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout.splitlines()
 
