@@ -89,3 +89,12 @@ def stand_in_checkout(tmp_path_factory):
     with open(repo / ".git" / "info" / "exclude", "a") as f:
         f.write("reports/\n.vmfuzz-db/\n")
     return repo
+
+
+@pytest.fixture(scope="session")
+def pristine_gate(tmp_path_factory):
+    """The pristine copy's whole gate (tests/sglang_copies.py's ``pristine_gate``): once a session where
+    the workers' turns allow, its verdict asserted by each test that asks for it."""
+    from tests.sglang_copies import pristine_gate as gate
+    sglang_or_skip()
+    return gate(tmp_path_factory)

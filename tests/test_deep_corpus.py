@@ -13,6 +13,7 @@ cases it ran.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -101,24 +102,22 @@ def _gate(tmp_path, site, *args: str):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [None, *ALTERATIONS], ids=lambda n: n or "pristine")
-def test_the_gate_catches_deep_bugs_through_their_property(sglang_target, name, tmp_path):
-    edits, caught_by = ALTERATIONS[name] if name else ([], None)
-    site = altered_copy(tmp_path, edits, name)
+def test_the_gate_catches_deep_bugs_through_their_property(sglang_target, name, tmp_path, request):
     if name is None:
         # The pristine copy's gate for every gate-on-a-copy test (test_gate_catches_parts' too): run as
-        # on a PR that changed verify_mask.py, it must pass.
-        changed = tmp_path / "changed.txt"
-        changed.write_text("python/sglang/srt/layers/attention/verify_mask.py\n")
-        proc, out, report = _gate(tmp_path, site, "--changed-files", str(changed))
-    else:
-        proc, out, report = _gate(tmp_path, site)
-    summary = json.loads((report / "summary.json").read_text())
-    if name is None:
-        assert proc.returncode == 0, out
+        # on a PR that changed verify_mask.py (and the FA3 backend: the gate no-silent-downgrade's pristine
+        # case shares), it must pass.
+        gate = request.getfixturevalue("pristine_gate")
+        out, report = gate["out"], Path(gate["report"])
+        summary = json.loads((report / "summary.json").read_text())
+        assert gate["returncode"] == 0, out
         assert "python/sglang/srt/layers/attention/verify_mask.py" in summary["gate"]["exercised"], summary["gate"]
         deep = summary["deep_boundary_corpus"]
         assert deep["runs"] > 0 and any("long row before short" in c for c in deep["cases"]), deep
         assert "Deep boundary corpus" in (report / "summary.md").read_text()
         return
+    edits, caught_by = ALTERATIONS[name]
+    site = altered_copy(tmp_path, edits, name)
+    proc, out, report = _gate(tmp_path, site)
     assert proc.returncode == 1, out
     assert_caught_by(report, caught_by, out=out)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.documented import BUDGET, NIGHTLY_BUDGET, ROOT, expected_exit, run_by
+from tests.documented import BUDGET, GATE_PROPERTY, NIGHTLY_BUDGET, ROOT, expected_exit, run_by
 from tests.helpers import sglang_or_skip, vmfuzz
 from tests.test_shard import redis_server  # noqa: F401 (a fixture: a real redis-server on a free port)
 
@@ -55,7 +55,7 @@ def test_gate_lines_run_in_a_checkout(fits_history, tmp_path):
     changed.write_text("docs/speculative_decoding.md\n")
     _, out = run(listed, listed.argv({"FILE": str(changed)}), repo)
     assert "skipped: none of the 1 changed file(s) touches verify-mask code" in out, out
-    _, out = run(base, base.argv(), repo)
+    _, out = run(base, base.argv(add=("--property", GATE_PROPERTY)), repo)
     assert f"from {repo / 'python' / 'sglang'}" in out, out  # the checkout's code, not the installed one
     assert "touch verify-mask code: python/sglang/srt/layers/attention/verify_mask.py" in out, out
 

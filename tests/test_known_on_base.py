@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests import sglang_repo
+from tests import sglang_repo, zygote
 from tests.helpers import ROOT, sglang_or_skip
 
 #: 0.5.23's look-through of the Hybrid and TBO routers in the DFlash policy, taken out again: the
@@ -34,9 +33,10 @@ def _version(to: str):
 def _gate(repo: Path, base: str, report: Path) -> tuple[int, str, dict]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), CI="true", TRITON_INTERPRET="1")
     env.pop("SGLANG_USE_CPU_ENGINE", None)
-    r = subprocess.run([sys.executable, "-m", "vmfuzz", "gate", "--target", "sglang", "--base", base,
-                        "--repo", str(repo), "--report-dir", str(report), "--property", "routing"],
-                       capture_output=True, text=True, env=env, cwd=repo, timeout=900)
+    # forked from the tests' zygote (tests/zygote.py): its own process all the same, torch not imported again
+    r = zygote.run([sys.executable, "-m", "vmfuzz", "gate", "--target", "sglang", "--base", base,
+                    "--repo", str(repo), "--report-dir", str(report), "--property", "routing"],
+                   env=env, cwd=repo, timeout=900)
     summary = json.loads((report / "summary.json").read_text()) if (report / "summary.json").exists() else {}
     return r.returncode, r.stdout + r.stderr, summary
 
