@@ -46,7 +46,8 @@ from vmfuzz.harness.model.config import Batch, Config
 from vmfuzz.harness.model.kv_locations import (PAGE_SIZES, KvCase, accept_moves, allocated_columns, bonus_nodes,
                                                draft_columns, physical_slot, tail_copies, verify_columns)
 from vmfuzz.harness.model.trees import parents, trees_of
-from vmfuzz.harness.properties.kit import Observation, fail, fail_overrun, sub_check_done
+from vmfuzz.harness.properties.kit import (Observation, fail, fail_overrun, known_goes_on, sub_check_absent,
+                                           sub_check_done, sub_check_skipped)
 
 PROP = "kv-location-soundness"
 SUB_CHECKS = ("draft window", "verify window", "fused window", "plan reads", "accept moves", "bonus stride",
@@ -149,16 +150,24 @@ def judge_case(target, case: KvCase, obs: Observation) -> None:
               buffer="out_cache_loc", cell="length")
     sub_check_done(obs, "verify window")
     _judge_fused(case, w, flat, obs)
-    _judge_reads(case, w, obs)
     _judge_accept(case, w, want_v, obs)
+    # last, and a known defect of one reader of the plan (0.5.22's second reader) ends only the reads: a
+    # replay, which names a known defect only after the case ends, has judged every other sub-check first
+    with known_goes_on(target, obs, "plan reads") as met:
+        _judge_reads(case, w, obs)
+    if met.name:  # judged, up to that reader's defect
+        sub_check_done(obs, "plan reads")
 
 
 def _judge_fused(case: KvCase, w, flat: list[int], obs: Observation) -> None:
     """The producer's fused outputs: sub-pool slots from the page tables the driver handed it, positions,
     anchors; on the translating pool's launch and on the branch for a host with no Triton device."""
     t, d, sub = w.windows, case.d, "fused window"
+    if t.absent:
+        sub_check_absent(obs, sub, t.absent)
+        return
     if t.not_driven:
-        obs.classes.add(f"sub-check {sub}: not driven ({t.not_driven})")
+        sub_check_skipped(obs, sub, t.not_driven)
         return
 
     def first_wrong(what: str, got: list, want: list, buffer: str) -> None:
@@ -193,7 +202,10 @@ def _judge_reads(case: KvCase, w, obs: Observation) -> None:
     handed the translating pool (``kv_plan_reads``)."""
     r, sub, P = w.reads, "plan reads", w.reads.page_size if w.reads else 1
     if r is None:
-        obs.classes.add(f"sub-check {sub}: not driven ({w.windows.not_driven})")
+        if w.reads_absent:
+            sub_check_absent(obs, sub, w.reads_absent)
+        else:
+            sub_check_skipped(obs, sub, w.reads_not_driven or "no plan was read")
         return
     row_pages = r.row_width // P
     for name, page_map in r.maps.items():

@@ -48,6 +48,8 @@ from vmfuzz.harness.model.kv_locations import KvCase
 from vmfuzz.harness.targets.sglang.binding import bound
 from vmfuzz.harness.targets.sglang.kv_launches import draft_launch, greedy_walk
 from vmfuzz.harness.targets.sglang.kv_plan_reads import PlanReads, run_reads
+from vmfuzz.harness.targets.sglang.kv_plan_reads import absent as reads_absent
+from vmfuzz.harness.targets.sglang.kv_plan_reads import not_driven as reads_not_driven
 from vmfuzz.harness.targets.sglang.kv_translation import Translated, run_windows
 
 COMMON = "srt/speculative/eagle_worker_common.py"
@@ -110,7 +112,9 @@ class KvWrites:
     accept_moves: list[tuple[int, int]] | None = None  # None: no move (topk 1)
     compacted: list[int] | None = None  # predict after _compact_accept_to_front
     windows: Translated | None = None  # the verify window's producer, plain and with its fused outputs
-    reads: PlanReads | None = None  # the plan's reads on a translating pool (None: no such plan here)
+    reads: PlanReads | None = None  # the plan's reads on a translating pool (None: not read, below why)
+    reads_absent: str | None = None  # why this SGLang has no plan to read
+    reads_not_driven: str | None = None  # why its plan, which it has, was not read
     # the sampling branch's runs: (variant, accept index rows, accept lengths, predict), or why not driven
     sampled: list[tuple[str, list[list[int]], list[int], list[int]]] = field(default_factory=list)
     sampled_not_driven: str = ""
@@ -194,7 +198,10 @@ def run_case(sg, case: KvCase, heap: ShadowHeap) -> KvWrites:
     # -- the verify window: SGLang's wrapper as eagle_prepare_for_verify calls it, then its fused launches
     w.windows = run_windows(sg, heap, table, rpi, seq_lens, d, case.page_size)
     w.verify_slots = w.windows.plain
-    if not w.windows.not_driven:
+    # the plan's reads, where this SGLang has a plan: 0.5.22's reads it though its producer has no fused launch
+    w.reads_absent = reads_absent(sg)
+    w.reads_not_driven = None if w.reads_absent else reads_not_driven(sg)
+    if not w.reads_absent and not w.reads_not_driven:
         w.reads = run_reads(sg, heap, rows, R, rpi, seq_lens, d, case.page_size)
     # the accept step reads the window as the verify forward left it: redzoned, so a read past it is seen
     window = heap.adopt("verify out_cache_loc", torch.tensor(w.verify_slots, dtype=torch.int64), 4 * d)

@@ -23,6 +23,7 @@ meaning's, judged by the property (``properties.kv_locations``).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -39,6 +40,28 @@ SURFACE: tuple = tuple((_TRANSLATOR, f"KVIndexTranslator.{fn}", _PROP) for fn in
 )) + tuple(("kernels/ops/kvcache/kv_read_table.py", fn, _PROP) for fn in (
     "build_kv_read_table", "build_kv_read_table_packed",
 ))
+
+
+#: what a plan's readers are handed it through, on the translator: the calls this module makes
+READS = ("plan", "read_source", "read_table", "pack_read_stream")
+
+
+def absent(sg) -> str | None:
+    """Why this SGLang has no iteration plan for a reader to read (None: it has one): no
+    ``sglang.srt.mem_cache.kv_loc_plan`` module at all (0.5.21 reads through the translator itself,
+    without a plan). Then "plan reads" judges nothing of this code. A release with the module has a
+    plan, whatever its translator's methods are called: ``not_driven`` says what vmfuzz cannot find."""
+    if sg.IdSpaceKind is None:
+        return "no sglang.srt.mem_cache.kv_loc_plan: its translator reads without an iteration plan"
+    return None
+
+
+def not_driven(sg) -> str | None:
+    """Why this SGLang's plan, which it has, is not read here (None: it is): a reader call it lacks."""
+    if sg.translator is None:
+        return "a kv_loc_plan module but no sglang.srt.mem_cache.kv_index_translator"
+    lacks = [n for n in READS if not hasattr(sg.translator.KVIndexTranslator, n)]
+    return f"KVIndexTranslator has no {', '.join(lacks)} for the plan's readers" if lacks else None
 
 
 @dataclass
@@ -90,6 +113,8 @@ def run_reads(sg, heap: ShadowHeap, rows: int, row_width: int, rpi: torch.Tensor
     indptr[1:] = torch.cumsum(seq_lens, 0)
     total = int(indptr[-1])
     kinds = sg.IdSpaceKind
+    # SGLang sizes the stream's programs from the length sum where its packing takes one (0.5.23 on)
+    sizes = inspect.signature(sg.translator.KVIndexTranslator.pack_read_stream).parameters
     for name, reader, kind in (("full", translator, kinds.FULL), ("sliding-window", translator, kinds.SLIDING_WINDOW),
                                ("another reader's sliding-window", other, kinds.SLIDING_WINDOW)):
         answers = []
@@ -100,7 +125,7 @@ def run_reads(sg, heap: ShadowHeap, rows: int, row_width: int, rpi: torch.Tensor
             if when == "after":
                 table = reader.read_table(plan, kind=kind, rows=bs + 1)
                 out.tables[name] = table.ids.tolist()
-                blocks = {"num_token_blocks": None, "kv_lens_sum": total}  # SGLang sizes the programs
+                blocks = {k: v for k, v in (("num_token_blocks", None), ("kv_lens_sum", total)) if k in sizes}
             stream = heap.alloc(f"{name} read stream {when} the table", (max(total, 1),), torch.int32, fill=-1,
                                 redzone_cells=64)
             answers.append(bool(reader.pack_read_stream(plan, req_pool_indices=rpi, seq_lens=seq_lens,
