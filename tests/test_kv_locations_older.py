@@ -23,7 +23,8 @@ from vmfuzz.harness.properties.kit import ABSENT, DONE, SUB_CHECK, gaps
 from tests.helpers import sglang_or_skip
 from tests.sglang_copies import altered_copy, run_on_copy
 from tests.test_graph_older_releases import RELEASES_DIR
-from tests.test_kv_locations import ALTERATIONS, CAUGHT_BY, PLAN, PROP, REFACTOR, SEQ_LENS, TREE
+from tests.test_kv_locations import (ALTERATIONS, CAUGHT_BY, CHAIN, DRAFT_PROBS_DROPPED, PLAN, PROP, REFACTOR, SEQ_LENS,
+                                     TREE)
 
 # -- the ledger ---------------------------------------------------------------------------
 
@@ -149,17 +150,18 @@ def _release(release: str) -> tuple[str, Path]:
 #: the server of tests/test_kv_locations.py's tree case: a replay there would end at 0.5.22's known defect
 #: of the plan's second reader on the case's first page size and never reach its paged tree, where a run
 #: goes on past a known defect (``kit.known_goes_on``)
-DEPLOYMENT = {"layout": TREE["mode"], "cuda_graph_max_bs": TREE["max_bs"], "max_running_requests": len(SEQ_LENS),
-              "context_length": TREE["max_context_len"], "num_draft_tokens": TREE["num_draft_tokens"],
-              "topk": TREE["topk"], "spec_steps": TREE["spec_steps"], "seq_lens": list(SEQ_LENS)}
+def _deployment(config: dict) -> dict:
+    return {"layout": config["mode"], "cuda_graph_max_bs": config["max_bs"], "max_running_requests": len(SEQ_LENS),
+            "context_length": config["max_context_len"], "num_draft_tokens": config["num_draft_tokens"],
+            "topk": config["topk"], "spec_steps": config["spec_steps"], "seq_lens": list(SEQ_LENS)}
 
 
-def _run_on_release(tmp_path, release: str, edits, name: str):
-    """``run --deployment`` of the tree case's server, kv-location-soundness alone, on a copy of ``release``'s
-    SGLang with ``edits``: (process, output, summary)."""
+def _run_on_release(tmp_path, release: str, edits, name: str, config: dict = TREE):
+    """``run --deployment`` of the tree case's server (or ``config``'s), kv-location-soundness alone, on a copy
+    of ``release``'s SGLang with ``edits``: (process, output, summary)."""
     python, package = _release(release)
     site = altered_copy(tmp_path, edits, name, package=package)
-    (tmp_path / "deployment.json").write_text(json.dumps(DEPLOYMENT))
+    (tmp_path / "deployment.json").write_text(json.dumps(_deployment(config)))
     proc, out = run_on_copy(site, tmp_path, "run", "--deployment", str(tmp_path / "deployment.json"), "--target",
                             "sglang", "--property", PROP, "--seed", "7", "--max-examples", "12", "--report-dir",
                             str(tmp_path / "run"), python=python)
@@ -189,3 +191,39 @@ def test_an_older_release_holds_pristine_and_refactored_its_absent_sub_checks_sa
     absent = {name for name, why in p["sub_checks"].items() if why.startswith(ABSENT)}
     assert absent == OLDER_ABSENT[release] and "no promise here" in out, (p["sub_checks"], out)
     assert all(p["sub_checks"][name] == DONE for name in set(p["sub_checks"]) - absent), p["sub_checks"]
+
+
+@pytest.mark.slow
+@pytest.mark.release
+@pytest.mark.parametrize("release", list(OLDER))
+def test_an_older_releases_rejection_sampling_is_judged_and_its_dropped_draft_distribution_caught(tmp_path, release):
+    """Its CPU branch imports sgl_kernel's renormalisation (not installed, not called without top-k or top-p):
+    stubbed for the call, the branch runs as the release wrote it."""
+    proc, out, summary = _run_on_release(tmp_path / "pristine", release, [], "pristine", CHAIN)
+    assert proc.returncode == 0, out
+    [p] = summary["properties"]
+    assert {"accept moves: rejection sampling, per token", "accept moves: rejection sampling, block verification"} \
+        <= set(p["classes"]), p["classes"]
+    proc, out, summary = _run_on_release(tmp_path / "dropped", release, DRAFT_PROBS_DROPPED, "draft-probs-dropped", CHAIN)
+    assert proc.returncode == 1, out
+    assert {(f["kind"], f["origin"]["stage"]) for f in summary["findings"]} == {("property", "accept moves")}, out
+    assert "rejection sampling" in out, out
+
+
+def test_a_base_without_the_plan_cannot_say_its_known_defect_holds():
+    """A gate's base without the plan (0.5.21) runs the entry's case with plan reads absent and holds,
+    which says nothing of the plan's defect: the entry's range decides, as for a piece not driven."""
+    from vmfuzz.harness.engine.regression.known_on_base import _names_a_piece
+    from vmfuzz.harness.model.known_file import load
+    from vmfuzz.harness.properties.kv_locations import WRITERS
+    from vmfuzz.harness.targets.sglang.graph_support import FUSED_PIECE, PLAN_PIECE
+    assert PLAN_PIECE in WRITERS["plan reads"] and FUSED_PIECE in WRITERS["fused window"]
+    entry = load(Path(__file__).resolve().parents[1] / "known" / "plan-reads-second-reader-through-runner-table.json")
+    assert _names_a_piece(entry, {PLAN_PIECE: "no kv_loc_plan"}) and not _names_a_piece(entry, {FUSED_PIECE: "x"})
+    assert not _names_a_piece(entry, {})
+
+
+def test_the_installed_release_lacks_no_kv_location_piece():
+    sglang_or_skip()
+    from vmfuzz.harness.targets.sglang.graph_support import FUSED_PIECE, PLAN_PIECE, pieces_not_driven
+    assert not {PLAN_PIECE, FUSED_PIECE} & set(pieces_not_driven())

@@ -56,6 +56,18 @@ def pieces_not_driven() -> dict[str, str]:
     """Pieces of a case's server the installed SGLang keeps vmfuzz from driving (a case that asks for one
     runs without it, and says so), each by the words a finding's writer names it with, and why. A replay
     there cannot say that a defect of such a piece holds (``known_on_base``)."""
-    from vmfuzz.harness.targets.sglang import swa_server
-    why = swa_server.missing()
-    return {"a sliding-window KV pool": why} if why else {}
+    from vmfuzz.harness.targets.sglang import kv_locations, kv_plan_reads, kv_translation, swa_server
+    out = {}
+    if why := swa_server.missing():
+        out["a sliding-window KV pool"] = why
+    # the KV-location step's pieces a release holds none of (their sub-checks absent there): a base
+    # without them runs a case and holds, which says nothing of a defect of theirs
+    sg = kv_locations.kv_modules()
+    for piece, why in ((PLAN_PIECE, kv_plan_reads.absent(sg)), (FUSED_PIECE, kv_translation.absent(sg))):
+        if why:
+            out[piece] = why
+    return out
+
+
+#: the words kv-location-soundness's writers name the plan's reads and the fused window by
+PLAN_PIECE, FUSED_PIECE = "the iteration's plan", "fused outputs"
