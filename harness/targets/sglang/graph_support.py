@@ -60,6 +60,8 @@ def pieces_not_driven() -> dict[str, str]:
     out = {}
     if why := swa_server.missing():
         out["a sliding-window KV pool"] = why
+    if not_driven():  # no graph path, no KV-location step driven here: its entries are NotDriven already
+        return out
     # the KV-location step's pieces a release holds none of (their sub-checks absent there): a base
     # without them runs a case and holds, which says nothing of a defect of theirs
     sg = kv_locations.kv_modules()
