@@ -21,7 +21,9 @@ allocation or from outside the table is told apart from a wrong column. Sub-chec
   before the table is built and packed from it after), and its read source (``read_source``,
   before its own table) hold each resident token's slot at the same offset in its physical page,
   a page the sub-pool does not hold read in the padding page 0; and the same for a second reader
-  of the plan with a sliding-window sub-pool of its own (a later multi-layer draft depth's);
+  of the plan with a sliding-window sub-pool of its own (a later multi-layer draft depth's); and the
+  tables a captured graph reads (``copy_page_table``: built in place, with no host lengths, a later
+  reader's copy, a table grown for more rows): each request's pages then the sink, padding lanes sink;
 * ``accept moves``: the accept index and lengths, the KV moves (``bs·(n + 1)`` pairs, real ones
   first) and the compacted predictions;
   For a chain draft (topk 1, ``d = spec_steps + 1``: the only draft SGLang's server lets rejection
@@ -208,6 +210,7 @@ def _judge_reads(case: KvCase, w, obs: Observation) -> None:
             sub_check_skipped(obs, sub, w.reads_not_driven or "no plan was read")
         return
     row_pages = r.row_width // P
+    _judge_captured(case, r, obs)
     for name, page_map in r.maps.items():
         def page_of(b: int, column: int) -> int | None:
             q = r.virtual_slot(r.pool_rows[b], column) // P
@@ -240,6 +243,32 @@ def _judge_reads(case: KvCase, w, obs: Observation) -> None:
                       buffer=f"{name} page table", cell="page")
     sub_check_done(obs, sub)
     obs.classes.add(f"plan reads: page size {P}")
+
+
+def _judge_captured(case: KvCase, r, obs: Observation) -> None:
+    """The page tables a captured graph reads: request b's row its own pages then the sink, every padding lane
+    the sink, across the widest request's pages (the columns past them are not read, and not judged)."""
+    P, sub = r.page_size, "plan reads"
+    row_pages = r.row_width // P
+    pages = [min(-(-(s + case.d) // P), row_pages) for s in case.seq_lens]
+    widest = max(pages)
+    for label, table in r.captured.items():
+        page_map = r.maps["sliding-window" if label.startswith("sliding-window") else "full"]
+        buffer = f"{label.split(',')[0]} captured page table"
+        if len(table) < case.bs + 1:
+            _fail(sub, case, f"the {label} page table has {len(table)} rows for bs {case.bs} and its padding "
+                  "lanes", buffer=buffer, cell="padding lane")
+        for b, row in enumerate(table):
+            if b < case.bs:
+                exp = [max(page_map[q], 0) if 0 <= (q := r.virtual_slot(r.pool_rows[b], j * P) // P) < len(page_map)
+                       else 0 for j in range(pages[b])] + [0] * (widest - pages[b])
+            else:
+                exp = [0] * widest
+            if row[:widest] != exp:
+                _fail(sub, case, f"the {label} page table's row {b} starts {row[:widest]}, its own "
+                      f"{'pages then the sink' if b < case.bs else 'sink (a padding lane)'} {exp}", buffer=buffer,
+                      cell="page" if b < case.bs else "padding lane")
+        obs.classes.add(f"plan reads: captured table, {label.split(', ', 1)[1]}")
 
 
 def _judge_accept(case: KvCase, w, want_v, obs: Observation) -> None:

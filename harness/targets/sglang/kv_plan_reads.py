@@ -35,6 +35,7 @@ _TRANSLATOR, _PLAN = "srt/mem_cache/kv_index_translator.py", "srt/mem_cache/kv_l
 #: What this module drives, for ``vmfuzz surface`` and the gate.
 SURFACE: tuple = tuple((_TRANSLATOR, f"KVIndexTranslator.{fn}", _PROP) for fn in (
     "read_source", "read_table", "_plan_table", "pack_read_stream", "build_iteration_table", "_reads_translated",
+    "copy_page_table",
 )) + tuple((_PLAN, f"KVLocPlan.{fn}", _PROP) for fn in (
     "has_read_table", "read_table", "_read_space", "is_read_by", "is_translated_for",
 )) + tuple(("kernels/ops/kvcache/kv_read_table.py", fn, _PROP) for fn in (
@@ -43,7 +44,7 @@ SURFACE: tuple = tuple((_TRANSLATOR, f"KVIndexTranslator.{fn}", _PROP) for fn in
 
 
 #: what a plan's readers are handed it through, on the translator: the calls this module makes
-READS = ("plan", "read_source", "read_table", "pack_read_stream")
+READS = ("plan", "read_source", "read_table", "pack_read_stream", "copy_page_table")
 
 
 def absent(sg) -> str | None:
@@ -78,9 +79,18 @@ class PlanReads:
     #: the read source a gather kernel is handed before this reader's table is built, resolved per token
     sources: dict[str, list[int]] = field(default_factory=dict)
     physical: dict[str, tuple[bool, bool]] = field(default_factory=dict)  # pack_read_stream's answers
+    #: the page tables a captured graph reads, each filled by ``copy_page_table`` into a buffer of
+    #: ``CAPTURED_LANES`` padding lanes past the batch, left stale (``STALE``) before: the plan's first
+    #: table reader's (built in place), the same with no host lengths, a later reader's of the shared full
+    #: sub-pool (copied), and a plan's table asked again for more rows (grown from the first build)
+    captured: dict[str, list[list[int]]] = field(default_factory=dict)
 
     def virtual_slot(self, row: int, column: int) -> int:
         return self.page_size + row * self.row_width + column
+
+
+#: padding lanes a captured page table holds past the live batch, and what a stale buffer holds before a fill
+CAPTURED_LANES, STALE = 2, 0x7777
 
 
 def run_reads(sg, heap: ShadowHeap, rows: int, row_width: int, rpi: torch.Tensor, seq_lens: torch.Tensor,
@@ -132,7 +142,39 @@ def run_reads(sg, heap: ShadowHeap, rows: int, row_width: int, rpi: torch.Tensor
                                                         indptr=indptr, out=stream, kind=kind, **blocks)))
             (out.streams_before if when == "before" else out.streams_after)[name] = stream[:total].tolist()
         out.physical[name] = (answers[0], answers[1])
+    _captured(sg, heap, out, translator, other, rpi, seq_lens, d, width // page_size)
     return out
+
+
+def _captured(sg, heap: ShadowHeap, out: PlanReads, translator, other, rpi, seq_lens, d: int, row_pages: int) -> None:
+    """The plan's page tables as a captured graph's buffers get them (``copy_page_table``), and a table asked
+    again for more rows: fresh plans over the same window, so each is the plan's first build."""
+    kinds, bs = sg.IdSpaceKind, rpi.numel()
+    lanes = bs + CAPTURED_LANES
+
+    def buffer(label: str):
+        return heap.alloc(f"{label} captured page table", (lanes, row_pages), torch.int32, fill=STALE,
+                          redzone_cells=4 * row_pages)
+
+    def plan(host: bool):
+        return translator.plan(req_pool_indices=rpi, seq_lens=seq_lens, seq_lens_cpu=seq_lens.clone() if host else None,
+                               write_virtual=None, read_extent=d)
+    for name, kind in (("full", kinds.FULL), ("sliding-window", kinds.SLIDING_WINDOW)):
+        shared = plan(host=True)
+        first = buffer(name)
+        translator.copy_page_table(shared, out=first, kind=kind)
+        out.captured[f"{name}, built in place"] = first.tolist()
+        hostless = buffer(f"{name} hostless")
+        translator.copy_page_table(plan(host=False), out=hostless, kind=kind)
+        out.captured[f"{name}, no host lengths"] = hostless.tolist()
+        if kind == kinds.FULL:  # a later reader of the one full sub-pool copies the table the first one built
+            later = buffer("another reader's full")
+            other.copy_page_table(shared, out=later, kind=kind)
+            out.captured["full, another reader's copy"] = later.tolist()
+        grown = plan(host=True)
+        translator.read_table(grown, kind=kind, rows=bs)
+        out.captured[f"{name}, grown by {CAPTURED_LANES} rows"] = \
+            translator.read_table(grown, kind=kind, rows=lanes).ids.tolist()
 
 
 def resolved(src, b: int, j: int, page_size: int) -> int:
