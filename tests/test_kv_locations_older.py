@@ -130,7 +130,9 @@ SHARED = ("s26866-move-size-bs-d", "s15360-bonus-stride-d", "s26972-row-without-
 OLDER = {
     "0.5.21": {name: ALTERATIONS[name] for name in SHARED},
     "0.5.22": {**{name: ALTERATIONS[name] for name in SHARED + ("packed-stream-through-full-pages",
-                                                                  "grown-table-drops-a-row", "captured-padding-lane-stale")},
+                                                                  "grown-table-drops-a-row", "captured-padding-lane-stale",
+                                                                  "fused-bonus-one-node-early",
+                                                                  "fused-length-without-bonus")},
                # ours, on 0.5.22's plan (no reader argument): every sub-pool's read table is the full one's
                "read-table-of-the-full-sub-pool": [(PLAN, r"space = self\._source\.space\(kind\)\n",
                                                     "space = self._source.space(IdSpaceKind.FULL)\n")]},

@@ -31,7 +31,9 @@ allocation or from outside the table is told apart from a wrong column. Sub-chec
   verification, from point masses (the target's on its prediction, the draft's on its token): it
   accepts the same path and lengths and predicts the same tokens, the last one resampled from the
   target (rejection sampling keeps a point-mass proposal exactly when the target puts its mass there);
-* ``bonus stride``: each request's bonus token is the target's prediction at its last accepted node;
+* ``bonus stride``: each request's bonus token is the target's prediction at its last accepted node, on the
+  plain commit and, where the release has it, a CUDA host's fused one (``accept moves`` also judges both
+  commits' lengths: each request's length plus its accepted path);
 * ``allocation width``: every draft and verify column lies below the request's allocation ``nxt``,
   and ``nxt <= R`` for a request at the context length where SGLang relies on it (P > 1, topk > 1).
 
@@ -299,13 +301,22 @@ def _judge_accept(case: KvCase, w, want_v, obs: Observation) -> None:
                       f"path's are {exp}", buffer="predict", cell="compacted front")
         obs.classes.add("accept moves: tree path compacted")
     _judge_sampled(case, w, obs)
+    # the committed lengths: each request's length plus its accepted path, on the plain and the fused commit
+    for how, lens in (("", w.new_seq_lens), (" (fused commit)", w.fused_new_seq_lens)):
+        want = [s + len(path) for s, path in zip(case.seq_lens, case.paths)]
+        if lens is not None and lens != want:
+            _fail("accept moves", case, f"the verify{how} commits lengths {lens}, each request's length plus its "
+                  f"accepted path is {want}", buffer="new_seq_lens", cell="committed length")
     sub_check_done(obs, "accept moves")
-    # -- bonus tokens
-    for b, x in enumerate(bonus_nodes(case)):
-        if w.bonus_tokens[b] != w.target_tokens[b][x]:
-            _fail("bonus stride", case, f"request {b}'s bonus token is {w.bonus_tokens[b]}, the target's "
-                  f"prediction at its last accepted node {x} is {w.target_tokens[b][x]}", buffer="bonus_tokens",
-                  cell="bonus token")
+    # -- bonus tokens, as the plain commit and as a CUDA host's fused commit hands them on
+    for how, bonus in (("", w.bonus_tokens), (" (fused commit)", w.fused_bonus_tokens)):
+        for b, x in enumerate(bonus_nodes(case) if bonus is not None else ()):
+            if bonus[b] != w.target_tokens[b][x]:
+                _fail("bonus stride", case, f"request {b}'s bonus token{how} is {bonus[b]}, the target's "
+                      f"prediction at its last accepted node {x} is {w.target_tokens[b][x]}", buffer="bonus_tokens",
+                      cell="bonus token")
+    if w.fused_bonus_tokens is not None:
+        obs.classes.add("bonus stride: fused commit")
     sub_check_done(obs, "bonus stride")
 
 
