@@ -48,14 +48,15 @@ def _mirror(src: Path, dst: Path, package: Path, edited: dict[Path, str]) -> Non
             (dst / entry.name).symlink_to(entry)
 
 
-def altered_copy(tmp_path: Path, edits, name: str | None = None) -> Path:
+def altered_copy(tmp_path: Path, edits, name: str | None = None, package: Path | None = None) -> Path:
     """A site directory whose ``sglang`` is the installed one with ``edits`` applied.
 
     ``edits``: (file candidates under the package, regex, replacement); the
     first candidate the regex matches is edited. An edit that no longer applies
-    fails the test: the alteration would silently test nothing.
+    fails the test: the alteration would silently test nothing. ``package``: another
+    environment's ``sglang`` (an older release's) instead of this one's.
     """
-    package = Path(find_spec("sglang").origin).parent
+    package = package or Path(find_spec("sglang").origin).parent
     edited: dict[Path, str] = {}
     for files, pattern, repl in edits:
         for rel in map(Path, files):
@@ -77,8 +78,9 @@ _CLI_ON_COPY = ("import sys, sglang; print('sglang from', sglang.__file__); "
                 "from vmfuzz.harness.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
-def run_on_copy(site: Path, tmp_path: Path, *cli_args: str, timeout: float = 600):
+def run_on_copy(site: Path, tmp_path: Path, *cli_args: str, timeout: float = 600, python: str | None = None):
     """``vmfuzz CLI_ARGS`` in a subprocess importing the copy at ``site``; returns (process, its output).
+    ``python``: the interpreter of the environment the copy was made from, when not this one.
 
     Fails the test if the installed package, not the copy, was imported.
     """
@@ -90,8 +92,8 @@ def run_on_copy(site: Path, tmp_path: Path, *cli_args: str, timeout: float = 600
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(root)]), PYTHONDONTWRITEBYTECODE="1",
                TRITON_INTERPRET="1")
     env.pop("SGLANG_USE_CPU_ENGINE", None)
-    proc = zygote.run([sys.executable, "-W", "ignore", "-c", _CLI_ON_COPY, *cli_args], env=env, cwd=tmp_path,
-                      timeout=timeout)
+    proc = zygote.run([python or sys.executable, "-W", "ignore", "-c", _CLI_ON_COPY, *cli_args], env=env,
+                      cwd=tmp_path, timeout=timeout)
     out = proc.stdout + proc.stderr
     assert f"sglang from {site}" in out, out
     return proc, out

@@ -52,6 +52,7 @@ ALTERATIONS = {
                                       r"0 * start_offset.to(torch.int64).view(-1, 1)\n\1+ ")],
 }
 PLAN = ["srt/mem_cache/kv_loc_plan.py"]
+EAGLE_KERNELS = ["kernels/ops/speculative/eagle.py"]
 TRANSLATOR = ["srt/mem_cache/kv_index_translator.py"]
 ALTERATIONS.update({
     # ours: a plan's read tables keyed by the reader alone, whatever sub-pool it asks for (the sliding-window
@@ -65,8 +66,23 @@ ALTERATIONS.update({
     # depth, its window layers in a sliding-window sub-pool of its own) is handed the plan runner's table
     "plan-table-without-reader": [(TRANSLATOR, r"return plan\.read_table\(kind=kind, rows=rows, into=into, reader=self\)",
                                    "return plan.read_table(kind=kind, rows=rows, into=into)")],
+    # ours: a plan's table asked again for more rows (a captured graph's padded lanes) copies one live row too
+    # few from its first build
+    "grown-table-drops-a-row": [(TRANSLATOR, r"out\[: previous\.ids\.shape\[0\]\]\.copy_\(previous\.ids\)",
+                                 "out[: previous.ids.shape[0] - 1].copy_(previous.ids[:-1])")],
+    # ours: a table built into a captured graph's buffer leaves its first padding lane as the last replay left it
+    "captured-padding-lane-stale": [(TRANSLATOR, r"if rows > bs:\n(\s+)out\[bs:\]\.zero_\(\)",
+                                     r"if rows > bs + 1:\n\1out[bs + 1:].zero_()")],
+    # ours: a CUDA host's fused commit reads the bonus token one accepted node early
+    "fused-bonus-one-node-early": [(EAGLE_KERNELS, r"accept_index \+ row \* INDEX_STRIDE_0 \+ \(accepted - 1\) \* INDEX_STRIDE_1",
+                                    "accept_index + row * INDEX_STRIDE_0 + tl.maximum(accepted - 2, 0) * INDEX_STRIDE_1")],
+    # ours: a CUDA host's fused commit leaves the bonus token out of the committed length
+    "fused-length-without-bonus": [(EAGLE_KERNELS, r"tl\.store\(new_seq_lens \+ row, length \+ accepted, valid\)",
+                                    "tl.store(new_seq_lens + row, length + accepted - 1, valid)")],
 })
 CAUGHT_BY = {"read-space-ignores-kind": "plan reads", "packed-stream-through-full-pages": "plan reads",
+             "fused-bonus-one-node-early": "bonus stride", "fused-length-without-bonus": "accept moves",
+             "grown-table-drops-a-row": "plan reads", "captured-padding-lane-stale": "plan reads",
              "plan-table-without-reader": "plan reads",
              "s26866-move-size-bs-d": "accept moves", "s15360-bonus-stride-d": "bonus stride",
              "s26972-row-without-paged-reserve": "allocation width", "tail-copy-one-too-many": "draft window",
@@ -165,6 +181,16 @@ def test_sglang_lines_judged_ran(sglang_target):
                             ("srt/mem_cache/kv_index_translator.py", "src = self.read_source("),
                             ("srt/mem_cache/kv_loc_plan.py", "return self._read_space(kind, reader).key in self._read_tables"),
                             ("srt/mem_cache/kv_loc_plan.py", "table = self._source.build_iteration_table("),
+                            # a CUDA host's fused commit of the accepted path
+                            ("srt/speculative/eagle_worker_common.py",
+                             "new_seq_lens, bonus_tokens = prepare_verify_commit_outputs("),
+                            ("srt/speculative/eagle_worker_common.py",
+                             "new_seq_lens, bonus_tokens, prepared_commit_steps, prepared_draft_inputs = ("),
+                            # the captured graphs' tables: built in place, with no host lengths, copied, grown
+                            ("srt/mem_cache/kv_index_translator.py", "out = into[:rows, :width]"),
+                            ("srt/mem_cache/kv_index_translator.py", "width = min(into.shape[1], row_pages)"),
+                            ("srt/mem_cache/kv_index_translator.py", "out[:, :width].copy_(table.ids[:rows, :width])"),
+                            ("srt/mem_cache/kv_index_translator.py", "out[: previous.ids.shape[0]].copy_(previous.ids)"),
                             # eagle_sample's sampling branch, as a rejection-sampling server verifies a chain draft
                             ("srt/speculative/eagle_utils.py", "sampling_fn = chain_speculative_sampling_triton"),
                             ("srt/speculative/eagle_utils.py", "sampling_fn = partial(sampling_fn, block_verification"),
@@ -201,6 +227,28 @@ FUSED_REFACTOR = [(CACHE_LOCS, r"full_loc = tl\.maximum\(physical \* PAGE_SIZE \
 READ_SPACE_REFACTOR = [(PLAN, r"return \(self\._source if reader is None else reader\)\.space\(kind\)",
                         "source = self._source\n        if reader is not None:\n            source = reader\n"
                         "        return source.space(kind)")]
+
+
+#: the fused commit's length summed the other way round
+FUSED_LENGTH_REFACTOR = [(EAGLE_KERNELS, r"tl\.store\(new_seq_lens \+ row, length \+ accepted, valid\)",
+                          "tl.store(new_seq_lens + row, accepted + length, valid)")]
+
+
+@pytest.mark.slow
+def test_a_refactor_of_the_fused_commit_holds(sglang_target, tmp_path):
+    proc, out = _replay(tmp_path, FUSED_LENGTH_REFACTOR, "fused-length-refactor")
+    assert proc.returncode == 0, out
+
+
+#: a grown table's first rows assigned by slice, not copied in place
+GROWN_REFACTOR = [(TRANSLATOR, r"out\[: previous\.ids\.shape\[0\]\]\.copy_\(previous\.ids\)",
+                   "out[: len(previous.ids)] = previous.ids")]
+
+
+@pytest.mark.slow
+def test_a_refactor_of_the_grown_table_holds(sglang_target, tmp_path):
+    proc, out = _replay(tmp_path, GROWN_REFACTOR, "grown-table-refactor")
+    assert proc.returncode == 0, out
 
 
 @pytest.mark.slow

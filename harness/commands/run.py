@@ -54,6 +54,10 @@ def show_result(res, log, *, verbose: bool = False) -> None:
     log(f"  {res.prop:<22} {paint(status, width=7)} {count:>14} {res.seconds:6.1f}s")
     for name, why in gaps.items():
         log(f"      sub-check {name}: {why}")
+    if not res.findings and not res.unchecked:
+        from vmfuzz.harness.properties import sub_checks_absent
+        for name, why in sub_checks_absent(res.prop, res.classes).items():
+            log(f"      sub-check {name}: no promise here, {why}")
     if res.classes:
         log("      " + classes_line(res.classes, verbose))
     if res.corpus:

@@ -361,6 +361,22 @@ def extensions_stubbed_again(module: str):
             sys.modules.pop(name, None)
 
 
+@contextlib.contextmanager
+def uninstalled_stubbed(*roots: str):
+    """Each of ``roots`` (a compiled extension's top module) that is not installed here is a stub for
+    the call, and forgotten after it: a branch that imports its names but does not call them runs as
+    SGLang wrote it; one that calls one raises (``_Absent``), never a value vmfuzz made up."""
+    from importlib.util import find_spec
+    finder = _StubFinder(tuple(r for r in roots if r not in sys.modules and find_spec(r) is None))
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for name in finder.made:
+            sys.modules.pop(name, None)
+
+
 def _forget_stubbed(before: set, stubbed: list[str]) -> None:
     added = {name: sys.modules[name] for name in set(sys.modules) - before}
     tainted = {name for name in stubbed if name in added}

@@ -15,7 +15,6 @@ whose changed lines needed these properties is could not check, never green.
 
 from __future__ import annotations
 
-import functools
 import importlib
 
 #: the properties that drive the cuda-graph runners and the KV-location step
@@ -57,21 +56,20 @@ def pieces_not_driven() -> dict[str, str]:
     """Pieces of a case's server the installed SGLang keeps vmfuzz from driving (a case that asks for one
     runs without it, and says so), each by the words a finding's writer names it with, and why. A replay
     there cannot say that a defect of such a piece holds (``known_on_base``)."""
-    from vmfuzz.harness.targets.sglang import swa_server
-    why = swa_server.missing()
-    return {"a sliding-window KV pool": why} if why else {}
+    from vmfuzz.harness.targets.sglang import kv_locations, kv_plan_reads, kv_translation, swa_server
+    out = {}
+    if why := swa_server.missing():
+        out["a sliding-window KV pool"] = why
+    if not_driven():  # no graph path, no KV-location step driven here: its entries are NotDriven already
+        return out
+    # the KV-location step's pieces a release holds none of (their sub-checks absent there): a base
+    # without them runs a case and holds, which says nothing of a defect of theirs
+    sg = kv_locations.kv_modules()
+    for piece, why in ((PLAN_PIECE, kv_plan_reads.absent(sg)), (FUSED_PIECE, kv_translation.absent(sg))):
+        if why:
+            out[piece] = why
+    return out
 
 
-@functools.lru_cache(maxsize=None)
-def step_not_driven(prop: str) -> str | None:
-    """Why ``prop`` is not driven as a whole on the installed SGLang though the graph path is (None: it
-    is). kv-location-soundness promises its fused verify window and its plan's reads, which both need the
-    translating pool's fused producer (``KVIndexTranslator.plan_uniform_extend``); on a release without
-    it (0.5.21, 0.5.22) the rest of the step is driven and holds, but the property would hold in part on
-    every run, so it waits for that producer and says so, as a property whose code is absent does."""
-    if prop != "kv-location-soundness":
-        return None
-    from vmfuzz.harness.targets.sglang import kv_locations, kv_translation
-    why = kv_translation._missing(kv_locations.kv_modules())
-    return (f"{why}: the step's fused verify window and its plan's reads, two of this property's promised "
-            "sub-checks, have no producer here") if why else None
+#: the words kv-location-soundness's writers name the plan's reads and the fused window by
+PLAN_PIECE, FUSED_PIECE = "the iteration's plan", "fused outputs"

@@ -45,9 +45,12 @@ import torch
 
 from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.model.kv_locations import KvCase
+from vmfuzz.harness.targets.sglang.backend_init import uninstalled_stubbed
 from vmfuzz.harness.targets.sglang.binding import bound
 from vmfuzz.harness.targets.sglang.kv_launches import draft_launch, greedy_walk
 from vmfuzz.harness.targets.sglang.kv_plan_reads import PlanReads, run_reads
+from vmfuzz.harness.targets.sglang.kv_plan_reads import absent as reads_absent
+from vmfuzz.harness.targets.sglang.kv_plan_reads import not_driven as reads_not_driven
 from vmfuzz.harness.targets.sglang.kv_translation import Translated, run_windows
 
 COMMON = "srt/speculative/eagle_worker_common.py"
@@ -74,6 +77,7 @@ SURFACE: tuple = (
     ("srt/speculative/spec_utils.py", "move_accept_tokens_to_target_kvcache", ("kv-location-soundness",)),
     ("srt/speculative/eagle_utils.py", "eagle_sample", ("kv-location-soundness",)),
     ("kernels/ops/speculative/eagle.py", "fill_bonus_tokens_func", ("kv-location-soundness",)),
+    ("kernels/ops/speculative/eagle.py", "prepare_verify_commit_outputs", ("kv-location-soundness",)),
     ("kernels/ops/speculative/eagle.py", "fill_bonus_tokens", ("kv-location-soundness",)),
     ("kernels/ops/speculative/eagle.py", "fill_accept_out_cache_loc_func", ("kv-location-soundness",)),
     ("kernels/ops/speculative/eagle.py", "fill_accept_out_cache_loc", ("kv-location-soundness",)),
@@ -106,11 +110,17 @@ class KvWrites:
     accept_index: list[list[int]] = field(default_factory=list)
     accept_lens: list[int] = field(default_factory=list)
     bonus_tokens: list[int] = field(default_factory=list)
+    new_seq_lens: list[int] = field(default_factory=list)  # what the verify commits as each request's length
+    # the same verify as a CUDA host commits it (the fused kernel), where this SGLang has that branch
+    fused_bonus_tokens: list[int] | None = None
+    fused_new_seq_lens: list[int] | None = None
     target_tokens: list[list[int]] = field(default_factory=list)  # what the target predicted at each node
     accept_moves: list[tuple[int, int]] | None = None  # None: no move (topk 1)
     compacted: list[int] | None = None  # predict after _compact_accept_to_front
     windows: Translated | None = None  # the verify window's producer, plain and with its fused outputs
-    reads: PlanReads | None = None  # the plan's reads on a translating pool (None: no such plan here)
+    reads: PlanReads | None = None  # the plan's reads on a translating pool (None: not read, below why)
+    reads_absent: str | None = None  # why this SGLang has no plan to read
+    reads_not_driven: str | None = None  # why its plan, which it has, was not read
     # the sampling branch's runs: (variant, accept index rows, accept lengths, predict), or why not driven
     sampled: list[tuple[str, list[list[int]], list[int], list[int]]] = field(default_factory=list)
     sampled_not_driven: str = ""
@@ -182,7 +192,9 @@ def run_case(sg, case: KvCase, heap: ShadowHeap) -> KvWrites:
                             seq_lens_cpu=seq_lens.clone(), device="cpu", multimodal_inputs=[None] * bs,
                             token_to_kv_pool_allocator=SimpleNamespace(page_size=case.page_size), out_cache_loc=None,
                             # the pool a release's accept-move reads its targets from (0.5.22: the rows, not the window)
-                            req_to_token_pool=SimpleNamespace(req_to_token=table))
+                            req_to_token_pool=SimpleNamespace(req_to_token=table),
+                            # no hybrid (mamba) layers: the fused commit of a chain tracks no mamba state
+                            mamba_track_indices=None)
     runner = SimpleNamespace(model_config=SimpleNamespace(model_is_mrope=False), token_to_kv_pool=pool,
                              spec_algorithm=SimpleNamespace(is_standalone=lambda: False))
     stand_in_batch = SimpleNamespace(init_new=lambda *a, **kw: SimpleNamespace(stand_in="draft forward batch"))
@@ -194,7 +206,10 @@ def run_case(sg, case: KvCase, heap: ShadowHeap) -> KvWrites:
     # -- the verify window: SGLang's wrapper as eagle_prepare_for_verify calls it, then its fused launches
     w.windows = run_windows(sg, heap, table, rpi, seq_lens, d, case.page_size)
     w.verify_slots = w.windows.plain
-    if not w.windows.not_driven:
+    # the plan's reads, where this SGLang has a plan: 0.5.22's reads it though its producer has no fused launch
+    w.reads_absent = reads_absent(sg)
+    w.reads_not_driven = None if w.reads_absent else reads_not_driven(sg)
+    if not w.reads_absent and not w.reads_not_driven:
         w.reads = run_reads(sg, heap, rows, R, rpi, seq_lens, d, case.page_size)
     # the accept step reads the window as the verify forward left it: redzoned, so a read past it is seen
     window = heap.adopt("verify out_cache_loc", torch.tensor(w.verify_slots, dtype=torch.int64), 4 * d)
@@ -266,8 +281,14 @@ def _accept(sg, case: KvCase, w: KvWrites, heap: ShadowHeap, batch, window, pool
     def real_sample(*args, **kwargs):
         predict, accept_lens, accept_index = sg.eagle_utils.eagle_sample(*args, **kwargs)
         out["accept_index"] = accept_index.clone()
+        if out.get("fused"):
+            # what a CUDA host's sampler hands back: its verify then commits through the fused Triton kernel
+            # (the prediction's own is_cuda is that branch's test), run here in Triton's interpreter
+            from vmfuzz.harness.targets.sglang.call_sites import _SeenAsCuda
+            predict = predict.as_subclass(_SeenAsCuda)
         # the same values in a redzoned allocation: a read past the accept index lands in a redzone
-        return predict, accept_lens, heap.adopt("accept_index", accept_index, accept_index.numel() * 4 + 64)
+        return predict, accept_lens, heap.adopt(f"accept_index{' (fused commit)' if out.get('fused') else ''}",
+                                                accept_index, accept_index.numel() * 4 + 64)
 
     forward_out = SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=hidden),
                                   routed_experts_output=None, indexer_topk_output=None)
@@ -275,24 +296,35 @@ def _accept(sg, case: KvCase, w: KvWrites, heap: ShadowHeap, batch, window, pool
                                    spec_algorithm=SimpleNamespace(is_standalone=lambda: False))
     worker = SimpleNamespace(model_runner=model_runner, forward_batch_generation=lambda **kw: forward_out)
     spec, _, _ = _spec_context(case)
-    with bound((sg.common, "eagle_prepare_for_verify", prepare_for_verify),
-               (sg.common, "eagle_sample", real_sample),
-               (sg.common, "commit_mamba_states_after_verify", lambda *a, **kw: None),
-               (sg.eagle_utils, "verify_tree_greedy_func", greedy_walk(sg)),
-               (sg.eagle_utils, "get_spec", lambda: spec)):
-        result = sg.common.run_eagle_verify(
-            batch, target_worker=worker, req_to_token_pool=SimpleNamespace(req_to_token=None),
-            token_to_kv_pool_allocator=pool, plan_stream=None, plan_stream_ctx=contextlib.nullcontext(),
-            topk=case.topk, num_draft_tokens=d, device="cpu", metadata_ready_pre_pad=False,
-            finalize_tree_path=True)
+    fresh = dict(vars(batch))  # a second verify of the same batch starts from what the first was handed
+
+    def verify(on, kv_pool):
+        with bound((sg.common, "eagle_prepare_for_verify", prepare_for_verify),
+                   (sg.common, "eagle_sample", real_sample),
+                   (sg.common, "commit_mamba_states_after_verify", lambda *a, **kw: None),
+                   (sg.eagle_utils, "verify_tree_greedy_func", greedy_walk(sg)),
+                   (sg.eagle_utils, "get_spec", lambda: spec)):
+            return sg.common.run_eagle_verify(
+                on, target_worker=worker, req_to_token_pool=SimpleNamespace(req_to_token=None),
+                token_to_kv_pool_allocator=kv_pool, plan_stream=None, plan_stream_ctx=contextlib.nullcontext(),
+                topk=case.topk, num_draft_tokens=d, device="cpu", metadata_ready_pre_pad=False,
+                finalize_tree_path=True)
+    result = verify(batch, pool)
     accept_index = out["accept_index"]
     w.accept_index_shape = tuple(accept_index.shape)
     w.accept_index = [[int(v) for v in row] for row in accept_index.view(bs, -1)]
     w.accept_lens = [int(v) for v in result.accept_lens]
     w.bonus_tokens = [int(v) for v in result.next_draft_input.bonus_tokens]
+    w.new_seq_lens = [int(v) for v in result.new_seq_lens]
     if case.topk > 1:
         w.accept_moves = list(pool.moves)
         w.compacted = [int(v) for v in result.next_token_ids]
+    # a CUDA host's fused commit (the kernel's wrapper among run_eagle_verify's names: 0.5.22 on)
+    if callable(getattr(sg.common, "prepare_verify_commit_outputs", None)):
+        out["fused"] = True
+        fused = verify(SimpleNamespace(**fresh), _KvPool())
+        w.fused_bonus_tokens = [int(v) for v in fused.next_draft_input.bonus_tokens]
+        w.fused_new_seq_lens = [int(v) for v in fused.new_seq_lens]
 
 
 def _sampled_accept(sg, case: KvCase, w: KvWrites) -> None:
@@ -324,16 +356,16 @@ def _sampled_accept(sg, case: KvCase, w: KvWrites) -> None:
                                speculative_accept_threshold_single=1.0, speculative_accept_threshold_acc=1.0)
         output = SimpleNamespace(next_token_logits=logits.clone())
         try:
+            # a release whose CPU sampling branch imports its top-k/top-p renormalisation from sgl_kernel's
+            # compiled ops (0.5.21, 0.5.22) calls neither here (no top-k or top-p asked): stubbed, so the
+            # branch runs as written; a call into one raises and says so
             with bound((sg.eagle_utils, "get_spec", lambda spec=spec: spec),
-                       (sg.runtime_context, "get_parallel", lambda: parallel)):
+                       (sg.runtime_context, "get_parallel", lambda: parallel)), uninstalled_stubbed("sgl_kernel"):
                 predict, accept_lens, accept_index = sg.eagle_utils.eagle_sample(verify_input, batch, output)
-        except ModuleNotFoundError as exc:
-            if not (exc.name or "").startswith("sgl_kernel"):
+        except RuntimeError as exc:
+            if "stub of a CUDA extension" not in str(exc):
                 raise
-            # a release whose CPU sampling branch renormalises through sgl_kernel's compiled ops (0.5.22):
-            # not installed on this host, and no code under test
-            w.sampled, w.sampled_not_driven = [], (f"this SGLang's sampling branch imports {exc.name} on a CPU "
-                                                   "host, which is not installed here")
+            w.sampled, w.sampled_not_driven = [], f"this SGLang's sampling branch calls a compiled op: {exc}"
             return
         w.sampled.append(("block verification" if block else "per token",
                           [[int(v) for v in row] for row in accept_index.view(bs, -1)],

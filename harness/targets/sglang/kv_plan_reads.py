@@ -23,6 +23,7 @@ meaning's, judged by the property (``properties.kv_locations``).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -34,11 +35,34 @@ _TRANSLATOR, _PLAN = "srt/mem_cache/kv_index_translator.py", "srt/mem_cache/kv_l
 #: What this module drives, for ``vmfuzz surface`` and the gate.
 SURFACE: tuple = tuple((_TRANSLATOR, f"KVIndexTranslator.{fn}", _PROP) for fn in (
     "read_source", "read_table", "_plan_table", "pack_read_stream", "build_iteration_table", "_reads_translated",
+    "copy_page_table",
 )) + tuple((_PLAN, f"KVLocPlan.{fn}", _PROP) for fn in (
     "has_read_table", "read_table", "_read_space", "is_read_by", "is_translated_for",
 )) + tuple(("kernels/ops/kvcache/kv_read_table.py", fn, _PROP) for fn in (
     "build_kv_read_table", "build_kv_read_table_packed",
 ))
+
+
+#: what a plan's readers are handed it through, on the translator: the calls this module makes
+READS = ("plan", "read_source", "read_table", "pack_read_stream", "copy_page_table")
+
+
+def absent(sg) -> str | None:
+    """Why this SGLang has no iteration plan for a reader to read (None: it has one): no
+    ``sglang.srt.mem_cache.kv_loc_plan`` module at all (0.5.21 reads through the translator itself,
+    without a plan). Then "plan reads" judges nothing of this code. A release with the module has a
+    plan, whatever its translator's methods are called: ``not_driven`` says what vmfuzz cannot find."""
+    if sg.IdSpaceKind is None:
+        return "no sglang.srt.mem_cache.kv_loc_plan: its translator reads without an iteration plan"
+    return None
+
+
+def not_driven(sg) -> str | None:
+    """Why this SGLang's plan, which it has, is not read here (None: it is): a reader call it lacks."""
+    if sg.translator is None:
+        return "a kv_loc_plan module but no sglang.srt.mem_cache.kv_index_translator"
+    lacks = [n for n in READS if not hasattr(sg.translator.KVIndexTranslator, n)]
+    return f"KVIndexTranslator has no {', '.join(lacks)} for the plan's readers" if lacks else None
 
 
 @dataclass
@@ -55,9 +79,18 @@ class PlanReads:
     #: the read source a gather kernel is handed before this reader's table is built, resolved per token
     sources: dict[str, list[int]] = field(default_factory=dict)
     physical: dict[str, tuple[bool, bool]] = field(default_factory=dict)  # pack_read_stream's answers
+    #: the page tables a captured graph reads, each filled by ``copy_page_table`` into a buffer of
+    #: ``CAPTURED_LANES`` padding lanes past the batch, left stale (``STALE``) before: the plan's first
+    #: table reader's (built in place), the same with no host lengths, a later reader's of the shared full
+    #: sub-pool (copied), and a plan's table asked again for more rows (grown from the first build)
+    captured: dict[str, list[list[int]]] = field(default_factory=dict)
 
     def virtual_slot(self, row: int, column: int) -> int:
         return self.page_size + row * self.row_width + column
+
+
+#: padding lanes a captured page table holds past the live batch, and what a stale buffer holds before a fill
+CAPTURED_LANES, STALE = 2, 0x7777
 
 
 def run_reads(sg, heap: ShadowHeap, rows: int, row_width: int, rpi: torch.Tensor, seq_lens: torch.Tensor,
@@ -90,6 +123,8 @@ def run_reads(sg, heap: ShadowHeap, rows: int, row_width: int, rpi: torch.Tensor
     indptr[1:] = torch.cumsum(seq_lens, 0)
     total = int(indptr[-1])
     kinds = sg.IdSpaceKind
+    # SGLang sizes the stream's programs from the length sum where its packing takes one (0.5.23 on)
+    sizes = inspect.signature(sg.translator.KVIndexTranslator.pack_read_stream).parameters
     for name, reader, kind in (("full", translator, kinds.FULL), ("sliding-window", translator, kinds.SLIDING_WINDOW),
                                ("another reader's sliding-window", other, kinds.SLIDING_WINDOW)):
         answers = []
@@ -100,14 +135,46 @@ def run_reads(sg, heap: ShadowHeap, rows: int, row_width: int, rpi: torch.Tensor
             if when == "after":
                 table = reader.read_table(plan, kind=kind, rows=bs + 1)
                 out.tables[name] = table.ids.tolist()
-                blocks = {"num_token_blocks": None, "kv_lens_sum": total}  # SGLang sizes the programs
+                blocks = {k: v for k, v in (("num_token_blocks", None), ("kv_lens_sum", total)) if k in sizes}
             stream = heap.alloc(f"{name} read stream {when} the table", (max(total, 1),), torch.int32, fill=-1,
                                 redzone_cells=64)
             answers.append(bool(reader.pack_read_stream(plan, req_pool_indices=rpi, seq_lens=seq_lens,
                                                         indptr=indptr, out=stream, kind=kind, **blocks)))
             (out.streams_before if when == "before" else out.streams_after)[name] = stream[:total].tolist()
         out.physical[name] = (answers[0], answers[1])
+    _captured(sg, heap, out, translator, other, rpi, seq_lens, d, width // page_size)
     return out
+
+
+def _captured(sg, heap: ShadowHeap, out: PlanReads, translator, other, rpi, seq_lens, d: int, row_pages: int) -> None:
+    """The plan's page tables as a captured graph's buffers get them (``copy_page_table``), and a table asked
+    again for more rows: fresh plans over the same window, so each is the plan's first build."""
+    kinds, bs = sg.IdSpaceKind, rpi.numel()
+    lanes = bs + CAPTURED_LANES
+
+    def buffer(label: str):
+        return heap.alloc(f"{label} captured page table", (lanes, row_pages), torch.int32, fill=STALE,
+                          redzone_cells=4 * row_pages)
+
+    def plan(host: bool):
+        return translator.plan(req_pool_indices=rpi, seq_lens=seq_lens, seq_lens_cpu=seq_lens.clone() if host else None,
+                               write_virtual=None, read_extent=d)
+    for name, kind in (("full", kinds.FULL), ("sliding-window", kinds.SLIDING_WINDOW)):
+        shared = plan(host=True)
+        first = buffer(name)
+        translator.copy_page_table(shared, out=first, kind=kind)
+        out.captured[f"{name}, built in place"] = first.tolist()
+        hostless = buffer(f"{name} hostless")
+        translator.copy_page_table(plan(host=False), out=hostless, kind=kind)
+        out.captured[f"{name}, no host lengths"] = hostless.tolist()
+        if kind == kinds.FULL:  # a later reader of the one full sub-pool copies the table the first one built
+            later = buffer("another reader's full")
+            other.copy_page_table(shared, out=later, kind=kind)
+            out.captured["full, another reader's copy"] = later.tolist()
+        grown = plan(host=True)
+        translator.read_table(grown, kind=kind, rows=bs)
+        out.captured[f"{name}, grown by {CAPTURED_LANES} rows"] = \
+            translator.read_table(grown, kind=kind, rows=lanes).ids.tolist()
 
 
 def resolved(src, b: int, j: int, page_size: int) -> int:

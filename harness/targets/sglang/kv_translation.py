@@ -56,8 +56,10 @@ class Translated:
     fallback: list[int] | None = None  # the fallback branch's window (None: it returned none)
     fallback_positions: list[list[int]] = field(default_factory=list)
     fallback_anchors: list[list[int]] = field(default_factory=list)
-    #: why the fused launches were not driven (None: they were): this SGLang has no such producer
+    #: why the fused launches were not driven (None: they were): this SGLang has part of the producer
     not_driven: str | None = None
+    #: why there was nothing to drive (None: there was): this SGLang has none of the fused producer
+    absent: str | None = None
 
 
 def page_tables(slots: int, page_size: int) -> tuple[list[int], list[int]]:
@@ -103,8 +105,9 @@ def run_windows(sg, heap: ShadowHeap, table: torch.Tensor, rpi: torch.Tensor, se
         out.plain = _ids(cl.assign_extend_cache_locs_uniform_func(
             req_pool_indices=rpi, req_to_token=table, start_offset=seq_lens, batch_size=bs, draft_token_num=d,
             device="cpu"))
-        out.not_driven = _missing(sg)
-        if out.not_driven:
+        out.absent = absent(sg)
+        out.not_driven = None if out.absent else _missing(sg)
+        if out.absent or out.not_driven:
             return out
         translator = translator_over(sg, table, out.full_map, out.swa_map, page_size)
         positions = heap.alloc("positions_out", (bs, d), torch.int64, fill=0, redzone_cells=4 * d)
@@ -163,14 +166,34 @@ def translator_over(sg, table: torch.Tensor, full_map: list[int], swa_map: list[
     return translator
 
 
-def _missing(sg) -> str | None:
-    """Why this SGLang's verify-window producer has no fused launch to drive (None: it has)."""
+#: the fused outputs the verify window's producer takes where it has them
+FUSED = frozenset({"full_v2p", "swa_v2p", "positions_out", "anchor_out"})
+
+
+def _fused_taken(sg) -> set[str]:
     import inspect
+    return FUSED & set(inspect.signature(sg.cache_locs.assign_extend_cache_locs_uniform_func).parameters)
+
+
+def absent(sg) -> str | None:
+    """Why this SGLang holds none of the fused producer (None: it holds some of it): no translating
+    pool's ``plan_uniform_extend`` and a window producer that takes none of the fused outputs. Then the
+    fused window judges nothing of this code; a release with either half has it, and ``_missing`` says
+    what keeps vmfuzz from driving it."""
+    planner = sg.translator is not None and hasattr(sg.translator.KVIndexTranslator, "plan_uniform_extend")
+    if planner or _fused_taken(sg):
+        return None
+    return ("no KVIndexTranslator.plan_uniform_extend, and assign_extend_cache_locs_uniform_func takes none of "
+            f"{', '.join(sorted(FUSED))}")
+
+
+def _missing(sg) -> str | None:
+    """Why this SGLang's verify-window producer, which it has in part, has no fused launch vmfuzz can
+    drive (None: it has)."""
     if sg.translator is None or not hasattr(sg.translator.KVIndexTranslator, "plan_uniform_extend"):
         return "this SGLang has no KVIndexTranslator.plan_uniform_extend"
-    wants = {"full_v2p", "swa_v2p", "positions_out", "anchor_out"}
-    have = set(inspect.signature(sg.cache_locs.assign_extend_cache_locs_uniform_func).parameters)
-    return None if wants <= have else f"assign_extend_cache_locs_uniform_func takes no {sorted(wants - have)}"
+    have = _fused_taken(sg)
+    return None if FUSED <= have else f"assign_extend_cache_locs_uniform_func takes no {sorted(FUSED - have)}"
 
 
 def _ids(t) -> list[int]:

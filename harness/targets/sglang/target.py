@@ -130,7 +130,7 @@ class SglangTarget:
     def not_driven_here(self, prop: str) -> str | None:
         """Why ``prop`` cannot be driven on this SGLang, found from its code; None: it can."""
         if prop in graph_support.PROPERTIES:
-            return self._graph_path_not_driven() or graph_support.step_not_driven(prop)
+            return self._graph_path_not_driven()
         if prop == "chain-writer" and self.sglang.build_chain_tree is None:
             return "this SGLang has no build_chain_tree (kernels/ops/speculative/eagle.py): no chain writer to check"
         if prop == "packed-mask":
