@@ -65,6 +65,35 @@ def test_deepseek_v4_is_built_by_its_init_on_a_chain_server(sglang_target):
         assert not call.is_read and not call.is_draft_runner and call.mask is not None
 
 
+def test_deepseek_v4_binds_only_what_this_release_holds(sglang_target, monkeypatch):
+    """0.5.17-0.5.20 hold neither the top-k resolver's module nor the V4.1 indexer's: a module the installed
+    SGLang lacks is bound nowhere, never imported (a ModuleNotFoundError there was filed as SGLang's raise)."""
+    from vmfuzz.harness.targets.sglang import dsv4_backend
+    absent = "sglang.srt.layers.attention.no_such_package.indexer"
+    monkeypatch.setattr(dsv4_backend, "DSV4_CUDA_ONLY",
+                        (*dsv4_backend.DSV4_CUDA_ONLY, (absent, "is_sm100_or_newer", lambda: False, "-")))
+    monkeypatch.setattr(dsv4_backend, "_DSV4_LOOKUP_MODULES", (*dsv4_backend._DSV4_LOOKUP_MODULES, absent))
+    assert not dsv4_backend._holds(absent) and dsv4_backend._holds("sglang.srt.server_args")
+    call = sglang_target.allocation_call("deepseek_v4", ServerNumbers(6, 3000, 5, 1, 4))
+    assert call.max_bs == 6
+
+
+def test_deepseek_v4_kernel_choices_are_this_releases_server_arg_defaults(sglang_target):
+    """Where a release reads them off the runner's server_args, they are its own ServerArgs' defaults; a name it
+    does not declare is not made up."""
+    import msgspec
+
+    from sglang.srt.server_args import ServerArgs
+    from vmfuzz.harness.targets.sglang import dsv4_backend
+    got = dsv4_backend._server_arg_defaults((*dsv4_backend.DSV4_KERNEL_ARGS, "no_such_server_arg"))
+    # read independently of the harness: 0.5.23's ServerArgs is a msgspec Struct
+    declared = {f.name: f.default for f in msgspec.structs.fields(ServerArgs)}
+    assert got == {k: declared[k] for k in dsv4_backend.DSV4_KERNEL_ARGS}, got
+    assert got["enable_deepseek_v4_fp4_indexer"] is False
+    runner = dsv4_backend.model_runner(ServerNumbers(6, 3000, 5, 1, 4))
+    assert all(getattr(runner.server_args, k) == v for k, v in got.items())
+
+
 def test_the_stand_in_runner_leaves_the_process_as_found(sglang_target):
     """The construction's stubs and bindings are put back: no stubbed extension stays importable."""
     import sys

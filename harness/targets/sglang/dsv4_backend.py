@@ -12,6 +12,7 @@ GPU older than sm100 would answer (``DSV4_CUDA_ONLY``), where this release asks.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import SimpleNamespace
 
 from vmfuzz.harness.model.allocation import ServerNumbers
@@ -54,22 +55,62 @@ def model_runner(n: ServerNumbers, device="meta", spec_algorithm=None, request_w
                       request_window=request_window)
     model = dict(head_dim=DSV4_HEAD_DIM, v_head_dim=DSV4_HEAD_DIM, hf_text_config=StandIn(
         "hf_text_config", _RUNNER, model_type="deepseek_v4", num_attention_heads=8))
-    return backend_init.model_runner(n, device, page_size=DSV4_PAGE_SIZE, kv_pool=pool, model=model,
-                                     runner=dict(hisparse_coordinator=None,
-                                                 spec_algorithm=spec_algorithm or SpeculativeAlgorithm.EAGLE))
+    runner = backend_init.model_runner(n, device, page_size=DSV4_PAGE_SIZE, kv_pool=pool, model=model,
+                                       runner=dict(hisparse_coordinator=None,
+                                                   spec_algorithm=spec_algorithm or SpeculativeAlgorithm.EAGLE))
+    # 0.5.17-0.5.20 read DeepSeek V4's kernel choices off the runner's server_args (later releases through
+    # get_exec()): each at this release's own ServerArgs default, as a server started without them has it
+    for name, value in _server_arg_defaults(DSV4_KERNEL_ARGS).items():
+        setattr(runner.server_args, name, value)
+    return runner
+
+
+#: DeepSeek V4's kernel choices its ``__init__`` reads (the FP4 C4 indexer, the top-k kernel): they pick the
+#: indexers' kernels, not the mask's size
+DSV4_KERNEL_ARGS = ("enable_deepseek_v4_fp4_indexer", "dsa_topk_backend")
+
+
+def _server_arg_defaults(names) -> dict:
+    """``names``' defaults in the installed SGLang's ``ServerArgs``, for those it declares."""
+    from sglang.srt.server_args import ServerArgs
+    declared = server_arg_fields(ServerArgs)
+    return {name: declared[name] for name in names if name in declared}
+
+
+def server_arg_fields(cls) -> dict:
+    """Each field of SGLang's ``ServerArgs`` that has a plain default, with it: a dataclass up to 0.5.22, a
+    msgspec Struct since."""
+    import dataclasses
+
+    import msgspec
+    if dataclasses.is_dataclass(cls):
+        return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    if isinstance(cls, type) and issubclass(cls, msgspec.Struct):
+        return {f.name: f.default for f in msgspec.structs.fields(cls) if f.default is not msgspec.NODEFAULT}
+    return {}
 
 
 def lookups(mod, cls, n: ServerNumbers) -> list[tuple]:
     """What DeepSeek V4's backend ``cls`` (of module ``mod``) is made and asked under on a server started with
     ``n``: the runtime-context lookups where it and its top-k resolver make them, and ``DSV4_CUDA_ONLY``."""
-    extra = [importlib.import_module(name) for name in _DSV4_LOOKUP_MODULES]
+    # A release that lacks one of these modules makes no lookup or query through it (0.5.17-0.5.20 hold
+    # neither the top-k resolver's module nor the V4.1 indexer): nothing to bind there.
+    extra = [importlib.import_module(name) for name in _DSV4_LOOKUP_MODULES if _holds(name)]
     patches = [*backend_init.lookups_bound(mod, cls, n, DSV4_PAGE_SIZE),
                *lookup_patches(extra, backend_init._context(backend_init.server_args(n, DSV4_PAGE_SIZE)))]
     for module, name, stand_in, _ in DSV4_CUDA_ONLY:
-        held = importlib.import_module(module)
-        if hasattr(held, name):
+        held = importlib.import_module(module) if _holds(module) else None
+        if held is not None and hasattr(held, name):
             patches.append((held, name, stand_in))
     return patches
+
+
+def _holds(module: str) -> bool:
+    """Whether the installed SGLang has ``module`` (read from its files, never its version)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package this release does not have
+        return False
 
 
 def built_by_init(mod, cls, n: ServerNumbers, device="meta", spec_algorithm=None, request_window=None):
