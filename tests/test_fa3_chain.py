@@ -8,9 +8,10 @@ KV slots (pages at page size 4), worked out here by hand for one small case.
 Altered copies of the chain branch of ``init_forward_metadata`` are caught by
 reader-agreement naming the output, and a refactor of it holds. So is its
 cuda-graph replay (``_apply_cuda_graph_metadata``'s chain branch, whose
-lengths SGLang's decode-metadata Triton kernel fills in the interpreter): a bug
-planted there is caught naming the replay's writer, on 0.5.23 here and on
-0.5.22's own code in tests/test_fa3_chain_older.py.
+lengths SGLang's decode-metadata Triton kernel fills in the interpreter), plain
+and, on the paged server, ragged (the live batch's layout, which SGLang pads to
+the graph): a bug planted in either arm is caught naming the replay's writer,
+on 0.5.23 here and on 0.5.22's own code in tests/test_fa3_chain_older.py.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def test_sglangs_own_chain_metadata_is_the_meaning(sglang_target):
         assert view.prefix.cache_seqlens.tolist() == [6, 8]
     obs = PROPERTIES["reader-agreement"].check(sglang_target, CHAIN, [BATCH])
     assert {"fa3 topk 1 verify", "fa3 topk 1 verify, page size 4, ragged", "fa3 topk 1 verify, cuda-graph replay",
-            "fa3 topk 1 verify, cuda-graph replay, page size 4"} <= obs.classes
+            "fa3 topk 1 verify, cuda-graph replay, page size 4, ragged"} <= obs.classes
 
 
 def test_sglangs_own_chain_replay_is_the_meaning_padded_or_not(sglang_target):
@@ -120,9 +121,29 @@ ALTERATIONS = {
     "chain-max-k-from-lengths": ([(FA3, r"eager_max_k \+ self\.speculative_num_draft_tokens",
                                    "int(metadata.cache_seqlens_int32.max().item())")], None),
 }
+def test_a_replay_past_the_context_is_the_known_defect_and_inside_it_is_not(sglang_target):
+    """SGLang's graph page table holds a context's pages, a chain's request near its context reads d more
+    (known/fa3-chain-graph-page-table-past-context.json): its own cell, so a slip inside the context is new."""
+    from vmfuzz.harness.model.oracle import expected
+    from vmfuzz.harness.model.outputs import StepOutput
+
+    near = Batch((7,))  # 7 + 3 tokens, 8 columns
+    want = expected(CHAIN, near)
+    step = StepOutput(want.tree_mask, want.positions, want.retrieve_index, want.retrieve_next_token,
+                      want.retrieve_next_sibling, reused=False)
+    diff = fa3_mismatch(sglang_target.read_fa3_replay(CHAIN, near, step), CHAIN, near)
+    assert diff is not None and (diff.buffer, diff.cell) == ("page_table", "past context"), diff
+    view = copy.deepcopy(_right_view())
+    view = Fa3Verify(view.prefix, None, graph_bs=2)
+    view.prefix.page_table = torch.roll(view.prefix.page_table, 1, 0)
+    diff = fa3_mismatch(view, CHAIN, BATCH)
+    assert diff is not None and (diff.buffer, diff.cell) == ("page_table", "chain row"), diff
+
+
 #: the chain replay's (``_apply_cuda_graph_metadata``): each edit is the whole non-ragged arm, as 0.5.22 and
 #: 0.5.23 both spell it
 REPLAY_ARM = r"verify_lens = seq_lens\n(\s+)verify_delta = self\.speculative_num_draft_tokens\n"
+RAGGED_ARM = r"verify_lens = geometry\.cache_seqlens_int32\n(\s+)verify_delta = 0\n"
 REPLAY_ALTERATIONS = {
     # the replay's KV lengths leave out the last draft token
     "chain-replay-kv-one-short": ([(FA3, REPLAY_ARM, "verify_lens = seq_lens\n\\1verify_delta = "
@@ -133,6 +154,16 @@ REPLAY_ALTERATIONS = {
     # a refactor: the draft counted into the lengths, none added after
     "chain-replay-lengths-with-draft": ([(FA3, REPLAY_ARM, "verify_lens = seq_lens + self.speculative_num_draft_tokens"
                                                            "\n\\1verify_delta = 0\n")], None),
+    # the ragged arm (the paged server's chain verifies ragged): the query offsets left as the capture bound them
+    "ragged-replay-query-offsets-stale": ([(FA3, r"\n\s+metadata\.cu_seqlens_q\.copy_\(geometry\.cu_seqlens_q\)\n", "\n")],
+                                          "cu_seqlens_q"),
+    # the ragged arm: every request's whole draft counted again on top of its verify lengths
+    "ragged-replay-draft-counted-twice": ([(FA3, RAGGED_ARM, "verify_lens = geometry.cache_seqlens_int32\n\\1"
+                                                             "verify_delta = self.speculative_num_draft_tokens\n")],
+                                          "cache_seqlens"),
+    # a refactor: the ragged lengths summed here from the padded layout, not read off the geometry
+    "ragged-replay-lengths-from-layout": ([(FA3, RAGGED_ARM, "verify_lens = seq_lens + padded.verify_lens.to(seq_lens.dtype)"
+                                                             "\n\\1verify_delta = 0\n")], None),
 }
 
 
