@@ -231,6 +231,8 @@ def gate_pr(spec: str, args, venvs: dict[str, str]) -> dict:
     environ = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [str(venv / "bin" / "python"), "-m", "vmfuzz", "gate", "--target", "sglang", "--base", f"v{base}",
            "--report-dir", str(report), "--db", str(db)]
+    if args.time_cap is not None:  # a loaded machine: the gate's own cap would cut the count short
+        cmd += ["--time-cap", f"{args.time_cap:g}"]
     t0 = time.monotonic()
     with open(log, "w") as out:
         try:
@@ -307,6 +309,8 @@ def main(argv=None) -> int:
     p.add_argument("--dir", default=os.environ.get("VMFUZZ_RELEASES_DIR", "/tmp/vmfuzz-release-diffs"))
     p.add_argument("--build", action="store_true", help="build a missing DIR/venv-V")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per gate (default 3600)")
+    p.add_argument("--time-cap", type=float, default=None, metavar="S",
+                   help="the gate's --time-cap (default: the gate's own)")
     p.add_argument("--top", type=int, default=8)
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     args = p.parse_args(argv)

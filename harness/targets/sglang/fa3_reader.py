@@ -42,7 +42,11 @@ needs pages of one token (SGLang asserts it).
 
 A ragged chain verify (``verify_lens``: request b verifies only its first v_b
 draft tokens) carries SGLang's own ``RaggedVerifyLayout`` on its spec info; the
-eager path derives the causal pass from it. Its replay is the topk-1 replay's.
+eager path derives the causal pass from it. On a replay the live batch's layout
+rides on the padded batch, and SGLang pads it to the graph itself
+(``padded_to_bucket``): the graph's token count is the batch's tokens and d for
+each padding request, a tier of a server whose captured token counts include it,
+so each padding request verifies d tokens, as on a chain's replay.
 
 Not driven: local attention, and a separate sliding-window KV pool.
 """
@@ -50,7 +54,6 @@ Not driven: local attention, and a separate sliding-window KV pool.
 from __future__ import annotations
 
 import functools
-import os
 from types import SimpleNamespace
 
 import torch
@@ -104,11 +107,11 @@ def not_driven() -> str | None:
 
 
 def replay_not_driven(config: Config) -> str | None:
-    """Why a replay of ``config``'s verify is not driven here (None: it is). A chain's capture fills its
-    metadata through SGLang's decode-metadata Triton kernel, which reads a loaded value as a Python
-    number: the interpreter refuses that, a GPU does not."""
-    if config.topk <= 1 and os.environ.get("TRITON_INTERPRET") == "1":
-        return "not driven, its decode-metadata kernel does not run under the Triton interpreter"
+    """Why a replay of ``config``'s verify is not driven here (None: it is). A chain's capture and replay
+    fill its metadata through SGLang's decode-metadata Triton kernel, whose loop bound is a scalar
+    argument: Triton 3.6's interpreter under NumPy 2.4 refuses that conversion, and
+    ``interpreter_speed.index_one_element`` (installed with the target) gives the value older NumPy
+    gave, so every replay runs."""
     return None
 
 
@@ -220,17 +223,17 @@ def _window_pass(be, config: Config, window: int | None, what: str) -> Fa3Pass |
     return _pass(merged)
 
 
-def _ragged_layout(config: Config, verify_lens: list[int], dev):
+def _ragged_layout(config: Config, verify_lens: list[int], dev, graph_tokens: int | None = None):
     """SGLang's own ragged verify layout (its constructor builds the query indptr) for a chain batch whose
-    request b verifies ``verify_lens[b]`` tokens, its graph bucket the full block; None where this release
-    has no ragged verify."""
+    request b verifies ``verify_lens[b]`` tokens, its graph bucket ``graph_tokens`` tokens (None: the full
+    block); None where this release has no ragged verify."""
     from vmfuzz.harness.targets.sglang.imports import NotInRelease, sglang_module
     try:
         layouts = sglang_module(RAGGED)
     except NotInRelease:
         return None
     return layouts.RaggedVerifyLayout.from_verify_lens(
-        verify_lens_cpu=verify_lens, device=dev, grid=[config.d * len(verify_lens)])
+        verify_lens_cpu=verify_lens, device=dev, grid=[graph_tokens or config.d * len(verify_lens)])
 
 
 def read_verify(config: Config, batch: Batch, step, page_size: int = 1, window: int | None = None,
@@ -251,12 +254,14 @@ def read_verify(config: Config, batch: Batch, step, page_size: int = 1, window: 
                      verify_lens=None if layout is None else tuple(verify_lens))
 
 
-def read_replay(config: Config, batch: Batch, step, page_size: int = 1, window: int | None = None) -> Fa3Verify:
+def read_replay(config: Config, batch: Batch, step, page_size: int = 1, window: int | None = None,
+                verify_lens: list[int] | None = None) -> Fa3Verify:
     """The batch (bs <= max_bs) through a cuda graph: buffers set up for ``config.max_bs``, the graph of
     ``readers.captured_bs`` rows captured, then replayed with the batch padded up to it by requests
     at the fill length, rows in pool slots ``readers.pool_slots`` of the padded batch. The view is
     the metadata the capture bound (what the graph reads), padding rows included; the server's KV
-    pages hold ``page_size`` tokens, its layers are windowed to ``window`` tokens (None: full)."""
+    pages hold ``page_size`` tokens, its layers are windowed to ``window`` tokens (None: full). A chain
+    with ``verify_lens`` is a ragged verify, each padding request verifying d tokens."""
     mod = module()
     dev = step.tree_mask.device
     be = backend(config, config.max_bs, dev, page_size, window)
@@ -271,13 +276,18 @@ def read_replay(config: Config, batch: Batch, step, page_size: int = 1, window: 
          _verify_batch(mod, graph_bs, [fill] * graph_bs, placeholder, blank, dev), capture)
     bound_meta, expand = be.forward_metadata, _expand_pass(be, config, capture)
     merged = _window_pass(be, config, window, capture)
-    seq_lens = list(batch.seq_lens) + [fill] * (graph_bs - batch.bs)
+    pad = graph_bs - batch.bs
+    seq_lens = list(batch.seq_lens) + [fill] * pad
+    layout = None if verify_lens is None or config.topk > 1 else _ragged_layout(
+        config, verify_lens, dev, graph_tokens=sum(verify_lens) + pad * config.d)
     raised = None
     try:
         _run(lambda fb: call_method(be, capture, forward_batch=fb, in_capture=False),
-             _verify_batch(mod, graph_bs, seq_lens, step.tree_mask, step.positions, dev), "_apply_cuda_graph_metadata")
+             _verify_batch(mod, graph_bs, seq_lens, step.tree_mask, step.positions, dev, layout),
+             "_apply_cuda_graph_metadata")
     except OutOfStep:
         raise
     except Exception as exc:  # judged by what the capture bound first (Fa3Verify.raised)
         raised = exc
-    return Fa3Verify(_pass(bound_meta), expand, graph_bs=graph_bs, raised=raised, window=merged)
+    return Fa3Verify(_pass(bound_meta), expand, graph_bs=graph_bs, raised=raised, window=merged,
+                     verify_lens=None if layout is None else (*verify_lens, *[config.d] * pad))

@@ -277,10 +277,10 @@ class SglangTarget:
         from vmfuzz.harness.targets.sglang import fa3_reader
         return fa3_reader.read_verify(config, batch, step, page_size, window, verify_lens)
 
-    def read_fa3_replay(self, config: Config, batch: Batch, step: StepOutput, page_size: int = 1, window=None):
+    def read_fa3_replay(self, config: Config, batch: Batch, step: StepOutput, page_size=1, window=None, verify_lens=None):
         """The same metadata in the cuda graph's buffers, replayed at the captured bs >= bs (``fa3_reader``)."""
         from vmfuzz.harness.targets.sglang import fa3_reader
-        return fa3_reader.read_replay(config, batch, step, page_size, window)
+        return fa3_reader.read_replay(config, batch, step, page_size, window, verify_lens)
 
     def fa3_not_driven(self) -> str | None:
         from vmfuzz.harness.targets.sglang import fa3_reader
