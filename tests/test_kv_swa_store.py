@@ -81,12 +81,13 @@ def test_every_branch_a_cpu_takes_ran_and_was_judged(sglang_target):
 def test_a_case_without_the_store_says_so():
     """A release with no DeepSeek V4 backend: the sub-check is absent there, never held."""
     from vmfuzz.harness.properties.kit import Observation
-    from vmfuzz.harness.properties.kv_locations import _judge_swa_store
+    from vmfuzz.harness.properties.kv_locations import _fail
+    from vmfuzz.harness.properties.kv_swa_store import judge_swa_store
     from vmfuzz.harness.targets.sglang.swa_store import SwaStores
     case = KvCase(topk=1, spec_steps=1, num_draft_tokens=2, page_size=1, context_len=8, seq_lens=(3,),
                   parents=((-1, 0),), paths=((0,),)).validate()
     obs = Observation()
-    _judge_swa_store(case, type("W", (), {"swa": SwaStores(absent="no deepseek_v4_backend.py")})(), obs)
+    judge_swa_store(case, type("W", (), {"swa": SwaStores(absent="no deepseek_v4_backend.py")})(), obs, _fail)
     assert sub_checks(PROP, obs.classes)["swa store"].startswith("absent"), obs.classes
 
 

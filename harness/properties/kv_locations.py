@@ -59,6 +59,7 @@ from vmfuzz.harness.model.kv_locations import (PAGE_SIZES, KvCase, accept_moves,
 from vmfuzz.harness.model.trees import parents, trees_of
 from vmfuzz.harness.properties.kit import (Observation, fail, fail_overrun, known_goes_on, sub_check_absent,
                                            sub_check_done, sub_check_skipped)
+from vmfuzz.harness.properties.kv_swa_store import judge_swa_store
 
 PROP = "kv-location-soundness"
 SUB_CHECKS = ("draft window", "verify window", "fused window", "plan reads", "swa store", "accept moves",
@@ -162,7 +163,7 @@ def judge_case(target, case: KvCase, obs: Observation) -> None:
               buffer="out_cache_loc", cell="length")
     sub_check_done(obs, "verify window")
     _judge_fused(case, w, flat, obs)
-    _judge_swa_store(case, w, obs)
+    judge_swa_store(case, w, obs, _fail)
     _judge_accept(case, w, want_v, obs)
     # last, and a known defect of one reader of the plan (0.5.22's second reader) ends only the reads: a
     # replay, which names a known defect only after the case ends, has judged every other sub-check first
@@ -208,51 +209,6 @@ def _judge_fused(case: KvCase, w, flat: list[int], obs: Observation) -> None:
     first_wrong("the host-without-Triton branch's window", t.fallback, flat, "out_cache_loc")
     sub_check_done(obs, sub)
     obs.classes.add(f"fused window: page size {t.page_size}")
-
-
-def _judge_swa_store(case: KvCase, w, obs: Observation) -> None:
-    """DeepSeek V4's SWA store of the verify window, per branch of its location choice: each row written at
-    its node's own cell's slot through the SWA page table the driver handed the pool (``physical_slot``; an
-    idle row at the dummy slot 0), inside the SWA pool; on a request window, at the workspace row past the
-    history rows, in query order, under the batch's layout, inside the workspace; a deferred commit joined
-    before the store, once."""
-    t, sub = w.swa, "swa store"
-    if t is None or t.absent:
-        sub_check_absent(obs, sub, t.absent if t is not None else "no DeepSeek V4 store was asked")
-        return
-    P, rows = t.page_size, w.pool_rows
-    for s in t.stores:
-        def wrong(detail: str, cell: str) -> None:
-            _fail(sub, case, f"{s.run}: {detail}", buffer="swa out_cache_loc", cell=cell)
-        if s.written is None:
-            wrong("the store never reached the SWA pool", "store")
-            continue
-        if s.log != (["join", "store"] if s.hook_set else ["store"]):
-            wrong(f"the store log is {s.log}" + (", a pending deferred commit is joined once before the store"
-                                                 if s.hook_set else ", the store alone"), "deferred commit")
-        if len(s.written) != len(s.rows):
-            wrong(f"{len(s.written)} locations for its {len(s.rows)} rows", "length")
-            continue
-        window = s.layout_active is not None
-        if window:
-            want = [s.history_rows + i for i in range(len(s.rows))]
-            if not s.layout_active:
-                wrong("the request window's active layout is not the batch's", "window layout")
-        else:
-            want = [0 if b is None else physical_slot(w.slot_of(rows[b], verify_columns(case, case.seq_lens[b])[x]),
-                                                      t.swa_map, P) for b, x in s.rows]
-        top = s.workspace_rows if window else t.swa_slots
-        for j, ((b, x), have, exp) in enumerate(zip(s.rows, s.written, want)):
-            if not 0 <= have < top:
-                wrong(f"row {j} writes {have}, outside the {'request window workspace' if window else 'SWA pool'}"
-                      f" of {top} rows", "outside the pool")
-            if have != exp:
-                whose = "an idle row" if b is None else f"request {b}'s node {x}"
-                wrong(f"{whose} is written at SWA slot {have}, its own is {exp}", "column")
-        obs.classes.add(f"swa store: {s.run}")
-    for run, why in t.absent_runs.items():
-        obs.classes.add(f"swa store: {run} absent from this SGLang ({why})")
-    sub_check_done(obs, sub)
 
 
 def _judge_reads(case: KvCase, w, obs: Observation) -> None:
