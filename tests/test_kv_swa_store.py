@@ -15,7 +15,7 @@ import pytest
 from vmfuzz.harness.model.config import Batch
 from vmfuzz.harness.model.kv_locations import KvCase, physical_slot
 from vmfuzz.harness.properties import sub_checks
-from tests.sglang_copies import altered_copy, failed_check_origin, replay_on_copy
+from tests.sglang_copies import assert_altered_replay_caught, assert_altered_replay_holds
 from tests.surface_ran import checked_under_coverage, surface_never_ran
 from tests.test_kv_locations import PROP, SEQ_LENS, TREE, _config
 
@@ -91,20 +91,13 @@ def test_a_case_without_the_store_says_so():
     assert sub_checks(PROP, obs.classes)["swa store"].startswith("absent"), obs.classes
 
 
-def _replay(tmp_path, edits, name):
-    return replay_on_copy(altered_copy(tmp_path, edits, name), tmp_path, TREE, SEQ_LENS, PROP)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("alteration", list(ALTERATIONS))
 def test_a_wrong_swa_location_is_caught_by_the_swa_store(sglang_target, alteration, tmp_path):
-    proc, out = _replay(tmp_path, ALTERATIONS[alteration], alteration)
-    assert proc.returncode == 1, out
-    o = failed_check_origin(tmp_path / "report", out)
-    assert (o["property"], o["stage"]) == (PROP, "swa store"), out
+    assert_altered_replay_caught(tmp_path, ALTERATIONS[alteration], alteration, TREE, SEQ_LENS, PROP,
+                                 {"stage": "swa store"})
 
 
 @pytest.mark.slow
 def test_a_refactor_of_the_cache_fit_holds(sglang_target, tmp_path):
-    proc, out = _replay(tmp_path, REFACTOR, "swa-cache-fit-refactor")
-    assert proc.returncode == 0, out
+    assert_altered_replay_holds(tmp_path, REFACTOR, "swa-cache-fit-refactor", TREE, SEQ_LENS, PROP)
