@@ -14,7 +14,8 @@ def judge_swa_store(case: KvCase, w, obs: Observation, fail_case) -> None:
     """DeepSeek V4's SWA store of the verify window, per branch of its location choice: each row written at
     its node's own cell's slot through the SWA page table the driver handed the pool (``physical_slot``; an
     idle row at the dummy slot 0), inside the SWA pool; on a request window, at the workspace row past the
-    history rows, in query order, under the batch's layout, inside the workspace; a deferred commit joined
+    history rows (one window per request run; an idle forward's rows are one run), in query order, under the
+    forward's own layout, inside the workspace; a deferred commit joined
     before the store, once. ``fail_case``: the property's failure, filed under the sub-check."""
     t, sub = w.swa, "swa store"
     if t is None or t.absent:
@@ -37,7 +38,7 @@ def judge_swa_store(case: KvCase, w, obs: Observation, fail_case) -> None:
         if window:
             want = [s.history_rows + i for i in range(len(s.rows))]
             if not s.layout_active:
-                wrong("the request window's active layout is not the batch's", "window layout")
+                wrong("the request window's active layout is not this forward's own", "window layout")
         else:
             want = [0 if b is None else physical_slot(w.slot_of(rows[b], verify_columns(case, case.seq_lens[b])[x]),
                                                       t.swa_map, P) for b, x in s.rows]

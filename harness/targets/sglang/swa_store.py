@@ -25,7 +25,9 @@ case's verify window (the slots SGLang's window producer handed back, ``kv_locat
   window's rows and columns, as the backend's metadata prep builds it): the store activates
   that layout and writes its workspace rows;
 - **idle**: an idle forward (zero-padded ``out_cache_loc``) with a same-length cached tensor left
-  from a previous step, which it must not trust: every row writes the dummy slot.
+  from a previous step, which it must not trust: every row writes the dummy slot; and on a request
+  window, under the verify's (now stale) layout: its rows write the workspace past one window of
+  history, under a layout of its own (where the window has one: ``activate_idle``).
 
 The pool's store of each call (``set_swa_key_buffer_radix_fused``) is recorded, not performed:
 its buffers are FlashMLA's packed layout, which this check does not read. What each run must
@@ -237,16 +239,18 @@ def _tail(mod, fm, backend, out: SwaStores, window, rows, metadata, d: int) -> N
 
 
 def _request_window(mod, case, out: SwaStores, window, pool_rows, rows, metadata, verify) -> None:
-    """The store on a pool keeping a request window, under the batch's window layout."""
+    """The store on a pool keeping a request window, under the batch's window layout; then an idle forward of one
+    row more under that same (now stale) metadata, where the window has an idle layout of its own."""
     from vmfuzz.harness.targets.sglang.imports import NotInRelease, sglang_module
     try:
         rw = sglang_module("sglang.srt.mem_cache.dsv41_request_window")
     except NotInRelease:
         out.absent_runs["request window"] = f"no {_WINDOW_FILE}"
         return
-    bs, d = case.bs, case.d
+    bs, d, n = case.bs, case.d, len(rows)
+    # the workspace a server sizes before capture, for the larger of the two layouts (the idle one has n + 1 rows)
     request_window = rw.RequestWindow(_RecordedPool(), num_slots=bs + 1, layers=1, page_size=4,
-                                      capacity=case.context_len + d)
+                                      capacity=case.context_len + d, workspace_rows=bs * SWA_WINDOW + n + 1)
     backend = _backend(mod, case, request_window)
     # as the backend's metadata prep lays it out for a verify: each query's request row and its column
     req = torch.tensor([pool_rows[b] for b, _ in rows], dtype=torch.int64)
@@ -254,8 +258,20 @@ def _request_window(mod, case, out: SwaStores, window, pool_rows, rows, metadata
     extra = {"zero_row": request_window.zero_row} if "zero_row" in inspect.signature(rw.window_layout).parameters \
         else {}
     layout = rw.window_layout(req, pos, window=SWA_WINDOW, capacity=request_window.capacity, num_groups=bs, **extra)
-    s = _store(backend, "request window", verify, metadata(request_window_layout=layout), rows)
-    s.workspace_rows = request_window.workspace.size if request_window.workspace is not None else 0
+    stale = metadata(request_window_layout=layout)
+    s = _store(backend, "request window", verify, stale, rows)
+    s.workspace_rows = request_window.workspace.size
     s.layout_active = request_window.layout is layout
     s.history_rows = bs * SWA_WINDOW
+    out.stores.append(s)
+    if not hasattr(request_window, "activate_idle"):
+        out.absent_runs["idle on a request window"] = "RequestWindow has no activate_idle"
+        return
+    fm = sglang_module("sglang.srt.model_executor.forward_batch_info").ForwardMode
+    idle = SimpleNamespace(forward_mode=fm.IDLE, out_cache_loc=torch.zeros(n + 1, dtype=torch.int64))
+    s = _store(backend, "idle on a request window", idle, stale, [(None, None)] * (n + 1))
+    s.workspace_rows = request_window.workspace.size
+    # an idle forward's rows are one run of empty requests: one window of history ahead of them
+    s.layout_active = request_window.layout is not layout
+    s.history_rows = SWA_WINDOW
     out.stores.append(s)
