@@ -37,6 +37,7 @@ SWA page table the driver handed the pool), judged by the property.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -160,7 +161,7 @@ def run_stores(case, window: torch.Tensor, pool_rows: list[int], table_cells: in
     mapping = swa_mapping(table_cells, out.swa_map, case.page_size)
     bs, d = case.bs, case.d
     rows = [(b, x) for b in range(bs) for x in range(d)]
-    backend = _backend(mod, case, None)
+    backend, _ = _server(mod, _numbers(case))
     backend.token_to_kv_pool.register_mapping(mapping)
     fm = sglang_module("sglang.srt.model_executor.forward_batch_info").ForwardMode
     verify = SimpleNamespace(forward_mode=fm.TARGET_VERIFY, out_cache_loc=window)
@@ -188,13 +189,25 @@ def run_stores(case, window: torch.Tensor, pool_rows: list[int], table_cells: in
     return out
 
 
-def _backend(mod, case, request_window):
+def _numbers(case):
     from vmfuzz.harness.model.allocation import ServerNumbers
-    from vmfuzz.harness.targets.sglang import dsv4_backend
     # a DeepSeek V4 server drafts chains (its __init__ asserts topk 1): the store reads nothing of the draft's
     # shape, only the batch's window, which is the case's
-    n = ServerNumbers(max(case.bs, 1), case.context_len, case.d, 1, case.spec_steps)
-    return dsv4_backend.built_by_init(mod, mod.DeepseekV4AttnBackend, n, request_window=request_window)
+    return ServerNumbers(max(case.bs, 1), case.context_len, case.d, 1, case.spec_steps)
+
+
+@functools.lru_cache(maxsize=16)
+def _server(mod, n, rw=None):
+    """The backend of a DeepSeek V4 server started with ``n`` (made once per server: a server keeps its backend
+    and pool across steps), and, where ``rw`` (the request-window module) is given, its pool's request window:
+    SGLang's ``RequestWindow`` over ``_RecordedPool``, a slot per request and the dummy, each slot a context plus a
+    window, the workspace a server sizes before capture for its largest layouts (a verify of ``max_bs`` requests'
+    windows, an idle forward of one row more)."""
+    from vmfuzz.harness.targets.sglang import dsv4_backend
+    window = None if rw is None else rw.RequestWindow(
+        _RecordedPool(), num_slots=n.max_bs + 1, layers=1, page_size=4, capacity=n.context_len + n.num_draft_tokens,
+        workspace_rows=n.max_bs * (SWA_WINDOW + n.num_draft_tokens) + 1)
+    return dsv4_backend.built_by_init(mod, mod.DeepseekV4AttnBackend, n, request_window=window), window
 
 
 def _store(backend, run: str, batch, metadata, rows, hook: bool = False) -> Store:
@@ -247,11 +260,8 @@ def _request_window(mod, case, out: SwaStores, window, pool_rows, rows, metadata
     except NotInRelease:
         out.absent_runs["request window"] = f"no {_WINDOW_FILE}"
         return
-    bs, d, n = case.bs, case.d, len(rows)
-    # the workspace a server sizes before capture, for the larger of the two layouts (the idle one has n + 1 rows)
-    request_window = rw.RequestWindow(_RecordedPool(), num_slots=bs + 1, layers=1, page_size=4,
-                                      capacity=case.context_len + d, workspace_rows=bs * SWA_WINDOW + n + 1)
-    backend = _backend(mod, case, request_window)
+    bs, n = case.bs, len(rows)
+    backend, request_window = _server(mod, _numbers(case), rw)
     # as the backend's metadata prep lays it out for a verify: each query's request row and its column
     req = torch.tensor([pool_rows[b] for b, _ in rows], dtype=torch.int64)
     pos = torch.tensor([case.seq_lens[b] + x for b, x in rows], dtype=torch.int64)
