@@ -97,6 +97,28 @@ def test_a_case_without_the_store_says_so():
     assert sub_checks(PROP, obs.classes)["swa store"].startswith("absent"), obs.classes
 
 
+def test_a_backend_not_made_here_leaves_the_store_not_driven(sglang_target, monkeypatch):
+    """A release whose DeepSeek V4 backend vmfuzz cannot make (out of step): the sub-check says not driven, and
+    why, never held."""
+    import torch
+
+    from vmfuzz.harness.model.errors import OutOfStep
+    from vmfuzz.harness.properties.kit import Observation
+    from vmfuzz.harness.properties.kv_locations import _fail
+    from vmfuzz.harness.properties.kv_swa_store import judge_swa_store
+    from vmfuzz.harness.targets.sglang import swa_store
+
+    def refuse(*_):
+        raise OutOfStep("DeepseekV4AttnBackend.__init__", swa_store.DSV4_FILE, "asks for what vmfuzz cannot hand")
+    monkeypatch.setattr(swa_store, "_server", refuse)
+    case = KvCase(topk=1, spec_steps=1, num_draft_tokens=2, page_size=1, context_len=8, seq_lens=(3,),
+                  parents=((-1, 0),), paths=((0,),)).validate()
+    stores = swa_store.run_stores(case, torch.tensor([4, 5]), [1], 2 * 10 + 1)
+    obs = Observation()
+    judge_swa_store(case, type("W", (), {"swa": stores, "pool_rows": [1]})(), obs, _fail)
+    assert sub_checks(PROP, obs.classes)["swa store"].startswith("not driven"), obs.classes
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("alteration", list(ALTERATIONS))
 def test_a_wrong_swa_location_is_caught_by_the_swa_store(sglang_target, alteration, tmp_path):

@@ -7,7 +7,7 @@ sliding-window pool (``harness/targets/sglang/swa_store.py`` drives it), judged 
 from __future__ import annotations
 
 from vmfuzz.harness.model.kv_locations import KvCase, physical_slot, verify_columns
-from vmfuzz.harness.properties.kit import Observation, sub_check_absent, sub_check_done
+from vmfuzz.harness.properties.kit import Observation, sub_check_absent, sub_check_done, sub_check_skipped
 
 
 def judge_swa_store(case: KvCase, w, obs: Observation, fail_case) -> None:
@@ -20,6 +20,9 @@ def judge_swa_store(case: KvCase, w, obs: Observation, fail_case) -> None:
     t, sub = w.swa, "swa store"
     if t is None or t.absent:
         sub_check_absent(obs, sub, t.absent if t is not None else "no DeepSeek V4 store was asked")
+        return
+    if t.not_driven:
+        sub_check_skipped(obs, sub, t.not_driven)
         return
     P, rows = t.page_size, w.pool_rows
     for s in t.stores:

@@ -44,6 +44,8 @@ from types import SimpleNamespace
 
 import torch
 
+from vmfuzz.harness.model.errors import OutOfStep
+
 _PROP = ("kv-location-soundness",)
 DSV4_FILE = "srt/layers/attention/deepseek_v4_backend.py"
 _WINDOW_FILE = "srt/mem_cache/dsv41_request_window.py"
@@ -109,6 +111,8 @@ def absent(mod) -> str | None:
     cls = getattr(mod, "DeepseekV4AttnBackend", None)
     if cls is None or not hasattr(cls, "get_swa_out_cache_loc"):
         return "DeepseekV4AttnBackend has no get_swa_out_cache_loc"
+    if getattr(mod, "DSV4Metadata", None) is None:
+        return "no DSV4Metadata"
     return None
 
 
@@ -159,6 +163,15 @@ def run_stores(case, window: torch.Tensor, pool_rows: list[int], table_cells: in
     out.swa_map = swa_page_table(table_cells, case.page_size)
     out.swa_slots = (max(out.swa_map) + 1) * case.page_size
     mapping = swa_mapping(table_cells, out.swa_map, case.page_size)
+    try:
+        _run(mod, case, out, window, pool_rows, mapping)
+    except OutOfStep as exc:
+        out.stores, out.not_driven = [], f"a DeepSeek V4 server's backend is not made here: {exc}"
+    return out
+
+
+def _run(mod, case, out: SwaStores, window, pool_rows, mapping) -> None:
+    from vmfuzz.harness.targets.sglang.imports import sglang_module
     bs, d = case.bs, case.d
     rows = [(b, x) for b in range(bs) for x in range(d)]
     backend, _ = _server(mod, _numbers(case))
@@ -167,9 +180,11 @@ def run_stores(case, window: torch.Tensor, pool_rows: list[int], table_cells: in
     verify = SimpleNamespace(forward_mode=fm.TARGET_VERIFY, out_cache_loc=window)
 
     def metadata(swa_out_cache_loc=None, request_window_layout=None, late_layer_tail=None):
-        # the two core fields the store reads; the rest of DeepSeek V4's metadata is its FlashMLA prep's
+        # the two core fields the store reads; the rest of DeepSeek V4's metadata is its FlashMLA prep's (a
+        # release without late-layer tails has no such field: none is handed there)
         core = SimpleNamespace(swa_out_cache_loc=swa_out_cache_loc, request_window_layout=request_window_layout)
-        return mod.DSV4Metadata(core, None, late_layer_tail=late_layer_tail)
+        tail = {} if late_layer_tail is None else {"late_layer_tail": late_layer_tail}
+        return mod.DSV4Metadata(core, None, **tail)
 
     pool = backend.token_to_kv_pool
     out.stores.append(_store(backend, "translated", verify, metadata(), rows))
@@ -186,7 +201,6 @@ def run_stores(case, window: torch.Tensor, pool_rows: list[int], table_cells: in
     idle = SimpleNamespace(forward_mode=fm.IDLE, out_cache_loc=torch.zeros(window.numel(), dtype=torch.int64))
     out.stores.append(_store(backend, "idle", idle, metadata(cached), [(None, None)] * len(rows)))
     _request_window(mod, case, out, window, pool_rows, rows, metadata, verify)
-    return out
 
 
 def _numbers(case):
@@ -204,8 +218,11 @@ def _server(mod, n, rw=None):
     window, the workspace a server sizes before capture for its largest layouts (a verify of ``max_bs`` requests'
     windows, an idle forward of one row more)."""
     from vmfuzz.harness.targets.sglang import dsv4_backend
-    window = None if rw is None else rw.RequestWindow(
-        _RecordedPool(), num_slots=n.max_bs + 1, layers=1, page_size=4, capacity=n.context_len + n.num_draft_tokens,
+    from vmfuzz.harness.targets.sglang.seams import call_with
+    # bound by name: a release whose window asks for what this does not hand is out of step
+    window = None if rw is None else call_with(
+        rw.RequestWindow, "RequestWindow.__init__", _WINDOW_FILE, _RecordedPool(), num_slots=n.max_bs + 1, layers=1,
+        page_size=4, capacity=n.context_len + n.num_draft_tokens,
         workspace_rows=n.max_bs * (SWA_WINDOW + n.num_draft_tokens) + 1)
     return dsv4_backend.built_by_init(mod, mod.DeepseekV4AttnBackend, n, request_window=window), window
 
@@ -233,7 +250,7 @@ def _tail(mod, fm, backend, out: SwaStores, window, rows, metadata, d: int) -> N
     """An extend of the window's ``d`` tokens per request whose late layers run over each request's last
     ``TAIL_ROWS`` rows: the tail's locations are SGLang's translation of those rows' slots."""
     tail_cls = getattr(mod, "LateLayerTail", None)
-    if tail_cls is None:
+    if tail_cls is None or "late_layer_tail" not in getattr(mod.DSV4Metadata, "__dataclass_fields__", {}):
         out.absent_runs["late-layer tail"] = "no LateLayerTail in this release"
         return
     t = min(TAIL_ROWS, d)
