@@ -61,6 +61,8 @@ SURFACE: tuple = (
 #: DeepSeek V4's sliding window (its config's ``sliding_window``): a request window keeps this many history rows
 #: per request run ahead of the live rows
 SWA_WINDOW = 128
+#: the batch size the DeepSeek V4 server a case's store runs on is started for (at least the case's own)
+SERVED_BS = 16
 #: rows of each request a late-layer tail keeps (fewer than any window's d >= 2 when d > 2)
 TAIL_ROWS = 2
 #: the layer whose store is recorded
@@ -206,11 +208,11 @@ def _run(mod, case, out: SwaStores, window, pool_rows, mapping) -> None:
 def _numbers(case):
     from vmfuzz.harness.model.allocation import ServerNumbers
     # a DeepSeek V4 server drafts chains (its __init__ asserts topk 1): the store reads nothing of the draft's
-    # shape, only the batch's window, which is the case's
-    return ServerNumbers(max(case.bs, 1), case.context_len, case.d, 1, case.spec_steps)
+    # shape, only the batch's window, which is the case's; one server serves every batch of up to SERVED_BS
+    return ServerNumbers(max(case.bs, SERVED_BS), case.context_len, case.d, 1, case.spec_steps)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=64)
 def _server(mod, n, rw=None):
     """The backend of a DeepSeek V4 server started with ``n`` (made once per server: a server keeps its backend
     and pool across steps), and, where ``rw`` (the request-window module) is given, its pool's request window:
