@@ -125,6 +125,11 @@ def test_the_window_pool_server_is_sglangs_own_decision_over_its_pool(sglang_tar
     assert heap.backing_of(backend.cuda_graph_swa_out_cache_loc) is not None
     kinds = {k.name for k in backend.kv_index_translator._spaces}
     assert kinds == {"FULL", "SLIDING_WINDOW"}, kinds
+    # the pool is made by SWAKVPool's own __init__: its sub-pools hold the layers of their kind, slots recorded
+    pool = backend.token_to_kv_pool
+    assert (pool.full_kv_pool.model_layer_ids, pool.swa_kv_pool.model_layer_ids) == ((0,), (1,))
+    assert pool.full_kv_pool.size == pool.swa_kv_pool.size == pool.size
+    assert pool.layers_mapping == {0: (0, False), 1: (0, True)}
     # a replay the glue graph does not prepare: the window layers read windows and write the window slots of
     # the step's own write window, as the eager run does
     from vmfuzz.harness.model.fa3_reads import swa_slot

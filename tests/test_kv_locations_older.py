@@ -49,7 +49,7 @@ def test_a_sub_check_not_driven_stays_a_gap_beside_an_absent_one():
 
 
 def test_the_property_record_says_which_sub_checks_are_no_promise_here():
-    classes = {f"{SUB_CHECK}{name}: {DONE}" for name in ("draft window", "verify window", "plan reads",
+    classes = {f"{SUB_CHECK}{name}: {DONE}" for name in ("draft window", "verify window", "plan reads", "swa store",
                                                           "accept moves", "bonus stride", "allocation width")}
     classes.add(f"{SUB_CHECK}fused window: {ABSENT} (no KVIndexTranslator.plan_uniform_extend)")
     assert sub_checks_not_driven(PROP, classes) == {}

@@ -24,6 +24,13 @@ allocation or from outside the table is told apart from a wrong column. Sub-chec
   of the plan with a sliding-window sub-pool of its own (a later multi-layer draft depth's); and the
   tables a captured graph reads (``copy_page_table``: built in place, with no host lengths, a later
   reader's copy, a table grown for more rows): each request's pages then the sink, padding lanes sink;
+* ``swa store``: the same window as a DeepSeek V4 layer's KV store writes it into its sliding-window pool
+  (``store_cache`` through ``get_swa_out_cache_loc``, on a backend made by its own ``__init__``), per branch:
+  translated, its metadata's cached locations, a stale cache of another length, a deferred commit's hook, a
+  late-layer tail's own rows, a pool's request window, an idle forward: each row at its node's own cell
+  translated through the SWA page table the driver handed the pool (``physical_slot``; an idle row at the
+  dummy slot 0), inside the SWA pool; on a request window, the workspace row past one window of history per
+  request, in query order, under the batch's layout; a deferred commit joined once, before the store;
 * ``accept moves``: the accept index and lengths, the KV moves (``bs·(n + 1)`` pairs, real ones
   first) and the compacted predictions;
   For a chain draft (topk 1, ``d = spec_steps + 1``: the only draft SGLang's server lets rejection
@@ -52,13 +59,15 @@ from vmfuzz.harness.model.kv_locations import (PAGE_SIZES, KvCase, accept_moves,
 from vmfuzz.harness.model.trees import parents, trees_of
 from vmfuzz.harness.properties.kit import (Observation, fail, fail_overrun, known_goes_on, sub_check_absent,
                                            sub_check_done, sub_check_skipped)
+from vmfuzz.harness.properties.kv_swa_store import judge_swa_store
 
 PROP = "kv-location-soundness"
-SUB_CHECKS = ("draft window", "verify window", "fused window", "plan reads", "accept moves", "bonus stride",
-              "allocation width")
+SUB_CHECKS = ("draft window", "verify window", "fused window", "plan reads", "swa store", "accept moves",
+              "bonus stride", "allocation width")
 WRITERS = {"draft window": "prepare_for_draft", "verify window": "assign_extend_cache_locs_uniform",
            "fused window": "assign_extend_cache_locs_uniform fused outputs",
            "plan reads": "KVIndexTranslator reads of the iteration's plan",
+           "swa store": "DeepseekV4AttnBackend.get_swa_out_cache_loc",
            "accept moves": "run_eagle_verify accept step", "bonus stride": "run_eagle_verify bonus tokens",
            "allocation width": "allocation sizing"}
 
@@ -154,6 +163,7 @@ def judge_case(target, case: KvCase, obs: Observation) -> None:
               buffer="out_cache_loc", cell="length")
     sub_check_done(obs, "verify window")
     _judge_fused(case, w, flat, obs)
+    judge_swa_store(case, w, obs, _fail)
     _judge_accept(case, w, want_v, obs)
     # last, and a known defect of one reader of the plan (0.5.22's second reader) ends only the reads: a
     # replay, which names a known defect only after the case ends, has judged every other sub-check first

@@ -83,9 +83,6 @@ _DSV4_FILE = "srt/layers/attention/deepseek_v4_backend.py"
 #: DeepSeek V4's hooks, asked of its backend made for a DSpark server (``BackendHooks``)
 SURFACE += tuple((_DSV4_FILE, "DeepseekV4AttnBackend." + fn, _PROPS) for fn in (
     "glue_target_verify_metadata", "enable_early_verify_metadata"))
-NOT_DRIVEN = ((_DSV4_FILE, "DeepseekV4AttnBackend.get_swa_out_cache_loc",
-               "a DeepSeek V4 layer's KV store reads it: DeepSeek V4's forward needs FlashMLA and its compressed "
-               "indexers, which no CPU runs (the verify forward here is the recording model's)"),)
 
 
 class DSparkAlgorithm:

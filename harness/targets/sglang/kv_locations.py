@@ -10,10 +10,9 @@ For one ``KvCase`` (``harness/model/kv_locations.py``) this runs, in SGLang's or
    launch for P = 1 or topk 1, its torch gather and ``duplicate_prefix_tail_to_draft_branches``
    for a paged tree), ``ForwardBatch.init_new`` stood in (the forward batch is not this step's);
 3. the **verify** window: ``assign_extend_cache_locs_uniform_func`` as ``eagle_prepare_for_verify``
-   calls it, taking its Triton-device branch; then the same producer with its fused outputs
-   (``kv_translation``: ``plan_uniform_extend`` on a translating pool, and the wrapper's
-   fallback branch), and the reads of that window's plan (``kv_plan_reads``: its page tables
-   and token streams);
+   calls it, its Triton-device branch; then the producer with its fused outputs (``kv_translation``:
+   ``plan_uniform_extend`` on a translating pool, the wrapper's fallback branch), its plan's reads
+   (``kv_plan_reads``), and a DeepSeek V4 layer's sliding-window KV store of it (``swa_store``);
 4. the **accept** step: ``run_eagle_verify`` itself, from the target's logits on: the real
    ``eagle_sample`` (greedy; ``verify_tree_greedy_func`` is SGLang's Triton implementation,
    the branch an XPU host takes, since this host's has no kernel), its bonus tokens
@@ -52,6 +51,7 @@ from vmfuzz.harness.targets.sglang.kv_plan_reads import PlanReads, run_reads
 from vmfuzz.harness.targets.sglang.kv_plan_reads import absent as reads_absent
 from vmfuzz.harness.targets.sglang.kv_plan_reads import not_driven as reads_not_driven
 from vmfuzz.harness.targets.sglang.kv_translation import Translated, run_windows
+from vmfuzz.harness.targets.sglang.swa_store import SwaStores, run_stores
 
 COMMON = "srt/speculative/eagle_worker_common.py"
 #: What this module drives, for ``vmfuzz surface`` and the gate.
@@ -118,6 +118,7 @@ class KvWrites:
     accept_moves: list[tuple[int, int]] | None = None  # None: no move (topk 1)
     compacted: list[int] | None = None  # predict after _compact_accept_to_front
     windows: Translated | None = None  # the verify window's producer, plain and with its fused outputs
+    swa: SwaStores | None = None  # DeepSeek V4's SWA store of the verify window, per branch (``swa_store``)
     reads: PlanReads | None = None  # the plan's reads on a translating pool (None: not read, below why)
     reads_absent: str | None = None  # why this SGLang has no plan to read
     reads_not_driven: str | None = None  # why its plan, which it has, was not read
@@ -213,6 +214,7 @@ def run_case(sg, case: KvCase, heap: ShadowHeap) -> KvWrites:
         w.reads = run_reads(sg, heap, rows, R, rpi, seq_lens, d, case.page_size)
     # the accept step reads the window as the verify forward left it: redzoned, so a read past it is seen
     window = heap.adopt("verify out_cache_loc", torch.tensor(w.verify_slots, dtype=torch.int64), 4 * d)
+    w.swa = run_stores(case, window, w.pool_rows, rows * R + 1)  # as a DeepSeek V4 layer's SWA store writes it
 
     # -- the accept step
     _accept(sg, case, w, heap, batch, window, pool)

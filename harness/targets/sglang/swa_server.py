@@ -14,9 +14,10 @@ prefix tokens (``update_sliding_window_buffer``), their slots gathered through
 the same map.
 
 ``WindowPool`` is that server's pool and ids, for the target verify runner
-(``graph_runner.build(..., window_pool=True)``): SGLang's ``SWAKVPool`` class,
-made with ``__new__`` and given one full and one window layer, sub-pools that
-only answer the value width the backend's ``__init__`` asks, and a map of the
+(``graph_runner.build(..., window_pool=True)``): SGLang's ``SWAKVPool``, made by
+its own ``__init__`` with one full and one window layer, its sub-pool classes
+``recorded_sub_pool`` (they record the slots asked, allocate nothing, and answer
+the value width the backend's ``__init__`` asks), and a map of the
 harness's (``fa3_reads.swa_slot``, the sink 0 to 0, the -1 sentinel last),
 registered through the pool's own ``register_mapping``. The backend's
 ``__init__`` is handed the pool, so its ``use_sliding_window_kv_pool`` and the
@@ -55,6 +56,7 @@ from types import SimpleNamespace
 import torch
 
 from vmfuzz.harness.model.config import Config
+from vmfuzz.harness.model.errors import OutOfStep
 from vmfuzz.harness.model.fa3_reads import swa_slot
 from vmfuzz.harness.model.readers import kv_slot_stride
 from vmfuzz.harness.targets.sglang.binding import bound
@@ -72,7 +74,7 @@ SURFACE = tuple((path, fn, _PROPS) for path, fn in (
     (TRITON_FILE, "TritonAttnBackend._fill_cuda_graph_swa_out_cache_loc"),
     (TRITON_FILE, "update_sliding_window_buffer"),
     (POOL_FILE, "SWAKVPool.register_mapping"), (POOL_FILE, "SWAKVPool.translate_loc_from_full_to_swa"),
-    (POOL_FILE, "SWAKVPool.get_value_buffer"),
+    (POOL_FILE, "SWAKVPool.get_value_buffer"), (POOL_FILE, "SWAKVPool.__init__"),
     (TRANSLATOR_FILE, "KVIndexTranslator.__init__"), (TRANSLATOR_FILE, "KVIndexTranslator.space"),
     (TRANSLATOR_FILE, "KVIndexTranslator.window_kv_kind"), (TRANSLATOR_FILE, "KVIndexTranslator.write_ids"),
     (TRANSLATOR_FILE, "KVIndexTranslator.plan"), (TRANSLATOR_FILE, "KVIndexTranslator.own_plan"),
@@ -83,8 +85,6 @@ SURFACE = tuple((path, fn, _PROPS) for path, fn in (
 ))
 
 NOT_DRIVEN = (
-    (POOL_FILE, "SWAKVPool.__init__", "the window-pool server's pool is made with __new__: its own set-up "
-                                      "allocates the sub-pools' KV, which the recording model stands in for"),
     (POOL_FILE, "SWAKVPool.set_kv_buffer", "a window layer's write is the recording model's, at the window slot "
                                            "the backend's metadata holds (as the Triton backend hands it the pool)"),
 )
@@ -118,23 +118,49 @@ def window_size(config: Config) -> int:
     return max(1, config.max_context_len // 2)
 
 
-def _sub_pool(which: str) -> StandIn:
-    # what the backend's __init__ asks of a sub-pool: a value buffer's width (on meta: nothing allocated)
-    return StandIn(f"SWAKVPool.{which}_kv_pool", POOL_FILE, start_layer=0,
-                   get_value_buffer=lambda layer: torch.empty(1, 8, 64, device="meta"))
+class _RecordedSubPool:
+    """A sub-pool ``SWAKVPool``'s set-up makes: it records the slots and layers it was asked to hold and
+    allocates nothing; what the backend's ``__init__`` asks of it is a value buffer's width (on meta). Its bytes
+    are none: the window-pool server's KV is the recording model's."""
+
+    post_capture_active = False
+    start_layer = 0
+
+    def __init__(self, size: int, layer_num: int, allocation_label: str = "", **_):
+        self.size, self.layer_num, self.allocation_label = size, layer_num, allocation_label
+
+    def get_kv_size_bytes(self):
+        return 0, 0
+
+    def get_value_buffer(self, layer):
+        return torch.empty(1, 8, 64, device="meta")
+
+
+@functools.lru_cache(maxsize=None)
+def recorded_sub_pool(pool_module) -> type:
+    """``_RecordedSubPool`` as the pool's default sub-pool family (SGLang's ``MHATokenToKVPool``, where the
+    module has it), so the set-up's steps for that family (each sub-pool's model layer ids) run as they would."""
+    base = getattr(pool_module, "MHATokenToKVPool", None)
+    return type("RecordedSubPool", (_RecordedSubPool,) + ((base,) if base is not None else ()), {})
 
 
 def hybrid_pool(slots: int, to_window=swa_slot):
-    """SGLang's ``SWAKVPool`` over full-pool slots ``[0, slots)``, made with ``__new__``: one full and one window
-    layer, sub-pools that only answer a value width, the harness's map (``to_window`` of each full slot, the sink
-    to the sink, the -1 sentinel last) registered through the pool's own ``register_mapping``."""
+    """SGLang's ``SWAKVPool`` over full-pool slots ``[0, slots)``, made by its own ``__init__``: one full and one
+    window layer (``LAYERS``), each sub-pool a ``recorded_sub_pool`` of ``slots`` slots; the harness's map
+    (``to_window`` of each full slot, the sink to the sink, the -1 sentinel last) registered through the pool's
+    own ``register_mapping``."""
     m = _modules()
     full = torch.arange(slots, dtype=torch.int64)
     mapping = torch.where(full > 0, to_window(full), 0)  # the sink is the sink in both sub-pools
-    pool = m.pool.SWAKVPool.__new__(m.pool.SWAKVPool)
-    vars(pool).update(layers_mapping=dict(LAYERS), full_kv_pool=_sub_pool("full"), swa_kv_pool=_sub_pool("swa"),
-                      full_layer_nums=1, swa_layer_nums=1, layer_num=2, start_layer=0, page_size=1,
-                      size=full.numel(), size_swa=full.numel(), layer_transfer_counter=None, device="cpu")
+    # bound by name: a release whose set-up asks for what this does not hand is out of step
+    pool = call_with(m.pool.SWAKVPool, "SWAKVPool.__init__", POOL_FILE, size=slots, size_swa=slots, page_size=1,
+                     dtype=torch.bfloat16, head_num=8, head_dim=64,
+                     full_attention_layer_ids=[g for g, (_, window) in LAYERS.items() if not window],
+                     swa_attention_layer_ids=[g for g, (_, window) in LAYERS.items() if window], device="cpu",
+                     full_kv_pool_class=recorded_sub_pool(m.pool), swa_kv_pool_class=recorded_sub_pool(m.pool))
+    if pool.layers_mapping != LAYERS:
+        # the window routing every run here rests on; a pool that maps its layers otherwise is not this server's
+        raise OutOfStep("SWAKVPool.__init__", POOL_FILE, f"maps the layers {pool.layers_mapping}, not {LAYERS}")
     pool.register_mapping(torch.cat([mapping, torch.tensor([-1])]))
     return pool
 
