@@ -38,15 +38,18 @@ the kernels' outputs and the accept index are redzoned too.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import torch
 
 from vmfuzz.harness.guard.shadow import ShadowHeap
+from vmfuzz.harness.model.errors import OutOfStep
 from vmfuzz.harness.model.kv_locations import KvCase
 from vmfuzz.harness.targets.sglang.backend_init import uninstalled_stubbed
 from vmfuzz.harness.targets.sglang.binding import bound
+from vmfuzz.harness.targets.sglang.graph_lookups import fitted
 from vmfuzz.harness.targets.sglang.kv_launches import draft_launch, greedy_walk
 from vmfuzz.harness.targets.sglang.kv_plan_reads import PlanReads, run_reads
 from vmfuzz.harness.targets.sglang.kv_plan_reads import absent as reads_absent
@@ -145,17 +148,76 @@ def _spec_context(case: KvCase):
     return spec, SimpleNamespace(page_size=case.page_size), SimpleNamespace(attn_dcp_size=1)
 
 
-def allocation(sizing, case: KvCase) -> tuple[int, list[int], int]:
-    """(reserve, nxt per request, row headroom) as SGLang sizes them for this case's server."""
+def allocation(sg, case: KvCase) -> tuple[int, list[int], int]:
+    """(reserve, nxt per request, row headroom) as SGLang sizes them for this case's server. Each setting is answered under the name this release's
+    sizing reads it by (0.5.17 off ``get_server_args()``, later ones off the runtime context); a lookup
+    its module does not hold is one its code cannot make."""
+    sizing = sg.sizing
     spec, schedule, parallel = _spec_context(case)
-    with bound((sizing, "get_spec", lambda: spec), (sizing, "get_schedule", lambda: schedule),
-               (sizing, "get_parallel", lambda: parallel),
-               (sizing, "max_speculative_num_draft_tokens", lambda: case.d)):
+    args = SimpleNamespace(speculative_algorithm=spec.speculative_algorithm,
+                           speculative_num_steps=case.spec_steps, speculative_eagle_topk=case.topk,
+                           max_speculative_num_draft_tokens=case.d, page_size=case.page_size)
+    answers = {"get_spec": lambda: spec, "get_schedule": lambda: schedule, "get_parallel": lambda: parallel,
+               "get_server_args": lambda: args, "max_speculative_num_draft_tokens": lambda: case.d}
+    with bound(*[(sizing, name, answer) for name, answer in answers.items() if hasattr(sizing, name)]):
         reserve = sizing.get_alloc_reserve_per_decode()
-        reqs = [SimpleNamespace(kv=SimpleNamespace(kv_allocated_len=s, kv_committed_len=s)) for s in case.seq_lens]
-        _, nxt, _ = sizing.page_aligned_decode_alloc_lens(reqs, reserve=reserve, page_size=case.page_size)
-        extra = sizing.get_req_to_token_extra_context_len()
+        if hasattr(sizing, "page_aligned_decode_alloc_lens"):
+            reqs = [SimpleNamespace(kv=SimpleNamespace(kv_allocated_len=s, kv_committed_len=s))
+                    for s in case.seq_lens]
+            _, nxt, _ = sizing.page_aligned_decode_alloc_lens(reqs, reserve=reserve, page_size=case.page_size)
+        extra = _call_with_args(sizing.get_req_to_token_extra_context_len, args)
+        if not hasattr(sizing, "page_aligned_decode_alloc_lens"):
+            nxt = decode_alloc_lens(sg, case, spec, int(reserve), case.context_len + int(extra))
     return int(reserve), [int(v) for v in nxt], int(extra)
+
+
+def _call_with_args(fn, args):
+    """``fn()``, handed the server args where this release's signature asks for them (0.5.17)."""
+    if "server_args" in inspect.signature(fn).parameters:
+        return fn(server_args=args)
+    return fn()
+
+
+class _Allocated(Exception):
+    """Raised by the stand-in allocation call to end the decode preparation once its sizes are known."""
+
+    def __init__(self, nxt):
+        super().__init__("allocated")
+        self.nxt = nxt
+
+
+def decode_alloc_lens(sg, case: KvCase, spec, reserve: int, row_width: int) -> list[int]:
+    """Each request's allocation end as a release without ``page_aligned_decode_alloc_lens`` computes it
+    (0.5.17, 0.5.18): inside ``eagle_utils.eagle_prepare_for_decode``, run up to the allocation call it
+    hands the sizes to (``alloc_for_spec_decode``, stood in to take them and stop there)."""
+    eu = sg.eagle_utils
+    if not hasattr(eu, "eagle_prepare_for_decode") or not hasattr(eu, "alloc_for_spec_decode"):
+        raise OutOfStep("page_aligned_decode_alloc_lens", "srt/mem_cache/allocation_sizing.py",
+                        "neither it nor eagle_utils.eagle_prepare_for_decode's allocation call is in this SGLang")
+
+    def alloc_for_spec_decode(*_, nxt_kv_lens_cpu=None, **__):
+        raise _Allocated(nxt_kv_lens_cpu)
+    bs = case.bs
+    reqs = [SimpleNamespace(kv=SimpleNamespace(kv_allocated_len=s, kv_committed_len=s), kv_committed_len=s,
+                            decode_batch_idx=0) for s in case.seq_lens]
+    batch = SimpleNamespace(
+        reqs=reqs, batch_size=lambda: bs, maybe_evict_swa=lambda: None, device="cpu",
+        sampling_info=SimpleNamespace(penalizer_orchestrator=SimpleNamespace(is_required=False)),
+        token_to_kv_pool_allocator=SimpleNamespace(page_size=case.page_size),
+        req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros((bs + 1, row_width), dtype=torch.int32)),
+        tree_cache=None, req_pool_indices=torch.arange(bs, 0, -1))
+    patches = [(eu, "alloc_for_spec_decode", alloc_for_spec_decode)]
+    patches += [(eu, "get_spec", lambda: spec)] if hasattr(eu, "get_spec") else []
+    try:
+        with bound(*patches):
+            eu.eagle_prepare_for_decode(batch)
+    except _Allocated as done:
+        if done.nxt is None:
+            raise OutOfStep("eagle_prepare_for_decode", "srt/speculative/eagle_utils.py",
+                            "its allocation call names no nxt_kv_lens_cpu") from None
+        return [int(v) for v in done.nxt.reshape(-1)]
+    raise OutOfStep("eagle_prepare_for_decode", "srt/speculative/eagle_utils.py",
+                    "it returned without the allocation call vmfuzz stops it at")
 
 
 class _KvPool:
@@ -174,7 +236,7 @@ class _KvPool:
 def run_case(sg, case: KvCase, heap: ShadowHeap) -> KvWrites:
     """Drive one case through SGLang's code (``sg``: the modules, ``kv_modules``)."""
     w = KvWrites()
-    w.reserve, w.alloc_lens, w.extra_context = allocation(sg.sizing, case)
+    w.reserve, w.alloc_lens, w.extra_context = allocation(sg, case)
     bs, k, n, d, R = case.bs, case.topk, case.spec_steps, case.d, case.context_len + w.extra_context
     w.row_width = R
     rows = bs + 1  # row 0 stays the pool's reserved row; request b gets row bs - b (not its index)
@@ -303,12 +365,17 @@ def _accept(sg, case: KvCase, w: KvWrites, heap: ShadowHeap, batch, window, pool
                    (sg.common, "eagle_sample", real_sample),
                    (sg.common, "commit_mamba_states_after_verify", lambda *a, **kw: None),
                    (sg.eagle_utils, "verify_tree_greedy_func", greedy_walk(sg)),
-                   (sg.eagle_utils, "get_spec", lambda: spec)):
-            return sg.common.run_eagle_verify(
-                on, target_worker=worker, req_to_token_pool=SimpleNamespace(req_to_token=None),
+                   (sg.eagle_utils, "get_spec", lambda: spec),
+                   *one_rank_group(sg, SimpleNamespace(world_size=1))):
+            run = sg.common.run_eagle_verify
+            # 0.5.17 is also handed the draft's steps; a signature that takes other arguments is refused
+            # before the call (``fitted``: out of step), never a raise of SGLang's
+            steps = {"num_steps": case.spec_steps} if "num_steps" in inspect.signature(run).parameters else {}
+            return fitted(run, "run_eagle_verify")(
+                batch=on, target_worker=worker, req_to_token_pool=SimpleNamespace(req_to_token=None),
                 token_to_kv_pool_allocator=kv_pool, plan_stream=None, plan_stream_ctx=contextlib.nullcontext(),
                 topk=case.topk, num_draft_tokens=d, device="cpu", metadata_ready_pre_pad=False,
-                finalize_tree_path=True)
+                finalize_tree_path=True, **steps)
     result = verify(batch, pool)
     accept_index = out["accept_index"]
     w.accept_index_shape = tuple(accept_index.shape)
@@ -360,7 +427,8 @@ def _sampled_accept(sg, case: KvCase, w: KvWrites) -> None:
             # compiled ops (0.5.21, 0.5.22) calls neither here (no top-k or top-p asked): stubbed, so the
             # branch runs as written; a call into one raises and says so
             with bound((sg.eagle_utils, "get_spec", lambda spec=spec: spec),
-                       (sg.runtime_context, "get_parallel", lambda: parallel)), uninstalled_stubbed("sgl_kernel"):
+                       (sg.runtime_context, "get_parallel", lambda: parallel), *one_rank_group(sg, one_rank)), \
+                    uninstalled_stubbed("sgl_kernel"):
                 predict, accept_lens, accept_index = sg.eagle_utils.eagle_sample(verify_input, batch, output)
         except RuntimeError as exc:
             if "stub of a CUDA extension" not in str(exc):
@@ -372,6 +440,13 @@ def _sampled_accept(sg, case: KvCase, w: KvWrites) -> None:
                           [int(v) for v in accept_lens], [int(v) for v in predict.reshape(-1)]))
 
 
+def one_rank_group(sg, group) -> list[tuple]:
+    """The tensor-parallel group a sampler asks ``sglang.srt.distributed`` for by name (0.5.17-0.5.20
+    import ``get_tp_group`` in the function; later releases read ``get_parallel().tp_group``), answered
+    with ``group``; none where the package holds no such name."""
+    return [(sg.distributed, "get_tp_group", lambda: group)] if hasattr(sg.distributed, "get_tp_group") else []
+
+
 def kv_modules():
     """SGLang's modules this step goes through (imported after the loader set the interpreter up)."""
     from vmfuzz.harness.targets.sglang.imports import sglang_module
@@ -380,6 +455,7 @@ def kv_modules():
         common=sglang_module("sglang.srt.speculative.eagle_worker_common"),
         eagle_utils=sglang_module("sglang.srt.speculative.eagle_utils"),
         runtime_context=sglang_module("sglang.srt.runtime_context"),
+        distributed=sglang_module("sglang.srt.distributed"),
         cache_locs=sglang_module("sglang.kernels.ops.speculative.cache_locs"),
         # the translating pool's fused verify window (0.5.23 on); None where this SGLang has none
         translator=_optional("sglang.srt.mem_cache.kv_index_translator"),
