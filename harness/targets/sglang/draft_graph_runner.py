@@ -60,6 +60,7 @@ from vmfuzz.harness.model.errors import OutOfStep
 from vmfuzz.harness.targets.sglang import swa_server
 from vmfuzz.harness.targets.sglang.binding import bound
 from vmfuzz.harness.targets.sglang.draft_model import HIDDEN, VOCAB, RecordingDraftModel, Step
+from vmfuzz.harness.targets.sglang.kv_ids import static_translator, translator_module
 from vmfuzz.harness.targets.sglang.graph_lookups import (adopt_static, answers, draft_lookups, module_set,
                                                         server_args, single_gpu_helpers)
 
@@ -200,11 +201,11 @@ def _model_runner(shape: DraftShape, capture_bs: list[int], heap: ShadowHeap, sp
     runner = backend_init.model_runner(numbers, "cpu", page_size=shape.page_size,
                                        sliding_window_size=shape.window or None, kv_pool=kv_pool)
     runner.req_to_token_pool = SimpleNamespace(size=table.shape[0], req_to_token=table)
-    translator_module = _translator_module()
+    translator_module = translator_module()
     if kv_pool is not None:
         runner.kv_index_translator = swa_server.translator_over(kv_pool, table)
     elif translator_module is not None:
-        runner.kv_index_translator = _static_translator(translator_module.KVIndexTranslator, table, shape.page_size)
+        runner.kv_index_translator = static_translator(translator_module.KVIndexTranslator, table, shape.page_size)
     # else a release without the translator (0.5.17, 0.5.18): its backends read the pool's table themselves
     runner.server_args.speculative_draft_window_size = None
     # the graph settings 0.5.17-0.5.20's runner set-up reads off server_args, where the backend's lack them
@@ -223,30 +224,6 @@ def _model_runner(shape: DraftShape, capture_bs: list[int], heap: ShadowHeap, sp
     # one GPU, where the draft runner's set-up reads it off the runner (0.5.21)
     runner.tp_size, runner.tp_group = 1, SimpleNamespace(barrier=lambda: None)
     return runner, numbers, table
-
-
-def _translator_module():
-    """SGLang's KV-index translator module, or None where this release has none."""
-    import importlib.util
-
-    from vmfuzz.harness.targets.sglang.imports import sglang_module
-    name = "sglang.srt.mem_cache.kv_index_translator"
-    return sglang_module(name) if importlib.util.find_spec(name) is not None else None
-
-
-def _static_translator(cls, table: torch.Tensor, page_size: int):
-    """The KV-index translator of a static pool (reads pass through): by its own ``__init__`` where that
-    takes the pools (0.5.21: no translating allocator, so it translates nothing), else assembled with no
-    id spaces (0.5.23's, whose ``__init__`` asks for a server's pools)."""
-    import inspect
-    if "token_to_kv_pool_allocator" in inspect.signature(cls.__init__).parameters:
-        translator = cls(req_to_token=table, token_to_kv_pool_allocator=None, token_to_kv_pool=None,
-                         page_size=page_size, device="cpu")
-    else:
-        translator = object.__new__(cls)
-        translator.req_to_token, translator._spaces = table, {}
-    translator.bind_runner_slots = lambda fb: None
-    return translator
 
 
 def _adopt_graph_state(backend, space: GraphSpace) -> None:
