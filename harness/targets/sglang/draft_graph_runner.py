@@ -201,11 +201,11 @@ def _model_runner(shape: DraftShape, capture_bs: list[int], heap: ShadowHeap, sp
     runner = backend_init.model_runner(numbers, "cpu", page_size=shape.page_size,
                                        sliding_window_size=shape.window or None, kv_pool=kv_pool)
     runner.req_to_token_pool = SimpleNamespace(size=table.shape[0], req_to_token=table)
-    translator_module = translator_module()
+    translators = translator_module()
     if kv_pool is not None:
         runner.kv_index_translator = swa_server.translator_over(kv_pool, table)
-    elif translator_module is not None:
-        runner.kv_index_translator = static_translator(translator_module.KVIndexTranslator, table, shape.page_size)
+    elif translators is not None:
+        runner.kv_index_translator = static_translator(translators.KVIndexTranslator, table, shape.page_size)
     # else a release without the translator (0.5.17, 0.5.18): its backends read the pool's table themselves
     runner.server_args.speculative_draft_window_size = None
     # the graph settings 0.5.17-0.5.20's runner set-up reads off server_args, where the backend's lack them
