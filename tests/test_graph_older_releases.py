@@ -146,6 +146,59 @@ def test_the_installed_release_drives_every_draft_piece():
     assert window_not_driven() is None and seeded_not_driven() is None
 
 
+def test_the_draft_extend_runner_is_handed_select_index_only_where_it_takes_one():
+    """0.5.17-0.5.20's EAGLE v2 draft-extend ``execute`` takes the batch alone and hands back every token's
+    row, which the worker then picks from; later ones take ``select_index`` and pick themselves."""
+    sglang_or_skip()
+    from vmfuzz.harness.targets.sglang.draft_extend_runner import _executed
+    rows = torch.arange(12.0).view(6, 2)
+
+    class EveryRow:  # as 0.5.17's
+        def execute(self, forward_batch):
+            return SimpleNamespace(next_token_logits=rows, hidden_states=rows * 10)
+
+    class Picks:  # as 0.5.23's
+        def execute(self, forward_batch, select_index):
+            return SimpleNamespace(next_token_logits=rows[select_index], hidden_states=None, picked=select_index)
+    pick = torch.tensor([1, 5])
+    out = _executed(EveryRow(), "fb", pick)
+    assert torch.equal(out.next_token_logits, rows[pick]) and torch.equal(out.hidden_states, rows[pick] * 10)
+    assert _executed(Picks(), "fb", pick).picked is pick
+
+
+def test_the_parallelism_helpers_answer_one_gpu_whether_or_not_they_are_handed_server_args():
+    """0.5.17-0.5.20 pass the server_args to the helpers, later releases call them bare."""
+    sglang_or_skip()
+    from vmfuzz.harness.targets.sglang.graph_lookups import rank_place, server_args, single_gpu_helpers
+    helpers = single_gpu_helpers()
+    args = server_args(SimpleNamespace(topk=2, spec_steps=3, d=4), [1, 2, 4], pp_size=2)
+    for name in ("require_gathered_buffer", "require_mlp_tp_gather", "require_mlp_sync", "require_attn_tp_gather",
+                 "is_mla_prefill_cp_enabled"):
+        assert helpers[name]() is False and helpers[name](args) is False
+    assert helpers["get_cuda_graph_batch_size_alignment"](args) == 1
+    assert list(args.cuda_graph_config.decode.bs) == [1, 2, 4] and args.speculative_num_draft_tokens == 4
+    assert args.tp_size == 1 and args.pp_size == 2 and not args.enable_mamba_extra_buffer()
+    place = rank_place(2)
+    assert (place.pp_rank, place.pp_size, place.tp_size) == (1, 2, 1)  # the last pipeline stage's runner
+
+
+def test_the_draft_runner_binds_no_tuner_its_release_lacks(monkeypatch):
+    """A release that tunes nothing before its draft capture holds no tuner: nothing bound there."""
+    sglang_or_skip()
+    from vmfuzz.harness.targets.sglang import draft_graph_runner as dgr
+    from vmfuzz.harness.guard.graph import GraphSpace
+    from vmfuzz.harness.guard.shadow import ShadowHeap
+    m = dgr.modules()
+    shape = SimpleNamespace(topk=1, steps=2, draft_tokens=3, page_size=1, seeded_sampling=False)
+    space = GraphSpace(ShadowHeap())
+    names = {(owner, name) for owner, name, _ in dgr.bindings(shape, [1, 2], space) if owner is m.runner}
+    assert ((m.runner, "maybe_flashinfer_autotune_speculative_draft") in names) == \
+        hasattr(m.runner, "maybe_flashinfer_autotune_speculative_draft")
+    monkeypatch.delattr(m.runner, "maybe_flashinfer_autotune_speculative_draft", raising=False)
+    names = {name for owner, name, _ in dgr.bindings(shape, [1, 2], space) if owner is m.runner}
+    assert "maybe_flashinfer_autotune_speculative_draft" not in names
+
+
 # -- on an installed older release ----------------------------------------------------------------------
 
 #: where scripts/release_matrix.sh (or bench/release_diffs.py) leaves each release's environment
@@ -154,7 +207,7 @@ RELEASES_DIR = Path(os.environ.get("VMFUZZ_RELEASES_DIR", "/tmp/vmfuzz-releases"
 
 @pytest.mark.slow
 @pytest.mark.release
-@pytest.mark.parametrize("release", ["0.5.21", "0.5.22"])
+@pytest.mark.parametrize("release", ["0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22"])
 @pytest.mark.parametrize("prop", ["graph-replay-equivalence", "padding-inert", "capture-replay-agreement",
                                   "graph-buffer-soundness", "kv-location-soundness"])
 def test_the_graph_properties_are_driven_and_hold_on_a_pristine_older_release(tmp_path, release, prop):

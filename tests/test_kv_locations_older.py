@@ -230,3 +230,73 @@ def test_the_installed_release_lacks_no_kv_location_piece():
     sglang_or_skip()
     from vmfuzz.harness.targets.sglang.graph_support import FUSED_PIECE, PLAN_PIECE, pieces_not_driven
     assert not {PLAN_PIECE, FUSED_PIECE} & set(pieces_not_driven())
+
+
+# -- the step's pieces under the names 0.5.17-0.5.20 read them by ------------------------------------------
+
+_SIZING_0517 = '''
+def get_alloc_reserve_per_decode(server_args=None):
+    if server_args is None:
+        server_args = get_server_args()
+    return 2 * max(server_args.speculative_num_steps * server_args.speculative_eagle_topk,
+                   server_args.max_speculative_num_draft_tokens)
+
+def get_req_to_token_extra_context_len(server_args):
+    return 4 + server_args.max_speculative_num_draft_tokens
+
+def get_server_args():
+    raise AssertionError("no server args published")
+'''
+
+_PREPARE_0517 = '''
+def eagle_prepare_for_decode(batch):
+    batch.maybe_evict_swa()
+    page = batch.token_to_kv_pool_allocator.page_size
+    reserve = sizing.get_alloc_reserve_per_decode()
+    nxt = [max(r.kv.kv_allocated_len, (r.kv_committed_len + reserve + page - 1) // page * page) for r in batch.reqs]
+    alloc_for_spec_decode(None, batch.req_to_token_pool, nxt_kv_lens_cpu=torch.tensor(nxt))
+
+def alloc_for_spec_decode(*args, **kwargs):
+    raise AssertionError("the real allocation ran")
+'''
+
+
+def _module(name: str, source: str, **names):
+    import types
+    mod = types.ModuleType(name)
+    vars(mod).update(names)
+    exec(compile(source, name, "exec"), vars(mod))
+    return mod
+
+
+def test_a_release_that_sizes_in_its_decode_preparation_is_read_there():
+    """0.5.17/0.5.18 hold no page_aligned_decode_alloc_lens: the allocation ends are what
+    eagle_prepare_for_decode hands its allocation call, its settings read off get_server_args()."""
+    import torch
+
+    from vmfuzz.harness.targets.sglang.kv_locations import allocation
+    sizing = _module("sizing", _SIZING_0517)
+    eagle_utils = _module("eagle_utils", _PREPARE_0517, sizing=sizing, torch=torch)
+    case = SimpleNamespace(topk=1, spec_steps=3, d=4, page_size=4, seq_lens=(5, 8), context_len=32, bs=2)
+    reserve, nxt, extra = allocation(SimpleNamespace(sizing=sizing, eagle_utils=eagle_utils), case)
+    assert (reserve, extra) == (8, 8)
+    assert nxt == [16, 16]  # committed + reserve, rounded up to the page
+    with pytest.raises(AssertionError, match="no server args"):  # its own again once the step is sized
+        sizing.get_server_args()
+
+
+def test_a_release_with_neither_sizing_helper_nor_preparation_is_out_of_step():
+    from vmfuzz.harness.model.errors import OutOfStep
+    from vmfuzz.harness.targets.sglang.kv_locations import allocation
+    sizing = _module("sizing", _SIZING_0517)
+    case = SimpleNamespace(topk=1, spec_steps=3, d=4, page_size=1, seq_lens=(5,), context_len=32, bs=1)
+    with pytest.raises(OutOfStep, match="page_aligned_decode_alloc_lens"):
+        allocation(SimpleNamespace(sizing=sizing, eagle_utils=SimpleNamespace()), case)
+
+
+def test_the_samplers_tp_group_is_answered_only_where_the_package_holds_it():
+    from vmfuzz.harness.targets.sglang.kv_locations import one_rank_group
+    group = SimpleNamespace(world_size=1)
+    [(owner, name, answer)] = one_rank_group(SimpleNamespace(distributed=SimpleNamespace(get_tp_group=None)), group)
+    assert name == "get_tp_group" and answer() is group
+    assert one_rank_group(SimpleNamespace(distributed=SimpleNamespace()), group) == []

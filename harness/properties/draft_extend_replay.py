@@ -215,7 +215,12 @@ def _agreement(runner: str, target, config: Config, batches: list[Batch], obs: O
             where = _where(runner, batch, g, step)
             _view_agrees(runner, g, w, where, obs)
             _rows_agree(runner, g, e, batch, w, where)
-        sel = session.buffers.select_index[:got[0].graph_bs].tolist()
+        # a runner that keeps no select_index (0.5.17-0.5.20's EAGLE v2 one: it hands back every token's
+        # row and the worker picks) has no picks of its own to judge
+        picks = getattr(session.buffers, "select_index", None)
+        if picks is None:
+            obs.classes.add(f"{runner}: no select_index buffer in this SGLang's runner (the worker picks the rows)")
+        sel = [] if picks is None else picks[:got[0].graph_bs].tolist()
         for b, s in enumerate(sel):
             if not b * w <= s < (b + 1) * w:
                 fail(AGREEMENT, f"{_where(runner, batch, got[0], 0)}: request {b}'s select_index {s} lies outside "

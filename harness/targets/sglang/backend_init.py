@@ -139,7 +139,8 @@ def model_runner(n: ServerNumbers, device="meta", page_size: int = 1,
         kv_index_translator=TranslatesNothing(), is_draft_worker=False, spec_algorithm=None,
         # a single-GPU server's parallel sizes where older releases read them off the runner
         # (0.5.21: attn_cp_size; 0.5.17-0.5.20: a ``ps`` bag), as get_parallel answers today
-        attn_cp_size=1, ps=StandIn("ModelRunner.ps", _RUNNER, attn_cp_size=1, tp_size=1, attn_tp_size=1, dp_size=1),
+        attn_cp_size=1, ps=StandIn("ModelRunner.ps", _RUNNER, attn_cp_size=1, tp_size=1, attn_tp_size=1, dp_size=1,
+                                      attn_dp_size=1, tp_rank=0, dp_rank=0, pp_size=1, pp_rank=0, moe_ep_size=1),
         decode_num_tokens_per_req=lambda: args.speculative_num_draft_tokens, device=device, gpu_id=0,
         dtype=torch.bfloat16, kv_cache_dtype=torch.bfloat16, kv_cache_dtype_str="auto",
         max_running_requests=args.max_running_requests), **(runner or {})})

@@ -26,6 +26,8 @@ as they read the eager path's own rail.
 
 from __future__ import annotations
 
+import inspect
+from types import SimpleNamespace
 
 import torch
 
@@ -145,7 +147,7 @@ def replay(server: DraftServer, fb, select_index) -> list[StepResult]:
     views: list = []
     n0 = len(server.model.calls)
     with bound(*bindings(server, [modules().runner]), viewing(backend, views)):
-        out = server.runner.execute(fb, select_index.clone())
+        out = _executed(server.runner, fb, select_index.clone())
     calls = server.model.calls[n0:]
     if len(calls) != 1:
         raise OutOfStep("EAGLEDraftExtendCudaGraphRunner.execute", RUNNER_FILE,
@@ -154,6 +156,16 @@ def replay(server: DraftServer, fb, select_index) -> list[StepResult]:
     view, reads = views[-1] if views else (None, frozenset())
     qo, kv = backend_rows(backend, B)
     return [StepResult(out.next_token_logits.clone(), out.hidden_states.clone(), calls[0], B, view, reads, qo, kv)]
+
+
+def _executed(runner, fb, select_index):
+    """The runner's ``execute`` as the worker calls it: handed ``select_index`` where it takes one (it then
+    returns the selected rows), else every token's row, which the worker then selects (0.5.17-0.5.20)."""
+    if "select_index" in inspect.signature(runner.execute).parameters:
+        return runner.execute(fb, select_index)
+    out = runner.execute(fb)
+    return SimpleNamespace(next_token_logits=out.next_token_logits[select_index],
+                           hidden_states=out.hidden_states[select_index])
 
 
 def eager(server: DraftServer, fb, select_index) -> list[StepResult]:

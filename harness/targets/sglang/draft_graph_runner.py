@@ -60,7 +60,9 @@ from vmfuzz.harness.model.errors import OutOfStep
 from vmfuzz.harness.targets.sglang import swa_server
 from vmfuzz.harness.targets.sglang.binding import bound
 from vmfuzz.harness.targets.sglang.draft_model import HIDDEN, VOCAB, RecordingDraftModel, Step
-from vmfuzz.harness.targets.sglang.graph_lookups import adopt_static, answers, draft_lookups, module_set
+from vmfuzz.harness.targets.sglang.kv_ids import static_translator, translator_module
+from vmfuzz.harness.targets.sglang.graph_lookups import (adopt_static, answers, draft_lookups, module_set,
+                                                        server_args, single_gpu_helpers)
 
 RUNNER_FILE = "srt/speculative/eagle_draft_cuda_graph_runner.py"
 TRITON_FILE = "srt/layers/attention/triton_backend.py"
@@ -95,7 +97,6 @@ _MODULES = {
     "spec_utils": "sglang.srt.speculative.spec_utils",
     "backend_utils": "sglang.srt.model_executor.runner_backend.utils",
     "capture_mode": "sglang.srt.model_executor.runner_utils.capture_mode",
-    "translator": "sglang.srt.mem_cache.kv_index_translator",
     "forward_info": "sglang.srt.model_executor.forward_batch_info",
     "eagle_info": "sglang.srt.speculative.eagle_info",
     "spec_info": "sglang.srt.speculative.spec_info",
@@ -149,9 +150,10 @@ def _context(shape: DraftShape, capture_bs: list[int]) -> dict:
     exec_.deterministic = SimpleNamespace(enable_deterministic_inference=shape.seeded_sampling)
     schedule = SimpleNamespace(page_size=shape.page_size, max_running_requests=max(capture_bs))
     out["get_schedule"] = lambda: schedule
-    for probe in ("require_gathered_buffer", "require_mlp_tp_gather", "require_mlp_sync", "require_attn_tp_gather"):
-        out[probe] = lambda: False
-    out["deployment_attn_dp_size"] = lambda: 1
+    helpers = single_gpu_helpers()  # 0.5.17-0.5.20 hand these the server_args
+    out.update({name: helpers[name] for name in ("require_gathered_buffer", "require_mlp_tp_gather",
+                                                 "require_mlp_sync", "require_attn_tp_gather",
+                                                 "deployment_attn_dp_size")})
     return out
 
 
@@ -162,9 +164,12 @@ def bindings(server_or_shape, capture_bs: list[int], space: GraphSpace) -> list[
     out = draft_lookups(config, capture_bs, space,
                         [m.runner, m.worker, m.base_worker, m.backend_utils, m.capture_mode, m.spec_utils],
                         _context(shape, capture_bs))
-    return out + [(m.runner, "get_batch_sizes_to_capture", lambda *a, **k: (list(capture_bs), [])),
-                  (m.runner, "maybe_flashinfer_autotune_speculative_draft", lambda *a, **k: None),
-                  (m.murmur, "murmur_hash32", _seed_hash)]
+    out += [(m.runner, "get_batch_sizes_to_capture", lambda *a, **k: (list(capture_bs), [])),
+            (m.murmur, "murmur_hash32", _seed_hash)]
+    # a release that tunes nothing before its draft capture holds no tuner to answer (0.5.17-0.5.20)
+    if hasattr(m.runner, "maybe_flashinfer_autotune_speculative_draft"):
+        out.append((m.runner, "maybe_flashinfer_autotune_speculative_draft", lambda *a, **k: None))
+    return out
 
 
 def _seed_hash(seed, positions, col_indices):
@@ -195,13 +200,22 @@ def _model_runner(shape: DraftShape, capture_bs: list[int], heap: ShadowHeap, sp
     kv_pool = swa_server.hybrid_pool(slots, lambda full: window_slot(full, slots)) if shape.window_pool else None
     runner = backend_init.model_runner(numbers, "cpu", page_size=shape.page_size,
                                        sliding_window_size=shape.window or None, kv_pool=kv_pool)
-    if kv_pool is not None:
-        translator = swa_server.translator_over(kv_pool, table)
-    else:
-        translator = _static_translator(m.translator.KVIndexTranslator, table, shape.page_size)
     runner.req_to_token_pool = SimpleNamespace(size=table.shape[0], req_to_token=table)
-    runner.kv_index_translator = translator
+    translators = translator_module()
+    if kv_pool is not None:
+        runner.kv_index_translator = swa_server.translator_over(kv_pool, table)
+    elif translators is not None:
+        runner.kv_index_translator = static_translator(translators.KVIndexTranslator, table, shape.page_size)
+    # else a release without the translator (0.5.17, 0.5.18): its backends read the pool's table themselves
     runner.server_args.speculative_draft_window_size = None
+    # the graph settings 0.5.17-0.5.20's runner set-up reads off server_args, where the backend's lack them
+    shape_config = SimpleNamespace(topk=shape.topk, spec_steps=shape.steps, d=shape.draft_tokens)
+    for name, value in vars(server_args(shape_config, capture_bs)).items():
+        if name not in vars(runner.server_args):
+            setattr(runner.server_args, name, value)
+    # seeded draft sampling, as ``_context`` answers it for the runtime context
+    runner.server_args.speculative_use_rejection_sampling = shape.seeded_sampling
+    runner.server_args.enable_deterministic_inference = shape.seeded_sampling
     mc = runner.model_config
     mc.vocab_size, mc.spec_hidden_size, mc.dtype, mc.model_is_mrope = VOCAB, HIDDEN, torch.float64, False
     mc.hf_config = SimpleNamespace(architectures=["LlamaForCausalLMEagle"])
@@ -210,21 +224,6 @@ def _model_runner(shape: DraftShape, capture_bs: list[int], heap: ShadowHeap, sp
     # one GPU, where the draft runner's set-up reads it off the runner (0.5.21)
     runner.tp_size, runner.tp_group = 1, SimpleNamespace(barrier=lambda: None)
     return runner, numbers, table
-
-
-def _static_translator(cls, table: torch.Tensor, page_size: int):
-    """The KV-index translator of a static pool (reads pass through): by its own ``__init__`` where that
-    takes the pools (0.5.21: no translating allocator, so it translates nothing), else assembled with no
-    id spaces (0.5.23's, whose ``__init__`` asks for a server's pools)."""
-    import inspect
-    if "token_to_kv_pool_allocator" in inspect.signature(cls.__init__).parameters:
-        translator = cls(req_to_token=table, token_to_kv_pool_allocator=None, token_to_kv_pool=None,
-                         page_size=page_size, device="cpu")
-    else:
-        translator = object.__new__(cls)
-        translator.req_to_token, translator._spaces = table, {}
-    translator.bind_runner_slots = lambda fb: None
-    return translator
 
 
 def _adopt_graph_state(backend, space: GraphSpace) -> None:

@@ -22,7 +22,8 @@ import torch
 from vmfuzz.harness.guard.graph import GraphSpace
 from vmfuzz.harness.model.config import Config
 from vmfuzz.harness.targets.sglang.graph_model import HIDDEN, VOCAB
-from vmfuzz.harness.targets.sglang.graph_lookups import (draft_lookups, keep_bodies, module_set, scoped_pool, static,
+from vmfuzz.harness.targets.sglang.graph_lookups import (draft_lookups, keep_bodies, module_set, rank_place,
+                                                        scoped_pool, server_args, single_gpu_helpers, static,
                                                         verify_modules)
 from vmfuzz.harness.targets.sglang.stand_in import StandIn
 
@@ -152,7 +153,8 @@ def _model_runner(server: DraftServer, backend) -> StandIn:
         model_config=StandIn("draft ModelConfig", "srt/configs/model_config.py", hidden_size=HIDDEN,
                              spec_hidden_size=HIDDEN, vocab_size=VOCAB, dtype=torch.float64, hf_config=hf,
                              is_encoder_decoder=False, model_is_mrope=False, context_len=config.max_context_len),
-        req_to_token_pool=SimpleNamespace(size=config.max_bs), server_args=SimpleNamespace(dllm_algorithm=None),
+        req_to_token_pool=SimpleNamespace(size=config.max_bs),
+        server_args=server_args(config, server.capture_bs), ps=rank_place(),  # as 0.5.17-0.5.20 read them
         graph_shared_output=SimpleNamespace(
             get_logits_buffer=lambda vocab, rows: torch.zeros(rows, vocab, dtype=torch.float32)),
         kv_index_translator=SimpleNamespace(bind_runner_slots=lambda fb: None),
@@ -215,12 +217,7 @@ def bindings(server: DraftServer, runner_modules) -> list[tuple]:
                        dp_size=1, attn_tp_rank=0, enable_dp_attention=False,  # the names 0.5.21 reads them by
                        tp_group=SimpleNamespace(barrier=lambda: None))
     answers = {"get_exec": lambda: exec_, "get_spec": lambda: spec, "get_parallel": lambda: parallel,
-               "get_disagg": lambda: SimpleNamespace(enable_pdmux=False),
-               "require_gathered_buffer": lambda: False, "require_mlp_tp_gather": lambda: False,
-               "require_mlp_sync": lambda: False, "require_attn_tp_gather": lambda: False,
-               "deployment_attn_dp_size": lambda: 1, "is_npu": lambda: False,
-               # one GPU, no attention TP: every batch size is aligned
-               "get_cuda_graph_batch_size_alignment": lambda **_: 1}
+               "get_disagg": lambda: SimpleNamespace(enable_pdmux=False), **single_gpu_helpers()}
     out = draft_lookups(config, server.capture_bs, server.space,
                         [*runner_modules, verify_modules().base_graph, mb.spec_utils, mb.backend_utils], answers)
     out += [(mb.input_buffers, "share_input_buffer", _share(server)),

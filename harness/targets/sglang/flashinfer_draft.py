@@ -110,9 +110,10 @@ def plans(module, model_runner, shape, max_bs: int, view) -> list[FlashInferDraf
 
 def _plans(module, model_runner, shape, max_bs: int, view, heap: ShadowHeap) -> list[FlashInferDraft]:
     log: dict = {}
-    # one GPU, no attention-TP gather: the graph bucket list needs no alignment (backend_init's answer too)
+    # one GPU, no attention-TP gather: the graph bucket list needs no alignment (backend_init's answer too);
+    # the size is handed alone, or after the server_args (0.5.17-0.5.20)
     with bound((module, "FlashInferAttnBackend", _step_recorder(module, log)), (module, "torch", _CpuTorch()),
-               (module, "get_cuda_graph_max_batch_size", lambda size: size)):
+               (module, "get_cuda_graph_max_batch_size", lambda *args: args[-1])):
         backend = module.FlashInferMultiStepDraftBackend(model_runner, shape.topk, shape.steps)
         backend.init_cuda_graph_state(max_bs, max_bs * shape.topk)
     backend.cuda_graph_kv_indices = heap.adopt("flashinfer draft kv_indices", backend.cuda_graph_kv_indices, 512)

@@ -91,6 +91,45 @@ def answers(config, capture_bs: list[int], pp_size: int = 1) -> dict:
             "enable_num_token_non_padded": lambda: False}
 
 
+def server_args(config, capture_bs: list[int], pp_size: int = 1) -> StandIn:
+    """The ``ServerArgs`` of a single-GPU EAGLE server of ``config``'s shape capturing ``capture_bs``
+    (``answers``' settings), under the names SGLang 0.5.17-0.5.20's runner set-up reads them off
+    ``model_runner.server_args``; later releases ask the runtime context for them."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+    return StandIn(
+        "ServerArgs", "srt/server_args.py", dllm_algorithm=None,
+        speculative_algorithm="EAGLE", speculative_eagle_topk=config.topk,
+        speculative_num_steps=config.spec_steps, speculative_num_draft_tokens=config.d,
+        cuda_graph_config=SimpleNamespace(decode=SimpleNamespace(bs=list(capture_bs), backend=Backend.FULL)),
+        disable_cuda_graph_padding=False, enable_cudagraph_gc=True, debug_cuda_graph=False,
+        enable_profile_cuda_graph=False, torch_compile_max_bs=0, enable_torch_compile_debug_mode=False,
+        # one GPU: no tensor, pipeline, data or decode-context parallelism, no overlap, LoRA, PD multiplexing
+        tp_size=1, pp_size=pp_size, dp_size=1, dcp_size=1, enable_dp_attention=False,
+        enable_two_batch_overlap=False, enable_lora=False, enable_pdmux=False, enable_memory_saver=False,
+        flashinfer_allreduce_fusion_backend=None, moe_a2a_backend="none",
+        enable_mamba_extra_buffer=lambda: False)
+
+
+def single_gpu_helpers() -> dict:
+    """The parallelism helpers a runner's set-up calls, answered for one GPU: no gathered, MLP-synced or
+    attention-TP buffers, no attention DP or context parallelism, every batch size aligned. 0.5.17-0.5.20
+    pass them the server_args, later releases read the runtime context: the answer is the same."""
+    def never(*_, **__):
+        return False
+    return {"require_gathered_buffer": never, "require_mlp_tp_gather": never, "require_mlp_sync": never,
+            "require_attn_tp_gather": never, "is_dsa_enable_prefill_cp": never, "is_mla_cp_enabled": never,
+            "is_mla_prefill_cp_enabled": never,  # its name up to 0.5.20
+            "deployment_attn_dp_size": lambda *_, **__: 1, "is_npu": lambda: False,
+            "get_cuda_graph_batch_size_alignment": lambda *_, **__: 1}
+
+
+def rank_place(pp_size: int = 1) -> StandIn:
+    """This rank's place among a single-GPU server's parallel groups (the last of ``pp_size`` pipeline
+    stages), as 0.5.17-0.5.20 keep it on the model runner (``ModelRunner.ps``)."""
+    return StandIn("ModelRunner.ps", "srt/model_executor/model_runner.py", tp_rank=0, tp_size=1,
+                   pp_rank=pp_size - 1, pp_size=pp_size, dp_rank=0, attn_dp_size=1, attn_cp_size=1, moe_ep_size=1)
+
+
 @contextlib.contextmanager
 def _no_gc_freeze(enable_cudagraph_gc: bool = False):
     yield
@@ -123,10 +162,8 @@ def runner_lookups(config, capture_bs: list[int], space: GraphSpace, pp_size: in
                          answers(config, capture_bs, pp_size))
     out += [
         (m.runner, "graph_capture", graph_capture),
-        (m.runner, "get_or_create_global_graph_capture_stream", lambda: default),
         (m.runner, "get_available_gpu_memory", lambda *a, **k: 0.0),
         (m.runner, "tqdm", SimpleNamespace(tqdm=_Quiet)),
-        (m.runner, "maybe_flashinfer_autotune_speculative_draft", lambda *a, **k: None),
         # GPU-memory housekeeping around a capture: two full collections of this process's heap
         # (torch and SGLang loaded: 0.35 s each, 40 % of a graph check), nothing a graph computes
         (m.runner, "freeze_gc", _no_gc_freeze),
@@ -137,6 +174,12 @@ def runner_lookups(config, capture_bs: list[int], space: GraphSpace, pp_size: in
         # the side stream the metadata glue graph captures on (faithful only as a capture's stream)
         (torch.cuda, "Stream", space.Stream),
     ]
+    # Names a release's runner module may not hold (0.5.17-0.5.20 capture on graph_capture()'s own stream
+    # and tune nothing): a module-level name it lacks is one its code cannot call, so there is nothing to
+    # answer; a call that reaches the real one another way is caught as bypassed by ``binding.bound``.
+    out += [(m.runner, name, answer) for name, answer in (
+        ("get_or_create_global_graph_capture_stream", lambda: default),
+        ("maybe_flashinfer_autotune_speculative_draft", lambda *a, **k: None)) if hasattr(m.runner, name)]
     return out
 
 

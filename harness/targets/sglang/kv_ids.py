@@ -191,3 +191,27 @@ def _gather(heap: ShadowHeap, out: torch.Tensor, pool: torch.Tensor, seq_lens: t
     # a gather from a start token is a sliding window's: a stray write names that buffer
     name = "kv_indices" if start is None else "window_kv_indices"
     heap.run_kernel(lambda t: gather({"kv_indices": t[name]}), {name: out}, {name: max(64, int(seq_lens.sum()))})
+
+
+def translator_module():
+    """SGLang's KV-index translator module, or None where this release has none."""
+    import importlib.util
+
+    from vmfuzz.harness.targets.sglang.imports import sglang_module
+    name = "sglang.srt.mem_cache.kv_index_translator"
+    return sglang_module(name) if importlib.util.find_spec(name) is not None else None
+
+
+def static_translator(cls, table: torch.Tensor, page_size: int):
+    """The KV-index translator of a static pool (reads pass through): by its own ``__init__`` where that
+    takes the pools (0.5.21: no translating allocator, so it translates nothing), else assembled with no
+    id spaces (0.5.23's, whose ``__init__`` asks for a server's pools)."""
+    import inspect
+    if "token_to_kv_pool_allocator" in inspect.signature(cls.__init__).parameters:
+        translator = cls(req_to_token=table, token_to_kv_pool_allocator=None, token_to_kv_pool=None,
+                         page_size=page_size, device="cpu")
+    else:
+        translator = object.__new__(cls)
+        translator.req_to_token, translator._spaces = table, {}
+    translator.bind_runner_slots = lambda fb: None
+    return translator

@@ -37,6 +37,7 @@ the kernels' outputs and the accept index are redzoned too.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -46,6 +47,8 @@ from vmfuzz.harness.guard.shadow import ShadowHeap
 from vmfuzz.harness.model.kv_locations import KvCase
 from vmfuzz.harness.targets.sglang.backend_init import uninstalled_stubbed
 from vmfuzz.harness.targets.sglang.binding import bound
+from vmfuzz.harness.targets.sglang.graph_lookups import fitted
+from vmfuzz.harness.targets.sglang.kv_allocation import allocation, spec_context
 from vmfuzz.harness.targets.sglang.kv_launches import draft_launch, greedy_walk
 from vmfuzz.harness.targets.sglang.kv_plan_reads import PlanReads, run_reads
 from vmfuzz.harness.targets.sglang.kv_plan_reads import absent as reads_absent
@@ -139,26 +142,6 @@ class KvWrites:
     pool_rows_all: list[int] = field(default_factory=list)
 
 
-def _spec_context(case: KvCase):
-    spec = SimpleNamespace(speculative_algorithm="EAGLE", speculative_num_steps=case.spec_steps,
-                           speculative_eagle_topk=case.topk, speculative_num_draft_tokens=case.d,
-                           speculative_use_rejection_sampling=False)
-    return spec, SimpleNamespace(page_size=case.page_size), SimpleNamespace(attn_dcp_size=1)
-
-
-def allocation(sizing, case: KvCase) -> tuple[int, list[int], int]:
-    """(reserve, nxt per request, row headroom) as SGLang sizes them for this case's server."""
-    spec, schedule, parallel = _spec_context(case)
-    with bound((sizing, "get_spec", lambda: spec), (sizing, "get_schedule", lambda: schedule),
-               (sizing, "get_parallel", lambda: parallel),
-               (sizing, "max_speculative_num_draft_tokens", lambda: case.d)):
-        reserve = sizing.get_alloc_reserve_per_decode()
-        reqs = [SimpleNamespace(kv=SimpleNamespace(kv_allocated_len=s, kv_committed_len=s)) for s in case.seq_lens]
-        _, nxt, _ = sizing.page_aligned_decode_alloc_lens(reqs, reserve=reserve, page_size=case.page_size)
-        extra = sizing.get_req_to_token_extra_context_len()
-    return int(reserve), [int(v) for v in nxt], int(extra)
-
-
 class _KvPool:
     """The KV pool's one call these steps make: record each move (target slot, source slot)."""
 
@@ -175,7 +158,7 @@ class _KvPool:
 def run_case(sg, case: KvCase, heap: ShadowHeap) -> KvWrites:
     """Drive one case through SGLang's code (``sg``: the modules, ``kv_modules``)."""
     w = KvWrites()
-    w.reserve, w.alloc_lens, w.extra_context = allocation(sg.sizing, case)
+    w.reserve, w.alloc_lens, w.extra_context = allocation(sg, case)
     bs, k, n, d, R = case.bs, case.topk, case.spec_steps, case.d, case.context_len + w.extra_context
     w.row_width = R
     rows = bs + 1  # row 0 stays the pool's reserved row; request b gets row bs - b (not its index)
@@ -297,7 +280,7 @@ def _accept(sg, case: KvCase, w: KvWrites, heap: ShadowHeap, batch, window, pool
     model_runner = SimpleNamespace(watermark_state=None, attn_backend=SimpleNamespace(verify_mask=None),
                                    spec_algorithm=SimpleNamespace(is_standalone=lambda: False))
     worker = SimpleNamespace(model_runner=model_runner, forward_batch_generation=lambda **kw: forward_out)
-    spec, _, _ = _spec_context(case)
+    spec, _, _ = spec_context(case)
     fresh = dict(vars(batch))  # a second verify of the same batch starts from what the first was handed
 
     def verify(on, kv_pool):
@@ -305,12 +288,17 @@ def _accept(sg, case: KvCase, w: KvWrites, heap: ShadowHeap, batch, window, pool
                    (sg.common, "eagle_sample", real_sample),
                    (sg.common, "commit_mamba_states_after_verify", lambda *a, **kw: None),
                    (sg.eagle_utils, "verify_tree_greedy_func", greedy_walk(sg)),
-                   (sg.eagle_utils, "get_spec", lambda: spec)):
-            return sg.common.run_eagle_verify(
-                on, target_worker=worker, req_to_token_pool=SimpleNamespace(req_to_token=None),
+                   (sg.eagle_utils, "get_spec", lambda: spec),
+                   *one_rank_group(sg, SimpleNamespace(world_size=1))):
+            run = sg.common.run_eagle_verify
+            # 0.5.17 is also handed the draft's steps; a signature that takes other arguments is refused
+            # before the call (``fitted``: out of step), never a raise of SGLang's
+            steps = {"num_steps": case.spec_steps} if "num_steps" in inspect.signature(run).parameters else {}
+            return fitted(run, "run_eagle_verify")(
+                batch=on, target_worker=worker, req_to_token_pool=SimpleNamespace(req_to_token=None),
                 token_to_kv_pool_allocator=kv_pool, plan_stream=None, plan_stream_ctx=contextlib.nullcontext(),
                 topk=case.topk, num_draft_tokens=d, device="cpu", metadata_ready_pre_pad=False,
-                finalize_tree_path=True)
+                finalize_tree_path=True, **steps)
     result = verify(batch, pool)
     accept_index = out["accept_index"]
     w.accept_index_shape = tuple(accept_index.shape)
@@ -362,7 +350,8 @@ def _sampled_accept(sg, case: KvCase, w: KvWrites) -> None:
             # compiled ops (0.5.21, 0.5.22) calls neither here (no top-k or top-p asked): stubbed, so the
             # branch runs as written; a call into one raises and says so
             with bound((sg.eagle_utils, "get_spec", lambda spec=spec: spec),
-                       (sg.runtime_context, "get_parallel", lambda: parallel)), uninstalled_stubbed("sgl_kernel"):
+                       (sg.runtime_context, "get_parallel", lambda: parallel), *one_rank_group(sg, one_rank)), \
+                    uninstalled_stubbed("sgl_kernel"):
                 predict, accept_lens, accept_index = sg.eagle_utils.eagle_sample(verify_input, batch, output)
         except RuntimeError as exc:
             if "stub of a CUDA extension" not in str(exc):
@@ -374,6 +363,13 @@ def _sampled_accept(sg, case: KvCase, w: KvWrites) -> None:
                           [int(v) for v in accept_lens], [int(v) for v in predict.reshape(-1)]))
 
 
+def one_rank_group(sg, group) -> list[tuple]:
+    """The tensor-parallel group a sampler asks ``sglang.srt.distributed`` for by name (0.5.17-0.5.20
+    import ``get_tp_group`` in the function; later releases read ``get_parallel().tp_group``), answered
+    with ``group``; none where the package holds no such name."""
+    return [(sg.distributed, "get_tp_group", lambda: group)] if hasattr(sg.distributed, "get_tp_group") else []
+
+
 def kv_modules():
     """SGLang's modules this step goes through (imported after the loader set the interpreter up)."""
     from vmfuzz.harness.targets.sglang.imports import sglang_module
@@ -382,6 +378,7 @@ def kv_modules():
         common=sglang_module("sglang.srt.speculative.eagle_worker_common"),
         eagle_utils=sglang_module("sglang.srt.speculative.eagle_utils"),
         runtime_context=sglang_module("sglang.srt.runtime_context"),
+        distributed=sglang_module("sglang.srt.distributed"),
         cache_locs=sglang_module("sglang.kernels.ops.speculative.cache_locs"),
         # the translating pool's fused verify window (0.5.23 on); None where this SGLang has none
         translator=_optional("sglang.srt.mem_cache.kv_index_translator"),

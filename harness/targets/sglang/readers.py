@@ -142,7 +142,10 @@ def triton_backend(mask, config: Config, pool: int, dev, heap: ShadowHeap, graph
     # the translator's slots (``kv_ids.GathersFromTable``).
     table = None
     if hasattr(modules().triton_backend, KV_GATHER):
-        table = kv_slot_table(max(pool, config.max_bs), config.max_context_len, dev)
+        # a row past the pool's depth too: SGLang keeps pool row 0 for padding, so a driver that seats its
+        # requests from row 1 (the draft extend's) reads row max_bs; a launch reading past the table reads
+        # whatever memory lies beyond it
+        table = kv_slot_table(max(pool, config.max_bs) + 1, config.max_context_len, dev)
         backend.req_to_token = table
     backend.kv_index_translator = GathersKvSlots(heap, config.max_context_len, table)
     # 0.5.19 keeps the captured KV-id tables in kv_read_tables (none: its view is built per batch).

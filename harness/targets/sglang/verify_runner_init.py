@@ -48,8 +48,9 @@ from vmfuzz.harness.model import consultation
 from vmfuzz.harness.model.config import Config
 from vmfuzz.harness.targets.sglang.binding import bound
 from vmfuzz.harness.targets.sglang.graph_lookups import answers as graph_answers
-from vmfuzz.harness.targets.sglang.graph_lookups import (bucket_helpers, keep_bodies, module_set, runner_lookups,
-                                                        scoped_pool, verify_modules)
+from vmfuzz.harness.targets.sglang.graph_lookups import (bucket_helpers, keep_bodies, module_set, rank_place,
+                                                        runner_lookups, scoped_pool, server_args, single_gpu_helpers,
+                                                        verify_modules)
 from vmfuzz.harness.targets.sglang.graph_model import HIDDEN, VOCAB
 from vmfuzz.harness.targets.sglang.reach import lookup_patches
 from vmfuzz.harness.targets.sglang.stand_in import StandIn, consultation_of
@@ -107,7 +108,7 @@ def _hf_config() -> SimpleNamespace:
 
 
 def model_runner(config: Config, model, backend, spec_algorithm, pool_size: int, pp_size: int,
-                 hf=None) -> StandIn:
+                 hf=None, capture_bs: list[int] | None = None) -> StandIn:
     """The target ``ModelRunner`` the runner's ``__init__`` reads, SGLang's own methods bound to it."""
     m = _modules()
     hf = hf or _hf_config()
@@ -118,10 +119,12 @@ def model_runner(config: Config, model, backend, spec_algorithm, pool_size: int,
         model_config=StandIn("target ModelConfig", "srt/configs/model_config.py", hidden_size=HIDDEN,
                              vocab_size=VOCAB, dtype=torch.float32, is_encoder_decoder=False, hf_config=hf,
                              hf_text_config=hf, context_len=config.max_context_len, hc_hidden_size=None),
-        server_args=SimpleNamespace(dllm_algorithm=None), req_to_token_pool=SimpleNamespace(size=pool_size),
+        server_args=server_args(config, capture_bs or [pool_size], pp_size),
+        req_to_token_pool=SimpleNamespace(size=pool_size),
         ngram_embedding_manager=SimpleNamespace(enabled=False), layer_info=SimpleNamespace(start_layer=0),
         pp_group=SimpleNamespace(world_size=pp_size, rank_in_group=pp_size - 1),
         pp_size=pp_size, pp_rank=pp_size - 1, tp_group=SimpleNamespace(barrier=lambda: None),  # as 0.5.21 reads them
+        ps=rank_place(pp_size),  # as 0.5.17-0.5.20 read them
         # the rows SGLang asks of the process-wide logits output, allocated as asked
         graph_shared_output=SimpleNamespace(
             get_logits_buffer=lambda vocab, rows: torch.zeros(rows, vocab, dtype=torch.float32)),
@@ -155,15 +158,10 @@ def init_lookups(config: Config, capture_bs: list[int], space: GraphSpace, pool:
                        attn_tp_rank=0, enable_dp_attention=False,  # the names 0.5.21 reads them by
                        tp_group=SimpleNamespace(barrier=lambda: None))
     answers = {"get_exec": lambda: exec_, "get_parallel": lambda: parallel,
-               "get_disagg": lambda: SimpleNamespace(enable_pdmux=False),
-               "require_gathered_buffer": lambda: False, "require_mlp_tp_gather": lambda: False,
-               "require_mlp_sync": lambda: False, "require_attn_tp_gather": lambda: False,
-               "deployment_attn_dp_size": lambda: 1, "is_npu": lambda: False,
-               "is_dsa_enable_prefill_cp": lambda: False, "is_mla_cp_enabled": lambda: False,
-               "get_server_return_hidden_states_mode": lambda: m.forward_info.CaptureHiddenMode.NULL,
-               "get_device": lambda: SimpleNamespace(device="cpu"), "is_tbo_enabled": lambda: False,
-               # one GPU, no attention TP: every batch size is aligned
-               "get_cuda_graph_batch_size_alignment": lambda **_: 1}
+               "get_disagg": lambda: SimpleNamespace(enable_pdmux=False), **single_gpu_helpers(),
+               "get_server_return_hidden_states_mode":  # up to 0.5.20 it is passed the server_args
+                   lambda *_: m.forward_info.CaptureHiddenMode.NULL,
+               "get_device": lambda: SimpleNamespace(device="cpu"), "is_tbo_enabled": lambda: False}
     device = space.device_module()
     out = runner_lookups(config, capture_bs, space, pp_size)
     # the runner's own methods bound to the stand-in model runner, and the helpers they call
@@ -242,7 +240,8 @@ def made_by_init(config: Config, capture_bs: list[int], space: GraphSpace, model
     from vmfuzz.harness.targets.sglang import dspark_verify
     eagle = m.spec_info.SpeculativeAlgorithm.EAGLE
     mr = model_runner(config, model, backend, dspark_verify.DSparkAlgorithm(eagle) if dspark else eagle,
-                      max(capture_bs), pp_size, dspark_verify.hf_config(config.max_context_len, dspark) if dspark else None)
+                      max(capture_bs), pp_size, dspark_verify.hf_config(config.max_context_len, dspark) if dspark else None,
+                      capture_bs)
     lookups = init_lookups(config, capture_bs, space, {}, pp_size)
     held: list = []
     graph_state(backend, space, config.max_context_len)
