@@ -37,6 +37,10 @@ ALTERATIONS = {
     "s26972-row-without-paged-reserve": [(["srt/mem_cache/allocation_sizing.py"],
                                           r"extra = max\(extra, get_alloc_reserve_per_decode\(\) \+ page_size - 1\)",
                                           "pass")],
+    # ours (a fresh mutation sample's false "equivalent", seed 20261209): the allocator asked for the rows'
+    # ends and-ed with their starts, not for what they grow by
+    "alloc-count-and-not-difference": [(["srt/mem_cache/allocation_sizing.py"],
+                                        r"num_needed_tokens \+= nxt - cur", "num_needed_tokens += nxt & cur")],
     # ours: the prefix-tail copy takes one column too many, overwriting each later branch's first draft slot
     "tail-copy-one-too-many": [(COMMON, r"page_off\.view\(1, 1, page_size\) < last_page\.view\(bs, 1, 1\)",
                                 "page_off.view(1, 1, page_size) <= last_page.view(bs, 1, 1)")],
@@ -86,6 +90,7 @@ CAUGHT_BY = {"read-space-ignores-kind": "plan reads", "packed-stream-through-ful
              "plan-table-without-reader": "plan reads",
              "s26866-move-size-bs-d": "accept moves", "s15360-bonus-stride-d": "bonus stride",
              "s26972-row-without-paged-reserve": "allocation width", "tail-copy-one-too-many": "draft window",
+             "alloc-count-and-not-difference": "allocation width",
              "fused-swa-through-full-table": "fused window", "plan-swa-out-is-full-out": "fused window",
              "fallback-positions-from-zero": "fused window"}
 #: the same page count by another expression (ceil division by negation)
@@ -210,6 +215,17 @@ def test_real_bug_is_caught_by_its_sub_check(sglang_target, alteration, tmp_path
     assert proc.returncode == 1, out
     o = failed_check_origin(tmp_path / "report", out)
     assert (o["property"], o["stage"]) == (PROP, CAUGHT_BY[alteration]), out
+
+
+#: the allocator's token count as the negated shrink
+ALLOC_COUNT_REFACTOR = [(["srt/mem_cache/allocation_sizing.py"], r"num_needed_tokens \+= nxt - cur",
+                         "num_needed_tokens -= cur - nxt")]
+
+
+@pytest.mark.slow
+def test_a_refactor_of_the_allocators_count_holds(sglang_target, tmp_path):
+    proc, out = _replay(tmp_path, ALLOC_COUNT_REFACTOR, "alloc-count-refactor")
+    assert proc.returncode == 0, out
 
 
 @pytest.mark.slow

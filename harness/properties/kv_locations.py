@@ -42,7 +42,8 @@ allocation or from outside the table is told apart from a wrong column. Sub-chec
   plain commit and, where the release has it, a CUDA host's fused one (``accept moves`` also judges both
   commits' lengths: each request's length plus its accepted path);
 * ``allocation width``: every draft and verify column lies below the request's allocation ``nxt``,
-  and ``nxt <= R`` for a request at the context length where SGLang relies on it (P > 1, topk > 1).
+  and ``nxt <= R`` for a request at the context length where SGLang relies on it (P > 1, topk > 1);
+  the token count the sizing asks the allocator for is what the rows grow by, the sum of ``nxt - cur``.
 
 Each case of the engine's configs is run at page sizes ``PAGE_SIZES``; the accepted path of
 request b goes down its tree by a rule of its sequence length (``accepted_path``).
@@ -128,6 +129,16 @@ def judge_case(target, case: KvCase, obs: Observation) -> None:
               cell="row width", effect="unsound")
     if not case.paged_tree and at_context > w.row_width:
         obs.classes.add("allocation width: unpaged over-allocation at the context length past the row, not judged")
+    if w.alloc_asked is None:
+        obs.classes.add("allocation width: the allocator's token count not judged (this release sizes inside "
+                        "the decode preparation)")
+    else:
+        # the allocator hands out exactly the slots the rows then record: [cur, nxt) of each request
+        cur, asked = w.alloc_asked
+        grow = sum(nxt - c for nxt, c in zip(w.alloc_lens, cur))
+        if asked != grow:
+            _fail("allocation width", case, f"the allocator is asked for {asked} tokens, the rows grow by {grow} "
+                  f"(from {cur} to {w.alloc_lens})", buffer="out_cache_loc", cell="allocation count")
     sub_check_done(obs, "allocation width")
     # -- draft window
     want = [slot(rows[b], c) for b, s in enumerate(case.seq_lens) for c in draft_columns(case, s)]

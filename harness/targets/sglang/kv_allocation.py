@@ -27,8 +27,9 @@ def spec_context(case: KvCase):
     return spec, SimpleNamespace(page_size=case.page_size), SimpleNamespace(attn_dcp_size=1)
 
 
-def allocation(sg, case: KvCase) -> tuple[int, list[int], int]:
-    """(reserve, nxt per request, row headroom) as SGLang sizes them for this case's server. Each setting is answered under the name this release's
+def allocation(sg, case: KvCase) -> tuple[int, list[int], int, tuple[list[int], int] | None]:
+    """(reserve, nxt per request, row headroom, (cur per request, the token count it asks the allocator
+    for) or None where the release sizes inside the decode preparation) as SGLang sizes them for this case's server. Each setting is answered under the name this release's
     sizing reads it by (0.5.17 off ``get_server_args()``, later ones off the runtime context); a lookup
     its module does not hold is one its code cannot make."""
     sizing = sg.sizing
@@ -43,11 +44,14 @@ def allocation(sg, case: KvCase) -> tuple[int, list[int], int]:
         if hasattr(sizing, "page_aligned_decode_alloc_lens"):
             reqs = [SimpleNamespace(kv=SimpleNamespace(kv_allocated_len=s, kv_committed_len=s))
                     for s in case.seq_lens]
-            _, nxt, _ = sizing.page_aligned_decode_alloc_lens(reqs, reserve=reserve, page_size=case.page_size)
+            cur, nxt, needed = sizing.page_aligned_decode_alloc_lens(reqs, reserve=reserve,
+                                                                     page_size=case.page_size)
+            asked = ([int(v) for v in cur], int(needed))
         extra = _call_with_args(sizing.get_req_to_token_extra_context_len, args)
         if not hasattr(sizing, "page_aligned_decode_alloc_lens"):
             nxt = decode_alloc_lens(sg, case, spec, int(reserve), case.context_len + int(extra))
-    return int(reserve), [int(v) for v in nxt], int(extra)
+            asked = None
+    return int(reserve), [int(v) for v in nxt], int(extra), asked
 
 
 def _call_with_args(fn, args):

@@ -103,6 +103,7 @@ class KvWrites:
 
     reserve: int = 0
     alloc_lens: list[int] = field(default_factory=list)  # nxt per request
+    alloc_asked: tuple[list[int], int] | None = None  # (cur per request, tokens asked of the allocator)
     extra_context: int = 0  # row headroom past the context length
     row_width: int = 0  # R
     pool_rows: list[int] = field(default_factory=list)  # req_to_token row of each request
@@ -158,7 +159,7 @@ class _KvPool:
 def run_case(sg, case: KvCase, heap: ShadowHeap) -> KvWrites:
     """Drive one case through SGLang's code (``sg``: the modules, ``kv_modules``)."""
     w = KvWrites()
-    w.reserve, w.alloc_lens, w.extra_context = allocation(sg, case)
+    w.reserve, w.alloc_lens, w.extra_context, w.alloc_asked = allocation(sg, case)
     bs, k, n, d, R = case.bs, case.topk, case.spec_steps, case.d, case.context_len + w.extra_context
     w.row_width = R
     rows = bs + 1  # row 0 stays the pool's reserved row; request b gets row bs - b (not its index)
