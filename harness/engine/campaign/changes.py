@@ -86,6 +86,7 @@ NAMED_FOR_THE_WORKFLOW = (
     "srt/layers/attention/qwen_sparse_attn_backend.py",
     "srt/layers/attention/tbo_backend.py",
     "srt/layers/attention/trtllm_mla_backend.py",
+    "srt/distributed/__init__.py",  # imported by the KV driver: the tp group 0.5.19-0.5.20's sampler asks for
     "srt/layers/logits_processor.py",  # imported by the graph driver: the output its model stand-in returns
     "srt/mem_cache/allocation_sizing.py",  # driven: the decode allocation a draft writes inside
     "srt/mem_cache/kv_index_translator.py",  # driven: the draft graphs' KV read source (a static pool)
