@@ -58,7 +58,7 @@ def model_runner(n: ServerNumbers, device="meta", spec_algorithm=None, request_w
     runner = backend_init.model_runner(n, device, page_size=DSV4_PAGE_SIZE, kv_pool=pool, model=model,
                                        runner=dict(hisparse_coordinator=None,
                                                    spec_algorithm=spec_algorithm or SpeculativeAlgorithm.EAGLE))
-    # 0.5.17-0.5.20 read DeepSeek V4's kernel choices off the runner's server_args (later releases through
+    # 0.5.17-0.5.19 read DeepSeek V4's kernel choices off the runner's server_args (later releases through
     # get_exec()): each at this release's own ServerArgs default, as a server started without them has it
     for name, value in _server_arg_defaults(DSV4_KERNEL_ARGS).items():
         setattr(runner.server_args, name, value)
@@ -78,8 +78,8 @@ def _server_arg_defaults(names) -> dict:
 
 
 def server_arg_fields(cls) -> dict:
-    """Each field of SGLang's ``ServerArgs`` that has a plain default, with it: a dataclass up to 0.5.22, a
-    msgspec Struct since."""
+    """Each field of SGLang's ``ServerArgs`` that has a plain default, with it: a dataclass up to 0.5.19, a
+    msgspec Struct since 0.5.20."""
     import dataclasses
 
     import msgspec
@@ -93,8 +93,8 @@ def server_arg_fields(cls) -> dict:
 def lookups(mod, cls, n: ServerNumbers) -> list[tuple]:
     """What DeepSeek V4's backend ``cls`` (of module ``mod``) is made and asked under on a server started with
     ``n``: the runtime-context lookups where it and its top-k resolver make them, and ``DSV4_CUDA_ONLY``."""
-    # A release that lacks one of these modules makes no lookup or query through it (0.5.17-0.5.20 hold
-    # neither the top-k resolver's module nor the V4.1 indexer): nothing to bind there.
+    # A release that lacks one of these modules makes no lookup or query through it (0.5.17-0.5.20 have
+    # no V4.1 indexer): nothing to bind there.
     extra = [importlib.import_module(name) for name in _DSV4_LOOKUP_MODULES if _holds(name)]
     patches = [*backend_init.lookups_bound(mod, cls, n, DSV4_PAGE_SIZE),
                *lookup_patches(extra, backend_init._context(backend_init.server_args(n, DSV4_PAGE_SIZE)))]
