@@ -66,7 +66,7 @@ def test_deepseek_v4_is_built_by_its_init_on_a_chain_server(sglang_target):
 
 
 def test_deepseek_v4_binds_only_what_this_release_holds(sglang_target, monkeypatch):
-    """0.5.17-0.5.20 hold neither the top-k resolver's module nor the V4.1 indexer's: a module the installed
+    """0.5.17-0.5.20 have no V4.1 indexer module: a module the installed
     SGLang lacks is bound nowhere, never imported (a ModuleNotFoundError there was filed as SGLang's raise)."""
     from vmfuzz.harness.targets.sglang import dsv4_backend
     absent = "sglang.srt.layers.attention.no_such_package.indexer"
