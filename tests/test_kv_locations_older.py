@@ -278,9 +278,10 @@ def test_a_release_that_sizes_in_its_decode_preparation_is_read_there():
     sizing = _module("sizing", _SIZING_0517)
     eagle_utils = _module("eagle_utils", _PREPARE_0517, sizing=sizing, torch=torch)
     case = SimpleNamespace(topk=1, spec_steps=3, d=4, page_size=4, seq_lens=(5, 8), context_len=32, bs=2)
-    reserve, nxt, extra = allocation(SimpleNamespace(sizing=sizing, eagle_utils=eagle_utils), case)
+    reserve, nxt, extra, asked = allocation(SimpleNamespace(sizing=sizing, eagle_utils=eagle_utils), case)
     assert (reserve, extra) == (8, 8)
     assert nxt == [16, 16]  # committed + reserve, rounded up to the page
+    assert asked is None  # the allocator's count is made inside the preparation: not read there
     with pytest.raises(AssertionError, match="no server args"):  # its own again once the step is sized
         sizing.get_server_args()
 
