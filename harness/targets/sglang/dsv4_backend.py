@@ -22,6 +22,7 @@ from vmfuzz.harness.targets.sglang.binding import bound
 from vmfuzz.harness.targets.sglang.reach import lookup_patches
 from vmfuzz.harness.targets.sglang.seams import call_with, where
 from vmfuzz.harness.targets.sglang.stand_in import StandIn
+from vmfuzz.harness.targets.sglang.structs import field_defaults
 
 _RUNNER = "srt/model_executor/model_runner.py"
 
@@ -72,22 +73,9 @@ DSV4_KERNEL_ARGS = ("enable_deepseek_v4_fp4_indexer", "dsa_topk_backend")
 
 def _server_arg_defaults(names) -> dict:
     """``names``' defaults in the installed SGLang's ``ServerArgs``, for those it declares."""
-    from sglang.srt.server_args import ServerArgs
-    declared = server_arg_fields(ServerArgs)
+    from sglang.srt.server_args import ServerArgs  # a dataclass up to 0.5.19, a msgspec Struct since 0.5.20
+    declared = field_defaults(ServerArgs)
     return {name: declared[name] for name in names if name in declared}
-
-
-def server_arg_fields(cls) -> dict:
-    """Each field of SGLang's ``ServerArgs`` that has a plain default, with it: a dataclass up to 0.5.19, a
-    msgspec Struct since 0.5.20."""
-    import dataclasses
-
-    import msgspec
-    if dataclasses.is_dataclass(cls):
-        return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
-    if isinstance(cls, type) and issubclass(cls, msgspec.Struct):
-        return {f.name: f.default for f in msgspec.structs.fields(cls) if f.default is not msgspec.NODEFAULT}
-    return {}
 
 
 def lookups(mod, cls, n: ServerNumbers) -> list[tuple]:

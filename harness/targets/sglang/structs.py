@@ -29,6 +29,19 @@ def fields_of(cls, seam: str, file: str) -> tuple[str, ...]:
     return tuple(p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
 
 
+def field_defaults(cls) -> dict:
+    """Each field of ``cls`` that has a plain default, with it, for a dataclass or a msgspec Struct (SGLang's
+    ``ServerArgs`` has been both); {} for a class declared otherwise."""
+    import dataclasses
+
+    import msgspec
+    if dataclasses.is_dataclass(cls):
+        return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    if isinstance(cls, type) and issubclass(cls, msgspec.Struct):
+        return {f.name: f.default for f in msgspec.structs.fields(cls) if f.default is not msgspec.NODEFAULT}
+    return {}
+
+
 def replaced(obj, seam: str, file: str, **changes):
     """A copy of ``obj`` with ``changes``, made the way its type makes copies.
 
